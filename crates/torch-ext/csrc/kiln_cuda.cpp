@@ -1,0 +1,34 @@
+// kiln native extension: the parts that need CUDA headers. Compiled only when the libtorch has
+// CUDA and the headers are found (the pip venv ships them in nvidia/cu13/include); the Rust
+// side then sets cfg(kiln_cuda).
+#include "boundary.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+extern "C" {
+
+char* kiln_cuda_device_count(int* out) {
+  KILN_TRY
+  *out = static_cast<int>(c10::cuda::device_count());
+  KILN_CATCH
+}
+
+// Name, total memory and compute capability of CUDA device `index`, as libtorch sees it.
+char* kiln_cuda_device_properties(int index, char* name, size_t name_len, uint64_t* total_mem,
+                                  int* major, int* minor) {
+  KILN_TRY
+  int count = static_cast<int>(c10::cuda::device_count());
+  TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index,
+              " out of range (this process sees ", count, " device(s))");
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);
+  std::string n(prop->name);
+  if (n.size() >= name_len) n.resize(name_len - 1);
+  std::memcpy(name, n.c_str(), n.size() + 1);
+  *total_mem = static_cast<uint64_t>(prop->totalGlobalMem);
+  *major = prop->major;
+  *minor = prop->minor;
+  KILN_CATCH
+}
+
+}  // extern "C"

@@ -1,0 +1,237 @@
+// kiln native extension: libtorch functionality that tch does not expose (global math flags,
+// autocast state, the fused AdamW kernel, library loading), behind a C ABI for Rust.
+#include "boundary.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <torch/headeronly/version.h>
+
+#include <dlfcn.h>
+
+#include <optional>
+#include <vector>
+
+namespace {
+
+at::DeviceType device_type(int code) {
+  switch (code) {
+    case 0:
+      return at::kCPU;
+    case 1:
+      return at::kCUDA;
+    default:
+      TORCH_CHECK(false, "unknown device type code ", code);
+  }
+}
+
+at::ScalarType scalar_type(int code) {
+  switch (code) {
+    case 0:
+      return at::kHalf;
+    case 1:
+      return at::kBFloat16;
+    case 2:
+      return at::kFloat;
+    default:
+      TORCH_CHECK(false, "unknown autocast dtype code ", code);
+  }
+}
+
+int scalar_type_code(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf:
+      return 0;
+    case at::kBFloat16:
+      return 1;
+    case at::kFloat:
+      return 2;
+    default:
+      return -1;
+  }
+}
+
+std::vector<at::Tensor> tensor_list(const at::Tensor* const* ptrs, size_t n) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(*ptrs[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+void kiln_free_string(char* s) { std::free(s); }
+
+const char* kiln_torch_version() { return TORCH_VERSION; }
+
+// ---- global math flags ------------------------------------------------------------------
+
+char* kiln_set_float32_matmul_precision(const char* precision) {
+  KILN_TRY
+  at::globalContext().setFloat32MatmulPrecision(precision);
+  KILN_CATCH
+}
+
+// 0 = highest, 1 = high, 2 = medium.
+char* kiln_float32_matmul_precision(int* out) {
+  KILN_TRY
+  *out = static_cast<int>(at::globalContext().float32MatmulPrecision());
+  KILN_CATCH
+}
+
+// Flag codes: 0 TF32 on cuBLAS, 1 TF32 on cuDNN, 2 cuDNN benchmark, 3 cuDNN deterministic.
+char* kiln_set_flag(int flag, bool value) {
+  KILN_TRY
+  auto& ctx = at::globalContext();
+  switch (flag) {
+    case 0:
+      ctx.setAllowTF32CuBLAS(value);
+      break;
+    case 1:
+      ctx.setAllowTF32CuDNN(value);
+      break;
+    case 2:
+      ctx.setBenchmarkCuDNN(value);
+      break;
+    case 3:
+      ctx.setDeterministicCuDNN(value);
+      break;
+    default:
+      TORCH_CHECK(false, "unknown flag code ", flag);
+  }
+  KILN_CATCH
+}
+
+char* kiln_get_flag(int flag, bool* out) {
+  KILN_TRY
+  auto& ctx = at::globalContext();
+  switch (flag) {
+    case 0:
+      *out = ctx.allowTF32CuBLAS();
+      break;
+    case 1:
+      *out = ctx.allowTF32CuDNN();
+      break;
+    case 2:
+      *out = ctx.benchmarkCuDNN();
+      break;
+    case 3:
+      *out = ctx.deterministicCuDNN();
+      break;
+    default:
+      TORCH_CHECK(false, "unknown flag code ", flag);
+  }
+  KILN_CATCH
+}
+
+char* kiln_set_deterministic_algorithms(bool enabled, bool warn_only) {
+  KILN_TRY
+  at::globalContext().setDeterministicAlgorithms(enabled, warn_only);
+  KILN_CATCH
+}
+
+char* kiln_deterministic_algorithms(bool* enabled, bool* warn_only) {
+  KILN_TRY
+  *enabled = at::globalContext().deterministicAlgorithms();
+  *warn_only = at::globalContext().deterministicAlgorithmsWarnOnly();
+  KILN_CATCH
+}
+
+// ---- autocast (per thread) --------------------------------------------------------------
+
+char* kiln_autocast_set_enabled(int device, bool enabled) {
+  KILN_TRY
+  at::autocast::set_autocast_enabled(device_type(device), enabled);
+  KILN_CATCH
+}
+
+char* kiln_autocast_is_enabled(int device, bool* out) {
+  KILN_TRY
+  *out = at::autocast::is_autocast_enabled(device_type(device));
+  KILN_CATCH
+}
+
+char* kiln_autocast_set_dtype(int device, int dtype) {
+  KILN_TRY
+  at::autocast::set_autocast_dtype(device_type(device), scalar_type(dtype));
+  KILN_CATCH
+}
+
+char* kiln_autocast_dtype(int device, int* out) {
+  KILN_TRY
+  *out = scalar_type_code(at::autocast::get_autocast_dtype(device_type(device)));
+  KILN_CATCH
+}
+
+// Entering an autocast region: returns the new nesting depth.
+char* kiln_autocast_enter(int* depth) {
+  KILN_TRY
+  *depth = at::autocast::increment_nesting();
+  KILN_CATCH
+}
+
+// Leaving one: the cast cache is cleared when the outermost region ends, as torch.autocast does.
+char* kiln_autocast_exit(int* depth) {
+  KILN_TRY
+  *depth = at::autocast::decrement_nesting();
+  if (*depth == 0) {
+    at::autocast::clear_cache();
+  }
+  KILN_CATCH
+}
+
+// ---- fused AdamW ------------------------------------------------------------------------
+
+char* kiln_fused_adamw(const at::Tensor* const* params, const at::Tensor* const* grads,
+                       const at::Tensor* const* exp_avgs,
+                       const at::Tensor* const* exp_avg_sqs,
+                       const at::Tensor* const* max_exp_avg_sqs, size_t n_max,
+                       const at::Tensor* const* state_steps, size_t n, double lr,
+                       double beta1, double beta2, double weight_decay, double eps,
+                       bool amsgrad, bool maximize, const at::Tensor* grad_scale,
+                       const at::Tensor* found_inf) {
+  KILN_TRY
+  std::optional<at::Tensor> scale;
+  if (grad_scale != nullptr) scale = *grad_scale;
+  std::optional<at::Tensor> inf;
+  if (found_inf != nullptr) inf = *found_inf;
+  auto p = tensor_list(params, n);
+  auto g = tensor_list(grads, n);
+  auto m = tensor_list(exp_avgs, n);
+  auto v = tensor_list(exp_avg_sqs, n);
+  auto vmax = tensor_list(max_exp_avg_sqs, n_max);
+  auto steps = tensor_list(state_steps, n);
+  at::NoGradGuard no_grad;
+  at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
+                    maximize, scale, inf);
+  KILN_CATCH
+}
+
+// ---- libraries --------------------------------------------------------------------------
+
+// Writes the path of the loaded libtorch_cpu (found from one of its symbols) into `buf`.
+char* kiln_libtorch_cpu_path(char* buf, size_t len) {
+  KILN_TRY
+  Dl_info info{};
+  void* symbol = reinterpret_cast<void*>(&at::globalContext);
+  TORCH_CHECK(dladdr(symbol, &info) != 0 && info.dli_fname != nullptr,
+              "dladdr found no library for at::globalContext");
+  std::string path(info.dli_fname);
+  TORCH_CHECK(path.size() < len, "library path longer than ", len, " bytes");
+  std::memcpy(buf, path.c_str(), path.size() + 1);
+  KILN_CATCH
+}
+
+// dlopens a library globally, so that its static initialisers (CUDA hooks) register.
+char* kiln_dlopen_global(const char* path) {
+  KILN_TRY
+  void* handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  TORCH_CHECK(handle != nullptr, "dlopen(", path, ") failed: ", dlerror());
+  KILN_CATCH
+}
+
+}  // extern "C"

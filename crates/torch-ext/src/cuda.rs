@@ -1,0 +1,85 @@
+//! CUDA devices as libtorch sees them (the fallback view when NVML is missing), through the
+//! part of the extension compiled with CUDA headers.
+//!
+//! On a libtorch without CUDA, or where the headers were missing at build time,
+//! [`built_with_cuda`] is false, [`device_count`] is 0 and [`device_properties`] says why.
+
+use crate::error::{Error, Result};
+
+/// Name, memory and compute capability of one CUDA device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaDeviceProperties {
+    /// CUDA's index (after `CUDA_VISIBLE_DEVICES`).
+    pub index: usize,
+    pub name: String,
+    pub total_memory_bytes: u64,
+    /// (major, minor), e.g. (9, 0) for an H100.
+    pub compute_capability: (u32, u32),
+}
+
+/// Whether the CUDA part of the native extension was compiled in.
+pub const fn built_with_cuda() -> bool {
+    cfg!(kiln_cuda)
+}
+
+/// How many CUDA devices this process sees (0 without a driver or GPU).
+pub fn device_count() -> Result<usize> {
+    #[cfg(kiln_cuda)]
+    {
+        let mut out: std::ffi::c_int = 0;
+        // SAFETY: `out` outlives the call.
+        crate::ffi::check("cuda device_count", unsafe {
+            crate::ffi::kiln_cuda_device_count(&mut out)
+        })?;
+        Ok(usize::try_from(out).unwrap_or(0))
+    }
+    #[cfg(not(kiln_cuda))]
+    {
+        Ok(0)
+    }
+}
+
+/// Properties of CUDA device `index`.
+pub fn device_properties(index: usize) -> Result<CudaDeviceProperties> {
+    #[cfg(kiln_cuda)]
+    {
+        use std::ffi::{CStr, c_char, c_int};
+        let idx = c_int::try_from(index).map_err(|_| Error::InvalidArgument {
+            op: "cuda device_properties",
+            message: format!("device index {index} is out of range"),
+        })?;
+        let mut name = [0 as c_char; 256];
+        let (mut total, mut major, mut minor) = (0u64, 0 as c_int, 0 as c_int);
+        // SAFETY: all outputs outlive the call and `name` has the length we pass.
+        crate::ffi::check("cuda device_properties", unsafe {
+            crate::ffi::kiln_cuda_device_properties(
+                idx,
+                name.as_mut_ptr(),
+                name.len(),
+                &mut total,
+                &mut major,
+                &mut minor,
+            )
+        })?;
+        // SAFETY: the C side always NUL-terminates within the buffer.
+        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        Ok(CudaDeviceProperties {
+            index,
+            name,
+            total_memory_bytes: total,
+            compute_capability: (major as u32, minor as u32),
+        })
+    }
+    #[cfg(not(kiln_cuda))]
+    {
+        Err(Error::Unavailable {
+            op: "cuda device_properties",
+            reason: format!(
+                "device {index}: kiln was built against a libtorch without CUDA (or without \
+                 CUDA headers)"
+            ),
+        })
+    }
+}

@@ -1,0 +1,82 @@
+//! Raw declarations of the C ABI in `csrc/`, and the one place C error strings become [`Error`].
+
+use std::ffi::{CStr, c_char, c_int};
+
+use crate::error::{Error, Result};
+
+// SAFETY (for the whole block): every function is defined in csrc/*.cpp with exactly these C
+// signatures, catches all C++ exceptions, and returns null or a malloc'd error string.
+unsafe extern "C" {
+    pub fn kiln_free_string(s: *mut c_char);
+    pub fn kiln_torch_version() -> *const c_char;
+
+    pub fn kiln_set_float32_matmul_precision(precision: *const c_char) -> *mut c_char;
+    pub fn kiln_float32_matmul_precision(out: *mut c_int) -> *mut c_char;
+    pub fn kiln_set_flag(flag: c_int, value: bool) -> *mut c_char;
+    pub fn kiln_get_flag(flag: c_int, out: *mut bool) -> *mut c_char;
+    pub fn kiln_set_deterministic_algorithms(enabled: bool, warn_only: bool) -> *mut c_char;
+    pub fn kiln_deterministic_algorithms(enabled: *mut bool, warn_only: *mut bool) -> *mut c_char;
+
+    pub fn kiln_autocast_set_enabled(device: c_int, enabled: bool) -> *mut c_char;
+    pub fn kiln_autocast_is_enabled(device: c_int, out: *mut bool) -> *mut c_char;
+    pub fn kiln_autocast_set_dtype(device: c_int, dtype: c_int) -> *mut c_char;
+    pub fn kiln_autocast_dtype(device: c_int, out: *mut c_int) -> *mut c_char;
+    pub fn kiln_autocast_enter(depth: *mut c_int) -> *mut c_char;
+    pub fn kiln_autocast_exit(depth: *mut c_int) -> *mut c_char;
+
+    pub fn kiln_fused_adamw(
+        params: *const *const std::ffi::c_void,
+        grads: *const *const std::ffi::c_void,
+        exp_avgs: *const *const std::ffi::c_void,
+        exp_avg_sqs: *const *const std::ffi::c_void,
+        max_exp_avg_sqs: *const *const std::ffi::c_void,
+        n_max: usize,
+        state_steps: *const *const std::ffi::c_void,
+        n: usize,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+        amsgrad: bool,
+        maximize: bool,
+        grad_scale: *const std::ffi::c_void,
+        found_inf: *const std::ffi::c_void,
+    ) -> *mut c_char;
+
+    pub fn kiln_libtorch_cpu_path(buf: *mut c_char, len: usize) -> *mut c_char;
+    pub fn kiln_dlopen_global(path: *const c_char) -> *mut c_char;
+}
+
+#[cfg(kiln_cuda)]
+unsafe extern "C" {
+    pub fn kiln_cuda_device_count(out: *mut c_int) -> *mut c_char;
+    pub fn kiln_cuda_device_properties(
+        index: c_int,
+        name: *mut c_char,
+        name_len: usize,
+        total_mem: *mut u64,
+        major: *mut c_int,
+        minor: *mut c_int,
+    ) -> *mut c_char;
+}
+
+/// Turns the C side's error string into a `Result`, freeing it.
+pub fn check(op: &'static str, err: *mut c_char) -> Result<()> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string from malloc that we now own.
+    let message = unsafe { CStr::from_ptr(err) }
+        .to_string_lossy()
+        .trim()
+        .to_owned();
+    // SAFETY: freed exactly once, with the allocator that made it.
+    unsafe { kiln_free_string(err) };
+    Err(Error::Torch { op, message })
+}
+
+/// The raw `torch::Tensor*` behind a tch tensor, for passing into C++.
+pub fn tensor_ptr(t: &tch::Tensor) -> *const std::ffi::c_void {
+    t.as_ptr().cast()
+}

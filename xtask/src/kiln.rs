@@ -1,0 +1,56 @@
+//! Builds the `kiln` CLI in release mode and runs it with the provisioned libtorch.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use crate::libtorch::Settings;
+use crate::util::{self, Result, bail};
+
+/// Gives a cargo (or kiln) process the same `LIBTORCH` that `.cargo/config.toml` gives plain
+/// cargo commands, so switching between `cargo xtask` and `cargo` never rebuilds torch-sys.
+pub fn apply_env(cmd: &mut Command, settings: &Settings) {
+    match &settings.libtorch_env {
+        Some(user) => cmd.env("LIBTORCH", user),
+        None => cmd.env("LIBTORCH", &settings.link),
+    };
+}
+
+fn target_dir(root: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+}
+
+/// `cargo build --release -p kiln-cli`, then runs `kiln <args>` and returns its exit code.
+pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
+    let mut build = Command::new(util::cargo());
+    build.current_dir(root).args([
+        "build",
+        "--release",
+        "--package",
+        "kiln-cli",
+        "--bin",
+        "kiln",
+    ]);
+    apply_env(&mut build, settings);
+    let status = util::status_of(&mut build)?;
+    if !status.success() {
+        bail!(
+            "building the kiln CLI failed ({}); see the compiler output above",
+            util::describe_status(status)
+        );
+    }
+    let exe = target_dir(root).join("release").join("kiln");
+    let mut run = Command::new(&exe);
+    run.args(args);
+    apply_env(&mut run, settings);
+    let status = util::status_of(&mut run)?;
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => {
+            util::info(&format!("kiln was {}", util::describe_status(status)));
+            ExitCode::FAILURE
+        }
+    })
+}

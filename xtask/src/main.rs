@@ -1,0 +1,93 @@
+//! kiln's task runner (`cargo xtask …`): provisions libtorch, runs the repository checks, and
+//! builds and runs the `kiln` CLI with the right environment.
+//!
+//! It has no dependencies and never links tch, so it builds on a machine without libtorch;
+//! that is what lets it install libtorch in the first place.
+
+mod checks;
+mod kiln;
+mod libtorch;
+mod util;
+
+use std::process::ExitCode;
+
+use util::{Error, Result};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args…]
+
+xtask commands:
+  setup             find or install libtorch 2.11 and link it at .kiln/libtorch (idempotent)
+  test [args…]      setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
+                    (extra args go to cargo test)
+  help              this text
+
+Anything else is a command of the kiln CLI, built in release mode and run with the
+provisioned libtorch, for example:
+  cargo xtask train            the main job
+  cargo xtask version          what kiln was built against
+  cargo xtask <cmd> --help     the CLI's own help
+
+Environment:
+  LIBTORCH        use this libtorch 2.11 instead of installing one
+  KILN_PYTHON     the Python to look for torch in and to build the venv with (default python3)
+  KILN_CACHE_DIR  where the torch venv lives (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("\x1b[1;31merror\x1b[0m: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<ExitCode> {
+    let root = util::repo_root();
+    let Some((command, rest)) = args.split_first() else {
+        eprint!("{USAGE}");
+        return Err(Error("no command given".to_owned()));
+    };
+    match command.as_str() {
+        "help" | "-h" | "--help" => {
+            print!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        "setup" => {
+            if let Some(extra) = rest.first() {
+                return Err(Error(format!(
+                    "`cargo xtask setup` takes no arguments (got `{extra}`); \
+                     configure it with LIBTORCH, KILN_PYTHON or KILN_CACHE_DIR"
+                )));
+            }
+            let settings = libtorch::Settings::from_env(&root)?;
+            let found = libtorch::setup(&settings)?;
+            libtorch::report(&found, &settings.link);
+            Ok(ExitCode::SUCCESS)
+        }
+        "test" => {
+            let settings = libtorch::Settings::from_env(&root)?;
+            let found = libtorch::setup(&settings)?;
+            libtorch::report(&found, &settings.link);
+            checks::run_all(&root, &settings, rest)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            let settings = libtorch::Settings::from_env(&root)?;
+            let found = libtorch::setup(&settings)?;
+            if !matches!(
+                found.source,
+                libtorch::Source::Cache {
+                    installed_now: false,
+                    ..
+                }
+            ) {
+                libtorch::report(&found, &settings.link);
+            }
+            kiln::build_and_run(&root, &settings, args)
+        }
+    }
+}
