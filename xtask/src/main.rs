@@ -39,7 +39,7 @@ fn main() -> ExitCode {
     match run(&args) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("\x1b[1;31merror\x1b[0m: {err}");
+            eprintln!("{}: {err}", util::styled("error", "1;31"));
             ExitCode::FAILURE
         }
     }

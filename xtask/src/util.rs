@@ -52,9 +52,19 @@ pub fn cargo() -> OsString {
     std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
 }
 
+/// `text` in bold (with `color`, an SGR code such as "1;31") when stderr is a terminal.
+pub fn styled(text: &str, color: &str) -> String {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        format!("\x1b[{color}m{text}\x1b[0m")
+    } else {
+        text.to_owned()
+    }
+}
+
 /// Prints a step banner the way the other steps do.
 pub fn step(msg: &str) {
-    eprintln!("\x1b[1m==>\x1b[0m {msg}");
+    eprintln!("{} {msg}", styled("==>", "1"));
 }
 
 /// Prints an informational line from xtask.
