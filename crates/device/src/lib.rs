@@ -2,11 +2,19 @@
 //! settings applied to it, as plain Rust types that the crates above use without knowing tch,
 //! NVML or the native extension.
 //!
-//! Today it reports the libtorch the process runs on ([`libtorch`]); device requests, probing
-//! (NVML, CPU features), selection and backend settings arrive with the hardware-aware
-//! configuration work (issue 3).
+//! Detection is probe → facts → pure selection: [`probe::probe`] asks NVML, libtorch and the OS
+//! and returns [`MachineFacts`]; [`select::select`] turns a [`DeviceRequest`] and those facts
+//! into a device, with no I/O, so it is tested with fixtures for any machine.
 
 mod error;
+pub mod facts;
 pub mod libtorch;
+pub mod probe;
+mod request;
+pub mod select;
+pub mod settings;
 
 pub use error::DeviceError;
+pub use facts::{ComputeCapability, CpuFacts, GpuFacts, GpuSource, MachineFacts, NvmlStatus};
+pub use request::DeviceRequest;
+pub use select::{Device, Selection};

@@ -1,7 +1,25 @@
 //! kiln's hardware profiles: tuned per-GPU settings (batch sizes, workers, memory fraction,
-//! precision, TF32, cuDNN flags) kept as TOML data in the top-level `profiles/` directory, and
-//! the rules that match a detected GPU to one.
+//! precision, TF32, cuDNN flags) kept as TOML data in the repository's `profiles/` directory and
+//! embedded at build time, extendable and overridable from a directory of the user's.
 //!
-//! Layering: knows `kiln-device`'s plain facts about hardware, nothing above it. The profile
-//! tables, matching and derivation for unknown GPUs arrive with the hardware-aware
-//! configuration work (issue 3); this crate holds the place in the workspace until then.
+//! [`ProfileSet`] holds the profiles and matches NVML names to them; [`resolve`] turns a selected
+//! device and the machine's facts into the profile a run starts from: matched, corrected for
+//! what the hardware cannot do, or derived for a GPU no profile names.
+//!
+//! Layering: knows `kiln-device`'s plain facts, nothing above it.
+
+mod error;
+mod matching;
+mod profile;
+mod resolve;
+mod set;
+
+pub use error::ProfileError;
+pub use matching::{ProfileMatch, tokenize};
+pub use profile::{Origin, Profile, ProfileDevice};
+pub use resolve::{Adjustment, Basis, Resolved, resolve};
+pub use set::ProfileSet;
+
+mod builtin {
+    include!(concat!(env!("OUT_DIR"), "/builtin_profiles.rs"));
+}

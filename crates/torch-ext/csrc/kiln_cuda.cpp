@@ -14,9 +14,10 @@ char* kiln_cuda_device_count(int* out) {
   KILN_CATCH
 }
 
-// Name, total memory and compute capability of CUDA device `index`, as libtorch sees it.
-char* kiln_cuda_device_properties(int index, char* name, size_t name_len, uint64_t* total_mem,
-                                  int* major, int* minor) {
+// Name, UUID (16 bytes), total memory and compute capability of CUDA device `index`, as
+// libtorch sees it.
+char* kiln_cuda_device_properties(int index, char* name, size_t name_len, unsigned char* uuid,
+                                  uint64_t* total_mem, int* major, int* minor) {
   KILN_TRY
   int count = static_cast<int>(c10::cuda::device_count());
   TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index,
@@ -25,6 +26,7 @@ char* kiln_cuda_device_properties(int index, char* name, size_t name_len, uint64
   std::string n(prop->name);
   if (n.size() >= name_len) n.resize(name_len - 1);
   std::memcpy(name, n.c_str(), n.size() + 1);
+  std::memcpy(uuid, prop->uuid.bytes, 16);
   *total_mem = static_cast<uint64_t>(prop->totalGlobalMem);
   *major = prop->major;
   *minor = prop->minor;

@@ -12,9 +12,27 @@ pub struct CudaDeviceProperties {
     /// CUDA's index (after `CUDA_VISIBLE_DEVICES`).
     pub index: usize,
     pub name: String,
+    /// NVML-style UUID ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"), for matching with NVML.
+    pub uuid: Option<String>,
     pub total_memory_bytes: u64,
     /// (major, minor), e.g. (9, 0) for an H100.
     pub compute_capability: (u32, u32),
+}
+
+/// Formats CUDA's 16 UUID bytes the way NVML prints them; `None` for an all-zero UUID.
+pub fn format_uuid(bytes: &[u8; 16]) -> Option<String> {
+    if bytes.iter().all(|b| *b == 0) {
+        return None;
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
 }
 
 /// Whether the CUDA part of the native extension was compiled in.
@@ -49,6 +67,7 @@ pub fn device_properties(index: usize) -> Result<CudaDeviceProperties> {
             message: format!("device index {index} is out of range"),
         })?;
         let mut name = [0 as c_char; 256];
+        let mut uuid = [0u8; 16];
         let (mut total, mut major, mut minor) = (0u64, 0 as c_int, 0 as c_int);
         // SAFETY: all outputs outlive the call and `name` has the length we pass.
         crate::ffi::check("cuda device_properties", unsafe {
@@ -56,6 +75,7 @@ pub fn device_properties(index: usize) -> Result<CudaDeviceProperties> {
                 idx,
                 name.as_mut_ptr(),
                 name.len(),
+                uuid.as_mut_ptr(),
                 &mut total,
                 &mut major,
                 &mut minor,
@@ -68,6 +88,7 @@ pub fn device_properties(index: usize) -> Result<CudaDeviceProperties> {
         Ok(CudaDeviceProperties {
             index,
             name,
+            uuid: format_uuid(&uuid),
             total_memory_bytes: total,
             compute_capability: (major as u32, minor as u32),
         })
@@ -81,5 +102,23 @@ pub fn device_properties(index: usize) -> Result<CudaDeviceProperties> {
                  CUDA headers)"
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_print_like_nvml() {
+        let bytes = [
+            0x5f, 0x2e, 0x1c, 0x4a, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x23,
+            0x45, 0x67,
+        ];
+        assert_eq!(
+            format_uuid(&bytes).as_deref(),
+            Some("GPU-5f2e1c4a-1234-5678-9abc-def001234567")
+        );
+        assert_eq!(format_uuid(&[0; 16]), None);
     }
 }

@@ -55,6 +55,7 @@ unsafe extern "C" {
         index: c_int,
         name: *mut c_char,
         name_len: usize,
+        uuid: *mut u8,
         total_mem: *mut u64,
         major: *mut c_int,
         minor: *mut c_int,
