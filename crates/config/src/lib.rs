@@ -1,6 +1,21 @@
-//! kiln's configuration: built-in defaults, the matched hardware profile, the user's file,
-//! environment and command line, layered with figment into raw values and then validated into a
-//! typed run plan in which every value knows the layer that set it.
+//! kiln's configuration: built-in defaults, the matched hardware profile, the user's file
+//! (TOML, YAML or JSON), the environment (`KILN_SECTION__KEY`) and the command line
+//! (`--set section.key=value` and friendly flags), layered with figment in that order, so the
+//! user always wins over the profile, even with a value equal to the default.
 //!
-//! Layering: knows `kiln-device` and `kiln-profiles`, nothing above them. The layers, the typed
-//! plan and provenance arrive with the hardware-aware configuration work (issue 3).
+//! Two stages, as in ripgrep: [`raw`] holds the layered values close to the user's input
+//! (unknown keys rejected with a "did you mean"); [`plan`] validates them into a typed
+//! [`RunPlan`] whose every value knows the layer that set it ([`Provenance`]).
+//!
+//! Layering: knows `kiln-device` and `kiln-profiles`, nothing above them.
+
+mod error;
+mod layers;
+pub mod plan;
+pub mod raw;
+mod resolve;
+
+pub use error::ConfigError;
+pub use layers::Layer;
+pub use plan::{Provenance, RunPlan};
+pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-pub use kiln_torch_ext::flags::MatmulPrecision;
+pub use kiln_torch_ext::flags::{Determinism, MatmulPrecision};
 
 /// Automatic mixed precision: which reduced dtype autocast runs eligible ops in, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -18,7 +18,7 @@ pub use error::ProfileError;
 pub use matching::{ProfileMatch, tokenize};
 pub use profile::{Origin, Profile, ProfileDevice};
 pub use resolve::{Adjustment, Basis, Resolved, resolve};
-pub use set::ProfileSet;
+pub use set::{ProfileSet, edit_distance};
 
 mod builtin {
     include!(concat!(env!("OUT_DIR"), "/builtin_profiles.rs"));

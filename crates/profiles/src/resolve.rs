@@ -15,6 +15,8 @@ pub enum Basis {
     Derived { nearest: String },
     /// The device's own profile (CPU or MPS).
     Device,
+    /// Chosen by name in the configuration (`device.profile`).
+    Named,
 }
 
 /// A profile value kiln changed for this machine, and why.
@@ -51,15 +53,28 @@ impl Resolved {
     }
 }
 
-/// The profile for `selection` on a machine with `cpu`.
+/// The profile for `selection` on a machine with `cpu`; `forced` names a profile to use
+/// instead of matching (it is still corrected for what the hardware cannot do).
 pub fn resolve(
     set: &ProfileSet,
     selection: &Selection,
     cpu: &CpuFacts,
+    forced: Option<&str>,
 ) -> Result<Resolved, ProfileError> {
-    let mut resolved = match (selection.device, &selection.gpu) {
-        (Device::Cuda(_), Some(gpu)) => for_gpu(set, gpu)?,
-        (Device::Mps, _) => Resolved {
+    let mut resolved = match (selection.device, &selection.gpu, forced) {
+        (_, gpu, Some(name)) => {
+            let mut r = Resolved {
+                profile: set.get(name)?.clone(),
+                basis: Basis::Named,
+                adjustments: vec![],
+            };
+            if let Some(gpu) = gpu {
+                correct_for_hardware(&mut r, gpu);
+            }
+            r
+        }
+        (Device::Cuda(_), Some(gpu), None) => for_gpu(set, gpu)?,
+        (Device::Mps, _, None) => Resolved {
             profile: device_profile(set, ProfileDevice::Mps)?,
             basis: Basis::Device,
             adjustments: vec![],

@@ -144,6 +144,7 @@ fn h100_resolves_as_matched_with_workers_capped_by_cores() {
         &set(),
         &on_gpu(gpu("NVIDIA H100 80GB HBM3", 80, (9, 0))),
         &cpu(16, false),
+        None,
     )
     .unwrap();
     assert_eq!(r.profile.name, "h100");
@@ -186,6 +187,7 @@ fn a_profile_value_the_hardware_cannot_do_is_corrected_with_a_reason() {
         &set,
         &on_gpu(gpu("Tesla V100-SXM2-32GB", 32, (7, 0))),
         &cpu(64, false),
+        None,
     )
     .unwrap();
     assert_eq!(r.profile.amp_dtype, AmpDtype::Fp16);
@@ -203,6 +205,7 @@ fn an_unknown_gpu_gets_a_profile_derived_from_its_facts() {
         &set(),
         &on_gpu(gpu("NVIDIA A40", 48, (8, 6))),
         &cpu(8, false),
+        None,
     )
     .unwrap();
     assert_eq!(
@@ -221,6 +224,7 @@ fn an_unknown_gpu_gets_a_profile_derived_from_its_facts() {
         &set(),
         &on_gpu(gpu("NVIDIA TITAN Xp", 12, (6, 1))),
         &cpu(8, false),
+        None,
     )
     .unwrap();
     assert_eq!(r.profile.amp_dtype, AmpDtype::None);
@@ -237,7 +241,7 @@ fn cpu_profile_chooses_bf16_only_where_the_cpu_has_bf16_units() {
         gpu: None,
         reason: "test".into(),
     };
-    let with = resolve(&set(), &sel, &cpu(2, true)).unwrap();
+    let with = resolve(&set(), &sel, &cpu(2, true), None).unwrap();
     assert_eq!(with.profile.amp_dtype, AmpDtype::Bf16);
     assert!(
         with.adjustments
@@ -248,7 +252,7 @@ fn cpu_profile_chooses_bf16_only_where_the_cpu_has_bf16_units() {
         with.profile.num_workers, 2,
         "4 in the table, never more than the 2 cores"
     );
-    let without = resolve(&set(), &sel, &cpu(8, false)).unwrap();
+    let without = resolve(&set(), &sel, &cpu(8, false), None).unwrap();
     assert_eq!(without.profile.amp_dtype, AmpDtype::None);
     assert_eq!(without.profile.num_workers, 4);
 }

@@ -1,0 +1,189 @@
+//! Stage one: the layered values as the user wrote them, one struct per section, every field
+//! optional, unknown keys rejected. Numbers may arrive as strings from the environment
+//! (`KILN_TRAIN__LR=5e-4`), so numeric fields accept both.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Every section; the field names are the keys users write.
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawConfig {
+    pub device: RawDevice,
+    pub performance: RawPerformance,
+    pub data: RawData,
+    pub train: RawTrain,
+    pub infer: RawInfer,
+    pub profiling: RawProfiling,
+    pub run: RawRun,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawDevice {
+    /// auto, cpu, cuda, cuda:N or mps.
+    pub request: Option<String>,
+    /// Use this profile by name instead of matching the GPU.
+    pub profile: Option<String>,
+    /// A directory of profile TOML files that add to or override the built-in ones.
+    pub profiles_dir: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawPerformance {
+    pub tf32: Option<bool>,
+    pub matmul_precision: Option<String>,
+    pub cudnn_benchmark: Option<bool>,
+    pub cudnn_deterministic: Option<bool>,
+    /// off, warn or error (torch.use_deterministic_algorithms).
+    pub deterministic: Option<String>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub memory_fraction: Option<f64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub empty_cache_interval: Option<u64>,
+    pub channels_last: Option<bool>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub intra_op_threads: Option<u64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub inter_op_threads: Option<u64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawData {
+    #[serde(deserialize_with = "lenient_u64")]
+    pub num_workers: Option<u64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub prefetch_factor: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawTrain {
+    #[serde(deserialize_with = "lenient_u64")]
+    pub batch_size: Option<u64>,
+    /// none, fp16 or bf16.
+    pub amp: Option<String>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub epochs: Option<u64>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub lr: Option<f64>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawInfer {
+    #[serde(deserialize_with = "lenient_u64")]
+    pub batch_size: Option<u64>,
+    /// none, fp16 or bf16.
+    pub precision: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawProfiling {
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawRun {
+    pub name: Option<String>,
+    pub output_dir: Option<String>,
+}
+
+/// Every valid key, as `section.key`, in the order `--explain` shows them.
+pub const KEYS: &[&str] = &[
+    "device.request",
+    "device.profile",
+    "device.profiles_dir",
+    "performance.tf32",
+    "performance.matmul_precision",
+    "performance.cudnn_benchmark",
+    "performance.cudnn_deterministic",
+    "performance.deterministic",
+    "performance.memory_fraction",
+    "performance.empty_cache_interval",
+    "performance.channels_last",
+    "performance.intra_op_threads",
+    "performance.inter_op_threads",
+    "performance.seed",
+    "data.num_workers",
+    "data.prefetch_factor",
+    "train.batch_size",
+    "train.amp",
+    "train.epochs",
+    "train.lr",
+    "infer.batch_size",
+    "infer.precision",
+    "profiling.enabled",
+    "run.name",
+    "run.output_dir",
+];
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrString<T> {
+    Num(T),
+    Str(String),
+}
+
+fn lenient<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + std::str::FromStr,
+{
+    match Option::<NumOrString<T>>::deserialize(d)? {
+        None => Ok(None),
+        Some(NumOrString::Num(n)) => Ok(Some(n)),
+        Some(NumOrString::Str(s)) => s.trim().parse().map(Some).map_err(|_| {
+            serde::de::Error::custom(format!("`{s}` is not a number of the right kind"))
+        }),
+    }
+}
+
+fn lenient_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    lenient(d)
+}
+
+fn lenient_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    lenient(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_list_exactly_the_fields_of_every_section() {
+        let sections = [
+            "device",
+            "performance",
+            "data",
+            "train",
+            "infer",
+            "profiling",
+            "run",
+        ];
+        for section in sections {
+            // serde lists a struct's fields when it meets an unknown one.
+            let text = format!("[{section}]\nzzz_unknown = 1\n");
+            let err = toml::from_str::<RawConfig>(&text).unwrap_err().to_string();
+            let expected_part = err.split("expected").nth(1).unwrap_or("");
+            let fields: Vec<String> = expected_part
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|f| format!("{section}.{f}"))
+                .collect();
+            let keys: Vec<String> = KEYS
+                .iter()
+                .filter(|k| k.starts_with(&format!("{section}.")))
+                .map(|k| (*k).to_owned())
+                .collect();
+            assert_eq!(fields, keys, "section {section}: {err}");
+        }
+    }
+}
