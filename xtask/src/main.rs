@@ -26,6 +26,9 @@ Anything else is a command of the kiln CLI, built in release mode and run with t
 provisioned libtorch, for example:
   cargo xtask train            the main job
   cargo xtask version          what kiln was built against
+  cargo xtask doctor           what kiln sees on this machine, and what a run would use
+  cargo xtask profiles         the hardware profiles
+  cargo xtask config --explain every setting of a run and where it came from
   cargo xtask <cmd> --help     the CLI's own help
 
 Environment:

@@ -7,22 +7,27 @@ fn kiln(args: &[&str]) -> Output {
         .args(args)
         .env_remove("LD_LIBRARY_PATH")
         .env_remove("RUST_LOG")
+        .env_remove("KILN_DEVICE__REQUEST")
         .output()
         .expect("the kiln binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[test]
 fn version_reports_libtorch_and_loads_its_cuda_library() {
     let out = kiln(&["version"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("libtorch 2.11.0 at "), "{stdout}");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    assert!(text.contains("libtorch 2.11.0 at "), "{text}");
     // The binary must not have dropped libtorch_cuda (the as-needed trap) when it exists.
-    let lib_dir = stdout
+    let lib_dir = text
         .lines()
         .find_map(|l| l.strip_prefix("libtorch 2.11.0 at "))
         .unwrap();
@@ -34,27 +39,214 @@ fn version_reports_libtorch_and_loads_its_cuda_library() {
     } else {
         "libtorch_cuda: not shipped"
     };
+    assert!(text.contains(expected), "expected `{expected}` in:\n{text}");
+}
+
+#[test]
+fn doctor_reports_every_section_and_the_chosen_device() {
+    let out = kiln(&["doctor"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}{}", stderr(&out));
+    for section in [
+        "libtorch",
+        "NVML",
+        "GPUs (",
+        "CPU",
+        "this run",
+        "selected",
+        "profile",
+        "start line",
+    ] {
+        assert!(text.contains(section), "`{section}` missing:\n{text}");
+    }
+    let out = kiln(&["doctor", "--format", "json"]);
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("doctor --format json is JSON");
+    assert_eq!(v["libtorch"]["version"], "2.11.0");
+    assert!(v["machine"]["cpu"]["logical_cores"].as_u64().unwrap() >= 1);
+    assert!(v["selection"]["device"].is_string());
+}
+
+#[test]
+fn doctor_on_a_bad_config_says_so_and_fails() {
+    let out = kiln(&["doctor", "--set", "train.batch_size=0"]);
+    assert_eq!(out.status.code(), Some(1));
     assert!(
-        stdout.contains(expected),
-        "expected `{expected}` in:\n{stdout}"
+        stdout(&out).contains("ERROR: `train.batch_size` = 0"),
+        "{}",
+        stdout(&out)
     );
 }
 
 #[test]
-fn train_says_clearly_that_it_is_not_built_yet() {
+fn profiles_list_show_and_match() {
+    let list = stdout(&kiln(&["profiles"]));
+    for name in [
+        "h100",
+        "h200",
+        "a100",
+        "v100",
+        "rtx4090",
+        "rtx3090",
+        "generic-cpu",
+        "apple-mps",
+    ] {
+        assert!(
+            list.lines().any(|l| l.starts_with(name)),
+            "{name} missing:\n{list}"
+        );
+    }
+    let show = kiln(&["profiles", "show", "h200"]);
+    assert!(
+        stdout(&show).contains("train_batch_size     512"),
+        "{}",
+        stdout(&show)
+    );
+    let json = kiln(&["profiles", "show", "h200", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["infer_batch_size"], 2048);
+
+    let m = kiln(&[
+        "profiles",
+        "match",
+        "--gpu-name",
+        "NVIDIA A100-SXM4-80GB",
+        "--cpus",
+        "64",
+    ]);
+    let text = stdout(&m);
+    assert!(
+        text.starts_with("NVIDIA A100-SXM4-80GB → profile a100 (matched by `A100`)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("adjusted num_workers"),
+        "64 cores: no cap needed\n{text}"
+    );
+
+    let unknown = kiln(&[
+        "profiles",
+        "match",
+        "--gpu-name",
+        "NVIDIA A40",
+        "--memory-gib",
+        "48",
+        "--compute-capability",
+        "8.6",
+    ]);
+    assert!(
+        stdout(&unknown).contains("derived (nearest profile by memory: l40s)"),
+        "{}",
+        stdout(&unknown)
+    );
+
+    let bad = kiln(&["profiles", "show", "h10"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("did you mean `a10` or `h100`?"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
+#[test]
+fn config_explain_shows_each_value_with_its_layer() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "config",
+            "--explain",
+            "--simulate-gpu",
+            "NVIDIA H100 80GB HBM3",
+            "--cpus",
+            "16",
+            "--batch-size",
+            "32",
+        ])
+        .env("KILN_TRAIN__LR", "5e-4")
+        .output()
+        .unwrap();
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        text.contains("# device cuda:0 (NVIDIA H100 80GB HBM3)"),
+        "{text}"
+    );
+    let line = |key: &str| {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        line("train.batch_size").contains("= 32")
+            && line("train.batch_size").contains("[command line] command line (--batch-size)"),
+        "{text}"
+    );
+    assert!(
+        line("infer.batch_size").contains("= 1024")
+            && line("infer.batch_size").contains("[profile] profile h100"),
+        "{text}"
+    );
+    assert!(
+        line("train.lr").contains("environment variable KILN_TRAIN__LR"),
+        "{text}"
+    );
+    assert!(
+        line("data.num_workers").contains("= 16")
+            && line("data.num_workers")
+                .contains("profile said 32; this machine has 16 CPU core(s)"),
+        "{text}"
+    );
+
+    let json = kiln(&["config", "--simulate-gpu", "Tesla T4", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["values"]["train.amp"]["value"], "fp16");
+    assert_eq!(v["values"]["train.amp"]["layer"], "profile");
+}
+
+#[test]
+fn config_errors_name_the_key_and_exit_non_zero() {
+    let out = kiln(&["config", "--set", "performance.tf23=true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("did you mean `performance.tf32`?"),
+        "{}",
+        stderr(&out)
+    );
+    let out = kiln(&["config", "--device", "cuda:3"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("device `cuda:3` is not available"),
+        "{}",
+        stderr(&out)
+    );
+    let out = kiln(&["config", "--config", "/nonexistent/kiln.toml"]);
+    assert!(
+        stderr(&out).contains("config file /nonexistent/kiln.toml: no such file"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn train_logs_the_start_line_then_says_it_is_not_built_yet() {
     let out = kiln(&["train"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(3), "{stderr}");
-    assert!(stderr.contains("training is not built yet"), "{stderr}");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("device ") && err.contains(" · profile ") && err.contains("batch_size "),
+        "{err}"
+    );
+    assert!(err.contains("training is not built yet"), "{err}");
 }
 
 #[test]
 fn unknown_commands_fail_with_usage() {
     let out = kiln(&["frobnicate"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr.contains("unrecognized subcommand 'frobnicate'"),
-        "{stderr}"
+        stderr(&out).contains("unrecognized subcommand 'frobnicate'"),
+        "{}",
+        stderr(&out)
     );
 }

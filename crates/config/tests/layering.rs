@@ -1,6 +1,9 @@
 //! Layering, provenance and every configuration error, with figment::Jail for files and
 //! environment, on simulated machines (so the results do not depend on this machine).
-#![allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+#![allow(
+    clippy::result_large_err,
+    reason = "figment::Jail fixes the closure's error type"
+)]
 
 use figment::Jail;
 use kiln_config::{ConfigError, ConfigRequest, Layer, Machine, load, simulated_machine};

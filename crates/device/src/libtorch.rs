@@ -8,7 +8,8 @@ use kiln_torch_ext::{cuda, runtime};
 use crate::DeviceError;
 
 /// How libtorch's CUDA library came to be (or not be) in this process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CudaLibraryState {
     /// This libtorch is a CPU (or MPS) build: it has no `libtorch_cuda`.
     NotShipped,
@@ -19,7 +20,7 @@ pub enum CudaLibraryState {
 }
 
 /// Facts about the libtorch in this process.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LibtorchInfo {
     /// The libtorch version kiln was compiled against, e.g. `2.11.0`.
     pub version: String,
@@ -32,6 +33,10 @@ pub struct LibtorchInfo {
     pub cuda_device_count: usize,
     /// Whether kiln's native CUDA functions were compiled in.
     pub native_cuda: bool,
+    /// The CUDA runtime version libtorch was compiled with ("13.0"), if it has CUDA.
+    pub cuda_compiled: Option<String>,
+    /// The cuDNN version libtorch was compiled with, if any.
+    pub cudnn_compiled: Option<String>,
 }
 
 /// Looks at the running libtorch, first making sure its CUDA library is loaded if it has one.
@@ -48,7 +53,19 @@ pub fn libtorch_info() -> Result<LibtorchInfo, DeviceError> {
             CudaLibraryState::LoadedAtRuntime
         }
     };
+    let (cuda_compiled, cudnn_compiled) = match cuda_library {
+        CudaLibraryState::NotShipped => (None, None),
+        _ => match cuda::build_versions() {
+            Ok((cudart, cudnn)) => (Some(cudart), cudnn),
+            Err(e) => {
+                tracing::debug!("CUDA build versions unavailable: {e}");
+                (None, None)
+            }
+        },
+    };
     Ok(LibtorchInfo {
+        cuda_compiled,
+        cudnn_compiled,
         version: runtime::torch_version().to_owned(),
         lib_dir: runtime::libtorch_lib_dir()?,
         cuda_library,

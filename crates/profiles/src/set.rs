@@ -88,13 +88,21 @@ impl ProfileSet {
             return Ok(p);
         }
         let names: Vec<&str> = self.profiles.iter().map(|p| p.name.as_str()).collect();
-        let suggestion = names
+        let best = names
             .iter()
-            .map(|n| (edit_distance(&wanted, n), *n))
-            .filter(|(d, _)| *d <= 2)
+            .map(|n| edit_distance(&wanted, n))
             .min()
-            .map(|(_, n)| format!(" (did you mean `{n}`?)"))
-            .unwrap_or_default();
+            .unwrap_or(usize::MAX);
+        let close: Vec<String> = names
+            .iter()
+            .filter(|n| best <= 2 && edit_distance(&wanted, n) == best)
+            .map(|n| format!("`{n}`"))
+            .collect();
+        let suggestion = if close.is_empty() {
+            String::new()
+        } else {
+            format!(" (did you mean {}?)", close.join(" or "))
+        };
         Err(ProfileError::Unknown {
             name: name.to_owned(),
             suggestion,

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/headeronly/version.h>
 
 #include <dlfcn.h>
@@ -208,6 +209,18 @@ char* kiln_fused_adamw(const at::Tensor* const* params, const at::Tensor* const*
   at::NoGradGuard no_grad;
   at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
                     maximize, scale, inf);
+  KILN_CATCH
+}
+
+// ---- CUDA build facts (through ATen's hooks: no CUDA headers needed) ------------------
+
+// The CUDA runtime and cuDNN versions libtorch was compiled with (e.g. 13000, 91900); throws
+// (so returns an error) when this libtorch has no CUDA library loaded.
+char* kiln_cuda_build_versions(long* cudart, long* cudnn) {
+  KILN_TRY
+  const auto& hooks = at::detail::getCUDAHooks();
+  *cudart = hooks.versionCUDART();
+  *cudnn = hooks.hasCuDNN() ? hooks.versionCuDNN() : 0;
   KILN_CATCH
 }
 

@@ -40,6 +40,27 @@ pub const fn built_with_cuda() -> bool {
     cfg!(kiln_cuda)
 }
 
+/// The CUDA runtime and cuDNN versions libtorch was compiled with, as "13.0" and "9.19.0"
+/// (`None` for cuDNN when it is not compiled in); an error on a libtorch without CUDA.
+pub fn build_versions() -> Result<(String, Option<String>)> {
+    let (mut cudart, mut cudnn): (std::ffi::c_long, std::ffi::c_long) = (0, 0);
+    // SAFETY: both outputs outlive the call.
+    crate::ffi::check("cuda build_versions", unsafe {
+        crate::ffi::kiln_cuda_build_versions(&mut cudart, &mut cudnn)
+    })?;
+    let cudart = format!("{}.{}", cudart / 1000, (cudart % 1000) / 10);
+    let cudnn = (cudnn > 0).then(|| {
+        // cuDNN 9 encodes major*10000 + minor*100 + patch.
+        format!(
+            "{}.{}.{}",
+            cudnn / 10000,
+            (cudnn % 10000) / 100,
+            cudnn % 100
+        )
+    });
+    Ok((cudart, cudnn))
+}
+
 /// How many CUDA devices this process sees (0 without a driver or GPU).
 pub fn device_count() -> Result<usize> {
     #[cfg(kiln_cuda)]

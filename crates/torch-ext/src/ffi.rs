@@ -44,6 +44,11 @@ unsafe extern "C" {
         found_inf: *const std::ffi::c_void,
     ) -> *mut c_char;
 
+    pub fn kiln_cuda_build_versions(
+        cudart: *mut std::ffi::c_long,
+        cudnn: *mut std::ffi::c_long,
+    ) -> *mut c_char;
+
     pub fn kiln_libtorch_cpu_path(buf: *mut c_char, len: usize) -> *mut c_char;
     pub fn kiln_dlopen_global(path: *const c_char) -> *mut c_char;
 }

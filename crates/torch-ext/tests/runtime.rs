@@ -65,3 +65,19 @@ fn cuda_queries_agree_with_tch() {
         }
     }
 }
+
+#[test]
+fn cuda_build_versions_are_reported_for_a_cuda_libtorch() {
+    match runtime::cuda_library().unwrap() {
+        CudaLibrary::Loaded(_) => {
+            let (cudart, cudnn) = cuda::build_versions().unwrap();
+            eprintln!("compiled with CUDA {cudart}, cuDNN {cudnn:?}");
+            assert!(
+                cudart.starts_with("13."),
+                "the 2.11 wheel is a CUDA 13 build: {cudart}"
+            );
+            assert!(cudnn.is_some_and(|v| v.starts_with("9.")));
+        }
+        _ => assert!(cuda::build_versions().is_err()),
+    }
+}

@@ -1,0 +1,160 @@
+//! The command line: clap definitions shared by the commands.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// kiln: fast PyTorch-style training and inference on whatever hardware this is.
+#[derive(Debug, Parser)]
+#[command(name = "kiln", version, about, propagate_version = true)]
+pub struct Cli {
+    /// More log output (-v: debug, -vv: trace). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only warnings and errors.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Output format of the reporting commands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show kiln's version and the libtorch it runs on (location, CUDA support).
+    Version,
+    /// Everything to check when "the GPU is not detected": libtorch, CUDA, NVML, CPU, and the
+    /// device and profile a run would use.
+    Doctor {
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+    /// List the hardware profiles, show one, or see which one a GPU gets.
+    Profiles {
+        #[command(subcommand)]
+        action: Option<ProfilesAction>,
+        #[arg(long, value_enum, default_value_t, global = true)]
+        format: Format,
+    },
+    /// Show the resolved configuration of a run; with --explain, where each value came from.
+    Config {
+        /// Show the layer (default, profile, file, environment, command line) of every value.
+        #[arg(long)]
+        explain: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+    /// Train a model (the main job).
+    Train {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Run the benchmark suites.
+    Bench,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfilesAction {
+    /// List every profile (the default).
+    List,
+    /// Show one profile's values.
+    Show {
+        /// The profile's name, e.g. h100.
+        name: String,
+    },
+    /// Which profile a GPU gets, and the settings that result.
+    Match {
+        #[command(flatten)]
+        gpu: GpuArgs,
+        /// CPU cores of the machine (caps the data workers); default: this machine's.
+        #[arg(long)]
+        cpus: Option<usize>,
+    },
+}
+
+/// A GPU described on the command line.
+#[derive(Debug, Clone, Args)]
+pub struct GpuArgs {
+    /// The GPU's name as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".
+    #[arg(long = "gpu-name", value_name = "NAME")]
+    pub name: String,
+    /// Its memory in GiB (default: its profile's).
+    #[arg(long, value_name = "GIB")]
+    pub memory_gib: Option<f64>,
+    /// Its compute capability, e.g. 8.6 (default: its profile's).
+    #[arg(long, value_name = "X.Y")]
+    pub compute_capability: Option<String>,
+}
+
+/// The configuration sources of a run, and an optional machine to simulate.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ConfigArgs {
+    /// A configuration file (TOML, YAML or JSON).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Set any key: --set train.batch_size=64 (repeatable; later wins).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Device: auto, cpu, cuda, cuda:N or mps (= --set device.request=…).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Use this profile instead of matching the GPU (= --set device.profile=…).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// Training batch size (= --set train.batch_size=…).
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<String>,
+    /// Data-loader workers (= --set data.num_workers=…).
+    #[arg(long, value_name = "N")]
+    pub workers: Option<String>,
+    /// Mixed precision: none, fp16 or bf16 (= --set train.amp=…).
+    #[arg(long, value_name = "DTYPE")]
+    pub amp: Option<String>,
+    /// Pretend the machine has one GPU of this NVML name (see what a run would use there).
+    #[arg(long, value_name = "NAME")]
+    pub simulate_gpu: Option<String>,
+    /// With --simulate-gpu: its memory in GiB (default: its profile's).
+    #[arg(long, value_name = "GIB", requires = "simulate_gpu")]
+    pub memory_gib: Option<f64>,
+    /// With --simulate-gpu: its compute capability (default: its profile's).
+    #[arg(long, value_name = "X.Y", requires = "simulate_gpu")]
+    pub compute_capability: Option<String>,
+    /// Pretend the machine has this many CPU cores (alone: a CPU-only machine).
+    #[arg(long, value_name = "N")]
+    pub cpus: Option<usize>,
+}
+
+impl ConfigArgs {
+    /// The friendly flags as (flag, key, value) for the configuration's command-line layer.
+    pub fn flags(&self) -> Vec<(String, String, String)> {
+        [
+            ("--device", "device.request", &self.device),
+            ("--profile", "device.profile", &self.profile),
+            ("--batch-size", "train.batch_size", &self.batch_size),
+            ("--workers", "data.num_workers", &self.workers),
+            ("--amp", "train.amp", &self.amp),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, value)| {
+            value
+                .as_ref()
+                .map(|v| (flag.to_owned(), key.to_owned(), v.clone()))
+        })
+        .collect()
+    }
+
+    pub fn simulating(&self) -> bool {
+        self.simulate_gpu.is_some() || self.cpus.is_some()
+    }
+}

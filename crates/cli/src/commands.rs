@@ -1,0 +1,132 @@
+//! The commands: each loads what it needs from the library crates and prints a report.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use kiln_config::{ConfigRequest, Machine, Resolution};
+use kiln_device::libtorch::libtorch_info;
+use kiln_device::{ComputeCapability, DeviceRequest};
+use kiln_profiles::ProfileSet;
+
+use crate::EXIT_NOT_BUILT;
+use crate::args::{ConfigArgs, Format, ProfilesAction};
+use crate::report;
+
+pub fn version() -> anyhow::Result<ExitCode> {
+    let info = libtorch_info()?;
+    print!("{}", report::version(&info));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn parse_cc(text: Option<&str>, flag: &str) -> anyhow::Result<Option<ComputeCapability>> {
+    text.map(|t| t.parse::<ComputeCapability>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+}
+
+/// Loads the configuration the arguments describe, on this machine or a simulated one.
+pub fn load(args: &ConfigArgs) -> anyhow::Result<Resolution> {
+    let machine = if args.simulating() {
+        let profiles = ProfileSet::builtin()?;
+        let cc = parse_cc(args.compute_capability.as_deref(), "--compute-capability")?;
+        let cpu = kiln_device::probe::probe_cpu();
+        Machine::Simulated(kiln_config::simulated_machine(
+            &profiles,
+            args.simulate_gpu.as_deref(),
+            args.memory_gib,
+            cc,
+            args.cpus,
+            cpu,
+        )?)
+    } else {
+        Machine::Probe
+    };
+    let mut req = ConfigRequest::new(machine);
+    req.file = args.config.clone();
+    req.sets = args.sets.clone();
+    req.flags = args.flags();
+    Ok(kiln_config::load(&req)?)
+}
+
+pub fn doctor(args: &ConfigArgs, format: Format) -> anyhow::Result<ExitCode> {
+    let info = libtorch_info()?;
+    let resolution = load(args);
+    match format {
+        Format::Json => {
+            let value =
+                report::doctor_json(&info, resolution.as_ref().map_err(|e| format!("{e:#}")));
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        Format::Text => print!("{}", report::doctor_text(&info, resolution.as_ref())),
+    }
+    // A configuration that does not load is a finding, and a failure of the command.
+    Ok(if resolution.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+pub fn profiles(action: Option<ProfilesAction>, format: Format) -> anyhow::Result<ExitCode> {
+    let set = ProfileSet::builtin()?;
+    match action.unwrap_or(ProfilesAction::List) {
+        ProfilesAction::List => match format {
+            Format::Json => {
+                let list: Vec<_> = set.all().iter().map(report::profile_json).collect();
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            }
+            Format::Text => print!("{}", report::profile_list(&set)),
+        },
+        ProfilesAction::Show { name } => {
+            let profile = set.get(&name)?;
+            match format {
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report::profile_json(profile))?
+                ),
+                Format::Text => print!("{}", report::profile_text(profile)),
+            }
+        }
+        ProfilesAction::Match { gpu, cpus } => {
+            let cc = parse_cc(gpu.compute_capability.as_deref(), "--compute-capability")?;
+            let cpu = kiln_device::probe::probe_cpu();
+            let facts = kiln_config::simulated_machine(
+                &set,
+                Some(&gpu.name),
+                gpu.memory_gib,
+                cc,
+                cpus,
+                cpu,
+            )?;
+            let selection = kiln_device::select::select(DeviceRequest::Auto, &facts)?;
+            let resolved = kiln_profiles::resolve(&set, &selection, &facts.cpu, None)?;
+            match format {
+                Format::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report::resolved_json(&gpu.name, &resolved))?
+                ),
+                Format::Text => print!("{}", report::resolved_text(&gpu.name, &resolved)),
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Result<ExitCode> {
+    let r = load(args)?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report::plan_json(&r))?),
+        Format::Text => print!("{}", report::plan_text(&r, explain)),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn train(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    let r = load(args).context("cannot start the run")?;
+    tracing::info!("{}", report::start_line(&r));
+    eprintln!(
+        "kiln train: training is not built yet (tracked as issue 5). The device, profile and \
+         configuration above are what a run would use; `kiln config --explain` shows why."
+    );
+    Ok(ExitCode::from(EXIT_NOT_BUILT))
+}
