@@ -124,6 +124,20 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
 pub fn train(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let r = load(args).context("cannot start the run")?;
     tracing::info!("{}", report::start_line(&r));
+    let applied = kiln_device::settings::apply(&r.plan.backend_settings(), r.selection.device);
+    for a in &applied {
+        match &a.outcome {
+            kiln_device::settings::Outcome::Applied => {
+                tracing::debug!("applied {} = {}", a.setting, a.value)
+            }
+            kiln_device::settings::Outcome::NotApplicable(why) => {
+                tracing::debug!("not applied {} = {}: {why}", a.setting, a.value)
+            }
+            kiln_device::settings::Outcome::Failed(why) => {
+                tracing::warn!("could not apply {} = {}: {why}", a.setting, a.value)
+            }
+        }
+    }
     eprintln!(
         "kiln train: training is not built yet (tracked as issue 5). The device, profile and \
          configuration above are what a run would use; `kiln config --explain` shows why."

@@ -150,6 +150,22 @@ impl RunPlan {
         ]
     }
 
+    /// The backend settings this plan asks libtorch for.
+    pub fn backend_settings(&self) -> kiln_device::settings::BackendSettings {
+        let p = &self.performance;
+        kiln_device::settings::BackendSettings {
+            tf32: p.tf32,
+            matmul_precision: p.matmul_precision,
+            cudnn_benchmark: p.cudnn_benchmark,
+            cudnn_deterministic: p.cudnn_deterministic,
+            deterministic: p.deterministic,
+            memory_fraction: p.memory_fraction,
+            intra_op_threads: p.intra_op_threads,
+            inter_op_threads: p.inter_op_threads,
+            seed: p.seed,
+        }
+    }
+
     /// The provenance of `key` (every key has one).
     pub fn source_of(&self, key: &str) -> Option<&Provenance> {
         self.provenance.get(key)

@@ -9,6 +9,7 @@
 mod error;
 pub mod facts;
 pub mod libtorch;
+pub mod memory;
 pub mod probe;
 mod request;
 pub mod select;

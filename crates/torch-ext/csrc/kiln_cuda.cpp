@@ -4,6 +4,7 @@
 #include "boundary.h"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
 extern "C" {
@@ -30,6 +31,20 @@ char* kiln_cuda_device_properties(int index, char* name, size_t name_len, unsign
   *total_mem = static_cast<uint64_t>(prop->totalGlobalMem);
   *major = prop->major;
   *minor = prop->minor;
+  KILN_CATCH
+}
+
+// Caps the caching allocator of CUDA device `index` at `fraction` of its memory (an
+// allocation beyond it raises out-of-memory), like torch.cuda.set_per_process_memory_fraction.
+char* kiln_cuda_set_memory_fraction(double fraction, int index) {
+  KILN_TRY
+  TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "memory fraction must be in (0, 1], got ",
+              fraction);
+  int count = static_cast<int>(c10::cuda::device_count());
+  TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index, " out of range");
+  c10::cuda::CUDACachingAllocator::init(count);
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
+                                                     static_cast<c10::DeviceIndex>(index));
   KILN_CATCH
 }
 

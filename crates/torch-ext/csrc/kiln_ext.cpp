@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <torch/headeronly/version.h>
@@ -209,6 +211,57 @@ char* kiln_fused_adamw(const at::Tensor* const* params, const at::Tensor* const*
   at::NoGradGuard no_grad;
   at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
                     maximize, scale, inf);
+  KILN_CATCH
+}
+
+// ---- CPU threads ------------------------------------------------------------------------
+
+char* kiln_set_num_threads(int n) {
+  KILN_TRY
+  at::set_num_threads(n);
+  KILN_CATCH
+}
+
+// libtorch allows this only before any inter-op parallel work has started.
+char* kiln_set_num_interop_threads(int n) {
+  KILN_TRY
+  at::set_num_interop_threads(n);
+  KILN_CATCH
+}
+
+char* kiln_num_threads(int* intra, int* inter) {
+  KILN_TRY
+  *intra = at::get_num_threads();
+  *inter = at::get_num_interop_threads();
+  KILN_CATCH
+}
+
+// ---- accelerator memory (the current accelerator: CUDA here) ----------------------------
+
+// out: allocated, allocated peak, reserved, reserved peak (bytes), number of OOMs.
+char* kiln_memory_stats(int device, int64_t* out) {
+  KILN_TRY
+  TORCH_CHECK(at::accelerator::isAccelerator(at::accelerator::getAccelerator(true).value()),
+              "no accelerator");
+  auto stats = at::accelerator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
+  constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  out[0] = stats.allocated_bytes[all].current;
+  out[1] = stats.allocated_bytes[all].peak;
+  out[2] = stats.reserved_bytes[all].current;
+  out[3] = stats.reserved_bytes[all].peak;
+  out[4] = stats.num_ooms;
+  KILN_CATCH
+}
+
+char* kiln_reset_peak_memory(int device) {
+  KILN_TRY
+  at::accelerator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  KILN_CATCH
+}
+
+char* kiln_empty_cache() {
+  KILN_TRY
+  at::accelerator::emptyCache();
   KILN_CATCH
 }
 

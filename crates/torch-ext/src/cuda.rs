@@ -126,6 +126,32 @@ pub fn device_properties(index: usize) -> Result<CudaDeviceProperties> {
     }
 }
 
+/// Caps the caching allocator of CUDA device `index` at `fraction` of its memory
+/// (`torch.cuda.set_per_process_memory_fraction`); allocations beyond it fail as out of memory.
+pub fn set_memory_fraction(fraction: f64, index: usize) -> Result<()> {
+    if !(fraction > 0.0 && fraction <= 1.0) {
+        return Err(Error::InvalidArgument {
+            op: "cuda set_memory_fraction",
+            message: format!("fraction must be in (0, 1], got {fraction}"),
+        });
+    }
+    #[cfg(kiln_cuda)]
+    {
+        let idx = std::ffi::c_int::try_from(index).unwrap_or(std::ffi::c_int::MAX);
+        // SAFETY: plain values in, error string out.
+        crate::ffi::check("cuda set_memory_fraction", unsafe {
+            crate::ffi::kiln_cuda_set_memory_fraction(fraction, idx)
+        })
+    }
+    #[cfg(not(kiln_cuda))]
+    {
+        Err(Error::Unavailable {
+            op: "cuda set_memory_fraction",
+            reason: format!("device {index}: kiln was built without CUDA"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,6 +44,13 @@ unsafe extern "C" {
         found_inf: *const std::ffi::c_void,
     ) -> *mut c_char;
 
+    pub fn kiln_set_num_threads(n: c_int) -> *mut c_char;
+    pub fn kiln_set_num_interop_threads(n: c_int) -> *mut c_char;
+    pub fn kiln_num_threads(intra: *mut c_int, inter: *mut c_int) -> *mut c_char;
+    pub fn kiln_memory_stats(device: c_int, out: *mut i64) -> *mut c_char;
+    pub fn kiln_reset_peak_memory(device: c_int) -> *mut c_char;
+    pub fn kiln_empty_cache() -> *mut c_char;
+
     pub fn kiln_cuda_build_versions(
         cudart: *mut std::ffi::c_long,
         cudnn: *mut std::ffi::c_long,
@@ -55,6 +62,7 @@ unsafe extern "C" {
 
 #[cfg(kiln_cuda)]
 unsafe extern "C" {
+    pub fn kiln_cuda_set_memory_fraction(fraction: f64, index: c_int) -> *mut c_char;
     pub fn kiln_cuda_device_count(out: *mut c_int) -> *mut c_char;
     pub fn kiln_cuda_device_properties(
         index: c_int,

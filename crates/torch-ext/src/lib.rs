@@ -9,6 +9,7 @@ pub mod cuda;
 mod error;
 mod ffi;
 pub mod flags;
+pub mod memory;
 pub mod optim;
 pub mod runtime;
 

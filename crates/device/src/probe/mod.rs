@@ -7,6 +7,7 @@ mod nvml;
 
 pub use cpu::{parse_cpuinfo, parse_meminfo, probe_cpu};
 pub use gpu::{NvmlGpu, TorchGpu, merge_gpu_views};
+pub use nvml::device_memory as nvml_memory;
 
 use crate::DeviceError;
 use crate::facts::MachineFacts;

@@ -87,3 +87,11 @@ pub fn probe() -> (NvmlStatus, Option<Vec<NvmlGpu>>) {
         Some(gpus),
     )
 }
+
+/// NVML's (used, total) memory in bytes of the GPU with `uuid`, if NVML works.
+pub fn device_memory(uuid: &str) -> Option<(u64, u64)> {
+    let nvml = nvml().ok()?;
+    let device = nvml.device_by_uuid(uuid).ok()?;
+    let info = device.memory_info().ok()?;
+    Some((info.used, info.total))
+}
