@@ -42,6 +42,14 @@ pub enum Command {
     Profiles {
         #[command(subcommand)]
         action: Option<ProfilesAction>,
+        /// A directory of profile TOML files that add to or override the built-in ones.
+        #[arg(
+            long,
+            value_name = "DIR",
+            env = "KILN_DEVICE__PROFILES_DIR",
+            global = true
+        )]
+        profiles_dir: Option<PathBuf>,
         #[arg(long, value_enum, default_value_t, global = true)]
         format: Format,
     },

@@ -67,8 +67,15 @@ pub fn doctor(args: &ConfigArgs, format: Format) -> anyhow::Result<ExitCode> {
     })
 }
 
-pub fn profiles(action: Option<ProfilesAction>, format: Format) -> anyhow::Result<ExitCode> {
-    let set = ProfileSet::builtin()?;
+pub fn profiles(
+    action: Option<ProfilesAction>,
+    profiles_dir: Option<&std::path::Path>,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    let set = match profiles_dir {
+        Some(dir) => ProfileSet::with_user_dir(dir)?,
+        None => ProfileSet::builtin()?,
+    };
     match action.unwrap_or(ProfilesAction::List) {
         ProfilesAction::List => match format {
             Format::Json => {

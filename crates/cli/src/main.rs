@@ -31,7 +31,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Version => commands::version(),
         Command::Doctor { config, format } => commands::doctor(&config, format),
-        Command::Profiles { action, format } => commands::profiles(action, format),
+        Command::Profiles {
+            action,
+            profiles_dir,
+            format,
+        } => commands::profiles(action, profiles_dir.as_deref(), format),
         Command::Config {
             explain,
             config,

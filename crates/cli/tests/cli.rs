@@ -150,6 +150,38 @@ fn profiles_list_show_and_match() {
 }
 
 #[test]
+fn user_profiles_are_listed_and_matched() {
+    let dir = std::env::temp_dir().join(format!("kiln-cli-profiles-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let l4 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../profiles/l4.toml"
+    ))
+    .unwrap()
+    .replace("name = \"l4\"", "name = \"a16\"")
+    .replace("match = [\"L4\"]", "match = [\"A16\"]");
+    std::fs::write(dir.join("a16.toml"), l4).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["profiles", "match", "--gpu-name", "NVIDIA A16"])
+        .env("KILN_DEVICE__PROFILES_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&out).contains("profile a16 (matched by `A16`)"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let out = kiln(&["profiles", "--profiles-dir", dir.to_str().unwrap()]);
+    assert!(
+        stdout(&out).lines().any(|l| l.starts_with("a16")),
+        "{}",
+        stdout(&out)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn config_explain_shows_each_value_with_its_layer() {
     let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args([
