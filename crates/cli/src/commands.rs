@@ -131,7 +131,7 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
 pub fn train(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let r = load(args).context("cannot start the run")?;
     tracing::info!("{}", report::start_line(&r));
-    let applied = kiln_device::settings::apply(&r.plan.backend_settings(), r.selection.device);
+    let applied = kiln_device::settings::apply(&r.plan.performance.backend, r.selection.device);
     for a in &applied {
         match &a.outcome {
             kiln_device::settings::Outcome::Applied => {

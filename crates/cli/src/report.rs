@@ -76,7 +76,7 @@ pub fn start_line(r: &Resolution) -> String {
         src("train.amp"),
         plan.data.num_workers,
         src("data.num_workers"),
-        plan.performance.tf32,
+        plan.performance.backend.tf32,
         src("performance.tf32"),
     )
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use kiln_device::DeviceRequest;
-use kiln_device::settings::{AmpDtype, Determinism, MatmulPrecision, parse_matmul_precision};
+use kiln_device::settings::{AmpDtype, BackendSettings, Determinism, parse_matmul_precision};
 use serde::Serialize;
 
 use crate::ConfigError;
@@ -22,23 +22,14 @@ pub struct Provenance {
     pub note: Option<String>,
 }
 
-/// Backend settings for the run.
+/// Performance settings for the run: the backend settings `kiln-device` applies, plus the ones
+/// the trainer honours itself.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PerformancePlan {
-    pub tf32: bool,
-    pub matmul_precision: MatmulPrecision,
-    pub cudnn_benchmark: bool,
-    pub cudnn_deterministic: bool,
-    pub deterministic: Determinism,
-    /// Fraction of GPU memory the allocator may use, in (0, 1].
-    pub memory_fraction: f64,
+    pub backend: BackendSettings,
     /// Empty the CUDA cache every N steps; 0 = never.
     pub empty_cache_interval: u64,
     pub channels_last: bool,
-    /// CPU threads for intra-op parallelism; 0 = libtorch's default.
-    pub intra_op_threads: u64,
-    pub inter_op_threads: u64,
-    pub seed: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -95,7 +86,7 @@ fn determinism_str(d: Determinism) -> &'static str {
 impl RunPlan {
     /// Every key with its resolved value as text, in the order of [`crate::raw::KEYS`].
     pub fn entries(&self) -> Vec<(&'static str, String)> {
-        let p = &self.performance;
+        let p = &self.performance.backend;
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
         vec![
             ("device.request", self.device_request.to_string()),
@@ -121,9 +112,12 @@ impl RunPlan {
             ("performance.memory_fraction", p.memory_fraction.to_string()),
             (
                 "performance.empty_cache_interval",
-                p.empty_cache_interval.to_string(),
+                self.performance.empty_cache_interval.to_string(),
             ),
-            ("performance.channels_last", p.channels_last.to_string()),
+            (
+                "performance.channels_last",
+                self.performance.channels_last.to_string(),
+            ),
             (
                 "performance.intra_op_threads",
                 p.intra_op_threads.to_string(),
@@ -148,22 +142,6 @@ impl RunPlan {
             ("run.name", self.run.name.clone()),
             ("run.output_dir", self.run.output_dir.display().to_string()),
         ]
-    }
-
-    /// The backend settings this plan asks libtorch for.
-    pub fn backend_settings(&self) -> kiln_device::settings::BackendSettings {
-        let p = &self.performance;
-        kiln_device::settings::BackendSettings {
-            tf32: p.tf32,
-            matmul_precision: p.matmul_precision,
-            cudnn_benchmark: p.cudnn_benchmark,
-            cudnn_deterministic: p.cudnn_deterministic,
-            deterministic: p.deterministic,
-            memory_fraction: p.memory_fraction,
-            intra_op_threads: p.intra_op_threads,
-            inter_op_threads: p.inter_op_threads,
-            seed: p.seed,
-        }
     }
 
     /// The provenance of `key` (every key has one).
@@ -242,17 +220,19 @@ pub(crate) fn validate(
         ));
     }
     let performance = PerformancePlan {
-        tf32: need!(p.tf32, "performance.tf32"),
-        matmul_precision,
-        cudnn_benchmark: need!(p.cudnn_benchmark, "performance.cudnn_benchmark"),
-        cudnn_deterministic: need!(p.cudnn_deterministic, "performance.cudnn_deterministic"),
-        deterministic,
-        memory_fraction,
+        backend: BackendSettings {
+            tf32: need!(p.tf32, "performance.tf32"),
+            matmul_precision,
+            cudnn_benchmark: need!(p.cudnn_benchmark, "performance.cudnn_benchmark"),
+            cudnn_deterministic: need!(p.cudnn_deterministic, "performance.cudnn_deterministic"),
+            deterministic,
+            memory_fraction,
+            intra_op_threads: need!(p.intra_op_threads, "performance.intra_op_threads"),
+            inter_op_threads: need!(p.inter_op_threads, "performance.inter_op_threads"),
+            seed: need!(p.seed, "performance.seed"),
+        },
         empty_cache_interval: need!(p.empty_cache_interval, "performance.empty_cache_interval"),
         channels_last: need!(p.channels_last, "performance.channels_last"),
-        intra_op_threads: need!(p.intra_op_threads, "performance.intra_op_threads"),
-        inter_op_threads: need!(p.inter_op_threads, "performance.inter_op_threads"),
-        seed: need!(p.seed, "performance.seed"),
     };
 
     let data = DataPlan {

@@ -48,7 +48,10 @@ fn the_profile_fills_what_the_user_did_not_set() {
         assert_eq!(plan.infer.batch_size, 1024);
         assert_eq!(plan.data.num_workers, 32);
         assert_eq!(plan.train.amp, AmpDtype::Bf16);
-        assert_eq!(plan.performance.matmul_precision, MatmulPrecision::High);
+        assert_eq!(
+            plan.performance.backend.matmul_precision,
+            MatmulPrecision::High
+        );
         let src = plan.source_of("train.batch_size").unwrap();
         assert_eq!(src.layer, Layer::Profile);
         assert_eq!(src.source, "profile h100 (built-in profiles/h100.toml)");

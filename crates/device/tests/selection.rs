@@ -4,7 +4,7 @@
 use kiln_device::facts::{
     ComputeCapability, CpuFacts, GpuFacts, GpuSource, MachineFacts, NvmlStatus,
 };
-use kiln_device::probe::{NvmlGpu, TorchGpu, merge_gpu_views};
+use kiln_device::probe::{TorchGpu, merge_gpu_views};
 use kiln_device::select::{available_devices, cuda_diagnosis, select};
 use kiln_device::{Device, DeviceError, DeviceRequest};
 
@@ -23,9 +23,11 @@ fn cpu() -> CpuFacts {
     }
 }
 
-fn nvml_gpu(i: u32, name: &str, total_gib: u64, free_gib: u64, cc: (u32, u32)) -> NvmlGpu {
-    NvmlGpu {
-        nvml_index: i,
+/// A GPU as NVML reports it (no CUDA index: only libtorch knows that).
+fn nvml_gpu(i: u32, name: &str, total_gib: u64, free_gib: u64, cc: (u32, u32)) -> GpuFacts {
+    GpuFacts {
+        cuda_index: None,
+        nvml_index: Some(i),
         name: name.into(),
         uuid: Some(format!("GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd")),
         total_memory_bytes: total_gib * GIB,
@@ -34,10 +36,11 @@ fn nvml_gpu(i: u32, name: &str, total_gib: u64, free_gib: u64, cc: (u32, u32)) -
         utilization_percent: Some(0),
         temperature_celsius: Some(35),
         power_watts: Some(70.0),
+        source: GpuSource::NvmlOnly,
     }
 }
 
-fn torch_gpu(cuda: usize, of: &NvmlGpu) -> TorchGpu {
+fn torch_gpu(cuda: usize, of: &GpuFacts) -> TorchGpu {
     TorchGpu {
         cuda_index: cuda,
         name: of.name.clone(),
@@ -68,7 +71,7 @@ fn machine(gpus: Vec<GpuFacts>, nvml: bool, os: &str, mps: bool) -> MachineFacts
 
 /// A box where NVML and libtorch see the same GPUs, in the same order.
 fn gpu_box(specs: &[(&str, u64, u64, (u32, u32))]) -> MachineFacts {
-    let nvml: Vec<NvmlGpu> = specs
+    let nvml: Vec<GpuFacts> = specs
         .iter()
         .enumerate()
         .map(|(i, (n, t, f, cc))| nvml_gpu(i as u32, n, *t, *f, *cc))

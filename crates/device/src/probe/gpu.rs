@@ -6,20 +6,6 @@ use kiln_torch_ext::cuda;
 use crate::DeviceError;
 use crate::facts::{ComputeCapability, GpuFacts, GpuSource};
 
-/// One GPU as NVML reports it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NvmlGpu {
-    pub nvml_index: u32,
-    pub name: String,
-    pub uuid: Option<String>,
-    pub total_memory_bytes: u64,
-    pub free_memory_bytes: Option<u64>,
-    pub compute_capability: ComputeCapability,
-    pub utilization_percent: Option<u32>,
-    pub temperature_celsius: Option<u32>,
-    pub power_watts: Option<f64>,
-}
-
 /// One GPU as libtorch reports it, by CUDA index.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TorchGpu {
@@ -62,8 +48,9 @@ fn same_uuid(a: &str, b: &str) -> bool {
 
 /// Merges the two views. Every libtorch GPU appears once, by CUDA index, enriched with NVML's
 /// facts when a UUID matches; NVML GPUs libtorch cannot see follow, without a CUDA index.
-/// `nvml` is `None` when NVML is unavailable: libtorch's view is then all there is.
-pub fn merge_gpu_views(nvml: Option<&[NvmlGpu]>, torch: &[TorchGpu]) -> Vec<GpuFacts> {
+/// `nvml` holds NVML's GPUs as facts (no CUDA index yet), or is `None` when NVML is unavailable:
+/// libtorch's view is then all there is.
+pub fn merge_gpu_views(nvml: Option<&[GpuFacts]>, torch: &[TorchGpu]) -> Vec<GpuFacts> {
     let nvml = nvml.unwrap_or(&[]);
     let mut used = vec![false; nvml.len()];
     let mut out = Vec::new();
@@ -78,16 +65,8 @@ pub fn merge_gpu_views(nvml: Option<&[NvmlGpu]>, torch: &[TorchGpu]) -> Vec<GpuF
                 used[j] = true;
                 GpuFacts {
                     cuda_index: Some(t.cuda_index),
-                    nvml_index: Some(n.nvml_index),
-                    name: n.name.clone(),
-                    uuid: n.uuid.clone(),
-                    total_memory_bytes: n.total_memory_bytes,
-                    free_memory_bytes: n.free_memory_bytes,
-                    compute_capability: n.compute_capability,
-                    utilization_percent: n.utilization_percent,
-                    temperature_celsius: n.temperature_celsius,
-                    power_watts: n.power_watts,
                     source: GpuSource::Both,
+                    ..n.clone()
                 }
             }
             None => GpuFacts {
@@ -105,20 +84,15 @@ pub fn merge_gpu_views(nvml: Option<&[NvmlGpu]>, torch: &[TorchGpu]) -> Vec<GpuF
             },
         });
     }
-    for (n, _) in nvml.iter().zip(&used).filter(|(_, used)| !**used) {
-        out.push(GpuFacts {
-            cuda_index: None,
-            nvml_index: Some(n.nvml_index),
-            name: n.name.clone(),
-            uuid: n.uuid.clone(),
-            total_memory_bytes: n.total_memory_bytes,
-            free_memory_bytes: n.free_memory_bytes,
-            compute_capability: n.compute_capability,
-            utilization_percent: n.utilization_percent,
-            temperature_celsius: n.temperature_celsius,
-            power_watts: n.power_watts,
-            source: GpuSource::NvmlOnly,
-        });
-    }
+    out.extend(
+        nvml.iter()
+            .zip(&used)
+            .filter(|(_, used)| !**used)
+            .map(|(n, _)| GpuFacts {
+                cuda_index: None,
+                source: GpuSource::NvmlOnly,
+                ..n.clone()
+            }),
+    );
     out
 }

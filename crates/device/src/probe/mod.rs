@@ -6,7 +6,7 @@ mod gpu;
 mod nvml;
 
 pub use cpu::{parse_cpuinfo, parse_meminfo, probe_cpu};
-pub use gpu::{NvmlGpu, TorchGpu, merge_gpu_views};
+pub use gpu::{TorchGpu, merge_gpu_views};
 pub use nvml::device_memory as nvml_memory;
 
 use crate::DeviceError;

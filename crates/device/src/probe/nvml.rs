@@ -6,8 +6,7 @@ use std::sync::OnceLock;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 
-use super::gpu::NvmlGpu;
-use crate::facts::{ComputeCapability, NvmlStatus};
+use crate::facts::{ComputeCapability, GpuFacts, GpuSource, NvmlStatus};
 
 /// The process-wide NVML handle (initialised once; an error is remembered too).
 fn nvml() -> Result<&'static Nvml, String> {
@@ -17,8 +16,9 @@ fn nvml() -> Result<&'static Nvml, String> {
         .map_err(Clone::clone)
 }
 
-/// NVML's status and GPUs; `None` for the GPUs when NVML cannot be used at all.
-pub fn probe() -> (NvmlStatus, Option<Vec<NvmlGpu>>) {
+/// NVML's status and GPUs (as facts without a CUDA index, which only libtorch knows); `None`
+/// for the GPUs when NVML cannot be used at all.
+pub fn probe() -> (NvmlStatus, Option<Vec<GpuFacts>>) {
     let nvml = match nvml() {
         Ok(nvml) => nvml,
         Err(why) => {
@@ -63,8 +63,9 @@ pub fn probe() -> (NvmlStatus, Option<Vec<NvmlGpu>>) {
         };
         let memory = device.memory_info().ok();
         let cc = device.cuda_compute_capability().ok();
-        gpus.push(NvmlGpu {
-            nvml_index: index,
+        gpus.push(GpuFacts {
+            cuda_index: None,
+            nvml_index: Some(index),
             name: device
                 .name()
                 .unwrap_or_else(|_| format!("NVIDIA GPU {index}")),
@@ -77,6 +78,7 @@ pub fn probe() -> (NvmlStatus, Option<Vec<NvmlGpu>>) {
             utilization_percent: device.utilization_rates().ok().map(|u| u.gpu),
             temperature_celsius: device.temperature(TemperatureSensor::Gpu).ok(),
             power_watts: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+            source: GpuSource::NvmlOnly,
         });
     }
     (
