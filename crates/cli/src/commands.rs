@@ -130,6 +130,22 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
 
 pub fn train(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let r = load(args).context("cannot start the run")?;
+    tracing::info!(
+        "device {} ({}): {}",
+        r.selection.device,
+        r.plan.device_request,
+        r.selection.reason
+    );
+    for a in &r.profile.adjustments {
+        tracing::info!(
+            "profile {}: {} {} → {} ({})",
+            r.profile.profile.name,
+            a.key,
+            a.from,
+            a.to,
+            a.reason
+        );
+    }
     tracing::info!("{}", report::start_line(&r));
     let applied = kiln_device::settings::apply(&r.plan.performance.backend, r.selection.device);
     for a in &applied {
