@@ -1,0 +1,30 @@
+//! The error type of the data layer.
+
+/// What can go wrong while reading data; each variant names the sample, key or value at fault.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    /// A sample could not be read.
+    #[error("sample {index}: {message}")]
+    Sample { index: usize, message: String },
+    /// A worker panicked while reading a sample.
+    #[error("data worker panicked on sample {index}: {message}")]
+    WorkerPanic { index: usize, message: String },
+    /// A loader or sampler setting outside what is valid.
+    #[error("`{key}` = {value} is invalid: {expected}")]
+    InvalidConfig {
+        key: &'static str,
+        value: String,
+        expected: String,
+    },
+    /// Data that does not fit the dataset's declared shape.
+    #[error("{what}: expected {expected}, got {got}")]
+    Shape {
+        what: String,
+        expected: String,
+        got: String,
+    },
+    /// The worker threads are gone (the loader was shut down, or a worker died).
+    #[error("the data loader's workers have stopped")]
+    Disconnected,
+}

@@ -1,0 +1,381 @@
+//! The multi-worker prefetching loader.
+//!
+//! Persistent worker threads take batch jobs (a list of sample indices) from a channel, read the
+//! samples straight into one contiguous buffer per batch, and send the batch back. The consumer
+//! keeps at most `num_workers × prefetch_factor` batches in flight and hands them out in sampler
+//! order, whatever order the workers finish in. A failing or panicking sample ends the epoch with
+//! an error naming the sample, as soon as it happens. Dropping the loader stops and joins its
+//! workers; with `num_workers = 0` batches are read inline on the consumer's thread.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam::channel::{self, Receiver, Sender};
+
+use crate::{DataError, Dataset, Position, Sampler, SamplerConfig};
+
+/// How to batch and feed a dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoaderConfig {
+    pub batch_size: usize,
+    /// Worker threads; 0 reads batches inline on the consumer's thread.
+    pub num_workers: usize,
+    /// Batches in flight per worker.
+    pub prefetch_factor: usize,
+    /// Drop the last, incomplete batch of an epoch.
+    pub drop_last: bool,
+    pub sampler: SamplerConfig,
+}
+
+impl Default for LoaderConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 32,
+            num_workers: 0,
+            prefetch_factor: 2,
+            drop_last: false,
+            sampler: SamplerConfig::default(),
+        }
+    }
+}
+
+/// One batch: features of every sample back to back, in one allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    /// `[batch, sample_shape…]`.
+    pub shape: Vec<usize>,
+    /// `shape.iter().product()` values, sample after sample.
+    pub features: Vec<f32>,
+    pub labels: Vec<i64>,
+    /// The dataset indices of the samples, in batch order.
+    pub indices: Vec<usize>,
+    /// The batch's number within its epoch.
+    pub number: usize,
+}
+
+/// Throughput of the loader and how long its consumer waited for data.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LoaderStats {
+    pub batches: u64,
+    pub samples: u64,
+    /// Time the consumer spent blocked waiting for a batch (or reading it inline).
+    pub wait: Duration,
+    /// Time from the first request of a batch to now.
+    pub elapsed: Duration,
+}
+
+impl LoaderStats {
+    pub fn samples_per_second(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            self.samples as f64 / secs
+        } else {
+            0.0
+        }
+    }
+
+    /// Share of the elapsed time the consumer spent waiting for data, in [0, 1].
+    pub fn wait_share(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 {
+            (self.wait.as_secs_f64() / secs).min(1.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+struct Job {
+    generation: u64,
+    number: usize,
+    indices: Vec<usize>,
+}
+
+type Reply = (u64, usize, Result<Batch, DataError>);
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".to_owned())
+}
+
+/// Reads the samples of one batch into a single buffer; a panic is caught and named.
+fn build_batch<D: Dataset>(
+    dataset: &D,
+    number: usize,
+    indices: Vec<usize>,
+) -> Result<Batch, DataError> {
+    let numel = dataset.sample_numel();
+    let mut features = vec![0f32; numel * indices.len()];
+    let mut labels = Vec::with_capacity(indices.len());
+    let mut current = indices.first().copied().unwrap_or(0);
+    let read = catch_unwind(AssertUnwindSafe(|| {
+        for (slot, &index) in features.chunks_exact_mut(numel).zip(&indices) {
+            current = index;
+            labels.push(dataset.read(index, slot)?);
+        }
+        Ok::<(), DataError>(())
+    }));
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(payload) => {
+            return Err(DataError::WorkerPanic {
+                index: current,
+                message: panic_message(payload.as_ref()),
+            });
+        }
+    }
+    let mut shape = vec![indices.len()];
+    shape.extend_from_slice(dataset.sample_shape());
+    Ok(Batch {
+        shape,
+        features,
+        labels,
+        indices,
+        number,
+    })
+}
+
+/// A multi-worker prefetching loader over one dataset; workers persist across epochs.
+pub struct Loader<D: Dataset> {
+    dataset: Arc<D>,
+    config: LoaderConfig,
+    sampler: Sampler,
+    jobs: Option<Sender<Job>>,
+    replies: Receiver<Reply>,
+    workers: Vec<JoinHandle<()>>,
+    /// The epoch being served; workers skip jobs of an abandoned one.
+    generation: Arc<AtomicU64>,
+    stats: LoaderStats,
+    started: Option<Instant>,
+}
+
+impl<D: Dataset> std::fmt::Debug for Loader<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("config", &self.config)
+            .field("samples", &self.dataset.len())
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl<D: Dataset> Loader<D> {
+    /// Starts the workers. Errors name the setting at fault.
+    pub fn new(dataset: Arc<D>, config: LoaderConfig) -> Result<Self, DataError> {
+        if config.batch_size == 0 {
+            return Err(DataError::InvalidConfig {
+                key: "batch_size",
+                value: "0".to_owned(),
+                expected: "at least 1".to_owned(),
+            });
+        }
+        if config.num_workers > 0 && config.prefetch_factor == 0 {
+            return Err(DataError::InvalidConfig {
+                key: "prefetch_factor",
+                value: "0".to_owned(),
+                expected: "at least 1 when num_workers > 0".to_owned(),
+            });
+        }
+        let sampler = Sampler::new(dataset.len(), config.sampler)?;
+        let (job_tx, job_rx) = channel::unbounded::<Job>();
+        let (reply_tx, reply_rx) = channel::unbounded::<Reply>();
+        let generation = Arc::new(AtomicU64::new(0));
+        let mut workers = Vec::with_capacity(config.num_workers);
+        for id in 0..config.num_workers {
+            let (dataset, jobs, replies, generation) = (
+                Arc::clone(&dataset),
+                job_rx.clone(),
+                reply_tx.clone(),
+                Arc::clone(&generation),
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("kiln-data-{id}"))
+                .spawn(move || {
+                    for job in jobs.iter() {
+                        if job.generation != generation.load(Ordering::Acquire) {
+                            continue; // an abandoned epoch's job
+                        }
+                        let batch = build_batch(&*dataset, job.number, job.indices);
+                        if replies.send((job.generation, job.number, batch)).is_err() {
+                            break;
+                        }
+                    }
+                })
+                .map_err(|e| DataError::InvalidConfig {
+                    key: "num_workers",
+                    value: config.num_workers.to_string(),
+                    expected: format!("a number of threads this system can start ({e})"),
+                })?;
+            workers.push(handle);
+        }
+        Ok(Self {
+            dataset,
+            config,
+            sampler,
+            jobs: Some(job_tx),
+            replies: reply_rx,
+            workers,
+            generation,
+            stats: LoaderStats::default(),
+            started: None,
+        })
+    }
+
+    pub fn config(&self) -> &LoaderConfig {
+        &self.config
+    }
+
+    /// Batches in one epoch on this rank.
+    pub fn batches_per_epoch(&self) -> usize {
+        let n = self.sampler.epoch_indices(0).len();
+        if self.config.drop_last {
+            n / self.config.batch_size
+        } else {
+            n.div_ceil(self.config.batch_size)
+        }
+    }
+
+    /// The batches of `epoch`, from the start.
+    pub fn epoch(&mut self, epoch: u64) -> EpochIter<'_, D> {
+        self.resume(Position { epoch, batch: 0 })
+    }
+
+    /// The batches of `position.epoch` from batch `position.batch` on: exactly the batches an
+    /// uninterrupted epoch would have produced after the first `position.batch`.
+    pub fn resume(&mut self, position: Position) -> EpochIter<'_, D> {
+        let indices = self.sampler.epoch_indices(position.epoch);
+        let bs = self.config.batch_size;
+        let mut batches: Vec<Vec<usize>> = indices.chunks(bs).map(<[usize]>::to_vec).collect();
+        if self.config.drop_last && batches.last().is_some_and(|b| b.len() < bs) {
+            batches.pop();
+        }
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.started.get_or_insert_with(Instant::now);
+        EpochIter {
+            next_submit: position.batch.min(batches.len()),
+            next_yield: position.batch.min(batches.len()),
+            batches,
+            pending: BTreeMap::new(),
+            in_flight: 0,
+            generation,
+            done: false,
+            loader: self,
+        }
+    }
+
+    /// Throughput and consumer wait time so far.
+    pub fn stats(&self) -> LoaderStats {
+        LoaderStats {
+            elapsed: self.started.map_or(Duration::ZERO, |s| s.elapsed()),
+            ..self.stats
+        }
+    }
+}
+
+impl<D: Dataset> Drop for Loader<D> {
+    fn drop(&mut self) {
+        // Abandon any queued jobs, close the queue, and wait for each worker's current batch.
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.jobs.take();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// The batches of one epoch, in sampler order.
+pub struct EpochIter<'a, D: Dataset> {
+    loader: &'a mut Loader<D>,
+    batches: Vec<Vec<usize>>,
+    next_submit: usize,
+    next_yield: usize,
+    pending: BTreeMap<usize, Batch>,
+    in_flight: usize,
+    generation: u64,
+    done: bool,
+}
+
+impl<D: Dataset> std::fmt::Debug for EpochIter<'_, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochIter")
+            .field("next", &self.next_yield)
+            .field("batches", &self.batches.len())
+            .finish()
+    }
+}
+
+impl<D: Dataset> EpochIter<'_, D> {
+    fn submit(&mut self) -> Result<(), DataError> {
+        let limit = self.loader.config.num_workers * self.loader.config.prefetch_factor;
+        let jobs = self.loader.jobs.as_ref().ok_or(DataError::Disconnected)?;
+        while self.in_flight < limit && self.next_submit < self.batches.len() {
+            let number = self.next_submit;
+            let indices = std::mem::take(&mut self.batches[number]);
+            jobs.send(Job {
+                generation: self.generation,
+                number,
+                indices,
+            })
+            .map_err(|_| DataError::Disconnected)?;
+            self.next_submit += 1;
+            self.in_flight += 1;
+        }
+        Ok(())
+    }
+
+    fn next_batch(&mut self) -> Result<Batch, DataError> {
+        if self.loader.config.num_workers == 0 {
+            let number = self.next_yield;
+            let indices = std::mem::take(&mut self.batches[number]);
+            return build_batch(&*self.loader.dataset, number, indices);
+        }
+        self.submit()?;
+        loop {
+            if let Some(batch) = self.pending.remove(&self.next_yield) {
+                return Ok(batch);
+            }
+            let (generation, number, reply) = self
+                .loader
+                .replies
+                .recv()
+                .map_err(|_| DataError::Disconnected)?;
+            if generation != self.generation {
+                continue; // a reply from an abandoned epoch
+            }
+            self.in_flight -= 1;
+            self.pending.insert(number, reply?);
+            self.submit()?;
+        }
+    }
+}
+
+impl<D: Dataset> Iterator for EpochIter<'_, D> {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.next_yield >= self.batches.len() {
+            return None;
+        }
+        let waited = Instant::now();
+        let result = self.next_batch();
+        let stats = &mut self.loader.stats;
+        stats.wait += waited.elapsed();
+        match &result {
+            Ok(batch) => {
+                stats.batches += 1;
+                stats.samples += batch.labels.len() as u64;
+                self.next_yield += 1;
+            }
+            Err(_) => self.done = true,
+        }
+        Some(result)
+    }
+}
