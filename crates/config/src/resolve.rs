@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::providers::{Env, Format, Json, Toml, Yaml};
+use figment::value::Value;
 use figment::{Figment, Metadata, Source};
 use kiln_device::select::select;
 use kiln_device::settings::AmpDtype;
@@ -86,40 +87,56 @@ fn defaults() -> NamedLayer {
         .set("run.output_dir", "runs")
 }
 
+/// The config keys a profile sets: (key, the profile field it comes from, value). The one list
+/// both the profile layer and the adjustment notes read.
+fn profile_values(p: &kiln_profiles::Profile) -> Vec<(&'static str, &'static str, Value)> {
+    let amp = p.amp_dtype.to_string();
+    vec![
+        (
+            "train.batch_size",
+            "train_batch_size",
+            p.train_batch_size.into(),
+        ),
+        (
+            "infer.batch_size",
+            "infer_batch_size",
+            p.infer_batch_size.into(),
+        ),
+        ("data.num_workers", "num_workers", p.num_workers.into()),
+        (
+            "performance.memory_fraction",
+            "memory_fraction",
+            p.memory_fraction.into(),
+        ),
+        ("performance.tf32", "tf32", p.tf32.into()),
+        (
+            "performance.matmul_precision",
+            "matmul_precision",
+            p.matmul_precision.to_string().into(),
+        ),
+        (
+            "performance.cudnn_benchmark",
+            "cudnn_benchmark",
+            p.cudnn_benchmark.into(),
+        ),
+        (
+            "performance.cudnn_deterministic",
+            "cudnn_deterministic",
+            p.cudnn_deterministic.into(),
+        ),
+        ("train.amp", "amp_dtype", amp.clone().into()),
+        ("infer.precision", "amp_dtype", amp.into()),
+    ]
+}
+
 /// The profile's values as a layer named after the profile and where it came from.
 fn profile_layer(r: &Resolved) -> NamedLayer {
     let p = &r.profile;
-    let amp = p.amp_dtype.to_string();
-    NamedLayer::new(format!("profile {} ({})", p.name, p.origin))
-        .set("train.batch_size", p.train_batch_size)
-        .set("infer.batch_size", p.infer_batch_size)
-        .set("data.num_workers", p.num_workers)
-        .set("performance.memory_fraction", p.memory_fraction)
-        .set("performance.tf32", p.tf32)
-        .set(
-            "performance.matmul_precision",
-            p.matmul_precision.to_string(),
-        )
-        .set("performance.cudnn_benchmark", p.cudnn_benchmark)
-        .set("performance.cudnn_deterministic", p.cudnn_deterministic)
-        .set("train.amp", amp.clone())
-        .set("infer.precision", amp)
-}
-
-/// Which profile field a config key comes from, to attach adjustment notes.
-fn profile_field(key: &str) -> Option<&'static str> {
-    Some(match key {
-        "train.batch_size" => "train_batch_size",
-        "infer.batch_size" => "infer_batch_size",
-        "data.num_workers" => "num_workers",
-        "performance.memory_fraction" => "memory_fraction",
-        "performance.tf32" => "tf32",
-        "performance.matmul_precision" => "matmul_precision",
-        "performance.cudnn_benchmark" => "cudnn_benchmark",
-        "performance.cudnn_deterministic" => "cudnn_deterministic",
-        "train.amp" | "infer.precision" => "amp_dtype",
-        _ => return None,
-    })
+    let mut layer = NamedLayer::new(format!("profile {} ({})", p.name, p.origin));
+    for (key, _, value) in profile_values(p) {
+        layer.push(key, value);
+    }
+    layer
 }
 
 /// Adds the user's layers: file, environment, `--set`, flags.
@@ -233,8 +250,7 @@ fn extraction_error(fig: &Figment, err: figment::Error) -> ConfigError {
             } else {
                 expected.iter().map(|f| format!("{path}.{f}")).collect()
             };
-            let all_keys: Vec<&str> = KEYS.to_vec();
-            let suggestion = all_keys
+            let suggestion = KEYS
                 .iter()
                 .map(|k| (edit_distance(&key, k), *k))
                 .filter(|(d, _)| *d <= 3)
@@ -322,16 +338,17 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         req,
     )?;
     let raw = extract(&pass2)?;
+    let profile_fields = profile_values(&profile.profile);
     let mut provenance = BTreeMap::new();
     for key in KEYS {
         let mut p = provenance_of(&pass2, key);
         if p.layer == Layer::Profile
-            && let Some(field) = profile_field(key)
+            && let Some((_, field, _)) = profile_fields.iter().find(|(k, _, _)| k == key)
         {
             p.note = profile
                 .adjustments
                 .iter()
-                .find(|a| a.key == field)
+                .find(|a| a.key == *field)
                 .map(|a| format!("profile said {}; {}", a.from, a.reason));
         }
         provenance.insert((*key).to_owned(), p);

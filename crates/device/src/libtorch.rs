@@ -39,9 +39,10 @@ pub struct LibtorchInfo {
     pub cudnn_compiled: Option<String>,
 }
 
-/// Looks at the running libtorch, first making sure its CUDA library is loaded if it has one.
-pub fn libtorch_info() -> Result<LibtorchInfo, DeviceError> {
-    let cuda_library = match runtime::cuda_library()? {
+/// Makes sure libtorch's CUDA library is loaded if this libtorch has one (loading it now, with a
+/// warning, when the binary was linked without it); call before the first CUDA query.
+pub fn ensure_cuda_library() -> Result<CudaLibraryState, DeviceError> {
+    Ok(match runtime::cuda_library()? {
         runtime::CudaLibrary::NotShipped => CudaLibraryState::NotShipped,
         runtime::CudaLibrary::Loaded(_) => CudaLibraryState::Linked,
         runtime::CudaLibrary::NotLoaded(path) => {
@@ -52,7 +53,12 @@ pub fn libtorch_info() -> Result<LibtorchInfo, DeviceError> {
             runtime::ensure_cuda_library()?;
             CudaLibraryState::LoadedAtRuntime
         }
-    };
+    })
+}
+
+/// Looks at the running libtorch, first making sure its CUDA library is loaded if it has one.
+pub fn libtorch_info() -> Result<LibtorchInfo, DeviceError> {
+    let cuda_library = ensure_cuda_library()?;
     let (cuda_compiled, cudnn_compiled) = match cuda_library {
         CudaLibraryState::NotShipped => (None, None),
         _ => match cuda::build_versions() {

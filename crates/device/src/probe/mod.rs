@@ -15,7 +15,7 @@ use crate::facts::MachineFacts;
 /// Looks at the whole machine. GPU facts come from NVML and libtorch, matched by UUID.
 pub fn probe() -> Result<MachineFacts, DeviceError> {
     // Make sure libtorch's CUDA library is loaded before asking libtorch about CUDA.
-    crate::libtorch::libtorch_info()?;
+    crate::libtorch::ensure_cuda_library()?;
     let (nvml_status, nvml_gpus) = nvml::probe();
     let torch_gpus = gpu::torch_gpus()?;
     let gpus = merge_gpu_views(nvml_gpus.as_deref(), &torch_gpus);
