@@ -1,10 +1,10 @@
 //! The multi-worker prefetching loader.
 //!
 //! Persistent worker threads take batch jobs (a list of sample indices) from a channel, read the
-//! samples straight into one contiguous buffer per batch, and send the batch back. The consumer
-//! keeps at most `num_workers × prefetch_factor` batches in flight and hands them out in sampler
-//! order, whatever order the workers finish in. A failing or panicking sample ends the epoch with
-//! an error naming the sample, as soon as it happens. Dropping the loader stops and joins its
+//! samples straight into one contiguous buffer per batch, and send the batch back. The workers
+//! never run more than `num_workers × prefetch_factor` batches ahead of the consumer, which
+//! gets them in sampler order, whatever order the workers finish in. A failing or panicking
+//! sample ends the epoch with an error naming the sample, as soon as it happens. Dropping the loader stops and joins its
 //! workers; with `num_workers = 0` batches are read inline on the consumer's thread.
 
 use std::collections::BTreeMap;
@@ -235,7 +235,7 @@ impl<D: Dataset> Loader<D> {
 
     /// Batches in one epoch on this rank.
     pub fn batches_per_epoch(&self) -> usize {
-        let n = self.sampler.epoch_indices(0).len();
+        let n = self.sampler.epoch_len();
         if self.config.drop_last {
             n / self.config.batch_size
         } else {
@@ -264,7 +264,6 @@ impl<D: Dataset> Loader<D> {
             next_yield: position.batch.min(batches.len()),
             batches,
             pending: BTreeMap::new(),
-            in_flight: 0,
             generation,
             done: false,
             loader: self,
@@ -298,7 +297,6 @@ pub struct EpochIter<'a, D: Dataset> {
     next_submit: usize,
     next_yield: usize,
     pending: BTreeMap<usize, Batch>,
-    in_flight: usize,
     generation: u64,
     done: bool,
 }
@@ -314,9 +312,11 @@ impl<D: Dataset> std::fmt::Debug for EpochIter<'_, D> {
 
 impl<D: Dataset> EpochIter<'_, D> {
     fn submit(&mut self) -> Result<(), DataError> {
+        // The bound counts every batch requested but not yet handed out, finished or not, so the
+        // workers never run more than `limit` batches ahead of the consumer.
         let limit = self.loader.config.num_workers * self.loader.config.prefetch_factor;
         let jobs = self.loader.jobs.as_ref().ok_or(DataError::Disconnected)?;
-        while self.in_flight < limit && self.next_submit < self.batches.len() {
+        while self.next_submit - self.next_yield < limit && self.next_submit < self.batches.len() {
             let number = self.next_submit;
             let indices = std::mem::take(&mut self.batches[number]);
             jobs.send(Job {
@@ -326,7 +326,6 @@ impl<D: Dataset> EpochIter<'_, D> {
             })
             .map_err(|_| DataError::Disconnected)?;
             self.next_submit += 1;
-            self.in_flight += 1;
         }
         Ok(())
     }
@@ -350,7 +349,6 @@ impl<D: Dataset> EpochIter<'_, D> {
             if generation != self.generation {
                 continue; // a reply from an abandoned epoch
             }
-            self.in_flight -= 1;
             self.pending.insert(number, reply?);
             self.submit()?;
         }

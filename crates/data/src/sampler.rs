@@ -58,6 +58,13 @@ impl Sampler {
         Ok(Self { len, config })
     }
 
+    /// How many indices this rank gets per epoch (the length of [`Sampler::epoch_indices`]).
+    pub fn epoch_len(&self) -> usize {
+        self.len
+            .saturating_sub(self.config.rank)
+            .div_ceil(self.config.world_size)
+    }
+
     /// This rank's indices for `epoch`. Every rank shuffles the same permutation (same seed and
     /// epoch) and takes every `world_size`-th entry from its rank on, so across ranks each sample
     /// appears exactly once per epoch.
