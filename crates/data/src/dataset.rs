@@ -63,6 +63,16 @@ impl InMemory {
             shape,
         })
     }
+
+    /// Every sample's features, back to back.
+    pub fn features(&self) -> &[f32] {
+        &self.features
+    }
+
+    /// Every sample's label.
+    pub fn labels(&self) -> &[i64] {
+        &self.labels
+    }
 }
 
 impl Dataset for InMemory {

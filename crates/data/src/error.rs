@@ -24,7 +24,23 @@ pub enum DataError {
         expected: String,
         got: String,
     },
+    /// A dataset file (manifest, shard, CSV) that is missing, malformed or inconsistent.
+    #[error("{}: {message}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        message: String,
+    },
     /// The worker threads are gone (the loader was shut down, or a worker died).
     #[error("the data loader's workers have stopped")]
     Disconnected,
+}
+
+impl DataError {
+    /// An error about the file at `path`.
+    pub fn file(path: &std::path::Path, message: impl Into<String>) -> Self {
+        DataError::File {
+            path: path.to_owned(),
+            message: message.into(),
+        }
+    }
 }

@@ -1,17 +1,29 @@
-//! kiln's data layer: random-access datasets, samplers (sequential, seeded shuffle, rank
-//! sharding, resumable position) and the multi-worker prefetching loader that assembles batches
-//! into contiguous buffers.
+//! kiln's data layer: random-access datasets (in memory, memory-mapped shards, CSV, synthetic),
+//! per-sample transforms, samplers (sequential, seeded shuffle, rank sharding, resumable
+//! position), the multi-worker prefetching loader that assembles batches into contiguous
+//! buffers, and `prepare`, which turns CSV or `.npy` files into shards.
 //!
 //! Layering: knows nothing of training, and nothing of tensors: a [`Batch`] is plain contiguous
 //! memory that the trainer turns into a tensor at its edge.
 
+mod csv;
 mod dataset;
+mod dtype;
 mod error;
 mod loader;
+mod npy;
+mod prepare;
 mod rng;
 mod sampler;
+mod shards;
+mod transform;
 
+pub use csv::{CsvDataset, CsvOptions};
 pub use dataset::{Dataset, InMemory, SyntheticClassification};
+pub use dtype::DType;
 pub use error::DataError;
 pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
+pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
+pub use shards::{FeatureSpec, LabelSpec, MANIFEST_FILE, Manifest, ShardEntry, ShardedDataset};
+pub use transform::{Normalize, Transform, Transformed};
