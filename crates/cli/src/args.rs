@@ -70,6 +70,66 @@ pub enum Command {
     },
     /// Run the benchmark suites.
     Bench,
+    /// Turn CSV or .npy files into a sharded dataset, or check one.
+    Data {
+        #[command(subcommand)]
+        action: DataAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DataAction {
+    /// Write CSV or .npy data as memory-mapped shards with a kiln-dataset.json manifest.
+    Prepare(PrepareArgs),
+    /// Open a dataset directory, check every shard against its manifest, and summarize it.
+    Inspect {
+        /// The dataset directory (holds kiln-dataset.json).
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+}
+
+/// Where `kiln data prepare` reads from and what it writes.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["csv", "features"])))]
+pub struct PrepareArgs {
+    /// A CSV file with a header row: numeric feature columns and a label column.
+    #[arg(long, value_name = "FILE", conflicts_with = "features")]
+    pub csv: Option<PathBuf>,
+    /// The CSV's label column (integers, or class names numbered in sorted order).
+    #[arg(long, value_name = "NAME", default_value = "label", requires = "csv")]
+    pub label_column: String,
+    /// The CSV's feature columns, comma-separated (default: every column but the label).
+    #[arg(long, value_name = "A,B,…", value_delimiter = ',', requires = "csv")]
+    pub feature_columns: Option<Vec<String>>,
+    /// The CSV's field delimiter.
+    #[arg(long, value_name = "CHAR", default_value_t = ',', requires = "csv")]
+    pub delimiter: char,
+    /// A .npy array of features, [samples, …] (any little-endian numeric type; kept on disk).
+    #[arg(long, value_name = "FILE", requires = "labels")]
+    pub features: Option<PathBuf>,
+    /// A .npy array of integer labels, [samples].
+    #[arg(long, value_name = "FILE", requires = "features")]
+    pub labels: Option<PathBuf>,
+    /// The dataset directory to create; it must not exist yet.
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Samples per shard.
+    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    pub shard_samples: usize,
+    /// The shard file format.
+    #[arg(long = "shard-format", value_enum, default_value_t)]
+    pub shard_format: ShardFormatArg,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ShardFormatArg {
+    #[default]
+    Safetensors,
+    Npy,
 }
 
 #[derive(Debug, Subcommand)]

@@ -3,6 +3,7 @@
 
 mod args;
 mod commands;
+mod data;
 mod logging;
 mod report;
 
@@ -46,5 +47,6 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             eprintln!("kiln bench: benchmarking is not built yet (tracked as issue 8).");
             Ok(ExitCode::from(EXIT_NOT_BUILT))
         }
+        Command::Data { action } => data::run(action),
     }
 }

@@ -282,3 +282,57 @@ fn unknown_commands_fail_with_usage() {
         stderr(&out)
     );
 }
+
+#[test]
+fn data_prepare_writes_shards_that_inspect_checks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("t.csv");
+    std::fs::write(&csv, "x,y,kind\n1,2,cat\n3,4,dog\n5,6,cat\n").unwrap();
+    let out = tmp.path().join("ds");
+    let (csv_s, out_s) = (csv.to_str().unwrap(), out.to_str().unwrap());
+    let args = [
+        "data",
+        "prepare",
+        "--csv",
+        csv_s,
+        "--label-column",
+        "kind",
+        "--out",
+        out_s,
+        "--shard-samples",
+        "2",
+    ];
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("2 classes (cat, dog)"),
+        "{}",
+        stdout(&o)
+    );
+
+    let o = kiln(&["data", "inspect", out_s, "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["manifest"]["samples"], 3);
+    assert_eq!(v["manifest"]["shards"].as_array().unwrap().len(), 2);
+
+    // A second run refuses to overwrite, and the dataset is untouched.
+    let manifest_before = std::fs::read(out.join("kiln-dataset.json")).unwrap();
+    let o = kiln(&args);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("already exists"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(out.join("kiln-dataset.json")).unwrap(),
+        manifest_before
+    );
+
+    // A broken dataset fails inspection, naming the file.
+    std::fs::remove_file(out.join("shard-00001.safetensors")).unwrap();
+    let o = kiln(&["data", "inspect", out_s]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("shard-00001.safetensors") && stderr(&o).contains("missing shard"),
+        "{}",
+        stderr(&o)
+    );
+}
