@@ -3,7 +3,13 @@
 // side then sets cfg(kiln_cuda).
 #include "boundary.h"
 
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <memory>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 
@@ -47,5 +53,46 @@ char* kiln_cuda_set_memory_fraction(double fraction, int index) {
                                                      static_cast<c10::DeviceIndex>(index));
   KILN_CATCH
 }
+
+// ---- host-to-device copies on a side stream ---------------------------------------------
+
+// Starts copying host tensor `src` (pinned, for a truly asynchronous copy) to CUDA device
+// `index` on a copy stream from libtorch's pool, so it overlaps the compute stream's work.
+// `*out` is the device tensor; `*event` marks the copy's end. The tensor must not be used before
+// kiln_cuda_copy_finish makes the compute stream wait for the event.
+char* kiln_cuda_copy_start(const at::Tensor* src, int index, at::Tensor** out, void** event) {
+  KILN_TRY
+  int count = static_cast<int>(c10::cuda::device_count());
+  TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index, " out of range");
+  auto device = static_cast<c10::DeviceIndex>(index);
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  // Device-generic guard and event (dispatched through libtorch's CUDA guard), so this file
+  // calls no CUDA runtime function itself and needs no -lcudart.
+  at::Tensor copied;
+  {
+    c10::StreamGuard guard(side.unwrap());
+    copied = src->to(at::Device(at::kCUDA, device), /*non_blocking=*/true);
+  }
+  auto done = std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+  done->record(side.unwrap());
+  *out = new at::Tensor(std::move(copied));
+  *event = done.release();
+  KILN_CATCH
+}
+
+// Makes device `index`'s current (compute) stream wait for the copy behind `event`, tells the
+// caching allocator the tensor is used on that stream, and frees the event.
+char* kiln_cuda_copy_finish(void* event, const at::Tensor* tensor, int index) {
+  KILN_TRY
+  std::unique_ptr<c10::Event> done(static_cast<c10::Event*>(event));
+  c10::Stream current =
+      c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(index)).unwrap();
+  done->block(current);
+  tensor->record_stream(current);
+  KILN_CATCH
+}
+
+// Frees an event whose copy is abandoned.
+void kiln_cuda_event_free(void* event) { delete static_cast<c10::Event*>(event); }
 
 }  // extern "C"

@@ -300,4 +300,24 @@ char* kiln_dlopen_global(const char* path) {
   KILN_CATCH
 }
 
+// ---- host staging buffers --------------------------------------------------------------
+
+// A new CPU tensor of `shape` and dtype `kind` (0 = float32, 1 = int64) holding a copy of the
+// `bytes` bytes at `data`; in page-locked (pinned) memory when `pinned`, so a later
+// non-blocking copy to a CUDA device is truly asynchronous. Pinned memory needs a CUDA device:
+// without one this returns libtorch's error, and the caller falls back to pageable memory.
+char* kiln_host_tensor(const void* data, size_t bytes, const int64_t* shape, size_t ndim,
+                       int kind, bool pinned, at::Tensor** out) {
+  KILN_TRY
+  TORCH_CHECK(kind == 0 || kind == 1, "unsupported host tensor kind ", kind);
+  auto options =
+      at::TensorOptions().dtype(kind == 0 ? at::kFloat : at::kLong).pinned_memory(pinned);
+  at::Tensor t = at::empty(at::IntArrayRef(shape, ndim), options);
+  TORCH_CHECK(t.nbytes() == bytes, "host tensor of ", t.nbytes(), " bytes for ", bytes,
+              " bytes of data");
+  if (bytes > 0) std::memcpy(t.data_ptr(), data, bytes);
+  *out = new at::Tensor(std::move(t));
+  KILN_CATCH
+}
+
 }  // extern "C"

@@ -50,6 +50,15 @@ unsafe extern "C" {
     pub fn kiln_memory_stats(device: c_int, out: *mut i64) -> *mut c_char;
     pub fn kiln_reset_peak_memory(device: c_int) -> *mut c_char;
     pub fn kiln_empty_cache() -> *mut c_char;
+    pub fn kiln_host_tensor(
+        data: *const std::ffi::c_void,
+        bytes: usize,
+        shape: *const i64,
+        ndim: usize,
+        kind: c_int,
+        pinned: bool,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
 
     pub fn kiln_cuda_build_versions(
         cudart: *mut std::ffi::c_long,
@@ -64,6 +73,18 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn kiln_cuda_set_memory_fraction(fraction: f64, index: c_int) -> *mut c_char;
     pub fn kiln_cuda_device_count(out: *mut c_int) -> *mut c_char;
+    pub fn kiln_cuda_copy_start(
+        src: *const std::ffi::c_void,
+        index: c_int,
+        out: *mut *mut std::ffi::c_void,
+        event: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_cuda_copy_finish(
+        event: *mut std::ffi::c_void,
+        tensor: *const std::ffi::c_void,
+        index: c_int,
+    ) -> *mut c_char;
+    pub fn kiln_cuda_event_free(event: *mut std::ffi::c_void);
     pub fn kiln_cuda_device_properties(
         index: c_int,
         name: *mut c_char,

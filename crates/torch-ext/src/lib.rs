@@ -12,5 +12,6 @@ pub mod flags;
 pub mod memory;
 pub mod optim;
 pub mod runtime;
+pub mod transfer;
 
 pub use error::{Error, Result};

@@ -1,0 +1,155 @@
+//! Moving host data to a device: staging buffers in pinned (page-locked) memory, and
+//! host-to-device copies issued on a side stream so they overlap the compute stream's work.
+//!
+//! On the CPU, and on a build without the CUDA part of the extension, the same calls work and
+//! simply do less: the staging buffer is ordinary memory and the "copy" to the CPU is the tensor
+//! itself.
+
+use std::ffi::c_void;
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Error, Result};
+use crate::ffi;
+
+/// A new CPU tensor of `shape` holding a copy of `data`, in pinned memory when `pinned` (which
+/// needs a CUDA device: without one this is an error the caller can fall back from).
+pub fn host_tensor_f32(data: &[f32], shape: &[i64], pinned: bool) -> Result<Tensor> {
+    host_tensor(data.as_ptr().cast(), std::mem::size_of_val(data), shape, 0, pinned)
+}
+
+/// Like [`host_tensor_f32`], for `i64` data (labels, token ids).
+pub fn host_tensor_i64(data: &[i64], shape: &[i64], pinned: bool) -> Result<Tensor> {
+    host_tensor(data.as_ptr().cast(), std::mem::size_of_val(data), shape, 1, pinned)
+}
+
+fn host_tensor(
+    data: *const c_void,
+    bytes: usize,
+    shape: &[i64],
+    kind: i32,
+    pinned: bool,
+) -> Result<Tensor> {
+    if shape.iter().any(|d| *d < 0) {
+        return Err(Error::InvalidArgument {
+            op: "host_tensor",
+            message: format!("negative dimension in shape {shape:?}"),
+        });
+    }
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `data` points to `bytes` readable bytes (a live slice) and `shape` to `ndim`
+    // values; the C side checks the sizes agree and writes a new heap tensor to `out`.
+    ffi::check("host_tensor", unsafe {
+        ffi::kiln_host_tensor(
+            data,
+            bytes,
+            shape.as_ptr(),
+            shape.len(),
+            kind,
+            pinned,
+            &mut out,
+        )
+    })?;
+    // SAFETY: `out` is a `new at::Tensor`, the same representation tch owns and deletes.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
+/// A host-to-device copy that has been issued but is not yet visible to the compute stream.
+/// [`PendingCopy::finish`] makes it visible; dropping it abandons it safely.
+#[derive(Debug)]
+pub struct PendingCopy {
+    tensor: Tensor,
+    event: Option<Event>,
+}
+
+#[derive(Debug)]
+#[cfg_attr(not(kiln_cuda), allow(dead_code))]
+struct Event {
+    ptr: *mut c_void,
+    index: i32,
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        #[cfg(kiln_cuda)]
+        // SAFETY: the event came from kiln_cuda_copy_start and is freed exactly once.
+        unsafe {
+            ffi::kiln_cuda_event_free(self.ptr)
+        };
+    }
+}
+
+// SAFETY: a CUDA event may be waited on and destroyed from any host thread.
+unsafe impl Send for Event {}
+
+/// Starts copying host tensor `src` to `device`. On CUDA (with the extension's CUDA part) the
+/// copy runs on a side stream from a pinned `src` without blocking the host; without it, it is
+/// a non-blocking copy on the current stream; on the CPU the tensor is `src` itself.
+pub fn copy_to_device(src: &Tensor, device: Device) -> Result<PendingCopy> {
+    match device {
+        Device::Cpu => Ok(PendingCopy {
+            tensor: src.shallow_clone(),
+            event: None,
+        }),
+        #[cfg(kiln_cuda)]
+        Device::Cuda(index) => {
+            let index = i32::try_from(index).map_err(|_| Error::InvalidArgument {
+                op: "copy_to_device",
+                message: format!("CUDA device index {index} out of range"),
+            })?;
+            let mut out: *mut c_void = std::ptr::null_mut();
+            let mut event: *mut c_void = std::ptr::null_mut();
+            // SAFETY: `src` is a live tensor; the C side writes a new tensor and a new event.
+            ffi::check("copy_to_device", unsafe {
+                ffi::kiln_cuda_copy_start(
+                    ffi::tensor_ptr(src),
+                    index,
+                    &mut out,
+                    &mut event,
+                )
+            })?;
+            let event = Event { ptr: event, index };
+            Ok(PendingCopy {
+                // SAFETY: `out` is a `new at::Tensor`, which tch owns and deletes.
+                tensor: unsafe { Tensor::from_ptr(out.cast()) },
+                event: Some(event),
+            })
+        }
+        other => Ok(PendingCopy {
+            tensor: src
+                .f_to_device_(other, src.kind(), true, false)
+                .map_err(|e| Error::Torch {
+                    op: "copy_to_device",
+                    message: e.to_string(),
+                })?,
+            event: None,
+        }),
+    }
+}
+
+impl PendingCopy {
+    /// Makes the copy visible to the device's current stream (which waits for it, without
+    /// blocking the host) and returns the device tensor.
+    pub fn finish(mut self) -> Result<Tensor> {
+        if let Some(event) = self.event.take() {
+            #[cfg(kiln_cuda)]
+            {
+                let ptr = event.ptr;
+                let index = event.index;
+                std::mem::forget(event); // finish frees it
+                // SAFETY: `ptr` is a live event from copy_to_device, consumed here exactly once.
+                ffi::check("copy_to_device", unsafe {
+                    ffi::kiln_cuda_copy_finish(ptr, ffi::tensor_ptr(&self.tensor), index)
+                })?;
+            }
+            #[cfg(not(kiln_cuda))]
+            drop(event);
+        }
+        Ok(self.tensor.shallow_clone())
+    }
+
+    /// The dtype of the tensor being copied.
+    pub fn kind(&self) -> Kind {
+        self.tensor.kind()
+    }
+}

@@ -1,0 +1,69 @@
+//! Host staging buffers and host-to-device copies: the CPU path everywhere, the pinned and CUDA
+//! paths where a CUDA device is present.
+
+use kiln_torch_ext::transfer::{copy_to_device, host_tensor_f32, host_tensor_i64};
+use tch::{Device, Kind, Tensor};
+
+fn cuda_present() -> bool {
+    kiln_torch_ext::cuda::device_count().unwrap_or(0) > 0
+}
+
+#[test]
+fn host_tensors_hold_a_copy_of_the_data_in_the_given_shape() {
+    let data: Vec<f32> = (0..12).map(|i| i as f32 * 0.25).collect();
+    let t = host_tensor_f32(&data, &[3, 4], false).unwrap();
+    assert_eq!(t.size(), [3, 4]);
+    assert_eq!(t.kind(), Kind::Float);
+    let back: Vec<f32> = Vec::try_from(t.flatten(0, -1)).unwrap();
+    assert_eq!(back, data);
+    let labels = host_tensor_i64(&[3, -1, 7], &[3], false).unwrap();
+    assert_eq!(Vec::<i64>::try_from(labels).unwrap(), [3, -1, 7]);
+}
+
+#[test]
+fn a_shape_that_does_not_fit_the_data_is_an_error_not_a_crash() {
+    let e = host_tensor_f32(&[1.0; 6], &[4, 2], false).unwrap_err().to_string();
+    assert!(e.contains("host_tensor") && e.contains("24 bytes"), "{e}");
+    assert!(host_tensor_f32(&[1.0], &[-1], false).is_err());
+}
+
+#[test]
+fn pinned_host_memory_needs_cuda_and_otherwise_fails_cleanly() {
+    let result = host_tensor_f32(&[1.0, 2.0], &[2], true);
+    if cuda_present() {
+        let t = result.unwrap();
+        assert!(t.is_pinned(Device::Cuda(0)), "staging buffer not pinned");
+    } else {
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("host_tensor"), "{e}");
+        eprintln!("no CUDA device: pinned allocation refused as expected: {e}");
+    }
+}
+
+#[test]
+fn copying_to_the_cpu_is_the_tensor_itself() {
+    let src = Tensor::from_slice(&[1.0f32, 2.0, 3.0]);
+    let copy = copy_to_device(&src, Device::Cpu).unwrap();
+    assert_eq!(copy.kind(), Kind::Float);
+    let t = copy.finish().unwrap();
+    assert_eq!(t.data_ptr(), src.data_ptr(), "no copy on the CPU");
+}
+
+#[test]
+fn side_stream_copies_to_cuda_arrive_intact() {
+    if !cuda_present() {
+        eprintln!("no CUDA device: side-stream copy not exercised here");
+        return;
+    }
+    let data: Vec<f32> = (0..1 << 20).map(|i| (i % 977) as f32).collect();
+    let src = host_tensor_f32(&data, &[1024, 1024], true).unwrap();
+    let pending = copy_to_device(&src, Device::Cuda(0)).unwrap();
+    let on_device = pending.finish().unwrap();
+    assert_eq!(on_device.device(), Device::Cuda(0));
+    // The compute stream waits for the copy, so this sum sees every value.
+    let sum = on_device.sum(Kind::Double).double_value(&[]);
+    let want: f64 = data.iter().map(|v| f64::from(*v)).sum();
+    assert_eq!(sum, want);
+    // An abandoned copy is dropped without being waited for or leaking its event.
+    drop(copy_to_device(&src, Device::Cuda(0)).unwrap());
+}
