@@ -15,12 +15,24 @@ use crate::ffi;
 /// A new CPU tensor of `shape` holding a copy of `data`, in pinned memory when `pinned` (which
 /// needs a CUDA device: without one this is an error the caller can fall back from).
 pub fn host_tensor_f32(data: &[f32], shape: &[i64], pinned: bool) -> Result<Tensor> {
-    host_tensor(data.as_ptr().cast(), std::mem::size_of_val(data), shape, 0, pinned)
+    host_tensor(
+        data.as_ptr().cast(),
+        std::mem::size_of_val(data),
+        shape,
+        0,
+        pinned,
+    )
 }
 
 /// Like [`host_tensor_f32`], for `i64` data (labels, token ids).
 pub fn host_tensor_i64(data: &[i64], shape: &[i64], pinned: bool) -> Result<Tensor> {
-    host_tensor(data.as_ptr().cast(), std::mem::size_of_val(data), shape, 1, pinned)
+    host_tensor(
+        data.as_ptr().cast(),
+        std::mem::size_of_val(data),
+        shape,
+        1,
+        pinned,
+    )
 }
 
 fn host_tensor(
@@ -101,12 +113,7 @@ pub fn copy_to_device(src: &Tensor, device: Device) -> Result<PendingCopy> {
             let mut event: *mut c_void = std::ptr::null_mut();
             // SAFETY: `src` is a live tensor; the C side writes a new tensor and a new event.
             ffi::check("copy_to_device", unsafe {
-                ffi::kiln_cuda_copy_start(
-                    ffi::tensor_ptr(src),
-                    index,
-                    &mut out,
-                    &mut event,
-                )
+                ffi::kiln_cuda_copy_start(ffi::tensor_ptr(src), index, &mut out, &mut event)
             })?;
             let event = Event { ptr: event, index };
             Ok(PendingCopy {

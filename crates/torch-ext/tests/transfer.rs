@@ -22,7 +22,9 @@ fn host_tensors_hold_a_copy_of_the_data_in_the_given_shape() {
 
 #[test]
 fn a_shape_that_does_not_fit_the_data_is_an_error_not_a_crash() {
-    let e = host_tensor_f32(&[1.0; 6], &[4, 2], false).unwrap_err().to_string();
+    let e = host_tensor_f32(&[1.0; 6], &[4, 2], false)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("host_tensor") && e.contains("24 bytes"), "{e}");
     assert!(host_tensor_f32(&[1.0], &[-1], false).is_err());
 }

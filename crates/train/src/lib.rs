@@ -3,5 +3,11 @@
 //! LR schedules, metrics, and crash-safe checkpoints with exact resume.
 //!
 //! Layering: uses `kiln-device`, `kiln-config`, `kiln-data` and `kiln-torch-ext`; knows nothing
-//! of inference or the CLI. The trainer arrives with the training work (issues 5 and 6); the
-//! fused AdamW kernel it will drive is already in `kiln_torch_ext::optim`.
+//! of inference or the CLI. So far it holds the data edge ([`feed`]): the loader settings a run
+//! plan implies, and the feeder that moves batches to the device one batch ahead of compute.
+//! The trainer arrives with issues 5 and 6.
+
+mod error;
+pub mod feed;
+
+pub use error::TrainError;

@@ -1,0 +1,200 @@
+//! The data edge of training: loader settings from the run plan (worker count and prefetch from
+//! the hardware profile, capped by the machine's cores; batch size from the plan), and a feeder
+//! that turns the loader's host batches into device tensors one batch ahead of compute.
+//!
+//! For a CUDA target the feeder stages each batch in pinned host memory and starts its copy on
+//! a side stream as soon as the previous batch is handed out, so the copy of batch n+1 overlaps
+//! the compute on batch n; the compute stream waits for the copy only when batch n+1 is taken.
+//! On the CPU the batch's tensor is the device tensor.
+
+use kiln_config::RunPlan;
+use kiln_data::{Batch, DataError, LoaderConfig, SamplerConfig};
+use kiln_device::Device as KilnDevice;
+use kiln_torch_ext::transfer::{self, PendingCopy};
+use tch::{Device, Tensor};
+
+use crate::TrainError;
+
+/// The loader settings a run plan implies: `data.num_workers` (the profile's, capped by the
+/// machine's cores, unless the user set it), `data.prefetch_factor`, `train.batch_size`.
+pub fn loader_config(
+    plan: &RunPlan,
+    sampler: SamplerConfig,
+    drop_last: bool,
+) -> Result<LoaderConfig, TrainError> {
+    let usize_of = |key: &'static str, v: u64| {
+        usize::try_from(v).map_err(|_| TrainError::InvalidPlan {
+            key,
+            value: v.to_string(),
+            expected: "a number this machine can count to".to_owned(),
+        })
+    };
+    Ok(LoaderConfig {
+        batch_size: usize_of("train.batch_size", plan.train.batch_size)?,
+        num_workers: usize_of("data.num_workers", plan.data.num_workers)?,
+        prefetch_factor: usize_of("data.prefetch_factor", plan.data.prefetch_factor)?,
+        drop_last,
+        sampler,
+    })
+}
+
+/// The tch device for a selected kiln device.
+pub fn tch_device(device: KilnDevice) -> Device {
+    match device {
+        KilnDevice::Cpu => Device::Cpu,
+        KilnDevice::Cuda(i) => Device::Cuda(i),
+        KilnDevice::Mps => Device::Mps,
+    }
+}
+
+/// One batch on the device.
+#[derive(Debug)]
+pub struct DeviceBatch {
+    /// `[batch, sample_shape…]`, `f32`.
+    pub features: Tensor,
+    /// `[batch]`, `i64`.
+    pub labels: Tensor,
+    /// Dataset indices of the samples, in batch order.
+    pub indices: Vec<usize>,
+    /// The batch's number within its epoch.
+    pub number: usize,
+}
+
+#[derive(Debug)]
+struct Staged {
+    features: PendingCopy,
+    labels: PendingCopy,
+    indices: Vec<usize>,
+    number: usize,
+}
+
+/// Wraps an epoch's batches and yields them on `device`, the next one's copy already started.
+#[derive(Debug)]
+pub struct DeviceFeeder<I> {
+    source: I,
+    device: Device,
+    pin: bool,
+    /// Why pinning was given up, if it was.
+    unpinned_because: Option<String>,
+    ahead: Option<Staged>,
+    /// An error met while staging the batch after the one being handed out; reported next.
+    deferred: Option<TrainError>,
+    started: bool,
+    done: bool,
+}
+
+impl<I> DeviceFeeder<I>
+where
+    I: Iterator<Item = Result<Batch, DataError>>,
+{
+    /// Feeds `source`'s batches to `device`, staging them in pinned memory for a CUDA device.
+    pub fn new(source: I, device: Device) -> Self {
+        Self {
+            source,
+            device,
+            pin: matches!(device, Device::Cuda(_)),
+            unpinned_because: None,
+            ahead: None,
+            deferred: None,
+            started: false,
+            done: false,
+        }
+    }
+
+    /// Whether batches are staged in pinned memory (false on the CPU, or if pinning failed).
+    pub fn pinned(&self) -> bool {
+        self.pin
+    }
+
+    /// Why pinned staging was given up, if it was.
+    pub fn unpinned_because(&self) -> Option<&str> {
+        self.unpinned_because.as_deref()
+    }
+
+    /// Whether the next batch's copy has been started (it has, after each handed-out batch,
+    /// unless the epoch is over).
+    pub fn has_batch_ahead(&self) -> bool {
+        self.ahead.is_some()
+    }
+
+    fn host_tensors(&mut self, batch: &Batch) -> Result<(Tensor, Tensor), TrainError> {
+        let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
+        let n = [batch.labels.len() as i64];
+        if self.pin {
+            let pinned = transfer::host_tensor_f32(&batch.features, &shape, true)
+                .and_then(|f| Ok((f, transfer::host_tensor_i64(&batch.labels, &n, true)?)));
+            match pinned {
+                Ok(t) => return Ok(t),
+                Err(e) => {
+                    tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
+                    self.pin = false;
+                    self.unpinned_because = Some(e.to_string());
+                }
+            }
+        }
+        Ok((
+            transfer::host_tensor_f32(&batch.features, &shape, false)?,
+            transfer::host_tensor_i64(&batch.labels, &n, false)?,
+        ))
+    }
+
+    /// Takes the next batch from the source and starts its copy.
+    fn stage_next(&mut self) -> Result<Option<Staged>, TrainError> {
+        let Some(batch) = self.source.next().transpose()? else {
+            return Ok(None);
+        };
+        let (features, labels) = self.host_tensors(&batch)?;
+        Ok(Some(Staged {
+            features: transfer::copy_to_device(&features, self.device)?,
+            labels: transfer::copy_to_device(&labels, self.device)?,
+            indices: batch.indices,
+            number: batch.number,
+        }))
+    }
+}
+
+impl<I> Iterator for DeviceFeeder<I>
+where
+    I: Iterator<Item = Result<Batch, DataError>>,
+{
+    type Item = Result<DeviceBatch, TrainError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if !self.started {
+            self.started = true;
+            match self.stage_next() {
+                Ok(staged) => self.ahead = staged,
+                Err(e) => self.deferred = Some(e),
+            }
+        }
+        let Some(current) = self.ahead.take() else {
+            self.done = true;
+            return self.deferred.take().map(Err);
+        };
+        // Start the next batch's copy before handing this one out: it overlaps this batch's
+        // compute.
+        match self.stage_next() {
+            Ok(staged) => self.ahead = staged,
+            Err(e) => self.deferred = Some(e),
+        }
+        let finished = current
+            .features
+            .finish()
+            .and_then(|f| Ok((f, current.labels.finish()?)));
+        Some(match finished {
+            Ok((features, labels)) => Ok(DeviceBatch {
+                features,
+                labels,
+                indices: current.indices,
+                number: current.number,
+            }),
+            Err(e) => {
+                self.done = true;
+                Err(e.into())
+            }
+        })
+    }
+}
