@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use crate::libtorch::Settings;
+use crate::libtorch::{Libtorch, Settings, Source};
 use crate::util::{self, Result, bail};
 
 /// Gives a cargo (or kiln) process the same `LIBTORCH` that `.cargo/config.toml` gives plain
@@ -53,4 +53,78 @@ pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Resul
             ExitCode::FAILURE
         }
     })
+}
+
+/// The benchmark suites `cargo xtask bench` knows, each a binary of `kiln-benches`.
+const SUITES: [(&str, &str); 1] = [("data", "kiln-bench-data")];
+
+/// `cargo xtask bench [SUITE…] [options]`: builds the suites' binaries in release mode and runs
+/// them with the Python whose torch is the provisioned libtorch (the side-by-side baseline).
+pub fn bench(
+    root: &Path,
+    settings: &Settings,
+    libtorch: &Libtorch,
+    args: &[String],
+) -> Result<ExitCode> {
+    let (mut suites, mut options) = (Vec::new(), Vec::new());
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        if arg.starts_with('-') {
+            options.push(arg.clone());
+            if matches!(
+                arg.as_str(),
+                "--repeats" | "--out" | "--work-dir" | "--python"
+            ) && let Some(value) = rest.next()
+            {
+                options.push(value.clone());
+            }
+        } else if let Some(suite) = SUITES.iter().find(|(name, _)| name == arg) {
+            suites.push(*suite);
+        } else {
+            let names: Vec<&str> = SUITES.iter().map(|(n, _)| *n).collect();
+            bail!(
+                "`{arg}` is not a benchmark suite; the suites are: {}",
+                names.join(", ")
+            );
+        }
+    }
+    if suites.is_empty() {
+        suites = SUITES.to_vec();
+    }
+    let python = match &libtorch.source {
+        Source::Cache { venv, .. } => venv.join("bin").join("python"),
+        Source::Python(python) => python.clone(),
+        Source::EnvVar => PathBuf::from(&settings.python),
+    };
+    for (name, bin) in suites {
+        util::step(&format!("benchmark suite `{name}`"));
+        let mut build = Command::new(util::cargo());
+        build.current_dir(root).args([
+            "build",
+            "--release",
+            "--package",
+            "kiln-benches",
+            "--bin",
+            bin,
+        ]);
+        apply_env(&mut build, settings);
+        let status = util::status_of(&mut build)?;
+        if !status.success() {
+            bail!(
+                "building the `{name}` benchmark failed ({})",
+                util::describe_status(status)
+            );
+        }
+        let mut run = Command::new(target_dir(root).join("release").join(bin));
+        run.arg("--python").arg(&python).args(&options);
+        apply_env(&mut run, settings);
+        let status = util::status_of(&mut run)?;
+        if !status.success() {
+            bail!(
+                "the `{name}` benchmark failed ({})",
+                util::describe_status(status)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -20,6 +20,10 @@ xtask commands:
   setup             find or install libtorch 2.11 and link it at .kiln/libtorch (idempotent)
   test [args…]      setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
                     (extra args go to cargo test)
+  bench [SUITE…] [--quick] [--repeats N] [--out FILE]
+                    side-by-side benchmarks against PyTorch, writing JSON reports under
+                    target/kiln-bench/ (suites: data; default: all). Criterion benches of the
+                    hot pieces alone: cargo bench -p kiln-benches
   help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
@@ -77,6 +81,11 @@ fn run(args: &[String]) -> Result<ExitCode> {
             libtorch::report(&found, &settings.link);
             checks::run_all(&root, &settings, rest)?;
             Ok(ExitCode::SUCCESS)
+        }
+        "bench" => {
+            let settings = libtorch::Settings::from_env(&root)?;
+            let found = libtorch::setup(&settings)?;
+            kiln::bench(&root, &settings, &found, rest)
         }
         _ => {
             let settings = libtorch::Settings::from_env(&root)?;

@@ -145,6 +145,10 @@ impl DType {
             }
         }
         match self {
+            // Little-endian f32 on a little-endian machine: the bytes are the values.
+            #[cfg(target_endian = "little")]
+            DType::F32 => bytemuck::cast_slice_mut::<f32, u8>(out).copy_from_slice(bytes),
+            #[cfg(not(target_endian = "little"))]
             DType::F32 => conv(bytes, out, f32::from_le_bytes),
             DType::F64 => conv(bytes, out, |a| f64::from_le_bytes(a) as f32),
             DType::F16 => conv(bytes, out, |a| f16::from_le_bytes(a).to_f32()),

@@ -168,6 +168,29 @@ impl MappedArray {
         self.rows(i, i + 1)
     }
 
+    /// Unmaps the pages of row `i` from this process (they stay in the page cache, and are
+    /// faulted back in from there if read again), so data read once per epoch does not pile
+    /// up in the process's resident memory.
+    pub fn release_row(&self, i: usize) {
+        #[cfg(unix)]
+        {
+            let start = self.offset + i * self.row_bytes;
+            // SAFETY: the map is a read-only shared mapping of a file, and nothing holds a
+            // reference into these pages across this call's return except through `row`,
+            // which re-reads them: after MADV_DONTNEED a read-only file mapping faults the same
+            // file contents back in. The kernel rounds the start down to a page boundary.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start,
+                    self.row_bytes,
+                )
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = i;
+    }
+
     fn new(map: Arc<Mmap>, offset: usize, dtype: DType, shape: Vec<usize>) -> Self {
         let row_bytes = shape.iter().skip(1).product::<usize>() * dtype.size();
         Self {
@@ -316,6 +339,7 @@ pub struct ShardedDataset {
     shards: Vec<Shard>,
     /// Global index of each shard's first sample, ascending.
     starts: Vec<usize>,
+    release_pages: bool,
 }
 
 impl ShardedDataset {
@@ -359,7 +383,17 @@ impl ShardedDataset {
             manifest,
             shards,
             starts,
+            release_pages: true,
         })
+    }
+
+    /// Whether a sample's mapped pages are released from the process right after it is read
+    /// (the default): resident memory stays at the batches in flight instead of growing to the
+    /// whole dataset over an epoch, at the cost of re-mapping pages from the page cache when a
+    /// sample is read again next epoch. Turn it off for small datasets read many times.
+    pub fn with_release_pages(mut self, release: bool) -> Self {
+        self.release_pages = release;
+        self
     }
 
     pub fn manifest(&self) -> &Manifest {
@@ -441,6 +475,9 @@ impl Dataset for ShardedDataset {
             message: format!("out of range (the dataset has {} samples)", self.len()),
         })?;
         shard.features.dtype.to_f32(shard.features.row(i), out);
+        if self.release_pages {
+            shard.features.release_row(i);
+        }
         // Labels were checked to be integers in range when the dataset was opened.
         shard
             .labels

@@ -81,6 +81,16 @@ impl Normalize {
     }
 }
 
+impl Normalize {
+    /// The means and standard deviations, per feature.
+    pub fn stats(&self) -> (Vec<f32>, Vec<f32>) {
+        (
+            self.mean.clone(),
+            self.inv_std.iter().map(|s| 1.0 / s).collect(),
+        )
+    }
+}
+
 impl Transform for Normalize {
     fn apply(&self, index: usize, sample: &mut [f32]) -> Result<(), DataError> {
         let features = self.mean.len();

@@ -320,4 +320,18 @@ char* kiln_host_tensor(const void* data, size_t bytes, const int64_t* shape, siz
   KILN_CATCH
 }
 
+// A CPU tensor of `shape` and dtype `kind` (0 = float32, 1 = int64) over memory owned by the
+// caller, without copying: libtorch calls `free_fn(ctx)` when the last reference to the tensor's
+// storage goes away, on whichever thread that happens.
+char* kiln_tensor_from_owned(void* data, const int64_t* shape, size_t ndim, int kind,
+                             void (*free_fn)(void*), void* ctx, at::Tensor** out) {
+  KILN_TRY
+  TORCH_CHECK(kind == 0 || kind == 1, "unsupported tensor kind ", kind);
+  auto options = at::TensorOptions().dtype(kind == 0 ? at::kFloat : at::kLong);
+  at::Tensor t = at::from_blob(
+      data, at::IntArrayRef(shape, ndim), [free_fn, ctx](void*) { free_fn(ctx); }, options);
+  *out = new at::Tensor(std::move(t));
+  KILN_CATCH
+}
+
 }  // extern "C"

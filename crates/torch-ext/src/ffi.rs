@@ -50,6 +50,15 @@ unsafe extern "C" {
     pub fn kiln_memory_stats(device: c_int, out: *mut i64) -> *mut c_char;
     pub fn kiln_reset_peak_memory(device: c_int) -> *mut c_char;
     pub fn kiln_empty_cache() -> *mut c_char;
+    pub fn kiln_tensor_from_owned(
+        data: *mut std::ffi::c_void,
+        shape: *const i64,
+        ndim: usize,
+        kind: c_int,
+        free_fn: unsafe extern "C" fn(*mut std::ffi::c_void),
+        ctx: *mut std::ffi::c_void,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
     pub fn kiln_host_tensor(
         data: *const std::ffi::c_void,
         bytes: usize,

@@ -66,6 +66,58 @@ fn host_tensor(
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
+/// A CPU tensor of `shape` over `data`'s memory, without copying it: the tensor takes ownership
+/// of the vector and frees it when its last reference goes.
+pub fn tensor_from_vec_f32(data: Vec<f32>, shape: &[i64]) -> Result<Tensor> {
+    tensor_from_vec(data, shape, 0)
+}
+
+/// Like [`tensor_from_vec_f32`], for `i64` data.
+pub fn tensor_from_vec_i64(data: Vec<i64>, shape: &[i64]) -> Result<Tensor> {
+    tensor_from_vec(data, shape, 1)
+}
+
+unsafe extern "C" fn drop_boxed_vec<T>(ctx: *mut c_void) {
+    // SAFETY: `ctx` is the `Box<Vec<T>>` leaked in `tensor_from_vec`, freed here exactly once
+    // (libtorch calls the deleter once, when the storage dies).
+    drop(unsafe { Box::from_raw(ctx.cast::<Vec<T>>()) });
+}
+
+fn tensor_from_vec<T>(data: Vec<T>, shape: &[i64], kind: i32) -> Result<Tensor> {
+    let numel = shape.iter().try_fold(1usize, |n, &d| {
+        usize::try_from(d).ok().and_then(|d| n.checked_mul(d))
+    });
+    if numel != Some(data.len()) {
+        return Err(Error::InvalidArgument {
+            op: "tensor_from_vec",
+            message: format!("{} values do not fill shape {shape:?}", data.len()),
+        });
+    }
+    let mut boxed = Box::new(data);
+    let ptr = boxed.as_mut_ptr().cast::<c_void>();
+    let ctx = Box::into_raw(boxed).cast::<c_void>();
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: `ptr` points into the vector owned by `ctx`, which stays alive until libtorch
+    // calls `drop_boxed_vec` with it; `shape` holds `ndim` values.
+    let status = ffi::check("tensor_from_vec", unsafe {
+        ffi::kiln_tensor_from_owned(
+            ptr,
+            shape.as_ptr(),
+            shape.len(),
+            kind,
+            drop_boxed_vec::<T>,
+            ctx,
+            &mut out,
+        )
+    });
+    // On an error the deleter may or may not have been handed to a storage, so the vector is
+    // deliberately leaked rather than risk freeing it twice (the shape was checked above, so
+    // this does not happen in practice).
+    status?;
+    // SAFETY: `out` is a `new at::Tensor`, which tch owns and deletes.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
 /// A host-to-device copy that has been issued but is not yet visible to the compute stream.
 /// [`PendingCopy::finish`] makes it visible; dropping it abandons it safely.
 #[derive(Debug)]

@@ -69,3 +69,21 @@ fn side_stream_copies_to_cuda_arrive_intact() {
     // An abandoned copy is dropped without being waited for or leaking its event.
     drop(copy_to_device(&src, Device::Cuda(0)).unwrap());
 }
+
+#[test]
+fn tensors_from_vectors_share_their_memory_and_outlive_the_caller() {
+    use kiln_torch_ext::transfer::{tensor_from_vec_f32, tensor_from_vec_i64};
+    let data: Vec<f32> = (0..6).map(|i| i as f32).collect();
+    let ptr = data.as_ptr() as usize;
+    let t = tensor_from_vec_f32(data, &[2, 3]).unwrap();
+    assert_eq!(t.data_ptr() as usize, ptr, "no copy");
+    let view = t.get(1); // keeps the storage alive after `t` is gone
+    drop(t);
+    assert_eq!(Vec::<f32>::try_from(view).unwrap(), [3.0, 4.0, 5.0]);
+    let labels = tensor_from_vec_i64(vec![4, 5], &[2]).unwrap();
+    assert_eq!(Vec::<i64>::try_from(&labels).unwrap(), [4, 5]);
+    let e = tensor_from_vec_f32(vec![1.0; 5], &[2, 3])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("5 values") && e.contains("[2, 3]"), "{e}");
+}

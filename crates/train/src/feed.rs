@@ -5,7 +5,7 @@
 //! For a CUDA target the feeder stages each batch in pinned host memory and starts its copy on
 //! a side stream as soon as the previous batch is handed out, so the copy of batch n+1 overlaps
 //! the compute on batch n; the compute stream waits for the copy only when batch n+1 is taken.
-//! On the CPU the batch's tensor is the device tensor.
+//! On the CPU the batch's own buffer becomes the tensor, without a copy.
 
 use kiln_config::RunPlan;
 use kiln_data::{Batch, DataError, LoaderConfig, SamplerConfig};
@@ -117,7 +117,9 @@ where
         self.ahead.is_some()
     }
 
-    fn host_tensors(&mut self, batch: &Batch) -> Result<(Tensor, Tensor), TrainError> {
+    /// The batch as host tensors: copied into pinned memory for CUDA, otherwise the batch's own
+    /// buffers without a copy.
+    fn host_tensors(&mut self, batch: &mut Batch) -> Result<(Tensor, Tensor), TrainError> {
         let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
         let n = [batch.labels.len() as i64];
         if self.pin {
@@ -133,17 +135,17 @@ where
             }
         }
         Ok((
-            transfer::host_tensor_f32(&batch.features, &shape, false)?,
-            transfer::host_tensor_i64(&batch.labels, &n, false)?,
+            transfer::tensor_from_vec_f32(std::mem::take(&mut batch.features), &shape)?,
+            transfer::tensor_from_vec_i64(std::mem::take(&mut batch.labels), &n)?,
         ))
     }
 
     /// Takes the next batch from the source and starts its copy.
     fn stage_next(&mut self) -> Result<Option<Staged>, TrainError> {
-        let Some(batch) = self.source.next().transpose()? else {
+        let Some(mut batch) = self.source.next().transpose()? else {
             return Ok(None);
         };
-        let (features, labels) = self.host_tensors(&batch)?;
+        let (features, labels) = self.host_tensors(&mut batch)?;
         Ok(Some(Staged {
             features: transfer::copy_to_device(&features, self.device)?,
             labels: transfer::copy_to_device(&labels, self.device)?,
