@@ -59,8 +59,8 @@ fn number(args: &[String], name: &str, default: usize) -> Result<usize> {
     })
 }
 
-/// One epoch of kiln's loader over the shards, each batch turned into a tensor and summed like
-/// the Python side does; prints one JSON line.
+/// One epoch of kiln's loader over the shards, each batch turned into tensors and checksummed
+/// like the Python side does; prints one JSON line.
 fn probe(args: &[String]) -> Result<()> {
     let dir = flag(args, "--dir").unwrap_or_else(|| usage());
     let norm = flag(args, "--norm").unwrap_or_else(|| usage());
@@ -121,7 +121,10 @@ fn probe(args: &[String]) -> Result<()> {
             .f_sum(tch::Kind::Int64)
             .map_err(|e| e.to_string())?
             .int64_value(&[]);
+        // A cheap check that both sides produced the same values: the first row of each sample.
         feature_sum += x
+            .f_select(1, 0)
+            .map_err(|e| e.to_string())?
             .f_sum(tch::Kind::Double)
             .map_err(|e| e.to_string())?
             .double_value(&[]);
