@@ -228,6 +228,18 @@ fn rollup(pid: u32) -> Peak {
     }
 }
 
+/// Current PSS and RSS of process `pid` and all its descendants, summed.
+fn tree_memory(pid: u32) -> Peak {
+    let mut pids = Vec::new();
+    tree(pid, &mut pids);
+    pids.iter()
+        .map(|&p| rollup(p))
+        .fold(Peak::default(), |a, b| Peak {
+            pss: a.pss + b.pss,
+            rss: a.rss + b.rss,
+        })
+}
+
 /// Runs `cmd`; with `poll`, samples its process tree's memory every 10 ms (reading smaps costs
 /// the measured process time, so timing runs do not poll). Returns its JSON line and peaks.
 fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
@@ -239,15 +251,7 @@ fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
     let mut peak = Peak::default();
     if poll {
         loop {
-            let mut pids = Vec::new();
-            tree(child.id(), &mut pids);
-            let now = pids
-                .iter()
-                .map(|&p| rollup(p))
-                .fold(Peak::default(), |a, b| Peak {
-                    pss: a.pss + b.pss,
-                    rss: a.rss + b.rss,
-                });
+            let now = tree_memory(child.id());
             peak.pss = peak.pss.max(now.pss);
             peak.rss = peak.rss.max(now.rss);
             if child.try_wait().map_err(|e| e.to_string())?.is_some() {
@@ -286,15 +290,7 @@ fn idle_memory(mut cmd: Command) -> Result<Peak> {
             .read_line(&mut line)
             .map_err(|e| e.to_string())?;
     }
-    let mut pids = Vec::new();
-    tree(child.id(), &mut pids);
-    let peak = pids
-        .iter()
-        .map(|&p| rollup(p))
-        .fold(Peak::default(), |a, b| Peak {
-            pss: a.pss + b.pss,
-            rss: a.rss + b.rss,
-        });
+    let peak = tree_memory(child.id());
     drop(child.stdin.take());
     let status = child.wait().map_err(|e| e.to_string())?;
     if !status.success() || line.trim().is_empty() {

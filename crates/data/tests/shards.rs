@@ -45,6 +45,17 @@ fn prepared(format: ShardFormat) -> (tempfile::TempDir, PathBuf) {
     (tmp, out)
 }
 
+/// Cuts the last `bytes` bytes off the file at `path`.
+fn truncate(path: &Path, bytes: u64) {
+    let len = std::fs::metadata(path).unwrap().len();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len - bytes)
+        .unwrap();
+}
+
 fn error_text(e: DataError) -> String {
     e.to_string()
 }
@@ -147,14 +158,7 @@ fn a_missing_shard_is_named() {
 #[test]
 fn truncated_shards_are_named_in_both_formats() {
     let (_tmp, dir) = prepared(ShardFormat::Safetensors);
-    let path = dir.join("shard-00002.safetensors");
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::File::options()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(len - 10)
-        .unwrap();
+    truncate(&dir.join("shard-00002.safetensors"), 10);
     let e = open_err(&dir);
     assert!(
         e.contains("shard-00002.safetensors") && e.contains("truncated"),
@@ -162,14 +166,7 @@ fn truncated_shards_are_named_in_both_formats() {
     );
 
     let (_tmp, dir) = prepared(ShardFormat::Npy);
-    let path = dir.join("shard-00000.features.npy");
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::File::options()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(len - 4)
-        .unwrap();
+    truncate(&dir.join("shard-00000.features.npy"), 4);
     let e = open_err(&dir);
     assert!(
         e.contains("shard-00000.features.npy") && e.contains("truncated"),
