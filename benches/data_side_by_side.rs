@@ -343,17 +343,8 @@ fn compare(args: &[String]) -> Result<()> {
     {
         let _ = std::fs::read(entry.path());
     }
-    let common = |cmd: &mut Command, workers: usize| {
-        cmd.args(["--dir", dir.to_str().unwrap_or_default()])
-            .args(["--norm", norm.to_str().unwrap_or_default()])
-            .args(["--workers", &workers.to_string()])
-            .args(["--batch-size", &BATCH.to_string()]);
-    };
-
-    // Each side's memory with its libraries loaded and the dataset opened, before any loading:
-    // the peaks minus these are what the loaders themselves cost.
-    let mut idle = Vec::new();
-    for side in ["kiln", "torch"] {
+    // One run of `side` ("kiln" or "torch") at `workers` workers.
+    let command = |side: &str, workers: usize| {
         let mut cmd = if side == "kiln" {
             let mut c = Command::new(&me);
             c.arg("probe");
@@ -363,7 +354,18 @@ fn compare(args: &[String]) -> Result<()> {
             c.arg(&script);
             c
         };
-        common(&mut cmd, 0);
+        cmd.args(["--dir", dir.to_str().unwrap_or_default()])
+            .args(["--norm", norm.to_str().unwrap_or_default()])
+            .args(["--workers", &workers.to_string()])
+            .args(["--batch-size", &BATCH.to_string()]);
+        cmd
+    };
+
+    // Each side's memory with its libraries loaded and the dataset opened, before any loading:
+    // the peaks minus these are what the loaders themselves cost.
+    let mut idle = Vec::new();
+    for side in ["kiln", "torch"] {
+        let mut cmd = command(side, 0);
         cmd.arg("--idle");
         idle.push(idle_memory(cmd)?);
     }
@@ -377,16 +379,7 @@ fn compare(args: &[String]) -> Result<()> {
         // sides alternating so drift on a busy machine hits both alike.
         for run in 0..=repeats {
             for (side, slot) in ["kiln", "torch"].into_iter().zip(per_impl.iter_mut()) {
-                let mut cmd = if side == "kiln" {
-                    let mut c = Command::new(&me);
-                    c.arg("probe");
-                    c
-                } else {
-                    let mut c = Command::new(&python);
-                    c.arg(&script);
-                    c
-                };
-                common(&mut cmd, workers);
+                let cmd = command(side, workers);
                 let (value, p) = measured(cmd, run == 0)?;
                 if run == 0 {
                     slot.2 = p;

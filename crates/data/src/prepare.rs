@@ -135,12 +135,7 @@ fn npy_source<'a>(
             ),
         ));
     }
-    let size = labels.dtype.size();
-    let values: Vec<i64> = labels
-        .rows(0, labels.shape[0])
-        .chunks_exact(size)
-        .map(|b| labels.dtype.to_i64(b).unwrap_or(-1))
-        .collect();
+    let values: Vec<i64> = labels.integers().collect();
     if let Some(i) = values.iter().position(|&v| v < 0) {
         return Err(DataError::file(
             labels_path,

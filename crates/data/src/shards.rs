@@ -168,6 +168,16 @@ impl MappedArray {
         self.rows(i, i + 1)
     }
 
+    /// Every element as an integer, in order (`-1` for a floating-point array, which no valid
+    /// label is).
+    pub fn integers(&self) -> impl Iterator<Item = i64> + '_ {
+        let size = self.dtype.size();
+        let numel: usize = self.shape.iter().product();
+        self.map[self.offset..self.offset + numel * size]
+            .chunks_exact(size)
+            .map(|b| self.dtype.to_i64(b).unwrap_or(-1))
+    }
+
     /// Unmaps the pages of row `i` from this process (they stay in the page cache, and are
     /// faulted back in from there if read again), so data read once per epoch does not pile
     /// up in the process's resident memory.
@@ -443,10 +453,7 @@ fn check_array(
 }
 
 fn check_labels(path: &Path, labels: &MappedArray, classes: usize) -> Result<(), DataError> {
-    let size = labels.dtype.size();
-    let bytes = labels.rows(0, labels.shape[0]);
-    for (i, b) in bytes.chunks_exact(size).enumerate() {
-        let label = labels.dtype.to_i64(b).unwrap_or(-1);
+    for (i, label) in labels.integers().enumerate() {
         if label < 0 || label as u64 >= classes as u64 {
             return Err(DataError::file(
                 path,

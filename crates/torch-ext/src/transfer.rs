@@ -190,19 +190,15 @@ impl PendingCopy {
     /// Makes the copy visible to the device's current stream (which waits for it, without
     /// blocking the host) and returns the device tensor.
     pub fn finish(mut self) -> Result<Tensor> {
+        // Without the CUDA part no event is ever made.
+        #[cfg(kiln_cuda)]
         if let Some(event) = self.event.take() {
-            #[cfg(kiln_cuda)]
-            {
-                let ptr = event.ptr;
-                let index = event.index;
-                std::mem::forget(event); // finish frees it
-                // SAFETY: `ptr` is a live event from copy_to_device, consumed here exactly once.
-                ffi::check("copy_to_device", unsafe {
-                    ffi::kiln_cuda_copy_finish(ptr, ffi::tensor_ptr(&self.tensor), index)
-                })?;
-            }
-            #[cfg(not(kiln_cuda))]
-            drop(event);
+            // kiln_cuda_copy_finish frees the event, so its Drop must not run.
+            let event = std::mem::ManuallyDrop::new(event);
+            // SAFETY: a live event from copy_to_device, consumed here exactly once.
+            ffi::check("copy_to_device", unsafe {
+                ffi::kiln_cuda_copy_finish(event.ptr, ffi::tensor_ptr(&self.tensor), event.index)
+            })?;
         }
         Ok(self.tensor.shallow_clone())
     }
