@@ -17,5 +17,7 @@ mod resolve;
 
 pub use error::ConfigError;
 pub use layers::Layer;
-pub use plan::{Provenance, RunPlan};
+pub use plan::{
+    LossScalePlan, ModelKind, ModelPlan, OptimizerKind, Provenance, RunPlan, ScheduleKind,
+};
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};

@@ -36,6 +36,82 @@ pub struct PerformancePlan {
 pub struct DataPlan {
     pub num_workers: u64,
     pub prefetch_factor: u64,
+    /// Share of the samples held out for validation, in [0, 1).
+    pub val_fraction: f64,
+    /// Size of the built-in synthetic dataset.
+    pub synthetic_samples: u64,
+}
+
+/// The built-in reference models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelKind {
+    Transformer,
+    Mlp,
+    ConvNet,
+}
+
+impl ModelKind {
+    pub const ALL: [ModelKind; 3] = [Self::Transformer, Self::Mlp, Self::ConvNet];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Transformer => "transformer",
+            Self::Mlp => "mlp",
+            Self::ConvNet => "convnet",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ModelKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| "use transformer, mlp or convnet".to_owned())
+    }
+}
+
+/// The reference model and its sizes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelPlan {
+    pub kind: ModelKind,
+    pub dropout: f64,
+    pub d_model: u64,
+    pub heads: u64,
+    pub layers: u64,
+    pub ff: u64,
+    pub hidden: Vec<u64>,
+    pub channels: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    AdamW,
+    Sgd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScheduleKind {
+    Constant,
+    /// Linear warmup, then cosine decay to `min_lr`.
+    Cosine,
+}
+
+/// The dynamic loss scaler's settings (fp16 only).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LossScalePlan {
+    pub init: f64,
+    pub growth: f64,
+    pub backoff: f64,
+    pub growth_interval: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -44,6 +120,17 @@ pub struct TrainPlan {
     pub amp: AmpDtype,
     pub epochs: u64,
     pub lr: f64,
+    pub optimizer: OptimizerKind,
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub grad_accum_steps: u64,
+    /// 0 = no clipping.
+    pub clip_grad_norm: f64,
+    pub schedule: ScheduleKind,
+    pub warmup_steps: u64,
+    pub min_lr: f64,
+    pub loss_scale: LossScalePlan,
+    pub log_interval: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -67,12 +154,21 @@ pub struct RunPlan {
     pub profiles_dir: Option<PathBuf>,
     pub performance: PerformancePlan,
     pub data: DataPlan,
+    pub model: ModelPlan,
     pub train: TrainPlan,
     pub infer: InferPlan,
     pub profiling_enabled: bool,
     pub run: RunInfo,
     /// Where each value came from, by `section.key`.
     pub provenance: BTreeMap<String, Provenance>,
+}
+
+fn join(values: &[u64]) -> String {
+    values
+        .iter()
+        .map(u64::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn determinism_str(d: Determinism) -> &'static str {
@@ -132,10 +228,68 @@ impl RunPlan {
                 "data.prefetch_factor",
                 self.data.prefetch_factor.to_string(),
             ),
+            ("data.val_fraction", self.data.val_fraction.to_string()),
+            (
+                "data.synthetic_samples",
+                self.data.synthetic_samples.to_string(),
+            ),
+            ("model.name", self.model.kind.to_string()),
+            ("model.dropout", self.model.dropout.to_string()),
+            ("model.d_model", self.model.d_model.to_string()),
+            ("model.heads", self.model.heads.to_string()),
+            ("model.layers", self.model.layers.to_string()),
+            ("model.ff", self.model.ff.to_string()),
+            ("model.hidden", join(&self.model.hidden)),
+            ("model.channels", join(&self.model.channels)),
             ("train.batch_size", self.train.batch_size.to_string()),
             ("train.amp", self.train.amp.to_string()),
             ("train.epochs", self.train.epochs.to_string()),
             ("train.lr", self.train.lr.to_string()),
+            (
+                "train.optimizer",
+                match self.train.optimizer {
+                    OptimizerKind::AdamW => "adamw",
+                    OptimizerKind::Sgd => "sgd",
+                }
+                .to_owned(),
+            ),
+            ("train.weight_decay", self.train.weight_decay.to_string()),
+            ("train.momentum", self.train.momentum.to_string()),
+            (
+                "train.grad_accum_steps",
+                self.train.grad_accum_steps.to_string(),
+            ),
+            (
+                "train.clip_grad_norm",
+                self.train.clip_grad_norm.to_string(),
+            ),
+            (
+                "train.schedule",
+                match self.train.schedule {
+                    ScheduleKind::Constant => "constant",
+                    ScheduleKind::Cosine => "cosine",
+                }
+                .to_owned(),
+            ),
+            ("train.warmup_steps", self.train.warmup_steps.to_string()),
+            ("train.min_lr", self.train.min_lr.to_string()),
+            (
+                "train.loss_scale_init",
+                self.train.loss_scale.init.to_string(),
+            ),
+            (
+                "train.loss_scale_growth",
+                self.train.loss_scale.growth.to_string(),
+            ),
+            (
+                "train.loss_scale_backoff",
+                self.train.loss_scale.backoff.to_string(),
+            ),
+            (
+                "train.loss_scale_growth_interval",
+                self.train.loss_scale.growth_interval.to_string(),
+            ),
+            ("train.log_interval", self.train.log_interval.to_string()),
             ("infer.batch_size", self.infer.batch_size.to_string()),
             ("infer.precision", self.infer.precision.to_string()),
             ("profiling.enabled", self.profiling_enabled.to_string()),
@@ -235,29 +389,169 @@ pub(crate) fn validate(
         channels_last: need!(p.channels_last, "performance.channels_last"),
     };
 
+    let in_range = |key: &str, v: f64, ok: bool, expected: &str| {
+        if ok && v.is_finite() {
+            Ok(v)
+        } else {
+            Err(invalid(key, v.to_string(), expected.to_owned()))
+        }
+    };
+    let val_fraction = need!(raw.data.val_fraction, "data.val_fraction");
     let data = DataPlan {
         num_workers: need!(raw.data.num_workers, "data.num_workers"),
         prefetch_factor: at_least_1(
             "data.prefetch_factor",
             need!(raw.data.prefetch_factor, "data.prefetch_factor"),
         )?,
+        val_fraction: in_range(
+            "data.val_fraction",
+            val_fraction,
+            (0.0..1.0).contains(&val_fraction),
+            "must be in [0, 1)",
+        )?,
+        synthetic_samples: at_least_1(
+            "data.synthetic_samples",
+            need!(raw.data.synthetic_samples, "data.synthetic_samples"),
+        )?,
     };
-    let lr = need!(raw.train.lr, "train.lr");
-    if !(lr.is_finite() && lr > 0.0) {
+
+    let m = raw.model;
+    let name = need!(m.name, "model.name");
+    let kind = name
+        .parse::<ModelKind>()
+        .map_err(|e| invalid("model.name", format!("{name:?}"), e))?;
+    let widths = |key: &str, text: String| -> Result<Vec<u64>, ConfigError> {
+        let parsed: Option<Vec<u64>> = text
+            .split(',')
+            .map(|w| w.trim().parse::<u64>().ok().filter(|&w| w >= 1))
+            .collect();
+        parsed.filter(|v| !v.is_empty()).ok_or_else(|| {
+            invalid(
+                key,
+                format!("{text:?}"),
+                "use comma-separated widths of at least 1, like \"256,256\"".to_owned(),
+            )
+        })
+    };
+    let dropout = need!(m.dropout, "model.dropout");
+    let d_model = at_least_1("model.d_model", need!(m.d_model, "model.d_model"))?;
+    let heads = at_least_1("model.heads", need!(m.heads, "model.heads"))?;
+    if d_model % heads != 0 {
         return Err(invalid(
-            "train.lr",
-            lr.to_string(),
-            "must be a number > 0".to_owned(),
+            "model.heads",
+            heads.to_string(),
+            format!("must divide model.d_model ({d_model})"),
         ));
     }
-    let train = TrainPlan {
-        batch_size: at_least_1(
-            "train.batch_size",
-            need!(raw.train.batch_size, "train.batch_size"),
+    let model = ModelPlan {
+        kind,
+        dropout: in_range(
+            "model.dropout",
+            dropout,
+            (0.0..1.0).contains(&dropout),
+            "must be in [0, 1)",
         )?,
-        amp: amp("train.amp", need!(raw.train.amp, "train.amp"))?,
-        epochs: at_least_1("train.epochs", need!(raw.train.epochs, "train.epochs"))?,
+        d_model,
+        heads,
+        layers: at_least_1("model.layers", need!(m.layers, "model.layers"))?,
+        ff: at_least_1("model.ff", need!(m.ff, "model.ff"))?,
+        hidden: widths("model.hidden", need!(m.hidden, "model.hidden"))?,
+        channels: widths("model.channels", need!(m.channels, "model.channels"))?,
+    };
+
+    let t = raw.train;
+    let lr = need!(t.lr, "train.lr");
+    let lr = in_range("train.lr", lr, lr > 0.0, "must be a number > 0")?;
+    let optimizer_text = need!(t.optimizer, "train.optimizer");
+    let optimizer = match optimizer_text.trim().to_ascii_lowercase().as_str() {
+        "adamw" => OptimizerKind::AdamW,
+        "sgd" => OptimizerKind::Sgd,
+        _ => {
+            return Err(invalid(
+                "train.optimizer",
+                format!("{optimizer_text:?}"),
+                "use adamw or sgd".to_owned(),
+            ));
+        }
+    };
+    let schedule_text = need!(t.schedule, "train.schedule");
+    let schedule = match schedule_text.trim().to_ascii_lowercase().as_str() {
+        "constant" => ScheduleKind::Constant,
+        "cosine" => ScheduleKind::Cosine,
+        _ => {
+            return Err(invalid(
+                "train.schedule",
+                format!("{schedule_text:?}"),
+                "use constant or cosine".to_owned(),
+            ));
+        }
+    };
+    let non_negative = |key: &str, v: f64| in_range(key, v, v >= 0.0, "must be a number >= 0");
+    let momentum = need!(t.momentum, "train.momentum");
+    let min_lr = non_negative("train.min_lr", need!(t.min_lr, "train.min_lr"))?;
+    if min_lr > lr {
+        return Err(invalid(
+            "train.min_lr",
+            min_lr.to_string(),
+            format!("must not exceed train.lr ({lr})"),
+        ));
+    }
+    let growth = need!(t.loss_scale_growth, "train.loss_scale_growth");
+    let backoff = need!(t.loss_scale_backoff, "train.loss_scale_backoff");
+    let init = need!(t.loss_scale_init, "train.loss_scale_init");
+    let train = TrainPlan {
+        batch_size: at_least_1("train.batch_size", need!(t.batch_size, "train.batch_size"))?,
+        amp: amp("train.amp", need!(t.amp, "train.amp"))?,
+        epochs: at_least_1("train.epochs", need!(t.epochs, "train.epochs"))?,
         lr,
+        optimizer,
+        weight_decay: non_negative(
+            "train.weight_decay",
+            need!(t.weight_decay, "train.weight_decay"),
+        )?,
+        momentum: in_range(
+            "train.momentum",
+            momentum,
+            (0.0..1.0).contains(&momentum),
+            "must be in [0, 1)",
+        )?,
+        grad_accum_steps: at_least_1(
+            "train.grad_accum_steps",
+            need!(t.grad_accum_steps, "train.grad_accum_steps"),
+        )?,
+        clip_grad_norm: non_negative(
+            "train.clip_grad_norm",
+            need!(t.clip_grad_norm, "train.clip_grad_norm"),
+        )?,
+        schedule,
+        warmup_steps: need!(t.warmup_steps, "train.warmup_steps"),
+        min_lr,
+        loss_scale: LossScalePlan {
+            init: in_range("train.loss_scale_init", init, init > 0.0, "must be > 0")?,
+            growth: in_range(
+                "train.loss_scale_growth",
+                growth,
+                growth > 1.0,
+                "must be > 1",
+            )?,
+            backoff: in_range(
+                "train.loss_scale_backoff",
+                backoff,
+                backoff > 0.0 && backoff < 1.0,
+                "must be in (0, 1)",
+            )?,
+            growth_interval: at_least_1(
+                "train.loss_scale_growth_interval",
+                need!(
+                    t.loss_scale_growth_interval,
+                    "train.loss_scale_growth_interval"
+                ),
+            )?,
+        },
+        log_interval: at_least_1(
+            "train.log_interval",
+            need!(t.log_interval, "train.log_interval"),
+        )?,
     };
     let infer = InferPlan {
         batch_size: at_least_1(
@@ -283,6 +577,7 @@ pub(crate) fn validate(
         profiles_dir: raw.device.profiles_dir.map(PathBuf::from),
         performance,
         data,
+        model,
         train,
         infer,
         profiling_enabled: need!(raw.profiling.enabled, "profiling.enabled"),

@@ -11,6 +11,7 @@ pub struct RawConfig {
     pub device: RawDevice,
     pub performance: RawPerformance,
     pub data: RawData,
+    pub model: RawModel,
     pub train: RawTrain,
     pub infer: RawInfer,
     pub profiling: RawProfiling,
@@ -57,6 +58,33 @@ pub struct RawData {
     pub num_workers: Option<u64>,
     #[serde(deserialize_with = "lenient_u64")]
     pub prefetch_factor: Option<u64>,
+    /// Share of the dataset held out for validation, in [0, 1).
+    #[serde(deserialize_with = "lenient_f64")]
+    pub val_fraction: Option<f64>,
+    /// Size of the built-in synthetic dataset (train and validation together).
+    #[serde(deserialize_with = "lenient_u64")]
+    pub synthetic_samples: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawModel {
+    /// transformer, mlp or convnet.
+    pub name: Option<String>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub dropout: Option<f64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub d_model: Option<u64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub heads: Option<u64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub layers: Option<u64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub ff: Option<u64>,
+    /// MLP hidden widths, comma separated ("256,256").
+    pub hidden: Option<String>,
+    /// Conv net channels per stage, comma separated ("32,64,128").
+    pub channels: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -70,6 +98,34 @@ pub struct RawTrain {
     pub epochs: Option<u64>,
     #[serde(deserialize_with = "lenient_f64")]
     pub lr: Option<f64>,
+    /// adamw or sgd.
+    pub optimizer: Option<String>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub weight_decay: Option<f64>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub momentum: Option<f64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub grad_accum_steps: Option<u64>,
+    /// Clip the global gradient norm to this; 0 = off.
+    #[serde(deserialize_with = "lenient_f64")]
+    pub clip_grad_norm: Option<f64>,
+    /// constant or cosine (linear warmup, then cosine decay to min_lr).
+    pub schedule: Option<String>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub warmup_steps: Option<u64>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub min_lr: Option<f64>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub loss_scale_init: Option<f64>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub loss_scale_growth: Option<f64>,
+    #[serde(deserialize_with = "lenient_f64")]
+    pub loss_scale_backoff: Option<f64>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub loss_scale_growth_interval: Option<u64>,
+    /// Print a progress line every N optimizer steps when not on a terminal.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub log_interval: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -112,10 +168,33 @@ pub const KEYS: &[&str] = &[
     "performance.seed",
     "data.num_workers",
     "data.prefetch_factor",
+    "data.val_fraction",
+    "data.synthetic_samples",
+    "model.name",
+    "model.dropout",
+    "model.d_model",
+    "model.heads",
+    "model.layers",
+    "model.ff",
+    "model.hidden",
+    "model.channels",
     "train.batch_size",
     "train.amp",
     "train.epochs",
     "train.lr",
+    "train.optimizer",
+    "train.weight_decay",
+    "train.momentum",
+    "train.grad_accum_steps",
+    "train.clip_grad_norm",
+    "train.schedule",
+    "train.warmup_steps",
+    "train.min_lr",
+    "train.loss_scale_init",
+    "train.loss_scale_growth",
+    "train.loss_scale_backoff",
+    "train.loss_scale_growth_interval",
+    "train.log_interval",
     "infer.batch_size",
     "infer.precision",
     "profiling.enabled",
@@ -162,6 +241,7 @@ mod tests {
             "device",
             "performance",
             "data",
+            "model",
             "train",
             "infer",
             "profiling",

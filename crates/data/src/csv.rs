@@ -190,4 +190,8 @@ impl Dataset for CsvDataset {
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
         self.data.read(index, out)
     }
+
+    fn classes(&self) -> Option<usize> {
+        Some(self.classes)
+    }
 }

@@ -25,6 +25,116 @@ pub trait Dataset: Send + Sync + 'static {
     /// Writes sample `index`'s features into `out` (exactly [`Dataset::sample_numel`] values)
     /// and returns its label.
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError>;
+
+    /// The number of classes labels lie in (`0..classes`), where the dataset knows it.
+    fn classes(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl Dataset for Box<dyn Dataset> {
+    fn len(&self) -> usize {
+        (**self).len()
+    }
+
+    fn sample_shape(&self) -> &[usize] {
+        (**self).sample_shape()
+    }
+
+    fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
+        (**self).read(index, out)
+    }
+
+    fn classes(&self) -> Option<usize> {
+        (**self).classes()
+    }
+}
+
+/// A view of some of another dataset's samples, by index (a train or validation split).
+#[derive(Debug)]
+pub struct Subset<D> {
+    inner: std::sync::Arc<D>,
+    indices: Vec<usize>,
+}
+
+impl<D: Dataset> Subset<D> {
+    /// The samples of `inner` at `indices`, in that order; every index must be in range.
+    pub fn new(inner: std::sync::Arc<D>, indices: Vec<usize>) -> Result<Self, DataError> {
+        if let Some(&bad) = indices.iter().find(|&&i| i >= inner.len()) {
+            return Err(DataError::Sample {
+                index: bad,
+                message: format!(
+                    "subset index out of range (the dataset has {} samples)",
+                    inner.len()
+                ),
+            });
+        }
+        Ok(Self { inner, indices })
+    }
+
+    /// Splits `inner` into (train, validation) at random: `val_fraction` of the samples,
+    /// rounded, go to validation, chosen by a shuffle seeded with `seed`.
+    pub fn split(
+        inner: std::sync::Arc<D>,
+        val_fraction: f64,
+        seed: u64,
+    ) -> Result<(Self, Self), DataError> {
+        if !(0.0..1.0).contains(&val_fraction) {
+            return Err(DataError::Shape {
+                what: "validation fraction".to_owned(),
+                expected: "a number in [0, 1)".to_owned(),
+                got: val_fraction.to_string(),
+            });
+        }
+        let n = inner.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        let mut g = SplitMix64::keyed(&[seed, 0x5B1D]);
+        for i in (1..n).rev() {
+            order.swap(i, g.below(i + 1));
+        }
+        let n_val = ((n as f64) * val_fraction).round() as usize;
+        let train = order.split_off(n_val);
+        Ok((
+            Self {
+                inner: inner.clone(),
+                indices: train,
+            },
+            Self {
+                inner,
+                indices: order,
+            },
+        ))
+    }
+
+    /// The underlying dataset's indices of this subset's samples.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+}
+
+impl<D: Dataset> Dataset for Subset<D> {
+    fn len(&self) -> usize {
+        self.indices.len()
+    }
+
+    fn sample_shape(&self) -> &[usize] {
+        self.inner.sample_shape()
+    }
+
+    fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
+        let inner = *self.indices.get(index).ok_or_else(|| DataError::Sample {
+            index,
+            message: format!(
+                "out of range (the subset has {} samples)",
+                self.indices.len()
+            ),
+        })?;
+        self.inner.read(inner, out)
+    }
+
+    fn classes(&self) -> Option<usize> {
+        self.inner.classes()
+    }
 }
 
 /// A dataset held in memory: one contiguous feature array and a label per sample.
@@ -169,5 +279,9 @@ impl Dataset for SyntheticClassification {
             *o = c + self.noise * g.normal_f32();
         }
         Ok(label)
+    }
+
+    fn classes(&self) -> Option<usize> {
+        Some(self.classes)
     }
 }

@@ -16,14 +16,16 @@ mod prepare;
 mod rng;
 mod sampler;
 mod shards;
+mod synthetic;
 mod transform;
 
 pub use csv::{CsvDataset, CsvOptions};
-pub use dataset::{Dataset, InMemory, SyntheticClassification};
+pub use dataset::{Dataset, InMemory, Subset, SyntheticClassification};
 pub use dtype::DType;
 pub use error::DataError;
 pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
 pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
 pub use shards::{FeatureSpec, LabelSpec, MANIFEST_FILE, Manifest, ShardEntry, ShardedDataset};
+pub use synthetic::{SyntheticImages, SyntheticSequences};
 pub use transform::{Normalize, Transform, Transformed};

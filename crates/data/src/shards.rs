@@ -495,4 +495,8 @@ impl Dataset for ShardedDataset {
                 message: "label is not an integer".to_owned(),
             })
     }
+
+    fn classes(&self) -> Option<usize> {
+        Some(self.manifest.labels.classes)
+    }
 }

@@ -143,6 +143,10 @@ impl<D: Dataset, T: Transform> Dataset for Transformed<D, T> {
         self.transform.apply(index, out)?;
         Ok(label)
     }
+
+    fn classes(&self) -> Option<usize> {
+        self.inner.classes()
+    }
 }
 
 #[cfg(test)]

@@ -48,7 +48,8 @@ fn main() {
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .include("csrc")
-        .file("csrc/kiln_ext.cpp");
+        .file("csrc/kiln_ext.cpp")
+        .file("csrc/kiln_train.cpp");
 
     let has_cuda_libs =
         lib.join("libtorch_cuda.so").exists() && lib.join("libc10_cuda.so").exists();

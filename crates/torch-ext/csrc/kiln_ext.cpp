@@ -1,6 +1,7 @@
 // kiln native extension: libtorch functionality that tch does not expose (global math flags,
 // autocast state, the fused AdamW kernel, library loading), behind a C ABI for Rust.
 #include "boundary.h"
+#include "tensors.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -52,15 +53,6 @@ int scalar_type_code(at::ScalarType t) {
     default:
       return -1;
   }
-}
-
-std::vector<at::Tensor> tensor_list(const at::Tensor* const* ptrs, size_t n) {
-  std::vector<at::Tensor> out;
-  out.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(*ptrs[i]);
-  }
-  return out;
 }
 
 }  // namespace
@@ -202,12 +194,12 @@ char* kiln_fused_adamw(const at::Tensor* const* params, const at::Tensor* const*
   if (grad_scale != nullptr) scale = *grad_scale;
   std::optional<at::Tensor> inf;
   if (found_inf != nullptr) inf = *found_inf;
-  auto p = tensor_list(params, n);
-  auto g = tensor_list(grads, n);
-  auto m = tensor_list(exp_avgs, n);
-  auto v = tensor_list(exp_avg_sqs, n);
-  auto vmax = tensor_list(max_exp_avg_sqs, n_max);
-  auto steps = tensor_list(state_steps, n);
+  auto p = kiln::tensor_list(params, n);
+  auto g = kiln::tensor_list(grads, n);
+  auto m = kiln::tensor_list(exp_avgs, n);
+  auto v = kiln::tensor_list(exp_avg_sqs, n);
+  auto vmax = kiln::tensor_list(max_exp_avg_sqs, n_max);
+  auto steps = kiln::tensor_list(state_steps, n);
   at::NoGradGuard no_grad;
   at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
                     maximize, scale, inf);

@@ -44,6 +44,49 @@ unsafe extern "C" {
         found_inf: *const std::ffi::c_void,
     ) -> *mut c_char;
 
+    pub fn kiln_amp_unscale(
+        grads: *const *const std::ffi::c_void,
+        n: usize,
+        found_inf: *const std::ffi::c_void,
+        inv_scale: *const std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_amp_update_scale(
+        scale: *const std::ffi::c_void,
+        growth_tracker: *const std::ffi::c_void,
+        found_inf: *const std::ffi::c_void,
+        growth: f64,
+        backoff: f64,
+        interval: i64,
+    ) -> *mut c_char;
+    pub fn kiln_fused_sgd(
+        params: *const *const std::ffi::c_void,
+        grads: *const *const std::ffi::c_void,
+        momentum_buffers: *const *const std::ffi::c_void,
+        n: usize,
+        weight_decay: f64,
+        momentum: f64,
+        lr: f64,
+        dampening: f64,
+        nesterov: bool,
+        maximize: bool,
+        is_first_step: bool,
+        grad_scale: *const std::ffi::c_void,
+        found_inf: *const std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_clip_grad_norm(
+        grads: *const *const std::ffi::c_void,
+        n: usize,
+        max_norm: f64,
+        total_norm: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_dropout_mask(
+        like: *const std::ffi::c_void,
+        p: f64,
+        seed: u64,
+        offset: u64,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+
     pub fn kiln_set_num_threads(n: c_int) -> *mut c_char;
     pub fn kiln_set_num_interop_threads(n: c_int) -> *mut c_char;
     pub fn kiln_num_threads(intra: *mut c_int, inter: *mut c_int) -> *mut c_char;

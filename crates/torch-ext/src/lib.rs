@@ -1,11 +1,12 @@
 //! kiln's native extension over libtorch: what tch does not expose (global math flags, per-thread
-//! autocast state, the fused AdamW kernel, CUDA device queries, library loading), as safe Rust.
+//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks, CUDA device queries, library loading), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
 //! [`Error::Torch`] naming the operation, never as an unwind or an abort.
 
 pub mod autocast;
 pub mod cuda;
+pub mod dropout;
 mod error;
 mod ffi;
 pub mod flags;

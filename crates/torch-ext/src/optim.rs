@@ -1,4 +1,5 @@
-//! The fused AdamW kernel (`torch._fused_adamw_`, CPU and CUDA) over state kept on the Rust side.
+//! Optimizer kernels over state kept on the Rust side: fused AdamW and SGD (`torch._fused_adamw_`,
+//! `torch._fused_sgd_`, CPU and CUDA), loss-scaler unscale/update, and gradient-norm clipping.
 //!
 //! The caller owns every tensor: parameters, gradients, first and second moments, and the step
 //! counters. That is what makes optimizer state checkpointable, which `tch`'s `torch::optim`
@@ -193,4 +194,216 @@ pub fn fused_adamw_step(
             opt(found_inf),
         )
     })
+}
+
+fn ptrs(list: &[tch::Tensor]) -> Vec<*const std::ffi::c_void> {
+    list.iter().map(ffi::tensor_ptr).collect()
+}
+
+fn same_count(op: &'static str, n: usize, lists: &[(&str, usize)]) -> Result<()> {
+    for (name, len) in lists {
+        if *len != n {
+            return Err(Error::InvalidArgument {
+                op,
+                message: format!("{n} params but {len} {name}"),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn same_shapes(
+    op: &'static str,
+    params: &[tch::Tensor],
+    others: &[(&str, &[tch::Tensor])],
+) -> Result<()> {
+    for (i, param) in params.iter().enumerate() {
+        let shape = param.size();
+        for (name, list) in others {
+            let got = list[i].size();
+            if got != shape {
+                return Err(Error::InvalidArgument {
+                    op,
+                    message: format!(
+                        "param {i} has shape {shape:?} but its {name} has shape {got:?}"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SGD hyper-parameters (names as in `torch.optim.SGD`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SgdConfig {
+    pub lr: f64,
+    /// 0 = plain SGD (no momentum buffers).
+    pub momentum: f64,
+    pub dampening: f64,
+    /// L2 penalty added to the gradient (coupled, as in `torch.optim.SGD`).
+    pub weight_decay: f64,
+    pub nesterov: bool,
+    pub maximize: bool,
+}
+
+impl Default for SgdConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-2,
+            momentum: 0.9,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            maximize: false,
+        }
+    }
+}
+
+/// Runs one fused SGD step over all parameters. `momentum_buffers` holds one zero-initialised
+/// buffer per parameter when `momentum > 0` (empty otherwise); pass `is_first_step` on the
+/// first step so they start from the gradients, as `torch.optim.SGD` does. `grad_scale` and
+/// `found_inf` work as in [`fused_adamw_step`].
+pub fn fused_sgd_step(
+    params: &[tch::Tensor],
+    grads: &[tch::Tensor],
+    momentum_buffers: &[tch::Tensor],
+    config: &SgdConfig,
+    is_first_step: bool,
+    grad_scale: Option<&tch::Tensor>,
+    found_inf: Option<&tch::Tensor>,
+) -> Result<()> {
+    const OP: &str = "fused SGD";
+    let bad = |message: String| Err(Error::InvalidArgument { op: OP, message });
+    if !(config.lr.is_finite() && config.lr >= 0.0) {
+        return bad(format!(
+            "lr must be a finite number >= 0, got {}",
+            config.lr
+        ));
+    }
+    if !(config.momentum.is_finite() && config.momentum >= 0.0) {
+        return bad(format!("momentum must be >= 0, got {}", config.momentum));
+    }
+    if !(config.weight_decay.is_finite() && config.weight_decay >= 0.0) {
+        return bad(format!(
+            "weight_decay must be >= 0, got {}",
+            config.weight_decay
+        ));
+    }
+    if config.nesterov && (config.momentum <= 0.0 || config.dampening != 0.0) {
+        return bad("nesterov needs momentum > 0 and dampening 0".to_owned());
+    }
+    let n = params.len();
+    let expected_buffers = if config.momentum > 0.0 { n } else { 0 };
+    same_count(OP, n, &[("grads", grads.len())])?;
+    if momentum_buffers.len() != expected_buffers {
+        return bad(format!(
+            "momentum is {} so momentum_buffers must hold {expected_buffers} tensors, got {}",
+            config.momentum,
+            momentum_buffers.len()
+        ));
+    }
+    let mut others: Vec<(&str, &[tch::Tensor])> = vec![("grad", grads)];
+    if expected_buffers > 0 {
+        others.push(("momentum buffer", momentum_buffers));
+    }
+    same_shapes(OP, params, &others)?;
+    if n == 0 {
+        return Ok(());
+    }
+    let (p, g, m) = (ptrs(params), ptrs(grads), ptrs(momentum_buffers));
+    let opt = |t: Option<&tch::Tensor>| t.map_or(std::ptr::null(), ffi::tensor_ptr);
+    // SAFETY: the arrays hold live tensor handles borrowed for the call; the C++ side copies
+    // the handles and catches all exceptions.
+    ffi::check(OP, unsafe {
+        ffi::kiln_fused_sgd(
+            p.as_ptr(),
+            g.as_ptr(),
+            m.as_ptr(),
+            n,
+            config.weight_decay,
+            config.momentum,
+            config.lr,
+            config.dampening,
+            config.nesterov,
+            config.maximize,
+            is_first_step,
+            opt(grad_scale),
+            opt(found_inf),
+        )
+    })
+}
+
+/// Multiplies every gradient by `inv_scale` (a one-element float32 tensor) in place and sets
+/// `found_inf` (a one-element float32 tensor) to 1 if any of them holds an inf or NaN
+/// (`torch._amp_foreach_non_finite_check_and_unscale_`). No host synchronisation.
+pub fn amp_unscale(
+    grads: &[tch::Tensor],
+    found_inf: &tch::Tensor,
+    inv_scale: &tch::Tensor,
+) -> Result<()> {
+    if grads.is_empty() {
+        return Ok(());
+    }
+    let g = ptrs(grads);
+    // SAFETY: live handles borrowed for the call.
+    ffi::check("AMP unscale", unsafe {
+        ffi::kiln_amp_unscale(
+            g.as_ptr(),
+            g.len(),
+            ffi::tensor_ptr(found_inf),
+            ffi::tensor_ptr(inv_scale),
+        )
+    })
+}
+
+/// Updates a loss scale in place from `found_inf` (`torch._amp_update_scale_`): on an inf/NaN
+/// the scale is multiplied by `backoff` and the tracker reset; otherwise the tracker (an int32
+/// one-element tensor) counts clean steps, and after `interval` of them the scale is multiplied
+/// by `growth`. No host synchronisation.
+pub fn amp_update_scale(
+    scale: &tch::Tensor,
+    growth_tracker: &tch::Tensor,
+    found_inf: &tch::Tensor,
+    growth: f64,
+    backoff: f64,
+    interval: i64,
+) -> Result<()> {
+    // SAFETY: live handles borrowed for the call.
+    ffi::check("AMP update scale", unsafe {
+        ffi::kiln_amp_update_scale(
+            ffi::tensor_ptr(scale),
+            ffi::tensor_ptr(growth_tracker),
+            ffi::tensor_ptr(found_inf),
+            growth,
+            backoff,
+            interval,
+        )
+    })
+}
+
+/// The global L2 norm of `grads` as a one-element float32 tensor on their device (no host
+/// synchronisation). If `max_norm > 0` the gradients are scaled in place so that their norm is
+/// at most `max_norm` (`torch.nn.utils.clip_grad_norm_`).
+pub fn clip_grad_norm(grads: &[tch::Tensor], max_norm: f64) -> Result<tch::Tensor> {
+    if !(max_norm.is_finite() && max_norm >= 0.0) {
+        return Err(Error::InvalidArgument {
+            op: "clip grad norm",
+            message: format!("max_norm must be a finite number >= 0, got {max_norm}"),
+        });
+    }
+    if grads.is_empty() {
+        return Err(Error::InvalidArgument {
+            op: "clip grad norm",
+            message: "no gradients".to_owned(),
+        });
+    }
+    let g = ptrs(grads);
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: live handles borrowed for the call; on success `out` is a new heap tensor we own.
+    ffi::check("clip grad norm", unsafe {
+        ffi::kiln_clip_grad_norm(g.as_ptr(), g.len(), max_norm, &mut out)
+    })?;
+    // SAFETY: `out` came from `new at::Tensor`, which tch's Tensor owns and deletes.
+    Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
 }
