@@ -66,6 +66,8 @@ pub enum Command {
     /// Train a model (the main job).
     Train {
         #[command(flatten)]
+        train: TrainArgs,
+        #[command(flatten)]
         config: ConfigArgs,
     },
     /// Run the benchmark suites.
@@ -163,6 +165,41 @@ pub struct GpuArgs {
     /// Its compute capability, e.g. 8.6 (default: its profile's).
     #[arg(long, value_name = "X.Y")]
     pub compute_capability: Option<String>,
+}
+
+/// What `kiln train` trains, beyond the configuration keys.
+#[derive(Debug, Clone, Default, Args)]
+pub struct TrainArgs {
+    /// Reference model: transformer, mlp or convnet (= --set model.name=…).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// A dataset made by `kiln data prepare` (default: the model's synthetic dataset).
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Epochs to train (= --set train.epochs=…).
+    #[arg(long, value_name = "N")]
+    pub epochs: Option<String>,
+    /// fp32, fp16 or bf16 (= --set train.amp=none|fp16|bf16).
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+    /// Name of the run; its directory is runs/<name>-<timestamp> (= --set run.name=…).
+    #[arg(long, value_name = "NAME")]
+    pub run_name: Option<String>,
+}
+
+impl TrainArgs {
+    /// The friendly flags as (flag, key, value) for the command-line layer.
+    pub fn flags(&self) -> Vec<(String, String, String)> {
+        [
+            ("--model", "model.name", self.model.clone()),
+            ("--epochs", "train.epochs", self.epochs.clone()),
+            ("--precision", "train.amp", self.precision.clone()),
+            ("--run-name", "run.name", self.run_name.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, value)| value.map(|v| (flag.to_owned(), key.to_owned(), v)))
+        .collect()
+    }
 }
 
 /// The configuration sources of a run, and an optional machine to simulate.

@@ -8,8 +8,8 @@ use kiln_device::libtorch::libtorch_info;
 use kiln_device::{ComputeCapability, DeviceRequest};
 use kiln_profiles::ProfileSet;
 
-use crate::EXIT_NOT_BUILT;
-use crate::args::{ConfigArgs, Format, ProfilesAction};
+use crate::args::{ConfigArgs, Format, ProfilesAction, TrainArgs};
+use crate::progress::ProgressView;
 use crate::report;
 
 pub fn version() -> anyhow::Result<ExitCode> {
@@ -26,6 +26,14 @@ fn parse_cc(text: Option<&str>, flag: &str) -> anyhow::Result<Option<ComputeCapa
 
 /// Loads the configuration the arguments describe, on this machine or a simulated one.
 pub fn load(args: &ConfigArgs) -> anyhow::Result<Resolution> {
+    load_with_flags(args, args.flags())
+}
+
+/// Like [`load`], with these friendly flags as the command-line layer.
+fn load_with_flags(
+    args: &ConfigArgs,
+    flags: Vec<(String, String, String)>,
+) -> anyhow::Result<Resolution> {
     let machine = if args.simulating() {
         let profiles = ProfileSet::builtin()?;
         let cc = parse_cc(args.compute_capability.as_deref(), "--compute-capability")?;
@@ -44,7 +52,7 @@ pub fn load(args: &ConfigArgs) -> anyhow::Result<Resolution> {
     let mut req = ConfigRequest::new(machine);
     req.file = args.config.clone();
     req.sets = args.sets.clone();
-    req.flags = args.flags();
+    req.flags = flags;
     Ok(kiln_config::load(&req)?)
 }
 
@@ -128,25 +136,37 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn train(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
-    let r = load(args).context("cannot start the run")?;
-    tracing::info!(
-        "device {} ({}): {}",
-        r.selection.device,
-        r.plan.device_request,
-        r.selection.reason
-    );
-    for a in &r.profile.adjustments {
-        tracing::info!(
-            "profile {}: {} {} → {} ({})",
-            r.profile.profile.name,
-            a.key,
-            a.from,
-            a.to,
-            a.reason
+pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    if args.simulating() {
+        anyhow::bail!(
+            "kiln train runs on this machine; --simulate-gpu/--cpus only work with `kiln config` \
+             and `kiln doctor`"
         );
     }
-    tracing::info!("{}", report::start_line(&r));
+    let mut request_flags = args.flags();
+    request_flags.extend(train.flags());
+    let r = load_with_flags(args, request_flags).context("cannot start the run")?;
+    if let Some(dir) = &train.data
+        && !dir.join(kiln_data::MANIFEST_FILE).is_file()
+    {
+        anyhow::bail!(
+            "--data {}: not a prepared dataset (no {} there); make one with `kiln data prepare`",
+            dir.display(),
+            kiln_data::MANIFEST_FILE
+        );
+    }
+    eprintln!(
+        "device {} ({}): {}",
+        r.selection.device, r.plan.device_request, r.selection.reason
+    );
+    for a in &r.profile.adjustments {
+        eprintln!(
+            "profile {}: {} {} → {} ({})",
+            r.profile.profile.name, a.key, a.from, a.to, a.reason
+        );
+    }
+    eprintln!("{}", report::start_line(&r));
+    eprintln!("{}", report::train_line(&r));
     let applied = kiln_device::settings::apply(&r.plan.performance.backend, r.selection.device);
     for a in &applied {
         match &a.outcome {
@@ -161,9 +181,21 @@ pub fn train(args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    let mut view = ProgressView::new();
+    let outcome = kiln_train::run::train(
+        &r.plan,
+        r.selection.device,
+        train.data.as_deref(),
+        &mut view,
+        &mut |dir, data| {
+            eprintln!("data: {data}");
+            eprintln!("run directory: {}", dir.display());
+        },
+    )
+    .context("training failed")?;
     eprintln!(
-        "kiln train: training is not built yet (tracked as issue 5). The device, profile and \
-         configuration above are what a run would use; `kiln config --explain` shows why."
+        "wrote {}/{{config.json, metrics.jsonl, summary.json, curves.png}}",
+        outcome.run_dir.display()
     );
-    Ok(ExitCode::from(EXIT_NOT_BUILT))
+    Ok(ExitCode::SUCCESS)
 }

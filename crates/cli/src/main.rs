@@ -5,6 +5,7 @@ mod args;
 mod commands;
 mod data;
 mod logging;
+mod progress;
 mod report;
 
 use std::process::ExitCode;
@@ -42,7 +43,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config,
             format,
         } => commands::config(&config, explain, format),
-        Command::Train { config } => commands::train(&config),
+        Command::Train { train, config } => commands::train(&train, &config),
         Command::Bench => {
             eprintln!("kiln bench: benchmarking is not built yet (tracked as issue 8).");
             Ok(ExitCode::from(EXIT_NOT_BUILT))

@@ -47,6 +47,48 @@ fn basis(r: &Resolved) -> String {
 }
 
 /// The run's first log line: device, profile and the values that matter, with their sources.
+/// Where a value came from, in a few words, for the start lines.
+fn short_source(plan: &kiln_config::RunPlan, key: &str) -> String {
+    plan.source_of(key)
+        .map_or("?".to_owned(), |p| match p.layer {
+            Layer::Default => "default".to_owned(),
+            Layer::Profile => "profile".to_owned(),
+            Layer::File => "file".to_owned(),
+            Layer::Env => p
+                .source
+                .trim_start_matches("environment variable ")
+                .to_owned(),
+            Layer::CommandLine => p.source.trim_start_matches("command line ").to_owned(),
+        })
+}
+
+/// The training settings of a run with their sources, printed when training starts.
+pub fn train_line(r: &Resolution) -> String {
+    let plan = &r.plan;
+    let values: std::collections::BTreeMap<&str, String> = plan.entries().into_iter().collect();
+    [
+        "model.name",
+        "train.epochs",
+        "train.lr",
+        "train.optimizer",
+        "train.schedule",
+        "train.grad_accum_steps",
+        "train.clip_grad_norm",
+        "performance.intra_op_threads",
+    ]
+    .iter()
+    .map(|key| {
+        format!(
+            "{} {} [{}]",
+            key.split('.').nth(1).unwrap_or(key),
+            values.get(key).map_or("?", String::as_str),
+            short_source(plan, key)
+        )
+    })
+    .collect::<Vec<_>>()
+    .join(" · ")
+}
+
 pub fn start_line(r: &Resolution) -> String {
     let plan = &r.plan;
     let src = |key: &str| {

@@ -19,5 +19,6 @@ pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
     LossScalePlan, ModelKind, ModelPlan, OptimizerKind, Provenance, RunPlan, ScheduleKind,
+    TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};

@@ -57,3 +57,37 @@ pub fn empty_cache(device: Device) -> Result<(), DeviceError> {
         _ => Ok(()),
     }
 }
+
+/// This process's resident memory from `/proc/self/status`: (current RSS, peak RSS) in bytes.
+/// `None` where the kernel does not provide it (not Linux).
+pub fn process_rss() -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    parse_rss(&status)
+}
+
+fn parse_rss(status: &str) -> Option<(u64, u64)> {
+    let field = |name: &str| {
+        status.lines().find_map(|line| {
+            let rest = line.strip_prefix(name)?.trim();
+            let kib: u64 = rest.strip_suffix("kB")?.trim().parse().ok()?;
+            Some(kib * 1024)
+        })
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_comes_from_vmrss_and_vmhwm() {
+        let status = "Name:\tkiln\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!(parse_rss(status), Some((1024 * 1024, 2048 * 1024)));
+        assert_eq!(parse_rss("Name:\tkiln\n"), None);
+        if cfg!(target_os = "linux") {
+            let (rss, peak) = process_rss().unwrap();
+            assert!(rss > 0 && peak >= rss);
+        }
+    }
+}

@@ -123,4 +123,41 @@ char* kiln_dropout_mask(const at::Tensor* like, double p, uint64_t seed, uint64_
   KILN_CATCH
 }
 
+// Drops every parameter's gradient (optimizer.zero_grad(set_to_none=True)): the next backward
+// writes fresh gradients instead of adding into zeroed ones, which saves a memset per tensor.
+char* kiln_clear_grads(const at::Tensor* const* params, size_t n) {
+  KILN_TRY
+  for (size_t i = 0; i < n; ++i) {
+    at::Tensor p = *params[i];
+    p.mutable_grad().reset();
+  }
+  KILN_CATCH
+}
+
+// ---- memory format (channels-last for convolutions) ---------------------------------------
+
+// A channels-last copy of a 4-D tensor (the tensor itself when it already is).
+char* kiln_to_channels_last(const at::Tensor* t, at::Tensor** out) {
+  KILN_TRY
+  TORCH_CHECK(t->dim() == 4, "channels-last needs a 4-D tensor, got ", t->dim(), " dimensions");
+  *out = new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast));
+  KILN_CATCH
+}
+
+// Re-lays a 4-D parameter out channels-last in place (its identity and autograd state stay).
+char* kiln_param_to_channels_last(const at::Tensor* p) {
+  KILN_TRY
+  TORCH_CHECK(p->dim() == 4, "channels-last needs a 4-D tensor, got ", p->dim(), " dimensions");
+  at::NoGradGuard no_grad;
+  at::Tensor param = *p;
+  param.set_data(param.contiguous(at::MemoryFormat::ChannelsLast));
+  KILN_CATCH
+}
+
+char* kiln_is_channels_last(const at::Tensor* t, bool* out) {
+  KILN_TRY
+  *out = t->dim() == 4 && t->is_contiguous(at::MemoryFormat::ChannelsLast);
+  KILN_CATCH
+}
+
 }  // extern "C"

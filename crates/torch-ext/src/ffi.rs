@@ -79,6 +79,13 @@ unsafe extern "C" {
         max_norm: f64,
         total_norm: *mut *mut std::ffi::c_void,
     ) -> *mut c_char;
+    pub fn kiln_clear_grads(params: *const *const std::ffi::c_void, n: usize) -> *mut c_char;
+    pub fn kiln_to_channels_last(
+        t: *const std::ffi::c_void,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_param_to_channels_last(p: *const std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_is_channels_last(t: *const std::ffi::c_void, out: *mut bool) -> *mut c_char;
     pub fn kiln_dropout_mask(
         like: *const std::ffi::c_void,
         p: f64,

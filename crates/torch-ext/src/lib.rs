@@ -10,6 +10,7 @@ pub mod dropout;
 mod error;
 mod ffi;
 pub mod flags;
+pub mod layout;
 pub mod memory;
 pub mod optim;
 pub mod runtime;

@@ -407,3 +407,13 @@ pub fn clip_grad_norm(grads: &[tch::Tensor], max_norm: f64) -> Result<tch::Tenso
     // SAFETY: `out` came from `new at::Tensor`, which tch's Tensor owns and deletes.
     Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
 }
+
+/// Drops the gradients of `params` (`zero_grad(set_to_none=True)`): the next backward writes
+/// fresh ones instead of adding into zeroed tensors.
+pub fn clear_grads(params: &[tch::Tensor]) -> Result<()> {
+    let p = ptrs(params);
+    // SAFETY: live handles borrowed for the call.
+    ffi::check("clear grads", unsafe {
+        ffi::kiln_clear_grads(p.as_ptr(), p.len())
+    })
+}

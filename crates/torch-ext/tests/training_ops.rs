@@ -3,7 +3,7 @@
 
 use kiln_torch_ext::dropout::dropout_mask;
 use kiln_torch_ext::optim::{
-    SgdConfig, amp_unscale, amp_update_scale, clip_grad_norm, fused_sgd_step,
+    SgdConfig, amp_unscale, amp_update_scale, clear_grads, clip_grad_norm, fused_sgd_step,
 };
 use tch::{Kind, Tensor};
 
@@ -171,4 +171,15 @@ fn dropout_mask_drops_about_p_scales_the_rest_and_is_reproducible() {
     let m = dropout_mask(&x, 0.5, 7, 0).unwrap();
     (&x * &m).sum(Kind::Float).backward();
     assert_eq!(values(&x.grad()), values(&m));
+}
+
+#[test]
+fn clear_grads_drops_gradients_so_the_next_backward_starts_fresh() {
+    let x = Tensor::ones([3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    (&x * 2.0).sum(Kind::Float).backward();
+    assert_eq!(values(&x.grad()), [2.0, 2.0, 2.0]);
+    clear_grads(std::slice::from_ref(&x)).unwrap();
+    assert!(!x.grad().defined());
+    (&x * 3.0).sum(Kind::Float).backward();
+    assert_eq!(values(&x.grad()), [3.0, 3.0, 3.0]);
 }

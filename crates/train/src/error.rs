@@ -8,6 +8,16 @@ pub enum TrainError {
     Data(#[from] kiln_data::DataError),
     #[error(transparent)]
     Torch(#[from] kiln_torch_ext::Error),
+    #[error("libtorch: {0}")]
+    Tch(#[from] tch::TchError),
+    #[error(transparent)]
+    Device(#[from] kiln_device::DeviceError),
+    /// Reading or writing a run's files.
+    #[error("{path}: {message}")]
+    File {
+        path: std::path::PathBuf,
+        message: String,
+    },
     /// A plan value that does not fit where it goes.
     #[error("`{key}` = {value} is invalid: {expected}")]
     InvalidPlan {

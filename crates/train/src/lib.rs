@@ -3,11 +3,20 @@
 //! LR schedules, metrics, and crash-safe checkpoints with exact resume.
 //!
 //! Layering: uses `kiln-device`, `kiln-config`, `kiln-data` and `kiln-torch-ext`; knows nothing
-//! of inference or the CLI. So far it holds the data edge ([`feed`]): the loader settings a run
-//! plan implies, and the feeder that moves batches to the device one batch ahead of compute.
-//! The trainer arrives with issues 5 and 6.
+//! of inference or the CLI.
 
 mod error;
 pub mod feed;
+pub mod model;
+pub mod models;
+pub mod monitor;
+pub mod optim;
+pub mod plot;
+pub mod record;
+pub mod run;
+pub mod rundir;
+pub mod scaler;
+pub mod schedule;
+pub mod trainer;
 
 pub use error::TrainError;

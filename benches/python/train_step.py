@@ -1,0 +1,401 @@
+"""PyTorch's side of kiln's train-step benchmark.
+
+Times the training step an ML engineer writes in plain PyTorch eager mode on the CPU, for the
+same three reference models kiln implements in Rust (same parameter shapes, same op sequence):
+
+  mlp          [B, 64] -> Linear(64,256) -> ReLU -> Dropout -> Linear(256,256) -> ReLU -> Dropout
+               -> Linear(256,10)
+  transformer  a pre-norm "SignTransformer": [B, 64, 469] -> Linear(469,256) + learned positional
+               embedding [64,256] -> Dropout -> 4 x (x + Drop(OutProj(MHSA(LN1(x)))),
+               h + Drop(Linear2(GELU(Linear1(LN2(h)))))) -> LayerNorm -> mean over seq
+               -> Linear(256,100); attention: fused qkv Linear(d,3d), 8 heads,
+               F.scaled_dot_product_attention without mask or attention dropout
+  convnet      [B, 3, 32, 32] -> 3 x (Conv3x3 no bias -> BatchNorm2d -> ReLU), channels 32/64/128,
+               strides 1/2/2 -> adaptive avg pool 1x1 -> Linear(128,10)
+
+One step is: autocast forward (bf16 when --precision bf16), cross-entropy, zero_grad(set_to_none),
+backward, fused AdamW step (weight decay 0.01 on parameters with dim >= 2, 0 otherwise), and
+loss.item() as a training loop that logs would. One fixed random batch is made up front;
+--warmup steps run untimed, then each of --steps steps is timed with time.perf_counter.
+
+--gemm instead measures this machine's GEMM peak (fp32, or bf16 with --precision bf16) as the best
+GFLOP/s over a few large shapes.
+
+Prints one JSON line on stdout; human text goes to stderr.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+MODELS = ("mlp", "transformer", "convnet")
+DEFAULT_FEATURES = {"mlp": 64, "transformer": 469}
+DEFAULT_CLASSES = {"mlp": 10, "transformer": 100, "convnet": 10}
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+# --- models ---------------------------------------------------------------------------------
+
+class MLP(nn.Module):
+    def __init__(self, features, hidden, classes, dropout):
+        super().__init__()
+        layers = []
+        d = features
+        for h in hidden:
+            layers += [nn.Linear(d, h), nn.ReLU(), nn.Dropout(dropout)]
+            d = h
+        layers.append(nn.Linear(d, classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d_model, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q = q.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        k = k.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        v = v.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v)  # no mask, no attention dropout
+        a = a.transpose(1, 2).reshape(b, s, d)
+        return self.out_proj(a)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model, heads, ff, dropout):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
+        self.attn = SelfAttention(d_model, heads)
+        self.drop1 = nn.Dropout(dropout)
+        self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
+        self.linear1 = nn.Linear(d_model, ff)
+        self.gelu = nn.GELU()  # exact (erf)
+        self.linear2 = nn.Linear(ff, d_model)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x):
+        h = x + self.drop1(self.attn(self.ln1(x)))
+        return h + self.drop2(self.linear2(self.gelu(self.linear1(self.ln2(h)))))
+
+
+class SignTransformer(nn.Module):
+    def __init__(self, features, seq, d_model, heads, layers, ff, classes, dropout):
+        super().__init__()
+        self.embed = nn.Linear(features, d_model)
+        self.pos = nn.Parameter(torch.randn(seq, d_model) * 0.02)
+        self.drop = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            [EncoderLayer(d_model, heads, ff, dropout) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d_model, eps=1e-5)
+        self.head = nn.Linear(d_model, classes)
+
+    def forward(self, x):
+        x = self.drop(self.embed(x) + self.pos)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.ln(x).mean(dim=1))
+
+
+CONV_CHANNELS = (32, 64, 128)
+CONV_STRIDES = (1, 2, 2)
+
+
+class ConvNet(nn.Module):
+    def __init__(self, in_channels, classes):
+        super().__init__()
+        layers = []
+        c = in_channels
+        for out, stride in zip(CONV_CHANNELS, CONV_STRIDES):
+            layers += [nn.Conv2d(c, out, 3, stride=stride, padding=1, bias=False),
+                       nn.BatchNorm2d(out), nn.ReLU()]
+            c = out
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.pool(self.features(x)), 1))
+
+
+# --- forward FLOPs per sample (GEMM-like ops only: 2*m*k*n per matmul) ------------------------
+
+def mlp_flops(a):
+    dims = [a.features] + a.hidden + [a.classes]
+    return sum(2 * i * o for i, o in zip(dims, dims[1:]))
+
+
+def transformer_flops(a):
+    d, s = a.d_model, a.seq
+    per_token = 2 * (a.features * d + a.layers * (3 * d * d + d * d + 2 * d * a.ff))
+    attention = a.layers * 2 * (2 * s * s * d)  # QK^T and PV, summed over heads
+    head = 2 * d * a.classes  # once per sample, after the mean over seq
+    return per_token * s + attention + head
+
+
+def convnet_flops(a):
+    total = 0
+    c, h, w = a.in_channels, a.image_size, a.image_size
+    for out, stride in zip(CONV_CHANNELS, CONV_STRIDES):
+        h = (h + 2 - 3) // stride + 1
+        w = (w + 2 - 3) // stride + 1
+        total += 2 * out * h * w * c * 9
+        c = out
+    return total + 2 * c * a.classes
+
+
+def build(a):
+    """Returns (model, x, y, forward FLOPs per sample)."""
+    if a.model == "mlp":
+        model = MLP(a.features, a.hidden, a.classes, a.dropout)
+        x = torch.randn(a.batch, a.features)
+        flops = mlp_flops(a)
+    elif a.model == "transformer":
+        model = SignTransformer(a.features, a.seq, a.d_model, a.heads, a.layers, a.ff,
+                                a.classes, a.dropout)
+        x = torch.randn(a.batch, a.seq, a.features)
+        flops = transformer_flops(a)
+    else:
+        model = ConvNet(a.in_channels, a.classes)
+        x = torch.randn(a.batch, a.in_channels, a.image_size, a.image_size)
+        flops = convnet_flops(a)
+        if a.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, a.classes, (a.batch,))
+    return model, x, y, flops
+
+
+# --- benchmarks -------------------------------------------------------------------------------
+
+def train_bench(a):
+    torch.manual_seed(a.seed)
+    model, x, y, fwd_flops = build(a)
+    params = sum(p.numel() for p in model.parameters())
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [g for g in ({"params": decay, "weight_decay": 0.01},
+                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    opt = torch.optim.AdamW(groups, lr=1e-3, fused=True)
+    bf16 = a.precision == "bf16"
+    model.train()
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    log(f"{a.model} {a.precision}: {params} parameters, batch {a.batch}, "
+        f"{torch.get_num_threads()} threads; {a.warmup} warmup + {a.steps} timed steps")
+    losses = []
+    for _ in range(a.warmup):
+        losses.append(step())
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    if not all(math.isfinite(v) for v in losses):
+        raise SystemExit(f"error: non-finite loss during training: {losses}")
+    median = statistics.median(times)
+    flops_per_step = 3 * fwd_flops * a.batch
+    result = {
+        "framework": "pytorch-eager",
+        "torch_version": torch.__version__,
+        "python": sys.version.split()[0],
+        "device": "cpu",
+        "model": a.model,
+        "precision": a.precision,
+        "batch": a.batch,
+        "threads": torch.get_num_threads(),
+        "config": model_config(a),
+        "params": params,
+        "forward_flops_per_sample": fwd_flops,
+        "flops_per_step": flops_per_step,
+        "warmup": a.warmup,
+        "steps": a.steps,
+        "step_s_median": median,
+        "step_s_mean": statistics.fmean(times),
+        "step_s_min": min(times),
+        "step_s_max": max(times),
+        "samples_per_s": a.batch / median,
+        "gflops": flops_per_step / median / 1e9,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+    }
+    log(f"median {median * 1e3:.2f} ms/step, {result['samples_per_s']:.1f} samples/s, "
+        f"{result['gflops']:.1f} GFLOP/s")
+    return result
+
+
+def model_config(a):
+    if a.model == "mlp":
+        return {"features": a.features, "hidden": a.hidden, "classes": a.classes,
+                "dropout": a.dropout}
+    if a.model == "transformer":
+        return {"features": a.features, "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
+                "layers": a.layers, "ff": a.ff, "classes": a.classes, "dropout": a.dropout}
+    return {"in_channels": a.in_channels, "image_size": a.image_size, "classes": a.classes,
+            "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
+
+
+def gemm_bench(a):
+    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    torch.manual_seed(a.seed)
+    shapes = []
+    for m, k, n in a.gemm_shapes:
+        lhs = torch.randn(m, k).to(dtype)
+        rhs = torch.randn(k, n).to(dtype)
+        out = torch.empty(m, n, dtype=dtype)
+        for _ in range(a.gemm_warmup):
+            torch.mm(lhs, rhs, out=out)
+        times = []
+        for _ in range(a.gemm_iters):
+            t0 = time.perf_counter()
+            torch.mm(lhs, rhs, out=out)
+            times.append(time.perf_counter() - t0)
+        best = min(times)
+        gflops = 2 * m * k * n / best / 1e9
+        log(f"gemm {a.precision} {m}x{k}x{n}: best {best * 1e3:.2f} ms, {gflops:.1f} GFLOP/s")
+        shapes.append({"m": m, "k": k, "n": n, "s_min": best,
+                       "s_median": statistics.median(times), "gflops": gflops})
+    return {
+        "framework": "pytorch-eager",
+        "torch_version": torch.__version__,
+        "python": sys.version.split()[0],
+        "device": "cpu",
+        "mode": "gemm",
+        "precision": a.precision,
+        "threads": torch.get_num_threads(),
+        "warmup": a.gemm_warmup,
+        "iters": a.gemm_iters,
+        "gemm_gflops": max(s["gflops"] for s in shapes),
+        "shapes": shapes,
+    }
+
+
+# --- command line -----------------------------------------------------------------------------
+
+def int_list(text):
+    try:
+        vals = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers: {text!r}")
+    if not vals or any(v <= 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return vals
+
+
+def gemm_shape_list(text):
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        try:
+            dims = tuple(int(v) for v in parts)
+        except ValueError:
+            dims = ()
+        if len(dims) != 3 or any(v <= 0 for v in dims):
+            raise argparse.ArgumentTypeError(f"expected MxKxN[,MxKxN...], got {item!r}")
+        shapes.append(dims)
+    return shapes
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=MODELS, default="transformer")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads(N); default: leave torch's choice")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--features", type=int, default=None,
+                   help="input features (default: mlp 64, transformer 469)")
+    p.add_argument("--classes", type=int, default=None,
+                   help="output classes (default: mlp 10, transformer 100, convnet 10)")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--hidden", type=int_list, default=[256, 256],
+                   help="mlp hidden widths, comma-separated (default 256,256)")
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--ff", type=int, default=1024)
+    p.add_argument("--image-size", type=int, default=32)
+    p.add_argument("--in-channels", type=int, default=3)
+    p.add_argument("--channels-last", action="store_true",
+                   help="convnet: model and input in torch.channels_last")
+    p.add_argument("--gemm", action="store_true",
+                   help="measure GEMM peak (fp32, or bf16 with --precision bf16) instead")
+    p.add_argument("--gemm-shapes", type=gemm_shape_list,
+                   default=[(2048, 1024, 1024), (4096, 4096, 4096)],
+                   help="MxKxN,... (default 2048x1024x1024,4096x4096x4096)")
+    p.add_argument("--gemm-warmup", type=int, default=3)
+    p.add_argument("--gemm-iters", type=int, default=10)
+    a = p.parse_args(argv)
+
+    positive = ["batch", "steps", "seq", "d_model", "heads", "layers", "ff", "image_size",
+                "in_channels", "gemm_iters"]
+    for name in positive:
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    for name in ("warmup", "gemm_warmup"):
+        if getattr(a, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
+    if a.threads is not None and a.threads <= 0:
+        p.error(f"--threads must be positive, got {a.threads}")
+    if not 0.0 <= a.dropout < 1.0:
+        p.error(f"--dropout must be in [0, 1), got {a.dropout}")
+    if a.gemm:
+        return a
+    if a.features is None:
+        a.features = DEFAULT_FEATURES.get(a.model)
+    elif a.model == "convnet":
+        p.error("--features does not apply to convnet (use --in-channels / --image-size)")
+    elif a.features <= 0:
+        p.error(f"--features must be positive, got {a.features}")
+    if a.classes is None:
+        a.classes = DEFAULT_CLASSES[a.model]
+    elif a.classes <= 0:
+        p.error(f"--classes must be positive, got {a.classes}")
+    if a.model == "transformer" and a.d_model % a.heads != 0:
+        p.error(f"--d-model ({a.d_model}) must be divisible by --heads ({a.heads})")
+    if a.channels_last and a.model != "convnet":
+        p.error("--channels-last only applies to --model convnet")
+    return a
+
+
+def main():
+    a = parse_args()
+    if a.threads is not None:
+        torch.set_num_threads(a.threads)
+    result = gemm_bench(a) if a.gemm else train_bench(a)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

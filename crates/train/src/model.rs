@@ -1,0 +1,82 @@
+//! The small trait the trainer drives (forward, loss, metrics), an adapter for any tch module,
+//! and the dropout the reference models share.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::TrainError;
+
+/// What the trainer needs from a model. Parameters live in the `nn::VarStore` the model was
+/// built from; the trainer gets that store separately.
+pub trait Model {
+    /// The model's output for a batch of features (logits `[batch, classes]` for a classifier).
+    /// `train` switches dropout and batch-norm statistics on.
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError>;
+
+    /// The loss to minimise, a scalar. Default: mean cross-entropy over integer labels.
+    fn loss(&self, output: &Tensor, labels: &Tensor) -> Result<Tensor, TrainError> {
+        Ok(output
+            .f_to_kind(Kind::Float)?
+            .f_cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)?)
+    }
+
+    /// How many samples of the batch the output gets right, as a scalar tensor on the output's
+    /// device (no host synchronisation). Default: arg-max equals the label.
+    fn correct(&self, output: &Tensor, labels: &Tensor) -> Result<Tensor, TrainError> {
+        Ok(output
+            .f_argmax(-1, false)?
+            .f_eq_tensor(labels)?
+            .f_sum(Kind::Float)?)
+    }
+}
+
+/// Any tch module as a classifier: cross-entropy loss and accuracy.
+#[derive(Debug)]
+pub struct Classifier<M>(pub M);
+
+impl<M: nn::ModuleT> Model for Classifier<M> {
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        Ok(self.0.forward_t(features, train))
+    }
+}
+
+/// Dropout with a fast, reproducible mask: on the CPU the mask comes from kiln's native
+/// counter-based kernel (libtorch's CPU `bernoulli_` is slow), on CUDA from libtorch's fused
+/// dropout. Masks depend on `(seed, call count)` only.
+#[derive(Debug)]
+pub struct Dropout {
+    p: f64,
+    seed: u64,
+    offset: AtomicU64,
+}
+
+impl Dropout {
+    pub fn new(p: f64, seed: u64) -> Self {
+        Self {
+            p,
+            seed,
+            offset: AtomicU64::new(0),
+        }
+    }
+
+    pub fn p(&self) -> f64 {
+        self.p
+    }
+
+    /// `xs` with elements zeroed with probability `p` and the rest scaled by `1/(1-p)` when
+    /// training; `xs` itself otherwise.
+    pub fn apply(&self, xs: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        if !train || self.p == 0.0 {
+            return Ok(xs.shallow_clone());
+        }
+        if xs.device() == Device::Cpu {
+            let numel = xs.numel() as u64;
+            let offset = self.offset.fetch_add(numel, Ordering::Relaxed);
+            let mask = kiln_torch_ext::dropout::dropout_mask(xs, self.p, self.seed, offset)?;
+            Ok(xs.f_mul(&mask)?)
+        } else {
+            Ok(xs.f_native_dropout(self.p, true)?.0)
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! The reference models kiln is tuned and benchmarked on: an MLP for tabular data, a
+//! transformer encoder classifier shaped like a sign-language SignTransformer (sequence 64 × 469
+//! features), and a small conv net with a channels-last option. `benches/python/train_step.py`
+//! defines the same models in PyTorch for the side-by-side benchmark.
+
+use kiln_config::{ModelKind, ModelPlan};
+use tch::{Kind, Tensor, nn};
+
+use crate::TrainError;
+use crate::model::{Dropout, Model};
+
+/// What the data looks like: the shape of one sample and the number of classes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputSpec {
+    pub sample_shape: Vec<usize>,
+    pub classes: usize,
+}
+
+fn invalid(key: &'static str, value: String, expected: String) -> TrainError {
+    TrainError::InvalidPlan {
+        key,
+        value,
+        expected,
+    }
+}
+
+fn dim(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Builds the plan's model under `vs`'s root for data of `input`'s shape. `seed` seeds dropout.
+pub fn build(
+    plan: &ModelPlan,
+    input: &InputSpec,
+    vs: &nn::VarStore,
+    channels_last: bool,
+    seed: u64,
+) -> Result<Box<dyn Model>, TrainError> {
+    let shape = &input.sample_shape;
+    let classes = input.classes as i64;
+    if input.classes < 2 {
+        return Err(invalid(
+            "model.name",
+            plan.kind.to_string(),
+            format!("needs at least 2 classes, the data has {}", input.classes),
+        ));
+    }
+    let wrong_shape = |expected: &str| {
+        invalid(
+            "model.name",
+            plan.kind.to_string(),
+            format!("expects samples of shape {expected}, the data's are {shape:?}"),
+        )
+    };
+    let root = vs.root();
+    Ok(match plan.kind {
+        ModelKind::Mlp => {
+            let features = shape.iter().product::<usize>() as i64;
+            Box::new(Mlp::new(
+                &root,
+                features,
+                &plan.hidden,
+                classes,
+                plan.dropout,
+                seed,
+            ))
+        }
+        ModelKind::Transformer => {
+            let [seq_len, features] = shape[..] else {
+                return Err(wrong_shape("[sequence, features]"));
+            };
+            Box::new(Transformer::new(
+                &root,
+                &TransformerShape {
+                    seq_len: seq_len as i64,
+                    features: features as i64,
+                    d_model: dim(plan.d_model),
+                    heads: dim(plan.heads),
+                    layers: dim(plan.layers),
+                    ff: dim(plan.ff),
+                    classes,
+                },
+                plan.dropout,
+                seed,
+            ))
+        }
+        ModelKind::ConvNet => {
+            let [channels, _, _] = shape[..] else {
+                return Err(wrong_shape("[channels, height, width]"));
+            };
+            Box::new(ConvNet::new(
+                &root,
+                channels as i64,
+                &plan.channels,
+                classes,
+                channels_last,
+            )?)
+        }
+    })
+}
+
+/// The number of trainable parameters in `vs`.
+pub fn parameter_count(vs: &nn::VarStore) -> usize {
+    vs.trainable_variables().iter().map(|t| t.numel()).sum()
+}
+
+/// Multi-layer perceptron: Linear → ReLU → Dropout per hidden width, then a Linear head.
+#[derive(Debug)]
+pub struct Mlp {
+    hidden: Vec<nn::Linear>,
+    dropout: Vec<Dropout>,
+    head: nn::Linear,
+}
+
+impl Mlp {
+    pub fn new(
+        vs: &nn::Path<'_>,
+        features: i64,
+        hidden: &[u64],
+        classes: i64,
+        dropout: f64,
+        seed: u64,
+    ) -> Self {
+        let mut layers = vec![];
+        let mut width = features;
+        for (i, &h) in hidden.iter().enumerate() {
+            layers.push(nn::linear(
+                vs / format!("fc{i}"),
+                width,
+                dim(h),
+                Default::default(),
+            ));
+            width = dim(h);
+        }
+        Self {
+            dropout: (0..hidden.len() as u64)
+                .map(|i| Dropout::new(dropout, seed.wrapping_add(i)))
+                .collect(),
+            hidden: layers,
+            head: nn::linear(vs / "head", width, classes, Default::default()),
+        }
+    }
+}
+
+impl Model for Mlp {
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let mut x = features.f_flatten(1, -1)?;
+        for (layer, dropout) in self.hidden.iter().zip(&self.dropout) {
+            x = dropout.apply(&x.f_linear(&layer.ws, layer.bs.as_ref())?.f_relu()?, train)?;
+        }
+        Ok(x.f_linear(&self.head.ws, self.head.bs.as_ref())?)
+    }
+}
+
+/// The transformer's dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransformerShape {
+    pub seq_len: i64,
+    pub features: i64,
+    pub d_model: i64,
+    pub heads: i64,
+    pub layers: i64,
+    pub ff: i64,
+    pub classes: i64,
+}
+
+impl TransformerShape {
+    /// Matrix-multiply FLOPs of one forward pass for one sample: every linear layer and the
+    /// two attention products (the work a train step does about 3× of).
+    pub fn forward_flops_per_sample(&self) -> u64 {
+        let (s, f, d, ff, c) = (
+            self.seq_len as u64,
+            self.features as u64,
+            self.d_model as u64,
+            self.ff as u64,
+            self.classes as u64,
+        );
+        let per_layer = 2 * s * (3 * d * d + d * d + 2 * d * ff) + 2 * 2 * s * s * d;
+        2 * s * f * d + self.layers as u64 * per_layer + 2 * d * c
+    }
+}
+
+#[derive(Debug)]
+struct EncoderLayer {
+    norm1: nn::LayerNorm,
+    qkv: nn::Linear,
+    out: nn::Linear,
+    drop1: Dropout,
+    norm2: nn::LayerNorm,
+    ff1: nn::Linear,
+    ff2: nn::Linear,
+    drop2: Dropout,
+    heads: i64,
+}
+
+fn linear(x: &Tensor, l: &nn::Linear) -> Result<Tensor, TrainError> {
+    Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
+}
+
+fn layer_norm(x: &Tensor, n: &nn::LayerNorm) -> Result<Tensor, TrainError> {
+    Ok(x.f_layer_norm(
+        [x.size()[x.dim() - 1]],
+        n.ws.as_ref(),
+        n.bs.as_ref(),
+        1e-5,
+        true,
+    )?)
+}
+
+impl EncoderLayer {
+    fn new(vs: &nn::Path<'_>, d: i64, heads: i64, ff: i64, dropout: f64, seed: u64) -> Self {
+        Self {
+            norm1: nn::layer_norm(vs / "norm1", vec![d], Default::default()),
+            qkv: nn::linear(vs / "qkv", d, 3 * d, Default::default()),
+            out: nn::linear(vs / "out", d, d, Default::default()),
+            drop1: Dropout::new(dropout, seed),
+            norm2: nn::layer_norm(vs / "norm2", vec![d], Default::default()),
+            ff1: nn::linear(vs / "ff1", d, ff, Default::default()),
+            ff2: nn::linear(vs / "ff2", ff, d, Default::default()),
+            drop2: Dropout::new(dropout, seed.wrapping_add(1)),
+            heads,
+        }
+    }
+
+    /// Pre-norm: `x + drop(attn(ln1(x)))`, then `h + drop(ff2(gelu(ff1(ln2(h)))))`.
+    fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let size = x.size();
+        let (b, s, d) = (size[0], size[1], size[2]);
+        let dh = d / self.heads;
+        let qkv = linear(&layer_norm(x, &self.norm1)?, &self.qkv)?;
+        let heads = |i: i64| -> Result<Tensor, TrainError> {
+            Ok(qkv
+                .f_narrow(-1, i * d, d)?
+                .f_view([b, s, self.heads, dh])?
+                .f_transpose(1, 2)?)
+        };
+        let attended = Tensor::f_scaled_dot_product_attention::<Tensor>(
+            &heads(0)?,
+            &heads(1)?,
+            &heads(2)?,
+            None,
+            0.0,
+            false,
+            None,
+            false,
+        )?
+        .f_transpose(1, 2)?
+        .f_reshape([b, s, d])?;
+        let h = x.f_add(&self.drop1.apply(&linear(&attended, &self.out)?, train)?)?;
+        let inner = linear(&layer_norm(&h, &self.norm2)?, &self.ff1)?.f_gelu("none")?;
+        Ok(h.f_add(&self.drop2.apply(&linear(&inner, &self.ff2)?, train)?)?)
+    }
+}
+
+/// Transformer encoder classifier: features → d_model, learned positions, pre-norm encoder
+/// layers (fused QKV, scaled-dot-product attention, GELU feed-forward), final norm, mean over
+/// the sequence, linear head.
+#[derive(Debug)]
+pub struct Transformer {
+    shape: TransformerShape,
+    embed: nn::Linear,
+    positions: Tensor,
+    drop: Dropout,
+    layers: Vec<EncoderLayer>,
+    norm: nn::LayerNorm,
+    head: nn::Linear,
+}
+
+impl Transformer {
+    pub fn new(vs: &nn::Path<'_>, shape: &TransformerShape, dropout: f64, seed: u64) -> Self {
+        let d = shape.d_model;
+        Self {
+            shape: *shape,
+            embed: nn::linear(vs / "embed", shape.features, d, Default::default()),
+            positions: vs.var(
+                "positions",
+                &[shape.seq_len, d],
+                nn::Init::Randn {
+                    mean: 0.0,
+                    stdev: 0.02,
+                },
+            ),
+            drop: Dropout::new(dropout, seed),
+            layers: (0..shape.layers)
+                .map(|i| {
+                    EncoderLayer::new(
+                        &(vs / format!("layer{i}")),
+                        d,
+                        shape.heads,
+                        shape.ff,
+                        dropout,
+                        seed.wrapping_add(2 + 2 * i as u64),
+                    )
+                })
+                .collect(),
+            norm: nn::layer_norm(vs / "norm", vec![d], Default::default()),
+            head: nn::linear(vs / "head", d, shape.classes, Default::default()),
+        }
+    }
+
+    pub fn shape(&self) -> &TransformerShape {
+        &self.shape
+    }
+}
+
+impl Model for Transformer {
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let x = linear(features, &self.embed)?.f_add(&self.positions)?;
+        let mut x = self.drop.apply(&x, train)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, train)?;
+        }
+        let pooled = layer_norm(&x, &self.norm)?.f_mean_dim(1, false, None::<Kind>)?;
+        linear(&pooled, &self.head)
+    }
+}
+
+/// Small conv net: 3×3 conv → batch norm → ReLU per stage (stride 1, then 2), global average
+/// pool, linear head. With `channels_last`, weights and inputs are laid out NHWC.
+#[derive(Debug)]
+pub struct ConvNet {
+    stages: Vec<(nn::Conv2D, nn::BatchNorm, i64)>,
+    head: nn::Linear,
+    channels_last: bool,
+}
+
+impl ConvNet {
+    pub fn new(
+        vs: &nn::Path<'_>,
+        in_channels: i64,
+        channels: &[u64],
+        classes: i64,
+        channels_last: bool,
+    ) -> Result<Self, TrainError> {
+        let mut stages = vec![];
+        let mut width = in_channels;
+        for (i, &c) in channels.iter().enumerate() {
+            let conv = nn::conv2d(
+                vs / format!("conv{i}"),
+                width,
+                dim(c),
+                3,
+                nn::ConvConfig {
+                    stride: if i == 0 { 1 } else { 2 },
+                    padding: 1,
+                    bias: false,
+                    ..Default::default()
+                },
+            );
+            if channels_last {
+                kiln_torch_ext::layout::param_to_channels_last(&conv.ws)?;
+            }
+            let bn = nn::batch_norm2d(vs / format!("bn{i}"), dim(c), Default::default());
+            stages.push((conv, bn, if i == 0 { 1 } else { 2 }));
+            width = dim(c);
+        }
+        Ok(Self {
+            stages,
+            head: nn::linear(vs / "head", width, classes, Default::default()),
+            channels_last,
+        })
+    }
+}
+
+impl Model for ConvNet {
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let mut x = if self.channels_last {
+            kiln_torch_ext::layout::to_channels_last(features)?
+        } else {
+            features.shallow_clone()
+        };
+        for (conv, bn, stride) in &self.stages {
+            let y = x.f_conv2d(&conv.ws, conv.bs.as_ref(), [*stride; 2], [1, 1], [1, 1], 1)?;
+            x = y
+                .f_batch_norm(
+                    bn.ws.as_ref(),
+                    bn.bs.as_ref(),
+                    Some(&bn.running_mean),
+                    Some(&bn.running_var),
+                    train,
+                    0.1,
+                    1e-5,
+                    false,
+                )?
+                .f_relu()?;
+        }
+        let pooled = x.f_mean_dim(&[-2i64, -1][..], false, None::<Kind>)?;
+        linear(&pooled, &self.head)
+    }
+}

@@ -1,0 +1,264 @@
+//! Optimizers over the native fused kernels with their state held here, on the Rust side, so it
+//! can be checkpointed: AdamW (decoupled weight decay, biases and norms excluded) and SGD with
+//! momentum.
+
+use kiln_torch_ext::optim::{
+    AdamWConfig, AdamWTensors, SgdConfig, clear_grads, fused_adamw_step, fused_sgd_step,
+};
+use tch::{Kind, Tensor, nn};
+
+use crate::TrainError;
+
+/// Parameters that share a weight decay.
+#[derive(Debug)]
+pub struct ParamGroup {
+    pub names: Vec<String>,
+    pub params: Vec<Tensor>,
+    pub weight_decay: f64,
+}
+
+/// Whether a parameter should be decayed: weights (2-D and up) yes; biases, norm scales and
+/// other vectors no, as is usual for AdamW.
+pub fn decays(name: &str, param: &Tensor) -> bool {
+    let last = name.rsplit('.').next().unwrap_or(name);
+    param.dim() >= 2 && last != "bias" && !name.contains("norm") && !name.contains("bn")
+}
+
+/// The trainable parameters of `vs`, sorted by name, in two groups: decayed with
+/// `weight_decay`, and excluded (biases, norms) with none. Empty groups are left out.
+pub fn param_groups(vs: &nn::VarStore, weight_decay: f64) -> Vec<ParamGroup> {
+    let mut variables: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter(|(_, t)| t.requires_grad())
+        .collect();
+    variables.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut decay = ParamGroup {
+        names: vec![],
+        params: vec![],
+        weight_decay,
+    };
+    let mut no_decay = ParamGroup {
+        names: vec![],
+        params: vec![],
+        weight_decay: 0.0,
+    };
+    for (name, t) in variables {
+        let group = if decays(&name, &t) {
+            &mut decay
+        } else {
+            &mut no_decay
+        };
+        group.names.push(name);
+        group.params.push(t);
+    }
+    [decay, no_decay]
+        .into_iter()
+        .filter(|g| !g.params.is_empty())
+        .collect()
+}
+
+/// Per-parameter state, in the order of its group's parameters.
+#[derive(Debug)]
+struct GroupState {
+    exp_avgs: Vec<Tensor>,
+    exp_avg_sqs: Vec<Tensor>,
+    steps: Vec<Tensor>,
+    momentum: Vec<Tensor>,
+    first_step: bool,
+}
+
+fn zeros_like(params: &[Tensor]) -> Result<Vec<Tensor>, TrainError> {
+    params
+        .iter()
+        .map(|p| Ok(p.f_zeros_like()?))
+        .collect::<Result<_, TrainError>>()
+}
+
+/// Which update rule, with its hyper-parameters (the learning rate comes per step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rule {
+    AdamW(AdamWConfig),
+    Sgd(SgdConfig),
+}
+
+/// An optimizer over parameter groups, stepping each group with one fused kernel call.
+#[derive(Debug)]
+pub struct Optimizer {
+    rule: Rule,
+    groups: Vec<ParamGroup>,
+    state: Vec<GroupState>,
+    lr: f64,
+}
+
+impl Optimizer {
+    /// An optimizer for `groups`; the rule's `weight_decay` is ignored in favour of each
+    /// group's.
+    pub fn new(rule: Rule, groups: Vec<ParamGroup>) -> Result<Self, TrainError> {
+        let lr = match rule {
+            Rule::AdamW(c) => {
+                c.validate()?;
+                c.lr
+            }
+            Rule::Sgd(c) => c.lr,
+        };
+        let state = groups
+            .iter()
+            .map(|g| {
+                let adam = matches!(rule, Rule::AdamW(_));
+                let sgd_momentum = matches!(rule, Rule::Sgd(c) if c.momentum > 0.0);
+                Ok(GroupState {
+                    exp_avgs: if adam { zeros_like(&g.params)? } else { vec![] },
+                    exp_avg_sqs: if adam { zeros_like(&g.params)? } else { vec![] },
+                    steps: if adam {
+                        g.params
+                            .iter()
+                            .map(|p| Ok(Tensor::f_zeros([], (Kind::Float, p.device()))?))
+                            .collect::<Result<_, TrainError>>()?
+                    } else {
+                        vec![]
+                    },
+                    momentum: if sgd_momentum {
+                        zeros_like(&g.params)?
+                    } else {
+                        vec![]
+                    },
+                    first_step: true,
+                })
+            })
+            .collect::<Result<_, TrainError>>()?;
+        Ok(Self {
+            rule,
+            groups,
+            state,
+            lr,
+        })
+    }
+
+    pub fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    pub fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    pub fn groups(&self) -> &[ParamGroup] {
+        &self.groups
+    }
+
+    /// Every parameter's gradient that backward produced (parameters it did not reach are
+    /// left out).
+    pub fn grads(&self) -> Vec<Tensor> {
+        self.groups
+            .iter()
+            .flat_map(|g| g.params.iter().map(Tensor::grad))
+            .filter(Tensor::defined)
+            .collect()
+    }
+
+    /// Drops all gradients (`zero_grad(set_to_none=True)`).
+    pub fn zero_grad(&self) -> Result<(), TrainError> {
+        for g in &self.groups {
+            clear_grads(&g.params)?;
+        }
+        Ok(())
+    }
+
+    /// One update of every parameter that has a gradient. `grad_scale` divides the gradients
+    /// inside the kernel (a loss scaler's scale when they were not unscaled yet); a non-zero
+    /// `found_inf` skips the update, step counts included.
+    pub fn step(
+        &mut self,
+        grad_scale: Option<&Tensor>,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TrainError> {
+        for (group, state) in self.groups.iter().zip(&mut self.state) {
+            let with_grad: Vec<usize> = (0..group.params.len())
+                .filter(|&i| group.params[i].grad().defined())
+                .collect();
+            if with_grad.is_empty() {
+                continue;
+            }
+            let pick = |list: &[Tensor]| -> Vec<Tensor> {
+                with_grad.iter().map(|&i| list[i].shallow_clone()).collect()
+            };
+            let params = pick(&group.params);
+            let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            match self.rule {
+                Rule::AdamW(config) => {
+                    let steps = pick(&state.steps);
+                    for s in &steps {
+                        let _ = s.shallow_clone().f_add_scalar_(1.0)?;
+                    }
+                    fused_adamw_step(
+                        AdamWTensors {
+                            params: &params,
+                            grads: &grads,
+                            exp_avgs: &pick(&state.exp_avgs),
+                            exp_avg_sqs: &pick(&state.exp_avg_sqs),
+                            max_exp_avg_sqs: &[],
+                            state_steps: &steps,
+                        },
+                        &AdamWConfig {
+                            lr: self.lr,
+                            weight_decay: group.weight_decay,
+                            ..config
+                        },
+                        grad_scale,
+                        found_inf,
+                    )?;
+                    if let Some(inf) = found_inf {
+                        // A skipped step does not count (as in torch.optim.AdamW).
+                        for s in &steps {
+                            let _ = s.shallow_clone().f_sub_(&inf.f_view([])?)?;
+                        }
+                    }
+                }
+                Rule::Sgd(config) => {
+                    let momentum = if state.momentum.is_empty() {
+                        vec![]
+                    } else {
+                        pick(&state.momentum)
+                    };
+                    fused_sgd_step(
+                        &params,
+                        &grads,
+                        &momentum,
+                        &SgdConfig {
+                            lr: self.lr,
+                            weight_decay: group.weight_decay,
+                            ..config
+                        },
+                        state.first_step,
+                        grad_scale,
+                        found_inf,
+                    )?;
+                    state.first_step = false;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The optimizer's state tensors by parameter name (`<name>.exp_avg`, `.exp_avg_sq`,
+    /// `.step`, `.momentum`), for checkpoints.
+    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out = vec![];
+        for (group, state) in self.groups.iter().zip(&self.state) {
+            for (i, name) in group.names.iter().enumerate() {
+                for (suffix, list) in [
+                    ("exp_avg", &state.exp_avgs),
+                    ("exp_avg_sq", &state.exp_avg_sqs),
+                    ("step", &state.steps),
+                    ("momentum", &state.momentum),
+                ] {
+                    if let Some(t) = list.get(i) {
+                        out.push((format!("{name}.{suffix}"), t.shallow_clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+}

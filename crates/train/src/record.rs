@@ -1,0 +1,152 @@
+//! What a run reports as it goes (start, per-step progress, logged steps, epochs, the summary),
+//! and the [`Observer`] trait through which progress bars and run directories receive it.
+
+use serde::Serialize;
+
+use crate::TrainError;
+use crate::monitor::MemorySample;
+
+/// Facts fixed at the start of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunStart {
+    pub model: String,
+    pub parameters: usize,
+    pub device: String,
+    /// fp32, fp16 or bf16.
+    pub precision: String,
+    pub optimizer: String,
+    pub batch_size: u64,
+    pub grad_accum_steps: u64,
+    pub epochs: u64,
+    pub steps_per_epoch: u64,
+    pub total_steps: u64,
+    pub train_samples: usize,
+    pub val_samples: usize,
+    /// Where batches come from (CPU zero-copy, pinned side-stream copies, …).
+    pub feed: String,
+}
+
+/// Cheap per-step progress (no host synchronisation).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Progress {
+    pub epoch: u64,
+    /// Optimizer steps done in the whole run.
+    pub step: u64,
+    pub total_steps: u64,
+}
+
+/// One logged interval of steps.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepRecord {
+    pub kind: &'static str,
+    pub epoch: u64,
+    pub step: u64,
+    /// Fractional epoch at the end of the interval (for plots).
+    pub epoch_progress: f64,
+    /// Mean training loss over the interval.
+    pub loss: f64,
+    pub accuracy: f64,
+    pub lr: f64,
+    /// The loss scale (fp16 only).
+    pub loss_scale: Option<f64>,
+    /// Global gradient norm of the last step, before clipping (when clipping is on).
+    pub grad_norm: Option<f64>,
+    pub step_time_s: f64,
+    pub samples_per_s: f64,
+    pub data_wait_share: f64,
+    /// Steps skipped so far because fp16 gradients overflowed.
+    pub skipped_steps: u64,
+    pub memory: MemorySample,
+}
+
+/// One finished epoch.
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochRecord {
+    pub kind: &'static str,
+    pub epoch: u64,
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    pub val_loss: Option<f64>,
+    pub val_accuracy: Option<f64>,
+    pub seconds: f64,
+    pub samples_per_s: f64,
+    pub data_wait_share: f64,
+    pub memory: MemorySample,
+}
+
+/// The whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub model: String,
+    pub parameters: usize,
+    pub device: String,
+    pub precision: String,
+    pub epochs: u64,
+    pub steps: u64,
+    pub samples: u64,
+    pub seconds: f64,
+    pub mean_step_time_s: f64,
+    pub samples_per_s: f64,
+    pub data_wait_share: f64,
+    pub skipped_steps: u64,
+    pub final_train_loss: f64,
+    pub final_val_loss: Option<f64>,
+    pub final_val_accuracy: Option<f64>,
+    pub best_val_accuracy: Option<f64>,
+    /// Accuracy a model guessing uniformly would get.
+    pub chance_accuracy: f64,
+    pub memory: MemorySample,
+}
+
+/// Receives a run's reports. Every method has a do-nothing default; an error stops the run.
+pub trait Observer {
+    fn on_start(&mut self, _start: &RunStart) -> Result<(), TrainError> {
+        Ok(())
+    }
+    fn on_step(&mut self, _progress: &Progress) -> Result<(), TrainError> {
+        Ok(())
+    }
+    fn on_log(&mut self, _record: &StepRecord) -> Result<(), TrainError> {
+        Ok(())
+    }
+    fn on_epoch(&mut self, _record: &EpochRecord) -> Result<(), TrainError> {
+        Ok(())
+    }
+    fn on_finish(&mut self, _summary: &Summary) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// An observer that ignores everything.
+#[derive(Debug, Default)]
+pub struct Silent;
+
+impl Observer for Silent {}
+
+/// Several observers, called in order.
+#[derive(Default)]
+pub struct Observers<'a>(pub Vec<&'a mut dyn Observer>);
+
+impl std::fmt::Debug for Observers<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Observers({})", self.0.len())
+    }
+}
+
+impl Observer for Observers<'_> {
+    fn on_start(&mut self, start: &RunStart) -> Result<(), TrainError> {
+        self.0.iter_mut().try_for_each(|o| o.on_start(start))
+    }
+    fn on_step(&mut self, progress: &Progress) -> Result<(), TrainError> {
+        self.0.iter_mut().try_for_each(|o| o.on_step(progress))
+    }
+    fn on_log(&mut self, record: &StepRecord) -> Result<(), TrainError> {
+        self.0.iter_mut().try_for_each(|o| o.on_log(record))
+    }
+    fn on_epoch(&mut self, record: &EpochRecord) -> Result<(), TrainError> {
+        self.0.iter_mut().try_for_each(|o| o.on_epoch(record))
+    }
+    fn on_finish(&mut self, summary: &Summary) -> Result<(), TrainError> {
+        self.0.iter_mut().try_for_each(|o| o.on_finish(summary))
+    }
+}

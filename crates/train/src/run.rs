@@ -1,0 +1,151 @@
+//! A whole training run from a resolved plan: the dataset (a prepared one, or the model's
+//! built-in synthetic one), the train/validation split, the model, the trainer, and the run
+//! directory that records it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_config::{ModelKind, RunPlan};
+use kiln_data::{
+    Dataset, SamplerConfig, ShardedDataset, Subset, SyntheticClassification, SyntheticImages,
+    SyntheticSequences,
+};
+use tch::nn;
+
+use crate::TrainError;
+use crate::feed::{loader_config, tch_device};
+use crate::models::{InputSpec, build};
+use crate::record::{Observer, Observers, Summary};
+use crate::rundir::RunDir;
+use crate::trainer::{FitData, TrainSettings, Trainer};
+
+/// The synthetic dataset each reference model trains on by default: (sample shape, classes).
+pub fn synthetic_shape(kind: ModelKind) -> (Vec<usize>, usize) {
+    match kind {
+        ModelKind::Transformer => (vec![64, 469], 100),
+        ModelKind::Mlp => (vec![64], 10),
+        ModelKind::ConvNet => (vec![3, 32, 32], 10),
+    }
+}
+
+/// The built-in synthetic dataset for `kind`, `samples` long.
+pub fn synthetic_dataset(
+    kind: ModelKind,
+    samples: usize,
+    seed: u64,
+) -> Result<Box<dyn Dataset>, TrainError> {
+    let (shape, classes) = synthetic_shape(kind);
+    Ok(match kind {
+        ModelKind::Transformer => Box::new(SyntheticSequences::new(
+            samples, shape[0], shape[1], classes, seed,
+        )?),
+        ModelKind::Mlp => Box::new(SyntheticClassification::new(
+            samples, shape, classes, seed, 3.0,
+        )?),
+        ModelKind::ConvNet => Box::new(SyntheticImages::new(
+            samples, shape[0], shape[1], classes, seed,
+        )?),
+    })
+}
+
+/// What a finished run leaves behind.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub summary: Summary,
+    /// `runs/<name>-<timestamp>/`.
+    pub run_dir: PathBuf,
+    /// Where the data came from, for reports.
+    pub data: String,
+}
+
+/// Trains `plan.model` on `device` over `data_dir` (a prepared dataset) or the model's synthetic
+/// dataset, recording into a new run directory under `plan.run.output_dir`, and reporting to
+/// `observer` as it goes. `on_ready` is told the run directory and data before training starts.
+pub fn train(
+    plan: &RunPlan,
+    device: kiln_device::Device,
+    data_dir: Option<&Path>,
+    observer: &mut dyn Observer,
+    on_ready: &mut dyn FnMut(&Path, &str),
+) -> Result<RunOutcome, TrainError> {
+    let seed = plan.performance.backend.seed;
+    let (dataset, data): (Box<dyn Dataset>, String) = match data_dir {
+        Some(dir) => {
+            let d = ShardedDataset::open(dir)?;
+            let text = format!(
+                "{} ({} samples of {:?})",
+                dir.display(),
+                d.len(),
+                d.sample_shape()
+            );
+            (Box::new(d), text)
+        }
+        None => {
+            let samples = usize::try_from(plan.data.synthetic_samples).unwrap_or(usize::MAX);
+            let d = synthetic_dataset(plan.model.kind, samples, seed)?;
+            let text = format!(
+                "synthetic {} data ({} samples of {:?}, {} classes)",
+                plan.model.kind,
+                d.len(),
+                d.sample_shape(),
+                d.classes().unwrap_or(0)
+            );
+            (d, text)
+        }
+    };
+    let classes = dataset.classes().ok_or_else(|| TrainError::InvalidPlan {
+        key: "data",
+        value: data.clone(),
+        expected: "a dataset that knows its number of classes".to_owned(),
+    })?;
+    let input = InputSpec {
+        sample_shape: dataset.sample_shape().to_vec(),
+        classes,
+    };
+    let (train_set, val_set) = Subset::split(Arc::new(dataset), plan.data.val_fraction, seed)?;
+
+    let tch_device = tch_device(device);
+    tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+    let vs = nn::VarStore::new(tch_device);
+    let model = build(
+        &plan.model,
+        &input,
+        &vs,
+        plan.performance.channels_last,
+        seed,
+    )?;
+    let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
+    let mut trainer = Trainer::new(
+        model.as_ref(),
+        plan.model.kind.as_str(),
+        &vs,
+        settings,
+        tch_device,
+    )?;
+
+    let sampler = SamplerConfig {
+        shuffle: true,
+        seed,
+        ..SamplerConfig::default()
+    };
+    let loader = loader_config(plan, sampler, true)?;
+    let mut run_dir = RunDir::create(&plan.run.output_dir, &plan.run.name, plan)?;
+    let run_path = run_dir.path().to_owned();
+    on_ready(&run_path, &data);
+    let summary = {
+        let mut observers = Observers(vec![observer, &mut run_dir]);
+        trainer.fit(
+            FitData {
+                train: Arc::new(train_set),
+                val: Some(Arc::new(val_set)),
+                loader,
+            },
+            &mut observers,
+        )?
+    };
+    Ok(RunOutcome {
+        summary,
+        run_dir: run_path,
+        data,
+    })
+}

@@ -1,0 +1,226 @@
+//! A run's directory, `runs/<name>-<timestamp>/`: the resolved configuration with where each
+//! value came from (`config.json`), one JSON line per logged step and epoch (`metrics.jsonl`),
+//! the summary (`summary.json`) and a plot of the loss and accuracy curves (`curves.png`).
+//! A run never writes into an existing directory.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use kiln_config::{Layer, RunPlan};
+use serde::Serialize;
+
+use crate::TrainError;
+use crate::plot::{PlotSpec, Series, write_training_plot};
+use crate::record::{EpochRecord, Observer, RunStart, StepRecord, Summary};
+
+fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::File {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// `YYYYMMDD-HHMMSS` in UTC for `secs` since the Unix epoch.
+pub fn timestamp(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[derive(Serialize)]
+struct ConfigEntry<'a> {
+    key: &'a str,
+    value: String,
+    layer: Option<Layer>,
+    source: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+/// The open run directory; as an [`Observer`] it records everything the trainer reports.
+#[derive(Debug)]
+pub struct RunDir {
+    path: PathBuf,
+    metrics: BufWriter<File>,
+    steps: Vec<StepRecord>,
+    epochs: Vec<EpochRecord>,
+    title: String,
+}
+
+impl RunDir {
+    /// Creates `<output_dir>/<name>-<timestamp>/` (with `-2`, `-3`… if that exists already) and
+    /// writes `config.json` into it.
+    pub fn create(output_dir: &Path, name: &str, plan: &RunPlan) -> Result<Self, TrainError> {
+        std::fs::create_dir_all(output_dir).map_err(|e| file_error(output_dir, e))?;
+        let secs = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let base = format!("{name}-{}", timestamp(secs));
+        let mut path = output_dir.join(&base);
+        let mut n = 1;
+        loop {
+            match std::fs::create_dir(&path) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => {
+                    n += 1;
+                    path = output_dir.join(format!("{base}-{n}"));
+                }
+                Err(e) => return Err(file_error(&path, e)),
+            }
+        }
+        let entries: Vec<ConfigEntry<'_>> = plan
+            .entries()
+            .into_iter()
+            .map(|(key, value)| {
+                let p = plan.source_of(key);
+                ConfigEntry {
+                    key,
+                    value,
+                    layer: p.map(|p| p.layer),
+                    source: p.map_or_else(String::new, |p| p.source.clone()),
+                    note: p.and_then(|p| p.note.clone()),
+                }
+            })
+            .collect();
+        let config_path = path.join("config.json");
+        let text =
+            serde_json::to_string_pretty(&entries).map_err(|e| file_error(&config_path, e))?;
+        std::fs::write(&config_path, text + "\n").map_err(|e| file_error(&config_path, e))?;
+        let metrics_path = path.join("metrics.jsonl");
+        let metrics = File::create_new(&metrics_path).map_err(|e| file_error(&metrics_path, e))?;
+        Ok(Self {
+            path,
+            metrics: BufWriter::new(metrics),
+            steps: vec![],
+            epochs: vec![],
+            title: name.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn append(&mut self, record: &impl Serialize) -> Result<(), TrainError> {
+        let metrics_path = self.path.join("metrics.jsonl");
+        let line = serde_json::to_string(record).map_err(|e| file_error(&metrics_path, e))?;
+        writeln!(self.metrics, "{line}")
+            .and_then(|()| self.metrics.flush())
+            .map_err(|e| file_error(&metrics_path, e))
+    }
+
+    fn plot(&self, path: &Path) -> Result<(), TrainError> {
+        let series = |label: &str, points: Vec<(f64, f64)>| Series {
+            label: label.to_owned(),
+            points,
+        };
+        let loss = [
+            series(
+                "train loss",
+                self.steps
+                    .iter()
+                    .map(|s| (s.epoch_progress, s.loss))
+                    .collect(),
+            ),
+            series(
+                "val loss",
+                self.epochs
+                    .iter()
+                    .filter_map(|e| e.val_loss.map(|v| ((e.epoch + 1) as f64, v)))
+                    .collect(),
+            ),
+        ];
+        let accuracy = [
+            series(
+                "train accuracy",
+                self.steps
+                    .iter()
+                    .map(|s| (s.epoch_progress, s.accuracy))
+                    .collect(),
+            ),
+            series(
+                "val accuracy",
+                self.epochs
+                    .iter()
+                    .filter_map(|e| e.val_accuracy.map(|v| ((e.epoch + 1) as f64, v)))
+                    .collect(),
+            ),
+        ];
+        write_training_plot(
+            path,
+            &PlotSpec {
+                title: &self.title,
+                loss: &loss,
+                accuracy: &accuracy,
+            },
+        )
+        .map_err(|e| file_error(path, e))
+    }
+}
+
+impl Observer for RunDir {
+    fn on_start(&mut self, start: &RunStart) -> Result<(), TrainError> {
+        self.title = format!(
+            "{} · {} · {} on {}",
+            self.title, start.model, start.precision, start.device
+        );
+        #[derive(Serialize)]
+        struct Start<'a> {
+            kind: &'static str,
+            #[serde(flatten)]
+            start: &'a RunStart,
+        }
+        self.append(&Start {
+            kind: "start",
+            start,
+        })
+    }
+
+    fn on_log(&mut self, record: &StepRecord) -> Result<(), TrainError> {
+        self.steps.push(record.clone());
+        self.append(record)
+    }
+
+    fn on_epoch(&mut self, record: &EpochRecord) -> Result<(), TrainError> {
+        self.epochs.push(record.clone());
+        self.append(record)
+    }
+
+    fn on_finish(&mut self, summary: &Summary) -> Result<(), TrainError> {
+        let path = self.path.join("summary.json");
+        let text = serde_json::to_string_pretty(summary).map_err(|e| file_error(&path, e))?;
+        std::fs::write(&path, text + "\n").map_err(|e| file_error(&path, e))?;
+        self.plot(&self.path.join("curves.png"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timestamp;
+
+    #[test]
+    fn timestamps_are_utc_calendar_times() {
+        assert_eq!(timestamp(0), "19700101-000000");
+        // 2000-02-29 12:34:56 UTC (a leap day).
+        assert_eq!(timestamp(951_827_696), "20000229-123456");
+        // 2026-11-21 00:00:00 UTC.
+        assert_eq!(timestamp(1_795_219_200), "20261121-000000");
+    }
+}

@@ -1,0 +1,144 @@
+//! A whole run end to end on the CPU: it must learn (loss down, accuracy far above chance), and
+//! leave a complete run directory behind.
+
+use kiln_config::{ConfigRequest, Layer, Machine, load, simulated_machine};
+use kiln_device::{CpuFacts, Device};
+use kiln_profiles::ProfileSet;
+use kiln_train::record::{Observer, Silent, StepRecord};
+use kiln_train::run::train;
+use kiln_train::rundir::RunDir;
+
+fn cpu_plan(sets: &[String]) -> kiln_config::RunPlan {
+    let set = ProfileSet::builtin().unwrap();
+    let cpu = CpuFacts {
+        model: "test".into(),
+        physical_cores: 2,
+        logical_cores: 2,
+        total_memory_bytes: 16 << 30,
+        available_memory_bytes: 8 << 30,
+        avx512: false,
+        avx512_bf16: false,
+        amx_bf16: false,
+    };
+    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
+    let mut req = ConfigRequest::new(Machine::Simulated(facts));
+    req.sets = sets.to_vec();
+    load(&req).unwrap().plan
+}
+
+#[derive(Default)]
+struct Collect(Vec<StepRecord>);
+
+impl Observer for Collect {
+    fn on_log(&mut self, r: &StepRecord) -> Result<(), kiln_train::TrainError> {
+        self.0.push(r.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_short_mlp_run_learns_and_records_everything() {
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(&[
+        "model.name=mlp".into(),
+        "data.synthetic_samples=3000".into(),
+        "data.num_workers=1".into(),
+        "train.epochs=3".into(),
+        "train.log_interval=10".into(),
+        "train.warmup_steps=5".into(),
+        "run.name=e2e".into(),
+        format!("run.output_dir={}", out.path().display()),
+    ]);
+    let mut seen = Collect::default();
+    let mut ready = None;
+    let outcome = train(&plan, Device::Cpu, None, &mut seen, &mut |dir, data| {
+        ready = Some((dir.to_owned(), data.to_owned()));
+    })
+    .unwrap();
+    let (dir, data) = ready.unwrap();
+    assert_eq!(dir, outcome.run_dir);
+    assert!(data.contains("synthetic mlp data"), "{data}");
+
+    // It learned: the first logged loss is far above the last, and validation accuracy is
+    // far above chance (10 classes).
+    let first = seen.0.first().unwrap().loss;
+    let s = &outcome.summary;
+    assert!(
+        first > 1.5 * s.final_train_loss,
+        "loss {first} → {}",
+        s.final_train_loss
+    );
+    let val = s.final_val_accuracy.unwrap();
+    assert!(val > 4.0 * s.chance_accuracy, "val accuracy {val}");
+    assert_eq!(s.steps, 3 * (2700 / plan.train.batch_size));
+    assert!(s.samples_per_s > 0.0 && s.mean_step_time_s > 0.0);
+    assert!(s.memory.rss_peak.unwrap() > 0);
+
+    // The run directory: runs/<name>-<timestamp>/ with its four files.
+    let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("e2e-") && name.len() == "e2e-20261121-031528".len(),
+        "{name}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let epochs = config
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["key"] == "train.epochs")
+        .unwrap();
+    assert_eq!(epochs["value"], "3");
+    assert_eq!(epochs["layer"], serde_json::json!(Layer::CommandLine));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["kind"], "start");
+    assert_eq!(lines[0]["model"], "mlp");
+    let epochs: Vec<&serde_json::Value> = lines.iter().filter(|l| l["kind"] == "epoch").collect();
+    assert_eq!(epochs.len(), 3);
+    assert!(epochs.iter().all(|e| e["val_accuracy"].as_f64().is_some()));
+    assert_eq!(
+        lines.iter().filter(|l| l["kind"] == "step").count(),
+        seen.0.len()
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], s.steps);
+    let png = std::fs::read(dir.join("curves.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+#[test]
+fn run_directories_are_never_reused() {
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(&[]);
+    let a = RunDir::create(out.path(), "same", &plan).unwrap();
+    let b = RunDir::create(out.path(), "same", &plan).unwrap();
+    assert_ne!(a.path(), b.path());
+    assert!(a.path().join("config.json").is_file() && b.path().join("config.json").is_file());
+}
+
+#[test]
+fn a_missing_dataset_is_named_in_the_error() {
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(&[format!("run.output_dir={}", out.path().display())]);
+    let missing = out.path().join("no-such-dataset");
+    let err = train(
+        &plan,
+        Device::Cpu,
+        Some(&missing),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("no-such-dataset"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(out.path()).unwrap().count(),
+        0,
+        "no run directory was made"
+    );
+}
