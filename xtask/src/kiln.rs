@@ -56,7 +56,7 @@ pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Resul
 }
 
 /// The benchmark suites `cargo xtask bench` knows, each a binary of `kiln-benches`.
-const SUITES: [(&str, &str); 1] = [("data", "kiln-bench-data")];
+const SUITES: [(&str, &str); 2] = [("data", "kiln-bench-data"), ("train", "kiln-bench-train")];
 
 /// `cargo xtask bench [SUITE…] [options]`: builds the suites' binaries in release mode and runs
 /// them with the Python whose torch is the provisioned libtorch (the side-by-side baseline).
@@ -73,7 +73,7 @@ pub fn bench(
             options.push(arg.clone());
             if matches!(
                 arg.as_str(),
-                "--repeats" | "--out" | "--work-dir" | "--python"
+                "--repeats" | "--out" | "--work-dir" | "--python" | "--threads"
             ) && let Some(value) = rest.next()
             {
                 options.push(value.clone());

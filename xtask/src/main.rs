@@ -22,7 +22,7 @@ xtask commands:
                     (extra args go to cargo test)
   bench [SUITE…] [--quick] [--repeats N] [--out FILE]
                     side-by-side benchmarks against PyTorch, writing JSON reports under
-                    target/kiln-bench/ (suites: data; default: all). Criterion benches of the
+                    target/kiln-bench/ (suites: data, train; default: all). Criterion benches of the
                     hot pieces alone: cargo bench -p kiln-benches
   help              this text
 

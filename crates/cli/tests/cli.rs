@@ -261,15 +261,86 @@ fn config_errors_name_the_key_and_exit_non_zero() {
 }
 
 #[test]
-fn train_logs_the_start_line_then_says_it_is_not_built_yet() {
-    let out = kiln(&["train"]);
+fn train_prints_settings_with_sources_trains_and_writes_the_run_directory() {
+    let runs = tempfile::tempdir().unwrap();
+    let out_dir = format!("run.output_dir={}", runs.path().display());
+    let out = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--epochs",
+        "2",
+        "--precision",
+        "fp32",
+        "--run-name",
+        "cli",
+        "--workers",
+        "1",
+        "--set",
+        "data.synthetic_samples=1200",
+        "--set",
+        &out_dir,
+    ]);
     let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(3), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
-        err.contains("device ") && err.contains(" · profile ") && err.contains("batch_size "),
+        err.contains(" · profile ") && err.contains("batch_size "),
         "{err}"
     );
-    assert!(err.contains("training is not built yet"), "{err}");
+    assert!(err.contains("name mlp [(--model)]"), "{err}");
+    assert!(err.contains("epochs 2 [(--epochs)]"), "{err}");
+    assert!(err.contains("amp none [(--precision)]"), "{err}");
+    // Not a terminal: plain progress lines, one per epoch, and the summary.
+    assert!(err.contains("step ") && err.contains("samples/s"), "{err}");
+    assert_eq!(err.matches("val acc ").count(), 2, "{err}");
+    assert!(
+        err.contains("done: ") && err.contains("chance 10.0%"),
+        "{err}"
+    );
+    let dirs: Vec<_> = std::fs::read_dir(runs.path()).unwrap().flatten().collect();
+    assert_eq!(dirs.len(), 1);
+    let dir = dirs[0].path();
+    assert!(
+        dir.file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("cli-")
+    );
+    for file in ["config.json", "metrics.jsonl", "summary.json", "curves.png"] {
+        assert!(
+            dir.join(file).is_file(),
+            "{file} missing in {}",
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn train_rejects_bad_input_naming_what_is_wrong() {
+    let out = kiln(&["train", "--precision", "fp8"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("train.amp") && err.contains("--precision"),
+        "{err}"
+    );
+    let out = kiln(&["train", "--model", "resnet"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains("model.name") && err.contains("transformer, mlp or convnet"),
+        "{err}"
+    );
+    let missing = tempfile::tempdir().unwrap();
+    let path = missing.path().join("nothing-here");
+    let out = kiln(&["train", "--data", path.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        err.contains("nothing-here") && err.contains("kiln data prepare"),
+        "{err}"
+    );
+    assert!(!path.exists(), "nothing was created");
 }
 
 #[test]

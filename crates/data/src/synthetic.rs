@@ -31,10 +31,11 @@ fn out_of_range(index: usize, len: usize) -> DataError {
 }
 
 /// Sequences of `[seq_len, features]` frames (like pose keypoints over time). Each class has a
-/// sparse direction in feature space and a temporal frequency; a sample is that direction
-/// modulated by a sinusoid of the class's frequency with a random phase, plus unit noise. A
-/// linear read of one frame cannot tell classes apart (the phase is random); a model that
-/// projects features and looks across time can. Chance is `1 / classes`.
+/// sparse direction in feature space and a temporal frequency; a sample is a faint constant
+/// offset along that direction plus the direction modulated by a sinusoid of the class's
+/// frequency with a random phase, plus unit noise on every feature. One frame says little (the
+/// noise dominates); a model that projects features and pools across time separates the
+/// classes. Chance is `1 / classes`.
 #[derive(Debug, Clone)]
 pub struct SyntheticSequences {
     len: usize,
@@ -42,6 +43,7 @@ pub struct SyntheticSequences {
     classes: usize,
     seed: u64,
     amplitude: f32,
+    offset: f32,
     /// Per class: `features` weights (unit norm over a few active features).
     directions: Vec<f32>,
     /// Per class: cycles over the sequence.
@@ -78,7 +80,8 @@ impl SyntheticSequences {
             shape: [seq_len, features],
             classes,
             seed,
-            amplitude: 3.0,
+            amplitude: 2.0,
+            offset: 1.0,
             directions,
             frequencies,
         })
@@ -111,7 +114,7 @@ impl Dataset for SyntheticSequences {
         let phase = g.unit_f32() * std::f32::consts::TAU;
         let omega = std::f32::consts::TAU * self.frequencies[class] / seq_len as f32;
         for (t, frame) in out.chunks_mut(features).enumerate() {
-            let wave = self.amplitude * (omega * t as f32 + phase).sin();
+            let wave = self.offset + self.amplitude * (omega * t as f32 + phase).sin();
             for (o, d) in frame.iter_mut().zip(direction) {
                 *o = wave * d + unit_noise(&mut g);
             }

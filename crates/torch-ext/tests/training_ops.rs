@@ -26,7 +26,7 @@ fn fused_sgd_with_momentum_and_weight_decay_matches_the_definition() {
         maximize: false,
     };
     let mut reference: Vec<f64> = (0..7).map(|i| 0.3 * i as f64 - 1.0).collect();
-    let mut buf = vec![0.0f64; 7];
+    let mut buf = [0.0f64; 7];
     let param = Tensor::from_slice(&reference.iter().map(|&v| v as f32).collect::<Vec<_>>());
     let momentum = Tensor::zeros([7], (Kind::Float, tch::Device::Cpu));
     for step in 0..50 {

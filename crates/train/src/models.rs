@@ -234,16 +234,22 @@ impl EncoderLayer {
                 .f_view([b, s, self.heads, dh])?
                 .f_transpose(1, 2)?)
         };
-        let attended = Tensor::f_scaled_dot_product_attention::<Tensor>(
-            &heads(0)?,
-            &heads(1)?,
-            &heads(2)?,
-            None,
-            0.0,
-            false,
-            None,
-            false,
-        )?
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let attended = if x.device() == tch::Device::Cpu && q.kind() != Kind::Float {
+            // On the CPU in reduced precision, libtorch's flash-attention backward is slow at
+            // these sizes (in bf16 it was half the train step); the explicit product, whose
+            // backward is two batched GEMMs and a softmax, is much faster. In fp32 the fused
+            // kernel wins.
+            let scale = 1.0 / (dh as f64).sqrt();
+            q.f_matmul(&k.f_transpose(-2, -1)?)?
+                .f_mul_scalar(scale)?
+                .f_softmax(-1, None::<Kind>)?
+                .f_matmul(&v)?
+        } else {
+            Tensor::f_scaled_dot_product_attention::<Tensor>(
+                &q, &k, &v, None, 0.0, false, None, false,
+            )?
+        }
         .f_transpose(1, 2)?
         .f_reshape([b, s, d])?;
         let h = x.f_add(&self.drop1.apply(&linear(&attended, &self.out)?, train)?)?;

@@ -308,7 +308,9 @@ impl<'m> Trainer<'m> {
         self.optimizer.zero_grad()?;
         self.steps_done += 1;
         if self.settings.empty_cache_interval > 0
-            && self.steps_done % self.settings.empty_cache_interval == 0
+            && self
+                .steps_done
+                .is_multiple_of(self.settings.empty_cache_interval)
             && self.device.is_cuda()
         {
             kiln_torch_ext::memory::empty_cache()?;
@@ -351,7 +353,7 @@ impl<'m> Trainer<'m> {
         let classes = data.train.classes();
         let train_samples = data.train.len();
         let val_samples = data.val.as_ref().map_or(0, |v| v.len());
-        let mut train_loader = Loader::new(data.train, data.loader.clone())?;
+        let mut train_loader = Loader::new(data.train, data.loader)?;
         let mut val_loader = match data.val.filter(|v| !v.is_empty()) {
             Some(v) => Some(Loader::new(
                 v,
@@ -361,7 +363,7 @@ impl<'m> Trainer<'m> {
                         shuffle: false,
                         ..data.loader.sampler
                     },
-                    ..data.loader.clone()
+                    ..data.loader
                 },
             )?),
             None => None,
@@ -470,7 +472,7 @@ impl<'m> Trainer<'m> {
                     total_steps,
                 })?;
                 let epoch_done = consumed >= batches_per_epoch;
-                if self.steps_done % self.settings.log_interval == 0 || epoch_done {
+                if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done {
                     let timing = monitor.take_interval();
                     let (loss_scale, skipped) = match &self.scaler {
                         Some(s) => (Some(s.scale()?), s.skipped()?),
