@@ -7,8 +7,10 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 
 namespace {
@@ -25,6 +27,119 @@ inline uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
 }
+
+constexpr uint64_t kDropoutKey = 0x6A09E667F3BCC909ULL;
+
+// The dropout generator: a 32-bit avalanche hash (Wellons' lowbias32) of the element's 64-bit
+// counter, mixed with the key in two rounds. 32-bit multiplies vectorise on AVX2 and AVX-512,
+// where SplitMix's 64-bit ones do not, and the loops below are compiled for each and picked at
+// run time (target_clones). Element i is kept when its top 24 bits are >= p * 2^24.
+inline uint32_t lowbias32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+inline uint32_t dropout_bits(uint64_t counter, uint32_t k0, uint32_t k1) {
+  const uint32_t lo = static_cast<uint32_t>(counter);
+  const uint32_t hi = static_cast<uint32_t>(counter >> 32);
+  return lowbias32(lowbias32(lo ^ k0) ^ hi ^ k1);
+}
+
+struct DropoutParams {
+  uint64_t offset;
+  uint32_t k0, k1, threshold;
+  float scale;
+};
+
+DropoutParams dropout_params(double p, uint64_t seed, uint64_t offset) {
+  const uint64_t key = mix(seed ^ kDropoutKey);
+  return {offset, static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32),
+          static_cast<uint32_t>(p * 16777216.0), static_cast<float>(1.0 / (1.0 - p))};
+}
+
+// out[i] = keep(i) ? in[i] * scale : 0 for i in [begin, end), float32.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dropout_f32(
+    const float* in, float* out, int64_t begin, int64_t end, DropoutParams d) {
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t r = dropout_bits(d.offset + static_cast<uint64_t>(i), d.k0, d.k1) >> 8;
+    out[i] = r >= d.threshold ? in[i] * d.scale : 0.0f;
+  }
+}
+
+// The same for bfloat16 held as raw bits (round to nearest even on the way back).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dropout_bf16(
+    const uint16_t* in, uint16_t* out, int64_t begin, int64_t end, DropoutParams d) {
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t r = dropout_bits(d.offset + static_cast<uint64_t>(i), d.k0, d.k1) >> 8;
+    // Branch-free so that it vectorises: scale everything, then zero the dropped lanes.
+    const uint32_t keep = r >= d.threshold ? 0xFFFFU : 0U;
+    const float v = __builtin_bit_cast(float, static_cast<uint32_t>(in[i]) << 16) * d.scale;
+    uint32_t bits = __builtin_bit_cast(uint32_t, v);
+    bits += 0x7FFFU + ((bits >> 16) & 1U);
+    out[i] = static_cast<uint16_t>((bits >> 16) & keep);
+  }
+}
+
+// A mask of 0 / scale values in float32, [begin, end).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void dropout_mask_f32(
+    float* out, int64_t begin, int64_t end, DropoutParams d) {
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t r = dropout_bits(d.offset + static_cast<uint64_t>(i), d.k0, d.k1) >> 8;
+    out[i] = r >= d.threshold ? d.scale : 0.0f;
+  }
+}
+
+// out[i] = x[i] / (1 - p) where element i is kept, 0 where it is dropped; the same (seed,
+// offset) always drops the same elements of a contiguous tensor.
+at::Tensor apply_dropout(const at::Tensor& input, double p, uint64_t seed, uint64_t offset) {
+  at::Tensor x = input.contiguous();
+  at::Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const int64_t numel = x.numel();
+  const DropoutParams d = dropout_params(p, seed, offset);
+  if (x.scalar_type() == at::kFloat) {
+    const float* in = x.const_data_ptr<float>();
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, numel, 32768,
+                     [&](int64_t begin, int64_t end) { dropout_f32(in, o, begin, end, d); });
+  } else if (x.scalar_type() == at::kBFloat16) {
+    const auto* in = reinterpret_cast<const uint16_t*>(x.const_data_ptr<at::BFloat16>());
+    auto* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+    at::parallel_for(0, numel, 32768,
+                     [&](int64_t begin, int64_t end) { dropout_bf16(in, o, begin, end, d); });
+  } else {
+    // Other dtypes: the float32 mask, multiplied in that dtype.
+    at::Tensor mask = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    float* m = mask.data_ptr<float>();
+    at::parallel_for(0, numel, 32768,
+                     [&](int64_t begin, int64_t end) { dropout_mask_f32(m, begin, end, d); });
+    out = x * mask.to(x.scalar_type());
+  }
+  return out;
+}
+
+// Dropout as an autograd function that stores nothing: backward regenerates the mask from
+// (seed, offset), so the forward and the backward are one pass each over the tensor.
+struct KilnDropout : public torch::autograd::Function<KilnDropout> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double p,
+                            int64_t seed, int64_t offset) {
+    ctx->saved_data["p"] = p;
+    ctx->saved_data["seed"] = seed;
+    ctx->saved_data["offset"] = offset;
+    return apply_dropout(x, p, static_cast<uint64_t>(seed), static_cast<uint64_t>(offset));
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const double p = ctx->saved_data["p"].toDouble();
+    const auto seed = static_cast<uint64_t>(ctx->saved_data["seed"].toInt());
+    const auto offset = static_cast<uint64_t>(ctx->saved_data["offset"].toInt());
+    return {apply_dropout(grads[0], p, seed, offset), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
 
 }  // namespace
 
@@ -97,29 +212,12 @@ char* kiln_dropout_mask(const at::Tensor* like, double p, uint64_t seed, uint64_
   KILN_TRY
   TORCH_CHECK(like->device().is_cpu(), "kiln_dropout_mask is for CPU tensors");
   TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
-  at::Tensor mask = at::empty(like->sizes(), like->options().requires_grad(false));
-  const int64_t numel = mask.numel();
-  // Keep an element when its 24-bit draw is at or above p * 2^24.
-  const uint32_t threshold = static_cast<uint32_t>(p * 16777216.0);
-  const uint64_t key = mix(seed ^ 0x6A09E667F3BCC909ULL);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, mask.scalar_type(), "kiln_dropout_mask",
-                                  [&] {
-                                    const scalar_t keep = static_cast<scalar_t>(1.0 / (1.0 - p));
-                                    const scalar_t drop = static_cast<scalar_t>(0.0);
-                                    scalar_t* data = mask.data_ptr<scalar_t>();
-                                    at::parallel_for(0, numel, 32768, [&](int64_t begin,
-                                                                          int64_t end) {
-                                      for (int64_t i = begin; i < end; ++i) {
-                                        const uint64_t r =
-                                            mix(key + (offset + static_cast<uint64_t>(i)) *
-                                                          0x9E3779B97F4A7C15ULL);
-                                        data[i] = static_cast<uint32_t>(r >> 40) >= threshold
-                                                      ? keep
-                                                      : drop;
-                                      }
-                                    });
-                                  });
-  *out = new at::Tensor(std::move(mask));
+  const DropoutParams d = dropout_params(p, seed, offset);
+  at::Tensor mask = at::empty(like->sizes(), like->options().dtype(at::kFloat).requires_grad(false));
+  float* m = mask.data_ptr<float>();
+  at::parallel_for(0, mask.numel(), 32768,
+                   [&](int64_t begin, int64_t end) { dropout_mask_f32(m, begin, end, d); });
+  *out = new at::Tensor(mask.to(like->scalar_type()));
   KILN_CATCH
 }
 
@@ -131,6 +229,18 @@ char* kiln_clear_grads(const at::Tensor* const* params, size_t n) {
     at::Tensor p = *params[i];
     p.mutable_grad().reset();
   }
+  KILN_CATCH
+}
+
+// Dropout of a CPU tensor in one pass, differentiable (see KilnDropout): the elements dropped
+// are those kiln_dropout_mask(x, p, seed, offset) zeroes.
+char* kiln_dropout(const at::Tensor* x, double p, uint64_t seed, uint64_t offset,
+                   at::Tensor** out) {
+  KILN_TRY
+  TORCH_CHECK(x->device().is_cpu(), "kiln_dropout is for CPU tensors");
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
+  at::Tensor y = KilnDropout::apply(*x, p, static_cast<int64_t>(seed), static_cast<int64_t>(offset));
+  *out = new at::Tensor(std::move(y));
   KILN_CATCH
 }
 

@@ -86,6 +86,13 @@ unsafe extern "C" {
     ) -> *mut c_char;
     pub fn kiln_param_to_channels_last(p: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_is_channels_last(t: *const std::ffi::c_void, out: *mut bool) -> *mut c_char;
+    pub fn kiln_dropout(
+        x: *const std::ffi::c_void,
+        p: f64,
+        seed: u64,
+        offset: u64,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
     pub fn kiln_dropout_mask(
         like: *const std::ffi::c_void,
         p: f64,

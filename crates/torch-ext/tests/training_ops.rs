@@ -1,7 +1,7 @@
 //! Fused SGD, loss-scaler unscale/update, gradient-norm clipping and the fast dropout mask,
 //! each against what it is defined to compute.
 
-use kiln_torch_ext::dropout::dropout_mask;
+use kiln_torch_ext::dropout::{dropout, dropout_mask};
 use kiln_torch_ext::optim::{
     SgdConfig, amp_unscale, amp_update_scale, clear_grads, clip_grad_norm, fused_sgd_step,
 };
@@ -182,4 +182,25 @@ fn clear_grads_drops_gradients_so_the_next_backward_starts_fresh() {
     assert!(!x.grad().defined());
     (&x * 3.0).sum(Kind::Float).backward();
     assert_eq!(values(&x.grad()), [3.0, 3.0, 3.0]);
+}
+
+#[test]
+fn one_pass_dropout_matches_the_mask_forward_and_backward() {
+    let x = Tensor::randn([64, 300], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let mask = dropout_mask(&x, 0.25, 9, 1234).unwrap();
+    let y = dropout(&x, 0.25, 9, 1234).unwrap();
+    assert!(y.allclose(&(&x * &mask), 1e-6, 1e-7, false));
+    let upstream = Tensor::randn([64, 300], (Kind::Float, tch::Device::Cpu));
+    (&y * &upstream).sum(Kind::Float).backward();
+    assert!(x.grad().allclose(&(&upstream * &mask), 1e-6, 1e-7, false));
+    // bf16 in, bf16 out; and a non-contiguous input gives the same as its contiguous copy.
+    let bf = dropout(&x.detach().to_kind(Kind::BFloat16), 0.5, 1, 0).unwrap();
+    assert_eq!(bf.kind(), Kind::BFloat16);
+    let t = x.detach().transpose(0, 1);
+    assert!(
+        dropout(&t, 0.5, 3, 0)
+            .unwrap()
+            .equal(&dropout(&t.contiguous(), 0.5, 3, 0).unwrap())
+    );
+    assert!(dropout(&x, -0.1, 0, 0).is_err());
 }

@@ -41,9 +41,10 @@ impl<M: nn::ModuleT> Model for Classifier<M> {
     }
 }
 
-/// Dropout with a fast, reproducible mask: on the CPU the mask comes from kiln's native
-/// counter-based kernel (libtorch's CPU `bernoulli_` is slow), on CUDA from libtorch's fused
-/// dropout. Masks depend on `(seed, call count)` only.
+/// Dropout with a fast, reproducible mask: on the CPU kiln's native one-pass dropout, whose
+/// mask comes from a counter-based generator and is regenerated in backward instead of stored
+/// (libtorch's CPU `bernoulli_` is slow); on CUDA libtorch's fused dropout. CPU masks depend on
+/// `(seed, call count)` only.
 #[derive(Debug)]
 pub struct Dropout {
     p: f64,
@@ -73,8 +74,9 @@ impl Dropout {
         if xs.device() == Device::Cpu {
             let numel = xs.numel() as u64;
             let offset = self.offset.fetch_add(numel, Ordering::Relaxed);
-            let mask = kiln_torch_ext::dropout::dropout_mask(xs, self.p, self.seed, offset)?;
-            Ok(xs.f_mul(&mask)?)
+            Ok(kiln_torch_ext::dropout::dropout(
+                xs, self.p, self.seed, offset,
+            )?)
         } else {
             Ok(xs.f_native_dropout(self.p, true)?.0)
         }

@@ -228,13 +228,13 @@ impl EncoderLayer {
         let (b, s, d) = (size[0], size[1], size[2]);
         let dh = d / self.heads;
         let qkv = linear(&layer_norm(x, &self.norm1)?, &self.qkv)?;
-        let heads = |i: i64| -> Result<Tensor, TrainError> {
-            Ok(qkv
-                .f_narrow(-1, i * d, d)?
-                .f_view([b, s, self.heads, dh])?
-                .f_transpose(1, 2)?)
+        // One split (its backward is a single concatenation, where three narrows would each
+        // zero-fill and copy a full-size gradient).
+        let parts = qkv.f_split(d, -1)?;
+        let heads = |t: &Tensor| -> Result<Tensor, TrainError> {
+            Ok(t.f_view([b, s, self.heads, dh])?.f_transpose(1, 2)?)
         };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
         let attended = if x.device() == tch::Device::Cpu && q.kind() != Kind::Float {
             // On the CPU in reduced precision, libtorch's flash-attention backward is slow at
             // these sizes (in bf16 it was half the train step); the explicit product, whose
