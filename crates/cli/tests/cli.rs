@@ -407,3 +407,79 @@ fn data_prepare_writes_shards_that_inspect_checks() {
         stderr(&o)
     );
 }
+
+#[test]
+fn train_on_a_prepared_dataset_learns_its_classes() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Two separable classes: the label is whether x + y is positive.
+    let mut text = String::from("x,y,noise,label\n");
+    for i in 0..400 {
+        let x = ((i * 37) % 101) as f64 / 50.0 - 1.0;
+        let y = ((i * 53) % 97) as f64 / 48.0 - 1.0;
+        let label = if x + y > 0.0 { "up" } else { "down" };
+        text.push_str(&format!("{x},{y},{},{label}\n", (i % 7) as f64 / 7.0));
+    }
+    let csv = tmp.path().join("points.csv");
+    std::fs::write(&csv, text).unwrap();
+    let ds = tmp.path().join("points");
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--label-column",
+        "label",
+        "--out",
+        ds.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs = tmp.path().join("runs");
+    let o = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        ds.to_str().unwrap(),
+        "--epochs",
+        "4",
+        "--set",
+        &format!("run.output_dir={}", runs.display()),
+        "--set",
+        "train.warmup_steps=0",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("data: ") && err.contains("points (400 samples of [3])"),
+        "{err}"
+    );
+    let summary_path = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path()
+        .join("summary.json");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(summary_path).unwrap()).unwrap();
+    let acc = summary["final_val_accuracy"].as_f64().unwrap();
+    assert!(
+        acc > 0.8,
+        "val accuracy {acc} on a linearly separable problem"
+    );
+    assert_eq!(summary["chance_accuracy"], 0.5);
+    // The transformer needs [sequence, features] samples and says so.
+    let o = kiln(&[
+        "train",
+        "--data",
+        ds.to_str().unwrap(),
+        "--set",
+        &format!("run.output_dir={}", runs.display()),
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("model.name") && err.contains("[sequence, features]"),
+        "{err}"
+    );
+}

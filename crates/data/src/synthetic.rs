@@ -224,17 +224,17 @@ mod tests {
 
     #[test]
     fn sequences_are_deterministic_and_class_structured() {
-        let d = SyntheticSequences::new(40, 16, 32, 4, 7).unwrap();
-        let (mut a, mut b) = (vec![0.0; 16 * 32], vec![0.0; 16 * 32]);
+        let d = SyntheticSequences::new(40, 32, 200, 4, 7).unwrap();
+        let (mut a, mut b) = (vec![0.0; 32 * 200], vec![0.0; 32 * 200]);
         assert_eq!(d.read(5, &mut a).unwrap(), 1);
         d.read(5, &mut b).unwrap();
         assert_eq!(a, b, "same index, same sample");
         // Project every frame onto each class direction: the sample's own class carries far
         // more energy than the others.
         let energy = |sample: &[f32], class: usize| -> f32 {
-            let dir = &d.directions[class * 32..(class + 1) * 32];
+            let dir = &d.directions[class * 200..(class + 1) * 200];
             sample
-                .chunks(32)
+                .chunks(200)
                 .map(|f| f.iter().zip(dir).map(|(x, w)| x * w).sum::<f32>().powi(2))
                 .sum()
         };
@@ -244,8 +244,8 @@ mod tests {
             for other in (0..4).filter(|&c| {
                 c != own
                     && mean_abs_corr(
-                        &d.directions[c * 32..(c + 1) * 32],
-                        &d.directions[own * 32..(own + 1) * 32],
+                        &d.directions[c * 200..(c + 1) * 200],
+                        &d.directions[own * 200..(own + 1) * 200],
                     ) < 0.5
             }) {
                 assert!(energy(&a, own) > 2.0 * energy(&a, other), "sample {index}");
