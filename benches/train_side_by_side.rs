@@ -153,6 +153,7 @@ fn probe(args: &[String]) -> Result<()> {
         },
         log_interval: 1,
         empty_cache_interval: 0,
+        max_bad_steps: 10,
     };
     let mut trainer = Trainer::new(model.as_ref(), kind.as_str(), &vs, settings, Device::Cpu)
         .map_err(|e| e.to_string())?;

@@ -34,7 +34,11 @@ const READY_MARKER: &str = "kiln-ready";
 /// headers lack `crt/` and CCCL; `cuda-toolkit[crt,cccl]` (the version torch pins, 3 MB) adds them,
 /// so the native extension's CUDA part compiles on machines without a GPU or CUDA toolkit.
 pub fn requirements() -> Vec<String> {
-    let mut reqs = vec![format!("torch=={TORCH_VERSION}")];
+    // safetensors: so that checkpoint weights can be read from this Python (and are, in tests).
+    let mut reqs = vec![
+        format!("torch=={TORCH_VERSION}"),
+        "safetensors==0.7.0".to_owned(),
+    ];
     if cfg!(target_os = "linux") {
         reqs.push("cuda-toolkit[crt,cccl]==13.0.2".to_owned());
     }

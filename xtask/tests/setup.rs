@@ -173,9 +173,9 @@ fn a_python_with_another_torch_falls_back_to_the_cache_and_reruns_do_nothing() {
         true,
     );
     let requirements = if cfg!(target_os = "linux") {
-        "torch==2.11.0 cuda-toolkit[crt,cccl]==13.0.2"
+        "torch==2.11.0 safetensors==0.7.0 cuda-toolkit[crt,cccl]==13.0.2"
     } else {
-        "torch==2.11.0"
+        "torch==2.11.0 safetensors==0.7.0"
     };
     fs::write(
         venv.join("kiln-ready"),

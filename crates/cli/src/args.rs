@@ -185,6 +185,10 @@ pub struct TrainArgs {
     /// Name of the run; its directory is runs/<name>-<timestamp> (= --set run.name=…).
     #[arg(long, value_name = "NAME")]
     pub run_name: Option<String>,
+    /// Continue from a checkpoint: alone, the newest good one of the newest run of this name;
+    /// with PATH, that checkpoint or run directory.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
+    pub resume: Option<Option<PathBuf>>,
 }
 
 impl TrainArgs {

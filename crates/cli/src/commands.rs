@@ -181,18 +181,39 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    // SIGINT/SIGTERM: finish the step, checkpoint, stop. A second one stops at once.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())
+            .and_then(|_| signal_hook::flag::register(signal, stop.clone()))
+            .context("cannot install the signal handlers")?;
+    }
+    let control = kiln_train::run::RunControl {
+        resume: train.resume.as_ref().map(|p| match p {
+            Some(path) => kiln_train::run::Resume::From(path.clone()),
+            None => kiln_train::run::Resume::Latest,
+        }),
+        stop: Some(stop),
+    };
     let mut view = ProgressView::new();
-    let outcome = kiln_train::run::train(
+    let result = kiln_train::run::train(
         &r.plan,
         r.selection.device,
         train.data.as_deref(),
+        control,
         &mut view,
         &mut |dir, data| {
             eprintln!("data: {data}");
             eprintln!("run directory: {}", dir.display());
         },
-    )
-    .context("training failed")?;
+    );
+    let outcome = match result {
+        Err(e @ kiln_train::TrainError::Stopped { .. }) => {
+            eprintln!("kiln train: {e}");
+            return Ok(ExitCode::from(130));
+        }
+        other => other.context("training failed")?,
+    };
     eprintln!(
         "wrote {}/{{config.json, metrics.jsonl, summary.json, curves.png}}",
         outcome.run_dir.display()

@@ -61,6 +61,9 @@ impl Observer for ProgressView {
             s.val_samples
         );
         eprintln!("feed: {}", s.feed);
+        if let Some((dir, step)) = &s.resumed_from {
+            eprintln!("resumed from {} at step {step}", dir.display());
+        }
         if std::io::stderr().is_terminal() {
             let bar = ProgressBar::new(s.total_steps);
             bar.set_style(

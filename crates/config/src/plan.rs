@@ -131,6 +131,17 @@ pub struct TrainPlan {
     pub min_lr: f64,
     pub loss_scale: LossScalePlan,
     pub log_interval: u64,
+    pub max_bad_steps: u64,
+}
+
+/// When and how many checkpoints a run keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointPlan {
+    pub enabled: bool,
+    /// Also every N optimizer steps; 0 = only at the end of each epoch.
+    pub every_steps: u64,
+    pub keep_last: u64,
+    pub keep_best: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -156,6 +167,7 @@ pub struct RunPlan {
     pub data: DataPlan,
     pub model: ModelPlan,
     pub train: TrainPlan,
+    pub checkpoint: CheckpointPlan,
     pub infer: InferPlan,
     pub profiling_enabled: bool,
     pub run: RunInfo,
@@ -290,6 +302,20 @@ impl RunPlan {
                 self.train.loss_scale.growth_interval.to_string(),
             ),
             ("train.log_interval", self.train.log_interval.to_string()),
+            ("train.max_bad_steps", self.train.max_bad_steps.to_string()),
+            ("checkpoint.enabled", self.checkpoint.enabled.to_string()),
+            (
+                "checkpoint.every_steps",
+                self.checkpoint.every_steps.to_string(),
+            ),
+            (
+                "checkpoint.keep_last",
+                self.checkpoint.keep_last.to_string(),
+            ),
+            (
+                "checkpoint.keep_best",
+                self.checkpoint.keep_best.to_string(),
+            ),
             ("infer.batch_size", self.infer.batch_size.to_string()),
             ("infer.precision", self.infer.precision.to_string()),
             ("profiling.enabled", self.profiling_enabled.to_string()),
@@ -552,6 +578,20 @@ pub(crate) fn validate(
             "train.log_interval",
             need!(t.log_interval, "train.log_interval"),
         )?,
+        max_bad_steps: at_least_1(
+            "train.max_bad_steps",
+            need!(t.max_bad_steps, "train.max_bad_steps"),
+        )?,
+    };
+    let c = raw.checkpoint;
+    let checkpoint = CheckpointPlan {
+        enabled: need!(c.enabled, "checkpoint.enabled"),
+        every_steps: need!(c.every_steps, "checkpoint.every_steps"),
+        keep_last: at_least_1(
+            "checkpoint.keep_last",
+            need!(c.keep_last, "checkpoint.keep_last"),
+        )?,
+        keep_best: need!(c.keep_best, "checkpoint.keep_best"),
     };
     let infer = InferPlan {
         batch_size: at_least_1(
@@ -579,6 +619,7 @@ pub(crate) fn validate(
         data,
         model,
         train,
+        checkpoint,
         infer,
         profiling_enabled: need!(raw.profiling.enabled, "profiling.enabled"),
         run: RunInfo {

@@ -13,6 +13,7 @@ pub struct RawConfig {
     pub data: RawData,
     pub model: RawModel,
     pub train: RawTrain,
+    pub checkpoint: RawCheckpoint,
     pub infer: RawInfer,
     pub profiling: RawProfiling,
     pub run: RawRun,
@@ -126,6 +127,23 @@ pub struct RawTrain {
     /// Print a progress line every N optimizer steps when not on a terminal.
     #[serde(deserialize_with = "lenient_u64")]
     pub log_interval: Option<u64>,
+    /// Stop after this many consecutive steps with non-finite gradients (fp32/bf16).
+    #[serde(deserialize_with = "lenient_u64")]
+    pub max_bad_steps: Option<u64>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawCheckpoint {
+    pub enabled: Option<bool>,
+    /// Also checkpoint every N optimizer steps (0: only at the end of each epoch).
+    #[serde(deserialize_with = "lenient_u64")]
+    pub every_steps: Option<u64>,
+    /// How many of the most recent checkpoints to keep.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub keep_last: Option<u64>,
+    /// Also keep the checkpoint with the best validation accuracy.
+    pub keep_best: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -195,6 +213,11 @@ pub const KEYS: &[&str] = &[
     "train.loss_scale_backoff",
     "train.loss_scale_growth_interval",
     "train.log_interval",
+    "train.max_bad_steps",
+    "checkpoint.enabled",
+    "checkpoint.every_steps",
+    "checkpoint.keep_last",
+    "checkpoint.keep_best",
     "infer.batch_size",
     "infer.precision",
     "profiling.enabled",
@@ -243,6 +266,7 @@ mod tests {
             "data",
             "model",
             "train",
+            "checkpoint",
             "infer",
             "profiling",
             "run",

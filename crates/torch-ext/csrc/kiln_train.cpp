@@ -6,11 +6,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <optional>
 
 namespace {
@@ -241,6 +243,25 @@ char* kiln_dropout(const at::Tensor* x, double p, uint64_t seed, uint64_t offset
   TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
   at::Tensor y = KilnDropout::apply(*x, p, static_cast<int64_t>(seed), static_cast<int64_t>(offset));
   *out = new at::Tensor(std::move(y));
+  KILN_CATCH
+}
+
+// ---- random number generator state (for checkpoints) -----------------------------------------
+
+// The default CPU generator's state as a uint8 tensor.
+char* kiln_cpu_rng_state(at::Tensor** out) {
+  KILN_TRY
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  *out = new at::Tensor(gen.get_state());
+  KILN_CATCH
+}
+
+char* kiln_set_cpu_rng_state(const at::Tensor* state) {
+  KILN_TRY
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(*state);
   KILN_CATCH
 }
 

@@ -13,6 +13,7 @@ pub mod flags;
 pub mod layout;
 pub mod memory;
 pub mod optim;
+pub mod rng;
 pub mod runtime;
 pub mod transfer;
 

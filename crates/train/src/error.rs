@@ -12,6 +12,17 @@ pub enum TrainError {
     Tch(#[from] tch::TchError),
     #[error(transparent)]
     Device(#[from] kiln_device::DeviceError),
+    /// A stop was requested (SIGINT/SIGTERM); the run stopped after a whole step.
+    #[error("stopped at step {step} as asked{}", checkpoint.as_ref().map_or_else(String::new, |c| format!("; checkpoint {} (continue with --resume)", c.display())))]
+    Stopped {
+        step: u64,
+        checkpoint: Option<std::path::PathBuf>,
+    },
+    /// Too many consecutive steps had non-finite gradients.
+    #[error(
+        "{steps} consecutive steps had non-finite loss or gradients (train.max_bad_steps = {limit}); stopped at step {step}. Lower train.lr, keep train.clip_grad_norm on, or use train.amp = bf16 instead of fp16"
+    )]
+    NonFinite { steps: u64, limit: u64, step: u64 },
     /// Reading or writing a run's files.
     #[error("{path}: {message}")]
     File {

@@ -29,6 +29,40 @@ pub trait Model {
             .f_eq_tensor(labels)?
             .f_sum(Kind::Float)?)
     }
+
+    /// The positions of the model's own random generators (kiln's dropout), for checkpoints.
+    fn rng_state(&self) -> Vec<u64> {
+        vec![]
+    }
+
+    /// Restores positions from [`Model::rng_state`].
+    fn set_rng_state(&self, _state: &[u64]) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+/// The generator positions of a list of dropout layers.
+pub fn dropout_state<'a>(layers: impl IntoIterator<Item = &'a Dropout>) -> Vec<u64> {
+    layers.into_iter().map(Dropout::offset).collect()
+}
+
+/// Restores [`dropout_state`]; the count must match.
+pub fn set_dropout_state<'a>(
+    layers: impl IntoIterator<Item = &'a Dropout>,
+    state: &[u64],
+) -> Result<(), TrainError> {
+    let layers: Vec<&Dropout> = layers.into_iter().collect();
+    if layers.len() != state.len() {
+        return Err(TrainError::InvalidPlan {
+            key: "checkpoint",
+            value: format!("{} dropout positions", state.len()),
+            expected: format!("{} for this model", layers.len()),
+        });
+    }
+    for (layer, &offset) in layers.iter().zip(state) {
+        layer.set_offset(offset);
+    }
+    Ok(())
 }
 
 /// Any tch module as a classifier: cross-entropy loss and accuracy.
@@ -63,6 +97,15 @@ impl Dropout {
 
     pub fn p(&self) -> f64 {
         self.p
+    }
+
+    /// How far this layer's generator has advanced.
+    pub fn offset(&self) -> u64 {
+        self.offset.load(Ordering::Relaxed)
+    }
+
+    pub fn set_offset(&self, offset: u64) {
+        self.offset.store(offset, Ordering::Relaxed);
     }
 
     /// `xs` with elements zeroed with probability `p` and the rest scaled by `1/(1-p)` when

@@ -7,7 +7,7 @@ use kiln_config::{ModelKind, ModelPlan};
 use tch::{Kind, Tensor, nn};
 
 use crate::TrainError;
-use crate::model::{Dropout, Model};
+use crate::model::{Dropout, Model, dropout_state, set_dropout_state};
 
 /// What the data looks like: the shape of one sample and the number of classes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +149,14 @@ impl Model for Mlp {
             x = dropout.apply(&x.f_linear(&layer.ws, layer.bs.as_ref())?.f_relu()?, train)?;
         }
         Ok(x.f_linear(&self.head.ws, self.head.bs.as_ref())?)
+    }
+
+    fn rng_state(&self) -> Vec<u64> {
+        dropout_state(&self.dropout)
+    }
+
+    fn set_rng_state(&self, state: &[u64]) -> Result<(), TrainError> {
+        set_dropout_state(&self.dropout, state)
     }
 }
 
@@ -307,6 +315,10 @@ impl Transformer {
     pub fn shape(&self) -> &TransformerShape {
         &self.shape
     }
+
+    fn dropouts(&self) -> impl Iterator<Item = &Dropout> {
+        std::iter::once(&self.drop).chain(self.layers.iter().flat_map(|l| [&l.drop1, &l.drop2]))
+    }
 }
 
 impl Model for Transformer {
@@ -318,6 +330,14 @@ impl Model for Transformer {
         }
         let pooled = layer_norm(&x, &self.norm)?.f_mean_dim(1, false, None::<Kind>)?;
         linear(&pooled, &self.head)
+    }
+
+    fn rng_state(&self) -> Vec<u64> {
+        dropout_state(self.dropouts())
+    }
+
+    fn set_rng_state(&self, state: &[u64]) -> Result<(), TrainError> {
+        set_dropout_state(self.dropouts(), state)
     }
 }
 

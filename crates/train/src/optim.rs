@@ -241,6 +241,41 @@ impl Optimizer {
         Ok(())
     }
 
+    /// Copies state saved by [`Optimizer::state_tensors`] back in place, by name; every state
+    /// tensor must be present with its shape. `steps_taken > 0` marks SGD's momentum as started.
+    pub fn load_state(
+        &mut self,
+        saved: &[(String, Tensor)],
+        steps_taken: u64,
+    ) -> Result<(), TrainError> {
+        let by_name: std::collections::HashMap<&str, &Tensor> =
+            saved.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let _guard = tch::no_grad_guard();
+        for (name, target) in self.state_tensors() {
+            let source = by_name.get(name.as_str()).ok_or_else(|| TrainError::InvalidPlan {
+                key: "checkpoint",
+                value: name.clone(),
+                expected: "optimizer state for every parameter (the checkpoint is of another model or optimizer)".to_owned(),
+            })?;
+            if source.size() != target.size() {
+                return Err(TrainError::InvalidPlan {
+                    key: "checkpoint",
+                    value: name.clone(),
+                    expected: format!(
+                        "shape {:?}, the checkpoint has {:?}",
+                        target.size(),
+                        source.size()
+                    ),
+                });
+            }
+            target.shallow_clone().f_copy_(source)?;
+        }
+        for state in &mut self.state {
+            state.first_step = steps_taken == 0;
+        }
+        Ok(())
+    }
+
     /// The optimizer's state tensors by parameter name (`<name>.exp_avg`, `.exp_avg_sq`,
     /// `.step`, `.momentum`), for checkpoints.
     pub fn state_tensors(&self) -> Vec<(String, Tensor)> {

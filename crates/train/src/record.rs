@@ -24,6 +24,8 @@ pub struct RunStart {
     pub val_samples: usize,
     /// Where batches come from (CPU zero-copy, pinned side-stream copies, …).
     pub feed: String,
+    /// The checkpoint this run continues, and its step.
+    pub resumed_from: Option<(std::path::PathBuf, u64)>,
 }
 
 /// Cheap per-step progress (no host synchronisation).

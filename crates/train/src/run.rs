@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use kiln_config::{ModelKind, RunPlan};
 use kiln_data::{
@@ -13,11 +14,12 @@ use kiln_data::{
 use tch::nn;
 
 use crate::TrainError;
+use crate::checkpoint;
 use crate::feed::{loader_config, tch_device};
 use crate::models::{InputSpec, build};
 use crate::record::{Observer, Observers, Summary};
 use crate::rundir::RunDir;
-use crate::trainer::{FitData, TrainSettings, Trainer};
+use crate::trainer::{CheckpointOptions, FitData, FitOptions, TrainSettings, Trainer};
 
 /// The synthetic dataset each reference model trains on by default: (sample shape, classes).
 pub fn synthetic_shape(kind: ModelKind) -> (Vec<usize>, usize) {
@@ -48,6 +50,45 @@ pub fn synthetic_dataset(
     })
 }
 
+/// Which checkpoint to continue from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resume {
+    /// The newest good checkpoint of the newest run named `run.name` under `run.output_dir`.
+    Latest,
+    /// A checkpoint directory, or a run directory (its newest good checkpoint).
+    From(PathBuf),
+}
+
+/// Resuming and stopping a run.
+#[derive(Debug, Default, Clone)]
+pub struct RunControl {
+    pub resume: Option<Resume>,
+    /// Set by a signal handler: finish the step, checkpoint, stop.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+/// The newest run directory named `<name>-…` under `output_dir` that has checkpoints.
+fn latest_run(output_dir: &Path, name: &str) -> Result<PathBuf, TrainError> {
+    let prefix = format!("{name}-");
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(output_dir)
+        .map_err(|e| TrainError::File {
+            path: output_dir.to_owned(),
+            message: format!("cannot look for a run to resume: {e}"),
+        })?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .filter(|p| p.join("checkpoints").is_dir())
+        .collect();
+    runs.sort();
+    runs.pop().ok_or_else(|| TrainError::File {
+        path: output_dir.to_owned(),
+        message: format!(
+            "no run named `{name}` with checkpoints here to resume; pass --resume PATH or --run-name"
+        ),
+    })
+}
+
 /// What a finished run leaves behind.
 #[derive(Debug)]
 pub struct RunOutcome {
@@ -65,10 +106,35 @@ pub fn train(
     plan: &RunPlan,
     device: kiln_device::Device,
     data_dir: Option<&Path>,
+    control: RunControl,
     observer: &mut dyn Observer,
     on_ready: &mut dyn FnMut(&Path, &str),
 ) -> Result<RunOutcome, TrainError> {
     let seed = plan.performance.backend.seed;
+    // Find and verify the checkpoint first: a bad --resume fails before anything else.
+    let resume = match &control.resume {
+        None => None,
+        Some(Resume::Latest) => Some(checkpoint::resolve(&latest_run(
+            &plan.run.output_dir,
+            &plan.run.name,
+        )?)?),
+        Some(Resume::From(path)) => Some(checkpoint::resolve(path)?),
+    };
+    if let Some((ckpt, skipped)) = &resume {
+        for (dir, why) in skipped {
+            tracing::warn!(
+                "skipping checkpoint {}: {why}; falling back to an older one",
+                dir.display()
+            );
+        }
+        tracing::info!(
+            "resuming from {} (step {}, epoch {}, batch {})",
+            ckpt.dir.display(),
+            ckpt.meta.step,
+            ckpt.meta.epoch + 1,
+            ckpt.meta.batch
+        );
+    }
     let (dataset, data): (Box<dyn Dataset>, String) = match data_dir {
         Some(dir) => {
             let d = ShardedDataset::open(dir)?;
@@ -129,7 +195,20 @@ pub fn train(
         ..SamplerConfig::default()
     };
     let loader = loader_config(plan, sampler, true)?;
-    let mut run_dir = RunDir::create(&plan.run.output_dir, &plan.run.name, plan)?;
+    let mut run_dir = match &resume {
+        Some((ckpt, _)) => {
+            let dir = ckpt
+                .dir
+                .parent()
+                .and_then(Path::parent)
+                .ok_or_else(|| TrainError::File {
+                    path: ckpt.dir.clone(),
+                    message: "a checkpoint must sit in <run>/checkpoints/".to_owned(),
+                })?;
+            RunDir::reopen(dir, &plan.run.name, ckpt.meta.step, ckpt.meta.epoch)?
+        }
+        None => RunDir::create(&plan.run.output_dir, &plan.run.name, plan)?,
+    };
     let run_path = run_dir.path().to_owned();
     on_ready(&run_path, &data);
     let summary = {
@@ -141,6 +220,15 @@ pub fn train(
                 loader,
             },
             &mut observers,
+            FitOptions {
+                checkpoints: Some(CheckpointOptions {
+                    dir: run_path.join("checkpoints"),
+                    plan: plan.checkpoint,
+                    config: RunDir::config_json(plan),
+                }),
+                resume: resume.map(|(c, _)| c),
+                stop: control.stop,
+            },
         )?
     };
     Ok(RunOutcome {

@@ -59,12 +59,33 @@ struct ConfigEntry<'a> {
 pub struct RunDir {
     path: PathBuf,
     metrics: BufWriter<File>,
-    steps: Vec<StepRecord>,
-    epochs: Vec<EpochRecord>,
+    /// (epoch progress, loss, accuracy) of each logged step.
+    steps: Vec<(f64, f64, f64)>,
+    /// (epoch, val loss, val accuracy) of each epoch.
+    epochs: Vec<(u64, Option<f64>, Option<f64>)>,
     title: String,
 }
 
 impl RunDir {
+    /// The resolved configuration as `config.json` holds it.
+    pub fn config_json(plan: &RunPlan) -> serde_json::Value {
+        let entries: Vec<ConfigEntry<'_>> = plan
+            .entries()
+            .into_iter()
+            .map(|(key, value)| {
+                let p = plan.source_of(key);
+                ConfigEntry {
+                    key,
+                    value,
+                    layer: p.map(|p| p.layer),
+                    source: p.map_or_else(String::new, |p| p.source.clone()),
+                    note: p.and_then(|p| p.note.clone()),
+                }
+            })
+            .collect();
+        serde_json::to_value(entries).unwrap_or(serde_json::Value::Null)
+    }
+
     /// Creates `<output_dir>/<name>-<timestamp>/` (with `-2`, `-3`… if that exists already) and
     /// writes `config.json` into it.
     pub fn create(output_dir: &Path, name: &str, plan: &RunPlan) -> Result<Self, TrainError> {
@@ -85,20 +106,7 @@ impl RunDir {
                 Err(e) => return Err(file_error(&path, e)),
             }
         }
-        let entries: Vec<ConfigEntry<'_>> = plan
-            .entries()
-            .into_iter()
-            .map(|(key, value)| {
-                let p = plan.source_of(key);
-                ConfigEntry {
-                    key,
-                    value,
-                    layer: p.map(|p| p.layer),
-                    source: p.map_or_else(String::new, |p| p.source.clone()),
-                    note: p.and_then(|p| p.note.clone()),
-                }
-            })
-            .collect();
+        let entries = Self::config_json(plan);
         let config_path = path.join("config.json");
         let text =
             serde_json::to_string_pretty(&entries).map_err(|e| file_error(&config_path, e))?;
@@ -118,6 +126,67 @@ impl RunDir {
         &self.path
     }
 
+    /// Reopens the run directory `path` to continue it from a checkpoint at `step` whose data
+    /// position is in `epoch`: `metrics.jsonl` keeps what was logged up to that point (records
+    /// written after the checkpoint are dropped, as the resumed run writes them again), and is
+    /// rewritten atomically.
+    pub fn reopen(path: &Path, name: &str, step: u64, epoch: u64) -> Result<Self, TrainError> {
+        let metrics_path = path.join("metrics.jsonl");
+        let text =
+            std::fs::read_to_string(&metrics_path).map_err(|e| file_error(&metrics_path, e))?;
+        let mut kept = String::new();
+        let (mut steps, mut epochs) = (vec![], vec![]);
+        for line in text.lines() {
+            // A line cut short by a crash is dropped.
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            let keep = match v["kind"].as_str() {
+                Some("step") => {
+                    let ok = v["step"].as_u64().is_some_and(|s| s <= step);
+                    if ok {
+                        steps.push((
+                            v["epoch_progress"].as_f64().unwrap_or(0.0),
+                            v["loss"].as_f64().unwrap_or(f64::NAN),
+                            v["accuracy"].as_f64().unwrap_or(f64::NAN),
+                        ));
+                    }
+                    ok
+                }
+                Some("epoch") => {
+                    let ok = v["epoch"].as_u64().is_some_and(|e| e < epoch);
+                    if ok {
+                        epochs.push((
+                            v["epoch"].as_u64().unwrap_or(0),
+                            v["val_loss"].as_f64(),
+                            v["val_accuracy"].as_f64(),
+                        ));
+                    }
+                    ok
+                }
+                _ => true,
+            };
+            if keep {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+        let tmp = path.join(".metrics.jsonl.tmp");
+        std::fs::write(&tmp, kept).map_err(|e| file_error(&tmp, e))?;
+        std::fs::rename(&tmp, &metrics_path).map_err(|e| file_error(&metrics_path, e))?;
+        let metrics = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&metrics_path)
+            .map_err(|e| file_error(&metrics_path, e))?;
+        Ok(Self {
+            path: path.to_owned(),
+            metrics: BufWriter::new(metrics),
+            steps,
+            epochs,
+            title: name.to_owned(),
+        })
+    }
+
     fn append(&mut self, record: &impl Serialize) -> Result<(), TrainError> {
         let metrics_path = self.path.join("metrics.jsonl");
         let line = serde_json::to_string(record).map_err(|e| file_error(&metrics_path, e))?;
@@ -134,32 +203,26 @@ impl RunDir {
         let loss = [
             series(
                 "train loss",
-                self.steps
-                    .iter()
-                    .map(|s| (s.epoch_progress, s.loss))
-                    .collect(),
+                self.steps.iter().map(|s| (s.0, s.1)).collect(),
             ),
             series(
                 "val loss",
                 self.epochs
                     .iter()
-                    .filter_map(|e| e.val_loss.map(|v| ((e.epoch + 1) as f64, v)))
+                    .filter_map(|e| e.1.map(|v| ((e.0 + 1) as f64, v)))
                     .collect(),
             ),
         ];
         let accuracy = [
             series(
                 "train accuracy",
-                self.steps
-                    .iter()
-                    .map(|s| (s.epoch_progress, s.accuracy))
-                    .collect(),
+                self.steps.iter().map(|s| (s.0, s.2)).collect(),
             ),
             series(
                 "val accuracy",
                 self.epochs
                     .iter()
-                    .filter_map(|e| e.val_accuracy.map(|v| ((e.epoch + 1) as f64, v)))
+                    .filter_map(|e| e.2.map(|v| ((e.0 + 1) as f64, v)))
                     .collect(),
             ),
         ];
@@ -194,12 +257,14 @@ impl Observer for RunDir {
     }
 
     fn on_log(&mut self, record: &StepRecord) -> Result<(), TrainError> {
-        self.steps.push(record.clone());
+        self.steps
+            .push((record.epoch_progress, record.loss, record.accuracy));
         self.append(record)
     }
 
     fn on_epoch(&mut self, record: &EpochRecord) -> Result<(), TrainError> {
-        self.epochs.push(record.clone());
+        self.epochs
+            .push((record.epoch, record.val_loss, record.val_accuracy));
         self.append(record)
     }
 

@@ -78,6 +78,21 @@ impl LossScaler {
         Ok(self.scale.f_double_value(&[0])?)
     }
 
+    /// (scale, clean steps since the last change), for checkpoints (synchronises).
+    pub fn state(&self) -> Result<(f64, i64), TrainError> {
+        Ok((
+            self.scale.f_double_value(&[0])?,
+            self.growth_tracker.f_int64_value(&[0])?,
+        ))
+    }
+
+    /// Restores [`LossScaler::state`].
+    pub fn set_state(&mut self, scale: f64, growth_tracker: i64) -> Result<(), TrainError> {
+        let _ = self.scale.f_fill_(scale)?;
+        let _ = self.growth_tracker.f_fill_(growth_tracker)?;
+        Ok(())
+    }
+
     /// Whether the last checked step was skipped (synchronises with the device).
     pub fn skipped(&self) -> Result<bool, TrainError> {
         Ok(self.found_inf.f_double_value(&[0])? != 0.0)

@@ -6,14 +6,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_config::{LossScalePlan, OptimizerKind, ScheduleKind, TrainPlan};
-use kiln_data::{Dataset, Loader, LoaderConfig, SamplerConfig};
+use kiln_config::{CheckpointPlan, LossScalePlan, OptimizerKind, ScheduleKind, TrainPlan};
+use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig};
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::autocast::{AutocastDtype, AutocastGuard, DeviceType};
 use kiln_torch_ext::optim::{AdamWConfig, SgdConfig, clip_grad_norm};
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::TrainError;
+use crate::checkpoint::{self, Checkpoint, RunningSums};
 use crate::feed::{DeviceBatch, DeviceFeeder};
 use crate::model::Model;
 use crate::monitor::{MemorySample, PerfMonitor};
@@ -41,6 +42,8 @@ pub struct TrainSettings {
     pub log_interval: u64,
     /// Return cached GPU memory every N steps; 0 = never.
     pub empty_cache_interval: u64,
+    /// Stop after this many consecutive steps with non-finite gradients.
+    pub max_bad_steps: u64,
 }
 
 impl TrainSettings {
@@ -60,6 +63,7 @@ impl TrainSettings {
             loss_scale: plan.loss_scale,
             log_interval: plan.log_interval.max(1),
             empty_cache_interval,
+            max_bad_steps: plan.max_bad_steps.max(1),
         }
     }
 }
@@ -101,9 +105,30 @@ pub struct FitData<D: Dataset, V: Dataset> {
     pub loader: LoaderConfig,
 }
 
+/// Where and how a run writes checkpoints.
+#[derive(Debug, Clone)]
+pub struct CheckpointOptions {
+    /// `runs/<run>/checkpoints`.
+    pub dir: std::path::PathBuf,
+    pub plan: CheckpointPlan,
+    /// The resolved configuration, stored in each checkpoint.
+    pub config: serde_json::Value,
+}
+
+/// Checkpointing, resuming and stopping for [`Trainer::fit`].
+#[derive(Debug, Default)]
+pub struct FitOptions {
+    pub checkpoints: Option<CheckpointOptions>,
+    /// Continue from this checkpoint (already verified).
+    pub resume: Option<Checkpoint>,
+    /// Set from a signal handler: finish the current step, checkpoint, stop.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
 /// Drives a [`Model`] whose parameters live in a `VarStore`.
 pub struct Trainer<'m> {
     model: &'m dyn Model,
+    vs: &'m nn::VarStore,
     model_name: String,
     parameters: usize,
     device: Device,
@@ -112,6 +137,12 @@ pub struct Trainer<'m> {
     scaler: Option<LossScaler>,
     autocast: Option<(DeviceType, AutocastDtype)>,
     steps_done: u64,
+    /// Non-zero when this step's gradients held an inf or NaN (without a loss scaler).
+    found_inf: Tensor,
+    unit: Tensor,
+    /// Consecutive bad steps so far, and bad (skipped) steps in all, on the device.
+    bad_run: Tensor,
+    skipped_total: Tensor,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -159,7 +190,7 @@ impl<'m> Trainer<'m> {
     pub fn new(
         model: &'m dyn Model,
         model_name: &str,
-        vs: &nn::VarStore,
+        vs: &'m nn::VarStore,
         settings: TrainSettings,
         device: Device,
     ) -> Result<Self, TrainError> {
@@ -188,8 +219,14 @@ impl<'m> Trainer<'m> {
             AmpDtype::Fp16 => Some(LossScaler::new(settings.loss_scale, device)?),
             _ => None,
         };
+        let zero = || Tensor::f_zeros([1], (Kind::Float, device));
         Ok(Self {
             model,
+            vs,
+            found_inf: zero()?,
+            unit: Tensor::f_ones([1], (Kind::Float, device))?,
+            bad_run: zero()?,
+            skipped_total: zero()?,
             model_name: model_name.to_owned(),
             parameters: crate::models::parameter_count(vs),
             device,
@@ -279,13 +316,15 @@ impl<'m> Trainer<'m> {
         })
     }
 
-    /// Unscale/check, clip, step, update the scale, clear gradients.
+    /// Unscale/check, clip, step, update the scale, clear gradients. A step whose gradients
+    /// hold an inf or NaN changes nothing (with fp16 the scale also backs off); such steps are
+    /// counted on the device, without a host synchronisation.
     fn apply_step(&mut self, lr: f64) -> Result<Option<Tensor>, TrainError> {
         self.optimizer.set_lr(lr);
         let clip = self.settings.clip_grad_norm > 0.0;
         let grads = self.optimizer.grads();
         let mut grad_norm = None;
-        match &mut self.scaler {
+        let found_inf = match &mut self.scaler {
             Some(scaler) => {
                 // With clipping the gradients must be unscaled first; without, the fused
                 // kernel divides them by the scale itself.
@@ -297,14 +336,21 @@ impl<'m> Trainer<'m> {
                 let found_inf = scaler.found_inf().shallow_clone();
                 self.optimizer.step(grad_scale.as_ref(), Some(&found_inf))?;
                 scaler.update()?;
+                found_inf
             }
             None => {
+                let _ = self.found_inf.f_zero_()?;
+                kiln_torch_ext::optim::amp_unscale(&grads, &self.found_inf, &self.unit)?;
                 if clip && !grads.is_empty() {
                     grad_norm = Some(clip_grad_norm(&grads, self.settings.clip_grad_norm)?);
                 }
-                self.optimizer.step(None, None)?;
+                self.optimizer.step(None, Some(&self.found_inf))?;
+                self.found_inf.shallow_clone()
             }
-        }
+        };
+        let bad = found_inf.f_ne(0.0)?.f_to_kind(Kind::Float)?;
+        self.bad_run = self.bad_run.f_add(&bad)?.f_mul(&bad)?;
+        self.skipped_total = self.skipped_total.f_add(&bad)?;
         self.optimizer.zero_grad()?;
         self.steps_done += 1;
         if self.settings.empty_cache_interval > 0
@@ -316,6 +362,151 @@ impl<'m> Trainer<'m> {
             kiln_torch_ext::memory::empty_cache()?;
         }
         Ok(grad_norm)
+    }
+
+    /// Steps skipped so far for non-finite gradients (synchronises).
+    pub fn skipped_steps(&self) -> Result<u64, TrainError> {
+        Ok(scalar(&self.skipped_total)? as u64)
+    }
+
+    /// Fails once `max_bad_steps` consecutive steps were bad (synchronises).
+    fn check_bad_run(&self) -> Result<(), TrainError> {
+        let run = scalar(&self.bad_run)? as u64;
+        if run >= self.settings.max_bad_steps {
+            return Err(TrainError::NonFinite {
+                steps: run,
+                limit: self.settings.max_bad_steps,
+                step: self.steps_done,
+            });
+        }
+        Ok(())
+    }
+
+    /// The model's weights and buffers by name, sorted.
+    pub fn model_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut v: Vec<(String, Tensor)> = self.vs.variables().into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Writes a checkpoint of the current state; refuses if any weight is not finite.
+    fn save_checkpoint(
+        &self,
+        options: &CheckpointOptions,
+        epoch: u64,
+        batch: usize,
+        sums: RunningSums,
+        val_accuracy: Option<f64>,
+    ) -> Result<std::path::PathBuf, TrainError> {
+        let model = self.model_tensors();
+        for (name, t) in &model {
+            if t.is_floating_point() && t.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
+                return Err(TrainError::InvalidPlan {
+                    key: "checkpoint",
+                    value: name.clone(),
+                    expected: "finite weights: kiln never checkpoints non-finite weights"
+                        .to_owned(),
+                });
+            }
+        }
+        let mut state = self.optimizer.state_tensors();
+        state.push(("rng.cpu".to_owned(), kiln_torch_ext::rng::cpu_rng_state()?));
+        let (loss_scale, tracker) = match &self.scaler {
+            Some(s) => {
+                let (scale, tracker) = s.state()?;
+                (Some(scale), Some(tracker))
+            }
+            None => (None, None),
+        };
+        let dir = checkpoint::save(
+            &options.dir,
+            checkpoint::Contents {
+                model: &model,
+                state: &state,
+                meta: checkpoint::Meta {
+                    format: checkpoint::FORMAT.to_owned(),
+                    version: checkpoint::VERSION,
+                    kiln_version: env!("CARGO_PKG_VERSION").to_owned(),
+                    libtorch_version: kiln_torch_ext::runtime::torch_version().to_owned(),
+                    step: self.steps_done,
+                    epoch,
+                    batch,
+                    loss_scale,
+                    loss_scale_growth_tracker: tracker,
+                    model_rng: self.model.rng_state(),
+                    val_accuracy,
+                    sums,
+                    config: options.config.clone(),
+                    files: Default::default(),
+                    meta_sha256: String::new(),
+                },
+            },
+        )?;
+        checkpoint::prune(
+            &options.dir,
+            usize::try_from(options.plan.keep_last).unwrap_or(usize::MAX),
+            options.plan.keep_best,
+        )?;
+        Ok(dir)
+    }
+
+    /// Puts the trainer back in the state `ckpt` was taken in: weights, optimizer state, loss
+    /// scale, step count, generators.
+    pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<(), TrainError> {
+        let saved: std::collections::HashMap<&str, &Tensor> =
+            ckpt.model.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let current = self.model_tensors();
+        let mismatch = |name: &str, expected: String| TrainError::InvalidPlan {
+            key: "checkpoint",
+            value: format!("{} ({name})", ckpt.dir.display()),
+            expected,
+        };
+        if saved.len() != current.len() {
+            return Err(mismatch(
+                "tensor count",
+                format!(
+                    "{} tensors for this model, the checkpoint has {} (another model or size?)",
+                    current.len(),
+                    saved.len()
+                ),
+            ));
+        }
+        {
+            let _guard = tch::no_grad_guard();
+            for (name, target) in &current {
+                let source = saved.get(name.as_str()).ok_or_else(|| {
+                    mismatch(name, "this tensor, which the checkpoint lacks".to_owned())
+                })?;
+                if source.size() != target.size() {
+                    return Err(mismatch(
+                        name,
+                        format!(
+                            "shape {:?}, the checkpoint has {:?}",
+                            target.size(),
+                            source.size()
+                        ),
+                    ));
+                }
+                target.shallow_clone().f_copy_(source)?;
+            }
+        }
+        self.optimizer.load_state(&ckpt.state, ckpt.meta.step)?;
+        if let Some((_, rng)) = ckpt.state.iter().find(|(n, _)| n == "rng.cpu") {
+            kiln_torch_ext::rng::set_cpu_rng_state(rng)?;
+        }
+        if let (Some(scaler), Some(scale), Some(tracker)) = (
+            &mut self.scaler,
+            ckpt.meta.loss_scale,
+            ckpt.meta.loss_scale_growth_tracker,
+        ) {
+            scaler.set_state(scale, tracker)?;
+        }
+        self.model.set_rng_state(&ckpt.meta.model_rng)?;
+        self.steps_done = ckpt.meta.step;
+        let _ = self
+            .skipped_total
+            .f_fill_(ckpt.meta.sums.skipped_steps as f64)?;
+        Ok(())
     }
 
     /// Loss and accuracy over `batches`, without gradients.
@@ -344,11 +535,12 @@ impl<'m> Trainer<'m> {
     }
 
     /// Trains for `settings.epochs` epochs over `data`, validating after each, reporting to
-    /// `observer`.
+    /// `observer`; checkpoints, resumes and stops as `options` say.
     pub fn fit<D: Dataset, V: Dataset>(
         &mut self,
         data: FitData<D, V>,
         observer: &mut dyn Observer,
+        options: FitOptions,
     ) -> Result<Summary, TrainError> {
         let classes = data.train.classes();
         let train_samples = data.train.len();
@@ -388,6 +580,15 @@ impl<'m> Trainer<'m> {
             warmup_steps: self.settings.warmup_steps,
             total_steps,
         };
+
+        // Where to start: the beginning, or where the checkpoint left off.
+        let (start_epoch, start_batch, mut sums) = match &options.resume {
+            Some(ckpt) => {
+                self.restore(ckpt)?;
+                (ckpt.meta.epoch, ckpt.meta.batch, ckpt.meta.sums.clone())
+            }
+            None => (0, 0, RunningSums::default()),
+        };
         let precision = precision_name(self.settings.precision);
         let feed_probe = DeviceFeeder::new(std::iter::empty(), self.device);
         let feed = match self.device {
@@ -417,29 +618,53 @@ impl<'m> Trainer<'m> {
             train_samples,
             val_samples,
             feed,
+            resumed_from: options
+                .resume
+                .as_ref()
+                .map(|c| (c.dir.clone(), c.meta.step)),
         })?;
-        if self.device.is_cuda()
-            && let Device::Cuda(i) = self.device
-        {
+        if let Device::Cuda(i) = self.device {
             kiln_torch_ext::memory::reset_peak(i)?;
         }
+        let stop_requested = || {
+            options
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        };
 
         let run_start = Instant::now();
         let mut monitor = PerfMonitor::new();
-        let mut skipped_steps = 0u64;
         let mut last_epoch: Option<EpochRecord> = None;
-        let mut best_val: Option<f64> = None;
         let mut final_train_loss = f64::NAN;
-        for epoch in 0..self.settings.epochs {
+        let device = self.device;
+        let value = |v: f64| {
+            Tensor::f_from_slice(&[v as f32])
+                .and_then(|t| t.f_to_device(device))
+                .and_then(|t| t.f_view([]))
+        };
+        for epoch in start_epoch..self.settings.epochs {
             let epoch_start = Instant::now();
             let epoch_total_before = monitor.total();
-            let mut feeder = DeviceFeeder::new(train_loader.epoch(epoch), self.device);
-            let device = self.device;
-            let zero = || Tensor::f_zeros([], (Kind::Float, device));
-            let (mut epoch_loss, mut epoch_correct, mut epoch_samples) = (zero()?, zero()?, 0u64);
-            let (mut interval_loss, mut interval_correct, mut interval_samples) =
-                (zero()?, zero()?, 0u64);
-            let mut consumed = 0usize;
+            let first_batch = if epoch == start_epoch { start_batch } else { 0 };
+            let mut feeder = DeviceFeeder::new(
+                train_loader.resume(Position {
+                    epoch,
+                    batch: first_batch,
+                }),
+                self.device,
+            );
+            let (mut epoch_loss, mut epoch_correct, mut epoch_samples) = (
+                value(sums.epoch_loss)?,
+                value(sums.epoch_correct)?,
+                sums.epoch_samples,
+            );
+            let (mut interval_loss, mut interval_correct, mut interval_samples) = (
+                value(sums.interval_loss)?,
+                value(sums.interval_correct)?,
+                sums.interval_samples,
+            );
+            let mut consumed = first_batch;
             let mut last_norm = None;
             while consumed < batches_per_epoch {
                 monitor.start_step();
@@ -472,13 +697,16 @@ impl<'m> Trainer<'m> {
                     total_steps,
                 })?;
                 let epoch_done = consumed >= batches_per_epoch;
+                let stopping = stop_requested();
+                // (A stop does not log: the open interval goes into the checkpoint, so the
+                // resumed run logs exactly what an uninterrupted one would.)
                 if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done {
+                    self.check_bad_run()?;
                     let timing = monitor.take_interval();
-                    let (loss_scale, skipped) = match &self.scaler {
-                        Some(s) => (Some(s.scale()?), s.skipped()?),
-                        None => (None, false),
+                    let loss_scale = match &self.scaler {
+                        Some(s) => Some(s.scale()?),
+                        None => None,
                     };
-                    skipped_steps += u64::from(skipped);
                     let n = interval_samples.max(1) as f64;
                     let record = StepRecord {
                         kind: "step",
@@ -493,16 +721,51 @@ impl<'m> Trainer<'m> {
                         step_time_s: timing.step_seconds(),
                         samples_per_s: timing.samples_per_second(),
                         data_wait_share: timing.data_wait_share(),
-                        skipped_steps,
+                        skipped_steps: self.skipped_steps()?,
                         memory: MemorySample::read(self.device),
                     };
                     observer.on_log(&record)?;
                     epoch_loss = epoch_loss.f_add(&interval_loss)?;
                     epoch_correct = epoch_correct.f_add(&interval_correct)?;
                     epoch_samples += interval_samples;
-                    interval_loss = zero()?;
-                    interval_correct = zero()?;
+                    interval_loss = value(0.0)?;
+                    interval_correct = value(0.0)?;
                     interval_samples = 0;
+                }
+                let every = options.checkpoints.as_ref().map_or(0, |c| {
+                    if c.plan.enabled {
+                        c.plan.every_steps
+                    } else {
+                        0
+                    }
+                });
+                let periodic = every > 0 && self.steps_done.is_multiple_of(every);
+                if (periodic || stopping)
+                    && let Some(ckpt) = options.checkpoints.as_ref().filter(|c| c.plan.enabled)
+                {
+                    let sums_now = RunningSums {
+                        epoch_loss: scalar(&epoch_loss)?,
+                        epoch_correct: scalar(&epoch_correct)?,
+                        epoch_samples,
+                        interval_loss: scalar(&interval_loss)?,
+                        interval_correct: scalar(&interval_correct)?,
+                        interval_samples,
+                        skipped_steps: self.skipped_steps()?,
+                        best_val_accuracy: sums.best_val_accuracy,
+                    };
+                    let dir = self.save_checkpoint(ckpt, epoch, consumed, sums_now, None)?;
+                    if stopping {
+                        return Err(TrainError::Stopped {
+                            step: self.steps_done,
+                            checkpoint: Some(dir),
+                        });
+                    }
+                }
+                if stopping {
+                    return Err(TrainError::Stopped {
+                        step: self.steps_done,
+                        checkpoint: None,
+                    });
                 }
             }
             drop(feeder);
@@ -515,7 +778,10 @@ impl<'m> Trainer<'m> {
                 None => None,
             };
             if let Some(v) = &val {
-                best_val = Some(best_val.map_or(v.accuracy, |b: f64| b.max(v.accuracy)));
+                sums.best_val_accuracy = Some(
+                    sums.best_val_accuracy
+                        .map_or(v.accuracy, |b: f64| b.max(v.accuracy)),
+                );
             }
             let epoch_timing = {
                 let t = monitor.total();
@@ -547,6 +813,23 @@ impl<'m> Trainer<'m> {
             };
             observer.on_epoch(&record)?;
             last_epoch = Some(record);
+            sums = RunningSums {
+                skipped_steps: self.skipped_steps()?,
+                best_val_accuracy: sums.best_val_accuracy,
+                ..RunningSums::default()
+            };
+            if let Some(ckpt) = options.checkpoints.as_ref().filter(|c| c.plan.enabled) {
+                let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
+                if !at_this_step.exists() {
+                    self.save_checkpoint(
+                        ckpt,
+                        epoch + 1,
+                        0,
+                        sums.clone(),
+                        val.map(|v| v.accuracy),
+                    )?;
+                }
+            }
         }
         let total = monitor.total();
         let summary = Summary {
@@ -555,17 +838,17 @@ impl<'m> Trainer<'m> {
             device: format!("{:?}", self.device).to_lowercase(),
             precision: precision.to_owned(),
             epochs: self.settings.epochs,
-            steps: total.steps,
+            steps: self.steps_done,
             samples: total.samples,
             seconds: run_start.elapsed().as_secs_f64(),
             mean_step_time_s: total.step_seconds(),
             samples_per_s: total.samples_per_second(),
             data_wait_share: total.data_wait_share(),
-            skipped_steps,
+            skipped_steps: self.skipped_steps()?,
             final_train_loss,
             final_val_loss: last_epoch.as_ref().and_then(|e| e.val_loss),
             final_val_accuracy: last_epoch.as_ref().and_then(|e| e.val_accuracy),
-            best_val_accuracy: best_val,
+            best_val_accuracy: sums.best_val_accuracy,
             chance_accuracy: classes.map_or(0.0, |c| 1.0 / c.max(1) as f64),
             memory: MemorySample::read(self.device),
         };

@@ -5,7 +5,7 @@ use kiln_config::{ConfigRequest, Layer, Machine, load, simulated_machine};
 use kiln_device::{CpuFacts, Device};
 use kiln_profiles::ProfileSet;
 use kiln_train::record::{Observer, Silent, StepRecord};
-use kiln_train::run::train;
+use kiln_train::run::{RunControl, train};
 use kiln_train::rundir::RunDir;
 
 fn cpu_plan(sets: &[String]) -> kiln_config::RunPlan {
@@ -51,9 +51,16 @@ fn a_short_mlp_run_learns_and_records_everything() {
     ]);
     let mut seen = Collect::default();
     let mut ready = None;
-    let outcome = train(&plan, Device::Cpu, None, &mut seen, &mut |dir, data| {
-        ready = Some((dir.to_owned(), data.to_owned()));
-    })
+    let outcome = train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut seen,
+        &mut |dir, data| {
+            ready = Some((dir.to_owned(), data.to_owned()));
+        },
+    )
     .unwrap();
     let (dir, data) = ready.unwrap();
     assert_eq!(dir, outcome.run_dir);
@@ -130,6 +137,7 @@ fn a_missing_dataset_is_named_in_the_error() {
         &plan,
         Device::Cpu,
         Some(&missing),
+        RunControl::default(),
         &mut Silent,
         &mut |_, _| {},
     )

@@ -34,6 +34,7 @@ fn settings(optimizer: OptimizerKind, precision: AmpDtype) -> TrainSettings {
         },
         log_interval: 10,
         empty_cache_interval: 0,
+        max_bad_steps: 3,
     }
 }
 
@@ -411,4 +412,73 @@ fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
     assert!(
         !kiln_torch_ext::autocast::is_enabled(kiln_torch_ext::autocast::DeviceType::Cpu).unwrap()
     );
+}
+
+#[test]
+fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
+    use kiln_data::{InMemory, LoaderConfig, SamplerConfig};
+    use kiln_train::record::Silent;
+    use kiln_train::trainer::{FitData, FitOptions};
+    use std::sync::Arc;
+
+    let data = || {
+        Arc::new(
+            InMemory::new(
+                (0..32).map(|i| i as f32 / 32.0).collect(),
+                vec![0; 16],
+                vec![2],
+            )
+            .unwrap(),
+        )
+    };
+    let loader = LoaderConfig {
+        batch_size: 4,
+        num_workers: 0,
+        prefetch_factor: 2,
+        drop_last: true,
+        sampler: SamplerConfig::default(),
+    };
+    let fit = |trainer: &mut Trainer<'_>| {
+        trainer.fit(
+            FitData::<InMemory, InMemory> {
+                train: data(),
+                val: None,
+                loader,
+            },
+            &mut Silent,
+            FitOptions::default(),
+        )
+    };
+    let mut s = settings(OptimizerKind::Sgd, AmpDtype::None);
+    s.log_interval = 1;
+    s.max_bad_steps = 3;
+
+    // Always bad: three skipped steps in a row stop the run; the weights never moved.
+    let (vs, model) = linear1(2);
+    model.poison.set(true);
+    let mut trainer = Trainer::new(&model, "linear", &vs, s.clone(), Device::Cpu).unwrap();
+    let err = fit(&mut trainer).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::NonFinite {
+                steps: 3,
+                limit: 3,
+                step: 3
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("train.max_bad_steps"), "{err}");
+    assert_eq!(
+        Vec::<f64>::try_from(model.w.to_kind(Kind::Double)).unwrap(),
+        [1.0, 1.0]
+    );
+
+    // Fine: no step skipped, the run completes.
+    let (vs, model) = linear1(2);
+    let mut trainer = Trainer::new(&model, "linear", &vs, s, Device::Cpu).unwrap();
+    let summary = fit(&mut trainer).unwrap();
+    assert_eq!((summary.steps, summary.skipped_steps), (4, 0));
+    assert!(Vec::<f64>::try_from(model.w.to_kind(Kind::Double)).unwrap()[0] < 1.0);
 }

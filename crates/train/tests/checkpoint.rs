@@ -1,0 +1,451 @@
+//! Checkpoints: a run stopped or killed and resumed continues bit-exactly on the CPU; a
+//! half-written, truncated or corrupted checkpoint is detected and an older one used; weights
+//! are readable from Python's `safetensors`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kiln_config::{ConfigRequest, Machine, load, simulated_machine};
+use kiln_device::{CpuFacts, Device};
+use kiln_profiles::ProfileSet;
+use kiln_train::TrainError;
+use kiln_train::checkpoint::{self, Contents};
+use kiln_train::record::{Observer, Progress, Silent};
+use kiln_train::run::{Resume, RunControl, train};
+use serde_json::Value;
+use tch::{Kind, Tensor};
+
+fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
+    let set = ProfileSet::builtin().unwrap();
+    let cpu = CpuFacts {
+        model: "test".into(),
+        physical_cores: 2,
+        logical_cores: 2,
+        total_memory_bytes: 16 << 30,
+        available_memory_bytes: 8 << 30,
+        avx512: false,
+        avx512_bf16: false,
+        amx_bf16: false,
+    };
+    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
+    let mut req = ConfigRequest::new(Machine::Simulated(facts));
+    req.sets = [
+        "model.name=mlp",
+        "data.synthetic_samples=1000",
+        "data.num_workers=1",
+        "train.epochs=3",
+        "train.log_interval=5",
+        "train.batch_size=16",
+        "checkpoint.every_steps=7",
+        "checkpoint.keep_last=50",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain(extra.iter().map(|s| (*s).to_owned()))
+    .chain([format!("run.output_dir={}", out.display())])
+    .collect();
+    load(&req).unwrap().plan
+}
+
+/// Stops the run at `step`: by the stop flag (a signal), or by failing (a crash).
+struct StopAt {
+    step: u64,
+    flag: Option<Arc<AtomicBool>>,
+}
+
+impl Observer for StopAt {
+    fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
+        if p.step == self.step {
+            match &self.flag {
+                Some(flag) => flag.store(true, Ordering::SeqCst),
+                None => {
+                    return Err(TrainError::InvalidPlan {
+                        key: "test",
+                        value: "crash".into(),
+                        expected: "the run dies here".into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn only_run(out: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+/// The deterministic content of a run's step and epoch records.
+fn learning_curve(run: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["kind"] == "step" || v["kind"] == "epoch")
+        .map(|v| {
+            let keep = [
+                "kind",
+                "step",
+                "epoch",
+                "epoch_progress",
+                "loss",
+                "accuracy",
+                "lr",
+                "train_loss",
+                "train_accuracy",
+                "val_loss",
+                "val_accuracy",
+            ];
+            keep.iter()
+                .map(|k| ((*k).to_owned(), v[*k].clone()))
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        })
+        .collect()
+}
+
+#[test]
+fn stopped_or_killed_runs_resume_bit_exactly() {
+    let reference = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(reference.path(), &[]);
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let expected = learning_curve(&only_run(reference.path()));
+    assert!(expected.len() > 20);
+
+    // A signal at step 17: the step finishes, a checkpoint is written, the run stops.
+    let stopped = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(stopped.path(), &[]);
+    let flag = Arc::new(AtomicBool::new(false));
+    let err = train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl {
+            resume: None,
+            stop: Some(flag.clone()),
+        },
+        &mut StopAt {
+            step: 17,
+            flag: Some(flag),
+        },
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TrainError::Stopped {
+                step: 17,
+                checkpoint: Some(_)
+            }
+        ),
+        "{err}"
+    );
+    let run = only_run(stopped.path());
+    assert!(
+        run.join("checkpoints")
+            .join(checkpoint::dir_name(17))
+            .is_dir()
+    );
+    let outcome = train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl {
+            resume: Some(Resume::Latest),
+            stop: None,
+        },
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(
+        outcome.run_dir, run,
+        "the resumed run continues in its directory"
+    );
+    assert_eq!(
+        learning_curve(&run),
+        expected,
+        "resumed after a stop at step 17"
+    );
+
+    // A crash at step 20 (no checkpoint then; the last one is step 14's).
+    let crashed = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(crashed.path(), &[]);
+    assert!(
+        train(
+            &plan,
+            Device::Cpu,
+            None,
+            RunControl::default(),
+            &mut StopAt {
+                step: 20,
+                flag: None
+            },
+            &mut |_, _| {}
+        )
+        .is_err()
+    );
+    let run = only_run(crashed.path());
+    let steps: Vec<u64> = checkpoint::list(&run.join("checkpoints"))
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(steps, [7, 14]);
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl {
+            resume: Some(Resume::From(run.clone())),
+            stop: None,
+        },
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(
+        learning_curve(&run),
+        expected,
+        "resumed after a crash at step 20"
+    );
+}
+
+fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
+    let w = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).view([2, 3]);
+    let meta = checkpoint::Meta {
+        format: checkpoint::FORMAT.to_owned(),
+        version: checkpoint::VERSION,
+        kiln_version: "test".into(),
+        libtorch_version: "test".into(),
+        step,
+        epoch: 0,
+        batch: step as usize,
+        loss_scale: None,
+        loss_scale_growth_tracker: None,
+        model_rng: vec![step],
+        val_accuracy: Some(step as f64 / 100.0),
+        sums: Default::default(),
+        config: Value::Null,
+        files: Default::default(),
+        meta_sha256: String::new(),
+    };
+    checkpoint::save(
+        dir,
+        Contents {
+            model: &[("fc.weight".to_owned(), &w * step as f64)],
+            state: &[("fc.weight.step".to_owned(), Tensor::from(step as f32))],
+            meta,
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn damaged_checkpoints_are_named_and_an_older_good_one_is_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    for step in [10, 20, 30, 40] {
+        small_checkpoint(&dir, step);
+    }
+    let (latest, skipped) = checkpoint::latest_good(&dir).unwrap();
+    assert_eq!((latest.meta.step, skipped.len()), (40, 0));
+    assert_eq!(latest.meta.model_rng, [40]);
+
+    // Corrupt one byte of step 40's weights, truncate step 30's state, break step 20's JSON.
+    let model = dir
+        .join(checkpoint::dir_name(40))
+        .join(checkpoint::MODEL_FILE);
+    let mut bytes = std::fs::read(&model).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&model, bytes).unwrap();
+    let state = dir
+        .join(checkpoint::dir_name(30))
+        .join(checkpoint::STATE_FILE);
+    let len = std::fs::metadata(&state).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&state)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let meta = dir
+        .join(checkpoint::dir_name(20))
+        .join(checkpoint::META_FILE);
+    let text = std::fs::read_to_string(&meta).unwrap();
+    std::fs::write(&meta, text.replace("\"step\": 20", "\"step\": 21")).unwrap();
+
+    let (good, skipped) = checkpoint::latest_good(&dir).unwrap();
+    assert_eq!(good.meta.step, 10);
+    let reasons: Vec<String> = skipped.iter().map(|(_, why)| why.clone()).collect();
+    assert_eq!(reasons.len(), 3);
+    assert!(
+        reasons[0].contains("model.safetensors") && reasons[0].contains("checksum"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[1].contains("state.safetensors") && reasons[1].contains("truncated"),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons[2].contains("checkpoint.json") && reasons[2].contains("corrupted"),
+        "{reasons:?}"
+    );
+    // Pointing --resume at the damaged newest one falls back too, and says why.
+    let (via_path, skipped) = checkpoint::resolve(&dir.join(checkpoint::dir_name(40))).unwrap();
+    assert_eq!(via_path.meta.step, 10);
+    assert!(skipped[0].0.ends_with(checkpoint::dir_name(40)));
+    // Nothing good at all: an error naming the directory and each reason.
+    std::fs::remove_dir_all(dir.join(checkpoint::dir_name(10))).unwrap();
+    let err = checkpoint::latest_good(&dir).unwrap_err().to_string();
+    assert!(
+        err.contains("no loadable checkpoint") && err.contains("checksum"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_write_that_dies_midway_leaves_the_previous_checkpoint_loadable() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    small_checkpoint(&dir, 5);
+    // A tensor kiln cannot store fails the write after the weights file was written.
+    let bad = Tensor::zeros([2], (Kind::ComplexFloat, tch::Device::Cpu));
+    let mut meta = checkpoint::load(&dir.join(checkpoint::dir_name(5)))
+        .unwrap()
+        .meta;
+    meta.step = 6;
+    let err = checkpoint::save(
+        &dir,
+        Contents {
+            model: &[("ok".to_owned(), Tensor::from(1.0f32))],
+            state: &[("bad".to_owned(), bad)],
+            meta,
+        },
+    );
+    let err = err.unwrap_err().to_string();
+    assert!(err.contains("bad"), "{err}");
+    // A leftover temporary directory of the dead write, and no new step directory.
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|n| n.starts_with(".tmp-")), "{names:?}");
+    assert_eq!(checkpoint::list(&dir).unwrap().len(), 1);
+    assert_eq!(checkpoint::latest_good(&dir).unwrap().0.meta.step, 5);
+    // Same step again is refused rather than overwritten.
+    let again = checkpoint::save(
+        &dir,
+        Contents {
+            model: &[],
+            state: &[],
+            meta: checkpoint::load(&dir.join(checkpoint::dir_name(5)))
+                .unwrap()
+                .meta,
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(again.contains("does not overwrite"), "{again}");
+}
+
+#[test]
+fn pruning_keeps_the_last_k_and_the_best() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    for step in [1, 2, 3, 4, 5] {
+        small_checkpoint(&dir, step);
+    }
+    // Make step 2 the best by validation accuracy.
+    let meta_path = dir
+        .join(checkpoint::dir_name(2))
+        .join(checkpoint::META_FILE);
+    let mut meta: checkpoint::Meta =
+        serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+    meta.val_accuracy = Some(0.99);
+    std::fs::write(&meta_path, serde_json::to_string(&meta).unwrap()).unwrap();
+    checkpoint::prune(&dir, 2, true).unwrap();
+    let left: Vec<u64> = checkpoint::list(&dir)
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(left, [2, 4, 5]);
+    checkpoint::prune(&dir, 1, false).unwrap();
+    let left: Vec<u64> = checkpoint::list(&dir)
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(left, [5]);
+}
+
+/// The provisioned venv's Python (beside the libtorch in use), if it has `safetensors`.
+fn python_with_safetensors() -> Option<PathBuf> {
+    let lib = kiln_torch_ext::runtime::libtorch_lib_dir()
+        .ok()?
+        .canonicalize()
+        .ok()?;
+    let python = lib
+        .ancestors()
+        .map(|a| a.join("bin/python"))
+        .find(|p| p.is_file())?;
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import safetensors"])
+        .status()
+        .ok()?
+        .success();
+    ok.then_some(python)
+}
+
+#[test]
+fn weights_are_readable_from_python_safetensors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = small_checkpoint(&tmp.path().join("checkpoints"), 3);
+    let Some(python) = python_with_safetensors() else {
+        eprintln!(
+            "skipped: no Python with the safetensors package beside this libtorch \
+             (cargo xtask setup installs it into kiln's venv)"
+        );
+        return;
+    };
+    let script = "import sys, json\n\
+        from safetensors import safe_open\n\
+        with safe_open(sys.argv[1], framework='numpy' if False else 'pt') as f:\n\
+        \x20   w = f.get_tensor('fc.weight')\n\
+        \x20   print(json.dumps({'shape': list(w.shape), 'values': w.flatten().tolist()}))\n";
+    let out = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(ckpt.join(checkpoint::MODEL_FILE))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["shape"], serde_json::json!([2, 3]));
+    assert_eq!(
+        v["values"],
+        serde_json::json!([0.0, 3.0, 6.0, 9.0, 12.0, 15.0])
+    );
+}
