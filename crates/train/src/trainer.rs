@@ -349,7 +349,11 @@ impl<'m> Trainer<'m> {
             }
         };
         let bad = found_inf.f_ne(0.0)?.f_to_kind(Kind::Float)?;
-        self.bad_run = self.bad_run.f_add(&bad)?.f_mul(&bad)?;
+        // With fp16 the scaler's back-off is the remedy (a run often skips a few steps while
+        // the scale settles); only without one do bad steps in a row stop the run.
+        if self.scaler.is_none() {
+            self.bad_run = self.bad_run.f_add(&bad)?.f_mul(&bad)?;
+        }
         self.skipped_total = self.skipped_total.f_add(&bad)?;
         self.optimizer.zero_grad()?;
         self.steps_done += 1;

@@ -475,6 +475,16 @@ fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
         [1.0, 1.0]
     );
 
+    // With the fp16 scaler, bad steps back the scale off instead of stopping the run.
+    let (vs, model) = linear1(2);
+    model.poison.set(true);
+    let mut fp16 = s.clone();
+    fp16.precision = AmpDtype::Fp16;
+    let mut trainer = Trainer::new(&model, "linear", &vs, fp16, Device::Cpu).unwrap();
+    let summary = fit(&mut trainer).unwrap();
+    assert_eq!(summary.skipped_steps, 4);
+    assert_eq!(trainer.scaler().unwrap().scale().unwrap(), 1024.0 / 16.0);
+
     // Fine: no step skipped, the run completes.
     let (vs, model) = linear1(2);
     let mut trainer = Trainer::new(&model, "linear", &vs, s, Device::Cpu).unwrap();
