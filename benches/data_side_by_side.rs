@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln_benches::{bench_root, flag, median, number, python, report_path};
 use kiln_data::{
     DType, Dataset, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
     ShardFormat, ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
@@ -44,20 +45,6 @@ fn main() {
 }
 
 type Result<T> = std::result::Result<T, String>;
-
-fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-}
-
-fn number(args: &[String], name: &str, default: usize) -> Result<usize> {
-    flag(args, name).map_or(Ok(default), |v| {
-        v.parse()
-            .map_err(|_| format!("{name} `{v}` is not a non-negative integer"))
-    })
-}
 
 /// One epoch of kiln's loader over the shards, each batch turned into tensors and checksummed
 /// like the Python side does; prints one JSON line.
@@ -299,11 +286,6 @@ fn idle_memory(mut cmd: Command) -> Result<Peak> {
     Ok(peak)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn compare(args: &[String]) -> Result<()> {
     if args.iter().any(|a| a == "-h" || a == "--help") {
         usage();
@@ -311,23 +293,10 @@ fn compare(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let repeats = number(args, "--repeats", if quick { 1 } else { 3 })?.max(1);
     let samples = if quick { 1024 } else { 8192 };
-    let python = flag(args, "--python")
-        .map(str::to_owned)
-        .or_else(|| std::env::var("KILN_BENCH_PYTHON").ok())
-        .unwrap_or_else(|| "python3".to_owned());
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = python(args);
+    let root = bench_root();
     let script = root.join("python/torch_loader.py");
-    let work = flag(args, "--work-dir").map_or_else(
-        || {
-            let workspace = root
-                .parent()
-                .map_or_else(|| root.clone(), Path::to_path_buf);
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| workspace.join("target"), PathBuf::from)
-                .join("kiln-bench/data")
-        },
-        PathBuf::from,
-    );
+    let work = flag(args, "--work-dir").map_or_else(|| report_path("data"), PathBuf::from);
     let out = flag(args, "--out").map_or_else(|| work.join("report.json"), PathBuf::from);
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
 

@@ -6,10 +6,11 @@
 //! `kiln-bench-train probe …` is the kiln side of one case, in its own process like the Python
 //! side, so neither inherits the other's threads or caches.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
+use kiln_benches::{bench_root, flag, median, number, python, report_path};
 use kiln_config::{ConfigRequest, Machine, ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
 use kiln_device::settings::AmpDtype;
 use kiln_train::feed::DeviceBatch;
@@ -42,20 +43,6 @@ fn main() {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
-}
-
-fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-}
-
-fn number(args: &[String], name: &str, default: usize) -> Result<usize> {
-    flag(args, name).map_or(Ok(default), |v| {
-        v.parse()
-            .map_err(|_| format!("{name} `{v}` is not a non-negative integer"))
-    })
 }
 
 fn model_plan(kind: ModelKind, dropout: f64) -> ModelPlan {
@@ -245,11 +232,6 @@ fn gemm(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 fn run_json(mut cmd: Command) -> Result<Value> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
@@ -325,23 +307,10 @@ fn compare(args: &[String]) -> Result<()> {
     let repeats = number(args, "--repeats", if quick { 1 } else { 3 })?.max(1);
     let threads = number(args, "--threads", 2)?.max(1);
     let (warmup, steps) = if quick { (2, 5) } else { (5, 20) };
-    let python = flag(args, "--python")
-        .map(str::to_owned)
-        .or_else(|| std::env::var("KILN_BENCH_PYTHON").ok())
-        .unwrap_or_else(|| "python3".to_owned());
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let python = python(args);
+    let root = bench_root();
     let script = root.join("python/train_step.py");
-    let out = flag(args, "--out").map_or_else(
-        || {
-            let workspace = root
-                .parent()
-                .map_or_else(|| root.clone(), Path::to_path_buf);
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| workspace.join("target"), PathBuf::from)
-                .join("kiln-bench/train.json")
-        },
-        PathBuf::from,
-    );
+    let out = flag(args, "--out").map_or_else(|| report_path("train.json"), PathBuf::from);
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let threads_s = threads.to_string();
 

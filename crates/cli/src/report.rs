@@ -91,19 +91,7 @@ pub fn train_line(r: &Resolution) -> String {
 
 pub fn start_line(r: &Resolution) -> String {
     let plan = &r.plan;
-    let src = |key: &str| {
-        plan.source_of(key)
-            .map_or("?".to_owned(), |p| match p.layer {
-                Layer::Default => "default".to_owned(),
-                Layer::Profile => "profile".to_owned(),
-                Layer::File => "file".to_owned(),
-                Layer::Env => p
-                    .source
-                    .trim_start_matches("environment variable ")
-                    .to_owned(),
-                Layer::CommandLine => p.source.trim_start_matches("command line ").to_owned(),
-            })
-    };
+    let src = |key: &str| short_source(plan, key);
     let device = match &r.selection.gpu {
         Some(g) => format!("{} ({})", r.selection.device, g.name),
         None => r.selection.device.to_string(),
