@@ -146,15 +146,6 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let mut request_flags = args.flags();
     request_flags.extend(train.flags());
     let r = load_with_flags(args, request_flags).context("cannot start the run")?;
-    if let Some(dir) = &train.data
-        && !dir.join(kiln_data::MANIFEST_FILE).is_file()
-    {
-        anyhow::bail!(
-            "--data {}: not a prepared dataset (no {} there); make one with `kiln data prepare`",
-            dir.display(),
-            kiln_data::MANIFEST_FILE
-        );
-    }
     eprintln!(
         "device {} ({}): {}",
         r.selection.device, r.plan.device_request, r.selection.reason

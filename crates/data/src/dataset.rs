@@ -4,6 +4,14 @@
 use crate::DataError;
 use crate::rng::SplitMix64;
 
+/// The error for reading sample `index` of a dataset of `len` samples.
+pub(crate) fn out_of_range(index: usize, len: usize) -> DataError {
+    DataError::Sample {
+        index,
+        message: format!("out of range (the dataset has {len} samples)"),
+    }
+}
+
 /// A dataset of float feature arrays with integer labels, readable by index from any thread.
 pub trait Dataset: Send + Sync + 'static {
     /// Number of samples.
@@ -196,10 +204,10 @@ impl Dataset for InMemory {
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
         let numel = out.len();
-        let label = *self.labels.get(index).ok_or_else(|| DataError::Sample {
-            index,
-            message: format!("out of range (the dataset has {} samples)", self.len()),
-        })?;
+        let label = *self
+            .labels
+            .get(index)
+            .ok_or_else(|| out_of_range(index, self.len()))?;
         out.copy_from_slice(&self.features[index * numel..(index + 1) * numel]);
         Ok(label)
     }
@@ -266,10 +274,7 @@ impl Dataset for SyntheticClassification {
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
         if index >= self.len {
-            return Err(DataError::Sample {
-                index,
-                message: format!("out of range (the dataset has {} samples)", self.len),
-            });
+            return Err(out_of_range(index, self.len));
         }
         let label = self.label_of(index);
         let numel = out.len();

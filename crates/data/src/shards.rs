@@ -477,10 +477,9 @@ impl Dataset for ShardedDataset {
     }
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
-        let (shard, i) = self.locate(index).ok_or_else(|| DataError::Sample {
-            index,
-            message: format!("out of range (the dataset has {} samples)", self.len()),
-        })?;
+        let (shard, i) = self
+            .locate(index)
+            .ok_or_else(|| crate::dataset::out_of_range(index, self.len()))?;
         shard.features.dtype.to_f32(shard.features.row(i), out);
         if self.release_pages {
             shard.features.release_row(i);

@@ -4,7 +4,7 @@
 //! reads the same from any worker.
 
 use crate::DataError;
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, out_of_range};
 use crate::rng::SplitMix64;
 
 /// Uniform noise in [-√3, √3): unit variance, one generator draw per value.
@@ -21,13 +21,6 @@ fn check(what: &str, numel: usize, classes: usize) -> Result<(), DataError> {
         });
     }
     Ok(())
-}
-
-fn out_of_range(index: usize, len: usize) -> DataError {
-    DataError::Sample {
-        index,
-        message: format!("out of range (the dataset has {len} samples)"),
-    }
 }
 
 /// Sequences of `[seq_len, features]` frames (like pose keypoints over time). Each class has a

@@ -299,8 +299,21 @@ pub fn list(checkpoints: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
 
 /// The newest checkpoint that verifies, with the ones skipped on the way and why.
 pub fn latest_good(checkpoints: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>), TrainError> {
-    let mut skipped = vec![];
-    for (_, dir) in list(checkpoints)?.into_iter().rev() {
+    newest_good(checkpoints, u64::MAX, vec![])
+}
+
+/// The newest checkpoint older than step `below` that verifies; `skipped` (what was passed over
+/// already) grows with each one that does not.
+fn newest_good(
+    checkpoints: &Path,
+    below: u64,
+    mut skipped: Vec<(PathBuf, String)>,
+) -> Result<(Checkpoint, Vec<(PathBuf, String)>), TrainError> {
+    for (_, dir) in list(checkpoints)?
+        .into_iter()
+        .rev()
+        .filter(|(step, _)| *step < below)
+    {
         match load(&dir) {
             Ok(c) => return Ok((c, skipped)),
             Err(e) => skipped.push((dir, e.to_string())),
@@ -356,20 +369,15 @@ pub fn resolve(path: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>), Trai
             Ok(c) => Ok((c, vec![])),
             Err(e) => {
                 // Fall back to the newest good checkpoint older than this one.
-                let parent = path.parent().unwrap_or(path);
-                let mut skipped = vec![(path.to_owned(), e.to_string())];
-                let this = path.file_name().map(|n| n.to_string_lossy().into_owned());
-                for (_, dir) in list(parent)?.into_iter().rev() {
-                    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
-                    if name >= this {
-                        continue;
+                let step = path
+                    .file_name()
+                    .and_then(|n| n.to_str()?.strip_prefix("step-")?.parse::<u64>().ok());
+                match (step, path.parent()) {
+                    (Some(step), Some(parent)) => {
+                        newest_good(parent, step, vec![(path.to_owned(), e.to_string())])
                     }
-                    match load(&dir) {
-                        Ok(c) => return Ok((c, skipped)),
-                        Err(e) => skipped.push((dir, e.to_string())),
-                    }
+                    _ => Err(e),
                 }
-                Err(e)
             }
         };
     }

@@ -146,9 +146,9 @@ impl Model for Mlp {
     fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
         let mut x = features.f_flatten(1, -1)?;
         for (layer, dropout) in self.hidden.iter().zip(&self.dropout) {
-            x = dropout.apply(&x.f_linear(&layer.ws, layer.bs.as_ref())?.f_relu()?, train)?;
+            x = dropout.apply(&linear(&x, layer)?.f_relu()?, train)?;
         }
-        Ok(x.f_linear(&self.head.ws, self.head.bs.as_ref())?)
+        linear(&x, &self.head)
     }
 
     fn rng_state(&self) -> Vec<u64> {

@@ -188,8 +188,14 @@ impl Optimizer {
             match self.rule {
                 Rule::AdamW(config) => {
                     let steps = pick(&state.steps);
+                    // Count the step before the kernel reads the counts; a skipped one (found_inf)
+                    // adds 0, as in torch.optim.AdamW.
+                    let increment = match found_inf {
+                        Some(inf) => inf.f_view([])?.f_neg()?.f_add_scalar(1.0)?,
+                        None => Tensor::f_ones([], (Kind::Float, params[0].device()))?,
+                    };
                     for s in &steps {
-                        let _ = s.shallow_clone().f_add_scalar_(1.0)?;
+                        let _ = s.shallow_clone().f_add_(&increment)?;
                     }
                     fused_adamw_step(
                         AdamWTensors {
@@ -208,12 +214,6 @@ impl Optimizer {
                         grad_scale,
                         found_inf,
                     )?;
-                    if let Some(inf) = found_inf {
-                        // A skipped step does not count (as in torch.optim.AdamW).
-                        for s in &steps {
-                            let _ = s.shallow_clone().f_sub_(&inf.f_view([])?)?;
-                        }
-                    }
                 }
                 Rule::Sgd(config) => {
                     let momentum = if state.momentum.is_empty() {

@@ -594,16 +594,12 @@ impl<'m> Trainer<'m> {
             None => (0, 0, RunningSums::default()),
         };
         let precision = precision_name(self.settings.precision);
-        let feed_probe = DeviceFeeder::new(std::iter::empty(), self.device);
         let feed = match self.device {
             Device::Cpu => "cpu: batch buffers become tensors without a copy".to_owned(),
-            _ if feed_probe.pinned() => {
+            Device::Cuda(_) => {
                 "pinned host buffers, copied on a side stream one batch ahead".to_owned()
             }
-            _ => format!(
-                "pageable copies ({})",
-                feed_probe.unpinned_because().unwrap_or("no pinned memory")
-            ),
+            other => format!("copies to {other:?}"),
         };
         observer.on_start(&RunStart {
             model: self.model_name.clone(),
@@ -640,7 +636,6 @@ impl<'m> Trainer<'m> {
         let run_start = Instant::now();
         let mut monitor = PerfMonitor::new();
         let mut last_epoch: Option<EpochRecord> = None;
-        let mut final_train_loss = f64::NAN;
         let device = self.device;
         let value = |v: f64| {
             Tensor::f_from_slice(&[v as f32])
@@ -774,7 +769,6 @@ impl<'m> Trainer<'m> {
             }
             drop(feeder);
             let n = epoch_samples.max(1) as f64;
-            final_train_loss = scalar(&epoch_loss)? / n;
             let val = match &mut val_loader {
                 Some(loader) => {
                     Some(self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?)
@@ -798,7 +792,7 @@ impl<'m> Trainer<'m> {
             let record = EpochRecord {
                 kind: "epoch",
                 epoch,
-                train_loss: final_train_loss,
+                train_loss: scalar(&epoch_loss)? / n,
                 train_accuracy: scalar(&epoch_correct)? / n,
                 val_loss: val.map(|v| v.loss),
                 val_accuracy: val.map(|v| v.accuracy),
@@ -849,7 +843,7 @@ impl<'m> Trainer<'m> {
             samples_per_s: total.samples_per_second(),
             data_wait_share: total.data_wait_share(),
             skipped_steps: self.skipped_steps()?,
-            final_train_loss,
+            final_train_loss: last_epoch.as_ref().map_or(f64::NAN, |e| e.train_loss),
             final_val_loss: last_epoch.as_ref().and_then(|e| e.val_loss),
             final_val_accuracy: last_epoch.as_ref().and_then(|e| e.val_accuracy),
             best_val_accuracy: sums.best_val_accuracy,
