@@ -49,7 +49,8 @@ fn main() {
         .include(root.join("include/torch/csrc/api/include"))
         .include("csrc")
         .file("csrc/kiln_ext.cpp")
-        .file("csrc/kiln_train.cpp");
+        .file("csrc/kiln_train.cpp")
+        .file("csrc/kiln_autograd.cpp");
 
     let has_cuda_libs =
         lib.join("libtorch_cuda.so").exists() && lib.join("libc10_cuda.so").exists();

@@ -4,6 +4,20 @@ use std::ffi::{CStr, c_char, c_int};
 
 use crate::error::{Error, Result};
 
+/// The Rust side of a checkpointed block (see `csrc/kiln_autograd.cpp`): computes `*out` from
+/// `input` (a heap tensor it takes ownership of), or writes a message into `err` and returns
+/// non-zero.
+pub type BlockCall = unsafe extern "C" fn(
+    ctx: *mut std::ffi::c_void,
+    input: *mut std::ffi::c_void,
+    out: *mut *mut std::ffi::c_void,
+    err: *mut c_char,
+    err_len: usize,
+) -> c_int;
+
+/// Releases a block's context.
+pub type BlockDrop = unsafe extern "C" fn(ctx: *mut std::ffi::c_void);
+
 // SAFETY (for the whole block): every function is defined in csrc/*.cpp with exactly these C
 // signatures, catches all C++ exceptions, and returns null or a malloc'd error string.
 unsafe extern "C" {
@@ -134,6 +148,42 @@ unsafe extern "C" {
     ) -> *mut c_char;
 
     pub fn kiln_libtorch_cpu_path(buf: *mut c_char, len: usize) -> *mut c_char;
+    pub fn kiln_checkpoint(
+        input: *const std::ffi::c_void,
+        call: BlockCall,
+        ctx: *mut std::ffi::c_void,
+        drop: BlockDrop,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+
+    pub fn kiln_profiler_prepare(
+        cuda: bool,
+        record_shapes: bool,
+        profile_memory: bool,
+        with_stack: bool,
+    ) -> *mut c_char;
+    pub fn kiln_profiler_start(
+        cuda: bool,
+        record_shapes: bool,
+        profile_memory: bool,
+        with_stack: bool,
+    ) -> *mut c_char;
+    pub fn kiln_profiler_is_enabled(out: *mut bool) -> *mut c_char;
+    pub fn kiln_profiler_stop(out: *mut *mut std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_profiler_result_save(
+        result: *mut std::ffi::c_void,
+        path: *const c_char,
+    ) -> *mut c_char;
+    pub fn kiln_profiler_result_stats(
+        result: *mut std::ffi::c_void,
+        events: *mut i64,
+        operators: *mut i64,
+        peak_bytes: *mut i64,
+    ) -> *mut c_char;
+    pub fn kiln_profiler_result_free(result: *mut std::ffi::c_void);
+    pub fn kiln_range_begin(name: *const c_char, out: *mut *mut std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_range_end(range: *mut std::ffi::c_void);
+
     pub fn kiln_dlopen_global(path: *const c_char) -> *mut c_char;
 }
 

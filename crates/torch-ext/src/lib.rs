@@ -1,5 +1,6 @@
 //! kiln's native extension over libtorch: what tch does not expose (global math flags, per-thread
-//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks, CUDA device queries, library loading), as safe Rust.
+//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks, activation checkpointing, the kineto profiler, CUDA device queries,
+//! library loading), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
 //! [`Error::Torch`] naming the operation, never as an unwind or an abort.
@@ -13,6 +14,8 @@ pub mod flags;
 pub mod layout;
 pub mod memory;
 pub mod optim;
+pub mod profiler;
+pub mod recompute;
 pub mod rng;
 pub mod runtime;
 pub mod transfer;
