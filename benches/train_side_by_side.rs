@@ -55,6 +55,7 @@ fn model_plan(kind: ModelKind, dropout: f64) -> ModelPlan {
         ff: 1024,
         hidden: vec![256, 256],
         channels: vec![32, 64, 128],
+        activation_checkpointing: false,
     }
 }
 

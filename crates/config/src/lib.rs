@@ -18,7 +18,7 @@ mod resolve;
 pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
-    CheckpointPlan, LossScalePlan, ModelKind, ModelPlan, OptimizerKind, Provenance, RunPlan,
-    ScheduleKind, TrainPlan,
+    CheckpointPlan, LossScalePlan, ModelKind, ModelPlan, OptimizerKind, ProfileUnit, ProfilingPlan,
+    Provenance, RunPlan, ScheduleKind, TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::ConfigError;
 use crate::layers::Layer;
-use crate::raw::RawConfig;
+use crate::raw::{RawBatchSize, RawConfig};
 
 /// Which layer set a value, and where exactly (file path, variable name, flag).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -90,6 +90,8 @@ pub struct ModelPlan {
     pub ff: u64,
     pub hidden: Vec<u64>,
     pub channels: Vec<u64>,
+    /// Recompute transformer layers' activations in backward (less memory, more compute).
+    pub activation_checkpointing: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,9 +116,39 @@ pub struct LossScalePlan {
     pub growth_interval: u64,
 }
 
+/// What `wait`, `warmup` and `active` count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProfileUnit {
+    Steps,
+    Epochs,
+}
+
+/// The profiler's schedule and what it records (seed 002): skip `wait`, warm up for `warmup`,
+/// record `active`, `repeat` times (0 = until the end). `active = 0` turns profiling off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfilingPlan {
+    pub wait: u64,
+    pub warmup: u64,
+    pub active: u64,
+    pub repeat: u64,
+    pub unit: ProfileUnit,
+    pub record_shapes: bool,
+    pub profile_memory: bool,
+    pub with_stack: bool,
+}
+
+impl ProfilingPlan {
+    pub fn enabled(&self) -> bool {
+        self.active > 0
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainPlan {
+    /// The batch size; with `batch_size_auto`, where the search starts (the profile's value).
     pub batch_size: u64,
+    /// `train.batch_size = "auto"`: search this machine for the batch size before training.
+    pub batch_size_auto: bool,
     pub amp: AmpDtype,
     pub epochs: u64,
     pub lr: f64,
@@ -169,7 +201,7 @@ pub struct RunPlan {
     pub train: TrainPlan,
     pub checkpoint: CheckpointPlan,
     pub infer: InferPlan,
-    pub profiling_enabled: bool,
+    pub profiling: ProfilingPlan,
     pub run: RunInfo,
     /// Where each value came from, by `section.key`.
     pub provenance: BTreeMap<String, Provenance>,
@@ -253,7 +285,18 @@ impl RunPlan {
             ("model.ff", self.model.ff.to_string()),
             ("model.hidden", join(&self.model.hidden)),
             ("model.channels", join(&self.model.channels)),
-            ("train.batch_size", self.train.batch_size.to_string()),
+            (
+                "model.activation_checkpointing",
+                self.model.activation_checkpointing.to_string(),
+            ),
+            (
+                "train.batch_size",
+                if self.train.batch_size_auto {
+                    format!("auto (search starts at {})", self.train.batch_size)
+                } else {
+                    self.train.batch_size.to_string()
+                },
+            ),
             ("train.amp", self.train.amp.to_string()),
             ("train.epochs", self.train.epochs.to_string()),
             ("train.lr", self.train.lr.to_string()),
@@ -318,7 +361,30 @@ impl RunPlan {
             ),
             ("infer.batch_size", self.infer.batch_size.to_string()),
             ("infer.precision", self.infer.precision.to_string()),
-            ("profiling.enabled", self.profiling_enabled.to_string()),
+            ("profiling.wait", self.profiling.wait.to_string()),
+            ("profiling.warmup", self.profiling.warmup.to_string()),
+            ("profiling.active", self.profiling.active.to_string()),
+            ("profiling.repeat", self.profiling.repeat.to_string()),
+            (
+                "profiling.unit",
+                match self.profiling.unit {
+                    ProfileUnit::Steps => "steps",
+                    ProfileUnit::Epochs => "epochs",
+                }
+                .to_owned(),
+            ),
+            (
+                "profiling.record_shapes",
+                self.profiling.record_shapes.to_string(),
+            ),
+            (
+                "profiling.profile_memory",
+                self.profiling.profile_memory.to_string(),
+            ),
+            (
+                "profiling.with_stack",
+                self.profiling.with_stack.to_string(),
+            ),
             ("run.name", self.run.name.clone()),
             ("run.output_dir", self.run.output_dir.display().to_string()),
         ]
@@ -331,9 +397,11 @@ impl RunPlan {
 }
 
 /// Validates layered raw values. `source` names the layer that set a key, for error messages.
+/// `auto_batch_start` is the profile's batch size, where an `"auto"` search starts.
 pub(crate) fn validate(
     raw: RawConfig,
     provenance: BTreeMap<String, Provenance>,
+    auto_batch_start: u64,
 ) -> Result<RunPlan, ConfigError> {
     let source = |key: &str| {
         provenance.get(key).map_or_else(
@@ -483,6 +551,10 @@ pub(crate) fn validate(
         ff: at_least_1("model.ff", need!(m.ff, "model.ff"))?,
         hidden: widths("model.hidden", need!(m.hidden, "model.hidden"))?,
         channels: widths("model.channels", need!(m.channels, "model.channels"))?,
+        activation_checkpointing: need!(
+            m.activation_checkpointing,
+            "model.activation_checkpointing"
+        ),
     };
 
     let t = raw.train;
@@ -525,8 +597,23 @@ pub(crate) fn validate(
     let growth = need!(t.loss_scale_growth, "train.loss_scale_growth");
     let backoff = need!(t.loss_scale_backoff, "train.loss_scale_backoff");
     let init = need!(t.loss_scale_init, "train.loss_scale_init");
+    let (batch_size, batch_size_auto) = match need!(t.batch_size, "train.batch_size") {
+        RawBatchSize::Number(n) => (at_least_1("train.batch_size", n)?, false),
+        RawBatchSize::Text(text) if text.trim().eq_ignore_ascii_case("auto") => {
+            (auto_batch_start.max(1), true)
+        }
+        RawBatchSize::Text(text) => {
+            return Err(invalid(
+                "train.batch_size",
+                format!("{text:?}"),
+                "use a whole number of at least 1, or \"auto\" to search this machine for one"
+                    .to_owned(),
+            ));
+        }
+    };
     let train = TrainPlan {
-        batch_size: at_least_1("train.batch_size", need!(t.batch_size, "train.batch_size"))?,
+        batch_size,
+        batch_size_auto,
         amp: amp("train.amp", need!(t.amp, "train.amp"))?,
         epochs: at_least_1("train.epochs", need!(t.epochs, "train.epochs"))?,
         lr,
@@ -603,6 +690,28 @@ pub(crate) fn validate(
             need!(raw.infer.precision, "infer.precision"),
         )?,
     };
+    let pr = raw.profiling;
+    let unit_text = need!(pr.unit, "profiling.unit");
+    let profiling = ProfilingPlan {
+        wait: need!(pr.wait, "profiling.wait"),
+        warmup: need!(pr.warmup, "profiling.warmup"),
+        active: need!(pr.active, "profiling.active"),
+        repeat: need!(pr.repeat, "profiling.repeat"),
+        unit: match unit_text.trim().to_ascii_lowercase().as_str() {
+            "steps" | "step" => ProfileUnit::Steps,
+            "epochs" | "epoch" => ProfileUnit::Epochs,
+            _ => {
+                return Err(invalid(
+                    "profiling.unit",
+                    format!("{unit_text:?}"),
+                    "use steps or epochs".to_owned(),
+                ));
+            }
+        },
+        record_shapes: need!(pr.record_shapes, "profiling.record_shapes"),
+        profile_memory: need!(pr.profile_memory, "profiling.profile_memory"),
+        with_stack: need!(pr.with_stack, "profiling.with_stack"),
+    };
     let name = need!(raw.run.name, "run.name");
     if name.is_empty() || name.contains(['/', '\\']) {
         return Err(invalid(
@@ -621,7 +730,7 @@ pub(crate) fn validate(
         train,
         checkpoint,
         infer,
-        profiling_enabled: need!(raw.profiling.enabled, "profiling.enabled"),
+        profiling,
         run: RunInfo {
             name,
             output_dir: PathBuf::from(need!(raw.run.output_dir, "run.output_dir")),

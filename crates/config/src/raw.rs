@@ -86,13 +86,16 @@ pub struct RawModel {
     pub hidden: Option<String>,
     /// Conv net channels per stage, comma separated ("32,64,128").
     pub channels: Option<String>,
+    /// Recompute each transformer layer's activations in backward instead of keeping them.
+    pub activation_checkpointing: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawTrain {
-    #[serde(deserialize_with = "lenient_u64")]
-    pub batch_size: Option<u64>,
+    /// A number, or "auto" to search for one on this machine.
+    #[serde(deserialize_with = "batch_size")]
+    pub batch_size: Option<RawBatchSize>,
     /// none, fp16 or bf16.
     pub amp: Option<String>,
     #[serde(deserialize_with = "lenient_u64")]
@@ -158,7 +161,23 @@ pub struct RawInfer {
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RawProfiling {
-    pub enabled: Option<bool>,
+    /// Steps (or epochs) to skip before each profiling cycle.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub wait: Option<u64>,
+    /// Steps (or epochs) the profiler runs without keeping events, before recording.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub warmup: Option<u64>,
+    /// Steps (or epochs) recorded per cycle; 0 = profiling off.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub active: Option<u64>,
+    /// Cycles to run; 0 = until training ends.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub repeat: Option<u64>,
+    /// steps or epochs: what wait, warmup and active count.
+    pub unit: Option<String>,
+    pub record_shapes: Option<bool>,
+    pub profile_memory: Option<bool>,
+    pub with_stack: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -196,6 +215,7 @@ pub const KEYS: &[&str] = &[
     "model.ff",
     "model.hidden",
     "model.channels",
+    "model.activation_checkpointing",
     "train.batch_size",
     "train.amp",
     "train.epochs",
@@ -220,7 +240,14 @@ pub const KEYS: &[&str] = &[
     "checkpoint.keep_best",
     "infer.batch_size",
     "infer.precision",
-    "profiling.enabled",
+    "profiling.wait",
+    "profiling.warmup",
+    "profiling.active",
+    "profiling.repeat",
+    "profiling.unit",
+    "profiling.record_shapes",
+    "profiling.profile_memory",
+    "profiling.with_stack",
     "run.name",
     "run.output_dir",
 ];
@@ -244,6 +271,26 @@ where
             serde::de::Error::custom(format!("`{s}` is not a number of the right kind"))
         }),
     }
+}
+
+/// `train.batch_size` as written: a number, or a word ("auto") checked in validation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RawBatchSize {
+    Number(u64),
+    Text(String),
+}
+
+fn batch_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RawBatchSize>, D::Error> {
+    Ok(
+        Option::<NumOrString<u64>>::deserialize(d)?.map(|v| match v {
+            NumOrString::Num(n) => RawBatchSize::Number(n),
+            NumOrString::Str(s) => match s.trim().parse::<u64>() {
+                Ok(n) => RawBatchSize::Number(n),
+                Err(_) => RawBatchSize::Text(s),
+            },
+        }),
+    )
 }
 
 fn lenient_f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {

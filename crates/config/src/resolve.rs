@@ -86,6 +86,7 @@ fn defaults() -> NamedLayer {
         .set("model.ff", 1024)
         .set("model.hidden", "256,256")
         .set("model.channels", "32,64,128")
+        .set("model.activation_checkpointing", false)
         .set("train.batch_size", 32)
         .set("train.amp", "none")
         .set("train.epochs", 3)
@@ -110,7 +111,14 @@ fn defaults() -> NamedLayer {
         .set("checkpoint.keep_best", true)
         .set("infer.batch_size", 64)
         .set("infer.precision", "none")
-        .set("profiling.enabled", false)
+        .set("profiling.wait", 1)
+        .set("profiling.warmup", 1)
+        .set("profiling.active", 0)
+        .set("profiling.repeat", 1)
+        .set("profiling.unit", "steps")
+        .set("profiling.record_shapes", true)
+        .set("profiling.profile_memory", true)
+        .set("profiling.with_stack", false)
         .set("run.name", "kiln")
         .set("run.output_dir", "runs")
 }
@@ -381,7 +389,7 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         }
         provenance.insert((*key).to_owned(), p);
     }
-    let plan = validate(raw, provenance)?;
+    let plan = validate(raw, provenance, u64::from(profile.profile.train_batch_size))?;
     warn_about_hardware(&plan, &selection);
     Ok(Resolution {
         facts,

@@ -4,6 +4,8 @@
 //! defines the same models in PyTorch for the side-by-side benchmark.
 
 use kiln_config::{ModelKind, ModelPlan};
+use std::sync::Arc;
+
 use tch::{Kind, Tensor, nn};
 
 use crate::TrainError;
@@ -52,6 +54,12 @@ pub fn build(
             format!("expects samples of shape {expected}, the data's are {shape:?}"),
         )
     };
+    if plan.activation_checkpointing && plan.kind != ModelKind::Transformer {
+        tracing::warn!(
+            "model.activation_checkpointing applies to the transformer; the {} trains without it",
+            plan.kind
+        );
+    }
     let root = vs.root();
     Ok(match plan.kind {
         ModelKind::Mlp => {
@@ -69,20 +77,23 @@ pub fn build(
             let [seq_len, features] = shape[..] else {
                 return Err(wrong_shape("[sequence, features]"));
             };
-            Box::new(Transformer::new(
-                &root,
-                &TransformerShape {
-                    seq_len: seq_len as i64,
-                    features: features as i64,
-                    d_model: dim(plan.d_model),
-                    heads: dim(plan.heads),
-                    layers: dim(plan.layers),
-                    ff: dim(plan.ff),
-                    classes,
-                },
-                plan.dropout,
-                seed,
-            ))
+            Box::new(
+                Transformer::new(
+                    &root,
+                    &TransformerShape {
+                        seq_len: seq_len as i64,
+                        features: features as i64,
+                        d_model: dim(plan.d_model),
+                        heads: dim(plan.heads),
+                        layers: dim(plan.layers),
+                        ff: dim(plan.ff),
+                        classes,
+                    },
+                    plan.dropout,
+                    seed,
+                )
+                .with_activation_checkpointing(plan.activation_checkpointing),
+            )
         }
         ModelKind::ConvNet => {
             let [channels, _, _] = shape[..] else {
@@ -188,16 +199,44 @@ impl TransformerShape {
     }
 }
 
+/// A layer norm's weights.
+#[derive(Debug)]
+struct Norm {
+    ws: Option<Tensor>,
+    bs: Option<Tensor>,
+}
+
+impl Norm {
+    fn new(vs: nn::Path<'_>, d: i64) -> Self {
+        let n = nn::layer_norm(vs, vec![d], Default::default());
+        Self { ws: n.ws, bs: n.bs }
+    }
+
+    fn share(&self) -> Self {
+        Self {
+            ws: self.ws.as_ref().map(Tensor::shallow_clone),
+            bs: self.bs.as_ref().map(Tensor::shallow_clone),
+        }
+    }
+}
+
+fn share_linear(l: &nn::Linear) -> nn::Linear {
+    nn::Linear {
+        ws: l.ws.shallow_clone(),
+        bs: l.bs.as_ref().map(Tensor::shallow_clone),
+    }
+}
+
 #[derive(Debug)]
 struct EncoderLayer {
-    norm1: nn::LayerNorm,
+    norm1: Norm,
     qkv: nn::Linear,
     out: nn::Linear,
-    drop1: Dropout,
-    norm2: nn::LayerNorm,
+    drop1: Arc<Dropout>,
+    norm2: Norm,
     ff1: nn::Linear,
     ff2: nn::Linear,
-    drop2: Dropout,
+    drop2: Arc<Dropout>,
     heads: i64,
 }
 
@@ -205,7 +244,7 @@ fn linear(x: &Tensor, l: &nn::Linear) -> Result<Tensor, TrainError> {
     Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
 }
 
-fn layer_norm(x: &Tensor, n: &nn::LayerNorm) -> Result<Tensor, TrainError> {
+fn layer_norm(x: &Tensor, n: &Norm) -> Result<Tensor, TrainError> {
     Ok(x.f_layer_norm(
         [x.size()[x.dim() - 1]],
         n.ws.as_ref(),
@@ -218,16 +257,53 @@ fn layer_norm(x: &Tensor, n: &nn::LayerNorm) -> Result<Tensor, TrainError> {
 impl EncoderLayer {
     fn new(vs: &nn::Path<'_>, d: i64, heads: i64, ff: i64, dropout: f64, seed: u64) -> Self {
         Self {
-            norm1: nn::layer_norm(vs / "norm1", vec![d], Default::default()),
+            norm1: Norm::new(vs / "norm1", d),
             qkv: nn::linear(vs / "qkv", d, 3 * d, Default::default()),
             out: nn::linear(vs / "out", d, d, Default::default()),
-            drop1: Dropout::new(dropout, seed),
-            norm2: nn::layer_norm(vs / "norm2", vec![d], Default::default()),
+            drop1: Arc::new(Dropout::new(dropout, seed)),
+            norm2: Norm::new(vs / "norm2", d),
             ff1: nn::linear(vs / "ff1", d, ff, Default::default()),
             ff2: nn::linear(vs / "ff2", ff, d, Default::default()),
-            drop2: Dropout::new(dropout, seed.wrapping_add(1)),
+            drop2: Arc::new(Dropout::new(dropout, seed.wrapping_add(1))),
             heads,
         }
+    }
+
+    /// The same layer (its weights and dropout generators are shared, not copied), for a
+    /// checkpointed block to own.
+    fn share(&self) -> Self {
+        Self {
+            norm1: self.norm1.share(),
+            qkv: share_linear(&self.qkv),
+            out: share_linear(&self.out),
+            drop1: Arc::clone(&self.drop1),
+            norm2: self.norm2.share(),
+            ff1: share_linear(&self.ff1),
+            ff2: share_linear(&self.ff2),
+            drop2: Arc::clone(&self.drop2),
+            heads: self.heads,
+        }
+    }
+
+    /// [`EncoderLayer::forward`] with its activations recomputed in backward instead of kept.
+    /// The recompute replays the dropout masks of the forward: the block puts the layer's
+    /// generators back where they were for it, then where backward found them.
+    fn forward_checkpointed(&self, x: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let layer = self.share();
+        let start = [self.drop1.offset(), self.drop2.offset()];
+        let first = std::sync::atomic::AtomicBool::new(true);
+        let block = move |x: &Tensor| {
+            let now = [layer.drop1.offset(), layer.drop2.offset()];
+            layer.drop1.set_offset(start[0]);
+            layer.drop2.set_offset(start[1]);
+            let out = layer.forward(x, train).map_err(|e| e.to_string());
+            if !first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                layer.drop1.set_offset(now[0]);
+                layer.drop2.set_offset(now[1]);
+            }
+            out
+        };
+        Ok(kiln_torch_ext::recompute::checkpoint(x, block)?)
     }
 
     /// Pre-norm: `x + drop(attn(ln1(x)))`, then `h + drop(ff2(gelu(ff1(ln2(h)))))`.
@@ -276,8 +352,10 @@ pub struct Transformer {
     positions: Tensor,
     drop: Dropout,
     layers: Vec<EncoderLayer>,
-    norm: nn::LayerNorm,
+    norm: Norm,
     head: nn::Linear,
+    /// Recompute each layer's activations in backward (activation checkpointing).
+    checkpointing: bool,
 }
 
 impl Transformer {
@@ -307,9 +385,18 @@ impl Transformer {
                     )
                 })
                 .collect(),
-            norm: nn::layer_norm(vs / "norm", vec![d], Default::default()),
+            norm: Norm::new(vs / "norm", d),
             head: nn::linear(vs / "head", d, shape.classes, Default::default()),
+            checkpointing: false,
         }
+    }
+
+    /// With `on`, each encoder layer keeps only its input for backward and recomputes the
+    /// rest there: activation memory drops from every layer's intermediates to one layer's,
+    /// for about one more forward pass of compute. Gradients are unchanged.
+    pub fn with_activation_checkpointing(mut self, on: bool) -> Self {
+        self.checkpointing = on;
+        self
     }
 
     pub fn shape(&self) -> &TransformerShape {
@@ -317,7 +404,11 @@ impl Transformer {
     }
 
     fn dropouts(&self) -> impl Iterator<Item = &Dropout> {
-        std::iter::once(&self.drop).chain(self.layers.iter().flat_map(|l| [&l.drop1, &l.drop2]))
+        std::iter::once(&self.drop).chain(
+            self.layers
+                .iter()
+                .flat_map(|l| [l.drop1.as_ref(), l.drop2.as_ref()]),
+        )
     }
 }
 
@@ -326,7 +417,11 @@ impl Model for Transformer {
         let x = linear(features, &self.embed)?.f_add(&self.positions)?;
         let mut x = self.drop.apply(&x, train)?;
         for layer in &self.layers {
-            x = layer.forward(&x, train)?;
+            x = if self.checkpointing && train {
+                layer.forward_checkpointed(&x, train)?
+            } else {
+                layer.forward(&x, train)?
+            };
         }
         let pooled = layer_norm(&x, &self.norm)?.f_mean_dim(1, false, None::<Kind>)?;
         linear(&pooled, &self.head)

@@ -294,6 +294,7 @@ fn plan(kind: ModelKind) -> ModelPlan {
         ff: 1024,
         hidden: vec![256, 256],
         channels: vec![32, 64, 128],
+        activation_checkpointing: false,
     }
 }
 
