@@ -23,6 +23,16 @@ pub enum TrainError {
         "{steps} consecutive steps had non-finite loss or gradients (train.max_bad_steps = {limit}); stopped at step {step}. Lower train.lr, keep train.clip_grad_norm on, or use train.amp = bf16 instead of fp16"
     )]
     NonFinite { steps: u64, limit: u64, step: u64 },
+    /// CUDA ran out of memory even after splitting the step into the smallest micro-batches.
+    #[error(
+        "out of memory at step {step} with train.batch_size = {batch_size}, even in micro-batches of {micro_batch} ({message}). Lower train.batch_size or the model (model.d_model, model.layers), set model.activation_checkpointing = true, use train.amp = bf16, or raise performance.memory_fraction"
+    )]
+    OutOfMemory {
+        step: u64,
+        batch_size: u64,
+        micro_batch: u64,
+        message: String,
+    },
     /// Reading or writing a run's files.
     #[error("{path}: {message}")]
     File {

@@ -13,6 +13,7 @@ pub mod models;
 pub mod monitor;
 pub mod optim;
 pub mod plot;
+pub mod profiling;
 pub mod record;
 pub mod run;
 pub mod rundir;

@@ -98,6 +98,10 @@ pub struct Summary {
     /// Accuracy a model guessing uniformly would get.
     pub chance_accuracy: f64,
     pub memory: MemorySample,
+    /// Steps retried in smaller micro-batches after running out of memory.
+    pub oom_retries: u64,
+    /// The profiler traces written (`runs/<run>/profiler_traces/…`).
+    pub profiler_traces: Vec<std::path::PathBuf>,
 }
 
 /// Receives a run's reports. Every method has a do-nothing default; an error stops the run.

@@ -19,7 +19,9 @@ use crate::feed::{loader_config, tch_device};
 use crate::models::{InputSpec, build};
 use crate::record::{Observer, Observers, Summary};
 use crate::rundir::RunDir;
-use crate::trainer::{CheckpointOptions, FitData, FitOptions, TrainSettings, Trainer};
+use crate::trainer::{
+    CheckpointOptions, FitData, FitOptions, ProfilingOptions, TrainSettings, Trainer,
+};
 
 /// The synthetic dataset each reference model trains on by default: (sample shape, classes).
 pub fn synthetic_shape(kind: ModelKind) -> (Vec<usize>, usize) {
@@ -228,6 +230,10 @@ pub fn train(
                 }),
                 resume: resume.map(|(c, _)| c),
                 stop: control.stop,
+                profiling: Some(ProfilingOptions {
+                    plan: plan.profiling,
+                    dir: run_path.join("profiler_traces"),
+                }),
             },
         )?
     };

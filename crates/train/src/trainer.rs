@@ -6,11 +6,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_config::{CheckpointPlan, LossScalePlan, OptimizerKind, ScheduleKind, TrainPlan};
+use kiln_config::{
+    CheckpointPlan, LossScalePlan, OptimizerKind, ProfileUnit, ProfilingPlan, ScheduleKind,
+    TrainPlan,
+};
 use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig};
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::autocast::{AutocastDtype, AutocastGuard, DeviceType};
 use kiln_torch_ext::optim::{AdamWConfig, SgdConfig, clip_grad_norm};
+use kiln_torch_ext::profiler::Range;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::TrainError;
@@ -19,6 +23,7 @@ use crate::feed::{DeviceBatch, DeviceFeeder};
 use crate::model::Model;
 use crate::monitor::{MemorySample, PerfMonitor};
 use crate::optim::{Optimizer, Rule, param_groups};
+use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::scaler::LossScaler;
 use crate::schedule::LrSchedule;
@@ -123,6 +128,15 @@ pub struct FitOptions {
     pub resume: Option<Checkpoint>,
     /// Set from a signal handler: finish the current step, checkpoint, stop.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Profile on this schedule, writing traces into `dir`.
+    pub profiling: Option<ProfilingOptions>,
+}
+
+/// The profiler's schedule and where its traces go (`runs/<run>/profiler_traces`).
+#[derive(Debug, Clone)]
+pub struct ProfilingOptions {
+    pub plan: ProfilingPlan,
+    pub dir: std::path::PathBuf,
 }
 
 /// Drives a [`Model`] whose parameters live in a `VarStore`.
@@ -143,6 +157,12 @@ pub struct Trainer<'m> {
     /// Consecutive bad steps so far, and bad (skipped) steps in all, on the device.
     bad_run: Tensor,
     skipped_total: Tensor,
+    /// Each batch of a step is split into this many micro-batches (doubled after an
+    /// out-of-memory error), and how many times a step was retried that way.
+    split: u64,
+    oom_retries: u64,
+    /// Open named ranges for the profiler (only while it records).
+    ranges: bool,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -179,6 +199,20 @@ fn autocast_for(
         }
     };
     Ok(Some((device_type, dtype)))
+}
+
+/// Whether `e` is an allocator running out of memory (CUDA's, or the CPU's).
+pub fn is_out_of_memory(e: &TrainError) -> bool {
+    let text = match e {
+        TrainError::Tch(tch::TchError::Torch(m)) => m.as_str(),
+        TrainError::Torch(kiln_torch_ext::Error::Torch { message, .. }) => message.as_str(),
+        _ => return false,
+    };
+    text.contains("out of memory") || text.contains("can't allocate memory")
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().trim().to_owned()
 }
 
 fn scalar(t: &Tensor) -> Result<f64, TrainError> {
@@ -235,7 +269,29 @@ impl<'m> Trainer<'m> {
             scaler,
             settings,
             steps_done: 0,
+            split: 1,
+            oom_retries: 0,
+            ranges: false,
         })
+    }
+
+    /// A named range for the profiler's trace, when it is recording.
+    fn range(&self, name: &str) -> Result<Option<Range>, TrainError> {
+        Ok(if self.ranges {
+            Some(Range::new(name)?)
+        } else {
+            None
+        })
+    }
+
+    /// Steps retried in smaller micro-batches after running out of memory.
+    pub fn oom_retries(&self) -> u64 {
+        self.oom_retries
+    }
+
+    /// How many micro-batches each batch is split into (1 until memory ran out).
+    pub fn micro_batch_split(&self) -> u64 {
+        self.split
     }
 
     pub fn settings(&self) -> &TrainSettings {
@@ -275,6 +331,11 @@ impl<'m> Trainer<'m> {
     /// One optimizer step over `batches` (micro-batches whose gradients accumulate) at
     /// learning rate `lr`. Each micro-batch's mean loss is weighted by its share of the
     /// step's samples, so k micro-batches of b samples give the gradient of one batch of k·b.
+    ///
+    /// When memory runs out in forward or backward, the partial gradients are dropped, cached
+    /// memory is returned, and the step is retried with every batch split in two (the same
+    /// effective batch through accumulation), down to single samples; the split stays for
+    /// the rest of the run.
     pub fn train_step(
         &mut self,
         batches: &[DeviceBatch],
@@ -288,32 +349,100 @@ impl<'m> Trainer<'m> {
                 expected: "a step needs at least one sample".to_owned(),
             });
         }
+        let largest = batches
+            .iter()
+            .map(|b| b.labels.size()[0])
+            .max()
+            .unwrap_or(1) as u64;
+        loop {
+            match self.accumulate(batches, total) {
+                Ok((loss_sum, correct)) => {
+                    let grad_norm = {
+                        let _range = self.range("kiln/optimizer")?;
+                        self.apply_step(lr)?
+                    };
+                    return Ok(StepOutcome {
+                        loss_sum,
+                        correct,
+                        samples: total as u64,
+                        grad_norm,
+                    });
+                }
+                Err(e) if is_out_of_memory(&e) => {
+                    self.optimizer.zero_grad()?;
+                    if self.device.is_cuda() {
+                        kiln_torch_ext::memory::empty_cache()?;
+                    }
+                    let micro = largest.div_ceil(self.split);
+                    if micro <= 1 {
+                        return Err(TrainError::OutOfMemory {
+                            step: self.steps_done + 1,
+                            batch_size: largest,
+                            micro_batch: micro,
+                            message: first_line(&e.to_string()),
+                        });
+                    }
+                    self.split *= 2;
+                    self.oom_retries += 1;
+                    tracing::warn!(
+                        "out of memory at step {} in micro-batches of {micro}; freed cached memory, \
+                         retrying in micro-batches of {} (same effective batch)",
+                        self.steps_done + 1,
+                        largest.div_ceil(self.split)
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Forward and backward over every batch (each split into `self.split` micro-batches),
+    /// accumulating gradients; returns the step's loss sum and correct count.
+    fn accumulate(
+        &self,
+        batches: &[DeviceBatch],
+        total: i64,
+    ) -> Result<(Tensor, Tensor), TrainError> {
         let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
         let mut correct = Tensor::f_zeros([], (Kind::Float, self.device))?;
         for batch in batches {
-            let n = batch.labels.size()[0];
-            let (loss, right) = self.forward_loss(&batch.features, &batch.labels, true)?;
-            let weighted = loss.f_mul_scalar(n as f64 / total as f64)?;
-            let to_backward = match &self.scaler {
-                Some(s) => s.scale_loss(&weighted)?,
-                None => weighted,
+            let rows = batch.labels.size()[0];
+            let chunk = (rows as u64).div_ceil(self.split).max(1) as i64;
+            let pieces = if chunk >= rows {
+                vec![(batch.features.shallow_clone(), batch.labels.shallow_clone())]
+            } else {
+                batch
+                    .features
+                    .f_split(chunk, 0)?
+                    .into_iter()
+                    .zip(batch.labels.f_split(chunk, 0)?)
+                    .collect()
             };
-            to_backward.f_backward()?;
-            loss_sum = loss_sum.f_add(
-                &loss
-                    .f_detach()?
-                    .f_to_kind(Kind::Float)?
-                    .f_mul_scalar(n as f64)?,
-            )?;
-            correct = correct.f_add(&right)?;
+            for (features, labels) in pieces {
+                let n = labels.size()[0];
+                let (loss, right) = {
+                    let _range = self.range("kiln/forward")?;
+                    self.forward_loss(&features, &labels, true)?
+                };
+                let weighted = loss.f_mul_scalar(n as f64 / total as f64)?;
+                let to_backward = match &self.scaler {
+                    Some(s) => s.scale_loss(&weighted)?,
+                    None => weighted,
+                };
+                {
+                    let _range = self.range("kiln/backward")?;
+                    to_backward.f_backward()?;
+                }
+                loss_sum = loss_sum.f_add(
+                    &loss
+                        .f_detach()?
+                        .f_to_kind(Kind::Float)?
+                        .f_mul_scalar(n as f64)?,
+                )?;
+                correct = correct.f_add(&right)?;
+            }
         }
-        let grad_norm = self.apply_step(lr)?;
-        Ok(StepOutcome {
-            loss_sum,
-            correct,
-            samples: total as u64,
-            grad_norm,
-        })
+        Ok((loss_sum, correct))
     }
 
     /// Unscale/check, clip, step, update the scale, clear gradients. A step whose gradients
@@ -633,6 +762,11 @@ impl<'m> Trainer<'m> {
                 .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
         };
 
+        let mut profiler = options
+            .profiling
+            .as_ref()
+            .filter(|p| p.plan.enabled())
+            .map(|p| StepProfiler::new(p.plan, p.dir.clone(), self.device.is_cuda()));
         let run_start = Instant::now();
         let mut monitor = PerfMonitor::new();
         let mut last_epoch: Option<EpochRecord> = None;
@@ -643,6 +777,13 @@ impl<'m> Trainer<'m> {
                 .and_then(|t| t.f_view([]))
         };
         for epoch in start_epoch..self.settings.epochs {
+            if let Some(p) = profiler
+                .as_mut()
+                .filter(|p| p.unit() == ProfileUnit::Epochs)
+            {
+                p.begin(epoch)?;
+                self.ranges = p.recording();
+            }
             let epoch_start = Instant::now();
             let epoch_total_before = monitor.total();
             let first_batch = if epoch == start_epoch { start_batch } else { 0 };
@@ -666,12 +807,20 @@ impl<'m> Trainer<'m> {
             let mut consumed = first_batch;
             let mut last_norm = None;
             while consumed < batches_per_epoch {
+                if let Some(p) = profiler.as_mut().filter(|p| p.unit() == ProfileUnit::Steps) {
+                    p.begin(self.steps_done)?;
+                    self.ranges = p.recording();
+                }
+                let step_range = self.range(&format!("kiln/step#{}", self.steps_done + 1))?;
                 monitor.start_step();
                 let group = accum.min(batches_per_epoch - consumed);
                 let mut batches = Vec::with_capacity(group);
                 for _ in 0..group {
                     let wait = Instant::now();
-                    let next = feeder.next();
+                    let next = {
+                        let _range = self.range("kiln/data_wait")?;
+                        feeder.next()
+                    };
                     monitor.data_wait(wait.elapsed());
                     match next {
                         Some(batch) => batches.push(batch?),
@@ -686,6 +835,10 @@ impl<'m> Trainer<'m> {
                 let outcome = self.train_step(&batches, lr)?;
                 drop(batches);
                 monitor.end_step(outcome.samples);
+                drop(step_range);
+                if let Some(p) = profiler.as_mut().filter(|p| p.unit() == ProfileUnit::Steps) {
+                    p.end()?;
+                }
                 interval_loss = interval_loss.f_add(&outcome.loss_sum)?;
                 interval_correct = interval_correct.f_add(&outcome.correct)?;
                 interval_samples += outcome.samples;
@@ -754,6 +907,9 @@ impl<'m> Trainer<'m> {
                     };
                     let dir = self.save_checkpoint(ckpt, epoch, consumed, sums_now, None)?;
                     if stopping {
+                        if let Some(p) = profiler.take() {
+                            p.finish()?;
+                        }
                         return Err(TrainError::Stopped {
                             step: self.steps_done,
                             checkpoint: Some(dir),
@@ -761,6 +917,9 @@ impl<'m> Trainer<'m> {
                     }
                 }
                 if stopping {
+                    if let Some(p) = profiler.take() {
+                        p.finish()?;
+                    }
                     return Err(TrainError::Stopped {
                         step: self.steps_done,
                         checkpoint: None,
@@ -771,6 +930,7 @@ impl<'m> Trainer<'m> {
             let n = epoch_samples.max(1) as f64;
             let val = match &mut val_loader {
                 Some(loader) => {
+                    let _range = self.range("kiln/validation")?;
                     Some(self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?)
                 }
                 None => None,
@@ -811,6 +971,12 @@ impl<'m> Trainer<'m> {
             };
             observer.on_epoch(&record)?;
             last_epoch = Some(record);
+            if let Some(p) = profiler
+                .as_mut()
+                .filter(|p| p.unit() == ProfileUnit::Epochs)
+            {
+                p.end()?;
+            }
             sums = RunningSums {
                 skipped_steps: self.skipped_steps()?,
                 best_val_accuracy: sums.best_val_accuracy,
@@ -829,6 +995,11 @@ impl<'m> Trainer<'m> {
                 }
             }
         }
+        let profiler_traces = match profiler {
+            Some(p) => p.finish()?,
+            None => vec![],
+        };
+        self.ranges = false;
         let total = monitor.total();
         let summary = Summary {
             model: self.model_name.clone(),
@@ -849,6 +1020,8 @@ impl<'m> Trainer<'m> {
             best_val_accuracy: sums.best_val_accuracy,
             chance_accuracy: classes.map_or(0.0, |c| 1.0 / c.max(1) as f64),
             memory: MemorySample::read(self.device),
+            oom_retries: self.oom_retries,
+            profiler_traces,
         };
         observer.on_finish(&summary)?;
         Ok(summary)

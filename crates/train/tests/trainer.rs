@@ -495,3 +495,108 @@ fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
     assert_eq!((summary.steps, summary.skipped_steps), (4, 0));
     assert!(Vec::<f64>::try_from(model.w.to_kind(Kind::Double)).unwrap()[0] < 1.0);
 }
+
+/// A classifier that runs out of memory (the way libtorch reports it) whenever a forward gets
+/// more than `limit` samples; `forwards` counts the batch sizes it saw.
+struct MemoryBound<M> {
+    inner: Classifier<M>,
+    limit: i64,
+    seen: std::cell::RefCell<Vec<i64>>,
+}
+
+impl<M: nn::ModuleT> Model for MemoryBound<M> {
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let n = features.size()[0];
+        self.seen.borrow_mut().push(n);
+        if n > self.limit {
+            return Err(TrainError::Tch(tch::TchError::Torch(
+                "CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.11 GiB total)".into(),
+            )));
+        }
+        self.inner.forward(features, train)
+    }
+}
+
+#[test]
+fn out_of_memory_retries_the_step_in_micro_batches_with_the_same_result() {
+    tch::manual_seed(5);
+    let x = Tensor::randn([20, 6], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(3, [20], (Kind::Int64, Device::Cpu));
+    let (vs_ref, net_ref) = mlp_store(13);
+    let (mut vs_oom, net_oom) = mlp_store(13);
+    vs_oom.copy(&vs_ref).unwrap();
+    let reference = Classifier(net_ref);
+    let bounded = MemoryBound {
+        inner: Classifier(net_oom),
+        limit: 5,
+        seen: Default::default(),
+    };
+    let s = settings(OptimizerKind::AdamW, AmpDtype::None);
+    let mut t_ref = Trainer::new(&reference, "mlp", &vs_ref, s.clone(), Device::Cpu).unwrap();
+    let mut t_oom = Trainer::new(&bounded, "mlp", &vs_oom, s.clone(), Device::Cpu).unwrap();
+    // Two batches of a step (4 + 16): the first fits, the second fails after the first's
+    // backward, so the retry must start from clean gradients.
+    let parts = || {
+        [(0, 4), (4, 16)]
+            .map(|(start, len)| batch(x.narrow(0, start, len), y.narrow(0, start, len)))
+    };
+    let a = t_ref.train_step(&parts(), 0.1).unwrap();
+    let b = t_oom.train_step(&parts(), 0.1).unwrap();
+    assert_eq!(
+        t_oom.micro_batch_split(),
+        4,
+        "16 → 8 → 4 samples per micro-batch"
+    );
+    assert_eq!(t_oom.oom_retries(), 2);
+    assert_eq!(
+        *bounded.seen.borrow(),
+        [4, 16, 2, 2, 8, 1, 1, 1, 1, 4, 4, 4, 4]
+    );
+    assert_eq!(a.samples, b.samples);
+    let (pa, pb) = (flat_params(&vs_ref), flat_params(&vs_oom));
+    let max_diff = pa
+        .iter()
+        .zip(&pb)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0.0, f64::max);
+    assert!(max_diff < 1e-5, "max difference {max_diff}");
+    assert_eq!(t_oom.steps_done(), 1);
+    // The split stays: the next step goes straight to micro-batches.
+    bounded.seen.borrow_mut().clear();
+    t_oom.train_step(&parts(), 0.1).unwrap();
+    assert_eq!(t_oom.oom_retries(), 2);
+    assert!(bounded.seen.borrow().iter().all(|&n| n <= 5));
+
+    // Nothing fits, not even one sample: a clear error naming the settings to change, and no
+    // step was taken.
+    let (vs_none, net_none) = mlp_store(13);
+    let hopeless = MemoryBound {
+        inner: Classifier(net_none),
+        limit: 0,
+        seen: Default::default(),
+    };
+    let before = flat_params(&vs_none);
+    let mut t = Trainer::new(&hopeless, "mlp", &vs_none, s, Device::Cpu).unwrap();
+    let err = t.train_step(&parts(), 0.1).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(
+            err,
+            TrainError::OutOfMemory {
+                step: 1,
+                micro_batch: 1,
+                ..
+            }
+        ),
+        "{text}"
+    );
+    for key in [
+        "train.batch_size",
+        "model.activation_checkpointing",
+        "performance.memory_fraction",
+    ] {
+        assert!(text.contains(key), "{key} not named: {text}");
+    }
+    assert_eq!(before, flat_params(&vs_none));
+    assert_eq!(t.steps_done(), 0);
+}

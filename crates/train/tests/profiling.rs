@@ -1,0 +1,167 @@
+//! A profiled run: the `profiling` section's schedule writes Chrome traces into
+//! `runs/<run>/profiler_traces/` whose `traceEvents` hold libtorch operator events and kiln's
+//! named phases.
+
+use std::path::{Path, PathBuf};
+
+use kiln_config::{ConfigRequest, Machine, load, simulated_machine};
+use kiln_device::{CpuFacts, Device};
+use kiln_profiles::ProfileSet;
+use kiln_train::record::Silent;
+use kiln_train::run::{RunControl, train};
+use serde_json::Value;
+
+fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
+    let set = ProfileSet::builtin().unwrap();
+    let cpu = CpuFacts {
+        model: "test".into(),
+        physical_cores: 2,
+        logical_cores: 2,
+        total_memory_bytes: 16 << 30,
+        available_memory_bytes: 8 << 30,
+        avx512: false,
+        avx512_bf16: false,
+        amx_bf16: false,
+    };
+    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
+    let mut req = ConfigRequest::new(Machine::Simulated(facts));
+    req.sets = [
+        "model.name=mlp",
+        "data.synthetic_samples=400",
+        "data.num_workers=1",
+        "train.epochs=2",
+        "train.batch_size=16",
+        "checkpoint.enabled=false",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| (*s).to_owned())
+    .chain([format!("run.output_dir={}", out.display())])
+    .collect();
+    load(&req).unwrap().plan
+}
+
+fn traces(out: &Path) -> Vec<PathBuf> {
+    let run = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let dir = run.join("profiler_traces");
+    let mut v: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries.flatten().map(|e| e.path()).collect(),
+        Err(_) => vec![],
+    };
+    v.sort();
+    v
+}
+
+fn event_names(trace: &Path) -> Vec<String> {
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(trace).unwrap()).unwrap();
+    json["traceEvents"]
+        .as_array()
+        .expect("the trace has traceEvents")
+        .iter()
+        .filter_map(|e| e["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+// One test: kineto is one per process.
+#[test]
+fn profiled_runs_write_traces_on_schedule() {
+    // By steps: skip 1, warm up 1, record 2, twice.
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(
+        out.path(),
+        &[
+            "profiling.wait=1",
+            "profiling.warmup=1",
+            "profiling.active=2",
+            "profiling.repeat=2",
+        ],
+    );
+    let outcome = train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let written = traces(out.path());
+    assert_eq!(written.len(), 2, "{written:?}");
+    assert_eq!(outcome.summary.profiler_traces, written);
+    for trace in &written {
+        let name = trace.file_name().unwrap().to_string_lossy();
+        assert!(name.ends_with(".pt.trace.json"), "{name}");
+    }
+    let names = event_names(&written[0]);
+    assert!(
+        names
+            .iter()
+            .any(|n| n == "aten::linear" || n == "aten::addmm"),
+        "no operator events"
+    );
+    for phase in [
+        "kiln/data_wait",
+        "kiln/forward",
+        "kiln/backward",
+        "kiln/optimizer",
+    ] {
+        assert!(names.iter().any(|n| n == phase), "{phase} missing");
+    }
+    // Steps 3 and 4 of the first cycle, 7 and 8 of the second, nothing else.
+    let steps: Vec<&String> = names
+        .iter()
+        .filter(|n| n.starts_with("kiln/step#"))
+        .collect();
+    assert_eq!(steps, ["kiln/step#3", "kiln/step#4"], "{steps:?}");
+    let second = event_names(&written[1]);
+    assert!(second.iter().any(|n| n == "kiln/step#7"));
+
+    // By epochs: record the second epoch, with its validation pass.
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(
+        out.path(),
+        &[
+            "profiling.unit=epochs",
+            "profiling.wait=1",
+            "profiling.warmup=0",
+            "profiling.active=1",
+            "profiling.record_shapes=false",
+            "profiling.profile_memory=false",
+        ],
+    );
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let written = traces(out.path());
+    assert_eq!(written.len(), 1, "{written:?}");
+    let names = event_names(&written[0]);
+    assert!(names.iter().any(|n| n == "kiln/validation"));
+    // 360 training samples / 16 = 22 steps per epoch: the second epoch is steps 23..=44.
+    assert!(names.iter().any(|n| n == "kiln/step#23"));
+    assert!(!names.iter().any(|n| n == "kiln/step#22"));
+
+    // Profiling off (the default): no trace directory.
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(out.path(), &["train.epochs=1"]);
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert!(traces(out.path()).is_empty());
+}
