@@ -185,6 +185,7 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             None => kiln_train::run::Resume::Latest,
         }),
         stop: Some(stop),
+        cache_dir: kiln_train::batch_search::cache_dir(),
     };
     let mut view = ProgressView::new();
     let result = kiln_train::run::train(

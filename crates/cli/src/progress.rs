@@ -61,6 +61,9 @@ impl Observer for ProgressView {
             s.val_samples
         );
         eprintln!("feed: {}", s.feed);
+        if let Some(search) = &s.batch_size_search {
+            eprintln!("train.batch_size {search}");
+        }
         if let Some((dir, step)) = &s.resumed_from {
             eprintln!("resumed from {} at step {step}", dir.display());
         }

@@ -58,6 +58,9 @@ pub struct Meta {
     /// Where the data continues: the epoch, and the next batch within it.
     pub epoch: u64,
     pub batch: usize,
+    /// The batch size the run trains with (what `"auto"` chose, for a resume).
+    #[serde(default)]
+    pub batch_size: Option<u64>,
     pub loss_scale: Option<f64>,
     pub loss_scale_growth_tracker: Option<i64>,
     /// The model's own generator positions (dropout).

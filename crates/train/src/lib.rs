@@ -5,6 +5,7 @@
 //! Layering: uses `kiln-device`, `kiln-config`, `kiln-data` and `kiln-torch-ext`; knows nothing
 //! of inference or the CLI.
 
+pub mod batch_search;
 pub mod checkpoint;
 mod error;
 pub mod feed;

@@ -26,6 +26,8 @@ pub struct RunStart {
     pub feed: String,
     /// The checkpoint this run continues, and its step.
     pub resumed_from: Option<(std::path::PathBuf, u64)>,
+    /// How `train.batch_size = "auto"` arrived at `batch_size` (trials, or the cache).
+    pub batch_size_search: Option<String>,
 }
 
 /// Cheap per-step progress (no host synchronisation).

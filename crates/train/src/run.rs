@@ -67,6 +67,8 @@ pub struct RunControl {
     pub resume: Option<Resume>,
     /// Set by a signal handler: finish the step, checkpoint, stop.
     pub stop: Option<Arc<AtomicBool>>,
+    /// Where `train.batch_size = "auto"` caches its answers (`None`: search every time).
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// The newest run directory named `<name>-…` under `output_dir` that has checkpoints.
@@ -171,8 +173,37 @@ pub fn train(
         classes,
     };
     let (train_set, val_set) = Subset::split(Arc::new(dataset), plan.data.val_fraction, seed)?;
+    let train_set = Arc::new(train_set);
 
     let tch_device = tch_device(device);
+    // train.batch_size = "auto": a resumed run keeps the size it chose; a new one asks the
+    // cache or searches (with the CPU generator put back after, so the model starts the same).
+    let mut auto_plan;
+    let mut batch_note = None;
+    let plan = if plan.train.batch_size_auto {
+        let (size, note) = match resume.as_ref().and_then(|(c, _)| c.meta.batch_size) {
+            Some(size) => (size, format!("auto: {size}, as the resumed run chose")),
+            None => {
+                let rng = kiln_torch_ext::rng::cpu_rng_state()?;
+                let found = crate::batch_search::resolve_auto(
+                    plan,
+                    &input,
+                    Arc::clone(&train_set),
+                    tch_device,
+                    control.cache_dir.as_deref(),
+                );
+                kiln_torch_ext::rng::set_cpu_rng_state(&rng)?;
+                found?
+            }
+        };
+        tracing::info!("train.batch_size {note}");
+        auto_plan = plan.clone();
+        auto_plan.train.batch_size = size;
+        batch_note = Some(note);
+        &auto_plan
+    } else {
+        plan
+    };
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
     let vs = nn::VarStore::new(tch_device);
     let model = build(
@@ -217,7 +248,7 @@ pub fn train(
         let mut observers = Observers(vec![observer, &mut run_dir]);
         trainer.fit(
             FitData {
-                train: Arc::new(train_set),
+                train: train_set,
                 val: Some(Arc::new(val_set)),
                 loader,
             },
@@ -230,6 +261,7 @@ pub fn train(
                 }),
                 resume: resume.map(|(c, _)| c),
                 stop: control.stop,
+                batch_size_search: batch_note,
                 profiling: Some(ProfilingOptions {
                     plan: plan.profiling,
                     dir: run_path.join("profiler_traces"),

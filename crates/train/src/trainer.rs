@@ -130,6 +130,8 @@ pub struct FitOptions {
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Profile on this schedule, writing traces into `dir`.
     pub profiling: Option<ProfilingOptions>,
+    /// How an automatic batch size was found, for the reports.
+    pub batch_size_search: Option<String>,
 }
 
 /// The profiler's schedule and where its traces go (`runs/<run>/profiler_traces`).
@@ -161,6 +163,9 @@ pub struct Trainer<'m> {
     /// out-of-memory error), and how many times a step was retried that way.
     split: u64,
     oom_retries: u64,
+    retry_oom: bool,
+    /// The loader's batch size in `fit` (recorded in checkpoints).
+    batch_size: u64,
     /// Open named ranges for the profiler (only while it records).
     ranges: bool,
 }
@@ -271,6 +276,8 @@ impl<'m> Trainer<'m> {
             steps_done: 0,
             split: 1,
             oom_retries: 0,
+            retry_oom: true,
+            batch_size: 0,
             ranges: false,
         })
     }
@@ -282,6 +289,12 @@ impl<'m> Trainer<'m> {
         } else {
             None
         })
+    }
+
+    /// Whether a step that runs out of memory is retried in micro-batches (on by default;
+    /// the batch-size search turns it off to see the failure).
+    pub fn set_retry_out_of_memory(&mut self, retry: bool) {
+        self.retry_oom = retry;
     }
 
     /// Steps retried in smaller micro-batches after running out of memory.
@@ -368,7 +381,7 @@ impl<'m> Trainer<'m> {
                         grad_norm,
                     });
                 }
-                Err(e) if is_out_of_memory(&e) => {
+                Err(e) if self.retry_oom && is_out_of_memory(&e) => {
                     self.optimizer.zero_grad()?;
                     if self.device.is_cuda() {
                         kiln_torch_ext::memory::empty_cache()?;
@@ -564,6 +577,7 @@ impl<'m> Trainer<'m> {
                     step: self.steps_done,
                     epoch,
                     batch,
+                    batch_size: Some(self.batch_size),
                     loss_scale,
                     loss_scale_growth_tracker: tracker,
                     model_rng: self.model.rng_state(),
@@ -694,6 +708,7 @@ impl<'m> Trainer<'m> {
             None => None,
         };
         let accum = self.settings.grad_accum_steps.max(1) as usize;
+        self.batch_size = data.loader.batch_size as u64;
         let batches_per_epoch = train_loader.batches_per_epoch();
         if batches_per_epoch == 0 {
             return Err(TrainError::InvalidPlan {
@@ -751,6 +766,7 @@ impl<'m> Trainer<'m> {
                 .resume
                 .as_ref()
                 .map(|c| (c.dir.clone(), c.meta.step)),
+            batch_size_search: options.batch_size_search.clone(),
         })?;
         if let Device::Cuda(i) = self.device {
             kiln_torch_ext::memory::reset_peak(i)?;

@@ -138,6 +138,7 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
         RunControl {
             resume: None,
             stop: Some(flag.clone()),
+            ..RunControl::default()
         },
         &mut StopAt {
             step: 17,
@@ -169,6 +170,7 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
         RunControl {
             resume: Some(Resume::Latest),
             stop: None,
+            ..RunControl::default()
         },
         &mut Silent,
         &mut |_, _| {},
@@ -215,6 +217,7 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
         RunControl {
             resume: Some(Resume::From(run.clone())),
             stop: None,
+            ..RunControl::default()
         },
         &mut Silent,
         &mut |_, _| {},
@@ -237,6 +240,7 @@ fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
         step,
         epoch: 0,
         batch: step as usize,
+        batch_size: Some(8),
         loss_scale: None,
         loss_scale_growth_tracker: None,
         model_rng: vec![step],

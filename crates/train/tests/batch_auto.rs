@@ -1,0 +1,149 @@
+//! `train.batch_size = "auto"` end to end on the CPU: real trials pick a size by throughput,
+//! the answer is cached per model/hardware/precision, and a later run takes it from the cache.
+
+use std::path::Path;
+
+use kiln_config::{ConfigRequest, Machine, load, simulated_machine};
+use kiln_device::{CpuFacts, Device};
+use kiln_profiles::ProfileSet;
+use kiln_train::TrainError;
+use kiln_train::record::{Observer, RunStart, Silent};
+use kiln_train::run::{RunControl, train};
+
+fn request(out: &Path, extra: &[&str]) -> ConfigRequest {
+    let set = ProfileSet::builtin().unwrap();
+    let cpu = CpuFacts {
+        model: "test".into(),
+        physical_cores: 2,
+        logical_cores: 2,
+        total_memory_bytes: 16 << 30,
+        available_memory_bytes: 8 << 30,
+        avx512: false,
+        avx512_bf16: false,
+        amx_bf16: false,
+    };
+    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
+    let mut req = ConfigRequest::new(Machine::Simulated(facts));
+    req.sets = [
+        "model.name=mlp",
+        "data.synthetic_samples=600",
+        "data.num_workers=1",
+        "train.epochs=1",
+        "checkpoint.enabled=false",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| (*s).to_owned())
+    .chain([format!("run.output_dir={}", out.display())])
+    .collect();
+    req
+}
+
+#[derive(Default)]
+struct Start(Option<RunStart>);
+
+impl Observer for Start {
+    fn on_start(&mut self, s: &RunStart) -> Result<(), TrainError> {
+        self.0 = Some(s.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn auto_batch_size_searches_once_then_uses_the_cache() {
+    let out = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let plan = load(&request(out.path(), &["train.batch_size=auto"]))
+        .unwrap()
+        .plan;
+    assert!(plan.train.batch_size_auto);
+    let start = plan.train.batch_size;
+    let control = || RunControl {
+        cache_dir: Some(cache.path().to_owned()),
+        ..RunControl::default()
+    };
+    let mut first = Start::default();
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        control(),
+        &mut first,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let first = first.0.unwrap();
+    let note = first.batch_size_search.clone().unwrap();
+    assert!(note.contains("trials"), "{note}");
+    assert!(note.contains(&format!("→ {}", first.batch_size)), "{note}");
+    assert!(
+        note.contains(&start.to_string()),
+        "the search starts at the profile's {start}: {note}"
+    );
+    assert!((1..=540).contains(&first.batch_size));
+
+    let cached: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cache.path().join("batch-size.json")).unwrap(),
+    )
+    .unwrap();
+    let entries = cached.as_object().unwrap();
+    assert_eq!(entries.len(), 1);
+    let (key, answer) = entries.iter().next().unwrap();
+    assert!(key.contains("mlp") && key.contains("fp32"), "{key}");
+    assert_eq!(answer["batch_size"], first.batch_size);
+    let trials = answer["trials"].as_array().unwrap();
+    assert!((1..=8).contains(&trials.len()));
+
+    // Same model, hardware and precision: the cache answers, no trials.
+    let mut second = Start::default();
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        control(),
+        &mut second,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let second = second.0.unwrap();
+    assert_eq!(second.batch_size, first.batch_size);
+    assert!(second.batch_size_search.unwrap().contains("cached"));
+
+    // A different precision is a different question.
+    let bf16 = load(&request(
+        out.path(),
+        &["train.batch_size=auto", "train.amp=bf16"],
+    ))
+    .unwrap()
+    .plan;
+    train(
+        &bf16,
+        Device::Cpu,
+        None,
+        control(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let cached: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cache.path().join("batch-size.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cached.as_object().unwrap().len(), 2);
+}
+
+#[test]
+fn a_batch_size_that_is_neither_a_number_nor_auto_is_rejected() {
+    let out = tempfile::tempdir().unwrap();
+    let err = load(&request(out.path(), &["train.batch_size=big"]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("train.batch_size") && err.contains("auto"),
+        "{err}"
+    );
+    let err = load(&request(out.path(), &["train.batch_size=0"]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("train.batch_size"), "{err}");
+}
