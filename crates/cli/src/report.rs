@@ -100,7 +100,11 @@ pub fn start_line(r: &Resolution) -> String {
         "device {device} · profile {} ({}) · batch_size {} [{}] · amp {} [{}] · workers {} [{}] · tf32 {} [{}]",
         r.profile.profile.name,
         basis(&r.profile),
-        plan.train.batch_size,
+        if plan.train.batch_size_auto {
+            format!("auto (search from {})", plan.train.batch_size)
+        } else {
+            plan.train.batch_size.to_string()
+        },
         src("train.batch_size"),
         plan.train.amp,
         src("train.amp"),

@@ -475,13 +475,14 @@ impl<D: Dataset> TrialRunner for StepTrials<'_, D> {
     }
 }
 
-/// kiln's cache directory: `$KILN_CACHE_DIR`, else `$XDG_CACHE_HOME/kiln`, else
-/// `~/.cache/kiln`.
+/// kiln's cache directory (the one `cargo xtask setup` keeps libtorch in): `$KILN_CACHE_DIR`,
+/// else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`.
 pub fn cache_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("KILN_CACHE_DIR") {
+    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = set("KILN_CACHE_DIR") {
         return Some(PathBuf::from(dir));
     }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+    if let Some(dir) = set("XDG_CACHE_HOME") {
         return Some(PathBuf::from(dir).join("kiln"));
     }
     std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("kiln"))
