@@ -3,28 +3,16 @@
 
 use std::path::Path;
 
-use kiln_config::{ConfigRequest, Machine, load, simulated_machine};
-use kiln_device::{CpuFacts, Device};
-use kiln_profiles::ProfileSet;
+mod common;
+
+use kiln_config::{ConfigRequest, load};
+use kiln_device::Device;
 use kiln_train::TrainError;
 use kiln_train::record::{Observer, RunStart, Silent};
 use kiln_train::run::{RunControl, train};
 
 fn request(out: &Path, extra: &[&str]) -> ConfigRequest {
-    let set = ProfileSet::builtin().unwrap();
-    let cpu = CpuFacts {
-        model: "test".into(),
-        physical_cores: 2,
-        logical_cores: 2,
-        total_memory_bytes: 16 << 30,
-        available_memory_bytes: 8 << 30,
-        avx512: false,
-        avx512_bf16: false,
-        amx_bf16: false,
-    };
-    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
-    let mut req = ConfigRequest::new(Machine::Simulated(facts));
-    req.sets = [
+    let sets: Vec<String> = [
         "model.name=mlp",
         "data.synthetic_samples=600",
         "data.num_workers=1",
@@ -36,7 +24,7 @@ fn request(out: &Path, extra: &[&str]) -> ConfigRequest {
     .map(|s| (*s).to_owned())
     .chain([format!("run.output_dir={}", out.display())])
     .collect();
-    req
+    common::cpu_request(&sets)
 }
 
 #[derive(Default)]

@@ -4,28 +4,16 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_config::{ConfigRequest, Machine, load, simulated_machine};
-use kiln_device::{CpuFacts, Device};
-use kiln_profiles::ProfileSet;
+mod common;
+
+use kiln_config::load;
+use kiln_device::Device;
 use kiln_train::record::Silent;
 use kiln_train::run::{RunControl, train};
 use serde_json::Value;
 
 fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
-    let set = ProfileSet::builtin().unwrap();
-    let cpu = CpuFacts {
-        model: "test".into(),
-        physical_cores: 2,
-        logical_cores: 2,
-        total_memory_bytes: 16 << 30,
-        available_memory_bytes: 8 << 30,
-        avx512: false,
-        avx512_bf16: false,
-        amx_bf16: false,
-    };
-    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
-    let mut req = ConfigRequest::new(Machine::Simulated(facts));
-    req.sets = [
+    let sets: Vec<String> = [
         "model.name=mlp",
         "data.synthetic_samples=400",
         "data.num_workers=1",
@@ -38,7 +26,7 @@ fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
     .map(|s| (*s).to_owned())
     .chain([format!("run.output_dir={}", out.display())])
     .collect();
-    load(&req).unwrap().plan
+    load(&common::cpu_request(&sets)).unwrap().plan
 }
 
 fn traces(out: &Path) -> Vec<PathBuf> {

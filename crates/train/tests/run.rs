@@ -1,29 +1,16 @@
 //! A whole run end to end on the CPU: it must learn (loss down, accuracy far above chance), and
 //! leave a complete run directory behind.
 
-use kiln_config::{ConfigRequest, Layer, Machine, load, simulated_machine};
-use kiln_device::{CpuFacts, Device};
-use kiln_profiles::ProfileSet;
+mod common;
+
+use kiln_config::{Layer, load};
+use kiln_device::Device;
 use kiln_train::record::{Observer, Silent, StepRecord};
 use kiln_train::run::{RunControl, train};
 use kiln_train::rundir::RunDir;
 
 fn cpu_plan(sets: &[String]) -> kiln_config::RunPlan {
-    let set = ProfileSet::builtin().unwrap();
-    let cpu = CpuFacts {
-        model: "test".into(),
-        physical_cores: 2,
-        logical_cores: 2,
-        total_memory_bytes: 16 << 30,
-        available_memory_bytes: 8 << 30,
-        avx512: false,
-        avx512_bf16: false,
-        amx_bf16: false,
-    };
-    let facts = simulated_machine(&set, None, None, None, Some(2), cpu).unwrap();
-    let mut req = ConfigRequest::new(Machine::Simulated(facts));
-    req.sets = sets.to_vec();
-    load(&req).unwrap().plan
+    load(&common::cpu_request(sets)).unwrap().plan
 }
 
 #[derive(Default)]

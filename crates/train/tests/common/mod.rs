@@ -1,0 +1,25 @@
+//! What the end-to-end training tests share: a configuration request for a simulated 2-core CPU
+//! without a GPU, the way `kiln train --set …` would load it.
+
+use kiln_config::{ConfigRequest, Machine, simulated_machine};
+use kiln_device::CpuFacts;
+use kiln_profiles::ProfileSet;
+
+/// A request for the simulated CPU machine with `sets` as `--set` arguments, in order.
+pub fn cpu_request<S: AsRef<str>>(sets: &[S]) -> ConfigRequest {
+    let profiles = ProfileSet::builtin().unwrap();
+    let cpu = CpuFacts {
+        model: "test".into(),
+        physical_cores: 2,
+        logical_cores: 2,
+        total_memory_bytes: 16 << 30,
+        available_memory_bytes: 8 << 30,
+        avx512: false,
+        avx512_bf16: false,
+        amx_bf16: false,
+    };
+    let facts = simulated_machine(&profiles, None, None, None, Some(2), cpu).unwrap();
+    let mut req = ConfigRequest::new(Machine::Simulated(facts));
+    req.sets = sets.iter().map(|s| s.as_ref().to_owned()).collect();
+    req
+}
