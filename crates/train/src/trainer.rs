@@ -827,7 +827,11 @@ impl<'m> Trainer<'m> {
                     p.begin(self.steps_done)?;
                     self.ranges = p.recording();
                 }
-                let step_range = self.range(&format!("kiln/step#{}", self.steps_done + 1))?;
+                let step_range = if self.ranges {
+                    Some(Range::new(&format!("kiln/step#{}", self.steps_done + 1))?)
+                } else {
+                    None
+                };
                 monitor.start_step();
                 let group = accum.min(batches_per_epoch - consumed);
                 let mut batches = Vec::with_capacity(group);
