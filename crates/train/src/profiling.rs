@@ -79,17 +79,17 @@ impl StepProfiler {
         }
     }
 
-    pub fn unit(&self) -> ProfileUnit {
-        self.plan.unit
-    }
-
     /// Whether events are being recorded (the trainer opens its named ranges only then).
     pub fn recording(&self) -> bool {
         self.recording.is_some()
     }
 
-    /// Starts unit `n`: readies or starts the profiler as the schedule says.
-    pub fn begin(&mut self, n: u64) -> Result<(), TrainError> {
+    /// Starts unit `n` when the schedule counts `unit`s (and does nothing otherwise): readies
+    /// or starts the profiler as the schedule says. Returns whether it is recording.
+    pub fn begin(&mut self, unit: ProfileUnit, n: u64) -> Result<bool, TrainError> {
+        if unit != self.plan.unit {
+            return Ok(self.recording());
+        }
         self.action = action_at(&self.plan, n);
         match self.action {
             Action::Idle => {}
@@ -106,12 +106,13 @@ impl StepProfiler {
                 }
             }
         }
-        Ok(())
+        Ok(self.recording())
     }
 
-    /// Ends the current unit: saves the trace when the cycle's last active unit is done.
-    pub fn end(&mut self) -> Result<(), TrainError> {
-        if self.action == Action::RecordAndSave {
+    /// Ends the current unit (of `unit`s; otherwise nothing): saves the trace when the cycle's
+    /// last active unit is done.
+    pub fn end(&mut self, unit: ProfileUnit) -> Result<(), TrainError> {
+        if unit == self.plan.unit && self.action == Action::RecordAndSave {
             self.save()?;
         }
         Ok(())
@@ -121,11 +122,6 @@ impl StepProfiler {
     pub fn finish(mut self) -> Result<Vec<PathBuf>, TrainError> {
         self.save()?;
         Ok(std::mem::take(&mut self.written))
-    }
-
-    /// The traces written so far.
-    pub fn written(&self) -> &[PathBuf] {
-        &self.written
     }
 
     fn save(&mut self) -> Result<(), TrainError> {

@@ -793,12 +793,8 @@ impl<'m> Trainer<'m> {
                 .and_then(|t| t.f_view([]))
         };
         for epoch in start_epoch..self.settings.epochs {
-            if let Some(p) = profiler
-                .as_mut()
-                .filter(|p| p.unit() == ProfileUnit::Epochs)
-            {
-                p.begin(epoch)?;
-                self.ranges = p.recording();
+            if let Some(p) = profiler.as_mut() {
+                self.ranges = p.begin(ProfileUnit::Epochs, epoch)?;
             }
             let epoch_start = Instant::now();
             let epoch_total_before = monitor.total();
@@ -823,9 +819,8 @@ impl<'m> Trainer<'m> {
             let mut consumed = first_batch;
             let mut last_norm = None;
             while consumed < batches_per_epoch {
-                if let Some(p) = profiler.as_mut().filter(|p| p.unit() == ProfileUnit::Steps) {
-                    p.begin(self.steps_done)?;
-                    self.ranges = p.recording();
+                if let Some(p) = profiler.as_mut() {
+                    self.ranges = p.begin(ProfileUnit::Steps, self.steps_done)?;
                 }
                 let step_range = if self.ranges {
                     Some(Range::new(&format!("kiln/step#{}", self.steps_done + 1))?)
@@ -856,8 +851,8 @@ impl<'m> Trainer<'m> {
                 drop(batches);
                 monitor.end_step(outcome.samples);
                 drop(step_range);
-                if let Some(p) = profiler.as_mut().filter(|p| p.unit() == ProfileUnit::Steps) {
-                    p.end()?;
+                if let Some(p) = profiler.as_mut() {
+                    p.end(ProfileUnit::Steps)?;
                 }
                 interval_loss = interval_loss.f_add(&outcome.loss_sum)?;
                 interval_correct = interval_correct.f_add(&outcome.correct)?;
@@ -912,6 +907,7 @@ impl<'m> Trainer<'m> {
                     }
                 });
                 let periodic = every > 0 && self.steps_done.is_multiple_of(every);
+                let mut saved = None;
                 if (periodic || stopping)
                     && let Some(ckpt) = options.checkpoints.as_ref().filter(|c| c.plan.enabled)
                 {
@@ -925,16 +921,7 @@ impl<'m> Trainer<'m> {
                         skipped_steps: self.skipped_steps()?,
                         best_val_accuracy: sums.best_val_accuracy,
                     };
-                    let dir = self.save_checkpoint(ckpt, epoch, consumed, sums_now, None)?;
-                    if stopping {
-                        if let Some(p) = profiler.take() {
-                            p.finish()?;
-                        }
-                        return Err(TrainError::Stopped {
-                            step: self.steps_done,
-                            checkpoint: Some(dir),
-                        });
-                    }
+                    saved = Some(self.save_checkpoint(ckpt, epoch, consumed, sums_now, None)?);
                 }
                 if stopping {
                     if let Some(p) = profiler.take() {
@@ -942,7 +929,7 @@ impl<'m> Trainer<'m> {
                     }
                     return Err(TrainError::Stopped {
                         step: self.steps_done,
-                        checkpoint: None,
+                        checkpoint: saved,
                     });
                 }
             }
@@ -991,11 +978,8 @@ impl<'m> Trainer<'m> {
             };
             observer.on_epoch(&record)?;
             last_epoch = Some(record);
-            if let Some(p) = profiler
-                .as_mut()
-                .filter(|p| p.unit() == ProfileUnit::Epochs)
-            {
-                p.end()?;
+            if let Some(p) = profiler.as_mut() {
+                p.end(ProfileUnit::Epochs)?;
             }
             sums = RunningSums {
                 skipped_steps: self.skipped_steps()?,

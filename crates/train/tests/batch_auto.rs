@@ -12,19 +12,14 @@ use kiln_train::record::{Observer, RunStart, Silent};
 use kiln_train::run::{RunControl, train};
 
 fn request(out: &Path, extra: &[&str]) -> ConfigRequest {
-    let sets: Vec<String> = [
+    let base = [
         "model.name=mlp",
         "data.synthetic_samples=600",
         "data.num_workers=1",
         "train.epochs=1",
         "checkpoint.enabled=false",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| (*s).to_owned())
-    .chain([format!("run.output_dir={}", out.display())])
-    .collect();
-    common::cpu_request(&sets)
+    ];
+    common::run_request(out, &base, extra)
 }
 
 #[derive(Default)]

@@ -18,7 +18,7 @@ use serde_json::Value;
 use tch::{Kind, Tensor};
 
 fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
-    let sets: Vec<String> = [
+    let base = [
         "model.name=mlp",
         "data.synthetic_samples=1000",
         "data.num_workers=1",
@@ -27,13 +27,8 @@ fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
         "train.batch_size=16",
         "checkpoint.every_steps=7",
         "checkpoint.keep_last=50",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| (*s).to_owned())
-    .chain([format!("run.output_dir={}", out.display())])
-    .collect();
-    load(&common::cpu_request(&sets)).unwrap().plan
+    ];
+    load(&common::run_request(out, &base, extra)).unwrap().plan
 }
 
 /// Stops the run at `step`: by the stop flag (a signal), or by failing (a crash).

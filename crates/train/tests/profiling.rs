@@ -9,24 +9,31 @@ mod common;
 use kiln_config::load;
 use kiln_device::Device;
 use kiln_train::record::Silent;
-use kiln_train::run::{RunControl, train};
+use kiln_train::run::{RunControl, RunOutcome, train};
 use serde_json::Value;
 
 fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
-    let sets: Vec<String> = [
+    let base = [
         "model.name=mlp",
         "data.synthetic_samples=400",
         "data.num_workers=1",
         "train.epochs=2",
         "train.batch_size=16",
         "checkpoint.enabled=false",
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| (*s).to_owned())
-    .chain([format!("run.output_dir={}", out.display())])
-    .collect();
-    load(&common::cpu_request(&sets)).unwrap().plan
+    ];
+    load(&common::run_request(out, &base, extra)).unwrap().plan
+}
+
+fn run(plan: &kiln_config::RunPlan) -> RunOutcome {
+    train(
+        plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap()
 }
 
 fn traces(out: &Path) -> Vec<PathBuf> {
@@ -69,15 +76,7 @@ fn profiled_runs_write_traces_on_schedule() {
             "profiling.repeat=2",
         ],
     );
-    let outcome = train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let outcome = run(&plan);
     let written = traces(out.path());
     assert_eq!(written.len(), 2, "{written:?}");
     assert_eq!(outcome.summary.profiler_traces, written);
@@ -122,15 +121,7 @@ fn profiled_runs_write_traces_on_schedule() {
             "profiling.profile_memory=false",
         ],
     );
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    run(&plan);
     let written = traces(out.path());
     assert_eq!(written.len(), 1, "{written:?}");
     let names = event_names(&written[0]);
@@ -142,14 +133,6 @@ fn profiled_runs_write_traces_on_schedule() {
     // Profiling off (the default): no trace directory.
     let out = tempfile::tempdir().unwrap();
     let plan = cpu_plan(out.path(), &["train.epochs=1"]);
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    run(&plan);
     assert!(traces(out.path()).is_empty());
 }

@@ -1,6 +1,8 @@
 //! What the end-to-end training tests share: a configuration request for a simulated 2-core CPU
 //! without a GPU, the way `kiln train --set …` would load it.
 
+use std::path::Path;
+
 use kiln_config::{ConfigRequest, Machine, simulated_machine};
 use kiln_device::CpuFacts;
 use kiln_profiles::ProfileSet;
@@ -22,4 +24,16 @@ pub fn cpu_request<S: AsRef<str>>(sets: &[S]) -> ConfigRequest {
     let mut req = ConfigRequest::new(Machine::Simulated(facts));
     req.sets = sets.iter().map(|s| s.as_ref().to_owned()).collect();
     req
+}
+
+/// [`cpu_request`] with `base` then `extra` as `--set` arguments, writing runs under `out`.
+#[allow(dead_code)] // not every test binary writes runs
+pub fn run_request(out: &Path, base: &[&str], extra: &[&str]) -> ConfigRequest {
+    let sets: Vec<String> = base
+        .iter()
+        .chain(extra)
+        .map(|s| (*s).to_owned())
+        .chain([format!("run.output_dir={}", out.display())])
+        .collect();
+    cpu_request(&sets)
 }
