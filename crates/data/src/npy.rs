@@ -167,3 +167,88 @@ mod tests {
         assert!(header(DType::Bf16, &[5]).unwrap_err().contains("bf16"));
     }
 }
+
+/// A `.npy` array held in memory (a request body, a small file), viewed without copying.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NpyArray<'a> {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    data: &'a [u8],
+}
+
+impl<'a> NpyArray<'a> {
+    /// Parses a whole `.npy` file's bytes. The error says what is wrong (not a `.npy`, an
+    /// unsupported element type, a data length that does not match the shape).
+    pub fn parse(bytes: &'a [u8]) -> Result<Self, String> {
+        let header = parse_header(bytes)?;
+        let elements: usize = header.shape.iter().product();
+        let want = elements
+            .checked_mul(header.dtype.size())
+            .ok_or("the shape is too large")?;
+        let data = &bytes[header.data_offset.min(bytes.len())..];
+        if data.len() != want {
+            return Err(format!(
+                "the header declares {:?} {} ({want} bytes of data), the file holds {} bytes",
+                header.shape,
+                header.dtype,
+                data.len()
+            ));
+        }
+        Ok(Self {
+            dtype: header.dtype,
+            shape: header.shape,
+            data,
+        })
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The elements converted to f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.len()];
+        self.dtype.to_f32(self.data, &mut out);
+        out
+    }
+}
+
+/// A complete little-endian f32 `.npy` file for `values` of `shape`.
+pub fn npy_f32_bytes(shape: &[usize], values: &[f32]) -> Result<Vec<u8>, String> {
+    let elements: usize = shape.iter().product();
+    if elements != values.len() {
+        return Err(format!(
+            "{} values given for shape {shape:?} ({elements} elements)",
+            values.len()
+        ));
+    }
+    let mut bytes = header(DType::F32, shape)?;
+    bytes.reserve(values.len() * 4);
+    for v in values {
+        bytes.extend_from_slice(&v.to_le_bytes());
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod in_memory_tests {
+    use super::*;
+
+    #[test]
+    fn f32_arrays_round_trip_and_bad_lengths_are_named() {
+        let bytes = npy_f32_bytes(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, -6.5]).unwrap();
+        let array = NpyArray::parse(&bytes).unwrap();
+        assert_eq!(array.dtype, DType::F32);
+        assert_eq!(array.shape, vec![2, 3]);
+        assert_eq!(array.to_f32(), vec![1.0, 2.0, 3.0, 4.0, 5.0, -6.5]);
+        let err = NpyArray::parse(&bytes[..bytes.len() - 4]).unwrap_err();
+        assert!(err.contains("24 bytes of data"), "{err}");
+        assert!(npy_f32_bytes(&[2, 2], &[1.0]).is_err());
+        assert!(NpyArray::parse(b"not numpy at all").is_err());
+    }
+}
