@@ -18,7 +18,7 @@ mod resolve;
 pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
-    CheckpointPlan, LossScalePlan, ModelKind, ModelPlan, OptimizerKind, ProfileUnit, ProfilingPlan,
-    Provenance, RunPlan, ScheduleKind, TrainPlan,
+    CheckpointPlan, CudaGraphs, InferPlan, LossScalePlan, ModelKind, ModelPlan, OptimizerKind,
+    ProfileUnit, ProfilingPlan, Provenance, RunPlan, ScheduleKind, ServePlan, TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};

@@ -180,6 +180,45 @@ pub struct CheckpointPlan {
 pub struct InferPlan {
     pub batch_size: u64,
     pub precision: AmpDtype,
+    pub cuda_graphs: CudaGraphs,
+}
+
+/// `infer.cuda_graphs`: whether inference captures and replays CUDA graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CudaGraphs {
+    /// On CUDA with static shapes; otherwise eager, with a log line saying why.
+    Auto,
+    /// Required: fail when graphs cannot be used.
+    On,
+    Off,
+}
+
+impl CudaGraphs {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CudaGraphs::Auto => "auto",
+            CudaGraphs::On => "on",
+            CudaGraphs::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for CudaGraphs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `serve` section: the inference server's address and batching limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServePlan {
+    pub host: std::net::IpAddr,
+    pub port: u16,
+    /// How long the first request of a batch waits for more.
+    pub max_wait: std::time::Duration,
+    pub queue_capacity: u64,
+    pub max_body_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -201,6 +240,7 @@ pub struct RunPlan {
     pub train: TrainPlan,
     pub checkpoint: CheckpointPlan,
     pub infer: InferPlan,
+    pub serve: ServePlan,
     pub profiling: ProfilingPlan,
     pub run: RunInfo,
     /// Where each value came from, by `section.key`.
@@ -361,6 +401,21 @@ impl RunPlan {
             ),
             ("infer.batch_size", self.infer.batch_size.to_string()),
             ("infer.precision", self.infer.precision.to_string()),
+            ("infer.cuda_graphs", self.infer.cuda_graphs.to_string()),
+            ("serve.host", self.serve.host.to_string()),
+            ("serve.port", self.serve.port.to_string()),
+            (
+                "serve.max_wait_ms",
+                (self.serve.max_wait.as_secs_f64() * 1e3).to_string(),
+            ),
+            (
+                "serve.queue_capacity",
+                self.serve.queue_capacity.to_string(),
+            ),
+            (
+                "serve.max_body_bytes",
+                self.serve.max_body_bytes.to_string(),
+            ),
             ("profiling.wait", self.profiling.wait.to_string()),
             ("profiling.warmup", self.profiling.warmup.to_string()),
             ("profiling.active", self.profiling.active.to_string()),
@@ -689,6 +744,59 @@ pub(crate) fn validate(
             "infer.precision",
             need!(raw.infer.precision, "infer.precision"),
         )?,
+        cuda_graphs: {
+            let text = need!(raw.infer.cuda_graphs, "infer.cuda_graphs");
+            match text.trim().to_ascii_lowercase().as_str() {
+                "auto" => CudaGraphs::Auto,
+                "on" | "true" => CudaGraphs::On,
+                "off" | "false" => CudaGraphs::Off,
+                _ => {
+                    return Err(invalid(
+                        "infer.cuda_graphs",
+                        format!("{text:?}"),
+                        "use auto, on or off".to_owned(),
+                    ));
+                }
+            }
+        },
+    };
+    let sv = raw.serve;
+    let host_text = need!(sv.host, "serve.host");
+    let host = host_text.trim().parse::<std::net::IpAddr>().map_err(|_| {
+        invalid(
+            "serve.host",
+            format!("{host_text:?}"),
+            "must be an IP address such as 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+                .to_owned(),
+        )
+    })?;
+    let port = need!(sv.port, "serve.port");
+    let port = u16::try_from(port).map_err(|_| {
+        invalid(
+            "serve.port",
+            port.to_string(),
+            "must be a TCP port, 0 to 65535 (0 = any free port)".to_owned(),
+        )
+    })?;
+    let max_wait_ms = need!(sv.max_wait_ms, "serve.max_wait_ms");
+    let max_wait_ms = in_range(
+        "serve.max_wait_ms",
+        max_wait_ms,
+        (0.0..=10_000.0).contains(&max_wait_ms),
+        "must be in [0, 10000] milliseconds",
+    )?;
+    let serve = ServePlan {
+        host,
+        port,
+        max_wait: std::time::Duration::from_secs_f64(max_wait_ms / 1e3),
+        queue_capacity: at_least_1(
+            "serve.queue_capacity",
+            need!(sv.queue_capacity, "serve.queue_capacity"),
+        )?,
+        max_body_bytes: at_least_1(
+            "serve.max_body_bytes",
+            need!(sv.max_body_bytes, "serve.max_body_bytes"),
+        )?,
     };
     let pr = raw.profiling;
     let unit_text = need!(pr.unit, "profiling.unit");
@@ -730,6 +838,7 @@ pub(crate) fn validate(
         train,
         checkpoint,
         infer,
+        serve,
         profiling,
         run: RunInfo {
             name,

@@ -15,6 +15,7 @@ pub struct RawConfig {
     pub train: RawTrain,
     pub checkpoint: RawCheckpoint,
     pub infer: RawInfer,
+    pub serve: RawServe,
     pub profiling: RawProfiling,
     pub run: RawRun,
 }
@@ -156,6 +157,26 @@ pub struct RawInfer {
     pub batch_size: Option<u64>,
     /// none, fp16 or bf16.
     pub precision: Option<String>,
+    /// auto, on or off: replay CUDA graphs for static input shapes.
+    pub cuda_graphs: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RawServe {
+    /// The address `kiln serve` binds.
+    pub host: Option<String>,
+    #[serde(deserialize_with = "lenient_u64")]
+    pub port: Option<u64>,
+    /// How long the first request of a batch waits for more, in milliseconds.
+    #[serde(deserialize_with = "lenient_f64")]
+    pub max_wait_ms: Option<f64>,
+    /// Requests that may wait for a batch; beyond this the server answers 503.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub queue_capacity: Option<u64>,
+    /// The largest request body accepted.
+    #[serde(deserialize_with = "lenient_u64")]
+    pub max_body_bytes: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -240,6 +261,12 @@ pub const KEYS: &[&str] = &[
     "checkpoint.keep_best",
     "infer.batch_size",
     "infer.precision",
+    "infer.cuda_graphs",
+    "serve.host",
+    "serve.port",
+    "serve.max_wait_ms",
+    "serve.queue_capacity",
+    "serve.max_body_bytes",
     "profiling.wait",
     "profiling.warmup",
     "profiling.active",
@@ -315,6 +342,7 @@ mod tests {
             "train",
             "checkpoint",
             "infer",
+            "serve",
             "profiling",
             "run",
         ];

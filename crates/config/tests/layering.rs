@@ -238,6 +238,26 @@ fn bad_values_name_the_key_the_value_what_is_valid_and_the_layer() {
                 ],
             ),
             ("KILN_TRAIN__LR", "fast", &["train.lr", "not a number"]),
+            (
+                "KILN_INFER__CUDA_GRAPHS",
+                "sometimes",
+                &["`infer.cuda_graphs`", "use auto, on or off"],
+            ),
+            (
+                "KILN_SERVE__HOST",
+                "localhost:80",
+                &["`serve.host`", "must be an IP address"],
+            ),
+            (
+                "KILN_SERVE__PORT",
+                "70000",
+                &["`serve.port` = 70000", "0 to 65535"],
+            ),
+            (
+                "KILN_SERVE__MAX_WAIT_MS",
+                "-1",
+                &["`serve.max_wait_ms`", "[0, 10000] milliseconds"],
+            ),
         ];
         for (var, value, wanted) in cases {
             jail.clear_env();
