@@ -53,6 +53,7 @@ fn short_source(plan: &kiln_config::RunPlan, key: &str) -> String {
         .map_or("?".to_owned(), |p| match p.layer {
             Layer::Default => "default".to_owned(),
             Layer::Profile => "profile".to_owned(),
+            Layer::Checkpoint => "checkpoint".to_owned(),
             Layer::File => "file".to_owned(),
             Layer::Env => p
                 .source
@@ -358,6 +359,7 @@ fn layer_name(layer: Layer) -> &'static str {
     match layer {
         Layer::Default => "default",
         Layer::Profile => "profile",
+        Layer::Checkpoint => "checkpoint",
         Layer::File => "file",
         Layer::Env => "env",
         Layer::CommandLine => "command line",

@@ -12,6 +12,8 @@ use serde::Serialize;
 pub enum Layer {
     Default,
     Profile,
+    /// The model settings a checkpoint was trained with (`kiln infer`/`kiln serve`).
+    Checkpoint,
     File,
     Env,
     CommandLine,
@@ -25,6 +27,8 @@ impl Layer {
             Layer::Default
         } else if name.starts_with("profile ") {
             Layer::Profile
+        } else if name.starts_with("checkpoint ") {
+            Layer::Checkpoint
         } else if name.starts_with("command line") {
             Layer::CommandLine
         } else if name.contains("environment") {

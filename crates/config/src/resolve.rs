@@ -36,6 +36,9 @@ pub struct ConfigRequest {
     pub sets: Vec<String>,
     /// Friendly flags as (flag as typed, key, value), e.g. ("--batch-size", "train.batch_size", "64").
     pub flags: Vec<(String, String, String)>,
+    /// Values saved with a checkpoint, as (key, value as text), layered over the profile and
+    /// under the user's layers, named `checkpoint <source>`.
+    pub checkpoint: Option<(String, Vec<(String, String)>)>,
     pub machine: Machine,
 }
 
@@ -45,6 +48,7 @@ impl ConfigRequest {
             file: None,
             sets: vec![],
             flags: vec![],
+            checkpoint: None,
             machine,
         }
     }
@@ -183,6 +187,13 @@ fn profile_layer(r: &Resolved) -> NamedLayer {
 
 /// Adds the user's layers: file, environment, `--set`, flags.
 fn user_layers(mut fig: Figment, req: &ConfigRequest) -> Result<Figment, ConfigError> {
+    if let Some((source, values)) = &req.checkpoint {
+        let mut layer = NamedLayer::new(format!("checkpoint {source}"));
+        for (key, value) in values {
+            layer.push(key, parse_set_value(value));
+        }
+        fig = fig.merge(layer);
+    }
     if let Some(path) = &req.file {
         fig = fig.merge(file_provider(path)?);
     }

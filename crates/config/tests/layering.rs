@@ -345,3 +345,32 @@ fn simulated_gpus_need_facts_only_when_no_profile_knows_them() {
     .unwrap();
     assert_eq!(m.gpus[0].memory_gib(), 48.0);
 }
+
+#[test]
+fn a_checkpoint_layer_sits_over_the_profile_and_under_the_user() {
+    Jail::expect_with(|jail| {
+        jail.clear_env();
+        let mut req = request(None, 4);
+        req.checkpoint = Some((
+            "runs/a/checkpoints/step-000000010".to_owned(),
+            vec![
+                ("model.name".to_owned(), "transformer".to_owned()),
+                ("model.layers".to_owned(), "3".to_owned()),
+                ("model.hidden".to_owned(), "32,16".to_owned()),
+            ],
+        ));
+        req.sets = vec!["model.layers=5".to_owned()];
+        let plan = load(&req).map_err(jail_err)?.plan;
+        assert_eq!(plan.model.kind, kiln_config::ModelKind::Transformer);
+        assert_eq!(plan.model.hidden, vec![32, 16]);
+        assert_eq!(plan.model.layers, 5, "the user wins over the checkpoint");
+        let src = plan.source_of("model.name").unwrap();
+        assert_eq!(src.layer, Layer::Checkpoint);
+        assert_eq!(src.source, "checkpoint runs/a/checkpoints/step-000000010");
+        assert_eq!(
+            plan.source_of("model.layers").unwrap().layer,
+            Layer::CommandLine
+        );
+        Ok(())
+    });
+}

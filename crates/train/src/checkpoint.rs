@@ -70,6 +70,10 @@ pub struct Meta {
     pub sums: RunningSums,
     /// The resolved configuration with provenance.
     pub config: serde_json::Value,
+    /// The shape of the model's input and its classes (absent in checkpoints from before
+    /// inference existed).
+    #[serde(default)]
+    pub input: Option<crate::models::InputSpec>,
     /// SHA-256 of each tensor file.
     pub files: BTreeMap<String, String>,
     /// SHA-256 of this JSON with this field empty.

@@ -11,8 +11,9 @@ use tch::{Kind, Tensor, nn};
 use crate::TrainError;
 use crate::model::{Dropout, Model, dropout_state, set_dropout_state};
 
-/// What the data looks like: the shape of one sample and the number of classes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the data looks like: the shape of one sample and the number of classes. Stored in
+/// checkpoints, so that inference can rebuild the model without the training data.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InputSpec {
     pub sample_shape: Vec<usize>,
     pub classes: usize,

@@ -258,6 +258,7 @@ pub fn train(
                     dir: run_path.join("checkpoints"),
                     plan: plan.checkpoint,
                     config: RunDir::config_json(plan),
+                    input: Some(input.clone()),
                 }),
                 resume: resume.map(|(c, _)| c),
                 stop: control.stop,

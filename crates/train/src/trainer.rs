@@ -118,6 +118,8 @@ pub struct CheckpointOptions {
     pub plan: CheckpointPlan,
     /// The resolved configuration, stored in each checkpoint.
     pub config: serde_json::Value,
+    /// The model's input, stored in each checkpoint for inference.
+    pub input: Option<crate::models::InputSpec>,
 }
 
 /// Checkpointing, resuming and stopping for [`Trainer::fit`].
@@ -584,6 +586,7 @@ impl<'m> Trainer<'m> {
                     val_accuracy,
                     sums,
                     config: options.config.clone(),
+                    input: options.input.clone(),
                     files: Default::default(),
                     meta_sha256: String::new(),
                 },

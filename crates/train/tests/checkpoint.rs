@@ -230,6 +230,7 @@ fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
         val_accuracy: Some(step as f64 / 100.0),
         sums: Default::default(),
         config: Value::Null,
+        input: None,
         files: Default::default(),
         meta_sha256: String::new(),
     };
