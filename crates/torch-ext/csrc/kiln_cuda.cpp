@@ -5,10 +5,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <array>
 #include <memory>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -94,5 +96,98 @@ char* kiln_cuda_copy_finish(void* event, const at::Tensor* tensor, int index) {
 
 // Frees an event whose copy is abandoned.
 void kiln_cuda_event_free(void* event) { delete static_cast<c10::Event*>(event); }
+
+}  // extern "C"
+
+// ---- CUDA graphs ------------------------------------------------------------------------
+
+// The Rust side of a captured function (the same contract as kiln_autograd.cpp's BlockCall):
+// computes `*out` from `input` (heap `at::Tensor`s; Rust owns `input`, hands `out` over).
+using GraphCall = int (*)(void* ctx, at::Tensor* input, at::Tensor** out, char* err,
+                          size_t err_len);
+
+namespace {
+
+// One captured graph: replay reads `input` and writes `output`, both fixed in place.
+struct Graph {
+  at::cuda::CUDAGraph graph;
+  at::Tensor input;
+  at::Tensor output;
+};
+
+at::Tensor call_rust(GraphCall call, void* ctx, const at::Tensor& input) {
+  std::array<char, 2048> err{};
+  at::Tensor* out = nullptr;
+  const int rc = call(ctx, new at::Tensor(input), &out, err.data(), err.size());
+  TORCH_CHECK(rc == 0 && out != nullptr, "the captured function failed: ", err.data());
+  at::Tensor result = std::move(*out);
+  delete out;
+  return result;
+}
+
+// Makes `waiter` wait for the work queued on `on` so far.
+void stream_wait(c10::cuda::CUDAStream waiter, c10::cuda::CUDAStream on) {
+  c10::Event done(c10::DeviceType::CUDA);
+  done.record(on.unwrap());
+  done.block(waiter.unwrap());
+}
+
+}  // namespace
+
+extern "C" {
+
+// Captures `f(input)` as a CUDA graph, as torch.cuda.graphs does: a static copy of `example`
+// is the graph's input; `warmup` eager calls on a side stream first (lazy initialisation, the
+// allocator's caches), then one call under capture on that stream. `*out_graph` replays it.
+char* kiln_cuda_graph_capture(const at::Tensor* example, GraphCall call, void* ctx, int warmup,
+                              void** out_graph) {
+  KILN_TRY
+  TORCH_CHECK(example->is_cuda(), "CUDA graphs need a CUDA input; this one is on ",
+              example->device());
+  const c10::DeviceIndex device = example->device().index();
+  auto g = std::make_unique<Graph>();
+  g->input = example->clone();
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
+  stream_wait(side, c10::cuda::getCurrentCUDAStream(device));
+  {
+    c10::StreamGuard guard(side.unwrap());
+    for (int i = 0; i < warmup; ++i) {
+      (void)call_rust(call, ctx, g->input);
+    }
+    side.synchronize();
+    g->graph.capture_begin();
+    try {
+      g->output = call_rust(call, ctx, g->input);
+    } catch (...) {
+      // End the capture so the stream is usable again, then report the first error.
+      try {
+        g->graph.capture_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    g->graph.capture_end();
+  }
+  stream_wait(c10::cuda::getCurrentCUDAStream(device), side);
+  *out_graph = g.release();
+  KILN_CATCH
+}
+
+// Copies `input` (same shape and dtype as the captured one) into the graph's input, replays
+// the graph on the current stream, and returns a copy of its output (the graph's own output is
+// overwritten by the next replay).
+char* kiln_cuda_graph_replay(void* graph, const at::Tensor* input, at::Tensor** out) {
+  KILN_TRY
+  auto* g = static_cast<Graph*>(graph);
+  TORCH_CHECK(input->sizes() == g->input.sizes() && input->dtype() == g->input.dtype(),
+              "a CUDA graph replays the shape and dtype it captured: ", g->input.sizes(), " ",
+              g->input.dtype(), ", not ", input->sizes(), " ", input->dtype());
+  g->input.copy_(*input, /*non_blocking=*/true);
+  g->graph.replay();
+  *out = new at::Tensor(g->output.clone());
+  KILN_CATCH
+}
+
+void kiln_cuda_graph_free(void* graph) { delete static_cast<Graph*>(graph); }
 
 }  // extern "C"

@@ -191,6 +191,19 @@ unsafe extern "C" {
 unsafe extern "C" {
     pub fn kiln_cuda_set_memory_fraction(fraction: f64, index: c_int) -> *mut c_char;
     pub fn kiln_cuda_device_count(out: *mut c_int) -> *mut c_char;
+    pub fn kiln_cuda_graph_capture(
+        example: *const std::ffi::c_void,
+        call: BlockCall,
+        ctx: *mut std::ffi::c_void,
+        warmup: c_int,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_cuda_graph_replay(
+        graph: *mut std::ffi::c_void,
+        input: *const std::ffi::c_void,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_cuda_graph_free(graph: *mut std::ffi::c_void);
     pub fn kiln_cuda_copy_start(
         src: *const std::ffi::c_void,
         index: c_int,

@@ -11,6 +11,7 @@ pub mod dropout;
 mod error;
 mod ffi;
 pub mod flags;
+pub mod graphs;
 pub mod layout;
 pub mod memory;
 pub mod optim;

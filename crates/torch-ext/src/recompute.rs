@@ -46,7 +46,7 @@ where
 }
 
 /// Copies `message` into C's `err` buffer, NUL-terminated and truncated to fit.
-fn write_error(err: *mut c_char, len: usize, message: &str) {
+pub(crate) fn write_error(err: *mut c_char, len: usize, message: &str) {
     if err.is_null() || len == 0 {
         return;
     }
