@@ -1,5 +1,16 @@
 //! kiln's inference: batched, reduced-precision offline inference over kiln checkpoints and
 //! TorchScript modules, CUDA graphs for static shapes, and an HTTP server with dynamic batching.
 //!
-//! Layering: uses `kiln-device`, `kiln-config` and `kiln-torch-ext`; knows nothing of training
-//! loops or the CLI. It arrives with the inference work (issue 7).
+//! Layering: uses `kiln-train` for the reference models and the checkpoint format (kiln serves
+//! what it trained), and `kiln-device`, `kiln-config`, `kiln-data` and `kiln-torch-ext`; knows
+//! nothing of the CLI.
+
+pub mod engine;
+mod error;
+pub mod io;
+pub mod model;
+pub mod offline;
+
+pub use engine::{Engine, EngineOptions, GraphStatus};
+pub use error::InferError;
+pub use model::{LoadedModel, ModelSource};

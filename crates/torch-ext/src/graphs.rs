@@ -149,7 +149,9 @@ mod tests {
     #[test]
     fn capturing_a_cpu_tensor_is_an_error_not_a_crash() {
         let x = tch::Tensor::ones([2, 3], (tch::Kind::Float, tch::Device::Cpu));
-        let err = CudaGraph::capture(&x, 1, |t| Ok(t * 2)).unwrap_err().to_string();
+        let err = CudaGraph::capture(&x, 1, |t| Ok(t * 2))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("CUDA graphs need a CUDA input") || err.contains("without CUDA"),
             "{err}"

@@ -1,0 +1,246 @@
+//! The models inference runs: a kiln checkpoint (the reference model rebuilt from the settings
+//! it was trained with, its weights loaded and verified) or a TorchScript module exported from
+//! PyTorch (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in
+//! the precision asked for (weights converted once, not per call).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use kiln_config::ModelPlan;
+use kiln_device::settings::AmpDtype;
+use kiln_train::checkpoint::{self, Checkpoint};
+use kiln_train::model::Model;
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::InferError;
+
+/// Where a model comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A checkpoint directory, a run directory (its newest good checkpoint) or its
+    /// `checkpoints/` directory.
+    Checkpoint(PathBuf),
+    /// A TorchScript file.
+    TorchScript(PathBuf),
+}
+
+impl ModelSource {
+    /// A directory is a kiln checkpoint or run; a file is a TorchScript module.
+    pub fn detect(path: &Path) -> Result<Self, InferError> {
+        if path.is_dir() {
+            Ok(ModelSource::Checkpoint(path.to_owned()))
+        } else if path.is_file() {
+            Ok(ModelSource::TorchScript(path.to_owned()))
+        } else {
+            Err(InferError::file(
+                path,
+                "no such file or directory (expected a kiln checkpoint or run directory, or a \
+                 TorchScript .pt file)",
+            ))
+        }
+    }
+}
+
+/// Opens and verifies the checkpoint `path` names (see [`checkpoint::resolve`]); damaged
+/// checkpoints that were skipped are logged.
+pub fn open_checkpoint(path: &Path) -> Result<Checkpoint, InferError> {
+    let (ckpt, skipped) = checkpoint::resolve(path)?;
+    for (dir, why) in skipped {
+        tracing::warn!("skipped damaged checkpoint {}: {why}", dir.display());
+    }
+    Ok(ckpt)
+}
+
+/// The `model.*` settings a checkpoint was trained with, as (key, value) text, for the
+/// configuration's checkpoint layer.
+pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
+    let Some(entries) = ckpt.meta.config.as_array() else {
+        return vec![];
+    };
+    entries
+        .iter()
+        .filter_map(|e| {
+            let key = e.get("key")?.as_str()?;
+            let value = e.get("value")?.as_str()?;
+            key.starts_with("model.")
+                .then(|| (key.to_owned(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// The tensor element type of a precision.
+pub fn kind_of(precision: AmpDtype) -> Kind {
+    match precision {
+        AmpDtype::None => Kind::Float,
+        AmpDtype::Fp16 => Kind::Half,
+        AmpDtype::Bf16 => Kind::BFloat16,
+    }
+}
+
+enum Inner {
+    Kiln {
+        // The parameters' owner; the model holds handles into it.
+        _vs: nn::VarStore,
+        model: Box<dyn Model>,
+    },
+    Script(tch::CModule),
+}
+
+/// A model ready for inference.
+pub struct LoadedModel {
+    inner: Inner,
+    description: String,
+    sample_shape: Option<Vec<usize>>,
+    kind: Kind,
+    device: Device,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("description", &self.description)
+            .field("sample_shape", &self.sample_shape)
+            .field("kind", &self.kind)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedModel {
+    /// Rebuilds the checkpoint's model from `plan` (the settings it was trained with, see
+    /// [`model_settings`]) on `device`, loads its weights, and converts them to `precision`.
+    pub fn from_checkpoint(
+        ckpt: &Checkpoint,
+        plan: &ModelPlan,
+        channels_last: bool,
+        device: Device,
+        precision: AmpDtype,
+    ) -> Result<Self, InferError> {
+        let model_err = |message: String| InferError::Model {
+            model: ckpt.dir.display().to_string(),
+            message,
+        };
+        let input = ckpt.meta.input.clone().ok_or_else(|| {
+            model_err(
+                "the checkpoint does not record its input shape (it predates kiln inference); \
+                 train again, or export the model to TorchScript"
+                    .to_owned(),
+            )
+        })?;
+        let mut vs = nn::VarStore::new(device);
+        let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
+        let saved: HashMap<&str, &Tensor> =
+            ckpt.model.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let current = vs.variables();
+        if current.len() != saved.len() {
+            return Err(model_err(format!(
+                "{} has {} tensors, the checkpoint {} (were model settings changed?)",
+                plan.kind,
+                current.len(),
+                saved.len()
+            )));
+        }
+        {
+            let _guard = tch::no_grad_guard();
+            for (name, target) in &current {
+                let source = saved
+                    .get(name.as_str())
+                    .ok_or_else(|| model_err(format!("the checkpoint lacks tensor `{name}`")))?;
+                if source.size() != target.size() {
+                    return Err(model_err(format!(
+                        "tensor `{name}` is {:?} in the model, {:?} in the checkpoint (were model \
+                         settings changed?)",
+                        target.size(),
+                        source.size()
+                    )));
+                }
+                target.shallow_clone().f_copy_(source)?;
+            }
+        }
+        let kind = kind_of(precision);
+        match kind {
+            Kind::Half => vs.half(),
+            Kind::BFloat16 => vs.bfloat16(),
+            _ => {}
+        }
+        vs.freeze();
+        Ok(Self {
+            inner: Inner::Kiln { _vs: vs, model },
+            description: format!(
+                "kiln {} checkpoint {} (step {})",
+                plan.kind,
+                ckpt.dir.display(),
+                ckpt.meta.step
+            ),
+            sample_shape: Some(input.sample_shape),
+            kind,
+            device,
+        })
+    }
+
+    /// Loads a TorchScript module onto `device` in eval mode, its floating-point parameters in
+    /// `precision`.
+    pub fn torchscript(
+        path: &Path,
+        device: Device,
+        precision: AmpDtype,
+    ) -> Result<Self, InferError> {
+        let mut module = tch::CModule::load_on_device(path, device).map_err(|e| {
+            InferError::file(
+                path,
+                format!("not a loadable TorchScript module (torch.jit.script/trace + save): {e}"),
+            )
+        })?;
+        module.f_set_eval()?;
+        let kind = kind_of(precision);
+        if kind != Kind::Float {
+            // tch's `to` panics on a libtorch error; keep that a plain error.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                module.to(device, kind, false)
+            }))
+            .map_err(|_| {
+                InferError::file(path, format!("cannot convert the module to {kind:?}"))
+            })?;
+        }
+        Ok(Self {
+            inner: Inner::Script(module),
+            description: format!("TorchScript {}", path.display()),
+            sample_shape: None,
+            kind,
+            device,
+        })
+    }
+
+    /// What was loaded, for reports.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    /// The shape of one input sample, where the model records it (kiln checkpoints do).
+    pub fn sample_shape(&self) -> Option<&[usize]> {
+        self.sample_shape.as_deref()
+    }
+
+    /// The element type the model computes in.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The model's output for a batch already on its device and in its element type. Call
+    /// under `tch::no_grad_guard`.
+    pub fn forward(&self, xs: &Tensor) -> Result<Tensor, InferError> {
+        match &self.inner {
+            Inner::Kiln { model, .. } => Ok(model.forward(xs, false)?),
+            Inner::Script(module) => module.forward_ts(&[xs]).map_err(|e| InferError::Model {
+                model: self.description.clone(),
+                message: format!(
+                    "forward failed (it must take one tensor and return one tensor): {e}"
+                ),
+            }),
+        }
+    }
+}

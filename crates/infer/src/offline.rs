@@ -1,0 +1,209 @@
+//! Offline inference (`kiln infer`): every input through the engine in batches of the
+//! inference batch size, with per-batch latency percentiles and throughput, accuracy where the
+//! inputs have labels, and, at reduced precision, the largest deviation from an fp32 run of the
+//! same model on the same inputs.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::io::Inputs;
+use crate::{Engine, InferError};
+
+/// Latency percentiles in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `samples` (any order); zeros when empty.
+    pub fn of(samples: &[f64]) -> Self {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let at = |q: f64| -> f64 {
+            if sorted.is_empty() {
+                return 0.0;
+            }
+            let rank = (q * sorted.len() as f64).ceil() as usize;
+            sorted[rank.clamp(1, sorted.len()) - 1]
+        };
+        Self {
+            p50: at(0.50),
+            p95: at(0.95),
+            p99: at(0.99),
+            max: sorted.last().copied().unwrap_or(0.0),
+        }
+    }
+}
+
+/// How far reduced-precision outputs are from fp32 ones.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Deviation {
+    /// The largest absolute difference of any output value.
+    pub max_abs: f64,
+    /// The largest fp32 output magnitude, for scale.
+    pub max_reference: f64,
+    /// The share of samples whose arg-max output agrees (classifiers).
+    pub argmax_agreement: f64,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Report {
+    pub model: String,
+    pub inputs: String,
+    pub samples: usize,
+    pub batches: usize,
+    pub batch_size: usize,
+    pub precision: String,
+    pub cuda_graphs: String,
+    pub output_shape: Vec<usize>,
+    /// Samples per second over the timed batches (the warm-up batch excluded).
+    pub samples_per_second: f64,
+    /// Per-batch latency (host to host, outputs on the host).
+    pub batch_latency_ms: Percentiles,
+    /// Arg-max accuracy where the inputs have labels.
+    pub accuracy: Option<f64>,
+    /// Against fp32, when run at reduced precision.
+    pub deviation_from_fp32: Option<Deviation>,
+}
+
+/// The outputs and the report of a run.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// `samples × output numel` values.
+    pub outputs: Vec<f32>,
+    /// `[samples, …output]`.
+    pub shape: Vec<usize>,
+    pub report: Report,
+}
+
+/// Every sample of `inputs` through `engine` (one untimed warm-up batch first). With
+/// `reference` (the same model in fp32), also measures the deviation from it.
+pub fn run(
+    engine: &mut Engine,
+    reference: Option<&mut Engine>,
+    inputs: &Inputs,
+    precision: &str,
+) -> Result<Outcome, InferError> {
+    if inputs.sample_shape != engine.sample_shape() {
+        return Err(InferError::Input(format!(
+            "{} has samples of shape {:?}; {} takes {:?}",
+            inputs.description,
+            inputs.sample_shape,
+            engine.model().description(),
+            engine.sample_shape()
+        )));
+    }
+    let batch = engine.max_batch();
+    let first = batch.min(inputs.len);
+    engine.run(inputs.slice(0, first), first)?;
+
+    let mut outputs = Vec::new();
+    let mut out_shape = Vec::new();
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    let mut start = 0;
+    while start < inputs.len {
+        let n = batch.min(inputs.len - start);
+        let t = Instant::now();
+        let (values, shape) = engine.run(inputs.slice(start, n), n)?;
+        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+        outputs.extend_from_slice(&values);
+        out_shape = shape;
+        start += n;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let per: usize = out_shape.iter().product();
+
+    let accuracy = match (&inputs.labels, per > 1) {
+        (Some(labels), true) => {
+            let correct = outputs
+                .chunks_exact(per)
+                .zip(labels)
+                .filter(|(row, label)| argmax(row) as i64 == **label)
+                .count();
+            Some(correct as f64 / inputs.len as f64)
+        }
+        _ => None,
+    };
+
+    let deviation = match reference {
+        Some(reference) => {
+            let mut max_abs = 0f64;
+            let mut max_reference = 0f64;
+            let mut agree = 0usize;
+            let mut start = 0;
+            while start < inputs.len {
+                let n = batch.min(inputs.len - start).min(reference.max_batch());
+                let (want, _) = reference.run(inputs.slice(start, n), n)?;
+                let got = &outputs[start * per..(start + n) * per];
+                for (a, b) in got.iter().zip(&want) {
+                    max_abs = max_abs.max(f64::from((a - b).abs()));
+                    max_reference = max_reference.max(f64::from(b.abs()));
+                }
+                if per > 0 {
+                    agree += got
+                        .chunks_exact(per)
+                        .zip(want.chunks_exact(per))
+                        .filter(|(g, w)| argmax(g) == argmax(w))
+                        .count();
+                }
+                start += n;
+            }
+            Some(Deviation {
+                max_abs,
+                max_reference,
+                argmax_agreement: agree as f64 / inputs.len as f64,
+            })
+        }
+        None => None,
+    };
+
+    let mut shape = vec![inputs.len];
+    shape.extend_from_slice(&out_shape);
+    Ok(Outcome {
+        outputs,
+        shape,
+        report: Report {
+            model: engine.model().description().to_owned(),
+            inputs: inputs.description.clone(),
+            samples: inputs.len,
+            batches: latencies.len(),
+            batch_size: batch,
+            precision: precision.to_owned(),
+            cuda_graphs: engine.graph_status().to_string(),
+            output_shape: out_shape,
+            samples_per_second: inputs.len as f64 / elapsed.max(1e-9),
+            batch_latency_ms: Percentiles::of(&latencies),
+            accuracy,
+            deviation_from_fp32: deviation,
+        },
+    })
+}
+
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_use_nearest_rank() {
+        let samples: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        let p = Percentiles::of(&samples);
+        assert_eq!((p.p50, p.p95, p.p99, p.max), (50.0, 95.0, 99.0, 100.0));
+        let one = Percentiles::of(&[7.0]);
+        assert_eq!((one.p50, one.p99), (7.0, 7.0));
+        assert_eq!(Percentiles::of(&[]).max, 0.0);
+    }
+}
