@@ -39,8 +39,14 @@ fn checks(extra_test_args: &[String]) -> Vec<Check> {
     ]
 }
 
-/// Runs every check in order; the error names the step that failed.
-pub fn run_all(root: &Path, settings: &Settings, extra_test_args: &[String]) -> Result<()> {
+/// Runs every check in order; the error names the step that failed. `python` (the one with
+/// libtorch's torch) is `KILN_PYTHON` for the tests that export models from PyTorch.
+pub fn run_all(
+    root: &Path,
+    settings: &Settings,
+    python: &Path,
+    extra_test_args: &[String],
+) -> Result<()> {
     let all = checks(extra_test_args);
     let total = all.len();
     for (i, check) in all.into_iter().enumerate() {
@@ -52,6 +58,7 @@ pub fn run_all(root: &Path, settings: &Settings, extra_test_args: &[String]) -> 
         let mut cmd = Command::new(util::cargo());
         cmd.current_dir(root).args(&check.args);
         crate::kiln::apply_env(&mut cmd, settings);
+        cmd.env("KILN_PYTHON", python);
         let status = util::status_of(&mut cmd)?;
         if !status.success() {
             bail!(

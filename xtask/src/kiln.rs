@@ -60,6 +60,16 @@ const SUITES: [(&str, &str); 2] = [("data", "kiln-bench-data"), ("train", "kiln-
 
 /// `cargo xtask bench [SUITE…] [options]`: builds the suites' binaries in release mode and runs
 /// them with the Python whose torch is the provisioned libtorch (the side-by-side baseline).
+/// The Python whose torch kiln uses (the cache's venv, or the one that provided libtorch),
+/// for baselines and for tests that export models from PyTorch.
+pub fn python_of(libtorch: &Libtorch, settings: &Settings) -> PathBuf {
+    match &libtorch.source {
+        Source::Cache { venv, .. } => venv.join("bin").join("python"),
+        Source::Python(python) => python.clone(),
+        Source::EnvVar => PathBuf::from(&settings.python),
+    }
+}
+
 pub fn bench(
     root: &Path,
     settings: &Settings,
@@ -91,11 +101,7 @@ pub fn bench(
     if suites.is_empty() {
         suites = SUITES.to_vec();
     }
-    let python = match &libtorch.source {
-        Source::Cache { venv, .. } => venv.join("bin").join("python"),
-        Source::Python(python) => python.clone(),
-        Source::EnvVar => PathBuf::from(&settings.python),
-    };
+    let python = python_of(libtorch, settings);
     for (name, bin) in suites {
         util::step(&format!("benchmark suite `{name}`"));
         let mut build = Command::new(util::cargo());

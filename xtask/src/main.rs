@@ -79,7 +79,8 @@ fn run(args: &[String]) -> Result<ExitCode> {
             let settings = libtorch::Settings::from_env(&root)?;
             let found = libtorch::setup(&settings)?;
             libtorch::report(&found, &settings.link);
-            checks::run_all(&root, &settings, rest)?;
+            let python = kiln::python_of(&found, &settings);
+            checks::run_all(&root, &settings, &python, rest)?;
             Ok(ExitCode::SUCCESS)
         }
         "bench" => {

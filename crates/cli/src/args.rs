@@ -70,6 +70,42 @@ pub enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Run a trained kiln checkpoint or a TorchScript module over inputs, in batches at the
+    /// profile's inference batch size and precision; report throughput, latency and the
+    /// deviation from fp32.
+    Infer {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The inputs: a prepared dataset directory, a .npy array [samples, …] or a CSV file.
+        #[arg(long, value_name = "PATH")]
+        inputs: PathBuf,
+        /// Write the outputs here (.npy, .safetensors or .csv; never overwritten).
+        #[arg(long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// At reduced precision, skip the fp32 comparison run.
+        #[arg(long)]
+        no_compare: bool,
+        #[arg(long, value_enum, default_value_t)]
+        format: Format,
+    },
+    /// Serve a kiln checkpoint or a TorchScript module over HTTP with dynamic batching.
+    Serve {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The shape of one input sample, e.g. 784 or 64,469 (needed for TorchScript modules;
+        /// checkpoints know theirs).
+        #[arg(long, value_name = "D,D,…", value_delimiter = ',')]
+        input_shape: Option<Vec<usize>>,
+        /// Address to bind (= --set serve.host=…; default 127.0.0.1, this machine only).
+        #[arg(long, value_name = "IP")]
+        host: Option<String>,
+        /// Port (= --set serve.port=…; 0 = any free port).
+        #[arg(long, value_name = "N")]
+        port: Option<String>,
+        /// How long a batch waits for more requests, in ms (= --set serve.max_wait_ms=…).
+        #[arg(long, value_name = "MS")]
+        max_wait_ms: Option<String>,
+    },
     /// Run the benchmark suites.
     Bench,
     /// Turn CSV or .npy files into a sharded dataset, or check one.
@@ -202,6 +238,64 @@ impl TrainArgs {
         ]
         .into_iter()
         .filter_map(|(flag, key, value)| value.map(|v| (flag.to_owned(), key.to_owned(), v)))
+        .collect()
+    }
+}
+
+/// The model `kiln infer` and `kiln serve` run, and their configuration.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A kiln checkpoint or run directory, or a TorchScript file (torch.jit.script/trace).
+    #[arg(long, value_name = "PATH")]
+    pub model: PathBuf,
+    /// Samples per batch (= --set infer.batch_size=…; default: the profile's).
+    #[arg(long, value_name = "N")]
+    pub batch_size: Option<String>,
+    /// fp32, fp16 or bf16 (= --set infer.precision=…; default: the profile's).
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+    /// auto, on or off (= --set infer.cuda_graphs=…).
+    #[arg(long, value_name = "MODE")]
+    pub cuda_graphs: Option<String>,
+    /// A configuration file (TOML, YAML or JSON).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Set any key: --set infer.batch_size=64 (repeatable; later wins).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    /// Device: auto, cpu, cuda, cuda:N or mps (= --set device.request=…).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Use this profile instead of matching the GPU (= --set device.profile=…).
+    #[arg(long)]
+    pub profile: Option<String>,
+}
+
+impl ModelArgs {
+    /// The configuration part as [`ConfigArgs`] (no simulation: inference runs here).
+    pub fn config_args(&self) -> ConfigArgs {
+        ConfigArgs {
+            config: self.config.clone(),
+            sets: self.sets.clone(),
+            ..ConfigArgs::default()
+        }
+    }
+
+    /// The friendly flags as (flag, key, value) for the command-line layer.
+    pub fn flags(&self) -> Vec<(String, String, String)> {
+        [
+            ("--device", "device.request", &self.device),
+            ("--profile", "device.profile", &self.profile),
+            ("--batch-size", "infer.batch_size", &self.batch_size),
+            ("--precision", "infer.precision", &self.precision),
+            ("--cuda-graphs", "infer.cuda_graphs", &self.cuda_graphs),
+        ]
+        .into_iter()
+        .filter_map(|(flag, key, value)| {
+            value
+                .as_ref()
+                .map(|v| (flag.to_owned(), key.to_owned(), v.clone()))
+        })
         .collect()
     }
 }

@@ -34,6 +34,15 @@ fn load_with_flags(
     args: &ConfigArgs,
     flags: Vec<(String, String, String)>,
 ) -> anyhow::Result<Resolution> {
+    load_layers(args, flags, None)
+}
+
+/// Like [`load_with_flags`], with a checkpoint's settings as a layer under the user's.
+pub fn load_layers(
+    args: &ConfigArgs,
+    flags: Vec<(String, String, String)>,
+    checkpoint: Option<(String, Vec<(String, String)>)>,
+) -> anyhow::Result<Resolution> {
     let machine = if args.simulating() {
         let profiles = ProfileSet::builtin()?;
         let cc = parse_cc(args.compute_capability.as_deref(), "--compute-capability")?;
@@ -53,6 +62,7 @@ fn load_with_flags(
     req.file = args.config.clone();
     req.sets = args.sets.clone();
     req.flags = flags;
+    req.checkpoint = checkpoint;
     Ok(kiln_config::load(&req)?)
 }
 
@@ -136,6 +146,24 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
     Ok(ExitCode::SUCCESS)
 }
 
+/// Applies the plan's backend settings (threads, TF32, matmul precision, …), logging each.
+pub fn apply_backend(r: &Resolution) {
+    let applied = kiln_device::settings::apply(&r.plan.performance.backend, r.selection.device);
+    for a in &applied {
+        match &a.outcome {
+            kiln_device::settings::Outcome::Applied => {
+                tracing::debug!("applied {} = {}", a.setting, a.value)
+            }
+            kiln_device::settings::Outcome::NotApplicable(why) => {
+                tracing::debug!("not applied {} = {}: {why}", a.setting, a.value)
+            }
+            kiln_device::settings::Outcome::Failed(why) => {
+                tracing::warn!("could not apply {} = {}: {why}", a.setting, a.value)
+            }
+        }
+    }
+}
+
 pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.simulating() {
         anyhow::bail!(
@@ -158,20 +186,7 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     }
     eprintln!("{}", report::start_line(&r));
     eprintln!("{}", report::train_line(&r));
-    let applied = kiln_device::settings::apply(&r.plan.performance.backend, r.selection.device);
-    for a in &applied {
-        match &a.outcome {
-            kiln_device::settings::Outcome::Applied => {
-                tracing::debug!("applied {} = {}", a.setting, a.value)
-            }
-            kiln_device::settings::Outcome::NotApplicable(why) => {
-                tracing::debug!("not applied {} = {}: {why}", a.setting, a.value)
-            }
-            kiln_device::settings::Outcome::Failed(why) => {
-                tracing::warn!("could not apply {} = {}: {why}", a.setting, a.value)
-            }
-        }
-    }
+    apply_backend(&r);
     // SIGINT/SIGTERM: finish the step, checkpoint, stop. A second one stops at once.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

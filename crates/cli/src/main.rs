@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod data;
+mod infer;
 mod logging;
 mod progress;
 mod report;
@@ -44,6 +45,17 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             format,
         } => commands::config(&config, explain, format),
         Command::Train { train, config } => commands::train(&train, &config),
+        Command::Infer {
+            model,
+            inputs,
+            output,
+            no_compare,
+            format,
+        } => infer::infer(&model, &inputs, output.as_deref(), no_compare, format),
+        Command::Serve { .. } => {
+            eprintln!("kiln serve: not built yet");
+            Ok(ExitCode::from(EXIT_NOT_BUILT))
+        }
         Command::Bench => {
             eprintln!("kiln bench: benchmarking is not built yet (tracked as issue 8).");
             Ok(ExitCode::from(EXIT_NOT_BUILT))

@@ -83,9 +83,11 @@ pub struct RawModel {
     pub layers: Option<u64>,
     #[serde(deserialize_with = "lenient_u64")]
     pub ff: Option<u64>,
-    /// MLP hidden widths, comma separated ("256,256").
+    /// MLP hidden widths, comma separated ("256,256"; one width may be a plain number).
+    #[serde(deserialize_with = "widths")]
     pub hidden: Option<String>,
     /// Conv net channels per stage, comma separated ("32,64,128").
+    #[serde(deserialize_with = "widths")]
     pub channels: Option<String>,
     /// Recompute each transformer layer's activations in backward instead of keeping them.
     pub activation_checkpointing: Option<bool>,
@@ -316,6 +318,16 @@ fn batch_size<'de, D: Deserializer<'de>>(d: D) -> Result<Option<RawBatchSize>, D
                 Ok(n) => RawBatchSize::Number(n),
                 Err(_) => RawBatchSize::Text(s),
             },
+        }),
+    )
+}
+
+/// A list of widths as written: "256,128", or one width as a number (`--set model.hidden=64`).
+fn widths<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Ok(
+        Option::<NumOrString<u64>>::deserialize(d)?.map(|v| match v {
+            NumOrString::Num(n) => n.to_string(),
+            NumOrString::Str(s) => s,
         }),
     )
 }

@@ -53,6 +53,15 @@ pub struct Engine {
     graph_status: GraphStatus,
 }
 
+fn device_name(device: Device) -> String {
+    match device {
+        Device::Cpu => "the CPU".to_owned(),
+        Device::Cuda(i) => format!("cuda:{i}"),
+        Device::Mps => "MPS".to_owned(),
+        Device::Vulkan => "Vulkan".to_owned(),
+    }
+}
+
 /// The bucket a batch of `n` samples is padded to: the next power of two, at most `max`.
 pub fn bucket(n: usize, max: usize) -> usize {
     n.checked_next_power_of_two().unwrap_or(max).min(max).max(n)
@@ -93,7 +102,8 @@ impl Engine {
                     value: "on".to_owned(),
                     expected: format!(
                         "CUDA graphs need a CUDA device and a CUDA build of kiln; this run is on \
-                         {device:?}{} (use auto or off)",
+                         {}{} (use auto or off)",
+                        device_name(device),
                         if kiln_torch_ext::cuda::built_with_cuda() {
                             ""
                         } else {
@@ -106,10 +116,13 @@ impl Engine {
                 GraphStatus::Off("kiln was built without CUDA graph support".to_owned())
             }
             (CudaGraphs::Auto, device) => GraphStatus::Off(format!(
-                "CUDA graphs need a CUDA device; this is {device:?}"
+                "CUDA graphs need a CUDA device; this is {}",
+                device_name(device)
             )),
         };
-        if let GraphStatus::Off(why) = &graph_status {
+        if let GraphStatus::Off(why) = &graph_status
+            && options.cuda_graphs == CudaGraphs::Auto
+        {
             tracing::info!("CUDA graphs not used: {why}");
         }
         Ok(Self {

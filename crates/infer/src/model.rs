@@ -244,3 +244,33 @@ impl LoadedModel {
         }
     }
 }
+
+/// Loads `source` (with its checkpoint already opened, for a checkpoint) for inference.
+pub fn load(
+    source: &ModelSource,
+    checkpoint: Option<&Checkpoint>,
+    plan: &kiln_config::RunPlan,
+    device: Device,
+    precision: AmpDtype,
+) -> Result<LoadedModel, InferError> {
+    match (source, checkpoint) {
+        (ModelSource::Checkpoint(_), Some(ckpt)) => LoadedModel::from_checkpoint(
+            ckpt,
+            &plan.model,
+            plan.performance.channels_last,
+            device,
+            precision,
+        ),
+        (ModelSource::Checkpoint(path), None) => {
+            let ckpt = open_checkpoint(path)?;
+            LoadedModel::from_checkpoint(
+                &ckpt,
+                &plan.model,
+                plan.performance.channels_last,
+                device,
+                precision,
+            )
+        }
+        (ModelSource::TorchScript(path), _) => LoadedModel::torchscript(path, device, precision),
+    }
+}

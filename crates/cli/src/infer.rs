@@ -1,0 +1,170 @@
+//! `kiln infer` and `kiln serve`: load the model (a checkpoint's settings as a configuration
+//! layer under the user's), apply the backend settings, and run offline or serve.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use kiln_config::Resolution;
+use kiln_device::settings::AmpDtype;
+use kiln_infer::model::{self, ModelSource};
+use kiln_infer::offline::Report;
+use kiln_infer::{Engine, EngineOptions, LoadedModel};
+use kiln_train::checkpoint::Checkpoint;
+
+use crate::args::{Format, ModelArgs};
+use crate::commands;
+
+/// The model's source, its checkpoint (opened and verified), and the configuration with the
+/// checkpoint's model settings layered in.
+struct Setup {
+    source: ModelSource,
+    checkpoint: Option<Checkpoint>,
+    resolution: Resolution,
+}
+
+fn setup(args: &ModelArgs, extra_flags: Vec<(String, String, String)>) -> anyhow::Result<Setup> {
+    let source = ModelSource::detect(&args.model)?;
+    let checkpoint = match &source {
+        ModelSource::Checkpoint(path) => Some(model::open_checkpoint(path)?),
+        ModelSource::TorchScript(_) => None,
+    };
+    let layer = checkpoint
+        .as_ref()
+        .map(|c| (c.dir.display().to_string(), model::model_settings(c)));
+    let mut flags = args.flags();
+    flags.extend(extra_flags);
+    let resolution = commands::load_layers(&args.config_args(), flags, layer)
+        .context("cannot resolve the configuration")?;
+    let r = &resolution;
+    eprintln!(
+        "device {} ({}): {}",
+        r.selection.device, r.plan.device_request, r.selection.reason
+    );
+    commands::apply_backend(r);
+    Ok(Setup {
+        source,
+        checkpoint,
+        resolution,
+    })
+}
+
+fn source_note(r: &Resolution, key: &str) -> String {
+    r.plan
+        .source_of(key)
+        .map_or_else(String::new, |p| format!(" ({})", p.source))
+}
+
+fn load_model(setup: &Setup, precision: AmpDtype) -> anyhow::Result<LoadedModel> {
+    let r = &setup.resolution;
+    Ok(model::load(
+        &setup.source,
+        setup.checkpoint.as_ref(),
+        &r.plan,
+        kiln_train::feed::tch_device(r.selection.device),
+        precision,
+    )?)
+}
+
+pub fn infer(
+    args: &ModelArgs,
+    inputs: &Path,
+    output: Option<&Path>,
+    no_compare: bool,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    if let Some(output) = output {
+        kiln_infer::io::check_output(output)?;
+    }
+    let setup = setup(args, vec![])?;
+    let r = &setup.resolution;
+    let plan = &r.plan;
+    let inputs = kiln_infer::io::read_inputs(inputs)?;
+    let precision = plan.infer.precision;
+    let model = load_model(&setup, precision)?;
+    let sample_shape = model
+        .sample_shape()
+        .map_or_else(|| inputs.sample_shape.clone(), <[usize]>::to_vec);
+    let options = EngineOptions {
+        max_batch: usize::try_from(plan.infer.batch_size).unwrap_or(usize::MAX),
+        cuda_graphs: plan.infer.cuda_graphs,
+    };
+    eprintln!(
+        "model: {}; precision {}{}, batch size {}{}",
+        model.description(),
+        precision_name(precision),
+        source_note(r, "infer.precision"),
+        plan.infer.batch_size,
+        source_note(r, "infer.batch_size"),
+    );
+    let mut engine = Engine::new(model, sample_shape.clone(), options)?;
+    let mut reference = if precision != AmpDtype::None && !no_compare {
+        let fp32 = load_model(&setup, AmpDtype::None)?;
+        Some(Engine::new(
+            fp32,
+            sample_shape,
+            EngineOptions {
+                cuda_graphs: kiln_config::CudaGraphs::Off,
+                ..options
+            },
+        )?)
+    } else {
+        None
+    };
+    let outcome = kiln_infer::offline::run(
+        &mut engine,
+        reference.as_mut(),
+        &inputs,
+        precision_name(precision),
+    )?;
+    if let Some(output) = output {
+        kiln_infer::io::write_outputs(output, &outcome.shape, &outcome.outputs)?;
+    }
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&outcome.report)?),
+        Format::Text => print!("{}", report_text(&outcome.report)),
+    }
+    if let Some(output) = output {
+        eprintln!("wrote outputs {:?} to {}", outcome.shape, output.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn precision_name(p: AmpDtype) -> &'static str {
+    match p {
+        AmpDtype::None => "fp32",
+        AmpDtype::Fp16 => "fp16",
+        AmpDtype::Bf16 => "bf16",
+    }
+}
+
+fn report_text(r: &Report) -> String {
+    let l = &r.batch_latency_ms;
+    let mut s = format!(
+        "inputs: {}\n{} samples in {} batches of up to {} ({}, CUDA graphs {}): {:.0} samples/s\n\
+         batch latency: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
+        r.inputs,
+        r.samples,
+        r.batches,
+        r.batch_size,
+        r.precision,
+        r.cuda_graphs,
+        r.samples_per_second,
+        l.p50,
+        l.p95,
+        l.p99,
+        l.max
+    );
+    if let Some(a) = r.accuracy {
+        s.push_str(&format!("accuracy: {:.2} %\n", a * 100.0));
+    }
+    if let Some(d) = &r.deviation_from_fp32 {
+        s.push_str(&format!(
+            "deviation from fp32: max |Δ| {:.3e} (outputs up to {:.3}), arg-max agreement {:.2} %\n",
+            d.max_abs,
+            d.max_reference,
+            d.argmax_agreement * 100.0
+        ));
+    }
+    s
+}
