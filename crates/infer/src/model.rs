@@ -127,7 +127,7 @@ impl LoadedModel {
                     .to_owned(),
             )
         })?;
-        let mut vs = nn::VarStore::new(device);
+        let vs = nn::VarStore::new(device);
         let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
         let saved: HashMap<&str, &Tensor> =
             ckpt.model.iter().map(|(n, t)| (n.as_str(), t)).collect();
@@ -157,6 +157,29 @@ impl LoadedModel {
                 target.shallow_clone().f_copy_(source)?;
             }
         }
+        Ok(Self::from_kiln(
+            vs,
+            model,
+            format!(
+                "kiln {} checkpoint {} (step {})",
+                plan.kind,
+                ckpt.dir.display(),
+                ckpt.meta.step
+            ),
+            input.sample_shape,
+            precision,
+        ))
+    }
+
+    /// A kiln model already built in `vs` (for programs that build their own), converted to
+    /// `precision`.
+    pub fn from_kiln(
+        mut vs: nn::VarStore,
+        model: Box<dyn Model>,
+        description: impl Into<String>,
+        sample_shape: Vec<usize>,
+        precision: AmpDtype,
+    ) -> Self {
         let kind = kind_of(precision);
         match kind {
             Kind::Half => vs.half(),
@@ -164,18 +187,14 @@ impl LoadedModel {
             _ => {}
         }
         vs.freeze();
-        Ok(Self {
+        let device = vs.device();
+        Self {
             inner: Inner::Kiln { _vs: vs, model },
-            description: format!(
-                "kiln {} checkpoint {} (step {})",
-                plan.kind,
-                ckpt.dir.display(),
-                ckpt.meta.step
-            ),
-            sample_shape: Some(input.sample_shape),
+            description: description.into(),
+            sample_shape: Some(sample_shape),
             kind,
             device,
-        })
+        }
     }
 
     /// Loads a TorchScript module onto `device` in eval mode, its floating-point parameters in
