@@ -168,3 +168,77 @@ fn report_text(r: &Report) -> String {
     }
     s
 }
+
+pub fn serve(
+    args: &ModelArgs,
+    input_shape: Option<&[usize]>,
+    serve_flags: Vec<(String, String, String)>,
+) -> anyhow::Result<ExitCode> {
+    let setup = setup(args, serve_flags)?;
+    let r = &setup.resolution;
+    let plan = r.plan.clone();
+    let precision = plan.infer.precision;
+    let config = kiln_infer::serve::ServeConfig::from_plan(&plan);
+    eprintln!(
+        "serving {}; batches of up to {}{} waiting at most {:.1} ms{}, precision {}{}",
+        args.model.display(),
+        plan.infer.batch_size,
+        source_note(r, "infer.batch_size"),
+        plan.serve.max_wait.as_secs_f64() * 1e3,
+        source_note(r, "serve.max_wait_ms"),
+        precision_name(precision),
+        source_note(r, "infer.precision"),
+    );
+    if matches!(setup.source, ModelSource::TorchScript(_)) && input_shape.is_none() {
+        anyhow::bail!(
+            "--input-shape is needed to serve a TorchScript module (the shape of one sample, e.g. \
+             --input-shape 784 or --input-shape 64,469)"
+        );
+    }
+    let input_shape = input_shape.map(<[usize]>::to_vec);
+    let options = EngineOptions {
+        max_batch: config.max_batch,
+        cuda_graphs: plan.infer.cuda_graphs,
+    };
+    // The model is loaded on the server's worker thread, which owns it from then on.
+    let Setup {
+        source, checkpoint, ..
+    } = setup;
+    let device = kiln_train::feed::tch_device(r.selection.device);
+    let factory: kiln_infer::serve::RunnerFactory = Box::new(move || {
+        let model = model::load(&source, checkpoint.as_ref(), &plan, device, precision)
+            .map_err(|e| e.to_string())?;
+        let shape = match (model.sample_shape(), input_shape) {
+            (Some(known), Some(given)) if known != given.as_slice() => {
+                return Err(format!(
+                    "--input-shape {given:?} contradicts the checkpoint's input shape {known:?}"
+                ));
+            }
+            (Some(known), _) => known.to_vec(),
+            (None, Some(given)) => given,
+            (None, None) => return Err("no input shape".to_owned()),
+        };
+        let mut engine = Engine::new(model, shape, options).map_err(|e| e.to_string())?;
+        // Warm up (and capture the largest CUDA graph bucket) before reporting ready.
+        let numel: usize = engine.sample_shape().iter().product();
+        let max = engine.max_batch();
+        engine
+            .run(&vec![0.0; numel * max], max)
+            .map_err(|e| format!("warm-up batch failed: {e}"))?;
+        if let kiln_infer::GraphStatus::On { captured } = engine.graph_status() {
+            tracing::info!("CUDA graphs on: captured batch buckets {captured:?}");
+        }
+        Ok(Box::new(engine) as Box<dyn kiln_infer::serve::BatchRunner>)
+    });
+    let server = kiln_infer::serve::Server::start(config, factory)?;
+    server.shutdown_on_signals();
+    eprintln!(
+        "listening on http://{} (POST /v1/predict with JSON or .npy; GET /health, /ready, \
+         /metrics); Ctrl-C stops after answering what is in flight",
+        server.local_addr()
+    );
+    server.wait_ready().context("the model did not load")?;
+    eprintln!("ready");
+    server.wait()?;
+    Ok(ExitCode::SUCCESS)
+}

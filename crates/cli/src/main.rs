@@ -52,9 +52,22 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             no_compare,
             format,
         } => infer::infer(&model, &inputs, output.as_deref(), no_compare, format),
-        Command::Serve { .. } => {
-            eprintln!("kiln serve: not built yet");
-            Ok(ExitCode::from(EXIT_NOT_BUILT))
+        Command::Serve {
+            model,
+            input_shape,
+            host,
+            port,
+            max_wait_ms,
+        } => {
+            let flags = [
+                ("--host", "serve.host", host),
+                ("--port", "serve.port", port),
+                ("--max-wait-ms", "serve.max_wait_ms", max_wait_ms),
+            ]
+            .into_iter()
+            .filter_map(|(f, k, v)| v.map(|v| (f.to_owned(), k.to_owned(), v)))
+            .collect();
+            infer::serve(&model, input_shape.as_deref(), flags)
         }
         Command::Bench => {
             eprintln!("kiln bench: benchmarking is not built yet (tracked as issue 8).");

@@ -241,6 +241,17 @@ impl Engine {
     }
 }
 
+/// The server's worker runs batches through the engine.
+impl crate::serve::BatchRunner for Engine {
+    fn sample_shape(&self) -> &[usize] {
+        &self.sample_shape
+    }
+
+    fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), String> {
+        Engine::run(self, inputs, n).map_err(|e| e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::bucket;

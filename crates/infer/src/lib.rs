@@ -10,6 +10,7 @@ mod error;
 pub mod io;
 pub mod model;
 pub mod offline;
+pub mod serve;
 
 pub use engine::{Engine, EngineOptions, GraphStatus};
 pub use error::InferError;
