@@ -56,7 +56,11 @@ pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Resul
 }
 
 /// The benchmark suites `cargo xtask bench` knows, each a binary of `kiln-benches`.
-const SUITES: [(&str, &str); 2] = [("data", "kiln-bench-data"), ("train", "kiln-bench-train")];
+const SUITES: [(&str, &str); 3] = [
+    ("data", "kiln-bench-data"),
+    ("train", "kiln-bench-train"),
+    ("serve", "kiln-bench-serve"),
+];
 
 /// `cargo xtask bench [SUITE…] [options]`: builds the suites' binaries in release mode and runs
 /// them with the Python whose torch is the provisioned libtorch (the side-by-side baseline).
@@ -83,7 +87,15 @@ pub fn bench(
             options.push(arg.clone());
             if matches!(
                 arg.as_str(),
-                "--repeats" | "--out" | "--work-dir" | "--python" | "--threads"
+                "--repeats"
+                    | "--out"
+                    | "--work-dir"
+                    | "--python"
+                    | "--threads"
+                    | "--clients"
+                    | "--requests"
+                    | "--max-batch"
+                    | "--max-wait-ms"
             ) && let Some(value) = rest.next()
             {
                 options.push(value.clone());

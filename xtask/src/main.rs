@@ -21,14 +21,17 @@ xtask commands:
   test [args…]      setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
                     (extra args go to cargo test)
   bench [SUITE…] [--quick] [--repeats N] [--out FILE]
-                    side-by-side benchmarks against PyTorch, writing JSON reports under
-                    target/kiln-bench/ (suites: data, train; default: all). Criterion benches of the
-                    hot pieces alone: cargo bench -p kiln-benches
+                    side-by-side benchmarks, writing JSON reports under target/kiln-bench/
+                    (suites: data and train against PyTorch, serve: dynamic batching against
+                    batch-size-1 serving; default: all). Criterion benches of the hot pieces
+                    alone: cargo bench -p kiln-benches
   help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
 provisioned libtorch, for example:
   cargo xtask train            the main job
+  cargo xtask infer --model RUN_OR_PT --inputs DATA [--output F]   batched inference
+  cargo xtask serve --model RUN_OR_PT                              the HTTP inference server
   cargo xtask version          what kiln was built against
   cargo xtask doctor           what kiln sees on this machine, and what a run would use
   cargo xtask profiles         the hardware profiles
