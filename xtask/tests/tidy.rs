@@ -106,7 +106,13 @@ fn crates_only_know_the_layers_below_them() {
         ),
         (
             "infer",
-            &["kiln-torch-ext", "kiln-device", "kiln-config", "kiln-data"][..],
+            &[
+                "kiln-torch-ext",
+                "kiln-device",
+                "kiln-config",
+                "kiln-data",
+                "kiln-train",
+            ][..],
         ),
         (
             "cli",

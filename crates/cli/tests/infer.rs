@@ -285,7 +285,8 @@ fn checkpoints_infer_over_a_prepared_dataset_with_accuracy_and_outputs() {
     assert!(!o.status.success());
     let err = stderr(&o);
     assert!(
-        err.contains("fc0.weight") && err.contains("were model settings changed"),
+        err.contains("tensor `fc0.bias` is [16] in the model, [32] in the checkpoint")
+            && err.contains("were model settings changed"),
         "{err}"
     );
     // An unknown output format, before any work.

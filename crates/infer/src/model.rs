@@ -140,6 +140,9 @@ impl LoadedModel {
                 saved.len()
             )));
         }
+        // In name order, so that a mismatch is reported the same way every time.
+        let mut current: Vec<(String, Tensor)> = current.into_iter().collect();
+        current.sort_by(|a, b| a.0.cmp(&b.0));
         {
             let _guard = tch::no_grad_guard();
             for (name, target) in &current {
