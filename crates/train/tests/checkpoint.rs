@@ -214,6 +214,10 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
 }
 
 fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
+    small_checkpoint_with(dir, step, Default::default())
+}
+
+fn small_checkpoint_with(dir: &Path, step: u64, sums: checkpoint::RunningSums) -> PathBuf {
     let w = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).view([2, 3]);
     let meta = checkpoint::Meta {
         format: checkpoint::FORMAT.to_owned(),
@@ -228,7 +232,7 @@ fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
         loss_scale_growth_tracker: None,
         model_rng: vec![step],
         val_accuracy: Some(step as f64 / 100.0),
-        sums: Default::default(),
+        sums,
         config: Value::Null,
         input: None,
         files: Default::default(),
@@ -243,6 +247,27 @@ fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
         },
     )
     .unwrap()
+}
+
+#[test]
+fn running_sums_of_any_value_survive_the_checksum() {
+    // The checksum is over the JSON as kiln writes it, so every float must read back to the
+    // same bits (serde_json's exact float parsing; its fast default is off by an ulp at times).
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    for step in 1..=300u64 {
+        let x = (step as f64).ln() / 7.0 + (step as f64).sqrt() * 1e-9;
+        let sums = checkpoint::RunningSums {
+            epoch_loss: x * 1234.567,
+            epoch_correct: 1.0 / x,
+            interval_loss: x.exp() * 1e-7,
+            best_val_accuracy: Some(x.sin().abs()),
+            ..Default::default()
+        };
+        let path = small_checkpoint_with(&dir, step, sums.clone());
+        let back = checkpoint::load(&path).unwrap_or_else(|e| panic!("step {step}: {e}"));
+        assert_eq!(back.meta.sums, sums);
+    }
 }
 
 #[test]
