@@ -230,16 +230,27 @@ pub struct TrainArgs {
 impl TrainArgs {
     /// The friendly flags as (flag, key, value) for the command-line layer.
     pub fn flags(&self) -> Vec<(String, String, String)> {
-        [
-            ("--model", "model.name", self.model.clone()),
-            ("--epochs", "train.epochs", self.epochs.clone()),
-            ("--precision", "train.amp", self.precision.clone()),
-            ("--run-name", "run.name", self.run_name.clone()),
-        ]
-        .into_iter()
-        .filter_map(|(flag, key, value)| value.map(|v| (flag.to_owned(), key.to_owned(), v)))
-        .collect()
+        given([
+            ("--model", "model.name", &self.model),
+            ("--epochs", "train.epochs", &self.epochs),
+            ("--precision", "train.amp", &self.precision),
+            ("--run-name", "run.name", &self.run_name),
+        ])
     }
+}
+
+/// The friendly flags that were given, as (flag, key, value) for the command-line layer.
+pub fn given<const N: usize>(
+    flags: [(&str, &str, &Option<String>); N],
+) -> Vec<(String, String, String)> {
+    flags
+        .into_iter()
+        .filter_map(|(flag, key, value)| {
+            value
+                .as_ref()
+                .map(|v| (flag.to_owned(), key.to_owned(), v.clone()))
+        })
+        .collect()
 }
 
 /// The model `kiln infer` and `kiln serve` run, and their configuration.
@@ -283,20 +294,13 @@ impl ModelArgs {
 
     /// The friendly flags as (flag, key, value) for the command-line layer.
     pub fn flags(&self) -> Vec<(String, String, String)> {
-        [
+        given([
             ("--device", "device.request", &self.device),
             ("--profile", "device.profile", &self.profile),
             ("--batch-size", "infer.batch_size", &self.batch_size),
             ("--precision", "infer.precision", &self.precision),
             ("--cuda-graphs", "infer.cuda_graphs", &self.cuda_graphs),
-        ]
-        .into_iter()
-        .filter_map(|(flag, key, value)| {
-            value
-                .as_ref()
-                .map(|v| (flag.to_owned(), key.to_owned(), v.clone()))
-        })
-        .collect()
+        ])
     }
 }
 
@@ -341,20 +345,13 @@ pub struct ConfigArgs {
 impl ConfigArgs {
     /// The friendly flags as (flag, key, value) for the configuration's command-line layer.
     pub fn flags(&self) -> Vec<(String, String, String)> {
-        [
+        given([
             ("--device", "device.request", &self.device),
             ("--profile", "device.profile", &self.profile),
             ("--batch-size", "train.batch_size", &self.batch_size),
             ("--workers", "data.num_workers", &self.workers),
             ("--amp", "train.amp", &self.amp),
-        ]
-        .into_iter()
-        .filter_map(|(flag, key, value)| {
-            value
-                .as_ref()
-                .map(|v| (flag.to_owned(), key.to_owned(), v.clone()))
-        })
-        .collect()
+        ])
     }
 
     pub fn simulating(&self) -> bool {

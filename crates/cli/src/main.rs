@@ -59,14 +59,11 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             port,
             max_wait_ms,
         } => {
-            let flags = [
-                ("--host", "serve.host", host),
-                ("--port", "serve.port", port),
-                ("--max-wait-ms", "serve.max_wait_ms", max_wait_ms),
-            ]
-            .into_iter()
-            .filter_map(|(f, k, v)| v.map(|v| (f.to_owned(), k.to_owned(), v)))
-            .collect();
+            let flags = args::given([
+                ("--host", "serve.host", &host),
+                ("--port", "serve.port", &port),
+                ("--max-wait-ms", "serve.max_wait_ms", &max_wait_ms),
+            ]);
             infer::serve(&model, input_shape.as_deref(), flags)
         }
         Command::Bench => {

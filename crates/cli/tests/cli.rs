@@ -1,24 +1,9 @@
 //! The `kiln` binary as a user runs it.
 
-use std::process::{Command, Output};
+mod common;
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env_remove("LD_LIBRARY_PATH")
-        .env_remove("RUST_LOG")
-        .env_remove("KILN_DEVICE__REQUEST")
-        .output()
-        .expect("the kiln binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{kiln, stderr, stdout};
+use std::process::Command;
 
 #[test]
 fn version_reports_libtorch_and_loads_its_cuda_library() {

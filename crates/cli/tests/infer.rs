@@ -2,22 +2,12 @@
 //! provisioned Python's torch) against PyTorch's own outputs, and a kiln checkpoint over a
 //! prepared dataset, with the reports and the errors for bad input.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .env_remove("LD_LIBRARY_PATH")
-        .env_remove("RUST_LOG")
-        .env_remove("KILN_DEVICE__REQUEST")
-        .output()
-        .expect("the kiln binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::{kiln, stderr};
 
 /// The Python with libtorch's torch: `KILN_PYTHON` (`cargo xtask test` sets it), else the venv
 /// that `.kiln/libtorch` points into.
