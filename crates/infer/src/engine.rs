@@ -92,8 +92,7 @@ impl Engine {
         }
         let graph_status = match (options.cuda_graphs, model.device()) {
             (CudaGraphs::Off, _) => GraphStatus::Off("infer.cuda_graphs = off".to_owned()),
-            (mode, Device::Cuda(_)) if kiln_torch_ext::cuda::built_with_cuda() => {
-                let _ = mode;
+            (_, Device::Cuda(_)) if kiln_torch_ext::cuda::built_with_cuda() => {
                 GraphStatus::On { captured: vec![] }
             }
             (CudaGraphs::On, device) => {

@@ -3,7 +3,6 @@
 //! PyTorch (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in
 //! the precision asked for (weights converted once, not per call).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use kiln_config::ModelPlan;
@@ -129,37 +128,9 @@ impl LoadedModel {
         })?;
         let vs = nn::VarStore::new(device);
         let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
-        let saved: HashMap<&str, &Tensor> =
-            ckpt.model.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let current = vs.variables();
-        if current.len() != saved.len() {
-            return Err(model_err(format!(
-                "{} has {} tensors, the checkpoint {} (were model settings changed?)",
-                plan.kind,
-                current.len(),
-                saved.len()
-            )));
-        }
-        // In name order, so that a mismatch is reported the same way every time.
-        let mut current: Vec<(String, Tensor)> = current.into_iter().collect();
+        let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
         current.sort_by(|a, b| a.0.cmp(&b.0));
-        {
-            let _guard = tch::no_grad_guard();
-            for (name, target) in &current {
-                let source = saved
-                    .get(name.as_str())
-                    .ok_or_else(|| model_err(format!("the checkpoint lacks tensor `{name}`")))?;
-                if source.size() != target.size() {
-                    return Err(model_err(format!(
-                        "tensor `{name}` is {:?} in the model, {:?} in the checkpoint (were model \
-                         settings changed?)",
-                        target.size(),
-                        source.size()
-                    )));
-                }
-                target.shallow_clone().f_copy_(source)?;
-            }
-        }
+        ckpt.copy_weights_into(&current)?;
         Ok(Self::from_kiln(
             vs,
             model,

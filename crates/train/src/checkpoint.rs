@@ -284,6 +284,42 @@ pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
     })
 }
 
+impl Checkpoint {
+    /// Copies the saved weights into `model` (a model's tensors, in name order) by name. The
+    /// names and shapes must match; the error names the first tensor at fault.
+    pub fn copy_weights_into(&self, model: &[(String, Tensor)]) -> Result<(), TrainError> {
+        let mismatch = |expected: String| TrainError::InvalidPlan {
+            key: "checkpoint",
+            value: self.dir.display().to_string(),
+            expected: format!("{expected} (were model settings changed?)"),
+        };
+        let saved: BTreeMap<&str, &Tensor> =
+            self.model.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        if saved.len() != model.len() {
+            return Err(mismatch(format!(
+                "the model has {} tensors, the checkpoint {}",
+                model.len(),
+                saved.len()
+            )));
+        }
+        let _guard = tch::no_grad_guard();
+        for (name, target) in model {
+            let source = saved
+                .get(name.as_str())
+                .ok_or_else(|| mismatch(format!("the checkpoint lacks tensor `{name}`")))?;
+            if source.size() != target.size() {
+                return Err(mismatch(format!(
+                    "tensor `{name}` is {:?} in the model, {:?} in the checkpoint",
+                    target.size(),
+                    source.size()
+                )));
+            }
+            target.shallow_clone().f_copy_(source)?;
+        }
+        Ok(())
+    }
+}
+
 /// The complete checkpoints in `checkpoints`, oldest first (temporary directories of
 /// interrupted writes are not checkpoints).
 pub fn list(checkpoints: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {

@@ -603,43 +603,7 @@ impl<'m> Trainer<'m> {
     /// Puts the trainer back in the state `ckpt` was taken in: weights, optimizer state, loss
     /// scale, step count, generators.
     pub fn restore(&mut self, ckpt: &Checkpoint) -> Result<(), TrainError> {
-        let saved: std::collections::HashMap<&str, &Tensor> =
-            ckpt.model.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        let current = self.model_tensors();
-        let mismatch = |name: &str, expected: String| TrainError::InvalidPlan {
-            key: "checkpoint",
-            value: format!("{} ({name})", ckpt.dir.display()),
-            expected,
-        };
-        if saved.len() != current.len() {
-            return Err(mismatch(
-                "tensor count",
-                format!(
-                    "{} tensors for this model, the checkpoint has {} (another model or size?)",
-                    current.len(),
-                    saved.len()
-                ),
-            ));
-        }
-        {
-            let _guard = tch::no_grad_guard();
-            for (name, target) in &current {
-                let source = saved.get(name.as_str()).ok_or_else(|| {
-                    mismatch(name, "this tensor, which the checkpoint lacks".to_owned())
-                })?;
-                if source.size() != target.size() {
-                    return Err(mismatch(
-                        name,
-                        format!(
-                            "shape {:?}, the checkpoint has {:?}",
-                            target.size(),
-                            source.size()
-                        ),
-                    ));
-                }
-                target.shallow_clone().f_copy_(source)?;
-            }
-        }
+        ckpt.copy_weights_into(&self.model_tensors())?;
         self.optimizer.load_state(&ckpt.state, ckpt.meta.step)?;
         if let Some((_, rng)) = ckpt.state.iter().find(|(n, _)| n == "rng.cpu") {
             kiln_torch_ext::rng::set_cpu_rng_state(rng)?;
