@@ -94,6 +94,27 @@ pub struct StepOutcome {
     pub grad_norm: Option<Tensor>,
 }
 
+/// Wall time spent in each phase of the train steps since timing was turned on
+/// ([`Trainer::set_phase_timing`]), for benchmarks' step breakdowns. Each phase ends with a
+/// device synchronisation while timing is on, so on a GPU the times are the work's, not its
+/// launch's (and steps run a little slower than untimed).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseTimes {
+    pub forward: std::time::Duration,
+    pub backward: std::time::Duration,
+    /// Unscale/check, clip, the optimizer step, the scale update and clearing gradients.
+    pub optimizer: std::time::Duration,
+    pub steps: u64,
+}
+
+/// A phase of a train step, for [`PhaseTimes`].
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Forward,
+    Backward,
+    Optimizer,
+}
+
 /// Validation results.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Evaluation {
@@ -170,6 +191,8 @@ pub struct Trainer<'m> {
     batch_size: u64,
     /// Open named ranges for the profiler (only while it records).
     ranges: bool,
+    /// Per-phase wall times, while phase timing is on.
+    phase_times: Option<std::cell::Cell<PhaseTimes>>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -281,7 +304,48 @@ impl<'m> Trainer<'m> {
             retry_oom: true,
             batch_size: 0,
             ranges: false,
+            phase_times: None,
         })
+    }
+
+    /// Turns per-phase timing on (from zero) or off; see [`PhaseTimes`].
+    pub fn set_phase_timing(&mut self, on: bool) {
+        self.phase_times = on.then(|| std::cell::Cell::new(PhaseTimes::default()));
+    }
+
+    /// The phase times so far, while timing is on.
+    pub fn phase_times(&self) -> Option<PhaseTimes> {
+        self.phase_times.as_ref().map(std::cell::Cell::get)
+    }
+
+    /// The start of a timed phase (after the device finished earlier work); `None` when
+    /// timing is off.
+    fn phase_start(&self) -> Result<Option<Instant>, TrainError> {
+        if self.phase_times.is_none() {
+            return Ok(None);
+        }
+        kiln_torch_ext::cuda::synchronize(self.device)?;
+        Ok(Some(Instant::now()))
+    }
+
+    /// Ends a phase begun by [`Self::phase_start`], adding its time.
+    fn phase_end(&self, phase: Phase, start: Option<Instant>) -> Result<(), TrainError> {
+        let (Some(cell), Some(start)) = (&self.phase_times, start) else {
+            return Ok(());
+        };
+        kiln_torch_ext::cuda::synchronize(self.device)?;
+        let mut t = cell.get();
+        let spent = start.elapsed();
+        match phase {
+            Phase::Forward => t.forward += spent,
+            Phase::Backward => t.backward += spent,
+            Phase::Optimizer => {
+                t.optimizer += spent;
+                t.steps += 1;
+            }
+        }
+        cell.set(t);
+        Ok(())
     }
 
     /// A named range for the profiler's trace, when it is recording.
@@ -374,7 +438,10 @@ impl<'m> Trainer<'m> {
                 Ok((loss_sum, correct)) => {
                     let grad_norm = {
                         let _range = self.range("kiln/optimizer")?;
-                        self.apply_step(lr)?
+                        let start = self.phase_start()?;
+                        let norm = self.apply_step(lr)?;
+                        self.phase_end(Phase::Optimizer, start)?;
+                        norm
                     };
                     return Ok(StepOutcome {
                         loss_sum,
@@ -437,7 +504,10 @@ impl<'m> Trainer<'m> {
                 let n = labels.size()[0];
                 let (loss, right) = {
                     let _range = self.range("kiln/forward")?;
-                    self.forward_loss(&features, &labels, true)?
+                    let start = self.phase_start()?;
+                    let out = self.forward_loss(&features, &labels, true)?;
+                    self.phase_end(Phase::Forward, start)?;
+                    out
                 };
                 let weighted = loss.f_mul_scalar(n as f64 / total as f64)?;
                 let to_backward = match &self.scaler {
@@ -446,7 +516,9 @@ impl<'m> Trainer<'m> {
                 };
                 {
                     let _range = self.range("kiln/backward")?;
+                    let start = self.phase_start()?;
                     to_backward.f_backward()?;
+                    self.phase_end(Phase::Backward, start)?;
                 }
                 loss_sum = loss_sum.f_add(
                     &loss

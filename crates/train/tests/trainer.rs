@@ -1,6 +1,7 @@
 //! The trainer's arithmetic: gradient accumulation equals one big batch, clipping happens after
 //! unscaling, the fp16 loss scaler skips, backs off and grows, AdamW leaves biases and norms
-//! undecayed, and the reference models have the shapes their PyTorch twins have.
+//! undecayed, the reference models have the shapes their PyTorch twins have, and phase timing
+//! accounts for every step.
 
 use std::cell::Cell;
 
@@ -599,4 +600,49 @@ fn out_of_memory_retries_the_step_in_micro_batches_with_the_same_result() {
     }
     assert_eq!(before, flat_params(&vs_none));
     assert_eq!(t.steps_done(), 0);
+}
+
+#[test]
+fn phase_timing_counts_every_phase_of_every_step_and_only_while_on() {
+    let (vs, net) = mlp_store(5);
+    let model = Classifier(net);
+    let s = settings(OptimizerKind::AdamW, AmpDtype::None);
+    let mut trainer = Trainer::new(&model, "mlp", &vs, s, Device::Cpu).unwrap();
+    let x = Tensor::randn([8, 6], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(3, [8], (Kind::Int64, Device::Cpu));
+    let step = |t: &mut Trainer, parts: &[(i64, i64)]| {
+        let batches: Vec<DeviceBatch> = parts
+            .iter()
+            .map(|&(start, len)| batch(x.narrow(0, start, len), y.narrow(0, start, len)))
+            .collect();
+        t.train_step(&batches, 0.01).unwrap();
+    };
+    step(&mut trainer, &[(0, 8)]);
+    assert_eq!(trainer.phase_times(), None, "timing is off by default");
+
+    trainer.set_phase_timing(true);
+    let started = std::time::Instant::now();
+    step(&mut trainer, &[(0, 8)]);
+    step(&mut trainer, &[(0, 4), (4, 4)]);
+    let elapsed = started.elapsed();
+    let t = trainer.phase_times().unwrap();
+    assert_eq!(t.steps, 2);
+    for (name, d) in [
+        ("forward", t.forward),
+        ("backward", t.backward),
+        ("optimizer", t.optimizer),
+    ] {
+        assert!(!d.is_zero(), "{name} was not timed");
+    }
+    assert!(t.forward + t.backward + t.optimizer <= elapsed);
+
+    trainer.set_phase_timing(true);
+    assert_eq!(
+        trainer.phase_times().unwrap().steps,
+        0,
+        "turning it on starts from zero"
+    );
+    trainer.set_phase_timing(false);
+    step(&mut trainer, &[(0, 8)]);
+    assert_eq!(trainer.phase_times(), None);
 }
