@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kiln_benches::{bench_root, flag, median, number, python, report_path};
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{bench_root, flag, median, number, python, report_path, suite_out};
 use kiln_data::{
     DType, Dataset, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
     ShardFormat, ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
@@ -297,7 +298,7 @@ fn compare(args: &[String]) -> Result<()> {
     let root = bench_root();
     let script = root.join("python/torch_loader.py");
     let work = flag(args, "--work-dir").map_or_else(|| report_path("data"), PathBuf::from);
-    let out = flag(args, "--out").map_or_else(|| work.join("report.json"), PathBuf::from);
+    let out = suite_out(args, "data");
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
 
     eprintln!(
@@ -341,6 +342,15 @@ fn compare(args: &[String]) -> Result<()> {
     let mib = |b: u64| b as f64 / 1048576.0;
     let mut runs = Vec::new();
     let mut rows = Vec::new();
+    let mut suite = SuiteOutput::new(
+        "data",
+        &format!(
+            "kiln's Loader against torch.utils.data.DataLoader over the same {samples} samples \
+             of {SHAPE:?} f32 in safetensors shards: batch {BATCH}, shuffle, 0/1/2 workers, \
+             the same per-sample work (f32 + per-feature normalize); memory is the process \
+             tree's peak PSS"
+        ),
+    );
     for workers in [0usize, 1, 2] {
         let mut per_impl: Vec<(Vec<f64>, Vec<f64>, Peak, Value)> =
             vec![(Vec::new(), Vec::new(), Peak::default(), Value::Null); 2];
@@ -399,6 +409,53 @@ fn compare(args: &[String]) -> Result<()> {
             "loader_pss_ratio": k.2.pss.saturating_sub(idle[0].pss) as f64
                 / t.2.pss.saturating_sub(idle[1].pss).max(1) as f64,
         });
+        let baseline = format!("torch DataLoader, {workers} workers");
+        let value = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
+        suite.comparisons.push(
+            Comparison::new(
+                "data",
+                "loader",
+                format!("loader throughput, {workers} workers"),
+                "samples/s",
+                Better::Higher,
+                (value("kiln_samples_per_s"), value("torch_samples_per_s")),
+                baseline.clone(),
+            )
+            .at_least(2.0)
+            .detail("workers", json!(workers)),
+        );
+        suite.comparisons.push(
+            Comparison::new(
+                "data",
+                "loader",
+                format!("loader first batch, {workers} workers"),
+                "ms",
+                Better::Lower,
+                (
+                    value("kiln_first_batch_s") * 1e3,
+                    value("torch_first_batch_s") * 1e3,
+                ),
+                baseline.clone(),
+            )
+            .detail("workers", json!(workers)),
+        );
+        suite.comparisons.push(
+            Comparison::new(
+                "data",
+                "loader",
+                format!("loader peak memory (PSS), {workers} workers"),
+                "MiB",
+                Better::Lower,
+                (value("kiln_peak_pss_mib"), value("torch_peak_pss_mib")),
+                baseline,
+            )
+            .detail("workers", json!(workers))
+            .detail(
+                "above_idle_mib",
+                json!({"kiln": value("kiln_loader_pss_mib"),
+                       "baseline": value("torch_loader_pss_mib")}),
+            ),
+        );
         eprintln!(
             "workers {workers}: throughput {:>8.0} vs {:>8.0} samples/s ({:.2}×), first batch \
              {:.1} vs {:.1} ms ({:.2}×), peak PSS {:.0} vs {:.0} MiB ({:.2}×), RSS {:.0} vs {:.0} \
@@ -422,11 +479,7 @@ fn compare(args: &[String]) -> Result<()> {
         rows.push(row);
     }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let report = json!({
-        "suite": "data",
-        "what": "kiln Loader vs torch.utils.data.DataLoader: same safetensors shards, batch size, \
-                 shuffle, workers and per-sample work (f32 + per-feature normalize); ratios are \
-                 kiln / torch (throughput: higher is better; latency and memory: lower is better)",
+    suite.details = json!({
         "dataset": {"dir": dir, "samples": samples, "sample_shape": SHAPE, "dtype": "f32",
                     "batch_size": BATCH},
         "repeats": repeats,
@@ -436,14 +489,5 @@ fn compare(args: &[String]) -> Result<()> {
         "results": rows,
         "runs": runs,
     });
-    if let Some(parent) = out.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-    }
-    std::fs::write(
-        &out,
-        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("{}: {e}", out.display()))?;
-    eprintln!("report written to {}", out.display());
-    Ok(())
+    suite.write(&out)
 }

@@ -2,6 +2,10 @@
 //! this file (`cargo bench -p kiln-benches`). End-to-end comparisons against PyTorch belong to
 //! `cargo xtask bench`.
 
+pub mod plot;
+pub mod report;
+pub mod unfused;
+
 use std::path::{Path, PathBuf};
 
 /// The value after `name` in `args`, if given.
@@ -49,4 +53,83 @@ pub fn report_path(name: &str) -> PathBuf {
         .map_or_else(|| workspace.join("target"), PathBuf::from)
         .join("kiln-bench")
         .join(name)
+}
+
+/// Where a suite writes its output: `--out FILE`, else `<target>/kiln-bench/<suite>.json`.
+pub fn suite_out(args: &[String], suite: &str) -> PathBuf {
+    flag(args, "--out").map_or_else(|| report_path(&format!("{suite}.json")), PathBuf::from)
+}
+
+/// The device to measure on: `--device cpu|cuda|cuda:N`, else the first CUDA GPU when libtorch
+/// sees one, else the CPU.
+pub fn device(args: &[String]) -> Result<tch::Device, String> {
+    match flag(args, "--device") {
+        None => Ok(tch::Device::cuda_if_available()),
+        Some("cpu") => Ok(tch::Device::Cpu),
+        Some("cuda") => Ok(tch::Device::Cuda(0)),
+        Some(other) => other
+            .strip_prefix("cuda:")
+            .and_then(|i| i.parse().ok())
+            .map(tch::Device::Cuda)
+            .ok_or_else(|| format!("--device `{other}`: expected cpu, cuda or cuda:N")),
+    }
+}
+
+/// `cpu` or `cuda:N`, as PyTorch spells it.
+pub fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cuda(i) => format!("cuda:{i}"),
+        _ => "cpu".to_owned(),
+    }
+}
+
+/// Peak memory so far in MiB and what it is: the CUDA allocator's peak on a GPU, else this
+/// process's peak RSS.
+pub fn peak_memory_mib(device: tch::Device) -> (f64, &'static str) {
+    const MIB: f64 = 1048576.0;
+    match device {
+        tch::Device::Cuda(i) => (
+            kiln_torch_ext::memory::stats(i).map_or(f64::NAN, |s| s.allocated_peak as f64 / MIB),
+            "cuda allocator peak",
+        ),
+        _ => (
+            kiln_device::memory::process_rss().map_or(f64::NAN, |(_, peak)| peak as f64 / MIB),
+            "process peak RSS",
+        ),
+    }
+}
+
+/// Runs `cmd` and parses the last line of its stdout that starts with `{` (the probes print one
+/// JSON object; human text goes to stderr).
+pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value, String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or("");
+    serde_json::from_str(line).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
+}
+
+/// A list option given as `--name 1,2,4` (xtask turns `--name 1 2 4` into that).
+pub fn numbers(args: &[String], name: &str) -> Result<Vec<usize>, String> {
+    flag(args, name).map_or(Ok(vec![]), |v| {
+        v.split(',')
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| match s.trim().parse::<usize>() {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(format!(
+                    "{name}: `{s}` is not a positive integer (expected e.g. {name} 1 2 4 8)"
+                )),
+            })
+            .collect()
+    })
 }

@@ -1,5 +1,9 @@
 //! The loader alone: one epoch of SignTransformer-shaped samples (64 × 469 floats, batch 32) from
 //! the synthetic dataset, at 0, 1 and 2 workers. The per-sample work is generating the sample.
+//!
+//! Host-side only, on any machine: the loader's batches are plain host memory and nothing is
+//! queued on a device, so there is no device to synchronise before reading the clock. The copy
+//! of a batch to a CUDA device is measured, synchronised, by the `collate` bench.
 
 use std::sync::Arc;
 

@@ -1,7 +1,12 @@
 //! One AdamW step over an 868k-parameter model: the native fused kernel against the same
 //! update written as separate tensor ops (what `torch.optim.AdamW(foreach=False)` does).
+//!
+//! Runs on the first CUDA device when there is one, else on the CPU (it says which on stderr).
+//! Each measured iteration ends with a device synchronisation, so the clock sees the finished
+//! step rather than the launch of its kernels (a no-op on the CPU).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use kiln_benches::unfused::UnfusedAdamW;
 use kiln_torch_ext::optim::{AdamWConfig, AdamWTensors, fused_adamw_step};
 use tch::{Device, Kind, Tensor};
 
@@ -23,9 +28,9 @@ struct State {
     steps: Vec<Tensor>,
 }
 
-fn state() -> State {
+fn state(device: Device) -> State {
     tch::manual_seed(0);
-    let opts = (Kind::Float, Device::Cpu);
+    let opts = (Kind::Float, device);
     let params: Vec<Tensor> = SHAPES.iter().map(|s| Tensor::randn(*s, opts)).collect();
     let zeros = || params.iter().map(Tensor::zeros_like).collect::<Vec<_>>();
     State {
@@ -52,41 +57,42 @@ fn fused_step(s: &mut State, c: &AdamWConfig) {
     fused_adamw_step(t, c, None, None).expect("fused AdamW step");
 }
 
-fn unfused_step(s: &mut State, c: &AdamWConfig, step: i32) {
-    let _guard = tch::no_grad_guard();
-    let bc1 = 1.0 - c.beta1.powi(step);
-    let bc2 = 1.0 - c.beta2.powi(step);
-    for i in 0..s.params.len() {
-        let g = &s.grads[i];
-        let _ = s.params[i]
-            .f_mul_scalar_(1.0 - c.lr * c.weight_decay)
-            .unwrap();
-        let _ = s.m[i].f_mul_scalar_(c.beta1).unwrap();
-        let _ = s.m[i].f_add_(&(g * (1.0 - c.beta1))).unwrap();
-        let _ = s.v[i].f_mul_scalar_(c.beta2).unwrap();
-        let _ = s.v[i].f_add_(&(g * g * (1.0 - c.beta2))).unwrap();
-        let denom = (s.v[i].sqrt() / bc2.sqrt()) + c.eps;
-        let _ = s.params[i]
-            .f_sub_(&(&s.m[i] / denom * (c.lr / bc1)))
-            .unwrap();
-    }
+/// Waits for all work queued on `device` (nothing to wait for on the CPU).
+fn synchronize(device: Device) {
+    kiln_torch_ext::cuda::synchronize(device).expect("device synchronize");
 }
 
 fn bench_adamw(crit: &mut Criterion) {
+    let device = Device::cuda_if_available();
+    eprintln!(
+        "optimizer: running on {device:?}{}",
+        if device == Device::Cpu {
+            " (no CUDA device)"
+        } else {
+            ""
+        }
+    );
     let config = AdamWConfig::default();
     let n: i64 = SHAPES.iter().map(|s| s.iter().product::<i64>()).sum();
     let mut group = crit.benchmark_group("adamw_step");
     group.throughput(criterion::Throughput::Elements(n as u64));
-    let mut fused = state();
-    group.bench_function(BenchmarkId::new("fused", n), |b| {
-        b.iter(|| fused_step(&mut fused, &config))
-    });
-    let mut plain = state();
-    let mut step = 0;
-    group.bench_function(BenchmarkId::new("unfused", n), |b| {
+    let on = if device == Device::Cpu { "cpu" } else { "cuda" };
+    let mut fused = state(device);
+    group.bench_function(BenchmarkId::new(format!("fused/{on}"), n), |b| {
         b.iter(|| {
-            step += 1;
-            unfused_step(&mut plain, &config, step)
+            fused_step(&mut fused, &config);
+            synchronize(device);
+        })
+    });
+    let plain = state(device);
+    let decay = vec![config.weight_decay; plain.params.len()];
+    let mut unfused = UnfusedAdamW::new(&plain.params, decay, config.lr).expect("unfused state");
+    group.bench_function(BenchmarkId::new(format!("unfused/{on}"), n), |b| {
+        b.iter(|| {
+            unfused
+                .step(&plain.params, &plain.grads)
+                .expect("unfused AdamW step");
+            synchronize(device);
         })
     });
     group.finish();

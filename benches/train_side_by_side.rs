@@ -1,22 +1,38 @@
-//! `cargo xtask bench train`: kiln's train step against PyTorch eager Python with fused AdamW
-//! (`python/train_step.py`) on the same reference model, batch, thread count and fixed random
-//! batch. Reports step-time ratios (kiln / PyTorch; below 1 means kiln is faster), kiln's share
-//! of this machine's measured fp32 GEMM peak, and writes a JSON report.
+//! `cargo xtask bench` suites over the train step, each side by side with PyTorch eager Python
+//! (`python/train_step.py`, fused AdamW on) on the same reference model, batch, thread count,
+//! device and fixed random batch:
 //!
-//! `kiln-bench-train probe …` is the kiln side of one case, in its own process like the Python
-//! side, so neither inherits the other's threads or caches.
+//! - `train` (the default): step-time ratios (kiln / PyTorch; below 1 means kiln is faster),
+//!   each step's model FLOP utilization against this machine's measured GEMM peak, the step
+//!   breakdown (data wait, forward, backward, optimizer) of both sides, and with
+//!   `--batch-sizes 1,2,4…` a sweep of throughput and peak memory over batch sizes.
+//! - `optimizer`: one AdamW step over the transformer's parameters: kiln's fused kernel against
+//!   the per-tensor update and against `torch.optim.AdamW` fused, foreach and single-tensor.
+//! - `opts`: one optimization toggled at a time on kiln's own step (precision, fused AdamW,
+//!   TF32, cuDNN benchmark, channels-last, loader workers, CUDA graphs), each one's speedup.
+//!
+//! `probe`, `gemm` and `optim-probe` are the kiln side of one measurement, each in its own
+//! process like the Python side, so neither inherits the other's threads, caches or flags.
 
-use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_benches::{bench_root, flag, median, number, python, report_path};
+use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
+use kiln_benches::unfused::UnfusedAdamW;
+use kiln_benches::{
+    bench_root, device, device_name, flag, median, number, numbers, peak_memory_mib, python,
+    run_json, suite_out,
+};
 use kiln_config::{ConfigRequest, Machine, ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
+use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use kiln_device::settings::AmpDtype;
+use kiln_torch_ext::flags::{self, Flag};
 use kiln_train::feed::DeviceBatch;
 use kiln_train::models::{InputSpec, TransformerShape, build, parameter_count};
+use kiln_train::optim::{Optimizer, Rule, param_groups};
 use kiln_train::run::synthetic_shape;
-use kiln_train::trainer::{TrainSettings, Trainer};
+use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
@@ -24,20 +40,32 @@ type Result<T> = std::result::Result<T, String>;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kiln-bench-train [--quick] [--repeats N] [--threads N] [--out FILE] [--python PY]\n\
-         \x20      kiln-bench-train probe --model M --precision fp32|bf16|auto --batch N --threads N \
-         [--warmup N] [--steps N] [--dropout P] [--channels-last]\n\
-         \x20      kiln-bench-train gemm --threads N"
+        "usage: kiln-bench-train [train|optimizer|opts] [--quick] [--repeats N] [--threads N] \
+         [--device D] [--batch-sizes 1,2,4…] [--out FILE] [--python PY]\n\
+         \x20      kiln-bench-train probe --model M --precision fp32|bf16|fp16|auto --batch N \
+         [--threads N] [--device D] [--warmup N] [--steps N] [--breakdown-steps N] [--dropout P] \
+         [--channels-last] [--tf32 on|off] [--cudnn-benchmark on|off]\n\
+         \x20      kiln-bench-train gemm [--precision fp32|tf32|bf16|fp16] [--threads N] [--device D]\n\
+         \x20      kiln-bench-train optim-probe --impl fused|unfused [--threads N] [--device D] \
+         [--warmup N] [--steps N]"
     );
     std::process::exit(2)
 }
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        usage();
+    }
+    let rest = args.get(1..).unwrap_or_default();
     let result = match args.first().map(String::as_str) {
-        Some("probe") => probe(&args[1..]),
-        Some("gemm") => gemm(&args[1..]),
-        _ => compare(&args),
+        Some("probe") => probe(rest),
+        Some("gemm") => gemm(rest),
+        Some("optim-probe") => optim_probe(rest),
+        Some("optimizer") => optimizer_suite(rest),
+        Some("opts") => opts_suite(rest),
+        Some("train") => train_suite(rest),
+        _ => train_suite(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -78,50 +106,44 @@ fn flops_per_step(kind: ModelKind, batch: usize) -> f64 {
     3.0 * forward * batch as f64
 }
 
-/// kiln's automatic precision on this machine: what the resolved profile picks.
-fn auto_precision() -> Result<AmpDtype> {
+/// kiln's configuration resolved for `device` (its hardware profile, no user settings).
+fn resolved(device: Device) -> Result<kiln_config::Resolution> {
     let mut req = ConfigRequest::new(Machine::Probe);
-    req.sets = vec!["device.request=cpu".to_owned()];
-    Ok(kiln_config::load(&req)
-        .map_err(|e| e.to_string())?
-        .plan
-        .train
-        .amp)
+    req.sets = vec![format!(
+        "device.request={}",
+        if device.is_cuda() { "cuda" } else { "cpu" }
+    )];
+    kiln_config::load(&req).map_err(|e| e.to_string())
 }
 
-/// Times kiln's train step for one case; prints one JSON line.
-fn probe(args: &[String]) -> Result<()> {
-    let kind: ModelKind = flag(args, "--model")
-        .unwrap_or("transformer")
-        .parse()
-        .map_err(|e| format!("--model: {e}"))?;
-    let precision_arg = flag(args, "--precision").unwrap_or("fp32");
-    let precision = if precision_arg == "auto" {
-        auto_precision()?
-    } else {
-        precision_arg.parse::<AmpDtype>()?
-    };
-    let batch = number(args, "--batch", 32)?.max(1);
-    let threads = number(args, "--threads", 2)?.max(1);
-    let warmup = number(args, "--warmup", 5)?;
-    let steps = number(args, "--steps", 30)?.max(1);
-    let dropout: f64 = flag(args, "--dropout")
-        .unwrap_or("0.1")
-        .parse()
-        .map_err(|_| "--dropout must be a number in [0, 1)".to_owned())?;
-    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
-    tch::manual_seed(0);
+fn on_off(args: &[String], name: &str) -> Result<Option<bool>> {
+    match flag(args, name) {
+        None => Ok(None),
+        Some("on") => Ok(Some(true)),
+        Some("off") => Ok(Some(false)),
+        Some(v) => Err(format!("{name} `{v}`: expected on or off")),
+    }
+}
 
-    let (shape, classes) = synthetic_shape(kind);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let input = InputSpec {
-        sample_shape: shape.clone(),
-        classes,
-    };
-    let channels_last = args.iter().any(|a| a == "--channels-last");
-    let model = build(&model_plan(kind, dropout), &input, &vs, channels_last, 0)
-        .map_err(|e| e.to_string())?;
-    let settings = TrainSettings {
+/// Applies kiln's profile backend settings on a GPU (what `kiln train` does there), then the
+/// probe's explicit `--tf32` / `--cudnn-benchmark`; returns whether fp32 matmuls use TF32.
+fn backend(args: &[String], device: Device) -> Result<bool> {
+    if let Device::Cuda(i) = device {
+        let plan = resolved(device)?.plan;
+        kiln_device::settings::apply(&plan.performance.backend, kiln_device::Device::Cuda(i));
+    }
+    if let Some(on) = on_off(args, "--tf32")? {
+        flags::set_flag(Flag::Tf32CuBlas, on).map_err(|e| e.to_string())?;
+        flags::set_flag(Flag::Tf32CuDnn, on).map_err(|e| e.to_string())?;
+    }
+    if let Some(on) = on_off(args, "--cudnn-benchmark")? {
+        flags::set_flag(Flag::CuDnnBenchmark, on).map_err(|e| e.to_string())?;
+    }
+    Ok(device.is_cuda() && flags::flag(Flag::Tf32CuBlas).unwrap_or(false))
+}
+
+fn settings(precision: AmpDtype) -> TrainSettings {
+    TrainSettings {
         epochs: 1,
         precision,
         optimizer: OptimizerKind::AdamW,
@@ -142,48 +164,113 @@ fn probe(args: &[String]) -> Result<()> {
         log_interval: 1,
         empty_cache_interval: 0,
         max_bad_steps: 10,
+    }
+}
+
+/// Times kiln's train step for one case; prints one JSON line.
+fn probe(args: &[String]) -> Result<()> {
+    let kind: ModelKind = flag(args, "--model")
+        .unwrap_or("transformer")
+        .parse()
+        .map_err(|e| format!("--model: {e}"))?;
+    let device = device(args)?;
+    let precision_arg = flag(args, "--precision").unwrap_or("fp32");
+    let precision = if precision_arg == "auto" {
+        resolved(device)?.plan.train.amp
+    } else {
+        precision_arg.parse::<AmpDtype>()?
     };
-    let mut trainer = Trainer::new(model.as_ref(), kind.as_str(), &vs, settings, Device::Cpu)
+    let batch = number(args, "--batch", 32)?.max(1);
+    let threads = number(args, "--threads", 2)?.max(1);
+    let warmup = number(args, "--warmup", 5)?;
+    let steps = number(args, "--steps", 30)?.max(1);
+    let breakdown_steps = number(args, "--breakdown-steps", 0)?;
+    let dropout: f64 = flag(args, "--dropout")
+        .unwrap_or("0.1")
+        .parse()
+        .map_err(|_| "--dropout must be a number in [0, 1)".to_owned())?;
+    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let tf32 = backend(args, device)?;
+    tch::manual_seed(0);
+
+    let (shape, classes) = synthetic_shape(kind);
+    let vs = nn::VarStore::new(device);
+    let input = InputSpec {
+        sample_shape: shape.clone(),
+        classes,
+    };
+    let channels_last = args.iter().any(|a| a == "--channels-last");
+    let model = build(&model_plan(kind, dropout), &input, &vs, channels_last, 0)
         .map_err(|e| e.to_string())?;
+    let mut trainer = Trainer::new(
+        model.as_ref(),
+        kind.as_str(),
+        &vs,
+        settings(precision),
+        device,
+    )
+    .map_err(|e| e.to_string())?;
     let mut dims = vec![batch as i64];
     dims.extend(shape.iter().map(|&d| d as i64));
-    let features = Tensor::randn(dims.as_slice(), (Kind::Float, Device::Cpu));
-    let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, Device::Cpu));
+    let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
+    let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, device));
     let mut times = Vec::with_capacity(steps);
-    let (mut first_loss, mut last_loss) = (f64::NAN, f64::NAN);
-    for i in 0..warmup + steps {
+    let mut losses = vec![];
+    let mut data_wait = 0.0;
+    for i in 0..warmup + steps + breakdown_steps {
+        if i == warmup + steps {
+            trainer.set_phase_timing(true);
+        }
         let start = Instant::now();
+        // One resident batch, as on the Python side: the data wait is fetching it.
+        let batch_in = DeviceBatch {
+            features: features.shallow_clone(),
+            labels: labels.shallow_clone(),
+            indices: vec![],
+            number: i,
+        };
+        if i >= warmup + steps {
+            data_wait += start.elapsed().as_secs_f64();
+        }
         let out = trainer
-            .train_step(
-                &[DeviceBatch {
-                    features: features.shallow_clone(),
-                    labels: labels.shallow_clone(),
-                    indices: vec![],
-                    number: i,
-                }],
-                1e-3,
-            )
+            .train_step(&[batch_in], 1e-3)
             .map_err(|e| e.to_string())?;
         // Read the loss each step, as a training loop that logs does (loss.item()).
-        let loss = out.loss_sum.double_value(&[]) / batch as f64;
-        if i >= warmup {
+        let loss = out
+            .loss_sum
+            .f_double_value(&[])
+            .map_err(|e| e.to_string())?
+            / batch as f64;
+        if (warmup..warmup + steps).contains(&i) {
             times.push(start.elapsed().as_secs_f64());
         }
-        if i == 0 {
-            first_loss = loss;
-        }
-        last_loss = loss;
+        losses.push(loss);
     }
+    if losses.iter().any(|l| !l.is_finite()) {
+        return Err(format!("non-finite loss during training: {losses:?}"));
+    }
+    let breakdown = trainer.phase_times().map(|t| {
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / breakdown_steps as f64;
+        json!({
+            "data_wait_ms": data_wait * 1e3 / breakdown_steps as f64,
+            "forward_ms": per(t.forward),
+            "backward_ms": per(t.backward),
+            "optimizer_ms": per(t.optimizer),
+        })
+    });
     let median = median(times.clone());
     let flops = flops_per_step(kind, batch);
+    let (memory, memory_kind) = peak_memory_mib(device);
     println!(
         "{}",
         json!({
             "framework": "kiln",
             "torch_version": kiln_torch_ext::runtime::torch_version(),
+            "device": device_name(device),
             "model": kind.as_str(),
-            "precision": match precision { AmpDtype::None => "fp32", AmpDtype::Fp16 => "fp16", AmpDtype::Bf16 => "bf16" },
+            "precision": precision_name(precision),
             "precision_requested": precision_arg,
+            "tf32": tf32,
             "batch": batch,
             "threads": threads,
             "params": parameter_count(&vs),
@@ -192,34 +279,61 @@ fn probe(args: &[String]) -> Result<()> {
             "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
             "samples_per_s": batch as f64 / median,
             "gflops": flops / median / 1e9,
-            "loss_first": first_loss,
-            "loss_last": last_loss,
+            "loss_first": losses.first(),
+            "loss_last": losses.last(),
+            "breakdown": breakdown,
+            "peak_memory_mib": memory,
+            "peak_memory_kind": memory_kind,
         })
     );
     Ok(())
 }
 
-/// This machine's fp32 GEMM peak through libtorch (best GFLOP/s over large shapes).
+/// This machine's GEMM peak through libtorch at one precision (best GFLOP/s over large
+/// shapes), the device synchronised around each timed call.
 fn gemm(args: &[String]) -> Result<()> {
     let threads = number(args, "--threads", 2)?.max(1);
+    let device = device(args)?;
+    let precision = flag(args, "--precision").unwrap_or("fp32");
+    let kind = match precision {
+        "fp32" | "tf32" => Kind::Float,
+        "bf16" => Kind::BFloat16,
+        "fp16" => Kind::Half,
+        other => {
+            return Err(format!(
+                "--precision `{other}`: expected fp32, tf32, bf16 or fp16"
+            ));
+        }
+    };
     kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    if device.is_cuda() {
+        flags::set_flag(Flag::Tf32CuBlas, precision == "tf32").map_err(|e| e.to_string())?;
+    }
+    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
     let mut best: f64 = 0.0;
     let mut shapes = vec![];
-    for (m, k, n) in [
-        (2048i64, 1024i64, 1024i64),
-        (4096, 4096, 4096),
-        (2048, 256, 1024),
-    ] {
-        let a = Tensor::randn([m, k], (Kind::Float, Device::Cpu));
-        let b = Tensor::randn([k, n], (Kind::Float, Device::Cpu));
+    let sizes: &[(i64, i64, i64)] = if device.is_cuda() {
+        &[(8192, 8192, 8192), (4096, 4096, 4096)]
+    } else {
+        &[(2048, 1024, 1024), (4096, 4096, 4096), (2048, 256, 1024)]
+    };
+    for &(m, k, n) in sizes {
+        let a = Tensor::randn([m, k], (kind, device));
+        let b = Tensor::randn([k, n], (kind, device));
         for _ in 0..3 {
-            let _ = a.matmul(&b);
+            let _ = a.f_matmul(&b).map_err(|e| e.to_string())?;
         }
-        let iters = if m * k * n > 1 << 32 { 3 } else { 10 };
+        let iters = if device.is_cuda() || m * k * n <= 1 << 32 {
+            10
+        } else {
+            3
+        };
         let mut fastest = f64::INFINITY;
         for _ in 0..iters {
+            sync()?;
             let start = Instant::now();
-            let _ = a.matmul(&b);
+            let _ = a.f_matmul(&b).map_err(|e| e.to_string())?;
+            sync()?;
             fastest = fastest.min(start.elapsed().as_secs_f64());
         }
         let gflops = 2.0 * (m * k * n) as f64 / fastest / 1e9;
@@ -228,35 +342,225 @@ fn gemm(args: &[String]) -> Result<()> {
     }
     println!(
         "{}",
-        json!({"gemm_gflops": best, "threads": threads, "shapes": shapes})
+        json!({"gemm_gflops": best, "precision": precision, "device": device_name(device),
+               "threads": threads, "shapes": shapes})
     );
     Ok(())
 }
 
-fn run_json(mut cmd: Command) -> Result<Value> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or("");
-    serde_json::from_str(line).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
+/// The parameters (shapes) the optimizer benchmarks update: the reference transformer's.
+fn optimizer_store(device: Device) -> Result<nn::VarStore> {
+    let vs = nn::VarStore::new(device);
+    let (shape, classes) = synthetic_shape(ModelKind::Transformer);
+    let input = InputSpec {
+        sample_shape: shape,
+        classes,
+    };
+    build(
+        &model_plan(ModelKind::Transformer, 0.0),
+        &input,
+        &vs,
+        false,
+        0,
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(vs)
 }
 
-/// One comparison: kiln's precision against PyTorch's, and the goal for the ratio.
+fn shapes_arg(vs: &nn::VarStore) -> String {
+    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars.iter()
+        .map(|(_, t)| {
+            t.size()
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join("x")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Times one AdamW step over the transformer's parameters: kiln's optimizer (the fused kernel,
+/// one call per parameter group) or the per-tensor update.
+fn optim_probe(args: &[String]) -> Result<()> {
+    let device = device(args)?;
+    let threads = number(args, "--threads", 2)?.max(1);
+    let warmup = number(args, "--warmup", 5)?;
+    let steps = number(args, "--steps", 50)?.max(1);
+    let fused = match flag(args, "--impl").unwrap_or("fused") {
+        "fused" => true,
+        "unfused" => false,
+        other => return Err(format!("--impl `{other}`: expected fused or unfused")),
+    };
+    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    tch::manual_seed(0);
+    let vs = optimizer_store(device)?;
+    let groups = param_groups(&vs, 0.01);
+    let params: Vec<Tensor> = groups
+        .iter()
+        .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
+        .collect();
+    let decays: Vec<f64> = groups
+        .iter()
+        .flat_map(|g| g.params.iter().map(|_| g.weight_decay))
+        .collect();
+    // Fixed random gradients, set through autograd (d/dp Σ p·g = g).
+    let grads: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
+    let mut total = Tensor::f_zeros([], (Kind::Float, device)).map_err(|e| e.to_string())?;
+    for (p, g) in params.iter().zip(&grads) {
+        let term = p
+            .f_mul(g)
+            .and_then(|t| t.f_sum(Kind::Float))
+            .map_err(|e| e.to_string())?;
+        total = total.f_add(&term).map_err(|e| e.to_string())?;
+    }
+    total.f_backward().map_err(|e| e.to_string())?;
+    let mut step: Box<dyn FnMut() -> Result<()>> = if fused {
+        let config = kiln_torch_ext::optim::AdamWConfig {
+            lr: 1e-3,
+            weight_decay: 0.01,
+            ..Default::default()
+        };
+        let mut opt = Optimizer::new(Rule::AdamW(config), groups).map_err(|e| e.to_string())?;
+        Box::new(move || opt.step(None, None).map_err(|e| e.to_string()))
+    } else {
+        let mut opt = UnfusedAdamW::new(&params, decays, 1e-3).map_err(|e| e.to_string())?;
+        Box::new(move || opt.step(&params, &grads).map_err(|e| e.to_string()))
+    };
+    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
+    for _ in 0..warmup {
+        step()?;
+    }
+    sync()?;
+    let mut times = vec![];
+    for _ in 0..steps {
+        let start = Instant::now();
+        step()?;
+        sync()?;
+        times.push(start.elapsed().as_secs_f64());
+    }
+    println!(
+        "{}",
+        json!({
+            "framework": "kiln",
+            "impl": if fused { "fused" } else { "unfused" },
+            "device": device_name(device),
+            "threads": threads,
+            "tensors": vs.variables().len(),
+            "params": parameter_count(&vs),
+            "step_s_median": median(times.clone()),
+            "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
+        })
+    );
+    Ok(())
+}
+
+/// Common options of the suites.
+struct Opts {
+    quick: bool,
+    repeats: usize,
+    threads: String,
+    device: Device,
+    python: String,
+    me: std::path::PathBuf,
+}
+
+impl Opts {
+    fn parse(args: &[String]) -> Result<Self> {
+        let quick = args.iter().any(|a| a == "--quick");
+        Ok(Self {
+            quick,
+            repeats: number(args, "--repeats", if quick { 1 } else { 3 })?.max(1),
+            threads: number(args, "--threads", 2)?.max(1).to_string(),
+            device: device(args)?,
+            python: python(args),
+            me: std::env::current_exe().map_err(|e| e.to_string())?,
+        })
+    }
+
+    fn kiln(&self, mode: &str) -> Command {
+        let mut c = Command::new(&self.me);
+        c.arg(mode)
+            .args(["--threads", &self.threads])
+            .args(["--device", &device_name(self.device)]);
+        c
+    }
+
+    fn torch(&self) -> Command {
+        let mut c = Command::new(&self.python);
+        c.arg(bench_root().join("python/train_step.py"))
+            .args(["--threads", &self.threads])
+            .args(["--device", &device_name(self.device)]);
+        c
+    }
+
+    /// Runs each command `repeats` times, alternating between them so drift on a busy machine
+    /// hits all alike; returns every run's JSON per command.
+    fn interleaved(&self, cmds: &[&dyn Fn() -> Command]) -> Result<Vec<Vec<Value>>> {
+        let mut runs = vec![vec![]; cmds.len()];
+        for r in 0..self.repeats {
+            for i in 0..cmds.len() {
+                // Reverse the order on odd repeats so neither side always goes first.
+                let i = if r % 2 == 0 { i } else { cmds.len() - 1 - i };
+                runs[i].push(run_json(cmds[i]())?);
+            }
+        }
+        Ok(runs)
+    }
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The median of `key` over runs.
+fn med(runs: &[Value], key: &str) -> f64 {
+    median(runs.iter().map(|r| f(r, key)).collect())
+}
+
+/// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
+/// fp32, TF32, bf16 and fp16 on a GPU.
+fn peaks(o: &Opts) -> Result<Value> {
+    let precisions: &[&str] = if o.device.is_cuda() {
+        &["fp32", "tf32", "bf16", "fp16"]
+    } else {
+        &["fp32", "bf16"]
+    };
+    let mut peaks = serde_json::Map::new();
+    for p in precisions {
+        let mut c = o.kiln("gemm");
+        c.args(["--precision", p]);
+        let v = run_json(c)?;
+        eprintln!(
+            "{p} GEMM peak through libtorch on {}: {:.0} GFLOP/s",
+            device_name(o.device),
+            f(&v, "gemm_gflops")
+        );
+        peaks.insert(format!("{p}_gemm_gflops"), v["gemm_gflops"].clone());
+    }
+    Ok(Value::Object(peaks))
+}
+
+/// The peak a step at `precision` (with fp32 matmuls in TF32 or not) is measured against.
+fn peak_for(peaks: &Value, precision: &str, tf32: bool) -> (f64, String) {
+    let key = if precision == "fp32" && tf32 {
+        "tf32"
+    } else {
+        precision
+    };
+    (
+        f(peaks, &format!("{key}_gemm_gflops")),
+        format!("{key} GEMM"),
+    )
+}
+
+/// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 struct Case {
     model: &'static str,
     kiln: &'static str,
     torch: &'static str,
-    /// The issue's goal for the ratio; `None` for rows that are for information.
     goal: Option<f64>,
     /// Extra arguments for both sides.
     extra: &'static [&'static str],
@@ -300,132 +604,462 @@ const CASES: [Case; 5] = [
     },
 ];
 
-fn compare(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let quick = args.iter().any(|a| a == "--quick");
-    let repeats = number(args, "--repeats", if quick { 1 } else { 3 })?.max(1);
-    let threads = number(args, "--threads", 2)?.max(1);
-    let (warmup, steps) = if quick { (2, 5) } else { (5, 20) };
-    let python = python(args);
-    let root = bench_root();
-    let script = root.join("python/train_step.py");
-    let out = flag(args, "--out").map_or_else(|| report_path("train.json"), PathBuf::from);
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let threads_s = threads.to_string();
-
-    let peak = run_json({
-        let mut c = Command::new(&me);
-        c.args(["gemm", "--threads", &threads_s]);
-        c
-    })?;
-    let peak_gflops = peak["gemm_gflops"].as_f64().unwrap_or(f64::NAN);
-    eprintln!("fp32 GEMM peak through libtorch, {threads} threads: {peak_gflops:.0} GFLOP/s");
-
-    let mut rows = vec![];
+fn train_suite(args: &[String]) -> Result<()> {
+    let o = Opts::parse(args)?;
+    let (warmup, steps, breakdown) = if o.quick { (2, 5, 3) } else { (5, 20, 10) };
+    let sizes = numbers(args, "--batch-sizes")?;
+    let mut out = SuiteOutput::new(
+        "train",
+        &format!(
+            "train step (forward, cross-entropy, backward, fused AdamW, loss read) on one fixed \
+             batch of 32 on {}, {} threads: kiln against PyTorch eager; MFU against this \
+             machine's measured GEMM peak",
+            device_name(o.device),
+            o.threads
+        ),
+    );
+    out.peaks = peaks(&o)?;
+    let (warm, timed, split) = (warmup.to_string(), steps.to_string(), breakdown.to_string());
     let mut runs = vec![];
     for case in &CASES {
-        let (warm, timed) = (warmup.to_string(), steps.to_string());
+        // On a GPU PyTorch's mixed precision of choice is bf16 autocast too; fp16 needs a
+        // scaler both sides have.
         let kiln_cmd = || {
-            let mut c = Command::new(&me);
-            c.args(["probe", "--model", case.model, "--precision", case.kiln])
-                .args(["--batch", "32", "--threads", &threads_s])
-                .args(["--warmup", &warm, "--steps", &timed])
+            let mut c = o.kiln("probe");
+            c.args(["--model", case.model, "--precision", case.kiln])
+                .args(["--batch", "32", "--warmup", &warm, "--steps", &timed])
+                .args(["--breakdown-steps", &split])
                 .args(case.extra);
             c
         };
         let torch_cmd = || {
-            let mut c = Command::new(&python);
-            c.arg(&script)
-                .args(["--model", case.model, "--precision", case.torch])
-                .args(["--batch", "32", "--threads", &threads_s])
-                .args(["--warmup", &warm, "--steps", &timed])
+            let mut c = o.torch();
+            c.args(["--model", case.model, "--precision", case.torch])
+                .args(["--batch", "32", "--warmup", &warm, "--steps", &timed])
+                .args(["--breakdown-steps", &split])
                 .args(case.extra);
             c
         };
-        // Alternate the sides so drift on a busy machine hits both alike.
-        let (mut k, mut t) = (vec![], vec![]);
-        let (mut k_last, mut t_last) = (Value::Null, Value::Null);
-        for _ in 0..repeats {
-            k_last = run_json(kiln_cmd())?;
-            t_last = run_json(torch_cmd())?;
-            k.push(k_last["step_s_median"].as_f64().unwrap_or(f64::NAN));
-            t.push(t_last["step_s_median"].as_f64().unwrap_or(f64::NAN));
-            runs.push(json!({"kiln": k_last, "torch": t_last}));
-        }
-        if k_last["params"] != t_last["params"] {
+        let sides = o.interleaved(&[&kiln_cmd, &torch_cmd])?;
+        let (k, t) = (&sides[0], &sides[1]);
+        if k[0]["params"] != t[0]["params"] {
             return Err(format!(
                 "{}: the two sides built different models ({} vs {} parameters)",
-                case.model, k_last["params"], t_last["params"]
+                case.model, k[0]["params"], t[0]["params"]
             ));
         }
-        let (ks, ts) = (median(k), median(t));
-        let ratio = ks / ts;
-        let flops = k_last["flops_per_step"].as_f64().unwrap_or(f64::NAN);
-        let peak_share = flops / ks / 1e9 / peak_gflops;
-        let kiln_precision = k_last["precision"].as_str().unwrap_or("?").to_owned();
-        eprintln!(
-            "{:<11} kiln {:<4}{} {:>8.2} ms  vs  torch {:<4} {:>8.2} ms  ratio {:.2}× ({}){}",
+        let (ks, ts) = (med(k, "step_s_median"), med(t, "step_s_median"));
+        let kiln_precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
+        let tf32 = k[0]["tf32"] == true;
+        let flops = f(&k[0], "flops_per_step");
+        let (peak, peak_name) = peak_for(&out.peaks, &kiln_precision, tf32);
+        let (torch_peak, _) = peak_for(&out.peaks, case.torch, false);
+        let mfu = flops / ks / 1e9 / peak;
+        let name = match (case.kiln, case.extra.is_empty()) {
+            ("auto", _) => format!(
+                "{} auto ({kiln_precision}) step vs PyTorch {}",
+                case.model, case.torch
+            ),
+            (p, true) => format!("{} {p} step", case.model),
+            (p, false) => format!("{} {p} channels-last step", case.model),
+        };
+        let mut c = Comparison::new(
+            "train",
+            "step time",
+            name.clone(),
+            "ms/step",
+            Better::Lower,
+            (ks * 1e3, ts * 1e3),
             format!(
-                "{}{}",
-                case.model,
-                if case.extra.is_empty() { "" } else { " (cl)" }
+                "PyTorch eager {}{}",
+                if case.torch == "fp32" {
+                    "fp32".to_owned()
+                } else {
+                    format!("{} autocast", case.torch)
+                },
+                " (fused AdamW)"
             ),
-            kiln_precision,
-            if case.kiln == "auto" { "*" } else { " " },
-            ks * 1e3,
-            case.torch,
-            ts * 1e3,
-            ratio,
-            case.goal.map_or_else(
-                || "for information".to_owned(),
-                |g| format!("goal ≤ {g:.1}×")
-            ),
-            if kiln_precision == "fp32" && case.model == "transformer" {
-                format!(
-                    " · kiln at {:.0}% of the fp32 GEMM peak",
-                    100.0 * peak_share
-                )
-            } else {
-                String::new()
-            }
+        )
+        .detail("mfu", json!(mfu))
+        .detail("baseline_mfu", json!(flops / ts / 1e9 / torch_peak))
+        .detail("peak", json!(peak_name))
+        .detail("kiln_precision", json!(kiln_precision))
+        .detail("batch_size", json!(32))
+        .detail("samples_per_s", json!(32.0 / ks))
+        .detail("baseline_samples_per_s", json!(32.0 / ts))
+        .detail(
+            "breakdown",
+            json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
+                   "baseline": t.last().map(|r| r["breakdown"].clone())}),
         );
-        rows.push(json!({
-            "model": case.model,
-            "batch": 32,
-            "threads": threads,
-            "kiln_precision": kiln_precision,
-            "kiln_precision_requested": case.kiln,
-            "torch_precision": case.torch,
-            "kiln_step_s": ks,
-            "torch_step_s": ts,
-            "ratio": ratio,
-            "options": case.extra,
-            "goal": case.goal,
-            "meets_goal": case.goal.map(|g| ratio <= g),
-            "kiln_share_of_fp32_gemm_peak": peak_share,
-        }));
+        if let Some(goal) = case.goal {
+            c = c.at_most(goal);
+        }
+        out.push(c);
+        if case.model == "transformer" && case.kiln == "fp32" {
+            out.push(
+                Comparison::new(
+                    "train",
+                    "machine limit",
+                    format!("{name}: achieved vs {peak_name} peak"),
+                    "GFLOP/s",
+                    Better::Higher,
+                    (flops / ks / 1e9, peak),
+                    format!("measured {peak_name} peak"),
+                )
+                .at_least(0.7)
+                .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
+                .detail(
+                    "breakdown",
+                    json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
+                           "baseline": t.last().map(|r| r["breakdown"].clone())}),
+                ),
+            );
+        }
+        runs.push(json!({"case": name, "kiln": k, "torch": t}));
     }
-    eprintln!("(* kiln's automatic precision for this machine's profile; (cl) = channels-last)");
-    let report = json!({
-        "suite": "train",
-        "what": "train step (forward, cross-entropy, backward, fused AdamW, loss read), one fixed batch, CPU",
-        "repeats": repeats,
-        "warmup_steps": warmup,
-        "timed_steps": steps,
-        "fp32_gemm_peak": peak,
-        "results": rows,
-        "runs": runs,
-    });
-    if let Some(dir) = out.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for &b in &sizes {
+        let batch = b.to_string();
+        let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
+        let kiln_cmd = || {
+            let mut c = o.kiln("probe");
+            c.args(["--model", "transformer", "--precision", precision])
+                .args(["--batch", &batch, "--warmup", &warm, "--steps", &timed]);
+            c
+        };
+        let torch_cmd = || {
+            let mut c = o.torch();
+            c.args(["--model", "transformer", "--precision", precision])
+                .args(["--batch", &batch, "--warmup", &warm, "--steps", &timed]);
+            c
+        };
+        let sides = o.interleaved(&[&kiln_cmd, &torch_cmd])?;
+        let (k, t) = (&sides[0], &sides[1]);
+        let baseline = format!("PyTorch eager {precision}");
+        out.push(
+            Comparison::new(
+                "train",
+                SWEEP_GROUP,
+                format!("transformer {precision} b={b} throughput"),
+                "samples/s",
+                Better::Higher,
+                (med(k, "samples_per_s"), med(t, "samples_per_s")),
+                baseline.clone(),
+            )
+            .detail("batch_size", json!(b)),
+        );
+        out.push(
+            Comparison::new(
+                "train",
+                SWEEP_GROUP,
+                format!("transformer {precision} b={b} peak memory"),
+                "MiB",
+                Better::Lower,
+                (med(k, "peak_memory_mib"), med(t, "peak_memory_mib")),
+                baseline,
+            )
+            .detail("batch_size", json!(b))
+            .detail("memory", k[0]["peak_memory_kind"].clone()),
+        );
+        runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
     }
-    std::fs::write(
-        &out,
-        serde_json::to_string_pretty(&report).map_err(|e| e.to_string())? + "\n",
-    )
-    .map_err(|e| format!("{}: {e}", out.display()))?;
-    eprintln!("report: {}", out.display());
-    Ok(())
+    out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
+                         "breakdown_steps": breakdown, "runs": runs});
+    out.write(&suite_out(args, "train"))
+}
+
+fn optimizer_suite(args: &[String]) -> Result<()> {
+    let o = &Opts::parse(args)?;
+    let (warmup, steps) = if o.quick { (3, 10) } else { (10, 100) };
+    let (warm, timed) = (warmup.to_string(), steps.to_string());
+    let shapes = shapes_arg(&optimizer_store(Device::Cpu)?);
+    let kiln_cmd = |imp: &'static str| {
+        let (warm, timed) = (&warm, &timed);
+        move || {
+            let mut c = o.kiln("optim-probe");
+            c.args(["--impl", imp, "--warmup", warm, "--steps", timed]);
+            c
+        }
+    };
+    let torch_cmd = |imp: &'static str| {
+        let (warm, timed, shapes) = (&warm, &timed, &shapes);
+        move || {
+            let mut c = o.torch();
+            c.args(["--optimizer", imp, "--shapes", shapes])
+                .args(["--warmup", warm, "--steps", timed]);
+            c
+        }
+    };
+    let (kf, ku) = (kiln_cmd("fused"), kiln_cmd("unfused"));
+    let (tf, te, ts) = (
+        torch_cmd("fused"),
+        torch_cmd("foreach"),
+        torch_cmd("single"),
+    );
+    let runs = o.interleaved(&[&kf, &ku, &tf, &te, &ts])?;
+    if runs[0][0]["params"] != runs[2][0]["params"] {
+        return Err(format!(
+            "the two sides updated different parameter counts ({} vs {})",
+            runs[0][0]["params"], runs[2][0]["params"]
+        ));
+    }
+    let ms: Vec<f64> = runs.iter().map(|r| med(r, "step_s_median") * 1e3).collect();
+    let mut out = SuiteOutput::new(
+        "optimizer",
+        &format!(
+            "one AdamW step over the reference transformer's {} parameters in {} tensors on {}: \
+             kiln's fused kernel against the per-tensor update and torch.optim.AdamW",
+            runs[0][0]["params"],
+            runs[0][0]["tensors"],
+            device_name(o.device)
+        ),
+    );
+    let c = |name: &str, other: usize, baseline: &str| {
+        Comparison::new(
+            "optimizer",
+            "optimizer step",
+            name,
+            "ms/step",
+            Better::Lower,
+            (ms[0], ms[other]),
+            baseline,
+        )
+        .detail("speedup", json!(ms[other] / ms[0]))
+    };
+    out.push(
+        c(
+            "AdamW fused vs unfused (kiln)",
+            1,
+            "kiln AdamW as per-tensor ops",
+        )
+        .at_most(0.6),
+    );
+    out.push(
+        c(
+            "AdamW kiln fused vs PyTorch single-tensor",
+            4,
+            "torch.optim.AdamW(foreach=False)",
+        )
+        .at_most(0.6),
+    );
+    out.push(c(
+        "AdamW kiln fused vs PyTorch foreach",
+        3,
+        "torch.optim.AdamW(foreach=True)",
+    ));
+    out.push(c(
+        "AdamW kiln fused vs PyTorch fused",
+        2,
+        "torch.optim.AdamW(fused=True)",
+    ));
+    out.details = json!({"warmup_steps": warmup, "timed_steps": steps, "repeats": o.repeats,
+                         "runs": {"kiln_fused": runs[0], "kiln_unfused": runs[1],
+                                  "torch_fused": runs[2], "torch_foreach": runs[3],
+                                  "torch_single": runs[4]}});
+    out.write(&suite_out(args, "optimizer"))
+}
+
+/// One epoch of kiln's loader over synthetic SignTransformer-shaped samples (generating each
+/// sample is the per-sample work) at `workers` workers; seconds.
+fn loader_epoch_s(workers: usize, samples: usize) -> Result<f64> {
+    let dataset = Arc::new(
+        SyntheticClassification::new(samples, vec![64, 469], 100, 0, 0.5)
+            .map_err(|e| e.to_string())?,
+    );
+    let config = LoaderConfig {
+        batch_size: 32,
+        num_workers: workers,
+        prefetch_factor: 2,
+        ..LoaderConfig::default()
+    };
+    let mut loader = Loader::new(dataset, config).map_err(|e| e.to_string())?;
+    // A first epoch starts the workers; the second is timed.
+    let mut count = 0;
+    for epoch in 0..2 {
+        let start = Instant::now();
+        for batch in loader.epoch(epoch) {
+            count += batch.map_err(|e| e.to_string())?.labels.len();
+        }
+        if epoch == 1 {
+            return Ok(start.elapsed().as_secs_f64());
+        }
+    }
+    Err(format!("the loader produced {count} samples"))
+}
+
+fn opts_suite(args: &[String]) -> Result<()> {
+    let o = &Opts::parse(args)?;
+    let (warmup, steps) = if o.quick { (2, 5) } else { (5, 20) };
+    let (warm, timed) = (warmup.to_string(), steps.to_string());
+    let cuda = o.device.is_cuda();
+    let mut out = SuiteOutput::new(
+        "opts",
+        &format!(
+            "kiln's own train step (and loader, optimizer and inference) on {} with one \
+             optimization on against the same run with it off; the ratio is on / off (below 1: \
+             the optimization pays)",
+            device_name(o.device)
+        ),
+    );
+    let no_gpu = "needs a CUDA GPU; this machine has none";
+    let step_cmd = |model: &'static str, extra: Vec<&'static str>| {
+        let (warm, timed) = (&warm, &timed);
+        move || {
+            let mut c = o.kiln("probe");
+            c.args(["--model", model, "--batch", "32"])
+                .args(["--warmup", warm, "--steps", timed])
+                .args(&extra);
+            c
+        }
+    };
+    let mut runs = vec![];
+    let mut toggle = |name: &str,
+                      model: &'static str,
+                      on: Vec<&'static str>,
+                      off: Vec<&'static str>|
+     -> Result<()> {
+        let (a, b) = (step_cmd(model, on), step_cmd(model, off));
+        let r = o.interleaved(&[&a, &b])?;
+        let (on_ms, off_ms) = (
+            med(&r[0], "step_s_median") * 1e3,
+            med(&r[1], "step_s_median") * 1e3,
+        );
+        out.push(
+            Comparison::new(
+                "opts",
+                "optimization",
+                name,
+                "ms/step",
+                Better::Lower,
+                (on_ms, off_ms),
+                format!("kiln {model} step without it"),
+            )
+            .detail("speedup", json!(off_ms / on_ms)),
+        );
+        runs.push(json!({"toggle": name, "on": r[0], "off": r[1]}));
+        Ok(())
+    };
+    let mixed = if cuda { "bf16" } else { "auto" };
+    toggle(
+        &format!(
+            "precision: {} instead of fp32 (transformer)",
+            if cuda { "bf16" } else { "automatic" }
+        ),
+        "transformer",
+        vec!["--precision", mixed],
+        vec!["--precision", "fp32"],
+    )?;
+    if cuda {
+        toggle(
+            "TF32 matmuls (transformer fp32)",
+            "transformer",
+            vec!["--precision", "fp32", "--tf32", "on"],
+            vec!["--precision", "fp32", "--tf32", "off"],
+        )?;
+        toggle(
+            "cuDNN benchmark (convnet)",
+            "convnet",
+            vec!["--cudnn-benchmark", "on"],
+            vec!["--cudnn-benchmark", "off"],
+        )?;
+    }
+    toggle(
+        "channels-last (convnet)",
+        "convnet",
+        vec!["--channels-last"],
+        vec![],
+    )?;
+    if !cuda {
+        out.skip("TF32 matmuls", no_gpu);
+        out.skip("cuDNN benchmark", no_gpu);
+    }
+    // Fused AdamW: the optimizer step alone.
+    let (warm_o, timed_o) = if o.quick { ("3", "10") } else { ("10", "100") };
+    let optim = |imp: &'static str| {
+        move || {
+            let mut c = o.kiln("optim-probe");
+            c.args(["--impl", imp, "--warmup", warm_o, "--steps", timed_o]);
+            c
+        }
+    };
+    let (fa, fb) = (optim("fused"), optim("unfused"));
+    let r = o.interleaved(&[&fa, &fb])?;
+    let (on_ms, off_ms) = (
+        med(&r[0], "step_s_median") * 1e3,
+        med(&r[1], "step_s_median") * 1e3,
+    );
+    out.push(
+        Comparison::new(
+            "opts",
+            "optimization",
+            "fused AdamW (optimizer step)",
+            "ms/step",
+            Better::Lower,
+            (on_ms, off_ms),
+            "kiln AdamW as per-tensor ops",
+        )
+        .detail("speedup", json!(off_ms / on_ms)),
+    );
+    runs.push(json!({"toggle": "fused AdamW", "on": r[0], "off": r[1]}));
+    // Loader workers: in this process, interleaved.
+    let samples = if o.quick { 256 } else { 2048 };
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8);
+    let (mut with, mut without) = (vec![], vec![]);
+    for _ in 0..o.repeats {
+        with.push(loader_epoch_s(workers, samples)?);
+        without.push(loader_epoch_s(0, samples)?);
+    }
+    let (w, wo) = (
+        samples as f64 / median(with.clone()),
+        samples as f64 / median(without.clone()),
+    );
+    out.push(
+        Comparison::new(
+            "opts",
+            "optimization",
+            format!("loader workers: {workers} instead of 0"),
+            "samples/s",
+            Better::Higher,
+            (w, wo),
+            "kiln loader in the training thread",
+        )
+        .detail("speedup", json!(w / wo)),
+    );
+    runs.push(json!({"toggle": "workers", "on_s": with, "off_s": without}));
+    // CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
+    if cuda {
+        let serve = o.me.with_file_name("kiln-bench-serve");
+        let graphs = |mode: &'static str| {
+            let serve = &serve;
+            move || {
+                let mut c = Command::new(serve);
+                c.args(["infer-probe", "--graphs", mode, "--batch", "1"])
+                    .args(["--device", &device_name(o.device)]);
+                c
+            }
+        };
+        let (ga, gb) = (graphs("on"), graphs("off"));
+        let r = o.interleaved(&[&ga, &gb])?;
+        let (on_ms, off_ms) = (med(&r[0], "p50_ms"), med(&r[1], "p50_ms"));
+        out.push(
+            Comparison::new(
+                "opts",
+                "optimization",
+                "CUDA graphs (inference, batch 1, p50)",
+                "ms",
+                Better::Lower,
+                (on_ms, off_ms),
+                "kiln inference without graphs",
+            )
+            .detail("speedup", json!(off_ms / on_ms)),
+        );
+        runs.push(json!({"toggle": "cuda graphs", "on": r[0], "off": r[1]}));
+    } else {
+        out.skip("CUDA graphs", no_gpu);
+    }
+    out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
+                         "runs": runs});
+    out.write(&suite_out(args, "opts"))
 }

@@ -1,6 +1,6 @@
 """PyTorch's side of kiln's train-step benchmark.
 
-Times the training step an ML engineer writes in plain PyTorch eager mode on the CPU, for the
+Times the training step an ML engineer writes in plain PyTorch eager mode (CPU or CUDA), for the
 same three reference models kiln implements in Rust (same parameter shapes, same op sequence):
 
   mlp          [B, 64] -> Linear(64,256) -> ReLU -> Dropout -> Linear(256,256) -> ReLU -> Dropout
@@ -18,6 +18,13 @@ backward, fused AdamW step (weight decay 0.01 on parameters with dim >= 2, 0 oth
 loss.item() as a training loop that logs would. One fixed random batch is made up front;
 --warmup steps run untimed, then each of --steps steps is timed with time.perf_counter.
 
+--breakdown-steps N more steps then time each phase (forward with the loss, backward, optimizer
+step with zero_grad), the device synchronised between phases. Peak memory is the CUDA allocator's
+peak on a GPU, the process's peak RSS on the CPU.
+
+--optimizer fused|foreach|single instead times AdamW.step() alone over parameters of the given
+--shapes (gradients random, fixed), the three implementations torch.optim.AdamW has.
+
 --gemm instead measures this machine's GEMM peak (fp32, or bf16 with --precision bf16) as the best
 GFLOP/s over a few large shapes.
 
@@ -27,6 +34,7 @@ Prints one JSON line on stdout; human text goes to stderr.
 import argparse
 import json
 import math
+import resource
 import statistics
 import sys
 import time
@@ -163,6 +171,18 @@ def convnet_flops(a):
     return total + 2 * c * a.classes
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device):
+    """(MiB, what) of the peak memory so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda allocator peak"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS"
+
+
 def build(a):
     """Returns (model, x, y, forward FLOPs per sample)."""
     if a.model == "mlp":
@@ -182,7 +202,8 @@ def build(a):
             model = model.to(memory_format=torch.channels_last)
             x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,))
-    return model, x, y, flops
+    device = torch.device(a.device)
+    return model.to(device), x.to(device), y.to(device), flops
 
 
 # --- benchmarks -------------------------------------------------------------------------------
@@ -196,16 +217,32 @@ def train_bench(a):
     groups = [g for g in ({"params": decay, "weight_decay": 0.01},
                           {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
     opt = torch.optim.AdamW(groups, lr=1e-3, fused=True)
-    bf16 = a.precision == "bf16"
+    device = torch.device(a.device)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
+    scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
     model.train()
 
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    def step(phases=None):
+        t0 = time.perf_counter()
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             out = model(x)
             loss = F.cross_entropy(out, y)
+        if phases is not None:
+            sync(device)
+            t1 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        if phases is not None:
+            sync(device)
+            t2 = time.perf_counter()
+        scaler.step(opt)
+        scaler.update()
+        if phases is not None:
+            sync(device)
+            t3 = time.perf_counter()
+            phases["forward_ms"] += (t1 - t0) * 1e3
+            phases["backward_ms"] += (t2 - t1) * 1e3
+            phases["optimizer_ms"] += (t3 - t2) * 1e3
         return loss.item()
 
     log(f"{a.model} {a.precision}: {params} parameters, batch {a.batch}, "
@@ -218,15 +255,25 @@ def train_bench(a):
         t0 = time.perf_counter()
         losses.append(step())
         times.append(time.perf_counter() - t0)
+    phases = {"data_wait_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
+    for _ in range(a.breakdown_steps):
+        t0 = time.perf_counter()
+        batch = (x, y)  # one resident batch: the data wait is fetching it, as on kiln's side
+        phases["data_wait_ms"] += (time.perf_counter() - t0) * 1e3
+        del batch
+        losses.append(step(phases))
+    breakdown = ({k: v / a.breakdown_steps for k, v in phases.items()}
+                 if a.breakdown_steps else None)
     if not all(math.isfinite(v) for v in losses):
         raise SystemExit(f"error: non-finite loss during training: {losses}")
     median = statistics.median(times)
+    memory, memory_kind = peak_memory(device)
     flops_per_step = 3 * fwd_flops * a.batch
     result = {
         "framework": "pytorch-eager",
         "torch_version": torch.__version__,
         "python": sys.version.split()[0],
-        "device": "cpu",
+        "device": a.device,
         "model": a.model,
         "precision": a.precision,
         "batch": a.batch,
@@ -245,6 +292,9 @@ def train_bench(a):
         "gflops": flops_per_step / median / 1e9,
         "loss_first": losses[0],
         "loss_last": losses[-1],
+        "breakdown": breakdown,
+        "peak_memory_mib": memory,
+        "peak_memory_kind": memory_kind,
     }
     log(f"median {median * 1e3:.2f} ms/step, {result['samples_per_s']:.1f} samples/s, "
         f"{result['gflops']:.1f} GFLOP/s")
@@ -263,19 +313,22 @@ def model_config(a):
 
 
 def gemm_bench(a):
-    dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision, torch.float32)
+    device = torch.device(a.device)
     torch.manual_seed(a.seed)
     shapes = []
     for m, k, n in a.gemm_shapes:
-        lhs = torch.randn(m, k).to(dtype)
-        rhs = torch.randn(k, n).to(dtype)
-        out = torch.empty(m, n, dtype=dtype)
+        lhs = torch.randn(m, k, device=device).to(dtype)
+        rhs = torch.randn(k, n, device=device).to(dtype)
+        out = torch.empty(m, n, dtype=dtype, device=device)
         for _ in range(a.gemm_warmup):
             torch.mm(lhs, rhs, out=out)
         times = []
         for _ in range(a.gemm_iters):
+            sync(device)
             t0 = time.perf_counter()
             torch.mm(lhs, rhs, out=out)
+            sync(device)
             times.append(time.perf_counter() - t0)
         best = min(times)
         gflops = 2 * m * k * n / best / 1e9
@@ -286,7 +339,7 @@ def gemm_bench(a):
         "framework": "pytorch-eager",
         "torch_version": torch.__version__,
         "python": sys.version.split()[0],
-        "device": "cpu",
+        "device": a.device,
         "mode": "gemm",
         "precision": a.precision,
         "threads": torch.get_num_threads(),
@@ -294,6 +347,47 @@ def gemm_bench(a):
         "iters": a.gemm_iters,
         "gemm_gflops": max(s["gflops"] for s in shapes),
         "shapes": shapes,
+    }
+
+
+def optimizer_bench(a):
+    """AdamW.step() alone, one implementation, over parameters of the given shapes."""
+    device = torch.device(a.device)
+    torch.manual_seed(a.seed)
+    params = [torch.nn.Parameter(torch.randn(*s, device=device)) for s in a.shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [g for g in ({"params": decay, "weight_decay": 0.01},
+                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
+             "single": {"foreach": False, "fused": False}}[a.optimizer]
+    opt = torch.optim.AdamW(groups, lr=1e-3, **flags)
+    for _ in range(a.warmup):
+        opt.step()
+    sync(device)
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        opt.step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    n = sum(p.numel() for p in params)
+    median = statistics.median(times)
+    log(f"AdamW ({a.optimizer}) over {len(params)} tensors, {n} parameters: "
+        f"median {median * 1e3:.3f} ms/step")
+    return {
+        "framework": "pytorch-eager",
+        "torch_version": torch.__version__,
+        "device": a.device,
+        "mode": "optimizer",
+        "impl": a.optimizer,
+        "tensors": len(params),
+        "params": n,
+        "threads": torch.get_num_threads(),
+        "step_s_median": median,
+        "step_s_min": min(times),
     }
 
 
@@ -307,6 +401,19 @@ def int_list(text):
     if not vals or any(v <= 0 for v in vals):
         raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
     return vals
+
+
+def shape_list(text):
+    shapes = []
+    for item in text.split(","):
+        try:
+            dims = tuple(int(v) for v in item.strip().lower().split("x"))
+        except ValueError:
+            dims = ()
+        if not dims or any(v <= 0 for v in dims):
+            raise argparse.ArgumentTypeError(f"expected shapes like 256x469,256, got {item!r}")
+        shapes.append(dims)
+    return shapes
 
 
 def gemm_shape_list(text):
@@ -326,7 +433,7 @@ def gemm_shape_list(text):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=MODELS, default="transformer")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=30)
@@ -349,6 +456,13 @@ def parse_args(argv=None):
     p.add_argument("--in-channels", type=int, default=3)
     p.add_argument("--channels-last", action="store_true",
                    help="convnet: model and input in torch.channels_last")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--breakdown-steps", type=int, default=0,
+                   help="extra steps timed phase by phase (default 0: no breakdown)")
+    p.add_argument("--optimizer", choices=("fused", "foreach", "single"), default=None,
+                   help="time AdamW.step() alone with this implementation")
+    p.add_argument("--shapes", type=shape_list, default=None,
+                   help="--optimizer: parameter shapes, e.g. 256x469,256,1024x256")
     p.add_argument("--gemm", action="store_true",
                    help="measure GEMM peak (fp32, or bf16 with --precision bf16) instead")
     p.add_argument("--gemm-shapes", type=gemm_shape_list,
@@ -363,14 +477,20 @@ def parse_args(argv=None):
     for name in positive:
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
-    for name in ("warmup", "gemm_warmup"):
+    for name in ("warmup", "gemm_warmup", "breakdown_steps"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
     if a.threads is not None and a.threads <= 0:
         p.error(f"--threads must be positive, got {a.threads}")
     if not 0.0 <= a.dropout < 1.0:
         p.error(f"--dropout must be in [0, 1), got {a.dropout}")
-    if a.gemm:
+    if a.device != "cpu" and not a.device.startswith("cuda"):
+        p.error(f"--device must be cpu, cuda or cuda:N, got {a.device!r}")
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: this torch sees no CUDA device")
+    if a.optimizer is not None and not a.shapes:
+        p.error("--optimizer needs --shapes")
+    if a.gemm or a.optimizer is not None:
         return a
     if a.features is None:
         a.features = DEFAULT_FEATURES.get(a.model)
@@ -393,7 +513,12 @@ def main():
     a = parse_args()
     if a.threads is not None:
         torch.set_num_threads(a.threads)
-    result = gemm_bench(a) if a.gemm else train_bench(a)
+    if a.gemm:
+        result = gemm_bench(a)
+    elif a.optimizer is not None:
+        result = optimizer_bench(a)
+    else:
+        result = train_bench(a)
     print(json.dumps(result), flush=True)
 
 

@@ -15,8 +15,9 @@ pub const PLOT_WIDTH: u32 = 1200;
 /// Height of the written image, in pixels.
 pub const PLOT_HEIGHT: u32 = 500;
 
-/// The name the embedded font is registered under with plotters.
-const FONT: &str = "kiln-dejavu-sans";
+/// The name the embedded DejaVu Sans is registered under with plotters by [`register_fonts`];
+/// use it as the font family of every text style.
+pub const FONT: &str = "kiln-dejavu-sans";
 
 /// Values of larger magnitude are skipped like non-finite ones (plotters' tick search
 /// never ends on ranges whose width overflows).
@@ -74,7 +75,7 @@ pub enum PlotError {
 /// Non-finite points are skipped; empty series, single-point series and an entirely empty spec
 /// are drawn as far as they go (an empty spec still yields a valid PNG with the title).
 pub fn write_training_plot(path: &Path, spec: &PlotSpec<'_>) -> Result<(), PlotError> {
-    if !font_registered() {
+    if !register_fonts() {
         return Err(PlotError::Font {
             path: path.to_owned(),
         });
@@ -94,8 +95,9 @@ pub fn write_training_plot(path: &Path, spec: &PlotSpec<'_>) -> Result<(), PlotE
     })
 }
 
-/// Registers the embedded DejaVu Sans with plotters once per process; false if it failed.
-fn font_registered() -> bool {
+/// Registers the embedded DejaVu Sans (regular and bold) with plotters under [`FONT`], once per
+/// process; false if it failed. Call it before drawing any text with [`FONT`].
+pub fn register_fonts() -> bool {
     static REGISTERED: OnceLock<bool> = OnceLock::new();
     *REGISTERED.get_or_init(|| {
         register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok()

@@ -610,7 +610,7 @@ fn phase_timing_counts_every_phase_of_every_step_and_only_while_on() {
     let mut trainer = Trainer::new(&model, "mlp", &vs, s, Device::Cpu).unwrap();
     let x = Tensor::randn([8, 6], (Kind::Float, Device::Cpu));
     let y = Tensor::randint(3, [8], (Kind::Int64, Device::Cpu));
-    let step = |t: &mut Trainer, parts: &[(i64, i64)]| {
+    let step = |t: &mut Trainer<'_>, parts: &[(i64, i64)]| {
         let batches: Vec<DeviceBatch> = parts
             .iter()
             .map(|&(start, len)| batch(x.narrow(0, start, len), y.narrow(0, start, len)))

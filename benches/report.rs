@@ -1,0 +1,610 @@
+//! The benchmark report: each suite's comparisons (a kiln figure beside its baseline's, with
+//! the unit, which way is better, the ratio and the goal), how suites write them, and how
+//! `kiln-bench-report` merges them into `report.json`, checks its shape and renders Markdown.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The report format's name and version, in `report.json`'s `schema`.
+pub const SCHEMA: &str = "kiln-bench/1";
+
+/// The group of batch-size sweep rows (plotted as lines rather than bars).
+pub const SWEEP_GROUP: &str = "batch-size sweep";
+
+/// Which way a figure is better.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Better {
+    /// Times, latencies, memory.
+    Lower,
+    /// Throughputs.
+    Higher,
+}
+
+/// A goal on a comparison's ratio (kiln / baseline).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Goal {
+    /// `<=` or `>=`.
+    pub op: String,
+    pub value: f64,
+}
+
+impl Goal {
+    /// Whether `ratio` meets the goal (never for a non-finite ratio).
+    pub fn met_by(&self, ratio: f64) -> bool {
+        ratio.is_finite()
+            && match self.op.as_str() {
+                "<=" => ratio <= self.value,
+                ">=" => ratio >= self.value,
+                _ => false,
+            }
+    }
+}
+
+/// One kiln figure beside its baseline's, measured in the same run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Comparison {
+    pub suite: String,
+    pub name: String,
+    /// Rows of one table/plot (e.g. "step time", "batch-size sweep", "optimization").
+    pub group: String,
+    pub kiln: f64,
+    pub baseline: f64,
+    /// What the baseline is, e.g. "PyTorch eager fp32 (fused AdamW)".
+    pub baseline_name: String,
+    pub unit: String,
+    pub better: Better,
+    /// kiln / baseline.
+    pub ratio: f64,
+    pub goal: Option<Goal>,
+    pub meets_goal: Option<bool>,
+    /// Anything else worth keeping: MFU, the step breakdown, the batch size, the raw runs.
+    pub details: Value,
+}
+
+impl Comparison {
+    /// A comparison without a goal; the ratio is `kiln / baseline`.
+    pub fn new(
+        suite: &str,
+        group: &str,
+        name: impl Into<String>,
+        unit: &str,
+        better: Better,
+        (kiln, baseline): (f64, f64),
+        baseline_name: impl Into<String>,
+    ) -> Self {
+        Self {
+            suite: suite.to_owned(),
+            name: name.into(),
+            group: group.to_owned(),
+            kiln,
+            baseline,
+            baseline_name: baseline_name.into(),
+            unit: unit.to_owned(),
+            better,
+            ratio: kiln / baseline,
+            goal: None,
+            meets_goal: None,
+            details: json!({}),
+        }
+    }
+
+    /// Sets the goal `ratio <= value`.
+    pub fn at_most(self, value: f64) -> Self {
+        self.goal("<=", value)
+    }
+
+    /// Sets the goal `ratio >= value`.
+    pub fn at_least(self, value: f64) -> Self {
+        self.goal(">=", value)
+    }
+
+    fn goal(mut self, op: &str, value: f64) -> Self {
+        let goal = Goal {
+            op: op.to_owned(),
+            value,
+        };
+        self.meets_goal = Some(goal.met_by(self.ratio));
+        self.goal = Some(goal);
+        self
+    }
+
+    /// Adds (or replaces) one entry of `details`.
+    pub fn detail(mut self, key: &str, value: Value) -> Self {
+        if let Value::Object(map) = &mut self.details {
+            map.insert(key.to_owned(), value);
+        }
+        self
+    }
+
+    /// One human line: figures, ratio, goal.
+    pub fn line(&self) -> String {
+        format!(
+            "{:<44} kiln {:>10} vs {:>10} {:<10} ratio {:>6.2}×{}",
+            self.name,
+            figure(self.kiln),
+            figure(self.baseline),
+            self.unit,
+            self.ratio,
+            goal_text(self)
+        )
+    }
+}
+
+/// A row a suite could not measure here, and why (e.g. TF32 without a CUDA GPU).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Skipped {
+    pub name: String,
+    pub reason: String,
+}
+
+/// What one suite binary writes to its `--out` file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SuiteOutput {
+    pub suite: String,
+    /// One sentence: what was measured and against what.
+    pub what: String,
+    pub comparisons: Vec<Comparison>,
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+    /// Measured machine limits, e.g. `{"fp32_gemm_gflops": 95.1}`.
+    #[serde(default)]
+    pub peaks: Value,
+    /// The suite's own full results (per-run figures, settings).
+    #[serde(default)]
+    pub details: Value,
+}
+
+impl SuiteOutput {
+    pub fn new(suite: &str, what: &str) -> Self {
+        Self {
+            suite: suite.to_owned(),
+            what: what.to_owned(),
+            comparisons: vec![],
+            skipped: vec![],
+            peaks: json!({}),
+            details: json!({}),
+        }
+    }
+
+    /// Records a row that cannot be measured here.
+    pub fn skip(&mut self, name: &str, reason: &str) {
+        eprintln!("{:<44} skipped: {reason}", name);
+        self.skipped.push(Skipped {
+            name: name.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// Adds a comparison and prints its line.
+    pub fn push(&mut self, c: Comparison) {
+        eprintln!("{}", c.line());
+        self.comparisons.push(c);
+    }
+
+    /// Writes the suite's JSON to `path`, creating its directory.
+    pub fn write(&self, path: &Path) -> Result<(), String> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        }
+        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
+        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        eprintln!("{}: wrote {}", self.suite, path.display());
+        Ok(())
+    }
+
+    /// Reads a suite's JSON.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a suite report: {e}", path.display()))
+    }
+}
+
+/// The whole report: `meta` (created, quick, machine) and the suites' outputs merged, with all
+/// comparisons in one list and the machine limits in `peaks`.
+pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
+    let mut peaks = serde_json::Map::new();
+    for s in suites {
+        if let Value::Object(p) = &s.peaks {
+            peaks.extend(p.clone());
+        }
+    }
+    let mut report = json!({
+        "schema": SCHEMA,
+        "suites": suites.iter().map(|s| json!({
+            "suite": s.suite,
+            "what": s.what,
+            "skipped": s.skipped,
+            "details": s.details,
+        })).collect::<Vec<_>>(),
+        "peaks": peaks,
+        "comparisons": suites.iter().flat_map(|s| s.comparisons.iter()).collect::<Vec<_>>(),
+    });
+    if let (Value::Object(r), Value::Object(m)) = (&mut report, meta) {
+        r.extend(m);
+    }
+    report
+}
+
+/// Checks `report.json`'s shape (not its speed): every field a reader relies on is there and
+/// well-formed, every expected suite is present with at least one comparison. Lists every
+/// problem found.
+pub fn validate(report: &Value, expected_suites: &[&str]) -> Result<(), String> {
+    let mut problems = vec![];
+    if report["schema"] != SCHEMA {
+        problems.push(format!(
+            "`schema` is {}, expected \"{SCHEMA}\"",
+            report["schema"]
+        ));
+    }
+    for key in ["created", "machine", "peaks"] {
+        if report.get(key).is_none() {
+            problems.push(format!("`{key}` is missing"));
+        }
+    }
+    if !report["quick"].is_boolean() {
+        problems.push("`quick` is not a boolean".to_owned());
+    }
+    let comparisons = report["comparisons"].as_array();
+    if comparisons.is_none() {
+        problems.push("`comparisons` is not a list".to_owned());
+    }
+    let comparisons = comparisons.map_or(&[][..], Vec::as_slice);
+    for (i, c) in comparisons.iter().enumerate() {
+        let at = format!("comparisons[{i}] ({})", c["name"]);
+        for key in ["suite", "name", "group", "unit", "baseline_name"] {
+            if c[key].as_str().is_none_or(str::is_empty) {
+                problems.push(format!("{at}: `{key}` is not a non-empty string"));
+            }
+        }
+        let numbers: Vec<Option<f64>> = ["kiln", "baseline", "ratio"]
+            .iter()
+            .map(|k| c[*k].as_f64().filter(|v| v.is_finite()))
+            .collect();
+        for (key, n) in ["kiln", "baseline", "ratio"].iter().zip(&numbers) {
+            if n.is_none() {
+                problems.push(format!("{at}: `{key}` is not a finite number"));
+            }
+        }
+        if let [Some(k), Some(b), Some(r)] = numbers[..]
+            && b != 0.0
+            && (k / b - r).abs() > 1e-9 * r.abs().max(1.0)
+        {
+            problems.push(format!(
+                "{at}: `ratio` {r} is not kiln / baseline ({})",
+                k / b
+            ));
+        }
+        if !matches!(c["better"].as_str(), Some("lower" | "higher")) {
+            problems.push(format!("{at}: `better` is not \"lower\" or \"higher\""));
+        }
+        match (&c["goal"], &c["meets_goal"]) {
+            (Value::Null, Value::Null) => {}
+            (goal, Value::Bool(met)) => match serde_json::from_value::<Goal>(goal.clone()) {
+                Ok(g) if matches!(g.op.as_str(), "<=" | ">=") => {
+                    if let Some(r) = numbers[2]
+                        && g.met_by(r) != *met
+                    {
+                        problems.push(format!("{at}: `meets_goal` contradicts the ratio"));
+                    }
+                }
+                _ => problems.push(format!("{at}: `goal` is not {{op: <= or >=, value}}")),
+            },
+            _ => problems.push(format!(
+                "{at}: `goal` and `meets_goal` must both be null or both be set"
+            )),
+        }
+    }
+    let suites: Vec<&str> = report["suites"]
+        .as_array()
+        .map(|s| s.iter().filter_map(|s| s["suite"].as_str()).collect())
+        .unwrap_or_default();
+    for name in expected_suites {
+        if !suites.contains(name) {
+            problems.push(format!("suite `{name}` is missing"));
+        } else if !comparisons.iter().any(|c| c["suite"] == *name) {
+            problems.push(format!("suite `{name}` has no comparisons"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// A figure with about four significant digits.
+fn figure(v: f64) -> String {
+    if !v.is_finite() {
+        return format!("{v}");
+    }
+    let a = v.abs();
+    if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 0.1 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+fn goal_text(c: &Comparison) -> String {
+    match (&c.goal, c.meets_goal) {
+        (Some(g), Some(met)) => format!(
+            "  goal {} {}: {}",
+            g.op,
+            g.value,
+            if met { "met" } else { "MISSED" }
+        ),
+        _ => String::new(),
+    }
+}
+
+fn md_cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+/// The report as Markdown: the machine and peaks, then one table per suite (figures, ratio,
+/// goal), the step breakdowns of missed goals, and the rows that could not be measured.
+pub fn markdown(report: &Value) -> String {
+    let mut out = String::new();
+    let s = |v: &Value| v.as_str().unwrap_or("?").to_owned();
+    out.push_str(&format!(
+        "# kiln benchmark report\n\n{}{} · kiln {} · torch {}\n\n",
+        s(&report["created"]),
+        if report["quick"] == true {
+            " · **quick run (CI-sized; not for judging speed)**"
+        } else {
+            ""
+        },
+        s(&report["machine"]["kiln_version"]),
+        s(&report["machine"]["torch_version"]),
+    ));
+    out.push_str(&format!(
+        "Machine: {}\n\n",
+        md_cell(&s(&report["machine"]["description"]))
+    ));
+    if let Some(peaks) = report["peaks"].as_object().filter(|p| !p.is_empty()) {
+        out.push_str("Measured limits:");
+        for (k, v) in peaks {
+            out.push_str(&format!(
+                " {k} = {};",
+                figure(v.as_f64().unwrap_or(f64::NAN))
+            ));
+        }
+        out.push_str("\n\n");
+    }
+    out.push_str(
+        "Ratios are kiln / baseline; the unit's \"better\" says which way wins \
+         (for times below 1 is faster, for throughputs above 1 is faster).\n\n",
+    );
+    let empty = vec![];
+    let comparisons = report["comparisons"].as_array().unwrap_or(&empty);
+    for suite in report["suites"].as_array().unwrap_or(&empty) {
+        let name = s(&suite["suite"]);
+        out.push_str(&format!("## {name}\n\n{}\n\n", md_cell(&s(&suite["what"]))));
+        let rows: Vec<&Value> = comparisons.iter().filter(|c| c["suite"] == *name).collect();
+        if !rows.is_empty() {
+            out.push_str(
+                "| comparison | kiln | baseline | unit | better | ratio | goal |\n\
+                 | --- | ---: | ---: | --- | --- | ---: | --- |\n",
+            );
+            for c in &rows {
+                let goal = match (&c["goal"], &c["meets_goal"]) {
+                    (g, Value::Bool(met)) if g.is_object() => format!(
+                        "{} {} {}",
+                        s(&g["op"]),
+                        g["value"],
+                        if *met { "✅ met" } else { "❌ missed" }
+                    ),
+                    _ => "—".to_owned(),
+                };
+                out.push_str(&format!(
+                    "| {} | {} | {} ({}) | {} | {} | {:.2}× | {} |\n",
+                    md_cell(&s(&c["name"])),
+                    figure(c["kiln"].as_f64().unwrap_or(f64::NAN)),
+                    figure(c["baseline"].as_f64().unwrap_or(f64::NAN)),
+                    md_cell(&s(&c["baseline_name"])),
+                    md_cell(&s(&c["unit"])),
+                    s(&c["better"]),
+                    c["ratio"].as_f64().unwrap_or(f64::NAN),
+                    goal
+                ));
+            }
+            out.push('\n');
+        }
+        for c in rows.iter().filter(|c| c["details"]["mfu"].is_number()) {
+            out.push_str(&format!(
+                "- {}: model FLOP utilization {:.1}% of the measured {} peak\n",
+                md_cell(&s(&c["name"])),
+                100.0 * c["details"]["mfu"].as_f64().unwrap_or(f64::NAN),
+                s(&c["details"]["peak"]),
+            ));
+        }
+        for c in rows
+            .iter()
+            .filter(|c| c["meets_goal"] == false && c["details"]["breakdown"].is_object())
+        {
+            out.push_str(&format!(
+                "- where the time goes in **{}** (missed): {}\n",
+                md_cell(&s(&c["name"])),
+                breakdown_text(&c["details"]["breakdown"])
+            ));
+        }
+        for skipped in suite["skipped"].as_array().unwrap_or(&empty) {
+            out.push_str(&format!(
+                "- not measured here: {} ({})\n",
+                md_cell(&s(&skipped["name"])),
+                md_cell(&s(&skipped["reason"]))
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A train step's phases, in the order they happen (the keys of a step breakdown).
+pub const PHASES: [&str; 4] = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms"];
+
+/// "kiln: forward 3.1 ms (40%), …; PyTorch: …" from a breakdown object
+/// `{"kiln": {"data_wait_ms": …, "forward_ms": …}, "baseline": {…}}`.
+pub fn breakdown_text(b: &Value) -> String {
+    let side = |v: &Value| {
+        let Some(map) = v.as_object() else {
+            return "not measured".to_owned();
+        };
+        let total: f64 = map.values().filter_map(Value::as_f64).sum();
+        let mut keys: Vec<&String> = map.keys().collect();
+        keys.sort_by_key(|k| PHASES.iter().position(|p| p == k).unwrap_or(PHASES.len()));
+        keys.into_iter()
+            .filter_map(|k| map[k].as_f64().map(|v| (k, v)))
+            .map(|(k, v)| {
+                format!(
+                    "{} {v:.2} ms ({:.0}%)",
+                    k.trim_end_matches("_ms").replace('_', " "),
+                    100.0 * v / total
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "kiln: {}; baseline: {}",
+        side(&b["kiln"]),
+        side(&b["baseline"])
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suite() -> SuiteOutput {
+        let mut s = SuiteOutput::new("train", "train step against PyTorch");
+        s.push(
+            Comparison::new(
+                "train",
+                "step time",
+                "mlp fp32 step",
+                "ms/step",
+                Better::Lower,
+                (2.0, 4.0),
+                "PyTorch eager fp32",
+            )
+            .at_most(0.7),
+        );
+        s.push(
+            Comparison::new(
+                "train",
+                "step time",
+                "transformer fp32 step",
+                "ms/step",
+                Better::Lower,
+                (12.0, 10.0),
+                "PyTorch eager fp32",
+            )
+            .at_most(1.0)
+            .detail("mfu", json!(0.5))
+            .detail("peak", json!("fp32 GEMM"))
+            .detail(
+                "breakdown",
+                json!({"kiln": {"forward_ms": 4.0, "backward_ms": 6.0}, "baseline": null}),
+            ),
+        );
+        s.skip("tf32", "needs a CUDA GPU");
+        s.peaks = json!({"fp32_gemm_gflops": 100.0});
+        s
+    }
+
+    fn report() -> Value {
+        assemble(
+            json!({"created": "2026-11-21T00:00:00Z", "quick": true,
+                   "machine": {"description": "2 CPUs", "kiln_version": "0.1.0",
+                               "torch_version": "2.11.0"}}),
+            &[suite()],
+        )
+    }
+
+    #[test]
+    fn goals_follow_the_ratio_and_its_direction() {
+        let c = suite().comparisons;
+        assert_eq!(c[0].ratio, 0.5);
+        assert_eq!(c[0].meets_goal, Some(true));
+        assert_eq!(c[1].meets_goal, Some(false));
+        let faster = Comparison::new("d", "g", "n", "samples/s", Better::Higher, (3.0, 1.0), "b")
+            .at_least(2.0);
+        assert_eq!(faster.meets_goal, Some(true));
+        let nan =
+            Comparison::new("d", "g", "n", "x", Better::Lower, (f64::NAN, 1.0), "b").at_most(1.0);
+        assert_eq!(nan.meets_goal, Some(false));
+    }
+
+    #[test]
+    fn an_assembled_report_passes_its_own_check() {
+        let r = report();
+        validate(&r, &["train"]).unwrap();
+        assert_eq!(r["peaks"]["fp32_gemm_gflops"], 100.0);
+        assert_eq!(r["comparisons"].as_array().unwrap().len(), 2);
+        assert_eq!(r["suites"][0]["skipped"][0]["name"], "tf32");
+    }
+
+    #[test]
+    fn the_check_names_every_problem() {
+        let mut r = report();
+        r["comparisons"][0]["ratio"] = json!(0.9);
+        r["comparisons"][1]["unit"] = json!("");
+        r["comparisons"][1]["meets_goal"] = json!(true);
+        r["quick"] = json!("yes");
+        let err = validate(&r, &["train", "serve"]).unwrap_err();
+        for needle in [
+            "comparisons[0] (\"mlp fp32 step\"): `ratio` 0.9 is not kiln / baseline",
+            "comparisons[1] (\"transformer fp32 step\"): `unit`",
+            "`meets_goal` contradicts the ratio",
+            "`quick` is not a boolean",
+            "suite `serve` is missing",
+        ] {
+            assert!(err.contains(needle), "{needle} not in:\n{err}");
+        }
+        let mut r = report();
+        r["comparisons"][0]["kiln"] = json!(null);
+        assert!(
+            validate(&r, &[])
+                .unwrap_err()
+                .contains("`kiln` is not a finite number")
+        );
+    }
+
+    #[test]
+    fn markdown_has_a_row_per_comparison_and_explains_misses() {
+        let md = markdown(&report());
+        assert!(md.contains("| mlp fp32 step | 2.000 | 4.000 (PyTorch eager fp32) | ms/step"));
+        assert!(md.contains("0.50× | <= 0.7 ✅ met"));
+        assert!(md.contains("1.20× | <= 1.0 ❌ missed"));
+        assert!(md.contains("model FLOP utilization 50.0% of the measured fp32 GEMM peak"));
+        assert!(md.contains(
+            "where the time goes in **transformer fp32 step** (missed): kiln: forward 4.00 ms \
+             (40%), backward 6.00 ms (60%); baseline: not measured"
+        ));
+        assert!(md.contains("not measured here: tf32 (needs a CUDA GPU)"));
+        assert!(md.contains("quick run"));
+    }
+
+    #[test]
+    fn suite_outputs_round_trip_through_files() {
+        let dir = std::env::temp_dir().join(format!("kiln-report-{}", std::process::id()));
+        let path = dir.join("suites/train.json");
+        suite().write(&path).unwrap();
+        let back = SuiteOutput::read(&path).unwrap();
+        assert_eq!(back.comparisons, suite().comparisons);
+        assert_eq!(back.skipped, suite().skipped);
+        std::fs::write(dir.join("bad.json"), "{}").unwrap();
+        let err = SuiteOutput::read(&dir.join("bad.json")).unwrap_err();
+        assert!(err.contains("bad.json is not a suite report"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,180 @@
+//! `kiln-bench-report`: merges the suites' outputs of one `cargo xtask bench` run into
+//! `report.json`, `report.md` and plots, and checks the report's shape (never its speed).
+//!
+//! ```text
+//! kiln-bench-report DIR --suites train,serve [--quick] [--created TIME]   assemble
+//! kiln-bench-report --check DIR --suites train,serve                      check only
+//! ```
+//! The suites' outputs are read from `DIR/suites/<suite>.json`.
+
+use std::path::{Path, PathBuf};
+
+use kiln_benches::flag;
+use kiln_benches::report::{SuiteOutput, assemble, markdown, validate};
+use serde_json::{Value, json};
+
+type Result<T> = std::result::Result<T, String>;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: kiln-bench-report DIR --suites S1,S2… [--quick] [--created TIME]\n\
+         \x20      kiln-bench-report --check DIR --suites S1,S2…"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
+        usage();
+    }
+    let suites: Vec<String> = flag(&args, "--suites")
+        .unwrap_or_else(|| usage())
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let result = match flag(&args, "--check") {
+        Some(dir) => check(Path::new(dir), &suites),
+        None => {
+            let dir = args.first().filter(|a| !a.starts_with('-'));
+            let dir = dir.unwrap_or_else(|| usage());
+            build(Path::new(dir), &suites, &args)
+        }
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// What this machine is, for the report's `machine`.
+fn machine() -> Value {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let facts = kiln_device::probe::probe().ok();
+    let gpus: Vec<Value> = facts
+        .iter()
+        .flat_map(|f| f.cuda_gpus())
+        .map(|(i, g)| json!({"index": i, "name": g.name, "memory_gib": g.memory_gib()}))
+        .collect();
+    let cpu_model = facts
+        .as_ref()
+        .map_or_else(String::new, |f| f.cpu.model.clone());
+    let description = match gpus.first() {
+        Some(g) => format!(
+            "{} ({} GiB) · CPU {cpu_model}, {cpus} logical cores",
+            g["name"].as_str().unwrap_or("CUDA GPU"),
+            g["memory_gib"].as_f64().map_or(0.0, f64::round)
+        ),
+        None => format!("CPU only: {cpu_model}, {cpus} logical cores"),
+    };
+    json!({
+        "description": description,
+        "cpus": cpus,
+        "cpu_model": cpu_model,
+        "gpus": gpus,
+        "device": if gpus.is_empty() { "cpu" } else { "cuda" },
+        "kiln_version": env!("CARGO_PKG_VERSION"),
+        "torch_version": kiln_torch_ext::runtime::torch_version(),
+    })
+}
+
+fn build(dir: &Path, suites: &[String], args: &[String]) -> Result<()> {
+    let mut outputs = vec![];
+    for suite in suites {
+        let path = dir.join("suites").join(format!("{suite}.json"));
+        let out = SuiteOutput::read(&path)?;
+        if out.suite != *suite {
+            return Err(format!(
+                "{} holds suite `{}`, expected `{suite}`",
+                path.display(),
+                out.suite
+            ));
+        }
+        outputs.push(out);
+    }
+    let created = flag(args, "--created").unwrap_or("unknown");
+    let meta = json!({
+        "created": created,
+        "quick": args.iter().any(|a| a == "--quick"),
+        "machine": machine(),
+    });
+    let report = assemble(meta, &outputs);
+    let names: Vec<&str> = suites.iter().map(String::as_str).collect();
+    validate(&report, &names).map_err(|e| format!("the assembled report is malformed:\n{e}"))?;
+    let json_path = dir.join("report.json");
+    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    std::fs::write(&json_path, text).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let md = markdown(&report);
+    let md_path = dir.join("report.md");
+    std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
+    let plots = kiln_benches::plot::write_plots(&report, &dir.join("plots"))?;
+    println!("{md}");
+    eprintln!(
+        "report: {} and {}, {} plot file(s) under {}",
+        json_path.display(),
+        md_path.display(),
+        plots.len(),
+        dir.join("plots").display()
+    );
+    check(dir, suites)
+}
+
+/// Checks DIR's report.json (shape, expected suites), report.md (a row per comparison) and the
+/// plots (one PNG and one SVG per suite with comparisons).
+fn check(dir: &Path, suites: &[String]) -> Result<()> {
+    let json_path = dir.join("report.json");
+    let text =
+        std::fs::read_to_string(&json_path).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let report: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is not JSON: {e}", json_path.display()))?;
+    let names: Vec<&str> = suites.iter().map(String::as_str).collect();
+    let mut problems: Vec<String> = validate(&report, &names)
+        .err()
+        .into_iter()
+        .flat_map(|e| e.lines().map(str::to_owned).collect::<Vec<_>>())
+        .collect();
+    let md_path = dir.join("report.md");
+    match std::fs::read_to_string(&md_path) {
+        Ok(md) => {
+            for c in report["comparisons"].as_array().into_iter().flatten() {
+                let name = c["name"].as_str().unwrap_or_default().replace('|', "\\|");
+                if !md.contains(&format!("| {name} |")) {
+                    problems.push(format!("report.md has no row for `{name}`"));
+                }
+            }
+        }
+        Err(e) => problems.push(format!("{}: {e}", md_path.display())),
+    }
+    for suite in suites {
+        let has_bars = report["comparisons"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["suite"] == **suite && c["group"] != kiln_benches::report::SWEEP_GROUP);
+        if !has_bars {
+            continue;
+        }
+        for ext in ["png", "svg"] {
+            let plot: PathBuf = dir.join("plots").join(format!("{suite}.{ext}"));
+            if std::fs::metadata(&plot).map_or(0, |m| m.len()) == 0 {
+                problems.push(format!("plot {} is missing or empty", plot.display()));
+            }
+        }
+    }
+    if problems.is_empty() {
+        eprintln!(
+            "report check: {} is well-formed ({} comparisons over {} suite(s))",
+            json_path.display(),
+            report["comparisons"].as_array().map_or(0, Vec::len),
+            suites.len()
+        );
+        Ok(())
+    } else {
+        Err(format!(
+            "the report under {} is malformed:\n  {}",
+            dir.display(),
+            problems.join("\n  ")
+        ))
+    }
+}

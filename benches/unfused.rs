@@ -1,0 +1,122 @@
+//! AdamW written as separate tensor ops per parameter, the way `torch.optim.AdamW(foreach=False,
+//! fused=False)` runs it: the reference the fused kernel is measured against.
+
+use tch::{TchError, Tensor};
+
+/// AdamW's state for the per-tensor update.
+#[derive(Debug)]
+pub struct UnfusedAdamW {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// Per parameter: its weight decay.
+    weight_decay: Vec<f64>,
+    exp_avg: Vec<Tensor>,
+    exp_avg_sq: Vec<Tensor>,
+    step: i32,
+}
+
+impl UnfusedAdamW {
+    /// State for `params` (zeros like each), each with its own weight decay.
+    pub fn new(params: &[Tensor], weight_decay: Vec<f64>, lr: f64) -> Result<Self, TchError> {
+        let zeros = || {
+            params
+                .iter()
+                .map(Tensor::f_zeros_like)
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok(Self {
+            lr,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+            exp_avg: zeros()?,
+            exp_avg_sq: zeros()?,
+            step: 0,
+        })
+    }
+
+    /// One update of every parameter from its gradient, in place, without autograd.
+    pub fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<(), TchError> {
+        let _guard = tch::no_grad_guard();
+        self.step += 1;
+        let bc1 = 1.0 - self.beta1.powi(self.step);
+        let bc2_sqrt = (1.0 - self.beta2.powi(self.step)).sqrt();
+        for i in 0..params.len() {
+            let (p, g) = (&params[i], &grads[i]);
+            let (m, v) = (&self.exp_avg[i], &self.exp_avg_sq[i]);
+            let _ = p
+                .shallow_clone()
+                .f_mul_scalar_(1.0 - self.lr * self.weight_decay[i])?;
+            let _ = m
+                .shallow_clone()
+                .f_lerp_(g, tch::Scalar::float(1.0 - self.beta1))?;
+            let _ = v.shallow_clone().f_mul_scalar_(self.beta2)?;
+            let _ = v
+                .shallow_clone()
+                .f_add_(&g.f_mul(g)?.f_mul_scalar(1.0 - self.beta2)?)?;
+            let denom = v.f_sqrt()?.f_div_scalar(bc2_sqrt)?.f_add_scalar(self.eps)?;
+            let _ = p
+                .shallow_clone()
+                .f_sub_(&m.f_div(&denom)?.f_mul_scalar(self.lr / bc1)?)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_torch_ext::optim::{AdamWConfig, AdamWTensors, fused_adamw_step};
+    use tch::{Device, Kind};
+
+    /// The reference and the fused kernel compute the same update (so timing one against the
+    /// other compares like with like).
+    #[test]
+    fn matches_the_fused_kernel() {
+        let opts = (Kind::Float, Device::Cpu);
+        let shapes: [&[i64]; 3] = [&[8, 5], &[8], &[3, 8]];
+        let a: Vec<Tensor> = shapes.iter().map(|s| Tensor::randn(*s, opts)).collect();
+        let b: Vec<Tensor> = a.iter().map(Tensor::copy).collect();
+        let initial: Vec<Tensor> = a.iter().map(Tensor::copy).collect();
+        let grads: Vec<Tensor> = shapes.iter().map(|s| Tensor::randn(*s, opts)).collect();
+        let decay = vec![0.01, 0.0, 0.01];
+        let mut unfused = UnfusedAdamW::new(&a, decay.clone(), 1e-2).unwrap();
+        let zeros = || b.iter().map(Tensor::zeros_like).collect::<Vec<_>>();
+        let (m, v) = (zeros(), zeros());
+        let steps: Vec<Tensor> = b.iter().map(|_| Tensor::zeros([], opts)).collect();
+        for _ in 0..3 {
+            unfused.step(&a, &grads).unwrap();
+            for s in &steps {
+                let _ = s.shallow_clone().f_add_scalar_(1.0).unwrap();
+            }
+            for (i, wd) in decay.iter().enumerate() {
+                let config = AdamWConfig {
+                    lr: 1e-2,
+                    weight_decay: *wd,
+                    ..AdamWConfig::default()
+                };
+                let one = |t: &Tensor| vec![t.shallow_clone()];
+                let t = AdamWTensors {
+                    params: &one(&b[i]),
+                    grads: &one(&grads[i]),
+                    exp_avgs: &one(&m[i]),
+                    exp_avg_sqs: &one(&v[i]),
+                    max_exp_avg_sqs: &[],
+                    state_steps: &one(&steps[i]),
+                };
+                fused_adamw_step(t, &config, None, None).unwrap();
+            }
+        }
+        for (x, y) in a.iter().zip(&b) {
+            let diff = (x - y).abs().max().double_value(&[]);
+            assert!(diff < 1e-6, "max difference {diff}");
+        }
+        for (x, x0) in a.iter().zip(&initial) {
+            let moved = (x - x0).abs().max().double_value(&[]);
+            assert!(moved > 1e-3, "the update moved the parameters ({moved})");
+        }
+    }
+}
