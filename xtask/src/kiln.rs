@@ -15,7 +15,7 @@ pub fn apply_env(cmd: &mut Command, settings: &Settings) {
     };
 }
 
-fn target_dir(root: &Path) -> PathBuf {
+pub fn target_dir(root: &Path) -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -55,15 +55,6 @@ pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Resul
     })
 }
 
-/// The benchmark suites `cargo xtask bench` knows, each a binary of `kiln-benches`.
-const SUITES: [(&str, &str); 3] = [
-    ("data", "kiln-bench-data"),
-    ("train", "kiln-bench-train"),
-    ("serve", "kiln-bench-serve"),
-];
-
-/// `cargo xtask bench [SUITE…] [options]`: builds the suites' binaries in release mode and runs
-/// them with the Python whose torch is the provisioned libtorch (the side-by-side baseline).
 /// The Python whose torch kiln uses (the cache's venv, or the one that provided libtorch),
 /// for baselines and for tests that export models from PyTorch.
 pub fn python_of(libtorch: &Libtorch, settings: &Settings) -> PathBuf {
@@ -72,77 +63,4 @@ pub fn python_of(libtorch: &Libtorch, settings: &Settings) -> PathBuf {
         Source::Python(python) => python.clone(),
         Source::EnvVar => PathBuf::from(&settings.python),
     }
-}
-
-pub fn bench(
-    root: &Path,
-    settings: &Settings,
-    libtorch: &Libtorch,
-    args: &[String],
-) -> Result<ExitCode> {
-    let (mut suites, mut options) = (Vec::new(), Vec::new());
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        if arg.starts_with('-') {
-            options.push(arg.clone());
-            if matches!(
-                arg.as_str(),
-                "--repeats"
-                    | "--out"
-                    | "--work-dir"
-                    | "--python"
-                    | "--threads"
-                    | "--clients"
-                    | "--requests"
-                    | "--max-batch"
-                    | "--max-wait-ms"
-            ) && let Some(value) = rest.next()
-            {
-                options.push(value.clone());
-            }
-        } else if let Some(suite) = SUITES.iter().find(|(name, _)| name == arg) {
-            suites.push(*suite);
-        } else {
-            let names: Vec<&str> = SUITES.iter().map(|(n, _)| *n).collect();
-            bail!(
-                "`{arg}` is not a benchmark suite; the suites are: {}",
-                names.join(", ")
-            );
-        }
-    }
-    if suites.is_empty() {
-        suites = SUITES.to_vec();
-    }
-    let python = python_of(libtorch, settings);
-    for (name, bin) in suites {
-        util::step(&format!("benchmark suite `{name}`"));
-        let mut build = Command::new(util::cargo());
-        build.current_dir(root).args([
-            "build",
-            "--release",
-            "--package",
-            "kiln-benches",
-            "--bin",
-            bin,
-        ]);
-        apply_env(&mut build, settings);
-        let status = util::status_of(&mut build)?;
-        if !status.success() {
-            bail!(
-                "building the `{name}` benchmark failed ({})",
-                util::describe_status(status)
-            );
-        }
-        let mut run = Command::new(target_dir(root).join("release").join(bin));
-        run.arg("--python").arg(&python).args(&options);
-        apply_env(&mut run, settings);
-        let status = util::status_of(&mut run)?;
-        if !status.success() {
-            bail!(
-                "the `{name}` benchmark failed ({})",
-                util::describe_status(status)
-            );
-        }
-    }
-    Ok(ExitCode::SUCCESS)
 }

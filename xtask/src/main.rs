@@ -4,6 +4,7 @@
 //! It has no dependencies and never links tch, so it builds on a machine without libtorch;
 //! that is what lets it install libtorch in the first place.
 
+mod bench;
 mod checks;
 mod kiln;
 mod libtorch;
@@ -20,12 +21,7 @@ xtask commands:
   setup             find or install libtorch 2.11 and link it at .kiln/libtorch (idempotent)
   test [args…]      setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
                     (extra args go to cargo test)
-  bench [SUITE…] [--quick] [--repeats N] [--out FILE]
-                    side-by-side benchmarks, writing JSON reports under target/kiln-bench/
-                    (suites: data and train against PyTorch, serve: dynamic batching against
-                    batch-size-1 serving; default: all). Criterion benches of the hot pieces
-                    alone: cargo bench -p kiln-benches
-  help              this text
+{bench}  help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
 provisioned libtorch, for example:
@@ -44,6 +40,11 @@ Environment:
   KILN_CACHE_DIR  where the torch venv lives (default $XDG_CACHE_HOME/kiln or ~/.cache/kiln)
 ";
 
+/// The usage text, with the benchmark suites listed by `bench`.
+fn usage() -> String {
+    USAGE.replace("{bench}", &bench::usage_text())
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match run(&args) {
@@ -58,12 +59,12 @@ fn main() -> ExitCode {
 fn run(args: &[String]) -> Result<ExitCode> {
     let root = util::repo_root();
     let Some((command, rest)) = args.split_first() else {
-        eprint!("{USAGE}");
+        eprint!("{}", usage());
         return Err(Error("no command given".to_owned()));
     };
     match command.as_str() {
         "help" | "-h" | "--help" => {
-            print!("{USAGE}");
+            print!("{}", usage());
             Ok(ExitCode::SUCCESS)
         }
         "setup" => {
@@ -89,7 +90,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "bench" => {
             let settings = libtorch::Settings::from_env(&root)?;
             let found = libtorch::setup(&settings)?;
-            kiln::bench(&root, &settings, &found, rest)
+            bench::run(&root, &settings, &found, rest)
         }
         _ => {
             let settings = libtorch::Settings::from_env(&root)?;

@@ -1,0 +1,392 @@
+//! `cargo xtask bench`: builds the benchmark suites (binaries of `kiln-benches`) in release
+//! mode, runs each against its baseline with the provisioned torch's Python, and has
+//! `kiln-bench-report` merge their outputs into `report.json`, `report.md` and plots under
+//! `runs/bench-<timestamp>/` (or `--out DIR`), checking the report's shape.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::kiln::{apply_env, python_of, target_dir};
+use crate::libtorch::{Libtorch, Settings};
+use crate::util::{self, Error, Result, bail};
+
+/// A suite: its name, the binary that runs it, and that binary's subcommand.
+struct Suite {
+    name: &'static str,
+    bin: &'static str,
+    sub: &'static str,
+    what: &'static str,
+}
+
+const SUITES: [Suite; 6] = [
+    Suite {
+        name: "train",
+        bin: "kiln-bench-train",
+        sub: "train",
+        what: "train step vs PyTorch eager (MFU, step breakdown; --batch-sizes sweep)",
+    },
+    Suite {
+        name: "optimizer",
+        bin: "kiln-bench-train",
+        sub: "optimizer",
+        what: "fused AdamW vs per-tensor ops and torch.optim.AdamW",
+    },
+    Suite {
+        name: "data",
+        bin: "kiln-bench-data",
+        sub: "",
+        what: "loader vs torch.utils.data.DataLoader",
+    },
+    Suite {
+        name: "infer",
+        bin: "kiln-bench-serve",
+        sub: "infer",
+        what: "offline inference vs PyTorch inference_mode (--batch-sizes sweep)",
+    },
+    Suite {
+        name: "serve",
+        bin: "kiln-bench-serve",
+        sub: "serve",
+        what: "dynamic batching vs batch-size-1 serving",
+    },
+    Suite {
+        name: "opts",
+        bin: "kiln-bench-train",
+        sub: "opts",
+        what: "one optimization at a time (also: --compare-opts)",
+    },
+];
+
+/// The suites a plain `cargo xtask bench` runs (`opts` joins with `--compare-opts`).
+const DEFAULT: [&str; 5] = ["train", "optimizer", "data", "infer", "serve"];
+
+/// Options passed through to the suites, with whether they take a value.
+const PASSED: [(&str, bool); 11] = [
+    ("--quick", false),
+    ("--repeats", true),
+    ("--threads", true),
+    ("--device", true),
+    ("--python", true),
+    ("--work-dir", true),
+    ("--clients", true),
+    ("--requests", true),
+    ("--max-batch", true),
+    ("--max-wait-ms", true),
+    ("--batch-sizes", true),
+];
+
+pub fn usage_text() -> String {
+    let mut text = String::from(
+        "  bench [--suite NAME]… [--quick] [--out DIR] [--batch-sizes N N …] [--compare-opts]\n\
+         \x20       [--repeats N] [--threads N] [--device cpu|cuda]\n\
+         \x20                   side-by-side benchmarks; writes runs/bench-<time>/report.json,\n\
+         \x20                   report.md and plots/ (--out DIR instead). Suites:\n",
+    );
+    for s in &SUITES {
+        text.push_str(&format!(
+            "                      {:<10} {}\n",
+            s.name, s.what
+        ));
+    }
+    text.push_str(
+        "                    default: all but opts. Criterion benches of the hot pieces:\n\
+         \x20                   cargo bench -p kiln-benches\n",
+    );
+    text
+}
+
+/// What the command line asked for.
+#[derive(Debug, PartialEq)]
+struct Request {
+    suites: Vec<&'static str>,
+    out: Option<PathBuf>,
+    quick: bool,
+    /// Options for the suites' binaries, `--batch-sizes` joined with commas.
+    passed: Vec<String>,
+}
+
+fn suite_named(name: &str) -> Result<&'static Suite> {
+    SUITES.iter().find(|s| s.name == name).ok_or_else(|| {
+        let names: Vec<&str> = SUITES.iter().map(|s| s.name).collect();
+        Error(format!(
+            "`{name}` is not a benchmark suite; the suites are: {}",
+            names.join(", ")
+        ))
+    })
+}
+
+fn parse(args: &[String]) -> Result<Request> {
+    let mut req = Request {
+        suites: vec![],
+        out: None,
+        quick: false,
+        passed: vec![],
+    };
+    let mut compare_opts = false;
+    let mut i = 0;
+    while i < args.len() {
+        let arg = args[i].as_str();
+        let value = |what: &str| {
+            args.get(i + 1)
+                .filter(|v| !v.starts_with("--"))
+                .cloned()
+                .ok_or_else(|| Error(format!("{arg} needs {what}")))
+        };
+        match arg {
+            "--suite" => {
+                let name = value("a suite name")?;
+                req.suites.push(suite_named(&name)?.name);
+                i += 2;
+            }
+            "--out" => {
+                req.out = Some(PathBuf::from(value("a directory")?));
+                i += 2;
+            }
+            "--compare-opts" => {
+                compare_opts = true;
+                i += 1;
+            }
+            "--batch-sizes" => {
+                let mut sizes = vec![];
+                i += 1;
+                while let Some(v) = args.get(i).filter(|v| !v.starts_with("--")) {
+                    for part in v.split(',').filter(|p| !p.is_empty()) {
+                        match part.parse::<u64>() {
+                            Ok(n) if n > 0 => sizes.push(n.to_string()),
+                            _ => bail!(
+                                "--batch-sizes: `{part}` is not a positive integer \
+                                 (expected e.g. --batch-sizes 1 2 4 8)"
+                            ),
+                        }
+                    }
+                    i += 1;
+                }
+                if sizes.is_empty() {
+                    bail!(
+                        "--batch-sizes needs at least one batch size, e.g. --batch-sizes 1 2 4 8"
+                    );
+                }
+                req.passed.push("--batch-sizes".to_owned());
+                req.passed.push(sizes.join(","));
+            }
+            _ if arg.starts_with("--") => {
+                let Some((_, takes_value)) = PASSED.iter().find(|(name, _)| *name == arg) else {
+                    let known: Vec<&str> = PASSED.iter().map(|(n, _)| *n).collect();
+                    bail!(
+                        "`{arg}` is not an option of `cargo xtask bench`; the options are \
+                         --suite, --out, --batch-sizes, --compare-opts, {}",
+                        known.join(", ")
+                    );
+                };
+                req.passed.push(arg.to_owned());
+                if *takes_value {
+                    req.passed.push(value("a value")?);
+                    i += 2;
+                } else {
+                    req.quick |= arg == "--quick";
+                    i += 1;
+                }
+            }
+            name => {
+                req.suites.push(suite_named(name)?.name);
+                i += 1;
+            }
+        }
+    }
+    if req.suites.is_empty() {
+        req.suites = DEFAULT.to_vec();
+    }
+    if compare_opts && !req.suites.contains(&"opts") {
+        req.suites.push("opts");
+    }
+    req.suites.dedup();
+    Ok(req)
+}
+
+/// `YYYYMMDD-HHMMSS` and RFC 3339 for a time in seconds since the epoch (UTC).
+fn timestamps(secs: u64) -> (String, String) {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let (h, m, s) = (rem / 3600, rem % 3600 / 60, rem % 60);
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    (
+        format!("{y:04}{mo:02}{d:02}-{h:02}{m:02}{s:02}"),
+        format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}Z"),
+    )
+}
+
+fn build(root: &Path, settings: &Settings, bins: &[&str]) -> Result<()> {
+    let mut build = Command::new(util::cargo());
+    build
+        .current_dir(root)
+        .args(["build", "--release", "--package", "kiln-benches"]);
+    for bin in bins {
+        build.args(["--bin", bin]);
+    }
+    apply_env(&mut build, settings);
+    let status = util::status_of(&mut build)?;
+    if !status.success() {
+        bail!(
+            "building the benchmarks failed ({})",
+            util::describe_status(status)
+        );
+    }
+    Ok(())
+}
+
+pub fn run(
+    root: &Path,
+    settings: &Settings,
+    libtorch: &Libtorch,
+    args: &[String],
+) -> Result<ExitCode> {
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        print!("usage: cargo xtask\n{}", usage_text());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let req = parse(args)?;
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (stamp, created) = timestamps(secs);
+    let dir = req
+        .out
+        .clone()
+        .unwrap_or_else(|| root.join("runs").join(format!("bench-{stamp}")));
+    if dir.join("report.json").exists() {
+        bail!(
+            "{} already holds a benchmark report; it is left as it is. Choose another --out \
+             directory (or leave --out out for runs/bench-<time>/)",
+            dir.display()
+        );
+    }
+    let suites_dir = dir.join("suites");
+    std::fs::create_dir_all(&suites_dir)
+        .map_err(|e| Error(format!("cannot create {}: {e}", suites_dir.display())))?;
+
+    let chosen: Vec<&Suite> = req
+        .suites
+        .iter()
+        .map(|n| suite_named(n))
+        .collect::<Result<_>>()?;
+    let mut bins: Vec<&str> = chosen.iter().map(|s| s.bin).collect();
+    bins.push("kiln-bench-report");
+    bins.sort_unstable();
+    bins.dedup();
+    util::step(&format!("building the benchmarks ({})", bins.join(", ")));
+    build(root, settings, &bins)?;
+
+    let release = target_dir(root).join("release");
+    let python = python_of(libtorch, settings);
+    for suite in &chosen {
+        util::step(&format!("benchmark suite `{}`", suite.name));
+        let mut run = Command::new(release.join(suite.bin));
+        if !suite.sub.is_empty() {
+            run.arg(suite.sub);
+        }
+        run.arg("--python")
+            .arg(&python)
+            .args(&req.passed)
+            .arg("--out")
+            .arg(suites_dir.join(format!("{}.json", suite.name)));
+        apply_env(&mut run, settings);
+        let status = util::status_of(&mut run)?;
+        if !status.success() {
+            bail!(
+                "the `{}` benchmark failed ({})",
+                suite.name,
+                util::describe_status(status)
+            );
+        }
+    }
+    util::step("report");
+    let mut report = Command::new(release.join("kiln-bench-report"));
+    report
+        .arg(&dir)
+        .args(["--suites", &req.suites.join(","), "--created", &created]);
+    if req.quick {
+        report.arg("--quick");
+    }
+    apply_env(&mut report, settings);
+    let status = util::status_of(&mut report)?;
+    if !status.success() {
+        bail!(
+            "assembling the report under {} failed ({})",
+            dir.display(),
+            util::describe_status(status)
+        );
+    }
+    util::info(&format!(
+        "benchmark report: {}/report.json, report.md and plots/",
+        dir.display()
+    ));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn defaults_to_every_suite_but_opts() {
+        let r = parse(&[]).unwrap();
+        assert_eq!(r.suites, DEFAULT.to_vec());
+        assert!(!r.quick);
+        let r = parse(&args("--compare-opts --quick")).unwrap();
+        assert_eq!(r.suites.last(), Some(&"opts"));
+        assert!(r.quick);
+        assert_eq!(r.passed, args("--quick"));
+    }
+
+    #[test]
+    fn suites_options_and_batch_sizes() {
+        let r = parse(&args(
+            "--suite train serve --out /tmp/x --batch-sizes 1 2 4,8 --repeats 5",
+        ))
+        .unwrap();
+        assert_eq!(r.suites, vec!["train", "serve"]);
+        assert_eq!(r.out, Some(PathBuf::from("/tmp/x")));
+        assert_eq!(r.passed, args("--batch-sizes 1,2,4,8 --repeats 5"));
+    }
+
+    #[test]
+    fn bad_input_names_what_is_wrong() {
+        let err = |a: &str| parse(&args(a)).unwrap_err().0;
+        assert!(
+            err("--suite nope")
+                .contains("`nope` is not a benchmark suite; the suites are: train, optimizer")
+        );
+        assert!(err("--batch-sizes 1 x").contains("--batch-sizes: `x` is not a positive integer"));
+        assert!(err("--batch-sizes --quick").contains("needs at least one batch size"));
+        assert!(err("--out").contains("--out needs a directory"));
+        assert!(err("--fast").contains("`--fast` is not an option of `cargo xtask bench`"));
+    }
+
+    #[test]
+    fn timestamps_are_utc_calendar_times() {
+        assert_eq!(timestamps(0).1, "1970-01-01T00:00:00Z");
+        // 2026-11-21 13:05:09 UTC
+        assert_eq!(
+            timestamps(1_795_266_309),
+            (
+                "20261121-130509".to_owned(),
+                "2026-11-21T13:05:09Z".to_owned()
+            )
+        );
+        assert_eq!(timestamps(951_782_400).1, "2000-02-29T00:00:00Z");
+    }
+}
