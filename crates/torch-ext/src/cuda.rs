@@ -152,6 +152,22 @@ pub fn set_memory_fraction(fraction: f64, index: usize) -> Result<()> {
     }
 }
 
+/// Waits until the work queued on `device`'s current stream has finished, so that a clock read
+/// afterwards measures the work, not its launch (benchmarks and phase timings). A no-op on the
+/// CPU, whose operations are synchronous.
+pub fn synchronize(device: tch::Device) -> Result<()> {
+    if device.is_cuda() {
+        // Reading a value back to the host waits for the stream it was queued on.
+        let torch = |e: tch::TchError| Error::Torch {
+            op: "cuda synchronize",
+            message: e.to_string(),
+        };
+        let marker = tch::Tensor::f_zeros([], (tch::Kind::Float, device)).map_err(torch)?;
+        marker.f_double_value(&[]).map_err(torch)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -168,20 +184,4 @@ mod tests {
         );
         assert_eq!(format_uuid(&[0; 16]), None);
     }
-}
-
-/// Waits until the work queued on `device`'s current stream has finished, so that a clock read
-/// afterwards measures the work, not its launch (benchmarks and phase timings). A no-op on the
-/// CPU, whose operations are synchronous.
-pub fn synchronize(device: tch::Device) -> Result<()> {
-    if device.is_cuda() {
-        // Reading a value back to the host waits for the stream it was queued on.
-        let torch = |e: tch::TchError| Error::Torch {
-            op: "cuda synchronize",
-            message: e.to_string(),
-        };
-        let marker = tch::Tensor::f_zeros([], (tch::Kind::Float, device)).map_err(torch)?;
-        marker.f_double_value(&[]).map_err(torch)?;
-    }
-    Ok(())
 }
