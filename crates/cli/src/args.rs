@@ -106,8 +106,9 @@ pub enum Command {
         #[arg(long, value_name = "MS")]
         max_wait_ms: Option<String>,
     },
-    /// Run the benchmark suites.
-    Bench,
+    /// Time one model's forward pass (or a whole train step) on a random batch on this
+    /// machine's device: ms per iteration (mean, p50, p95, min, max), samples/s, peak memory.
+    ProfileModel(ProfileModelArgs),
     /// Turn CSV or .npy files into a sharded dataset, or check one.
     Data {
         #[command(subcommand)]
@@ -301,6 +302,98 @@ impl ModelArgs {
             ("--precision", "infer.precision", &self.precision),
             ("--cuda-graphs", "infer.cuda_graphs", &self.cuda_graphs),
         ])
+    }
+}
+
+/// What `kiln profile-model` runs in each iteration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum ProfileMode {
+    /// The forward pass in eval mode, without autograd.
+    #[default]
+    Infer,
+    /// A whole train step: forward, loss, backward, optimizer step.
+    Train,
+}
+
+/// The precision of a profile; auto is the resolved configuration's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    Fp32,
+    Bf16,
+    Fp16,
+    /// The profile's (infer.precision, or train.amp with --mode train), unless set otherwise.
+    #[default]
+    Auto,
+}
+
+/// What `kiln profile-model` profiles, and how.
+#[derive(Debug, Clone, Args)]
+pub struct ProfileModelArgs {
+    /// A built-in model (transformer, mlp or convnet: random weights, sized by the model.*
+    /// settings), a kiln run or checkpoint directory, or a TorchScript file. A built-in name
+    /// wins over a file of that name: write ./mlp for the file.
+    #[arg(long, value_name = "MODEL")]
+    pub model: PathBuf,
+    /// The shape of one sample: 784, 64,469 or 64 469 (default: the built-in model's synthetic
+    /// data, or the checkpoint's; needed for TorchScript).
+    #[arg(
+        long,
+        value_name = "D",
+        num_args = 1..,
+        value_delimiter = ',',
+        value_parser = at_least_one
+    )]
+    pub input_shape: Option<Vec<usize>>,
+    /// Samples per batch (default: infer.batch_size, with --mode train train.batch_size; the
+    /// profile's unless set).
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub batch_size: Option<usize>,
+    /// Timed iterations.
+    #[arg(long, value_name = "N", default_value_t = 50, value_parser = at_least_one)]
+    pub iterations: usize,
+    /// Untimed iterations first (allocations, kernel selection).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub warmup: usize,
+    /// What one iteration runs.
+    #[arg(long, value_enum, default_value_t)]
+    pub mode: ProfileMode,
+    /// The weights' precision (infer) or autocast's (train); auto = the configuration's
+    /// infer.precision or train.amp.
+    #[arg(long, value_enum, default_value_t)]
+    pub precision: PrecisionArg,
+    /// Device: auto, cpu, cuda, cuda:N or mps (= --set device.request=…).
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Use this profile instead of matching the GPU (= --set device.profile=…).
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// A configuration file (TOML, YAML or JSON).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Set any key: --set model.d_model=512 (repeatable; later wins).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub sets: Vec<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub format: Format,
+}
+
+impl ProfileModelArgs {
+    /// The configuration part as [`ConfigArgs`] (no simulation: profiling runs here).
+    pub fn config_args(&self) -> ConfigArgs {
+        ConfigArgs {
+            config: self.config.clone(),
+            sets: self.sets.clone(),
+            ..ConfigArgs::default()
+        }
+    }
+}
+
+/// A whole number of at least 1, for counts and sizes.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("must be a whole number of at least 1".to_owned()),
     }
 }
 

@@ -6,6 +6,7 @@ mod commands;
 mod data;
 mod infer;
 mod logging;
+mod profile_model;
 mod progress;
 mod report;
 
@@ -14,9 +15,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 use args::{Cli, Command};
-
-/// Exit code for a command that exists in the interface but is not built yet.
-const EXIT_NOT_BUILT: u8 = 3;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -66,10 +64,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             ]);
             infer::serve(&model, input_shape.as_deref(), flags)
         }
-        Command::Bench => {
-            eprintln!("kiln bench: benchmarking is not built yet (tracked as issue 8).");
-            Ok(ExitCode::from(EXIT_NOT_BUILT))
-        }
+        Command::ProfileModel(args) => profile_model::run(&args),
         Command::Data { action } => data::run(action),
     }
 }

@@ -1,5 +1,6 @@
 //! kiln's inference: batched, reduced-precision offline inference over kiln checkpoints and
-//! TorchScript modules, CUDA graphs for static shapes, and an HTTP server with dynamic batching.
+//! TorchScript modules, CUDA graphs for static shapes, an HTTP server with dynamic batching, and
+//! the profile of one model's forward pass or train step.
 //!
 //! Layering: uses `kiln-train` for the reference models and the checkpoint format (kiln serves
 //! what it trained), and `kiln-device`, `kiln-config`, `kiln-data` and `kiln-torch-ext`; knows
@@ -10,6 +11,7 @@ mod error;
 pub mod io;
 pub mod model;
 pub mod offline;
+pub mod profile;
 pub mod serve;
 
 pub use engine::{Engine, EngineOptions, GraphStatus};

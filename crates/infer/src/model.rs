@@ -9,6 +9,7 @@ use kiln_config::ModelPlan;
 use kiln_device::settings::AmpDtype;
 use kiln_train::checkpoint::{self, Checkpoint};
 use kiln_train::model::Model;
+use kiln_train::models::InputSpec;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::InferError;
@@ -67,6 +68,39 @@ pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Rebuilds the checkpoint's model from `plan` (the settings it was trained with, see
+/// [`model_settings`]) in a new `VarStore` on `device` and copies its weights in, in fp32 and
+/// trainable; also returns the input the checkpoint was trained on.
+pub fn rebuild(
+    ckpt: &Checkpoint,
+    plan: &ModelPlan,
+    channels_last: bool,
+    device: Device,
+) -> Result<(nn::VarStore, Box<dyn Model>, InputSpec), InferError> {
+    let input = ckpt.meta.input.clone().ok_or_else(|| InferError::Model {
+        model: ckpt.dir.display().to_string(),
+        message: "the checkpoint does not record its input shape (it predates kiln inference); \
+                  train again, or export the model to TorchScript"
+            .to_owned(),
+    })?;
+    let vs = nn::VarStore::new(device);
+    let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
+    let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    current.sort_by(|a, b| a.0.cmp(&b.0));
+    ckpt.copy_weights_into(&current)?;
+    Ok((vs, model, input))
+}
+
+/// "kiln mlp checkpoint runs/x/checkpoints/step-40 (step 40)", for reports.
+pub(crate) fn checkpoint_description(ckpt: &Checkpoint, plan: &ModelPlan) -> String {
+    format!(
+        "kiln {} checkpoint {} (step {})",
+        plan.kind,
+        ckpt.dir.display(),
+        ckpt.meta.step
+    )
+}
+
 /// The tensor element type of a precision.
 pub fn kind_of(precision: AmpDtype) -> Kind {
     match precision {
@@ -79,7 +113,7 @@ pub fn kind_of(precision: AmpDtype) -> Kind {
 enum Inner {
     Kiln {
         // The parameters' owner; the model holds handles into it.
-        _vs: nn::VarStore,
+        vs: nn::VarStore,
         model: Box<dyn Model>,
     },
     Script(tch::CModule),
@@ -115,31 +149,11 @@ impl LoadedModel {
         device: Device,
         precision: AmpDtype,
     ) -> Result<Self, InferError> {
-        let model_err = |message: String| InferError::Model {
-            model: ckpt.dir.display().to_string(),
-            message,
-        };
-        let input = ckpt.meta.input.clone().ok_or_else(|| {
-            model_err(
-                "the checkpoint does not record its input shape (it predates kiln inference); \
-                 train again, or export the model to TorchScript"
-                    .to_owned(),
-            )
-        })?;
-        let vs = nn::VarStore::new(device);
-        let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
-        let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-        current.sort_by(|a, b| a.0.cmp(&b.0));
-        ckpt.copy_weights_into(&current)?;
+        let (vs, model, input) = rebuild(ckpt, plan, channels_last, device)?;
         Ok(Self::from_kiln(
             vs,
             model,
-            format!(
-                "kiln {} checkpoint {} (step {})",
-                plan.kind,
-                ckpt.dir.display(),
-                ckpt.meta.step
-            ),
+            checkpoint_description(ckpt, plan),
             input.sample_shape,
             precision,
         ))
@@ -163,7 +177,7 @@ impl LoadedModel {
         vs.freeze();
         let device = vs.device();
         Self {
-            inner: Inner::Kiln { _vs: vs, model },
+            inner: Inner::Kiln { vs, model },
             description: description.into(),
             sample_shape: Some(sample_shape),
             kind,
@@ -212,6 +226,19 @@ impl LoadedModel {
     /// The shape of one input sample, where the model records it (kiln checkpoints do).
     pub fn sample_shape(&self) -> Option<&[usize]> {
         self.sample_shape.as_deref()
+    }
+
+    /// The number of parameters: a kiln model's trainable tensors (batch-norm statistics are
+    /// not parameters), a TorchScript module's `named_parameters`.
+    pub fn parameters(&self) -> Result<usize, InferError> {
+        Ok(match &self.inner {
+            Inner::Kiln { vs, .. } => kiln_train::models::parameter_count(vs),
+            Inner::Script(module) => module
+                .named_parameters()?
+                .iter()
+                .map(|(_, t)| t.numel())
+                .sum(),
+        })
     }
 
     /// The element type the model computes in.
