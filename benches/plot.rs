@@ -2,7 +2,7 @@
 //!
 //! Per suite, `<suite>.png`/`.svg`: every comparison's ratio kiln / baseline as a horizontal bar,
 //! coloured by whether it meets its goal, with a tick at the goal and a dashed line at parity
-//! (1.0). Comparisons of the group [`SWEEP_GROUP`] are drawn instead in `batch-sweep.png`/`.svg`:
+//! (1.0). Comparisons of the group [`SWEEP_GROUP`] are drawn instead in `<suite>-batch-sweep.png`/`.svg`:
 //! one panel per unit, kiln and baseline against the batch size on a log2 axis, one pair of
 //! lines per series (the name without its `b=N` token).
 //!
@@ -68,7 +68,7 @@ const SERIES_COLORS: [RGBColor; 6] = [
 
 /// Writes the charts of `report` (a `kiln-bench/1` report) into `dir`, creating it if needed,
 /// and returns the paths written: `<suite>.png` and `<suite>.svg` per suite with comparisons
-/// outside [`SWEEP_GROUP`], and `batch-sweep.png`/`.svg` if any comparison is in it. File stems
+/// outside [`SWEEP_GROUP`], and `<suite>-batch-sweep.png`/`.svg` per suite with comparisons in it. File stems
 /// are slugs of the suite names (`[a-z0-9-]`, made unique). A report without comparisons writes
 /// nothing.
 pub fn write_plots(report: &Value, dir: &Path) -> Result<Vec<PathBuf>, String> {
@@ -90,9 +90,6 @@ pub fn write_plots(report: &Value, dir: &Path) -> Result<Vec<PathBuf>, String> {
     let (sweep, plain): (Vec<&Comparison>, Vec<&Comparison>) =
         rows.iter().partition(|r| r.group == SWEEP_GROUP);
     let mut stems = HashSet::new();
-    if !sweep.is_empty() {
-        stems.insert(SWEEP_STEM.to_owned());
-    }
     let mut written = Vec::new();
     for (suite, members) in by_suite(&plain) {
         let chart = RatioChart {
@@ -108,13 +105,14 @@ pub fn write_plots(report: &Value, dir: &Path) -> Result<Vec<PathBuf>, String> {
         let stem = unique(slug(suite), &mut stems);
         write_chart(dir, &stem, &chart, &mut written)?;
     }
-    if !sweep.is_empty() {
+    for (suite, members) in by_suite(&sweep) {
         let chart = SweepChart {
-            title: "batch-size sweep: kiln and baseline against batch size".to_owned(),
-            subtitle,
-            panels: sweep_panels(&sweep),
+            title: format!("{suite}: batch-size sweep, kiln and baseline against batch size"),
+            subtitle: subtitle.clone(),
+            panels: sweep_panels(&members),
         };
-        write_chart(dir, SWEEP_STEM, &chart, &mut written)?;
+        let stem = unique(format!("{}-{SWEEP_STEM}", slug(suite)), &mut stems);
+        write_chart(dir, &stem, &chart, &mut written)?;
     }
     Ok(written)
 }
@@ -1164,8 +1162,8 @@ mod tests {
             [
                 "serve.png",
                 "serve.svg",
-                "batch-sweep.png",
-                "batch-sweep.svg"
+                "serve-batch-sweep.png",
+                "serve-batch-sweep.svg"
             ]
         );
         let serve = read_svg(&paths[1]);
@@ -1248,8 +1246,8 @@ mod tests {
             [
                 "train.png",
                 "train.svg",
-                "batch-sweep.png",
-                "batch-sweep.svg"
+                "train-batch-sweep.png",
+                "train-batch-sweep.svg"
             ]
         );
         let train = read_svg(&paths[1]);
@@ -1263,7 +1261,7 @@ mod tests {
             "mlp bf16 throughput · PyTorch eager fp32",
             "batch size (log2 scale)",
         ] {
-            assert!(sweep.contains(text), "batch-sweep.svg lacks {text:?}");
+            assert!(sweep.contains(text), "train-batch-sweep.svg lacks {text:?}");
         }
     }
 
@@ -1275,7 +1273,10 @@ mod tests {
             .collect();
         let dir = tempfile::tempdir().expect("tempdir");
         let paths = write_plots(&report(rows), dir.path()).expect("plots written");
-        assert_eq!(file_names(&paths), ["batch-sweep.png", "batch-sweep.svg"]);
+        assert_eq!(
+            file_names(&paths),
+            ["train-batch-sweep.png", "train-batch-sweep.svg"]
+        );
         // One series: the legend says just kiln and the baseline's name.
         let svg = read_svg(&paths[1]);
         assert!(svg.contains("kiln") && !svg.contains(" · kiln"));
@@ -1320,8 +1321,8 @@ mod tests {
                 "train.svg",
                 "unnamed-suite.png",
                 "unnamed-suite.svg",
-                "batch-sweep.png",
-                "batch-sweep.svg"
+                "train-batch-sweep.png",
+                "train-batch-sweep.svg"
             ]
         );
         for p in paths.iter().filter(|p| p.extension().unwrap() == "png") {
