@@ -14,7 +14,7 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use kiln_train::plot::{FONT, register_fonts};
+use kiln_train::plot::{FONT, clip, encode_png, fits, register_fonts, tick_label, usable};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
@@ -39,10 +39,6 @@ const SWEEP_HEADER: u32 = 70;
 const ROW_HEIGHT: u32 = 36;
 /// Height of one row of panels in the sweep chart.
 const PANEL_HEIGHT: u32 = 480;
-
-/// Values of larger magnitude are left out like non-finite ones (plotters' tick search never
-/// ends on ranges whose width overflows).
-const MAX_MAGNITUDE: f64 = 1e100;
 
 /// Bar labels take at most this share of the chart's width; longer ones are cut short.
 const MAX_LABEL_SHARE: f64 = 0.45;
@@ -224,13 +220,9 @@ impl Comparison {
     }
 }
 
-/// A usable number: finite and at most [`MAX_MAGNITUDE`].
+/// A usable number: finite and at most [`kiln_train::plot::MAX_MAGNITUDE`].
 fn number(v: Option<&Value>) -> Option<f64> {
     v.and_then(Value::as_f64).filter(|x| usable(*x))
-}
-
-fn usable(v: f64) -> bool {
-    v.is_finite() && v.abs() <= MAX_MAGNITUDE
 }
 
 /// The `N` of a `b=N` token in `name`.
@@ -371,17 +363,6 @@ fn write_chart(
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("plot {}: cannot write: {e}", path.display()))
-}
-
-fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, png::EncodingError> {
-    let mut out = Vec::new();
-    let mut encoder = png::Encoder::new(&mut out, width, height);
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    let mut writer = encoder.write_header()?;
-    writer.write_image_data(rgb)?;
-    writer.finish()?;
-    Ok(out)
 }
 
 fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> String {
@@ -945,60 +926,6 @@ fn short(v: f64) -> String {
     } else {
         format!("{v:.2}")
     }
-}
-
-/// A tick value of an axis spanning `range`: enough decimals for the spacing, trailing zeros
-/// trimmed, no `-0`, scientific notation for very large or small magnitudes.
-fn tick_label(v: f64, range: f64) -> String {
-    let mag = v.abs();
-    if mag != 0.0 && !(1e-4..1e6).contains(&mag) && mag > range * 1e-9 {
-        return format!("{v:.2e}");
-    }
-    let decimals = if range > 0.0 && range.is_finite() {
-        (2.0 - range.log10().floor()).clamp(0.0, 9.0) as usize
-    } else {
-        2
-    };
-    let text = format!("{v:.decimals$}");
-    let text = if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        text.as_str()
-    };
-    if text.trim_start_matches('-').chars().all(|c| c == '0') {
-        "0".to_owned()
-    } else {
-        text.to_owned()
-    }
-}
-
-/// `text` cut short (ending in an ellipsis) to at most `max_chars` characters and until `fits`
-/// accepts it.
-fn clip(text: &str, max_chars: usize, fits: impl Fn(&str) -> bool) -> String {
-    let chars: Vec<char> = text.chars().collect();
-    if chars.len() <= max_chars && fits(text) {
-        return text.to_owned();
-    }
-    let mut keep = max_chars.min(chars.len()).saturating_sub(1);
-    loop {
-        let mut out: String = chars[..keep].iter().collect();
-        out.push('…');
-        if keep == 0 || fits(&out) {
-            return out;
-        }
-        keep -= 1;
-    }
-}
-
-/// Whether `text` in `style` is at most `max_px` wide (true if it cannot be measured).
-fn fits<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    text: &str,
-    style: &TextStyle<'_>,
-    max_px: u32,
-) -> bool {
-    area.estimate_text_size(text, style)
-        .map_or(true, |(w, _)| w <= max_px)
 }
 
 #[cfg(test)]

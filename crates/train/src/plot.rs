@@ -21,7 +21,7 @@ pub const FONT: &str = "kiln-dejavu-sans";
 
 /// Values of larger magnitude are skipped like non-finite ones (plotters' tick search
 /// never ends on ranges whose width overflows).
-const MAX_MAGNITUDE: f64 = 1e100;
+pub const MAX_MAGNITUDE: f64 = 1e100;
 
 /// Titles and legend labels longer than this many characters or pixels are cut short (with an
 /// ellipsis) so they stay in the image.
@@ -85,7 +85,7 @@ pub fn write_training_plot(path: &Path, spec: &PlotSpec<'_>) -> Result<(), PlotE
         path: path.to_owned(),
         message,
     })?;
-    let png = encode_png(&rgb).map_err(|e| PlotError::Encode {
+    let png = encode_png(&rgb, PLOT_WIDTH, PLOT_HEIGHT).map_err(|e| PlotError::Encode {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
@@ -105,9 +105,9 @@ pub fn register_fonts() -> bool {
     })
 }
 
-fn encode_png(rgb: &[u8]) -> Result<Vec<u8>, png::EncodingError> {
+pub fn encode_png(rgb: &[u8], width: u32, height: u32) -> Result<Vec<u8>, png::EncodingError> {
     let mut out = Vec::new();
-    let mut encoder = png::Encoder::new(&mut out, PLOT_WIDTH, PLOT_HEIGHT);
+    let mut encoder = png::Encoder::new(&mut out, width, height);
     encoder.set_color(png::ColorType::Rgb);
     encoder.set_depth(png::BitDepth::Eight);
     let mut writer = encoder.write_header()?;
@@ -264,7 +264,7 @@ fn draw_panel<DB: DrawingBackend>(
 
 /// `text`, cut short (ending in an ellipsis) to at most `max_chars` characters and until
 /// `fits` accepts it.
-fn clip(text: &str, max_chars: usize, fits: impl Fn(&str) -> bool) -> String {
+pub fn clip(text: &str, max_chars: usize, fits: impl Fn(&str) -> bool) -> String {
     let chars: Vec<char> = text.chars().collect();
     if chars.len() <= max_chars && fits(text) {
         return text.to_owned();
@@ -281,7 +281,7 @@ fn clip(text: &str, max_chars: usize, fits: impl Fn(&str) -> bool) -> String {
 }
 
 /// Whether `text` drawn in `style` is at most `max_px` wide (true if it cannot be measured).
-fn fits<DB: DrawingBackend, CT: CoordTranslate>(
+pub fn fits<DB: DrawingBackend, CT: CoordTranslate>(
     area: &DrawingArea<DB, CT>,
     text: &str,
     style: &TextStyle<'_>,
@@ -292,7 +292,7 @@ fn fits<DB: DrawingBackend, CT: CoordTranslate>(
 }
 
 /// Whether a coordinate can be drawn: finite and at most `MAX_MAGNITUDE`.
-fn usable(v: f64) -> bool {
+pub fn usable(v: f64) -> bool {
     v.is_finite() && v.abs() <= MAX_MAGNITUDE
 }
 
@@ -330,7 +330,7 @@ fn span(values: impl Iterator<Item = f64>, anchor: Option<f64>, default_width: f
 
 /// Formats a tick value of an axis spanning `range`: enough decimals for the tick spacing,
 /// trailing zeros trimmed, no `-0`, scientific notation for very large or small magnitudes.
-fn tick_label(v: f64, range: f64) -> String {
+pub fn tick_label(v: f64, range: f64) -> String {
     let mag = v.abs();
     if mag != 0.0 && !(1e-4..1e6).contains(&mag) && mag > range * 1e-9 {
         return format!("{v:.2e}");
