@@ -83,19 +83,15 @@ pub fn device_name(device: tch::Device) -> String {
     }
 }
 
-/// Peak memory so far in MiB and what it is: the CUDA allocator's peak on a GPU, else this
-/// process's peak RSS.
+/// Peak memory so far in MiB (NaN where unknown) and what it is: the CUDA allocator's peak on a
+/// GPU, else this process's peak RSS (`kiln_infer::profile::peak_memory`).
 pub fn peak_memory_mib(device: tch::Device) -> (f64, &'static str) {
-    const MIB: f64 = 1048576.0;
-    match device {
-        tch::Device::Cuda(i) => (
-            kiln_torch_ext::memory::stats(i).map_or(f64::NAN, |s| s.allocated_peak as f64 / MIB),
-            "cuda allocator peak",
+    match kiln_infer::profile::peak_memory(device) {
+        Ok((bytes, source)) => (
+            bytes.map_or(f64::NAN, |b| b as f64 / 1048576.0),
+            source.describe(),
         ),
-        _ => (
-            kiln_device::memory::process_rss().map_or(f64::NAN, |(_, peak)| peak as f64 / MIB),
-            "process peak RSS",
-        ),
+        Err(_) => (f64::NAN, "unknown"),
     }
 }
 
@@ -132,4 +128,29 @@ pub fn numbers(args: &[String], name: &str) -> Result<Vec<usize>, String> {
             })
             .collect()
     })
+}
+
+/// Runs each command `repeats` times, alternating between them (the order reversed on odd
+/// repeats) so drift on a busy machine hits all alike; returns every run's JSON per command.
+pub fn interleaved(
+    repeats: usize,
+    cmds: &[&dyn Fn() -> std::process::Command],
+) -> Result<Vec<Vec<serde_json::Value>>, String> {
+    let mut runs = vec![vec![]; cmds.len()];
+    for r in 0..repeats {
+        for i in 0..cmds.len() {
+            let i = if r % 2 == 0 { i } else { cmds.len() - 1 - i };
+            runs[i].push(run_json(cmds[i]())?);
+        }
+    }
+    Ok(runs)
+}
+
+/// The median over runs of the number at `key` (NaN where a run lacks it).
+pub fn median_of(runs: &[serde_json::Value], key: &str) -> f64 {
+    median(
+        runs.iter()
+            .map(|r| r[key].as_f64().unwrap_or(f64::NAN))
+            .collect(),
+    )
 }

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{
-    bench_root, device, device_name, flag, median, number, numbers, peak_memory_mib, python,
-    run_json, suite_out,
+    bench_root, device, device_name, flag, interleaved, median, median_of, number, numbers,
+    peak_memory_mib, python, suite_out,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
@@ -403,24 +403,11 @@ fn infer_suite(args: &[String]) -> Result<()> {
     };
     // Interleaved A/B runs: returns the kiln and torch runs.
     let ab = |precision: &str, batch: usize, graphs: &str| -> Result<(Vec<Value>, Vec<Value>)> {
-        let (mut k, mut t) = (vec![], vec![]);
-        for r in 0..repeats {
-            if r % 2 == 0 {
-                k.push(run_json(kiln(precision, batch, graphs))?);
-                t.push(run_json(torch(precision, batch))?);
-            } else {
-                t.push(run_json(torch(precision, batch))?);
-                k.push(run_json(kiln(precision, batch, graphs))?);
-            }
-        }
-        Ok((k, t))
-    };
-    let med = |runs: &[Value], key: &str| {
-        median(
-            runs.iter()
-                .map(|r| r[key].as_f64().unwrap_or(f64::NAN))
-                .collect(),
-        )
+        let k = || kiln(precision, batch, graphs);
+        let t = || torch(precision, batch);
+        let mut runs = interleaved(repeats, &[&k, &t])?;
+        let t = runs.pop().unwrap_or_default();
+        Ok((runs.pop().unwrap_or_default(), t))
     };
     let mut runs = vec![];
     let graphs = if device.is_cuda() { "on" } else { "off" };
@@ -435,7 +422,10 @@ fn infer_suite(args: &[String]) -> Result<()> {
                 format!("mlp {precision} b={batch} throughput{with_graphs}"),
                 "samples/s",
                 Better::Higher,
-                (med(&k, "samples_per_s"), med(&t, "samples_per_s")),
+                (
+                    median_of(&k, "samples_per_s"),
+                    median_of(&t, "samples_per_s"),
+                ),
                 baseline.clone(),
             )
             .detail("batch_size", json!(batch)),
@@ -447,13 +437,13 @@ fn infer_suite(args: &[String]) -> Result<()> {
                 format!("mlp {precision} b={batch} p50 latency{with_graphs}"),
                 "ms",
                 Better::Lower,
-                (med(&k, "p50_ms"), med(&t, "p50_ms")),
+                (median_of(&k, "p50_ms"), median_of(&t, "p50_ms")),
                 baseline,
             )
             .detail("batch_size", json!(batch))
             .detail(
                 "p95_ms",
-                json!({"kiln": med(&k, "p95_ms"), "baseline": med(&t, "p95_ms")}),
+                json!({"kiln": median_of(&k, "p95_ms"), "baseline": median_of(&t, "p95_ms")}),
             ),
         );
         runs.push(json!({"precision": precision, "batch": batch, "kiln": k, "torch": t}));
@@ -474,7 +464,10 @@ fn infer_suite(args: &[String]) -> Result<()> {
                 format!("mlp fp32 b={b} throughput"),
                 "samples/s",
                 Better::Higher,
-                (med(&k, "samples_per_s"), med(&t, "samples_per_s")),
+                (
+                    median_of(&k, "samples_per_s"),
+                    median_of(&t, "samples_per_s"),
+                ),
                 baseline,
             )
             .detail("batch_size", json!(b)),
@@ -486,7 +479,10 @@ fn infer_suite(args: &[String]) -> Result<()> {
                 format!("mlp fp32 b={b} peak memory"),
                 "MiB",
                 Better::Lower,
-                (med(&k, "peak_memory_mib"), med(&t, "peak_memory_mib")),
+                (
+                    median_of(&k, "peak_memory_mib"),
+                    median_of(&t, "peak_memory_mib"),
+                ),
                 baseline,
             )
             .detail("batch_size", json!(b))

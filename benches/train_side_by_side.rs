@@ -21,8 +21,8 @@ use std::time::Instant;
 use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
 use kiln_benches::{
-    bench_root, device, device_name, flag, median, number, numbers, peak_memory_mib, python,
-    run_json, suite_out,
+    bench_root, device, device_name, flag, interleaved, median, median_of, number, numbers,
+    peak_memory_mib, python, run_json, suite_out,
 };
 use kiln_config::{ConfigRequest, Machine, ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
@@ -496,28 +496,13 @@ impl Opts {
         c
     }
 
-    /// Runs each command `repeats` times, alternating between them so drift on a busy machine
-    /// hits all alike; returns every run's JSON per command.
     fn interleaved(&self, cmds: &[&dyn Fn() -> Command]) -> Result<Vec<Vec<Value>>> {
-        let mut runs = vec![vec![]; cmds.len()];
-        for r in 0..self.repeats {
-            for i in 0..cmds.len() {
-                // Reverse the order on odd repeats so neither side always goes first.
-                let i = if r % 2 == 0 { i } else { cmds.len() - 1 - i };
-                runs[i].push(run_json(cmds[i]())?);
-            }
-        }
-        Ok(runs)
+        interleaved(self.repeats, cmds)
     }
 }
 
 fn f(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(f64::NAN)
-}
-
-/// The median of `key` over runs.
-fn med(runs: &[Value], key: &str) -> f64 {
-    median(runs.iter().map(|r| f(r, key)).collect())
 }
 
 /// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
@@ -648,7 +633,7 @@ fn train_suite(args: &[String]) -> Result<()> {
                 case.model, k[0]["params"], t[0]["params"]
             ));
         }
-        let (ks, ts) = (med(k, "step_s_median"), med(t, "step_s_median"));
+        let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
         let kiln_precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
         let tf32 = k[0]["tf32"] == true;
         let flops = f(&k[0], "flops_per_step");
@@ -743,7 +728,7 @@ fn train_suite(args: &[String]) -> Result<()> {
                 format!("transformer {precision} b={b} throughput"),
                 "samples/s",
                 Better::Higher,
-                (med(k, "samples_per_s"), med(t, "samples_per_s")),
+                (median_of(k, "samples_per_s"), median_of(t, "samples_per_s")),
                 baseline.clone(),
             )
             .detail("batch_size", json!(b)),
@@ -755,7 +740,10 @@ fn train_suite(args: &[String]) -> Result<()> {
                 format!("transformer {precision} b={b} peak memory"),
                 "MiB",
                 Better::Lower,
-                (med(k, "peak_memory_mib"), med(t, "peak_memory_mib")),
+                (
+                    median_of(k, "peak_memory_mib"),
+                    median_of(t, "peak_memory_mib"),
+                ),
                 baseline,
             )
             .detail("batch_size", json!(b))
@@ -803,7 +791,10 @@ fn optimizer_suite(args: &[String]) -> Result<()> {
             runs[0][0]["params"], runs[2][0]["params"]
         ));
     }
-    let ms: Vec<f64> = runs.iter().map(|r| med(r, "step_s_median") * 1e3).collect();
+    let ms: Vec<f64> = runs
+        .iter()
+        .map(|r| median_of(r, "step_s_median") * 1e3)
+        .collect();
     let mut out = SuiteOutput::new(
         "optimizer",
         &format!(
@@ -921,8 +912,8 @@ fn opts_suite(args: &[String]) -> Result<()> {
         let (a, b) = (step_cmd(model, on), step_cmd(model, off));
         let r = o.interleaved(&[&a, &b])?;
         let (on_ms, off_ms) = (
-            med(&r[0], "step_s_median") * 1e3,
-            med(&r[1], "step_s_median") * 1e3,
+            median_of(&r[0], "step_s_median") * 1e3,
+            median_of(&r[1], "step_s_median") * 1e3,
         );
         out.push(
             Comparison::new(
@@ -985,8 +976,8 @@ fn opts_suite(args: &[String]) -> Result<()> {
     let (fa, fb) = (optim("fused"), optim("unfused"));
     let r = o.interleaved(&[&fa, &fb])?;
     let (on_ms, off_ms) = (
-        med(&r[0], "step_s_median") * 1e3,
-        med(&r[1], "step_s_median") * 1e3,
+        median_of(&r[0], "step_s_median") * 1e3,
+        median_of(&r[1], "step_s_median") * 1e3,
     );
     out.push(
         Comparison::new(
@@ -1042,7 +1033,7 @@ fn opts_suite(args: &[String]) -> Result<()> {
         };
         let (ga, gb) = (graphs("on"), graphs("off"));
         let r = o.interleaved(&[&ga, &gb])?;
-        let (on_ms, off_ms) = (med(&r[0], "p50_ms"), med(&r[1], "p50_ms"));
+        let (on_ms, off_ms) = (median_of(&r[0], "p50_ms"), median_of(&r[1], "p50_ms"));
         out.push(
             Comparison::new(
                 "opts",

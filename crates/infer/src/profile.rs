@@ -118,6 +118,22 @@ impl PeakMemorySource {
     }
 }
 
+/// The peak memory so far on `device` and which figure it is: the CUDA allocator's peak of bytes
+/// in tensors on a GPU, else the process's resident-set high-water mark (`None` where the kernel
+/// does not report it).
+pub fn peak_memory(device: Device) -> Result<(Option<u64>, PeakMemorySource), InferError> {
+    Ok(match device {
+        Device::Cuda(i) => (
+            Some(kiln_torch_ext::memory::stats(i)?.allocated_peak),
+            PeakMemorySource::CudaAllocatorPeak,
+        ),
+        _ => (
+            kiln_device::memory::process_rss().map(|(_, peak)| peak),
+            PeakMemorySource::ProcessRssHighWaterMark,
+        ),
+    })
+}
+
 /// What the timed iterations measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Measurement {
@@ -187,16 +203,7 @@ pub fn measure(
             times_ms.push(elapsed.as_secs_f64() * 1e3);
         }
     }
-    let (peak_memory_bytes, peak_memory_source) = match device {
-        Device::Cuda(i) => (
-            Some(kiln_torch_ext::memory::stats(i)?.allocated_peak),
-            PeakMemorySource::CudaAllocatorPeak,
-        ),
-        _ => (
-            kiln_device::memory::process_rss().map(|(_, peak)| peak),
-            PeakMemorySource::ProcessRssHighWaterMark,
-        ),
-    };
+    let (peak_memory_bytes, peak_memory_source) = peak_memory(device)?;
     Ok(Measurement {
         times_ms,
         peak_memory_bytes,
