@@ -2,12 +2,20 @@
 //! the plain computation (random draws included), memory held for backward is lower, the
 //! closure is released with the graph, and errors come back as errors.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use kiln_torch_ext::profiler::{self, ProfilerOptions};
 use kiln_torch_ext::recompute::checkpoint;
 use tch::{Device, Kind, Tensor};
+
+/// The tests take turns: a recompute saves and restores the process-wide CPU generator's state,
+/// so one test's backward would move the generator under another test's draws.
+fn serial() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn param(shape: &[i64], seed: f64) -> Tensor {
     Tensor::arange(shape.iter().product::<i64>(), (Kind::Float, Device::Cpu))
@@ -91,6 +99,7 @@ fn input(batch: i64, d: i64) -> Tensor {
 
 #[test]
 fn gradients_equal_the_plain_computation_random_draws_included() {
+    let _turn = serial();
     let net = Net::new(3, 16, 64);
     for random in [false, true] {
         let x = input(8, 16);
@@ -131,6 +140,7 @@ fn gradients_equal_the_plain_computation_random_draws_included() {
 
 #[test]
 fn checkpointing_holds_less_memory_for_backward() {
+    let _turn = serial();
     let net = Net::new(6, 128, 1024);
     let peak = |checkpointed: bool| {
         let x = input(256, 128);
@@ -155,6 +165,7 @@ fn checkpointing_holds_less_memory_for_backward() {
 
 #[test]
 fn parameters_get_gradients_when_the_input_needs_none() {
+    let _turn = serial();
     let w = param(&[4, 4], 1.0);
     let x = param(&[2, 4], 2.0).detach();
     let w2 = w.shallow_clone();
@@ -167,6 +178,7 @@ fn parameters_get_gradients_when_the_input_needs_none() {
 
 #[test]
 fn the_closure_is_released_with_the_graph() {
+    let _turn = serial();
     let alive = Arc::new(AtomicUsize::new(0));
     let token = Arc::clone(&alive);
     let x = input(2, 4);
@@ -197,6 +209,7 @@ fn the_closure_is_released_with_the_graph() {
 
 #[test]
 fn errors_in_forward_and_in_the_recompute_come_back_as_errors() {
+    let _turn = serial();
     let x = input(2, 4);
     let err = checkpoint(&x, |_| Err("layer 3 is broken".to_owned()))
         .unwrap_err()
