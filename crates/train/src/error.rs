@@ -33,6 +33,13 @@ pub enum TrainError {
         micro_batch: u64,
         message: String,
     },
+    /// A checkpoint whose files are missing, cut short or fail their checksums: resume passes
+    /// over it to an older one and moves it aside.
+    #[error("{path}: {message}")]
+    DamagedCheckpoint {
+        path: std::path::PathBuf,
+        message: String,
+    },
     /// Reading or writing a run's files.
     #[error("{path}: {message}")]
     File {

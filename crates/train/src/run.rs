@@ -126,9 +126,10 @@ pub fn train(
     };
     if let Some((ckpt, skipped)) = &resume {
         for (dir, why) in skipped {
+            let moved = checkpoint::move_aside(dir, "damaged", why)?;
             tracing::warn!(
-                "skipping checkpoint {}: {why}; falling back to an older one",
-                dir.display()
+                "damaged checkpoint passed over: {why}; moved aside to {}",
+                moved.to.display()
             );
         }
         tracing::info!(

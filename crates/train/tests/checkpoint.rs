@@ -94,8 +94,174 @@ fn learning_curve(run: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// Runs in this binary that train take turns: libtorch's CPU generator is process-wide, and two
+/// runs drawing from it at once would not be bit-exact.
+static TRAINING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    TRAINING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The learning curve of an uninterrupted run of `cpu_plan`.
+fn uninterrupted_curve() -> Vec<Value> {
+    let reference = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(reference.path(), &[]);
+    train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    learning_curve(&only_run(reference.path()))
+}
+
+/// Runs `plan` (resuming as `resume` says) until it crashes at `step`.
+fn crash_at(plan: &kiln_config::RunPlan, resume: Option<Resume>, step: u64) {
+    let err = train(
+        plan,
+        Device::Cpu,
+        None,
+        RunControl {
+            resume,
+            ..RunControl::default()
+        },
+        &mut StopAt { step, flag: None },
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("the run dies here"), "{err}");
+}
+
+/// Resumes the newest run of `plan` and trains it to the end.
+fn resume_to_end(plan: &kiln_config::RunPlan, resume: Resume) {
+    train(
+        plan,
+        Device::Cpu,
+        None,
+        RunControl {
+            resume: Some(resume),
+            ..RunControl::default()
+        },
+        &mut Silent,
+        &mut |_, _| {},
+    )
+    .unwrap();
+}
+
+/// The entries of `dir` whose names start with `prefix`, sorted.
+fn entries_starting(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+fn truncate_to_half(file: &Path) {
+    let len = std::fs::metadata(file).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.set_len(len / 2).unwrap();
+}
+
+fn flip_middle_byte(file: &Path) {
+    let mut bytes = std::fs::read(file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x04;
+    std::fs::write(file, bytes).unwrap();
+}
+
+#[test]
+fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
+    let _turn = take_turn();
+    let expected = uninterrupted_curve();
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(out.path(), &[]);
+    // A crash at step 20 leaves checkpoints 7 and 14; 14's optimizer state is then cut short.
+    crash_at(&plan, None, 20);
+    let ckpts = only_run(out.path()).join("checkpoints");
+    let step14 = ckpts.join(checkpoint::dir_name(14));
+    truncate_to_half(&step14.join(checkpoint::STATE_FILE));
+    let truncated = std::fs::read(step14.join(checkpoint::STATE_FILE)).unwrap();
+    // The resumed run passes over 14 to 7, writes 14 and 21 afresh, and crashes at step 26;
+    // then a bit of 21's checkpoint.json flips.
+    crash_at(&plan, Some(Resume::Latest), 26);
+    let aside = entries_starting(&ckpts, &format!("{}.damaged-", checkpoint::dir_name(14)));
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(aside[0].join(checkpoint::STATE_FILE)).unwrap(),
+        truncated,
+        "the damaged files stay as they were"
+    );
+    let note = std::fs::read_to_string(aside[0].join(checkpoint::MOVED_NOTE)).unwrap();
+    assert!(
+        note.contains("state.safetensors") && note.contains("truncated"),
+        "{note}"
+    );
+    flip_middle_byte(
+        &ckpts
+            .join(checkpoint::dir_name(21))
+            .join(checkpoint::META_FILE),
+    );
+    resume_to_end(&plan, Resume::Latest);
+
+    assert_eq!(learning_curve(&only_run(out.path())), expected);
+    for step in [14, 21] {
+        let name = format!("{}.damaged-", checkpoint::dir_name(step));
+        assert_eq!(entries_starting(&ckpts, &name).len(), 1, "{name}");
+    }
+    // Every step checkpointed again, each one good; the moved-aside ones are not listed.
+    let steps: Vec<u64> = checkpoint::list(&ckpts)
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(&steps[..4], [7, 14, 21, 28]);
+    for (_, dir) in checkpoint::list(&ckpts).unwrap() {
+        checkpoint::load(&dir).unwrap();
+    }
+}
+
+#[test]
+fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
+    let _turn = take_turn();
+    let expected = uninterrupted_curve();
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(out.path(), &[]);
+    crash_at(&plan, None, 20);
+    let ckpts = only_run(out.path()).join("checkpoints");
+    // What a write killed midway leaves behind.
+    let dead = ckpts.join(".tmp-step-000000021-999999");
+    std::fs::create_dir(&dead).unwrap();
+    std::fs::write(dead.join(checkpoint::MODEL_FILE), b"half").unwrap();
+    let newer = std::fs::read(
+        ckpts
+            .join(checkpoint::dir_name(14))
+            .join(checkpoint::MODEL_FILE),
+    );
+
+    resume_to_end(&plan, Resume::From(ckpts.join(checkpoint::dir_name(7))));
+    assert_eq!(learning_curve(&only_run(out.path())), expected);
+    assert!(!dead.exists(), "the dead write's directory is cleared");
+    let aside = entries_starting(&ckpts, &format!("{}.superseded-", checkpoint::dir_name(14)));
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(
+        std::fs::read(aside[0].join(checkpoint::MODEL_FILE)).unwrap(),
+        newer.unwrap()
+    );
+    checkpoint::load(&ckpts.join(checkpoint::dir_name(14))).unwrap();
+}
+
 #[test]
 fn stopped_or_killed_runs_resume_bit_exactly() {
+    let _turn = take_turn();
     let reference = tempfile::tempdir().unwrap();
     let plan = cpu_plan(reference.path(), &[]);
     train(
@@ -218,8 +384,28 @@ fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
 }
 
 fn small_checkpoint_with(dir: &Path, step: u64, sums: checkpoint::RunningSums) -> PathBuf {
+    let mut meta = small_meta(step);
+    meta.sums = sums;
+    save_small(dir, meta)
+}
+
+/// Writes a small checkpoint of `meta.step` with `meta`.
+fn save_small(dir: &Path, meta: checkpoint::Meta) -> PathBuf {
+    let step = meta.step;
     let w = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).view([2, 3]);
-    let meta = checkpoint::Meta {
+    checkpoint::save(
+        dir,
+        Contents {
+            model: &[("fc.weight".to_owned(), &w * step as f64)],
+            state: &[("fc.weight.step".to_owned(), Tensor::from(step as f32))],
+            meta,
+        },
+    )
+    .unwrap()
+}
+
+fn small_meta(step: u64) -> checkpoint::Meta {
+    checkpoint::Meta {
         format: checkpoint::FORMAT.to_owned(),
         version: checkpoint::VERSION,
         kiln_version: "test".into(),
@@ -232,21 +418,12 @@ fn small_checkpoint_with(dir: &Path, step: u64, sums: checkpoint::RunningSums) -
         loss_scale_growth_tracker: None,
         model_rng: vec![step],
         val_accuracy: Some(step as f64 / 100.0),
-        sums,
+        sums: Default::default(),
         config: Value::Null,
         input: None,
         files: Default::default(),
         meta_sha256: String::new(),
-    };
-    checkpoint::save(
-        dir,
-        Contents {
-            model: &[("fc.weight".to_owned(), &w * step as f64)],
-            state: &[("fc.weight.step".to_owned(), Tensor::from(step as f32))],
-            meta,
-        },
-    )
-    .unwrap()
+    }
 }
 
 #[test]
@@ -329,9 +506,13 @@ fn damaged_checkpoints_are_named_and_an_older_good_one_is_used() {
     std::fs::remove_dir_all(dir.join(checkpoint::dir_name(10))).unwrap();
     let err = checkpoint::latest_good(&dir).unwrap_err().to_string();
     assert!(
-        err.contains("no loadable checkpoint") && err.contains("checksum"),
+        err.contains("all 3 are damaged") && err.contains("checksum"),
         "{err}"
     );
+    for step in [20, 30, 40] {
+        assert!(err.contains(&checkpoint::dir_name(step)), "{err}");
+    }
+    assert_eq!(checkpoint::list(&dir).unwrap().len(), 3, "nothing moved");
 }
 
 #[test]
@@ -385,17 +566,14 @@ fn pruning_keeps_the_last_k_and_the_best() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("checkpoints");
     for step in [1, 2, 3, 4, 5] {
-        small_checkpoint(&dir, step);
+        // Step 2 is the best by validation accuracy.
+        let mut meta = small_meta(step);
+        meta.val_accuracy = Some(if step == 2 { 0.99 } else { 0.5 });
+        save_small(&dir, meta);
     }
-    // Make step 2 the best by validation accuracy.
-    let meta_path = dir
-        .join(checkpoint::dir_name(2))
-        .join(checkpoint::META_FILE);
-    let mut meta: checkpoint::Meta =
-        serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
-    meta.val_accuracy = Some(0.99);
-    std::fs::write(&meta_path, serde_json::to_string(&meta).unwrap()).unwrap();
-    checkpoint::prune(&dir, 2, true).unwrap();
+    let pruned = checkpoint::prune(&dir, 2, true).unwrap();
+    assert_eq!(pruned.removed.len(), 2);
+    assert!(pruned.moved.is_empty());
     let left: Vec<u64> = checkpoint::list(&dir)
         .unwrap()
         .iter()
@@ -461,4 +639,87 @@ fn weights_are_readable_from_python_safetensors() {
         v["values"],
         serde_json::json!([0.0, 3.0, 6.0, 9.0, 12.0, 15.0])
     );
+}
+
+#[test]
+fn pruning_moves_damaged_checkpoints_aside_and_counts_only_good_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    for step in [1, 2, 3, 4, 5] {
+        let mut meta = small_meta(step);
+        meta.val_accuracy = Some(if step == 2 { 0.99 } else { 0.5 });
+        save_small(&dir, meta);
+    }
+    // Step 2 (the best by its record) gets a flipped bit in checkpoint.json; step 4's weights are
+    // cut short.
+    flip_middle_byte(
+        &dir.join(checkpoint::dir_name(2))
+            .join(checkpoint::META_FILE),
+    );
+    truncate_to_half(
+        &dir.join(checkpoint::dir_name(4))
+            .join(checkpoint::MODEL_FILE),
+    );
+    let damaged_meta = std::fs::read(
+        dir.join(checkpoint::dir_name(2))
+            .join(checkpoint::META_FILE),
+    )
+    .unwrap();
+
+    let pruned = checkpoint::prune(&dir, 2, true).unwrap();
+    let moved: Vec<&Path> = pruned.moved.iter().map(|m| m.from.as_path()).collect();
+    assert_eq!(
+        moved,
+        [
+            dir.join(checkpoint::dir_name(2)),
+            dir.join(checkpoint::dir_name(4))
+        ]
+    );
+    assert!(
+        pruned.moved[1].why.contains("truncated"),
+        "{:?}",
+        pruned.moved
+    );
+    // Of the good ones (1, 3, 5) the last two stay; the best among them is one of those.
+    let left: Vec<u64> = checkpoint::list(&dir)
+        .unwrap()
+        .iter()
+        .map(|c| c.0)
+        .collect();
+    assert_eq!(left, [3, 5]);
+    assert_eq!(pruned.removed, [dir.join(checkpoint::dir_name(1))]);
+    let aside = entries_starting(&dir, &format!("{}.damaged-", checkpoint::dir_name(2)));
+    assert_eq!(
+        std::fs::read(aside[0].join(checkpoint::META_FILE)).unwrap(),
+        damaged_meta
+    );
+    assert!(aside[0].join(checkpoint::MOVED_NOTE).is_file());
+    // A second prune finds nothing more to move, and never counts the moved-aside ones.
+    let again = checkpoint::prune(&dir, 1, false).unwrap();
+    assert!(again.moved.is_empty());
+    assert_eq!(again.removed, [dir.join(checkpoint::dir_name(3))]);
+    assert_eq!(entries_starting(&dir, "step-").len(), 3);
+}
+
+#[test]
+fn a_newer_format_stops_the_search_instead_of_being_passed_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    for step in [10, 20] {
+        small_checkpoint(&dir, step);
+    }
+    let meta = dir
+        .join(checkpoint::dir_name(20))
+        .join(checkpoint::META_FILE);
+    let text = std::fs::read_to_string(&meta).unwrap();
+    std::fs::write(&meta, text.replace("\"version\": 1,", "\"version\": 2,")).unwrap();
+    let err = checkpoint::latest_good(&dir).unwrap_err();
+    assert!(
+        !matches!(err, TrainError::DamagedCheckpoint { .. })
+            && err.to_string().contains("version 2"),
+        "{err}"
+    );
+    let err = checkpoint::prune(&dir, 1, false).unwrap_err();
+    assert!(err.to_string().contains("version 2"), "{err}");
+    assert_eq!(checkpoint::list(&dir).unwrap().len(), 2, "nothing moved");
 }

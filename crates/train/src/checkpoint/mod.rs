@@ -5,7 +5,15 @@
 //! running sums, the resolved configuration, kiln and libtorch versions, and the SHA-256 of
 //! every file and of itself). It is written under a temporary name, every file fsynced, then
 //! renamed into place, so a crash at any moment leaves the previous checkpoint loadable; older
-//! ones are pruned only after the new one is complete.
+//! ones are pruned only after the new one is complete. A checkpoint that fails its checks is
+//! [`TrainError::DamagedCheckpoint`]; [`store`] passes over such ones and moves them aside.
+
+mod store;
+
+pub use store::{
+    MOVED_NOTE, MovedAside, Pruned, latest_good, list, move_aside, prune, remove_unfinished,
+    resolve, set_aside_after,
+};
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -31,6 +39,22 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
         path: path.to_owned(),
         message: e.to_string(),
     }
+}
+
+fn damaged(path: &Path, e: impl std::fmt::Display) -> TrainError {
+    TrainError::DamagedCheckpoint {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// Reads one file of a checkpoint: a missing one means the checkpoint is incomplete (damaged);
+/// any other fault is the file system's and is reported as it is.
+fn read_part(path: &Path) -> Result<Vec<u8>, TrainError> {
+    std::fs::read(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => damaged(path, "missing: the checkpoint is incomplete"),
+        _ => file_error(path, e),
+    })
 }
 
 /// Training sums that span steps, so that metrics after a resume equal an uninterrupted run's.
@@ -237,51 +261,134 @@ pub struct Checkpoint {
     pub state: Vec<(String, Tensor)>,
 }
 
-/// Reads and verifies the checkpoint in `dir`: every checksum must match.
-pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
-    let meta_path = dir.join(META_FILE);
-    let text = std::fs::read_to_string(&meta_path).map_err(|e| file_error(&meta_path, e))?;
-    let meta: Meta = serde_json::from_str(&text)
-        .map_err(|e| file_error(&meta_path, format!("not a readable checkpoint: {e}")))?;
-    if meta.format != FORMAT || meta.version != VERSION {
+/// Reads and checks `dir`'s `checkpoint.json`: readable, a checkpoint this kiln reads, and its
+/// own checksum holds. A newer format is an error of its own, not damage.
+pub fn read_meta(dir: &Path) -> Result<Meta, TrainError> {
+    let path = dir.join(META_FILE);
+    let bytes = read_part(&path)?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        damaged(
+            &path,
+            format!("not valid JSON ({e}): the file is truncated or corrupted"),
+        )
+    })?;
+    let version = value.get("version").and_then(serde_json::Value::as_u64);
+    if value.get("format").and_then(serde_json::Value::as_str) == Some(FORMAT)
+        && let Some(version) = version.filter(|&v| v != u64::from(VERSION))
+    {
         return Err(file_error(
-            &meta_path,
+            &path,
             format!(
-                "format {} version {} (this kiln reads {FORMAT} version {VERSION})",
-                meta.format, meta.version
+                "{FORMAT} version {version}, but this kiln reads version {VERSION}; \
+                 resume it with the kiln that wrote it"
             ),
         ));
     }
-    let digest = meta.digest().map_err(|e| file_error(&meta_path, e))?;
-    if digest != meta.meta_sha256 {
-        return Err(file_error(
-            &meta_path,
-            "checksum mismatch: the file is corrupted",
+    let meta: Meta = serde_json::from_value(value).map_err(|e| {
+        damaged(
+            &path,
+            format!("not a readable {FORMAT} ({e}): the file is corrupted"),
+        )
+    })?;
+    if meta.format != FORMAT {
+        return Err(damaged(
+            &path,
+            format!(
+                "format `{}`, not {FORMAT}: the file is corrupted",
+                meta.format
+            ),
         ));
     }
-    let read = |file: &str| -> Result<Vec<(String, Tensor)>, TrainError> {
-        let path = dir.join(file);
-        let bytes = std::fs::read(&path).map_err(|e| file_error(&path, e))?;
-        let expected = meta
-            .files
-            .get(file)
-            .ok_or_else(|| file_error(&meta_path, format!("no checksum for {file}")))?;
-        if &sha256_hex(&bytes) != expected {
-            return Err(file_error(
-                &path,
-                "checksum mismatch: the file is truncated or corrupted",
-            ));
-        }
-        from_safetensors(&bytes, &path)
-    };
-    let model = read(MODEL_FILE)?;
-    let state = read(STATE_FILE)?;
+    if meta.digest().map_err(|e| file_error(&path, e))? != meta.meta_sha256 {
+        return Err(damaged(&path, "checksum mismatch: the file is corrupted"));
+    }
+    Ok(meta)
+}
+
+/// Reads the tensor file `file` of the checkpoint in `dir` and checks it against `meta`.
+fn read_tensors(dir: &Path, meta: &Meta, file: &str) -> Result<Vec<(String, Tensor)>, TrainError> {
+    let expected = meta
+        .files
+        .get(file)
+        .ok_or_else(|| damaged(&dir.join(META_FILE), format!("no checksum for {file}")))?;
+    let path = dir.join(file);
+    let bytes = read_part(&path)?;
+    if &sha256_hex(&bytes) != expected {
+        return Err(damaged(
+            &path,
+            "checksum mismatch: the file is truncated or corrupted",
+        ));
+    }
+    from_safetensors(&bytes, &path)
+}
+
+/// Reads and verifies the checkpoint in `dir`: every checksum must match. Missing files and
+/// failed checks are [`TrainError::DamagedCheckpoint`].
+pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
+    let meta = read_meta(dir)?;
+    let model = read_tensors(dir, &meta, MODEL_FILE)?;
+    let state = read_tensors(dir, &meta, STATE_FILE)?;
     Ok(Checkpoint {
         dir: dir.to_owned(),
         meta,
         model,
         state,
     })
+}
+
+/// The cheap check of a checkpoint, without reading its tensors: `checkpoint.json` verifies and
+/// every tensor file it lists is there at the length its safetensors header declares (which
+/// catches a file cut short by a full disk or a crash). Flipped bits inside the tensor data are
+/// found by [`load`] alone.
+pub fn check_quick(dir: &Path) -> Result<Meta, TrainError> {
+    let meta = read_meta(dir)?;
+    for file in meta.files.keys() {
+        let path = dir.join(file);
+        let (declared, actual) = safetensors_lengths(&path)?;
+        if declared != actual {
+            return Err(damaged(
+                &path,
+                format!(
+                    "{actual} bytes where its header declares {declared}: the file is truncated \
+                     or corrupted"
+                ),
+            ));
+        }
+    }
+    Ok(meta)
+}
+
+/// The length a safetensors file's header declares, and the file's actual length.
+fn safetensors_lengths(path: &Path) -> Result<(u64, u64), TrainError> {
+    use std::io::Read;
+    let mut f = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => damaged(path, "missing: the checkpoint is incomplete"),
+        _ => file_error(path, e),
+    })?;
+    let actual = f.metadata().map_err(|e| file_error(path, e))?.len();
+    let short = || {
+        damaged(
+            path,
+            "too short for its safetensors header: the file is truncated",
+        )
+    };
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|_| short())?;
+    let header_len = u64::from_le_bytes(len);
+    if header_len > actual.saturating_sub(8) {
+        return Err(short());
+    }
+    let mut header = vec![0u8; header_len as usize];
+    f.read_exact(&mut header).map_err(|_| short())?;
+    let header: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| damaged(path, format!("unreadable safetensors header ({e})")))?;
+    let data_end = header
+        .iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
+        .max()
+        .unwrap_or(0);
+    Ok((8 + header_len + data_end, actual))
 }
 
 impl Checkpoint {
@@ -318,121 +425,4 @@ impl Checkpoint {
         }
         Ok(())
     }
-}
-
-/// The complete checkpoints in `checkpoints`, oldest first (temporary directories of
-/// interrupted writes are not checkpoints).
-pub fn list(checkpoints: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
-    let entries = match std::fs::read_dir(checkpoints) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(file_error(checkpoints, e)),
-    };
-    let mut out: Vec<(u64, PathBuf)> = entries
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let step = name.strip_prefix("step-")?.parse().ok()?;
-            Some((step, e.path()))
-        })
-        .collect();
-    out.sort();
-    Ok(out)
-}
-
-/// The newest checkpoint that verifies, with the ones skipped on the way and why.
-pub fn latest_good(checkpoints: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>), TrainError> {
-    newest_good(checkpoints, u64::MAX, vec![])
-}
-
-/// The newest checkpoint older than step `below` that verifies; `skipped` (what was passed over
-/// already) grows with each one that does not.
-fn newest_good(
-    checkpoints: &Path,
-    below: u64,
-    mut skipped: Vec<(PathBuf, String)>,
-) -> Result<(Checkpoint, Vec<(PathBuf, String)>), TrainError> {
-    for (_, dir) in list(checkpoints)?
-        .into_iter()
-        .rev()
-        .filter(|(step, _)| *step < below)
-    {
-        match load(&dir) {
-            Ok(c) => return Ok((c, skipped)),
-            Err(e) => skipped.push((dir, e.to_string())),
-        }
-    }
-    let detail = skipped
-        .iter()
-        .map(|(_, why)| format!("; {why}"))
-        .collect::<String>();
-    Err(file_error(
-        checkpoints,
-        format!("no loadable checkpoint here{detail}"),
-    ))
-}
-
-/// Removes old checkpoints: keeps the newest `keep_last`, and with `keep_best` the one with the
-/// best validation accuracy. Unreadable checkpoints older than the newest are removed too.
-pub fn prune(
-    checkpoints: &Path,
-    keep_last: usize,
-    keep_best: bool,
-) -> Result<Vec<PathBuf>, TrainError> {
-    let all = list(checkpoints)?;
-    let keep_from = all.len().saturating_sub(keep_last.max(1));
-    let best = if keep_best {
-        all.iter()
-            .filter_map(|(_, dir)| {
-                let text = std::fs::read_to_string(dir.join(META_FILE)).ok()?;
-                let meta: Meta = serde_json::from_str(&text).ok()?;
-                Some((meta.val_accuracy?, dir.clone()))
-            })
-            .max_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, dir)| dir)
-    } else {
-        None
-    };
-    let mut removed = vec![];
-    for (_, dir) in &all[..keep_from] {
-        if Some(dir) == best.as_ref() {
-            continue;
-        }
-        std::fs::remove_dir_all(dir).map_err(|e| file_error(dir, e))?;
-        removed.push(dir.clone());
-    }
-    Ok(removed)
-}
-
-/// Resolves `--resume PATH`: a checkpoint directory, or a run directory (its newest good
-/// checkpoint).
-pub fn resolve(path: &Path) -> Result<(Checkpoint, Vec<(PathBuf, String)>), TrainError> {
-    if path.join(META_FILE).exists() {
-        return match load(path) {
-            Ok(c) => Ok((c, vec![])),
-            Err(e) => {
-                // Fall back to the newest good checkpoint older than this one.
-                let step = path
-                    .file_name()
-                    .and_then(|n| n.to_str()?.strip_prefix("step-")?.parse::<u64>().ok());
-                match (step, path.parent()) {
-                    (Some(step), Some(parent)) => {
-                        newest_good(parent, step, vec![(path.to_owned(), e.to_string())])
-                    }
-                    _ => Err(e),
-                }
-            }
-        };
-    }
-    let checkpoints = path.join("checkpoints");
-    if checkpoints.is_dir() {
-        return latest_good(&checkpoints);
-    }
-    if path.file_name().is_some_and(|n| n == "checkpoints") {
-        return latest_good(path);
-    }
-    Err(file_error(
-        path,
-        "neither a checkpoint (no checkpoint.json) nor a run directory (no checkpoints/)",
-    ))
 }

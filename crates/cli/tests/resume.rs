@@ -1,0 +1,212 @@
+//! Resume as a user meets it: `kiln train` killed with SIGKILL in the middle of a checkpoint
+//! write, twice, then resumed, learns exactly what an uninterrupted run learns; a run whose
+//! checkpoints are all damaged is refused with each one named, and nothing is moved.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+mod common;
+
+use common::{kiln, stderr};
+use serde_json::Value;
+
+/// `kiln train` on an MLP wide enough that a checkpoint takes a while to write (1.1M parameters:
+/// about 14 MB with the optimizer state), checkpointing every step.
+fn train_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "train",
+        "--model",
+        "mlp",
+        "--epochs",
+        "2",
+        "--precision",
+        "fp32",
+        "--run-name",
+        "resume",
+        "--workers",
+        "1",
+        "--batch-size",
+        "16",
+        "--set",
+        "model.hidden=1024,1024",
+        "--set",
+        "data.synthetic_samples=320",
+        "--set",
+        "checkpoint.every_steps=1",
+        "--set",
+        "checkpoint.keep_last=2",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.push("--set".to_owned());
+    args.push(format!("run.output_dir={}", out.display()));
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+fn only_run(out: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+/// The step and epoch records of a run: what it learned, step by step.
+fn learning_curve(run: &Path) -> Vec<Value> {
+    let keep = [
+        "kind",
+        "step",
+        "epoch",
+        "loss",
+        "accuracy",
+        "lr",
+        "val_loss",
+        "val_accuracy",
+    ];
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["kind"] == "step" || v["kind"] == "epoch")
+        .map(|v| {
+            keep.iter()
+                .map(|k| ((*k).to_owned(), v[*k].clone()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The names in `dir` that start with `prefix`.
+fn names_starting(dir: &Path, prefix: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Starts `kiln train` and kills it with SIGKILL as soon as a checkpoint write after step
+/// `after` is under way: its temporary directory holds the weights file but not yet
+/// `checkpoint.json`. Returns the run directory.
+fn kill_during_a_checkpoint_write(out: &Path, extra: &[&str], after: u64) -> PathBuf {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(train_args(out, extra))
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("RUST_LOG")
+        .env_remove("KILN_DEVICE__REQUEST")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let target = format!(".tmp-step-{:09}", after + 1);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("kiln train ended ({status}) before a write after step {after} was seen");
+        }
+        let ckpts = std::fs::read_dir(out)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(Result::ok)
+            .map(|run| run.path().join("checkpoints"));
+        let writing = ckpts.as_deref().is_some_and(|c| {
+            names_starting(c, ".tmp-").iter().any(|n| {
+                n.as_str() >= target.as_str()
+                    && c.join(n).join("model.safetensors").exists()
+                    && !c.join(n).join("checkpoint.json").exists()
+            })
+        });
+        if writing {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break;
+        }
+        std::thread::yield_now();
+    }
+    only_run(out)
+}
+
+#[test]
+fn killed_twice_during_checkpoint_writes_then_resumed_learns_what_an_uninterrupted_run_does() {
+    let reference = tempfile::tempdir().unwrap();
+    let out = kiln(
+        &train_args(reference.path(), &[])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = learning_curve(&only_run(reference.path()));
+
+    let runs = tempfile::tempdir().unwrap();
+    let run = kill_during_a_checkpoint_write(runs.path(), &[], 4);
+    let ckpts = run.join("checkpoints");
+    assert_eq!(
+        names_starting(&ckpts, ".tmp-").len(),
+        1,
+        "the kill left a half-written checkpoint"
+    );
+    let run_again = kill_during_a_checkpoint_write(runs.path(), &["--resume"], 12);
+    assert_eq!(run_again, run);
+    assert_eq!(
+        names_starting(&ckpts, ".tmp-").len(),
+        1,
+        "the first dead write was cleared on resume; the second left its own"
+    );
+
+    let out = kiln(
+        &train_args(runs.path(), &["--resume"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("resumed from "), "{err}");
+    assert_eq!(learning_curve(&run), expected);
+    assert!(names_starting(&ckpts, ".tmp-").is_empty());
+    assert!(names_starting(&ckpts, "step-").len() >= 2);
+}
+
+#[test]
+fn resume_with_every_checkpoint_damaged_names_them_and_moves_nothing() {
+    let runs = tempfile::tempdir().unwrap();
+    let args = train_args(runs.path(), &["--set", "checkpoint.every_steps=5"]);
+    let out = kiln(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let ckpts = only_run(runs.path()).join("checkpoints");
+    let mut names = names_starting(&ckpts, "step-");
+    names.sort();
+    assert_eq!(names.len(), 2, "{names:?}");
+    for name in &names {
+        let state = ckpts.join(name).join("state.safetensors");
+        let len = std::fs::metadata(&state).unwrap().len();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&state)
+            .unwrap();
+        f.set_len(len - 100).unwrap();
+    }
+
+    let mut resume = args.clone();
+    resume.push("--resume".to_owned());
+    let out = kiln(&resume.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("all 2 are damaged"), "{err}");
+    for name in &names {
+        assert!(
+            err.contains(&format!("{name}/state.safetensors: checksum mismatch")),
+            "{err}"
+        );
+    }
+    let mut after = names_starting(&ckpts, "");
+    after.sort();
+    assert_eq!(after, names, "nothing was moved, removed or added");
+}
