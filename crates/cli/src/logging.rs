@@ -1,5 +1,7 @@
 //! Log output for the CLI: `tracing` to stderr, level from -v/-q unless RUST_LOG says otherwise.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. `RUST_LOG`, when set, wins over the flags.
@@ -14,6 +16,8 @@ pub fn init(verbose: u8, quiet: bool) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: a log file or a CI log gets plain text.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
 }
