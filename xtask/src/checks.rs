@@ -36,8 +36,25 @@ fn checks(extra_test_args: &[String]) -> Vec<Check> {
             name: "cargo test",
             args: test,
         },
+        // Tests that compare with PyTorch itself are `#[ignore]`d (plain `cargo test` may have
+        // no Python with torch) and named `…with_python_torch`; here the provisioned Python is
+        // KILN_PYTHON, so they run.
+        Check {
+            name: "cargo test: the tests that need Python's torch",
+            args: owned(&[
+                "test",
+                "--workspace",
+                "--tests",
+                "--",
+                "--ignored",
+                PYTHON_TESTS,
+            ]),
+        },
     ]
 }
+
+/// What the names of the tests that need Python's torch contain.
+pub const PYTHON_TESTS: &str = "with_python_torch";
 
 /// Runs every check in order; the error names the step that failed. `python` (the one with
 /// libtorch's torch) is `KILN_PYTHON` for the tests that export models from PyTorch.
@@ -81,7 +98,20 @@ mod tests {
     fn checks_run_cheapest_first_and_pass_extra_args_to_cargo_test() {
         let all = checks(&["--".to_owned(), "--nocapture".to_owned()]);
         let names: Vec<_> = all.iter().map(|c| c.name).collect();
-        assert_eq!(names, ["cargo fmt --check", "cargo clippy", "cargo test"]);
+        assert_eq!(
+            names,
+            [
+                "cargo fmt --check",
+                "cargo clippy",
+                "cargo test",
+                "cargo test: the tests that need Python's torch"
+            ]
+        );
+        assert!(
+            all[3]
+                .args
+                .ends_with(&["--ignored".to_owned(), PYTHON_TESTS.to_owned()])
+        );
         assert!(
             all[1]
                 .args

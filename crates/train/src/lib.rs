@@ -9,6 +9,7 @@ pub mod batch_search;
 pub mod checkpoint;
 mod error;
 pub mod feed;
+pub mod init;
 pub mod model;
 pub mod models;
 pub mod monitor;

@@ -1,7 +1,9 @@
 //! The reference models kiln is tuned and benchmarked on: an MLP for tabular data, a
 //! transformer encoder classifier shaped like a sign-language SignTransformer (sequence 64 × 469
 //! features), and a small conv net with a channels-last option. `benches/python/train_step.py`
-//! defines the same models in PyTorch for the side-by-side benchmark.
+//! defines the same models in PyTorch for the side-by-side benchmark. Every layer is initialised
+//! as PyTorch's module of that kind is by default ([`crate::init`]), in the same order, so with
+//! the same seed on the CPU a kiln model starts from its twin's very weights.
 
 use kiln_config::{ModelKind, ModelPlan};
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use std::sync::Arc;
 use tch::{Kind, Tensor, nn};
 
 use crate::TrainError;
+use crate::init;
 use crate::model::{Dropout, Model, dropout_state, set_dropout_state};
 
 /// What the data looks like: the shape of one sample and the number of classes. Stored in
@@ -136,12 +139,7 @@ impl Mlp {
         let mut layers = vec![];
         let mut width = features;
         for (i, &h) in hidden.iter().enumerate() {
-            layers.push(nn::linear(
-                vs / format!("fc{i}"),
-                width,
-                dim(h),
-                Default::default(),
-            ));
+            layers.push(init::linear(vs / format!("fc{i}"), width, dim(h), true));
             width = dim(h);
         }
         Self {
@@ -149,7 +147,7 @@ impl Mlp {
                 .map(|i| Dropout::new(dropout, seed.wrapping_add(i)))
                 .collect(),
             hidden: layers,
-            head: nn::linear(vs / "head", width, classes, Default::default()),
+            head: init::linear(vs / "head", width, classes, true),
         }
     }
 }
@@ -209,7 +207,7 @@ struct Norm {
 
 impl Norm {
     fn new(vs: nn::Path<'_>, d: i64) -> Self {
-        let n = nn::layer_norm(vs, vec![d], Default::default());
+        let n = init::layer_norm(vs, d);
         Self { ws: n.ws, bs: n.bs }
     }
 
@@ -259,12 +257,12 @@ impl EncoderLayer {
     fn new(vs: &nn::Path<'_>, d: i64, heads: i64, ff: i64, dropout: f64, seed: u64) -> Self {
         Self {
             norm1: Norm::new(vs / "norm1", d),
-            qkv: nn::linear(vs / "qkv", d, 3 * d, Default::default()),
-            out: nn::linear(vs / "out", d, d, Default::default()),
+            qkv: init::linear(vs / "qkv", d, 3 * d, true),
+            out: init::linear(vs / "out", d, d, true),
             drop1: Arc::new(Dropout::new(dropout, seed)),
             norm2: Norm::new(vs / "norm2", d),
-            ff1: nn::linear(vs / "ff1", d, ff, Default::default()),
-            ff2: nn::linear(vs / "ff2", ff, d, Default::default()),
+            ff1: init::linear(vs / "ff1", d, ff, true),
+            ff2: init::linear(vs / "ff2", ff, d, true),
             drop2: Arc::new(Dropout::new(dropout, seed.wrapping_add(1))),
             heads,
         }
@@ -364,7 +362,7 @@ impl Transformer {
         let d = shape.d_model;
         Self {
             shape: *shape,
-            embed: nn::linear(vs / "embed", shape.features, d, Default::default()),
+            embed: init::linear(vs / "embed", shape.features, d, true),
             positions: vs.var(
                 "positions",
                 &[shape.seq_len, d],
@@ -387,7 +385,7 @@ impl Transformer {
                 })
                 .collect(),
             norm: Norm::new(vs / "norm", d),
-            head: nn::linear(vs / "head", d, shape.classes, Default::default()),
+            head: init::linear(vs / "head", d, shape.classes, true),
             checkpointing: false,
         }
     }
@@ -457,7 +455,7 @@ impl ConvNet {
         let mut stages = vec![];
         let mut width = in_channels;
         for (i, &c) in channels.iter().enumerate() {
-            let conv = nn::conv2d(
+            let conv = init::conv2d(
                 vs / format!("conv{i}"),
                 width,
                 dim(c),
@@ -472,13 +470,13 @@ impl ConvNet {
             if channels_last {
                 kiln_torch_ext::layout::param_to_channels_last(&conv.ws)?;
             }
-            let bn = nn::batch_norm2d(vs / format!("bn{i}"), dim(c), Default::default());
+            let bn = init::batch_norm2d(vs / format!("bn{i}"), dim(c));
             stages.push((conv, bn, if i == 0 { 1 } else { 2 }));
             width = dim(c);
         }
         Ok(Self {
             stages,
-            head: nn::linear(vs / "head", width, classes, Default::default()),
+            head: init::linear(vs / "head", width, classes, true),
             channels_last,
         })
     }

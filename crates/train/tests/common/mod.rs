@@ -37,3 +37,21 @@ pub fn run_request(out: &Path, base: &[&str], extra: &[&str]) -> ConfigRequest {
         .collect();
     cpu_request(&sets)
 }
+
+/// The Python whose torch is the libtorch kiln runs on: `KILN_PYTHON` (`cargo xtask test` sets
+/// it), else the venv that the libtorch in use lives in. Tests that need it are `#[ignore]`d
+/// with the reason and named `…with_python_torch`, which `cargo xtask test` runs.
+#[allow(dead_code)] // not every test binary runs Python
+pub fn python_with_torch() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("KILN_PYTHON") {
+        return p.into();
+    }
+    let lib = kiln_torch_ext::runtime::libtorch_lib_dir()
+        .ok()
+        .and_then(|l| l.canonicalize().ok())
+        .expect("a libtorch directory");
+    lib.ancestors()
+        .map(|a| a.join("bin/python"))
+        .find(|p| p.is_file())
+        .expect("no Python beside this libtorch: set KILN_PYTHON to a Python with torch 2.11")
+}
