@@ -19,7 +19,13 @@ struct Suite {
     what: &'static str,
 }
 
-const SUITES: [Suite; 6] = [
+const SUITES: [Suite; 7] = [
+    Suite {
+        name: "quality",
+        bin: "kiln-bench-quality",
+        sub: "quality",
+        what: "learning vs a PyTorch loop: same job, data, split, init; val accuracy/loss, 2+ seeds",
+    },
     Suite {
         name: "train",
         bin: "kiln-bench-train",
@@ -59,11 +65,12 @@ const SUITES: [Suite; 6] = [
 ];
 
 /// The suites a plain `cargo xtask bench` runs (`opts` joins with `--compare-opts`).
-const DEFAULT: [&str; 5] = ["train", "optimizer", "data", "infer", "serve"];
+const DEFAULT: [&str; 6] = ["quality", "train", "optimizer", "data", "infer", "serve"];
 
 /// Options passed through to the suites, with whether they take a value.
-const PASSED: [(&str, bool); 11] = [
+const PASSED: [(&str, bool); 12] = [
     ("--quick", false),
+    ("--seeds", true),
     ("--repeats", true),
     ("--threads", true),
     ("--device", true),

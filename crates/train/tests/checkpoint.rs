@@ -589,35 +589,12 @@ fn pruning_keeps_the_last_k_and_the_best() {
     assert_eq!(left, [5]);
 }
 
-/// The provisioned venv's Python (beside the libtorch in use), if it has `safetensors`.
-fn python_with_safetensors() -> Option<PathBuf> {
-    let lib = kiln_torch_ext::runtime::libtorch_lib_dir()
-        .ok()?
-        .canonicalize()
-        .ok()?;
-    let python = lib
-        .ancestors()
-        .map(|a| a.join("bin/python"))
-        .find(|p| p.is_file())?;
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import safetensors"])
-        .status()
-        .ok()?
-        .success();
-    ok.then_some(python)
-}
-
 #[test]
-fn weights_are_readable_from_python_safetensors() {
+#[ignore = "needs Python with torch and safetensors (KILN_PYTHON); `cargo xtask test` runs it"]
+fn weights_are_readable_from_python_safetensors_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = small_checkpoint(&tmp.path().join("checkpoints"), 3);
-    let Some(python) = python_with_safetensors() else {
-        eprintln!(
-            "skipped: no Python with the safetensors package beside this libtorch \
-             (cargo xtask setup installs it into kiln's venv)"
-        );
-        return;
-    };
+    let python = common::python_with_torch();
     let script = "import sys, json\n\
         from safetensors import safe_open\n\
         with safe_open(sys.argv[1], framework='numpy' if False else 'pt') as f:\n\

@@ -1,0 +1,407 @@
+//! `cargo xtask bench quality`: does kiln learn as well as PyTorch? The same job on both sides,
+//! at the same budget, over several seeds per side: the SignTransformer-shaped reference model on
+//! one synthetic dataset written as `.npy` files, which kiln reads as a dataset prepared from
+//! them (`kiln data prepare`) and a plain PyTorch loop (`python/train_quality.py`) reads
+//! directly; the same train/validation split (kiln's, handed to PyTorch as indices); fp32,
+//! AdamW with the same decay groups, warmup then cosine, clipping, dropout, batch size and
+//! epochs; the same initial weights for the same seed. It reports the final validation accuracy
+//! and loss of each side (means and every seed) with the goal that kiln is not worse than
+//! PyTorch's range: its mean accuracy within 1 point of PyTorch's worst seed or better, its mean
+//! loss at most 2% above PyTorch's worst seed. Wall time per run is reported beside them: a
+//! faster kiln whose quality rows miss is a regression.
+//!
+//! `kiln-run` is the kiln side of one run, in its own process like the Python side.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{bench_root, flag, number, python, run_json, suite_out};
+use kiln_config::{ConfigRequest, Machine};
+use kiln_data::{
+    DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset, SyntheticSequences,
+};
+use kiln_train::record::{EpochRecord, Observer};
+use kiln_train::run::{RunControl, train};
+use serde_json::{Value, json};
+
+type Result<T> = std::result::Result<T, String>;
+
+/// The job: sizes of the data and the model, and the training budget.
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    samples: usize,
+    seq: usize,
+    features: usize,
+    classes: usize,
+    d_model: usize,
+    layers: usize,
+    ff: usize,
+    epochs: usize,
+    batch: usize,
+}
+
+/// The issue's job: 4096 SignTransformer-shaped samples, the default transformer, 2 epochs of
+/// batch 16. `--quick` (CI) shrinks data and model to check the suite's shape only.
+fn job(quick: bool) -> Job {
+    if quick {
+        Job {
+            samples: 512,
+            seq: 16,
+            features: 32,
+            classes: 10,
+            d_model: 64,
+            layers: 1,
+            ff: 128,
+            epochs: 1,
+            batch: 16,
+        }
+    } else {
+        Job {
+            samples: 4096,
+            seq: 64,
+            features: 469,
+            classes: 100,
+            d_model: 256,
+            layers: 4,
+            ff: 1024,
+            epochs: 2,
+            batch: 16,
+        }
+    }
+}
+
+const DATA_SEED: u64 = 1234;
+const VAL_FRACTION: f64 = 0.1;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: kiln-bench-quality [quality] [--quick] [--seeds N] [--threads N] [--out FILE] \
+         [--python PY] [--work-dir DIR]\n\
+         \x20      kiln-bench-quality data DIR [--quick] [--seeds N]\n\
+         \x20      kiln-bench-quality kiln-run --data DIR --seed S [--quick] [--threads N] \
+         [--set key=value]…"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        usage();
+    }
+    let result = match args.first().map(String::as_str) {
+        Some("kiln-run") => kiln_run(&args[1..]),
+        Some("data") => data_only(&args[1..]),
+        Some("quality") => suite(&args[1..]),
+        Some(a) if !a.starts_with("--") => usage(),
+        _ => suite(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Writes the job's dataset as `features.npy`/`labels.npy` in `dir`, prepares kiln's dataset
+/// from them in `dir/kiln`, and returns the number of classes it has.
+fn write_data(dir: &Path, job: &Job) -> Result<usize> {
+    let data = SyntheticSequences::new(job.samples, job.seq, job.features, job.classes, DATA_SEED)
+        .map_err(|e| e.to_string())?;
+    let numel = data.sample_numel();
+    let mut features = vec![0f32; job.samples * numel];
+    let mut labels = Vec::with_capacity(job.samples);
+    for (i, out) in features.chunks_exact_mut(numel).enumerate() {
+        labels.push(data.read(i, out).map_err(|e| e.to_string())?);
+    }
+    let bytes: Vec<u8> = features.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = [job.samples, job.seq, job.features];
+    kiln_data::write_npy(&dir.join("features.npy"), DType::F32, &shape, &bytes)
+        .map_err(|e| e.to_string())?;
+    let bytes: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    kiln_data::write_npy(&dir.join("labels.npy"), DType::I64, &[job.samples], &bytes)
+        .map_err(|e| e.to_string())?;
+    let source = PrepareSource::Npy {
+        features: dir.join("features.npy"),
+        labels: dir.join("labels.npy"),
+    };
+    kiln_data::prepare(&source, &dir.join("kiln"), &PrepareOptions::default())
+        .map_err(|e| e.to_string())?;
+    let prepared = ShardedDataset::open(&dir.join("kiln")).map_err(|e| e.to_string())?;
+    prepared
+        .classes()
+        .ok_or_else(|| "the prepared dataset does not know its classes".to_owned())
+}
+
+/// `data DIR [--quick] [--seeds N]`: only writes the job's data and splits into DIR (for runs
+/// of `kiln-run` or `python/train_quality.py` by hand, e.g. to measure a setting's effect).
+fn data_only(args: &[String]) -> Result<()> {
+    let dir = PathBuf::from(
+        args.first()
+            .filter(|a| !a.starts_with("--"))
+            .ok_or("data DIR")?,
+    );
+    if dir.exists() {
+        return Err(format!("{} exists; give a new directory", dir.display()));
+    }
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let classes = write_data(&dir, &job(args.iter().any(|a| a == "--quick")))?;
+    for seed in 0..number(args, "--seeds", 2)? as u64 {
+        write_split(&dir, seed, classes)?;
+    }
+    Ok(())
+}
+
+/// kiln's train/validation split of the prepared dataset for `seed`, as `split-<seed>.json`.
+fn write_split(dir: &Path, seed: u64, classes: usize) -> Result<PathBuf> {
+    let prepared = ShardedDataset::open(&dir.join("kiln")).map_err(|e| e.to_string())?;
+    let (train, val) =
+        Subset::split(Arc::new(prepared), VAL_FRACTION, seed).map_err(|e| e.to_string())?;
+    let path = dir.join(format!("split-{seed}.json"));
+    let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
+    std::fs::write(&path, text.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The validation figures of each epoch.
+#[derive(Default)]
+struct Epochs(Vec<Value>);
+
+impl Observer for Epochs {
+    fn on_epoch(&mut self, r: &EpochRecord) -> std::result::Result<(), kiln_train::TrainError> {
+        self.0.push(json!({
+            "epoch": r.epoch, "val_loss": r.val_loss, "val_accuracy": r.val_accuracy
+        }));
+        Ok(())
+    }
+}
+
+/// One kiln run of the job on the prepared data in `--data`, seeded with `--seed`; prints JSON.
+fn kiln_run(args: &[String]) -> Result<()> {
+    let start = Instant::now();
+    let job = job(args.iter().any(|a| a == "--quick"));
+    let data = PathBuf::from(flag(args, "--data").ok_or("--data DIR is needed")?);
+    let seed = number(args, "--seed", 0)?;
+    let runs = tempfile_dir(&data.join(format!("runs-{seed}")))?;
+    let mut req = ConfigRequest::new(Machine::Probe);
+    req.sets = [
+        "device.request=cpu".to_owned(),
+        "model.name=transformer".to_owned(),
+        format!("model.d_model={}", job.d_model),
+        format!("model.layers={}", job.layers),
+        format!("model.ff={}", job.ff),
+        "model.dropout=0.1".to_owned(),
+        // fp32 on both sides (a CPU profile may choose bf16).
+        "train.amp=none".to_owned(),
+        format!("train.epochs={}", job.epochs),
+        format!("train.batch_size={}", job.batch),
+        format!("data.val_fraction={VAL_FRACTION}"),
+        "data.num_workers=2".to_owned(),
+        format!("performance.seed={seed}"),
+        format!(
+            "performance.intra_op_threads={}",
+            number(args, "--threads", 0)?
+        ),
+        "checkpoint.enabled=false".to_owned(),
+        format!("run.output_dir={}", runs.display()),
+    ]
+    .to_vec();
+    // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
+    req.sets.extend(
+        args.windows(2)
+            .filter(|w| w[0] == "--set")
+            .map(|w| w[1].clone()),
+    );
+    let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
+    let device = resolution.selection.device;
+    kiln_device::settings::apply(&resolution.plan.performance.backend, device);
+    let mut epochs = Epochs::default();
+    let outcome = train(
+        &resolution.plan,
+        device,
+        Some(&data.join("kiln")),
+        RunControl::default(),
+        &mut epochs,
+        &mut |_, _| {},
+    )
+    .map_err(|e| e.to_string())?;
+    let s = &outcome.summary;
+    println!(
+        "{}",
+        json!({
+            "framework": "kiln",
+            "seed": seed,
+            "steps": s.steps,
+            "threads": tch::get_num_threads(),
+            "precision": s.precision,
+            "final_val_loss": s.final_val_loss,
+            "final_val_accuracy": s.final_val_accuracy,
+            "epochs": epochs.0,
+            "seconds": start.elapsed().as_secs_f64(),
+        })
+    );
+    Ok(())
+}
+
+/// `path`, created empty (an earlier run's leftovers are removed: it is the bench's own scratch).
+fn tempfile_dir(path: &Path) -> Result<PathBuf> {
+    if path.exists() {
+        std::fs::remove_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path.to_owned())
+}
+
+fn figure(run: &Value, key: &str) -> Result<f64> {
+    run[key]
+        .as_f64()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| format!("a run reported no finite {key}: {run}"))
+}
+
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+fn suite(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let job = job(quick);
+    let seeds = number(args, "--seeds", 2)?.max(2) as u64;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let threads = number(args, "--threads", cores)?;
+    let work = flag(args, "--work-dir").map_or_else(
+        || std::env::temp_dir().join(format!("kiln-bench-quality-{}", std::process::id())),
+        PathBuf::from,
+    );
+    let work = tempfile_dir(&work.join("quality"))?;
+    let classes = write_data(&work, &job)?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let script = bench_root().join("python/train_quality.py");
+    let (mut kiln, mut torch) = (vec![], vec![]);
+    for seed in 0..seeds {
+        let split = write_split(&work, seed, classes)?;
+        let seed_text = seed.to_string();
+        let mut k = Command::new(&exe);
+        k.args(["kiln-run", "--data"]).arg(&work);
+        k.args(["--seed", &seed_text, "--threads", &threads.to_string()]);
+        if quick {
+            k.arg("--quick");
+        }
+        eprintln!("quality: kiln, seed {seed}");
+        kiln.push(run_json(k)?);
+        let mut t = Command::new(python(args));
+        t.arg(&script)
+            .arg("--data")
+            .arg(&work)
+            .arg("--split")
+            .arg(&split);
+        t.args(["--seed", &seed_text, "--threads", &threads.to_string()]);
+        for (name, v) in [
+            ("--epochs", job.epochs),
+            ("--batch", job.batch),
+            ("--d-model", job.d_model),
+            ("--layers", job.layers),
+            ("--ff", job.ff),
+        ] {
+            t.args([name, &v.to_string()]);
+        }
+        eprintln!("quality: PyTorch, seed {seed}");
+        torch.push(run_json(t)?);
+    }
+    let out = report(&job, threads, &kiln, &torch)?;
+    out.write(&suite_out(args, "quality"))?;
+    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+}
+
+/// The suite's rows from both sides' runs.
+fn report(job: &Job, threads: usize, kiln: &[Value], torch: &[Value]) -> Result<SuiteOutput> {
+    let of = |runs: &[Value], key: &str| -> Result<Vec<f64>> {
+        runs.iter().map(|r| figure(r, key)).collect()
+    };
+    let (ka, ta) = (
+        of(kiln, "final_val_accuracy")?,
+        of(torch, "final_val_accuracy")?,
+    );
+    let (kl, tl) = (of(kiln, "final_val_loss")?, of(torch, "final_val_loss")?);
+    let (ks, ts) = (of(kiln, "seconds")?, of(torch, "seconds")?);
+    let mut out = SuiteOutput::new(
+        "quality",
+        &format!(
+            "learning at the same budget: transformer (d_model {}, {} layers) on {} synthetic \
+             {}×{} samples, {} classes, {} epochs of batch {}, fp32, {threads} threads, {} \
+             seeds per side; kiln against a plain PyTorch loop with the same data, split, \
+             initial weights and settings",
+            job.d_model,
+            job.layers,
+            job.samples,
+            job.seq,
+            job.features,
+            job.classes,
+            job.epochs,
+            job.batch,
+            ka.len()
+        ),
+    );
+    let runs = json!({"kiln": kiln, "pytorch": torch});
+    let worst_acc = ta.iter().copied().fold(f64::INFINITY, f64::min);
+    let worst_loss = tl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let baseline = "PyTorch loop, same job";
+    out.push(
+        Comparison::new(
+            "quality",
+            "learning",
+            "val accuracy: kiln mean vs PyTorch worst seed − 1 point",
+            "%",
+            Better::Higher,
+            (100.0 * mean(&ka), 100.0 * worst_acc - 1.0),
+            format!("{baseline} (lowest of {} seeds, less 1 point)", ta.len()),
+        )
+        .at_least(1.0)
+        .detail("kiln_per_seed", json!(ka))
+        .detail("pytorch_per_seed", json!(ta))
+        .detail("pytorch_mean", json!(mean(&ta))),
+    );
+    out.push(
+        Comparison::new(
+            "quality",
+            "learning",
+            "val loss: kiln mean vs PyTorch worst seed",
+            "nats",
+            Better::Lower,
+            (mean(&kl), worst_loss),
+            format!("{baseline} (highest of {} seeds)", tl.len()),
+        )
+        .at_most(1.02)
+        .detail("kiln_per_seed", json!(kl))
+        .detail("pytorch_per_seed", json!(tl))
+        .detail("pytorch_mean", json!(mean(&tl))),
+    );
+    out.push(
+        Comparison::new(
+            "quality",
+            "learning",
+            "val accuracy, means",
+            "%",
+            Better::Higher,
+            (100.0 * mean(&ka), 100.0 * mean(&ta)),
+            format!("{baseline} (mean of {} seeds)", ta.len()),
+        )
+        .detail("runs", runs),
+    );
+    out.push(Comparison::new(
+        "quality",
+        "wall time",
+        "time per run: reading the data, training, validating",
+        "s",
+        Better::Lower,
+        (mean(&ks), mean(&ts)),
+        format!(
+            "{baseline} (mean of {} seeds; in-process on both sides, so Python's start and \
+             `import torch` are not counted)",
+            ts.len()
+        ),
+    ));
+    Ok(out)
+}
