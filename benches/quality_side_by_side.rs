@@ -129,7 +129,7 @@ fn write_data(dir: &Path, job: &Job) -> Result<usize> {
     };
     kiln_data::prepare(&source, &dir.join("kiln"), &PrepareOptions::default())
         .map_err(|e| e.to_string())?;
-    let prepared = ShardedDataset::open(&dir.join("kiln")).map_err(|e| e.to_string())?;
+    let prepared = ShardedDataset::open(dir.join("kiln")).map_err(|e| e.to_string())?;
     prepared
         .classes()
         .ok_or_else(|| "the prepared dataset does not know its classes".to_owned())
@@ -156,7 +156,7 @@ fn data_only(args: &[String]) -> Result<()> {
 
 /// kiln's train/validation split of the prepared dataset for `seed`, as `split-<seed>.json`.
 fn write_split(dir: &Path, seed: u64, classes: usize) -> Result<PathBuf> {
-    let prepared = ShardedDataset::open(&dir.join("kiln")).map_err(|e| e.to_string())?;
+    let prepared = ShardedDataset::open(dir.join("kiln")).map_err(|e| e.to_string())?;
     let (train, val) =
         Subset::split(Arc::new(prepared), VAL_FRACTION, seed).map_err(|e| e.to_string())?;
     let path = dir.join(format!("split-{seed}.json"));
