@@ -4,11 +4,13 @@
 //! them (`kiln data prepare`) and a plain PyTorch loop (`python/train_quality.py`) reads
 //! directly; the same train/validation split (kiln's, handed to PyTorch as indices); fp32,
 //! AdamW with the same decay groups, warmup then cosine, clipping, dropout, batch size and
-//! epochs; the same initial weights for the same seed. It reports the final validation accuracy
-//! and loss of each side (means and every seed) with the goal that kiln is not worse than
-//! PyTorch's range: its mean accuracy within 1 point of PyTorch's worst seed or better, its mean
-//! loss at most 2% above PyTorch's worst seed. Wall time per run is reported beside them: a
-//! faster kiln whose quality rows miss is a regression.
+//! epochs; the same initial weights for the same seed. kiln runs in fp32 and at the precision it
+//! picks by itself (bf16 on a CPU with bf16 units); PyTorch with kiln's settings and as a user
+//! writes it by default (constant lr, no warmup, no clipping). It reports the final validation
+//! accuracy and loss (means and every seed) with the goal that kiln is not worse than PyTorch's
+//! range: its mean accuracy within 1 point of PyTorch's worst seed or better, its mean loss at
+//! most 2% above PyTorch's worst seed. Time per run is reported beside them: a faster kiln whose
+//! quality rows miss is a regression.
 //!
 //! `kiln-run` is the kiln side of one run, in its own process like the Python side.
 
@@ -41,6 +43,8 @@ struct Job {
     ff: usize,
     epochs: usize,
     batch: usize,
+    /// Linear warmup steps (kiln's default, 50, for the full job; the quick one has 28 steps).
+    warmup: usize,
 }
 
 /// The issue's job: 4096 SignTransformer-shaped samples, the default transformer, 2 epochs of
@@ -57,6 +61,7 @@ fn job(quick: bool) -> Job {
             ff: 128,
             epochs: 1,
             batch: 16,
+            warmup: 5,
         }
     } else {
         Job {
@@ -69,6 +74,7 @@ fn job(quick: bool) -> Job {
             ff: 1024,
             epochs: 2,
             batch: 16,
+            warmup: 50,
         }
     }
 }
@@ -82,7 +88,7 @@ fn usage() -> ! {
          [--python PY] [--work-dir DIR]\n\
          \x20      kiln-bench-quality data DIR [--quick] [--seeds N]\n\
          \x20      kiln-bench-quality kiln-run --data DIR --seed S [--quick] [--threads N] \
-         [--set key=value]…"
+         [--auto-precision] [--set key=value]…"
     );
     std::process::exit(2)
 }
@@ -193,10 +199,9 @@ fn kiln_run(args: &[String]) -> Result<()> {
         format!("model.layers={}", job.layers),
         format!("model.ff={}", job.ff),
         "model.dropout=0.1".to_owned(),
-        // fp32 on both sides (a CPU profile may choose bf16).
-        "train.amp=none".to_owned(),
         format!("train.epochs={}", job.epochs),
         format!("train.batch_size={}", job.batch),
+        format!("train.warmup_steps={}", job.warmup),
         format!("data.val_fraction={VAL_FRACTION}"),
         "data.num_workers=2".to_owned(),
         format!("performance.seed={seed}"),
@@ -208,6 +213,11 @@ fn kiln_run(args: &[String]) -> Result<()> {
         format!("run.output_dir={}", runs.display()),
     ]
     .to_vec();
+    // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
+    // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
+    if !args.iter().any(|a| a == "--auto-precision") {
+        req.sets.push("train.amp=none".to_owned());
+    }
     // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
     req.sets.extend(
         args.windows(2)
@@ -265,6 +275,26 @@ fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
+/// The runs of one side, one per seed.
+#[derive(Default)]
+struct Side(Vec<Value>);
+
+impl Side {
+    fn of(&self, key: &str) -> Result<Vec<f64>> {
+        self.0.iter().map(|r| figure(r, key)).collect()
+    }
+}
+
+/// Everything one suite run trains: kiln in fp32 and at the precision it picks by itself, and
+/// PyTorch with kiln's settings and as a user writes it by default.
+#[derive(Default)]
+struct Sides {
+    kiln: Side,
+    kiln_auto: Side,
+    torch: Side,
+    torch_plain: Side,
+}
+
 fn suite(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let job = job(quick);
@@ -278,85 +308,76 @@ fn suite(args: &[String]) -> Result<()> {
     let work = tempfile_dir(&work.join("quality"))?;
     let classes = write_data(&work, &job)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let script = bench_root().join("python/train_quality.py");
-    let (mut kiln, mut torch) = (vec![], vec![]);
+    let mut sides = Sides::default();
     for seed in 0..seeds {
         let split = write_split(&work, seed, classes)?;
-        let seed_text = seed.to_string();
-        let mut k = Command::new(&exe);
-        k.args(["kiln-run", "--data"]).arg(&work);
-        k.args(["--seed", &seed_text, "--threads", &threads.to_string()]);
-        if quick {
-            k.arg("--quick");
-        }
-        eprintln!("quality: kiln, seed {seed}");
-        kiln.push(run_json(k)?);
-        let mut t = Command::new(python(args));
-        t.arg(&script)
-            .arg("--data")
-            .arg(&work)
-            .arg("--split")
-            .arg(&split);
-        t.args(["--seed", &seed_text, "--threads", &threads.to_string()]);
-        for (name, v) in [
-            ("--epochs", job.epochs),
-            ("--batch", job.batch),
-            ("--d-model", job.d_model),
-            ("--layers", job.layers),
-            ("--ff", job.ff),
-        ] {
-            t.args([name, &v.to_string()]);
-        }
-        eprintln!("quality: PyTorch, seed {seed}");
-        torch.push(run_json(t)?);
+        let (seed, threads) = (seed.to_string(), threads.to_string());
+        let kiln = |extra: &[&str]| {
+            let mut k = Command::new(&exe);
+            k.args(["kiln-run", "--data"]).arg(&work);
+            k.args(["--seed", &seed, "--threads", &threads]).args(extra);
+            if quick {
+                k.arg("--quick");
+            }
+            k
+        };
+        let torch = |extra: &[&str]| {
+            let mut t = Command::new(python(args));
+            t.arg(bench_root().join("python/train_quality.py"));
+            t.arg("--data").arg(&work).arg("--split").arg(&split);
+            t.args(["--seed", &seed, "--threads", &threads]);
+            for (name, v) in [
+                ("--epochs", job.epochs),
+                ("--batch", job.batch),
+                ("--d-model", job.d_model),
+                ("--layers", job.layers),
+                ("--ff", job.ff),
+                ("--warmup", job.warmup),
+            ] {
+                t.args([name, &v.to_string()]);
+            }
+            // Last, so that a variant's options win.
+            t.args(extra);
+            t
+        };
+        eprintln!(
+            "quality: seed {seed}: kiln fp32, kiln automatic precision, PyTorch, PyTorch plain"
+        );
+        sides.kiln.0.push(run_json(kiln(&[]))?);
+        sides
+            .kiln_auto
+            .0
+            .push(run_json(kiln(&["--auto-precision"]))?);
+        sides.torch.0.push(run_json(torch(&[]))?);
+        let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
+        sides.torch_plain.0.push(run_json(torch(&plain))?);
     }
-    let out = report(&job, threads, &kiln, &torch)?;
+    let out = report(&job, threads, &sides)?;
     out.write(&suite_out(args, "quality"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
 }
 
-/// The suite's rows from both sides' runs.
-fn report(job: &Job, threads: usize, kiln: &[Value], torch: &[Value]) -> Result<SuiteOutput> {
-    let of = |runs: &[Value], key: &str| -> Result<Vec<f64>> {
-        runs.iter().map(|r| figure(r, key)).collect()
-    };
+const BASELINE: &str = "PyTorch loop, same job";
+
+/// Two rows with goals: `side`'s mean accuracy against PyTorch's worst seed less 1 point, and
+/// its mean loss against PyTorch's worst seed.
+fn against_range(out: &mut SuiteOutput, what: &str, side: &Side, torch: &Side) -> Result<()> {
     let (ka, ta) = (
-        of(kiln, "final_val_accuracy")?,
-        of(torch, "final_val_accuracy")?,
+        side.of("final_val_accuracy")?,
+        torch.of("final_val_accuracy")?,
     );
-    let (kl, tl) = (of(kiln, "final_val_loss")?, of(torch, "final_val_loss")?);
-    let (ks, ts) = (of(kiln, "seconds")?, of(torch, "seconds")?);
-    let mut out = SuiteOutput::new(
-        "quality",
-        &format!(
-            "learning at the same budget: transformer (d_model {}, {} layers) on {} synthetic \
-             {}×{} samples, {} classes, {} epochs of batch {}, fp32, {threads} threads, {} \
-             seeds per side; kiln against a plain PyTorch loop with the same data, split, \
-             initial weights and settings",
-            job.d_model,
-            job.layers,
-            job.samples,
-            job.seq,
-            job.features,
-            job.classes,
-            job.epochs,
-            job.batch,
-            ka.len()
-        ),
-    );
-    let runs = json!({"kiln": kiln, "pytorch": torch});
+    let (kl, tl) = (side.of("final_val_loss")?, torch.of("final_val_loss")?);
     let worst_acc = ta.iter().copied().fold(f64::INFINITY, f64::min);
     let worst_loss = tl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let baseline = "PyTorch loop, same job";
     out.push(
         Comparison::new(
             "quality",
             "learning",
-            "val accuracy: kiln mean vs PyTorch worst seed − 1 point",
+            format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point"),
             "%",
             Better::Higher,
             (100.0 * mean(&ka), 100.0 * worst_acc - 1.0),
-            format!("{baseline} (lowest of {} seeds, less 1 point)", ta.len()),
+            format!("{BASELINE} (lowest of {} seeds, less 1 point)", ta.len()),
         )
         .at_least(1.0)
         .detail("kiln_per_seed", json!(ka))
@@ -367,41 +388,96 @@ fn report(job: &Job, threads: usize, kiln: &[Value], torch: &[Value]) -> Result<
         Comparison::new(
             "quality",
             "learning",
-            "val loss: kiln mean vs PyTorch worst seed",
+            format!("val loss: {what} mean vs PyTorch worst seed"),
             "nats",
             Better::Lower,
             (mean(&kl), worst_loss),
-            format!("{baseline} (highest of {} seeds)", tl.len()),
+            format!("{BASELINE} (highest of {} seeds)", tl.len()),
         )
         .at_most(1.02)
         .detail("kiln_per_seed", json!(kl))
         .detail("pytorch_per_seed", json!(tl))
         .detail("pytorch_mean", json!(mean(&tl))),
     );
-    out.push(
-        Comparison::new(
-            "quality",
-            "learning",
-            "val accuracy, means",
-            "%",
-            Better::Higher,
-            (100.0 * mean(&ka), 100.0 * mean(&ta)),
-            format!("{baseline} (mean of {} seeds)", ta.len()),
-        )
-        .detail("runs", runs),
-    );
-    out.push(Comparison::new(
+    Ok(())
+}
+
+/// The time per run of `side` against PyTorch's.
+fn time_row(what: &str, side: &Side, torch: &Side) -> Result<Comparison> {
+    let (ks, ts) = (side.of("seconds")?, torch.of("seconds")?);
+    Ok(Comparison::new(
         "quality",
-        "wall time",
-        "time per run: reading the data, training, validating",
+        "time per run",
+        format!("{what}: reading the data, training, validating"),
         "s",
         Better::Lower,
         (mean(&ks), mean(&ts)),
         format!(
-            "{baseline} (mean of {} seeds; in-process on both sides, so Python's start and \
+            "{BASELINE} (mean of {} seeds; in-process on both sides, so Python's start and \
              `import torch` are not counted)",
             ts.len()
         ),
+    ))
+}
+
+/// The suite's rows from all sides' runs.
+fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
+    let precision = sides.kiln_auto.0[0]["precision"]
+        .as_str()
+        .unwrap_or("?")
+        .to_owned();
+    let mut out = SuiteOutput::new(
+        "quality",
+        &format!(
+            "learning at the same budget: transformer (d_model {}, {} layers) on {} synthetic \
+             {}×{} samples, {} classes, {} epochs of batch {}, {threads} threads, {} seeds per \
+             side; kiln against a plain PyTorch fp32 loop with the same data, split, initial \
+             weights and settings (AdamW, warmup + cosine, clipping 1.0, dropout)",
+            job.d_model,
+            job.layers,
+            job.samples,
+            job.seq,
+            job.features,
+            job.classes,
+            job.epochs,
+            job.batch,
+            sides.kiln.0.len()
+        ),
+    );
+    against_range(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
+    let auto = format!("kiln automatic precision ({precision})");
+    against_range(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
+    let (ka, ta) = (
+        sides.kiln.of("final_val_accuracy")?,
+        sides.torch.of("final_val_accuracy")?,
+    );
+    let runs = json!({
+        "kiln": sides.kiln.0, "kiln_auto": sides.kiln_auto.0,
+        "pytorch": sides.torch.0, "pytorch_plain": sides.torch_plain.0,
+    });
+    out.push(
+        Comparison::new(
+            "quality",
+            "learning",
+            "val accuracy, means: kiln fp32 vs PyTorch",
+            "%",
+            Better::Higher,
+            (100.0 * mean(&ka), 100.0 * mean(&ta)),
+            format!("{BASELINE} (mean of {} seeds)", ta.len()),
+        )
+        .detail("runs", runs),
+    );
+    let plain = sides.torch_plain.of("final_val_accuracy")?;
+    out.push(Comparison::new(
+        "quality",
+        "learning",
+        "val accuracy, means: kiln fp32 vs PyTorch as written by default",
+        "%",
+        Better::Higher,
+        (100.0 * mean(&ka), 100.0 * mean(&plain)),
+        "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)",
     ));
+    out.push(time_row("kiln fp32", &sides.kiln, &sides.torch)?);
+    out.push(time_row(&auto, &sides.kiln_auto, &sides.torch)?);
     Ok(out)
 }

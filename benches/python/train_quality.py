@@ -52,10 +52,13 @@ def read_npy(path):
     return torch.frombuffer(body, dtype=dtype).reshape(header["shape"])
 
 
-def lr_at(step, base, warmup, total):
-    """kiln's schedule: (s+1)/W·lr while warming up, then cosine from lr to 0 at `total`."""
+def lr_at(step, base, warmup, total, schedule):
+    """kiln's schedule: (s+1)/W·lr while warming up, then cosine from lr to 0 at `total` (or
+    constant)."""
     if step < warmup:
         return base * (step + 1) / warmup
+    if schedule == "constant":
+        return base
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
     return base * 0.5 * (1.0 + math.cos(math.pi * progress))
 
@@ -81,7 +84,8 @@ def main():
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--clip", type=float, default=1.0)
+    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--heads", type=int, default=8)
@@ -118,7 +122,7 @@ def main():
     for epoch in range(a.epochs):
         for xb, yb in loader:
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, a.lr, a.warmup, total)
+                group["lr"] = lr_at(step, a.lr, a.warmup, total, a.schedule)
             loss = F.cross_entropy(model(xb), yb)
             opt.zero_grad(set_to_none=True)
             loss.backward()

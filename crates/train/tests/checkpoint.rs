@@ -262,18 +262,7 @@ fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
 #[test]
 fn stopped_or_killed_runs_resume_bit_exactly() {
     let _turn = take_turn();
-    let reference = tempfile::tempdir().unwrap();
-    let plan = cpu_plan(reference.path(), &[]);
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    let expected = learning_curve(&only_run(reference.path()));
+    let expected = uninterrupted_curve();
     assert!(expected.len() > 20);
 
     // A signal at step 17: the step finishes, a checkpoint is written, the run stops.
@@ -338,20 +327,7 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
     // A crash at step 20 (no checkpoint then; the last one is step 14's).
     let crashed = tempfile::tempdir().unwrap();
     let plan = cpu_plan(crashed.path(), &[]);
-    assert!(
-        train(
-            &plan,
-            Device::Cpu,
-            None,
-            RunControl::default(),
-            &mut StopAt {
-                step: 20,
-                flag: None
-            },
-            &mut |_, _| {}
-        )
-        .is_err()
-    );
+    crash_at(&plan, None, 20);
     let run = only_run(crashed.path());
     let steps: Vec<u64> = checkpoint::list(&run.join("checkpoints"))
         .unwrap()
@@ -359,19 +335,7 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
         .map(|c| c.0)
         .collect();
     assert_eq!(steps, [7, 14]);
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl {
-            resume: Some(Resume::From(run.clone())),
-            stop: None,
-            ..RunControl::default()
-        },
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    resume_to_end(&plan, Resume::From(run.clone()));
     assert_eq!(
         learning_curve(&run),
         expected,
