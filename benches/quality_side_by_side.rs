@@ -299,8 +299,8 @@ fn suite(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     let job = job(quick);
     let seeds = number(args, "--seeds", 2)?.max(2) as u64;
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let threads = number(args, "--threads", cores)?;
+    // Two threads a side by default, as in the other suites.
+    let threads = number(args, "--threads", 2)?;
     let work = flag(args, "--work-dir").map_or_else(
         || std::env::temp_dir().join(format!("kiln-bench-quality-{}", std::process::id())),
         PathBuf::from,

@@ -86,7 +86,7 @@ const PASSED: [(&str, bool); 12] = [
 pub fn usage_text() -> String {
     let mut text = String::from(
         "  bench [--suite NAME]… [--quick] [--out DIR] [--batch-sizes N N …] [--compare-opts]\n\
-         \x20       [--repeats N] [--threads N] [--device cpu|cuda]\n\
+         \x20       [--repeats N] [--threads N] [--device cpu|cuda] [--seeds N]\n\
          \x20                   side-by-side benchmarks; writes runs/bench-<time>/report.json,\n\
          \x20                   report.md and plots/ (--out DIR instead). Suites:\n",
     );
