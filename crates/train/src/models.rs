@@ -12,7 +12,7 @@ use tch::{Kind, Tensor, nn};
 
 use crate::TrainError;
 use crate::init;
-use crate::model::{Dropout, Model, dropout_state, set_dropout_state};
+use crate::model::{Dropout, Model, dropout_seed, dropout_state, set_dropout_state};
 
 /// What the data looks like: the shape of one sample and the number of classes. Stored in
 /// checkpoints, so that inference can rebuild the model without the training data.
@@ -144,7 +144,7 @@ impl Mlp {
         }
         Self {
             dropout: (0..hidden.len() as u64)
-                .map(|i| Dropout::new(dropout, seed.wrapping_add(i)))
+                .map(|i| Dropout::new(dropout, dropout_seed(seed, i)))
                 .collect(),
             hidden: layers,
             head: init::linear(vs / "head", width, classes, true),
@@ -254,16 +254,17 @@ fn layer_norm(x: &Tensor, n: &Norm) -> Result<Tensor, TrainError> {
 }
 
 impl EncoderLayer {
-    fn new(vs: &nn::Path<'_>, d: i64, heads: i64, ff: i64, dropout: f64, seed: u64) -> Self {
+    /// `seeds`: the dropout seeds after attention and after the feed-forward.
+    fn new(vs: &nn::Path<'_>, d: i64, heads: i64, ff: i64, dropout: f64, seeds: [u64; 2]) -> Self {
         Self {
             norm1: Norm::new(vs / "norm1", d),
             qkv: init::linear(vs / "qkv", d, 3 * d, true),
             out: init::linear(vs / "out", d, d, true),
-            drop1: Arc::new(Dropout::new(dropout, seed)),
+            drop1: Arc::new(Dropout::new(dropout, seeds[0])),
             norm2: Norm::new(vs / "norm2", d),
             ff1: init::linear(vs / "ff1", d, ff, true),
             ff2: init::linear(vs / "ff2", ff, d, true),
-            drop2: Arc::new(Dropout::new(dropout, seed.wrapping_add(1))),
+            drop2: Arc::new(Dropout::new(dropout, seeds[1])),
             heads,
         }
     }
@@ -371,7 +372,7 @@ impl Transformer {
                     stdev: 0.02,
                 },
             ),
-            drop: Dropout::new(dropout, seed),
+            drop: Dropout::new(dropout, dropout_seed(seed, 0)),
             layers: (0..shape.layers)
                 .map(|i| {
                     EncoderLayer::new(
@@ -380,7 +381,7 @@ impl Transformer {
                         shape.heads,
                         shape.ff,
                         dropout,
-                        seed.wrapping_add(2 + 2 * i as u64),
+                        [1 + 2 * i as u64, 2 + 2 * i as u64].map(|s| dropout_seed(seed, s)),
                     )
                 })
                 .collect(),
