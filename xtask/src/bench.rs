@@ -373,10 +373,9 @@ mod tests {
     #[test]
     fn bad_input_names_what_is_wrong() {
         let err = |a: &str| parse(&args(a)).unwrap_err().0;
-        assert!(
-            err("--suite nope")
-                .contains("`nope` is not a benchmark suite; the suites are: train, optimizer")
-        );
+        assert!(err("--suite nope").contains(
+            "`nope` is not a benchmark suite; the suites are: quality, train, optimizer"
+        ));
         assert!(err("--batch-sizes 1 x").contains("--batch-sizes: `x` is not a positive integer"));
         assert!(err("--batch-sizes --quick").contains("needs at least one batch size"));
         assert!(err("--out").contains("--out needs a directory"));
