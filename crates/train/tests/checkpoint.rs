@@ -178,15 +178,22 @@ fn flip_middle_byte(file: &Path) {
     std::fs::write(file, bytes).unwrap();
 }
 
-#[test]
-fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
-    let _turn = take_turn();
+/// An uninterrupted run's learning curve, and a run of the same plan under a new directory that
+/// crashed at step 20 (checkpoints 7 and 14): (curve, directory, plan, its `checkpoints/`).
+fn crashed_at_20() -> (Vec<Value>, tempfile::TempDir, kiln_config::RunPlan, PathBuf) {
     let expected = uninterrupted_curve();
     let out = tempfile::tempdir().unwrap();
     let plan = cpu_plan(out.path(), &[]);
-    // A crash at step 20 leaves checkpoints 7 and 14; 14's optimizer state is then cut short.
     crash_at(&plan, None, 20);
     let ckpts = only_run(out.path()).join("checkpoints");
+    (expected, out, plan, ckpts)
+}
+
+#[test]
+fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
+    let _turn = take_turn();
+    // A crash at step 20 leaves checkpoints 7 and 14; 14's optimizer state is then cut short.
+    let (expected, out, plan, ckpts) = crashed_at_20();
     let step14 = ckpts.join(checkpoint::dir_name(14));
     truncate_to_half(&step14.join(checkpoint::STATE_FILE));
     let truncated = std::fs::read(step14.join(checkpoint::STATE_FILE)).unwrap();
@@ -232,11 +239,7 @@ fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
 #[test]
 fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
     let _turn = take_turn();
-    let expected = uninterrupted_curve();
-    let out = tempfile::tempdir().unwrap();
-    let plan = cpu_plan(out.path(), &[]);
-    crash_at(&plan, None, 20);
-    let ckpts = only_run(out.path()).join("checkpoints");
+    let (expected, out, plan, ckpts) = crashed_at_20();
     // What a write killed midway leaves behind.
     let dead = ckpts.join(".tmp-step-000000021-999999");
     std::fs::create_dir(&dead).unwrap();
