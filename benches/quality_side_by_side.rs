@@ -112,8 +112,8 @@ fn main() {
 }
 
 /// Writes the job's dataset as `features.npy`/`labels.npy` in `dir`, prepares kiln's dataset
-/// from them in `dir/kiln`, and returns the number of classes it has.
-fn write_data(dir: &Path, job: &Job) -> Result<usize> {
+/// from them in `dir/kiln`, and returns it opened.
+fn write_data(dir: &Path, job: &Job) -> Result<Arc<ShardedDataset>> {
     let data = SyntheticSequences::new(job.samples, job.seq, job.features, job.classes, DATA_SEED)
         .map_err(|e| e.to_string())?;
     let numel = data.sample_numel();
@@ -136,9 +136,7 @@ fn write_data(dir: &Path, job: &Job) -> Result<usize> {
     kiln_data::prepare(&source, &dir.join("kiln"), &PrepareOptions::default())
         .map_err(|e| e.to_string())?;
     let prepared = ShardedDataset::open(dir.join("kiln")).map_err(|e| e.to_string())?;
-    prepared
-        .classes()
-        .ok_or_else(|| "the prepared dataset does not know its classes".to_owned())
+    Ok(Arc::new(prepared))
 }
 
 /// `data DIR [--quick] [--seeds N]`: only writes the job's data and splits into DIR (for runs
@@ -153,18 +151,21 @@ fn data_only(args: &[String]) -> Result<()> {
         return Err(format!("{} exists; give a new directory", dir.display()));
     }
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let classes = write_data(&dir, &job(args.iter().any(|a| a == "--quick")))?;
+    let prepared = write_data(&dir, &job(args.iter().any(|a| a == "--quick")))?;
     for seed in 0..number(args, "--seeds", 2)? as u64 {
-        write_split(&dir, seed, classes)?;
+        write_split(&dir, &prepared, seed)?;
     }
     Ok(())
 }
 
-/// kiln's train/validation split of the prepared dataset for `seed`, as `split-<seed>.json`.
-fn write_split(dir: &Path, seed: u64, classes: usize) -> Result<PathBuf> {
-    let prepared = ShardedDataset::open(dir.join("kiln")).map_err(|e| e.to_string())?;
+/// kiln's train/validation split of `prepared` for `seed`, as `dir/split-<seed>.json`, with the
+/// number of classes.
+fn write_split(dir: &Path, prepared: &Arc<ShardedDataset>, seed: u64) -> Result<PathBuf> {
+    let classes = prepared
+        .classes()
+        .ok_or_else(|| "the prepared dataset does not know its classes".to_owned())?;
     let (train, val) =
-        Subset::split(Arc::new(prepared), VAL_FRACTION, seed).map_err(|e| e.to_string())?;
+        Subset::split(Arc::clone(prepared), VAL_FRACTION, seed).map_err(|e| e.to_string())?;
     let path = dir.join(format!("split-{seed}.json"));
     let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
     std::fs::write(&path, text.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -306,11 +307,11 @@ fn suite(args: &[String]) -> Result<()> {
         PathBuf::from,
     );
     let work = tempfile_dir(&work.join("quality"))?;
-    let classes = write_data(&work, &job)?;
+    let prepared = write_data(&work, &job)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut sides = Sides::default();
     for seed in 0..seeds {
-        let split = write_split(&work, seed, classes)?;
+        let split = write_split(&work, &prepared, seed)?;
         let (seed, threads) = (seed.to_string(), threads.to_string());
         let kiln = |extra: &[&str]| {
             let mut k = Command::new(&exe);

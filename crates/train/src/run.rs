@@ -126,11 +126,7 @@ pub fn train(
     };
     if let Some((ckpt, skipped)) = &resume {
         for (dir, why) in skipped {
-            let moved = checkpoint::move_aside(dir, "damaged", why)?;
-            tracing::warn!(
-                "damaged checkpoint passed over: {why}; moved aside to {}",
-                moved.to.display()
-            );
+            checkpoint::move_aside(dir, "damaged", why)?;
         }
         tracing::info!(
             "resuming from {} (step {}, epoch {}, batch {})",

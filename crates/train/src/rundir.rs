@@ -44,6 +44,14 @@ pub fn timestamp(secs: u64) -> String {
     )
 }
 
+/// [`timestamp`] of now.
+pub fn timestamp_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    timestamp(secs)
+}
+
 #[derive(Serialize)]
 struct ConfigEntry<'a> {
     key: &'a str,
@@ -90,10 +98,7 @@ impl RunDir {
     /// writes `config.json` into it.
     pub fn create(output_dir: &Path, name: &str, plan: &RunPlan) -> Result<Self, TrainError> {
         std::fs::create_dir_all(output_dir).map_err(|e| file_error(output_dir, e))?;
-        let secs = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let base = format!("{name}-{}", timestamp(secs));
+        let base = format!("{name}-{}", timestamp_now());
         let mut path = output_dir.join(&base);
         let mut n = 1;
         loop {

@@ -664,12 +664,11 @@ impl<'m> Trainer<'m> {
                 },
             },
         )?;
-        let pruned = checkpoint::prune(
+        checkpoint::prune(
             &options.dir,
             usize::try_from(options.plan.keep_last).unwrap_or(usize::MAX),
             options.plan.keep_best,
         )?;
-        log_moved_aside(&pruned.moved);
         Ok(dir)
     }
 
@@ -774,7 +773,7 @@ impl<'m> Trainer<'m> {
             Some(ckpt) => {
                 self.restore(ckpt)?;
                 if let Some(c) = options.checkpoints.as_ref().filter(|c| c.plan.enabled) {
-                    prepare_to_continue(&c.dir, ckpt.meta.step)?;
+                    checkpoint::prepare_to_continue(&c.dir, ckpt.meta.step)?;
                 }
                 (ckpt.meta.epoch, ckpt.meta.batch, ckpt.meta.sums.clone())
             }
@@ -1073,26 +1072,4 @@ impl<'m> Trainer<'m> {
         observer.on_finish(&summary)?;
         Ok(summary)
     }
-}
-
-/// Logs, one line each, the checkpoints that were moved aside.
-pub(crate) fn log_moved_aside(moved: &[checkpoint::MovedAside]) {
-    for m in moved {
-        tracing::warn!(
-            "checkpoint {} moved aside to {}: {}",
-            m.from.display(),
-            m.to.display(),
-            m.why
-        );
-    }
-}
-
-/// Readies the checkpoint directory of a run continuing from `step`: removes what interrupted
-/// writes left, and moves newer checkpoints aside, so the run writes those steps afresh.
-fn prepare_to_continue(dir: &std::path::Path, step: u64) -> Result<(), TrainError> {
-    for left in checkpoint::remove_unfinished(dir)? {
-        tracing::info!("removed {}, left by an interrupted write", left.display());
-    }
-    log_moved_aside(&checkpoint::set_aside_after(dir, step)?);
-    Ok(())
 }

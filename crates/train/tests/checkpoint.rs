@@ -225,12 +225,7 @@ fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
         assert_eq!(entries_starting(&ckpts, &name).len(), 1, "{name}");
     }
     // Every step checkpointed again, each one good; the moved-aside ones are not listed.
-    let steps: Vec<u64> = checkpoint::list(&ckpts)
-        .unwrap()
-        .iter()
-        .map(|c| c.0)
-        .collect();
-    assert_eq!(&steps[..4], [7, 14, 21, 28]);
+    assert_eq!(&steps(&ckpts)[..4], [7, 14, 21, 28]);
     for (_, dir) in checkpoint::list(&ckpts).unwrap() {
         checkpoint::load(&dir).unwrap();
     }
@@ -332,12 +327,7 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
     let plan = cpu_plan(crashed.path(), &[]);
     crash_at(&plan, None, 20);
     let run = only_run(crashed.path());
-    let steps: Vec<u64> = checkpoint::list(&run.join("checkpoints"))
-        .unwrap()
-        .iter()
-        .map(|c| c.0)
-        .collect();
-    assert_eq!(steps, [7, 14]);
+    assert_eq!(steps(&run.join("checkpoints")), [7, 14]);
     resume_to_end(&plan, Resume::From(run.clone()));
     assert_eq!(
         learning_curve(&run),
@@ -528,32 +518,31 @@ fn a_write_that_dies_midway_leaves_the_previous_checkpoint_loadable() {
     assert!(again.contains("does not overwrite"), "{again}");
 }
 
+/// The steps of the checkpoints `checkpoint::list` finds in `dir`.
+fn steps(dir: &Path) -> Vec<u64> {
+    checkpoint::list(dir).unwrap().iter().map(|c| c.0).collect()
+}
+
+/// Small checkpoints of steps 1 to 5 in `dir`; step 2 is the best by validation accuracy.
+fn five_with_step_2_best(dir: &Path) {
+    for step in [1, 2, 3, 4, 5] {
+        let mut meta = small_meta(step);
+        meta.val_accuracy = Some(if step == 2 { 0.99 } else { 0.5 });
+        save_small(dir, meta);
+    }
+}
+
 #[test]
 fn pruning_keeps_the_last_k_and_the_best() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("checkpoints");
-    for step in [1, 2, 3, 4, 5] {
-        // Step 2 is the best by validation accuracy.
-        let mut meta = small_meta(step);
-        meta.val_accuracy = Some(if step == 2 { 0.99 } else { 0.5 });
-        save_small(&dir, meta);
-    }
+    five_with_step_2_best(&dir);
     let pruned = checkpoint::prune(&dir, 2, true).unwrap();
     assert_eq!(pruned.removed.len(), 2);
     assert!(pruned.moved.is_empty());
-    let left: Vec<u64> = checkpoint::list(&dir)
-        .unwrap()
-        .iter()
-        .map(|c| c.0)
-        .collect();
-    assert_eq!(left, [2, 4, 5]);
+    assert_eq!(steps(&dir), [2, 4, 5]);
     checkpoint::prune(&dir, 1, false).unwrap();
-    let left: Vec<u64> = checkpoint::list(&dir)
-        .unwrap()
-        .iter()
-        .map(|c| c.0)
-        .collect();
-    assert_eq!(left, [5]);
+    assert_eq!(steps(&dir), [5]);
 }
 
 #[test]
@@ -589,11 +578,7 @@ fn weights_are_readable_from_python_safetensors_with_python_torch() {
 fn pruning_moves_damaged_checkpoints_aside_and_counts_only_good_ones() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("checkpoints");
-    for step in [1, 2, 3, 4, 5] {
-        let mut meta = small_meta(step);
-        meta.val_accuracy = Some(if step == 2 { 0.99 } else { 0.5 });
-        save_small(&dir, meta);
-    }
+    five_with_step_2_best(&dir);
     // Step 2 (the best by its record) gets a flipped bit in checkpoint.json; step 4's weights are
     // cut short.
     flip_middle_byte(
@@ -625,12 +610,7 @@ fn pruning_moves_damaged_checkpoints_aside_and_counts_only_good_ones() {
         pruned.moved
     );
     // Of the good ones (1, 3, 5) the last two stay; the best among them is one of those.
-    let left: Vec<u64> = checkpoint::list(&dir)
-        .unwrap()
-        .iter()
-        .map(|c| c.0)
-        .collect();
-    assert_eq!(left, [3, 5]);
+    assert_eq!(steps(&dir), [3, 5]);
     assert_eq!(pruned.removed, [dir.join(checkpoint::dir_name(1))]);
     let aside = entries_starting(&dir, &format!("{}.damaged-", checkpoint::dir_name(2)));
     assert_eq!(

@@ -11,8 +11,8 @@
 mod store;
 
 pub use store::{
-    MOVED_NOTE, MovedAside, Pruned, latest_good, list, move_aside, prune, remove_unfinished,
-    resolve, set_aside_after,
+    MOVED_NOTE, MovedAside, Pruned, latest_good, list, move_aside, prepare_to_continue, prune,
+    resolve,
 };
 
 use std::collections::BTreeMap;
@@ -48,13 +48,18 @@ fn damaged(path: &Path, e: impl std::fmt::Display) -> TrainError {
     }
 }
 
-/// Reads one file of a checkpoint: a missing one means the checkpoint is incomplete (damaged);
-/// any other fault is the file system's and is reported as it is.
-fn read_part(path: &Path) -> Result<Vec<u8>, TrainError> {
-    std::fs::read(path).map_err(|e| match e.kind() {
+/// A fault opening or reading one file of a checkpoint: a missing file means the checkpoint is
+/// incomplete (damaged); any other fault is the file system's and is reported as it is.
+fn part_error(path: &Path, e: std::io::Error) -> TrainError {
+    match e.kind() {
         std::io::ErrorKind::NotFound => damaged(path, "missing: the checkpoint is incomplete"),
         _ => file_error(path, e),
-    })
+    }
+}
+
+/// Reads one file of a checkpoint (see [`part_error`]).
+fn read_part(path: &Path) -> Result<Vec<u8>, TrainError> {
+    std::fs::read(path).map_err(|e| part_error(path, e))
 }
 
 /// Training sums that span steps, so that metrics after a resume equal an uninterrupted run's.
@@ -361,10 +366,7 @@ pub fn check_quick(dir: &Path) -> Result<Meta, TrainError> {
 /// The length a safetensors file's header declares, and the file's actual length.
 fn safetensors_lengths(path: &Path) -> Result<(u64, u64), TrainError> {
     use std::io::Read;
-    let mut f = File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => damaged(path, "missing: the checkpoint is incomplete"),
-        _ => file_error(path, e),
-    })?;
+    let mut f = File::open(path).map_err(|e| part_error(path, e))?;
     let actual = f.metadata().map_err(|e| file_error(path, e))?.len();
     let short = || {
         damaged(

@@ -4,12 +4,12 @@
 //! `step-<N>.damaged-<time>` (with a note of why inside), so it is never taken for a checkpoint
 //! again, never counted by `keep_last`/`keep_best`, and stays for inspection.
 
+use std::fs::DirEntry;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Checkpoint, META_FILE, TMP_PREFIX, check_quick, file_error, load, sync_dir};
 use crate::TrainError;
-use crate::rundir::timestamp;
+use crate::rundir::timestamp_now;
 
 /// The note a moved-aside checkpoint directory gets, saying why it was moved.
 pub const MOVED_NOTE: &str = "kiln-moved-aside.txt";
@@ -17,13 +17,8 @@ pub const MOVED_NOTE: &str = "kiln-moved-aside.txt";
 /// The complete checkpoints in `checkpoints`, oldest first: directories named `step-<N>` alone
 /// (temporary directories of interrupted writes and moved-aside checkpoints are not checkpoints).
 pub fn list(checkpoints: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
-    let entries = match std::fs::read_dir(checkpoints) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(file_error(checkpoints, e)),
-    };
-    let mut out: Vec<(u64, PathBuf)> = entries
-        .flatten()
+    let mut out: Vec<(u64, PathBuf)> = entries(checkpoints)?
+        .into_iter()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
             let digits = name.strip_prefix("step-")?;
@@ -35,6 +30,15 @@ pub fn list(checkpoints: &Path) -> Result<Vec<(u64, PathBuf)>, TrainError> {
         .collect();
     out.sort();
     Ok(out)
+}
+
+/// The entries of the directory `checkpoints`; none if it does not exist (yet).
+fn entries(checkpoints: &Path) -> Result<Vec<DirEntry>, TrainError> {
+    match std::fs::read_dir(checkpoints) {
+        Ok(e) => Ok(e.flatten().collect()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(vec![]),
+        Err(e) => Err(file_error(checkpoints, e)),
+    }
 }
 
 /// The newest checkpoint that verifies, with the damaged ones passed over on the way and why.
@@ -121,8 +125,8 @@ pub struct MovedAside {
 }
 
 /// Renames the checkpoint directory `dir` to `<name>.<label>-<UTC time>` beside it (`-2`, `-3`…
-/// if that exists), writes `why` into it as [`MOVED_NOTE`], and returns where it went. Nothing in
-/// it is deleted or changed.
+/// if that exists), writes `why` into it as [`MOVED_NOTE`], says so in one warning line, and
+/// returns where it went. Nothing in it is deleted or changed.
 pub fn move_aside(dir: &Path, label: &str, why: &str) -> Result<MovedAside, TrainError> {
     let parent = dir
         .parent()
@@ -131,10 +135,7 @@ pub fn move_aside(dir: &Path, label: &str, why: &str) -> Result<MovedAside, Trai
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .ok_or_else(|| file_error(dir, "not a checkpoint directory"))?;
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let base = format!("{name}.{label}-{}", timestamp(secs));
+    let base = format!("{name}.{label}-{}", timestamp_now());
     let mut to = parent.join(&base);
     let mut n = 1;
     while to.exists() {
@@ -149,6 +150,11 @@ pub fn move_aside(dir: &Path, label: &str, why: &str) -> Result<MovedAside, Trai
     if let Err(e) = std::fs::write(to.join(MOVED_NOTE), note) {
         tracing::warn!("{}: cannot write {MOVED_NOTE}: {e}", to.display());
     }
+    tracing::warn!(
+        "checkpoint {} moved aside ({label}) to {}: {why}",
+        dir.display(),
+        to.display()
+    );
     Ok(MovedAside {
         from: dir.to_owned(),
         to,
@@ -156,10 +162,19 @@ pub fn move_aside(dir: &Path, label: &str, why: &str) -> Result<MovedAside, Trai
     })
 }
 
-/// Before a run continues from step `step`: moves every checkpoint newer than it aside, as
-/// `damaged` if its quick check fails, else as `superseded` (the continued run writes those steps
-/// again, and kiln overwrites nothing).
-pub fn set_aside_after(checkpoints: &Path, step: u64) -> Result<Vec<MovedAside>, TrainError> {
+/// Readies `checkpoints` for a run continuing from step `step`: removes what killed writes and
+/// prunes left (`.tmp-…` directories; they never were checkpoints), then moves every checkpoint
+/// newer than `step` aside, as `damaged` if its quick check fails, else as `superseded` (the run
+/// writes those steps again, and kiln overwrites nothing). Only for a run that owns the
+/// directory: a live writer's temporary directory would go too.
+pub fn prepare_to_continue(checkpoints: &Path, step: u64) -> Result<Vec<MovedAside>, TrainError> {
+    for entry in entries(checkpoints)? {
+        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(|e| file_error(&path, e))?;
+            tracing::info!("removed {}, left by an interrupted write", path.display());
+        }
+    }
     let mut moved = vec![];
     for (_, dir) in list(checkpoints)?.into_iter().filter(|(s, _)| *s > step) {
         let (label, why) = match check_quick(&dir) {
@@ -173,26 +188,6 @@ pub fn set_aside_after(checkpoints: &Path, step: u64) -> Result<Vec<MovedAside>,
         moved.push(move_aside(&dir, label, &why)?);
     }
     Ok(moved)
-}
-
-/// Removes what interrupted writes and prunes left in `checkpoints` (`.tmp-…` directories; they
-/// never were checkpoints) and returns their paths. Only for a run that owns the directory: a
-/// live writer's temporary directory would go too.
-pub fn remove_unfinished(checkpoints: &Path) -> Result<Vec<PathBuf>, TrainError> {
-    let entries = match std::fs::read_dir(checkpoints) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(file_error(checkpoints, e)),
-    };
-    let mut removed = vec![];
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
-            let path = entry.path();
-            std::fs::remove_dir_all(&path).map_err(|e| file_error(&path, e))?;
-            removed.push(path);
-        }
-    }
-    Ok(removed)
 }
 
 /// What [`prune`] did: the checkpoints it removed, and the damaged ones it moved aside.
@@ -236,7 +231,7 @@ pub fn prune(checkpoints: &Path, keep_last: usize, keep_best: bool) -> Result<Pr
 }
 
 /// Removes a checkpoint directory so that a crash midway leaves no half-removed checkpoint: it
-/// is renamed to a temporary name first (which [`remove_unfinished`] clears after a crash).
+/// is renamed to a temporary name first (which [`prepare_to_continue`] clears after a crash).
 fn remove_checkpoint(dir: &Path) -> Result<(), TrainError> {
     let name = dir
         .file_name()
