@@ -4,7 +4,9 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use kiln_data::{CsvOptions, Manifest, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset};
+use kiln_data::{
+    CsvOptions, Manifest, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset, StoredTarget,
+};
 
 use crate::args::{DataAction, Format, PrepareArgs, ShardFormatArg};
 
@@ -16,31 +18,20 @@ pub fn run(action: DataAction) -> anyhow::Result<ExitCode> {
 }
 
 fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
-    let source = match (&args.csv, &args.features, &args.labels) {
-        (Some(csv), None, None) => {
-            let delimiter = u8::try_from(args.delimiter)
-                .ok()
-                .filter(u8::is_ascii)
-                .with_context(|| {
-                    format!(
-                        "--delimiter `{}` must be a single ASCII character",
-                        args.delimiter
-                    )
-                })?;
-            PrepareSource::Csv {
-                path: csv.clone(),
-                options: CsvOptions {
-                    label_column: args.label_column.clone(),
-                    feature_columns: args.feature_columns.clone(),
-                    delimiter,
-                },
-            }
-        }
-        (None, Some(features), Some(labels)) => PrepareSource::Npy {
+    let source = match (&args.csv, &args.features, &args.labels, &args.targets) {
+        (Some(csv), None, None, None) => csv_source(csv, args)?,
+        (None, Some(features), Some(labels), None) => PrepareSource::Npy {
             features: features.clone(),
             labels: labels.clone(),
         },
-        _ => anyhow::bail!("give either --csv FILE, or --features FILE and --labels FILE"),
+        (None, Some(features), None, Some(targets)) => PrepareSource::NpyTargets {
+            features: features.clone(),
+            targets: targets.clone(),
+            classes: args.classes,
+        },
+        _ => anyhow::bail!(
+            "give either --csv FILE, or --features FILE with --labels FILE or --targets FILE"
+        ),
     };
     let options = PrepareOptions {
         shard_samples: args.shard_samples,
@@ -48,11 +39,42 @@ fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
             ShardFormatArg::Safetensors => ShardFormat::Safetensors,
             ShardFormatArg::Npy => ShardFormat::Npy,
         },
+        integer_features: args.integer_features,
     };
     let manifest =
         kiln_data::prepare(&source, &args.out, &options).context("kiln data prepare failed")?;
     report(&args.out, &manifest, args.format, "wrote")?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn csv_source(csv: &Path, args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
+    let delimiter = u8::try_from(args.delimiter)
+        .ok()
+        .filter(u8::is_ascii)
+        .with_context(|| {
+            format!(
+                "--delimiter `{}` must be a single ASCII character",
+                args.delimiter
+            )
+        })?;
+    if let Some(columns) = &args.target_columns
+        && columns.iter().any(|c| c.trim().is_empty())
+    {
+        anyhow::bail!(
+            "--target-columns `{}` names an empty column: give the target columns' headers, \
+             comma-separated",
+            columns.join(",")
+        );
+    }
+    Ok(PrepareSource::Csv {
+        path: csv.to_owned(),
+        options: CsvOptions {
+            label_column: args.label_column.clone(),
+            target_columns: args.target_columns.clone(),
+            feature_columns: args.feature_columns.clone(),
+            delimiter,
+        },
+    })
 }
 
 fn inspect(dir: &Path, format: Format) -> anyhow::Result<ExitCode> {
@@ -71,7 +93,7 @@ fn report(dir: &Path, m: &Manifest, format: Format, verb: &str) -> anyhow::Resul
             let bytes: u64 = m
                 .shards
                 .iter()
-                .flat_map(|s| [&s.features, &s.labels])
+                .flat_map(|s| [&s.features, &s.targets])
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
@@ -79,20 +101,12 @@ fn report(dir: &Path, m: &Manifest, format: Format, verb: &str) -> anyhow::Resul
                 .sum();
             println!("{verb} {}", dir.display());
             println!("  samples   {}", m.samples);
+            let ids = if m.features.ids { " (integer ids)" } else { "" };
             println!(
-                "  features  {} {:?} per sample",
+                "  features  {} {:?} per sample{ids}",
                 m.features.dtype, m.features.shape
             );
-            let names = m
-                .labels
-                .class_names
-                .as_ref()
-                .map(|n| format!(" ({})", n.join(", ")))
-                .unwrap_or_default();
-            println!(
-                "  labels    {}, {} classes{names}",
-                m.labels.dtype, m.labels.classes
-            );
+            println!("  target    {}", describe_target(&m.target));
             println!(
                 "  shards    {} ({:.1} MiB on disk)",
                 m.shards.len(),
@@ -101,4 +115,29 @@ fn report(dir: &Path, m: &Manifest, format: Format, verb: &str) -> anyhow::Resul
         }
     }
     Ok(())
+}
+
+/// "regression: f32 [24] per sample", "classification: i64, 2 classes (cat, dog)".
+fn describe_target(t: &StoredTarget) -> String {
+    let shape = if t.shape.is_empty() {
+        String::new()
+    } else {
+        format!(" {:?} per sample", t.shape)
+    };
+    let classes = match t.classes {
+        Some(n) => {
+            let names = t
+                .class_names
+                .as_ref()
+                .map(|n| format!(" ({})", n.join(", ")))
+                .unwrap_or_default();
+            format!(", {n} classes{names}")
+        }
+        None => String::new(),
+    };
+    format!(
+        "{}: {}{shape}{classes}",
+        t.task.name().replace('_', " "),
+        t.dtype
+    )
 }

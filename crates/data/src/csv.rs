@@ -1,16 +1,19 @@
-//! Tabular data from a CSV file: numeric feature columns and one label column, parsed once
-//! into memory.
+//! Tabular data from a CSV file: numeric feature columns and either one label column or
+//! several real-valued target columns (regression), parsed once into memory.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::{DataError, Dataset, InMemory};
+use crate::{DataError, Dataset, InMemory, TargetSlot, TargetSpec, Targets};
 
 /// Which columns of a CSV file are what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CsvOptions {
-    /// The header of the label column.
+    /// The header of the label column (unused with `target_columns`).
     pub label_column: String,
+    /// Headers of real-valued target columns, in order: each row's target is then their `f32`
+    /// values, `[columns]` (regression), instead of a class label.
+    pub target_columns: Option<Vec<String>>,
     /// Headers of the feature columns, in order; `None` takes every other column.
     pub feature_columns: Option<Vec<String>>,
     pub delimiter: u8,
@@ -20,6 +23,7 @@ impl Default for CsvOptions {
     fn default() -> Self {
         Self {
             label_column: "label".to_owned(),
+            target_columns: None,
             feature_columns: None,
             delimiter: b',',
         }
@@ -27,13 +31,15 @@ impl Default for CsvOptions {
 }
 
 /// A CSV file's rows as samples of shape `[features]`. Integer labels are used as they are;
-/// any other labels are class names, numbered in sorted order.
+/// any other labels are class names, numbered in sorted order. With target columns, a row's
+/// target is their values, which must be finite.
 #[derive(Debug, Clone)]
 pub struct CsvDataset {
     path: PathBuf,
     data: InMemory,
     feature_columns: Vec<String>,
-    classes: usize,
+    /// Empty for a label column.
+    target_columns: Vec<String>,
     class_names: Option<Vec<String>>,
 }
 
@@ -52,64 +58,32 @@ impl CsvDataset {
             .iter()
             .map(|h| h.trim().to_owned())
             .collect();
-        let column = |name: &str| {
-            headers.iter().position(|h| h == name).ok_or_else(|| {
-                DataError::file(
-                    path,
-                    format!(
-                        "has no column `{name}` (its columns: {})",
-                        headers.join(", ")
-                    ),
-                )
-            })
-        };
-        let label_at = column(&options.label_column)?;
-        let feature_at: Vec<usize> = match &options.feature_columns {
-            Some(names) => names.iter().map(|n| column(n)).collect::<Result<_, _>>()?,
-            None => (0..headers.len()).filter(|&i| i != label_at).collect(),
-        };
-        if feature_at.is_empty() {
-            return Err(DataError::file(
-                path,
-                "has no feature columns besides the label",
-            ));
-        }
-        let mut features = Vec::new();
-        let mut raw_labels = Vec::new();
-        let mut record = ::csv::StringRecord::new();
-        loop {
-            match reader.read_record(&mut record) {
-                Ok(true) => {}
-                Ok(false) => break,
-                Err(e) => return Err(DataError::file(path, csv_error(&e))),
+        let columns = Columns::find(path, &headers, options)?;
+        let rows = read_rows(path, &mut reader, &headers, &columns)?;
+        let (target, targets, class_names) = match rows.targets {
+            RawTargets::Labels(raw) => {
+                let (labels, classes, names) = number_labels(path, &options.label_column, raw)?;
+                (TargetSpec::label(classes), Targets::Classes(labels), names)
             }
-            let line = record.position().map_or(0, |p| p.line());
-            for &c in &feature_at {
-                let text = record[c].trim();
-                let value: f32 = text.parse().map_err(|_| {
-                    DataError::file(
-                        path,
-                        format!(
-                            "line {line}, column `{}`: `{text}` is not a number",
-                            headers[c]
-                        ),
-                    )
-                })?;
-                features.push(value);
-            }
-            raw_labels.push((line, record[label_at].trim().to_owned()));
-        }
-        if raw_labels.is_empty() {
-            return Err(DataError::file(path, "has a header but no rows"));
-        }
-        let (labels, classes, class_names) =
-            number_labels(path, &options.label_column, raw_labels)?;
-        let data = InMemory::new(features, labels, vec![feature_at.len()])?;
+            RawTargets::Values(values) => (
+                TargetSpec::Values {
+                    shape: vec![columns.target.width()],
+                },
+                Targets::Values(values),
+                None,
+            ),
+        };
+        let data =
+            InMemory::with_targets(rows.features, vec![columns.features.len()], target, targets)?;
+        let name = |at: &[usize]| at.iter().map(|&i| headers[i].clone()).collect();
         Ok(Self {
             path: path.to_owned(),
             data,
-            feature_columns: feature_at.iter().map(|&i| headers[i].clone()).collect(),
-            classes,
+            feature_columns: name(&columns.features),
+            target_columns: match &columns.target {
+                TargetColumns::Values(at) => name(at),
+                TargetColumns::Label(_) => Vec::new(),
+            },
             class_names,
         })
     }
@@ -122,9 +96,9 @@ impl CsvDataset {
         &self.feature_columns
     }
 
-    /// Labels lie in `0..classes()`.
-    pub fn classes(&self) -> usize {
-        self.classes
+    /// The target columns (empty when the target is a label column).
+    pub fn target_columns(&self) -> &[String] {
+        &self.target_columns
     }
 
     /// The class names, when the labels were names rather than integers.
@@ -135,6 +109,157 @@ impl CsvDataset {
     pub(crate) fn in_memory(&self) -> &InMemory {
         &self.data
     }
+}
+
+/// Which columns hold the target.
+enum TargetColumns {
+    Label(usize),
+    Values(Vec<usize>),
+}
+
+impl TargetColumns {
+    fn width(&self) -> usize {
+        match self {
+            TargetColumns::Label(_) => 1,
+            TargetColumns::Values(at) => at.len(),
+        }
+    }
+
+    fn contains(&self, i: usize) -> bool {
+        match self {
+            TargetColumns::Label(at) => *at == i,
+            TargetColumns::Values(at) => at.contains(&i),
+        }
+    }
+}
+
+/// The positions of the feature and target columns.
+struct Columns {
+    features: Vec<usize>,
+    target: TargetColumns,
+}
+
+impl Columns {
+    fn find(path: &Path, headers: &[String], options: &CsvOptions) -> Result<Self, DataError> {
+        let column = |name: &str| {
+            headers.iter().position(|h| h == name).ok_or_else(|| {
+                DataError::file(
+                    path,
+                    format!(
+                        "has no column `{name}` (its columns: {})",
+                        headers.join(", ")
+                    ),
+                )
+            })
+        };
+        let target = match &options.target_columns {
+            Some(names) if names.is_empty() => {
+                return Err(DataError::file(path, "no target columns were given"));
+            }
+            Some(names) => {
+                TargetColumns::Values(names.iter().map(|n| column(n)).collect::<Result<_, _>>()?)
+            }
+            None => TargetColumns::Label(column(&options.label_column)?),
+        };
+        let features: Vec<usize> = match &options.feature_columns {
+            Some(names) => names.iter().map(|n| column(n)).collect::<Result<_, _>>()?,
+            None => (0..headers.len())
+                .filter(|&i| !target.contains(i))
+                .collect(),
+        };
+        if let Some(&both) = features.iter().find(|&&i| target.contains(i)) {
+            return Err(DataError::file(
+                path,
+                format!(
+                    "column `{}` is both a feature and the target",
+                    headers[both]
+                ),
+            ));
+        }
+        if features.is_empty() {
+            return Err(DataError::file(
+                path,
+                "has no feature columns besides the target",
+            ));
+        }
+        Ok(Self { features, target })
+    }
+}
+
+/// Targets as read: label texts by line, or values.
+enum RawTargets {
+    Labels(Vec<(u64, String)>),
+    Values(Vec<f32>),
+}
+
+struct Rows {
+    features: Vec<f32>,
+    targets: RawTargets,
+}
+
+/// The number in `text`, or an error naming the line and column.
+fn number(path: &Path, line: u64, column: &str, text: &str) -> Result<f32, DataError> {
+    text.parse().map_err(|_| {
+        DataError::file(
+            path,
+            format!("line {line}, column `{column}`: `{text}` is not a number"),
+        )
+    })
+}
+
+fn read_rows(
+    path: &Path,
+    reader: &mut ::csv::Reader<std::fs::File>,
+    headers: &[String],
+    columns: &Columns,
+) -> Result<Rows, DataError> {
+    let mut features = Vec::new();
+    let mut targets = match columns.target {
+        TargetColumns::Label(_) => RawTargets::Labels(Vec::new()),
+        TargetColumns::Values(_) => RawTargets::Values(Vec::new()),
+    };
+    let mut record = ::csv::StringRecord::new();
+    let mut rows = 0;
+    while reader
+        .read_record(&mut record)
+        .map_err(|e| DataError::file(path, csv_error(&e)))?
+    {
+        let line = record.position().map_or(0, |p| p.line());
+        for &c in &columns.features {
+            features.push(number(path, line, &headers[c], record[c].trim())?);
+        }
+        match (&columns.target, &mut targets) {
+            (TargetColumns::Label(at), RawTargets::Labels(raw)) => {
+                raw.push((line, record[*at].trim().to_owned()));
+            }
+            (TargetColumns::Values(at), RawTargets::Values(values)) => {
+                for &c in at {
+                    values.push(target_value(path, line, &headers[c], record[c].trim())?);
+                }
+            }
+            _ => {}
+        }
+        rows += 1;
+    }
+    if rows == 0 {
+        return Err(DataError::file(path, "has a header but no rows"));
+    }
+    Ok(Rows { features, targets })
+}
+
+/// A regression target: a finite number.
+fn target_value(path: &Path, line: u64, column: &str, text: &str) -> Result<f32, DataError> {
+    let value = number(path, line, column, text)?;
+    if !value.is_finite() {
+        return Err(DataError::file(
+            path,
+            format!(
+                "line {line}, column `{column}`: target `{text}` is not a finite number \
+                 (regression targets must be finite)"
+            ),
+        ));
+    }
+    Ok(value)
 }
 
 fn csv_error(e: &::csv::Error) -> String {
@@ -192,6 +317,19 @@ impl Dataset for CsvDataset {
     }
 
     fn classes(&self) -> Option<usize> {
-        Some(self.classes)
+        self.data.classes()
+    }
+
+    fn target(&self) -> TargetSpec {
+        self.data.target()
+    }
+
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.data.read_sample(index, features, target)
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::DataError;
 use crate::rng::SplitMix64;
+use crate::target::{TargetSlot, TargetSpec, Targets};
 
 /// The error for reading sample `index` of a dataset of `len` samples.
 pub(crate) fn out_of_range(index: usize, len: usize) -> DataError {
@@ -12,7 +13,12 @@ pub(crate) fn out_of_range(index: usize, len: usize) -> DataError {
     }
 }
 
-/// A dataset of float feature arrays with integer labels, readable by index from any thread.
+/// A dataset of float feature arrays with a target per sample, readable by index from any
+/// thread.
+///
+/// A classification dataset implements [`Dataset::read`] (features in, class label out) and
+/// [`Dataset::classes`]. A dataset with any other target (regression values, a class map)
+/// implements [`Dataset::target`] and [`Dataset::read_sample`] instead.
 pub trait Dataset: Send + Sync + 'static {
     /// Number of samples.
     fn len(&self) -> usize;
@@ -31,12 +37,46 @@ pub trait Dataset: Send + Sync + 'static {
     }
 
     /// Writes sample `index`'s features into `out` (exactly [`Dataset::sample_numel`] values)
-    /// and returns its label.
-    fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError>;
+    /// and returns its class label. Datasets whose targets are not single labels need not
+    /// implement it (they implement [`Dataset::read_sample`]); the default is an error.
+    fn read(&self, index: usize, _out: &mut [f32]) -> Result<i64, DataError> {
+        Err(DataError::Sample {
+            index,
+            message: format!(
+                "this dataset's targets are {}, not single class labels: read it with \
+                 `read_sample`",
+                self.target()
+            ),
+        })
+    }
 
     /// The number of classes labels lie in (`0..classes`), where the dataset knows it.
     fn classes(&self) -> Option<usize> {
         None
+    }
+
+    /// What one sample's target is. Default: one class label in `0..classes()`.
+    fn target(&self) -> TargetSpec {
+        TargetSpec::label(self.classes().unwrap_or(0))
+    }
+
+    /// Whether the features are integer ids (token ids, stored exactly in the `f32` buffer),
+    /// which reach the model as `int64`. Default: no.
+    fn integer_features(&self) -> bool {
+        false
+    }
+
+    /// Writes sample `index`'s features into `features` and its target into `target` (exactly
+    /// [`TargetSpec::numel`] elements of [`Dataset::target`]'s kind). Default: through
+    /// [`Dataset::read`].
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        mut target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let label = self.read(index, features)?;
+        target.set_label(index, label)
     }
 }
 
@@ -55,6 +95,23 @@ impl Dataset for Box<dyn Dataset> {
 
     fn classes(&self) -> Option<usize> {
         (**self).classes()
+    }
+
+    fn target(&self) -> TargetSpec {
+        (**self).target()
+    }
+
+    fn integer_features(&self) -> bool {
+        (**self).integer_features()
+    }
+
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        (**self).read_sample(index, features, target)
     }
 }
 
@@ -120,6 +177,21 @@ impl<D: Dataset> Subset<D> {
     }
 }
 
+impl<D: Dataset> Subset<D> {
+    fn inner_index(&self, index: usize) -> Result<usize, DataError> {
+        self.indices
+            .get(index)
+            .copied()
+            .ok_or_else(|| DataError::Sample {
+                index,
+                message: format!(
+                    "out of range (the subset has {} samples)",
+                    self.indices.len()
+                ),
+            })
+    }
+}
+
 impl<D: Dataset> Dataset for Subset<D> {
     fn len(&self) -> usize {
         self.indices.len()
@@ -130,56 +202,125 @@ impl<D: Dataset> Dataset for Subset<D> {
     }
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
-        let inner = *self.indices.get(index).ok_or_else(|| DataError::Sample {
-            index,
-            message: format!(
-                "out of range (the subset has {} samples)",
-                self.indices.len()
-            ),
-        })?;
-        self.inner.read(inner, out)
+        self.inner.read(self.inner_index(index)?, out)
     }
 
     fn classes(&self) -> Option<usize> {
         self.inner.classes()
     }
+
+    fn target(&self) -> TargetSpec {
+        self.inner.target()
+    }
+
+    fn integer_features(&self) -> bool {
+        self.inner.integer_features()
+    }
+
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.inner
+            .read_sample(self.inner_index(index)?, features, target)
+    }
 }
 
-/// A dataset held in memory: one contiguous feature array and a label per sample.
+/// A dataset held in memory: one contiguous feature array and a target per sample (a class
+/// label, or with [`InMemory::with_targets`] a tensor of classes or values).
 #[derive(Debug, Clone)]
 pub struct InMemory {
     features: Vec<f32>,
-    labels: Vec<i64>,
     shape: Vec<usize>,
+    len: usize,
+    target: TargetSpec,
+    targets: Targets,
+    /// The class count, where the constructor was told it.
+    classes: Option<usize>,
+    integer_features: bool,
 }
 
 impl InMemory {
     /// `features` holds `labels.len()` samples of `shape`, back to back.
     pub fn new(features: Vec<f32>, labels: Vec<i64>, shape: Vec<usize>) -> Result<Self, DataError> {
-        let numel: usize = shape.iter().product();
-        if numel == 0 {
-            return Err(DataError::Shape {
-                what: "in-memory dataset sample shape".to_owned(),
-                expected: "no zero dimensions".to_owned(),
-                got: format!("{shape:?}"),
-            });
-        }
-        if features.len() != labels.len() * numel {
-            return Err(DataError::Shape {
-                what: "in-memory dataset features".to_owned(),
-                expected: format!(
-                    "{} labels × {numel} values = {}",
-                    labels.len(),
-                    labels.len() * numel
-                ),
-                got: format!("{} values", features.len()),
-            });
-        }
+        let len = labels.len();
+        check_feature_count(&features, len, &shape, "labels")?;
         Ok(Self {
             features,
-            labels,
             shape,
+            len,
+            target: TargetSpec::label(0),
+            targets: Targets::Classes(labels),
+            classes: None,
+            integer_features: false,
         })
+    }
+
+    /// `features` holds samples of `shape` back to back, and `targets` a target of `target`
+    /// per sample, back to back: class targets in `0..classes` (`Targets::Classes`), or finite
+    /// values (`Targets::Values`).
+    ///
+    /// # Shapes
+    /// `features`: `[samples, shape…]`; `targets`: `[samples, target.shape()…]`, flattened.
+    pub fn with_targets(
+        features: Vec<f32>,
+        shape: Vec<usize>,
+        target: TargetSpec,
+        targets: Targets,
+    ) -> Result<Self, DataError> {
+        let per = target.numel();
+        let kinds_match = matches!(
+            (&target, &targets),
+            (TargetSpec::Classes { .. }, Targets::Classes(_))
+                | (TargetSpec::Values { .. }, Targets::Values(_))
+        );
+        if per == 0 || !kinds_match || !targets.len().is_multiple_of(per) {
+            return Err(DataError::Shape {
+                what: "in-memory dataset targets".to_owned(),
+                expected: format!(
+                    "a whole number of samples of {target}, in a Targets of that kind"
+                ),
+                got: format!("{} {}", targets.len(), targets_kind(&targets)),
+            });
+        }
+        let len = targets.len() / per;
+        check_feature_count(&features, len, &shape, "targets")?;
+        check_target_values(&target, &targets)?;
+        Ok(Self {
+            features,
+            shape,
+            len,
+            classes: target.classes(),
+            target,
+            targets,
+            integer_features: false,
+        })
+    }
+
+    /// Marks the features as integer ids (token ids) that reach the model as `int64`; every
+    /// feature must be a whole number within ±2^24 (exact in `f32`).
+    pub fn with_integer_features(mut self) -> Result<Self, DataError> {
+        let numel = self.shape.iter().product::<usize>();
+        let limit = crate::shards::MAX_EXACT_ID as f32;
+        if let Some(i) = self
+            .features
+            .iter()
+            .position(|v| v.fract() != 0.0 || v.abs() > limit || !v.is_finite())
+        {
+            return Err(DataError::Sample {
+                index: i / numel,
+                message: format!(
+                    "feature {} at element {} is not an integer id (whole numbers within \
+                     ±{limit} are)",
+                    self.features[i],
+                    i % numel
+                ),
+            });
+        }
+        self.integer_features = true;
+        Ok(self)
     }
 
     /// Every sample's features, back to back.
@@ -187,15 +328,77 @@ impl InMemory {
         &self.features
     }
 
-    /// Every sample's label.
+    /// Every sample's class targets, back to back (empty for value targets).
     pub fn labels(&self) -> &[i64] {
-        &self.labels
+        self.targets.classes().unwrap_or(&[])
+    }
+
+    /// Every sample's targets, back to back.
+    pub fn targets(&self) -> &Targets {
+        &self.targets
+    }
+}
+
+fn targets_kind(targets: &Targets) -> &'static str {
+    match targets {
+        Targets::Classes(_) => "class values",
+        Targets::Values(_) => "f32 values",
+    }
+}
+
+fn check_feature_count(
+    features: &[f32],
+    len: usize,
+    shape: &[usize],
+    per: &str,
+) -> Result<(), DataError> {
+    let numel: usize = shape.iter().product();
+    if numel == 0 {
+        return Err(DataError::Shape {
+            what: "in-memory dataset sample shape".to_owned(),
+            expected: "no zero dimensions".to_owned(),
+            got: format!("{shape:?}"),
+        });
+    }
+    if features.len() != len * numel {
+        return Err(DataError::Shape {
+            what: "in-memory dataset features".to_owned(),
+            expected: format!("{len} {per} × {numel} values = {}", len * numel),
+            got: format!("{} values", features.len()),
+        });
+    }
+    Ok(())
+}
+
+/// Classes within `0..classes`, values finite; errors name the sample and element.
+fn check_target_values(target: &TargetSpec, targets: &Targets) -> Result<(), DataError> {
+    let per = target.numel();
+    let bad = match (target, targets) {
+        (TargetSpec::Classes { classes, .. }, Targets::Classes(v)) => v
+            .iter()
+            .position(|&c| c < 0 || c as u64 >= *classes as u64)
+            .map(|i| (i, format!("class {} is outside 0..{classes}", v[i]))),
+        (_, Targets::Values(v)) => v
+            .iter()
+            .position(|x| !x.is_finite())
+            .map(|i| (i, format!("target value {} is not a finite number", v[i]))),
+        _ => None,
+    };
+    match bad {
+        Some((i, what)) => Err(DataError::Sample {
+            index: i / per,
+            message: format!(
+                "{what} (target element {:?})",
+                crate::shards::unravel(i % per, target.shape())
+            ),
+        }),
+        None => Ok(()),
     }
 }
 
 impl Dataset for InMemory {
     fn len(&self) -> usize {
-        self.labels.len()
+        self.len
     }
 
     fn sample_shape(&self) -> &[usize] {
@@ -203,13 +406,56 @@ impl Dataset for InMemory {
     }
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
-        let numel = out.len();
-        let label = *self
-            .labels
-            .get(index)
-            .ok_or_else(|| out_of_range(index, self.len()))?;
-        out.copy_from_slice(&self.features[index * numel..(index + 1) * numel]);
-        Ok(label)
+        if !self.target.shape().is_empty() || self.target.classes().is_none() {
+            return Err(crate::shards::not_labels(index, &self.target));
+        }
+        let mut label = [0i64];
+        self.read_sample(index, out, TargetSlot::Classes(&mut label))?;
+        Ok(label[0])
+    }
+
+    fn classes(&self) -> Option<usize> {
+        self.classes
+    }
+
+    fn target(&self) -> TargetSpec {
+        self.target.clone()
+    }
+
+    fn integer_features(&self) -> bool {
+        self.integer_features
+    }
+
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        if index >= self.len {
+            return Err(out_of_range(index, self.len));
+        }
+        let (numel, per) = (features.len(), self.target.numel());
+        match (target, &self.targets) {
+            (TargetSlot::Classes(out), Targets::Classes(v)) if out.len() == per => {
+                out.copy_from_slice(&v[index * per..(index + 1) * per]);
+            }
+            (TargetSlot::Values(out), Targets::Values(v)) if out.len() == per => {
+                out.copy_from_slice(&v[index * per..(index + 1) * per]);
+            }
+            (other, _) => return Err(crate::shards::slot_mismatch(index, &other, &self.target)),
+        }
+        if numel != self.sample_numel() {
+            return Err(DataError::Sample {
+                index,
+                message: format!(
+                    "the feature slot holds {numel} values, a sample {}",
+                    self.sample_numel()
+                ),
+            });
+        }
+        features.copy_from_slice(&self.features[index * numel..(index + 1) * numel]);
+        Ok(())
     }
 }
 

@@ -1,7 +1,8 @@
 //! kiln's data layer: random-access datasets (in memory, memory-mapped shards, CSV, synthetic),
 //! per-sample transforms, samplers (sequential, seeded shuffle, rank sharding, resumable
 //! position), the multi-worker prefetching loader that assembles batches into contiguous
-//! buffers, and `prepare`, which turns CSV or `.npy` files into shards.
+//! buffers, and `prepare`, which turns CSV or `.npy` files into shards. A sample's target is a
+//! class label or a tensor of classes or values of a fixed shape ([`TargetSpec`]).
 //!
 //! Layering: knows nothing of training, and nothing of tensors: a [`Batch`] is plain contiguous
 //! memory that the trainer turns into a tensor at its edge.
@@ -17,6 +18,7 @@ mod rng;
 mod sampler;
 mod shards;
 mod synthetic;
+mod target;
 mod transform;
 
 pub use csv::{CsvDataset, CsvOptions};
@@ -27,6 +29,10 @@ pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
 pub use npy::{NpyArray, npy_f32_bytes};
 pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
-pub use shards::{FeatureSpec, LabelSpec, MANIFEST_FILE, Manifest, ShardEntry, ShardedDataset};
+pub use shards::{
+    FeatureSpec, LabelSpec, MANIFEST_FILE, MANIFEST_VERSION, MAX_EXACT_ID, Manifest, ShardEntry,
+    ShardedDataset, StoredTarget, Task,
+};
 pub use synthetic::{SyntheticImages, SyntheticSequences};
+pub use target::{TargetSlot, TargetSpec, Targets};
 pub use transform::{Normalize, Transform, Transformed};

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, Receiver, Sender};
 
-use crate::{DataError, Dataset, Position, Sampler, SamplerConfig};
+use crate::{DataError, Dataset, Position, Sampler, SamplerConfig, Targets};
 
 /// How to batch and feed a dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +50,12 @@ pub struct Batch {
     pub shape: Vec<usize>,
     /// `shape.iter().product()` values, sample after sample.
     pub features: Vec<f32>,
-    pub labels: Vec<i64>,
+    /// The features are integer ids (exact in `f32`) that the model takes as `int64`.
+    pub integer_features: bool,
+    /// The samples' targets, sample after sample.
+    pub targets: Targets,
+    /// `[batch, target shape…]`.
+    pub target_shape: Vec<usize>,
     /// The dataset indices of the samples, in batch order.
     pub indices: Vec<usize>,
     /// The batch's number within its epoch.
@@ -112,13 +117,15 @@ fn build_batch<D: Dataset>(
     indices: Vec<usize>,
 ) -> Result<Batch, DataError> {
     let numel = dataset.sample_numel();
+    let spec = dataset.target();
+    let per = spec.numel();
     let mut features = vec![0f32; numel * indices.len()];
-    let mut labels = Vec::with_capacity(indices.len());
+    let mut targets = spec.batch(indices.len());
     let mut current = indices.first().copied().unwrap_or(0);
     let read = catch_unwind(AssertUnwindSafe(|| {
-        for (slot, &index) in features.chunks_exact_mut(numel).zip(&indices) {
+        for (k, (slot, &index)) in features.chunks_exact_mut(numel).zip(&indices).enumerate() {
             current = index;
-            labels.push(dataset.read(index, slot)?);
+            dataset.read_sample(index, slot, targets.slot(k, per))?;
         }
         Ok::<(), DataError>(())
     }));
@@ -134,10 +141,14 @@ fn build_batch<D: Dataset>(
     }
     let mut shape = vec![indices.len()];
     shape.extend_from_slice(dataset.sample_shape());
+    let mut target_shape = vec![indices.len()];
+    target_shape.extend_from_slice(spec.shape());
     Ok(Batch {
         shape,
         features,
-        labels,
+        integer_features: dataset.integer_features(),
+        targets,
+        target_shape,
         indices,
         number,
     })
@@ -369,7 +380,7 @@ impl<D: Dataset> Iterator for EpochIter<'_, D> {
         match &result {
             Ok(batch) => {
                 stats.batches += 1;
-                stats.samples += batch.labels.len() as u64;
+                stats.samples += batch.indices.len() as u64;
                 self.next_yield += 1;
             }
             Err(_) => self.done = true,

@@ -10,17 +10,18 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::shards::{
-    FEATURES_TENSOR, LABELS_TENSOR, MANIFEST_FORMAT, MANIFEST_VERSION, MappedArray, open_array,
+    FEATURES_TENSOR, LABELS_TENSOR, MANIFEST_FORMAT, MANIFEST_VERSION, MappedArray, StoredTarget,
+    TARGETS_TENSOR, check_classes, check_finite, check_ids, open_array,
 };
 use crate::{
-    CsvDataset, CsvOptions, DType, DataError, FeatureSpec, LabelSpec, Manifest, ShardEntry,
-    ShardedDataset, npy,
+    CsvDataset, CsvOptions, DType, DataError, Dataset, FeatureSpec, Manifest, ShardEntry,
+    ShardedDataset, TargetSpec, Targets, npy,
 };
 
 /// The file format of the shards written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ShardFormat {
-    /// One `.safetensors` file per shard holding tensors `features` and `labels`.
+    /// One `.safetensors` file per shard holding tensors `features` and `targets`.
     #[default]
     Safetensors,
     /// Two `.npy` files per shard.
@@ -30,14 +31,19 @@ pub enum ShardFormat {
 /// Where the data comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PrepareSource {
-    Csv {
-        path: PathBuf,
-        options: CsvOptions,
-    },
+    /// A CSV file: feature columns and a label column, or target columns (regression).
+    Csv { path: PathBuf, options: CsvOptions },
     /// A features array `[samples, …]` and an integer labels array `[samples]`.
-    Npy {
+    Npy { features: PathBuf, labels: PathBuf },
+    /// A features array `[samples, …]` and a targets array `[samples, …]` of any per-sample
+    /// shape, kept in its element type. Integer targets are classes in `0..classes` (by default
+    /// the largest class + 1, at least 2): one label, or a class map such as a segmentation
+    /// mask; floating-point targets are values (regression, multi-label), which must be finite.
+    NpyTargets {
         features: PathBuf,
-        labels: PathBuf,
+        targets: PathBuf,
+        /// The class count of integer targets; an error for floating-point ones.
+        classes: Option<usize>,
     },
 }
 
@@ -47,6 +53,10 @@ pub struct PrepareOptions {
     /// Samples per shard (the last shard may hold fewer).
     pub shard_samples: usize,
     pub format: ShardFormat,
+    /// The features are integer ids (token ids) that reach the model as `int64`: they must be
+    /// an integer `.npy` array, every value within ±2^24. Off by default: integer features
+    /// such as `u8` pixels are numbers.
+    pub integer_features: bool,
 }
 
 impl Default for PrepareOptions {
@@ -54,41 +64,128 @@ impl Default for PrepareOptions {
         Self {
             shard_samples: 65_536,
             format: ShardFormat::Safetensors,
+            integer_features: false,
+        }
+    }
+}
+
+/// One array of the source, sample after sample.
+struct Part<'a> {
+    dtype: DType,
+    /// The per-sample shape.
+    shape: Vec<usize>,
+    /// Bytes of samples `start..end`.
+    rows: RowsFn<'a>,
+}
+
+/// Bytes of samples `start..end` of an array.
+type RowsFn<'a> = Box<dyn Fn(usize, usize) -> Cow<'a, [u8]> + 'a>;
+
+impl<'a> Part<'a> {
+    fn mapped(array: &'a MappedArray) -> Self {
+        Part {
+            dtype: array.dtype,
+            shape: array.shape[1..].to_vec(),
+            rows: Box::new(move |start, end| Cow::Borrowed(array.rows(start, end))),
+        }
+    }
+
+    fn view(&self, start: usize, end: usize) -> View<'_> {
+        let mut shape = vec![end - start];
+        shape.extend_from_slice(&self.shape);
+        View {
+            dtype: self.dtype,
+            shape,
+            data: (self.rows)(start, end),
         }
     }
 }
 
 /// The source's data, ready to be cut into shards.
 struct Source<'a> {
-    dtype: DType,
-    sample_shape: Vec<usize>,
     len: usize,
-    /// Bytes of samples `start..end`.
-    features: Box<dyn Fn(usize, usize) -> Cow<'a, [u8]> + 'a>,
-    labels: Vec<i64>,
-    classes: usize,
-    class_names: Option<Vec<String>>,
+    features: Part<'a>,
+    ids: bool,
+    targets: Part<'a>,
+    target: StoredTarget,
 }
 
-fn csv_source(csv: &CsvDataset) -> Source<'_> {
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn i64_bytes(values: &[i64]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn csv_source<'a>(csv: &'a CsvDataset) -> Source<'a> {
     let data = csv.in_memory();
-    let numel: usize = csv.feature_columns().len();
+    let numel = csv.feature_columns().len();
+    let spec = csv.target();
+    let per = spec.numel();
+    let (dtype, rows): (DType, RowsFn<'a>) = match data.targets() {
+        Targets::Classes(v) => (
+            DType::I64,
+            Box::new(move |s, e| Cow::Owned(i64_bytes(&v[s * per..e * per]))),
+        ),
+        Targets::Values(v) => (
+            DType::F32,
+            Box::new(move |s, e| Cow::Owned(f32_bytes(&v[s * per..e * per]))),
+        ),
+    };
     Source {
-        dtype: DType::F32,
-        sample_shape: vec![numel],
-        len: data.labels().len(),
-        features: Box::new(move |start, end| {
-            Cow::Owned(
-                data.features()[start * numel..end * numel]
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            )
-        }),
-        labels: data.labels().to_vec(),
-        classes: csv.classes(),
-        class_names: csv.class_names().map(<[String]>::to_vec),
+        len: csv.len(),
+        features: Part {
+            dtype: DType::F32,
+            shape: vec![numel],
+            rows: Box::new(move |s, e| {
+                Cow::Owned(f32_bytes(&data.features()[s * numel..e * numel]))
+            }),
+        },
+        ids: false,
+        targets: Part {
+            dtype,
+            shape: spec.shape().to_vec(),
+            rows,
+        },
+        target: StoredTarget::new(&spec, dtype, csv.class_names().map(<[String]>::to_vec)),
     }
+}
+
+/// Checks a features array: `[samples, …]` with a non-empty sample.
+fn check_features(path: &Path, features: &MappedArray) -> Result<(), DataError> {
+    if features.shape.len() < 2 || features.shape[1..].contains(&0) {
+        return Err(DataError::file(
+            path,
+            format!(
+                "features have shape {:?}, expected [samples, …] with a non-empty sample",
+                features.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that `targets` holds as many samples as `features`; `what` names its rows.
+fn check_count(
+    features_path: &Path,
+    features: &MappedArray,
+    targets_path: &Path,
+    targets: &MappedArray,
+    what: &str,
+) -> Result<(), DataError> {
+    if targets.samples() != features.samples() {
+        return Err(DataError::file(
+            targets_path,
+            format!(
+                "holds {} {what} but {} holds {} samples: every sample needs exactly one",
+                targets.samples(),
+                features_path.display(),
+                features.samples()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn npy_source<'a>(
@@ -101,7 +198,8 @@ fn npy_source<'a>(
         return Err(DataError::file(
             labels_path,
             format!(
-                "labels have shape {:?}, expected one dimension [samples]",
+                "labels have shape {:?}, expected one dimension [samples] (targets of another \
+                 shape are prepared as targets, not labels)",
                 labels.shape
             ),
         ));
@@ -110,48 +208,97 @@ fn npy_source<'a>(
         return Err(DataError::file(
             labels_path,
             format!(
-                "labels are {}, expected an integer type (u8, i8, i16, i32, i64)",
+                "labels are {}, expected an integer type (u8, i8, i16, i32, i64); real-valued \
+                 targets are prepared as targets, not labels",
                 labels.dtype
             ),
         ));
     }
-    if labels.shape[0] != features.shape[0] {
-        return Err(DataError::file(
-            labels_path,
-            format!(
-                "holds {} labels but {} holds {} samples",
-                labels.shape[0],
-                features_path.display(),
-                features.shape[0]
-            ),
-        ));
-    }
-    if features.shape.len() < 2 || features.shape[1..].contains(&0) {
-        return Err(DataError::file(
-            features_path,
-            format!(
-                "features have shape {:?}, expected [samples, …] with a non-empty sample",
-                features.shape
-            ),
-        ));
-    }
+    check_count(features_path, features, labels_path, labels, "labels")?;
+    check_features(features_path, features)?;
+    check_classes(labels_path, labels, None, &[])?;
     let values: Vec<i64> = labels.integers().collect();
-    if let Some(i) = values.iter().position(|&v| v < 0) {
-        return Err(DataError::file(
-            labels_path,
-            format!("label {} of sample {i} is negative", values[i]),
-        ));
-    }
     let classes = values.iter().max().map_or(0, |m| *m as usize + 1).max(2);
     Ok(Source {
-        dtype: features.dtype,
-        sample_shape: features.shape[1..].to_vec(),
-        len: features.shape[0],
-        features: Box::new(move |start, end| Cow::Borrowed(features.rows(start, end))),
-        labels: values,
-        classes,
-        class_names: None,
+        len: features.samples(),
+        features: Part::mapped(features),
+        ids: false,
+        targets: Part {
+            dtype: DType::I64,
+            shape: vec![],
+            rows: Box::new(move |s, e| Cow::Owned(i64_bytes(&values[s..e]))),
+        },
+        target: StoredTarget::new(&TargetSpec::label(classes), DType::I64, None),
     })
+}
+
+fn npy_targets_source<'a>(
+    features_path: &Path,
+    features: &'a MappedArray,
+    targets_path: &Path,
+    targets: &'a MappedArray,
+    classes: Option<usize>,
+) -> Result<Source<'a>, DataError> {
+    check_count(features_path, features, targets_path, targets, "targets")?;
+    check_features(features_path, features)?;
+    let shape = targets.shape[1..].to_vec();
+    if shape.contains(&0) {
+        return Err(DataError::file(
+            targets_path,
+            format!(
+                "targets have shape {:?}, with an empty sample",
+                targets.shape
+            ),
+        ));
+    }
+    let spec = if targets.dtype.is_integer() {
+        check_classes(targets_path, targets, classes, &shape)?;
+        let max = targets.integers().max().unwrap_or(0);
+        let classes = classes.unwrap_or((max as usize + 1).max(2));
+        TargetSpec::Classes { classes, shape }
+    } else if let Some(classes) = classes {
+        return Err(DataError::file(
+            targets_path,
+            format!(
+                "holds {} values, which are regression targets, but a class count ({classes}) \
+                 was given: class targets are an integer array",
+                targets.dtype
+            ),
+        ));
+    } else {
+        check_finite(targets_path, targets, &shape)?;
+        TargetSpec::Values { shape }
+    };
+    Ok(Source {
+        len: features.samples(),
+        features: Part::mapped(features),
+        ids: false,
+        targets: Part::mapped(targets),
+        target: StoredTarget::new(&spec, targets.dtype, None),
+    })
+}
+
+/// Marks `source`'s features as integer ids, after checking that they are.
+fn mark_ids(
+    source: &mut Source<'_>,
+    path: &Path,
+    features: Option<&MappedArray>,
+) -> Result<(), DataError> {
+    match features {
+        Some(array) if array.dtype.is_integer() => check_ids(path, array)?,
+        _ => {
+            return Err(DataError::file(
+                path,
+                format!(
+                    "`integer_features` needs an integer features array (u8, i8, i16, i32, \
+                     i64), but this file's features are {}",
+                    source.features.dtype
+                ),
+            ));
+        }
+    }
+    source.ids = true;
+    Ok(())
 }
 
 struct View<'a> {
@@ -193,6 +340,48 @@ pub fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> Res
     std::fs::write(path, bytes).map_err(|e| DataError::file(path, format!("cannot write: {e}")))
 }
 
+/// Writes shard `k` (samples `start..end`) into `dir`.
+fn write_shard(
+    source: &Source<'_>,
+    dir: &Path,
+    format: ShardFormat,
+    k: usize,
+    (start, end): (usize, usize),
+) -> Result<ShardEntry, DataError> {
+    let features = source.features.view(start, end);
+    let targets = source.targets.view(start, end);
+    let samples = end - start;
+    match format {
+        ShardFormat::Safetensors => {
+            let name = format!("shard-{k:05}.safetensors");
+            let path = dir.join(&name);
+            safetensors::serialize_to_file(
+                [(FEATURES_TENSOR, &features), (TARGETS_TENSOR, &targets)],
+                None,
+                &path,
+            )
+            .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))?;
+            Ok(ShardEntry {
+                features: name.clone(),
+                targets: name,
+                samples,
+            })
+        }
+        ShardFormat::Npy => {
+            let fname = format!("shard-{k:05}.features.npy");
+            let tname = format!("shard-{k:05}.targets.npy");
+            for (name, view) in [(&fname, &features), (&tname, &targets)] {
+                write_npy(&dir.join(name), view.dtype, &view.shape, &view.data)?;
+            }
+            Ok(ShardEntry {
+                features: fname,
+                targets: tname,
+                samples,
+            })
+        }
+    }
+}
+
 fn write_shards(
     source: &Source<'_>,
     dir: &Path,
@@ -202,58 +391,13 @@ fn write_shards(
     let mut start = 0;
     while start < source.len {
         let end = (start + options.shard_samples).min(source.len);
-        let k = shards.len();
-        let mut shape = vec![end - start];
-        shape.extend_from_slice(&source.sample_shape);
-        let features = View {
-            dtype: source.dtype,
-            shape,
-            data: (source.features)(start, end),
-        };
-        let labels = View {
-            dtype: DType::I64,
-            shape: vec![end - start],
-            data: Cow::Owned(
-                source.labels[start..end]
-                    .iter()
-                    .flat_map(|v| v.to_le_bytes())
-                    .collect(),
-            ),
-        };
-        let entry = match options.format {
-            ShardFormat::Safetensors => {
-                let name = format!("shard-{k:05}.safetensors");
-                let path = dir.join(&name);
-                safetensors::serialize_to_file(
-                    [(FEATURES_TENSOR, &features), (LABELS_TENSOR, &labels)],
-                    None,
-                    &path,
-                )
-                .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))?;
-                ShardEntry {
-                    features: name.clone(),
-                    labels: name,
-                    samples: end - start,
-                }
-            }
-            ShardFormat::Npy => {
-                let fname = format!("shard-{k:05}.features.npy");
-                let lname = format!("shard-{k:05}.labels.npy");
-                write_npy(
-                    &dir.join(&fname),
-                    features.dtype,
-                    &features.shape,
-                    &features.data,
-                )?;
-                write_npy(&dir.join(&lname), labels.dtype, &labels.shape, &labels.data)?;
-                ShardEntry {
-                    features: fname,
-                    labels: lname,
-                    samples: end - start,
-                }
-            }
-        };
-        shards.push(entry);
+        shards.push(write_shard(
+            source,
+            dir,
+            options.format,
+            shards.len(),
+            (start, end),
+        )?);
         start = end;
     }
     let manifest = Manifest {
@@ -261,22 +405,61 @@ fn write_shards(
         version: MANIFEST_VERSION,
         samples: source.len,
         features: FeatureSpec {
-            dtype: source.dtype,
-            shape: source.sample_shape.clone(),
+            dtype: source.features.dtype,
+            shape: source.features.shape.clone(),
+            ids: source.ids,
         },
-        labels: LabelSpec {
-            dtype: DType::I64,
-            classes: source.classes,
-            class_names: source.class_names.clone(),
-        },
+        target: source.target.clone(),
         shards,
     };
     manifest.write(dir)?;
     Ok(manifest)
 }
 
+/// Reads `source` and writes it as shards into `dir`.
+fn write_source(
+    source: &PrepareSource,
+    dir: &Path,
+    options: &PrepareOptions,
+) -> Result<Manifest, DataError> {
+    let mut maps = HashMap::new();
+    match source {
+        PrepareSource::Csv { path, options: csv } => {
+            let csv = CsvDataset::open(path, csv)?;
+            let mut source = csv_source(&csv);
+            if options.integer_features {
+                mark_ids(&mut source, path, None)?;
+            }
+            write_shards(&source, dir, options)
+        }
+        PrepareSource::Npy { features, labels } => {
+            let f = open_array(features, FEATURES_TENSOR, &mut maps)?;
+            let l = open_array(labels, LABELS_TENSOR, &mut maps)?;
+            let mut source = npy_source(features, &f, labels, &l)?;
+            if options.integer_features {
+                mark_ids(&mut source, features, Some(&f))?;
+            }
+            write_shards(&source, dir, options)
+        }
+        PrepareSource::NpyTargets {
+            features,
+            targets,
+            classes,
+        } => {
+            let f = open_array(features, FEATURES_TENSOR, &mut maps)?;
+            let t = open_array(targets, TARGETS_TENSOR, &mut maps)?;
+            let mut source = npy_targets_source(features, &f, targets, &t, *classes)?;
+            if options.integer_features {
+                mark_ids(&mut source, features, Some(&f))?;
+            }
+            write_shards(&source, dir, options)
+        }
+    }
+}
+
 /// Writes `source` as a sharded dataset into `out`, which must not exist yet, and checks the
-/// result by opening it. Returns the manifest written.
+/// result by opening it. Returns the manifest written. Errors name the input file (and the
+/// sample) at fault.
 pub fn prepare(
     source: &PrepareSource,
     out: &Path,
@@ -312,24 +495,12 @@ pub fn prepare(
     ));
     std::fs::create_dir(&staging)
         .map_err(|e| DataError::file(&staging, format!("cannot create: {e}")))?;
-    let written = (|| {
-        let manifest = match source {
-            PrepareSource::Csv { path, options: csv } => {
-                let csv = CsvDataset::open(path, csv)?;
-                write_shards(&csv_source(&csv), &staging, options)?
-            }
-            PrepareSource::Npy { features, labels } => {
-                let mut maps = HashMap::new();
-                let f = open_array(features, FEATURES_TENSOR, &mut maps)?;
-                let l = open_array(labels, LABELS_TENSOR, &mut maps)?;
-                write_shards(&npy_source(features, &f, labels, &l)?, &staging, options)?
-            }
-        };
+    let written = write_source(source, &staging, options).and_then(|manifest| {
         ShardedDataset::open(&staging)?;
         std::fs::rename(&staging, out)
             .map_err(|e| DataError::file(out, format!("cannot move the shards into place: {e}")))?;
         Ok(manifest)
-    })();
+    });
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }

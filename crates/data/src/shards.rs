@@ -1,10 +1,13 @@
 //! Datasets stored on disk as shards: safetensors or `.npy` files, memory-mapped, described by
 //! a `kiln-dataset.json` manifest in the dataset's directory.
 //!
-//! Opening a dataset checks every shard against the manifest (present, complete, same element
-//! type and sample shape, labels in range) and names the file at fault; reading a sample then
-//! converts its bytes straight from the mapped file into the batch buffer, with no intermediate
-//! copy.
+//! A sample's target is a class label, a tensor of classes (a segmentation mask) or a tensor of
+//! real values (regression, multi-label), of one fixed shape; version-1 manifests (class labels
+//! only, under `labels`) are still read. Opening a dataset checks every shard against the
+//! manifest (present, complete, same element type and sample shape, classes in range, values
+//! finite, integer ids exact in `f32`) and names the file and sample at fault; reading a sample
+//! then converts its bytes straight from the mapped file into the batch buffer, with no
+//! intermediate copy.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,30 +17,41 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use crate::{DType, DataError, Dataset, npy};
+use crate::{DType, DataError, Dataset, TargetSlot, TargetSpec, npy};
 
 /// The manifest's file name inside a dataset directory.
 pub const MANIFEST_FILE: &str = "kiln-dataset.json";
 /// The manifest's `format` value.
 pub const MANIFEST_FORMAT: &str = "kiln-dataset";
-/// The manifest version this build reads and writes.
-pub const MANIFEST_VERSION: u32 = 1;
-/// Names of the two tensors in a safetensors shard.
+/// The manifest version this build writes; it reads every version from 1 up to this one.
+pub const MANIFEST_VERSION: u32 = 2;
+/// The features' tensor name in a safetensors shard.
 pub const FEATURES_TENSOR: &str = "features";
+/// The targets' tensor name in a safetensors shard (version 2 on).
+pub const TARGETS_TENSOR: &str = "targets";
+/// The labels' tensor name in a safetensors shard of a version-1 dataset.
 pub const LABELS_TENSOR: &str = "labels";
+/// The largest integer id every smaller one of which `f32` holds exactly: 2^24.
+pub const MAX_EXACT_ID: i64 = 1 << 24;
 
 /// A dataset directory's description of itself.
+///
+/// In the file (version 2): `format`, `version`, `samples`, `features`, `target`, `shards`
+/// (each `{features, targets, samples}`); a version-1 file has `labels` (`{dtype, classes,
+/// class_names}`) instead of `target`, and shards with `labels`, and is read as one class label
+/// per sample. A manifest is written back in the layout of its own version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawManifest", into = "RawManifest")]
 pub struct Manifest {
     /// Always [`MANIFEST_FORMAT`].
     pub format: String,
-    /// [`MANIFEST_VERSION`].
+    /// The file's version, 1 to [`MANIFEST_VERSION`].
     pub version: u32,
     /// Samples across all shards.
     pub samples: usize,
     pub features: FeatureSpec,
-    pub labels: LabelSpec,
+    /// What each sample's target is.
+    pub target: StoredTarget,
     pub shards: Vec<ShardEntry>,
 }
 
@@ -48,9 +62,140 @@ pub struct FeatureSpec {
     pub dtype: DType,
     /// Shape of one sample (without the leading sample dimension).
     pub shape: Vec<usize>,
+    /// The features are integer ids (token ids) that reach the model as `int64`; needs an
+    /// integer `dtype`, and every value within ±[`MAX_EXACT_ID`]. Integer features without it
+    /// (`u8` pixels) are numbers, read as `f32`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ids: bool,
 }
 
-/// Element type and class count of the labels.
+/// The kind of learning problem a dataset's target makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    /// One class label per sample.
+    Classification,
+    /// A tensor of classes per sample (a segmentation mask).
+    DenseClassification,
+    /// A tensor of real values per sample (regression, multi-label).
+    Regression,
+}
+
+impl Task {
+    /// The task a target spec makes.
+    pub fn of(spec: &TargetSpec) -> Self {
+        match spec {
+            TargetSpec::Classes { shape, .. } if shape.is_empty() => Task::Classification,
+            TargetSpec::Classes { .. } => Task::DenseClassification,
+            TargetSpec::Values { .. } => Task::Regression,
+        }
+    }
+
+    /// The manifest's name for the task.
+    pub fn name(self) -> &'static str {
+        match self {
+            Task::Classification => "classification",
+            Task::DenseClassification => "dense_classification",
+            Task::Regression => "regression",
+        }
+    }
+}
+
+/// A dataset's target as the manifest records it: the task, the stored element type, the
+/// per-sample shape, and for class targets the class count (and names).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredTarget {
+    pub task: Task,
+    /// Integer for class targets, floating-point for values.
+    pub dtype: DType,
+    /// Shape of one sample's target: `[]` for one label or value.
+    #[serde(default)]
+    pub shape: Vec<usize>,
+    /// Class targets lie in `0..classes`; absent for values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<usize>,
+    /// Names of the classes, when the source had named labels (index = class).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub class_names: Option<Vec<String>>,
+}
+
+impl StoredTarget {
+    /// The record of targets `spec` stored as `dtype`.
+    pub fn new(spec: &TargetSpec, dtype: DType, class_names: Option<Vec<String>>) -> Self {
+        Self {
+            task: Task::of(spec),
+            dtype,
+            shape: spec.shape().to_vec(),
+            classes: spec.classes(),
+            class_names,
+        }
+    }
+
+    /// What the loader reads: classes or `f32` values of [`StoredTarget::shape`].
+    pub fn spec(&self) -> TargetSpec {
+        match self.classes {
+            Some(classes) => TargetSpec::Classes {
+                classes,
+                shape: self.shape.clone(),
+            },
+            None => TargetSpec::Values {
+                shape: self.shape.clone(),
+            },
+        }
+    }
+
+    /// Elements per sample.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// What is wrong with the record, if anything; `key` is its manifest key.
+    fn problem(&self, key: &str) -> Option<String> {
+        if self.shape.contains(&0) {
+            return Some(format!(
+                "`{key}.shape` {:?} has a zero dimension",
+                self.shape
+            ));
+        }
+        match self.classes {
+            Some(_) if !self.dtype.is_integer() => Some(format!(
+                "`{key}.dtype` is {}, but class targets need an integer type (u8, i8, i16, i32, \
+                 i64)",
+                self.dtype
+            )),
+            None if self.dtype.is_integer() => Some(format!(
+                "`{key}.dtype` is {} and there is no `{key}.classes`: class targets need \
+                 `classes`, value targets a floating-point type (f32, f16, bf16, f64)",
+                self.dtype
+            )),
+            Some(0) => Some(format!("`{key}.classes` is 0, expected at least 1")),
+            _ if self.task != Task::of(&self.spec()) => Some(format!(
+                "`{key}.task` is {}, but its classes and shape {:?} make it {}",
+                self.task.name(),
+                self.shape,
+                Task::of(&self.spec()).name()
+            )),
+            _ => self.names_problem(key),
+        }
+    }
+
+    fn names_problem(&self, key: &str) -> Option<String> {
+        let names = self.class_names.as_ref()?;
+        match self.classes {
+            Some(classes) if names.len() == classes => None,
+            Some(classes) => Some(format!(
+                "`{key}.class_names` has {} names but `{key}.classes` is {classes}",
+                names.len()
+            )),
+            None => Some(format!(
+                "`{key}.class_names` is given for value targets, which have no classes"
+            )),
+        }
+    }
+}
+
+/// A version-1 manifest's labels: element type and class count.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabelSpec {
@@ -62,14 +207,142 @@ pub struct LabelSpec {
     pub class_names: Option<Vec<String>>,
 }
 
-/// One shard: where its features and labels are (paths relative to the manifest; both may be
+/// One shard: where its features and targets are (paths relative to the manifest; both may be
 /// the same safetensors file) and how many samples it holds.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardEntry {
     pub features: String,
-    pub labels: String,
+    /// The targets' file (a version-1 manifest's `labels`).
+    pub targets: String,
     pub samples: usize,
+}
+
+/// The manifest as the file holds it, in either version's layout.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    format: String,
+    version: u32,
+    samples: usize,
+    features: FeatureSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    labels: Option<LabelSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<StoredTarget>,
+    shards: Vec<RawShard>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShard {
+    features: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    labels: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    targets: Option<String>,
+    samples: usize,
+}
+
+impl TryFrom<RawManifest> for Manifest {
+    type Error = String;
+
+    fn try_from(raw: RawManifest) -> Result<Self, String> {
+        if raw.format != MANIFEST_FORMAT {
+            return Err(format!(
+                "`format` is \"{}\", expected \"{MANIFEST_FORMAT}\"",
+                raw.format
+            ));
+        }
+        let v1 = match raw.version {
+            1 => true,
+            v if (2..=MANIFEST_VERSION).contains(&v) => false,
+            v => {
+                return Err(format!(
+                    "`version` is {v}, this kiln reads versions 1 to {MANIFEST_VERSION}"
+                ));
+            }
+        };
+        let target = match (v1, raw.labels, raw.target) {
+            (true, Some(l), None) => StoredTarget {
+                task: Task::Classification,
+                dtype: l.dtype,
+                shape: vec![],
+                classes: Some(l.classes),
+                class_names: l.class_names,
+            },
+            (false, None, Some(t)) => t,
+            (true, ..) => return Err("a version-1 manifest has `labels` (and no `target`)".into()),
+            (false, ..) => return Err("a version-2 manifest has `target` (and no `labels`)".into()),
+        };
+        let key = if v1 { "labels" } else { "targets" };
+        let shards = raw
+            .shards
+            .into_iter()
+            .enumerate()
+            .map(|(k, s)| {
+                let (wanted, other) = if v1 {
+                    (s.labels, s.targets)
+                } else {
+                    (s.targets, s.labels)
+                };
+                match (wanted, other) {
+                    (Some(targets), None) => Ok(ShardEntry {
+                        features: s.features,
+                        targets,
+                        samples: s.samples,
+                    }),
+                    _ => Err(format!(
+                        "`shards[{k}]` needs `{key}` (and no other target file) besides \
+                         `features`"
+                    )),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Manifest {
+            format: raw.format,
+            version: raw.version,
+            samples: raw.samples,
+            features: raw.features,
+            target,
+            shards,
+        })
+    }
+}
+
+impl From<Manifest> for RawManifest {
+    fn from(m: Manifest) -> Self {
+        let v1 = m.version == 1 && m.target.task == Task::Classification;
+        let (labels, target) = match (v1, m.target.classes) {
+            (true, Some(classes)) => (
+                Some(LabelSpec {
+                    dtype: m.target.dtype,
+                    classes,
+                    class_names: m.target.class_names,
+                }),
+                None,
+            ),
+            _ => (None, Some(m.target)),
+        };
+        let shards = m
+            .shards
+            .into_iter()
+            .map(|s| RawShard {
+                features: s.features,
+                labels: v1.then(|| s.targets.clone()),
+                targets: (!v1).then_some(s.targets),
+                samples: s.samples,
+            })
+            .collect();
+        RawManifest {
+            format: m.format,
+            version: m.version,
+            samples: m.samples,
+            features: m.features,
+            labels,
+            target,
+            shards,
+        }
+    }
 }
 
 impl Manifest {
@@ -92,38 +365,26 @@ impl Manifest {
     }
 
     fn check(&self) -> Result<(), String> {
-        if self.format != MANIFEST_FORMAT {
-            return Err(format!(
-                "`format` is \"{}\", expected \"{MANIFEST_FORMAT}\"",
-                self.format
-            ));
-        }
-        if self.version != MANIFEST_VERSION {
-            return Err(format!(
-                "`version` is {}, this kiln reads version {MANIFEST_VERSION}",
-                self.version
-            ));
-        }
         if self.features.shape.contains(&0) {
             return Err(format!(
                 "`features.shape` {:?} has a zero dimension",
                 self.features.shape
             ));
         }
-        if !self.labels.dtype.is_integer() {
+        if self.features.ids && !self.features.dtype.is_integer() {
             return Err(format!(
-                "`labels.dtype` is {}, expected an integer type (u8, i8, i16, i32, i64)",
-                self.labels.dtype
+                "`features.ids` is true but `features.dtype` is {}: integer ids need an \
+                 integer type (u8, i8, i16, i32, i64)",
+                self.features.dtype
             ));
         }
-        if let Some(names) = &self.labels.class_names
-            && names.len() != self.labels.classes
-        {
-            return Err(format!(
-                "`labels.class_names` has {} names but `labels.classes` is {}",
-                names.len(),
-                self.labels.classes
-            ));
+        let key = if self.version == 1 {
+            "labels"
+        } else {
+            "target"
+        };
+        if let Some(problem) = self.target.problem(key) {
+            return Err(problem);
         }
         let total: usize = self.shards.iter().map(|s| s.samples).sum();
         if total != self.samples {
@@ -133,6 +394,15 @@ impl Manifest {
             ));
         }
         Ok(())
+    }
+
+    /// The name of the targets' tensor in this version's safetensors shards.
+    pub fn targets_tensor(&self) -> &'static str {
+        if self.version == 1 {
+            LABELS_TENSOR
+        } else {
+            TARGETS_TENSOR
+        }
     }
 
     /// Writes the manifest as `dir/kiln-dataset.json`.
@@ -166,6 +436,19 @@ impl MappedArray {
     /// The bytes of row `i`.
     pub fn row(&self, i: usize) -> &[u8] {
         self.rows(i, i + 1)
+    }
+
+    /// Samples in the array (its first dimension).
+    pub fn samples(&self) -> usize {
+        self.shape[0]
+    }
+
+    /// Row `i`'s elements as integers, into `out` (`-1` for a floating-point array).
+    pub fn row_integers(&self, i: usize, out: &mut [i64]) {
+        let size = self.dtype.size();
+        for (o, b) in out.iter_mut().zip(self.row(i).chunks_exact(size)) {
+            *o = self.dtype.to_i64(b).unwrap_or(-1);
+        }
     }
 
     /// Every element as an integer, in order (`-1` for a floating-point array, which no valid
@@ -338,7 +621,7 @@ pub(crate) fn open_array(
 #[derive(Debug)]
 struct Shard {
     features: MappedArray,
-    labels: MappedArray,
+    targets: MappedArray,
 }
 
 /// A dataset of memory-mapped shards, opened from its directory's manifest.
@@ -346,6 +629,8 @@ struct Shard {
 pub struct ShardedDataset {
     dir: PathBuf,
     manifest: Manifest,
+    /// The manifest's target, as the loader reads it.
+    spec: TargetSpec,
     shards: Vec<Shard>,
     /// Global index of each shard's first sample, ascending.
     starts: Vec<usize>,
@@ -354,7 +639,7 @@ pub struct ShardedDataset {
 
 impl ShardedDataset {
     /// Opens the dataset in `dir`, checking every shard against the manifest. Every error names
-    /// the file at fault.
+    /// the file at fault (and the sample, for a bad value).
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, DataError> {
         let dir = dir.as_ref().to_owned();
         let manifest = Manifest::read(&dir)?;
@@ -363,33 +648,13 @@ impl ShardedDataset {
         let mut starts = Vec::with_capacity(manifest.shards.len());
         let mut start = 0;
         for entry in &manifest.shards {
-            let fpath = dir.join(&entry.features);
-            let lpath = dir.join(&entry.labels);
-            let features = open_array(&fpath, FEATURES_TENSOR, &mut maps)?;
-            let labels = open_array(&lpath, LABELS_TENSOR, &mut maps)?;
-            let mut want = vec![entry.samples];
-            want.extend_from_slice(&manifest.features.shape);
-            check_array(
-                &fpath,
-                "features",
-                &features,
-                manifest.features.dtype,
-                &want,
-            )?;
-            check_array(
-                &lpath,
-                "labels",
-                &labels,
-                manifest.labels.dtype,
-                &[entry.samples],
-            )?;
-            check_labels(&lpath, &labels, manifest.labels.classes)?;
-            shards.push(Shard { features, labels });
+            shards.push(open_shard(&dir, &manifest, entry, &mut maps)?);
             starts.push(start);
             start += entry.samples;
         }
         Ok(Self {
             dir,
+            spec: manifest.target.spec(),
             manifest,
             shards,
             starts,
@@ -424,6 +689,41 @@ impl ShardedDataset {
     }
 }
 
+/// Opens one shard's arrays and checks them against the manifest.
+fn open_shard(
+    dir: &Path,
+    manifest: &Manifest,
+    entry: &ShardEntry,
+    maps: &mut HashMap<PathBuf, Arc<Mmap>>,
+) -> Result<Shard, DataError> {
+    let fpath = dir.join(&entry.features);
+    let tpath = dir.join(&entry.targets);
+    let features = open_array(&fpath, FEATURES_TENSOR, maps)?;
+    let targets = open_array(&tpath, manifest.targets_tensor(), maps)?;
+    let mut want = vec![entry.samples];
+    want.extend_from_slice(&manifest.features.shape);
+    check_array(
+        &fpath,
+        "features",
+        &features,
+        manifest.features.dtype,
+        &want,
+    )?;
+    let mut want = vec![entry.samples];
+    want.extend_from_slice(&manifest.target.shape);
+    let what = if manifest.version == 1 {
+        "labels"
+    } else {
+        "targets"
+    };
+    check_array(&tpath, what, &targets, manifest.target.dtype, &want)?;
+    check_targets(&tpath, &targets, &manifest.target)?;
+    if manifest.features.ids {
+        check_ids(&fpath, &features)?;
+    }
+    Ok(Shard { features, targets })
+}
+
 fn check_array(
     path: &Path,
     what: &str,
@@ -452,19 +752,136 @@ fn check_array(
     Ok(())
 }
 
-fn check_labels(path: &Path, labels: &MappedArray, classes: usize) -> Result<(), DataError> {
-    for (i, label) in labels.integers().enumerate() {
-        if label < 0 || label as u64 >= classes as u64 {
+/// Element `j` of a sample of `shape`, as a multi-index (`[]` for a scalar).
+pub(crate) fn unravel(mut j: usize, shape: &[usize]) -> Vec<usize> {
+    let mut at = vec![0; shape.len()];
+    for (a, &d) in at.iter_mut().zip(shape).rev() {
+        *a = j % d;
+        j /= d;
+    }
+    at
+}
+
+/// " at [r, c]" for element `j` of a non-scalar sample shape, "" for a scalar.
+fn position(j: usize, shape: &[usize]) -> String {
+    if shape.is_empty() {
+        String::new()
+    } else {
+        format!(" at {:?}", unravel(j, shape))
+    }
+}
+
+/// Checks an array of targets `[samples, target.shape…]`: classes within `0..classes`, values
+/// finite in `f32`. Errors name `path` and the sample (counted within the file).
+pub(crate) fn check_targets(
+    path: &Path,
+    array: &MappedArray,
+    target: &StoredTarget,
+) -> Result<(), DataError> {
+    match target.classes {
+        Some(classes) => check_classes(path, array, Some(classes), &target.shape),
+        None => check_finite(path, array, &target.shape),
+    }
+}
+
+/// Checks that every class in `array` (`[samples, shape…]`, integer) is non-negative and, with
+/// `classes`, below it.
+pub(crate) fn check_classes(
+    path: &Path,
+    array: &MappedArray,
+    classes: Option<usize>,
+    shape: &[usize],
+) -> Result<(), DataError> {
+    let per = shape.iter().product::<usize>().max(1);
+    let what = if shape.is_empty() { "label" } else { "class" };
+    for (i, v) in array.integers().enumerate() {
+        let (sample, at) = (i / per, position(i % per, shape));
+        if v < 0 {
+            return Err(DataError::file(
+                path,
+                format!("{what} {v}{at} of sample {sample} in this file is negative"),
+            ));
+        }
+        if let Some(classes) = classes
+            && v as u64 >= classes as u64
+        {
             return Err(DataError::file(
                 path,
                 format!(
-                    "label {label} of sample {i} in this file is outside 0..{classes} (the \
-                     manifest's `labels.classes`)"
+                    "{what} {v}{at} of sample {sample} in this file is outside 0..{classes} (the \
+                     dataset's classes)"
                 ),
             ));
         }
     }
     Ok(())
+}
+
+/// Checks that every value of `array` (`[samples, shape…]`) is finite once read as `f32`.
+pub(crate) fn check_finite(
+    path: &Path,
+    array: &MappedArray,
+    shape: &[usize],
+) -> Result<(), DataError> {
+    let mut row = vec![0f32; shape.iter().product()];
+    for sample in 0..array.samples() {
+        array.dtype.to_f32(array.row(sample), &mut row);
+        if let Some(j) = row.iter().position(|v| !v.is_finite()) {
+            return Err(DataError::file(
+                path,
+                format!(
+                    "target value {}{} of sample {sample} in this file is not a finite number \
+                     (regression targets must be finite in f32)",
+                    row[j],
+                    position(j, shape)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that every integer id in `array` (`[samples, …]`) is exact in `f32`.
+pub(crate) fn check_ids(path: &Path, array: &MappedArray) -> Result<(), DataError> {
+    let shape = &array.shape[1..];
+    let per = shape.iter().product::<usize>().max(1);
+    for (i, v) in array.integers().enumerate() {
+        if v.abs() > MAX_EXACT_ID {
+            return Err(DataError::file(
+                path,
+                format!(
+                    "integer feature {v}{} of sample {} in this file is not exact in f32 (ids \
+                     must lie within ±{MAX_EXACT_ID})",
+                    position(i % per, shape),
+                    i / per
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The error for a target slot that does not fit a dataset's targets.
+pub(crate) fn slot_mismatch(index: usize, slot: &TargetSlot<'_>, spec: &TargetSpec) -> DataError {
+    let holds = match slot {
+        TargetSlot::Classes(s) => format!("{} class values", s.len()),
+        TargetSlot::Values(s) => format!("{} f32 values", s.len()),
+    };
+    DataError::Sample {
+        index,
+        message: format!("the target slot holds {holds}, but the dataset's targets are {spec}"),
+    }
+}
+
+/// The error for reading a non-label dataset with [`Dataset::read`].
+pub(crate) fn not_labels(index: usize, spec: &TargetSpec) -> DataError {
+    DataError::Sample {
+        index,
+        message: format!(
+            "this dataset's targets are {spec}, not single class labels: read it with \
+             `read_sample`"
+        ),
+    }
 }
 
 impl Dataset for ShardedDataset {
@@ -477,25 +894,61 @@ impl Dataset for ShardedDataset {
     }
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
-        let (shard, i) = self
-            .locate(index)
-            .ok_or_else(|| crate::dataset::out_of_range(index, self.len()))?;
-        shard.features.dtype.to_f32(shard.features.row(i), out);
-        if self.release_pages {
-            shard.features.release_row(i);
+        if self.manifest.target.task != Task::Classification {
+            return Err(not_labels(index, &self.spec));
         }
-        // Labels were checked to be integers in range when the dataset was opened.
-        shard
-            .labels
-            .dtype
-            .to_i64(shard.labels.row(i))
-            .ok_or_else(|| DataError::Sample {
-                index,
-                message: "label is not an integer".to_owned(),
-            })
+        let mut label = [0i64];
+        self.read_sample(index, out, TargetSlot::Classes(&mut label))?;
+        Ok(label[0])
     }
 
     fn classes(&self) -> Option<usize> {
-        Some(self.manifest.labels.classes)
+        self.manifest.target.classes
+    }
+
+    fn target(&self) -> TargetSpec {
+        self.spec.clone()
+    }
+
+    fn integer_features(&self) -> bool {
+        self.manifest.features.ids
+    }
+
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let (shard, i) = self
+            .locate(index)
+            .ok_or_else(|| crate::dataset::out_of_range(index, self.len()))?;
+        if features.len() != self.sample_numel() {
+            return Err(DataError::Sample {
+                index,
+                message: format!(
+                    "the feature slot holds {} values, a sample {}",
+                    features.len(),
+                    self.sample_numel()
+                ),
+            });
+        }
+        let per = self.spec.numel();
+        // Classes were checked to be integers in range, values finite, when the dataset opened.
+        match target {
+            TargetSlot::Classes(out) if self.spec.classes().is_some() && out.len() == per => {
+                shard.targets.row_integers(i, out);
+            }
+            TargetSlot::Values(out) if self.spec.classes().is_none() && out.len() == per => {
+                shard.targets.dtype.to_f32(shard.targets.row(i), out);
+            }
+            other => return Err(slot_mismatch(index, &other, &self.spec)),
+        }
+        shard.features.dtype.to_f32(shard.features.row(i), features);
+        if self.release_pages {
+            shard.features.release_row(i);
+            shard.targets.release_row(i);
+        }
+        Ok(())
     }
 }

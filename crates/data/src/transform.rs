@@ -147,6 +147,24 @@ impl<D: Dataset, T: Transform> Dataset for Transformed<D, T> {
     fn classes(&self) -> Option<usize> {
         self.inner.classes()
     }
+
+    fn target(&self) -> crate::TargetSpec {
+        self.inner.target()
+    }
+
+    fn integer_features(&self) -> bool {
+        self.inner.integer_features()
+    }
+
+    fn read_sample(
+        &self,
+        index: usize,
+        features: &mut [f32],
+        target: crate::TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.inner.read_sample(index, features, target)?;
+        self.transform.apply(index, features)
+    }
 }
 
 #[cfg(test)]

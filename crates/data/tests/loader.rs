@@ -60,7 +60,7 @@ fn batches_carry_the_right_contiguous_data() {
         assert_eq!(batch.shape, vec![batch.indices.len(), 2]);
         assert_eq!(batch.features.len(), batch.indices.len() * 2);
         for (k, &i) in batch.indices.iter().enumerate() {
-            assert_eq!(batch.labels[k], i as i64);
+            assert_eq!(batch.targets.classes().unwrap()[k], i as i64);
             assert_eq!(
                 &batch.features[2 * k..2 * k + 2],
                 &[i as f32, i as f32 + 0.5]
@@ -135,7 +135,7 @@ fn drop_last_drops_only_the_incomplete_batch() {
     cfg.drop_last = true;
     let mut loader = Loader::new(numbered(25), cfg).unwrap();
     assert_eq!(loader.batches_per_epoch(), 2);
-    let sizes: Vec<_> = loader.epoch(0).map(|b| b.unwrap().labels.len()).collect();
+    let sizes: Vec<_> = loader.epoch(0).map(|b| b.unwrap().indices.len()).collect();
     assert_eq!(sizes, [10, 10]);
 }
 

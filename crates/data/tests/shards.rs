@@ -40,6 +40,7 @@ fn prepared(format: ShardFormat) -> (tempfile::TempDir, PathBuf) {
     let options = PrepareOptions {
         shard_samples: 4,
         format,
+        ..PrepareOptions::default()
     };
     prepare(&PrepareSource::Npy { features, labels }, &out, &options).unwrap();
     (tmp, out)
@@ -80,7 +81,7 @@ fn prepared_shards_read_back_exactly_in_both_formats() {
             (m.features.dtype, &m.features.shape[..]),
             (DType::F32, &SHAPE[..])
         );
-        assert_eq!(m.labels.classes, 3);
+        assert_eq!(m.target.classes, Some(3));
         let mut out = vec![0f32; 12];
         for i in 0..SAMPLES {
             let label = ds.read(i, &mut out).unwrap();
@@ -115,7 +116,7 @@ fn a_loader_over_shards_yields_each_sample_once_across_ranks() {
             let batch = batch.unwrap();
             for (k, &i) in batch.indices.iter().enumerate() {
                 assert_eq!(batch.features[k * 12 + 5], value(i, 5));
-                assert_eq!(batch.labels[k], (i % 3) as i64);
+                assert_eq!(batch.targets.classes().unwrap()[k], (i % 3) as i64);
             }
             seen.extend(batch.indices);
         }
@@ -138,7 +139,8 @@ fn u8_features_keep_their_type_on_disk_and_read_as_floats() {
     prepare(&source, &out, &PrepareOptions::default()).unwrap();
     let ds = ShardedDataset::open(&out).unwrap();
     assert_eq!(ds.manifest().features.dtype, DType::U8);
-    assert_eq!(ds.manifest().labels.classes, 5);
+    assert_eq!(ds.manifest().target.classes, Some(5));
+    assert!(!ds.integer_features(), "u8 pixels are numbers, not ids");
     let mut buf = [0f32; 3];
     assert_eq!(ds.read(0, &mut buf).unwrap(), 4);
     assert_eq!(buf, [0.0, 128.0, 255.0]);
@@ -294,11 +296,12 @@ fn csv_with_named_labels_becomes_shards() {
     let options = PrepareOptions {
         shard_samples: 2,
         format: ShardFormat::Npy,
+        ..PrepareOptions::default()
     };
     let m = prepare(&source, &out, &options).unwrap();
     assert_eq!(m.shards.len(), 2);
     assert_eq!(
-        m.labels.class_names.as_deref(),
+        m.target.class_names.as_deref(),
         Some(&["setosa".to_owned(), "virginica".to_owned()][..])
     );
     let ds = ShardedDataset::open(&out).unwrap();
