@@ -98,11 +98,15 @@ fn probe(args: &[String]) -> Result<()> {
     for batch in loader.epoch(0) {
         let batch = batch.map_err(|e| e.to_string())?;
         let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
-        samples += batch.labels.len();
+        samples += batch.indices.len();
+        let labels = match batch.targets {
+            kiln_data::Targets::Classes(v) => v,
+            kiln_data::Targets::Values(_) => return Err("class labels expected".to_owned()),
+        };
         // The batch's buffers become the tensors, as in the trainer's CPU feeder: no copy.
         let x = kiln_torch_ext::transfer::tensor_from_vec_f32(batch.features, &shape)
             .map_err(|e| e.to_string())?;
-        let y = kiln_torch_ext::transfer::tensor_from_vec_i64(batch.labels, &shape[..1])
+        let y = kiln_torch_ext::transfer::tensor_from_vec_i64(labels, &shape[..1])
             .map_err(|e| e.to_string())?;
         first.get_or_insert_with(|| start.elapsed());
         label_sum += y
@@ -170,6 +174,7 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     let options = PrepareOptions {
         shard_samples: 2048,
         format: ShardFormat::Safetensors,
+        ..PrepareOptions::default()
     };
     prepare(&source, &dir, &options).map_err(|e| e.to_string())?;
     let _ = std::fs::remove_file(fpath);

@@ -33,7 +33,7 @@ fn bench_loader(c: &mut Criterion) {
                 epoch += 1;
                 loader
                     .epoch(epoch)
-                    .map(|batch| batch.expect("batch").labels.len())
+                    .map(|batch| batch.expect("batch").indices.len())
                     .sum::<usize>()
             })
         });

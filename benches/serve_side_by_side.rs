@@ -96,10 +96,12 @@ fn engine(
             hidden: vec![1024, 1024],
             channels: vec![32, 64, 128],
             activation_checkpointing: false,
+            script: None,
         };
         let input = InputSpec {
             sample_shape: vec![FEATURES],
             classes: 10,
+            target: None,
         };
         let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
         let model =

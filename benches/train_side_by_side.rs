@@ -29,9 +29,11 @@ use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::flags::{self, Flag};
 use kiln_train::feed::DeviceBatch;
+use kiln_train::model::Model;
 use kiln_train::models::{InputSpec, TransformerShape, build, parameter_count};
 use kiln_train::optim::{Optimizer, Rule, param_groups};
 use kiln_train::run::synthetic_shape;
+use kiln_train::script::ScriptModel;
 use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
@@ -44,7 +46,7 @@ fn usage() -> ! {
          [--device D] [--batch-sizes 1,2,4…] [--out FILE] [--python PY]\n\
          \x20      kiln-bench-train probe --model M --precision fp32|bf16|fp16|auto --batch N \
          [--threads N] [--device D] [--warmup N] [--steps N] [--breakdown-steps N] [--dropout P] \
-         [--channels-last] [--tf32 on|off] [--cudnn-benchmark on|off]\n\
+         [--channels-last] [--tf32 on|off] [--cudnn-benchmark on|off] [--script MODEL.pt]\n\
          \x20      kiln-bench-train gemm [--precision fp32|tf32|bf16|fp16] [--threads N] [--device D]\n\
          \x20      kiln-bench-train optim-probe --impl fused|unfused [--threads N] [--device D] \
          [--warmup N] [--steps N]"
@@ -84,6 +86,7 @@ fn model_plan(kind: ModelKind, dropout: f64) -> ModelPlan {
         hidden: vec![256, 256],
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
+        script: None,
     }
 }
 
@@ -102,6 +105,8 @@ fn flops_per_step(kind: ModelKind, batch: usize) -> f64 {
         }
         .forward_flops_per_sample() as f64,
         ModelKind::ConvNet => 20_646_400.0,
+        // The benchmarked TorchScript module is the transformer's twin.
+        ModelKind::TorchScript => return flops_per_step(ModelKind::Transformer, batch),
     };
     3.0 * forward * batch as f64
 }
@@ -164,6 +169,7 @@ fn settings(precision: AmpDtype) -> TrainSettings {
         log_interval: 1,
         empty_cache_interval: 0,
         max_bad_steps: 10,
+        loss: kiln_config::LossKind::Auto,
     }
 }
 
@@ -193,15 +199,23 @@ fn probe(args: &[String]) -> Result<()> {
     let tf32 = backend(args, device)?;
     tch::manual_seed(0);
 
-    let (shape, classes) = synthetic_shape(kind);
+    let (shape, classes) = synthetic_shape(kind).ok_or("no synthetic data for this model")?;
     let vs = nn::VarStore::new(device);
     let input = InputSpec {
         sample_shape: shape.clone(),
         classes,
+        target: None,
     };
     let channels_last = args.iter().any(|a| a == "--channels-last");
-    let model = build(&model_plan(kind, dropout), &input, &vs, channels_last, 0)
-        .map_err(|e| e.to_string())?;
+    // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`.
+    let script = flag(args, "--script");
+    let model: Box<dyn Model> = match script {
+        Some(path) => {
+            Box::new(ScriptModel::load(std::path::Path::new(path), &vs).map_err(|e| e.to_string())?)
+        }
+        None => build(&model_plan(kind, dropout), &input, &vs, channels_last, 0)
+            .map_err(|e| e.to_string())?,
+    };
     let mut trainer = Trainer::new(
         model.as_ref(),
         kind.as_str(),
@@ -225,7 +239,7 @@ fn probe(args: &[String]) -> Result<()> {
         // One resident batch, as on the Python side: the data wait is fetching it.
         let batch_in = DeviceBatch {
             features: features.shallow_clone(),
-            labels: labels.shallow_clone(),
+            targets: labels.shallow_clone(),
             indices: vec![],
             number: i,
         };
@@ -236,11 +250,7 @@ fn probe(args: &[String]) -> Result<()> {
             .train_step(&[batch_in], 1e-3)
             .map_err(|e| e.to_string())?;
         // Read the loss each step, as a training loop that logs does (loss.item()).
-        let loss = out
-            .loss_sum
-            .f_double_value(&[])
-            .map_err(|e| e.to_string())?
-            / batch as f64;
+        let loss = out.sums.f_double_value(&[0]).map_err(|e| e.to_string())? / batch as f64;
         if (warmup..warmup + steps).contains(&i) {
             times.push(start.elapsed().as_secs_f64());
         }
@@ -268,6 +278,7 @@ fn probe(args: &[String]) -> Result<()> {
             "torch_version": kiln_torch_ext::runtime::torch_version(),
             "device": device_name(device),
             "model": kind.as_str(),
+            "torchscript": script,
             "precision": precision_name(precision),
             "precision_requested": precision_arg,
             "tf32": tf32,
@@ -351,10 +362,11 @@ fn gemm(args: &[String]) -> Result<()> {
 /// The parameters (shapes) the optimizer benchmarks update: the reference transformer's.
 fn optimizer_store(device: Device) -> Result<nn::VarStore> {
     let vs = nn::VarStore::new(device);
-    let (shape, classes) = synthetic_shape(ModelKind::Transformer);
+    let (shape, classes) = synthetic_shape(ModelKind::Transformer).ok_or("no synthetic data")?;
     let input = InputSpec {
         sample_shape: shape,
         classes,
+        target: None,
     };
     build(
         &model_plan(ModelKind::Transformer, 0.0),
@@ -589,6 +601,80 @@ const CASES: [Case; 5] = [
     },
 ];
 
+/// The user's-own-model row: kiln training the reference transformer's TorchScript twin (scripted
+/// by `train_step.py --export-script` from the same Python module, dropout 0) against PyTorch
+/// eager training that module, fp32, same batch and seed. Goal: at most 1.05× PyTorch's step.
+fn script_case(o: &Opts, warm: &str, timed: &str, split: &str) -> Result<(Comparison, Value)> {
+    let dir = std::env::temp_dir().join(format!("kiln-bench-script-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join("transformer.pt");
+    let path_text = path.to_string_lossy().into_owned();
+    let mut export = o.torch();
+    export
+        .args(["--model", "transformer", "--dropout", "0"])
+        .args(["--export-script", &path_text]);
+    let export = run_json(export)?;
+    let common = |c: &mut Command| {
+        c.args([
+            "--model",
+            "transformer",
+            "--precision",
+            "fp32",
+            "--dropout",
+            "0",
+        ])
+        .args(["--batch", "32", "--warmup", warm, "--steps", timed])
+        .args(["--breakdown-steps", split]);
+    };
+    let kiln_cmd = || {
+        let mut c = o.kiln("probe");
+        common(&mut c);
+        c.args(["--script", &path_text]);
+        c
+    };
+    let torch_cmd = || {
+        let mut c = o.torch();
+        common(&mut c);
+        c
+    };
+    let sides = o.interleaved(&[&kiln_cmd, &torch_cmd]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let sides = sides?;
+    let (k, t) = (&sides[0], &sides[1]);
+    if k[0]["params"] != export["params"] || t[0]["params"] != export["params"] {
+        return Err(format!(
+            "TorchScript case: different models ({} kiln, {} PyTorch, {} exported parameters)",
+            k[0]["params"], t[0]["params"], export["params"]
+        ));
+    }
+    let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
+    let comparison = Comparison::new(
+        "train",
+        "step time",
+        "your own model: transformer as TorchScript, fp32 step".to_owned(),
+        "ms/step",
+        Better::Lower,
+        (ks * 1e3, ts * 1e3),
+        "PyTorch eager fp32 training the same Python module (fused AdamW)".to_owned(),
+    )
+    .at_most(1.05)
+    .detail("batch_size", json!(32))
+    .detail("dropout", json!(0.0))
+    .detail(
+        "loss_first",
+        json!({"kiln": k[0]["loss_first"], "baseline": t[0]["loss_first"]}),
+    )
+    .detail(
+        "breakdown",
+        json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
+               "baseline": t.last().map(|r| r["breakdown"].clone())}),
+    );
+    Ok((
+        comparison,
+        json!({"case": "torchscript transformer", "kiln": k, "torch": t}),
+    ))
+}
+
 fn train_suite(args: &[String]) -> Result<()> {
     let o = Opts::parse(args)?;
     let (warmup, steps, breakdown) = if o.quick { (2, 5, 3) } else { (5, 20, 10) };
@@ -703,6 +789,9 @@ fn train_suite(args: &[String]) -> Result<()> {
         }
         runs.push(json!({"case": name, "kiln": k, "torch": t}));
     }
+    let (comparison, run) = script_case(&o, &warm, &timed, &split)?;
+    out.push(comparison);
+    runs.push(run);
     for &b in &sizes {
         let batch = b.to_string();
         let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
@@ -869,7 +958,7 @@ fn loader_epoch_s(workers: usize, samples: usize) -> Result<f64> {
     for epoch in 0..2 {
         let start = Instant::now();
         for batch in loader.epoch(epoch) {
-            count += batch.map_err(|e| e.to_string())?.labels.len();
+            count += batch.map_err(|e| e.to_string())?.indices.len();
         }
         if epoch == 1 {
             return Ok(start.elapsed().as_secs_f64());

@@ -301,6 +301,16 @@ def train_bench(a):
     return result
 
 
+def export_script(a):
+    """Saves the model kiln's `probe --script` trains: built as `train_bench` builds it (same
+    seed, so the same initial weights), scripted in train mode."""
+    torch.manual_seed(a.seed)
+    model, _, _, _ = build(a)
+    torch.jit.script(model.train()).save(a.export_script)
+    return {"exported": a.export_script, "model": a.model,
+            "params": sum(p.numel() for p in model.parameters()), "config": model_config(a)}
+
+
 def model_config(a):
     if a.model == "mlp":
         return {"features": a.features, "hidden": a.hidden, "classes": a.classes,
@@ -463,6 +473,10 @@ def parse_args(argv=None):
                    help="time AdamW.step() alone with this implementation")
     p.add_argument("--shapes", type=shape_list, default=None,
                    help="--optimizer: parameter shapes, e.g. 256x469,256,1024x256")
+    p.add_argument("--jit-optimize", choices=("on", "off"), default="on",
+                   help="--script: TorchScript's graph optimizations (default on, as in PyTorch)")
+    p.add_argument("--export-script", metavar="PATH", default=None,
+                   help="save the model (seeded, in train mode) as TorchScript at PATH and exit")
     p.add_argument("--gemm", action="store_true",
                    help="measure GEMM peak (fp32, or bf16 with --precision bf16) instead")
     p.add_argument("--gemm-shapes", type=gemm_shape_list,
@@ -513,7 +527,9 @@ def main():
     a = parse_args()
     if a.threads is not None:
         torch.set_num_threads(a.threads)
-    if a.gemm:
+    if a.export_script:
+        result = export_script(a)
+    elif a.gemm:
         result = gemm_bench(a)
     elif a.optimizer is not None:
         result = optimizer_bench(a)

@@ -132,25 +132,52 @@ pub enum DataAction {
 /// Where `kiln data prepare` reads from and what it writes.
 #[derive(Debug, Clone, Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["csv", "features"])))]
+#[command(group(clap::ArgGroup::new("npy_target").args(["labels", "targets"])))]
 pub struct PrepareArgs {
-    /// A CSV file with a header row: numeric feature columns and a label column.
+    /// A CSV file with a header row: numeric feature columns and a label column (or target
+    /// columns).
     #[arg(long, value_name = "FILE", conflicts_with = "features")]
     pub csv: Option<PathBuf>,
     /// The CSV's label column (integers, or class names numbered in sorted order).
     #[arg(long, value_name = "NAME", default_value = "label", requires = "csv")]
     pub label_column: String,
-    /// The CSV's feature columns, comma-separated (default: every column but the label).
+    /// The CSV's real-valued target columns, comma-separated, for regression: each row's target
+    /// is their f32 values, [columns] (instead of a --label-column class).
+    #[arg(
+        long,
+        value_name = "A,B,…",
+        value_delimiter = ',',
+        requires = "csv",
+        conflicts_with = "label_column"
+    )]
+    pub target_columns: Option<Vec<String>>,
+    /// The CSV's feature columns, comma-separated (default: every column but the label or
+    /// targets).
     #[arg(long, value_name = "A,B,…", value_delimiter = ',', requires = "csv")]
     pub feature_columns: Option<Vec<String>>,
     /// The CSV's field delimiter.
     #[arg(long, value_name = "CHAR", default_value_t = ',', requires = "csv")]
     pub delimiter: char,
-    /// A .npy array of features, [samples, …] (any little-endian numeric type; kept on disk).
-    #[arg(long, value_name = "FILE", requires = "labels")]
+    /// A .npy array of features, [samples, …] (any little-endian numeric type; kept on disk),
+    /// with --labels or --targets.
+    #[arg(long, value_name = "FILE")]
     pub features: Option<PathBuf>,
     /// A .npy array of integer labels, [samples].
     #[arg(long, value_name = "FILE", requires = "features")]
     pub labels: Option<PathBuf>,
+    /// A .npy array of targets, [samples, …] of any per-sample shape: an integer array is
+    /// classes (one label, or a class map such as [H, W] masks), a float array values
+    /// (regression [H], multi-label [C] of 0/1).
+    #[arg(long, value_name = "FILE", requires = "features")]
+    pub targets: Option<PathBuf>,
+    /// The number of classes of integer --targets (default: the largest class + 1).
+    #[arg(long, value_name = "N", requires = "targets")]
+    pub classes: Option<usize>,
+    /// The --features are integer ids (token ids) that reach the model as int64; they must be
+    /// an integer array with every value within ±2^24. Without it integer features (u8 pixels)
+    /// are numbers.
+    #[arg(long, requires = "features")]
+    pub integer_features: bool,
     /// The dataset directory to create; it must not exist yet.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -207,9 +234,16 @@ pub struct GpuArgs {
 /// What `kiln train` trains, beyond the configuration keys.
 #[derive(Debug, Clone, Default, Args)]
 pub struct TrainArgs {
-    /// Reference model: transformer, mlp or convnet (= --set model.name=…).
-    #[arg(long)]
+    /// The model: transformer, mlp or convnet (kiln's reference models), or your own PyTorch
+    /// model as a TorchScript file saved with torch.jit.script(model.train()).save("model.pt")
+    /// (= --set model.name=…).
+    #[arg(long, value_name = "NAME|FILE.pt")]
     pub model: Option<String>,
+    /// The loss: auto (from the dataset's target), cross_entropy, mse, l1, huber,
+    /// bce_with_logits, or module (the TorchScript module's own loss(output, target) method)
+    /// (= --set train.loss=…).
+    #[arg(long, value_name = "LOSS")]
+    pub loss: Option<String>,
     /// A dataset made by `kiln data prepare` (default: the model's synthetic dataset).
     #[arg(long, value_name = "DIR")]
     pub data: Option<PathBuf>,
@@ -233,6 +267,7 @@ impl TrainArgs {
     pub fn flags(&self) -> Vec<(String, String, String)> {
         given([
             ("--model", "model.name", &self.model),
+            ("--loss", "train.loss", &self.loss),
             ("--epochs", "train.epochs", &self.epochs),
             ("--precision", "train.amp", &self.precision),
             ("--run-name", "run.name", &self.run_name),

@@ -148,20 +148,7 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
 
 /// Applies the plan's backend settings (threads, TF32, matmul precision, …), logging each.
 pub fn apply_backend(r: &Resolution) {
-    let applied = kiln_device::settings::apply(&r.plan.performance.backend, r.selection.device);
-    for a in &applied {
-        match &a.outcome {
-            kiln_device::settings::Outcome::Applied => {
-                tracing::debug!("applied {} = {}", a.setting, a.value)
-            }
-            kiln_device::settings::Outcome::NotApplicable(why) => {
-                tracing::debug!("not applied {} = {}: {why}", a.setting, a.value)
-            }
-            kiln_device::settings::Outcome::Failed(why) => {
-                tracing::warn!("could not apply {} = {}: {why}", a.setting, a.value)
-            }
-        }
-    }
+    kiln_train::run::apply_backend(&r.plan, r.selection.device);
 }
 
 pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {

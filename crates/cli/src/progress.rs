@@ -44,9 +44,11 @@ impl Observer for ProgressView {
     fn on_start(&mut self, s: &RunStart) -> Result<(), TrainError> {
         self.total_steps = s.total_steps;
         eprintln!(
-            "model {} ({} parameters) · {} · optimizer {} · batch {}{} · {} epochs × {} steps · {} train / {} val samples",
+            "model {} ({} parameters) · {} with loss {} · {} · optimizer {} · batch {}{} · {} epochs × {} steps · {} train / {} val samples",
             s.model,
             s.parameters,
+            s.task,
+            s.loss,
             s.precision,
             s.optimizer,
             s.batch_size,
@@ -92,21 +94,20 @@ impl Observer for ProgressView {
         let scale = r
             .loss_scale
             .map_or(String::new(), |s| format!(" · scale {s}"));
+        let metric = metric_text("", r.accuracy, r.mae, r.rmse);
         match &self.bar {
             Some(bar) => bar.set_message(format!(
-                "epoch {} · loss {:.4} · acc {} · {:.0} samples/s{scale}",
+                "epoch {} · loss {:.4}{metric} · {:.0} samples/s{scale}",
                 r.epoch + 1,
                 r.loss,
-                pct(r.accuracy),
                 r.samples_per_s
             )),
             None => eprintln!(
-                "step {}/{} · epoch {} · loss {:.4} · acc {} · lr {:.2e} · {:.1} ms/step · {:.0} samples/s · data wait {}{}{}",
+                "step {}/{} · epoch {} · loss {:.4}{metric} · lr {:.2e} · {:.1} ms/step · {:.0} samples/s · data wait {}{}{}",
                 r.step,
                 self.total_steps,
                 r.epoch + 1,
                 r.loss,
-                pct(r.accuracy),
                 r.lr,
                 r.step_time_s * 1e3,
                 r.samples_per_s,
@@ -121,15 +122,18 @@ impl Observer for ProgressView {
     }
 
     fn on_epoch(&mut self, e: &EpochRecord) -> Result<(), TrainError> {
-        let val = match (e.val_loss, e.val_accuracy) {
-            (Some(l), Some(a)) => format!(" · val loss {l:.4} · val acc {}", pct(a)),
-            _ => String::new(),
+        let val = match e.val_loss {
+            Some(l) => format!(
+                " · val loss {l:.4}{}",
+                metric_text("val ", e.val_accuracy, e.val_mae, e.val_rmse)
+            ),
+            None => String::new(),
         };
+        let train = metric_text("train ", e.train_accuracy, e.train_mae, e.train_rmse);
         self.line(&format!(
-            "epoch {} · train loss {:.4} · train acc {}{val} · {:.1} s · {:.0} samples/s · data wait {}",
+            "epoch {} · train loss {:.4}{train}{val} · {:.1} s · {:.0} samples/s · data wait {}",
             e.epoch + 1,
             e.train_loss,
-            pct(e.train_accuracy),
             e.seconds,
             e.samples_per_s,
             pct(e.data_wait_share),
@@ -141,14 +145,22 @@ impl Observer for ProgressView {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        let val = match (s.final_val_accuracy, s.best_val_accuracy) {
-            (Some(f), Some(b)) => format!(
-                "val accuracy {} (best {}, chance {})",
+        let val = match (s.final_val_accuracy, s.best_val_accuracy, s.final_val_mae) {
+            (Some(f), Some(b), _) => format!(
+                "val accuracy {} (best {}{})",
                 pct(f),
                 pct(b),
-                pct(s.chance_accuracy)
+                s.chance_accuracy
+                    .map_or(String::new(), |c| format!(", chance {}", pct(c)))
             ),
-            _ => "no validation set".to_owned(),
+            (_, _, Some(mae)) => format!(
+                "val MAE {mae:.4} · val RMSE {:.4}",
+                s.final_val_rmse.unwrap_or(f64::NAN)
+            ),
+            _ => match s.final_val_loss {
+                Some(l) => format!("val loss {l:.4}"),
+                None => "no validation set".to_owned(),
+            },
         };
         eprintln!(
             "done: {} steps in {:.1} s · {:.1} ms/step · {:.0} samples/s · data wait {} · final train loss {:.4} · {val}{}{}",
@@ -168,5 +180,15 @@ impl Observer for ProgressView {
                 .map_or(String::new(), |(what, b)| format!(" · {what} {}", mib(b)))
         );
         Ok(())
+    }
+}
+
+/// " · acc 93.1 %" for classification, " · MAE 0.1234 · RMSE 0.2345" for regression, nothing
+/// for a loss alone; `prefix` is "", "train " or "val ".
+fn metric_text(prefix: &str, accuracy: Option<f64>, mae: Option<f64>, rmse: Option<f64>) -> String {
+    match (accuracy, mae, rmse) {
+        (Some(a), _, _) => format!(" · {prefix}acc {}", pct(a)),
+        (None, Some(m), Some(r)) => format!(" · {prefix}MAE {m:.4} · {prefix}RMSE {r:.4}"),
+        _ => String::new(),
     }
 }

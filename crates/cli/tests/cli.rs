@@ -435,7 +435,8 @@ fn train_on_a_prepared_dataset_learns_its_classes() {
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("data: ") && err.contains("points (400 samples of [3])"),
+        err.contains("data: ")
+            && err.contains("points (400 samples of [3]; a class label in 0..2)"),
         "{err}"
     );
     let summary_path = std::fs::read_dir(&runs)

@@ -4,27 +4,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::{kiln, stderr};
-
-/// The Python with libtorch's torch: `KILN_PYTHON` (`cargo xtask test` sets it), else the venv
-/// that `.kiln/libtorch` points into.
-fn python() -> PathBuf {
-    if let Some(p) = std::env::var_os("KILN_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.kiln/libtorch");
-    let torch = std::fs::canonicalize(root).expect("a libtorch at .kiln/libtorch");
-    // <venv>/lib/python3.X/site-packages/torch
-    let python = torch
-        .ancestors()
-        .nth(4)
-        .map(|venv| venv.join("bin").join("python"))
-        .filter(|p| p.exists());
-    python.expect("no Python beside .kiln/libtorch: set KILN_PYTHON to a Python with torch 2.11")
-}
+use common::{kiln, python, stderr};
 
 /// Reads one f32 tensor of a safetensors file as (shape, values).
 fn read_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {

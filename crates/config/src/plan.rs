@@ -42,15 +42,19 @@ pub struct DataPlan {
     pub synthetic_samples: u64,
 }
 
-/// The built-in reference models.
+/// The model a run trains: one of the built-in reference models, or the user's own PyTorch
+/// module saved as TorchScript (its path is [`ModelPlan::script`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelKind {
     Transformer,
     Mlp,
     ConvNet,
+    /// A TorchScript module (`torch.jit.script(model.train()).save(path)`).
+    TorchScript,
 }
 
 impl ModelKind {
+    /// The built-in models.
     pub const ALL: [ModelKind; 3] = [Self::Transformer, Self::Mlp, Self::ConvNet];
 
     pub fn as_str(self) -> &'static str {
@@ -58,7 +62,59 @@ impl ModelKind {
             Self::Transformer => "transformer",
             Self::Mlp => "mlp",
             Self::ConvNet => "convnet",
+            Self::TorchScript => "torchscript",
         }
+    }
+}
+
+/// How the loss is computed from the model's output and the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LossKind {
+    /// From the dataset's target: cross-entropy for classes, MSE for values.
+    Auto,
+    CrossEntropy,
+    Mse,
+    L1,
+    Huber,
+    BceWithLogits,
+    /// The module's own `loss(output, target)` method (TorchScript models).
+    Module,
+}
+
+impl LossKind {
+    pub const ALL: [LossKind; 7] = [
+        Self::Auto,
+        Self::CrossEntropy,
+        Self::Mse,
+        Self::L1,
+        Self::Huber,
+        Self::BceWithLogits,
+        Self::Module,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::CrossEntropy => "cross_entropy",
+            Self::Mse => "mse",
+            Self::L1 => "l1",
+            Self::Huber => "huber",
+            Self::BceWithLogits => "bce_with_logits",
+            Self::Module => "module",
+        }
+    }
+}
+
+impl std::str::FromStr for LossKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| {
+                "use auto, cross_entropy, mse, l1, huber, bce_with_logits or module".to_owned()
+            })
     }
 }
 
@@ -79,10 +135,12 @@ impl std::str::FromStr for ModelKind {
     }
 }
 
-/// The reference model and its sizes.
+/// The model and its sizes (the sizes apply to the built-in models only).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelPlan {
     pub kind: ModelKind,
+    /// The TorchScript file, for [`ModelKind::TorchScript`].
+    pub script: Option<PathBuf>,
     pub dropout: f64,
     pub d_model: u64,
     pub heads: u64,
@@ -164,6 +222,7 @@ pub struct TrainPlan {
     pub loss_scale: LossScalePlan,
     pub log_interval: u64,
     pub max_bad_steps: u64,
+    pub loss: LossKind,
 }
 
 /// When and how many checkpoints a run keeps.
@@ -317,7 +376,13 @@ impl RunPlan {
                 "data.synthetic_samples",
                 self.data.synthetic_samples.to_string(),
             ),
-            ("model.name", self.model.kind.to_string()),
+            (
+                "model.name",
+                match &self.model.script {
+                    Some(path) => path.display().to_string(),
+                    None => self.model.kind.to_string(),
+                },
+            ),
             ("model.dropout", self.model.dropout.to_string()),
             ("model.d_model", self.model.d_model.to_string()),
             ("model.heads", self.model.heads.to_string()),
@@ -386,6 +451,7 @@ impl RunPlan {
             ),
             ("train.log_interval", self.train.log_interval.to_string()),
             ("train.max_bad_steps", self.train.max_bad_steps.to_string()),
+            ("train.loss", self.train.loss.as_str().to_owned()),
             ("checkpoint.enabled", self.checkpoint.enabled.to_string()),
             (
                 "checkpoint.every_steps",
@@ -566,9 +632,8 @@ pub(crate) fn validate(
 
     let m = raw.model;
     let name = need!(m.name, "model.name");
-    let kind = name
-        .parse::<ModelKind>()
-        .map_err(|e| invalid("model.name", format!("{name:?}"), e))?;
+    let (kind, script) =
+        model_of(&name).map_err(|e| invalid("model.name", format!("{name:?}"), e))?;
     let widths = |key: &str, text: String| -> Result<Vec<u64>, ConfigError> {
         let parsed: Option<Vec<u64>> = text
             .split(',')
@@ -594,6 +659,7 @@ pub(crate) fn validate(
     }
     let model = ModelPlan {
         kind,
+        script,
         dropout: in_range(
             "model.dropout",
             dropout,
@@ -724,6 +790,11 @@ pub(crate) fn validate(
             "train.max_bad_steps",
             need!(t.max_bad_steps, "train.max_bad_steps"),
         )?,
+        loss: {
+            let text = need!(t.loss, "train.loss");
+            text.parse::<LossKind>()
+                .map_err(|e| invalid("train.loss", format!("{text:?}"), e))?
+        },
     };
     let c = raw.checkpoint;
     let checkpoint = CheckpointPlan {
@@ -846,4 +917,26 @@ pub(crate) fn validate(
         },
         provenance,
     })
+}
+
+/// `model.name`: a built-in model's name, or the path of a TorchScript file (one ending in
+/// `.pt`, `.pth` or `.ts`, or any existing file).
+fn model_of(name: &str) -> Result<(ModelKind, Option<PathBuf>), String> {
+    if let Ok(kind) = name.parse::<ModelKind>() {
+        return Ok((kind, None));
+    }
+    let path = PathBuf::from(name.trim());
+    let scripted = matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("pt" | "pth" | "ts")
+    );
+    if scripted || path.is_file() {
+        Ok((ModelKind::TorchScript, Some(path)))
+    } else {
+        Err(
+            "use transformer, mlp or convnet, or the path of a TorchScript file (.pt) saved \
+             with torch.jit.script(model.train()).save(path)"
+                .to_owned(),
+        )
+    }
 }

@@ -136,6 +136,8 @@ pub struct RawTrain {
     /// Stop after this many consecutive steps with non-finite gradients (fp32/bf16).
     #[serde(deserialize_with = "lenient_u64")]
     pub max_bad_steps: Option<u64>,
+    /// auto, cross_entropy, mse, l1, huber, bce_with_logits or module.
+    pub loss: Option<String>,
 }
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -257,6 +259,7 @@ pub const KEYS: &[&str] = &[
     "train.loss_scale_growth_interval",
     "train.log_interval",
     "train.max_bad_steps",
+    "train.loss",
     "checkpoint.enabled",
     "checkpoint.every_steps",
     "checkpoint.keep_last",

@@ -109,6 +109,7 @@ fn defaults() -> NamedLayer {
         .set("train.loss_scale_growth_interval", 2000)
         .set("train.log_interval", 50)
         .set("train.max_bad_steps", 10)
+        .set("train.loss", "auto")
         .set("checkpoint.enabled", true)
         .set("checkpoint.every_steps", 0)
         .set("checkpoint.keep_last", 2)

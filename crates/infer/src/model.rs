@@ -1,6 +1,6 @@
 //! The models inference runs: a kiln checkpoint (the reference model rebuilt from the settings
-//! it was trained with, its weights loaded and verified) or a TorchScript module exported from
-//! PyTorch (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in
+//! it was trained with, its weights loaded and verified; for a TorchScript model, the trained
+//! module the checkpoint holds) or a TorchScript module exported from PyTorch (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in
 //! the precision asked for (weights converted once, not per call).
 
 use std::path::{Path, PathBuf};
@@ -149,6 +149,18 @@ impl LoadedModel {
         device: Device,
         precision: AmpDtype,
     ) -> Result<Self, InferError> {
+        if ckpt.meta.files.contains_key(checkpoint::SCRIPT_FILE) {
+            // A TorchScript model's checkpoint holds the trained module itself.
+            let mut loaded =
+                Self::torchscript(&ckpt.dir.join(checkpoint::SCRIPT_FILE), device, precision)?;
+            loaded.description = format!(
+                "kiln TorchScript checkpoint {} (step {})",
+                ckpt.dir.display(),
+                ckpt.meta.step
+            );
+            loaded.sample_shape = ckpt.meta.input.as_ref().map(|i| i.sample_shape.clone());
+            return Ok(loaded);
+        }
         let (vs, model, input) = rebuild(ckpt, plan, channels_last, device)?;
         Ok(Self::from_kiln(
             vs,

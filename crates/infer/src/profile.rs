@@ -283,6 +283,7 @@ fn reference_description(plan: &ModelPlan) -> String {
             plan.d_model, plan.heads, plan.layers, plan.ff
         ),
         ModelKind::ConvNet => format!("channels {}", list(&plan.channels)),
+        ModelKind::TorchScript => "a TorchScript module".to_owned(),
     };
     format!(
         "{} (kiln reference model: {sizes}; random weights)",
@@ -416,7 +417,7 @@ pub fn train_step(
     measure(device, iterations, |i| {
         let batches = [DeviceBatch {
             features: features.shallow_clone(),
-            labels: labels.shallow_clone(),
+            targets: labels.shallow_clone(),
             indices: vec![],
             number: i,
         }];

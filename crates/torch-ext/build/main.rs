@@ -50,7 +50,8 @@ fn main() {
         .include("csrc")
         .file("csrc/kiln_ext.cpp")
         .file("csrc/kiln_train.cpp")
-        .file("csrc/kiln_autograd.cpp");
+        .file("csrc/kiln_autograd.cpp")
+        .file("csrc/kiln_script.cpp");
 
     let has_cuda_libs =
         lib.join("libtorch_cuda.so").exists() && lib.join("libc10_cuda.so").exists();

@@ -227,6 +227,18 @@ unsafe extern "C" {
     ) -> *mut c_char;
 }
 
+// SAFETY: defined in csrc/kiln_script.cpp with exactly this C signature; catches all C++
+// exceptions.
+unsafe extern "C" {
+    pub fn kiln_script_inspect(
+        path: *const c_char,
+        method: *const c_char,
+        training: *mut bool,
+        has_method: *mut bool,
+        parameters: *mut i64,
+    ) -> *mut c_char;
+}
+
 /// Turns the C side's error string into a `Result`, freeing it.
 pub fn check(op: &'static str, err: *mut c_char) -> Result<()> {
     if err.is_null() {

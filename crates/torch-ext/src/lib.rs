@@ -1,5 +1,5 @@
 //! kiln's native extension over libtorch: what tch does not expose (global math flags, per-thread
-//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks, activation checkpointing, the kineto profiler, CUDA device queries,
+//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks, activation checkpointing, facts about saved TorchScript modules, the kineto profiler, CUDA device queries,
 //! library loading), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
@@ -19,6 +19,7 @@ pub mod profiler;
 pub mod recompute;
 pub mod rng;
 pub mod runtime;
+pub mod script;
 pub mod transfer;
 
 pub use error::{Error, Result};

@@ -24,7 +24,7 @@ use tch::nn;
 
 use crate::TrainError;
 use crate::feed::DeviceFeeder;
-use crate::models::{InputSpec, build};
+use crate::models::{InputSpec, ModelRecipe};
 use crate::trainer::{TrainSettings, Trainer, is_out_of_memory};
 
 /// What one trial measured.
@@ -296,6 +296,7 @@ pub fn search(
 /// for the report.
 pub fn resolve_auto<D: Dataset>(
     plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
     input: &InputSpec,
     data: Arc<D>,
     device: tch::Device,
@@ -325,7 +326,7 @@ pub fn resolve_auto<D: Dataset>(
             None,
         ),
     };
-    let key = cache_key(plan, input, &hardware);
+    let key = cache_key(plan, &recipe.identity, input, &hardware);
     let mut store = cache.map(BatchSizeCache::open);
     if let Some(hit) = store.as_ref().and_then(|c| c.get(&key)) {
         let note = format!(
@@ -341,6 +342,7 @@ pub fn resolve_auto<D: Dataset>(
     let max = data.len() as u64;
     let mut runner = StepTrials {
         plan,
+        recipe,
         input,
         data,
         device,
@@ -385,6 +387,7 @@ pub const MAX_TRIALS: usize = 8;
 #[derive(Debug)]
 pub struct StepTrials<'a, D: Dataset> {
     pub plan: &'a RunPlan,
+    pub recipe: &'a ModelRecipe<'a>,
     pub input: &'a InputSpec,
     pub data: Arc<D>,
     pub device: tch::Device,
@@ -393,16 +396,11 @@ pub struct StepTrials<'a, D: Dataset> {
 impl<D: Dataset> StepTrials<'_, D> {
     fn measure(&self, batch_size: u64) -> Result<TrialOutcome, TrainError> {
         let vs = nn::VarStore::new(self.device);
-        let model = build(
-            &self.plan.model,
-            self.input,
-            &vs,
-            self.plan.performance.channels_last,
-            self.plan.performance.backend.seed,
-        )?;
+        let model = (self.recipe.build)(&vs, self.input)?;
         let settings = TrainSettings::from_plan(&self.plan.train, 0);
         let mut trainer = Trainer::new(model.as_ref(), "trial", &vs, settings, self.device)?;
         trainer.set_retry_out_of_memory(false);
+        trainer.set_target(&self.data.target())?;
         let mut loader = Loader::new(
             Arc::clone(&self.data),
             LoaderConfig {
@@ -431,11 +429,16 @@ impl<D: Dataset> StepTrials<'_, D> {
             _ => None,
         };
         let batches = [batch];
-        // Warm-up (allocations, kernel selection), then reset the peak and time.
-        trainer
-            .train_step(&batches, 1e-6)?
-            .loss_sum
-            .f_double_value(&[])?;
+        // Warm-up (allocations, kernel selection; a TorchScript module's profiling executor
+        // takes its first few steps to settle: see `ModelRecipe::warmup_steps`), then reset
+        // the peak and time.
+        for _ in 0..self.recipe.warmup_steps.max(1) {
+            trainer
+                .train_step(&batches, 1e-6)?
+                .sums
+                .f_sum(tch::Kind::Double)?
+                .f_double_value(&[])?;
+        }
         if let Some(i) = cuda {
             kiln_torch_ext::memory::reset_peak(i)?;
         }
@@ -445,12 +448,13 @@ impl<D: Dataset> StepTrials<'_, D> {
             // Reading the loss waits for the device, so the clock sees finished work.
             trainer
                 .train_step(&batches, 1e-6)?
-                .loss_sum
+                .sums
+                .f_sum(tch::Kind::Double)?
                 .f_double_value(&[])?;
             steps += 1;
         }
         let seconds = start.elapsed().as_secs_f64().max(1e-9);
-        let rows = batches[0].labels.size()[0] as f64;
+        let rows = batches[0].targets.size()[0] as f64;
         let peak_bytes = match cuda {
             Some(i) => Some(kiln_torch_ext::memory::stats(i)?.allocated_peak),
             None => None,
@@ -552,35 +556,9 @@ impl BatchSizeCache {
 }
 
 /// The cache key: everything the answer depends on.
-pub fn cache_key(plan: &RunPlan, input: &InputSpec, hardware: &str) -> String {
-    let m = &plan.model;
-    let dims = match m.kind {
-        kiln_config::ModelKind::Transformer => format!(
-            "d{} h{} l{} ff{}{}",
-            m.d_model,
-            m.heads,
-            m.layers,
-            m.ff,
-            if m.activation_checkpointing {
-                " ckpt"
-            } else {
-                ""
-            }
-        ),
-        kiln_config::ModelKind::Mlp => format!("hidden {:?}", m.hidden),
-        kiln_config::ModelKind::ConvNet => format!(
-            "channels {:?}{}",
-            m.channels,
-            if plan.performance.channels_last {
-                " nhwc"
-            } else {
-                ""
-            }
-        ),
-    };
+pub fn cache_key(plan: &RunPlan, identity: &str, input: &InputSpec, hardware: &str) -> String {
     format!(
-        "{} ({dims}) on {:?}×{} | {hardware} | {} | memory_fraction {} | {} accum {} | kiln {}",
-        m.kind,
+        "{identity} on {:?}×{} | {hardware} | {} | memory_fraction {} | {} accum {} | kiln {}",
         input.sample_shape,
         input.classes,
         crate::trainer::precision_name(plan.train.amp),

@@ -12,6 +12,8 @@ pub enum TrainError {
     Tch(#[from] tch::TchError),
     #[error(transparent)]
     Device(#[from] kiln_device::DeviceError),
+    #[error(transparent)]
+    Config(#[from] kiln_config::ConfigError),
     /// A stop was requested (SIGINT/SIGTERM); the run stopped after a whole step.
     #[error("stopped at step {step} as asked{}", checkpoint.as_ref().map_or_else(String::new, |c| format!("; checkpoint {} (continue with --resume)", c.display())))]
     Stopped {
@@ -53,4 +55,15 @@ pub enum TrainError {
         value: String,
         expected: String,
     },
+    /// Tensors of shapes that do not go together (a model's output and the targets, a batch
+    /// and the model's forward).
+    #[error("{what}: expected {expected}; {got}")]
+    ShapeMismatch {
+        what: String,
+        expected: String,
+        got: String,
+    },
+    /// The user's model failed (a TorchScript forward or loss rejected its input).
+    #[error("{what}: {message}")]
+    Model { what: String, message: String },
 }

@@ -8,7 +8,7 @@
 //! On the CPU the batch's own buffer becomes the tensor, without a copy.
 
 use kiln_config::RunPlan;
-use kiln_data::{Batch, DataError, LoaderConfig, SamplerConfig};
+use kiln_data::{Batch, DataError, LoaderConfig, SamplerConfig, Targets};
 use kiln_device::Device as KilnDevice;
 use kiln_torch_ext::transfer::{self, PendingCopy};
 use tch::{Device, Tensor};
@@ -50,10 +50,10 @@ pub fn tch_device(device: KilnDevice) -> Device {
 /// One batch on the device.
 #[derive(Debug)]
 pub struct DeviceBatch {
-    /// `[batch, sample_shape…]`, `f32`.
+    /// `[batch, sample_shape…]`, `f32` (`i64` for integer-id features).
     pub features: Tensor,
-    /// `[batch]`, `i64`.
-    pub labels: Tensor,
+    /// `[batch, target shape…]`: `i64` classes or `f32` values.
+    pub targets: Tensor,
     /// Dataset indices of the samples, in batch order.
     pub indices: Vec<usize>,
     /// The batch's number within its epoch.
@@ -63,7 +63,8 @@ pub struct DeviceBatch {
 #[derive(Debug)]
 struct Staged {
     features: PendingCopy,
-    labels: PendingCopy,
+    targets: PendingCopy,
+    integer_features: bool,
     indices: Vec<usize>,
     number: usize,
 }
@@ -120,11 +121,15 @@ where
     /// The batch as host tensors: copied into pinned memory for CUDA, otherwise the batch's own
     /// buffers without a copy.
     fn host_tensors(&mut self, batch: &mut Batch) -> Result<(Tensor, Tensor), TrainError> {
-        let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
-        let n = [batch.labels.len() as i64];
+        let dims = |d: &[usize]| d.iter().map(|&d| d as i64).collect::<Vec<i64>>();
+        let (shape, target_shape) = (dims(&batch.shape), dims(&batch.target_shape));
         if self.pin {
+            let targets = || match &batch.targets {
+                Targets::Classes(v) => transfer::host_tensor_i64(v, &target_shape, true),
+                Targets::Values(v) => transfer::host_tensor_f32(v, &target_shape, true),
+            };
             let pinned = transfer::host_tensor_f32(&batch.features, &shape, true)
-                .and_then(|f| Ok((f, transfer::host_tensor_i64(&batch.labels, &n, true)?)));
+                .and_then(|f| Ok((f, targets()?)));
             match pinned {
                 Ok(t) => return Ok(t),
                 Err(e) => {
@@ -134,9 +139,13 @@ where
                 }
             }
         }
+        let targets = match std::mem::replace(&mut batch.targets, Targets::Classes(vec![])) {
+            Targets::Classes(v) => transfer::tensor_from_vec_i64(v, &target_shape)?,
+            Targets::Values(v) => transfer::tensor_from_vec_f32(v, &target_shape)?,
+        };
         Ok((
             transfer::tensor_from_vec_f32(std::mem::take(&mut batch.features), &shape)?,
-            transfer::tensor_from_vec_i64(std::mem::take(&mut batch.labels), &n)?,
+            targets,
         ))
     }
 
@@ -145,10 +154,11 @@ where
         let Some(mut batch) = self.source.next().transpose()? else {
             return Ok(None);
         };
-        let (features, labels) = self.host_tensors(&mut batch)?;
+        let (features, targets) = self.host_tensors(&mut batch)?;
         Ok(Some(Staged {
             features: transfer::copy_to_device(&features, self.device)?,
-            labels: transfer::copy_to_device(&labels, self.device)?,
+            targets: transfer::copy_to_device(&targets, self.device)?,
+            integer_features: batch.integer_features,
             indices: batch.indices,
             number: batch.number,
         }))
@@ -182,20 +192,26 @@ where
             Ok(staged) => self.ahead = staged,
             Err(e) => self.deferred = Some(e),
         }
+        let ids = current.integer_features;
         let finished = current
             .features
             .finish()
-            .and_then(|f| Ok((f, current.labels.finish()?)));
+            .map_err(TrainError::from)
+            .and_then(|f| match ids {
+                true => Ok(f.f_to_kind(tch::Kind::Int64)?),
+                false => Ok(f),
+            })
+            .and_then(|f| Ok((f, current.targets.finish()?)));
         Some(match finished {
-            Ok((features, labels)) => Ok(DeviceBatch {
+            Ok((features, targets)) => Ok(DeviceBatch {
                 features,
-                labels,
+                targets,
                 indices: current.indices,
                 number: current.number,
             }),
             Err(e) => {
                 self.done = true;
-                Err(e.into())
+                Err(e)
             }
         })
     }

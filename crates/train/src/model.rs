@@ -1,9 +1,9 @@
-//! The small trait the trainer drives (forward, loss, metrics), an adapter for any tch module,
+//! The small trait the trainer drives (forward, an optional loss of its own, checkpoint hooks), an adapter for any tch module,
 //! and the dropout the reference models share.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use tch::{Device, Kind, Tensor, nn};
+use tch::{Device, Tensor, nn};
 
 use crate::TrainError;
 
@@ -14,20 +14,27 @@ pub trait Model {
     /// `train` switches dropout and batch-norm statistics on.
     fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError>;
 
-    /// The loss to minimise, a scalar. Default: mean cross-entropy over integer labels.
-    fn loss(&self, output: &Tensor, labels: &Tensor) -> Result<Tensor, TrainError> {
-        Ok(output
-            .f_to_kind(Kind::Float)?
-            .f_cross_entropy_loss::<Tensor>(labels, None, tch::Reduction::Mean, -100, 0.0)?)
+    /// The model's own loss, a scalar (`train.loss = "module"`): for losses kiln does not
+    /// have (a quantile loss, a Dice loss). Default: the model has none.
+    fn loss(&self, _output: &Tensor, _target: &Tensor) -> Result<Tensor, TrainError> {
+        Err(TrainError::InvalidPlan {
+            key: "train.loss",
+            value: "module".to_owned(),
+            expected: "a model with a loss of its own; this one has none (use cross_entropy, \
+                       mse, l1, huber or bce_with_logits)"
+                .to_owned(),
+        })
     }
 
-    /// How many samples of the batch the output gets right, as a scalar tensor on the output's
-    /// device (no host synchronisation). Default: arg-max equals the label.
-    fn correct(&self, output: &Tensor, labels: &Tensor) -> Result<Tensor, TrainError> {
-        Ok(output
-            .f_argmax(-1, false)?
-            .f_eq_tensor(labels)?
-            .f_sum(Kind::Float)?)
+    /// Whether [`Model::loss`] is implemented.
+    fn has_own_loss(&self) -> bool {
+        false
+    }
+
+    /// Writes the model as TorchScript to `path`, where it can (a TorchScript model can);
+    /// returns whether it did. Checkpoints call it to include `model.pt`.
+    fn save_torchscript(&self, _path: &std::path::Path) -> Result<bool, TrainError> {
+        Ok(false)
     }
 
     /// The positions of the model's own random generators (kiln's dropout), for checkpoints.
@@ -65,11 +72,12 @@ pub fn set_dropout_state<'a>(
     Ok(())
 }
 
-/// Any tch module as a classifier: cross-entropy loss and accuracy.
+/// Any tch module (`nn::Module` or `nn::ModuleT`) as a [`Model`]; the loss comes from
+/// `train.loss` (by default from the dataset's target).
 #[derive(Debug)]
-pub struct Classifier<M>(pub M);
+pub struct TchModule<M>(pub M);
 
-impl<M: nn::ModuleT> Model for Classifier<M> {
+impl<M: nn::ModuleT> Model for TchModule<M> {
     fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
         Ok(self.0.forward_t(features, train))
     }

@@ -17,11 +17,11 @@ pub struct ParamGroup {
     pub weight_decay: f64,
 }
 
-/// Whether a parameter should be decayed: weights (2-D and up) yes; biases, norm scales and
-/// other vectors no, as is usual for AdamW.
-pub fn decays(name: &str, param: &Tensor) -> bool {
-    let last = name.rsplit('.').next().unwrap_or(name);
-    param.dim() >= 2 && last != "bias" && !name.contains("norm") && !name.contains("bn")
+/// Whether a parameter should be decayed, decided by its rank alone (not its name, which a
+/// TorchScript module's author chose): matrices and kernels (2-D and up) yes; biases, norm
+/// scales and other vectors no, as is usual for AdamW (nanoGPT, timm).
+pub fn decays(param: &Tensor) -> bool {
+    param.dim() >= 2
 }
 
 /// The trainable parameters of `vs`, sorted by name, in two groups: decayed with
@@ -44,7 +44,7 @@ pub fn param_groups(vs: &nn::VarStore, weight_decay: f64) -> Vec<ParamGroup> {
         weight_decay: 0.0,
     };
     for (name, t) in variables {
-        let group = if decays(&name, &t) {
+        let group = if decays(&t) {
             &mut decay
         } else {
             &mut no_decay

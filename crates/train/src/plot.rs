@@ -40,12 +40,24 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
-/// What to draw: a title, the loss curves (left panel) and the accuracy curves (right panel).
+/// What to draw: a title, the loss curves (left panel) and the metric curves (right panel:
+/// accuracy, or an error such as MAE for regression).
 #[derive(Debug, Clone, Copy)]
 pub struct PlotSpec<'a> {
     pub title: &'a str,
     pub loss: &'a [Series],
     pub accuracy: &'a [Series],
+    /// What the right panel's curves are.
+    pub metric: Metric,
+}
+
+/// The right panel's metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metric {
+    /// A fraction in [0, 1].
+    Accuracy,
+    /// Mean absolute error, scaled to its values.
+    Mae,
 }
 
 /// What can go wrong while writing a plot; every variant names the file at fault.
@@ -133,7 +145,10 @@ fn render(rgb: &mut [u8], spec: &PlotSpec<'_>) -> Result<(), String> {
     let body = root.margin(44, 0, 0, 0);
     let (left, right) = body.split_horizontally(PLOT_WIDTH / 2);
     draw_panel(&left, "loss", spec.loss, Panel::Loss)?;
-    draw_panel(&right, "accuracy", spec.accuracy, Panel::Accuracy)?;
+    match spec.metric {
+        Metric::Accuracy => draw_panel(&right, "accuracy", spec.accuracy, Panel::Accuracy)?,
+        Metric::Mae => draw_panel(&right, "MAE", spec.accuracy, Panel::Loss)?,
+    }
     root.present().map_err(|e| e.to_string())
 }
 
@@ -428,6 +443,7 @@ mod tests {
             title: "run 42: resnet18 on cifar10",
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         let (_dir, bytes) = write(&spec);
         let (w, h, pixels) = decode(&bytes);
@@ -444,6 +460,7 @@ mod tests {
             title: "first title",
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         let b = PlotSpec {
             title: "a rather different title",
@@ -472,6 +489,7 @@ mod tests {
             title: "nothing yet",
             loss: &[],
             accuracy: &[],
+            metric: Metric::Accuracy,
         };
         let (_dir, bytes) = write(&spec);
         assert_eq!(decode(&bytes).0, PLOT_WIDTH);
@@ -482,6 +500,7 @@ mod tests {
             title: "empty series",
             loss: &empty,
             accuracy: &empty,
+            metric: Metric::Accuracy,
         };
         let (_dir, bytes) = write(&spec);
         assert_eq!(decode(&bytes).1, PLOT_HEIGHT);
@@ -495,6 +514,7 @@ mod tests {
             title: "one epoch",
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         sample("single", &spec);
         let (_dir, bytes) = write(&spec);
@@ -522,6 +542,7 @@ mod tests {
             title: "diverged",
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         sample("nonfinite", &spec);
         let (_dir, bytes) = write(&spec);
@@ -536,6 +557,7 @@ mod tests {
             title: "edge cases",
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         sample("edge", &spec);
         let (_dir, bytes) = write(&spec);
@@ -556,6 +578,7 @@ mod tests {
             title: "extreme",
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         sample("extreme", &spec);
         let (_dir, bytes) = write(&spec);
@@ -582,6 +605,7 @@ mod tests {
                 title: "awkward",
                 loss: &loss,
                 accuracy: &accuracy,
+                metric: Metric::Accuracy,
             };
             write_training_plot(&path, &spec).expect("plot written");
         }
@@ -596,6 +620,7 @@ mod tests {
             title: &format!("ünïcödé ✓ 日本語 🚀 {long}"),
             loss: &loss,
             accuracy: &accuracy,
+            metric: Metric::Accuracy,
         };
         sample("text", &spec);
         let (_dir, bytes) = write(&spec);
@@ -610,6 +635,7 @@ mod tests {
             title: "t",
             loss: &[],
             accuracy: &[],
+            metric: Metric::Accuracy,
         };
         let err = write_training_plot(&path, &spec).expect_err("must fail");
         assert!(matches!(err, PlotError::Write { .. }), "{err:?}");

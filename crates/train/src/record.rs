@@ -10,6 +10,10 @@ use crate::monitor::MemorySample;
 #[derive(Debug, Clone, Serialize)]
 pub struct RunStart {
     pub model: String,
+    /// classification, dense classification or regression (the dataset's target).
+    pub task: String,
+    /// The loss minimised (cross_entropy, mse, …, or module).
+    pub loss: String,
     pub parameters: usize,
     pub device: String,
     /// fp32, fp16 or bf16.
@@ -49,7 +53,11 @@ pub struct StepRecord {
     pub epoch_progress: f64,
     /// Mean training loss over the interval.
     pub loss: f64,
-    pub accuracy: f64,
+    /// Share of target elements right (classification tasks).
+    pub accuracy: Option<f64>,
+    /// Mean absolute and root-mean-square error per target element (regression).
+    pub mae: Option<f64>,
+    pub rmse: Option<f64>,
     pub lr: f64,
     /// The loss scale (fp16 only).
     pub loss_scale: Option<f64>,
@@ -69,9 +77,13 @@ pub struct EpochRecord {
     pub kind: &'static str,
     pub epoch: u64,
     pub train_loss: f64,
-    pub train_accuracy: f64,
+    pub train_accuracy: Option<f64>,
+    pub train_mae: Option<f64>,
+    pub train_rmse: Option<f64>,
     pub val_loss: Option<f64>,
     pub val_accuracy: Option<f64>,
+    pub val_mae: Option<f64>,
+    pub val_rmse: Option<f64>,
     pub seconds: f64,
     pub samples_per_s: f64,
     pub data_wait_share: f64,
@@ -82,6 +94,9 @@ pub struct EpochRecord {
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     pub model: String,
+    /// classification, dense classification or regression.
+    pub task: String,
+    pub loss: String,
     pub parameters: usize,
     pub device: String,
     pub precision: String,
@@ -97,8 +112,10 @@ pub struct Summary {
     pub final_val_loss: Option<f64>,
     pub final_val_accuracy: Option<f64>,
     pub best_val_accuracy: Option<f64>,
-    /// Accuracy a model guessing uniformly would get.
-    pub chance_accuracy: f64,
+    pub final_val_mae: Option<f64>,
+    pub final_val_rmse: Option<f64>,
+    /// Accuracy a model guessing uniformly would get (classification).
+    pub chance_accuracy: Option<f64>,
     pub memory: MemorySample,
     /// Steps retried in smaller micro-batches after running out of memory.
     pub oom_retries: u64,

@@ -1,6 +1,8 @@
-//! A whole training run from a resolved plan: the dataset (a prepared one, or the model's
-//! built-in synthetic one), the train/validation split, the model, the trainer, and the run
-//! directory that records it.
+//! A whole training run: the data (a prepared dataset, a built-in model's synthetic one, or
+//! the caller's own) and its train/validation split, the model (from a factory: a built-in, a
+//! TorchScript file, or the caller's own tch module), the automatic batch size, the trainer,
+//! and the run directory that records it. [`train`] is what the CLI runs; [`drive`] is the
+//! same run for any model and data (see [`crate::learner`] for the library's front door).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,19 +18,21 @@ use tch::nn;
 use crate::TrainError;
 use crate::checkpoint;
 use crate::feed::{loader_config, tch_device};
-use crate::models::{InputSpec, build};
+use crate::models::{InputSpec, ModelRecipe, build};
 use crate::record::{Observer, Observers, Summary};
 use crate::rundir::RunDir;
 use crate::trainer::{
     CheckpointOptions, FitData, FitOptions, ProfilingOptions, TrainSettings, Trainer,
 };
 
-/// The synthetic dataset each reference model trains on by default: (sample shape, classes).
-pub fn synthetic_shape(kind: ModelKind) -> (Vec<usize>, usize) {
+/// The synthetic dataset each reference model trains on by default: (sample shape, classes);
+/// none for a TorchScript model (it needs the user's data).
+pub fn synthetic_shape(kind: ModelKind) -> Option<(Vec<usize>, usize)> {
     match kind {
-        ModelKind::Transformer => (vec![64, 469], 100),
-        ModelKind::Mlp => (vec![64], 10),
-        ModelKind::ConvNet => (vec![3, 32, 32], 10),
+        ModelKind::Transformer => Some((vec![64, 469], 100)),
+        ModelKind::Mlp => Some((vec![64], 10)),
+        ModelKind::ConvNet => Some((vec![3, 32, 32], 10)),
+        ModelKind::TorchScript => None,
     }
 }
 
@@ -38,7 +42,14 @@ pub fn synthetic_dataset(
     samples: usize,
     seed: u64,
 ) -> Result<Box<dyn Dataset>, TrainError> {
-    let (shape, classes) = synthetic_shape(kind);
+    let no_synthetic = || TrainError::InvalidPlan {
+        key: "model.name",
+        value: kind.to_string(),
+        expected: "a dataset: a model of your own trains on your data (kiln train --data DIR, \
+                   made by kiln data prepare)"
+            .to_owned(),
+    };
+    let (shape, classes) = synthetic_shape(kind).ok_or_else(no_synthetic)?;
     Ok(match kind {
         ModelKind::Transformer => Box::new(SyntheticSequences::new(
             samples, shape[0], shape[1], classes, seed,
@@ -49,6 +60,7 @@ pub fn synthetic_dataset(
         ModelKind::ConvNet => Box::new(SyntheticImages::new(
             samples, shape[0], shape[1], classes, seed,
         )?),
+        ModelKind::TorchScript => return Err(no_synthetic()),
     })
 }
 
@@ -103,6 +115,119 @@ pub struct RunOutcome {
     pub data: String,
 }
 
+/// The checkpoint a run continues from, verified, and the damaged ones resolve passed over
+/// (moved aside here).
+pub fn find_resume(
+    plan: &RunPlan,
+    control: &RunControl,
+) -> Result<Option<checkpoint::Checkpoint>, TrainError> {
+    let (ckpt, skipped) = match &control.resume {
+        None => return Ok(None),
+        Some(Resume::Latest) => {
+            checkpoint::resolve(&latest_run(&plan.run.output_dir, &plan.run.name)?)?
+        }
+        Some(Resume::From(path)) => checkpoint::resolve(path)?,
+    };
+    for (dir, why) in skipped {
+        checkpoint::move_aside(&dir, "damaged", &why)?;
+    }
+    tracing::info!(
+        "resuming from {} (step {}, epoch {}, batch {})",
+        ckpt.dir.display(),
+        ckpt.meta.step,
+        ckpt.meta.epoch + 1,
+        ckpt.meta.batch
+    );
+    Ok(Some(ckpt))
+}
+
+/// A run's data: training and validation samples, and a line describing where they came from.
+pub struct RunData {
+    pub train: Arc<Box<dyn Dataset>>,
+    pub val: Option<Arc<Box<dyn Dataset>>>,
+    pub description: String,
+}
+
+impl std::fmt::Debug for RunData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunData")
+            .field("train", &self.train.len())
+            .field("val", &self.val.as_ref().map(|v| v.len()))
+            .field("description", &self.description)
+            .finish()
+    }
+}
+
+impl RunData {
+    /// `dataset` split at random into training and validation (`val_fraction` of it, seeded).
+    pub fn split(
+        dataset: Box<dyn Dataset>,
+        val_fraction: f64,
+        seed: u64,
+        description: String,
+    ) -> Result<Self, TrainError> {
+        let (train, val) = Subset::split(Arc::new(dataset), val_fraction, seed)?;
+        Ok(Self {
+            train: Arc::new(Box::new(train)),
+            val: Some(Arc::new(Box::new(val))),
+            description,
+        })
+    }
+
+    /// The plan's data: the prepared dataset in `data_dir`, or the model's synthetic one.
+    pub fn of_plan(plan: &RunPlan, data_dir: Option<&Path>) -> Result<Self, TrainError> {
+        let seed = plan.performance.backend.seed;
+        let (dataset, text): (Box<dyn Dataset>, String) = match data_dir {
+            Some(dir) => {
+                let d = ShardedDataset::open(dir)?;
+                let text = format!(
+                    "{} ({} samples of {:?}; {})",
+                    dir.display(),
+                    d.len(),
+                    d.sample_shape(),
+                    d.target()
+                );
+                (Box::new(d), text)
+            }
+            None => {
+                let samples = usize::try_from(plan.data.synthetic_samples).unwrap_or(usize::MAX);
+                let d = synthetic_dataset(plan.model.kind, samples, seed)?;
+                let text = format!(
+                    "synthetic {} data ({} samples of {:?}, {} classes)",
+                    plan.model.kind,
+                    d.len(),
+                    d.sample_shape(),
+                    d.classes().unwrap_or(0)
+                );
+                (d, text)
+            }
+        };
+        Self::split(dataset, plan.data.val_fraction, seed, text)
+    }
+}
+
+/// Refuses what kiln cannot do inside a TorchScript module: its own dropout (the module keeps
+/// its own; `model.dropout` set by the user is an error, kiln's default is ignored).
+fn check_script_plan(plan: &RunPlan) -> Result<(), TrainError> {
+    if plan.model.kind != ModelKind::TorchScript {
+        return Ok(());
+    }
+    let set_by_user = plan
+        .provenance
+        .get("model.dropout")
+        .is_some_and(|p| p.layer != kiln_config::Layer::Default);
+    if set_by_user {
+        return Err(TrainError::InvalidPlan {
+            key: "model.dropout",
+            value: plan.model.dropout.to_string(),
+            expected: "unset for a TorchScript model: kiln's dropout is part of its built-in \
+                       models; a module's own dropout layers train as the module defines them"
+                .to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Trains `plan.model` on `device` over `data_dir` (a prepared dataset) or the model's synthetic
 /// dataset, recording into a new run directory under `plan.run.output_dir`, and reporting to
 /// `observer` as it goes. `on_ready` is told the run directory and data before training starts.
@@ -114,139 +239,124 @@ pub fn train(
     observer: &mut dyn Observer,
     on_ready: &mut dyn FnMut(&Path, &str),
 ) -> Result<RunOutcome, TrainError> {
-    let seed = plan.performance.backend.seed;
+    check_script_plan(plan)?;
     // Find and verify the checkpoint first: a bad --resume fails before anything else.
-    let resume = match &control.resume {
-        None => None,
-        Some(Resume::Latest) => Some(checkpoint::resolve(&latest_run(
-            &plan.run.output_dir,
-            &plan.run.name,
-        )?)?),
-        Some(Resume::From(path)) => Some(checkpoint::resolve(path)?),
-    };
-    if let Some((ckpt, skipped)) = &resume {
-        for (dir, why) in skipped {
-            checkpoint::move_aside(dir, "damaged", why)?;
-        }
-        tracing::info!(
-            "resuming from {} (step {}, epoch {}, batch {})",
-            ckpt.dir.display(),
-            ckpt.meta.step,
-            ckpt.meta.epoch + 1,
-            ckpt.meta.batch
-        );
+    let resume = find_resume(plan, &control)?;
+    let data = RunData::of_plan(plan, data_dir)?;
+    // A TorchScript run continues from the module its checkpoint saved (with its buffers,
+    // such as batch-norm statistics, which are not parameters).
+    let mut model_plan = plan.model.clone();
+    if let Some(saved) = resume
+        .as_ref()
+        .map(|c| c.dir.join(checkpoint::SCRIPT_FILE))
+        .filter(|p| model_plan.kind == ModelKind::TorchScript && p.is_file())
+    {
+        model_plan.script = Some(saved);
     }
-    let (dataset, data): (Box<dyn Dataset>, String) = match data_dir {
-        Some(dir) => {
-            let d = ShardedDataset::open(dir)?;
-            let text = format!(
-                "{} ({} samples of {:?})",
-                dir.display(),
-                d.len(),
-                d.sample_shape()
-            );
-            (Box::new(d), text)
-        }
-        None => {
-            let samples = usize::try_from(plan.data.synthetic_samples).unwrap_or(usize::MAX);
-            let d = synthetic_dataset(plan.model.kind, samples, seed)?;
-            let text = format!(
-                "synthetic {} data ({} samples of {:?}, {} classes)",
-                plan.model.kind,
-                d.len(),
-                d.sample_shape(),
-                d.classes().unwrap_or(0)
-            );
-            (d, text)
-        }
+    let (channels_last, seed) = (
+        plan.performance.channels_last,
+        plan.performance.backend.seed,
+    );
+    let factory =
+        |vs: &nn::VarStore, input: &InputSpec| build(&model_plan, input, vs, channels_last, seed);
+    let recipe = ModelRecipe {
+        name: crate::models::display_name(&plan.model),
+        identity: crate::models::identity(plan),
+        build: &factory,
+        warmup_steps: if plan.model.kind == ModelKind::TorchScript {
+            3
+        } else {
+            1
+        },
     };
-    let classes = dataset.classes().ok_or_else(|| TrainError::InvalidPlan {
-        key: "data",
-        value: data.clone(),
-        expected: "a dataset that knows its number of classes".to_owned(),
-    })?;
-    let input = InputSpec {
-        sample_shape: dataset.sample_shape().to_vec(),
-        classes,
-    };
-    let (train_set, val_set) = Subset::split(Arc::new(dataset), plan.data.val_fraction, seed)?;
-    let train_set = Arc::new(train_set);
+    drive(
+        plan, device, &recipe, data, resume, control, observer, on_ready,
+    )
+}
 
-    let tch_device = tch_device(device);
-    // train.batch_size = "auto": a resumed run keeps the size it chose; a new one asks the
-    // cache or searches (with the CPU generator put back after, so the model starts the same).
-    let mut auto_plan;
-    let mut batch_note = None;
-    let plan = if plan.train.batch_size_auto {
-        let (size, note) = match resume.as_ref().and_then(|(c, _)| c.meta.batch_size) {
-            Some(size) => (size, format!("auto: {size}, as the resumed run chose")),
-            None => {
-                let rng = kiln_torch_ext::rng::cpu_rng_state()?;
-                let found = crate::batch_search::resolve_auto(
-                    plan,
-                    &input,
-                    Arc::clone(&train_set),
-                    tch_device,
-                    control.cache_dir.as_deref(),
-                );
-                kiln_torch_ext::rng::set_cpu_rng_state(&rng)?;
-                found?
-            }
-        };
-        tracing::info!("train.batch_size {note}");
-        auto_plan = plan.clone();
-        auto_plan.train.batch_size = size;
-        batch_note = Some(note);
-        &auto_plan
-    } else {
-        plan
+/// The batch size `train.batch_size = "auto"` resolves to: a resumed run keeps the size it
+/// chose; a new one asks the cache or searches (with the CPU generator put back after, so the
+/// model starts the same). Returns the plan with the size, and the report's line.
+fn auto_batch_size(
+    plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: &RunData,
+    device: tch::Device,
+    resume: Option<&checkpoint::Checkpoint>,
+    cache_dir: Option<&Path>,
+) -> Result<(RunPlan, Option<String>), TrainError> {
+    if !plan.train.batch_size_auto {
+        return Ok((plan.clone(), None));
+    }
+    let (size, note) = match resume.and_then(|c| c.meta.batch_size) {
+        Some(size) => (size, format!("auto: {size}, as the resumed run chose")),
+        None => {
+            let rng = kiln_torch_ext::rng::cpu_rng_state()?;
+            let found = crate::batch_search::resolve_auto(
+                plan,
+                recipe,
+                input,
+                Arc::clone(&data.train),
+                device,
+                cache_dir,
+            );
+            kiln_torch_ext::rng::set_cpu_rng_state(&rng)?;
+            found?
+        }
     };
+    tracing::info!("train.batch_size {note}");
+    let mut chosen = plan.clone();
+    chosen.train.batch_size = size;
+    Ok((chosen, Some(note)))
+}
+
+/// Trains the model `recipe` builds on `data`, as [`train`] does: the automatic batch size,
+/// the trainer with every setting of `plan`, checkpoints and resume from `resume`, the
+/// profiler, and a run directory (new, or the resumed run's).
+#[allow(clippy::too_many_arguments)]
+pub fn drive(
+    plan: &RunPlan,
+    device: kiln_device::Device,
+    recipe: &ModelRecipe<'_>,
+    data: RunData,
+    resume: Option<checkpoint::Checkpoint>,
+    control: RunControl,
+    observer: &mut dyn Observer,
+    on_ready: &mut dyn FnMut(&Path, &str),
+) -> Result<RunOutcome, TrainError> {
+    let seed = plan.performance.backend.seed;
+    let input = InputSpec::of(data.train.sample_shape(), &data.train.target());
+    let tch_device = tch_device(device);
+    let (plan, batch_note) = auto_batch_size(
+        plan,
+        recipe,
+        &input,
+        &data,
+        tch_device,
+        resume.as_ref(),
+        control.cache_dir.as_deref(),
+    )?;
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
     let vs = nn::VarStore::new(tch_device);
-    let model = build(
-        &plan.model,
-        &input,
-        &vs,
-        plan.performance.channels_last,
-        seed,
-    )?;
+    let model = (recipe.build)(&vs, &input)?;
     let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
-    let mut trainer = Trainer::new(
-        model.as_ref(),
-        plan.model.kind.as_str(),
-        &vs,
-        settings,
-        tch_device,
-    )?;
-
+    let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
     let sampler = SamplerConfig {
         shuffle: true,
         seed,
         ..SamplerConfig::default()
     };
-    let loader = loader_config(plan, sampler, true)?;
-    let mut run_dir = match &resume {
-        Some((ckpt, _)) => {
-            let dir = ckpt
-                .dir
-                .parent()
-                .and_then(Path::parent)
-                .ok_or_else(|| TrainError::File {
-                    path: ckpt.dir.clone(),
-                    message: "a checkpoint must sit in <run>/checkpoints/".to_owned(),
-                })?;
-            RunDir::reopen(dir, &plan.run.name, ckpt.meta.step, ckpt.meta.epoch)?
-        }
-        None => RunDir::create(&plan.run.output_dir, &plan.run.name, plan)?,
-    };
+    let loader = loader_config(&plan, sampler, true)?;
+    let mut run_dir = open_run_dir(&plan, resume.as_ref())?;
     let run_path = run_dir.path().to_owned();
-    on_ready(&run_path, &data);
+    on_ready(&run_path, &data.description);
     let summary = {
         let mut observers = Observers(vec![observer, &mut run_dir]);
         trainer.fit(
             FitData {
-                train: train_set,
-                val: Some(Arc::new(val_set)),
+                train: data.train,
+                val: data.val,
                 loader,
             },
             &mut observers,
@@ -254,10 +364,10 @@ pub fn train(
                 checkpoints: Some(CheckpointOptions {
                     dir: run_path.join("checkpoints"),
                     plan: plan.checkpoint,
-                    config: RunDir::config_json(plan),
+                    config: RunDir::config_json(&plan),
                     input: Some(input.clone()),
                 }),
-                resume: resume.map(|(c, _)| c),
+                resume,
                 stop: control.stop,
                 batch_size_search: batch_note,
                 profiling: Some(ProfilingOptions {
@@ -270,6 +380,44 @@ pub fn train(
     Ok(RunOutcome {
         summary,
         run_dir: run_path,
-        data,
+        data: data.description,
     })
+}
+
+/// The run directory: the resumed run's, or a new one.
+fn open_run_dir(
+    plan: &RunPlan,
+    resume: Option<&checkpoint::Checkpoint>,
+) -> Result<RunDir, TrainError> {
+    match resume {
+        Some(ckpt) => {
+            let dir = ckpt
+                .dir
+                .parent()
+                .and_then(Path::parent)
+                .ok_or_else(|| TrainError::File {
+                    path: ckpt.dir.clone(),
+                    message: "a checkpoint must sit in <run>/checkpoints/".to_owned(),
+                })?;
+            RunDir::reopen(dir, &plan.run.name, ckpt.meta.step, ckpt.meta.epoch)
+        }
+        None => RunDir::create(&plan.run.output_dir, &plan.run.name, plan),
+    }
+}
+
+/// Applies the plan's backend settings (threads, TF32, matmul precision, determinism, seed)
+/// for `device`, logging each: what a run does before it builds its model.
+pub fn apply_backend(plan: &RunPlan, device: kiln_device::Device) {
+    use kiln_device::settings::Outcome;
+    for a in kiln_device::settings::apply(&plan.performance.backend, device) {
+        match &a.outcome {
+            Outcome::Applied => tracing::debug!("applied {} = {}", a.setting, a.value),
+            Outcome::NotApplicable(why) => {
+                tracing::debug!("not applied {} = {}: {why}", a.setting, a.value)
+            }
+            Outcome::Failed(why) => {
+                tracing::warn!("could not apply {} = {}: {why}", a.setting, a.value)
+            }
+        }
+    }
 }

@@ -12,7 +12,7 @@ use kiln_config::{Layer, RunPlan};
 use serde::Serialize;
 
 use crate::TrainError;
-use crate::plot::{PlotSpec, Series, write_training_plot};
+use crate::plot::{Metric, PlotSpec, Series, write_training_plot};
 use crate::record::{EpochRecord, Observer, RunStart, StepRecord, Summary};
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
@@ -67,11 +67,25 @@ struct ConfigEntry<'a> {
 pub struct RunDir {
     path: PathBuf,
     metrics: BufWriter<File>,
-    /// (epoch progress, loss, accuracy) of each logged step.
+    /// (epoch progress, loss, accuracy or MAE) of each logged step.
     steps: Vec<(f64, f64, f64)>,
-    /// (epoch, val loss, val accuracy) of each epoch.
+    /// (epoch, val loss, val accuracy or MAE) of each epoch.
     epochs: Vec<(u64, Option<f64>, Option<f64>)>,
     title: String,
+    /// What the curves' right panel shows: accuracy, or MAE for regression.
+    metric: Metric,
+}
+
+/// The right-panel value of a logged step or epoch (`prefix` is "" or "val_"): its accuracy,
+/// else its MAE, and which it was.
+fn panel_value(v: &serde_json::Value, prefix: &str) -> (Option<f64>, Metric) {
+    match v[format!("{prefix}accuracy")].as_f64() {
+        Some(a) => (Some(a), Metric::Accuracy),
+        None => match v[format!("{prefix}mae")].as_f64() {
+            Some(m) => (Some(m), Metric::Mae),
+            None => (None, Metric::Accuracy),
+        },
+    }
 }
 
 impl RunDir {
@@ -124,6 +138,7 @@ impl RunDir {
             steps: vec![],
             epochs: vec![],
             title: name.to_owned(),
+            metric: Metric::Accuracy,
         })
     }
 
@@ -141,6 +156,7 @@ impl RunDir {
             std::fs::read_to_string(&metrics_path).map_err(|e| file_error(&metrics_path, e))?;
         let mut kept = String::new();
         let (mut steps, mut epochs) = (vec![], vec![]);
+        let mut metric = Metric::Accuracy;
         for line in text.lines() {
             // A line cut short by a crash is dropped.
             let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
@@ -150,10 +166,12 @@ impl RunDir {
                 Some("step") => {
                     let ok = v["step"].as_u64().is_some_and(|s| s <= step);
                     if ok {
+                        let (value, kind) = panel_value(&v, "");
+                        metric = if value.is_some() { kind } else { metric };
                         steps.push((
                             v["epoch_progress"].as_f64().unwrap_or(0.0),
                             v["loss"].as_f64().unwrap_or(f64::NAN),
-                            v["accuracy"].as_f64().unwrap_or(f64::NAN),
+                            value.unwrap_or(f64::NAN),
                         ));
                     }
                     ok
@@ -164,7 +182,7 @@ impl RunDir {
                         epochs.push((
                             v["epoch"].as_u64().unwrap_or(0),
                             v["val_loss"].as_f64(),
-                            v["val_accuracy"].as_f64(),
+                            panel_value(&v, "val_").0,
                         ));
                     }
                     ok
@@ -189,6 +207,7 @@ impl RunDir {
             steps,
             epochs,
             title: name.to_owned(),
+            metric,
         })
     }
 
@@ -218,13 +237,17 @@ impl RunDir {
                     .collect(),
             ),
         ];
+        let name = match self.metric {
+            Metric::Accuracy => "accuracy",
+            Metric::Mae => "MAE",
+        };
         let accuracy = [
             series(
-                "train accuracy",
+                &format!("train {name}"),
                 self.steps.iter().map(|s| (s.0, s.2)).collect(),
             ),
             series(
-                "val accuracy",
+                &format!("val {name}"),
                 self.epochs
                     .iter()
                     .filter_map(|e| e.2.map(|v| ((e.0 + 1) as f64, v)))
@@ -237,6 +260,7 @@ impl RunDir {
                 title: &self.title,
                 loss: &loss,
                 accuracy: &accuracy,
+                metric: self.metric,
             },
         )
         .map_err(|e| file_error(path, e))
@@ -262,14 +286,20 @@ impl Observer for RunDir {
     }
 
     fn on_log(&mut self, record: &StepRecord) -> Result<(), TrainError> {
-        self.steps
-            .push((record.epoch_progress, record.loss, record.accuracy));
+        if record.accuracy.is_none() && record.mae.is_some() {
+            self.metric = Metric::Mae;
+        }
+        let value = record.accuracy.or(record.mae).unwrap_or(f64::NAN);
+        self.steps.push((record.epoch_progress, record.loss, value));
         self.append(record)
     }
 
     fn on_epoch(&mut self, record: &EpochRecord) -> Result<(), TrainError> {
-        self.epochs
-            .push((record.epoch, record.val_loss, record.val_accuracy));
+        self.epochs.push((
+            record.epoch,
+            record.val_loss,
+            record.val_accuracy.or(record.val_mae),
+        ));
         self.append(record)
     }
 

@@ -18,6 +18,7 @@ fn plan(checkpointing: bool, layers: u64, dropout: f64) -> ModelPlan {
         hidden: vec![16],
         channels: vec![8],
         activation_checkpointing: checkpointing,
+        script: None,
     }
 }
 
@@ -25,6 +26,7 @@ fn spec() -> InputSpec {
     InputSpec {
         sample_shape: vec![32, 24],
         classes: 5,
+        target: None,
     }
 }
 
@@ -83,7 +85,9 @@ fn step(vs: &nn::VarStore, model: &dyn Model, x: &Tensor, y: &Tensor) -> Tensor 
         }
     }
     let out = model.forward(x, true).unwrap();
-    let loss = model.loss(&out, y).unwrap();
+    let loss = kiln_train::loss::Loss::CrossEntropy
+        .compute(model, &out, y)
+        .unwrap();
     loss.backward();
     loss
 }

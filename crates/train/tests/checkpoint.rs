@@ -356,6 +356,7 @@ fn save_small(dir: &Path, meta: checkpoint::Meta) -> PathBuf {
             model: &[("fc.weight".to_owned(), &w * step as f64)],
             state: &[("fc.weight.step".to_owned(), Tensor::from(step as f32))],
             meta,
+            script: None,
         },
     )
     .unwrap()
@@ -375,6 +376,7 @@ fn small_meta(step: u64) -> checkpoint::Meta {
         loss_scale_growth_tracker: None,
         model_rng: vec![step],
         val_accuracy: Some(step as f64 / 100.0),
+        val_loss: None,
         sums: Default::default(),
         config: Value::Null,
         input: None,
@@ -489,6 +491,7 @@ fn a_write_that_dies_midway_leaves_the_previous_checkpoint_loadable() {
             model: &[("ok".to_owned(), Tensor::from(1.0f32))],
             state: &[("bad".to_owned(), bad)],
             meta,
+            script: None,
         },
     );
     let err = err.unwrap_err().to_string();
@@ -511,6 +514,7 @@ fn a_write_that_dies_midway_leaves_the_previous_checkpoint_loadable() {
             meta: checkpoint::load(&dir.join(checkpoint::dir_name(5)))
                 .unwrap()
                 .meta,
+            script: None,
         },
     )
     .unwrap_err()

@@ -83,10 +83,10 @@ fn the_cpu_feeder_yields_every_batch_in_order_with_its_data_one_ahead() {
         );
         assert_eq!(batch.features.size()[1..], [2, 3]);
         assert_eq!(batch.features.kind(), Kind::Float);
-        assert_eq!(batch.labels.kind(), Kind::Int64);
+        assert_eq!(batch.targets.kind(), Kind::Int64);
         for (k, &i) in batch.indices.iter().enumerate() {
             let label = ds.read(i, &mut buf).unwrap();
-            assert_eq!(batch.labels.int64_value(&[k as i64]), label);
+            assert_eq!(batch.targets.int64_value(&[k as i64]), label);
             let row: Vec<f32> = Vec::try_from(batch.features.get(k as i64).flatten(0, -1)).unwrap();
             assert_eq!(row, buf);
         }
@@ -100,7 +100,9 @@ fn a_failing_batch_reaches_the_consumer_after_the_good_ones() {
     let good = |n: usize| kiln_data::Batch {
         shape: vec![1, 2],
         features: vec![n as f32, 0.0],
-        labels: vec![0],
+        integer_features: false,
+        targets: kiln_data::Targets::Classes(vec![0]),
+        target_shape: vec![1],
         indices: vec![n],
         number: n,
     };

@@ -155,12 +155,13 @@ fn tch_defaults_are_not_pytorchs_which_is_why_kiln_has_its_own() {
 fn reference_plan(kind: ModelKind) -> (kiln_config::ModelPlan, InputSpec) {
     let set = format!("model.name={kind}");
     let plan = load(&common::cpu_request(&[set])).unwrap().plan;
-    let (sample_shape, classes) = kiln_train::run::synthetic_shape(kind);
+    let (sample_shape, classes) = kiln_train::run::synthetic_shape(kind).unwrap();
     (
         plan.model,
         InputSpec {
             sample_shape,
             classes,
+            target: None,
         },
     )
 }

@@ -5,11 +5,11 @@
 
 use std::cell::Cell;
 
-use kiln_config::{LossScalePlan, ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
+use kiln_config::{LossKind, LossScalePlan, ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
 use kiln_device::settings::AmpDtype;
 use kiln_train::TrainError;
 use kiln_train::feed::DeviceBatch;
-use kiln_train::model::{Classifier, Model};
+use kiln_train::model::{Model, TchModule};
 use kiln_train::models::{InputSpec, TransformerShape, build, parameter_count};
 use kiln_train::trainer::{TrainSettings, Trainer};
 use tch::{Device, Kind, Tensor, nn};
@@ -36,13 +36,20 @@ fn settings(optimizer: OptimizerKind, precision: AmpDtype) -> TrainSettings {
         log_interval: 10,
         empty_cache_interval: 0,
         max_bad_steps: 3,
+        loss: LossKind::Auto,
     }
 }
 
-fn batch(features: Tensor, labels: Tensor) -> DeviceBatch {
+/// [`settings`] for a model that brings its own loss.
+fn own_loss(mut s: TrainSettings) -> TrainSettings {
+    s.loss = LossKind::Module;
+    s
+}
+
+fn batch(features: Tensor, targets: Tensor) -> DeviceBatch {
     DeviceBatch {
         features,
-        labels,
+        targets,
         indices: vec![],
         number: 0,
     }
@@ -79,8 +86,8 @@ fn accumulating_k_micro_batches_equals_one_batch_of_k_times_b() {
         vs_acc.copy(&vs_one).unwrap();
         let initial = flat_params(&vs_one);
         assert_eq!(initial, flat_params(&vs_acc));
-        let one = Classifier(net_one);
-        let acc = Classifier(net_acc);
+        let one = TchModule(net_one);
+        let acc = TchModule(net_acc);
         let s = settings(optimizer, AmpDtype::None);
         let mut t_one = Trainer::new(&one, "mlp", &vs_one, s.clone(), Device::Cpu).unwrap();
         let mut t_acc = Trainer::new(&acc, "mlp", &vs_acc, s, Device::Cpu).unwrap();
@@ -105,8 +112,8 @@ fn accumulating_k_micro_batches_equals_one_batch_of_k_times_b() {
             .fold(0.0, f64::max);
         assert!(moved > 1e-3, "{optimizer:?}: the step moved the parameters");
         assert!(max_diff < 1e-5, "{optimizer:?}: max difference {max_diff}");
-        let loss_whole = whole.loss_sum.double_value(&[]);
-        let loss_acc = accumulated.loss_sum.double_value(&[]);
+        let loss_whole = whole.sums.double_value(&[0]);
+        let loss_acc = accumulated.sums.double_value(&[0]);
         assert!((loss_whole - loss_acc).abs() < 1e-4);
     }
 }
@@ -131,6 +138,10 @@ impl Model for Linear1 {
     fn loss(&self, output: &Tensor, _labels: &Tensor) -> Result<Tensor, TrainError> {
         Ok(output.mean(Kind::Float))
     }
+
+    fn has_own_loss(&self) -> bool {
+        true
+    }
 }
 
 fn linear1(dim: i64) -> (nn::VarStore, Linear1) {
@@ -152,7 +163,7 @@ fn clipping_applies_to_unscaled_gradients() {
     let y = Tensor::from_slice(&[0i64]);
     for precision in [AmpDtype::None, AmpDtype::Fp16] {
         let (vs, model) = linear1(2);
-        let mut s = settings(OptimizerKind::Sgd, precision);
+        let mut s = own_loss(settings(OptimizerKind::Sgd, precision));
         s.clip_grad_norm = 1.0;
         let mut trainer = Trainer::new(&model, "linear", &vs, s, Device::Cpu).unwrap();
         let out = trainer
@@ -181,7 +192,7 @@ fn loss_scaler_skips_overflowing_steps_backs_off_and_grows() {
         &model,
         "linear",
         &vs,
-        settings(OptimizerKind::AdamW, AmpDtype::Fp16),
+        own_loss(settings(OptimizerKind::AdamW, AmpDtype::Fp16)),
         Device::Cpu,
     )
     .unwrap();
@@ -230,7 +241,7 @@ fn loss_scaler_skips_overflowing_steps_backs_off_and_grows() {
         &model32,
         "linear",
         &vs32,
-        settings(OptimizerKind::AdamW, AmpDtype::None),
+        own_loss(settings(OptimizerKind::AdamW, AmpDtype::None)),
         Device::Cpu,
     )
     .unwrap();
@@ -296,6 +307,7 @@ fn plan(kind: ModelKind) -> ModelPlan {
         hidden: vec![256, 256],
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
+        script: None,
     }
 }
 
@@ -311,6 +323,7 @@ fn reference_models_match_their_pytorch_twins_in_size_and_shape() {
         let input = InputSpec {
             sample_shape: shape.clone(),
             classes,
+            target: None,
         };
         let model = build(&plan(kind), &input, &vs, false, 0).unwrap();
         assert_eq!(parameter_count(&vs), params, "{kind}");
@@ -343,6 +356,7 @@ fn models_reject_data_of_the_wrong_shape() {
     let input = InputSpec {
         sample_shape: vec![64],
         classes: 10,
+        target: None,
     };
     let err = build(&plan(ModelKind::Transformer), &input, &vs, false, 0)
         .err()
@@ -357,6 +371,7 @@ fn models_reject_data_of_the_wrong_shape() {
         &InputSpec {
             sample_shape: vec![3, 8, 8],
             classes: 1,
+            target: None,
         },
         &vs,
         false,
@@ -374,6 +389,7 @@ fn channels_last_convnet_lays_weights_out_nhwc_and_computes_the_same() {
     let input = InputSpec {
         sample_shape: vec![3, 16, 16],
         classes: 10,
+        target: None,
     };
     let vs_a = nn::VarStore::new(Device::Cpu);
     let a = build(&plan(ModelKind::ConvNet), &input, &vs_a, false, 0).unwrap();
@@ -395,6 +411,7 @@ fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
     let input = InputSpec {
         sample_shape: vec![8, 12],
         classes: 5,
+        target: None,
     };
     let model = build(&p, &input, &vs, false, 0).unwrap();
     let mut trainer = Trainer::new(
@@ -409,7 +426,7 @@ fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
     let y = Tensor::from_slice(&[0i64, 1, 2, 3]);
     let before = flat_params(&vs);
     let out = trainer.train_step(&[batch(x, y)], 1e-3).unwrap();
-    assert!(out.loss_sum.double_value(&[]).is_finite());
+    assert!(out.sums.double_value(&[0]).is_finite());
     assert_ne!(before, flat_params(&vs));
     // The parameters stay fp32 (autocast casts per op, not the weights).
     assert!(vs.variables().values().all(|t| t.kind() == Kind::Float));
@@ -453,7 +470,7 @@ fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
             FitOptions::default(),
         )
     };
-    let mut s = settings(OptimizerKind::Sgd, AmpDtype::None);
+    let mut s = own_loss(settings(OptimizerKind::Sgd, AmpDtype::None));
     s.log_interval = 1;
     s.max_bad_steps = 3;
 
@@ -500,7 +517,7 @@ fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
 /// A classifier that runs out of memory (the way libtorch reports it) whenever a forward gets
 /// more than `limit` samples; `forwards` counts the batch sizes it saw.
 struct MemoryBound<M> {
-    inner: Classifier<M>,
+    inner: TchModule<M>,
     limit: i64,
     seen: std::cell::RefCell<Vec<i64>>,
 }
@@ -526,9 +543,9 @@ fn out_of_memory_retries_the_step_in_micro_batches_with_the_same_result() {
     let (vs_ref, net_ref) = mlp_store(13);
     let (mut vs_oom, net_oom) = mlp_store(13);
     vs_oom.copy(&vs_ref).unwrap();
-    let reference = Classifier(net_ref);
+    let reference = TchModule(net_ref);
     let bounded = MemoryBound {
-        inner: Classifier(net_oom),
+        inner: TchModule(net_oom),
         limit: 5,
         seen: Default::default(),
     };
@@ -572,7 +589,7 @@ fn out_of_memory_retries_the_step_in_micro_batches_with_the_same_result() {
     // step was taken.
     let (vs_none, net_none) = mlp_store(13);
     let hopeless = MemoryBound {
-        inner: Classifier(net_none),
+        inner: TchModule(net_none),
         limit: 0,
         seen: Default::default(),
     };
@@ -605,7 +622,7 @@ fn out_of_memory_retries_the_step_in_micro_batches_with_the_same_result() {
 #[test]
 fn phase_timing_counts_every_phase_of_every_step_and_only_while_on() {
     let (vs, net) = mlp_store(5);
-    let model = Classifier(net);
+    let model = TchModule(net);
     let s = settings(OptimizerKind::AdamW, AmpDtype::None);
     let mut trainer = Trainer::new(&model, "mlp", &vs, s, Device::Cpu).unwrap();
     let x = Tensor::randn([8, 6], (Kind::Float, Device::Cpu));

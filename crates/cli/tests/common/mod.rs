@@ -1,5 +1,6 @@
 //! What the CLI tests share: running the `kiln` binary as a user would, and its output as text.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Runs `kiln args…` with no library path, log filter or device request from this environment.
@@ -20,4 +21,23 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The Python with libtorch's torch: `KILN_PYTHON` (`cargo xtask test` sets it), else the venv
+/// that `.kiln/libtorch` points into. Tests that need it are `#[ignore]`d with the reason and
+/// named `…with_python_torch`; `cargo xtask test` runs them.
+#[allow(dead_code)] // not every test binary runs Python
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("KILN_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.kiln/libtorch");
+    let torch = std::fs::canonicalize(root).expect("a libtorch at .kiln/libtorch");
+    // <venv>/lib/python3.X/site-packages/torch
+    let python = torch
+        .ancestors()
+        .nth(4)
+        .map(|venv| venv.join("bin").join("python"))
+        .filter(|p| p.exists());
+    python.expect("no Python beside .kiln/libtorch: set KILN_PYTHON to a Python with torch 2.11")
 }

@@ -32,6 +32,9 @@ pub const VERSION: u32 = 1;
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const STATE_FILE: &str = "state.safetensors";
 pub const META_FILE: &str = "checkpoint.json";
+/// The trained module as TorchScript, in checkpoints of TorchScript models
+/// (`torch.jit.load`-able; `kiln infer`/`kiln serve` run it).
+pub const SCRIPT_FILE: &str = "model.pt";
 const TMP_PREFIX: &str = ".tmp-";
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
@@ -73,6 +76,67 @@ pub struct RunningSums {
     pub interval_samples: u64,
     pub skipped_steps: u64,
     pub best_val_accuracy: Option<f64>,
+    /// Regression error sums and target-element counts (absent in checkpoints from before
+    /// targets other than class labels: those counted one element per sample).
+    #[serde(default)]
+    pub epoch_abs_err: f64,
+    #[serde(default)]
+    pub epoch_sq_err: f64,
+    #[serde(default)]
+    pub epoch_elements: u64,
+    #[serde(default)]
+    pub interval_abs_err: f64,
+    #[serde(default)]
+    pub interval_sq_err: f64,
+    #[serde(default)]
+    pub interval_elements: u64,
+    /// The lowest validation loss so far (what `keep_best` keeps for regression).
+    #[serde(default)]
+    pub best_val_loss: Option<f64>,
+}
+
+impl RunningSums {
+    /// The epoch's and the open log interval's sums.
+    pub fn tallies(&self) -> (crate::tally::Saved, crate::tally::Saved) {
+        let elements = |e: u64, samples: u64| if e == 0 { samples } else { e };
+        (
+            crate::tally::Saved {
+                loss: self.epoch_loss,
+                correct: self.epoch_correct,
+                abs_err: self.epoch_abs_err,
+                sq_err: self.epoch_sq_err,
+                samples: self.epoch_samples,
+                elements: elements(self.epoch_elements, self.epoch_samples),
+            },
+            crate::tally::Saved {
+                loss: self.interval_loss,
+                correct: self.interval_correct,
+                abs_err: self.interval_abs_err,
+                sq_err: self.interval_sq_err,
+                samples: self.interval_samples,
+                elements: elements(self.interval_elements, self.interval_samples),
+            },
+        )
+    }
+
+    /// Sums from the epoch's and the interval's tallies, keeping the rest.
+    pub fn with_tallies(&self, epoch: crate::tally::Saved, interval: crate::tally::Saved) -> Self {
+        Self {
+            epoch_loss: epoch.loss,
+            epoch_correct: epoch.correct,
+            epoch_abs_err: epoch.abs_err,
+            epoch_sq_err: epoch.sq_err,
+            epoch_samples: epoch.samples,
+            epoch_elements: epoch.elements,
+            interval_loss: interval.loss,
+            interval_correct: interval.correct,
+            interval_abs_err: interval.abs_err,
+            interval_sq_err: interval.sq_err,
+            interval_samples: interval.samples,
+            interval_elements: interval.elements,
+            ..self.clone()
+        }
+    }
 }
 
 /// `checkpoint.json`.
@@ -96,6 +160,9 @@ pub struct Meta {
     pub model_rng: Vec<u64>,
     /// Validation accuracy of the epoch this checkpoint ends, if it ends one.
     pub val_accuracy: Option<f64>,
+    /// Validation loss of the epoch this checkpoint ends, if it ends one.
+    #[serde(default)]
+    pub val_loss: Option<f64>,
     pub sums: RunningSums,
     /// The resolved configuration with provenance.
     pub config: serde_json::Value,
@@ -103,7 +170,7 @@ pub struct Meta {
     /// inference existed).
     #[serde(default)]
     pub input: Option<crate::models::InputSpec>,
-    /// SHA-256 of each tensor file.
+    /// SHA-256 of each file (the tensors, and `model.pt` for TorchScript models).
     pub files: BTreeMap<String, String>,
     /// SHA-256 of this JSON with this field empty.
     pub meta_sha256: String,
@@ -213,12 +280,27 @@ fn sync_dir(dir: &Path) -> Result<(), TrainError> {
         .map_err(|e| file_error(dir, e))
 }
 
+impl std::fmt::Debug for Contents<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Contents")
+            .field("model", &self.model.len())
+            .field("state", &self.state.len())
+            .field("meta", &self.meta)
+            .field("script", &self.script.is_some())
+            .finish()
+    }
+}
+
+/// Writes a model as TorchScript to the path given; returns whether it did.
+pub type ScriptWriter<'a> = &'a dyn Fn(&Path) -> Result<bool, TrainError>;
+
 /// What goes into a checkpoint.
-#[derive(Debug)]
 pub struct Contents<'a> {
     pub model: &'a [(String, Tensor)],
     pub state: &'a [(String, Tensor)],
     pub meta: Meta,
+    /// Writes `model.pt` (TorchScript models).
+    pub script: Option<ScriptWriter<'a>>,
 }
 
 /// The directory name of the checkpoint at `step`.
@@ -247,6 +329,17 @@ pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, Train
         let bytes = to_safetensors(tensors)?;
         meta.files.insert(file.to_owned(), sha256_hex(&bytes));
         write_synced(&tmp.join(file), &bytes)?;
+    }
+    if let Some(write) = contents.script {
+        let path = tmp.join(SCRIPT_FILE);
+        if write(&path)? {
+            let bytes = read_part(&path)?;
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| file_error(&path, e))?;
+            meta.files
+                .insert(SCRIPT_FILE.to_owned(), sha256_hex(&bytes));
+        }
     }
     meta.meta_sha256 = meta.digest().map_err(|e| file_error(&tmp, e))?;
     let text = serde_json::to_string_pretty(&meta).map_err(|e| file_error(&tmp, e))?;
@@ -310,8 +403,8 @@ pub fn read_meta(dir: &Path) -> Result<Meta, TrainError> {
     Ok(meta)
 }
 
-/// Reads the tensor file `file` of the checkpoint in `dir` and checks it against `meta`.
-fn read_tensors(dir: &Path, meta: &Meta, file: &str) -> Result<Vec<(String, Tensor)>, TrainError> {
+/// Reads the file `file` of the checkpoint in `dir` and checks it against `meta`'s checksum.
+fn check_sha(dir: &Path, meta: &Meta, file: &str) -> Result<Vec<u8>, TrainError> {
     let expected = meta
         .files
         .get(file)
@@ -324,7 +417,13 @@ fn read_tensors(dir: &Path, meta: &Meta, file: &str) -> Result<Vec<(String, Tens
             "checksum mismatch: the file is truncated or corrupted",
         ));
     }
-    from_safetensors(&bytes, &path)
+    Ok(bytes)
+}
+
+/// Reads the tensor file `file` of the checkpoint in `dir` and checks it against `meta`.
+fn read_tensors(dir: &Path, meta: &Meta, file: &str) -> Result<Vec<(String, Tensor)>, TrainError> {
+    let bytes = check_sha(dir, meta, file)?;
+    from_safetensors(&bytes, &dir.join(file))
 }
 
 /// Reads and verifies the checkpoint in `dir`: every checksum must match. Missing files and
@@ -333,6 +432,9 @@ pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
     let meta = read_meta(dir)?;
     let model = read_tensors(dir, &meta, MODEL_FILE)?;
     let state = read_tensors(dir, &meta, STATE_FILE)?;
+    if meta.files.contains_key(SCRIPT_FILE) {
+        check_sha(dir, &meta, SCRIPT_FILE)?;
+    }
     Ok(Checkpoint {
         dir: dir.to_owned(),
         meta,
@@ -343,11 +445,17 @@ pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
 
 /// The cheap check of a checkpoint, without reading its tensors: `checkpoint.json` verifies and
 /// every tensor file it lists is there at the length its safetensors header declares (which
-/// catches a file cut short by a full disk or a crash). Flipped bits inside the tensor data are
+/// catches a file cut short by a full disk or a crash), and `model.pt`, if listed, matches
+/// its checksum. Flipped bits inside the tensor data are
 /// found by [`load`] alone.
 pub fn check_quick(dir: &Path) -> Result<Meta, TrainError> {
     let meta = read_meta(dir)?;
     for file in meta.files.keys() {
+        if !file.ends_with(".safetensors") {
+            // A TorchScript file has no length header: its checksum is the check.
+            check_sha(dir, &meta, file)?;
+            continue;
+        }
         let path = dir.join(file);
         let (declared, actual) = safetensors_lengths(&path)?;
         if declared != actual {

@@ -198,14 +198,18 @@ pub struct Pruned {
 }
 
 /// Keeps the newest `keep_last` good checkpoints, and with `keep_best` the one with the best
-/// validation accuracy; removes the other good ones. Every checkpoint gets the quick check
+/// validation accuracy (for regression, the lowest validation loss); removes the other good ones. Every checkpoint gets the quick check
 /// ([`check_quick`]) first: a damaged one is moved aside (not removed, not counted).
 pub fn prune(checkpoints: &Path, keep_last: usize, keep_best: bool) -> Result<Pruned, TrainError> {
     let mut pruned = Pruned::default();
     let mut good = vec![];
     for (_, dir) in list(checkpoints)? {
         match check_quick(&dir) {
-            Ok(meta) => good.push((dir, meta.val_accuracy)),
+            Ok(meta) => {
+                // Best: the highest accuracy, or for regression the lowest loss.
+                let score = meta.val_accuracy.or(meta.val_loss.map(|l| -l));
+                good.push((dir, score))
+            }
             Err(e @ TrainError::DamagedCheckpoint { .. }) => {
                 pruned
                     .moved

@@ -1,16 +1,17 @@
-//! The training loop. It reads top to bottom: for each epoch, for each optimizer step, gather
-//! `grad_accum_steps` micro-batches (forward under autocast, scaled loss, backward), then
-//! unscale/check, clip, step, update the loss scale, clear gradients; log every
-//! `log_interval` steps; validate at the end of the epoch.
+//! The trainer: one optimizer step (gather `grad_accum_steps` micro-batches — forward under
+//! autocast, loss, scaled backward — then unscale/check, clip, step, update the loss scale,
+//! clear gradients), out-of-memory retries, validation, and checkpoint save/restore. The loop
+//! over epochs and steps that drives it is in [`fit`](self::fit).
+
+mod fit;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_config::{
-    CheckpointPlan, LossScalePlan, OptimizerKind, ProfileUnit, ProfilingPlan, ScheduleKind,
-    TrainPlan,
+    CheckpointPlan, LossKind, LossScalePlan, OptimizerKind, ProfilingPlan, ScheduleKind, TrainPlan,
 };
-use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig};
+use kiln_data::{Dataset, LoaderConfig, TargetSpec};
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::autocast::{AutocastDtype, AutocastGuard, DeviceType};
 use kiln_torch_ext::optim::{AdamWConfig, SgdConfig, clip_grad_norm};
@@ -19,14 +20,12 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint, RunningSums};
-use crate::feed::{DeviceBatch, DeviceFeeder};
+use crate::feed::DeviceBatch;
+use crate::loss::{Loss, MetricKind};
 use crate::model::Model;
-use crate::monitor::{MemorySample, PerfMonitor};
 use crate::optim::{Optimizer, Rule, param_groups};
-use crate::profiling::StepProfiler;
-use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::scaler::LossScaler;
-use crate::schedule::LrSchedule;
+use crate::tally::{Metrics, Tally};
 
 /// How to train, independent of where the values came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,6 +48,39 @@ pub struct TrainSettings {
     pub empty_cache_interval: u64,
     /// Stop after this many consecutive steps with non-finite gradients.
     pub max_bad_steps: u64,
+    /// The loss (`Auto`: from the dataset's target).
+    pub loss: LossKind,
+}
+
+impl Default for TrainSettings {
+    /// kiln's built-in defaults (what `kiln config` shows before a profile or the user changes
+    /// them): 3 epochs of fused AdamW at lr 1e-3, weight decay 0.01, cosine decay after 50
+    /// warm-up steps, clipping at 1.0, fp32, the loss from the dataset's target.
+    fn default() -> Self {
+        Self {
+            epochs: 3,
+            precision: AmpDtype::None,
+            optimizer: OptimizerKind::AdamW,
+            lr: 1e-3,
+            weight_decay: 0.01,
+            momentum: 0.9,
+            grad_accum_steps: 1,
+            clip_grad_norm: 1.0,
+            schedule: ScheduleKind::Cosine,
+            warmup_steps: 50,
+            min_lr: 0.0,
+            loss_scale: LossScalePlan {
+                init: 65536.0,
+                growth: 2.0,
+                backoff: 0.5,
+                growth_interval: 2000,
+            },
+            log_interval: 50,
+            empty_cache_interval: 0,
+            max_bad_steps: 10,
+            loss: LossKind::Auto,
+        }
+    }
 }
 
 impl TrainSettings {
@@ -69,6 +101,7 @@ impl TrainSettings {
             log_interval: plan.log_interval.max(1),
             empty_cache_interval,
             max_bad_steps: plan.max_bad_steps.max(1),
+            loss: plan.loss,
         }
     }
 }
@@ -85,11 +118,11 @@ pub fn precision_name(p: AmpDtype) -> &'static str {
 /// What one optimizer step did.
 #[derive(Debug)]
 pub struct StepOutcome {
-    /// Sum over the step's samples of the (unscaled) loss, and of correct predictions, as
-    /// scalar tensors on the device.
-    pub loss_sum: Tensor,
-    pub correct: Tensor,
+    /// The step's metric sums on the device (see [`crate::loss::batch_sums`]).
+    pub sums: Tensor,
     pub samples: u64,
+    /// Target elements (samples × elements per target).
+    pub elements: u64,
     /// Global gradient norm before clipping, when clipping is on.
     pub grad_norm: Option<Tensor>,
 }
@@ -118,8 +151,7 @@ enum Phase {
 /// Validation results.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Evaluation {
-    pub loss: f64,
-    pub accuracy: f64,
+    pub metrics: Metrics,
     pub samples: u64,
 }
 
@@ -170,6 +202,10 @@ pub struct Trainer<'m> {
     vs: &'m nn::VarStore,
     model_name: String,
     parameters: usize,
+    /// The loss and the metrics that go with it (set from the dataset's target by `fit`, or
+    /// by [`Trainer::set_target`]).
+    loss: Loss,
+    metric: MetricKind,
     device: Device,
     settings: TrainSettings,
     optimizer: Optimizer,
@@ -293,6 +329,8 @@ impl<'m> Trainer<'m> {
             skipped_total: zero()?,
             model_name: model_name.to_owned(),
             parameters: crate::models::parameter_count(vs),
+            loss: Loss::before_target(settings.loss),
+            metric: Loss::before_target(settings.loss).metric(&TargetSpec::label(2)),
             device,
             autocast: autocast_for(device, settings.precision)?,
             optimizer: Optimizer::new(rule, groups)?,
@@ -306,6 +344,37 @@ impl<'m> Trainer<'m> {
             ranges: false,
             phase_times: None,
         })
+    }
+
+    /// Chooses the loss (`settings.loss`, `auto` by the target's kind) and its metrics for a
+    /// dataset whose targets are `target`; `fit` calls it.
+    pub fn set_target(&mut self, target: &TargetSpec) -> Result<(), TrainError> {
+        let loss = Loss::resolve(self.settings.loss, target)?;
+        if loss == Loss::Module && !self.model.has_own_loss() {
+            return Err(TrainError::InvalidPlan {
+                key: "train.loss",
+                value: "module".to_owned(),
+                expected: format!(
+                    "a model with a loss of its own, and {} has none (a TorchScript module \
+                     needs a `loss(output, target)` method); or use cross_entropy, mse, l1, \
+                     huber or bce_with_logits",
+                    self.model_name
+                ),
+            });
+        }
+        self.loss = loss;
+        self.metric = loss.metric(target);
+        Ok(())
+    }
+
+    /// The loss in use.
+    pub fn loss(&self) -> Loss {
+        self.loss
+    }
+
+    /// The metrics reported with the loss.
+    pub fn metric(&self) -> MetricKind {
+        self.metric
     }
 
     /// Turns per-phase timing on (from zero) or off; see [`PhaseTimes`].
@@ -390,11 +459,12 @@ impl<'m> Trainer<'m> {
         self.steps_done
     }
 
-    /// Forward and loss under autocast (when on) on the calling thread.
+    /// Forward and loss under autocast (when on) on the calling thread; returns the loss and
+    /// the batch's metric sums.
     fn forward_loss(
         &self,
         features: &Tensor,
-        labels: &Tensor,
+        targets: &Tensor,
         train: bool,
     ) -> Result<(Tensor, Tensor), TrainError> {
         let _autocast = match self.autocast {
@@ -402,9 +472,16 @@ impl<'m> Trainer<'m> {
             None => None,
         };
         let output = self.model.forward(features, train)?;
-        let loss = self.model.loss(&output, labels)?;
-        let correct = self.model.correct(&output, labels)?;
-        Ok((loss, correct))
+        let loss = self.loss.compute(self.model, &output, targets)?;
+        if loss.numel() != 1 {
+            return Err(TrainError::ShapeMismatch {
+                what: format!("train.loss = {}", self.loss.name()),
+                expected: "a scalar loss".to_owned(),
+                got: format!("the loss has shape {:?}", loss.size()),
+            });
+        }
+        let sums = crate::loss::batch_sums(self.metric, &loss, &output, targets)?;
+        Ok((loss.f_view([])?, sums))
     }
 
     /// One optimizer step over `batches` (micro-batches whose gradients accumulate) at
@@ -420,7 +497,7 @@ impl<'m> Trainer<'m> {
         batches: &[DeviceBatch],
         lr: f64,
     ) -> Result<StepOutcome, TrainError> {
-        let total: i64 = batches.iter().map(|b| b.labels.size()[0]).sum();
+        let total: i64 = batches.iter().map(|b| b.targets.size()[0]).sum();
         if total == 0 {
             return Err(TrainError::InvalidPlan {
                 key: "train.batch_size",
@@ -430,12 +507,12 @@ impl<'m> Trainer<'m> {
         }
         let largest = batches
             .iter()
-            .map(|b| b.labels.size()[0])
+            .map(|b| b.targets.size()[0])
             .max()
             .unwrap_or(1) as u64;
         loop {
             match self.accumulate(batches, total) {
-                Ok((loss_sum, correct)) => {
+                Ok(sums) => {
                     let grad_norm = {
                         let _range = self.range("kiln/optimizer")?;
                         let start = self.phase_start()?;
@@ -444,9 +521,9 @@ impl<'m> Trainer<'m> {
                         norm
                     };
                     return Ok(StepOutcome {
-                        loss_sum,
-                        correct,
+                        sums,
                         samples: total as u64,
+                        elements: batches.iter().map(|b| b.targets.numel() as u64).sum(),
                         grad_norm,
                     });
                 }
@@ -479,33 +556,31 @@ impl<'m> Trainer<'m> {
     }
 
     /// Forward and backward over every batch (each split into `self.split` micro-batches),
-    /// accumulating gradients; returns the step's loss sum and correct count.
-    fn accumulate(
-        &self,
-        batches: &[DeviceBatch],
-        total: i64,
-    ) -> Result<(Tensor, Tensor), TrainError> {
-        let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
-        let mut correct = Tensor::f_zeros([], (Kind::Float, self.device))?;
+    /// accumulating gradients; returns the step's metric sums.
+    fn accumulate(&self, batches: &[DeviceBatch], total: i64) -> Result<Tensor, TrainError> {
+        let mut sums = Tensor::f_zeros([4], (Kind::Float, self.device))?;
         for batch in batches {
-            let rows = batch.labels.size()[0];
+            let rows = batch.targets.size()[0];
             let chunk = (rows as u64).div_ceil(self.split).max(1) as i64;
             let pieces = if chunk >= rows {
-                vec![(batch.features.shallow_clone(), batch.labels.shallow_clone())]
+                vec![(
+                    batch.features.shallow_clone(),
+                    batch.targets.shallow_clone(),
+                )]
             } else {
                 batch
                     .features
                     .f_split(chunk, 0)?
                     .into_iter()
-                    .zip(batch.labels.f_split(chunk, 0)?)
+                    .zip(batch.targets.f_split(chunk, 0)?)
                     .collect()
             };
-            for (features, labels) in pieces {
-                let n = labels.size()[0];
-                let (loss, right) = {
+            for (features, targets) in pieces {
+                let n = targets.size()[0];
+                let (loss, piece_sums) = {
                     let _range = self.range("kiln/forward")?;
                     let start = self.phase_start()?;
-                    let out = self.forward_loss(&features, &labels, true)?;
+                    let out = self.forward_loss(&features, &targets, true)?;
                     self.phase_end(Phase::Forward, start)?;
                     out
                 };
@@ -520,16 +595,10 @@ impl<'m> Trainer<'m> {
                     to_backward.f_backward()?;
                     self.phase_end(Phase::Backward, start)?;
                 }
-                loss_sum = loss_sum.f_add(
-                    &loss
-                        .f_detach()?
-                        .f_to_kind(Kind::Float)?
-                        .f_mul_scalar(n as f64)?,
-                )?;
-                correct = correct.f_add(&right)?;
+                sums = sums.f_add(&piece_sums)?;
             }
         }
-        Ok((loss_sum, correct))
+        Ok(sums)
     }
 
     /// Unscale/check, clip, step, update the scale, clear gradients. A step whose gradients
@@ -616,7 +685,7 @@ impl<'m> Trainer<'m> {
         epoch: u64,
         batch: usize,
         sums: RunningSums,
-        val_accuracy: Option<f64>,
+        val: Option<Metrics>,
     ) -> Result<std::path::PathBuf, TrainError> {
         let model = self.model_tensors();
         for (name, t) in &model {
@@ -655,13 +724,15 @@ impl<'m> Trainer<'m> {
                     loss_scale,
                     loss_scale_growth_tracker: tracker,
                     model_rng: self.model.rng_state(),
-                    val_accuracy,
+                    val_accuracy: val.and_then(|v| v.accuracy),
+                    val_loss: val.map(|v| v.loss),
                     sums,
                     config: options.config.clone(),
                     input: options.input.clone(),
                     files: Default::default(),
                     meta_sha256: String::new(),
                 },
+                script: Some(&|path: &std::path::Path| self.model.save_torchscript(path)),
             },
         )?;
         checkpoint::prune(
@@ -695,381 +766,25 @@ impl<'m> Trainer<'m> {
         Ok(())
     }
 
-    /// Loss and accuracy over `batches`, without gradients.
+    /// Loss and metrics over `batches`, without gradients, the model in eval mode.
     pub fn evaluate<I>(&self, batches: I) -> Result<Evaluation, TrainError>
     where
         I: Iterator<Item = Result<DeviceBatch, TrainError>>,
     {
         let _no_grad = tch::no_grad_guard();
-        let mut loss_sum = Tensor::f_zeros([], (Kind::Float, self.device))?;
-        let mut correct = Tensor::f_zeros([], (Kind::Float, self.device))?;
-        let mut samples = 0u64;
+        let mut tally = Tally::new(self.device)?;
         for batch in batches {
             let batch = batch?;
-            let n = batch.labels.size()[0];
-            let (loss, right) = self.forward_loss(&batch.features, &batch.labels, false)?;
-            loss_sum = loss_sum.f_add(&loss.f_to_kind(Kind::Float)?.f_mul_scalar(n as f64)?)?;
-            correct = correct.f_add(&right)?;
-            samples += n as u64;
+            let (_, sums) = self.forward_loss(&batch.features, &batch.targets, false)?;
+            tally.add(
+                &sums,
+                batch.targets.size()[0] as u64,
+                batch.targets.numel() as u64,
+            )?;
         }
-        let denominator = samples.max(1) as f64;
         Ok(Evaluation {
-            loss: scalar(&loss_sum)? / denominator,
-            accuracy: scalar(&correct)? / denominator,
-            samples,
+            metrics: tally.read(self.metric)?,
+            samples: tally.samples(),
         })
-    }
-
-    /// Trains for `settings.epochs` epochs over `data`, validating after each, reporting to
-    /// `observer`; checkpoints, resumes and stops as `options` say.
-    pub fn fit<D: Dataset, V: Dataset>(
-        &mut self,
-        data: FitData<D, V>,
-        observer: &mut dyn Observer,
-        options: FitOptions,
-    ) -> Result<Summary, TrainError> {
-        let classes = data.train.classes();
-        let train_samples = data.train.len();
-        let val_samples = data.val.as_ref().map_or(0, |v| v.len());
-        let mut train_loader = Loader::new(data.train, data.loader)?;
-        let mut val_loader = match data.val.filter(|v| !v.is_empty()) {
-            Some(v) => Some(Loader::new(
-                v,
-                LoaderConfig {
-                    drop_last: false,
-                    sampler: SamplerConfig {
-                        shuffle: false,
-                        ..data.loader.sampler
-                    },
-                    ..data.loader
-                },
-            )?),
-            None => None,
-        };
-        let accum = self.settings.grad_accum_steps.max(1) as usize;
-        self.batch_size = data.loader.batch_size as u64;
-        let batches_per_epoch = train_loader.batches_per_epoch();
-        if batches_per_epoch == 0 {
-            return Err(TrainError::InvalidPlan {
-                key: "train.batch_size",
-                value: data.loader.batch_size.to_string(),
-                expected: format!(
-                    "a batch size the {train_samples} training samples can fill (drop_last is on)"
-                ),
-            });
-        }
-        let steps_per_epoch = batches_per_epoch.div_ceil(accum) as u64;
-        let total_steps = steps_per_epoch * self.settings.epochs;
-        let schedule = LrSchedule {
-            kind: self.settings.schedule,
-            base_lr: self.settings.lr,
-            min_lr: self.settings.min_lr,
-            warmup_steps: self.settings.warmup_steps,
-            total_steps,
-        };
-
-        // Where to start: the beginning, or where the checkpoint left off.
-        let (start_epoch, start_batch, mut sums) = match &options.resume {
-            Some(ckpt) => {
-                self.restore(ckpt)?;
-                if let Some(c) = options.checkpoints.as_ref().filter(|c| c.plan.enabled) {
-                    checkpoint::prepare_to_continue(&c.dir, ckpt.meta.step)?;
-                }
-                (ckpt.meta.epoch, ckpt.meta.batch, ckpt.meta.sums.clone())
-            }
-            None => (0, 0, RunningSums::default()),
-        };
-        let precision = precision_name(self.settings.precision);
-        let feed = match self.device {
-            Device::Cpu => "cpu: batch buffers become tensors without a copy".to_owned(),
-            Device::Cuda(_) => {
-                "pinned host buffers, copied on a side stream one batch ahead".to_owned()
-            }
-            other => format!("copies to {other:?}"),
-        };
-        observer.on_start(&RunStart {
-            model: self.model_name.clone(),
-            parameters: self.parameters,
-            device: format!("{:?}", self.device).to_lowercase(),
-            precision: precision.to_owned(),
-            optimizer: match self.settings.optimizer {
-                OptimizerKind::AdamW => "adamw (fused)".to_owned(),
-                OptimizerKind::Sgd => "sgd (fused)".to_owned(),
-            },
-            batch_size: data.loader.batch_size as u64,
-            grad_accum_steps: accum as u64,
-            epochs: self.settings.epochs,
-            steps_per_epoch,
-            total_steps,
-            train_samples,
-            val_samples,
-            feed,
-            resumed_from: options
-                .resume
-                .as_ref()
-                .map(|c| (c.dir.clone(), c.meta.step)),
-            batch_size_search: options.batch_size_search.clone(),
-        })?;
-        if let Device::Cuda(i) = self.device {
-            kiln_torch_ext::memory::reset_peak(i)?;
-        }
-        let stop_requested = || {
-            options
-                .stop
-                .as_ref()
-                .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
-        };
-
-        let mut profiler = options
-            .profiling
-            .as_ref()
-            .filter(|p| p.plan.enabled())
-            .map(|p| StepProfiler::new(p.plan, p.dir.clone(), self.device.is_cuda()));
-        let run_start = Instant::now();
-        let mut monitor = PerfMonitor::new();
-        let mut last_epoch: Option<EpochRecord> = None;
-        let device = self.device;
-        let value = |v: f64| {
-            Tensor::f_from_slice(&[v as f32])
-                .and_then(|t| t.f_to_device(device))
-                .and_then(|t| t.f_view([]))
-        };
-        for epoch in start_epoch..self.settings.epochs {
-            if let Some(p) = profiler.as_mut() {
-                self.ranges = p.begin(ProfileUnit::Epochs, epoch)?;
-            }
-            let epoch_start = Instant::now();
-            let epoch_total_before = monitor.total();
-            let first_batch = if epoch == start_epoch { start_batch } else { 0 };
-            let mut feeder = DeviceFeeder::new(
-                train_loader.resume(Position {
-                    epoch,
-                    batch: first_batch,
-                }),
-                self.device,
-            );
-            let (mut epoch_loss, mut epoch_correct, mut epoch_samples) = (
-                value(sums.epoch_loss)?,
-                value(sums.epoch_correct)?,
-                sums.epoch_samples,
-            );
-            let (mut interval_loss, mut interval_correct, mut interval_samples) = (
-                value(sums.interval_loss)?,
-                value(sums.interval_correct)?,
-                sums.interval_samples,
-            );
-            let mut consumed = first_batch;
-            let mut last_norm = None;
-            while consumed < batches_per_epoch {
-                if let Some(p) = profiler.as_mut() {
-                    self.ranges = p.begin(ProfileUnit::Steps, self.steps_done)?;
-                }
-                let step_range = if self.ranges {
-                    Some(Range::new(&format!("kiln/step#{}", self.steps_done + 1))?)
-                } else {
-                    None
-                };
-                monitor.start_step();
-                let group = accum.min(batches_per_epoch - consumed);
-                let mut batches = Vec::with_capacity(group);
-                for _ in 0..group {
-                    let wait = Instant::now();
-                    let next = {
-                        let _range = self.range("kiln/data_wait")?;
-                        feeder.next()
-                    };
-                    monitor.data_wait(wait.elapsed());
-                    match next {
-                        Some(batch) => batches.push(batch?),
-                        None => break,
-                    }
-                }
-                if batches.is_empty() {
-                    break;
-                }
-                consumed += batches.len();
-                let lr = schedule.lr_at(self.steps_done);
-                let outcome = self.train_step(&batches, lr)?;
-                drop(batches);
-                monitor.end_step(outcome.samples);
-                drop(step_range);
-                if let Some(p) = profiler.as_mut() {
-                    p.end(ProfileUnit::Steps)?;
-                }
-                interval_loss = interval_loss.f_add(&outcome.loss_sum)?;
-                interval_correct = interval_correct.f_add(&outcome.correct)?;
-                interval_samples += outcome.samples;
-                last_norm = outcome.grad_norm.or(last_norm);
-                observer.on_step(&Progress {
-                    epoch,
-                    step: self.steps_done,
-                    total_steps,
-                })?;
-                let epoch_done = consumed >= batches_per_epoch;
-                let stopping = stop_requested();
-                // (A stop does not log: the open interval goes into the checkpoint, so the
-                // resumed run logs exactly what an uninterrupted one would.)
-                if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done {
-                    self.check_bad_run()?;
-                    let timing = monitor.take_interval();
-                    let loss_scale = match &self.scaler {
-                        Some(s) => Some(s.scale()?),
-                        None => None,
-                    };
-                    let n = interval_samples.max(1) as f64;
-                    let record = StepRecord {
-                        kind: "step",
-                        epoch,
-                        step: self.steps_done,
-                        epoch_progress: epoch as f64 + consumed as f64 / batches_per_epoch as f64,
-                        loss: scalar(&interval_loss)? / n,
-                        accuracy: scalar(&interval_correct)? / n,
-                        lr,
-                        loss_scale,
-                        grad_norm: last_norm.as_ref().map(scalar).transpose()?,
-                        step_time_s: timing.step_seconds(),
-                        samples_per_s: timing.samples_per_second(),
-                        data_wait_share: timing.data_wait_share(),
-                        skipped_steps: self.skipped_steps()?,
-                        memory: MemorySample::read(self.device),
-                    };
-                    observer.on_log(&record)?;
-                    epoch_loss = epoch_loss.f_add(&interval_loss)?;
-                    epoch_correct = epoch_correct.f_add(&interval_correct)?;
-                    epoch_samples += interval_samples;
-                    interval_loss = value(0.0)?;
-                    interval_correct = value(0.0)?;
-                    interval_samples = 0;
-                }
-                let every = options.checkpoints.as_ref().map_or(0, |c| {
-                    if c.plan.enabled {
-                        c.plan.every_steps
-                    } else {
-                        0
-                    }
-                });
-                let periodic = every > 0 && self.steps_done.is_multiple_of(every);
-                let mut saved = None;
-                if (periodic || stopping)
-                    && let Some(ckpt) = options.checkpoints.as_ref().filter(|c| c.plan.enabled)
-                {
-                    let sums_now = RunningSums {
-                        epoch_loss: scalar(&epoch_loss)?,
-                        epoch_correct: scalar(&epoch_correct)?,
-                        epoch_samples,
-                        interval_loss: scalar(&interval_loss)?,
-                        interval_correct: scalar(&interval_correct)?,
-                        interval_samples,
-                        skipped_steps: self.skipped_steps()?,
-                        best_val_accuracy: sums.best_val_accuracy,
-                    };
-                    saved = Some(self.save_checkpoint(ckpt, epoch, consumed, sums_now, None)?);
-                }
-                if stopping {
-                    if let Some(p) = profiler.take() {
-                        p.finish()?;
-                    }
-                    return Err(TrainError::Stopped {
-                        step: self.steps_done,
-                        checkpoint: saved,
-                    });
-                }
-            }
-            drop(feeder);
-            let n = epoch_samples.max(1) as f64;
-            let val = match &mut val_loader {
-                Some(loader) => {
-                    let _range = self.range("kiln/validation")?;
-                    Some(self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?)
-                }
-                None => None,
-            };
-            if let Some(v) = &val {
-                sums.best_val_accuracy = Some(
-                    sums.best_val_accuracy
-                        .map_or(v.accuracy, |b: f64| b.max(v.accuracy)),
-                );
-            }
-            let epoch_timing = {
-                let t = monitor.total();
-                (
-                    t.seconds - epoch_total_before.seconds,
-                    t.samples - epoch_total_before.samples,
-                    t.data_wait_seconds - epoch_total_before.data_wait_seconds,
-                )
-            };
-            let record = EpochRecord {
-                kind: "epoch",
-                epoch,
-                train_loss: scalar(&epoch_loss)? / n,
-                train_accuracy: scalar(&epoch_correct)? / n,
-                val_loss: val.map(|v| v.loss),
-                val_accuracy: val.map(|v| v.accuracy),
-                seconds: epoch_start.elapsed().as_secs_f64(),
-                samples_per_s: if epoch_timing.0 > 0.0 {
-                    epoch_timing.1 as f64 / epoch_timing.0
-                } else {
-                    0.0
-                },
-                data_wait_share: if epoch_timing.0 > 0.0 {
-                    (epoch_timing.2 / epoch_timing.0).clamp(0.0, 1.0)
-                } else {
-                    0.0
-                },
-                memory: MemorySample::read(self.device),
-            };
-            observer.on_epoch(&record)?;
-            last_epoch = Some(record);
-            if let Some(p) = profiler.as_mut() {
-                p.end(ProfileUnit::Epochs)?;
-            }
-            sums = RunningSums {
-                skipped_steps: self.skipped_steps()?,
-                best_val_accuracy: sums.best_val_accuracy,
-                ..RunningSums::default()
-            };
-            if let Some(ckpt) = options.checkpoints.as_ref().filter(|c| c.plan.enabled) {
-                let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
-                if !at_this_step.exists() {
-                    self.save_checkpoint(
-                        ckpt,
-                        epoch + 1,
-                        0,
-                        sums.clone(),
-                        val.map(|v| v.accuracy),
-                    )?;
-                }
-            }
-        }
-        let profiler_traces = match profiler {
-            Some(p) => p.finish()?,
-            None => vec![],
-        };
-        self.ranges = false;
-        let total = monitor.total();
-        let summary = Summary {
-            model: self.model_name.clone(),
-            parameters: self.parameters,
-            device: format!("{:?}", self.device).to_lowercase(),
-            precision: precision.to_owned(),
-            epochs: self.settings.epochs,
-            steps: self.steps_done,
-            samples: total.samples,
-            seconds: run_start.elapsed().as_secs_f64(),
-            mean_step_time_s: total.step_seconds(),
-            samples_per_s: total.samples_per_second(),
-            data_wait_share: total.data_wait_share(),
-            skipped_steps: self.skipped_steps()?,
-            final_train_loss: last_epoch.as_ref().map_or(f64::NAN, |e| e.train_loss),
-            final_val_loss: last_epoch.as_ref().and_then(|e| e.val_loss),
-            final_val_accuracy: last_epoch.as_ref().and_then(|e| e.val_accuracy),
-            best_val_accuracy: sums.best_val_accuracy,
-            chance_accuracy: classes.map_or(0.0, |c| 1.0 / c.max(1) as f64),
-            memory: MemorySample::read(self.device),
-            oom_retries: self.oom_retries,
-            profiler_traces,
-        };
-        observer.on_finish(&summary)?;
-        Ok(summary)
     }
 }

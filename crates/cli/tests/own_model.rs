@@ -1,0 +1,487 @@
+//! `kiln train` on the user's own model and data, as a user runs it: PyTorch models written and
+//! scripted by the provisioned torch (a classifier, a segmenter, a forecaster with its own
+//! quantile loss) trained against PyTorch eager's losses, resumed bit-exactly and served; a
+//! CSV regression with a built-in model; and the errors for what kiln cannot train.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{kiln, python, stderr};
+use kiln_data::{DType, npy_f32_bytes, write_npy};
+use serde_json::Value;
+
+/// Runs `own_models.py make` into `dir` and returns its reference.json.
+fn make_models(dir: &Path) -> Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/own_models.py");
+    let o = Command::new(python())
+        .arg(&script)
+        .arg("make")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "own_models.py failed: {}", stderr(&o));
+    serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap()
+}
+
+fn shape_of(t: &Value) -> Vec<usize> {
+    t["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn values_of(t: &Value) -> Vec<f64> {
+    t["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+/// Writes `x` (f32) and `y` (i64 classes, or f32 values) as .npy and runs `kiln data prepare`
+/// into `dir/name`.
+fn prepare(dir: &Path, name: &str, x: &Value, y: &Value, classes: bool) -> PathBuf {
+    let xs: Vec<f32> = values_of(x).iter().map(|&v| v as f32).collect();
+    let (fx, fy) = (
+        dir.join(format!("{name}.x.npy")),
+        dir.join(format!("{name}.y.npy")),
+    );
+    std::fs::write(&fx, npy_f32_bytes(&shape_of(x), &xs).unwrap()).unwrap();
+    let ys = values_of(y);
+    if classes {
+        let bytes: Vec<u8> = ys.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
+        write_npy(&fy, DType::I64, &shape_of(y), &bytes).unwrap();
+    } else {
+        let ys: Vec<f32> = ys.iter().map(|&v| v as f32).collect();
+        std::fs::write(&fy, npy_f32_bytes(&shape_of(y), &ys).unwrap()).unwrap();
+    }
+    let out = dir.join(name);
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--features",
+        fx.to_str().unwrap(),
+        "--targets",
+        fy.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+/// `kiln train` on the CPU in fp32 over `data` with `extra` arguments, writing runs under
+/// `runs`; full batches of `batch` samples, no validation split, constant lr 1e-2, weight
+/// decay 0.01, no clipping, a log line and a checkpoint every step.
+fn train(model: &Path, data: &Path, runs: &Path, batch: usize, extra: &[&str]) -> Output {
+    let sets = [
+        format!("train.batch_size={batch}"),
+        "data.val_fraction=0".to_owned(),
+        "data.num_workers=0".to_owned(),
+        "train.amp=none".to_owned(),
+        "train.lr=0.01".to_owned(),
+        "train.weight_decay=0.01".to_owned(),
+        "train.schedule=constant".to_owned(),
+        "train.warmup_steps=0".to_owned(),
+        "train.clip_grad_norm=0".to_owned(),
+        "train.log_interval=1".to_owned(),
+        "checkpoint.every_steps=1".to_owned(),
+        "checkpoint.keep_last=100".to_owned(),
+        format!("run.output_dir={}", runs.display()),
+    ];
+    let mut args = vec![
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    args.extend(extra);
+    kiln(&args)
+}
+
+/// The only run directory under `runs`.
+fn run_dir(runs: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(runs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+/// The loss of each logged step in a run's metrics.jsonl.
+fn step_losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["kind"] == "step")
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn summary(run: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
+}
+
+fn checkpoint(run: &Path, step: u64) -> PathBuf {
+    run.join(format!("checkpoints/step-{step:09}"))
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
+fn a_scripted_model_trains_as_pytorch_eager_resumes_exactly_and_serves_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = make_models(tmp.path());
+    let case = &reference["classify"];
+    let data = prepare(tmp.path(), "classify", &case["x"], &case["y"], true);
+    let runs = tmp.path().join("runs");
+    let model = tmp.path().join("mlp.pt");
+    let o = train(&model, &data, &runs, 64, &["--epochs", "20"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = run_dir(&runs);
+
+    // Same weights, same batches, same fused AdamW: PyTorch eager's losses, step by step.
+    let ours = step_losses(&run);
+    let theirs: Vec<f64> = case["losses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(ours.len(), 20);
+    for (step, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-4 * b.abs(),
+            "step {}: kiln {a} vs PyTorch {b}",
+            step + 1
+        );
+    }
+    assert!(ours[19] < 0.5 * ours[0], "it learned: {ours:?}");
+    let s = summary(&run);
+    assert_eq!(
+        (s["task"].as_str(), s["loss"].as_str()),
+        (Some("classification"), Some("cross_entropy"))
+    );
+
+    // Resume from step 10: the same step-20 weights, bit for bit.
+    let final_weights = std::fs::read(checkpoint(&run, 20).join("model.safetensors")).unwrap();
+    let ckpt10 = checkpoint(&run, 10);
+    let o = train(
+        &model,
+        &data,
+        &runs,
+        64,
+        &["--epochs", "20", "--resume", ckpt10.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let resumed = std::fs::read(checkpoint(&run, 20).join("model.safetensors")).unwrap();
+    assert!(resumed == final_weights, "resumed weights differ");
+    assert_eq!(
+        step_losses(&run),
+        ours,
+        "the resumed run logs what the first one did"
+    );
+
+    // The TorchScript in the checkpoint: PyTorch's outputs equal `kiln infer`'s.
+    let ckpt = checkpoint(&run, 20);
+    let inputs = tmp.path().join("x.npy");
+    let xs: Vec<f32> = values_of(&case["x"]).iter().map(|&v| v as f32).collect();
+    std::fs::write(&inputs, npy_f32_bytes(&shape_of(&case["x"]), &xs).unwrap()).unwrap();
+    let x_json = tmp.path().join("x.json");
+    std::fs::write(&x_json, case["x"].to_string()).unwrap();
+    let y_json = tmp.path().join("y.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/own_models.py");
+    let p = Command::new(python())
+        .arg(&script)
+        .args([
+            "run".as_ref(),
+            ckpt.join("model.pt").as_os_str(),
+            x_json.as_os_str(),
+            y_json.as_os_str(),
+        ])
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", stderr(&p));
+    let py: Value = serde_json::from_slice(&std::fs::read(&y_json).unwrap()).unwrap();
+    let out = tmp.path().join("out.npy");
+    let o = kiln(&[
+        "infer",
+        "--model",
+        ckpt.to_str().unwrap(),
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).unwrap();
+    let ours = kiln_data::NpyArray::parse(&bytes).unwrap();
+    assert_eq!(ours.shape, shape_of(&py));
+    let diff = ours
+        .to_f32()
+        .iter()
+        .zip(values_of(&py))
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        diff < 1e-5,
+        "kiln infer vs PyTorch on kiln's TorchScript: max |Δ| {diff}"
+    );
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
+fn a_segmenter_and_a_forecaster_with_its_own_loss_learn_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = make_models(tmp.path());
+
+    // Segmentation: a class per pixel, per-pixel accuracy well above chance (one half).
+    let seg = &reference["segment"];
+    let data = prepare(tmp.path(), "segment", &seg["x"], &seg["y"], true);
+    let runs = tmp.path().join("seg-runs");
+    let o = train(
+        &tmp.path().join("seg.pt"),
+        &data,
+        &runs,
+        16,
+        &["--epochs", "12", "--set", "data.val_fraction=0.25"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = summary(&run_dir(&runs));
+    assert_eq!(s["task"], "dense classification");
+    let acc = s["final_val_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.85, "per-pixel validation accuracy {acc}");
+
+    // A forecaster with its own pinball loss: kiln minimises the module's `loss`, whose value
+    // on the initial weights is PyTorch's.
+    let fc = &reference["forecast"];
+    let data = prepare(tmp.path(), "forecast", &fc["x"], &fc["y"], false);
+    let runs = tmp.path().join("fc-runs");
+    let o = train(
+        &tmp.path().join("forecaster.pt"),
+        &data,
+        &runs,
+        128,
+        &["--epochs", "60", "--loss", "module"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = run_dir(&runs);
+    let losses = step_losses(&run);
+    let initial = fc["initial_loss"].as_f64().unwrap();
+    assert!(
+        (losses[0] - initial).abs() <= 1e-4 * initial,
+        "{} vs {initial}",
+        losses[0]
+    );
+    assert!(losses[59] < losses[0] / 3.0, "{losses:?}");
+    let s = summary(&run);
+    assert_eq!(
+        (s["task"].as_str(), s["loss"].as_str()),
+        (Some("regression"), Some("module"))
+    );
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
+fn what_kiln_cannot_train_is_named_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = make_models(tmp.path());
+    let classify = &reference["classify"];
+    let classes = prepare(tmp.path(), "classify", &classify["x"], &classify["y"], true);
+    let fc = &reference["forecast"];
+    let values = prepare(tmp.path(), "forecast", &fc["x"], &fc["y"], false);
+    let runs = tmp.path().join("runs");
+    let mlp = tmp.path().join("mlp.pt");
+    let fail = |model: &Path, data: &Path, extra: &[&str], expected: &[&str]| {
+        let o = train(model, data, &runs, 16, extra);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{extra:?} should fail: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        for e in expected {
+            assert!(err.contains(e), "{extra:?}: `{e}` not in: {err}");
+        }
+    };
+
+    // A module saved in eval mode trains (in train mode), with a warning that says so.
+    let o = train(
+        &tmp.path().join("mlp_eval.pt"),
+        &classes,
+        &runs,
+        16,
+        &["--epochs", "1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("saved in eval mode"), "{}", stderr(&o));
+    // A batch the forward rejects: the shape fed is named.
+    fail(
+        &mlp,
+        &values,
+        &["--epochs", "1"],
+        &["mlp.pt", "forward on a batch of shape [16, 6]"],
+    );
+    // Losses that do not fit the targets or the model.
+    let forecaster = tmp.path().join("forecaster.pt");
+    fail(
+        &forecaster,
+        &values,
+        &["--loss", "cross_entropy"],
+        &["train.loss", "integer class targets"],
+    );
+    fail(
+        &mlp,
+        &classes,
+        &["--loss", "module"],
+        &["train.loss", "loss(output, target)"],
+    );
+    fail(
+        &mlp,
+        &classes,
+        &["--loss", "mse"],
+        &["train.loss", "use cross_entropy"],
+    );
+    // What kiln does only inside its own models.
+    fail(
+        &mlp,
+        &classes,
+        &["--set", "model.dropout=0.2"],
+        &["model.dropout", "TorchScript"],
+    );
+    fail(
+        &mlp,
+        &classes,
+        &["--set", "model.activation_checkpointing=true"],
+        &["model.activation_checkpointing", "TorchScript"],
+    );
+}
+
+#[test]
+fn a_file_that_is_not_torchscript_is_named_and_nothing_is_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("t.csv");
+    let mut text = String::from("a,b,label\n");
+    for i in 0..40 {
+        text.push_str(&format!("{},{},{}\n", i % 7, i % 5, i % 2));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let data = tmp.path().join("ds");
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--out",
+        data.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bogus = tmp.path().join("model.pt");
+    std::fs::write(&bogus, b"not a zip archive").unwrap();
+    let runs = tmp.path().join("runs");
+    let o = train(&bogus, &data, &runs, 8, &["--epochs", "1"]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("model.pt") && err.contains("not a TorchScript module"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    let missing = tmp.path().join("missing.pt");
+    let o = train(&missing, &data, &runs, 8, &["--epochs", "1"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("missing.pt") && stderr(&o).contains("no such file"),
+        "{}",
+        stderr(&o)
+    );
+    // No run directory was left behind for either.
+    assert!(!runs.exists() || std::fs::read_dir(&runs).unwrap().next().is_none());
+}
+
+#[test]
+fn a_csv_regression_is_learned_by_a_built_in_model() {
+    // y = 1.5·a − 2·b + 0.5·c + noise: MSE falls from the target's variance to the noise's.
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("reg.csv");
+    let mut text = String::from("a,b,c,y\n");
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut unit = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    };
+    for _ in 0..600 {
+        let (a, b, c, noise) = (unit(), unit(), unit(), 0.1 * unit());
+        text.push_str(&format!(
+            "{a},{b},{c},{}\n",
+            1.5 * a - 2.0 * b + 0.5 * c + noise
+        ));
+    }
+    std::fs::write(&csv, text).unwrap();
+    let data = tmp.path().join("reg");
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--target-columns",
+        "y",
+        "--out",
+        data.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let runs = tmp.path().join("runs");
+    let o = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        data.to_str().unwrap(),
+        "--epochs",
+        "8",
+        "--device",
+        "cpu",
+        "--set",
+        "train.amp=none",
+        "--set",
+        "train.batch_size=32",
+        "--set",
+        "train.log_interval=5",
+        "--set",
+        &format!("run.output_dir={}", runs.display()),
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("MAE") && err.contains("RMSE"), "{err}");
+    let run = run_dir(&runs);
+    let first = step_losses(&run)[0];
+    let s = summary(&run);
+    assert_eq!(
+        (s["task"].as_str(), s["loss"].as_str()),
+        (Some("regression"), Some("mse"))
+    );
+    let val = s["final_val_loss"].as_f64().unwrap();
+    assert!(val * 5.0 < first, "val MSE {val} vs first logged {first}");
+    let rmse = s["final_val_rmse"].as_f64().unwrap();
+    assert!(
+        (rmse * rmse - val).abs() < 1e-3 * val.max(1e-3) + 1e-4,
+        "RMSE² {rmse} vs MSE {val}"
+    );
+    assert!(s["final_val_accuracy"].is_null(), "{s}");
+}

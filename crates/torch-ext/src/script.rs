@@ -1,0 +1,48 @@
+//! Facts about a saved TorchScript module that tch does not expose: whether it was saved in
+//! training mode, whether it has a given method, how many parameters it registers.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::ffi;
+
+/// What [`inspect`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScriptFacts {
+    /// The module was saved in training mode (`model.train()` before scripting).
+    pub training: bool,
+    /// The module has the method asked about.
+    pub has_method: bool,
+    /// Parameter tensors the module (with its submodules) registers.
+    pub parameters: i64,
+}
+
+/// Loads the TorchScript file `path` on the CPU and reports its mode, whether it has `method`,
+/// and its parameter count. A file that is not TorchScript is an error with libtorch's reason.
+pub fn inspect(path: &Path, method: &str) -> Result<ScriptFacts> {
+    let text = |what: &str, s: &str| {
+        CString::new(s).map_err(|_| Error::Torch {
+            op: "inspect TorchScript",
+            message: format!("the {what} contains a NUL byte"),
+        })
+    };
+    let c_path = text("path", &path.to_string_lossy())?;
+    let c_method = text("method name", method)?;
+    let mut facts = ScriptFacts {
+        training: false,
+        has_method: false,
+        parameters: 0,
+    };
+    // SAFETY: both strings live across the call; the out-pointers are valid locals.
+    ffi::check("load TorchScript", unsafe {
+        ffi::kiln_script_inspect(
+            c_path.as_ptr(),
+            c_method.as_ptr(),
+            &mut facts.training,
+            &mut facts.has_method,
+            &mut facts.parameters,
+        )
+    })?;
+    Ok(facts)
+}

@@ -1,0 +1,249 @@
+//! The library's front door, like Lightning's `Trainer.fit`: train your own tch module (or a
+//! TorchScript file) on your own [`Dataset`] with everything `kiln train` does — hardware
+//! detection and the tuned profile, layered settings with provenance, backend flags, the
+//! automatic batch size, AMP, fused AdamW, checkpoints and resume, the profiler, the monitor
+//! and a run directory — without CLI code or configuration layers.
+//!
+//! ```no_run
+//! use kiln_train::prelude::*;
+//!
+//! # fn main() -> Result<(), TrainError> {
+//! // y = 2·x₀ − x₁ for 256 samples of 2 features.
+//! let xs: Vec<f32> = (0..512).map(|i| (i % 17) as f32 / 17.0).collect();
+//! let ys: Vec<f32> = xs.chunks(2).map(|x| 2.0 * x[0] - x[1]).collect();
+//! let data = InMemory::with_targets(
+//!     xs,
+//!     vec![2],
+//!     TargetSpec::Values { shape: vec![] },
+//!     Targets::Values(ys),
+//! )?;
+//! let learner = Learner::builder()
+//!     .set("train.epochs", 3)
+//!     .set("train.lr", 0.01)
+//!     .output_dir("runs")
+//!     .build()?;
+//! let outcome = learner.fit(
+//!     "linear",
+//!     |vs: &nn::VarStore, input: &InputSpec| {
+//!         let layer = nn::linear(vs.root() / "fc", 2, 1, Default::default());
+//!         Ok(Box::new(TchModule(layer)) as Box<dyn Model>)
+//!     },
+//!     data,
+//! )?;
+//! println!("val MAE {:?} in {}", outcome.summary.final_val_mae, outcome.run_dir.display());
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use kiln_config::{ConfigRequest, Machine, Resolution, RunPlan};
+use kiln_data::Dataset;
+use tch::nn;
+
+use crate::TrainError;
+use crate::model::Model;
+use crate::models::{InputSpec, ModelFactory, ModelRecipe};
+use crate::record::{Observer, Silent};
+use crate::run::{self, Resume, RunControl, RunData, RunOutcome};
+
+/// Settings for a [`Learner`]: kiln's defaults and the machine's profile, under what the
+/// caller sets (a configuration file, then `key = value` settings, later ones winning), each
+/// value keeping where it came from.
+#[derive(Debug, Default)]
+pub struct LearnerBuilder {
+    file: Option<PathBuf>,
+    sets: Vec<String>,
+    resume: Option<Resume>,
+    stop: Option<Arc<AtomicBool>>,
+    cache_batch_sizes: bool,
+}
+
+impl LearnerBuilder {
+    /// Sets any configuration key, as `kiln train --set key=value` does: `train.epochs`,
+    /// `train.lr`, `train.amp`, `train.batch_size` (a number or `auto`), `train.loss`, …
+    /// (`kiln config --explain` lists them). Bad keys and values are errors at [`Self::build`].
+    pub fn set(mut self, key: &str, value: impl std::fmt::Display) -> Self {
+        self.sets.push(format!("{key}={value}"));
+        self
+    }
+
+    /// A configuration file (TOML, YAML or JSON) under the [`Self::set`] values.
+    pub fn config_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.file = Some(path.into());
+        self
+    }
+
+    /// Where run directories go (`run.output_dir`).
+    pub fn output_dir(self, dir: impl AsRef<Path>) -> Self {
+        let dir = dir.as_ref().display().to_string();
+        self.set("run.output_dir", dir)
+    }
+
+    /// Continues a run: its newest good checkpoint, or one named.
+    pub fn resume(mut self, resume: Resume) -> Self {
+        self.resume = Some(resume);
+        self
+    }
+
+    /// A flag that, once set (from a signal handler, say), ends the run after the current
+    /// step with a checkpoint.
+    pub fn stop_flag(mut self, stop: Arc<AtomicBool>) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    /// Caches `train.batch_size = "auto"` answers in kiln's cache directory.
+    pub fn cache_batch_sizes(mut self, on: bool) -> Self {
+        self.cache_batch_sizes = on;
+        self
+    }
+
+    /// Detects the machine, picks the device and profile, and resolves the settings.
+    pub fn build(self) -> Result<Learner, TrainError> {
+        let mut req = ConfigRequest::new(Machine::Probe);
+        req.file = self.file;
+        req.sets = self.sets;
+        let resolution = kiln_config::load(&req)?;
+        Ok(Learner {
+            resolution,
+            control: RunControl {
+                resume: self.resume,
+                stop: self.stop,
+                cache_dir: if self.cache_batch_sizes {
+                    crate::batch_search::cache_dir()
+                } else {
+                    None
+                },
+            },
+        })
+    }
+}
+
+/// Trains models on this machine with a resolved configuration (see [`LearnerBuilder`]).
+#[derive(Debug)]
+pub struct Learner {
+    resolution: Resolution,
+    control: RunControl,
+}
+
+impl Learner {
+    /// Settings to build a learner from.
+    pub fn builder() -> LearnerBuilder {
+        LearnerBuilder::default()
+    }
+
+    /// A learner with kiln's defaults and this machine's profile.
+    pub fn new() -> Result<Self, TrainError> {
+        Self::builder().build()
+    }
+
+    /// The resolved settings, each with its provenance in `plan().provenance`.
+    pub fn plan(&self) -> &RunPlan {
+        &self.resolution.plan
+    }
+
+    /// The device the run trains on, and why it was chosen.
+    pub fn device(&self) -> (kiln_device::Device, &str) {
+        (
+            self.resolution.selection.device,
+            &self.resolution.selection.reason,
+        )
+    }
+
+    /// Trains the model `build` makes on `data` (split into training and validation by
+    /// `data.val_fraction`), reporting nothing as it goes; see [`Self::fit_with`].
+    pub fn fit<F, D>(&self, name: &str, build: F, data: D) -> Result<RunOutcome, TrainError>
+    where
+        F: Fn(&nn::VarStore, &InputSpec) -> Result<Box<dyn Model>, TrainError>,
+        D: Dataset,
+    {
+        let plan = self.plan();
+        let seed = plan.performance.backend.seed;
+        let description = format!("{name}'s data ({} samples)", data.len());
+        let data = RunData::split(Box::new(data), plan.data.val_fraction, seed, description)?;
+        self.fit_with(name, &build, data, &mut Silent)
+    }
+
+    /// Trains the model `build` makes (its layers under the `VarStore` given, for data of the
+    /// [`InputSpec`] given) on `data`, reporting to `observer`. The backend settings are
+    /// applied first; the run directory is `run.output_dir/<run.name>-<time>`.
+    pub fn fit_with(
+        &self,
+        name: &str,
+        build: ModelFactory<'_>,
+        data: RunData,
+        observer: &mut dyn Observer,
+    ) -> Result<RunOutcome, TrainError> {
+        let resume = run::find_resume(self.plan(), &self.control)?;
+        let recipe = ModelRecipe {
+            name: name.to_owned(),
+            identity: format!("{name} (library model)"),
+            build,
+            warmup_steps: 1,
+        };
+        self.drive(&recipe, data, resume, observer)
+    }
+
+    fn drive(
+        &self,
+        recipe: &ModelRecipe<'_>,
+        data: RunData,
+        resume: Option<crate::checkpoint::Checkpoint>,
+        observer: &mut dyn Observer,
+    ) -> Result<RunOutcome, TrainError> {
+        let plan = self.plan();
+        let device = self.resolution.selection.device;
+        run::apply_backend(plan, device);
+        run::drive(
+            plan,
+            device,
+            recipe,
+            data,
+            resume,
+            self.control.clone(),
+            observer,
+            &mut |_, _| {},
+        )
+    }
+
+    /// Trains a TorchScript module saved with `torch.jit.script(model.train()).save(path)` on
+    /// `data`, as `kiln train --model path` does (a resumed run continues from the module its
+    /// checkpoint saved).
+    pub fn fit_torchscript<D: Dataset>(
+        &self,
+        path: &Path,
+        data: D,
+        observer: &mut dyn Observer,
+    ) -> Result<RunOutcome, TrainError> {
+        let plan = self.plan();
+        let resume = run::find_resume(plan, &self.control)?;
+        let module = resume
+            .as_ref()
+            .map(|c| c.dir.join(crate::checkpoint::SCRIPT_FILE))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| path.to_owned());
+        let build = |vs: &nn::VarStore, _: &InputSpec| -> Result<Box<dyn Model>, TrainError> {
+            Ok(Box::new(crate::script::ScriptModel::load(&module, vs)?))
+        };
+        let name = path.file_name().map_or_else(
+            || "torchscript".to_owned(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let description = format!("{} samples", data.len());
+        let data = RunData::split(
+            Box::new(data),
+            plan.data.val_fraction,
+            plan.performance.backend.seed,
+            description,
+        )?;
+        let recipe = ModelRecipe {
+            name,
+            identity: format!("{} (torchscript)", path.display()),
+            build: &build,
+            warmup_steps: 3,
+        };
+        self.drive(&recipe, data, resume, observer)
+    }
+}

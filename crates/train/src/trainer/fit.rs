@@ -1,0 +1,517 @@
+//! The loop [`Trainer::fit`] runs, top to bottom: set up (loaders, schedule, resume point),
+//! then for each epoch, for each optimizer step, take `grad_accum_steps` batches and step;
+//! log every `log_interval` steps; checkpoint every `checkpoint.every_steps` or when asked to
+//! stop; validate and checkpoint at the end of the epoch; summarise.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use kiln_config::{OptimizerKind, ProfileUnit};
+use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig, TargetSpec};
+use kiln_torch_ext::profiler::Range;
+use tch::{Device, Tensor};
+
+use super::{
+    CheckpointOptions, Evaluation, FitData, FitOptions, StepOutcome, Trainer, precision_name,
+    scalar,
+};
+use crate::TrainError;
+use crate::checkpoint::{self, RunningSums};
+use crate::feed::DeviceFeeder;
+use crate::monitor::{MemorySample, PerfMonitor, Throughput};
+use crate::profiling::StepProfiler;
+use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
+use crate::schedule::LrSchedule;
+use crate::tally::Tally;
+
+/// A run's loaders.
+struct Loaders<D: Dataset, V: Dataset> {
+    train: Loader<D>,
+    val: Option<Loader<V>>,
+}
+
+/// A run in progress: its schedule, where it started, and its running sums.
+struct Run {
+    target: TargetSpec,
+    train_samples: usize,
+    val_samples: usize,
+    accum: usize,
+    batches_per_epoch: usize,
+    total_steps: u64,
+    schedule: LrSchedule,
+    start_epoch: u64,
+    start_batch: usize,
+    /// Best validation results and skipped steps (the tallies below hold the sums).
+    sums: RunningSums,
+    epoch: Tally,
+    interval: Tally,
+    profiler: Option<StepProfiler>,
+    monitor: PerfMonitor,
+    started: Instant,
+    last_epoch: Option<EpochRecord>,
+}
+
+/// Where an epoch is: its start, the batches consumed, the last gradient norm.
+struct EpochPlace {
+    epoch: u64,
+    started: Instant,
+    timing_before: Throughput,
+    consumed: usize,
+    last_norm: Option<Tensor>,
+}
+
+impl Trainer<'_> {
+    /// Trains for `settings.epochs` epochs over `data`, validating after each, reporting to
+    /// `observer`; checkpoints, resumes and stops as `options` say.
+    pub fn fit<D: Dataset, V: Dataset>(
+        &mut self,
+        data: FitData<D, V>,
+        observer: &mut dyn Observer,
+        options: FitOptions,
+    ) -> Result<Summary, TrainError> {
+        let (mut loaders, mut run) = self.begin(data, &options)?;
+        observer.on_start(&self.run_start(&run, &options))?;
+        if let Device::Cuda(i) = self.device {
+            kiln_torch_ext::memory::reset_peak(i)?;
+        }
+        for epoch in run.start_epoch..self.settings.epochs {
+            self.run_epoch(&mut loaders, &mut run, epoch, observer, &options)?;
+        }
+        self.finish(run, observer)
+    }
+
+    /// Loaders, schedule, loss, and where to start (restoring the checkpoint to resume).
+    fn begin<D: Dataset, V: Dataset>(
+        &mut self,
+        data: FitData<D, V>,
+        options: &FitOptions,
+    ) -> Result<(Loaders<D, V>, Run), TrainError> {
+        let target = data.train.target();
+        self.set_target(&target)?;
+        let train_samples = data.train.len();
+        let val_samples = data.val.as_ref().map_or(0, |v| v.len());
+        let train = Loader::new(data.train, data.loader)?;
+        let val = match data.val.filter(|v| !v.is_empty()) {
+            Some(v) => Some(Loader::new(v, validation_loader(data.loader))?),
+            None => None,
+        };
+        let accum = self.settings.grad_accum_steps.max(1) as usize;
+        self.batch_size = data.loader.batch_size as u64;
+        let batches_per_epoch = train.batches_per_epoch();
+        if batches_per_epoch == 0 {
+            return Err(TrainError::InvalidPlan {
+                key: "train.batch_size",
+                value: data.loader.batch_size.to_string(),
+                expected: format!(
+                    "a batch size the {train_samples} training samples can fill (drop_last is on)"
+                ),
+            });
+        }
+        let total_steps = batches_per_epoch.div_ceil(accum) as u64 * self.settings.epochs;
+        let (start_epoch, start_batch, sums) = match &options.resume {
+            Some(ckpt) => {
+                self.restore(ckpt)?;
+                if let Some(c) = enabled(&options.checkpoints) {
+                    checkpoint::prepare_to_continue(&c.dir, ckpt.meta.step)?;
+                }
+                (ckpt.meta.epoch, ckpt.meta.batch, ckpt.meta.sums.clone())
+            }
+            None => (0, 0, RunningSums::default()),
+        };
+        let (epoch_sums, interval_sums) = sums.tallies();
+        let loaders = Loaders { train, val };
+        let run = Run {
+            target,
+            train_samples,
+            val_samples,
+            accum,
+            batches_per_epoch,
+            total_steps,
+            schedule: LrSchedule {
+                kind: self.settings.schedule,
+                base_lr: self.settings.lr,
+                min_lr: self.settings.min_lr,
+                warmup_steps: self.settings.warmup_steps,
+                total_steps,
+            },
+            start_epoch,
+            start_batch,
+            sums,
+            epoch: Tally::restore(epoch_sums, self.device)?,
+            interval: Tally::restore(interval_sums, self.device)?,
+            profiler: options
+                .profiling
+                .as_ref()
+                .filter(|p| p.plan.enabled())
+                .map(|p| StepProfiler::new(p.plan, p.dir.clone(), self.device.is_cuda())),
+            monitor: PerfMonitor::new(),
+            started: Instant::now(),
+            last_epoch: None,
+        };
+        Ok((loaders, run))
+    }
+
+    /// The facts reported when the run starts.
+    fn run_start(&self, run: &Run, options: &FitOptions) -> RunStart {
+        RunStart {
+            model: self.model_name.clone(),
+            task: run.target.task().to_owned(),
+            loss: self.loss.name().to_owned(),
+            parameters: self.parameters,
+            device: format!("{:?}", self.device).to_lowercase(),
+            precision: precision_name(self.settings.precision).to_owned(),
+            optimizer: match self.settings.optimizer {
+                OptimizerKind::AdamW => "adamw (fused)".to_owned(),
+                OptimizerKind::Sgd => "sgd (fused)".to_owned(),
+            },
+            batch_size: self.batch_size,
+            grad_accum_steps: run.accum as u64,
+            epochs: self.settings.epochs,
+            steps_per_epoch: run.total_steps / self.settings.epochs.max(1),
+            total_steps: run.total_steps,
+            train_samples: run.train_samples,
+            val_samples: run.val_samples,
+            feed: match self.device {
+                Device::Cpu => "cpu: batch buffers become tensors without a copy".to_owned(),
+                Device::Cuda(_) => {
+                    "pinned host buffers, copied on a side stream one batch ahead".to_owned()
+                }
+                other => format!("copies to {other:?}"),
+            },
+            resumed_from: options
+                .resume
+                .as_ref()
+                .map(|c| (c.dir.clone(), c.meta.step)),
+            batch_size_search: options.batch_size_search.clone(),
+        }
+    }
+
+    /// One epoch: its steps (logging and checkpointing as they come), then validation and the
+    /// end-of-epoch checkpoint. A requested stop checkpoints and returns `Stopped`.
+    fn run_epoch<D: Dataset, V: Dataset>(
+        &mut self,
+        loaders: &mut Loaders<D, V>,
+        run: &mut Run,
+        epoch: u64,
+        observer: &mut dyn Observer,
+        options: &FitOptions,
+    ) -> Result<(), TrainError> {
+        if let Some(p) = run.profiler.as_mut() {
+            self.ranges = p.begin(ProfileUnit::Epochs, epoch)?;
+        }
+        let first_batch = if epoch == run.start_epoch {
+            run.start_batch
+        } else {
+            0
+        };
+        let mut place = EpochPlace {
+            epoch,
+            started: Instant::now(),
+            timing_before: run.monitor.total(),
+            consumed: first_batch,
+            last_norm: None,
+        };
+        let mut feeder = DeviceFeeder::new(
+            loaders.train.resume(Position {
+                epoch,
+                batch: first_batch,
+            }),
+            self.device,
+        );
+        while place.consumed < run.batches_per_epoch {
+            let Some((outcome, lr)) = self.next_step(run, &mut feeder, &mut place)? else {
+                break;
+            };
+            run.interval
+                .add(&outcome.sums, outcome.samples, outcome.elements)?;
+            place.last_norm = outcome.grad_norm.or(place.last_norm.take());
+            observer.on_step(&Progress {
+                epoch,
+                step: self.steps_done,
+                total_steps: run.total_steps,
+            })?;
+            let epoch_done = place.consumed >= run.batches_per_epoch;
+            let stopping = options
+                .stop
+                .as_ref()
+                .is_some_and(|s| s.load(Ordering::SeqCst));
+            // (A stop does not log: the open interval goes into the checkpoint, so the
+            // resumed run logs exactly what an uninterrupted one would.)
+            if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done {
+                self.log_interval(run, &place, lr, observer)?;
+            }
+            let saved = self.checkpoint_in_epoch(run, &place, stopping, options)?;
+            if stopping {
+                if let Some(p) = run.profiler.take() {
+                    p.finish()?;
+                }
+                return Err(TrainError::Stopped {
+                    step: self.steps_done,
+                    checkpoint: saved,
+                });
+            }
+        }
+        drop(feeder);
+        let val = match &mut loaders.val {
+            Some(loader) => {
+                let _range = self.range("kiln/validation")?;
+                Some(self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?)
+            }
+            None => None,
+        };
+        self.end_epoch(run, &place, val, observer, options)
+    }
+
+    /// Takes the next step's batches from `feeder` and steps; `None` when the epoch has none.
+    fn next_step<I>(
+        &mut self,
+        run: &mut Run,
+        feeder: &mut DeviceFeeder<I>,
+        place: &mut EpochPlace,
+    ) -> Result<Option<(StepOutcome, f64)>, TrainError>
+    where
+        I: Iterator<Item = Result<kiln_data::Batch, kiln_data::DataError>>,
+    {
+        if let Some(p) = run.profiler.as_mut() {
+            self.ranges = p.begin(ProfileUnit::Steps, self.steps_done)?;
+        }
+        let step_range = if self.ranges {
+            Some(Range::new(&format!("kiln/step#{}", self.steps_done + 1))?)
+        } else {
+            None
+        };
+        run.monitor.start_step();
+        let group = run.accum.min(run.batches_per_epoch - place.consumed);
+        let mut batches = Vec::with_capacity(group);
+        for _ in 0..group {
+            let wait = Instant::now();
+            let next = {
+                let _range = self.range("kiln/data_wait")?;
+                feeder.next()
+            };
+            run.monitor.data_wait(wait.elapsed());
+            match next {
+                Some(batch) => batches.push(batch?),
+                None => break,
+            }
+        }
+        if batches.is_empty() {
+            return Ok(None);
+        }
+        place.consumed += batches.len();
+        let lr = run.schedule.lr_at(self.steps_done);
+        let outcome = self.train_step(&batches, lr)?;
+        drop(batches);
+        run.monitor.end_step(outcome.samples);
+        drop(step_range);
+        if let Some(p) = run.profiler.as_mut() {
+            p.end(ProfileUnit::Steps)?;
+        }
+        Ok(Some((outcome, lr)))
+    }
+
+    /// Reports the interval's metrics (one host synchronisation) and folds it into the epoch.
+    fn log_interval(
+        &mut self,
+        run: &mut Run,
+        place: &EpochPlace,
+        lr: f64,
+        observer: &mut dyn Observer,
+    ) -> Result<(), TrainError> {
+        self.check_bad_run()?;
+        let timing = run.monitor.take_interval();
+        let metrics = run.interval.read(self.metric)?;
+        let record = StepRecord {
+            kind: "step",
+            epoch: place.epoch,
+            step: self.steps_done,
+            epoch_progress: place.epoch as f64
+                + place.consumed as f64 / run.batches_per_epoch as f64,
+            loss: metrics.loss,
+            accuracy: metrics.accuracy,
+            mae: metrics.mae,
+            rmse: metrics.rmse,
+            lr,
+            loss_scale: match &self.scaler {
+                Some(s) => Some(s.scale()?),
+                None => None,
+            },
+            grad_norm: place.last_norm.as_ref().map(scalar).transpose()?,
+            step_time_s: timing.step_seconds(),
+            samples_per_s: timing.samples_per_second(),
+            data_wait_share: timing.data_wait_share(),
+            skipped_steps: self.skipped_steps()?,
+            memory: MemorySample::read(self.device),
+        };
+        observer.on_log(&record)?;
+        run.epoch.absorb(&mut run.interval)
+    }
+
+    /// The checkpoint every `checkpoint.every_steps`, or when stopping; returns its path.
+    fn checkpoint_in_epoch(
+        &mut self,
+        run: &mut Run,
+        place: &EpochPlace,
+        stopping: bool,
+        options: &FitOptions,
+    ) -> Result<Option<std::path::PathBuf>, TrainError> {
+        let Some(ckpt) = enabled(&options.checkpoints) else {
+            return Ok(None);
+        };
+        let every = ckpt.plan.every_steps;
+        let periodic = every > 0 && self.steps_done.is_multiple_of(every);
+        if !(periodic || stopping) {
+            return Ok(None);
+        }
+        let sums = RunningSums {
+            skipped_steps: self.skipped_steps()?,
+            ..run.sums.clone()
+        }
+        .with_tallies(run.epoch.saved()?, run.interval.saved()?);
+        Ok(Some(self.save_checkpoint(
+            ckpt,
+            place.epoch,
+            place.consumed,
+            sums,
+            None,
+        )?))
+    }
+
+    /// Reports the epoch with its validation, starts the next epoch's sums, and checkpoints.
+    fn end_epoch(
+        &mut self,
+        run: &mut Run,
+        place: &EpochPlace,
+        val: Option<Evaluation>,
+        observer: &mut dyn Observer,
+        options: &FitOptions,
+    ) -> Result<(), TrainError> {
+        if let Some(v) = &val {
+            remember_best(&mut run.sums, v);
+        }
+        let record = self.epoch_record(run, place, val.as_ref())?;
+        observer.on_epoch(&record)?;
+        run.last_epoch = Some(record);
+        if let Some(p) = run.profiler.as_mut() {
+            p.end(ProfileUnit::Epochs)?;
+        }
+        run.sums = RunningSums {
+            skipped_steps: self.skipped_steps()?,
+            best_val_accuracy: run.sums.best_val_accuracy,
+            best_val_loss: run.sums.best_val_loss,
+            ..RunningSums::default()
+        };
+        run.epoch = Tally::new(self.device)?;
+        run.interval = Tally::new(self.device)?;
+        if let Some(ckpt) = enabled(&options.checkpoints) {
+            let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
+            if !at_this_step.exists() {
+                let sums = run.sums.clone();
+                self.save_checkpoint(ckpt, place.epoch + 1, 0, sums, val.map(|v| v.metrics))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The finished epoch's report.
+    fn epoch_record(
+        &self,
+        run: &Run,
+        place: &EpochPlace,
+        val: Option<&Evaluation>,
+    ) -> Result<EpochRecord, TrainError> {
+        let train = run.epoch.read(self.metric)?;
+        let t = run.monitor.total();
+        let seconds = t.seconds - place.timing_before.seconds;
+        let per_second = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
+        let v = val.map(|v| v.metrics);
+        Ok(EpochRecord {
+            kind: "epoch",
+            epoch: place.epoch,
+            train_loss: train.loss,
+            train_accuracy: train.accuracy,
+            train_mae: train.mae,
+            train_rmse: train.rmse,
+            val_loss: v.map(|v| v.loss),
+            val_accuracy: v.and_then(|v| v.accuracy),
+            val_mae: v.and_then(|v| v.mae),
+            val_rmse: v.and_then(|v| v.rmse),
+            seconds: place.started.elapsed().as_secs_f64(),
+            samples_per_s: per_second((t.samples - place.timing_before.samples) as f64),
+            data_wait_share: per_second(
+                t.data_wait_seconds - place.timing_before.data_wait_seconds,
+            )
+            .clamp(0.0, 1.0),
+            memory: MemorySample::read(self.device),
+        })
+    }
+
+    /// Closes the profiler and reports the summary.
+    fn finish(&mut self, run: Run, observer: &mut dyn Observer) -> Result<Summary, TrainError> {
+        let profiler_traces = match run.profiler {
+            Some(p) => p.finish()?,
+            None => vec![],
+        };
+        self.ranges = false;
+        let total = run.monitor.total();
+        let last = run.last_epoch.as_ref();
+        let summary = Summary {
+            model: self.model_name.clone(),
+            task: run.target.task().to_owned(),
+            loss: self.loss.name().to_owned(),
+            parameters: self.parameters,
+            device: format!("{:?}", self.device).to_lowercase(),
+            precision: precision_name(self.settings.precision).to_owned(),
+            epochs: self.settings.epochs,
+            steps: self.steps_done,
+            samples: total.samples,
+            seconds: run.started.elapsed().as_secs_f64(),
+            mean_step_time_s: total.step_seconds(),
+            samples_per_s: total.samples_per_second(),
+            data_wait_share: total.data_wait_share(),
+            skipped_steps: self.skipped_steps()?,
+            final_train_loss: last.map_or(f64::NAN, |e| e.train_loss),
+            final_val_loss: last.and_then(|e| e.val_loss),
+            final_val_accuracy: last.and_then(|e| e.val_accuracy),
+            best_val_accuracy: run.sums.best_val_accuracy,
+            final_val_mae: last.and_then(|e| e.val_mae),
+            final_val_rmse: last.and_then(|e| e.val_rmse),
+            chance_accuracy: run
+                .target
+                .classes()
+                .filter(|_| self.metric == crate::loss::MetricKind::Accuracy)
+                .map(|c| 1.0 / c.max(1) as f64),
+            memory: MemorySample::read(self.device),
+            oom_retries: self.oom_retries,
+            profiler_traces,
+        };
+        observer.on_finish(&summary)?;
+        Ok(summary)
+    }
+}
+
+/// The validation loader: the training loader's settings, in order, keeping the last batch.
+fn validation_loader(train: LoaderConfig) -> LoaderConfig {
+    LoaderConfig {
+        drop_last: false,
+        sampler: SamplerConfig {
+            shuffle: false,
+            ..train.sampler
+        },
+        ..train
+    }
+}
+
+/// The checkpoint options, when checkpoints are on.
+fn enabled(options: &Option<CheckpointOptions>) -> Option<&CheckpointOptions> {
+    options.as_ref().filter(|c| c.plan.enabled)
+}
+
+/// Keeps the best validation accuracy (classification) and lowest validation loss.
+fn remember_best(sums: &mut RunningSums, val: &Evaluation) {
+    if let Some(acc) = val.metrics.accuracy {
+        sums.best_val_accuracy = Some(sums.best_val_accuracy.map_or(acc, |b| b.max(acc)));
+    }
+    let loss = val.metrics.loss;
+    sums.best_val_loss = Some(sums.best_val_loss.map_or(loss, |b| b.min(loss)));
+}

@@ -1,0 +1,60 @@
+//! A PyTorch model trained from Rust: a module saved with
+//! `torch.jit.script(model.train()).save("model.pt")` trained on a dataset made by
+//! `kiln data prepare`, through the library (what `kiln train --model model.pt --data DIR`
+//! does), with its progress printed as it goes. The trained module is in each checkpoint as
+//! `model.pt`, loadable by `torch.jit.load`.
+//!
+//!     cargo run -p kiln-examples --example torchscript -- model.pt DATA_DIR [key=value …]
+
+use kiln_train::prelude::*;
+use kiln_train::record::Progress;
+
+/// Prints one line per logged interval and per epoch.
+struct Printer;
+
+impl Observer for Printer {
+    fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
+        println!("step {} · loss {:.4}", r.step, r.loss);
+        Ok(())
+    }
+
+    fn on_epoch(&mut self, e: &EpochRecord) -> Result<(), TrainError> {
+        println!(
+            "epoch {} · train loss {:.4} · val loss {}",
+            e.epoch + 1,
+            e.train_loss,
+            e.val_loss.map_or("-".to_owned(), |l| format!("{l:.4}"))
+        );
+        Ok(())
+    }
+
+    fn on_step(&mut self, _: &Progress) -> Result<(), TrainError> {
+        Ok(())
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [model, data, sets @ ..] = args.as_slice() else {
+        return Err("usage: torchscript MODEL.pt DATA_DIR [key=value …]".into());
+    };
+    let mut builder = Learner::builder();
+    for set in sets {
+        let (key, value) = set
+            .split_once('=')
+            .ok_or_else(|| format!("`{set}`: expected key=value"))?;
+        builder = builder.set(key, value);
+    }
+    let learner = builder.build()?;
+    let dataset = kiln_train::prelude::ShardedDataset::open(data)?;
+    let outcome = learner.fit_torchscript(model.as_ref(), dataset, &mut Printer)?;
+    println!(
+        "done: {} ({}, loss {}) · final val loss {:?} · run directory {}",
+        outcome.summary.model,
+        outcome.summary.task,
+        outcome.summary.loss,
+        outcome.summary.final_val_loss,
+        outcome.run_dir.display()
+    );
+    Ok(())
+}
