@@ -158,6 +158,9 @@ fn report_text(r: &Report) -> String {
     if let Some(a) = r.accuracy {
         s.push_str(&format!("accuracy: {:.2} %\n", a * 100.0));
     }
+    if let (Some(mae), Some(rmse)) = (r.mae, r.rmse) {
+        s.push_str(&format!("MAE: {mae:.4}, RMSE: {rmse:.4}\n"));
+    }
     if let Some(d) = &r.deviation_from_fp32 {
         s.push_str(&format!(
             "deviation from fp32: max |Δ| {:.3e} (outputs up to {:.3}), arg-max agreement {:.2} %\n",

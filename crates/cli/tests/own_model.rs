@@ -256,18 +256,59 @@ fn a_segmenter_and_a_forecaster_with_its_own_loss_learn_with_python_torch() {
     let seg = &reference["segment"];
     let data = prepare(tmp.path(), "segment", &seg["x"], &seg["y"], true);
     let runs = tmp.path().join("seg-runs");
-    let o = train(
-        &tmp.path().join("seg.pt"),
-        &data,
-        &runs,
-        16,
-        &["--epochs", "12", "--set", "data.val_fraction=0.25"],
-    );
+    let seg_args = ["--epochs", "12", "--set", "data.val_fraction=0.25"];
+    let o = train(&tmp.path().join("seg.pt"), &data, &runs, 16, &seg_args);
     assert!(o.status.success(), "{}", stderr(&o));
-    let s = summary(&run_dir(&runs));
+    let run = run_dir(&runs);
+    let s = summary(&run);
     assert_eq!(s["task"], "dense classification");
     let acc = s["final_val_accuracy"].as_f64().unwrap();
     assert!(acc > 0.85, "per-pixel validation accuracy {acc}");
+    // `kiln infer` on the run (its TorchScript checkpoint) reports per-pixel accuracy too.
+    let infer = |out: &Path| {
+        let o = kiln(&[
+            "infer",
+            "--model",
+            run.to_str().unwrap(),
+            "--inputs",
+            data.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+        (
+            report["accuracy"].as_f64().unwrap(),
+            std::fs::read(out).unwrap(),
+        )
+    };
+    let (infer_acc, outputs) = infer(&tmp.path().join("seg-first.npy"));
+    assert!(
+        infer_acc > 0.85,
+        "kiln infer per-pixel accuracy {infer_acc}"
+    );
+    // Resumed from an end-of-epoch checkpoint (taken after validation put the module in eval
+    // mode): the same weights, and the same batch-norm statistics in the saved module.
+    let last = std::fs::read(checkpoint(&run, 48).join("model.safetensors")).unwrap();
+    let ckpt = checkpoint(&run, 24);
+    let mut resumed_args = seg_args.to_vec();
+    resumed_args.extend(["--resume", ckpt.to_str().unwrap()]);
+    let o = train(&tmp.path().join("seg.pt"), &data, &runs, 16, &resumed_args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("eval mode"), "{}", stderr(&o));
+    let again = std::fs::read(checkpoint(&run, 48).join("model.safetensors")).unwrap();
+    assert!(again == last, "the resumed segmenter's weights differ");
+    let (_, resumed_outputs) = infer(&tmp.path().join("seg-resumed.npy"));
+    assert!(
+        resumed_outputs == outputs,
+        "the resumed segmenter's outputs differ"
+    );
 
     // A forecaster with its own pinball loss: kiln minimises the module's `loss`, whose value
     // on the initial weights is PyTorch's.
@@ -484,4 +525,29 @@ fn a_csv_regression_is_learned_by_a_built_in_model() {
         "RMSE² {rmse} vs MSE {val}"
     );
     assert!(s["final_val_accuracy"].is_null(), "{s}");
+
+    // `kiln infer` over the dataset reports the regression's metrics, not an accuracy.
+    let o = kiln(&[
+        "infer",
+        "--model",
+        run.to_str().unwrap(),
+        "--inputs",
+        data.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    let text = common::stdout(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mae: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MAE: "))
+        .and_then(|l| l.split(',').next())
+        .unwrap_or_else(|| panic!("no MAE in: {text}"))
+        .parse()
+        .unwrap();
+    assert!(
+        mae > 0.0 && mae * mae < 2.0 * val,
+        "MAE {mae} vs val MSE {val}"
+    );
+    assert!(!text.contains("accuracy"), "{text}");
 }

@@ -1,6 +1,6 @@
 //! Inference inputs and outputs on disk. Inputs: a prepared kiln dataset (a directory with
-//! `kiln-dataset.json`; its labels are kept for accuracy), a `.npy` array `[samples, …]`, or a
-//! CSV file with a header row (every column numeric; a `label` column, if there, is kept as
+//! `kiln-dataset.json`; its targets are kept for the task's metrics), a `.npy` array
+//! `[samples, …]`, or a CSV file with a header row (every column numeric; a `label` column, if there, is kept as
 //! labels, not fed to the model). Outputs: `.npy`, `.safetensors` (one tensor, `outputs`) or
 //! `.csv`, chosen by the file's extension, written to a temporary file and renamed into place;
 //! an existing file is never overwritten.
@@ -8,9 +8,16 @@
 use std::io::Write;
 use std::path::Path;
 
-use kiln_data::{Dataset, MANIFEST_FILE, NpyArray, ShardedDataset};
+use kiln_data::{Dataset, MANIFEST_FILE, NpyArray, ShardedDataset, TargetSpec, Targets};
 
 use crate::InferError;
+
+/// What the inputs' samples should give, sample after sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputTargets {
+    pub spec: TargetSpec,
+    pub values: Targets,
+}
 
 /// Samples read into memory, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -19,8 +26,8 @@ pub struct Inputs {
     pub values: Vec<f32>,
     pub sample_shape: Vec<usize>,
     pub len: usize,
-    /// The samples' labels, where the source has them.
-    pub labels: Option<Vec<i64>>,
+    /// The samples' targets, where the source has them (a dataset's, a CSV's `label` column).
+    pub targets: Option<InputTargets>,
     /// What was read, for reports.
     pub description: String,
 }
@@ -47,16 +54,21 @@ pub fn read_inputs(path: &Path) -> Result<Inputs, InferError> {
         }
         let dataset = ShardedDataset::open(path)?;
         let numel = dataset.sample_numel();
+        let spec = dataset.target();
+        let per = spec.numel();
         let mut values = vec![0f32; dataset.len() * numel];
-        let mut labels = Vec::with_capacity(dataset.len());
+        let mut targets = spec.batch(dataset.len());
         for (i, chunk) in values.chunks_exact_mut(numel.max(1)).enumerate() {
-            labels.push(dataset.read(i, chunk)?);
+            dataset.read_sample(i, chunk, targets.slot(i, per))?;
         }
         return Ok(Inputs {
             values,
             sample_shape: dataset.sample_shape().to_vec(),
             len: dataset.len(),
-            labels: Some(labels),
+            targets: Some(InputTargets {
+                spec,
+                values: targets,
+            }),
             description: format!("dataset {} ({} samples)", path.display(), dataset.len()),
         });
     }
@@ -90,7 +102,7 @@ fn read_npy(path: &Path) -> Result<Inputs, InferError> {
         values: array.to_f32(),
         sample_shape: array.shape[1..].to_vec(),
         len: array.shape[0],
-        labels: None,
+        targets: None,
         description: format!(
             "{} ({} samples of {:?} {})",
             path.display(),
@@ -154,7 +166,10 @@ fn read_csv(path: &Path) -> Result<Inputs, InferError> {
         values,
         sample_shape: vec![features],
         len,
-        labels: label_at.map(|_| labels),
+        targets: label_at.map(|_| InputTargets {
+            spec: TargetSpec::label(labels.iter().max().map_or(0, |&m| m.max(0) as usize + 1)),
+            values: Targets::Classes(labels),
+        }),
         description: format!("{} ({len} rows of {features} features)", path.display()),
     })
 }

@@ -1,7 +1,8 @@
 //! The models inference runs: a kiln checkpoint (the reference model rebuilt from the settings
 //! it was trained with, its weights loaded and verified; for a TorchScript model, the trained
-//! module the checkpoint holds) or a TorchScript module exported from PyTorch (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in
-//! the precision asked for (weights converted once, not per call).
+//! module the checkpoint holds) or a TorchScript module exported from PyTorch
+//! (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in the
+//! precision asked for (weights converted once, not per call).
 
 use std::path::{Path, PathBuf};
 

@@ -1,10 +1,12 @@
 //! Offline inference (`kiln infer`): every input through the engine in batches of the
-//! inference batch size, with per-batch latency percentiles and throughput, accuracy where the
-//! inputs have labels, and, at reduced precision, the largest deviation from an fp32 run of the
-//! same model on the same inputs.
+//! inference batch size, with per-batch latency percentiles and throughput, the task's metrics
+//! where the inputs have targets (accuracy, per element for class maps; MAE and RMSE), and, at
+//! reduced precision, the largest deviation from an fp32 run of the same model on the same
+//! inputs.
 
 use std::time::Instant;
 
+use kiln_data::Targets;
 use serde::Serialize;
 
 use crate::io::Inputs;
@@ -66,8 +68,12 @@ pub struct Report {
     pub samples_per_second: f64,
     /// Per-batch latency (host to host, outputs on the host).
     pub batch_latency_ms: Percentiles,
-    /// Arg-max accuracy where the inputs have labels.
+    /// Arg-max accuracy where the inputs have class targets (per element for class maps).
     pub accuracy: Option<f64>,
+    /// Mean absolute and root-mean-square error where the inputs have value targets and the
+    /// outputs their shape.
+    pub mae: Option<f64>,
+    pub rmse: Option<f64>,
     /// Against fp32, when run at reduced precision.
     pub deviation_from_fp32: Option<Deviation>,
 }
@@ -120,16 +126,9 @@ pub fn run(
     let elapsed = started.elapsed().as_secs_f64();
     let per: usize = out_shape.iter().product();
 
-    let accuracy = match (&inputs.labels, per > 1) {
-        (Some(labels), true) => {
-            let correct = outputs
-                .chunks_exact(per)
-                .zip(labels)
-                .filter(|(row, label)| argmax(row) as i64 == **label)
-                .count();
-            Some(correct as f64 / inputs.len as f64)
-        }
-        _ => None,
+    let (accuracy, mae, rmse) = match &inputs.targets {
+        Some(t) => task_metrics(&outputs, per, t),
+        None => (None, None, None),
     };
 
     let deviation = match reference {
@@ -181,9 +180,55 @@ pub fn run(
             samples_per_second: inputs.len as f64 / elapsed.max(1e-9),
             batch_latency_ms: Percentiles::of(&latencies),
             accuracy,
+            mae,
+            rmse,
             deviation_from_fp32: deviation,
         },
     })
+}
+
+/// The metrics of `outputs` (`per` values per sample) against `targets`: accuracy for class
+/// targets (the arg-max over the classes, which come first in each sample's output, as
+/// `[classes, …target shape]`), MAE and RMSE for values when the outputs have their shape.
+fn task_metrics(
+    outputs: &[f32],
+    per: usize,
+    targets: &crate::io::InputTargets,
+) -> (Option<f64>, Option<f64>, Option<f64>) {
+    let e = targets.spec.numel().max(1);
+    match &targets.values {
+        Targets::Classes(classes) if per > e && per.is_multiple_of(e) => {
+            let c = per / e;
+            let right = outputs
+                .chunks_exact(per)
+                .zip(classes.chunks_exact(e))
+                .flat_map(|(row, want)| {
+                    (0..e).map(move |p| {
+                        let scores = (0..c).map(|k| row[k * e + p]);
+                        let best = scores
+                            .enumerate()
+                            .max_by(|a, b| a.1.total_cmp(&b.1))
+                            .map_or(0, |(k, _)| k);
+                        best as i64 == want[p]
+                    })
+                })
+                .filter(|&ok| ok)
+                .count();
+            (Some(right as f64 / classes.len().max(1) as f64), None, None)
+        }
+        Targets::Values(values) if per == e => {
+            let n = values.len().max(1) as f64;
+            let (abs, sq) = outputs
+                .iter()
+                .zip(values)
+                .fold((0.0, 0.0), |(a, s), (o, v)| {
+                    let d = f64::from(o - v);
+                    (a + d.abs(), s + d * d)
+                });
+            (None, Some(abs / n), Some((sq / n).sqrt()))
+        }
+        _ => (None, None, None),
+    }
 }
 
 fn argmax(row: &[f32]) -> usize {

@@ -64,7 +64,7 @@ fn inputs(n: usize, features: usize) -> Inputs {
         values,
         sample_shape: vec![features],
         len: n,
-        labels: None,
+        targets: None,
         description: "test inputs".into(),
     }
 }

@@ -1,6 +1,7 @@
 //! kiln's native extension over libtorch: what tch does not expose (global math flags, per-thread
-//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks, activation checkpointing, facts about saved TorchScript modules, the kineto profiler, CUDA device queries,
-//! library loading), as safe Rust.
+//! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks,
+//! activation checkpointing, facts about saved TorchScript modules, the kineto profiler, CUDA
+//! device queries, library loading), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
 //! [`Error::Torch`] naming the operation, never as an unwind or an abort.

@@ -168,7 +168,8 @@ impl Learner {
 
     /// Trains the model `build` makes (its layers under the `VarStore` given, for data of the
     /// [`InputSpec`] given) on `data`, reporting to `observer`. The backend settings are
-    /// applied first; the run directory is `run.output_dir/<run.name>-<time>`.
+    /// applied first; the run directory is `run.output_dir/<run.name>-<time>`. `name` also
+    /// keys cached automatic batch sizes: give a changed model a new name.
     pub fn fit_with(
         &self,
         name: &str,
@@ -218,14 +219,20 @@ impl Learner {
         observer: &mut dyn Observer,
     ) -> Result<RunOutcome, TrainError> {
         let plan = self.plan();
+        run::refuse_kiln_dropout(plan)?;
         let resume = run::find_resume(plan, &self.control)?;
-        let module = resume
-            .as_ref()
-            .map(|c| c.dir.join(crate::checkpoint::SCRIPT_FILE))
-            .filter(|p| p.is_file())
-            .unwrap_or_else(|| path.to_owned());
-        let build = |vs: &nn::VarStore, _: &InputSpec| -> Result<Box<dyn Model>, TrainError> {
-            Ok(Box::new(crate::script::ScriptModel::load(&module, vs)?))
+        let mut model_plan = plan.model.clone();
+        model_plan.kind = kiln_config::ModelKind::TorchScript;
+        model_plan.script = Some(
+            resume
+                .as_ref()
+                .map(|c| c.dir.join(crate::checkpoint::SCRIPT_FILE))
+                .filter(|p| p.is_file())
+                .unwrap_or_else(|| path.to_owned()),
+        );
+        let seed = plan.performance.backend.seed;
+        let build = |vs: &nn::VarStore, input: &InputSpec| {
+            crate::models::build(&model_plan, input, vs, false, seed)
         };
         let name = path.file_name().map_or_else(
             || "torchscript".to_owned(),
@@ -240,7 +247,7 @@ impl Learner {
         )?;
         let recipe = ModelRecipe {
             name,
-            identity: format!("{} (torchscript)", path.display()),
+            identity: crate::models::script_identity(Some(path)),
             build: &build,
             warmup_steps: 3,
         };

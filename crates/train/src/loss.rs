@@ -96,6 +96,15 @@ impl Loss {
         }
     }
 
+    /// The task as reports name it: the target's (classification, dense classification,
+    /// regression), or multi-label classification for value targets under BCE with logits.
+    pub fn task(self, target: &TargetSpec) -> &'static str {
+        match (self, target) {
+            (Loss::BceWithLogits, TargetSpec::Values { .. }) => "multi-label classification",
+            _ => target.task(),
+        }
+    }
+
     /// The metrics that go with this loss on `target`.
     pub fn metric(self, target: &TargetSpec) -> MetricKind {
         match (self, target) {
@@ -106,18 +115,30 @@ impl Loss {
         }
     }
 
-    /// The mean loss of `output` against `target`, in f32.
+    /// The mean loss of `output` against `target`, in f32. `classes`, where known, is how many
+    /// classes class targets lie in: a cross-entropy output with fewer is an error (on CUDA it
+    /// would be a device-side assert).
     pub fn compute(
         self,
         model: &dyn Model,
         output: &Tensor,
         target: &Tensor,
+        classes: Option<usize>,
     ) -> Result<Tensor, TrainError> {
         if self == Loss::Module {
             return model.loss(output, target);
         }
         let output = &one_value_per_sample(self, output, target)?;
         check_shapes(self, output, target)?;
+        if let Some(c) =
+            classes.filter(|&c| self == Loss::CrossEntropy && output.size()[1] < c as i64)
+        {
+            return Err(TrainError::ShapeMismatch {
+                what: "train.loss = cross_entropy".to_owned(),
+                expected: format!("{c} class scores in dimension 1 (the data's classes)"),
+                got: format!("the model's output has shape {:?}", output.size()),
+            });
+        }
         let output = output.f_to_kind(Kind::Float)?;
         Ok(match self {
             Loss::CrossEntropy => {
@@ -132,7 +153,7 @@ impl Loss {
                 None,
                 Reduction::Mean,
             )?,
-            Loss::Module => unreachable!("handled above"),
+            Loss::Module => model.loss(&output, target)?,
         })
     }
 }
@@ -189,8 +210,9 @@ fn check_shapes(loss: Loss, output: &Tensor, target: &Tensor) -> Result<(), Trai
     })
 }
 
-/// Per-batch sums of a run's metrics, as one f32 tensor `[4]` on the device: loss × samples,
-/// right elements, absolute error, squared error.
+/// Per-batch sums of a run's metrics, as one f64 tensor `[5]` on the device (f64: a count of
+/// right pixels passes f32's exact integers within an epoch): loss × samples, right elements,
+/// judged elements (those an accuracy or error was measured on), absolute error, squared error.
 pub fn batch_sums(
     metric: MetricKind,
     loss: &Tensor,
@@ -198,33 +220,47 @@ pub fn batch_sums(
     target: &Tensor,
 ) -> Result<Tensor, TrainError> {
     let n = target.size().first().copied().unwrap_or(0) as f64;
-    let weighted = loss.f_detach()?.f_to_kind(Kind::Float)?.f_mul_scalar(n)?;
-    let zero = || Tensor::f_zeros([], (Kind::Float, output.device()));
+    let weighted = loss.f_detach()?.f_to_kind(Kind::Double)?.f_mul_scalar(n)?;
+    let zero = || Tensor::f_zeros([], (Kind::Double, output.device()));
     let output = one_value_per_sample(Loss::Mse, &output.f_detach()?, target)?;
-    let (right, abs, sq) = match metric {
-        MetricKind::Accuracy => (correct(&output, target)?, zero()?, zero()?),
-        MetricKind::Regression if output.size() == target.size() => {
-            let err = output.f_to_kind(Kind::Float)?.f_sub(target)?;
-            (
-                zero()?,
-                err.f_abs()?.f_sum(Kind::Float)?,
-                err.f_square()?.f_sum(Kind::Float)?,
-            )
+    let judged = || Tensor::f_full([], target.numel() as f64, (Kind::Double, output.device()));
+    let [right, counted, abs, sq] = match metric {
+        MetricKind::Accuracy => {
+            let (right, counted) = correct(&output, target)?;
+            [right, counted, zero()?, zero()?]
         }
-        MetricKind::Regression | MetricKind::LossOnly => (zero()?, zero()?, zero()?),
+        MetricKind::Regression if output.size() == target.size() => {
+            let err = output.f_to_kind(Kind::Double)?.f_sub(target)?;
+            [
+                zero()?,
+                judged()?,
+                err.f_abs()?.f_sum(Kind::Double)?,
+                err.f_square()?.f_sum(Kind::Double)?,
+            ]
+        }
+        MetricKind::Regression | MetricKind::LossOnly => [zero()?, zero()?, zero()?, zero()?],
     };
-    Ok(Tensor::f_stack(&[weighted, right, abs, sq], 0)?)
+    Ok(Tensor::f_stack(&[weighted, right, counted, abs, sq], 0)?)
 }
 
-/// Right elements: class targets by arg-max over dimension 1, value targets (multi-label) by
-/// the sign of the logit against a 0.5 threshold.
-fn correct(output: &Tensor, target: &Tensor) -> Result<Tensor, TrainError> {
-    let right = if target.is_floating_point() {
+/// Right and judged elements: class targets by arg-max over dimension 1, value targets
+/// (multi-label) by the sign of the logit against a 0.5 threshold. An output that cannot be
+/// judged that way (a module's own loss on another layout) counts nothing.
+fn correct(output: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor), TrainError> {
+    let device = output.device();
+    let (out, tgt) = (output.size(), target.size());
+    let right = if target.is_floating_point() && out == tgt {
         output.f_gt(0.0)?.f_eq_tensor(&target.f_gt(0.5)?)?
-    } else if output.dim() == target.dim() + 1 {
+    } else if !target.is_floating_point()
+        && out.len() == tgt.len() + 1
+        && out[0] == tgt[0]
+        && out[2..] == tgt[1..]
+    {
         output.f_argmax(1, false)?.f_eq_tensor(target)?
     } else {
-        return Ok(Tensor::f_zeros([], (Kind::Float, output.device()))?);
+        let zero = Tensor::f_zeros([], (Kind::Double, device))?;
+        return Ok((zero.shallow_clone(), zero));
     };
-    Ok(right.f_sum(Kind::Float)?)
+    let judged = Tensor::f_full([], target.numel() as f64, (Kind::Double, device))?;
+    Ok((right.f_sum(Kind::Double)?, judged))
 }

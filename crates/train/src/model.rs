@@ -1,5 +1,5 @@
-//! The small trait the trainer drives (forward, an optional loss of its own, checkpoint hooks), an adapter for any tch module,
-//! and the dropout the reference models share.
+//! The small trait the trainer drives (forward, an optional loss of its own, checkpoint
+//! hooks), an adapter for any tch module, and the dropout the reference models share.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

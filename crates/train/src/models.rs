@@ -94,7 +94,8 @@ pub fn identity(plan: &kiln_config::RunPlan) -> String {
     format!("{} ({dims})", m.kind)
 }
 
-fn script_identity(path: Option<&std::path::Path>) -> String {
+/// A TorchScript file for the batch-size cache: its path, size and modification time.
+pub fn script_identity(path: Option<&std::path::Path>) -> String {
     let Some(path) = path else {
         return "no file".to_owned();
     };

@@ -208,10 +208,8 @@ impl RunData {
 
 /// Refuses what kiln cannot do inside a TorchScript module: its own dropout (the module keeps
 /// its own; `model.dropout` set by the user is an error, kiln's default is ignored).
-fn check_script_plan(plan: &RunPlan) -> Result<(), TrainError> {
-    if plan.model.kind != ModelKind::TorchScript {
-        return Ok(());
-    }
+/// (`model.activation_checkpointing` is refused where the module is built.)
+pub(crate) fn refuse_kiln_dropout(plan: &RunPlan) -> Result<(), TrainError> {
     let set_by_user = plan
         .provenance
         .get("model.dropout")
@@ -239,7 +237,9 @@ pub fn train(
     observer: &mut dyn Observer,
     on_ready: &mut dyn FnMut(&Path, &str),
 ) -> Result<RunOutcome, TrainError> {
-    check_script_plan(plan)?;
+    if plan.model.kind == ModelKind::TorchScript {
+        refuse_kiln_dropout(plan)?;
+    }
     // Find and verify the checkpoint first: a bad --resume fails before anything else.
     let resume = find_resume(plan, &control)?;
     let data = RunData::of_plan(plan, data_dir)?;

@@ -66,12 +66,15 @@ impl ScriptModel {
             // TorchScript's graph optimizations (autodiff subgraphs, fusion) make a CPU train
             // step ~10 % slower than eager PyTorch on the same module (measured on the
             // reference transformer, in Python as from Rust); without them the interpreter
-            // runs the eager kernels and matches eager. CUDA keeps libtorch's default.
+            // runs the eager kernels and matches eager. The setting is libtorch's, for the
+            // whole process; CUDA keeps libtorch's default.
             tch::jit::f_set_graph_executor_optimize(false)?;
         }
-        let module = TrainableCModule::load(path, vs.root()).map_err(|e| not_script(reason(&e)))?;
+        let mut module =
+            TrainableCModule::load(path, vs.root()).map_err(|e| not_script(reason(&e)))?;
+        module.f_set_train()?;
         Ok(Self {
-            module: Mutex::new((module, !facts.training)),
+            module: Mutex::new((module, true)),
             path: path.to_owned(),
             has_loss: facts.has_method,
         })
@@ -93,6 +96,20 @@ impl ScriptModel {
     }
 }
 
+/// A libtorch error from inside the module: an allocator running out of memory stays a libtorch
+/// error (so the trainer's out-of-memory retry and the batch-size search see it); anything
+/// else is named with `what` and its reason.
+fn model_error(e: tch::TchError, what: impl FnOnce() -> String) -> TrainError {
+    let text = e.to_string();
+    if text.contains("out of memory") || text.contains("can't allocate memory") {
+        return TrainError::Tch(e);
+    }
+    TrainError::Model {
+        what: what(),
+        message: reason(&e),
+    }
+}
+
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().trim().to_owned()
 }
@@ -109,17 +126,16 @@ impl Model for ScriptModel {
             }
             *training = train;
         }
-        module
-            .forward_ts(&[features])
-            .map_err(|e| TrainError::Model {
-                what: format!(
+        module.forward_ts(&[features]).map_err(|e| {
+            model_error(e, || {
+                format!(
                     "{}: forward on a batch of shape {:?} ({:?})",
                     self.path.display(),
                     features.size(),
                     features.kind()
-                ),
-                message: reason(&e),
+                )
             })
+        })
     }
 
     fn loss(&self, output: &Tensor, target: &Tensor) -> Result<Tensor, TrainError> {
@@ -137,14 +153,15 @@ impl Model for ScriptModel {
         self.lock()
             .0
             .method_ts(LOSS_METHOD, &[output, target])
-            .map_err(|e| TrainError::Model {
-                what: format!(
-                    "{}: {LOSS_METHOD}(output {:?}, target {:?})",
-                    self.path.display(),
-                    output.size(),
-                    target.size()
-                ),
-                message: reason(&e),
+            .map_err(|e| {
+                model_error(e, || {
+                    format!(
+                        "{}: {LOSS_METHOD}(output {:?}, target {:?})",
+                        self.path.display(),
+                        output.size(),
+                        target.size()
+                    )
+                })
             })
     }
 
@@ -153,7 +170,15 @@ impl Model for ScriptModel {
     }
 
     fn save_torchscript(&self, path: &Path) -> Result<bool, TrainError> {
-        self.lock().0.save(path).map_err(|e| TrainError::File {
+        let mut guard = self.lock();
+        let (module, training) = &mut *guard;
+        // Saved in train mode (validation may have left it in eval), as the user saved it and
+        // as a resumed run continues it.
+        if !*training {
+            module.f_set_train()?;
+            *training = true;
+        }
+        module.save(path).map_err(|e| TrainError::File {
             path: path.to_owned(),
             message: format!("cannot save the TorchScript module: {}", reason(&e)),
         })?;

@@ -26,54 +26,57 @@ pub struct Metrics {
 pub struct Saved {
     pub loss: f64,
     pub correct: f64,
+    /// Target elements an accuracy or error was measured on.
+    pub judged: f64,
     pub abs_err: f64,
     pub sq_err: f64,
     pub samples: u64,
-    pub elements: u64,
 }
 
-/// Sums on the device (`[loss × samples, right, |error|, error²]`) and counts on the host.
+/// Sums on the device (f64 `[loss × samples, right, judged, |error|, error²]`, see
+/// [`crate::loss::batch_sums`]) and the sample count on the host.
 #[derive(Debug)]
 pub struct Tally {
     sums: Tensor,
     samples: u64,
-    elements: u64,
 }
 
 impl Tally {
     /// An empty tally on `device`.
     pub fn new(device: Device) -> Result<Self, TrainError> {
         Ok(Self {
-            sums: Tensor::f_zeros([4], (Kind::Float, device))?,
+            sums: Tensor::f_zeros([5], (Kind::Double, device))?,
             samples: 0,
-            elements: 0,
         })
     }
 
     /// A tally continuing `saved`.
     pub fn restore(saved: Saved, device: Device) -> Result<Self, TrainError> {
-        let values = [saved.loss, saved.correct, saved.abs_err, saved.sq_err].map(|v| v as f32);
+        let values = [
+            saved.loss,
+            saved.correct,
+            saved.judged,
+            saved.abs_err,
+            saved.sq_err,
+        ];
         Ok(Self {
             sums: Tensor::f_from_slice(&values)?.f_to_device(device)?,
             samples: saved.samples,
-            elements: saved.elements,
         })
     }
 
-    /// Adds one batch's sums (from [`crate::loss::batch_sums`]).
-    pub fn add(&mut self, sums: &Tensor, samples: u64, elements: u64) -> Result<(), TrainError> {
+    /// Adds the sums of `samples` samples (from [`crate::loss::batch_sums`]).
+    pub fn add(&mut self, sums: &Tensor, samples: u64) -> Result<(), TrainError> {
         self.sums = self.sums.f_add(sums)?;
         self.samples += samples;
-        self.elements += elements;
         Ok(())
     }
 
     /// Adds another tally and empties it.
     pub fn absorb(&mut self, other: &mut Tally) -> Result<(), TrainError> {
-        self.add(&other.sums, other.samples, other.elements)?;
+        self.add(&other.sums, other.samples)?;
         let _ = other.sums.f_zero_()?;
         other.samples = 0;
-        other.elements = 0;
         Ok(())
     }
 
@@ -83,14 +86,15 @@ impl Tally {
 
     /// The sums as numbers (synchronises).
     pub fn saved(&self) -> Result<Saved, TrainError> {
-        let v: Vec<f64> = Vec::<f64>::try_from(self.sums.f_to_kind(Kind::Double)?)?;
+        let v: Vec<f64> = Vec::<f64>::try_from(&self.sums)?;
+        let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
         Ok(Saved {
-            loss: v[0],
-            correct: v[1],
-            abs_err: v[2],
-            sq_err: v[3],
+            loss: at(0),
+            correct: at(1),
+            judged: at(2),
+            abs_err: at(3),
+            sq_err: at(4),
             samples: self.samples,
-            elements: self.elements,
         })
     }
 
@@ -101,11 +105,12 @@ impl Tally {
 }
 
 impl Saved {
-    /// Mean loss and the metrics of kind `metric`.
+    /// Mean loss and the metrics of kind `metric` (none where no element could be judged).
     pub fn metrics(&self, metric: MetricKind) -> Metrics {
         let n = self.samples.max(1) as f64;
-        let e = self.elements.max(1) as f64;
+        let e = self.judged;
         let (accuracy, mae, rmse) = match metric {
+            _ if e <= 0.0 => (None, None, None),
             MetricKind::Accuracy => (Some(self.correct / e), None, None),
             MetricKind::Regression => {
                 (None, Some(self.abs_err / e), Some((self.sq_err / e).sqrt()))

@@ -86,7 +86,7 @@ fn step(vs: &nn::VarStore, model: &dyn Model, x: &Tensor, y: &Tensor) -> Tensor 
     }
     let out = model.forward(x, true).unwrap();
     let loss = kiln_train::loss::Loss::CrossEntropy
-        .compute(model, &out, y)
+        .compute(model, &out, y, None)
         .unwrap();
     loss.backward();
     loss

@@ -381,6 +381,7 @@ fn small_meta(step: u64) -> checkpoint::Meta {
         config: Value::Null,
         input: None,
         files: Default::default(),
+        file_bytes: Default::default(),
         meta_sha256: String::new(),
     }
 }

@@ -154,3 +154,41 @@ fn on_cuda_batches_arrive_pinned_and_intact() {
     assert!(feeder.pinned(), "{:?}", feeder.unpinned_because());
     assert_eq!(batches, 10);
 }
+
+#[test]
+fn token_ids_reach_the_model_as_int64_and_value_targets_as_f32() {
+    // Two samples of three ids, each with a [2] regression target.
+    let ids = vec![3.0, 70_000.0, 16_777_216.0, 0.0, 1.0, 2.0];
+    let data = kiln_data::InMemory::with_targets(
+        ids,
+        vec![3],
+        kiln_data::TargetSpec::Values { shape: vec![2] },
+        kiln_data::Targets::Values(vec![0.5, -1.5, 2.0, 4.0]),
+    )
+    .unwrap()
+    .with_integer_features()
+    .unwrap();
+    let mut loader = Loader::new(
+        Arc::new(data),
+        kiln_data::LoaderConfig {
+            batch_size: 2,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let batch = DeviceFeeder::new(loader.epoch(0), Device::Cpu)
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_eq!(batch.features.kind(), Kind::Int64);
+    assert_eq!(
+        Vec::<i64>::try_from(batch.features.flatten(0, -1)).unwrap(),
+        [3, 70_000, 16_777_216, 0, 1, 2]
+    );
+    assert_eq!(batch.targets.kind(), Kind::Float);
+    assert_eq!(batch.targets.size(), [2, 2]);
+    assert_eq!(
+        Vec::<f32>::try_from(batch.targets.flatten(0, -1)).unwrap(),
+        [0.5, -1.5, 2.0, 4.0]
+    );
+}

@@ -137,3 +137,17 @@ fn a_missing_dataset_is_named_in_the_error() {
         "no run directory was made"
     );
 }
+
+#[test]
+fn train_settings_default_to_kilns_configured_defaults() {
+    // The library's `TrainSettings::default()` is what the configuration's defaults resolve to
+    // (on a CPU without bf16, where no profile changes a train.* value).
+    let plan = kiln_config::load(&common::cpu_request::<&str>(&[]))
+        .unwrap()
+        .plan;
+    let from_config = kiln_train::trainer::TrainSettings::from_plan(
+        &plan.train,
+        plan.performance.empty_cache_interval,
+    );
+    assert_eq!(kiln_train::trainer::TrainSettings::default(), from_config);
+}

@@ -76,20 +76,20 @@ pub struct RunningSums {
     pub interval_samples: u64,
     pub skipped_steps: u64,
     pub best_val_accuracy: Option<f64>,
-    /// Regression error sums and target-element counts (absent in checkpoints from before
-    /// targets other than class labels: those counted one element per sample).
+    /// Regression error sums and judged target elements (absent in checkpoints from before
+    /// targets other than class labels, which judged one element per sample).
     #[serde(default)]
     pub epoch_abs_err: f64,
     #[serde(default)]
     pub epoch_sq_err: f64,
     #[serde(default)]
-    pub epoch_elements: u64,
+    pub epoch_judged: Option<f64>,
     #[serde(default)]
     pub interval_abs_err: f64,
     #[serde(default)]
     pub interval_sq_err: f64,
     #[serde(default)]
-    pub interval_elements: u64,
+    pub interval_judged: Option<f64>,
     /// The lowest validation loss so far (what `keep_best` keeps for regression).
     #[serde(default)]
     pub best_val_loss: Option<f64>,
@@ -98,23 +98,23 @@ pub struct RunningSums {
 impl RunningSums {
     /// The epoch's and the open log interval's sums.
     pub fn tallies(&self) -> (crate::tally::Saved, crate::tally::Saved) {
-        let elements = |e: u64, samples: u64| if e == 0 { samples } else { e };
+        let judged = |j: Option<f64>, samples: u64| j.unwrap_or(samples as f64);
         (
             crate::tally::Saved {
                 loss: self.epoch_loss,
                 correct: self.epoch_correct,
+                judged: judged(self.epoch_judged, self.epoch_samples),
                 abs_err: self.epoch_abs_err,
                 sq_err: self.epoch_sq_err,
                 samples: self.epoch_samples,
-                elements: elements(self.epoch_elements, self.epoch_samples),
             },
             crate::tally::Saved {
                 loss: self.interval_loss,
                 correct: self.interval_correct,
+                judged: judged(self.interval_judged, self.interval_samples),
                 abs_err: self.interval_abs_err,
                 sq_err: self.interval_sq_err,
                 samples: self.interval_samples,
-                elements: elements(self.interval_elements, self.interval_samples),
             },
         )
     }
@@ -127,13 +127,13 @@ impl RunningSums {
             epoch_abs_err: epoch.abs_err,
             epoch_sq_err: epoch.sq_err,
             epoch_samples: epoch.samples,
-            epoch_elements: epoch.elements,
+            epoch_judged: Some(epoch.judged),
             interval_loss: interval.loss,
             interval_correct: interval.correct,
             interval_abs_err: interval.abs_err,
             interval_sq_err: interval.sq_err,
             interval_samples: interval.samples,
-            interval_elements: interval.elements,
+            interval_judged: Some(interval.judged),
             ..self.clone()
         }
     }
@@ -172,6 +172,10 @@ pub struct Meta {
     pub input: Option<crate::models::InputSpec>,
     /// SHA-256 of each file (the tensors, and `model.pt` for TorchScript models).
     pub files: BTreeMap<String, String>,
+    /// Lengths of the files without a length header of their own (`model.pt`), for the quick
+    /// check.
+    #[serde(default)]
+    pub file_bytes: BTreeMap<String, u64>,
     /// SHA-256 of this JSON with this field empty.
     pub meta_sha256: String,
 }
@@ -452,8 +456,9 @@ pub fn check_quick(dir: &Path) -> Result<Meta, TrainError> {
     let meta = read_meta(dir)?;
     for file in meta.files.keys() {
         if !file.ends_with(".safetensors") {
-            // A TorchScript file has no length header: its checksum is the check.
-            check_sha(dir, &meta, file)?;
+            // A TorchScript file has no length header: its recorded length is the quick check
+            // (its checksum, in `load`).
+            check_length(dir, &meta, file)?;
             continue;
         }
         let path = dir.join(file);
@@ -469,6 +474,25 @@ pub fn check_quick(dir: &Path) -> Result<Meta, TrainError> {
         }
     }
     Ok(meta)
+}
+
+/// Checks `file` against the length `meta` recorded for it (checkpoints without lengths: its
+/// checksum).
+fn check_length(dir: &Path, meta: &Meta, file: &str) -> Result<(), TrainError> {
+    let Some(&want) = meta.file_bytes.get(file) else {
+        return check_sha(dir, meta, file).map(drop);
+    };
+    let path = dir.join(file);
+    let actual = std::fs::metadata(&path)
+        .map_err(|e| part_error(&path, e))?
+        .len();
+    if actual != want {
+        return Err(damaged(
+            &path,
+            format!("{actual} bytes where the checkpoint recorded {want}: the file is truncated"),
+        ));
+    }
+    Ok(())
 }
 
 /// The length a safetensors file's header declares, and the file's actual length.

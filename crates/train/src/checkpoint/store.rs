@@ -198,8 +198,9 @@ pub struct Pruned {
 }
 
 /// Keeps the newest `keep_last` good checkpoints, and with `keep_best` the one with the best
-/// validation accuracy (for regression, the lowest validation loss); removes the other good ones. Every checkpoint gets the quick check
-/// ([`check_quick`]) first: a damaged one is moved aside (not removed, not counted).
+/// validation accuracy (for regression, the lowest validation loss); removes the other good
+/// ones. Every checkpoint gets the quick check ([`check_quick`]) first: a damaged one is moved
+/// aside (not removed, not counted).
 pub fn prune(checkpoints: &Path, keep_last: usize, keep_best: bool) -> Result<Pruned, TrainError> {
     let mut pruned = Pruned::default();
     let mut good = vec![];

@@ -155,7 +155,7 @@ impl Trainer<'_> {
     fn run_start(&self, run: &Run, options: &FitOptions) -> RunStart {
         RunStart {
             model: self.model_name.clone(),
-            task: run.target.task().to_owned(),
+            task: self.loss.task(&run.target).to_owned(),
             loss: self.loss.name().to_owned(),
             parameters: self.parameters,
             device: format!("{:?}", self.device).to_lowercase(),
@@ -222,8 +222,7 @@ impl Trainer<'_> {
             let Some((outcome, lr)) = self.next_step(run, &mut feeder, &mut place)? else {
                 break;
             };
-            run.interval
-                .add(&outcome.sums, outcome.samples, outcome.elements)?;
+            run.interval.add(&outcome.sums, outcome.samples)?;
             place.last_norm = outcome.grad_norm.or(place.last_norm.take());
             observer.on_step(&Progress {
                 epoch,
@@ -457,7 +456,7 @@ impl Trainer<'_> {
         let last = run.last_epoch.as_ref();
         let summary = Summary {
             model: self.model_name.clone(),
-            task: run.target.task().to_owned(),
+            task: self.loss.task(&run.target).to_owned(),
             loss: self.loss.name().to_owned(),
             parameters: self.parameters,
             device: format!("{:?}", self.device).to_lowercase(),

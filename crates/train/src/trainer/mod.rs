@@ -118,11 +118,10 @@ pub fn precision_name(p: AmpDtype) -> &'static str {
 /// What one optimizer step did.
 #[derive(Debug)]
 pub struct StepOutcome {
-    /// The step's metric sums on the device (see [`crate::loss::batch_sums`]).
+    /// The step's metric sums on the device (see [`crate::loss::batch_sums`]; the first is
+    /// the loss × samples).
     pub sums: Tensor,
     pub samples: u64,
-    /// Target elements (samples × elements per target).
-    pub elements: u64,
     /// Global gradient norm before clipping, when clipping is on.
     pub grad_norm: Option<Tensor>,
 }
@@ -206,6 +205,8 @@ pub struct Trainer<'m> {
     /// by [`Trainer::set_target`]).
     loss: Loss,
     metric: MetricKind,
+    /// The classes of class targets, where known (checked against a cross-entropy output).
+    classes: Option<usize>,
     device: Device,
     settings: TrainSettings,
     optimizer: Optimizer,
@@ -331,6 +332,7 @@ impl<'m> Trainer<'m> {
             parameters: crate::models::parameter_count(vs),
             loss: Loss::before_target(settings.loss),
             metric: Loss::before_target(settings.loss).metric(&TargetSpec::label(2)),
+            classes: None,
             device,
             autocast: autocast_for(device, settings.precision)?,
             optimizer: Optimizer::new(rule, groups)?,
@@ -347,7 +349,9 @@ impl<'m> Trainer<'m> {
     }
 
     /// Chooses the loss (`settings.loss`, `auto` by the target's kind) and its metrics for a
-    /// dataset whose targets are `target`; `fit` calls it.
+    /// dataset whose targets are `target`. `fit` calls it; a program that drives
+    /// [`Trainer::train_step`] itself on targets other than class labels calls it first (until
+    /// then the trainer assumes class labels: `auto` is cross-entropy).
     pub fn set_target(&mut self, target: &TargetSpec) -> Result<(), TrainError> {
         let loss = Loss::resolve(self.settings.loss, target)?;
         if loss == Loss::Module && !self.model.has_own_loss() {
@@ -364,6 +368,7 @@ impl<'m> Trainer<'m> {
         }
         self.loss = loss;
         self.metric = loss.metric(target);
+        self.classes = target.classes();
         Ok(())
     }
 
@@ -472,7 +477,9 @@ impl<'m> Trainer<'m> {
             None => None,
         };
         let output = self.model.forward(features, train)?;
-        let loss = self.loss.compute(self.model, &output, targets)?;
+        let loss = self
+            .loss
+            .compute(self.model, &output, targets, self.classes)?;
         if loss.numel() != 1 {
             return Err(TrainError::ShapeMismatch {
                 what: format!("train.loss = {}", self.loss.name()),
@@ -523,7 +530,6 @@ impl<'m> Trainer<'m> {
                     return Ok(StepOutcome {
                         sums,
                         samples: total as u64,
-                        elements: batches.iter().map(|b| b.targets.numel() as u64).sum(),
                         grad_norm,
                     });
                 }
@@ -558,7 +564,7 @@ impl<'m> Trainer<'m> {
     /// Forward and backward over every batch (each split into `self.split` micro-batches),
     /// accumulating gradients; returns the step's metric sums.
     fn accumulate(&self, batches: &[DeviceBatch], total: i64) -> Result<Tensor, TrainError> {
-        let mut sums = Tensor::f_zeros([4], (Kind::Float, self.device))?;
+        let mut sums = Tensor::f_zeros([5], (Kind::Double, self.device))?;
         for batch in batches {
             let rows = batch.targets.size()[0];
             let chunk = (rows as u64).div_ceil(self.split).max(1) as i64;
@@ -730,6 +736,7 @@ impl<'m> Trainer<'m> {
                     config: options.config.clone(),
                     input: options.input.clone(),
                     files: Default::default(),
+                    file_bytes: Default::default(),
                     meta_sha256: String::new(),
                 },
                 script: Some(&|path: &std::path::Path| self.model.save_torchscript(path)),
@@ -776,11 +783,7 @@ impl<'m> Trainer<'m> {
         for batch in batches {
             let batch = batch?;
             let (_, sums) = self.forward_loss(&batch.features, &batch.targets, false)?;
-            tally.add(
-                &sums,
-                batch.targets.size()[0] as u64,
-                batch.targets.numel() as u64,
-            )?;
+            tally.add(&sums, batch.targets.size()[0] as u64)?;
         }
         Ok(Evaluation {
             metrics: tally.read(self.metric)?,
