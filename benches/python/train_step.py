@@ -211,6 +211,13 @@ def build(a):
 def train_bench(a):
     torch.manual_seed(a.seed)
     model, x, y, fwd_flops = build(a)
+    if a.script:
+        # The same module as TorchScript (from --export-script), as kiln's `probe --script`
+        # trains it: what TorchScript itself costs, apart from kiln.
+        model = torch.jit.load(a.script, map_location=a.device)
+        if a.jit_optimize == "off":
+            # The choice kiln makes for TorchScript training on the CPU.
+            torch._C._set_graph_executor_optimize(False)
     params = sum(p.numel() for p in model.parameters())
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -473,6 +480,8 @@ def parse_args(argv=None):
                    help="time AdamW.step() alone with this implementation")
     p.add_argument("--shapes", type=shape_list, default=None,
                    help="--optimizer: parameter shapes, e.g. 256x469,256,1024x256")
+    p.add_argument("--script", metavar="PATH", default=None,
+                   help="train this TorchScript file (from --export-script) instead of the module")
     p.add_argument("--jit-optimize", choices=("on", "off"), default="on",
                    help="--script: TorchScript's graph optimizations (default on, as in PyTorch)")
     p.add_argument("--export-script", metavar="PATH", default=None,

@@ -436,8 +436,8 @@ impl<D: Dataset> StepTrials<'_, D> {
             trainer
                 .train_step(&batches, 1e-6)?
                 .sums
-                .f_sum(tch::Kind::Double)?
-                .f_double_value(&[])?;
+                .values
+                .f_double_value(&[0])?;
         }
         if let Some(i) = cuda {
             kiln_torch_ext::memory::reset_peak(i)?;
@@ -449,8 +449,8 @@ impl<D: Dataset> StepTrials<'_, D> {
             trainer
                 .train_step(&batches, 1e-6)?
                 .sums
-                .f_sum(tch::Kind::Double)?
-                .f_double_value(&[])?;
+                .values
+                .f_double_value(&[0])?;
             steps += 1;
         }
         let seconds = start.elapsed().as_secs_f64().max(1e-9);

@@ -210,44 +210,75 @@ fn check_shapes(loss: Loss, output: &Tensor, target: &Tensor) -> Result<(), Trai
     })
 }
 
-/// Per-batch sums of a run's metrics, as one f64 tensor `[5]` on the device (f64: a count of
-/// right pixels passes f32's exact integers within an epoch): loss × samples, right elements,
-/// judged elements (those an accuracy or error was measured on), absolute error, squared error.
+/// One batch's metric sums: on the device, as few values as the metric needs (f32; a tally
+/// adds them up in f64), and on the host the number of target elements they judged.
+#[derive(Debug)]
+pub struct BatchSums {
+    /// `[loss × samples, right]` (accuracy), `[loss × samples, |error|, error²]` (regression),
+    /// `[loss × samples]` (the loss alone).
+    pub values: Tensor,
+    /// Target elements an accuracy or error was measured on (0 when the output's layout does
+    /// not allow it, e.g. a module's own loss on quantiles).
+    pub judged: u64,
+}
+
+impl BatchSums {
+    /// Adds `other` (another micro-batch of the same step).
+    pub fn add(&mut self, other: &BatchSums) -> Result<(), TrainError> {
+        self.values = self.values.f_add(&other.values)?;
+        self.judged += other.judged;
+        Ok(())
+    }
+}
+
+/// How many values [`BatchSums::values`] holds for `metric`.
+pub fn sums_len(metric: MetricKind) -> i64 {
+    match metric {
+        MetricKind::Accuracy => 2,
+        MetricKind::Regression => 3,
+        MetricKind::LossOnly => 1,
+    }
+}
+
+/// Per-batch sums of a run's metrics (see [`BatchSums`]), with no host synchronisation.
 pub fn batch_sums(
     metric: MetricKind,
     loss: &Tensor,
     output: &Tensor,
     target: &Tensor,
-) -> Result<Tensor, TrainError> {
+) -> Result<BatchSums, TrainError> {
     let n = target.size().first().copied().unwrap_or(0) as f64;
-    let weighted = loss.f_detach()?.f_to_kind(Kind::Double)?.f_mul_scalar(n)?;
-    let zero = || Tensor::f_zeros([], (Kind::Double, output.device()));
+    let weighted = loss.f_detach()?.f_mul_scalar(n)?.f_to_kind(Kind::Float)?;
     let output = one_value_per_sample(Loss::Mse, &output.f_detach()?, target)?;
-    let judged = || Tensor::f_full([], target.numel() as f64, (Kind::Double, output.device()));
-    let [right, counted, abs, sq] = match metric {
-        MetricKind::Accuracy => {
-            let (right, counted) = correct(&output, target)?;
-            [right, counted, zero()?, zero()?]
+    let (out, tgt) = (output.size(), target.size());
+    let numel = target.numel() as u64;
+    let (values, judged) = match metric {
+        MetricKind::Accuracy => match correct(&output, target)? {
+            Some(right) => (Tensor::f_stack(&[weighted, right], 0)?, numel),
+            None => {
+                let zero = Tensor::f_zeros([1], (Kind::Float, output.device()))?;
+                (Tensor::f_cat(&[weighted.f_view([1])?, zero], 0)?, 0)
+            }
+        },
+        MetricKind::Regression if out == tgt => {
+            let err = output.f_to_kind(Kind::Float)?.f_sub(target)?;
+            let abs = err.f_abs()?.f_sum(Kind::Float)?;
+            let sq = err.f_square()?.f_sum(Kind::Float)?;
+            (Tensor::f_stack(&[weighted, abs, sq], 0)?, numel)
         }
-        MetricKind::Regression if output.size() == target.size() => {
-            let err = output.f_to_kind(Kind::Double)?.f_sub(target)?;
-            [
-                zero()?,
-                judged()?,
-                err.f_abs()?.f_sum(Kind::Double)?,
-                err.f_square()?.f_sum(Kind::Double)?,
-            ]
+        MetricKind::Regression => {
+            let zero = Tensor::f_zeros([2], (Kind::Float, output.device()))?;
+            (Tensor::f_cat(&[weighted.f_view([1])?, zero], 0)?, 0)
         }
-        MetricKind::Regression | MetricKind::LossOnly => [zero()?, zero()?, zero()?, zero()?],
+        MetricKind::LossOnly => (weighted.f_view([1])?, 0),
     };
-    Ok(Tensor::f_stack(&[weighted, right, counted, abs, sq], 0)?)
+    Ok(BatchSums { values, judged })
 }
 
-/// Right and judged elements: class targets by arg-max over dimension 1, value targets
-/// (multi-label) by the sign of the logit against a 0.5 threshold. An output that cannot be
-/// judged that way (a module's own loss on another layout) counts nothing.
-fn correct(output: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor), TrainError> {
-    let device = output.device();
+/// Right elements: class targets by arg-max over dimension 1, value targets (multi-label) by
+/// the sign of the logit against a 0.5 threshold; `None` for an output that cannot be judged
+/// that way (a module's own loss on another layout).
+fn correct(output: &Tensor, target: &Tensor) -> Result<Option<Tensor>, TrainError> {
     let (out, tgt) = (output.size(), target.size());
     let right = if target.is_floating_point() && out == tgt {
         output.f_gt(0.0)?.f_eq_tensor(&target.f_gt(0.5)?)?
@@ -258,9 +289,119 @@ fn correct(output: &Tensor, target: &Tensor) -> Result<(Tensor, Tensor), TrainEr
     {
         output.f_argmax(1, false)?.f_eq_tensor(target)?
     } else {
-        let zero = Tensor::f_zeros([], (Kind::Double, device))?;
-        return Ok((zero.shallow_clone(), zero));
+        return Ok(None);
     };
-    let judged = Tensor::f_full([], target.numel() as f64, (Kind::Double, device))?;
-    Ok((right.f_sum(Kind::Double)?, judged))
+    Ok(Some(right.f_sum(Kind::Float)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::TchModule;
+
+    fn values(v: &[f32], shape: &[i64]) -> Tensor {
+        Tensor::from_slice(v).view(shape)
+    }
+
+    #[test]
+    fn auto_follows_the_target_and_mismatched_kinds_are_refused() {
+        let label = TargetSpec::label(3);
+        let horizon = TargetSpec::Values { shape: vec![4] };
+        assert_eq!(
+            Loss::resolve(LossKind::Auto, &label).unwrap(),
+            Loss::CrossEntropy
+        );
+        assert_eq!(Loss::resolve(LossKind::Auto, &horizon).unwrap(), Loss::Mse);
+        let e = Loss::resolve(LossKind::CrossEntropy, &horizon).unwrap_err();
+        assert!(e.to_string().contains("integer class targets"), "{e}");
+        let e = Loss::resolve(LossKind::Huber, &label).unwrap_err();
+        assert!(e.to_string().contains("train.loss"), "{e}");
+        assert_eq!(
+            Loss::BceWithLogits.task(&TargetSpec::Values { shape: vec![5] }),
+            "multi-label classification"
+        );
+    }
+
+    #[test]
+    fn losses_equal_their_definitions_and_name_bad_shapes() {
+        let model = TchModule(tch::nn::func(|x| x.shallow_clone()));
+        let out = values(&[0.5, -1.0, 2.0, 0.0], &[2, 2]);
+        let y = values(&[1.0, 1.0, 0.0, -2.0], &[2, 2]);
+        let mse = Loss::Mse.compute(&model, &out, &y, None).unwrap();
+        assert!((mse.double_value(&[]) - (0.25 + 4.0 + 4.0 + 4.0) / 4.0).abs() < 1e-6);
+        let l1 = Loss::L1.compute(&model, &out, &y, None).unwrap();
+        assert!((l1.double_value(&[]) - (0.5 + 2.0 + 2.0 + 2.0) / 4.0).abs() < 1e-6);
+        // [B, 1] outputs for [B] targets are one value per sample.
+        let one = Loss::Mse
+            .compute(
+                &model,
+                &values(&[1.0, 3.0], &[2, 1]),
+                &values(&[0.0, 1.0], &[2]),
+                None,
+            )
+            .unwrap();
+        assert!((one.double_value(&[]) - 2.5).abs() < 1e-6);
+        let e = Loss::Mse
+            .compute(&model, &out, &values(&[1.0, 2.0, 3.0], &[1, 3]), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("[1, 3]") && e.contains("[2, 2]"), "{e}");
+        // Cross-entropy over a class map: logits [B, C, H, W] for targets [B, H, W].
+        let logits = Tensor::zeros([2, 3, 4, 4], (Kind::Float, tch::Device::Cpu));
+        let masks = Tensor::zeros([2, 4, 4], (Kind::Int64, tch::Device::Cpu));
+        let ce = Loss::CrossEntropy
+            .compute(&model, &logits, &masks, Some(3))
+            .unwrap();
+        assert!((ce.double_value(&[]) - 3f64.ln()).abs() < 1e-6);
+        let e = Loss::CrossEntropy
+            .compute(&model, &logits, &masks, Some(5))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("5 class scores"), "{e}");
+    }
+
+    #[test]
+    fn metric_sums_judge_what_they_can() {
+        let zero = Tensor::from(0.0f32);
+        // Per-pixel accuracy: 3 of 4 pixels right.
+        let logits = values(&[1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], &[1, 2, 2, 2]);
+        let mask = Tensor::from_slice(&[0i64, 0, 1, 0]).view([1, 2, 2]);
+        let sums = batch_sums(MetricKind::Accuracy, &zero, &logits, &mask).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&sums.values).unwrap(), [0.0, 3.0]);
+        assert_eq!(sums.judged, 4);
+        // Multi-label: logit sign against 0/1 labels.
+        let sums = batch_sums(
+            MetricKind::Accuracy,
+            &zero,
+            &values(&[2.0, -1.0, 0.5], &[1, 3]),
+            &values(&[1.0, 0.0, 0.0], &[1, 3]),
+        )
+        .unwrap();
+        assert_eq!(Vec::<f32>::try_from(&sums.values).unwrap(), [0.0, 2.0]);
+        assert_eq!(sums.judged, 3);
+        // Regression: |e| and e² over every element.
+        let sums = batch_sums(
+            MetricKind::Regression,
+            &Tensor::from(2.0f32),
+            &values(&[1.0, 2.0], &[2, 1]),
+            &values(&[0.0, 4.0], &[2]),
+        )
+        .unwrap();
+        assert_eq!(Vec::<f32>::try_from(&sums.values).unwrap(), [4.0, 3.0, 5.0]);
+        assert_eq!(sums.judged, 2);
+        // An output of another layout (a module's own loss) is not judged: no accuracy at all.
+        let sums = batch_sums(
+            MetricKind::Accuracy,
+            &zero,
+            &values(&[1.0, 2.0, 3.0], &[1, 3]),
+            &Tensor::from_slice(&[0i64, 1]).view([1, 2]),
+        )
+        .unwrap();
+        assert_eq!(sums.judged, 0);
+        let saved = crate::tally::Saved {
+            samples: 1,
+            ..Default::default()
+        };
+        assert_eq!(saved.metrics(MetricKind::Accuracy).accuracy, None);
+    }
 }

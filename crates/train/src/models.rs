@@ -18,6 +18,7 @@ use crate::model::{Dropout, Model, dropout_seed, dropout_state, set_dropout_stat
 /// classes of a classifier, the values of a regression), and the target. Stored in
 /// checkpoints, so that inference can rebuild the model without the training data.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct InputSpec {
     pub sample_shape: Vec<usize>,
     pub classes: usize,

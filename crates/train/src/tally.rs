@@ -6,7 +6,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::TrainError;
-use crate::loss::MetricKind;
+use crate::loss::{BatchSums, MetricKind, sums_len};
 
 /// Loss and metrics over some samples.
 #[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
@@ -33,50 +33,56 @@ pub struct Saved {
     pub samples: u64,
 }
 
-/// Sums on the device (f64 `[loss × samples, right, judged, |error|, error²]`, see
-/// [`crate::loss::batch_sums`]) and the sample count on the host.
+/// Sums on the device (f64, laid out as [`crate::loss::BatchSums`] for the tally's metric)
+/// and counts on the host.
 #[derive(Debug)]
 pub struct Tally {
+    metric: MetricKind,
     sums: Tensor,
     samples: u64,
+    judged: u64,
 }
 
 impl Tally {
-    /// An empty tally on `device`.
-    pub fn new(device: Device) -> Result<Self, TrainError> {
+    /// An empty tally of `metric`'s sums on `device`.
+    pub fn new(metric: MetricKind, device: Device) -> Result<Self, TrainError> {
         Ok(Self {
-            sums: Tensor::f_zeros([5], (Kind::Double, device))?,
+            metric,
+            sums: Tensor::f_zeros([sums_len(metric)], (Kind::Double, device))?,
             samples: 0,
+            judged: 0,
         })
     }
 
     /// A tally continuing `saved`.
-    pub fn restore(saved: Saved, device: Device) -> Result<Self, TrainError> {
-        let values = [
-            saved.loss,
-            saved.correct,
-            saved.judged,
-            saved.abs_err,
-            saved.sq_err,
-        ];
+    pub fn restore(saved: Saved, metric: MetricKind, device: Device) -> Result<Self, TrainError> {
+        let values: Vec<f64> = match metric {
+            MetricKind::Accuracy => vec![saved.loss, saved.correct],
+            MetricKind::Regression => vec![saved.loss, saved.abs_err, saved.sq_err],
+            MetricKind::LossOnly => vec![saved.loss],
+        };
         Ok(Self {
+            metric,
             sums: Tensor::f_from_slice(&values)?.f_to_device(device)?,
             samples: saved.samples,
+            judged: saved.judged as u64,
         })
     }
 
-    /// Adds the sums of `samples` samples (from [`crate::loss::batch_sums`]).
-    pub fn add(&mut self, sums: &Tensor, samples: u64) -> Result<(), TrainError> {
-        self.sums = self.sums.f_add(sums)?;
+    /// Adds the sums of `samples` samples.
+    pub fn add(&mut self, sums: &BatchSums, samples: u64) -> Result<(), TrainError> {
+        self.sums = self.sums.f_add(&sums.values)?;
         self.samples += samples;
+        self.judged += sums.judged;
         Ok(())
     }
 
     /// Adds another tally and empties it.
     pub fn absorb(&mut self, other: &mut Tally) -> Result<(), TrainError> {
-        self.add(&other.sums, other.samples)?;
-        let _ = other.sums.f_zero_()?;
-        other.samples = 0;
+        self.sums = self.sums.f_add(&other.sums)?;
+        self.samples += other.samples;
+        self.judged += other.judged;
+        *other = Tally::new(other.metric, other.sums.device())?;
         Ok(())
     }
 
@@ -88,19 +94,24 @@ impl Tally {
     pub fn saved(&self) -> Result<Saved, TrainError> {
         let v: Vec<f64> = Vec::<f64>::try_from(&self.sums)?;
         let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+        let (correct, abs_err, sq_err) = match self.metric {
+            MetricKind::Accuracy => (at(1), 0.0, 0.0),
+            MetricKind::Regression => (0.0, at(1), at(2)),
+            MetricKind::LossOnly => (0.0, 0.0, 0.0),
+        };
         Ok(Saved {
             loss: at(0),
-            correct: at(1),
-            judged: at(2),
-            abs_err: at(3),
-            sq_err: at(4),
+            correct,
+            judged: self.judged as f64,
+            abs_err,
+            sq_err,
             samples: self.samples,
         })
     }
 
-    /// The metrics `metric` reports (synchronises).
-    pub fn read(&self, metric: MetricKind) -> Result<Metrics, TrainError> {
-        Ok(self.saved()?.metrics(metric))
+    /// The metrics of the tally's kind (synchronises).
+    pub fn read(&self) -> Result<Metrics, TrainError> {
+        Ok(self.saved()?.metrics(self.metric))
     }
 }
 

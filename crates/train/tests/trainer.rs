@@ -112,8 +112,8 @@ fn accumulating_k_micro_batches_equals_one_batch_of_k_times_b() {
             .fold(0.0, f64::max);
         assert!(moved > 1e-3, "{optimizer:?}: the step moved the parameters");
         assert!(max_diff < 1e-5, "{optimizer:?}: max difference {max_diff}");
-        let loss_whole = whole.sums.double_value(&[0]);
-        let loss_acc = accumulated.sums.double_value(&[0]);
+        let loss_whole = whole.sums.values.double_value(&[0]);
+        let loss_acc = accumulated.sums.values.double_value(&[0]);
         assert!((loss_whole - loss_acc).abs() < 1e-4);
     }
 }
@@ -426,7 +426,7 @@ fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
     let y = Tensor::from_slice(&[0i64, 1, 2, 3]);
     let before = flat_params(&vs);
     let out = trainer.train_step(&[batch(x, y)], 1e-3).unwrap();
-    assert!(out.sums.double_value(&[0]).is_finite());
+    assert!(out.sums.values.double_value(&[0]).is_finite());
     assert_ne!(before, flat_params(&vs));
     // The parameters stay fp32 (autocast casts per op, not the weights).
     assert!(vs.variables().values().all(|t| t.kind() == Kind::Float));

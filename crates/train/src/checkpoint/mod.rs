@@ -66,7 +66,10 @@ fn read_part(path: &Path) -> Result<Vec<u8>, TrainError> {
 }
 
 /// Training sums that span steps, so that metrics after a resume equal an uninterrupted run's.
+// Unknown fields are refused (here and in `Meta`): the checksum covers the fields as read, so a
+// damaged key that serde skipped, its field left at its default, would otherwise pass it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunningSums {
     pub epoch_loss: f64,
     pub epoch_correct: f64,
@@ -141,6 +144,7 @@ impl RunningSums {
 
 /// `checkpoint.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Meta {
     pub format: String,
     pub version: u32,

@@ -137,8 +137,8 @@ impl Trainer<'_> {
             start_epoch,
             start_batch,
             sums,
-            epoch: Tally::restore(epoch_sums, self.device)?,
-            interval: Tally::restore(interval_sums, self.device)?,
+            epoch: Tally::restore(epoch_sums, self.metric, self.device)?,
+            interval: Tally::restore(interval_sums, self.metric, self.device)?,
             profiler: options
                 .profiling
                 .as_ref()
@@ -319,7 +319,7 @@ impl Trainer<'_> {
     ) -> Result<(), TrainError> {
         self.check_bad_run()?;
         let timing = run.monitor.take_interval();
-        let metrics = run.interval.read(self.metric)?;
+        let metrics = run.interval.read()?;
         let record = StepRecord {
             kind: "step",
             epoch: place.epoch,
@@ -400,8 +400,8 @@ impl Trainer<'_> {
             best_val_loss: run.sums.best_val_loss,
             ..RunningSums::default()
         };
-        run.epoch = Tally::new(self.device)?;
-        run.interval = Tally::new(self.device)?;
+        run.epoch = Tally::new(self.metric, self.device)?;
+        run.interval = Tally::new(self.metric, self.device)?;
         if let Some(ckpt) = enabled(&options.checkpoints) {
             let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
             if !at_this_step.exists() {
@@ -419,7 +419,7 @@ impl Trainer<'_> {
         place: &EpochPlace,
         val: Option<&Evaluation>,
     ) -> Result<EpochRecord, TrainError> {
-        let train = run.epoch.read(self.metric)?;
+        let train = run.epoch.read()?;
         let t = run.monitor.total();
         let seconds = t.seconds - place.timing_before.seconds;
         let per_second = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };

@@ -21,7 +21,7 @@ use tch::{Device, Kind, Tensor, nn};
 use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint, RunningSums};
 use crate::feed::DeviceBatch;
-use crate::loss::{Loss, MetricKind};
+use crate::loss::{BatchSums, Loss, MetricKind};
 use crate::model::Model;
 use crate::optim::{Optimizer, Rule, param_groups};
 use crate::scaler::LossScaler;
@@ -118,9 +118,9 @@ pub fn precision_name(p: AmpDtype) -> &'static str {
 /// What one optimizer step did.
 #[derive(Debug)]
 pub struct StepOutcome {
-    /// The step's metric sums on the device (see [`crate::loss::batch_sums`]; the first is
-    /// the loss × samples).
-    pub sums: Tensor,
+    /// The step's metric sums (see [`crate::loss::BatchSums`]; the first value on the device
+    /// is the loss × samples).
+    pub sums: BatchSums,
     pub samples: u64,
     /// Global gradient norm before clipping, when clipping is on.
     pub grad_norm: Option<Tensor>,
@@ -471,7 +471,7 @@ impl<'m> Trainer<'m> {
         features: &Tensor,
         targets: &Tensor,
         train: bool,
-    ) -> Result<(Tensor, Tensor), TrainError> {
+    ) -> Result<(Tensor, BatchSums), TrainError> {
         let _autocast = match self.autocast {
             Some((device, dtype)) => Some(AutocastGuard::new(device, dtype)?),
             None => None,
@@ -563,8 +563,8 @@ impl<'m> Trainer<'m> {
 
     /// Forward and backward over every batch (each split into `self.split` micro-batches),
     /// accumulating gradients; returns the step's metric sums.
-    fn accumulate(&self, batches: &[DeviceBatch], total: i64) -> Result<Tensor, TrainError> {
-        let mut sums = Tensor::f_zeros([5], (Kind::Double, self.device))?;
+    fn accumulate(&self, batches: &[DeviceBatch], total: i64) -> Result<BatchSums, TrainError> {
+        let mut sums: Option<BatchSums> = None;
         for batch in batches {
             let rows = batch.targets.size()[0];
             let chunk = (rows as u64).div_ceil(self.split).max(1) as i64;
@@ -601,10 +601,17 @@ impl<'m> Trainer<'m> {
                     to_backward.f_backward()?;
                     self.phase_end(Phase::Backward, start)?;
                 }
-                sums = sums.f_add(&piece_sums)?;
+                match sums.as_mut() {
+                    Some(s) => s.add(&piece_sums)?,
+                    None => sums = Some(piece_sums),
+                }
             }
         }
-        Ok(sums)
+        sums.ok_or_else(|| TrainError::InvalidPlan {
+            key: "train.batch_size",
+            value: "0".to_owned(),
+            expected: "a step needs at least one sample".to_owned(),
+        })
     }
 
     /// Unscale/check, clip, step, update the scale, clear gradients. A step whose gradients
@@ -779,14 +786,14 @@ impl<'m> Trainer<'m> {
         I: Iterator<Item = Result<DeviceBatch, TrainError>>,
     {
         let _no_grad = tch::no_grad_guard();
-        let mut tally = Tally::new(self.device)?;
+        let mut tally = Tally::new(self.metric, self.device)?;
         for batch in batches {
             let batch = batch?;
             let (_, sums) = self.forward_loss(&batch.features, &batch.targets, false)?;
             tally.add(&sums, batch.targets.size()[0] as u64)?;
         }
         Ok(Evaluation {
-            metrics: tally.read(self.metric)?,
+            metrics: tally.read()?,
             samples: tally.samples(),
         })
     }
