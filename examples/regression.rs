@@ -1,6 +1,7 @@
 //! Your own tch module, your own in-memory data, one call: a small network learns a noisy
 //! sine-and-product target through `kiln_train::prelude`, with kiln's hardware profile, AMP,
-//! fused AdamW, checkpoints and run directory. Exits non-zero if it did not learn.
+//! fused AdamW, checkpoints and run directory. Exits non-zero if it did not learn; `cargo test`
+//! runs it too (`tests/examples.rs`).
 //!
 //!     cargo run -p kiln-examples --example regression [-- OUTPUT_DIR]
 
@@ -43,13 +44,20 @@ fn network(vs: &nn::VarStore, _input: &InputSpec) -> Result<Box<dyn Model>, Trai
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let output = std::env::args().nth(1).unwrap_or_else(|| "runs".to_owned());
+    train(&output)?;
+    Ok(())
+}
+
+/// Trains the example under `output`; an error unless it learned. (`tests/examples.rs` runs it
+/// in `cargo test`.)
+pub fn train(output: &str) -> Result<RunOutcome, Box<dyn std::error::Error>> {
     let learner = Learner::builder()
         .set("train.epochs", 12)
         .set("train.lr", 3e-3)
         .set("train.batch_size", 64)
         .set("train.warmup_steps", 20)
         .set("run.name", "regression-example")
-        .output_dir(&output)
+        .output_dir(output)
         .build()?;
     let (device, why) = learner.device();
     println!("training on {device}: {why}");
@@ -70,5 +78,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if mse.is_nan() || mse > 0.05 {
         return Err(format!("the model did not learn: val MSE {mse}").into());
     }
-    Ok(())
+    Ok(outcome)
 }

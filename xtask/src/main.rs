@@ -20,8 +20,8 @@ usage: cargo xtask <command> [args…]
 xtask commands:
   setup             find or install libtorch 2.11 and link it at .kiln/libtorch (idempotent)
   test [args…]      setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
-                    (extra args go to cargo test), the tests that need Python's torch, and
-                    the library example
+                    (extra args go to cargo test; it also runs the library example), then the
+                    tests that need Python's torch
 {bench}  help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the

@@ -136,6 +136,27 @@ fn summary(run: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
 }
 
+/// `kiln infer` on the CPU in fp32: `model` over `inputs` into `output`; its JSON report.
+fn infer_json(model: &Path, inputs: &Path, output: &Path) -> Value {
+    let o = kiln(&[
+        "infer",
+        "--model",
+        model.to_str().unwrap(),
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 fn checkpoint(run: &Path, step: u64) -> PathBuf {
     run.join(format!("checkpoints/step-{step:09}"))
 }
@@ -217,20 +238,7 @@ fn a_scripted_model_trains_as_pytorch_eager_resumes_exactly_and_serves_with_pyth
     assert!(p.status.success(), "{}", stderr(&p));
     let py: Value = serde_json::from_slice(&std::fs::read(&y_json).unwrap()).unwrap();
     let out = tmp.path().join("out.npy");
-    let o = kiln(&[
-        "infer",
-        "--model",
-        ckpt.to_str().unwrap(),
-        "--inputs",
-        inputs.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--precision",
-        "fp32",
-        "--device",
-        "cpu",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    infer_json(&ckpt, &inputs, &out);
     let bytes = std::fs::read(&out).unwrap();
     let ours = kiln_data::NpyArray::parse(&bytes).unwrap();
     assert_eq!(ours.shape, shape_of(&py));
@@ -266,23 +274,7 @@ fn a_segmenter_and_a_forecaster_with_its_own_loss_learn_with_python_torch() {
     assert!(acc > 0.85, "per-pixel validation accuracy {acc}");
     // `kiln infer` on the run (its TorchScript checkpoint) reports per-pixel accuracy too.
     let infer = |out: &Path| {
-        let o = kiln(&[
-            "infer",
-            "--model",
-            run.to_str().unwrap(),
-            "--inputs",
-            data.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--precision",
-            "fp32",
-            "--device",
-            "cpu",
-            "--format",
-            "json",
-        ]);
-        assert!(o.status.success(), "{}", stderr(&o));
-        let report: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let report = infer_json(&run, &data, out);
         (
             report["accuracy"].as_f64().unwrap(),
             std::fs::read(out).unwrap(),
@@ -360,16 +352,14 @@ fn what_kiln_cannot_train_is_named_with_python_torch() {
         }
     };
 
-    // A module saved in eval mode trains (in train mode), with a warning that says so.
-    let o = train(
-        &tmp.path().join("mlp_eval.pt"),
-        &classes,
-        &runs,
-        16,
-        &["--epochs", "1"],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert!(stderr(&o).contains("saved in eval mode"), "{}", stderr(&o));
+    // A module saved in eval mode trains (in train mode), with a warning that says so; the
+    // automatic batch size searches with TorchScript trials.
+    let auto = ["--epochs", "1", "--set", "train.batch_size=auto"];
+    let o = train(&tmp.path().join("mlp_eval.pt"), &classes, &runs, 16, &auto);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("saved in eval mode"), "{err}");
+    assert!(err.contains("train.batch_size auto:"), "{err}");
     // A batch the forward rejects: the shape fed is named.
     fail(
         &mlp,
