@@ -68,7 +68,8 @@ class ShardDataset(Dataset):
         self.shards = []
         for shard in self.manifest["shards"]:
             t = open_safetensors(os.path.join(self.root, shard["features"]))
-            self.shards.append((t["features"], t["labels"]))
+            # Manifest version 2 names the tensor `targets`; version 1 named it `labels`.
+            self.shards.append((t["features"], t["targets"] if "targets" in t else t["labels"]))
 
     def __getitem__(self, i):
         if self.shards is None:
