@@ -10,6 +10,8 @@ same three reference models kiln implements in Rust (same parameter shapes, same
                h + Drop(Linear2(GELU(Linear1(LN2(h)))))) -> LayerNorm -> mean over seq
                -> Linear(256,100); attention: fused qkv Linear(d,3d), 8 heads,
                F.scaled_dot_product_attention without mask or attention dropout
+               (--attention math|kiln: the explicit matmul-softmax product kiln uses on
+               the CPU in reduced precision)
   convnet      [B, 3, 32, 32] -> 3 x (Conv3x3 no bias -> BatchNorm2d -> ReLU), channels 32/64/128,
                strides 1/2/2 -> adaptive avg pool 1x1 -> Linear(128,10)
 
@@ -77,6 +79,9 @@ class SelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
+        # The explicit matmul-softmax product instead of SDPA (`--attention`): what kiln's
+        # transformer computes on the CPU under bf16/fp16 autocast.
+        self.math = False
 
     def forward(self, x):
         b, s, d = x.shape
@@ -84,7 +89,11 @@ class SelfAttention(nn.Module):
         q = q.view(b, s, self.heads, d // self.heads).transpose(1, 2)
         k = k.view(b, s, self.heads, d // self.heads).transpose(1, 2)
         v = v.view(b, s, self.heads, d // self.heads).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v)  # no mask, no attention dropout
+        if self.math:
+            scale = 1.0 / math.sqrt(d // self.heads)
+            a = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v
+        else:
+            a = F.scaled_dot_product_attention(q, k, v)  # no mask, no attention dropout
         a = a.transpose(1, 2).reshape(b, s, d)
         return self.out_proj(a)
 
@@ -203,7 +212,18 @@ def build(a):
             x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,))
     device = torch.device(a.device)
+    if use_math_attention(a):
+        for m in model.modules():
+            if isinstance(m, SelfAttention):
+                m.math = True
     return model.to(device), x.to(device), y.to(device), flops
+
+
+def use_math_attention(a):
+    """`--attention math`, or `kiln`: the explicit product where kiln uses it (the CPU in bf16
+    or fp16 autocast), SDPA elsewhere. The default, `sdpa`, is what a user writes."""
+    reduced = a.precision in ("bf16", "fp16")
+    return a.attention == "math" or (a.attention == "kiln" and a.device == "cpu" and reduced)
 
 
 # --- benchmarks -------------------------------------------------------------------------------
@@ -324,7 +344,8 @@ def model_config(a):
                 "dropout": a.dropout}
     if a.model == "transformer":
         return {"features": a.features, "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
-                "layers": a.layers, "ff": a.ff, "classes": a.classes, "dropout": a.dropout}
+                "layers": a.layers, "ff": a.ff, "classes": a.classes, "dropout": a.dropout,
+                "attention": "math" if use_math_attention(a) else "sdpa"}
     return {"in_channels": a.in_channels, "image_size": a.image_size, "classes": a.classes,
             "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
 
@@ -480,6 +501,9 @@ def parse_args(argv=None):
                    help="time AdamW.step() alone with this implementation")
     p.add_argument("--shapes", type=shape_list, default=None,
                    help="--optimizer: parameter shapes, e.g. 256x469,256,1024x256")
+    p.add_argument("--attention", choices=("sdpa", "math", "kiln"), default="sdpa",
+                   help="transformer attention: sdpa (default, as a user writes it), math "
+                        "(explicit matmul-softmax), kiln (kiln's choice per device and precision)")
     p.add_argument("--script", metavar="PATH", default=None,
                    help="train this TorchScript file (from --export-script) instead of the module")
     p.add_argument("--jit-optimize", choices=("on", "off"), default="on",
