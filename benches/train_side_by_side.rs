@@ -809,17 +809,15 @@ fn train_suite(args: &[String]) -> Result<()> {
             Better::Lower,
             (ks * 1e3, ts * 1e3),
             format!(
-                "PyTorch eager {}{}",
+                "PyTorch eager {}{} (fused AdamW; attention: {}; dropout {})",
+                case.torch,
                 if case.torch == "fp32" {
-                    "fp32".to_owned()
+                    ""
                 } else {
-                    format!("{} autocast", case.torch)
+                    " autocast"
                 },
-                format!(
-                    " (fused AdamW; attention: {}; dropout {})",
-                    t[0]["config"]["attention"].as_str().unwrap_or("-"),
-                    t[0]["config"]["dropout"]
-                )
+                t[0]["config"]["attention"].as_str().unwrap_or("-"),
+                t[0]["config"]["dropout"]
             ),
         )
         .detail("mfu", json!(mfu))
