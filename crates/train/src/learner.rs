@@ -223,21 +223,13 @@ impl Learner {
         let resume = run::find_resume(plan, &self.control)?;
         let mut model_plan = plan.model.clone();
         model_plan.kind = kiln_config::ModelKind::TorchScript;
-        model_plan.script = Some(
-            resume
-                .as_ref()
-                .map(|c| c.dir.join(crate::checkpoint::SCRIPT_FILE))
-                .filter(|p| p.is_file())
-                .unwrap_or_else(|| path.to_owned()),
-        );
+        model_plan.script = Some(path.to_owned());
+        let name = crate::models::display_name(&model_plan);
+        model_plan.script = Some(run::script_to_load(path, resume.as_ref()));
         let seed = plan.performance.backend.seed;
         let build = |vs: &nn::VarStore, input: &InputSpec| {
             crate::models::build(&model_plan, input, vs, false, seed)
         };
-        let name = path.file_name().map_or_else(
-            || "torchscript".to_owned(),
-            |n| n.to_string_lossy().into_owned(),
-        );
         let description = format!("{} samples", data.len());
         let data = RunData::split(
             Box::new(data),
@@ -249,7 +241,7 @@ impl Learner {
             name,
             identity: crate::models::script_identity(Some(path)),
             build: &build,
-            warmup_steps: 3,
+            warmup_steps: crate::script::WARMUP_STEPS,
         };
         self.drive(&recipe, data, resume, observer)
     }

@@ -56,8 +56,8 @@ pub struct ModelRecipe<'a> {
     /// batch size.
     pub identity: String,
     pub build: ModelFactory<'a>,
-    /// Untimed steps before a batch-size trial is timed: 1, or 3 for TorchScript, whose
-    /// profiling executor runs the first steps 2–3× slower while it settles.
+    /// Untimed steps before a batch-size trial is timed: 1, or
+    /// [`crate::script::WARMUP_STEPS`] for TorchScript.
     pub warmup_steps: usize,
 }
 

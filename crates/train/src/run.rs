@@ -206,6 +206,16 @@ impl RunData {
     }
 }
 
+/// The TorchScript file a run of `path` loads: a resumed run continues from the module its
+/// checkpoint saved (with its buffers, such as batch-norm statistics, which are not
+/// parameters), a new one from `path`.
+pub(crate) fn script_to_load(path: &Path, resume: Option<&checkpoint::Checkpoint>) -> PathBuf {
+    resume
+        .map(|c| c.dir.join(checkpoint::SCRIPT_FILE))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| path.to_owned())
+}
+
 /// Refuses what kiln cannot do inside a TorchScript module: its own dropout (the module keeps
 /// its own; `model.dropout` set by the user is an error, kiln's default is ignored).
 /// (`model.activation_checkpointing` is refused where the module is built.)
@@ -243,15 +253,9 @@ pub fn train(
     // Find and verify the checkpoint first: a bad --resume fails before anything else.
     let resume = find_resume(plan, &control)?;
     let data = RunData::of_plan(plan, data_dir)?;
-    // A TorchScript run continues from the module its checkpoint saved (with its buffers,
-    // such as batch-norm statistics, which are not parameters).
     let mut model_plan = plan.model.clone();
-    if let Some(saved) = resume
-        .as_ref()
-        .map(|c| c.dir.join(checkpoint::SCRIPT_FILE))
-        .filter(|p| model_plan.kind == ModelKind::TorchScript && p.is_file())
-    {
-        model_plan.script = Some(saved);
+    if let Some(path) = &plan.model.script {
+        model_plan.script = Some(script_to_load(path, resume.as_ref()));
     }
     let (channels_last, seed) = (
         plan.performance.channels_last,
@@ -264,7 +268,7 @@ pub fn train(
         identity: crate::models::identity(plan),
         build: &factory,
         warmup_steps: if plan.model.kind == ModelKind::TorchScript {
-            3
+            crate::script::WARMUP_STEPS
         } else {
             1
         },

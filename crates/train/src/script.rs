@@ -11,6 +11,11 @@ use tch::{Tensor, TrainableCModule, nn};
 
 use crate::TrainError;
 use crate::model::Model;
+use crate::trainer::first_line;
+
+/// Untimed steps before a TorchScript module's batch-size trial is timed: its profiling
+/// executor runs the first steps 2–3× slower while it settles.
+pub const WARMUP_STEPS: usize = 3;
 
 /// The name of the module's optional loss method (`train.loss = "module"`).
 pub const LOSS_METHOD: &str = "loss";
@@ -80,11 +85,6 @@ impl ScriptModel {
         })
     }
 
-    /// Whether the module has a `loss(output, target)` method.
-    pub fn has_loss(&self) -> bool {
-        self.has_loss
-    }
-
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -108,10 +108,6 @@ fn model_error(e: tch::TchError, what: impl FnOnce() -> String) -> TrainError {
         what: what(),
         message: reason(&e),
     }
-}
-
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or_default().trim().to_owned()
 }
 
 impl Model for ScriptModel {

@@ -278,7 +278,8 @@ pub fn is_out_of_memory(e: &TrainError) -> bool {
     text.contains("out of memory") || text.contains("can't allocate memory")
 }
 
-fn first_line(text: &str) -> String {
+/// The first line of an error text, trimmed.
+pub(crate) fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().trim().to_owned()
 }
 
