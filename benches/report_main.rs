@@ -68,15 +68,62 @@ fn machine() -> Value {
         ),
         None => format!("CPU only: {cpu_model}, {cpus} logical cores"),
     };
+    let features = cpu_features(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    let description = format!(
+        "{description} · precision features: {}",
+        features_text(&features)
+    );
     json!({
         "description": description,
         "cpus": cpus,
         "cpu_model": cpu_model,
+        "cpu_features": features,
         "gpus": gpus,
         "device": if gpus.is_empty() { "cpu" } else { "cuda" },
         "kiln_version": env!("CARGO_PKG_VERSION"),
         "torch_version": kiln_torch_ext::runtime::torch_version(),
     })
+}
+
+/// The CPU features that decide kiln's precision choices, as `/proc/cpuinfo` flags them.
+const PRECISION_FEATURES: [(&str, &str); 5] = [
+    ("avx2", "AVX2"),
+    ("avx512f", "AVX-512"),
+    ("avx512_bf16", "AVX512-BF16"),
+    ("amx_tile", "AMX"),
+    ("amx_bf16", "AMX-BF16"),
+];
+
+/// Which of [`PRECISION_FEATURES`] the first `flags` line of a `/proc/cpuinfo` text lists, by
+/// display name (all `false` where the file is unreadable, e.g. not Linux).
+fn cpu_features(cpuinfo: &str) -> serde_json::Map<String, Value> {
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("flags"))
+        .and_then(|l| l.split_once(':'))
+        .map_or(vec![], |(_, v)| v.split_whitespace().collect());
+    PRECISION_FEATURES
+        .iter()
+        .map(|(flag, name)| ((*name).to_owned(), json!(flags.contains(flag))))
+        .collect()
+}
+
+/// The features present, e.g. `AVX2, AVX-512, AVX512-BF16 (no AMX)`.
+fn features_text(features: &serde_json::Map<String, Value>) -> String {
+    let has: Vec<&str> = PRECISION_FEATURES
+        .iter()
+        .map(|(_, name)| *name)
+        .filter(|name| features.get(*name) == Some(&json!(true)))
+        .collect();
+    let mut text = if has.is_empty() {
+        "none of AVX2/AVX-512/AMX".to_owned()
+    } else {
+        has.join(", ")
+    };
+    if !has.is_empty() && !has.contains(&"AMX") {
+        text.push_str(" (no AMX)");
+    }
+    text
 }
 
 fn build(dir: &Path, suites: &[String], args: &[String]) -> Result<()> {
@@ -176,5 +223,25 @@ fn check(dir: &Path, suites: &[String]) -> Result<()> {
             dir.display(),
             problems.join("\n  ")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn precision_features_come_from_the_flags_line() {
+        let epyc = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 sha_ni\n";
+        let f = cpu_features(epyc);
+        assert_eq!(f["AVX2"], json!(true));
+        assert_eq!(f["AMX"], json!(false));
+        assert_eq!(features_text(&f), "AVX2, AVX-512, AVX512-BF16 (no AMX)");
+        let xeon = cpu_features("flags : avx2 avx512f avx512_bf16 amx_tile amx_bf16\n");
+        assert_eq!(
+            features_text(&xeon),
+            "AVX2, AVX-512, AVX512-BF16, AMX, AMX-BF16"
+        );
+        assert_eq!(features_text(&cpu_features("")), "none of AVX2/AVX-512/AMX");
     }
 }
