@@ -19,7 +19,7 @@ struct Suite {
     what: &'static str,
 }
 
-const SUITES: [Suite; 7] = [
+const SUITES: [Suite; 8] = [
     Suite {
         name: "quality",
         bin: "kiln-bench-quality",
@@ -62,10 +62,24 @@ const SUITES: [Suite; 7] = [
         sub: "opts",
         what: "one optimization at a time (also: --compare-opts)",
     },
+    Suite {
+        name: "learning",
+        bin: "kiln-bench-learning",
+        sub: "learning",
+        what: "same learning as PyTorch from kiln's initial weights: fp32 per step, bf16 final",
+    },
 ];
 
 /// The suites a plain `cargo xtask bench` runs (`opts` joins with `--compare-opts`).
-const DEFAULT: [&str; 6] = ["quality", "train", "optimizer", "data", "infer", "serve"];
+const DEFAULT: [&str; 7] = [
+    "quality",
+    "learning",
+    "train",
+    "optimizer",
+    "data",
+    "infer",
+    "serve",
+];
 
 /// Options passed through to the suites, with whether they take a value.
 const PASSED: [(&str, bool); 12] = [

@@ -1,0 +1,610 @@
+//! `cargo xtask bench learning`: do kiln and PyTorch learn the same thing? For each reference
+//! model (the transformer as the train suite builds it, the MLP and the conv net), kiln builds
+//! the model with a fixed seed and writes its initial weights as safetensors; the PyTorch twin
+//! (`python/same_learning.py`, the modules of `python/train_step.py`) loads them under an
+//! explicit name map. Both sides then train on the same fixed data (kiln's synthetic dataset
+//! for the model, written once as safetensors), in the same batch order, with the train suite's
+//! settings: fused AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on tensors of
+//! rank ≥ 2), constant lr, no clipping, dropout 0, the same thread count.
+//!
+//! - fp32: every step's loss must agree within [`FP32_STEP_TOLERANCE`].
+//! - bf16 (kiln's CPU bf16 autocast against `torch.autocast("cpu", torch.bfloat16)` with kiln's
+//!   attention formulation): the final loss (mean of the last steps) within
+//!   [`BF16_LOSS_TOLERANCE`] and the held-out accuracy within [`BF16_ACCURACY_TOLERANCE`].
+//!
+//! Each row's kiln figure is the largest difference found and its baseline the tolerance, so
+//! the goal is a ratio of at most 1; details hold both loss curves (plotted by the report).
+//! `kiln-run` is the kiln side of one run, in its own process like the Python side.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{bench_root, flag, number, python, run_json, suite_out};
+use kiln_config::{ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
+use kiln_data::{
+    Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
+};
+use kiln_device::settings::AmpDtype;
+use kiln_train::feed::DeviceBatch;
+use kiln_train::models::{InputSpec, build};
+use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
+use serde_json::{Value, json};
+use tch::{Device, Tensor, nn};
+
+type Result<T> = std::result::Result<T, String>;
+
+/// Largest allowed |kiln − PyTorch| of any step's fp32 training loss, in nats.
+pub const FP32_STEP_TOLERANCE: f64 = 1e-4;
+/// Largest allowed |kiln − PyTorch| of the bf16 final loss (mean of the last steps), in nats.
+pub const BF16_LOSS_TOLERANCE: f64 = 0.02;
+/// Largest allowed |kiln − PyTorch| of the bf16 held-out accuracy, in percentage points.
+pub const BF16_ACCURACY_TOLERANCE: f64 = 2.0;
+
+/// The seed kiln builds every model with (its initial weights are then written out).
+const MODEL_SEED: i64 = 0;
+/// The seed of the synthetic data (train pool and held-out set come from one dataset).
+const DATA_SEED: u64 = 2024;
+const LR: f64 = 1e-3;
+/// Held-out samples per evaluation batch (both sides).
+const EVAL_BATCH: usize = 64;
+const WEIGHT_DECAY: f64 = 0.01;
+const MODELS: [ModelKind; 3] = [ModelKind::Transformer, ModelKind::Mlp, ModelKind::ConvNet];
+const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: kiln-bench-learning [learning] [--quick] [--threads N] [--out FILE] \
+         [--python PY] [--work-dir DIR] [--models transformer,mlp,convnet]\n\
+         \x20      kiln-bench-learning kiln-run --model M --dir DIR --precision fp32|bf16 \
+         [--quick] [--threads N]"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        usage();
+    }
+    let result = match args.first().map(String::as_str) {
+        Some("kiln-run") => kiln_run(&args[1..]),
+        Some("learning") => suite(&args[1..]),
+        Some(a) if !a.starts_with("--") => usage(),
+        _ => suite(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// One model's check: the model, its data and the training budget.
+#[derive(Debug, Clone)]
+struct Job {
+    plan: ModelPlan,
+    sample_shape: Vec<usize>,
+    classes: usize,
+    batch: usize,
+    steps: usize,
+    /// Samples in the train pool (batches are taken from it in order, cycling).
+    pool: usize,
+    held_out: usize,
+    /// The final loss is the mean of the last `tail` steps' losses.
+    tail: usize,
+}
+
+fn plan(kind: ModelKind, d_model: u64, heads: u64, layers: u64, ff: u64) -> ModelPlan {
+    ModelPlan {
+        kind,
+        dropout: 0.0,
+        d_model,
+        heads,
+        layers,
+        ff,
+        hidden: vec![256, 256],
+        channels: vec![32, 64, 128],
+        activation_checkpointing: false,
+        script: None,
+    }
+}
+
+/// The full check: the train suite's models and data shapes, 100+ steps. `--quick` (CI) keeps
+/// the suite's shape with a smaller transformer, smaller images and 20 steps.
+fn job(kind: ModelKind, quick: bool) -> Job {
+    let steps = if quick { 20 } else { 120 };
+    let (plan, sample_shape, classes, batch) = match (kind, quick) {
+        (ModelKind::Transformer, false) => (plan(kind, 256, 8, 4, 1024), vec![64, 469], 100, 8),
+        (ModelKind::Transformer, true) => (plan(kind, 64, 4, 1, 128), vec![16, 32], 10, 8),
+        // 16×16 images rather than the train suite's 32×32: bf16 convolutions are slow on a
+        // CPU without bf16 units, and the check is about agreement, not size.
+        (ModelKind::ConvNet, false) => (plan(kind, 0, 0, 0, 0), vec![3, 16, 16], 10, 16),
+        (ModelKind::ConvNet, true) => (plan(kind, 0, 0, 0, 0), vec![3, 8, 8], 10, 8),
+        _ => (plan(kind, 0, 0, 0, 0), vec![64], 10, 32),
+    };
+    Job {
+        plan,
+        sample_shape,
+        classes,
+        batch,
+        steps,
+        pool: batch * steps.min(60),
+        held_out: if quick { 64 } else { 256 },
+        tail: if quick { 5 } else { 10 },
+    }
+}
+
+/// kiln's synthetic dataset for the job's model, `len` samples.
+fn dataset(kind: ModelKind, job: &Job, len: usize) -> Result<Box<dyn Dataset>> {
+    let (s, c) = (&job.sample_shape, job.classes);
+    let data: Box<dyn Dataset> = match kind {
+        ModelKind::Transformer => Box::new(
+            SyntheticSequences::new(len, s[0], s[1], c, DATA_SEED).map_err(|e| e.to_string())?,
+        ),
+        ModelKind::ConvNet => Box::new(
+            SyntheticImages::new(len, s[0], s[1], c, DATA_SEED).map_err(|e| e.to_string())?,
+        ),
+        _ => Box::new(
+            SyntheticClassification::new(len, s.clone(), c, DATA_SEED, 3.0)
+                .map_err(|e| e.to_string())?,
+        ),
+    };
+    Ok(data)
+}
+
+/// Samples `range` of `data` as a features tensor `[n, shape…]` and a labels tensor `[n]`.
+fn tensors(data: &dyn Dataset, range: std::ops::Range<usize>) -> Result<(Tensor, Tensor)> {
+    let numel = data.sample_numel();
+    let mut features = vec![0f32; range.len() * numel];
+    let mut labels = Vec::with_capacity(range.len());
+    for (i, out) in range.clone().zip(features.chunks_exact_mut(numel)) {
+        labels.push(data.read(i, out).map_err(|e| e.to_string())?);
+    }
+    let mut dims = vec![range.len() as i64];
+    dims.extend(data.sample_shape().iter().map(|&d| d as i64));
+    let features = Tensor::f_from_slice(&features)
+        .and_then(|t| t.f_view(dims.as_slice()))
+        .map_err(|e| e.to_string())?;
+    let labels = Tensor::f_from_slice(&labels).map_err(|e| e.to_string())?;
+    Ok((features, labels))
+}
+
+fn init_path(dir: &Path, kind: ModelKind) -> PathBuf {
+    dir.join(format!("{kind}-init.safetensors"))
+}
+
+fn data_path(dir: &Path, kind: ModelKind) -> PathBuf {
+    dir.join(format!("{kind}-data.safetensors"))
+}
+
+/// kiln's model for the job, built with [`MODEL_SEED`] on the CPU.
+fn model(
+    kind: ModelKind,
+    job: &Job,
+    vs: &nn::VarStore,
+) -> Result<Box<dyn kiln_train::model::Model>> {
+    tch::manual_seed(MODEL_SEED);
+    let input = InputSpec {
+        sample_shape: job.sample_shape.clone(),
+        classes: job.classes,
+        target: None,
+    };
+    let mut plan = job.plan.clone();
+    plan.kind = kind;
+    build(&plan, &input, vs, false, 0).map_err(|e| e.to_string())
+}
+
+/// Writes the job's initial weights, data (`train_x`, `train_y`, `held_x`, `held_y`) and
+/// `<model>-job.json` (what the PyTorch side needs to build and train the twin) into `dir`;
+/// returns the job file.
+fn prepare(dir: &Path, kind: ModelKind, job: &Job) -> Result<PathBuf> {
+    let vs = nn::VarStore::new(Device::Cpu);
+    model(kind, job, &vs)?;
+    let init = init_path(dir, kind);
+    vs.save(&init)
+        .map_err(|e| format!("{}: {e}", init.display()))?;
+    let data = dataset(kind, job, job.pool + job.held_out)?;
+    let (train_x, train_y) = tensors(data.as_ref(), 0..job.pool)?;
+    let (held_x, held_y) = tensors(data.as_ref(), job.pool..job.pool + job.held_out)?;
+    let path = data_path(dir, kind);
+    let named = [
+        ("train_x", train_x),
+        ("train_y", train_y),
+        ("held_x", held_x),
+        ("held_y", held_y),
+    ];
+    Tensor::write_safetensors(&named, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let twin = match kind {
+        ModelKind::Transformer => json!({
+            "seq": job.sample_shape[0], "features": job.sample_shape[1],
+            "d_model": job.plan.d_model, "heads": job.plan.heads, "layers": job.plan.layers,
+            "ff": job.plan.ff, "classes": job.classes}),
+        ModelKind::ConvNet => json!({
+            "in_channels": job.sample_shape[0], "channels": job.plan.channels,
+            "classes": job.classes}),
+        _ => json!({"features": job.sample_shape[0], "hidden": job.plan.hidden,
+                    "classes": job.classes}),
+    };
+    let text = json!({
+        "model": kind.as_str(), "twin": twin, "init": init, "data": path,
+        "steps": job.steps, "batch": job.batch, "eval_batch": EVAL_BATCH,
+        "lr": LR, "weight_decay": WEIGHT_DECAY, "betas": [0.9, 0.999], "eps": 1e-8,
+    });
+    let job_path = dir.join(format!("{kind}-job.json"));
+    std::fs::write(&job_path, text.to_string())
+        .map_err(|e| format!("{}: {e}", job_path.display()))?;
+    Ok(job_path)
+}
+
+/// The train suite's settings (fused AdamW, constant lr, no clipping) at `precision`.
+fn settings(precision: AmpDtype) -> TrainSettings {
+    TrainSettings {
+        epochs: 1,
+        precision,
+        lr: LR,
+        weight_decay: WEIGHT_DECAY,
+        clip_grad_norm: 0.0,
+        schedule: ScheduleKind::Constant,
+        warmup_steps: 0,
+        optimizer: OptimizerKind::AdamW,
+        log_interval: 1,
+        ..TrainSettings::default()
+    }
+}
+
+fn named<'a>(data: &'a [(String, Tensor)], name: &str, path: &Path) -> Result<&'a Tensor> {
+    data.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t)
+        .ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
+}
+
+fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize, number: usize) -> Result<DeviceBatch> {
+    let (s, n) = (start as i64, len as i64);
+    Ok(DeviceBatch {
+        features: x.f_narrow(0, s, n).map_err(|e| e.to_string())?,
+        targets: y.f_narrow(0, s, n).map_err(|e| e.to_string())?,
+        indices: vec![],
+        number,
+    })
+}
+
+/// One kiln run: loads the initial weights and data `prepare` wrote into `--dir`, trains
+/// `steps` steps at `--precision`, evaluates the held-out set; prints JSON.
+fn kiln_run(args: &[String]) -> Result<()> {
+    let start = std::time::Instant::now();
+    let kind: ModelKind = flag(args, "--model")
+        .ok_or("--model is needed")?
+        .parse()
+        .map_err(|e| format!("--model: {e}"))?;
+    let job = job(kind, args.iter().any(|a| a == "--quick"));
+    let dir = PathBuf::from(flag(args, "--dir").ok_or("--dir DIR is needed")?);
+    let precision: AmpDtype = flag(args, "--precision")
+        .unwrap_or("fp32")
+        .parse()
+        .map_err(|e| format!("--precision: {e}"))?;
+    let threads = number(args, "--threads", 2)?.max(1);
+    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let model = model(kind, &job, &vs)?;
+    let init = init_path(&dir, kind);
+    vs.load(&init)
+        .map_err(|e| format!("{}: {e}", init.display()))?;
+    let path = data_path(&dir, kind);
+    let data = Tensor::read_safetensors(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (x, y) = (
+        named(&data, "train_x", &path)?,
+        named(&data, "train_y", &path)?,
+    );
+    let mut trainer = Trainer::new(
+        model.as_ref(),
+        kind.as_str(),
+        &vs,
+        settings(precision),
+        Device::Cpu,
+    )
+    .map_err(|e| e.to_string())?;
+    trainer
+        .set_target(&TargetSpec::label(job.classes))
+        .map_err(|e| e.to_string())?;
+    let mut losses = Vec::with_capacity(job.steps);
+    for step in 0..job.steps {
+        let first = step * job.batch % job.pool;
+        let out = trainer
+            .train_step(&[batch(x, y, first, job.batch, step)?], LR)
+            .map_err(|e| e.to_string())?;
+        let loss_sum = out
+            .sums
+            .values
+            .f_double_value(&[0])
+            .map_err(|e| e.to_string())?;
+        let loss = loss_sum / job.batch as f64;
+        if !loss.is_finite() {
+            return Err(format!(
+                "{kind}: non-finite loss at step {step}: {losses:?}"
+            ));
+        }
+        losses.push(loss);
+    }
+    let (hx, hy) = (
+        named(&data, "held_x", &path)?,
+        named(&data, "held_y", &path)?,
+    );
+    let batches = (0..job.held_out)
+        .step_by(EVAL_BATCH)
+        .enumerate()
+        .map(|(i, s)| batch(hx, hy, s, EVAL_BATCH.min(job.held_out - s), i))
+        .collect::<Result<Vec<_>>>()?;
+    let eval = trainer
+        .evaluate(batches.into_iter().map(Ok))
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        json!({
+            "framework": "kiln",
+            "model": kind.as_str(),
+            "precision": precision_name(precision),
+            "threads": tch::get_num_threads(),
+            "losses": losses,
+            "held_out_loss": eval.metrics.loss,
+            "held_out_accuracy": eval.metrics.accuracy,
+            "seconds": start.elapsed().as_secs_f64(),
+        })
+    );
+    Ok(())
+}
+
+/// `path`, created empty (an earlier run's leftovers are removed: it is the bench's own scratch).
+fn fresh_dir(path: &Path) -> Result<PathBuf> {
+    if path.exists() {
+        std::fs::remove_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path.to_owned())
+}
+
+/// `--models a,b` (for runs by hand), else [`MODELS`].
+fn models(args: &[String]) -> Result<Vec<ModelKind>> {
+    flag(args, "--models").map_or(Ok(MODELS.to_vec()), |list| {
+        list.split(',')
+            .map(|m| m.parse().map_err(|e| format!("--models: {e}")))
+            .collect()
+    })
+}
+
+/// Both sides' runs of one model at one precision.
+struct Pair {
+    kind: ModelKind,
+    precision: AmpDtype,
+    job: Job,
+    kiln: Value,
+    torch: Value,
+}
+
+fn suite(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    // Two threads a side by default, as in the other suites.
+    let threads = number(args, "--threads", 2)?.max(1).to_string();
+    let work = flag(args, "--work-dir").map_or_else(
+        || std::env::temp_dir().join(format!("kiln-bench-learning-{}", std::process::id())),
+        PathBuf::from,
+    );
+    let work = fresh_dir(&work.join("learning"))?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let models = models(args)?;
+    let mut pairs = vec![];
+    for kind in models {
+        let job = job(kind, quick);
+        let job_file = prepare(&work, kind, &job)?;
+        for precision in PRECISIONS {
+            let name = precision_name(precision);
+            eprintln!(
+                "learning: {kind} {name}, {} steps: kiln, then PyTorch",
+                job.steps
+            );
+            let mut k = Command::new(&exe);
+            k.args(["kiln-run", "--model", kind.as_str(), "--precision", name])
+                .arg("--dir")
+                .arg(&work)
+                .args(["--threads", &threads]);
+            if quick {
+                k.arg("--quick");
+            }
+            let mut t = Command::new(python(args));
+            t.arg(bench_root().join("python/same_learning.py"))
+                .arg("--job")
+                .arg(&job_file)
+                .args(["--precision", name, "--threads", &threads]);
+            let (kiln, torch) = (run_json(k)?, run_json(t)?);
+            pairs.push(Pair {
+                kind,
+                precision,
+                job: job.clone(),
+                kiln,
+                torch,
+            });
+        }
+    }
+    let out = report(quick, &threads, &pairs)?;
+    out.write(&suite_out(args, "learning"))?;
+    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+}
+
+fn losses(run: &Value) -> Result<Vec<f64>> {
+    run["losses"]
+        .as_array()
+        .and_then(|l| l.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
+        .filter(|l| !l.is_empty() && l.iter().all(|v| v.is_finite()))
+        .ok_or_else(|| format!("a run reported no finite per-step losses: {run}"))
+}
+
+fn figure(run: &Value, key: &str) -> Result<f64> {
+    run[key]
+        .as_f64()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| format!("a run reported no finite {key}: {run}"))
+}
+
+/// The step with the largest |a − b| and that difference (NaN-free inputs of equal length).
+fn largest_difference(a: &[f64], b: &[f64]) -> (usize, f64) {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .enumerate()
+        .fold(
+            (0, 0.0),
+            |best, (i, d)| if d > best.1 { (i, d) } else { best },
+        )
+}
+
+fn tail_mean(v: &[f64], tail: usize) -> f64 {
+    let tail = &v[v.len().saturating_sub(tail)..];
+    tail.iter().sum::<f64>() / tail.len().max(1) as f64
+}
+
+/// What the PyTorch side runs, for the rows' baseline names.
+fn twin_text(precision: AmpDtype) -> &'static str {
+    match precision {
+        AmpDtype::None => "PyTorch twin fp32, SDPA",
+        _ => "PyTorch twin, torch.autocast(cpu, bf16), kiln's matmul-softmax attention",
+    }
+}
+
+/// One row: `kiln` is the largest difference found, the baseline the tolerance (goal ≤ 1).
+fn row(name: String, unit: &str, difference: f64, tolerance: f64, baseline: String) -> Comparison {
+    Comparison::new(
+        "learning",
+        "same learning",
+        name,
+        unit,
+        Better::Lower,
+        (difference, tolerance),
+        baseline,
+    )
+    .at_most(1.0)
+}
+
+/// The rows of one model at one precision.
+fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
+    let (k, t) = (losses(&p.kiln)?, losses(&p.torch)?);
+    if k.len() != t.len() {
+        return Err(format!(
+            "{} {}: kiln ran {} steps, PyTorch {}",
+            p.kind,
+            precision_name(p.precision),
+            k.len(),
+            t.len()
+        ));
+    }
+    let (step, largest) = largest_difference(&k, &t);
+    let (kacc, tacc) = (
+        100.0 * figure(&p.kiln, "held_out_accuracy")?,
+        100.0 * figure(&p.torch, "held_out_accuracy")?,
+    );
+    let (kfinal, tfinal) = (tail_mean(&k, p.job.tail), tail_mean(&t, p.job.tail));
+    let steps = format!(
+        "{} steps of batch {}{}",
+        k.len(),
+        p.job.batch,
+        if quick {
+            " (quick: not the 100-step check)"
+        } else {
+            ""
+        }
+    );
+    let details = json!({
+        "model": p.kind.as_str(),
+        "precision": precision_name(p.precision),
+        "steps": k.len(), "batch_size": p.job.batch, "pool": p.job.pool,
+        "held_out": p.job.held_out, "tail": p.job.tail,
+        "largest_step_difference": largest, "largest_at_step": step,
+        "kiln_final_loss": kfinal, "pytorch_final_loss": tfinal,
+        "kiln_held_out_accuracy": kacc, "pytorch_held_out_accuracy": tacc,
+        "kiln_held_out_loss": p.kiln["held_out_loss"], "pytorch_held_out_loss": p.torch["held_out_loss"],
+        "loss_curves": {"kiln": k, "baseline": t},
+        "seconds": {"kiln": p.kiln["seconds"], "pytorch": p.torch["seconds"]},
+    });
+    let with = |c: Comparison| {
+        details
+            .as_object()
+            .into_iter()
+            .flatten()
+            .fold(c, |c, (key, v)| c.detail(key, v.clone()))
+    };
+    let twin = twin_text(p.precision);
+    if p.precision == AmpDtype::None {
+        return Ok(vec![with(row(
+            format!("{} fp32, {steps}: largest per-step |Δloss|", p.kind),
+            "nats",
+            largest,
+            FP32_STEP_TOLERANCE,
+            format!(
+                "tolerance {FP32_STEP_TOLERANCE:e} nats ({twin}; largest at step {step}; final \
+                 loss kiln {kfinal:.4}, PyTorch {tfinal:.4})"
+            ),
+        ))]);
+    }
+    let tail = p.job.tail;
+    Ok(vec![
+        with(row(
+            format!(
+                "{} bf16, {steps}: final loss |Δ| (mean of last {tail} steps)",
+                p.kind
+            ),
+            "nats",
+            (kfinal - tfinal).abs(),
+            BF16_LOSS_TOLERANCE,
+            format!(
+                "tolerance {BF16_LOSS_TOLERANCE} nats ({twin}; kiln {kfinal:.4}, PyTorch \
+                 {tfinal:.4})"
+            ),
+        )),
+        with(row(
+            format!("{} bf16, {steps}: held-out accuracy |Δ|", p.kind),
+            "points",
+            (kacc - tacc).abs(),
+            BF16_ACCURACY_TOLERANCE,
+            format!(
+                "tolerance {BF16_ACCURACY_TOLERANCE} points ({twin}; {} held-out samples; kiln \
+                 {kacc:.1}%, PyTorch {tacc:.1}%)",
+                p.job.held_out
+            ),
+        ))
+        .detail("loss_curves", Value::Null),
+    ])
+}
+
+fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
+    let mut out = SuiteOutput::new(
+        "learning",
+        &format!(
+            "same learning: kiln against its PyTorch twin from kiln's initial weights (written \
+             as safetensors, loaded by name), on the same fixed synthetic data in the same \
+             batch order, fused AdamW (lr {LR}, betas 0.9/0.999, eps 1e-8, weight decay \
+             {WEIGHT_DECAY} on rank ≥ 2), constant lr, no clipping, dropout 0, {threads} \
+             threads a side; fp32: every step's loss within {FP32_STEP_TOLERANCE:e} nats; \
+             bf16 autocast (PyTorch with kiln's attention): final loss within \
+             {BF16_LOSS_TOLERANCE} nats and held-out accuracy within \
+             {BF16_ACCURACY_TOLERANCE} points{}",
+            if quick {
+                ". QUICK RUN: 20 steps on smaller models, not the 100-step check"
+            } else {
+                ""
+            }
+        ),
+    );
+    for p in pairs {
+        for c in rows(p, quick)? {
+            out.push(c);
+        }
+    }
+    out.details = json!({
+        "tolerances": {"fp32_step_nats": FP32_STEP_TOLERANCE, "bf16_final_loss_nats":
+                       BF16_LOSS_TOLERANCE, "bf16_held_out_accuracy_points": BF16_ACCURACY_TOLERANCE},
+        "quick": quick,
+        "runs": pairs.iter().map(|p| json!({"model": p.kind.as_str(),
+            "precision": precision_name(p.precision), "kiln": p.kiln, "pytorch": p.torch}))
+            .collect::<Vec<_>>(),
+    });
+    Ok(out)
+}

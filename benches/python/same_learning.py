@@ -1,0 +1,223 @@
+"""PyTorch's side of kiln's same-learning check (`cargo xtask bench learning`).
+
+Trains the PyTorch twin of one of kiln's reference models (the modules of train_step.py, dropout
+0) from kiln's initial weights on kiln's data, as kiln's side does, and prints the per-step
+losses and the held-out loss and accuracy as one JSON line.
+
+--job JOB.json (written by kiln-bench-learning) names the model and its sizes, the safetensors
+files of the initial weights (kiln's variable names) and of the data (train_x, train_y, held_x,
+held_y), the steps, the batch size and AdamW's settings. Step i trains on rows
+[i*batch mod pool, +batch) of train_x; fused AdamW with weight decay on tensors of rank >= 2 and
+none on the others; constant lr, no clipping. --precision bf16 runs forward and loss under
+torch.autocast("cpu", torch.bfloat16) with kiln's attention formulation there (the explicit
+matmul-softmax product); fp32 uses SDPA, as kiln does in fp32.
+
+Nothing beyond torch is needed: safetensors files are parsed here.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import re
+import struct
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16,
+          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
+
+
+def twins():
+    spec = importlib.util.spec_from_file_location("train_step", os.path.join(HERE, "train_step.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_safetensors(path):
+    """{name: tensor} of a safetensors file (8-byte little-endian header length, JSON header,
+    data), each tensor a copy."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in DTYPES:
+            raise SystemExit(f"error: {path}: tensor {name} has dtype {info['dtype']}, "
+                             f"which this reader does not know")
+        dtype = DTYPES[info["dtype"]]
+        start, end = info["data_offsets"]
+        count = (end - start) // torch.empty((), dtype=dtype).element_size()
+        flat = (torch.frombuffer(data, dtype=dtype, count=count, offset=8 + n + start)
+                if count else torch.empty(0, dtype=dtype))
+        out[name] = flat.reshape(info["shape"]).clone()
+    return out
+
+
+# kiln's names of the twins' tensors: (pattern on the twin's name, kiln's name).
+TRANSFORMER_NAMES = [
+    (r"embed\.(weight|bias)", r"embed.\1"),
+    (r"pos", "positions"),
+    (r"layers\.(\d+)\.ln1\.(weight|bias)", r"layer\1.norm1.\2"),
+    (r"layers\.(\d+)\.attn\.qkv\.(weight|bias)", r"layer\1.qkv.\2"),
+    (r"layers\.(\d+)\.attn\.out_proj\.(weight|bias)", r"layer\1.out.\2"),
+    (r"layers\.(\d+)\.ln2\.(weight|bias)", r"layer\1.norm2.\2"),
+    (r"layers\.(\d+)\.linear1\.(weight|bias)", r"layer\1.ff1.\2"),
+    (r"layers\.(\d+)\.linear2\.(weight|bias)", r"layer\1.ff2.\2"),
+    (r"ln\.(weight|bias)", r"norm.\1"),
+    (r"head\.(weight|bias)", r"head.\1"),
+]
+
+
+def kiln_name(kind, model, name):
+    """The name kiln gives the twin's tensor `name`, or an error naming it."""
+    if kind == "transformer":
+        for pattern, replacement in TRANSFORMER_NAMES:
+            if re.fullmatch(pattern, name):
+                return re.sub(pattern, replacement, name)
+    elif kind == "mlp":
+        m = re.fullmatch(r"net\.(\d+)\.(weight|bias)", name)
+        if m:
+            index, last = int(m.group(1)), len(model.net) - 1
+            return f"{'head' if index == last else f'fc{index // 3}'}.{m.group(2)}"
+    else:  # convnet: features = [conv, bn, relu] per stage, then the head
+        m = re.fullmatch(r"features\.(\d+)\.(weight|bias|running_mean|running_var)", name)
+        if m:
+            stage, role = divmod(int(m.group(1)), 3)
+            if role in (0, 1):
+                return f"{['conv', 'bn'][role]}{stage}.{m.group(2)}"
+        m = re.fullmatch(r"head\.(weight|bias)", name)
+        if m:
+            return name
+    raise SystemExit(f"error: {kind} twin tensor `{name}` has no kiln name in the map")
+
+
+def load_kiln_weights(kind, model, path):
+    """Copies kiln's initial weights into the twin: every twin tensor (parameters and buffers
+    but BatchNorm's num_batches_tracked) from the kiln tensor its map names, shapes equal, and
+    every tensor of the file used exactly once. Returns the number of tensors loaded."""
+    weights = read_safetensors(path)
+    used = {}
+    tensors = list(model.named_parameters()) + list(model.named_buffers())
+    for name, t in tensors:
+        if name.endswith("num_batches_tracked"):
+            continue
+        kiln = kiln_name(kind, model, name)
+        if kiln in used:
+            raise SystemExit(f"error: {path}: {kiln} would load both {used[kiln]} and {name}")
+        if kiln not in weights:
+            raise SystemExit(f"error: {path} has no tensor {kiln} (for the twin's {name})")
+        source = weights[kiln]
+        if tuple(source.shape) != tuple(t.shape):
+            raise SystemExit(f"error: {path}: {kiln} has shape {list(source.shape)}, the twin's "
+                             f"{name} {list(t.shape)}")
+        with torch.no_grad():
+            t.copy_(source)
+        used[kiln] = name
+    unused = sorted(set(weights) - set(used))
+    if unused:
+        raise SystemExit(f"error: {path}: kiln tensors no twin tensor took: {', '.join(unused)}")
+    return len(used)
+
+
+def build(job, math_attention):
+    m, c = twins(), job["twin"]
+    kind = job["model"]
+    if kind == "transformer":
+        model = m.SignTransformer(c["features"], c["seq"], c["d_model"], c["heads"], c["layers"],
+                                  c["ff"], c["classes"], 0.0)
+        for layer in model.modules():
+            if isinstance(layer, m.SelfAttention):
+                layer.math = math_attention
+    elif kind == "mlp":
+        model = m.MLP(c["features"], c["hidden"], c["classes"], 0.0)
+    elif kind == "convnet":
+        if tuple(c["channels"]) != tuple(m.CONV_CHANNELS):
+            raise SystemExit(f"error: the convnet twin has channels {m.CONV_CHANNELS}, kiln's "
+                             f"{c['channels']}")
+        model = m.ConvNet(c["in_channels"], c["classes"])
+    else:
+        raise SystemExit(f"error: {kind} has no twin here")
+    return model
+
+
+def held_out(model, x, y, batch, autocast):
+    """Mean loss and accuracy over the held-out set, in eval mode, under the training's
+    autocast."""
+    model.eval()
+    loss, correct = 0.0, 0
+    with torch.no_grad(), autocast():
+        for i in range(0, len(y), batch):
+            out = model(x[i:i + batch])
+            target = y[i:i + batch]
+            loss += F.cross_entropy(out, target).item() * len(target)
+            correct += (out.argmax(-1) == target).sum().item()
+    model.train()
+    return loss / len(y), correct / len(y)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--job", required=True, help="the job file kiln-bench-learning wrote")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--threads", type=int)
+    a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    start = time.perf_counter()
+    with open(a.job) as f:
+        job = json.load(f)
+    bf16 = a.precision == "bf16"
+    model = build(job, math_attention=bf16)
+    loaded = load_kiln_weights(job["model"], model, job["init"])
+    data = read_safetensors(job["data"])
+    x, y = data["train_x"], data["train_y"]
+    decay = [q for q in model.parameters() if q.dim() >= 2]
+    no_decay = [q for q in model.parameters() if q.dim() < 2]
+    groups = [g for g in ({"params": decay, "weight_decay": job["weight_decay"]},
+                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    opt = torch.optim.AdamW(groups, lr=job["lr"], betas=tuple(job["betas"]), eps=job["eps"],
+                            fused=True)
+
+    def autocast():
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+    batch, pool = job["batch"], len(y)
+    losses = []
+    model.train()
+    for step in range(job["steps"]):
+        first = step * batch % pool
+        with autocast():
+            loss = F.cross_entropy(model(x[first:first + batch]), y[first:first + batch])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    loss, accuracy = held_out(model, data["held_x"], data["held_y"], job["eval_batch"], autocast)
+    print(json.dumps({
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "model": job["model"],
+        "precision": a.precision,
+        "attention": "math" if bf16 and job["model"] == "transformer" else "sdpa",
+        "threads": torch.get_num_threads(),
+        "tensors_loaded": loaded,
+        "losses": losses,
+        "held_out_loss": loss,
+        "held_out_accuracy": accuracy,
+        "seconds": time.perf_counter() - start,
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
