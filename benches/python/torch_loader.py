@@ -1,10 +1,21 @@
 """PyTorch's side of kiln's data-loader benchmark (`cargo xtask bench data`).
 
-Reads the same kiln dataset directory (safetensors shards + kiln-dataset.json) the way a
-careful PyTorch user would: each worker memory-maps the shards once (copy-on-write, zero-copy
-views through torch.frombuffer), __getitem__ does the same per-sample work as kiln's loader
-(convert to float32, normalize each feature of the last dimension), and
-torch.utils.data.DataLoader batches with the default collate. Prints one JSON line.
+Reads the same kiln dataset directory (safetensors shards + kiln-dataset.json) with
+torch.utils.data.DataLoader, in one of two ways (`--fetch`):
+
+- `item` (the PyTorch default): a map-style Dataset whose __getitem__ does the same per-sample
+  work as kiln's loader (convert to float32, normalize each feature of the last dimension) on a
+  zero-copy view of the memory-mapped shard, batched by the default collate (torch.stack);
+- `batch` (what a performance-aware user writes): the Dataset implements __getitems__, which
+  DataLoader's default fetcher (torch/utils/data/_utils/fetch.py) calls once per batch with the
+  batch's whole list of indices; it reads each shard's rows of the batch with one call
+  (a slice copy for a contiguous run, else one index_select) straight into the batch tensor,
+  normalizes the whole batch in place, and returns it ready-made (collate_fn is the identity).
+
+Each worker memory-maps the shards once (copy-on-write, torch.frombuffer). It runs `--epochs`
+epochs (workers persistent across them), timing the first batch (start-up) and each epoch, then
+times the per-batch work inline in this process (read + normalize, and collate) so that a report
+can show where the time goes. Prints one JSON line.
 """
 
 import argparse
@@ -19,13 +30,12 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from torch.utils.data._utils.collate import default_collate  # noqa: E402
 
-DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-          "f64": torch.float64, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,
-          "i32": torch.int32, "i64": torch.int64}
 ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
              "F64": torch.float64, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
              "I32": torch.int32, "I64": torch.int64}
+BREAKDOWN_BATCHES = 8  # batches timed inline for the per-batch breakdown
 
 
 def open_safetensors(path):
@@ -47,6 +57,8 @@ def open_safetensors(path):
 
 
 class ShardDataset(Dataset):
+    """The PyTorch default: one sample per __getitem__, batched by the default collate."""
+
     def __init__(self, root, mean, std):
         with open(os.path.join(root, "kiln-dataset.json")) as f:
             self.manifest = json.load(f)
@@ -87,6 +99,123 @@ class ShardDataset(Dataset):
         return x, int(labels[j])
 
 
+class BatchedShardDataset(ShardDataset):
+    """Batched fetch: one __getitems__ call per batch reads each shard's rows in one call.
+
+    Returns (features [B, ...] f32, labels [B] i64, this process's __getitems__ calls so far,
+    its pid); the last two let the consumer count the calls. The samples of a batch come grouped
+    by shard (the same samples as the sampler's batch; their order within it does not matter
+    to a mean loss), so each shard's rows land in one contiguous slice of the batch.
+    """
+
+    def __init__(self, root, mean, std):
+        super().__init__(root, mean, std)
+        self.starts_t = torch.tensor(self.starts, dtype=torch.int64)
+        self.calls = 0
+
+    def __getitem__(self, i):
+        raise RuntimeError("batched fetch must go through __getitems__")
+
+    def __getitems__(self, indices):
+        if self.shards is None:
+            self._open()
+        self.calls += 1
+        idx = torch.as_tensor(indices, dtype=torch.int64)
+        shard = torch.searchsorted(self.starts_t, idx, right=True) - 1
+        shard, order = torch.sort(shard, stable=True)
+        idx = idx[order]
+        sample_shape = self.shards[0][0].shape[1:]
+        x = batch_tensor((len(indices), *sample_shape), torch.float32)
+        y = batch_tensor((len(indices),), torch.int64)
+        ids, counts = torch.unique_consecutive(shard, return_counts=True)
+        at = 0
+        for s, n in zip(ids.tolist(), counts.tolist()):
+            feats, labels = self.shards[s]
+            local = idx[at:at + n] - self.starts[s]
+            first = int(local[0])
+            if n == 1 or bool((local[1:] - local[:-1] == 1).all()):  # a contiguous run
+                x[at:at + n].copy_(feats[first:first + n])
+                y[at:at + n].copy_(labels[first:first + n])
+            else:
+                torch.index_select(feats, 0, local, out=x[at:at + n])
+                torch.index_select(labels, 0, local, out=y[at:at + n])
+            at += n
+        x.sub_(self.mean).div_(self.std)
+        return x, y, self.calls, os.getpid()
+
+
+def batch_tensor(shape, dtype):
+    """An empty batch tensor; in a worker process, in shared memory, as default_collate does
+    (torch/utils/data/_utils/collate.py), so that sending it to the main process copies nothing."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=dtype)
+    numel = 1
+    for d in shape:
+        numel *= d
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+    return torch.empty(0, dtype=dtype).new(storage).view(shape)
+
+
+def identity(batch):
+    """collate_fn for batched fetch: __getitems__ already returns the batch."""
+    return batch
+
+
+def breakdown(ds, batch_size, seed):
+    """Per-batch work timed inline in this process over a few shuffled batches, in ms."""
+    if ds.shards is None:
+        ds._open()
+    g = torch.Generator()
+    g.manual_seed(seed + 1)
+    perm = torch.randperm(len(ds), generator=g).tolist()
+    batches = [perm[k * batch_size:(k + 1) * batch_size] for k in range(BREAKDOWN_BATCHES)]
+    batches = [b for b in batches if b]
+    fetch = collate = 0.0
+    for b in batches:
+        t0 = time.perf_counter()
+        data = ds.__getitems__(b) if isinstance(ds, BatchedShardDataset) else [ds[i] for i in b]
+        t1 = time.perf_counter()
+        if not isinstance(ds, BatchedShardDataset):
+            default_collate(data)
+        t2 = time.perf_counter()
+        fetch += t1 - t0
+        collate += t2 - t1
+    n = max(len(batches), 1)
+    return {"fetch_ms_per_batch": fetch / n * 1e3, "collate_ms_per_batch": collate / n * 1e3}
+
+
+def run_epochs(loader, epochs, batched):
+    """Iterates `epochs` epochs; returns the timings, checksums and __getitems__ call count."""
+    out = {"first_batch_seconds": None, "epoch_seconds": [], "wait_seconds": [],
+           "samples": 0, "batches": 0, "label_sum": 0, "feature_sum": 0.0}
+    calls = {}
+    start = time.perf_counter()
+    for _ in range(epochs):
+        epoch_start = time.perf_counter()
+        wait = 0.0
+        it = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                item = next(it)
+            except StopIteration:
+                break
+            wait += time.perf_counter() - t0
+            if out["first_batch_seconds"] is None:
+                out["first_batch_seconds"] = time.perf_counter() - start
+            x, y = item[0], item[1]
+            if batched:
+                calls[item[3]] = max(calls.get(item[3], 0), item[2])
+            out["samples"] += y.shape[0]
+            out["batches"] += 1
+            out["label_sum"] += int(y.sum())
+            out["feature_sum"] += float(x[:, 0].sum(dtype=torch.float64))  # a cheap data check
+        out["epoch_seconds"].append(time.perf_counter() - epoch_start)
+        out["wait_seconds"].append(wait)
+    out["getitems_calls"] = sum(calls.values()) if batched else None
+    return out, start
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
@@ -94,40 +223,36 @@ def main():
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--prefetch-factor", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--fetch", choices=["item", "batch"], default="item")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--idle", action="store_true", help="load everything but iterate nothing")
     a = p.parse_args()
     torch.set_num_threads(1)  # as on kiln's side: the consumer's work is one small sum
     with open(a.norm) as f:
         norm = json.load(f)
-    ds = ShardDataset(a.dir, norm["mean"], norm["std"])
+    batched = a.fetch == "batch"
+    ds = (BatchedShardDataset if batched else ShardDataset)(a.dir, norm["mean"], norm["std"])
     if a.idle:  # report, then hold still until the harness has measured (stdin closes)
         print(json.dumps({"impl": "torch", "idle": True}), flush=True)
         sys.stdin.read()
         return
     g = torch.Generator()
     g.manual_seed(a.seed)
-    kwargs = {}
+    kwargs = {"collate_fn": identity} if batched else {}
     if a.workers > 0:
-        kwargs = {"persistent_workers": True, "prefetch_factor": a.prefetch_factor}
-    start = time.perf_counter()
+        kwargs.update(persistent_workers=True, prefetch_factor=a.prefetch_factor)
+    t0 = time.perf_counter()
     loader = DataLoader(ds, batch_size=a.batch_size, shuffle=True, generator=g,
-                        num_workers=a.workers, **kwargs)
-    first = None
-    samples = 0
-    label_sum = 0
-    feature_sum = 0.0
-    for x, y in loader:
-        if first is None:
-            first = time.perf_counter() - start
-        samples += y.shape[0]
-        label_sum += int(y.sum())
-        feature_sum += float(x[:, 0].sum(dtype=torch.float64))  # cheap check of the data
-    seconds = time.perf_counter() - start
-    print(json.dumps({"impl": "torch", "workers": a.workers, "samples": samples,
-                      "seconds": seconds, "first_batch_seconds": first,
-                      "label_sum": label_sum, "feature_sum": feature_sum,
-                      "torch": torch.__version__, "python": sys.version.split()[0]}))
+                        num_workers=a.workers, pin_memory=False, **kwargs)
+    res, start = run_epochs(loader, a.epochs, batched)
+    res["epoch_seconds"][0] += start - t0  # the first epoch includes building the loader
+    res["first_batch_seconds"] += start - t0
+    res.update(impl="torch", fetch=a.fetch, workers=a.workers, epochs=a.epochs,
+               samples_per_epoch=res["samples"] // max(a.epochs, 1),
+               breakdown=breakdown(ds, a.batch_size, a.seed),
+               torch=torch.__version__, python=sys.version.split()[0])
+    print(json.dumps(res))
 
 
 if __name__ == "__main__":
