@@ -2,6 +2,7 @@
 //! this file (`cargo bench -p kiln-benches`). End-to-end comparisons against PyTorch belong to
 //! `cargo xtask bench`.
 
+pub mod peers;
 pub mod plot;
 pub mod report;
 pub mod unfused;

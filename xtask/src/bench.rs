@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::kiln::{apply_env, python_of, target_dir};
 use crate::libtorch::{Libtorch, Settings};
+use crate::peers;
 use crate::util::{self, Error, Result, bail};
 
 /// A suite: its name, the binary that runs it, and that binary's subcommand.
@@ -19,7 +20,7 @@ struct Suite {
     what: &'static str,
 }
 
-const SUITES: [Suite; 8] = [
+const SUITES: [Suite; 9] = [
     Suite {
         name: "quality",
         bin: "kiln-bench-quality",
@@ -63,6 +64,12 @@ const SUITES: [Suite; 8] = [
         what: "one optimization at a time (also: --compare-opts)",
     },
     Suite {
+        name: "job",
+        bin: "kiln-bench-job",
+        sub: "job",
+        what: "the default job end to end: kiln train vs Lightning Trainer.fit and a plain loop",
+    },
+    Suite {
         name: "learning",
         bin: "kiln-bench-learning",
         sub: "learning",
@@ -71,7 +78,7 @@ const SUITES: [Suite; 8] = [
 ];
 
 /// The suites a plain `cargo xtask bench` runs (`opts` joins with `--compare-opts`).
-const DEFAULT: [&str; 7] = [
+const DEFAULT: [&str; 8] = [
     "quality",
     "learning",
     "train",
@@ -79,6 +86,7 @@ const DEFAULT: [&str; 7] = [
     "data",
     "infer",
     "serve",
+    "job",
 ];
 
 /// Options passed through to the suites, with whether they take a value.
@@ -265,6 +273,29 @@ fn build(root: &Path, settings: &Settings, bins: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// `cargo build --release -p kiln-cli --bin kiln` (its own build, as `cargo xtask train` does,
+/// so the suite runs the very binary users get).
+fn build_cli(root: &Path, settings: &Settings) -> Result<()> {
+    let mut build = Command::new(util::cargo());
+    build.current_dir(root).args([
+        "build",
+        "--release",
+        "--package",
+        "kiln-cli",
+        "--bin",
+        "kiln",
+    ]);
+    apply_env(&mut build, settings);
+    let status = util::status_of(&mut build)?;
+    if !status.success() {
+        bail!(
+            "building the kiln CLI for the job suite failed ({})",
+            util::describe_status(status)
+        );
+    }
+    Ok(())
+}
+
 pub fn run(
     root: &Path,
     settings: &Settings,
@@ -306,9 +337,18 @@ pub fn run(
     bins.dedup();
     util::step(&format!("building the benchmarks ({})", bins.join(", ")));
     build(root, settings, &bins)?;
+    if req.suites.contains(&"job") {
+        // The job suite runs `kiln train`: the CLI as `cargo xtask train` builds it.
+        build_cli(root, settings)?;
+    }
 
     let release = target_dir(root).join("release");
     let python = python_of(libtorch, settings);
+    // Lightning and LitServe, pinned, for the suites whose peers need them (never for tests).
+    let peers = chosen
+        .iter()
+        .any(|s| peers::needed_by(s.name))
+        .then(|| peers::ensure(root, &settings.cache_dir, &python));
     for suite in &chosen {
         util::step(&format!("benchmark suite `{}`", suite.name));
         let mut run = Command::new(release.join(suite.bin));
@@ -321,6 +361,9 @@ pub fn run(
             .arg("--out")
             .arg(suites_dir.join(format!("{}.json", suite.name)));
         apply_env(&mut run, settings);
+        if let Some(peers) = &peers {
+            peers.apply(&mut run);
+        }
         let status = util::status_of(&mut run)?;
         if !status.success() {
             bail!(

@@ -8,6 +8,7 @@ mod bench;
 mod checks;
 mod kiln;
 mod libtorch;
+mod peers;
 mod util;
 
 use std::process::ExitCode;

@@ -1,0 +1,475 @@
+//! `cargo xtask bench --suite job`: the whole default job end to end. `kiln train --data DIR`
+//! (the release CLI, as `cargo xtask train` builds it) against a PyTorch Lightning `Trainer.fit`
+//! script doing the same work (`python/lightning_job.py`), and against the same script as a
+//! plain PyTorch loop (what Lightning itself costs): the same prepared shards (kiln's default
+//! synthetic dataset, 8192 samples of 64×469, 100 classes, prepared with kiln's data prepare),
+//! read through a torch `Dataset` by the PyTorch sides, the same train/validation split, model
+//! and initial weights, epochs, batch size, precision (kiln's automatic choice; Lightning's
+//! matching `precision`), fused AdamW, warmup + cosine schedule, clipping, validation and a
+//! checkpoint every epoch, worker count and threads — every value taken from the plan kiln
+//! resolves for the job. Reports wall time (process start to exit), samples/s over it, final
+//! validation accuracy and peak memory of each process tree (PSS, and RSS which counts pages
+//! shared between worker processes once per process). Goal: kiln's wall time ≤ 0.7× Lightning's
+//! with validation accuracy within 1 point.
+//!
+//! Lightning comes from the pinned peers `cargo xtask bench` installs (`KILN_BENCH_PEERS`);
+//! without them its rows say "not run" and why. `--quick` (CI) runs a tiny job on every side
+//! to check the suite's shape.
+
+mod job_memory;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use job_memory::{Measured, measured};
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{bench_root, flag, median, number, peers, python, suite_out};
+use kiln_config::{ConfigRequest, Machine, RunPlan};
+use kiln_data::SyntheticSequences;
+use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
+use kiln_device::settings::AmpDtype;
+use serde_json::{Value, json};
+
+type Result<T> = std::result::Result<T, String>;
+
+fn usage() -> ! {
+    eprintln!(
+        "usage: kiln-bench-job [job] [--quick] [--repeats N] [--threads N] [--out FILE] \
+         [--python PY] [--work-dir DIR]"
+    );
+    std::process::exit(2)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "-h" || a == "--help") {
+        usage();
+    }
+    let result = match args.first().map(String::as_str) {
+        Some("job") => suite(&args[1..]),
+        Some(a) if !a.starts_with("--") => usage(),
+        _ => suite(&args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// `kiln train`'s settings for the job, beyond its defaults: the threads and where runs go;
+/// `--quick` shrinks the model and epochs (the data shrinks in [`write_data`]).
+fn job_sets(quick: bool, threads: usize, runs: &Path) -> Vec<String> {
+    let mut sets = vec![
+        format!("performance.intra_op_threads={threads}"),
+        format!("run.output_dir={}", runs.display()),
+        "run.name=job".to_owned(),
+    ];
+    if quick {
+        for s in [
+            "model.d_model=64",
+            "model.layers=1",
+            "model.ff=128",
+            "train.epochs=1",
+            "train.warmup_steps=5",
+        ] {
+            sets.push(s.to_owned());
+        }
+    }
+    sets
+}
+
+/// The plan `kiln train` resolves for these settings (what the PyTorch sides are told).
+fn resolve(sets: &[String]) -> Result<(RunPlan, kiln_device::Device)> {
+    let mut req = ConfigRequest::new(Machine::Probe);
+    req.sets = sets.to_vec();
+    let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
+    Ok((resolution.plan, resolution.selection.device))
+}
+
+/// Samples, sequence length, features and classes of the job's data.
+fn data_shape(quick: bool) -> (usize, usize, usize, usize) {
+    if quick {
+        (512, 16, 32, 10)
+    } else {
+        (8192, 64, 469, 100)
+    }
+}
+
+/// Writes kiln's synthetic sequences (seeded as `kiln train` seeds them) as `.npy`, prepares
+/// kiln's sharded dataset from them in `dir/data`, removes the `.npy` files, and writes kiln's
+/// train/validation split as `dir/split.json`. Returns the dataset and split paths.
+fn write_data(dir: &Path, quick: bool, plan: &RunPlan) -> Result<(PathBuf, PathBuf)> {
+    let (samples, seq, features, classes) = data_shape(quick);
+    let seed = plan.performance.backend.seed;
+    let data = SyntheticSequences::new(samples, seq, features, classes, seed)
+        .map_err(|e| e.to_string())?;
+    let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
+    let labels = job_memory::write_f32_npy(&fpath, &[samples, seq, features], |i, out| {
+        data.read(i, out).map_err(|e| e.to_string())
+    })?;
+    let labels: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    kiln_data::write_npy(&lpath, DType::I64, &[samples], &labels).map_err(|e| e.to_string())?;
+    let source = PrepareSource::Npy {
+        features: fpath.clone(),
+        labels: lpath.clone(),
+    };
+    let options = PrepareOptions {
+        shard_samples: 2048,
+        ..PrepareOptions::default()
+    };
+    let out = dir.join("data");
+    kiln_data::prepare(&source, &out, &options).map_err(|e| e.to_string())?;
+    for p in [&fpath, &lpath] {
+        std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    let prepared = Arc::new(ShardedDataset::open(&out).map_err(|e| e.to_string())?);
+    let classes = prepared
+        .classes()
+        .ok_or("the prepared dataset has no classes")?;
+    let (train, val) =
+        Subset::split(prepared, plan.data.val_fraction, seed).map_err(|e| e.to_string())?;
+    let split = dir.join("split.json");
+    let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
+    std::fs::write(&split, text.to_string()).map_err(|e| format!("{}: {e}", split.display()))?;
+    Ok((out, split))
+}
+
+/// One `kiln train` run: the figures of its `summary.json`, with the measured wall time.
+fn kiln_run(data: &Path, sets: &[String], runs: &Path, log: &Path) -> Result<Measured> {
+    let exe = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("kiln");
+    if !exe.is_file() {
+        return Err(format!(
+            "{} is missing: the job suite runs the release CLI (cargo xtask bench builds it; by \
+             hand: cargo build --release -p kiln-cli)",
+            exe.display()
+        ));
+    }
+    if runs.exists() {
+        std::fs::remove_dir_all(runs).map_err(|e| format!("{}: {e}", runs.display()))?;
+    }
+    let mut cmd = Command::new(&exe);
+    cmd.arg("train").arg("--data").arg(data);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let mut m = measured(cmd, log)?;
+    let run_dir = std::fs::read_dir(runs)
+        .map_err(|e| format!("{}: {e}", runs.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("summary.json").is_file())
+        .ok_or_else(|| format!("kiln train wrote no summary.json under {}", runs.display()))?;
+    let path = run_dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let s: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    m.result = json!({
+        "framework": "kiln", "precision": s["precision"], "steps": s["steps"],
+        "samples": s["samples"], "final_val_loss": s["final_val_loss"],
+        "final_val_accuracy": s["final_val_accuracy"], "fit_seconds": s["seconds"],
+        "run_dir": run_dir,
+    });
+    Ok(m)
+}
+
+/// What the PyTorch sides run: `lightning_job.py` with the plan's values.
+struct Torch<'a> {
+    python: String,
+    plan: &'a RunPlan,
+    cpu: bool,
+    threads: usize,
+    data: &'a Path,
+    split: &'a Path,
+}
+
+impl Torch<'_> {
+    fn precision(&self) -> &'static str {
+        match self.plan.train.amp {
+            AmpDtype::None => "32-true",
+            AmpDtype::Bf16 => "bf16-mixed",
+            AmpDtype::Fp16 => "16-mixed",
+        }
+    }
+
+    /// kiln's attention formulation for this device and precision.
+    fn attention(&self) -> &'static str {
+        if self.cpu && self.plan.train.amp != AmpDtype::None {
+            "math"
+        } else {
+            "sdpa"
+        }
+    }
+
+    fn command(&self, trainer: &str, out: &Path, peers_dir: Option<&Path>) -> Command {
+        let (p, t, m) = (self.plan, &self.plan.train, &self.plan.model);
+        let mut c = Command::new(&self.python);
+        c.arg(bench_root().join("python/lightning_job.py"))
+            .args(["--trainer", trainer, "--precision", self.precision()])
+            .args(["--attention", self.attention()])
+            .args(["--device", if self.cpu { "cpu" } else { "cuda" }])
+            .arg("--data")
+            .arg(self.data)
+            .arg("--split")
+            .arg(self.split)
+            .arg("--out")
+            .arg(out);
+        for (name, v) in [
+            ("--seed", p.performance.backend.seed.to_string()),
+            ("--epochs", t.epochs.to_string()),
+            ("--batch", t.batch_size.to_string()),
+            ("--workers", p.data.num_workers.to_string()),
+            ("--lr", t.lr.to_string()),
+            ("--weight-decay", t.weight_decay.to_string()),
+            ("--warmup", t.warmup_steps.to_string()),
+            ("--clip", t.clip_grad_norm.to_string()),
+            ("--dropout", m.dropout.to_string()),
+            ("--d-model", m.d_model.to_string()),
+            ("--heads", m.heads.to_string()),
+            ("--layers", m.layers.to_string()),
+            ("--ff", m.ff.to_string()),
+            ("--threads", self.threads.to_string()),
+        ] {
+            c.args([name, &v]);
+        }
+        if let Some(dir) = peers_dir {
+            peers::put_first_on_path(&mut c, dir);
+        }
+        c
+    }
+}
+
+/// The runs of one side.
+#[derive(Default)]
+struct Side(Vec<Measured>);
+
+impl Side {
+    fn median(&self, f: impl Fn(&Measured) -> f64) -> f64 {
+        median(self.0.iter().map(f).collect())
+    }
+    fn seconds(&self) -> f64 {
+        self.median(|m| m.seconds)
+    }
+    fn samples_per_s(&self) -> f64 {
+        self.median(|m| m.result["samples"].as_f64().unwrap_or(f64::NAN) / m.seconds)
+    }
+    fn accuracy(&self) -> f64 {
+        self.median(|m| 100.0 * m.result["final_val_accuracy"].as_f64().unwrap_or(f64::NAN))
+    }
+    fn runs(&self) -> Value {
+        json!(self.0)
+    }
+}
+
+fn suite(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let repeats = number(args, "--repeats", 1)?.max(1);
+    let threads = number(args, "--threads", 2)?.max(1);
+    let work = flag(args, "--work-dir").map_or_else(
+        || std::env::temp_dir().join(format!("kiln-bench-job-{}", std::process::id())),
+        PathBuf::from,
+    );
+    let work = work.join("job");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    }
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let runs = work.join("kiln-runs");
+    let sets = job_sets(quick, threads, &runs);
+    let (plan, device) = resolve(&sets)?;
+    eprintln!("job: preparing the data under {}", work.display());
+    let (data, split) = write_data(&work, quick, &plan)?;
+    let torch = Torch {
+        python: python(args),
+        plan: &plan,
+        cpu: device == kiln_device::Device::Cpu,
+        threads,
+        data: &data,
+        split: &split,
+    };
+    let lightning = peers::dir();
+    let (mut kiln, mut light, mut plain) = (Side::default(), Side::default(), Side::default());
+    for r in 0..repeats {
+        let mut order = ["kiln", "lightning", "plain"];
+        if r % 2 == 1 {
+            order.reverse();
+        }
+        for who in order {
+            let log = work.join(format!("{who}-{r}.log"));
+            eprintln!("job: repeat {r}: {who} (log: {})", log.display());
+            let out = work.join(format!("{who}-{r}"));
+            match who {
+                "kiln" => kiln.0.push(kiln_run(&data, &sets, &runs, &log)?),
+                "plain" => plain
+                    .0
+                    .push(measured(torch.command("plain", &out, None), &log)?),
+                _ => {
+                    if let Ok(dir) = &lightning {
+                        let cmd = torch.command("lightning", &out, Some(dir));
+                        light.0.push(measured(cmd, &log)?);
+                    }
+                }
+            }
+        }
+    }
+    let mut out = report(quick, &torch, &kiln, &plain)?;
+    match &lightning {
+        Ok(_) => lightning_rows(&mut out, &kiln, &light),
+        Err(why) => lightning_skipped(&mut out, why),
+    }
+    out.details = json!({
+        "quick": quick, "repeats": repeats, "threads": threads,
+        "precision": torch.precision(), "attention": torch.attention(),
+        "workers": plan.data.num_workers, "batch": plan.train.batch_size,
+        "epochs": plan.train.epochs, "data_shape": data_shape(quick),
+        "kiln": kiln.runs(), "lightning": light.runs(), "pytorch_loop": plain.runs(),
+    });
+    out.write(&suite_out(args, "job"))?;
+    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+}
+
+/// The suite's description and the rows against the plain PyTorch loop.
+fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> Result<SuiteOutput> {
+    let (samples, seq, features, classes) = data_shape(quick);
+    let (p, m) = (torch.plan, &torch.plan.model);
+    let mut out = SuiteOutput::new(
+        "job",
+        &format!(
+            "{}the default job end to end: `kiln train --data` against PyTorch Lightning \
+             Trainer.fit and a plain PyTorch loop on the same prepared shards ({samples} \
+             samples of {seq}×{features}, {classes} classes, read through a torch Dataset), \
+             split, transformer (d_model {}, {} layers, dropout {}) and initial weights; {} \
+             epochs of batch {}, {} ({} attention), fused AdamW, warmup {} + cosine, clipping \
+             {}, validation and a checkpoint every epoch, {} data workers, {} threads; wall \
+             time is process start to exit",
+            if quick {
+                "QUICK (a tiny job, shape check only): "
+            } else {
+                ""
+            },
+            m.d_model,
+            m.layers,
+            m.dropout,
+            p.train.epochs,
+            p.train.batch_size,
+            torch.precision(),
+            torch.attention(),
+            p.train.warmup_steps,
+            p.train.clip_grad_norm,
+            p.data.num_workers,
+            torch.threads
+        ),
+    );
+    let base = "plain PyTorch loop, same job (no Lightning)";
+    out.push(Comparison::new(
+        "job",
+        "end to end",
+        "default job wall time vs a plain PyTorch loop",
+        "s",
+        Better::Lower,
+        (kiln.seconds(), plain.seconds()),
+        base,
+    ));
+    out.push(Comparison::new(
+        "job",
+        "end to end",
+        "final val accuracy vs a plain PyTorch loop",
+        "%",
+        Better::Higher,
+        (kiln.accuracy(), plain.accuracy()),
+        base,
+    ));
+    Ok(out)
+}
+
+const LIGHTNING: &str = "PyTorch Lightning Trainer.fit, same job";
+
+fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side) {
+    let version = light
+        .0
+        .first()
+        .map_or(Value::Null, |m| m.result["lightning_version"].clone());
+    let base = format!(
+        "{LIGHTNING} (lightning {})",
+        version.as_str().unwrap_or("?")
+    );
+    let row = |name: &str, unit: &str, better, figures| {
+        Comparison::new(
+            "job",
+            "end to end",
+            name,
+            unit,
+            better,
+            figures,
+            base.clone(),
+        )
+    };
+    out.push(
+        row(
+            "default job wall time",
+            "s",
+            Better::Lower,
+            (kiln.seconds(), light.seconds()),
+        )
+        .at_most(0.7)
+        .detail(
+            "fit_seconds",
+            json!({
+                "kiln": kiln.median(|m| m.result["fit_seconds"].as_f64().unwrap_or(f64::NAN)),
+                "lightning": light.median(|m| m.result["fit_seconds"].as_f64().unwrap_or(f64::NAN)),
+            }),
+        ),
+    );
+    out.push(row(
+        "default job samples/s (training samples / wall time)",
+        "samples/s",
+        Better::Higher,
+        (kiln.samples_per_s(), light.samples_per_s()),
+    ));
+    let (ka, la) = (kiln.accuracy(), light.accuracy());
+    out.push(
+        row("final val accuracy", "%", Better::Higher, (ka, la))
+            .detail("difference_points", json!(ka - la)),
+    );
+    out.push(
+        row(
+            "final val accuracy vs Lightning − 1 point",
+            "%",
+            Better::Higher,
+            (ka, la - 1.0),
+        )
+        .at_least(1.0),
+    );
+    out.push(row(
+        "peak memory, PSS of the process tree",
+        "MiB",
+        Better::Lower,
+        (
+            kiln.median(|m| m.peak_pss_mib),
+            light.median(|m| m.peak_pss_mib),
+        ),
+    ));
+    out.push(row(
+        "peak RSS of the process tree (shared pages once per process)",
+        "MiB",
+        Better::Lower,
+        (
+            kiln.median(|m| m.peak_rss_mib),
+            light.median(|m| m.peak_rss_mib),
+        ),
+    ));
+}
+
+fn lightning_skipped(out: &mut SuiteOutput, why: &str) {
+    for name in [
+        "default job wall time",
+        "default job samples/s (training samples / wall time)",
+        "final val accuracy",
+        "final val accuracy vs Lightning − 1 point",
+        "peak memory, PSS of the process tree",
+        "peak RSS of the process tree (shared pages once per process)",
+    ] {
+        out.skip(&format!("{name} vs Lightning"), &format!("not run: {why}"));
+    }
+}
