@@ -203,6 +203,54 @@ impl SuiteOutput {
     }
 }
 
+/// The key of a comparison's `details` that says why the row fails its goal whatever its
+/// figures (its `meets_goal` is then false even where the ratio meets the goal).
+pub const FAILS_BECAUSE: &str = "fails_because";
+
+/// The suite whose rows say whether kiln and PyTorch learn the same thing.
+pub const LEARNING_SUITE: &str = "learning";
+
+/// "A row whose sides diverge fails its goal, whatever its speed": for each model with a
+/// missed `learning` row (`details.model` names it), every `train` row of that model (its name
+/// starts with the model's name) gets the reason in `details.fails_because`, and a row with a
+/// goal gets `meets_goal` false. Returns how many rows were marked.
+pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
+    let mut diverged: Vec<(String, String)> = vec![];
+    for c in suites
+        .iter()
+        .filter(|s| s.suite == LEARNING_SUITE)
+        .flat_map(|s| &s.comparisons)
+        .filter(|c| c.meets_goal == Some(false))
+    {
+        if let Some(model) = c.details["model"].as_str()
+            && !diverged.iter().any(|(m, _)| m == model)
+        {
+            diverged.push((model.to_owned(), c.name.clone()));
+        }
+    }
+    let mut marked = 0;
+    for c in suites
+        .iter_mut()
+        .filter(|s| s.suite == "train")
+        .flat_map(|s| &mut s.comparisons)
+    {
+        let first = c.name.split_whitespace().next().unwrap_or_default();
+        let Some((_, row)) = diverged.iter().find(|(m, _)| m == first) else {
+            continue;
+        };
+        let why = format!(
+            "kiln and PyTorch do not learn the same thing for the {first} (learning: {row} \
+             missed its tolerance), so the speed comparison is not like for like"
+        );
+        if c.goal.is_some() {
+            c.meets_goal = Some(false);
+        }
+        *c = c.clone().detail(FAILS_BECAUSE, json!(why));
+        marked += 1;
+    }
+    marked
+}
+
 /// The whole report: `meta` (created, quick, machine) and the suites' outputs merged, with all
 /// comparisons in one list and the machine limits in `peaks`.
 pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
@@ -285,8 +333,10 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> Result<(), String> 
             (Value::Null, Value::Null) => {}
             (goal, Value::Bool(met)) => match serde_json::from_value::<Goal>(goal.clone()) {
                 Ok(g) if matches!(g.op.as_str(), "<=" | ">=") => {
+                    let overruled = !*met && c["details"][FAILS_BECAUSE].is_string();
                     if let Some(r) = numbers[2]
                         && g.met_by(r) != *met
+                        && !overruled
                     {
                         problems.push(format!("{at}: `meets_goal` contradicts the ratio"));
                     }
@@ -436,6 +486,16 @@ pub fn markdown(report: &Value) -> String {
                 breakdown_text(&c["details"]["breakdown"])
             ));
         }
+        for c in rows
+            .iter()
+            .filter(|c| c["details"][FAILS_BECAUSE].is_string())
+        {
+            out.push_str(&format!(
+                "- **{}** fails whatever its figures: {}\n",
+                md_cell(&s(&c["name"])),
+                md_cell(&s(&c["details"][FAILS_BECAUSE]))
+            ));
+        }
         for skipped in suite["skipped"].as_array().unwrap_or(&empty) {
             out.push_str(&format!(
                 "- not measured here: {} ({})\n",
@@ -542,6 +602,65 @@ mod tests {
         let nan =
             Comparison::new("d", "g", "n", "x", Better::Lower, (f64::NAN, 1.0), "b").at_most(1.0);
         assert_eq!(nan.meets_goal, Some(false));
+    }
+
+    fn learning(model: &str, difference: f64) -> SuiteOutput {
+        let mut s = SuiteOutput::new(LEARNING_SUITE, "same learning");
+        s.push(
+            Comparison::new(
+                LEARNING_SUITE,
+                "same learning",
+                format!("{model} fp32, 100 steps: largest per-step |Δloss|"),
+                "nats",
+                Better::Lower,
+                (difference, 1e-4),
+                "tolerance",
+            )
+            .at_most(1.0)
+            .detail("model", json!(model)),
+        );
+        s
+    }
+
+    #[test]
+    fn diverged_learning_fails_that_models_train_rows_whatever_their_speed() {
+        let mut suites = [suite(), learning("transformer", 0.3), learning("mlp", 0.0)];
+        suites[0].push(Comparison::new(
+            "train",
+            SWEEP_GROUP,
+            "transformer fp32 b=8 throughput",
+            "samples/s",
+            Better::Higher,
+            (5.0, 4.0),
+            "PyTorch eager fp32",
+        ));
+        assert_eq!(apply_learning_check(&mut suites), 2);
+        let rows = &suites[0].comparisons;
+        // mlp learned the same: its row keeps its verdict.
+        assert_eq!(rows[0].meets_goal, Some(true));
+        assert!(rows[0].details.get(FAILS_BECAUSE).is_none());
+        // The transformer's row with a goal fails; the one without a goal gets the reason only.
+        assert_eq!(rows[1].meets_goal, Some(false));
+        let why = rows[1].details[FAILS_BECAUSE].as_str().unwrap();
+        assert!(
+            why.contains("for the transformer (learning: transformer fp32"),
+            "{why}"
+        );
+        assert_eq!(rows[2].meets_goal, None);
+        assert!(rows[2].details[FAILS_BECAUSE].is_string());
+        // A row that meets its goal on speed but is marked failed passes the shape check, and
+        // the Markdown says why.
+        suites[0].comparisons[1].ratio = 0.5;
+        suites[0].comparisons[1].kiln = 5.0;
+        let r = assemble(
+            json!({"created": "t", "quick": false, "machine": {}}),
+            &suites,
+        );
+        validate(&r, &["train", LEARNING_SUITE]).unwrap();
+        assert!(markdown(&r).contains("- **transformer fp32 step** fails whatever its figures"));
+        // Without a learning suite nothing changes.
+        let mut alone = [suite()];
+        assert_eq!(apply_learning_check(&mut alone), 0);
     }
 
     #[test]

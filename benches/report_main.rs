@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use kiln_benches::flag;
-use kiln_benches::report::{SuiteOutput, assemble, markdown, validate};
+use kiln_benches::report::{SuiteOutput, apply_learning_check, assemble, markdown, validate};
 use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
@@ -139,6 +139,10 @@ fn build(dir: &Path, suites: &[String], args: &[String]) -> Result<()> {
             ));
         }
         outputs.push(out);
+    }
+    let failed = apply_learning_check(&mut outputs);
+    if failed > 0 {
+        eprintln!("report: {failed} train row(s) fail: their model's sides did not learn the same");
     }
     let created = flag(args, "--created").unwrap_or("unknown");
     let meta = json!({
