@@ -17,6 +17,8 @@
 //! at batch 1 each request reads all 4 MB of weights for a handful of multiply-adds per weight,
 //! which is what batching amortises.
 
+mod serve_peer;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -268,6 +270,17 @@ fn compare(args: &[String]) -> Result<()> {
             None => c,
         });
     }
+    // The serving peer: LitServe on the same model, limits and load (JSON requests).
+    let load = serve_peer::Load {
+        python: python(args),
+        max_batch,
+        max_wait,
+        clients,
+        requests,
+        repeats,
+        threads,
+    };
+    serve_peer::compare(&mut out, &load)?;
     out.details = json!({
         "model": "mlp 784-1024-1024-10 fp32, cpu",
         "threads": threads,

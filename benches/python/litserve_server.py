@@ -1,0 +1,101 @@
+"""The serving peer of kiln's serve benchmark (`cargo xtask bench --suite serve`): LitServe
+(Lightning's model server) serving the benchmark's model as a LitServe user deploys it.
+
+The model is the serve suite's MLP (784 -> 1024 -> 1024 -> 10, ReLU, fp32) with the very
+weights kiln serves: kiln writes its VarStore as safetensors (--weights; layers fc0, fc1, ...,
+head, each weight [out, in] and bias), read here without extra packages (torch_loader.py's
+reader). One inference worker on the CPU with --threads libtorch threads, dynamic batching with
+LitAPI(max_batch_size=--max-batch, batch_timeout=--batch-timeout-ms / 1000) at POST
+/v1/predict, which takes kiln's JSON request body `{"inputs": [784 floats]}` and answers as
+kiln does, `{"outputs": [10 floats], "shape": [10]}`. GET /health says when it is ready.
+"""
+import argparse
+import importlib.util
+import os
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+import litserve as ls  # noqa: E402
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def load_mlp(path):
+    """The MLP of kiln's safetensors file: [(weight, bias)] of fc0, fc1, ..., then head."""
+    spec = importlib.util.spec_from_file_location("torch_loader", os.path.join(HERE, "torch_loader.py"))
+    reader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reader)
+    tensors = {k: v.clone() for k, v in reader.open_safetensors(path).items()}
+
+    def layer(prefix):
+        [w] = [v for k, v in tensors.items() if k.endswith(prefix + ".weight")]
+        [b] = [v for k, v in tensors.items() if k.endswith(prefix + ".bias")]
+        return w, b
+
+    hidden = sorted({k.rsplit(".", 2)[-2] for k in tensors if ".fc" in "." + k},
+                    key=lambda name: int(name[2:]))
+    return [layer(h) for h in hidden] + [layer("head")]
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.linears = torch.nn.ModuleList()
+        for w, b in layers:
+            lin = torch.nn.Linear(w.shape[1], w.shape[0])
+            with torch.no_grad():
+                lin.weight.copy_(w)
+                lin.bias.copy_(b)
+            self.linears.append(lin)
+
+    def forward(self, x):
+        for lin in self.linears[:-1]:
+            x = torch.relu(lin(x))
+        return self.linears[-1](x)
+
+
+class MlpAPI(ls.LitAPI):
+    def __init__(self, weights, threads, **kwargs):
+        super().__init__(**kwargs)
+        self.weights, self.threads = weights, threads
+
+    def setup(self, device):
+        torch.set_num_threads(self.threads)
+        self.model = MLP(load_mlp(self.weights)).eval()
+
+    def decode_request(self, request):
+        return torch.tensor(request["inputs"], dtype=torch.float32)
+
+    def batch(self, inputs):
+        return torch.stack(inputs)
+
+    def predict(self, x):
+        with torch.inference_mode():
+            return self.model(x)
+
+    def unbatch(self, output):
+        return list(output)
+
+    def encode_response(self, output):
+        return {"outputs": output.tolist(), "shape": list(output.shape)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--weights", required=True, help="kiln's MLP as safetensors")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--batch-timeout-ms", type=float, default=2.0)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    api = MlpAPI(a.weights, a.threads, max_batch_size=a.max_batch,
+                 batch_timeout=a.batch_timeout_ms / 1000.0, api_path="/v1/predict")
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1)
+    server.run(host="127.0.0.1", port=a.port, num_api_servers=1, generate_client_file=False,
+               log_level="warning")
+
+
+if __name__ == "__main__":
+    main()
