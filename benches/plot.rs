@@ -6,6 +6,10 @@
 //! one panel per unit, kiln and baseline against the batch size on a log2 axis, one pair of
 //! lines per series (the name without its `b=N` token).
 //!
+//! A comparison whose details hold `loss_curves` (`{"kiln": [...], "baseline": [...]}`, the
+//! same-learning rows) also gets `<suite>-loss-<model>-<precision>.png`/`.svg`: both sides'
+//! training loss per step, and below it their difference.
+//!
 //! Missing and non-finite values are left out of the drawing (a bar without a value reads
 //! "no value"); nothing here panics on odd input. Text uses the DejaVu Sans embedded in
 //! `kiln-train`, so no system fonts are needed; the SVGs name the family "DejaVu Sans" with a
@@ -108,6 +112,10 @@ pub fn write_plots(report: &Value, dir: &Path) -> Result<Vec<PathBuf>, String> {
             panels: sweep_panels(&members),
         };
         let stem = unique(format!("{}-{SWEEP_STEM}", slug(suite)), &mut stems);
+        write_chart(dir, &stem, &chart, &mut written)?;
+    }
+    for (stem, chart) in loss_charts(comparisons, &subtitle) {
+        let stem = unique(stem, &mut stems);
         write_chart(dir, &stem, &chart, &mut written)?;
     }
     Ok(written)
@@ -912,6 +920,207 @@ fn power_of_two_label(v: f64) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Loss curves of the same-learning rows.
+
+/// Both sides' loss per training step and the difference, for a comparison whose details hold
+/// `loss_curves: {"kiln": [...], "baseline": [...]}`.
+#[derive(Debug, Clone)]
+struct LossChart {
+    title: String,
+    subtitle: String,
+    baseline_name: String,
+    kiln: Vec<(f64, f64)>,
+    baseline: Vec<(f64, f64)>,
+    /// kiln − baseline per step where both have a usable value.
+    difference: Vec<(f64, f64)>,
+}
+
+/// Points `(step, loss)` of a curve, unusable values left out.
+fn curve(v: &Value) -> Vec<(f64, f64)> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .filter_map(|(i, l)| number(Some(l)).map(|l| (i as f64, l)))
+        .collect()
+}
+
+/// One chart per comparison with loss curves, each with its file stem:
+/// `<suite>-loss-<model>-<precision>` (or the row's name when the details do not say).
+fn loss_charts(comparisons: &[Value], subtitle: &str) -> Vec<(String, LossChart)> {
+    let mut out = vec![];
+    for c in comparisons {
+        let curves = &c["details"]["loss_curves"];
+        let (kiln, baseline) = (curve(&curves["kiln"]), curve(&curves["baseline"]));
+        if kiln.is_empty() && baseline.is_empty() {
+            continue;
+        }
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let name = text(&c["name"]);
+        let which = match (
+            c["details"]["model"].as_str(),
+            c["details"]["precision"].as_str(),
+        ) {
+            (Some(m), Some(p)) => format!("{m} {p}"),
+            _ => name.clone(),
+        };
+        let difference = kiln
+            .iter()
+            .zip(&baseline)
+            .filter(|(k, b)| k.0 == b.0)
+            .map(|(k, b)| (k.0, k.1 - b.1))
+            .collect();
+        let chart = LossChart {
+            title: format!("{which}: training loss per step, kiln and baseline"),
+            subtitle: [name.as_str(), subtitle]
+                .iter()
+                .filter(|s| !s.is_empty())
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" · "),
+            baseline_name: text(&c["baseline_name"]),
+            kiln,
+            baseline,
+            difference,
+        };
+        out.push((
+            format!("{}-loss-{}", slug(&text(&c["suite"])), slug(&which)),
+            chart,
+        ));
+    }
+    out
+}
+
+/// `(lo, hi)` of the values in `points` with a little room, never an empty range.
+fn value_range(points: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = points.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if !lo.is_finite() {
+        return (0.0, 1.0);
+    }
+    let pad = ((hi - lo) * 0.08)
+        .max(hi.abs().max(lo.abs()) * 1e-6)
+        .max(1e-12);
+    (lo - pad, hi + pad)
+}
+
+impl Chart for LossChart {
+    fn height(&self) -> u32 {
+        SWEEP_HEADER + PANEL_HEIGHT + PANEL_HEIGHT * 2 / 3
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        let body = header(root, &self.title, &self.subtitle, SWEEP_HEADER)?;
+        let (top, bottom) = body.split_vertically(PANEL_HEIGHT);
+        let last = self
+            .kiln
+            .iter()
+            .chain(&self.baseline)
+            .map(|p| p.0)
+            .fold(1.0, f64::max);
+        let (lo, hi) = value_range(self.kiln.iter().chain(&self.baseline).map(|p| p.1));
+        let mut chart = ChartBuilder::on(&top)
+            .caption("loss (nats)", (FONT, 18))
+            .margin(14)
+            .margin_right(28)
+            .x_label_area_size(44)
+            .y_label_area_size(72)
+            .build_cartesian_2d(0.0..last, lo..hi)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss")
+            .label_style((FONT, 13))
+            .axis_desc_style((FONT, 15))
+            .light_line_style(RGBColor(240, 240, 240))
+            .y_label_formatter(&|v| tick_label(*v, hi - lo))
+            .draw()
+            .map_err(draw_err)?;
+        let (kc, bc) = (SERIES_COLORS[0], SERIES_COLORS[1]);
+        chart
+            .draw_series(LineSeries::new(
+                self.kiln.iter().copied(),
+                kc.stroke_width(2),
+            ))
+            .map_err(draw_err)?
+            .label("kiln")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], kc.stroke_width(2)));
+        let label_style = TextStyle::from((FONT, 13).into_font());
+        let base = clip(&self.baseline_name, 90, |t| {
+            fits(&top, t, &label_style, 700)
+        });
+        chart
+            .draw_series(DashedLineSeries::new(
+                self.baseline.iter().copied(),
+                7,
+                5,
+                bc.stroke_width(2),
+            ))
+            .map_err(draw_err)?
+            .label(base)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], bc.stroke_width(2)));
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font(label_style)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(160, 160, 160))
+            .draw()
+            .map_err(draw_err)?;
+        self.draw_difference(&bottom, last)
+    }
+}
+
+impl LossChart {
+    /// The lower panel: kiln − baseline per step, with the zero line.
+    fn draw_difference<DB: DrawingBackend>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        last: f64,
+    ) -> Result<(), String> {
+        let (lo, hi) = value_range(self.difference.iter().map(|p| p.1).chain([0.0]));
+        let caption = if self.difference.iter().all(|p| p.1 == 0.0) {
+            "kiln − baseline (nats): 0 at every step"
+        } else {
+            "kiln − baseline (nats)"
+        };
+        let mut chart = ChartBuilder::on(area)
+            .caption(caption, (FONT, 18))
+            .margin(14)
+            .margin_right(28)
+            .x_label_area_size(44)
+            .y_label_area_size(72)
+            .build_cartesian_2d(0.0..last, lo..hi)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("difference")
+            .label_style((FONT, 13))
+            .axis_desc_style((FONT, 15))
+            .light_line_style(RGBColor(240, 240, 240))
+            .y_label_formatter(&|v| tick_label(*v, hi - lo))
+            .draw()
+            .map_err(draw_err)?;
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, 0.0), (last, 0.0)],
+                FAINT.stroke_width(1),
+            ))
+            .map_err(draw_err)?;
+        chart
+            .draw_series(LineSeries::new(
+                self.difference.iter().copied(),
+                SERIES_COLORS[3].stroke_width(2),
+            ))
+            .map_err(draw_err)?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Text helpers.
 
 /// A value in about three significant digits.
@@ -1208,6 +1417,40 @@ mod tests {
         let svg = read_svg(&paths[1]);
         assert!(svg.contains("kiln") && !svg.contains(" · kiln"));
         assert!(svg.contains("PyTorch eager fp32"));
+    }
+
+    #[test]
+    fn rows_with_loss_curves_get_a_loss_chart_each() {
+        let mut row = comparison(
+            "learning",
+            "transformer fp32: largest |Δloss|",
+            0.0,
+            json!(null),
+            json!(null),
+        );
+        row["details"] = json!({"model": "transformer", "precision": "fp32",
+            "loss_curves": {"kiln": [4.6, 3.1, 2.2, null], "baseline": [4.6, 3.1, 2.25, 1.9]}});
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = write_plots(&report(vec![row]), dir.path()).expect("plots written");
+        assert_eq!(
+            file_names(&paths),
+            [
+                "learning.png",
+                "learning.svg",
+                "learning-loss-transformer-fp32.png",
+                "learning-loss-transformer-fp32.svg"
+            ]
+        );
+        assert_png(&paths[2]);
+        let svg = read_svg(&paths[3]);
+        for text in [
+            "transformer fp32: training loss per step",
+            "kiln − baseline",
+            "PyTorch eager fp32",
+        ] {
+            assert!(svg.contains(text), "the loss chart lacks {text:?}");
+        }
+        sample(&paths);
     }
 
     #[test]
