@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kiln_benches::proc_memory::{Peak, tree_memory};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{bench_root, flag, median, number, python, report_path, suite_out};
 use kiln_data::{
@@ -256,52 +257,6 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     Ok((dir, norm))
 }
 
-/// Peak memory of a process tree, in bytes.
-#[derive(Debug, Default, Clone, Copy)]
-struct Peak {
-    pss: u64,
-    rss: u64,
-}
-
-fn tree(pid: u32, out: &mut Vec<u32>) {
-    out.push(pid);
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-            tree(child, out);
-        }
-    }
-}
-
-fn rollup(pid: u32) -> Peak {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    Peak {
-        pss: field("Pss:"),
-        rss: field("Rss:"),
-    }
-}
-
-/// Current PSS and RSS of process `pid` and all its descendants, summed.
-fn tree_memory(pid: u32) -> Peak {
-    let mut pids = Vec::new();
-    tree(pid, &mut pids);
-    pids.iter()
-        .map(|&p| rollup(p))
-        .fold(Peak::default(), |a, b| Peak {
-            pss: a.pss + b.pss,
-            rss: a.rss + b.rss,
-        })
-}
-
 /// Runs `cmd`; with `poll`, samples its process tree's memory every 10 ms (reading smaps costs
 /// the measured process time, so timing runs do not poll). Returns its JSON line and peaks.
 fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
@@ -313,9 +268,7 @@ fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
     let mut peak = Peak::default();
     if poll {
         loop {
-            let now = tree_memory(child.id());
-            peak.pss = peak.pss.max(now.pss);
-            peak.rss = peak.rss.max(now.rss);
+            peak = peak.max(tree_memory(child.id()));
             if child.try_wait().map_err(|e| e.to_string())?.is_some() {
                 break;
             }

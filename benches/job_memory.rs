@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kiln_benches::proc_memory::{Peak, tree_memory};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -22,40 +23,6 @@ pub struct Measured {
     pub peak_rss_mib: f64,
 }
 
-/// (PSS, RSS) in bytes of `pid`, 0 where unreadable.
-fn rollup(pid: u32) -> (u64, u64) {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    (field("Pss:"), field("Rss:"))
-}
-
-fn tree(pid: u32, out: &mut Vec<u32>) {
-    out.push(pid);
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-            tree(child, out);
-        }
-    }
-}
-
-/// (PSS, RSS) of `pid` and all its descendants, summed.
-fn tree_memory(pid: u32) -> (u64, u64) {
-    let mut pids = vec![];
-    tree(pid, &mut pids);
-    pids.iter()
-        .map(|&p| rollup(p))
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-}
-
 /// Runs `cmd` with stdout and stderr in `log`, sampling its tree's memory every 100 ms; its
 /// result is the last line of its stdout that is a JSON object (the `result` of a kiln run is
 /// filled in by the caller from its summary).
@@ -69,10 +36,9 @@ pub fn measured(mut cmd: Command, log: &Path) -> Result<Measured> {
         .stderr(file(log)?)
         .spawn()
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let (mut pss, mut rss) = (0u64, 0u64);
+    let mut peak = Peak::default();
     let status = loop {
-        let (p, r) = tree_memory(child.id());
-        (pss, rss) = (pss.max(p), rss.max(r));
+        peak = peak.max(tree_memory(child.id()));
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
             break status;
         }
@@ -99,8 +65,8 @@ pub fn measured(mut cmd: Command, log: &Path) -> Result<Measured> {
     Ok(Measured {
         result,
         seconds,
-        peak_pss_mib: mib(pss),
-        peak_rss_mib: mib(rss),
+        peak_pss_mib: mib(peak.pss),
+        peak_rss_mib: mib(peak.rss),
     })
 }
 

@@ -4,6 +4,7 @@
 
 pub mod peers;
 pub mod plot;
+pub mod proc_memory;
 pub mod report;
 pub mod unfused;
 
