@@ -6,9 +6,10 @@
 //! one panel per unit, kiln and baseline against the batch size on a log2 axis, one pair of
 //! lines per series (the name without its `b=N` token).
 //!
-//! A comparison whose details hold `loss_curves` (`{"kiln": [...], "baseline": [...]}`, the
-//! same-learning rows) also gets `<suite>-loss-<model>-<precision>.png`/`.svg`: both sides'
-//! training loss per step, and below it their difference.
+//! A comparison whose details hold `loss_curves` (`{"kiln": [...], "baseline": [...]}` and
+//! optionally the baseline's `baseline_name`: the same-learning rows) also gets
+//! `<suite>-loss-<model>-<precision>.png`/`.svg`: both sides' training loss per step, and
+//! below it their difference.
 //!
 //! Missing and non-finite values are left out of the drawing (a bar without a value reads
 //! "no value"); nothing here panics on odd input. Text uses the DejaVu Sans embedded in
@@ -978,7 +979,9 @@ fn loss_charts(comparisons: &[Value], subtitle: &str) -> Vec<(String, LossChart)
                 .copied()
                 .collect::<Vec<_>>()
                 .join(" · "),
-            baseline_name: text(&c["baseline_name"]),
+            baseline_name: curves["baseline_name"]
+                .as_str()
+                .map_or_else(|| text(&c["baseline_name"]), str::to_owned),
             kiln,
             baseline,
             difference,
@@ -989,6 +992,15 @@ fn loss_charts(comparisons: &[Value], subtitle: &str) -> Vec<(String, LossChart)
         ));
     }
     out
+}
+
+/// A whole step number, or nothing between steps.
+fn step_label(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else {
+        String::new()
+    }
 }
 
 /// `(lo, hi)` of the values in `points` with a little room, never an empty range.
@@ -1035,6 +1047,7 @@ impl Chart for LossChart {
             .label_style((FONT, 13))
             .axis_desc_style((FONT, 15))
             .light_line_style(RGBColor(240, 240, 240))
+            .x_label_formatter(&|v| step_label(*v))
             .y_label_formatter(&|v| tick_label(*v, hi - lo))
             .draw()
             .map_err(draw_err)?;
@@ -1101,6 +1114,7 @@ impl LossChart {
             .label_style((FONT, 13))
             .axis_desc_style((FONT, 15))
             .light_line_style(RGBColor(240, 240, 240))
+            .x_label_formatter(&|v| step_label(*v))
             .y_label_formatter(&|v| tick_label(*v, hi - lo))
             .draw()
             .map_err(draw_err)?;
@@ -1429,7 +1443,8 @@ mod tests {
             json!(null),
         );
         row["details"] = json!({"model": "transformer", "precision": "fp32",
-            "loss_curves": {"kiln": [4.6, 3.1, 2.2, null], "baseline": [4.6, 3.1, 2.25, 1.9]}});
+            "loss_curves": {"kiln": [4.6, 3.1, 2.2, null], "baseline": [4.6, 3.1, 2.25, 1.9],
+                            "baseline_name": "PyTorch twin fp32"}});
         let dir = tempfile::tempdir().expect("tempdir");
         let paths = write_plots(&report(vec![row]), dir.path()).expect("plots written");
         assert_eq!(
@@ -1446,7 +1461,7 @@ mod tests {
         for text in [
             "transformer fp32: training loss per step",
             "kiln − baseline",
-            "PyTorch eager fp32",
+            "PyTorch twin fp32",
         ] {
             assert!(svg.contains(text), "the loss chart lacks {text:?}");
         }
