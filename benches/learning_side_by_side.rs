@@ -577,10 +577,14 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
     let twin = twin_text(p.kind, p.precision);
     let (kf, tf) = (m.kiln_final, m.torch_final);
     if p.precision == AmpDtype::None {
+        let at = if m.largest == 0.0 {
+            "identical at every step".to_owned()
+        } else {
+            format!("largest at step {}", m.step)
+        };
         let baseline = format!(
-            "tolerance {FP32_STEP_TOLERANCE:e} nats ({twin}; largest at step {}; final loss \
-             kiln {kf:.4}, PyTorch {tf:.4})",
-            m.step
+            "tolerance {FP32_STEP_TOLERANCE:e} nats ({twin}; {at}; final loss kiln {kf:.4}, \
+             PyTorch {tf:.4})"
         );
         let name = format!("{what}: largest per-step |Δloss|");
         let fp32 = row(name, "nats", m.largest, FP32_STEP_TOLERANCE, baseline);
@@ -646,4 +650,82 @@ fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
             .collect::<Vec<_>>(),
     });
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(precision: AmpDtype, kiln: &[f64], torch: &[f64], accuracy: (f64, f64)) -> Pair {
+        let run = |losses: &[f64], acc: f64| {
+            json!({"losses": losses, "held_out_accuracy": acc, "held_out_loss": 1.0,
+                   "seconds": 1.0})
+        };
+        Pair {
+            kind: ModelKind::Transformer,
+            precision,
+            job: job(ModelKind::Transformer, false),
+            kiln: run(kiln, accuracy.0),
+            torch: run(torch, accuracy.1),
+        }
+    }
+
+    #[test]
+    fn the_largest_difference_and_its_step() {
+        assert_eq!(
+            largest_difference(&[1.0, 2.0, 3.0], &[1.0, 2.5, 2.9]),
+            (1, 0.5)
+        );
+        assert_eq!(largest_difference(&[1.0, 2.0], &[1.0, 2.0]), (0, 0.0));
+        assert_eq!(tail_mean(&[5.0, 1.0, 2.0, 3.0], 3), 2.0);
+        assert_eq!(tail_mean(&[4.0], 10), 4.0);
+    }
+
+    #[test]
+    fn fp32_fails_past_the_tolerance_at_any_step() {
+        let same = rows(
+            &pair(AmpDtype::None, &[2.3, 2.0], &[2.3, 2.0], (0.5, 0.5)),
+            false,
+        );
+        let same = same.unwrap();
+        assert_eq!(same.len(), 1);
+        assert_eq!(same[0].meets_goal, Some(true));
+        assert!(same[0].baseline_name.contains("identical at every step"));
+        assert_eq!(same[0].details["model"], "transformer");
+        let apart = [2.3, 2.0 + 2.0 * FP32_STEP_TOLERANCE];
+        let off = rows(&pair(AmpDtype::None, &[2.3, 2.0], &apart, (0.5, 0.5)), true).unwrap();
+        assert_eq!(off[0].meets_goal, Some(false));
+        assert!(off[0].name.contains("quick: not the 100-step check"));
+        assert!(off[0].baseline_name.contains("largest at step 1"));
+    }
+
+    #[test]
+    fn bf16_judges_the_final_loss_and_the_held_out_accuracy() {
+        let mut kiln = vec![3.0; 20];
+        let torch = kiln.clone();
+        // Early steps may differ; the last 10 decide.
+        kiln[0] = 2.0;
+        let r = rows(&pair(AmpDtype::Bf16, &kiln, &torch, (0.80, 0.79)), false).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[0].meets_goal, Some(true));
+        assert!(r[0].details["loss_curves"]["kiln"].is_array());
+        assert_eq!(r[1].meets_goal, Some(true));
+        assert!((r[1].kiln - 1.0).abs() < 1e-9, "{}", r[1].kiln);
+        assert!(r[1].details["loss_curves"].is_null());
+        let r = rows(&pair(AmpDtype::Bf16, &kiln, &torch, (0.80, 0.70)), false).unwrap();
+        assert_eq!(r[1].meets_goal, Some(false));
+        let lower: Vec<f64> = torch
+            .iter()
+            .map(|l| l - 2.0 * BF16_LOSS_TOLERANCE)
+            .collect();
+        let r = rows(&pair(AmpDtype::Bf16, &lower, &torch, (0.8, 0.8)), false).unwrap();
+        assert_eq!(r[0].meets_goal, Some(false));
+        assert!(
+            rows(
+                &pair(AmpDtype::Bf16, &[1.0], &[1.0, 2.0], (0.8, 0.8)),
+                false
+            )
+            .is_err()
+        );
+    }
 }
