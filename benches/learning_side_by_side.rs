@@ -387,11 +387,12 @@ fn suite(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     // Two threads a side by default, as in the other suites.
     let threads = number(args, "--threads", 2)?.max(1).to_string();
+    // The bench's own scratch directory, removed at the end.
     let work = flag(args, "--work-dir").map_or_else(
         || std::env::temp_dir().join(format!("kiln-bench-learning-{}", std::process::id())),
-        PathBuf::from,
+        |dir| Path::new(dir).join("learning"),
     );
-    let work = fresh_dir(&work.join("learning"))?;
+    let work = fresh_dir(&work)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let models = models(args)?;
     let mut pairs = vec![];
