@@ -5,7 +5,9 @@
 //! - `train` (the default): step-time ratios (kiln / PyTorch; below 1 means kiln is faster),
 //!   each step's model FLOP utilization against this machine's measured GEMM peak, the step
 //!   breakdown (data wait, forward, backward, optimizer) of both sides, and with
-//!   `--batch-sizes 1,2,4…` a sweep of throughput and peak memory over batch sizes.
+//!   `--batch-sizes 1,2,4…` a sweep of throughput and peak memory over batch sizes. Besides
+//!   PyTorch eager, the transformer rows run against `torch.compile(model)` (default mode; not
+//!   in `--quick`), its compile time (the first step, from an empty inductor cache) a row apart.
 //! - `optimizer`: one AdamW step over the transformer's parameters: kiln's fused kernel against
 //!   the per-tensor update and against `torch.optim.AdamW` fused, foreach and single-tensor.
 //! - `opts`: one optimization toggled at a time on kiln's own step (precision, fused AdamW,
@@ -231,6 +233,7 @@ fn probe(args: &[String]) -> Result<()> {
     let mut times = Vec::with_capacity(steps);
     let mut losses = vec![];
     let mut data_wait = 0.0;
+    let mut first_step = f64::NAN;
     for i in 0..warmup + steps + breakdown_steps {
         if i == warmup + steps {
             trainer.set_phase_timing(true);
@@ -258,6 +261,9 @@ fn probe(args: &[String]) -> Result<()> {
             / batch as f64;
         if (warmup..warmup + steps).contains(&i) {
             times.push(start.elapsed().as_secs_f64());
+        }
+        if i == 0 {
+            first_step = start.elapsed().as_secs_f64();
         }
         losses.push(loss);
     }
@@ -295,6 +301,7 @@ fn probe(args: &[String]) -> Result<()> {
             "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
             "samples_per_s": batch as f64 / median,
             "gflops": flops / median / 1e9,
+            "first_step_s": first_step,
             "loss_first": losses.first(),
             "loss_last": losses.last(),
             "breakdown": breakdown,
@@ -570,76 +577,113 @@ struct Case {
     torch_extra: &'static [&'static str],
     /// What the row's name adds (`""`: nothing).
     label: &'static str,
+    /// The PyTorch side is `torch.compile(model)` (default mode) rather than eager.
+    compile: bool,
 }
+
+impl Case {
+    /// A row against PyTorch eager.
+    const fn eager(
+        model: &'static str,
+        (kiln, torch): (&'static str, &'static str),
+        goal: Option<f64>,
+        (extra, torch_extra): (&'static [&'static str], &'static [&'static str]),
+        label: &'static str,
+    ) -> Self {
+        Self {
+            model,
+            kiln,
+            torch,
+            goal,
+            extra,
+            torch_extra,
+            label,
+            compile: false,
+        }
+    }
+
+    /// The same row against `torch.compile`.
+    const fn compiled(self) -> Self {
+        Self {
+            compile: true,
+            ..self
+        }
+    }
+}
+
+/// PyTorch given kiln's attention choice (the explicit matmul–softmax product on the CPU in
+/// bf16, SDPA elsewhere).
+const KILN_ATTENTION: &[&str] = &["--attention", "kiln"];
+const NO_DROPOUT: &[&str] = &["--dropout", "0"];
 
 /// The train rows. Baselines are PyTorch as a user writes it (SDPA, `nn.Dropout`) unless the
 /// row says "same computation": then the PyTorch twin makes kiln's per-precision choices too
 /// (the explicit matmul–softmax attention kiln uses on the CPU in bf16), or both sides run
 /// without dropout, so that the difference between two rows is what kiln's choice is worth.
-const CASES: [Case; 7] = [
-    Case {
-        model: "mlp",
-        kiln: "fp32",
-        torch: "fp32",
-        goal: Some(0.7),
-        extra: &[],
-        torch_extra: &[],
-        label: "",
-    },
-    Case {
-        model: "transformer",
-        kiln: "fp32",
-        torch: "fp32",
-        goal: Some(1.0),
-        extra: &[],
-        torch_extra: &[],
-        label: "",
-    },
-    Case {
-        model: "transformer",
-        kiln: "fp32",
-        torch: "fp32",
-        goal: Some(1.0),
-        extra: &["--dropout", "0"],
-        torch_extra: &[],
-        label: ", dropout 0 on both sides",
-    },
-    Case {
-        model: "transformer",
-        kiln: "auto",
-        torch: "bf16",
-        goal: Some(1.0),
-        extra: &[],
-        torch_extra: &[],
-        label: " (PyTorch default: SDPA)",
-    },
-    Case {
-        model: "transformer",
-        kiln: "auto",
-        torch: "bf16",
-        goal: Some(0.9),
-        extra: &[],
-        torch_extra: &["--attention", "kiln"],
-        label: ", same computation (PyTorch with kiln's attention choice)",
-    },
-    Case {
-        model: "transformer",
-        kiln: "auto",
-        torch: "fp32",
-        goal: Some(0.5),
-        extra: &[],
-        torch_extra: &[],
-        label: "",
-    },
-    Case {
-        model: "convnet",
-        kiln: "fp32",
-        torch: "fp32",
-        goal: None,
-        extra: &["--channels-last"],
-        torch_extra: &[],
-        label: " channels-last",
-    },
+/// The `torch.compile` rows (left out of `--quick`) compile the same twin, default mode.
+const CASES: [Case; 11] = [
+    Case::eager("mlp", ("fp32", "fp32"), Some(0.7), (&[], &[]), ""),
+    Case::eager("transformer", ("fp32", "fp32"), Some(1.0), (&[], &[]), ""),
+    Case::eager(
+        "transformer",
+        ("fp32", "fp32"),
+        Some(1.0),
+        (NO_DROPOUT, &[]),
+        ", dropout 0 on both sides",
+    ),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(1.0),
+        (&[], &[]),
+        " (PyTorch default: SDPA)",
+    ),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(0.9),
+        (&[], KILN_ATTENTION),
+        ", same computation (PyTorch with kiln's attention choice)",
+    ),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(0.9),
+        (NO_DROPOUT, KILN_ATTENTION),
+        ", same computation, dropout 0 on both sides",
+    ),
+    Case::eager("transformer", ("auto", "fp32"), Some(0.5), (&[], &[]), ""),
+    Case::eager(
+        "convnet",
+        ("fp32", "fp32"),
+        None,
+        (&["--channels-last"], &[]),
+        " channels-last",
+    ),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(1.0),
+        (&[], KILN_ATTENTION),
+        ", same computation (kiln's attention choice)",
+    )
+    .compiled(),
+    Case::eager(
+        "transformer",
+        ("fp32", "fp32"),
+        Some(1.0),
+        (&[], &[]),
+        " vs torch.compile fp32, same computation (SDPA, kiln's fp32 choice)",
+    )
+    .compiled(),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        None,
+        (&[], &[]),
+        " (PyTorch default: SDPA, nn.Dropout)",
+    )
+    .compiled(),
 ];
 
 /// The user's-own-model rows: kiln training the reference transformer's TorchScript twin
@@ -742,6 +786,233 @@ fn script_case(o: &Opts, warm: &str, timed: &str, split: &str) -> Result<(Vec<Co
     Ok((rows, run))
 }
 
+/// The step counts of a suite run, as the probes' command-line values.
+struct StepCounts {
+    warm: String,
+    timed: String,
+    split: String,
+}
+
+/// What one case gave: its rows, or why its PyTorch side could not run here; and its runs.
+struct Outcome {
+    name: String,
+    rows: Vec<Comparison>,
+    not_run: Option<String>,
+    run: Value,
+}
+
+/// The row name of `case` (kiln's `auto` resolved to `kiln_precision`).
+fn case_name(case: &Case, kiln_precision: &str) -> String {
+    let who = if case.compile {
+        "torch.compile"
+    } else {
+        "PyTorch"
+    };
+    match case.kiln {
+        "auto" => format!(
+            "{} auto ({kiln_precision}) step vs {who} {}{}",
+            case.model, case.torch, case.label
+        ),
+        p => format!("{} {p} step{}", case.model, case.label),
+    }
+}
+
+/// What the baseline of `case` runs, from its first run's JSON `t`.
+fn baseline_name(case: &Case, t: &Value) -> String {
+    format!(
+        "{} {}{} (fused AdamW{}; attention: {}; dropout {})",
+        if case.compile {
+            "torch.compile(model), default mode,"
+        } else {
+            "PyTorch eager"
+        },
+        case.torch,
+        if case.torch == "fp32" {
+            ""
+        } else {
+            " autocast"
+        },
+        if case.compile { " eager" } else { "" },
+        t["config"]["attention"].as_str().unwrap_or("-"),
+        t["config"]["dropout"]
+    )
+}
+
+/// Runs one case, kiln and PyTorch alternating; a `torch.compile` case in its own inductor
+/// cache, empty at its first run (a cold compile) and reused by the later ones (warm).
+fn run_case(o: &Opts, (i, case): (usize, &Case), n: &StepCounts, peaks: &Value) -> Result<Outcome> {
+    let common = |c: &mut Command, precision: &str| {
+        c.args(["--model", case.model, "--precision", precision])
+            .args(["--batch", "32", "--warmup", &n.warm, "--steps", &n.timed])
+            .args(["--breakdown-steps", &n.split])
+            .args(case.extra);
+    };
+    let cache =
+        std::env::temp_dir().join(format!("kiln-bench-inductor-{}-{i}", std::process::id()));
+    let kiln_cmd = || {
+        let mut c = o.kiln("probe");
+        common(&mut c, case.kiln);
+        c
+    };
+    let torch_cmd = || {
+        let mut c = o.torch();
+        common(&mut c, case.torch);
+        c.args(case.torch_extra);
+        if case.compile {
+            c.arg("--compile").env("TORCHINDUCTOR_CACHE_DIR", &cache);
+        }
+        c
+    };
+    let sides = o.interleaved(&[&kiln_cmd, &torch_cmd]);
+    let _ = std::fs::remove_dir_all(&cache);
+    let sides = sides?;
+    let (k, t) = (&sides[0], &sides[1]);
+    let kiln_precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
+    let name = case_name(case, &kiln_precision);
+    let run = json!({"case": name, "kiln": k, "torch": t});
+    if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
+        return Ok(Outcome {
+            name,
+            rows: vec![],
+            not_run: Some(reason.to_owned()),
+            run,
+        });
+    }
+    if k[0]["params"] != t[0]["params"] {
+        return Err(format!(
+            "{}: the two sides built different models ({} vs {} parameters)",
+            case.model, k[0]["params"], t[0]["params"]
+        ));
+    }
+    let mut rows = vec![step_row(case, &name, (k, t), peaks)];
+    if case.model == "transformer" && case.kiln == "fp32" && case.extra.is_empty() && !case.compile
+    {
+        rows.push(machine_limit_row(&name, (k, t), peaks));
+    }
+    if case.compile {
+        rows.push(compile_time_row(case, &name, (k, t)));
+    }
+    Ok(Outcome {
+        name,
+        rows,
+        not_run: None,
+        run,
+    })
+}
+
+fn breakdowns(k: &[Value], t: &[Value]) -> Value {
+    json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
+           "baseline": t.last().map(|r| r["breakdown"].clone())})
+}
+
+/// The step-time row of a case.
+fn step_row(case: &Case, name: &str, (k, t): (&[Value], &[Value]), peaks: &Value) -> Comparison {
+    let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
+    let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
+    let flops = f(&k[0], "flops_per_step");
+    let (peak, peak_name) = peak_for(peaks, kiln_precision, k[0]["tf32"] == true);
+    let (torch_peak, _) = peak_for(peaks, case.torch, false);
+    let mut c = Comparison::new(
+        "train",
+        "step time",
+        name,
+        "ms/step",
+        Better::Lower,
+        (ks * 1e3, ts * 1e3),
+        baseline_name(case, &t[0]),
+    )
+    .detail("mfu", json!(flops / ks / 1e9 / peak))
+    .detail("baseline_mfu", json!(flops / ts / 1e9 / torch_peak))
+    .detail("peak", json!(peak_name))
+    .detail("kiln_precision", json!(kiln_precision))
+    .detail("batch_size", json!(32))
+    .detail("samples_per_s", json!(32.0 / ks))
+    .detail("baseline_samples_per_s", json!(32.0 / ts))
+    .detail("breakdown", breakdowns(k, t));
+    if case.compile {
+        c = c.detail("compile", compile_summary(t));
+    }
+    match case.goal {
+        Some(goal) => c.at_most(goal),
+        None => c,
+    }
+}
+
+/// kiln's fp32 transformer step against this machine's GEMM peak.
+fn machine_limit_row(name: &str, (k, t): (&[Value], &[Value]), peaks: &Value) -> Comparison {
+    let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
+    let flops = f(&k[0], "flops_per_step");
+    let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
+    let (peak, peak_name) = peak_for(peaks, kiln_precision, k[0]["tf32"] == true);
+    Comparison::new(
+        "train",
+        "machine limit",
+        format!("{name}: achieved vs {peak_name} peak"),
+        "GFLOP/s",
+        Better::Higher,
+        (flops / ks / 1e9, peak),
+        format!("measured {peak_name} peak"),
+    )
+    .at_least(0.7)
+    .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
+    .detail("breakdown", breakdowns(k, t))
+}
+
+/// The compile figures of `torch.compile` runs: the cold run's (inductor cache empty) and the
+/// median of the warm ones.
+fn compile_summary(t: &[Value]) -> Value {
+    let (cold, warm): (Vec<&Value>, Vec<&Value>) = t
+        .iter()
+        .partition(|r| r["compile"]["inductor_cache"] == "cold");
+    let pick = |runs: &[&Value], key: &str| {
+        let v: Vec<f64> = runs
+            .iter()
+            .filter_map(|r| r["compile"][key].as_f64())
+            .collect();
+        if v.is_empty() {
+            Value::Null
+        } else {
+            json!(median(v))
+        }
+    };
+    json!({
+        "mode": "default",
+        "what": t[0]["compile"]["what"],
+        "cold_first_step_s": pick(&cold, "first_step_s"),
+        "cold_compile_s": pick(&cold, "compile_s"),
+        "warm_first_step_s": pick(&warm, "first_step_s"),
+        "warm_compile_s": pick(&warm, "compile_s"),
+        "graph_breaks": t[0]["compile"]["graph_breaks"],
+        "compile_s": "the first step (compiling forward and backward) less one steady step",
+    })
+}
+
+/// Time to the first step: kiln's first step against `torch.compile`'s (which compiles the
+/// forward and backward graphs), from an empty inductor cache where a run had one.
+fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Comparison {
+    let summary = compile_summary(t);
+    let cold = summary["cold_first_step_s"].as_f64();
+    let first = cold.unwrap_or_else(|| median_of(t, "first_step_s"));
+    Comparison::new(
+        "train",
+        "compile time",
+        format!("{name}: first step (torch.compile compiling)"),
+        "s",
+        Better::Lower,
+        (median_of(k, "first_step_s"), first),
+        format!(
+            "torch.compile {} first step, {}",
+            case.torch,
+            if cold.is_some() {
+                "inductor cache empty (a user's first run)"
+            } else {
+                "inductor cache warm"
+            }
+        ),
+    )
+    .detail("compile", summary)
+}
+
 fn train_suite(args: &[String]) -> Result<()> {
     let o = Opts::parse(args)?;
     let (warmup, steps, breakdown) = if o.quick { (2, 5, 3) } else { (5, 20, 10) };
@@ -750,115 +1021,38 @@ fn train_suite(args: &[String]) -> Result<()> {
         "train",
         &format!(
             "train step (forward, cross-entropy, backward, fused AdamW, loss read) on one fixed \
-             batch of 32 on {}, {} threads: kiln against PyTorch eager; MFU against this \
-             machine's measured GEMM peak",
+             batch of 32 on {}, {} threads: kiln against PyTorch eager and torch.compile; MFU \
+             against this machine's measured GEMM peak",
             device_name(o.device),
             o.threads
         ),
     );
     out.peaks = peaks(&o)?;
-    let (warm, timed, split) = (warmup.to_string(), steps.to_string(), breakdown.to_string());
+    let n = StepCounts {
+        warm: warmup.to_string(),
+        timed: steps.to_string(),
+        split: breakdown.to_string(),
+    };
+    let (warm, timed, split) = (&n.warm, &n.timed, &n.split);
     let mut runs = vec![];
-    for case in &CASES {
-        // On a GPU PyTorch's mixed precision of choice is bf16 autocast too; fp16 needs a
-        // scaler both sides have.
-        let kiln_cmd = || {
-            let mut c = o.kiln("probe");
-            c.args(["--model", case.model, "--precision", case.kiln])
-                .args(["--batch", "32", "--warmup", &warm, "--steps", &timed])
-                .args(["--breakdown-steps", &split])
-                .args(case.extra);
-            c
-        };
-        let torch_cmd = || {
-            let mut c = o.torch();
-            c.args(["--model", case.model, "--precision", case.torch])
-                .args(["--batch", "32", "--warmup", &warm, "--steps", &timed])
-                .args(["--breakdown-steps", &split])
-                .args(case.extra)
-                .args(case.torch_extra);
-            c
-        };
-        let sides = o.interleaved(&[&kiln_cmd, &torch_cmd])?;
-        let (k, t) = (&sides[0], &sides[1]);
-        if k[0]["params"] != t[0]["params"] {
-            return Err(format!(
-                "{}: the two sides built different models ({} vs {} parameters)",
-                case.model, k[0]["params"], t[0]["params"]
-            ));
+    for (i, case) in CASES.iter().enumerate() {
+        if case.compile && o.quick {
+            continue;
         }
-        let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
-        let kiln_precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
-        let tf32 = k[0]["tf32"] == true;
-        let flops = f(&k[0], "flops_per_step");
-        let (peak, peak_name) = peak_for(&out.peaks, &kiln_precision, tf32);
-        let (torch_peak, _) = peak_for(&out.peaks, case.torch, false);
-        let mfu = flops / ks / 1e9 / peak;
-        let name = match case.kiln {
-            "auto" => format!(
-                "{} auto ({kiln_precision}) step vs PyTorch {}{}",
-                case.model, case.torch, case.label
-            ),
-            p => format!("{} {p} step{}", case.model, case.label),
-        };
-        let mut c = Comparison::new(
-            "train",
-            "step time",
-            name.clone(),
-            "ms/step",
-            Better::Lower,
-            (ks * 1e3, ts * 1e3),
-            format!(
-                "PyTorch eager {}{} (fused AdamW; attention: {}; dropout {})",
-                case.torch,
-                if case.torch == "fp32" {
-                    ""
-                } else {
-                    " autocast"
-                },
-                t[0]["config"]["attention"].as_str().unwrap_or("-"),
-                t[0]["config"]["dropout"]
-            ),
-        )
-        .detail("mfu", json!(mfu))
-        .detail("baseline_mfu", json!(flops / ts / 1e9 / torch_peak))
-        .detail("peak", json!(peak_name))
-        .detail("kiln_precision", json!(kiln_precision))
-        .detail("batch_size", json!(32))
-        .detail("samples_per_s", json!(32.0 / ks))
-        .detail("baseline_samples_per_s", json!(32.0 / ts))
-        .detail(
-            "breakdown",
-            json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
-                   "baseline": t.last().map(|r| r["breakdown"].clone())}),
-        );
-        if let Some(goal) = case.goal {
-            c = c.at_most(goal);
+        let outcome = run_case(&o, (i, case), &n, &out.peaks)?;
+        match outcome.not_run {
+            Some(reason) => out.skip(&outcome.name, &format!("not run: {reason}")),
+            None => outcome.rows.into_iter().for_each(|c| out.push(c)),
         }
-        out.push(c);
-        if case.model == "transformer" && case.kiln == "fp32" && case.extra.is_empty() {
-            out.push(
-                Comparison::new(
-                    "train",
-                    "machine limit",
-                    format!("{name}: achieved vs {peak_name} peak"),
-                    "GFLOP/s",
-                    Better::Higher,
-                    (flops / ks / 1e9, peak),
-                    format!("measured {peak_name} peak"),
-                )
-                .at_least(0.7)
-                .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
-                .detail(
-                    "breakdown",
-                    json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
-                           "baseline": t.last().map(|r| r["breakdown"].clone())}),
-                ),
-            );
-        }
-        runs.push(json!({"case": name, "kiln": k, "torch": t}));
+        runs.push(outcome.run);
     }
-    let (comparisons, run) = script_case(&o, &warm, &timed, &split)?;
+    if o.quick {
+        out.skip(
+            "torch.compile rows",
+            "left out of --quick: compiling takes minutes",
+        );
+    }
+    let (comparisons, run) = script_case(&o, warm, timed, split)?;
     for c in comparisons {
         out.push(c);
     }
@@ -869,13 +1063,13 @@ fn train_suite(args: &[String]) -> Result<()> {
         let kiln_cmd = || {
             let mut c = o.kiln("probe");
             c.args(["--model", "transformer", "--precision", precision])
-                .args(["--batch", &batch, "--warmup", &warm, "--steps", &timed]);
+                .args(["--batch", &batch, "--warmup", warm, "--steps", timed]);
             c
         };
         let torch_cmd = || {
             let mut c = o.torch();
             c.args(["--model", "transformer", "--precision", precision])
-                .args(["--batch", &batch, "--warmup", &warm, "--steps", &timed]);
+                .args(["--batch", &batch, "--warmup", warm, "--steps", timed]);
             c
         };
         let sides = o.interleaved(&[&kiln_cmd, &torch_cmd])?;

@@ -1,7 +1,8 @@
 """PyTorch's side of kiln's train-step benchmark.
 
-Times the training step an ML engineer writes in plain PyTorch eager mode (CPU or CUDA), for the
-same three reference models kiln implements in Rust (same parameter shapes, same op sequence):
+Times the training step an ML engineer writes in plain PyTorch eager mode (or, with --compile,
+under torch.compile) on the CPU or CUDA, for the same three reference models kiln implements in
+Rust (same parameter shapes, same op sequence):
 
   mlp          [B, 64] -> Linear(64,256) -> ReLU -> Dropout -> Linear(256,256) -> ReLU -> Dropout
                -> Linear(256,10)
@@ -27,6 +28,14 @@ peak on a GPU, the process's peak RSS on the CPU.
 --optimizer fused|foreach|single instead times AdamW.step() alone over parameters of the given
 --shapes (gradients random, fixed), the three implementations torch.optim.AdamW has.
 
+--compile wraps the model in torch.compile (default mode) as a user writes it
+(`model = torch.compile(model)`; the loss, backward and the fused AdamW step stay eager). The
+first step compiles the forward and backward graphs: its wall time is reported as
+"first_step_s" and "compile_s" (the first step less one steady step), apart from the steady
+step times. Inductor caches in $TORCHINDUCTOR_CACHE_DIR; "inductor_cache" says whether that was
+empty (a cold compile, as on a user's first run) or not. Where compile cannot run (no C++
+compiler, no Python headers, an inductor error) the JSON says so in "not_run".
+
 --gemm instead measures this machine's GEMM peak (fp32, or bf16 with --precision bf16) as the best
 GFLOP/s over a few large shapes.
 
@@ -36,6 +45,7 @@ Prints one JSON line on stdout; human text goes to stderr.
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
 import sys
@@ -244,6 +254,11 @@ def train_bench(a):
     groups = [g for g in ({"params": decay, "weight_decay": 0.01},
                           {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
     opt = torch.optim.AdamW(groups, lr=1e-3, fused=True)
+    forward = model
+    cache = None
+    if a.compile:
+        cache = inductor_cache()
+        forward = torch.compile(model)  # default mode, as a user writes it
     device = torch.device(a.device)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision)
     scaler = torch.amp.GradScaler(device.type, enabled=a.precision == "fp16")
@@ -252,7 +267,7 @@ def train_bench(a):
     def step(phases=None):
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            out = model(x)
+            out = forward(x)
             loss = F.cross_entropy(out, y)
         if phases is not None:
             sync(device)
@@ -275,8 +290,16 @@ def train_bench(a):
     log(f"{a.model} {a.precision}: {params} parameters, batch {a.batch}, "
         f"{torch.get_num_threads()} threads; {a.warmup} warmup + {a.steps} timed steps")
     losses = []
-    for _ in range(a.warmup):
-        losses.append(step())
+    warmup_times = []
+    try:
+        for _ in range(a.warmup):
+            t0 = time.perf_counter()
+            losses.append(step())
+            warmup_times.append(time.perf_counter() - t0)
+    except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
+        if not a.compile:
+            raise
+        return not_run(a, e)
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
@@ -297,12 +320,13 @@ def train_bench(a):
     memory, memory_kind = peak_memory(device)
     flops_per_step = 3 * fwd_flops * a.batch
     result = {
-        "framework": "pytorch-eager",
+        "framework": "pytorch-compile" if a.compile else "pytorch-eager",
         "torch_version": torch.__version__,
         "python": sys.version.split()[0],
         "device": a.device,
         "model": a.model,
         "precision": a.precision,
+        "compile": compile_info(a, cache, warmup_times, median),
         "batch": a.batch,
         "threads": torch.get_num_threads(),
         "config": model_config(a),
@@ -311,6 +335,8 @@ def train_bench(a):
         "flops_per_step": flops_per_step,
         "warmup": a.warmup,
         "steps": a.steps,
+        "first_step_s": warmup_times[0] if warmup_times else None,
+        "warmup_step_s": warmup_times,
         "step_s_median": median,
         "step_s_mean": statistics.fmean(times),
         "step_s_min": min(times),
@@ -326,6 +352,38 @@ def train_bench(a):
     log(f"median {median * 1e3:.2f} ms/step, {result['samples_per_s']:.1f} samples/s, "
         f"{result['gflops']:.1f} GFLOP/s")
     return result
+
+
+def inductor_cache():
+    """Where inductor caches its compiled graphs and kernels, and whether that was empty at
+    the start (a cold compile, as on a user's first run) or not (warm)."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return {"dir": None, "state": "inductor's default directory (may be warm)"}
+    cold = not os.path.isdir(path) or not os.listdir(path)
+    return {"dir": path, "state": "cold" if cold else "warm"}
+
+
+def compile_info(a, cache, warmup_times, steady):
+    """The compile figures of a --compile run (None for eager)."""
+    if not a.compile:
+        return None
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    return {"mode": "default", "what": "torch.compile(model); loss, backward, AdamW eager",
+            "first_step_s": warmup_times[0], "compile_s": max(0.0, warmup_times[0] - steady),
+            "inductor_cache": cache["state"], "graph_breaks": breaks}
+
+
+def not_run(a, error):
+    """The JSON of a --compile run that could not compile here, with the reason."""
+    text = f"{type(error).__name__}: {error}".strip().splitlines()
+    reason = text[0] if text else type(error).__name__
+    if len(reason) > 300:
+        reason = reason[:297] + "..."
+    log(f"torch.compile did not run: {reason}")
+    return {"framework": "pytorch-compile", "torch_version": torch.__version__,
+            "device": a.device, "model": a.model, "precision": a.precision,
+            "config": model_config(a), "not_run": f"torch.compile failed: {reason}"}
 
 
 def export_script(a):
@@ -345,7 +403,8 @@ def model_config(a):
     if a.model == "transformer":
         return {"features": a.features, "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
                 "layers": a.layers, "ff": a.ff, "classes": a.classes, "dropout": a.dropout,
-                "attention": "math" if use_math_attention(a) else "sdpa"}
+                "attention": "math" if use_math_attention(a) else "sdpa",
+                "compile": a.compile}
     return {"in_channels": a.in_channels, "image_size": a.image_size, "classes": a.classes,
             "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
 
@@ -510,6 +569,8 @@ def parse_args(argv=None):
                    help="--script: TorchScript's graph optimizations (default on, as in PyTorch)")
     p.add_argument("--export-script", metavar="PATH", default=None,
                    help="save the model (seeded, in train mode) as TorchScript at PATH and exit")
+    p.add_argument("--compile", action="store_true",
+                   help="train torch.compile(model) (default mode); compile time reported apart")
     p.add_argument("--gemm", action="store_true",
                    help="measure GEMM peak (fp32, or bf16 with --precision bf16) instead")
     p.add_argument("--gemm-shapes", type=gemm_shape_list,
@@ -535,6 +596,8 @@ def parse_args(argv=None):
         p.error(f"--device must be cpu, cuda or cuda:N, got {a.device!r}")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {a.device}: this torch sees no CUDA device")
+    if a.compile and (a.script or a.warmup < 1):
+        p.error("--compile needs --warmup >= 1 (the first step compiles) and no --script")
     if a.optimizer is not None and not a.shapes:
         p.error("--optimizer needs --shapes")
     if a.gemm or a.optimizer is not None:
