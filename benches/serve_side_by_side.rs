@@ -1,9 +1,13 @@
 //! Two `cargo xtask bench` suites over kiln's inference.
 //!
-//! `infer`: kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs out)
-//! against PyTorch eager `inference_mode` (`python/infer_step.py`) on the same model, batch,
-//! precision, threads and device: throughput at batch 64, latency at batch 1, bf16, CUDA graphs
-//! on a GPU, and with `--batch-sizes` a sweep of throughput and peak memory.
+//! `infer`: kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs out, under
+//! `no_grad`) against PyTorch (`python/infer_step.py`) on the same model, batch, threads and
+//! device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's automatic
+//! precision (bf16 weights where the hardware computes bf16 fast), each against the same
+//! computation in PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's
+//! default (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with
+//! its compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a
+//! sweep of throughput and peak memory.
 //! `infer-probe` is the kiln side of one such measurement, in its own process.
 //!
 //! `serve` (the default): kiln's inference server with dynamic batching against the same
@@ -316,7 +320,10 @@ fn infer_probe(args: &[String]) -> Result<()> {
         other => return Err(format!("--graphs `{other}`: expected on, off or auto")),
     };
     kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    // The engine is ready once it has run its first (warm-up) batch.
+    let start = Instant::now();
     let mut engine = engine(device, precision, batch, graphs)?;
+    let first_batch = start.elapsed().as_secs_f64();
     tch::manual_seed(1);
     let inputs: Vec<f32> = Vec::<f32>::try_from(tch::Tensor::randn(
         [(batch * FEATURES) as i64],
@@ -356,6 +363,7 @@ fn infer_probe(args: &[String]) -> Result<()> {
             "batches": batches,
             "threads": threads,
             "graphs": format!("{:?}", engine.graph_status()),
+            "first_batch_s": first_batch,
             "samples_per_s": (batch * batches) as f64 / total,
             "p50_ms": median(times.clone()) * 1e3,
             "p95_ms": pct(95.0),
@@ -367,101 +375,276 @@ fn infer_probe(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// kiln's inference precision on `device` when the user sets none (`infer.precision` from the
+/// hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
+fn auto_precision(device: Device) -> Result<AmpDtype> {
+    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probe);
+    req.sets = vec![format!(
+        "device.request={}",
+        if device.is_cuda() { "cuda" } else { "cpu" }
+    )];
+    Ok(kiln_config::load(&req)
+        .map_err(|e| e.to_string())?
+        .plan
+        .infer
+        .precision)
+}
+
+/// The infer suite's settings, as the probes' command-line values.
+struct InferOpts {
+    quick: bool,
+    repeats: usize,
+    threads: String,
+    dev: String,
+    python: String,
+    me: std::path::PathBuf,
+    warmup: &'static str,
+    batches: &'static str,
+    graphs: &'static str,
+}
+
+/// One PyTorch configuration of an infer row: precision, grad mode, eager or compiled.
+#[derive(Clone, Copy)]
+struct TorchSide {
+    precision: &'static str,
+    no_grad: bool,
+    compile: bool,
+}
+
+impl TorchSide {
+    /// What it runs, for the row's baseline name.
+    fn describe(self) -> String {
+        let weights = if self.precision == "fp32" {
+            "fp32".to_owned()
+        } else {
+            format!("{} weights (model.to, no autocast)", self.precision)
+        };
+        format!(
+            "{} {weights}, {}",
+            if self.compile {
+                "torch.compile(model), default mode,"
+            } else {
+                "PyTorch eager"
+            },
+            if self.no_grad {
+                "no_grad"
+            } else {
+                "inference_mode"
+            }
+        )
+    }
+}
+
+impl InferOpts {
+    fn kiln(&self, precision: &str, batch: usize) -> Command {
+        let mut c = Command::new(&self.me);
+        c.arg("infer-probe")
+            .args(["--precision", precision, "--batch", &batch.to_string()])
+            .args(["--warmup", self.warmup, "--batches", self.batches])
+            .args(["--threads", &self.threads, "--device", &self.dev])
+            .args(["--graphs", self.graphs]);
+        c
+    }
+
+    fn torch(&self, side: TorchSide, batch: usize, cache: &std::path::Path) -> Command {
+        let mut c = Command::new(&self.python);
+        c.arg(bench_root().join("python/infer_step.py"))
+            .args(["--precision", side.precision, "--batch", &batch.to_string()])
+            .args(["--warmup", self.warmup, "--batches", self.batches])
+            .args(["--threads", &self.threads, "--device", &self.dev]);
+        if side.no_grad {
+            c.args(["--grad-mode", "no_grad"]);
+        }
+        if side.compile {
+            c.arg("--compile").env("TORCHINDUCTOR_CACHE_DIR", cache);
+        }
+        c
+    }
+
+    /// kiln at `precision` and each PyTorch side at `batch`, alternating; the runs of each,
+    /// kiln's first. A compiled side gets an inductor cache of its own, empty at its first run.
+    fn runs(&self, precision: &str, batch: usize, sides: &[TorchSide]) -> Result<Vec<Vec<Value>>> {
+        let cache = std::env::temp_dir().join(format!(
+            "kiln-bench-inductor-infer-{}-{precision}-{batch}",
+            std::process::id()
+        ));
+        let kiln = || self.kiln(precision, batch);
+        let torch: Vec<Box<dyn Fn() -> Command + '_>> = sides
+            .iter()
+            .map(|&s| {
+                let cache = cache.clone();
+                Box::new(move || self.torch(s, batch, &cache)) as Box<dyn Fn() -> Command>
+            })
+            .collect();
+        let mut cmds: Vec<&dyn Fn() -> Command> = vec![&kiln];
+        cmds.extend(torch.iter().map(|c| c.as_ref() as &dyn Fn() -> Command));
+        let runs = interleaved(self.repeats, &cmds);
+        let _ = std::fs::remove_dir_all(&cache);
+        runs
+    }
+}
+
+/// The headline figure at `batch`: latency at batch 1, throughput otherwise.
+fn headline(batch: usize) -> (&'static str, &'static str, &'static str, Better) {
+    if batch == 1 {
+        ("p50 latency", "p50_ms", "ms", Better::Lower)
+    } else {
+        ("throughput", "samples_per_s", "samples/s", Better::Higher)
+    }
+}
+
+/// One infer row: kiln's runs `k` against PyTorch's `t`, each side's settings in details.
+fn infer_row(
+    name: String,
+    batch: usize,
+    (k, t): (&[Value], &[Value]),
+    side: TorchSide,
+    what: &str,
+) -> Comparison {
+    let (_, key, unit, better) = headline(batch);
+    let other = if key == "p50_ms" {
+        "samples_per_s"
+    } else {
+        "p50_ms"
+    };
+    Comparison::new(
+        "infer",
+        "inference",
+        name,
+        unit,
+        better,
+        (median_of(k, key), median_of(t, key)),
+        format!("{} ({what})", side.describe()),
+    )
+    .detail("batch_size", json!(batch))
+    .detail(
+        "kiln",
+        json!({"precision": k[0]["precision"], "path": kiln_path(&k[0]),
+               "grad_mode": "no_grad", "threads": k[0]["threads"], "graphs": k[0]["graphs"]}),
+    )
+    .detail(
+        "baseline",
+        json!({"runs": side.describe(), "precision": side.precision,
+               "grad_mode": t[0]["grad_mode"], "threads": t[0]["threads"]}),
+    )
+    .detail(
+        other,
+        json!({"kiln": median_of(k, other), "baseline": median_of(t, other)}),
+    )
+    .detail(
+        "p95_ms",
+        json!({"kiln": median_of(k, "p95_ms"), "baseline": median_of(t, "p95_ms")}),
+    )
+}
+
+/// How kiln's engine computes at the precision of probe run `k`.
+fn kiln_path(k: &Value) -> String {
+    match k["precision"].as_str() {
+        Some("fp32") | None => "fp32 weights and inputs".to_owned(),
+        Some(p) => format!("weights converted to {p} once, inputs cast, no autocast"),
+    }
+}
+
+/// kiln's first batch (building the engine: model, weights in precision, one warm-up batch)
+/// against `torch.compile`'s (compiling the forward), from an empty inductor cache.
+fn compile_time_row(name: &str, batch: usize, (k, t): (&[Value], &[Value])) -> Comparison {
+    let cold: Vec<f64> = t
+        .iter()
+        .filter(|r| r["compile"]["inductor_cache"] == "cold")
+        .filter_map(|r| r["compile"]["first_batch_s"].as_f64())
+        .collect();
+    let warm: Vec<f64> = t
+        .iter()
+        .filter(|r| r["compile"]["inductor_cache"] == "warm")
+        .filter_map(|r| r["compile"]["first_batch_s"].as_f64())
+        .collect();
+    let first = if cold.is_empty() {
+        median_of(t, "first_batch_s")
+    } else {
+        median(cold.clone())
+    };
+    Comparison::new(
+        "infer",
+        "compile time",
+        format!("{name}: first batch (torch.compile compiling)"),
+        "s",
+        Better::Lower,
+        (median_of(k, "first_batch_s"), first),
+        format!(
+            "torch.compile first batch, {}",
+            if cold.is_empty() {
+                "inductor cache warm"
+            } else {
+                "inductor cache empty (a user's first run)"
+            }
+        ),
+    )
+    .detail("batch_size", json!(batch))
+    .detail(
+        "compile",
+        json!({"mode": "default", "cold_first_batch_s": cold, "warm_first_batch_s": warm,
+               "compile_s": t.iter().map(|r| r["compile"]["compile_s"].clone())
+                   .collect::<Vec<_>>(),
+               "kiln_first_batch": "building the engine (model, weights, a warm-up batch)"}),
+    )
+}
+
+/// The `torch.compile` rows of `label` at `batch` (its step row and its compile-time row), or
+/// why compile could not run here.
+fn push_compile_rows(
+    out: &mut SuiteOutput,
+    label: &str,
+    batch: usize,
+    (k, t): (&[Value], &[Value]),
+    side: TorchSide,
+) {
+    let name = format!(
+        "{label} vs torch.compile {}, same computation",
+        side.precision
+    );
+    if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
+        out.skip(&name, &format!("not run: {reason}"));
+        return;
+    }
+    out.push(infer_row(
+        name.clone(),
+        batch,
+        (k, t),
+        side,
+        "kiln's precision and no_grad",
+    ));
+    out.push(compile_time_row(&name, batch, (k, t)));
+}
+
 fn infer_suite(args: &[String]) -> Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
-    let repeats = number(args, "--repeats", if quick { 1 } else { 3 })?.max(1);
-    let threads = number(args, "--threads", 2)?.max(1).to_string();
     let device = device(args)?;
-    let dev = device_name(device);
-    let python = python(args);
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let (warmup, batches) = if quick { ("5", "30") } else { ("20", "200") };
-    let sizes = numbers(args, "--batch-sizes")?;
-    let mixed = "bf16";
+    let o = InferOpts {
+        quick,
+        repeats: number(args, "--repeats", if quick { 1 } else { 3 })?.max(1),
+        threads: number(args, "--threads", 2)?.max(1).to_string(),
+        dev: device_name(device),
+        python: python(args),
+        me: std::env::current_exe().map_err(|e| e.to_string())?,
+        warmup: if quick { "5" } else { "20" },
+        batches: if quick { "30" } else { "200" },
+        graphs: if device.is_cuda() { "on" } else { "off" },
+    };
+    let auto = kiln_train::trainer::precision_name(auto_precision(device)?);
     let mut out = SuiteOutput::new(
         "infer",
         &format!(
-            "offline inference of mlp 784-1024-1024-10 (random weights) on {dev}, {threads} \
-             threads: kiln's engine (host batches in, fp32 host outputs out) against PyTorch \
-             eager inference_mode doing the same"
+            "offline inference of mlp 784-1024-1024-10 (random weights) on {}, {} threads: \
+             kiln's engine (host batches in, fp32 host outputs out, no_grad; at fp32 and at its \
+             automatic precision, {auto} here) against PyTorch doing the same in eager mode \
+             (no_grad: the same computation; inference_mode and fp32: PyTorch's default) and \
+             under torch.compile",
+            o.dev, o.threads
         ),
     );
-    let kiln = |precision: &str, batch: usize, graphs: &str| {
-        let mut c = Command::new(&me);
-        c.arg("infer-probe")
-            .args(["--precision", precision, "--batch", &batch.to_string()])
-            .args([
-                "--warmup",
-                warmup,
-                "--batches",
-                batches,
-                "--threads",
-                &threads,
-            ])
-            .args(["--device", &dev, "--graphs", graphs]);
-        c
-    };
-    let torch = |precision: &str, batch: usize| {
-        let mut c = Command::new(&python);
-        c.arg(bench_root().join("python/infer_step.py"))
-            .args(["--precision", precision, "--batch", &batch.to_string()])
-            .args([
-                "--warmup",
-                warmup,
-                "--batches",
-                batches,
-                "--threads",
-                &threads,
-            ])
-            .args(["--device", &dev]);
-        c
-    };
-    // Interleaved A/B runs: returns the kiln and torch runs.
-    let ab = |precision: &str, batch: usize, graphs: &str| -> Result<(Vec<Value>, Vec<Value>)> {
-        let k = || kiln(precision, batch, graphs);
-        let t = || torch(precision, batch);
-        let mut runs = interleaved(repeats, &[&k, &t])?;
-        let t = runs.pop().unwrap_or_default();
-        Ok((runs.pop().unwrap_or_default(), t))
-    };
     let mut runs = vec![];
-    let graphs = if device.is_cuda() { "on" } else { "off" };
-    for (precision, batch) in [("fp32", 64), ("fp32", 1), (mixed, 64), (mixed, 1)] {
-        let (k, t) = ab(precision, batch, graphs)?;
-        let baseline = format!("PyTorch eager {precision} inference_mode");
-        let with_graphs = if graphs == "on" { ", CUDA graphs" } else { "" };
-        out.push(
-            Comparison::new(
-                "infer",
-                "inference",
-                format!("mlp {precision} b={batch} throughput{with_graphs}"),
-                "samples/s",
-                Better::Higher,
-                (
-                    median_of(&k, "samples_per_s"),
-                    median_of(&t, "samples_per_s"),
-                ),
-                baseline.clone(),
-            )
-            .detail("batch_size", json!(batch)),
-        );
-        out.push(
-            Comparison::new(
-                "infer",
-                "inference",
-                format!("mlp {precision} b={batch} p50 latency{with_graphs}"),
-                "ms",
-                Better::Lower,
-                (median_of(&k, "p50_ms"), median_of(&t, "p50_ms")),
-                baseline,
-            )
-            .detail("batch_size", json!(batch))
-            .detail(
-                "p95_ms",
-                json!({"kiln": median_of(&k, "p95_ms"), "baseline": median_of(&t, "p95_ms")}),
-            ),
-        );
-        runs.push(json!({"precision": precision, "batch": batch, "kiln": k, "torch": t}));
+    for batch in [64, 1] {
+        runs.extend(infer_batch(&o, &mut out, auto, batch)?);
     }
     if !device.is_cuda() {
         out.skip(
@@ -469,9 +652,113 @@ fn infer_suite(args: &[String]) -> Result<()> {
             "needs a CUDA GPU; this machine has none",
         );
     }
-    for &b in &sizes {
-        let (k, t) = ab("fp32", b, graphs)?;
-        let baseline = "PyTorch eager fp32 inference_mode";
+    if quick {
+        out.skip(
+            "torch.compile rows",
+            "left out of --quick: compiling takes minutes",
+        );
+    }
+    runs.extend(infer_sweep(&o, &mut out, &numbers(args, "--batch-sizes")?)?);
+    out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
+                         "timed_batches": o.batches, "auto_precision": auto, "runs": runs});
+    out.write(&suite_out(args, "infer"))
+}
+
+/// The rows at one batch size: kiln fp32 and kiln at its automatic precision `auto`, each
+/// against the same computation in PyTorch, PyTorch's default, and (not `--quick`)
+/// `torch.compile` at kiln's automatic precision.
+fn infer_batch(
+    o: &InferOpts,
+    out: &mut SuiteOutput,
+    auto: &'static str,
+    batch: usize,
+) -> Result<Vec<Value>> {
+    let (metric, ..) = headline(batch);
+    let graphs = if o.graphs == "on" {
+        ", CUDA graphs"
+    } else {
+        ""
+    };
+    let same = "the same computation as kiln's engine";
+    let eager = |precision, no_grad| TorchSide {
+        precision,
+        no_grad,
+        compile: false,
+    };
+    let compiled = TorchSide {
+        compile: true,
+        ..eager(auto, true)
+    };
+    let fp32_default = eager("fp32", false);
+    let mut fp32_sides = vec![eager("fp32", true), fp32_default];
+    if auto == "fp32" && !o.quick {
+        fp32_sides.push(compiled);
+    }
+    let r = o.runs("fp32", batch, &fp32_sides)?;
+    let fp32 = format!("mlp fp32 b={batch} {metric}{graphs}");
+    out.push(infer_row(
+        format!("{fp32}, same computation"),
+        batch,
+        (&r[0], &r[1]),
+        fp32_sides[0],
+        same,
+    ));
+    out.push(infer_row(
+        format!("{fp32} (PyTorch default: inference_mode)"),
+        batch,
+        (&r[0], &r[2]),
+        fp32_default,
+        "PyTorch default",
+    ));
+    if auto == "fp32" {
+        if let Some(t) = r.get(3) {
+            push_compile_rows(out, &fp32, batch, (&r[0], t), compiled);
+        }
+        return Ok(vec![
+            json!({"precision": "fp32", "batch": batch, "kiln": r[0], "torch": &r[1..]}),
+        ]);
+    }
+    let mut auto_sides = vec![eager(auto, true)];
+    if !o.quick {
+        auto_sides.push(compiled);
+    }
+    let a = o.runs(auto, batch, &auto_sides)?;
+    let label = format!("mlp auto ({auto}) b={batch} {metric}{graphs}");
+    out.push(infer_row(
+        format!("{label} vs PyTorch {auto}, same computation"),
+        batch,
+        (&a[0], &a[1]),
+        auto_sides[0],
+        same,
+    ));
+    out.push(infer_row(
+        format!("{label} vs PyTorch fp32 (PyTorch default: fp32, inference_mode)"),
+        batch,
+        (&a[0], &r[2]),
+        fp32_default,
+        "PyTorch default: fp32 unless the user converts the model",
+    ));
+    if let Some(t) = a.get(2) {
+        push_compile_rows(out, &label, batch, (&a[0], t), compiled);
+    }
+    Ok(vec![
+        json!({"precision": "fp32", "batch": batch, "kiln": r[0], "torch": &r[1..]}),
+        json!({"precision": auto, "batch": batch, "kiln": a[0], "torch": &a[1..]}),
+    ])
+}
+
+/// `--batch-sizes`: kiln fp32 against PyTorch's default (eager fp32, inference_mode).
+fn infer_sweep(o: &InferOpts, out: &mut SuiteOutput, sizes: &[usize]) -> Result<Vec<Value>> {
+    let side = TorchSide {
+        precision: "fp32",
+        no_grad: false,
+        compile: false,
+    };
+    let mut runs = vec![];
+    for &b in sizes {
+        let r = o.runs("fp32", b, &[side])?;
+        let (k, t) = (&r[0], &r[1]);
+        let baseline = side.describe();
         out.push(
             Comparison::new(
                 "infer",
@@ -479,11 +766,8 @@ fn infer_suite(args: &[String]) -> Result<()> {
                 format!("mlp fp32 b={b} throughput"),
                 "samples/s",
                 Better::Higher,
-                (
-                    median_of(&k, "samples_per_s"),
-                    median_of(&t, "samples_per_s"),
-                ),
-                baseline,
+                (median_of(k, "samples_per_s"), median_of(t, "samples_per_s")),
+                baseline.clone(),
             )
             .detail("batch_size", json!(b)),
         );
@@ -495,8 +779,8 @@ fn infer_suite(args: &[String]) -> Result<()> {
                 "MiB",
                 Better::Lower,
                 (
-                    median_of(&k, "peak_memory_mib"),
-                    median_of(&t, "peak_memory_mib"),
+                    median_of(k, "peak_memory_mib"),
+                    median_of(t, "peak_memory_mib"),
                 ),
                 baseline,
             )
@@ -505,7 +789,5 @@ fn infer_suite(args: &[String]) -> Result<()> {
         );
         runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
     }
-    out.details = json!({"repeats": repeats, "warmup_batches": warmup,
-                         "timed_batches": batches, "runs": runs});
-    out.write(&suite_out(args, "infer"))
+    Ok(runs)
 }

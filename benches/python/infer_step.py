@@ -5,7 +5,17 @@ batches: model.eval(), torch.inference_mode(), each batch copied from host memor
 (and cast to the model's precision), the forward pass, and the outputs copied back to host
 memory as fp32. The model is kiln's reference MLP: Linear(784,1024) -> ReLU -> Dropout ->
 Linear(1024,1024) -> ReLU -> Dropout -> Linear(1024,10) with random weights; --precision bf16
-or fp16 converts the weights once, as kiln's engine does.
+or fp16 converts the weights once, as kiln's engine does (no autocast: weights, inputs and
+activations all in that type).
+
+--grad-mode: torch.inference_mode() (the default, what PyTorch's docs advise) or torch.no_grad()
+(what kiln's engine runs under: the same computation).
+
+--compile runs torch.compile(model) (default mode) instead of the eager module. The first batch
+compiles: its wall time is "first_batch_s" and "compile_s" (the first batch less one steady
+batch), apart from the steady figures. Inductor caches in $TORCHINDUCTOR_CACHE_DIR;
+"inductor_cache" says whether that was empty (cold, a user's first run) or not. Where compile
+cannot run (no C++ compiler, no Python headers, an inductor error) the JSON says so in "not_run".
 
 Prints one JSON line on stdout (throughput, per-batch latency percentiles, peak memory); human
 text goes to stderr.
@@ -13,6 +23,7 @@ text goes to stderr.
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -35,7 +46,7 @@ def percentile(sorted_values, q):
     return sorted_values[i]
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     p.add_argument("--batch", type=int, default=64)
@@ -44,14 +55,56 @@ def main():
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--grad-mode", choices=("inference_mode", "no_grad"), default="inference_mode")
+    p.add_argument("--compile", action="store_true",
+                   help="run torch.compile(model) (default mode); compile time reported apart")
     a = p.parse_args()
     for name in ("batch", "batches"):
         if getattr(a, name) <= 0:
             p.error(f"--{name} must be positive, got {getattr(a, name)}")
-    if a.warmup < 0:
-        p.error(f"--warmup must be >= 0, got {a.warmup}")
+    if a.warmup < 1:
+        p.error(f"--warmup must be >= 1 (the first batch is reported apart), got {a.warmup}")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {a.device}: this torch sees no CUDA device")
+    return a
+
+
+def inductor_cache():
+    """Whether inductor's cache ($TORCHINDUCTOR_CACHE_DIR) was empty at the start (cold)."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return "inductor's default directory (may be warm)"
+    return "cold" if not os.path.isdir(path) or not os.listdir(path) else "warm"
+
+
+def not_run(a, error):
+    """The JSON of a --compile run that could not compile here, with the reason."""
+    text = f"{type(error).__name__}: {error}".strip().splitlines()
+    reason = (text[0] if text else type(error).__name__)[:300]
+    print(f"torch.compile did not run: {reason}", file=sys.stderr)
+    return {"framework": "pytorch-compile", "torch_version": torch.__version__,
+            "device": a.device, "precision": a.precision, "batch": a.batch,
+            "not_run": f"torch.compile failed: {reason}"}
+
+
+def run(a, forward, device, dtype):
+    """Every batch's wall time (warm-up first), host input to fp32 host output."""
+    host = torch.randn(a.batch, 784)
+    grad_mode = torch.inference_mode if a.grad_mode == "inference_mode" else torch.no_grad
+    times = []
+    with grad_mode():
+        for _ in range(a.warmup + a.batches):
+            sync(device)
+            t0 = time.perf_counter()
+            out = forward(host.to(device=device, dtype=dtype)).float().to("cpu", copy=True)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    assert out.shape == (a.batch, 10)
+    return times
+
+
+def main():
+    a = parse_args()
     if a.threads is not None:
         torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -63,17 +116,15 @@ def main():
         nn.Linear(1024, 10),
     ).to(device=device, dtype=dtype).eval()
     params = sum(p.numel() for p in model.parameters())
-    host = torch.randn(a.batch, 784)
-    times = []
-    with torch.inference_mode():
-        for i in range(a.warmup + a.batches):
-            sync(device)
-            t0 = time.perf_counter()
-            out = model(host.to(device=device, dtype=dtype)).float().to("cpu", copy=True)
-            sync(device)
-            if i >= a.warmup:
-                times.append(time.perf_counter() - t0)
-    assert out.shape == (a.batch, 10)
+    cache = inductor_cache() if a.compile else None
+    try:
+        all_times = run(a, torch.compile(model) if a.compile else model, device, dtype)
+    except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
+        if not a.compile:
+            raise
+        print(json.dumps(not_run(a, e)), flush=True)
+        return
+    times = all_times[a.warmup:]
     total = sum(times)
     ordered = sorted(times)
     if device.type == "cuda":
@@ -81,24 +132,32 @@ def main():
     else:
         memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         memory_kind = "process peak RSS"
+    p50 = statistics.median(times)
     result = {
-        "framework": "pytorch-eager",
+        "framework": "pytorch-compile" if a.compile else "pytorch-eager",
         "torch_version": torch.__version__,
         "device": a.device,
         "precision": a.precision,
+        "weights": "fp32" if a.precision == "fp32" else f"{a.precision} (model.to, no autocast)",
+        "grad_mode": a.grad_mode,
         "batch": a.batch,
         "batches": a.batches,
         "threads": torch.get_num_threads(),
         "params": params,
+        "first_batch_s": all_times[0],
+        "compile": {"mode": "default", "what": "torch.compile(model)",
+                    "first_batch_s": all_times[0], "compile_s": max(0.0, all_times[0] - p50),
+                    "inductor_cache": cache} if a.compile else None,
         "samples_per_s": a.batch * a.batches / total,
-        "p50_ms": statistics.median(times) * 1e3,
+        "p50_ms": p50 * 1e3,
         "p95_ms": percentile(ordered, 95) * 1e3,
         "p99_ms": percentile(ordered, 99) * 1e3,
         "peak_memory_mib": memory,
         "peak_memory_kind": memory_kind,
     }
-    print(f"{a.precision} batch {a.batch}: {result['samples_per_s']:.0f} samples/s, "
-          f"p50 {result['p50_ms']:.3f} ms", file=sys.stderr)
+    print(f"{result['framework']} {a.precision} batch {a.batch} ({a.grad_mode}): "
+          f"{result['samples_per_s']:.0f} samples/s, p50 {result['p50_ms']:.3f} ms",
+          file=sys.stderr)
     print(json.dumps(result), flush=True)
 
 
