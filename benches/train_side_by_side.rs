@@ -983,8 +983,13 @@ fn compile_summary(t: &[Value]) -> Value {
         "warm_first_step_s": pick(&warm, "first_step_s"),
         "warm_compile_s": pick(&warm, "compile_s"),
         "graph_breaks": t[0]["compile"]["graph_breaks"],
-        "compile_s": "the first step (compiling forward and backward) less one steady step",
+        "compile_s_means": "the first step (compiling forward and backward) less one steady step",
     })
+}
+
+/// The compile-time row's name, from its step row's.
+fn compile_time_name(step_row: &str) -> String {
+    step_row.replacen(" step", " first step (compile time)", 1)
 }
 
 /// Time to the first step: kiln's first step against `torch.compile`'s (which compiles the
@@ -996,7 +1001,7 @@ fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Co
     Comparison::new(
         "train",
         "compile time",
-        format!("{name}: first step (torch.compile compiling)"),
+        compile_time_name(name),
         "s",
         Better::Lower,
         (median_of(k, "first_step_s"), first),
@@ -1409,4 +1414,27 @@ fn opts_suite(args: &[String]) -> Result<()> {
     out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
                          "runs": runs});
     out.write(&suite_out(args, "opts"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_names_are_unique_and_name_their_baseline() {
+        let names: Vec<String> = CASES.iter().map(|c| case_name(c, "bf16")).collect();
+        for (i, name) in names.iter().enumerate() {
+            assert!(!names[..i].contains(name), "`{name}` names two rows");
+        }
+        for (case, name) in CASES.iter().zip(&names) {
+            assert_eq!(case.compile, name.contains("vs torch.compile"), "{name}");
+            if case.compile {
+                let first = compile_time_name(name);
+                assert!(
+                    first.contains(" first step (compile time) vs torch.compile "),
+                    "{first}"
+                );
+            }
+        }
+    }
 }
