@@ -566,7 +566,7 @@ fn compile_time_row(name: &str, batch: usize, (k, t): (&[Value], &[Value])) -> C
     Comparison::new(
         "infer",
         "compile time",
-        format!("{name}: first batch (torch.compile compiling)"),
+        name.replacen(headline(batch).0, "first batch (compile time)", 1),
         "s",
         Better::Lower,
         (median_of(k, "first_batch_s"), first),
