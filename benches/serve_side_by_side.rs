@@ -456,7 +456,10 @@ impl InferOpts {
             c.args(["--grad-mode", "no_grad"]);
         }
         if side.compile {
-            c.arg("--compile").env("TORCHINDUCTOR_CACHE_DIR", cache);
+            // Inductor's cache directory, and TMPDIR for the headers it precompiles once.
+            c.arg("--compile")
+                .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
+                .env("TMPDIR", cache.join("tmp"));
         }
         c
     }
@@ -468,6 +471,10 @@ impl InferOpts {
             "kiln-bench-inductor-infer-{}-{precision}-{batch}",
             std::process::id()
         ));
+        if sides.iter().any(|s| s.compile) {
+            std::fs::create_dir_all(cache.join("tmp"))
+                .map_err(|e| format!("{}: {e}", cache.display()))?;
+        }
         let kiln = || self.kiln(precision, batch);
         let torch: Vec<Box<dyn Fn() -> Command + '_>> = sides
             .iter()
@@ -573,9 +580,9 @@ fn compile_time_row(name: &str, batch: usize, (k, t): (&[Value], &[Value])) -> C
         format!(
             "torch.compile first batch, {}",
             if cold.is_empty() {
-                "inductor cache warm"
+                "inductor's caches warm"
             } else {
-                "inductor cache empty (a user's first run)"
+                "inductor's caches empty (a user's first compile here)"
             }
         ),
     )

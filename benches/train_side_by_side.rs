@@ -838,6 +838,14 @@ fn baseline_name(case: &Case, t: &Value) -> String {
     )
 }
 
+/// `--compile` with inductor's caches under `cache` (which holds an empty `tmp`): its cache
+/// directory, and `TMPDIR` for the C++ headers it precompiles once per machine.
+fn compile_env(c: &mut Command, cache: &std::path::Path) {
+    c.arg("--compile")
+        .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
+        .env("TMPDIR", cache.join("tmp"));
+}
+
 /// Runs one case, kiln and PyTorch alternating; a `torch.compile` case in its own inductor
 /// cache, empty at its first run (a cold compile) and reused by the later ones (warm).
 fn run_case(o: &Opts, (i, case): (usize, &Case), n: &StepCounts, peaks: &Value) -> Result<Outcome> {
@@ -859,10 +867,14 @@ fn run_case(o: &Opts, (i, case): (usize, &Case), n: &StepCounts, peaks: &Value) 
         common(&mut c, case.torch);
         c.args(case.torch_extra);
         if case.compile {
-            c.arg("--compile").env("TORCHINDUCTOR_CACHE_DIR", &cache);
+            compile_env(&mut c, &cache);
         }
         c
     };
+    if case.compile {
+        std::fs::create_dir_all(cache.join("tmp"))
+            .map_err(|e| format!("{}: {e}", cache.display()))?;
+    }
     let sides = o.interleaved(&[&kiln_cmd, &torch_cmd]);
     let _ = std::fs::remove_dir_all(&cache);
     let sides = sides?;
@@ -1009,9 +1021,9 @@ fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Co
             "torch.compile {} first step, {}",
             case.torch,
             if cold.is_some() {
-                "inductor cache empty (a user's first run)"
+                "inductor's caches empty (a user's first compile here)"
             } else {
-                "inductor cache warm"
+                "inductor's caches warm"
             }
         ),
     )

@@ -13,8 +13,9 @@ activations all in that type).
 
 --compile runs torch.compile(model) (default mode) instead of the eager module. The first batch
 compiles: its wall time is "first_batch_s" and "compile_s" (the first batch less one steady
-batch), apart from the steady figures. Inductor caches in $TORCHINDUCTOR_CACHE_DIR;
-"inductor_cache" says whether that was empty (cold, a user's first run) or not. Where compile
+batch), apart from the steady figures. Inductor caches in $TORCHINDUCTOR_CACHE_DIR and its
+precompiled headers under $TMPDIR; "inductor_cache" says whether both were empty (cold, a user's
+first compile on the machine) or not. Where compile
 cannot run (no C++ compiler, no Python headers, an inductor error) the JSON says so in "not_run".
 
 Prints one JSON line on stdout (throughput, per-batch latency percentiles, peak memory); human
@@ -70,11 +71,20 @@ def parse_args():
 
 
 def inductor_cache():
-    """Whether inductor's cache ($TORCHINDUCTOR_CACHE_DIR) was empty at the start (cold)."""
+    """Whether inductor's caches were empty at the start: $TORCHINDUCTOR_CACHE_DIR and the
+    precompiled C++ headers (under $TMPDIR, shared by every compile on the machine). "cold" is
+    a user's first compile on this machine; "warm" a later one."""
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not path:
         return "inductor's default directory (may be warm)"
-    return "cold" if not os.path.isdir(path) or not os.listdir(path) else "warm"
+    dirs = [path]
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        dirs.append(os.path.join(default_cache_dir(), "precompiled_headers"))
+    except ImportError:  # another torch layout: judge by the cache directory alone
+        pass
+    cold = all(not os.path.isdir(p) or not os.listdir(p) for p in dirs)
+    return "cold" if cold else "warm"
 
 
 def not_run(a, error):

@@ -32,8 +32,9 @@ peak on a GPU, the process's peak RSS on the CPU.
 (`model = torch.compile(model)`; the loss, backward and the fused AdamW step stay eager). The
 first step compiles the forward and backward graphs: its wall time is reported as
 "first_step_s" and "compile_s" (the first step less one steady step), apart from the steady
-step times. Inductor caches in $TORCHINDUCTOR_CACHE_DIR; "inductor_cache" says whether that was
-empty (a cold compile, as on a user's first run) or not. Where compile cannot run (no C++
+step times. Inductor caches in $TORCHINDUCTOR_CACHE_DIR and its precompiled headers under
+$TMPDIR; "inductor_cache" says whether both were empty (a cold compile, a user's first on the
+machine) or not. Where compile cannot run (no C++
 compiler, no Python headers, an inductor error) the JSON says so in "not_run".
 
 --gemm instead measures this machine's GEMM peak (fp32, or bf16 with --precision bf16) as the best
@@ -355,12 +356,19 @@ def train_bench(a):
 
 
 def inductor_cache():
-    """Where inductor caches its compiled graphs and kernels, and whether that was empty at
-    the start (a cold compile, as on a user's first run) or not (warm)."""
+    """Whether inductor's caches were empty at the start: $TORCHINDUCTOR_CACHE_DIR and the
+    precompiled C++ headers (under $TMPDIR, shared by every compile on the machine). "cold" is
+    a user's first compile on this machine; "warm" a later one."""
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not path:
         return {"dir": None, "state": "inductor's default directory (may be warm)"}
-    cold = not os.path.isdir(path) or not os.listdir(path)
+    dirs = [path]
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        dirs.append(os.path.join(default_cache_dir(), "precompiled_headers"))
+    except ImportError:  # another torch layout: judge by the cache directory alone
+        pass
+    cold = all(not os.path.isdir(p) or not os.listdir(p) for p in dirs)
     return {"dir": path, "state": "cold" if cold else "warm"}
 
 
