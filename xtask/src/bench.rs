@@ -273,29 +273,6 @@ fn build(root: &Path, settings: &Settings, bins: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// `cargo build --release -p kiln-cli --bin kiln` (its own build, as `cargo xtask train` does,
-/// so the suite runs the very binary users get).
-fn build_cli(root: &Path, settings: &Settings) -> Result<()> {
-    let mut build = Command::new(util::cargo());
-    build.current_dir(root).args([
-        "build",
-        "--release",
-        "--package",
-        "kiln-cli",
-        "--bin",
-        "kiln",
-    ]);
-    apply_env(&mut build, settings);
-    let status = util::status_of(&mut build)?;
-    if !status.success() {
-        bail!(
-            "building the kiln CLI for the job suite failed ({})",
-            util::describe_status(status)
-        );
-    }
-    Ok(())
-}
-
 pub fn run(
     root: &Path,
     settings: &Settings,
@@ -339,7 +316,7 @@ pub fn run(
     build(root, settings, &bins)?;
     if req.suites.contains(&"job") {
         // The job suite runs `kiln train`: the CLI as `cargo xtask train` builds it.
-        build_cli(root, settings)?;
+        crate::kiln::build_cli(root, settings)?;
     }
 
     let release = target_dir(root).join("release");

@@ -22,8 +22,8 @@ pub fn target_dir(root: &Path) -> PathBuf {
         .unwrap_or_else(|| root.join("target"))
 }
 
-/// `cargo build --release -p kiln-cli`, then runs `kiln <args>` and returns its exit code.
-pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
+/// `cargo build --release -p kiln-cli --bin kiln`: the very binary users get.
+pub fn build_cli(root: &Path, settings: &Settings) -> Result<()> {
     let mut build = Command::new(util::cargo());
     build.current_dir(root).args([
         "build",
@@ -41,6 +41,12 @@ pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Resul
             util::describe_status(status)
         );
     }
+    Ok(())
+}
+
+/// `cargo build --release -p kiln-cli`, then runs `kiln <args>` and returns its exit code.
+pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
+    build_cli(root, settings)?;
     let exe = target_dir(root).join("release").join("kiln");
     let mut run = Command::new(&exe);
     run.args(args);
