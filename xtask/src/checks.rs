@@ -12,11 +12,33 @@ struct Check {
     args: Vec<String>,
 }
 
-fn checks(extra_test_args: &[String]) -> Vec<Check> {
+/// What `cargo xtask test` was asked for.
+#[derive(Debug, PartialEq)]
+pub struct TestArgs {
+    /// `--cuda`: also run the tests that need a CUDA device.
+    pub cuda: bool,
+    /// Everything else, for `cargo test`.
+    pub cargo_test: Vec<String>,
+}
+
+impl TestArgs {
+    /// Takes xtask's own `--cuda` out of the arguments; the rest go to `cargo test`. A `--cuda`
+    /// after `--` belongs to the test binaries and is left alone.
+    pub fn parse(args: &[String]) -> Self {
+        let end = args.iter().position(|a| a == "--").unwrap_or(args.len());
+        let (ours, theirs) = args.split_at(end);
+        let cuda = ours.iter().any(|a| a == "--cuda");
+        let mut cargo_test: Vec<String> = ours.iter().filter(|a| *a != "--cuda").cloned().collect();
+        cargo_test.extend(theirs.iter().cloned());
+        TestArgs { cuda, cargo_test }
+    }
+}
+
+fn checks(args: &TestArgs) -> Vec<Check> {
     let owned = |args: &[&str]| args.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     let mut test = owned(&["test", "--workspace"]);
-    test.extend(extra_test_args.iter().cloned());
-    vec![
+    test.extend(args.cargo_test.iter().cloned());
+    let mut all = vec![
         Check {
             name: "cargo fmt --check",
             args: owned(&["fmt", "--all", "--", "--check"]),
@@ -50,21 +72,35 @@ fn checks(extra_test_args: &[String]) -> Vec<Check> {
                 PYTHON_TESTS,
             ]),
         },
-    ]
+    ];
+    // Tests that need a CUDA device are `#[ignore]`d (most machines have none, and a test must
+    // not pass by skipping its work) and named `…on_cuda…`; `--cuda` says this machine has one.
+    if args.cuda {
+        all.push(Check {
+            name: "cargo test: the tests that need CUDA",
+            args: owned(&[
+                "test",
+                "--workspace",
+                "--tests",
+                "--",
+                "--ignored",
+                CUDA_TESTS,
+            ]),
+        });
+    }
+    all
 }
 
 /// What the names of the tests that need Python's torch contain.
 pub const PYTHON_TESTS: &str = "with_python_torch";
 
+/// What the names of the tests that need a CUDA device contain.
+pub const CUDA_TESTS: &str = "on_cuda";
+
 /// Runs every check in order; the error names the step that failed. `python` (the one with
 /// libtorch's torch) is `KILN_PYTHON` for the tests that export models from PyTorch.
-pub fn run_all(
-    root: &Path,
-    settings: &Settings,
-    python: &Path,
-    extra_test_args: &[String],
-) -> Result<()> {
-    let all = checks(extra_test_args);
+pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs) -> Result<()> {
+    let all = checks(args);
     let total = all.len();
     for (i, check) in all.into_iter().enumerate() {
         step(&format!(
@@ -94,9 +130,13 @@ pub fn run_all(
 mod tests {
     use super::*;
 
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
     #[test]
     fn checks_run_cheapest_first_and_pass_extra_args_to_cargo_test() {
-        let all = checks(&["--".to_owned(), "--nocapture".to_owned()]);
+        let all = checks(&TestArgs::parse(&strings(&["--", "--nocapture"])));
         let names: Vec<_> = all.iter().map(|c| c.name).collect();
         assert_eq!(
             names,
@@ -121,5 +161,59 @@ mod tests {
             all[2].args,
             ["test", "--workspace", "--", "--nocapture"].map(String::from)
         );
+    }
+
+    #[test]
+    fn the_cuda_tests_run_only_with_cuda_and_the_flag_is_not_passed_to_cargo() {
+        let without = checks(&TestArgs::parse(&strings(&["-p", "kiln-train"])));
+        assert_eq!(without.len(), 4);
+        assert!(
+            without
+                .iter()
+                .all(|c| !c.args.iter().any(|a| a == "--cuda" || a == CUDA_TESTS))
+        );
+
+        let with = checks(&TestArgs::parse(&strings(&[
+            "--cuda",
+            "-p",
+            "kiln-train",
+            "--",
+            "--nocapture",
+        ])));
+        let names: Vec<_> = with.iter().map(|c| c.name).collect();
+        assert_eq!(names.len(), 5);
+        assert_eq!(names[4], "cargo test: the tests that need CUDA");
+        assert_eq!(
+            with[4].args,
+            strings(&[
+                "test",
+                "--workspace",
+                "--tests",
+                "--",
+                "--ignored",
+                CUDA_TESTS
+            ])
+        );
+        assert_eq!(
+            with[2].args,
+            strings(&[
+                "test",
+                "--workspace",
+                "-p",
+                "kiln-train",
+                "--",
+                "--nocapture"
+            ])
+        );
+    }
+
+    #[test]
+    fn only_a_cuda_flag_before_the_double_dash_is_xtasks() {
+        let args = TestArgs::parse(&strings(&["--release", "--", "--cuda"]));
+        assert!(!args.cuda);
+        assert_eq!(args.cargo_test, strings(&["--release", "--", "--cuda"]));
+        let args = TestArgs::parse(&strings(&["--release", "--cuda"]));
+        assert!(args.cuda);
+        assert_eq!(args.cargo_test, strings(&["--release"]));
     }
 }

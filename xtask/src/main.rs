@@ -20,9 +20,12 @@ usage: cargo xtask <command> [args…]
 
 xtask commands:
   setup             find or install libtorch 2.11 and link it at .kiln/libtorch (idempotent)
-  test [args…]      setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
+  test [--cuda] [args…]
+                    setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
                     (extra args go to cargo test; it also runs the library example), then the
-                    tests that need Python's torch
+                    tests that need Python's torch; with --cuda (on a machine with a CUDA
+                    device), then the tests that need CUDA, which plain cargo test lists as
+                    ignored
 {bench}  help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
@@ -86,7 +89,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             let found = libtorch::setup(&settings)?;
             libtorch::report(&found, &settings.link);
             let python = kiln::python_of(&found, &settings);
-            checks::run_all(&root, &settings, &python, rest)?;
+            checks::run_all(&root, &settings, &python, &checks::TestArgs::parse(rest))?;
             Ok(ExitCode::SUCCESS)
         }
         "bench" => {
