@@ -183,6 +183,7 @@ impl Learner {
             identity: format!("{name} (library model)"),
             build,
             warmup_steps: 1,
+            init_on_cpu: false,
         };
         self.drive(&recipe, data, resume, observer)
     }
@@ -242,6 +243,7 @@ impl Learner {
             identity: crate::models::script_identity(Some(path)),
             build: &build,
             warmup_steps: crate::script::WARMUP_STEPS,
+            init_on_cpu: false,
         };
         self.drive(&recipe, data, resume, observer)
     }

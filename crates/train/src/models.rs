@@ -59,6 +59,11 @@ pub struct ModelRecipe<'a> {
     /// Untimed steps before a batch-size trial is timed: 1, or
     /// [`crate::script::WARMUP_STEPS`] for TorchScript.
     pub warmup_steps: usize,
+    /// Draw the initial weights on the CPU and then move them to the device, as a PyTorch
+    /// module built before `.to(device)` does: one seed gives the same weights on every device
+    /// (kiln's own models). Off where the factory may make tensors outside the `VarStore` on
+    /// `vs.device()` (a library user's model, a TorchScript module's buffers).
+    pub init_on_cpu: bool,
 }
 
 impl std::fmt::Debug for ModelRecipe<'_> {

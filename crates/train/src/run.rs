@@ -272,6 +272,7 @@ pub fn train(
         } else {
             1
         },
+        init_on_cpu: plan.model.kind != ModelKind::TorchScript,
     };
     drive(
         plan, device, &recipe, data, resume, control, observer, on_ready,
@@ -342,8 +343,15 @@ pub fn drive(
         control.cache_dir.as_deref(),
     )?;
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
-    let vs = nn::VarStore::new(tch_device);
+    let mut vs = nn::VarStore::new(if recipe.init_on_cpu {
+        tch::Device::Cpu
+    } else {
+        tch_device
+    });
     let model = (recipe.build)(&vs, &input)?;
+    if vs.device() != tch_device {
+        vs.set_device(tch_device);
+    }
     let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
     let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
     let sampler = SamplerConfig {
