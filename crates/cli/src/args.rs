@@ -109,6 +109,13 @@ pub enum Command {
     /// Time one model's forward pass (or a whole train step) on a random batch on this
     /// machine's device: ms per iteration (mean, p50, p95, min, max), samples/s, peak memory.
     ProfileModel(ProfileModelArgs),
+    /// Check every CUDA path kiln has (doctor, backend flags, memory fraction and statistics,
+    /// the pinned feeder, bf16/fp16 training, checkpoint and resume, the automatic batch size,
+    /// out-of-memory retry, activation checkpointing, profiler traces, CUDA graphs, serving,
+    /// profile-model, the train and infer benchmarks) with small sizes, each step in its own
+    /// process, and write report.json and report.md. Without a GPU it runs what it can on the
+    /// CPU and lists the CUDA steps as not run.
+    GpuCheck(crate::gpu_check::GpuCheckArgs),
     /// Turn CSV or .npy files into a sharded dataset, or check one.
     Data {
         #[command(subcommand)]

@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod data;
+mod gpu_check;
 mod infer;
 mod logging;
 mod profile_model;
@@ -66,5 +67,6 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::ProfileModel(args) => profile_model::run(&args),
         Command::Data { action } => data::run(action),
+        Command::GpuCheck(args) => gpu_check::run(&args),
     }
 }
