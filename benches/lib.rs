@@ -40,14 +40,17 @@ pub fn python(args: &[String]) -> String {
         .unwrap_or_else(|| "python3".to_owned())
 }
 
-/// This crate's directory (for `python/` scripts).
+/// The directory holding the `python/` scripts: `KILN_BENCH_ROOT` (a gpu-check bundle sets
+/// it), else this crate's directory.
 pub fn bench_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("KILN_BENCH_ROOT")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
 /// `<target>/kiln-bench/<name>`: where reports go unless `--out` says otherwise.
 pub fn report_path(name: &str) -> PathBuf {
-    let root = bench_root();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let workspace = root
         .parent()
         .map_or_else(|| root.clone(), Path::to_path_buf);

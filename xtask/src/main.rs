@@ -6,6 +6,7 @@
 
 mod bench;
 mod checks;
+mod gpu_check;
 mod kiln;
 mod libtorch;
 mod peers;
@@ -26,7 +27,7 @@ xtask commands:
                     tests that need Python's torch; with --cuda (on a machine with a CUDA
                     device), then the tests that need CUDA, which plain cargo test lists as
                     ignored
-{bench}  help              this text
+{bench}{gpu_check}  help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
 provisioned libtorch, for example:
@@ -47,7 +48,9 @@ Environment:
 
 /// The usage text, with the benchmark suites listed by `bench`.
 fn usage() -> String {
-    USAGE.replace("{bench}", &bench::usage_text())
+    USAGE
+        .replace("{bench}", &bench::usage_text())
+        .replace("{gpu_check}", gpu_check::usage_text())
 }
 
 fn main() -> ExitCode {
@@ -91,6 +94,11 @@ fn run(args: &[String]) -> Result<ExitCode> {
             let python = kiln::python_of(&found, &settings);
             checks::run_all(&root, &settings, &python, &checks::TestArgs::parse(rest))?;
             Ok(ExitCode::SUCCESS)
+        }
+        "gpu-check" => {
+            let settings = libtorch::Settings::from_env(&root)?;
+            let found = libtorch::setup(&settings)?;
+            gpu_check::run(&root, &settings, &found, rest)
         }
         "bench" => {
             let settings = libtorch::Settings::from_env(&root)?;

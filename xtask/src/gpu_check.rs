@@ -1,0 +1,255 @@
+//! `cargo xtask gpu-check`: builds the release `kiln` and the train/infer benchmark binaries,
+//! then runs `kiln gpu-check` here; with `--pack DIR`, writes instead a bundle (stripped
+//! binaries, the benchmarks' Python scripts, `run-gpu-check.sh`) to copy to a GPU machine that
+//! has torch 2.11 in its python3 (docs/gpu.md).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use crate::kiln::{apply_env, python_of, target_dir};
+use crate::libtorch::{Libtorch, Settings};
+use crate::util::{self, Error, Result, bail};
+
+/// The benchmark binaries gpu-check's bench steps run.
+const BENCH_BINS: [&str; 2] = ["kiln-bench-train", "kiln-bench-serve"];
+
+/// What the command was asked to do.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Request {
+    pack: Option<PathBuf>,
+    /// Arguments for `kiln gpu-check`.
+    kiln_args: Vec<String>,
+}
+
+fn parse(args: &[String]) -> Result<Request> {
+    let mut req = Request::default();
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--pack" => {
+                let dir = it.next().ok_or("--pack needs a directory")?;
+                req.pack = Some(PathBuf::from(dir));
+            }
+            "--out" | "--steps" => {
+                let value = it
+                    .next()
+                    .ok_or_else(|| Error(format!("{arg} needs a value")))?;
+                req.kiln_args.extend([arg.clone(), value.clone()]);
+            }
+            "--require-gpu" => req.kiln_args.push(arg.clone()),
+            other => bail!(
+                "`cargo xtask gpu-check` does not take `{other}`; it takes --out DIR, \
+                 --require-gpu, --steps A,B and --pack DIR"
+            ),
+        }
+    }
+    if req.pack.is_some() && !req.kiln_args.is_empty() {
+        bail!(
+            "--pack only writes the bundle; give --out/--require-gpu/--steps to run-gpu-check.sh"
+        );
+    }
+    Ok(req)
+}
+
+pub fn usage_text() -> &'static str {
+    "  gpu-check [--out DIR] [--require-gpu] [--steps A,B]\n\
+     \x20                   build release kiln and the train/infer benchmarks, then check every\n\
+     \x20                   CUDA path (CPU steps only without a GPU); report.json/md in DIR\n\
+     \x20 gpu-check --pack DIR\n\
+     \x20                   write a bundle (~30 MiB) to run on a GPU machine with torch 2.11\n\
+     \x20                   (docs/gpu.md)\n"
+}
+
+pub fn run(
+    root: &Path,
+    settings: &Settings,
+    libtorch: &Libtorch,
+    args: &[String],
+) -> Result<ExitCode> {
+    let req = parse(args)?;
+    util::step("building release kiln and the benchmark binaries");
+    crate::kiln::build_cli(root, settings)?;
+    build_benches(root, settings)?;
+    let release = target_dir(root).join("release");
+    if let Some(dir) = &req.pack {
+        pack(root, &release, dir)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut cmd = Command::new(release.join("kiln"));
+    cmd.arg("gpu-check")
+        .args(&req.kiln_args)
+        .arg("--bench-dir")
+        .arg(&release);
+    cmd.env("KILN_BENCH_PYTHON", python_of(libtorch, settings));
+    apply_env(&mut cmd, settings);
+    let status = util::status_of(&mut cmd)?;
+    Ok(ExitCode::from(
+        status
+            .code()
+            .and_then(|c| u8::try_from(c).ok())
+            .unwrap_or(1),
+    ))
+}
+
+fn build_benches(root: &Path, settings: &Settings) -> Result<()> {
+    let mut build = Command::new(util::cargo());
+    build
+        .current_dir(root)
+        .args(["build", "--release", "--package", "kiln-benches"]);
+    for bin in BENCH_BINS {
+        build.args(["--bin", bin]);
+    }
+    apply_env(&mut build, settings);
+    let status = util::status_of(&mut build)?;
+    if !status.success() {
+        bail!(
+            "building the benchmarks failed ({})",
+            util::describe_status(status)
+        );
+    }
+    Ok(())
+}
+
+/// The bundle: `bin/` (kiln and the bench binaries, stripped), `python/` (the baselines'
+/// scripts) and `run-gpu-check.sh`. An existing, non-empty `dir` is refused.
+fn pack(root: &Path, release: &Path, dir: &Path) -> Result<()> {
+    if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) {
+        bail!(
+            "--pack {}: already exists and is not empty; give a new directory",
+            dir.display()
+        );
+    }
+    let io = |what: &Path, e: std::io::Error| Error(format!("{}: {e}", what.display()));
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| io(&bin, e))?;
+    for name in std::iter::once("kiln").chain(BENCH_BINS) {
+        let to = bin.join(name);
+        std::fs::copy(release.join(name), &to).map_err(|e| io(&to, e))?;
+        strip(&to);
+    }
+    let python = dir.join("python");
+    std::fs::create_dir_all(&python).map_err(|e| io(&python, e))?;
+    let scripts = root.join("benches").join("python");
+    for entry in std::fs::read_dir(&scripts)
+        .map_err(|e| io(&scripts, e))?
+        .flatten()
+    {
+        let path = entry.path();
+        if path.is_file() {
+            let to = python.join(entry.file_name());
+            std::fs::copy(&path, &to).map_err(|e| io(&to, e))?;
+        }
+    }
+    let script = dir.join("run-gpu-check.sh");
+    std::fs::write(&script, RUN_SCRIPT).map_err(|e| io(&script, e))?;
+    set_executable(&script)?;
+    let size: u64 = walk_size(dir);
+    util::info(&format!(
+        "wrote {} ({}): copy it to the GPU machine and run {}/run-gpu-check.sh [--out DIR]",
+        dir.display(),
+        util::human_bytes(size),
+        dir.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    ));
+    Ok(())
+}
+
+/// Drops debug information (the release profile keeps line tables) with `strip`, when there
+/// is one; otherwise the binary stays as it is, only larger.
+fn strip(path: &Path) {
+    let stripped = Command::new("strip")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        util::info(&format!(
+            "`strip` unavailable: {} keeps its debug info",
+            path.display()
+        ));
+    }
+}
+
+fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| Error(format!("{}: {e}", path.display())))
+}
+
+fn walk_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                walk_size(&p)
+            } else {
+                e.metadata().map_or(0, |m| m.len())
+            }
+        })
+        .sum()
+}
+
+/// Runs the bundle's kiln against python3's torch (which must be 2.11, the libtorch kiln was
+/// built against).
+const RUN_SCRIPT: &str = r#"#!/bin/sh
+# kiln gpu-check on this machine, against the torch 2.11 of python3 (or $KILN_PYTHON).
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+py=${KILN_PYTHON:-python3}
+version=$("$py" -c 'import torch; print(torch.__version__)') || {
+    echo "run-gpu-check.sh: $py has no torch; install torch==2.11.* or set KILN_PYTHON" >&2; exit 3; }
+case "$version" in
+    2.11.*) ;;
+    *) echo "run-gpu-check.sh: $py has torch $version; kiln was built against libtorch 2.11" >&2; exit 3 ;;
+esac
+lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py"
+exec "$here/bin/kiln" gpu-check --bench-dir "$here/bin" "$@"
+"#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(text: &str) -> Vec<String> {
+        text.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn options_pass_through_to_kiln_or_pack() {
+        let r = parse(&args("--out /tmp/r --require-gpu --steps doctor,serve")).unwrap();
+        assert_eq!(
+            r.kiln_args,
+            args("--out /tmp/r --require-gpu --steps doctor,serve")
+        );
+        assert_eq!(
+            parse(&args("--pack b")).unwrap().pack,
+            Some(PathBuf::from("b"))
+        );
+    }
+
+    #[test]
+    fn bad_input_names_what_is_wrong() {
+        let e = parse(&args("--fast")).unwrap_err().to_string();
+        assert!(e.contains("`--fast`") && e.contains("--pack DIR"), "{e}");
+        assert!(
+            parse(&args("--out"))
+                .unwrap_err()
+                .to_string()
+                .contains("--out needs a value")
+        );
+        let e = parse(&args("--pack b --require-gpu"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run-gpu-check.sh"), "{e}");
+    }
+
+    #[test]
+    fn the_run_script_checks_torch_and_sets_the_library_path() {
+        assert!(RUN_SCRIPT.contains("2.11.*") && RUN_SCRIPT.contains("LD_LIBRARY_PATH"));
+        assert!(RUN_SCRIPT.contains("--bench-dir \"$here/bin\""));
+    }
+}
