@@ -77,3 +77,38 @@ fn summarise(path: &Path) -> anyhow::Result<Outcome> {
     );
     Ok(outcome)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_ratios_mfu_and_peaks_are_read_from_a_suite_output() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("train.json");
+        let suite = serde_json::json!({
+            "suite": "train",
+            "comparisons": [
+                {"name": "transformer bf16 b=16", "ratio": 0.9, "details": {"mfu": 0.41}},
+                {"name": "mlp fp32 b=64", "ratio": 1.1, "details": {}}
+            ],
+            "peaks": {"bf16_gemm_gflops": 700000.0}
+        });
+        std::fs::write(&path, suite.to_string()).unwrap();
+        let o = summarise(&path).unwrap();
+        assert!(o.pass);
+        assert_eq!(o.figures["transformer bf16 b=16 (MFU)"], 0.41);
+        assert_eq!(o.figures["mlp fp32 b=64 (ratio)"], 1.1);
+        assert_eq!(o.figures["bf16_gemm_gflops"], 700000.0);
+        assert!(
+            o.summary.starts_with("2 rows, best MFU 41.0%"),
+            "{}",
+            o.summary
+        );
+        std::fs::write(&path, r#"{"comparisons": []}"#).unwrap();
+        assert!(
+            !summarise(&path).unwrap().pass,
+            "a suite with no rows fails"
+        );
+    }
+}
