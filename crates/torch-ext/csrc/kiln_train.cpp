@@ -265,6 +265,29 @@ char* kiln_set_cpu_rng_state(const at::Tensor* state) {
   KILN_CATCH
 }
 
+// The default generator of CUDA device `index` (through libtorch's CUDA hooks: an error, not a
+// crash, where libtorch_cuda is not loaded or the device does not exist).
+static at::Generator cuda_generator(int index) {
+  TORCH_CHECK(index >= 0, "CUDA device index must be non-negative, got ", index);
+  return at::globalContext().defaultGenerator(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+}
+
+char* kiln_cuda_rng_state(int index, at::Tensor** out) {
+  KILN_TRY
+  auto gen = cuda_generator(index);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  *out = new at::Tensor(gen.get_state());
+  KILN_CATCH
+}
+
+char* kiln_set_cuda_rng_state(int index, const at::Tensor* state) {
+  KILN_TRY
+  auto gen = cuda_generator(index);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(*state);
+  KILN_CATCH
+}
+
 // ---- memory format (channels-last for convolutions) ---------------------------------------
 
 // A channels-last copy of a 4-D tensor (the tensor itself when it already is).

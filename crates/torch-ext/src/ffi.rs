@@ -102,6 +102,8 @@ unsafe extern "C" {
     pub fn kiln_is_channels_last(t: *const std::ffi::c_void, out: *mut bool) -> *mut c_char;
     pub fn kiln_cpu_rng_state(out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cpu_rng_state(state: *const std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_cuda_rng_state(index: c_int, out: *mut *mut std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_set_cuda_rng_state(index: c_int, state: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_dropout(
         x: *const std::ffi::c_void,
         p: f64,

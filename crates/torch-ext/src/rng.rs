@@ -1,4 +1,5 @@
-//! The state of libtorch's default CPU random generator, so a checkpoint can restore it.
+//! The state of libtorch's default random generators (the CPU's, and each CUDA device's), so a
+//! checkpoint can restore them.
 
 use crate::error::Result;
 use crate::ffi;
@@ -19,5 +20,35 @@ pub fn set_cpu_rng_state(state: &tch::Tensor) -> Result<()> {
     // SAFETY: `state` is a live handle.
     ffi::check("set CPU RNG state", unsafe {
         ffi::kiln_set_cpu_rng_state(ffi::tensor_ptr(state))
+    })
+}
+
+fn cuda_index(op: &'static str, index: usize) -> Result<std::ffi::c_int> {
+    std::ffi::c_int::try_from(index).map_err(|_| crate::error::Error::InvalidArgument {
+        op,
+        message: format!("CUDA device index {index} is out of range"),
+    })
+}
+
+/// The default generator's state of CUDA device `index` (a uint8 tensor on the CPU): what
+/// dropout on that device (libtorch's, or a TorchScript module's) draws from. An error where
+/// libtorch has no CUDA or no such device.
+pub fn cuda_rng_state(index: usize) -> Result<tch::Tensor> {
+    let index = cuda_index("CUDA RNG state", index)?;
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: on success `out` is a new heap tensor we own.
+    ffi::check("CUDA RNG state", unsafe {
+        ffi::kiln_cuda_rng_state(index, &mut out)
+    })?;
+    // SAFETY: `out` came from `new at::Tensor`, which tch's Tensor owns and deletes.
+    Ok(unsafe { tch::Tensor::from_ptr(out.cast()) })
+}
+
+/// Restores a state from [`cuda_rng_state`] on CUDA device `index`.
+pub fn set_cuda_rng_state(index: usize, state: &tch::Tensor) -> Result<()> {
+    let index = cuda_index("set CUDA RNG state", index)?;
+    // SAFETY: `state` is a live handle.
+    ffi::check("set CUDA RNG state", unsafe {
+        ffi::kiln_set_cuda_rng_state(index, ffi::tensor_ptr(state))
     })
 }

@@ -714,6 +714,13 @@ impl<'m> Trainer<'m> {
         }
         let mut state = self.optimizer.state_tensors();
         state.push(("rng.cpu".to_owned(), kiln_torch_ext::rng::cpu_rng_state()?));
+        if let Device::Cuda(i) = self.device {
+            // Dropout on CUDA (libtorch's, and a TorchScript module's) draws from it.
+            state.push((
+                "rng.cuda".to_owned(),
+                kiln_torch_ext::rng::cuda_rng_state(i)?,
+            ));
+        }
         let (loss_scale, tracker) = match &self.scaler {
             Some(s) => {
                 let (scale, tracker) = s.state()?;
@@ -765,6 +772,14 @@ impl<'m> Trainer<'m> {
         self.optimizer.load_state(&ckpt.state, ckpt.meta.step)?;
         if let Some((_, rng)) = ckpt.state.iter().find(|(n, _)| n == "rng.cpu") {
             kiln_torch_ext::rng::set_cpu_rng_state(rng)?;
+        }
+        // A checkpoint taken on a GPU continues its CUDA draws; one taken on the CPU has none,
+        // and the generator keeps the run's seed.
+        if let (Device::Cuda(i), Some((_, rng))) = (
+            self.device,
+            ckpt.state.iter().find(|(n, _)| n == "rng.cuda"),
+        ) {
+            kiln_torch_ext::rng::set_cuda_rng_state(i, rng)?;
         }
         if let (Some(scaler), Some(scale), Some(tracker)) = (
             &mut self.scaler,
