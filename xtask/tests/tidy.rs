@@ -1,8 +1,6 @@
-//! Repository checks run as tests: the architecture invariants of docs/ARCHITECTURE.md that a
-//! machine can check, so that breaking one fails `cargo xtask test` instead of a review.
+//! Tidy tests: each architecture invariant of docs/ARCHITECTURE.md, checked over the repository's
+//! files (std only, like xtask itself), so a change that breaks one fails `cargo test`.
 
-use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -12,169 +10,275 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = fs::read_dir(dir) else {
-        return;
+/// Every file under `dir` (recursively) whose name ends with one of `exts`, skipping build
+/// output, VCS and caches.
+fn files(dir: &Path, exts: &[&str]) -> Vec<PathBuf> {
+    let mut out = vec![];
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
     };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let name = entry.file_name();
-        if name == "target" || name.to_string_lossy().starts_with('.') {
-            continue;
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if !name.starts_with('.') && !["target", "runs", "__pycache__"].contains(&name.as_str())
+            {
+                out.extend(files(&p, exts));
+            }
+        } else if exts.iter().any(|x| name.ends_with(x)) {
+            out.push(p);
         }
-        if path.is_dir() {
-            files_under(&path, out);
-        } else {
-            out.push(path);
-        }
     }
+    out.sort();
+    out
 }
 
-fn source_files(ext: &str) -> Vec<PathBuf> {
-    let mut all = vec![];
-    for dir in ["crates", "xtask", "benches"] {
-        files_under(&root().join(dir), &mut all);
-    }
-    all.retain(|p| p.extension().is_some_and(|e| e == ext));
-    all
-}
-
-#[test]
-fn every_rust_file_starts_with_a_doc_line_saying_what_it_is_for() {
-    let missing: Vec<_> = source_files("rs")
-        .into_iter()
-        .filter(|p| {
-            let text = fs::read_to_string(p).unwrap();
-            let first = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-            !first.starts_with("//!")
-        })
-        .collect();
-    assert!(
-        missing.is_empty(),
-        "files without a `//!` header: {missing:?}"
-    );
-}
-
-#[test]
-fn only_the_native_crate_contains_cpp() {
-    let mut native = vec![];
-    for ext in ["cpp", "cc", "cxx", "h", "hpp", "cu"] {
-        native.extend(source_files(ext));
-    }
-    let outside: Vec<_> = native
-        .iter()
-        .filter(|p| !p.starts_with(root().join("crates/torch-ext")))
-        .collect();
-    assert!(
-        outside.is_empty(),
-        "C/C++ outside crates/torch-ext: {outside:?}"
-    );
-    assert!(!native.is_empty(), "the native crate's C++ was not found");
-}
-
-/// The names listed in a manifest's `[dependencies]` table.
-fn dependencies(manifest: &Path) -> Vec<String> {
-    let text = fs::read_to_string(manifest).unwrap();
-    let mut in_deps = false;
+/// The `kiln-*` packages a manifest's `[dependencies]` and `[dev-dependencies]` name.
+fn kiln_deps(manifest: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let mut section = String::new();
     let mut deps = vec![];
     for line in text.lines() {
         let line = line.trim();
         if line.starts_with('[') {
-            in_deps = line == "[dependencies]";
-            continue;
-        }
-        if in_deps && !line.is_empty() && !line.starts_with('#') {
-            let name = line.split(['=', '.', ' ']).next().unwrap().trim();
-            deps.push(name.to_owned());
+            section = line.to_owned();
+        } else if (section == "[dependencies]" || section == "[dev-dependencies]")
+            && line.starts_with("kiln-")
+        {
+            let name = line.split(['.', ' ', '=']).next().unwrap().to_owned();
+            if !deps.contains(&name) {
+                deps.push(name);
+            }
         }
     }
+    deps.sort();
     deps
 }
 
+/// Which kiln crates each crate may use (docs/ARCHITECTURE.md, "Layering").
+const LAYERS: &[(&str, &[&str])] = &[
+    ("crates/torch-ext", &[]),
+    ("crates/device", &["kiln-torch-ext"]),
+    ("crates/profiles", &["kiln-device"]),
+    ("crates/config", &["kiln-device", "kiln-profiles"]),
+    ("crates/data", &[]),
+    (
+        "crates/train",
+        &[
+            "kiln-config",
+            "kiln-data",
+            "kiln-device",
+            "kiln-profiles",
+            "kiln-torch-ext",
+        ],
+    ),
+    (
+        "crates/infer",
+        &[
+            "kiln-config",
+            "kiln-data",
+            "kiln-device",
+            "kiln-profiles",
+            "kiln-torch-ext",
+            "kiln-train",
+        ],
+    ),
+    (
+        "crates/cli",
+        &[
+            "kiln-config",
+            "kiln-data",
+            "kiln-device",
+            "kiln-infer",
+            "kiln-profiles",
+            "kiln-torch-ext",
+            "kiln-train",
+        ],
+    ),
+    (
+        "benches",
+        &[
+            "kiln-config",
+            "kiln-data",
+            "kiln-device",
+            "kiln-infer",
+            "kiln-profiles",
+            "kiln-torch-ext",
+            "kiln-train",
+        ],
+    ),
+    ("examples", &["kiln-train"]),
+    ("xtask", &[]),
+];
+
 #[test]
-fn crates_only_know_the_layers_below_them() {
-    // Which kiln crates each crate may depend on (docs/ARCHITECTURE.md, "Layering").
-    let allowed: BTreeMap<&str, &[&str]> = BTreeMap::from([
-        ("torch-ext", &[][..]),
-        ("device", &["kiln-torch-ext"][..]),
-        ("profiles", &["kiln-device"][..]),
-        ("config", &["kiln-device", "kiln-profiles"][..]),
-        ("data", &[][..]),
-        (
-            "train",
-            &["kiln-torch-ext", "kiln-device", "kiln-config", "kiln-data"][..],
-        ),
-        (
-            "infer",
-            &[
-                "kiln-torch-ext",
-                "kiln-device",
-                "kiln-config",
-                "kiln-data",
-                "kiln-train",
-            ][..],
-        ),
-        (
-            "cli",
-            &[
-                "kiln-torch-ext",
-                "kiln-device",
-                "kiln-profiles",
-                "kiln-config",
-                "kiln-data",
-                "kiln-train",
-                "kiln-infer",
-            ][..],
-        ),
-    ]);
-    let mut seen = vec![];
-    for entry in fs::read_dir(root().join("crates")).unwrap().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let manifest = entry.path().join("Cargo.toml");
-        if !manifest.exists() {
-            continue;
-        }
-        let Some(ok) = allowed.get(name.as_str()) else {
-            panic!(
-                "crates/{name} is not in the layering table; add it here and to ARCHITECTURE.md"
-            );
-        };
-        for dep in dependencies(&manifest) {
-            if dep.starts_with("kiln-") {
-                assert!(
-                    ok.contains(&dep.as_str()),
-                    "crates/{name} must not depend on {dep}"
-                );
-            }
-            if dep == "nvml-wrapper" {
-                assert_eq!(name, "device", "only crates/device talks to NVML");
-            }
-            if dep == "anyhow" {
-                assert_eq!(name, "cli", "anyhow belongs to the binary alone");
-            }
-        }
-        seen.push(name);
+fn crates_use_only_the_crates_below_them() {
+    let root = root();
+    for manifest in files(&root.join("crates"), &["Cargo.toml"]) {
+        let dir = manifest.parent().unwrap().strip_prefix(&root).unwrap();
+        assert!(
+            LAYERS.iter().any(|(d, _)| Path::new(d) == dir),
+            "{} is not in the layering table: add it here and to docs/ARCHITECTURE.md",
+            dir.display()
+        );
     }
-    assert_eq!(seen.len(), allowed.len(), "crates found: {seen:?}");
+    for (dir, allowed) in LAYERS {
+        let deps = kiln_deps(&root.join(dir).join("Cargo.toml"));
+        let extra: Vec<&String> = deps
+            .iter()
+            .filter(|d| !allowed.contains(&d.as_str()))
+            .collect();
+        assert!(
+            extra.is_empty(),
+            "{dir} uses {extra:?}, above it or beside it in the layering"
+        );
+    }
 }
 
 #[test]
-fn xtask_has_no_dependencies() {
-    let deps = dependencies(&root().join("xtask/Cargo.toml"));
+fn only_torch_ext_contains_cpp() {
+    let root = root();
+    let cpp = files(&root, &[".cpp", ".cc", ".cxx", ".h", ".hpp", ".cu"]);
+    let outside: Vec<&PathBuf> = cpp
+        .iter()
+        .filter(|p| !p.starts_with(root.join("crates/torch-ext/csrc")))
+        .collect();
     assert!(
-        deps.is_empty(),
-        "xtask must build before libtorch exists: {deps:?}"
+        outside.is_empty(),
+        "C++ outside crates/torch-ext/csrc: {outside:?}"
+    );
+    assert!(
+        !cpp.is_empty(),
+        "the native extension's sources were not found"
+    );
+}
+
+/// Lines of library source (before any `#[cfg(test)]`) of the crates under `crates/`, except
+/// `exclude`.
+fn library_lines(exclude: &[&str]) -> Vec<(PathBuf, usize, String)> {
+    let root = root();
+    let mut out = vec![];
+    for f in files(&root.join("crates"), &[".rs"]) {
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if !rel.contains("/src/") || exclude.iter().any(|e| rel.starts_with(e)) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("#[cfg(test)]") {
+                break;
+            }
+            out.push((f.clone(), i + 1, line.to_owned()));
+        }
+    }
+    out
+}
+
+#[test]
+fn only_device_talks_to_nvml() {
+    let hits: Vec<_> = library_lines(&["crates/device/"])
+        .into_iter()
+        .filter(|(_, _, l)| l.contains("nvml_wrapper"))
+        .collect();
+    assert!(hits.is_empty(), "NVML used outside crates/device: {hits:?}");
+    let root = root();
+    for (dir, _) in LAYERS.iter().filter(|(d, _)| *d != "crates/device") {
+        let text = std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
+        assert!(
+            !text.contains("nvml-wrapper"),
+            "{dir} depends on nvml-wrapper"
+        );
+    }
+}
+
+#[test]
+fn only_the_cli_uses_anyhow_and_xtask_has_no_dependencies() {
+    let root = root();
+    for (dir, _) in LAYERS.iter().filter(|(d, _)| *d != "crates/cli") {
+        let text = std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
+        let deps = text
+            .split("[dependencies]")
+            .nth(1)
+            .unwrap_or("")
+            .split("\n[")
+            .next()
+            .unwrap();
+        assert!(
+            !deps.contains("anyhow"),
+            "{dir} depends on anyhow (library code uses error enums)"
+        );
+    }
+    let xtask = std::fs::read_to_string(root.join("xtask/Cargo.toml")).unwrap();
+    let deps = xtask
+        .split("[dependencies]")
+        .nth(1)
+        .unwrap_or("")
+        .split("\n[")
+        .next()
+        .unwrap();
+    assert!(deps.trim().is_empty(), "xtask has dependencies: {deps}");
+}
+
+/// Library code returns errors: no unwrap/expect/panic outside tests (and the CLI binary),
+/// except the lines listed with their reason.
+#[test]
+fn library_code_does_not_panic() {
+    const ALLOWED: &[(&str, &str)] = &[(
+        "crates/torch-ext/src/flags.rs",
+        "expect(\"precision names have no NUL\")",
+    )];
+    let root = root();
+    let hits: Vec<String> = library_lines(&["crates/cli/"])
+        .into_iter()
+        .filter(|(_, _, l)| {
+            let code = l.split("//").next().unwrap();
+            [
+                ".unwrap()",
+                ".expect(",
+                "panic!(",
+                "todo!(",
+                "unimplemented!(",
+            ]
+            .iter()
+            .any(|p| code.contains(p))
+        })
+        .filter(|(f, _, l)| {
+            let rel = f
+                .strip_prefix(&root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            !ALLOWED
+                .iter()
+                .any(|(file, text)| rel == *file && l.contains(text))
+        })
+        .map(|(f, n, l)| format!("{}:{n}: {}", f.display(), l.trim()))
+        .collect();
+    assert!(
+        hits.is_empty(),
+        "library code that can panic:\n{}",
+        hits.join("\n")
     );
 }
 
 #[test]
-fn ci_runs_the_readme_test_command() {
-    let readme = fs::read_to_string(root().join("README.md")).unwrap();
-    let ci = fs::read_to_string(root().join(".ci/run")).unwrap();
-    assert!(readme.contains("cargo xtask test"));
-    assert!(readme.contains("cargo xtask train"));
+fn every_rust_file_starts_with_a_doc_line() {
+    let root = root();
+    let mut missing = vec![];
+    for dir in ["crates", "benches", "xtask", "examples"] {
+        for f in files(&root.join(dir), &[".rs"]) {
+            let text = std::fs::read_to_string(&f).unwrap();
+            if !text.starts_with("//!") {
+                missing.push(f);
+            }
+        }
+    }
     assert!(
-        ci.lines().any(|l| l.trim() == "cargo xtask test"),
-        ".ci/run must run `cargo xtask test`"
+        missing.is_empty(),
+        "files without a leading //! line: {missing:?}"
     );
 }
