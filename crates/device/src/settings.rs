@@ -203,7 +203,10 @@ pub fn apply(settings: &BackendSettings, device: crate::Device) -> Vec<AppliedSe
         };
         record(name, n.to_string(), outcome);
     }
-    tch::manual_seed(i64::from_ne_bytes(settings.seed.to_ne_bytes()));
+    {
+        let _generator = kiln_torch_ext::rng::cpu_generator_lock();
+        tch::manual_seed(i64::from_ne_bytes(settings.seed.to_ne_bytes()));
+    }
     record("seed", settings.seed.to_string(), Outcome::Applied);
     report
 }

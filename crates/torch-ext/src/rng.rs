@@ -4,6 +4,19 @@
 use crate::error::Result;
 use crate::ffi;
 
+/// Guards libtorch's default CPU generator, which is process-wide: code that seeds it and then
+/// draws a sequence from it (a run's initial weights) or restores its state holds this lock, so
+/// another thread's seeding cannot land in the middle.
+static CPU_GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Takes [`CPU_GENERATOR`] (poisoning is ignored: whoever holds it next seeds or restores the
+/// generator anyway).
+pub fn cpu_generator_lock() -> std::sync::MutexGuard<'static, ()> {
+    CPU_GENERATOR
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The default CPU generator's state (a uint8 tensor).
 pub fn cpu_rng_state() -> Result<tch::Tensor> {
     let mut out: *mut std::ffi::c_void = std::ptr::null_mut();

@@ -5,8 +5,8 @@
 //! same run for any model and data (see [`crate::learner`] for the library's front door).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, MutexGuard};
 
 use kiln_config::{ModelKind, RunPlan};
 use kiln_data::{
@@ -62,6 +62,14 @@ pub fn synthetic_dataset(
         )?),
         ModelKind::TorchScript => return Err(no_synthetic()),
     })
+}
+
+/// Takes the process-wide lock on libtorch's default CPU generator
+/// ([`kiln_torch_ext::rng::cpu_generator_lock`]): a run holds it while it seeds the generator and
+/// draws from it (the initial weights, the batch-size search) or restores it (a resume), so the
+/// draws of runs in one process (a library user's threads, tests) never interleave.
+pub(crate) fn cpu_generator() -> MutexGuard<'static, ()> {
+    kiln_torch_ext::rng::cpu_generator_lock()
 }
 
 /// Which checkpoint to continue from.
@@ -297,6 +305,7 @@ fn auto_batch_size(
     let (size, note) = match resume.and_then(|c| c.meta.batch_size) {
         Some(size) => (size, format!("auto: {size}, as the resumed run chose")),
         None => {
+            let _generator = cpu_generator();
             let rng = kiln_torch_ext::rng::cpu_rng_state()?;
             let found = crate::batch_search::resolve_auto(
                 plan,
@@ -342,6 +351,7 @@ pub fn drive(
         resume.as_ref(),
         control.cache_dir.as_deref(),
     )?;
+    let generator = cpu_generator();
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
     let mut vs = nn::VarStore::new(if recipe.init_on_cpu {
         tch::Device::Cpu
@@ -352,6 +362,7 @@ pub fn drive(
     if vs.device() != tch_device {
         vs.set_device(tch_device);
     }
+    drop(generator);
     let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
     let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
     let sampler = SamplerConfig {

@@ -94,16 +94,6 @@ fn learning_curve(run: &Path) -> Vec<Value> {
         .collect()
 }
 
-/// Runs in this binary that train take turns: libtorch's CPU generator is process-wide, and two
-/// runs drawing from it at once would not be bit-exact.
-static TRAINING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn take_turn() -> std::sync::MutexGuard<'static, ()> {
-    TRAINING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// The learning curve of an uninterrupted run of `cpu_plan`.
 fn uninterrupted_curve() -> Vec<Value> {
     let reference = tempfile::tempdir().unwrap();
@@ -191,7 +181,6 @@ fn crashed_at_20() -> (Vec<Value>, tempfile::TempDir, kiln_config::RunPlan, Path
 
 #[test]
 fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
-    let _turn = take_turn();
     // A crash at step 20 leaves checkpoints 7 and 14; 14's optimizer state is then cut short.
     let (expected, out, plan, ckpts) = crashed_at_20();
     let step14 = ckpts.join(checkpoint::dir_name(14));
@@ -233,7 +222,6 @@ fn damaged_newest_checkpoints_are_moved_aside_and_the_run_trains_past_them() {
 
 #[test]
 fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
-    let _turn = take_turn();
     let (expected, out, plan, ckpts) = crashed_at_20();
     // What a write killed midway leaves behind.
     let dead = ckpts.join(".tmp-step-000000021-999999");
@@ -259,7 +247,6 @@ fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
 
 #[test]
 fn stopped_or_killed_runs_resume_bit_exactly() {
-    let _turn = take_turn();
     let expected = uninterrupted_curve();
     assert!(expected.len() > 20);
 

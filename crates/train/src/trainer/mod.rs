@@ -771,6 +771,7 @@ impl<'m> Trainer<'m> {
         ckpt.copy_weights_into(&self.model_tensors())?;
         self.optimizer.load_state(&ckpt.state, ckpt.meta.step)?;
         if let Some((_, rng)) = ckpt.state.iter().find(|(n, _)| n == "rng.cpu") {
+            let _generator = crate::run::cpu_generator();
             kiln_torch_ext::rng::set_cpu_rng_state(rng)?;
         }
         // A checkpoint taken on a GPU continues its CUDA draws; one taken on the CPU has none,
