@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use kiln_config::CudaGraphs;
+use kiln_torch_ext::CallbackError;
 use kiln_torch_ext::graphs::CudaGraph;
 use tch::{Device, Kind, Tensor};
 
@@ -223,8 +224,9 @@ impl Engine {
     fn replay(&mut self, rows: usize, xs: &Tensor) -> Result<Tensor, String> {
         if !self.graphs.contains_key(&rows) {
             let model = &self.model;
-            let graph = CudaGraph::capture(xs, 3, |x| model.forward(x).map_err(|e| e.to_string()))
-                .map_err(|e| format!("capturing batch bucket {rows} failed: {e}"))?;
+            let graph =
+                CudaGraph::capture(xs, 3, |x| model.forward(x).map_err(CallbackError::from))
+                    .map_err(|e| format!("capturing batch bucket {rows} failed: {e}"))?;
             tracing::info!("captured a CUDA graph for batch bucket {rows}");
             self.graphs.insert(rows, graph);
             if let GraphStatus::On { captured } = &mut self.graph_status {

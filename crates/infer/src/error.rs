@@ -33,10 +33,34 @@ pub enum InferError {
 }
 
 impl InferError {
+    /// Whether an allocator (CUDA's, or the CPU's) ran out of memory, by the kind of the error
+    /// underneath (tch's by [`kiln_torch_ext::tch_out_of_memory`]).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            InferError::Train(e) => e.is_out_of_memory(),
+            InferError::Torch(e) => e.is_out_of_memory(),
+            InferError::Tch(e) => kiln_torch_ext::tch_out_of_memory(e),
+            _ => false,
+        }
+    }
+
     pub(crate) fn file(path: &std::path::Path, message: impl std::fmt::Display) -> Self {
         InferError::File {
             path: path.to_owned(),
             message: message.to_string(),
         }
+    }
+}
+
+/// A failure inside a function captured as a CUDA graph, handed back through C++ with its
+/// kind.
+impl From<InferError> for kiln_torch_ext::CallbackError {
+    fn from(e: InferError) -> Self {
+        let kind = match &e {
+            InferError::Torch(inner) => inner.kind(),
+            other if other.is_out_of_memory() => kiln_torch_ext::ErrorKind::OutOfMemory,
+            _ => kiln_torch_ext::ErrorKind::Other,
+        };
+        Self::new(kind, e.to_string())
     }
 }

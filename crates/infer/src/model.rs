@@ -268,11 +268,17 @@ impl LoadedModel {
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor, InferError> {
         match &self.inner {
             Inner::Kiln { model, .. } => Ok(model.forward(xs, false)?),
-            Inner::Script(module) => module.forward_ts(&[xs]).map_err(|e| InferError::Model {
-                model: self.description.clone(),
-                message: format!(
-                    "forward failed (it must take one tensor and return one tensor): {e}"
-                ),
+            // Running out of memory stays a libtorch error, which says what it is.
+            Inner::Script(module) => module.forward_ts(&[xs]).map_err(|e| {
+                if kiln_torch_ext::tch_out_of_memory(&e) {
+                    return InferError::Tch(e);
+                }
+                InferError::Model {
+                    model: self.description.clone(),
+                    message: format!(
+                        "forward failed (it must take one tensor and return one tensor): {e}"
+                    ),
+                }
             }),
         }
     }

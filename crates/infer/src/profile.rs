@@ -226,7 +226,7 @@ fn batch_dims(batch: usize, sample_shape: &[usize]) -> Result<Vec<i64>, InferErr
 /// failure of the first iteration is the batch not fitting the model (its shape, usually).
 fn failed(iteration: usize, dims: &[i64], model: &str, what: &str, e: InferError) -> InferError {
     let text = e.to_string();
-    if text.contains("out of memory") || text.contains("can't allocate memory") {
+    if e.is_out_of_memory() {
         InferError::Model {
             model: model.to_owned(),
             message: format!(
@@ -453,13 +453,8 @@ mod tests {
     #[test]
     fn failures_name_the_batch_size_on_out_of_memory_else_the_first_batch() {
         let e = |m: &str| InferError::Input(m.to_owned());
-        let oom = failed(
-            3,
-            &[64, 10],
-            "m",
-            "a forward pass",
-            e("CUDA out of memory."),
-        );
+        let tch_oom = InferError::Tch(tch::TchError::Torch("CUDA out of memory.".to_owned()));
+        let oom = failed(3, &[64, 10], "m", "a forward pass", tch_oom);
         assert!(matches!(oom, InferError::Model { .. }), "{oom}");
         assert!(
             oom.to_string()
@@ -476,6 +471,20 @@ mod tests {
         );
         let later = failed(2, &[8, 7], "m", "a train step", e("boom"));
         assert_eq!(later.to_string(), "inputs: boom");
+        // The kind decides, not the text: a kiln call's out-of-memory whatever it says, and
+        // not an input error that mentions memory.
+        let kiln_oom = InferError::Torch(kiln_torch_ext::Error::Torch {
+            op: "dropout mask",
+            kind: kiln_torch_ext::ErrorKind::OutOfMemory,
+            message: "the allocator is exhausted".to_owned(),
+        });
+        let oom = failed(2, &[32, 7], "m", "a train step", kiln_oom);
+        assert!(
+            oom.to_string().contains("batch size 32 ran out of memory"),
+            "{oom}"
+        );
+        let text_only = failed(2, &[8, 7], "m", "a train step", e("CUDA out of memory."));
+        assert!(matches!(text_only, InferError::Input(_)), "{text_only}");
     }
 
     #[test]

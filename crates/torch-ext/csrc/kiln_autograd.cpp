@@ -39,7 +39,8 @@ impl::ProfilerConfig profiler_config(bool record_shapes, bool profile_memory, bo
 // ---- activation checkpointing -------------------------------------------------------------
 
 // The Rust side of a block: computes `*out` from `input` (both heap `at::Tensor`s; Rust owns
-// `input` and hands `out` over). Returns 0, or non-zero with a message in `err`.
+// `input` and hands `out` over). Returns 0, or an error kind code (boundary.h) with a message in
+// `err`.
 using BlockCall = int (*)(void* ctx, at::Tensor* input, at::Tensor** out, char* err,
                           size_t err_len);
 using BlockDrop = void (*)(void* ctx);
@@ -55,7 +56,8 @@ struct Block : torch::CustomClassHolder {
     std::array<char, 2048> err{};
     at::Tensor* out = nullptr;
     const int rc = call_(ctx_, new at::Tensor(input), &out, err.data(), err.size());
-    TORCH_CHECK(rc == 0 && out != nullptr, "checkpointed block failed: ", err.data());
+    if (rc != 0) kiln::throw_error(rc, std::string("checkpointed block failed: ") + err.data());
+    TORCH_CHECK(out != nullptr, "checkpointed block failed: it returned no tensor");
     at::Tensor result = std::move(*out);
     delete out;
     return result;
@@ -199,7 +201,8 @@ char* kiln_checkpoint(const at::Tensor* input, BlockCall call, void* ctx, BlockD
     block = c10::make_intrusive<Block>(call, ctx, drop);
   } catch (...) {
     drop(ctx);
-    return kiln::error_string("could not allocate the checkpointed block");
+    return kiln::error_string(kiln::ErrorKind::OutOfMemory,
+                              "could not allocate the checkpointed block");
   }
   KILN_TRY
   if (!at::GradMode::is_enabled()) {

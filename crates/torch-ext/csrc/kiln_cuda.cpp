@@ -29,8 +29,8 @@ char* kiln_cuda_device_properties(int index, char* name, size_t name_len, unsign
                                   uint64_t* total_mem, int* major, int* minor) {
   KILN_TRY
   int count = static_cast<int>(c10::cuda::device_count());
-  TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index,
-              " out of range (this process sees ", count, " device(s))");
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "CUDA device index ", index,
+                    " out of range (this process sees ", count, " device(s))");
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(index);
   std::string n(prop->name);
   if (n.size() >= name_len) n.resize(name_len - 1);
@@ -46,10 +46,10 @@ char* kiln_cuda_device_properties(int index, char* name, size_t name_len, unsign
 // allocation beyond it raises out-of-memory), like torch.cuda.set_per_process_memory_fraction.
 char* kiln_cuda_set_memory_fraction(double fraction, int index) {
   KILN_TRY
-  TORCH_CHECK(fraction > 0.0 && fraction <= 1.0, "memory fraction must be in (0, 1], got ",
-              fraction);
+  TORCH_CHECK_VALUE(fraction > 0.0 && fraction <= 1.0, "memory fraction must be in (0, 1], got ",
+                    fraction);
   int count = static_cast<int>(c10::cuda::device_count());
-  TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index, " out of range");
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "CUDA device index ", index, " out of range");
   c10::cuda::CUDACachingAllocator::init(count);
   c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
                                                      static_cast<c10::DeviceIndex>(index));
@@ -65,7 +65,7 @@ char* kiln_cuda_set_memory_fraction(double fraction, int index) {
 char* kiln_cuda_copy_start(const at::Tensor* src, int index, at::Tensor** out, void** event) {
   KILN_TRY
   int count = static_cast<int>(c10::cuda::device_count());
-  TORCH_CHECK(index >= 0 && index < count, "CUDA device index ", index, " out of range");
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "CUDA device index ", index, " out of range");
   auto device = static_cast<c10::DeviceIndex>(index);
   c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device);
   // Device-generic guard and event (dispatched through libtorch's CUDA guard), so this file
@@ -119,7 +119,8 @@ at::Tensor call_rust(GraphCall call, void* ctx, const at::Tensor& input) {
   std::array<char, 2048> err{};
   at::Tensor* out = nullptr;
   const int rc = call(ctx, new at::Tensor(input), &out, err.data(), err.size());
-  TORCH_CHECK(rc == 0 && out != nullptr, "the captured function failed: ", err.data());
+  if (rc != 0) kiln::throw_error(rc, std::string("the captured function failed: ") + err.data());
+  TORCH_CHECK(out != nullptr, "the captured function failed: it returned no tensor");
   at::Tensor result = std::move(*out);
   delete out;
   return result;
@@ -142,8 +143,8 @@ extern "C" {
 char* kiln_cuda_graph_capture(const at::Tensor* example, GraphCall call, void* ctx, int warmup,
                               void** out_graph) {
   KILN_TRY
-  TORCH_CHECK(example->is_cuda(), "CUDA graphs need a CUDA input; this one is on ",
-              example->device());
+  TORCH_CHECK_VALUE(example->is_cuda(), "CUDA graphs need a CUDA input; this one is on ",
+                    example->device());
   const c10::DeviceIndex device = example->device().index();
   auto g = std::make_unique<Graph>();
   g->input = example->clone();
@@ -179,9 +180,9 @@ char* kiln_cuda_graph_capture(const at::Tensor* example, GraphCall call, void* c
 char* kiln_cuda_graph_replay(void* graph, const at::Tensor* input, at::Tensor** out) {
   KILN_TRY
   auto* g = static_cast<Graph*>(graph);
-  TORCH_CHECK(input->sizes() == g->input.sizes() && input->dtype() == g->input.dtype(),
-              "a CUDA graph replays the shape and dtype it captured: ", g->input.sizes(), " ",
-              g->input.dtype(), ", not ", input->sizes(), " ", input->dtype());
+  TORCH_CHECK_VALUE(input->sizes() == g->input.sizes() && input->dtype() == g->input.dtype(),
+                    "a CUDA graph replays the shape and dtype it captured: ", g->input.sizes(), " ",
+                    g->input.dtype(), ", not ", input->sizes(), " ", input->dtype());
   g->input.copy_(*input, /*non_blocking=*/true);
   g->graph.replay();
   *out = new at::Tensor(g->output.clone());

@@ -25,7 +25,7 @@ at::DeviceType device_type(int code) {
     case 1:
       return at::kCUDA;
     default:
-      TORCH_CHECK(false, "unknown device type code ", code);
+      TORCH_CHECK_VALUE(false, "unknown device type code ", code);
   }
 }
 
@@ -38,7 +38,7 @@ at::ScalarType scalar_type(int code) {
     case 2:
       return at::kFloat;
     default:
-      TORCH_CHECK(false, "unknown autocast dtype code ", code);
+      TORCH_CHECK_VALUE(false, "unknown autocast dtype code ", code);
   }
 }
 
@@ -96,7 +96,7 @@ char* kiln_set_flag(int flag, bool value) {
       ctx.setDeterministicCuDNN(value);
       break;
     default:
-      TORCH_CHECK(false, "unknown flag code ", flag);
+      TORCH_CHECK_VALUE(false, "unknown flag code ", flag);
   }
   KILN_CATCH
 }
@@ -118,7 +118,7 @@ char* kiln_get_flag(int flag, bool* out) {
       *out = ctx.deterministicCuDNN();
       break;
     default:
-      TORCH_CHECK(false, "unknown flag code ", flag);
+      TORCH_CHECK_VALUE(false, "unknown flag code ", flag);
   }
   KILN_CATCH
 }
@@ -301,12 +301,12 @@ char* kiln_dlopen_global(const char* path) {
 char* kiln_host_tensor(const void* data, size_t bytes, const int64_t* shape, size_t ndim,
                        int kind, bool pinned, at::Tensor** out) {
   KILN_TRY
-  TORCH_CHECK(kind == 0 || kind == 1, "unsupported host tensor kind ", kind);
+  TORCH_CHECK_VALUE(kind == 0 || kind == 1, "unsupported host tensor kind ", kind);
   auto options =
       at::TensorOptions().dtype(kind == 0 ? at::kFloat : at::kLong).pinned_memory(pinned);
   at::Tensor t = at::empty(at::IntArrayRef(shape, ndim), options);
-  TORCH_CHECK(t.nbytes() == bytes, "host tensor of ", t.nbytes(), " bytes for ", bytes,
-              " bytes of data");
+  TORCH_CHECK_VALUE(t.nbytes() == bytes, "host tensor of ", t.nbytes(), " bytes for ", bytes,
+                    " bytes of data");
   if (bytes > 0) std::memcpy(t.data_ptr(), data, bytes);
   *out = new at::Tensor(std::move(t));
   KILN_CATCH
@@ -318,7 +318,7 @@ char* kiln_host_tensor(const void* data, size_t bytes, const int64_t* shape, siz
 char* kiln_tensor_from_owned(void* data, const int64_t* shape, size_t ndim, int kind,
                              void (*free_fn)(void*), void* ctx, at::Tensor** out) {
   KILN_TRY
-  TORCH_CHECK(kind == 0 || kind == 1, "unsupported tensor kind ", kind);
+  TORCH_CHECK_VALUE(kind == 0 || kind == 1, "unsupported tensor kind ", kind);
   auto options = at::TensorOptions().dtype(kind == 0 ? at::kFloat : at::kLong);
   at::Tensor t = at::from_blob(
       data, at::IntArrayRef(shape, ndim), [free_fn, ctx](void*) { free_fn(ctx); }, options);

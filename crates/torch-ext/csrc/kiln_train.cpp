@@ -196,7 +196,7 @@ char* kiln_clip_grad_norm(const at::Tensor* const* grads, size_t n, double max_n
   KILN_TRY
   auto g = kiln::tensor_list(grads, n);
   at::NoGradGuard no_grad;
-  TORCH_CHECK(n > 0, "no gradients to clip");
+  TORCH_CHECK_VALUE(n > 0, "no gradients to clip");
   auto norms = at::_foreach_norm(g, 2.0);
   at::Tensor total = at::linalg_vector_norm(at::stack(norms).to(at::kFloat), 2.0);
   if (max_norm > 0.0) {
@@ -212,8 +212,8 @@ char* kiln_clip_grad_norm(const at::Tensor* const* grads, size_t n, double max_n
 char* kiln_dropout_mask(const at::Tensor* like, double p, uint64_t seed, uint64_t offset,
                         at::Tensor** out) {
   KILN_TRY
-  TORCH_CHECK(like->device().is_cpu(), "kiln_dropout_mask is for CPU tensors");
-  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
+  TORCH_CHECK_VALUE(like->device().is_cpu(), "kiln_dropout_mask is for CPU tensors");
+  TORCH_CHECK_VALUE(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
   const DropoutParams d = dropout_params(p, seed, offset);
   at::Tensor mask = at::empty(like->sizes(), like->options().dtype(at::kFloat).requires_grad(false));
   float* m = mask.data_ptr<float>();
@@ -239,8 +239,8 @@ char* kiln_clear_grads(const at::Tensor* const* params, size_t n) {
 char* kiln_dropout(const at::Tensor* x, double p, uint64_t seed, uint64_t offset,
                    at::Tensor** out) {
   KILN_TRY
-  TORCH_CHECK(x->device().is_cpu(), "kiln_dropout is for CPU tensors");
-  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
+  TORCH_CHECK_VALUE(x->device().is_cpu(), "kiln_dropout is for CPU tensors");
+  TORCH_CHECK_VALUE(p >= 0.0 && p < 1.0, "dropout probability must be in [0, 1), got ", p);
   at::Tensor y = KilnDropout::apply(*x, p, static_cast<int64_t>(seed), static_cast<int64_t>(offset));
   *out = new at::Tensor(std::move(y));
   KILN_CATCH
@@ -268,7 +268,7 @@ char* kiln_set_cpu_rng_state(const at::Tensor* state) {
 // The default generator of CUDA device `index` (through libtorch's CUDA hooks: an error, not a
 // crash, where libtorch_cuda is not loaded or the device does not exist).
 static at::Generator cuda_generator(int index) {
-  TORCH_CHECK(index >= 0, "CUDA device index must be non-negative, got ", index);
+  TORCH_CHECK_INDEX(index >= 0, "CUDA device index must be non-negative, got ", index);
   return at::globalContext().defaultGenerator(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
 }
 
@@ -293,7 +293,8 @@ char* kiln_set_cuda_rng_state(int index, const at::Tensor* state) {
 // A channels-last copy of a 4-D tensor (the tensor itself when it already is).
 char* kiln_to_channels_last(const at::Tensor* t, at::Tensor** out) {
   KILN_TRY
-  TORCH_CHECK(t->dim() == 4, "channels-last needs a 4-D tensor, got ", t->dim(), " dimensions");
+  TORCH_CHECK_VALUE(t->dim() == 4, "channels-last needs a 4-D tensor, got ", t->dim(),
+                    " dimensions");
   *out = new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast));
   KILN_CATCH
 }
@@ -301,7 +302,8 @@ char* kiln_to_channels_last(const at::Tensor* t, at::Tensor** out) {
 // Re-lays a 4-D parameter out channels-last in place (its identity and autograd state stay).
 char* kiln_param_to_channels_last(const at::Tensor* p) {
   KILN_TRY
-  TORCH_CHECK(p->dim() == 4, "channels-last needs a 4-D tensor, got ", p->dim(), " dimensions");
+  TORCH_CHECK_VALUE(p->dim() == 4, "channels-last needs a 4-D tensor, got ", p->dim(),
+                    " dimensions");
   at::NoGradGuard no_grad;
   at::Tensor param = *p;
   param.set_data(param.contiguous(at::MemoryFormat::ChannelsLast));

@@ -158,10 +158,7 @@ pub fn set_memory_fraction(fraction: f64, index: usize) -> Result<()> {
 pub fn synchronize(device: tch::Device) -> Result<()> {
     if device.is_cuda() {
         // Reading a value back to the host waits for the stream it was queued on.
-        let torch = |e: tch::TchError| Error::Torch {
-            op: "cuda synchronize",
-            message: e.to_string(),
-        };
+        let torch = |e: tch::TchError| Error::from_tch("cuda synchronize", &e);
         let marker = tch::Tensor::f_zeros([], (tch::Kind::Float, device)).map_err(torch)?;
         marker.f_double_value(&[]).map_err(torch)?;
     }

@@ -2,7 +2,7 @@
 
 use std::ffi::{CStr, c_char, c_int};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 
 /// The Rust side of a checkpointed block (see `csrc/kiln_autograd.cpp`): computes `*out` from
 /// `input` (a heap tensor it takes ownership of), or writes a message into `err` and returns
@@ -247,16 +247,75 @@ pub fn check(op: &'static str, err: *mut c_char) -> Result<()> {
         return Ok(());
     }
     // SAFETY: a non-null return is a NUL-terminated string from malloc that we now own.
-    let message = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .trim()
-        .to_owned();
-    // SAFETY: freed exactly once, with the allocator that made it.
+    let bytes = unsafe { CStr::from_ptr(err) }.to_bytes();
+    let (kind, message) = decode_error(bytes);
+    // SAFETY: freed exactly once, with the allocator that made it (`bytes` is not used after).
     unsafe { kiln_free_string(err) };
-    Err(Error::Torch { op, message })
+    Err(Error::Torch { op, kind, message })
+}
+
+/// The kind and message of an error string of the C ABI (`csrc/boundary.h`): its first byte
+/// is the kind's code, the message follows. libtorch's CPU allocator fails with a plain
+/// `c10::Error`, so an `Other` whose text is an allocator's is out of memory.
+fn decode_error(bytes: &[u8]) -> (ErrorKind, String) {
+    let (kind, text) = match bytes.split_first() {
+        Some((code, text)) => (ErrorKind::from_code(*code), text),
+        None => (ErrorKind::Other, bytes),
+    };
+    let message = String::from_utf8_lossy(text).trim().to_owned();
+    let kind = match kind {
+        ErrorKind::Other if crate::error::out_of_memory_text(&message) => ErrorKind::OutOfMemory,
+        kind => kind,
+    };
+    (kind, message)
 }
 
 /// The raw `torch::Tensor*` behind a tch tensor, for passing into C++.
 pub fn tensor_ptr(t: &tch::Tensor) -> *const std::ffi::c_void {
     t.as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_strings_decode_into_their_kind_and_message() {
+        let cpu_oom = "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't \
+                       allocate memory: you tried to allocate 1125899906842624 bytes.";
+        let cpu_oom_bytes = [b"\x01", cpu_oom.as_bytes()].concat();
+        let cases: [(&[u8], ErrorKind, &str); 7] = [
+            (b"\x01boom\n", ErrorKind::Other, "boom"),
+            (
+                b"\x02CUDA out of memory. Tried",
+                ErrorKind::OutOfMemory,
+                "CUDA out of memory. Tried",
+            ),
+            (
+                b"\x03index 5 out of range",
+                ErrorKind::InvalidArgument,
+                "index 5 out of range",
+            ),
+            (b"\x04no kernel", ErrorKind::NotImplemented, "no kernel"),
+            (b"\x7fnew kind", ErrorKind::Other, "new kind"),
+            (b"", ErrorKind::Other, ""),
+            (&cpu_oom_bytes, ErrorKind::OutOfMemory, cpu_oom),
+        ];
+        for (bytes, kind, message) in cases {
+            assert_eq!(decode_error(bytes), (kind, message.to_owned()), "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn kind_codes_round_trip() {
+        for kind in [
+            ErrorKind::Other,
+            ErrorKind::OutOfMemory,
+            ErrorKind::InvalidArgument,
+            ErrorKind::NotImplemented,
+        ] {
+            assert_ne!(kind.code(), 0, "0 ends a C string");
+            assert_eq!(ErrorKind::from_code(kind.code()), kind);
+        }
+    }
 }

@@ -79,6 +79,7 @@ pub fn float32_matmul_precision() -> Result<MatmulPrecision> {
         2 => Ok(MatmulPrecision::Medium),
         other => Err(Error::Torch {
             op: "float32_matmul_precision",
+            kind: crate::ErrorKind::Other,
             message: format!("libtorch returned unknown precision code {other}"),
         }),
     }

@@ -10,11 +10,11 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::error::{Error, Result};
+use crate::error::{CallbackError, Error, Result};
 
-/// What a graph computes; errors are reported as text.
+/// What a graph computes; an error keeps its kind through C++.
 #[cfg_attr(not(kiln_cuda), allow(dead_code))]
-type GraphFn<'a> = dyn Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, String> + 'a;
+type GraphFn<'a> = dyn Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError> + 'a;
 
 /// A captured CUDA graph with its own input and output buffers.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ impl CudaGraph {
     /// allocate in ways capture forbids; if it does, the error says so and nothing is kept.
     pub fn capture<F>(example: &tch::Tensor, warmup: usize, f: F) -> Result<Self>
     where
-        F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, String>,
+        F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError>,
     {
         #[cfg(kiln_cuda)]
         {
@@ -50,6 +50,7 @@ impl CudaGraph {
             })?;
             let ptr = std::ptr::NonNull::new(out).ok_or(Error::Torch {
                 op: "cuda graph capture",
+                kind: crate::ErrorKind::Other,
                 message: "no graph was returned".to_owned(),
             })?;
             Ok(Self {
@@ -131,13 +132,13 @@ unsafe extern "C" fn call_graph_fn(
             std::mem::forget(output);
             0
         }
-        Ok(Err(message)) => {
-            crate::recompute::write_error(err, err_len, &message);
-            1
+        Ok(Err(e)) => {
+            crate::recompute::write_error(err, err_len, &e.message);
+            c_int::from(e.kind.code())
         }
         Err(_) => {
             crate::recompute::write_error(err, err_len, "the captured function panicked");
-            2
+            c_int::from(crate::ErrorKind::Other.code())
         }
     }
 }
@@ -171,7 +172,7 @@ mod tests {
         let graph = CudaGraph::capture(&example, 2, |x| {
             x.f_matmul(&w)
                 .and_then(|y| y.f_relu())
-                .map_err(|e| e.to_string())
+                .map_err(CallbackError::from)
         })
         .unwrap();
         for _ in 0..3 {

@@ -4,7 +4,10 @@
 //! device queries, library loading), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
-//! [`Error::Torch`] naming the operation, never as an unwind or an abort.
+//! [`Error::Torch`] naming the operation and carrying its [`ErrorKind`] (out of memory, invalid
+//! argument, not implemented, other), never as an unwind or an abort. Errors of tch's own calls
+//! are text only: [`tch_out_of_memory`] is the one place that recognises running out of memory
+//! in them.
 
 pub mod autocast;
 pub mod cuda;
@@ -23,4 +26,4 @@ pub mod runtime;
 pub mod script;
 pub mod transfer;
 
-pub use error::{Error, Result};
+pub use error::{CallbackError, Error, ErrorKind, Result, tch_out_of_memory};

@@ -11,11 +11,12 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::error::Result;
+use crate::error::{CallbackError, ErrorKind, Result};
 use crate::ffi;
 
-/// What a checkpointed block computes; errors are reported as text.
-pub type BlockFn = dyn Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, String> + Send;
+/// What a checkpointed block computes; an error keeps its kind through C++ (running out of
+/// memory in the block is still [`ErrorKind::OutOfMemory`] when [`checkpoint`] returns).
+pub type BlockFn = dyn Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError> + Send;
 
 /// `block(input)`, computed without keeping the block's activations for backward: backward
 /// recomputes them from `input` (kept) and backpropagates through the recomputation, which
@@ -25,7 +26,7 @@ pub type BlockFn = dyn Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, Stri
 /// compute the same function both times. It is released when the graph is.
 pub fn checkpoint<F>(input: &tch::Tensor, block: F) -> Result<tch::Tensor>
 where
-    F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, String> + Send + 'static,
+    F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError> + Send + 'static,
 {
     let boxed: Box<Box<BlockFn>> = Box::new(Box::new(block));
     let ctx = Box::into_raw(boxed).cast::<c_void>();
@@ -78,13 +79,13 @@ unsafe extern "C" fn call_block(
             std::mem::forget(output);
             0
         }
-        Ok(Err(message)) => {
-            write_error(err, err_len, &message);
-            1
+        Ok(Err(e)) => {
+            write_error(err, err_len, &e.message);
+            c_int::from(e.kind.code())
         }
         Err(_) => {
             write_error(err, err_len, "the block panicked");
-            2
+            c_int::from(ErrorKind::Other.code())
         }
     }
 }

@@ -24,6 +24,7 @@ pub fn inspect(path: &Path, method: &str) -> Result<ScriptFacts> {
     let text = |what: &str, s: &str| {
         CString::new(s).map_err(|_| Error::Torch {
             op: "inspect TorchScript",
+            kind: crate::ErrorKind::InvalidArgument,
             message: format!("the {what} contains a NUL byte"),
         })
     };

@@ -177,10 +177,7 @@ pub fn copy_to_device(src: &Tensor, device: Device) -> Result<PendingCopy> {
         other => Ok(PendingCopy {
             tensor: src
                 .f_to_device_(other, src.kind(), true, false)
-                .map_err(|e| Error::Torch {
-                    op: "copy_to_device",
-                    message: e.to_string(),
-                })?,
+                .map_err(|e| Error::from_tch("copy_to_device", &e))?,
             event: None,
         }),
     }

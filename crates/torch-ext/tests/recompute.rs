@@ -211,7 +211,7 @@ fn the_closure_is_released_with_the_graph() {
 fn errors_in_forward_and_in_the_recompute_come_back_as_errors() {
     let _turn = serial();
     let x = input(2, 4);
-    let err = checkpoint(&x, |_| Err("layer 3 is broken".to_owned()))
+    let err = checkpoint(&x, |_| Err("layer 3 is broken".into()))
         .unwrap_err()
         .to_string();
     assert!(err.contains("layer 3 is broken"), "{err}");
@@ -222,7 +222,7 @@ fn errors_in_forward_and_in_the_recompute_come_back_as_errors() {
         if c.fetch_add(1, Ordering::SeqCst) == 0 {
             Ok(x * 3.0)
         } else {
-            Err("recompute failed".to_owned())
+            Err("recompute failed".into())
         }
     })
     .unwrap();

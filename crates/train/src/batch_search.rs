@@ -25,7 +25,7 @@ use tch::nn;
 use crate::TrainError;
 use crate::feed::DeviceFeeder;
 use crate::models::{InputSpec, ModelRecipe};
-use crate::trainer::{TrainSettings, Trainer, is_out_of_memory};
+use crate::trainer::{TrainSettings, Trainer};
 
 /// What one trial measured.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -469,7 +469,7 @@ impl<D: Dataset> StepTrials<'_, D> {
 impl<D: Dataset> TrialRunner for StepTrials<'_, D> {
     fn run(&mut self, batch_size: u64) -> Result<TrialOutcome, TrainError> {
         let outcome = match self.measure(batch_size) {
-            Err(e) if is_out_of_memory(&e) => Ok(TrialOutcome::OutOfMemory),
+            Err(e) if e.is_out_of_memory() => Ok(TrialOutcome::OutOfMemory),
             other => other,
         };
         if self.device.is_cuda() {

@@ -67,3 +67,90 @@ pub enum TrainError {
     #[error("{what}: {message}")]
     Model { what: String, message: String },
 }
+
+impl TrainError {
+    /// Whether an allocator (CUDA's, or the CPU's) ran out of memory: a kiln call's error of
+    /// that kind, a tch error that says so ([`kiln_torch_ext::tch_out_of_memory`]), or the
+    /// trainer's own [`TrainError::OutOfMemory`].
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            TrainError::Torch(e) => e.is_out_of_memory(),
+            TrainError::Tch(e) => kiln_torch_ext::tch_out_of_memory(e),
+            TrainError::OutOfMemory { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// A failure inside a checkpointed block, handed back through C++ with its kind: running out
+/// of memory there is still out of memory when the forward returns.
+impl From<TrainError> for kiln_torch_ext::CallbackError {
+    fn from(e: TrainError) -> Self {
+        let kind = match &e {
+            TrainError::Torch(inner) => inner.kind(),
+            other if other.is_out_of_memory() => kiln_torch_ext::ErrorKind::OutOfMemory,
+            _ => kiln_torch_ext::ErrorKind::Other,
+        };
+        Self::new(kind, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_torch_ext::{CallbackError, ErrorKind};
+
+    fn kiln(kind: ErrorKind, message: &str) -> TrainError {
+        TrainError::Torch(kiln_torch_ext::Error::Torch {
+            op: "fused AdamW",
+            kind,
+            message: message.to_owned(),
+        })
+    }
+
+    #[test]
+    fn out_of_memory_is_read_from_the_kind_of_kiln_errors_and_from_tch_errors() {
+        assert!(kiln(ErrorKind::OutOfMemory, "allocator exhausted").is_out_of_memory());
+        assert!(!kiln(ErrorKind::Other, "CUDA out of memory").is_out_of_memory());
+        let tch = |m: &str| TrainError::Tch(tch::TchError::Torch(m.to_owned()));
+        assert!(tch("CUDA out of memory. Tried to allocate 2.00 GiB").is_out_of_memory());
+        assert!(tch("DefaultCPUAllocator: can't allocate memory: you tried").is_out_of_memory());
+        assert!(!tch("mat1 and mat2 shapes cannot be multiplied").is_out_of_memory());
+        let model = TrainError::Model {
+            what: "forward".to_owned(),
+            message: "out of memory".to_owned(),
+        };
+        assert!(!model.is_out_of_memory());
+    }
+
+    #[test]
+    fn callback_errors_keep_the_kind() {
+        let e = CallbackError::from(kiln(ErrorKind::InvalidArgument, "bad shape"));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("bad shape"), "{}", e.message);
+        let oom = TrainError::Tch(tch::TchError::Torch("CUDA out of memory.".to_owned()));
+        assert_eq!(CallbackError::from(oom).kind, ErrorKind::OutOfMemory);
+        let shape = TrainError::ShapeMismatch {
+            what: "targets".to_owned(),
+            expected: "[4]".to_owned(),
+            got: "[3]".to_owned(),
+        };
+        assert_eq!(CallbackError::from(shape).kind, ErrorKind::Other);
+    }
+
+    /// What a checkpointed layer does (models.rs): a forward that runs out of memory inside
+    /// the block is still out of memory once it has been through C++.
+    #[test]
+    fn out_of_memory_inside_a_checkpointed_block_is_still_out_of_memory() {
+        let x = tch::Tensor::ones([2, 3], (tch::Kind::Float, tch::Device::Cpu));
+        // A message that says nothing of memory: only the kind can carry it through.
+        let failing = |_: &tch::Tensor| -> Result<tch::Tensor, TrainError> {
+            Err(kiln(ErrorKind::OutOfMemory, "the allocator is exhausted"))
+        };
+        let e = kiln_torch_ext::recompute::checkpoint(&x, move |x| {
+            failing(x).map_err(CallbackError::from)
+        })
+        .unwrap_err();
+        assert!(TrainError::from(e).is_out_of_memory());
+    }
+}

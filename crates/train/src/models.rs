@@ -443,7 +443,9 @@ impl EncoderLayer {
             let now = [layer.drop1.offset(), layer.drop2.offset()];
             layer.drop1.set_offset(start[0]);
             layer.drop2.set_offset(start[1]);
-            let out = layer.forward(x, train).map_err(|e| e.to_string());
+            let out = layer
+                .forward(x, train)
+                .map_err(kiln_torch_ext::CallbackError::from);
             if !first.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 layer.drop1.set_offset(now[0]);
                 layer.drop2.set_offset(now[1]);

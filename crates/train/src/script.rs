@@ -100,8 +100,7 @@ impl ScriptModel {
 /// error (so the trainer's out-of-memory retry and the batch-size search see it); anything
 /// else is named with `what` and its reason.
 fn model_error(e: tch::TchError, what: impl FnOnce() -> String) -> TrainError {
-    let text = e.to_string();
-    if text.contains("out of memory") || text.contains("can't allocate memory") {
+    if kiln_torch_ext::tch_out_of_memory(&e) {
         return TrainError::Tch(e);
     }
     TrainError::Model {

@@ -167,7 +167,9 @@ pub fn memory_fraction(_ctx: &Ctx) -> anyhow::Result<Outcome> {
     memory::empty_cache()?;
     let past = allocate(limit + limit / 2);
     let oom = match &past {
-        Err(e) => e.to_string().to_lowercase().contains("out of memory"),
+        Err(e) => e
+            .downcast_ref::<tch::TchError>()
+            .is_some_and(kiln_torch_ext::tch_out_of_memory),
         Ok(_) => false,
     };
     let after = allocate(limit / 4).is_ok();

@@ -268,16 +268,6 @@ fn autocast_for(
     Ok(Some((device_type, dtype)))
 }
 
-/// Whether `e` is an allocator running out of memory (CUDA's, or the CPU's).
-pub fn is_out_of_memory(e: &TrainError) -> bool {
-    let text = match e {
-        TrainError::Tch(tch::TchError::Torch(m)) => m.as_str(),
-        TrainError::Torch(kiln_torch_ext::Error::Torch { message, .. }) => message.as_str(),
-        _ => return false,
-    };
-    text.contains("out of memory") || text.contains("can't allocate memory")
-}
-
 /// The first line of an error text, trimmed.
 pub(crate) fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().trim().to_owned()
@@ -534,7 +524,7 @@ impl<'m> Trainer<'m> {
                         grad_norm,
                     });
                 }
-                Err(e) if self.retry_oom && is_out_of_memory(&e) => {
+                Err(e) if self.retry_oom && e.is_out_of_memory() => {
                     self.optimizer.zero_grad()?;
                     if self.device.is_cuda() {
                         kiln_torch_ext::memory::empty_cache()?;

@@ -1,0 +1,120 @@
+//! Errors cross the C ABI with their kind: real calls into libtorch (and kiln's own C++ checks)
+//! that run out of memory, get an invalid argument, hit an unimplemented backend or fail
+//! otherwise come back as those kinds, and a kind a Rust callback reports survives the round
+//! trip through C++.
+
+use kiln_torch_ext::recompute::checkpoint;
+use kiln_torch_ext::{
+    CallbackError, Error, ErrorKind, dropout, layout, optim, rng, tch_out_of_memory, transfer,
+};
+use tch::{Device, Kind, Tensor};
+
+/// A tensor of 2^48 floats (1 PiB) that takes 4 bytes: a one-element tensor expanded.
+fn absurdly_large() -> Tensor {
+    Tensor::zeros([1], (Kind::Float, Device::Cpu)).expand([1i64 << 48], false)
+}
+
+fn kind_of<T>(r: Result<T, Error>) -> (ErrorKind, String) {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => (e.kind(), e.to_string()),
+    }
+}
+
+#[test]
+fn running_out_of_cpu_memory_is_out_of_memory() {
+    // kiln_dropout_mask allocates a mask the size of `like`.
+    let e = dropout::dropout_mask(&absurdly_large(), 0.5, 0, 0).unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+    assert_eq!(e.kind(), ErrorKind::OutOfMemory);
+    assert!(e.to_string().contains("dropout mask"), "{e}");
+}
+
+#[test]
+fn invalid_arguments_are_invalid_argument() {
+    // libtorch's own check (a c10::TypeError): an RNG state must be a uint8 tensor.
+    let float_state = Tensor::zeros([3], (Kind::Float, Device::Cpu));
+    let (kind, text) = kind_of(rng::set_cpu_rng_state(&float_state));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("ByteTensor"), "{text}");
+    // kiln's own check in C++ (TORCH_CHECK_VALUE).
+    let flat = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
+    let (kind, text) = kind_of(layout::to_channels_last(&flat));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("4-D"), "{text}");
+    // Rejected on the Rust side, before C++.
+    let (kind, text) = kind_of(dropout::dropout(&flat, 1.5, 0, 0));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+}
+
+#[test]
+fn a_backend_without_the_kernel_is_not_implemented() {
+    let sparse = Tensor::zeros([3, 3], (Kind::Float, Device::Cpu)).to_sparse_sparse_dim(2);
+    let (kind, text) = kind_of(optim::clip_grad_norm(&[sparse], 1.0));
+    assert_eq!(kind, ErrorKind::NotImplemented, "{text}");
+    assert!(text.contains("SparseCPU"), "{text}");
+}
+
+#[test]
+fn other_failures_are_other() {
+    // The right type, the wrong size: a plain c10::Error.
+    let short_state = Tensor::zeros([3], (Kind::Uint8, Device::Cpu));
+    let (kind, text) = kind_of(rng::set_cpu_rng_state(&short_state));
+    assert_eq!(kind, ErrorKind::Other, "{text}");
+    assert!(text.contains("size"), "{text}");
+}
+
+#[test]
+fn a_callback_error_keeps_its_kind_through_cpp() {
+    let x = Tensor::ones([2, 4], (Kind::Float, Device::Cpu));
+    // Messages that say nothing of memory, so only the kind code can carry it.
+    for kind in [
+        ErrorKind::OutOfMemory,
+        ErrorKind::InvalidArgument,
+        ErrorKind::NotImplemented,
+        ErrorKind::Other,
+    ] {
+        let e = checkpoint(&x, move |_| {
+            Err(CallbackError::new(kind, "layer 3 gave up"))
+        })
+        .unwrap_err();
+        assert_eq!(e.kind(), kind, "{e}");
+        assert!(e.to_string().contains("layer 3 gave up"), "{e}");
+    }
+    let e = checkpoint(&x, |_| Err("a message alone".into())).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Other, "{e}");
+    // A real out-of-memory inside the block, from a tch call.
+    let e = checkpoint(&x, |x| {
+        let row = x.f_narrow(0, 0, 1)?;
+        Ok(row.f_expand([1i64 << 48, 4], false)?.f_contiguous()?)
+    })
+    .unwrap_err();
+    assert!(e.is_out_of_memory(), "{e}");
+}
+
+#[test]
+fn tch_errors_are_recognised_as_out_of_memory_by_their_text_only_when_they_are() {
+    let oom = Tensor::f_empty([1i64 << 48], (Kind::Float, Device::Cpu)).unwrap_err();
+    assert!(tch_out_of_memory(&oom), "{oom}");
+    let a = Tensor::zeros([2, 3], (Kind::Float, Device::Cpu));
+    let shapes = a.f_matmul(&a).unwrap_err();
+    assert!(!tch_out_of_memory(&shapes), "{shapes}");
+}
+
+#[test]
+#[ignore = "needs CUDA; `cargo xtask test --cuda` runs it"]
+fn running_out_of_memory_on_cuda_is_out_of_memory() {
+    assert!(
+        kiln_torch_ext::cuda::device_count().unwrap_or(0) > 0,
+        "this test needs a CUDA device and this machine has none (run it on one with a GPU)"
+    );
+    // The copy materialises all 2^48 elements on the device: the caching allocator throws
+    // c10::OutOfMemoryError.
+    let copy = transfer::copy_to_device(&absurdly_large(), Device::Cuda(0));
+    let (kind, text) = kind_of(copy.and_then(|c| c.finish()));
+    assert_eq!(kind, ErrorKind::OutOfMemory, "{text}");
+    assert!(text.contains("CUDA out of memory"), "{text}");
+    // The process goes on: a small allocation still works.
+    let small = Tensor::f_ones([4], (Kind::Float, Device::Cuda(0))).unwrap();
+    assert_eq!(small.sum(Kind::Float).double_value(&[]), 4.0);
+}
