@@ -64,6 +64,8 @@ struct Cli {
     suite: LearningArgs,
 }
 
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// The same learning as PyTorch from kiln's initial weights: fp32 per step, bf16 final.
@@ -316,10 +318,10 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
     let mut vs = nn::VarStore::new(Device::Cpu);
     let model = model(kind, &job, &vs)?;
-    let init = init_path(&dir, kind);
+    let init = init_path(dir, kind);
     vs.load(&init)
         .map_err(|e| format!("{}: {e}", init.display()))?;
-    let path = data_path(&dir, kind);
+    let path = data_path(dir, kind);
     let data = Tensor::read_safetensors(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (x, y) = (
         named(&data, "train_x", &path)?,

@@ -94,6 +94,8 @@ struct Cli {
     suite: SuiteArgs,
 }
 
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Learning vs a PyTorch loop: same job, data, split, init; 2+ seeds.
@@ -185,7 +187,7 @@ fn data_only(a: &DataArgs) -> Result<()> {
     if dir.exists() {
         return Err(format!("{} exists; give a new directory", dir.display()));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let prepared = write_data(dir, &job(a.quick))?;
     for seed in 0..a.seeds {
         write_split(dir, &prepared, seed)?;

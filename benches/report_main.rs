@@ -10,7 +10,9 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kiln_benches::report::{SuiteOutput, apply_learning_check, assemble, markdown, validate};
+use kiln_benches::report::{
+    Report, SuiteOutput, apply_learning_check, assemble, markdown, validate,
+};
 use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
@@ -165,7 +167,8 @@ fn build(dir: &Path, suites: &[String], cli: &Cli) -> Result<()> {
     let md = markdown(&report);
     let md_path = dir.join("report.md");
     std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
-    let plots = kiln_benches::plot::write_plots(&report, &dir.join("plots"))?;
+    let typed = Report::from_value(&report)?;
+    let plots = kiln_benches::plot::write_plots(&typed, &dir.join("plots"))?;
     println!("{md}");
     eprintln!(
         "report: {} and {}, {} plot file(s) under {}",
@@ -253,5 +256,23 @@ mod tests {
             "AVX2, AVX-512, AVX512-BF16, AMX, AMX-BF16"
         );
         assert_eq!(features_text(&cpu_features("")), "none of AVX2/AVX-512/AMX");
+    }
+
+    #[test]
+    fn the_command_lines_xtask_uses_parse() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(
+            "kiln-bench-report DIR --suites train,serve --created T --quick".split_whitespace(),
+        )
+        .unwrap();
+        assert_eq!(cli.suites, ["train", "serve"]);
+        assert_eq!((cli.created.as_str(), cli.quick), ("T", true));
+        assert_eq!(cli.dir, Some(PathBuf::from("DIR")));
+        let cli = Cli::try_parse_from("kiln-bench-report --check D --suites a".split_whitespace())
+            .unwrap();
+        assert_eq!(cli.check, Some(PathBuf::from("D")));
+        assert!(Cli::try_parse_from(["kiln-bench-report", "--suites", "a"]).is_err());
+        assert!(Cli::try_parse_from(["kiln-bench-report", "DIR"]).is_err());
     }
 }

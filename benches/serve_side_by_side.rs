@@ -57,6 +57,8 @@ struct Cli {
     suite: SuiteArgs,
 }
 
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Dynamic batching vs batch-size-1 serving, and vs LitServe.
@@ -829,4 +831,36 @@ fn infer_sweep(o: &InferOpts, out: &mut SuiteOutput, sizes: &[usize]) -> Result<
         runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
     }
     Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_lines_xtask_and_the_opts_suite_use_parse() {
+        Cli::command().debug_assert();
+        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace());
+        let cli = parse("kiln-bench-serve infer --quick --device cpu --out F --threads 3").unwrap();
+        let Some(Sub::Infer(a)) = cli.command else {
+            panic!("not the infer suite: {cli:?}");
+        };
+        assert_eq!((a.device(), a.threads_or(2)), (Device::Cpu, 3));
+        let cli =
+            parse("kiln-bench-serve infer-probe --graphs on --batch 1 --device cuda").unwrap();
+        let Some(Sub::InferProbe(p)) = cli.command else {
+            panic!("not the probe: {cli:?}");
+        };
+        assert_eq!((p.graphs, p.batch), (CudaGraphs::On, 1));
+        let cli = parse("kiln-bench-serve --clients 8 --max-wait-ms 1.5").unwrap();
+        assert_eq!(
+            (cli.suite.clients, cli.suite.max_wait_ms),
+            (Some(8), Some(1.5))
+        );
+        let err = parse("kiln-bench-serve serve --clint 8")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--clint"), "{err}");
+    }
 }

@@ -47,6 +47,8 @@ struct Cli {
     suite: SuiteArgs,
 }
 
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Train step vs PyTorch eager and torch.compile (MFU, step breakdown, batch-size sweep).
@@ -150,4 +152,46 @@ impl Opts {
 
 fn f(v: &Value, key: &str) -> f64 {
     v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> std::result::Result<Cli, String> {
+        Cli::try_parse_from(line.split_whitespace()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_command_lines_xtask_and_the_suites_use_parse() {
+        Cli::command().debug_assert();
+        let cli =
+            parse("kiln-bench-train train --quick --device cuda:0 --out F --python PY").unwrap();
+        let Some(Sub::Train(a)) = cli.command else {
+            panic!("not the train suite: {cli:?}");
+        };
+        assert_eq!(
+            (a.quick, a.device(), a.python.as_str()),
+            (true, Device::Cuda(0), "PY")
+        );
+        let cli = parse("kiln-bench-train --quick --batch-sizes 1,2,4").unwrap();
+        assert!(cli.command.is_none() && cli.suite.batch_sizes() == [1, 2, 4]);
+        assert!(matches!(
+            parse("kiln-bench-train probe --model mlp --precision auto --tf32 on --channels-last")
+                .unwrap()
+                .command,
+            Some(Sub::Probe(_))
+        ));
+        assert!(matches!(
+            parse("kiln-bench-train optim-probe --impl unfused --warmup 3 --steps 10")
+                .unwrap()
+                .command,
+            Some(Sub::OptimProbe(_))
+        ));
+        let err = parse("kiln-bench-train optimizer --quick --frobnicate").unwrap_err();
+        assert!(err.contains("--frobnicate"), "{err}");
+        let err = parse("kiln-bench-train probe --tf32 maybe").unwrap_err();
+        assert!(err.contains("expected on or off"), "{err}");
+    }
 }
