@@ -11,9 +11,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::{Args, Parser, Subcommand};
 use kiln_benches::proc_memory::{Peak, tree_memory};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{bench_root, flag, median, number, python, report_path, suite_out};
+use kiln_benches::{SuiteArgs, bench_root, median, report_path};
 use kiln_data::{
     DType, Dataset, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
     ShardFormat, ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
@@ -28,20 +29,48 @@ const PREFETCH: usize = 2;
 /// Batches timed inline for the per-batch breakdown (as on the Python side).
 const BREAKDOWN_BATCHES: usize = 8;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-bench-data [--quick] [--repeats N] [--out FILE] [--python PY] [--work-dir DIR]\n\
-         \x20      kiln-bench-data probe --dir DIR --norm FILE --workers N --batch-size N"
-    );
-    std::process::exit(2)
+/// `kiln-bench-data`: the data suite (kiln's loader vs `torch.utils.data.DataLoader`), and
+/// its kiln probe.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-data", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Epochs of kiln's loader over the shards; prints one JSON line.
+    Probe(ProbeArgs),
+}
+
+/// `probe`'s options.
+#[derive(Debug, Args)]
+struct ProbeArgs {
+    /// The shards.
+    #[arg(long)]
+    dir: String,
+    /// The normalization statistics (JSON: mean, std).
+    #[arg(long)]
+    norm: String,
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    #[arg(long, default_value_t = BATCH)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    /// Reports, then holds still until stdin closes (for the idle memory reading).
+    #[arg(long)]
+    idle: bool,
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = if args.first().map(String::as_str) == Some("probe") {
-        probe(&args[1..])
-    } else {
-        compare(&args)
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Sub::Probe(a)) => probe(&a),
+        None => compare(&cli.suite),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -91,17 +120,13 @@ fn loader_config(batch_size: usize, workers: usize) -> LoaderConfig {
 /// `--epochs` epochs of kiln's loader over the shards (workers persist across them), each
 /// batch turned into tensors and checksummed like the Python side does; then the per-batch
 /// read timed inline. Prints one JSON line.
-fn probe(args: &[String]) -> Result<()> {
-    let dir = flag(args, "--dir").unwrap_or_else(|| usage());
-    let norm = flag(args, "--norm").unwrap_or_else(|| usage());
-    let workers = number(args, "--workers", 0)?;
-    let batch_size = number(args, "--batch-size", BATCH)?;
-    let epochs = number(args, "--epochs", 2)?.max(1);
-    let dataset = probe_dataset(dir, norm)?;
+fn probe(a: &ProbeArgs) -> Result<()> {
+    let (workers, batch_size, epochs) = (a.workers, a.batch_size, a.epochs.max(1));
+    let dataset = probe_dataset(&a.dir, &a.norm)?;
     // One intra-op thread on both sides: the consumer's tensor work is the same small sum, and
     // idle OpenMP threads spinning on a small machine would only add noise.
     kiln_torch_ext::memory::set_num_threads(1).map_err(|e| e.to_string())?;
-    if args.iter().any(|a| a == "--idle") {
+    if a.idle {
         // Report, then hold still until the harness has measured (it closes stdin).
         println!("{}", json!({"impl": "kiln", "idle": true}));
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
@@ -470,19 +495,16 @@ fn check_same_data(workers: usize, m: &[Measured]) -> Result<()> {
     Ok(())
 }
 
-fn compare(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let quick = args.iter().any(|a| a == "--quick");
+fn compare(a: &SuiteArgs) -> Result<()> {
+    let quick = a.quick;
     // Quick (CI: the report's shape, not speed) times the memory runs themselves (polled)
     // rather than adding unpolled timing rounds; so does `--repeats 0`.
-    let repeats = number(args, "--repeats", if quick { 0 } else { 3 })?;
+    let repeats = a.repeats_or(if quick { 0 } else { 3 });
     let samples = if quick { 1024 } else { 8192 };
-    let python = python(args);
+    let python = a.python.clone();
     let script = bench_root().join("python/torch_loader.py");
-    let work = flag(args, "--work-dir").map_or_else(|| report_path("data"), PathBuf::from);
-    let out = suite_out(args, "data");
+    let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
+    let out = a.out_or("data");
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
 
     eprintln!(

@@ -22,9 +22,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
+use clap::{Parser, Subcommand};
 use job_memory::{Measured, measured};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{bench_root, flag, median, number, peers, python, suite_out};
+use kiln_benches::{SuiteArgs, bench_root, median, peers};
 use kiln_config::{ConfigRequest, Machine, RunPlan};
 use kiln_data::SyntheticSequences;
 use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
@@ -33,25 +34,30 @@ use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-bench-job [job] [--quick] [--repeats N] [--threads N] [--out FILE] \
-         [--python PY] [--work-dir DIR]"
-    );
-    std::process::exit(2)
+/// `kiln-bench-job`: the job suite.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-job", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `job` suite.
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// The default job end to end: kiln train vs Lightning Trainer.fit and a plain loop.
+    Job(SuiteArgs),
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let result = match args.first().map(String::as_str) {
-        Some("job") => suite(&args[1..]),
-        Some(a) if !a.starts_with("--") => usage(),
-        _ => suite(&args),
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Sub::Job(a)) => a,
+        None => cli.suite,
     };
-    if let Err(e) = result {
+    if let Err(e) = suite(&args) {
         eprintln!("error: {e}");
         std::process::exit(1);
     }
@@ -262,14 +268,13 @@ impl Side {
     }
 }
 
-fn suite(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let repeats = number(args, "--repeats", 1)?.max(1);
-    let threads = number(args, "--threads", 2)?.max(1);
-    let work = flag(args, "--work-dir").map_or_else(
-        || std::env::temp_dir().join(format!("kiln-bench-job-{}", std::process::id())),
-        PathBuf::from,
-    );
+fn suite(a: &SuiteArgs) -> Result<()> {
+    let quick = a.quick;
+    let repeats = a.repeats_or(1).max(1);
+    let threads = a.threads_or(2).max(1);
+    let work = a.work_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("kiln-bench-job-{}", std::process::id()))
+    });
     let work = work.join("job");
     if work.exists() {
         std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
@@ -281,7 +286,7 @@ fn suite(args: &[String]) -> Result<()> {
     eprintln!("job: preparing the data under {}", work.display());
     let (data, split) = write_data(&work, quick, &plan)?;
     let torch = Torch {
-        python: python(args),
+        python: a.python.clone(),
         plan: &plan,
         cpu: device == kiln_device::Device::Cpu,
         threads,
@@ -325,7 +330,7 @@ fn suite(args: &[String]) -> Result<()> {
         "epochs": plan.train.epochs, "data_shape": data_shape(quick),
         "kiln": kiln.runs(), "lightning": light.runs(), "pytorch_loop": plain.runs(),
     });
-    out.write(&suite_out(args, "job"))?;
+    out.write(&a.out_or("job"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
 }
 

@@ -19,8 +19,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{bench_root, flag, number, python, run_json, suite_out};
+use kiln_benches::{SuiteArgs, bench_root, run_json};
 use kiln_config::{ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
 use kiln_data::{
     Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
@@ -52,26 +53,60 @@ const WEIGHT_DECAY: f64 = 0.01;
 const MODELS: [ModelKind; 3] = [ModelKind::Transformer, ModelKind::Mlp, ModelKind::ConvNet];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-bench-learning [learning] [--quick] [--threads N] [--out FILE] \
-         [--python PY] [--work-dir DIR] [--models transformer,mlp,convnet]\n\
-         \x20      kiln-bench-learning kiln-run --model M --dir DIR --precision fp32|bf16 \
-         [--quick] [--threads N]"
-    );
-    std::process::exit(2)
+/// `kiln-bench-learning`: the learning suite, and its kiln runs.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-learning", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `learning` suite.
+    #[command(flatten)]
+    suite: LearningArgs,
+}
+
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// The same learning as PyTorch from kiln's initial weights: fp32 per step, bf16 final.
+    Learning(LearningArgs),
+    /// One kiln run from the initial weights and data the suite wrote; prints JSON.
+    KilnRun(KilnRunArgs),
+}
+
+/// The suite's options.
+#[derive(Debug, Args)]
+struct LearningArgs {
+    #[command(flatten)]
+    suite: SuiteArgs,
+    /// The models, e.g. transformer,mlp (for runs by hand; default: all three).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<ModelKind>,
+}
+
+/// `kiln-run`'s options.
+#[derive(Debug, Args)]
+struct KilnRunArgs {
+    #[arg(long)]
+    model: ModelKind,
+    /// The directory the suite prepared.
+    #[arg(long)]
+    dir: PathBuf,
+    /// fp32 or bf16.
+    #[arg(long, default_value = "fp32")]
+    precision: AmpDtype,
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let result = match args.first().map(String::as_str) {
-        Some("kiln-run") => kiln_run(&args[1..]),
-        Some("learning") => suite(&args[1..]),
-        Some(a) if !a.starts_with("--") => usage(),
-        _ => suite(&args),
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => suite(&cli.suite),
+        Some(Sub::Learning(a)) => suite(&a),
+        Some(Sub::KilnRun(a)) => kiln_run(&a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -273,26 +308,20 @@ fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize, number: usize) -> Res
 
 /// One kiln run: loads the initial weights and data `prepare` wrote into `--dir`, trains
 /// `steps` steps at `--precision`, evaluates the held-out set; prints JSON.
-fn kiln_run(args: &[String]) -> Result<()> {
+fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = std::time::Instant::now();
-    let kind: ModelKind = flag(args, "--model")
-        .ok_or("--model is needed")?
-        .parse()
-        .map_err(|e| format!("--model: {e}"))?;
-    let job = job(kind, args.iter().any(|a| a == "--quick"));
-    let dir = PathBuf::from(flag(args, "--dir").ok_or("--dir DIR is needed")?);
-    let precision: AmpDtype = flag(args, "--precision")
-        .unwrap_or("fp32")
-        .parse()
-        .map_err(|e| format!("--precision: {e}"))?;
-    let threads = number(args, "--threads", 2)?.max(1);
+    let kind = a.model;
+    let job = job(kind, a.quick);
+    let dir = &a.dir;
+    let precision = a.precision;
+    let threads = a.threads.max(1);
     kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
     let mut vs = nn::VarStore::new(Device::Cpu);
     let model = model(kind, &job, &vs)?;
-    let init = init_path(&dir, kind);
+    let init = init_path(dir, kind);
     vs.load(&init)
         .map_err(|e| format!("{}: {e}", init.display()))?;
-    let path = data_path(&dir, kind);
+    let path = data_path(dir, kind);
     let data = Tensor::read_safetensors(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let (x, y) = (
         named(&data, "train_x", &path)?,
@@ -365,15 +394,6 @@ fn fresh_dir(path: &Path) -> Result<PathBuf> {
     Ok(path.to_owned())
 }
 
-/// `--models a,b` (for runs by hand), else [`MODELS`].
-fn models(args: &[String]) -> Result<Vec<ModelKind>> {
-    flag(args, "--models").map_or(Ok(MODELS.to_vec()), |list| {
-        list.split(',')
-            .map(|m| m.parse().map_err(|e| format!("--models: {e}")))
-            .collect()
-    })
-}
-
 /// Both sides' runs of one model at one precision.
 struct Pair {
     kind: ModelKind,
@@ -383,18 +403,24 @@ struct Pair {
     torch: Value,
 }
 
-fn suite(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
+fn suite(args: &LearningArgs) -> Result<()> {
+    let a = &args.suite;
+    let quick = a.quick;
     // Two threads a side by default, as in the other suites.
-    let threads = number(args, "--threads", 2)?.max(1).to_string();
+    let threads = a.threads_or(2).max(1).to_string();
     // The bench's own scratch directory, removed at the end.
-    let work = flag(args, "--work-dir").map_or_else(
+    let work = a.work_dir.as_ref().map_or_else(
         || std::env::temp_dir().join(format!("kiln-bench-learning-{}", std::process::id())),
-        |dir| Path::new(dir).join("learning"),
+        |dir| dir.join("learning"),
     );
     let work = fresh_dir(&work)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let models = models(args)?;
+    // `--models a,b` (for runs by hand), else [`MODELS`].
+    let models = if args.models.is_empty() {
+        MODELS.to_vec()
+    } else {
+        args.models.clone()
+    };
     let mut pairs = vec![];
     for kind in models {
         let job = job(kind, quick);
@@ -413,7 +439,7 @@ fn suite(args: &[String]) -> Result<()> {
             if quick {
                 k.arg("--quick");
             }
-            let mut t = Command::new(python(args));
+            let mut t = Command::new(&a.python);
             t.arg(bench_root().join("python/same_learning.py"))
                 .arg("--job")
                 .arg(&job_file)
@@ -429,7 +455,7 @@ fn suite(args: &[String]) -> Result<()> {
         }
     }
     let out = report(quick, &threads, &pairs)?;
-    out.write(&suite_out(args, "learning"))?;
+    out.write(&a.out_or("learning"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
 }
 

@@ -2,6 +2,7 @@
 //! this file (`cargo bench -p kiln-benches`). End-to-end comparisons against PyTorch belong to
 //! `cargo xtask bench`.
 
+pub mod args;
 pub mod peers;
 pub mod plot;
 pub mod proc_memory;
@@ -10,34 +11,12 @@ pub mod unfused;
 
 use std::path::{Path, PathBuf};
 
-/// The value after `name` in `args`, if given.
-pub fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(String::as_str)
-}
-
-/// A non-negative integer option, `default` when absent.
-pub fn number(args: &[String], name: &str, default: usize) -> Result<usize, String> {
-    flag(args, name).map_or(Ok(default), |v| {
-        v.parse()
-            .map_err(|_| format!("{name} `{v}` is not a non-negative integer"))
-    })
-}
+pub use args::SuiteArgs;
 
 /// The median (upper middle for an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
-}
-
-/// The baseline's Python: `--python`, else `KILN_BENCH_PYTHON`, else `python3`.
-pub fn python(args: &[String]) -> String {
-    flag(args, "--python")
-        .map(str::to_owned)
-        .or_else(|| std::env::var("KILN_BENCH_PYTHON").ok())
-        .unwrap_or_else(|| "python3".to_owned())
 }
 
 /// The directory holding the `python/` scripts: `KILN_BENCH_ROOT` (a gpu-check bundle sets
@@ -58,26 +37,6 @@ pub fn report_path(name: &str) -> PathBuf {
         .map_or_else(|| workspace.join("target"), PathBuf::from)
         .join("kiln-bench")
         .join(name)
-}
-
-/// Where a suite writes its output: `--out FILE`, else `<target>/kiln-bench/<suite>.json`.
-pub fn suite_out(args: &[String], suite: &str) -> PathBuf {
-    flag(args, "--out").map_or_else(|| report_path(&format!("{suite}.json")), PathBuf::from)
-}
-
-/// The device to measure on: `--device cpu|cuda|cuda:N`, else the first CUDA GPU when libtorch
-/// sees one, else the CPU.
-pub fn device(args: &[String]) -> Result<tch::Device, String> {
-    match flag(args, "--device") {
-        None => Ok(tch::Device::cuda_if_available()),
-        Some("cpu") => Ok(tch::Device::Cpu),
-        Some("cuda") => Ok(tch::Device::Cuda(0)),
-        Some(other) => other
-            .strip_prefix("cuda:")
-            .and_then(|i| i.parse().ok())
-            .map(tch::Device::Cuda)
-            .ok_or_else(|| format!("--device `{other}`: expected cpu, cuda or cuda:N")),
-    }
 }
 
 /// `cpu` or `cuda:N`, as PyTorch spells it.
@@ -118,21 +77,6 @@ pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value, Str
         .find(|l| l.starts_with('{'))
         .unwrap_or("");
     serde_json::from_str(line).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
-}
-
-/// A list option given as `--name 1,2,4` (xtask turns `--name 1 2 4` into that).
-pub fn numbers(args: &[String], name: &str) -> Result<Vec<usize>, String> {
-    flag(args, name).map_or(Ok(vec![]), |v| {
-        v.split(',')
-            .filter(|s| !s.trim().is_empty())
-            .map(|s| match s.trim().parse::<usize>() {
-                Ok(n) if n > 0 => Ok(n),
-                _ => Err(format!(
-                    "{name}: `{s}` is not a positive integer (expected e.g. {name} 1 2 4 8)"
-                )),
-            })
-            .collect()
-    })
 }
 
 /// Runs each command `repeats` times, alternating between them (the order reversed on odd

@@ -19,8 +19,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{bench_root, flag, number, python, run_json, suite_out};
+use kiln_benches::{SuiteArgs, bench_root, run_json};
 use kiln_config::{ConfigRequest, Machine};
 use kiln_data::{
     DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset, SyntheticSequences,
@@ -82,28 +83,68 @@ fn job(quick: bool) -> Job {
 const DATA_SEED: u64 = 1234;
 const VAL_FRACTION: f64 = 0.1;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-bench-quality [quality] [--quick] [--seeds N] [--threads N] [--out FILE] \
-         [--python PY] [--work-dir DIR]\n\
-         \x20      kiln-bench-quality data DIR [--quick] [--seeds N]\n\
-         \x20      kiln-bench-quality kiln-run --data DIR --seed S [--quick] [--threads N] \
-         [--auto-precision] [--set key=value]…"
-    );
-    std::process::exit(2)
+/// `kiln-bench-quality`: the quality suite, and its pieces for runs by hand.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-quality", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `quality` suite.
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Learning vs a PyTorch loop: same job, data, split, init; 2+ seeds.
+    Quality(SuiteArgs),
+    /// Only writes the job's data and splits into DIR.
+    Data(DataArgs),
+    /// One kiln run of the job on the prepared data; prints JSON.
+    KilnRun(KilnRunArgs),
+}
+
+/// `data`'s options.
+#[derive(Debug, Args)]
+struct DataArgs {
+    /// A new directory.
+    dir: PathBuf,
+    #[arg(long)]
+    quick: bool,
+    #[arg(long, default_value_t = 2)]
+    seeds: u64,
+}
+
+/// `kiln-run`'s options.
+#[derive(Debug, Args)]
+struct KilnRunArgs {
+    /// The directory `data` (or the suite) wrote.
+    #[arg(long)]
+    data: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    seed: usize,
+    #[arg(long)]
+    quick: bool,
+    /// Intra-op threads (0: kiln's default).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// The precision kiln's profile picks instead of fp32.
+    #[arg(long)]
+    auto_precision: bool,
+    /// A variant of the job, for measuring what a setting does (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    sets: Vec<String>,
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let result = match args.first().map(String::as_str) {
-        Some("kiln-run") => kiln_run(&args[1..]),
-        Some("data") => data_only(&args[1..]),
-        Some("quality") => suite(&args[1..]),
-        Some(a) if !a.starts_with("--") => usage(),
-        _ => suite(&args),
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => suite(&cli.suite),
+        Some(Sub::Quality(a)) => suite(&a),
+        Some(Sub::Data(a)) => data_only(&a),
+        Some(Sub::KilnRun(a)) => kiln_run(&a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -141,19 +182,15 @@ fn write_data(dir: &Path, job: &Job) -> Result<Arc<ShardedDataset>> {
 
 /// `data DIR [--quick] [--seeds N]`: only writes the job's data and splits into DIR (for runs
 /// of `kiln-run` or `python/train_quality.py` by hand, e.g. to measure a setting's effect).
-fn data_only(args: &[String]) -> Result<()> {
-    let dir = PathBuf::from(
-        args.first()
-            .filter(|a| !a.starts_with("--"))
-            .ok_or("data DIR")?,
-    );
+fn data_only(a: &DataArgs) -> Result<()> {
+    let dir = &a.dir;
     if dir.exists() {
         return Err(format!("{} exists; give a new directory", dir.display()));
     }
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let prepared = write_data(&dir, &job(args.iter().any(|a| a == "--quick")))?;
-    for seed in 0..number(args, "--seeds", 2)? as u64 {
-        write_split(&dir, &prepared, seed)?;
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let prepared = write_data(dir, &job(a.quick))?;
+    for seed in 0..a.seeds {
+        write_split(dir, &prepared, seed)?;
     }
     Ok(())
 }
@@ -186,11 +223,11 @@ impl Observer for Epochs {
 }
 
 /// One kiln run of the job on the prepared data in `--data`, seeded with `--seed`; prints JSON.
-fn kiln_run(args: &[String]) -> Result<()> {
+fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = Instant::now();
-    let job = job(args.iter().any(|a| a == "--quick"));
-    let data = PathBuf::from(flag(args, "--data").ok_or("--data DIR is needed")?);
-    let seed = number(args, "--seed", 0)?;
+    let job = job(a.quick);
+    let data = &a.data;
+    let seed = a.seed;
     let runs = tempfile_dir(&data.join(format!("runs-{seed}")))?;
     let mut req = ConfigRequest::new(Machine::Probe);
     req.sets = [
@@ -206,25 +243,18 @@ fn kiln_run(args: &[String]) -> Result<()> {
         format!("data.val_fraction={VAL_FRACTION}"),
         "data.num_workers=2".to_owned(),
         format!("performance.seed={seed}"),
-        format!(
-            "performance.intra_op_threads={}",
-            number(args, "--threads", 0)?
-        ),
+        format!("performance.intra_op_threads={}", a.threads),
         "checkpoint.enabled=false".to_owned(),
         format!("run.output_dir={}", runs.display()),
     ]
     .to_vec();
     // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
     // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
-    if !args.iter().any(|a| a == "--auto-precision") {
+    if !a.auto_precision {
         req.sets.push("train.amp=none".to_owned());
     }
     // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
-    req.sets.extend(
-        args.windows(2)
-            .filter(|w| w[0] == "--set")
-            .map(|w| w[1].clone()),
-    );
+    req.sets.extend(a.sets.iter().cloned());
     let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
     let device = resolution.selection.device;
     kiln_device::settings::apply(&resolution.plan.performance.backend, device);
@@ -296,16 +326,15 @@ struct Sides {
     torch_plain: Side,
 }
 
-fn suite(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
+fn suite(a: &SuiteArgs) -> Result<()> {
+    let quick = a.quick;
     let job = job(quick);
-    let seeds = number(args, "--seeds", 2)?.max(2) as u64;
+    let seeds = a.seeds.unwrap_or(2).max(2) as u64;
     // Two threads a side by default, as in the other suites.
-    let threads = number(args, "--threads", 2)?;
-    let work = flag(args, "--work-dir").map_or_else(
-        || std::env::temp_dir().join(format!("kiln-bench-quality-{}", std::process::id())),
-        PathBuf::from,
-    );
+    let threads = a.threads_or(2);
+    let work = a.work_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("kiln-bench-quality-{}", std::process::id()))
+    });
     let work = tempfile_dir(&work.join("quality"))?;
     let prepared = write_data(&work, &job)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -323,7 +352,7 @@ fn suite(args: &[String]) -> Result<()> {
             k
         };
         let torch = |extra: &[&str]| {
-            let mut t = Command::new(python(args));
+            let mut t = Command::new(&a.python);
             t.arg(bench_root().join("python/train_quality.py"));
             t.arg("--data").arg(&work).arg("--split").arg(&split);
             t.args(["--seed", &seed, "--threads", &threads]);
@@ -354,7 +383,7 @@ fn suite(args: &[String]) -> Result<()> {
         sides.torch_plain.0.push(run_json(torch(&plain))?);
     }
     let out = report(&job, threads, &sides)?;
-    out.write(&suite_out(args, "quality"))?;
+    out.write(&a.out_or("quality"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
 }
 

@@ -23,11 +23,38 @@ pub enum Better {
     Higher,
 }
 
+/// How a goal bounds a ratio; written `<=` and `>=` in the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GoalOp {
+    /// `ratio <= value`.
+    #[serde(rename = "<=")]
+    AtMost,
+    /// `ratio >= value`.
+    #[serde(rename = ">=")]
+    AtLeast,
+}
+
+impl GoalOp {
+    /// `<=` or `>=`, as the report writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AtMost => "<=",
+            Self::AtLeast => ">=",
+        }
+    }
+}
+
+impl std::fmt::Display for GoalOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A goal on a comparison's ratio (kiln / baseline).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Goal {
-    /// `<=` or `>=`.
-    pub op: String,
+    pub op: GoalOp,
+    #[serde(deserialize_with = "nan_for_null")]
     pub value: f64,
 }
 
@@ -35,12 +62,16 @@ impl Goal {
     /// Whether `ratio` meets the goal (never for a non-finite ratio).
     pub fn met_by(&self, ratio: f64) -> bool {
         ratio.is_finite()
-            && match self.op.as_str() {
-                "<=" => ratio <= self.value,
-                ">=" => ratio >= self.value,
-                _ => false,
+            && match self.op {
+                GoalOp::AtMost => ratio <= self.value,
+                GoalOp::AtLeast => ratio >= self.value,
             }
     }
+}
+
+/// A number that JSON may hold as `null` (serde_json writes a non-finite float so): NaN then.
+fn nan_for_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// One kiln figure beside its baseline's, measured in the same run.
@@ -50,17 +81,21 @@ pub struct Comparison {
     pub name: String,
     /// Rows of one table/plot (e.g. "step time", "batch-size sweep", "optimization").
     pub group: String,
+    #[serde(deserialize_with = "nan_for_null")]
     pub kiln: f64,
+    #[serde(deserialize_with = "nan_for_null")]
     pub baseline: f64,
     /// What the baseline is, e.g. "PyTorch eager fp32 (fused AdamW)".
     pub baseline_name: String,
     pub unit: String,
     pub better: Better,
     /// kiln / baseline.
+    #[serde(deserialize_with = "nan_for_null")]
     pub ratio: f64,
     pub goal: Option<Goal>,
     pub meets_goal: Option<bool>,
     /// Anything else worth keeping: MFU, the step breakdown, the batch size, the raw runs.
+    #[serde(default)]
     pub details: Value,
 }
 
@@ -93,19 +128,16 @@ impl Comparison {
 
     /// Sets the goal `ratio <= value`.
     pub fn at_most(self, value: f64) -> Self {
-        self.goal("<=", value)
+        self.goal(GoalOp::AtMost, value)
     }
 
     /// Sets the goal `ratio >= value`.
     pub fn at_least(self, value: f64) -> Self {
-        self.goal(">=", value)
+        self.goal(GoalOp::AtLeast, value)
     }
 
-    fn goal(mut self, op: &str, value: f64) -> Self {
-        let goal = Goal {
-            op: op.to_owned(),
-            value,
-        };
+    fn goal(mut self, op: GoalOp, value: f64) -> Self {
+        let goal = Goal { op, value };
         self.meets_goal = Some(goal.met_by(self.ratio));
         self.goal = Some(goal);
         self
@@ -200,6 +232,65 @@ impl SuiteOutput {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         serde_json::from_str(&text)
             .map_err(|e| format!("{} is not a suite report: {e}", path.display()))
+    }
+}
+
+/// One suite's entry in `report.json` (its comparisons are in the report's list).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SuiteSummary {
+    pub suite: String,
+    pub what: String,
+    #[serde(default)]
+    pub skipped: Vec<Skipped>,
+    #[serde(default)]
+    pub details: Value,
+}
+
+/// The machine a report was measured on, as `kiln-bench-report` describes it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    #[serde(default)]
+    pub description: String,
+    /// Logical CPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u64>,
+    /// `cpu` or `cuda`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
+    /// The rest (CPU model and features, GPUs, versions), as written.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, Value>,
+}
+
+/// `report.json` read back: what [`assemble`] wrote, typed (the plots draw from it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub schema: String,
+    #[serde(default)]
+    pub created: String,
+    #[serde(default)]
+    pub quick: bool,
+    #[serde(default)]
+    pub machine: Machine,
+    /// Measured machine limits, e.g. `{"fp32_gemm_gflops": 95.1}`.
+    #[serde(default)]
+    pub peaks: serde_json::Map<String, Value>,
+    #[serde(default)]
+    pub suites: Vec<SuiteSummary>,
+    pub comparisons: Vec<Comparison>,
+}
+
+impl Report {
+    /// The typed report of an assembled one.
+    pub fn from_value(report: &Value) -> Result<Self, String> {
+        Self::deserialize(report).map_err(|e| format!("not a {SCHEMA} report: {e}"))
+    }
+
+    /// Reads `report.json`.
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a {SCHEMA} report: {e}", path.display()))
     }
 }
 
@@ -332,7 +423,7 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> Result<(), String> 
         match (&c["goal"], &c["meets_goal"]) {
             (Value::Null, Value::Null) => {}
             (goal, Value::Bool(met)) => match serde_json::from_value::<Goal>(goal.clone()) {
-                Ok(g) if matches!(g.op.as_str(), "<=" | ">=") => {
+                Ok(g) => {
                     let overruled = !*met && c["details"][FAILS_BECAUSE].is_string();
                     if let Some(r) = numbers[2]
                         && g.met_by(r) != *met
@@ -341,7 +432,7 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> Result<(), String> 
                         problems.push(format!("{at}: `meets_goal` contradicts the ratio"));
                     }
                 }
-                _ => problems.push(format!("{at}: `goal` is not {{op: <= or >=, value}}")),
+                Err(_) => problems.push(format!("{at}: `goal` is not {{op: <= or >=, value}}")),
             },
             _ => problems.push(format!(
                 "{at}: `goal` and `meets_goal` must both be null or both be set"
@@ -725,5 +816,53 @@ mod tests {
         let err = SuiteOutput::read(&dir.join("bad.json")).unwrap_err();
         assert!(err.contains("bad.json is not a suite report"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// `testdata/report/`: a small report in the format `kiln-bench-report` writes, and the
+    /// suites' outputs it was assembled from.
+    fn fixture() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/report")
+    }
+
+    #[test]
+    fn the_fixture_reads_typed_and_assembles_back_to_the_same_file() {
+        let text = std::fs::read_to_string(fixture().join("report.json")).unwrap();
+        let file: Value = serde_json::from_str(&text).unwrap();
+        let suites: Vec<SuiteOutput> = ["train", "learning"]
+            .iter()
+            .map(|s| SuiteOutput::read(&fixture().join(format!("suites/{s}.json"))).unwrap())
+            .collect();
+        let meta = json!({"created": file["created"], "quick": file["quick"],
+                          "machine": file["machine"]});
+        assert_eq!(assemble(meta, &suites), file);
+        validate(&file, &["train", LEARNING_SUITE]).unwrap();
+
+        let report = Report::read(&fixture().join("report.json")).unwrap();
+        let ops: Vec<Option<GoalOp>> = report
+            .comparisons
+            .iter()
+            .map(|c| c.goal.as_ref().map(|g| g.op))
+            .collect();
+        use GoalOp::{AtLeast, AtMost};
+        assert_eq!(ops, [Some(AtMost), Some(AtLeast), None, None, Some(AtMost)]);
+        assert_eq!(report.machine.cpus, Some(2));
+        assert_eq!(report.suites[0].skipped[0].name, "torch.compile rows");
+        // Typed and written again, nothing is lost or renamed.
+        assert_eq!(serde_json::to_value(&report).unwrap(), file);
+        assert!(markdown(&file).contains("| mlp fp32 step | 2.000 | 4.000"));
+    }
+
+    #[test]
+    fn goal_ops_keep_their_spelling_and_null_numbers_read_as_nan() {
+        let goal: Goal = serde_json::from_value(json!({"op": ">=", "value": null})).unwrap();
+        assert_eq!(goal.op, GoalOp::AtLeast);
+        assert!(goal.value.is_nan() && !goal.met_by(1.0));
+        let written = serde_json::to_value(Goal {
+            op: GoalOp::AtMost,
+            value: 1.0,
+        })
+        .unwrap();
+        assert_eq!(written, json!({"op": "<=", "value": 1.0}));
+        assert!(serde_json::from_value::<Goal>(json!({"op": "<", "value": 1.0})).is_err());
     }
 }

@@ -9,38 +9,47 @@
 
 use std::path::{Path, PathBuf};
 
-use kiln_benches::flag;
-use kiln_benches::report::{SuiteOutput, apply_learning_check, assemble, markdown, validate};
+use clap::Parser;
+use kiln_benches::report::{
+    Report, SuiteOutput, apply_learning_check, assemble, markdown, validate,
+};
 use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-bench-report DIR --suites S1,S2… [--quick] [--created TIME]\n\
-         \x20      kiln-bench-report --check DIR --suites S1,S2…"
-    );
-    std::process::exit(2)
+/// `kiln-bench-report`: assembles the suites' outputs under DIR, or checks a report.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-report")]
+struct Cli {
+    /// The run's directory (suites' outputs under DIR/suites): assemble the report there.
+    #[arg(required_unless_present = "check", conflicts_with = "check")]
+    dir: Option<PathBuf>,
+    /// Only check the report under this directory.
+    #[arg(long, value_name = "DIR")]
+    check: Option<PathBuf>,
+    /// The suites, e.g. train,serve.
+    #[arg(long, value_name = "S1,S2…", value_delimiter = ',', required = true)]
+    suites: Vec<String>,
+    /// The suites ran with --quick.
+    #[arg(long)]
+    quick: bool,
+    /// When the run started (the report's `created`).
+    #[arg(long, value_name = "TIME", default_value = "unknown")]
+    created: String,
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.is_empty() || args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let suites: Vec<String> = flag(&args, "--suites")
-        .unwrap_or_else(|| usage())
-        .split(',')
+    let cli = Cli::parse();
+    let suites: Vec<String> = cli
+        .suites
+        .iter()
         .filter(|s| !s.is_empty())
-        .map(str::to_owned)
+        .cloned()
         .collect();
-    let result = match flag(&args, "--check") {
-        Some(dir) => check(Path::new(dir), &suites),
-        None => {
-            let dir = args.first().filter(|a| !a.starts_with('-'));
-            let dir = dir.unwrap_or_else(|| usage());
-            build(Path::new(dir), &suites, &args)
-        }
+    let result = match (&cli.check, &cli.dir) {
+        (Some(dir), _) => check(dir, &suites),
+        (None, Some(dir)) => build(dir, &suites, &cli),
+        (None, None) => Err("give DIR or --check DIR".to_owned()),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -126,7 +135,7 @@ fn features_text(features: &serde_json::Map<String, Value>) -> String {
     text
 }
 
-fn build(dir: &Path, suites: &[String], args: &[String]) -> Result<()> {
+fn build(dir: &Path, suites: &[String], cli: &Cli) -> Result<()> {
     let mut outputs = vec![];
     for suite in suites {
         let path = dir.join("suites").join(format!("{suite}.json"));
@@ -144,10 +153,9 @@ fn build(dir: &Path, suites: &[String], args: &[String]) -> Result<()> {
     if failed > 0 {
         eprintln!("report: {failed} train row(s) fail: their model's sides did not learn the same");
     }
-    let created = flag(args, "--created").unwrap_or("unknown");
     let meta = json!({
-        "created": created,
-        "quick": args.iter().any(|a| a == "--quick"),
+        "created": cli.created,
+        "quick": cli.quick,
         "machine": machine(),
     });
     let report = assemble(meta, &outputs);
@@ -159,7 +167,8 @@ fn build(dir: &Path, suites: &[String], args: &[String]) -> Result<()> {
     let md = markdown(&report);
     let md_path = dir.join("report.md");
     std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
-    let plots = kiln_benches::plot::write_plots(&report, &dir.join("plots"))?;
+    let typed = Report::from_value(&report)?;
+    let plots = kiln_benches::plot::write_plots(&typed, &dir.join("plots"))?;
     println!("{md}");
     eprintln!(
         "report: {} and {}, {} plot file(s) under {}",
@@ -247,5 +256,23 @@ mod tests {
             "AVX2, AVX-512, AVX512-BF16, AMX, AMX-BF16"
         );
         assert_eq!(features_text(&cpu_features("")), "none of AVX2/AVX-512/AMX");
+    }
+
+    #[test]
+    fn the_command_lines_xtask_uses_parse() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(
+            "kiln-bench-report DIR --suites train,serve --created T --quick".split_whitespace(),
+        )
+        .unwrap();
+        assert_eq!(cli.suites, ["train", "serve"]);
+        assert_eq!((cli.created.as_str(), cli.quick), ("T", true));
+        assert_eq!(cli.dir, Some(PathBuf::from("DIR")));
+        let cli = Cli::try_parse_from("kiln-bench-report --check D --suites a".split_whitespace())
+            .unwrap();
+        assert_eq!(cli.check, Some(PathBuf::from("D")));
+        assert!(Cli::try_parse_from(["kiln-bench-report", "--suites", "a"]).is_err());
+        assert!(Cli::try_parse_from(["kiln-bench-report", "DIR"]).is_err());
     }
 }

@@ -12,15 +12,14 @@ use std::time::{Duration, Instant};
 
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{bench_root, median, peers};
-use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
+use kiln_config::CudaGraphs;
 use kiln_device::settings::AmpDtype;
 use kiln_infer::serve::loadgen::{self, LoadReport};
 use kiln_infer::serve::{ServeConfig, Server};
-use kiln_train::models::{InputSpec, build};
 use serde_json::json;
-use tch::{Device, nn};
+use tch::Device;
 
-use super::{FEATURES, Result, factory};
+use super::{FEATURES, Result, factory, mlp};
 
 /// The load both servers get (the suite's settings).
 pub struct Load {
@@ -70,28 +69,9 @@ fn json_body() -> Vec<u8> {
     json!({ "inputs": sample }).to_string().into_bytes()
 }
 
-/// Writes the suite's model (seed 0, as `engine` builds it) as safetensors.
+/// Writes the suite's model (seed 0, as `engine` builds it: [`mlp`]) as safetensors.
 fn write_weights(path: &Path) -> Result<()> {
-    tch::manual_seed(0);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let plan = ModelPlan {
-        kind: ModelKind::Mlp,
-        dropout: 0.0,
-        d_model: 256,
-        heads: 8,
-        layers: 4,
-        ff: 1024,
-        hidden: vec![1024, 1024],
-        channels: vec![32, 64, 128],
-        activation_checkpointing: false,
-        script: None,
-    };
-    let input = InputSpec {
-        sample_shape: vec![FEATURES],
-        classes: 10,
-        target: None,
-    };
-    build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
+    let (vs, _model) = mlp(Device::Cpu)?;
     vs.save(path)
         .map_err(|e| format!("{}: {e}", path.display()))
 }

@@ -26,16 +26,18 @@ mod serve_peer;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use clap::{Args, Parser, Subcommand};
+use kiln_benches::args::parse_device;
 use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{
-    bench_root, device, device_name, flag, interleaved, median, median_of, number, numbers,
-    peak_memory_mib, python, suite_out,
+    SuiteArgs, bench_root, device_name, interleaved, median, median_of, peak_memory_mib,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
 use kiln_infer::serve::loadgen::{self, LoadReport};
 use kiln_infer::serve::{BatchRunner, RunnerFactory, ServeConfig, Server};
 use kiln_infer::{Engine, EngineOptions, LoadedModel};
+use kiln_train::model::Model;
 use kiln_train::models::{InputSpec, build};
 use serde_json::{Value, json};
 use tch::{Device, nn};
@@ -44,29 +46,67 @@ type Result<T> = std::result::Result<T, String>;
 
 const FEATURES: usize = 784;
 
-fn usage() -> ! {
-    eprintln!(
-        "usage: kiln-bench-serve [serve] [--quick] [--repeats N] [--clients N] [--requests N] \
-         [--max-batch N] [--max-wait-ms MS] [--threads N] [--out FILE]\n\
-         \x20      kiln-bench-serve infer [--quick] [--repeats N] [--threads N] [--device D] \
-         [--batch-sizes 1,2,4…] [--out FILE] [--python PY]\n\
-         \x20      kiln-bench-serve infer-probe [--precision fp32|bf16|fp16] [--batch N] \
-         [--batches N] [--warmup N] [--threads N] [--device D] [--graphs on|off]"
-    );
-    std::process::exit(2)
+/// `kiln-bench-serve`: the serve and infer suites, and the engine's probe.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-serve", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `serve` suite.
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Dynamic batching vs batch-size-1 serving, and vs LitServe.
+    Serve(SuiteArgs),
+    /// Offline inference vs PyTorch (eager, inference_mode, torch.compile; batch-size sweep).
+    Infer(SuiteArgs),
+    /// Times kiln's engine over batches of random host inputs; prints one JSON line.
+    InferProbe(InferProbeArgs),
+}
+
+/// `infer-probe`'s options.
+#[derive(Debug, Args)]
+struct InferProbeArgs {
+    /// fp32, bf16 or fp16.
+    #[arg(long, default_value = "fp32")]
+    precision: AmpDtype,
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    #[arg(long, default_value_t = 200)]
+    batches: usize,
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<Device>,
+    /// CUDA graphs: on, off or auto.
+    #[arg(long, default_value = "off", value_parser = parse_graphs)]
+    graphs: CudaGraphs,
+}
+
+fn parse_graphs(v: &str) -> Result<CudaGraphs> {
+    match v {
+        "on" => Ok(CudaGraphs::On),
+        "off" => Ok(CudaGraphs::Off),
+        "auto" => Ok(CudaGraphs::Auto),
+        other => Err(format!("`{other}`: expected on, off or auto")),
+    }
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        usage();
-    }
-    let rest = args.get(1..).unwrap_or_default();
-    let result = match args.first().map(String::as_str) {
-        Some("infer") => infer_suite(rest),
-        Some("infer-probe") => infer_probe(rest),
-        Some("serve") => compare(rest),
-        _ => compare(&args),
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => compare(&cli.suite),
+        Some(Sub::Serve(a)) => compare(&a),
+        Some(Sub::Infer(a)) => infer_suite(&a),
+        Some(Sub::InferProbe(a)) => infer_probe(&a),
     };
     if let Err(e) = result {
         eprintln!("error: {e}");
@@ -82,6 +122,32 @@ fn factory(max_batch: usize) -> RunnerFactory {
     })
 }
 
+/// The benchmark's model, an MLP on [`FEATURES`] features (1024, 1024 hidden, 10 classes), with
+/// random weights from seed 0: the engine serves it, and the serving peer gets its weights.
+fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let plan = ModelPlan {
+        kind: ModelKind::Mlp,
+        dropout: 0.0,
+        d_model: 256,
+        heads: 8,
+        layers: 4,
+        ff: 1024,
+        hidden: vec![1024, 1024],
+        channels: vec![32, 64, 128],
+        activation_checkpointing: false,
+        script: None,
+    };
+    let input = InputSpec {
+        sample_shape: vec![FEATURES],
+        classes: 10,
+        target: None,
+    };
+    let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
+    Ok((vs, model))
+}
+
 /// The benchmark's model (random weights, seed 0) behind an engine, warmed up at full batch.
 fn engine(
     device: Device,
@@ -89,43 +155,22 @@ fn engine(
     max_batch: usize,
     cuda_graphs: CudaGraphs,
 ) -> Result<Engine> {
-    {
-        tch::manual_seed(0);
-        let vs = nn::VarStore::new(device);
-        let plan = ModelPlan {
-            kind: ModelKind::Mlp,
-            dropout: 0.0,
-            d_model: 256,
-            heads: 8,
-            layers: 4,
-            ff: 1024,
-            hidden: vec![1024, 1024],
-            channels: vec![32, 64, 128],
-            activation_checkpointing: false,
-            script: None,
-        };
-        let input = InputSpec {
-            sample_shape: vec![FEATURES],
-            classes: 10,
-            target: None,
-        };
-        let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
-        let model =
-            LoadedModel::from_kiln(vs, model, "mlp 784-1024-1024-10", vec![FEATURES], precision);
-        let mut engine = Engine::new(
-            model,
-            vec![FEATURES],
-            EngineOptions {
-                max_batch,
-                cuda_graphs,
-            },
-        )
+    let (vs, model) = mlp(device)?;
+    let model =
+        LoadedModel::from_kiln(vs, model, "mlp 784-1024-1024-10", vec![FEATURES], precision);
+    let mut engine = Engine::new(
+        model,
+        vec![FEATURES],
+        EngineOptions {
+            max_batch,
+            cuda_graphs,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    engine
+        .run(&vec![0.0; FEATURES * max_batch], max_batch)
         .map_err(|e| e.to_string())?;
-        engine
-            .run(&vec![0.0; FEATURES * max_batch], max_batch)
-            .map_err(|e| e.to_string())?;
-        Ok(engine)
-    }
+    Ok(engine)
 }
 
 /// One measured run: a fresh server, a warm-up, then the load.
@@ -181,18 +226,18 @@ fn summary(reports: &[LoadReport]) -> Value {
     })
 }
 
-fn compare(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let repeats = number(args, "--repeats", if quick { 1 } else { 3 })?.max(1);
-    let clients = number(args, "--clients", 32)?.max(1);
-    let requests = number(args, "--requests", if quick { 2_000 } else { 6_000 })?.max(clients);
-    let max_batch = number(args, "--max-batch", 64)?.max(1);
-    let max_wait_ms: f64 = flag(args, "--max-wait-ms").map_or(Ok(2.0), |v| {
-        v.parse()
-            .map_err(|_| format!("--max-wait-ms `{v}` is not a number"))
-    })?;
-    let threads = number(args, "--threads", 1)?.max(1);
-    let out_path = suite_out(args, "serve");
+fn compare(a: &SuiteArgs) -> Result<()> {
+    let quick = a.quick;
+    let repeats = a.repeats_or(if quick { 1 } else { 3 }).max(1);
+    let clients = a.clients.unwrap_or(32).max(1);
+    let requests = a
+        .requests
+        .unwrap_or(if quick { 2_000 } else { 6_000 })
+        .max(clients);
+    let max_batch = a.max_batch.unwrap_or(64).max(1);
+    let max_wait_ms = a.max_wait_ms.unwrap_or(2.0);
+    let threads = a.threads_or(1).max(1);
+    let out_path = a.out_or("serve");
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     let max_wait = Duration::from_secs_f64(max_wait_ms / 1e3);
 
@@ -276,7 +321,7 @@ fn compare(args: &[String]) -> Result<()> {
     }
     // The serving peer: LitServe on the same model, limits and load (JSON requests).
     let load = serve_peer::Load {
-        python: python(args),
+        python: a.python.clone(),
         max_batch,
         max_wait,
         clients,
@@ -299,26 +344,15 @@ fn compare(args: &[String]) -> Result<()> {
     out.write(&out_path)
 }
 
-fn precision_arg(args: &[String]) -> Result<AmpDtype> {
-    flag(args, "--precision")
-        .unwrap_or("fp32")
-        .parse::<AmpDtype>()
-}
-
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
-fn infer_probe(args: &[String]) -> Result<()> {
-    let device = device(args)?;
-    let precision = precision_arg(args)?;
-    let batch = number(args, "--batch", 64)?.max(1);
-    let batches = number(args, "--batches", 200)?.max(1);
-    let warmup = number(args, "--warmup", 20)?;
-    let threads = number(args, "--threads", 2)?.max(1);
-    let graphs = match flag(args, "--graphs").unwrap_or("off") {
-        "on" => CudaGraphs::On,
-        "off" => CudaGraphs::Off,
-        "auto" => CudaGraphs::Auto,
-        other => return Err(format!("--graphs `{other}`: expected on, off or auto")),
-    };
+fn infer_probe(a: &InferProbeArgs) -> Result<()> {
+    let device = a.device.unwrap_or_else(Device::cuda_if_available);
+    let precision = a.precision;
+    let batch = a.batch.max(1);
+    let batches = a.batches.max(1);
+    let warmup = a.warmup;
+    let threads = a.threads.max(1);
+    let graphs = a.graphs;
     kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
     // The engine is ready once it has run its first (warm-up) batch.
     let start = Instant::now();
@@ -623,15 +657,15 @@ fn push_compile_rows(
     out.push(compile_time_row(&name, batch, (k, t)));
 }
 
-fn infer_suite(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let device = device(args)?;
+fn infer_suite(a: &SuiteArgs) -> Result<()> {
+    let quick = a.quick;
+    let device = a.device();
     let o = InferOpts {
         quick,
-        repeats: number(args, "--repeats", if quick { 1 } else { 3 })?.max(1),
-        threads: number(args, "--threads", 2)?.max(1).to_string(),
+        repeats: a.repeats_or(if quick { 1 } else { 3 }).max(1),
+        threads: a.threads_or(2).max(1).to_string(),
         dev: device_name(device),
-        python: python(args),
+        python: a.python.clone(),
         me: std::env::current_exe().map_err(|e| e.to_string())?,
         warmup: if quick { "5" } else { "20" },
         batches: if quick { "30" } else { "200" },
@@ -665,10 +699,10 @@ fn infer_suite(args: &[String]) -> Result<()> {
             "left out of --quick: compiling takes minutes",
         );
     }
-    runs.extend(infer_sweep(&o, &mut out, &numbers(args, "--batch-sizes")?)?);
+    runs.extend(infer_sweep(&o, &mut out, a.batch_sizes())?);
     out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
                          "timed_batches": o.batches, "auto_precision": auto, "runs": runs});
-    out.write(&suite_out(args, "infer"))
+    out.write(&a.out_or("infer"))
 }
 
 /// The rows at one batch size: kiln fp32 and kiln at its automatic precision `auto`, each
@@ -797,4 +831,36 @@ fn infer_sweep(o: &InferOpts, out: &mut SuiteOutput, sizes: &[usize]) -> Result<
         runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
     }
     Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_lines_xtask_and_the_opts_suite_use_parse() {
+        Cli::command().debug_assert();
+        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace());
+        let cli = parse("kiln-bench-serve infer --quick --device cpu --out F --threads 3").unwrap();
+        let Some(Sub::Infer(a)) = cli.command else {
+            panic!("not the infer suite: {cli:?}");
+        };
+        assert_eq!((a.device(), a.threads_or(2)), (Device::Cpu, 3));
+        let cli =
+            parse("kiln-bench-serve infer-probe --graphs on --batch 1 --device cuda").unwrap();
+        let Some(Sub::InferProbe(p)) = cli.command else {
+            panic!("not the probe: {cli:?}");
+        };
+        assert_eq!((p.graphs, p.batch), (CudaGraphs::On, 1));
+        let cli = parse("kiln-bench-serve --clients 8 --max-wait-ms 1.5").unwrap();
+        assert_eq!(
+            (cli.suite.clients, cli.suite.max_wait_ms),
+            (Some(8), Some(1.5))
+        );
+        let err = parse("kiln-bench-serve serve --clint 8")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--clint"), "{err}");
+    }
 }

@@ -1,0 +1,251 @@
+//! The ratio chart of one suite: a horizontal bar per comparison (kiln / baseline), coloured
+//! by its goal's verdict, with a tick at the goal and a dashed line at parity.
+
+use kiln_train::plot::{FONT, clip, fits, tick_label, usable};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use super::canvas::{
+    Chart, FAINT, Glyph, HEADER, INK, MAX_LABEL_SHARE, MET, MISSED, NO_GOAL, ROW_HEIGHT, WIDTH,
+    draw_err, header, legend, short,
+};
+use super::number;
+use crate::report::{Better, Comparison, GoalOp};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Met,
+    Missed,
+    /// No goal, or no verdict on it.
+    NoGoal,
+}
+
+impl Verdict {
+    /// A comparison's verdict on its goal.
+    fn of(c: &Comparison) -> Self {
+        match c.meets_goal {
+            Some(true) => Self::Met,
+            Some(false) => Self::Missed,
+            None => Self::NoGoal,
+        }
+    }
+
+    fn color(self) -> RGBColor {
+        match self {
+            Self::Met => MET,
+            Self::Missed => MISSED,
+            Self::NoGoal => NO_GOAL,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Met => "goal met",
+            Self::Missed => "goal missed",
+            Self::NoGoal => "no goal",
+        }
+    }
+}
+
+/// One bar: its label, ratio, goal and colour.
+#[derive(Debug, Clone)]
+pub struct Bar {
+    label: String,
+    ratio: Option<f64>,
+    goal: Option<(GoalOp, f64)>,
+    verdict: Verdict,
+}
+
+impl Bar {
+    pub fn of(c: &Comparison) -> Self {
+        let name = if c.name.is_empty() {
+            "(unnamed)"
+        } else {
+            c.name.as_str()
+        };
+        let label = match c.better {
+            Better::Lower => format!("{name} (lower is better)"),
+            Better::Higher => format!("{name} (higher is better)"),
+        };
+        Self {
+            label,
+            ratio: ratio_of(c),
+            goal: c.goal.as_ref().and_then(|g| Some((g.op, number(g.value)?))),
+            verdict: Verdict::of(c),
+        }
+    }
+
+    /// The text at the end of the bar: the ratio, and the goal if there is one.
+    fn value_text(&self) -> String {
+        let Some(ratio) = self.ratio else {
+            return "no value".to_owned();
+        };
+        match self.goal {
+            Some((GoalOp::AtMost, g)) => format!("{} (goal ≤ {})", short(ratio), short(g)),
+            Some((GoalOp::AtLeast, g)) => format!("{} (goal ≥ {})", short(ratio), short(g)),
+            None => short(ratio),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RatioChart {
+    pub title: String,
+    pub subtitle: String,
+    pub bars: Vec<Bar>,
+}
+
+impl Chart for RatioChart {
+    fn height(&self) -> u32 {
+        let rows = u32::try_from(self.bars.len()).unwrap_or(u32::MAX);
+        HEADER
+            .saturating_add(90)
+            .saturating_add(rows.saturating_mul(ROW_HEIGHT))
+            .clamp(320, 20_000)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+        let body = header(root, &self.title, &self.subtitle, HEADER)?;
+        let mut entries = Vec::new();
+        for verdict in [Verdict::Met, Verdict::Missed, Verdict::NoGoal] {
+            if self
+                .bars
+                .iter()
+                .any(|b| b.ratio.is_some() && b.verdict == verdict)
+            {
+                entries.push((Glyph::Swatch(verdict.color()), verdict.label().to_owned()));
+            }
+        }
+        if self.bars.iter().any(|b| b.goal.is_some()) {
+            entries.push((Glyph::Tick, "goal".to_owned()));
+        }
+        entries.push((Glyph::Dashed, "parity (1.0)".to_owned()));
+        legend(root, 74, &entries)?;
+
+        let n = self.bars.len();
+        let label_style = TextStyle::from((FONT, 14).into_font());
+        let max_label = (f64::from(WIDTH) * MAX_LABEL_SHARE) as u32;
+        let labels: Vec<String> = self
+            .bars
+            .iter()
+            .map(|b| clip(&b.label, 120, |t| fits(root, t, &label_style, max_label)))
+            .collect();
+        let label_width = labels
+            .iter()
+            .filter_map(|l| root.estimate_text_size(l, &label_style).ok())
+            .map(|(w, _)| w)
+            .max()
+            .unwrap_or(0)
+            .clamp(40, max_label)
+            + 16;
+
+        let values = self
+            .bars
+            .iter()
+            .flat_map(|b| [b.ratio, b.goal.map(|g| g.1)])
+            .flatten();
+        let (x_lo, x_hi) = ratio_range(values);
+        // Bar `i` is centred at y = rows - i - 0.5, so the report's first comparison is on top.
+        let rows = n as f64;
+        let centre = |i: usize| rows - i as f64 - 0.5;
+        let mut chart = ChartBuilder::on(&body)
+            .margin(12)
+            .margin_right(30)
+            .x_label_area_size(44)
+            .y_label_area_size(label_width)
+            .build_cartesian_2d(x_lo..x_hi, 0.0..rows)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(0)
+            .x_labels(10)
+            .max_light_lines(4)
+            .x_label_formatter(&|v| tick_label(*v, x_hi - x_lo))
+            .x_desc("kiln / baseline")
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
+            .light_line_style(RGBColor(240, 240, 240))
+            .bold_line_style(RGBColor(215, 215, 215))
+            .draw()
+            .map_err(draw_err)?;
+        // The bars' labels, right-aligned left of the y axis.
+        let label_style = label_style
+            .color(&INK)
+            .pos(Pos::new(HPos::Right, VPos::Center));
+        for (i, label) in labels.iter().enumerate() {
+            let (x, y) = chart.backend_coord(&(x_lo, centre(i)));
+            root.draw_text(label, &label_style, (x - 8, y))
+                .map_err(draw_err)?;
+        }
+
+        let zero = 0f64.clamp(x_lo, x_hi);
+        chart
+            .draw_series(self.bars.iter().enumerate().filter_map(|(i, b)| {
+                let r = b.ratio?;
+                let c = centre(i);
+                Some(Rectangle::new(
+                    [(zero, c - 0.31), (r, c + 0.31)],
+                    b.verdict.color().filled(),
+                ))
+            }))
+            .map_err(draw_err)?;
+        if (x_lo..=x_hi).contains(&1.0) {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(1.0, 0.0), (1.0, rows)],
+                    6,
+                    5,
+                    FAINT.stroke_width(2),
+                ))
+                .map_err(draw_err)?;
+        }
+        chart
+            .draw_series(self.bars.iter().enumerate().filter_map(|(i, b)| {
+                let (_, g) = b.goal?;
+                let c = centre(i);
+                Some(PathElement::new(
+                    vec![(g, c - 0.42), (g, c + 0.42)],
+                    INK.stroke_width(3),
+                ))
+            }))
+            .map_err(draw_err)?;
+        let value_style = TextStyle::from((FONT, 13).into_font())
+            .color(&INK)
+            .pos(Pos::new(HPos::Left, VPos::Center));
+        chart
+            .draw_series(self.bars.iter().enumerate().map(|(i, b)| {
+                // After the bar, or after the goal's tick if that is further right.
+                let end = match (b.ratio, b.goal) {
+                    (Some(r), Some((_, g))) => r.max(g),
+                    (Some(r), None) => r,
+                    (None, _) => zero,
+                }
+                .max(zero);
+                EmptyElement::at((end, centre(i)))
+                    + Text::new(b.value_text(), (8, 0), value_style.clone())
+            }))
+            .map_err(draw_err)?;
+        Ok(())
+    }
+}
+
+/// The x range of a ratio chart: from 0 (or the smallest value) past the largest of the values
+/// and 1.0, with room on the right for the value texts.
+pub fn ratio_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|v| usable(*v))
+        .fold((0f64, 1f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let width = hi - lo;
+    let lo = if lo < 0.0 { lo - width * 0.05 } else { lo };
+    (lo, hi + width * 0.3)
+}
+
+/// kiln / baseline: the report's, else computed from the two values; `None` where unusable.
+fn ratio_of(c: &Comparison) -> Option<f64> {
+    number(c.ratio).or_else(|| match (number(c.kiln), number(c.baseline)) {
+        (Some(k), Some(b)) if b != 0.0 => Some(k / b).filter(|r| usable(*r)),
+        _ => None,
+    })
+}

@@ -1,0 +1,197 @@
+//! `cargo xtask bench` suites over the train step, each side by side with PyTorch eager Python
+//! (`python/train_step.py`, fused AdamW on) on the same reference model, batch, thread count,
+//! device and fixed random batch:
+//!
+//! - `train` (the default): step-time ratios (kiln / PyTorch; below 1 means kiln is faster),
+//!   each step's model FLOP utilization against this machine's measured GEMM peak, the step
+//!   breakdown (data wait, forward, backward, optimizer) of both sides, and with
+//!   `--batch-sizes 1,2,4…` a sweep of throughput and peak memory over batch sizes. Besides
+//!   PyTorch eager, the transformer rows run against `torch.compile(model)` (default mode; not
+//!   in `--quick`), its compile time (the first step, from an empty inductor cache) a row apart.
+//! - `optimizer`: one AdamW step over the transformer's parameters: kiln's fused kernel against
+//!   the per-tensor update and against `torch.optim.AdamW` fused, foreach and single-tensor.
+//! - `opts`: one optimization toggled at a time on kiln's own step (precision, fused AdamW,
+//!   TF32, cuDNN benchmark, channels-last, loader workers, CUDA graphs), each one's speedup.
+//!
+//! `probe`, `gemm` and `optim-probe` are the kiln side of one measurement, each in its own
+//! process like the Python side, so neither inherits the other's threads, caches or flags.
+//!
+//! The suite is split by topic: `probe` (the kiln side of a train step, and the GEMM peak),
+//! `optimizer` (its probe and suite), `cases` (the train suite's rows), `suite` (the train
+//! suite), `opts` (the one-optimization-at-a-time suite).
+
+mod cases;
+mod optimizer;
+mod opts;
+mod probe;
+mod suite;
+
+use std::process::Command;
+
+use clap::{Parser, Subcommand};
+use kiln_benches::{SuiteArgs, bench_root, device_name, interleaved};
+use kiln_config::{ConfigRequest, Machine, ModelKind, ModelPlan};
+use serde_json::Value;
+use tch::Device;
+
+type Result<T> = std::result::Result<T, String>;
+
+/// `kiln-bench-train`: the train-step suites against PyTorch, and their kiln probes.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-train", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `train` suite.
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Train step vs PyTorch eager and torch.compile (MFU, step breakdown, batch-size sweep).
+    Train(SuiteArgs),
+    /// One AdamW step: kiln's fused kernel vs per-tensor ops and torch.optim.AdamW.
+    Optimizer(SuiteArgs),
+    /// One optimization at a time on kiln's own step.
+    Opts(SuiteArgs),
+    /// Times kiln's train step for one case; prints one JSON line.
+    Probe(probe::ProbeArgs),
+    /// This machine's GEMM peak through libtorch at one precision; prints one JSON line.
+    Gemm(probe::GemmArgs),
+    /// Times one AdamW step over the transformer's parameters; prints one JSON line.
+    OptimProbe(optimizer::OptimProbeArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => suite::train_suite(&cli.suite),
+        Some(Sub::Train(a)) => suite::train_suite(&a),
+        Some(Sub::Optimizer(a)) => optimizer::optimizer_suite(&a),
+        Some(Sub::Opts(a)) => opts::opts_suite(&a),
+        Some(Sub::Probe(a)) => probe::probe(&a),
+        Some(Sub::Gemm(a)) => probe::gemm(&a),
+        Some(Sub::OptimProbe(a)) => optimizer::optim_probe(&a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn model_plan(kind: ModelKind, dropout: f64) -> ModelPlan {
+    ModelPlan {
+        kind,
+        dropout,
+        d_model: 256,
+        heads: 8,
+        layers: 4,
+        ff: 1024,
+        hidden: vec![256, 256],
+        channels: vec![32, 64, 128],
+        activation_checkpointing: false,
+        script: None,
+    }
+}
+
+/// kiln's configuration resolved for `device` (its hardware profile, no user settings).
+fn resolved(device: Device) -> Result<kiln_config::Resolution> {
+    let mut req = ConfigRequest::new(Machine::Probe);
+    req.sets = vec![format!(
+        "device.request={}",
+        if device.is_cuda() { "cuda" } else { "cpu" }
+    )];
+    kiln_config::load(&req).map_err(|e| e.to_string())
+}
+
+/// Common options of the suites.
+struct Opts {
+    quick: bool,
+    repeats: usize,
+    threads: String,
+    device: Device,
+    python: String,
+    me: std::path::PathBuf,
+}
+
+impl Opts {
+    fn new(a: &SuiteArgs) -> Result<Self> {
+        Ok(Self {
+            quick: a.quick,
+            repeats: a.repeats_or(if a.quick { 1 } else { 3 }).max(1),
+            threads: a.threads_or(2).max(1).to_string(),
+            device: a.device(),
+            python: a.python.clone(),
+            me: std::env::current_exe().map_err(|e| e.to_string())?,
+        })
+    }
+
+    fn kiln(&self, mode: &str) -> Command {
+        let mut c = Command::new(&self.me);
+        c.arg(mode)
+            .args(["--threads", &self.threads])
+            .args(["--device", &device_name(self.device)]);
+        c
+    }
+
+    fn torch(&self) -> Command {
+        let mut c = Command::new(&self.python);
+        c.arg(bench_root().join("python/train_step.py"))
+            .args(["--threads", &self.threads])
+            .args(["--device", &device_name(self.device)]);
+        c
+    }
+
+    fn interleaved(&self, cmds: &[&dyn Fn() -> Command]) -> Result<Vec<Vec<Value>>> {
+        interleaved(self.repeats, cmds)
+    }
+}
+
+fn f(v: &Value, key: &str) -> f64 {
+    v[key].as_f64().unwrap_or(f64::NAN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(line: &str) -> std::result::Result<Cli, String> {
+        Cli::try_parse_from(line.split_whitespace()).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_command_lines_xtask_and_the_suites_use_parse() {
+        Cli::command().debug_assert();
+        let cli =
+            parse("kiln-bench-train train --quick --device cuda:0 --out F --python PY").unwrap();
+        let Some(Sub::Train(a)) = cli.command else {
+            panic!("not the train suite: {cli:?}");
+        };
+        assert_eq!(
+            (a.quick, a.device(), a.python.as_str()),
+            (true, Device::Cuda(0), "PY")
+        );
+        let cli = parse("kiln-bench-train --quick --batch-sizes 1,2,4").unwrap();
+        assert!(cli.command.is_none() && cli.suite.batch_sizes() == [1, 2, 4]);
+        assert!(matches!(
+            parse("kiln-bench-train probe --model mlp --precision auto --tf32 on --channels-last")
+                .unwrap()
+                .command,
+            Some(Sub::Probe(_))
+        ));
+        assert!(matches!(
+            parse("kiln-bench-train optim-probe --impl unfused --warmup 3 --steps 10")
+                .unwrap()
+                .command,
+            Some(Sub::OptimProbe(_))
+        ));
+        let err = parse("kiln-bench-train optimizer --quick --frobnicate").unwrap_err();
+        assert!(err.contains("--frobnicate"), "{err}");
+        let err = parse("kiln-bench-train probe --tf32 maybe").unwrap_err();
+        assert!(err.contains("expected on or off"), "{err}");
+    }
+}

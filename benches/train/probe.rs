@@ -1,0 +1,351 @@
+//! The kiln side of a train-step measurement (`probe`: kiln's trainer on one resident batch)
+//! and of the machine limit (`gemm`: the GEMM peak through libtorch at one precision).
+
+use std::time::Instant;
+
+use clap::Args;
+use kiln_benches::args::{parse_device, parse_on_off};
+use kiln_benches::{device_name, median, peak_memory_mib};
+use kiln_config::{ModelKind, OptimizerKind, ScheduleKind};
+use kiln_device::settings::AmpDtype;
+use kiln_torch_ext::flags::{self, Flag};
+use kiln_train::feed::DeviceBatch;
+use kiln_train::model::Model;
+use kiln_train::models::{InputSpec, TransformerShape, build, parameter_count};
+use kiln_train::run::synthetic_shape;
+use kiln_train::script::ScriptModel;
+use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::{Result, model_plan, resolved};
+
+/// `probe`'s options.
+#[derive(Debug, Args)]
+pub struct ProbeArgs {
+    /// mlp, transformer or convnet.
+    #[arg(long, default_value = "transformer")]
+    model: ModelKind,
+    /// fp32, bf16, fp16 or auto (kiln's choice for the device).
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<Device>,
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    #[arg(long, default_value_t = 30)]
+    steps: usize,
+    /// Steps timed phase by phase after the timed steps (0: no breakdown).
+    #[arg(long, default_value_t = 0)]
+    breakdown_steps: usize,
+    #[arg(long, default_value_t = 0.1)]
+    dropout: f64,
+    #[arg(long)]
+    channels_last: bool,
+    /// TF32 matmuls: on or off (default: kiln's profile).
+    #[arg(long, value_parser = parse_on_off)]
+    tf32: Option<bool>,
+    /// cuDNN benchmark mode: on or off (default: kiln's profile).
+    #[arg(long, value_parser = parse_on_off)]
+    cudnn_benchmark: Option<bool>,
+    /// The model's TorchScript twin (from `train_step.py --export-script`) instead.
+    #[arg(long, value_name = "MODEL.pt")]
+    script: Option<String>,
+}
+
+/// `gemm`'s options.
+#[derive(Debug, Args)]
+pub struct GemmArgs {
+    /// fp32, tf32, bf16 or fp16.
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<Device>,
+}
+
+/// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
+fn flops_per_step(kind: ModelKind, batch: usize) -> f64 {
+    let forward = match kind {
+        ModelKind::Mlp => 2.0 * (64.0 * 256.0 + 256.0 * 256.0 + 256.0 * 10.0),
+        ModelKind::Transformer => TransformerShape {
+            seq_len: 64,
+            features: 469,
+            d_model: 256,
+            heads: 8,
+            layers: 4,
+            ff: 1024,
+            classes: 100,
+        }
+        .forward_flops_per_sample() as f64,
+        ModelKind::ConvNet => 20_646_400.0,
+        // The benchmarked TorchScript module is the transformer's twin.
+        ModelKind::TorchScript => return flops_per_step(ModelKind::Transformer, batch),
+    };
+    3.0 * forward * batch as f64
+}
+
+/// Applies kiln's profile backend settings on a GPU (what `kiln train` does there), then the
+/// probe's explicit `--tf32` / `--cudnn-benchmark`; returns whether fp32 matmuls use TF32.
+fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
+    if let Device::Cuda(i) = device {
+        let plan = resolved(device)?.plan;
+        kiln_device::settings::apply(&plan.performance.backend, kiln_device::Device::Cuda(i));
+    }
+    if let Some(on) = a.tf32 {
+        flags::set_flag(Flag::Tf32CuBlas, on).map_err(|e| e.to_string())?;
+        flags::set_flag(Flag::Tf32CuDnn, on).map_err(|e| e.to_string())?;
+    }
+    if let Some(on) = a.cudnn_benchmark {
+        flags::set_flag(Flag::CuDnnBenchmark, on).map_err(|e| e.to_string())?;
+    }
+    Ok(device.is_cuda() && flags::flag(Flag::Tf32CuBlas).unwrap_or(false))
+}
+
+fn settings(precision: AmpDtype) -> TrainSettings {
+    TrainSettings {
+        epochs: 1,
+        precision,
+        optimizer: OptimizerKind::AdamW,
+        lr: 1e-3,
+        weight_decay: 0.01,
+        momentum: 0.0,
+        grad_accum_steps: 1,
+        clip_grad_norm: 0.0,
+        schedule: ScheduleKind::Constant,
+        warmup_steps: 0,
+        min_lr: 0.0,
+        loss_scale: kiln_config::LossScalePlan {
+            init: 65536.0,
+            growth: 2.0,
+            backoff: 0.5,
+            growth_interval: 2000,
+        },
+        log_interval: 1,
+        empty_cache_interval: 0,
+        max_bad_steps: 10,
+        loss: kiln_config::LossKind::Auto,
+    }
+}
+
+/// What the probe's steps gave: the timed steps' seconds, every step's loss, the first step's
+/// seconds and the phase breakdown of the breakdown steps.
+struct Steps {
+    times: Vec<f64>,
+    losses: Vec<f64>,
+    first_step: f64,
+    breakdown: Option<Value>,
+}
+
+/// Times kiln's train step for one case; prints one JSON line.
+pub fn probe(a: &ProbeArgs) -> Result<()> {
+    let kind = a.model;
+    let device = a.device.unwrap_or_else(Device::cuda_if_available);
+    let precision = if a.precision == "auto" {
+        resolved(device)?.plan.train.amp
+    } else {
+        a.precision.parse::<AmpDtype>()?
+    };
+    let batch = a.batch.max(1);
+    let threads = a.threads.max(1);
+    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let tf32 = backend(a, device)?;
+    tch::manual_seed(0);
+
+    let (shape, classes) = synthetic_shape(kind).ok_or("no synthetic data for this model")?;
+    let vs = nn::VarStore::new(device);
+    let input = InputSpec {
+        sample_shape: shape.clone(),
+        classes,
+        target: None,
+    };
+    // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`.
+    let model: Box<dyn Model> = match &a.script {
+        Some(path) => {
+            Box::new(ScriptModel::load(std::path::Path::new(path), &vs).map_err(|e| e.to_string())?)
+        }
+        None => build(
+            &model_plan(kind, a.dropout),
+            &input,
+            &vs,
+            a.channels_last,
+            0,
+        )
+        .map_err(|e| e.to_string())?,
+    };
+    let mut trainer = Trainer::new(
+        model.as_ref(),
+        kind.as_str(),
+        &vs,
+        settings(precision),
+        device,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut dims = vec![batch as i64];
+    dims.extend(shape.iter().map(|&d| d as i64));
+    let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
+    let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, device));
+    let s = run_steps(a, &mut trainer, (&features, &labels))?;
+    let median = median(s.times.clone());
+    let flops = flops_per_step(kind, batch);
+    let (memory, memory_kind) = peak_memory_mib(device);
+    println!(
+        "{}",
+        json!({
+            "framework": "kiln",
+            "torch_version": kiln_torch_ext::runtime::torch_version(),
+            "device": device_name(device),
+            "model": kind.as_str(),
+            "torchscript": a.script,
+            "precision": precision_name(precision),
+            "precision_requested": a.precision,
+            "tf32": tf32,
+            "batch": batch,
+            "threads": threads,
+            "params": parameter_count(&vs),
+            "flops_per_step": flops,
+            "step_s_median": median,
+            "step_s_min": s.times.iter().copied().fold(f64::INFINITY, f64::min),
+            "samples_per_s": batch as f64 / median,
+            "gflops": flops / median / 1e9,
+            "first_step_s": s.first_step,
+            "loss_first": s.losses.first(),
+            "loss_last": s.losses.last(),
+            "breakdown": s.breakdown,
+            "peak_memory_mib": memory,
+            "peak_memory_kind": memory_kind,
+        })
+    );
+    Ok(())
+}
+
+/// The warm-up, timed and breakdown steps on one resident batch.
+fn run_steps(
+    a: &ProbeArgs,
+    trainer: &mut Trainer<'_>,
+    (features, labels): (&Tensor, &Tensor),
+) -> Result<Steps> {
+    let (warmup, steps, breakdown_steps) = (a.warmup, a.steps.max(1), a.breakdown_steps);
+    let batch = a.batch.max(1);
+    let mut times = Vec::with_capacity(steps);
+    let mut losses = vec![];
+    let mut data_wait = 0.0;
+    let mut first_step = f64::NAN;
+    for i in 0..warmup + steps + breakdown_steps {
+        if i == warmup + steps {
+            trainer.set_phase_timing(true);
+        }
+        let start = Instant::now();
+        // One resident batch, as on the Python side: the data wait is fetching it.
+        let batch_in = DeviceBatch {
+            features: features.shallow_clone(),
+            targets: labels.shallow_clone(),
+            indices: vec![],
+            number: i,
+        };
+        if i >= warmup + steps {
+            data_wait += start.elapsed().as_secs_f64();
+        }
+        let out = trainer
+            .train_step(&[batch_in], 1e-3)
+            .map_err(|e| e.to_string())?;
+        // Read the loss each step, as a training loop that logs does (loss.item()).
+        let loss = out
+            .sums
+            .values
+            .f_double_value(&[0])
+            .map_err(|e| e.to_string())?
+            / batch as f64;
+        if (warmup..warmup + steps).contains(&i) {
+            times.push(start.elapsed().as_secs_f64());
+        }
+        if i == 0 {
+            first_step = start.elapsed().as_secs_f64();
+        }
+        losses.push(loss);
+    }
+    if losses.iter().any(|l| !l.is_finite()) {
+        return Err(format!("non-finite loss during training: {losses:?}"));
+    }
+    let breakdown = trainer.phase_times().map(|t| {
+        let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / breakdown_steps as f64;
+        json!({
+            "data_wait_ms": data_wait * 1e3 / breakdown_steps as f64,
+            "forward_ms": per(t.forward),
+            "backward_ms": per(t.backward),
+            "optimizer_ms": per(t.optimizer),
+        })
+    });
+    Ok(Steps {
+        times,
+        losses,
+        first_step,
+        breakdown,
+    })
+}
+
+/// This machine's GEMM peak through libtorch at one precision (best GFLOP/s over large
+/// shapes), the device synchronised around each timed call.
+pub fn gemm(a: &GemmArgs) -> Result<()> {
+    let threads = a.threads.max(1);
+    let device = a.device.unwrap_or_else(Device::cuda_if_available);
+    let precision = a.precision.as_str();
+    let kind = match precision {
+        "fp32" | "tf32" => Kind::Float,
+        "bf16" => Kind::BFloat16,
+        "fp16" => Kind::Half,
+        other => {
+            return Err(format!(
+                "--precision `{other}`: expected fp32, tf32, bf16 or fp16"
+            ));
+        }
+    };
+    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    if device.is_cuda() {
+        flags::set_flag(Flag::Tf32CuBlas, precision == "tf32").map_err(|e| e.to_string())?;
+    }
+    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
+    let mut best: f64 = 0.0;
+    let mut shapes = vec![];
+    let sizes: &[(i64, i64, i64)] = if device.is_cuda() {
+        &[(8192, 8192, 8192), (4096, 4096, 4096)]
+    } else {
+        &[(2048, 1024, 1024), (4096, 4096, 4096), (2048, 256, 1024)]
+    };
+    for &(m, k, n) in sizes {
+        let a = Tensor::randn([m, k], (kind, device));
+        let b = Tensor::randn([k, n], (kind, device));
+        for _ in 0..3 {
+            let _ = a.f_matmul(&b).map_err(|e| e.to_string())?;
+        }
+        let iters = if device.is_cuda() || m * k * n <= 1 << 32 {
+            10
+        } else {
+            3
+        };
+        let mut fastest = f64::INFINITY;
+        for _ in 0..iters {
+            sync()?;
+            let start = Instant::now();
+            let _ = a.f_matmul(&b).map_err(|e| e.to_string())?;
+            sync()?;
+            fastest = fastest.min(start.elapsed().as_secs_f64());
+        }
+        let gflops = 2.0 * (m * k * n) as f64 / fastest / 1e9;
+        shapes.push(json!({"shape": [m, k, n], "gflops": gflops}));
+        best = best.max(gflops);
+    }
+    println!(
+        "{}",
+        json!({"gemm_gflops": best, "precision": precision, "device": device_name(device),
+               "threads": threads, "shapes": shapes})
+    );
+    Ok(())
+}
