@@ -254,7 +254,8 @@ fn timestamps(secs: u64) -> (String, String) {
     )
 }
 
-fn build(root: &Path, settings: &Settings, bins: &[&str]) -> Result<()> {
+/// `cargo build --release -p kiln-benches --bin …` for `bins`.
+pub fn build(root: &Path, settings: &Settings, bins: &[&str]) -> Result<()> {
     let mut build = Command::new(util::cargo());
     build
         .current_dir(root)

@@ -69,7 +69,7 @@ pub fn run(
     let req = parse(args)?;
     util::step("building release kiln and the benchmark binaries");
     crate::kiln::build_cli(root, settings)?;
-    build_benches(root, settings)?;
+    crate::bench::build(root, settings, &BENCH_BINS)?;
     let release = target_dir(root).join("release");
     if let Some(dir) = &req.pack {
         pack(root, &release, dir)?;
@@ -89,25 +89,6 @@ pub fn run(
             .and_then(|c| u8::try_from(c).ok())
             .unwrap_or(1),
     ))
-}
-
-fn build_benches(root: &Path, settings: &Settings) -> Result<()> {
-    let mut build = Command::new(util::cargo());
-    build
-        .current_dir(root)
-        .args(["build", "--release", "--package", "kiln-benches"]);
-    for bin in BENCH_BINS {
-        build.args(["--bin", bin]);
-    }
-    apply_env(&mut build, settings);
-    let status = util::status_of(&mut build)?;
-    if !status.success() {
-        bail!(
-            "building the benchmarks failed ({})",
-            util::describe_status(status)
-        );
-    }
-    Ok(())
 }
 
 /// The bundle: `bin/` (kiln and the bench binaries, stripped), `python/` (the baselines'
