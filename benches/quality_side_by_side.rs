@@ -192,7 +192,9 @@ fn kiln_run(args: &[String]) -> Result<()> {
     let data = PathBuf::from(flag(args, "--data").ok_or("--data DIR is needed")?);
     let seed = number(args, "--seed", 0)?;
     let runs = tempfile_dir(&data.join(format!("runs-{seed}")))?;
-    let mut req = ConfigRequest::new(Machine::Probe);
+    let mut req = ConfigRequest::new(Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = [
         "device.request=cpu".to_owned(),
         "model.name=transformer".to_owned(),
@@ -217,7 +219,7 @@ fn kiln_run(args: &[String]) -> Result<()> {
     // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
     // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
     if !args.iter().any(|a| a == "--auto-precision") {
-        req.sets.push("train.amp=none".to_owned());
+        req.sets.push("train.amp=fp32".to_owned());
     }
     // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
     req.sets.extend(

@@ -303,6 +303,7 @@ fn precision_arg(args: &[String]) -> Result<AmpDtype> {
     flag(args, "--precision")
         .unwrap_or("fp32")
         .parse::<AmpDtype>()
+        .map_err(|e| format!("--precision: {e}"))
 }
 
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
@@ -378,7 +379,9 @@ fn infer_probe(args: &[String]) -> Result<()> {
 /// kiln's inference precision on `device` when the user sets none (`infer.precision` from the
 /// hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
 fn auto_precision(device: Device) -> Result<AmpDtype> {
-    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probe);
+    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = vec![format!(
         "device.request={}",
         if device.is_cuda() { "cuda" } else { "cpu" }

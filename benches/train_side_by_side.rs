@@ -115,7 +115,9 @@ fn flops_per_step(kind: ModelKind, batch: usize) -> f64 {
 
 /// kiln's configuration resolved for `device` (its hardware profile, no user settings).
 fn resolved(device: Device) -> Result<kiln_config::Resolution> {
-    let mut req = ConfigRequest::new(Machine::Probe);
+    let mut req = ConfigRequest::new(Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = vec![format!(
         "device.request={}",
         if device.is_cuda() { "cuda" } else { "cpu" }
@@ -186,7 +188,9 @@ fn probe(args: &[String]) -> Result<()> {
     let precision = if precision_arg == "auto" {
         resolved(device)?.plan.train.amp
     } else {
-        precision_arg.parse::<AmpDtype>()?
+        precision_arg
+            .parse::<AmpDtype>()
+            .map_err(|e| format!("--precision: {e}"))?
     };
     let batch = number(args, "--batch", 32)?.max(1);
     let threads = number(args, "--threads", 2)?.max(1);

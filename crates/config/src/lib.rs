@@ -7,7 +7,8 @@
 //! (unknown keys rejected with a "did you mean"); [`plan`] validates them into a typed
 //! [`RunPlan`] whose every value knows the layer that set it ([`Provenance`]).
 //!
-//! Layering: knows `kiln-device` and `kiln-profiles`, nothing above them.
+//! Layering: knows `kiln-core` and `kiln-profiles`, nothing above them, and no libtorch: the
+//! caller probes the machine (`kiln_device::probe::probe`) and passes its facts in a [`Machine`].
 
 mod error;
 mod layers;

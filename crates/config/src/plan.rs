@@ -4,9 +4,11 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use kiln_device::DeviceRequest;
-use kiln_device::settings::{AmpDtype, BackendSettings, Determinism, parse_matmul_precision};
+use kiln_core::settings::{AmpDtype, BackendSettings, Determinism, MatmulPrecision};
+use kiln_core::{DeviceRequest, OptionError};
 use serde::Serialize;
+
+pub use kiln_core::options::{CudaGraphs, LossKind, OptimizerKind, ProfileUnit, ScheduleKind};
 
 use crate::ConfigError;
 use crate::layers::Layer;
@@ -67,57 +69,6 @@ impl ModelKind {
     }
 }
 
-/// How the loss is computed from the model's output and the target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LossKind {
-    /// From the dataset's target: cross-entropy for classes, MSE for values.
-    Auto,
-    CrossEntropy,
-    Mse,
-    L1,
-    Huber,
-    BceWithLogits,
-    /// The module's own `loss(output, target)` method (TorchScript models).
-    Module,
-}
-
-impl LossKind {
-    pub const ALL: [LossKind; 7] = [
-        Self::Auto,
-        Self::CrossEntropy,
-        Self::Mse,
-        Self::L1,
-        Self::Huber,
-        Self::BceWithLogits,
-        Self::Module,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Auto => "auto",
-            Self::CrossEntropy => "cross_entropy",
-            Self::Mse => "mse",
-            Self::L1 => "l1",
-            Self::Huber => "huber",
-            Self::BceWithLogits => "bce_with_logits",
-            Self::Module => "module",
-        }
-    }
-}
-
-impl std::str::FromStr for LossKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let s = s.trim().to_ascii_lowercase();
-        Self::ALL
-            .into_iter()
-            .find(|m| m.as_str() == s)
-            .ok_or_else(|| {
-                "use auto, cross_entropy, mse, l1, huber, bce_with_logits or module".to_owned()
-            })
-    }
-}
-
 impl std::fmt::Display for ModelKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -152,19 +103,6 @@ pub struct ModelPlan {
     pub activation_checkpointing: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OptimizerKind {
-    AdamW,
-    Sgd,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScheduleKind {
-    Constant,
-    /// Linear warmup, then cosine decay to `min_lr`.
-    Cosine,
-}
-
 /// The dynamic loss scaler's settings (fp16 only).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossScalePlan {
@@ -172,13 +110,6 @@ pub struct LossScalePlan {
     pub growth: f64,
     pub backoff: f64,
     pub growth_interval: u64,
-}
-
-/// What `wait`, `warmup` and `active` count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProfileUnit {
-    Steps,
-    Epochs,
 }
 
 /// The profiler's schedule and what it records (seed 002): skip `wait`, warm up for `warmup`,
@@ -242,33 +173,6 @@ pub struct InferPlan {
     pub cuda_graphs: CudaGraphs,
 }
 
-/// `infer.cuda_graphs`: whether inference captures and replays CUDA graphs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CudaGraphs {
-    /// On CUDA with static shapes; otherwise eager, with a log line saying why.
-    Auto,
-    /// Required: fail when graphs cannot be used.
-    On,
-    Off,
-}
-
-impl CudaGraphs {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CudaGraphs::Auto => "auto",
-            CudaGraphs::On => "on",
-            CudaGraphs::Off => "off",
-        }
-    }
-}
-
-impl std::fmt::Display for CudaGraphs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
 /// The `serve` section: the inference server's address and batching limits.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServePlan {
@@ -314,14 +218,6 @@ fn join(values: &[u64]) -> String {
         .join(",")
 }
 
-fn determinism_str(d: Determinism) -> &'static str {
-    match d {
-        Determinism::Off => "off",
-        Determinism::Warn => "warn",
-        Determinism::Error => "error",
-    }
-}
-
 impl RunPlan {
     /// Every key with its resolved value as text, in the order of [`crate::raw::KEYS`].
     pub fn entries(&self) -> Vec<(&'static str, String)> {
@@ -344,10 +240,7 @@ impl RunPlan {
                 "performance.cudnn_deterministic",
                 p.cudnn_deterministic.to_string(),
             ),
-            (
-                "performance.deterministic",
-                determinism_str(p.deterministic).to_owned(),
-            ),
+            ("performance.deterministic", p.deterministic.to_string()),
             ("performance.memory_fraction", p.memory_fraction.to_string()),
             (
                 "performance.empty_cache_interval",
@@ -405,14 +298,7 @@ impl RunPlan {
             ("train.amp", self.train.amp.to_string()),
             ("train.epochs", self.train.epochs.to_string()),
             ("train.lr", self.train.lr.to_string()),
-            (
-                "train.optimizer",
-                match self.train.optimizer {
-                    OptimizerKind::AdamW => "adamw",
-                    OptimizerKind::Sgd => "sgd",
-                }
-                .to_owned(),
-            ),
+            ("train.optimizer", self.train.optimizer.to_string()),
             ("train.weight_decay", self.train.weight_decay.to_string()),
             ("train.momentum", self.train.momentum.to_string()),
             (
@@ -423,14 +309,7 @@ impl RunPlan {
                 "train.clip_grad_norm",
                 self.train.clip_grad_norm.to_string(),
             ),
-            (
-                "train.schedule",
-                match self.train.schedule {
-                    ScheduleKind::Constant => "constant",
-                    ScheduleKind::Cosine => "cosine",
-                }
-                .to_owned(),
-            ),
+            ("train.schedule", self.train.schedule.to_string()),
             ("train.warmup_steps", self.train.warmup_steps.to_string()),
             ("train.min_lr", self.train.min_lr.to_string()),
             (
@@ -451,7 +330,7 @@ impl RunPlan {
             ),
             ("train.log_interval", self.train.log_interval.to_string()),
             ("train.max_bad_steps", self.train.max_bad_steps.to_string()),
-            ("train.loss", self.train.loss.as_str().to_owned()),
+            ("train.loss", self.train.loss.to_string()),
             ("checkpoint.enabled", self.checkpoint.enabled.to_string()),
             (
                 "checkpoint.every_steps",
@@ -486,14 +365,7 @@ impl RunPlan {
             ("profiling.warmup", self.profiling.warmup.to_string()),
             ("profiling.active", self.profiling.active.to_string()),
             ("profiling.repeat", self.profiling.repeat.to_string()),
-            (
-                "profiling.unit",
-                match self.profiling.unit {
-                    ProfileUnit::Steps => "steps",
-                    ProfileUnit::Epochs => "epochs",
-                }
-                .to_owned(),
-            ),
+            ("profiling.unit", self.profiling.unit.to_string()),
             (
                 "profiling.record_shapes",
                 self.profiling.record_shapes.to_string(),
@@ -549,10 +421,14 @@ pub(crate) fn validate(
             Err(invalid(key, v.to_string(), "must be at least 1".to_owned()))
         }
     };
-    let amp = |key: &str, v: String| {
-        v.parse::<AmpDtype>()
-            .map_err(|e| invalid(key, format!("{v:?}"), e))
-    };
+    // An option's word, parsed by its enum; the error says what is valid.
+    macro_rules! option {
+        ($v:expr, $key:literal) => {{
+            let text = need!($v, $key);
+            text.parse()
+                .map_err(|e: OptionError| invalid($key, format!("{text:?}"), e.usage()))?
+        }};
+    }
 
     let request_text = need!(raw.device.request, "device.request");
     let device_request = request_text.parse::<DeviceRequest>().map_err(|_| {
@@ -564,22 +440,9 @@ pub(crate) fn validate(
     })?;
 
     let p = raw.performance;
-    let mp_text = need!(p.matmul_precision, "performance.matmul_precision");
-    let matmul_precision = parse_matmul_precision(&mp_text)
-        .map_err(|e| invalid("performance.matmul_precision", format!("{mp_text:?}"), e))?;
-    let det_text = need!(p.deterministic, "performance.deterministic");
-    let deterministic = match det_text.trim().to_ascii_lowercase().as_str() {
-        "off" | "false" => Determinism::Off,
-        "warn" => Determinism::Warn,
-        "error" | "on" | "true" => Determinism::Error,
-        _ => {
-            return Err(invalid(
-                "performance.deterministic",
-                format!("{det_text:?}"),
-                "use off, warn or error".to_owned(),
-            ));
-        }
-    };
+    let matmul_precision: MatmulPrecision =
+        option!(p.matmul_precision, "performance.matmul_precision");
+    let deterministic: Determinism = option!(p.deterministic, "performance.deterministic");
     let memory_fraction = need!(p.memory_fraction, "performance.memory_fraction");
     if !(memory_fraction > 0.0 && memory_fraction <= 1.0) {
         return Err(invalid(
@@ -681,30 +544,8 @@ pub(crate) fn validate(
     let t = raw.train;
     let lr = need!(t.lr, "train.lr");
     let lr = in_range("train.lr", lr, lr > 0.0, "must be a number > 0")?;
-    let optimizer_text = need!(t.optimizer, "train.optimizer");
-    let optimizer = match optimizer_text.trim().to_ascii_lowercase().as_str() {
-        "adamw" => OptimizerKind::AdamW,
-        "sgd" => OptimizerKind::Sgd,
-        _ => {
-            return Err(invalid(
-                "train.optimizer",
-                format!("{optimizer_text:?}"),
-                "use adamw or sgd".to_owned(),
-            ));
-        }
-    };
-    let schedule_text = need!(t.schedule, "train.schedule");
-    let schedule = match schedule_text.trim().to_ascii_lowercase().as_str() {
-        "constant" => ScheduleKind::Constant,
-        "cosine" => ScheduleKind::Cosine,
-        _ => {
-            return Err(invalid(
-                "train.schedule",
-                format!("{schedule_text:?}"),
-                "use constant or cosine".to_owned(),
-            ));
-        }
-    };
+    let optimizer: OptimizerKind = option!(t.optimizer, "train.optimizer");
+    let schedule: ScheduleKind = option!(t.schedule, "train.schedule");
     let non_negative = |key: &str, v: f64| in_range(key, v, v >= 0.0, "must be a number >= 0");
     let momentum = need!(t.momentum, "train.momentum");
     let min_lr = non_negative("train.min_lr", need!(t.min_lr, "train.min_lr"))?;
@@ -735,7 +576,7 @@ pub(crate) fn validate(
     let train = TrainPlan {
         batch_size,
         batch_size_auto,
-        amp: amp("train.amp", need!(t.amp, "train.amp"))?,
+        amp: option!(t.amp, "train.amp"),
         epochs: at_least_1("train.epochs", need!(t.epochs, "train.epochs"))?,
         lr,
         optimizer,
@@ -790,11 +631,7 @@ pub(crate) fn validate(
             "train.max_bad_steps",
             need!(t.max_bad_steps, "train.max_bad_steps"),
         )?,
-        loss: {
-            let text = need!(t.loss, "train.loss");
-            text.parse::<LossKind>()
-                .map_err(|e| invalid("train.loss", format!("{text:?}"), e))?
-        },
+        loss: option!(t.loss, "train.loss"),
     };
     let c = raw.checkpoint;
     let checkpoint = CheckpointPlan {
@@ -811,25 +648,8 @@ pub(crate) fn validate(
             "infer.batch_size",
             need!(raw.infer.batch_size, "infer.batch_size"),
         )?,
-        precision: amp(
-            "infer.precision",
-            need!(raw.infer.precision, "infer.precision"),
-        )?,
-        cuda_graphs: {
-            let text = need!(raw.infer.cuda_graphs, "infer.cuda_graphs");
-            match text.trim().to_ascii_lowercase().as_str() {
-                "auto" => CudaGraphs::Auto,
-                "on" | "true" => CudaGraphs::On,
-                "off" | "false" => CudaGraphs::Off,
-                _ => {
-                    return Err(invalid(
-                        "infer.cuda_graphs",
-                        format!("{text:?}"),
-                        "use auto, on or off".to_owned(),
-                    ));
-                }
-            }
-        },
+        precision: option!(raw.infer.precision, "infer.precision"),
+        cuda_graphs: option!(raw.infer.cuda_graphs, "infer.cuda_graphs"),
     };
     let sv = raw.serve;
     let host_text = need!(sv.host, "serve.host");
@@ -870,23 +690,12 @@ pub(crate) fn validate(
         )?,
     };
     let pr = raw.profiling;
-    let unit_text = need!(pr.unit, "profiling.unit");
     let profiling = ProfilingPlan {
         wait: need!(pr.wait, "profiling.wait"),
         warmup: need!(pr.warmup, "profiling.warmup"),
         active: need!(pr.active, "profiling.active"),
         repeat: need!(pr.repeat, "profiling.repeat"),
-        unit: match unit_text.trim().to_ascii_lowercase().as_str() {
-            "steps" | "step" => ProfileUnit::Steps,
-            "epochs" | "epoch" => ProfileUnit::Epochs,
-            _ => {
-                return Err(invalid(
-                    "profiling.unit",
-                    format!("{unit_text:?}"),
-                    "use steps or epochs".to_owned(),
-                ));
-            }
-        },
+        unit: option!(pr.unit, "profiling.unit"),
         record_shapes: need!(pr.record_shapes, "profiling.record_shapes"),
         profile_memory: need!(pr.profile_memory, "profiling.profile_memory"),
         with_stack: need!(pr.with_stack, "profiling.with_stack"),

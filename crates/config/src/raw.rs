@@ -99,7 +99,7 @@ pub struct RawTrain {
     /// A number, or "auto" to search for one on this machine.
     #[serde(deserialize_with = "batch_size")]
     pub batch_size: Option<RawBatchSize>,
-    /// none, fp16 or bf16.
+    /// fp32, fp16 or bf16 (none is accepted for fp32).
     pub amp: Option<String>,
     #[serde(deserialize_with = "lenient_u64")]
     pub epochs: Option<u64>,
@@ -159,7 +159,7 @@ pub struct RawCheckpoint {
 pub struct RawInfer {
     #[serde(deserialize_with = "lenient_u64")]
     pub batch_size: Option<u64>,
-    /// none, fp16 or bf16.
+    /// fp32, fp16 or bf16 (none is accepted for fp32).
     pub precision: Option<String>,
     /// auto, on or off: replay CUDA graphs for static input shapes.
     pub cuda_graphs: Option<String>,

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use figment::providers::{Env, Format, Json, Toml, Yaml};
 use figment::value::Value;
 use figment::{Figment, Metadata, Source};
-use kiln_device::select::select;
-use kiln_device::settings::AmpDtype;
-use kiln_device::{DeviceRequest, MachineFacts, Selection};
+use kiln_core::select::select;
+use kiln_core::settings::AmpDtype;
+use kiln_core::{DeviceRequest, MachineFacts, Selection};
 use kiln_profiles::{ProfileSet, Resolved, edit_distance, resolve};
 
 use crate::ConfigError;
@@ -19,13 +19,23 @@ use crate::layers::{Layer, NamedLayer, parse_set_value};
 use crate::plan::{Provenance, RunPlan, validate};
 use crate::raw::{KEYS, RawConfig};
 
-/// Where the machine's facts come from.
+/// The machine a configuration is for. This crate does not link libtorch, so it cannot probe:
+/// the caller does (`kiln_device::probe::probe()`) and passes the facts.
 #[derive(Debug, Clone)]
 pub enum Machine {
-    /// Probe this machine.
-    Probe,
-    /// Use these facts instead (`--simulate-gpu`, tests).
+    /// This machine, as probed.
+    Probed(MachineFacts),
+    /// Another machine (`--simulate-gpu`, tests).
     Simulated(MachineFacts),
+}
+
+impl Machine {
+    /// The machine's facts, probed or simulated.
+    pub fn facts(&self) -> &MachineFacts {
+        match self {
+            Machine::Probed(facts) | Machine::Simulated(facts) => facts,
+        }
+    }
 }
 
 /// What to load: the user's file, `--set` arguments and friendly flags, and the machine.
@@ -92,7 +102,7 @@ fn defaults() -> NamedLayer {
         .set("model.channels", "32,64,128")
         .set("model.activation_checkpointing", false)
         .set("train.batch_size", 32)
-        .set("train.amp", "none")
+        .set("train.amp", "fp32")
         .set("train.epochs", 3)
         .set("train.lr", 1e-3)
         .set("train.optimizer", "adamw")
@@ -115,7 +125,7 @@ fn defaults() -> NamedLayer {
         .set("checkpoint.keep_last", 2)
         .set("checkpoint.keep_best", true)
         .set("infer.batch_size", 64)
-        .set("infer.precision", "none")
+        .set("infer.precision", "fp32")
         .set("infer.cuda_graphs", "auto")
         .set("serve.host", "127.0.0.1")
         .set("serve.port", 8080)
@@ -374,10 +384,7 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         Some(dir) => ProfileSet::with_user_dir(Path::new(dir))?,
         None => ProfileSet::builtin()?,
     };
-    let facts = match &req.machine {
-        Machine::Probe => kiln_device::probe::probe()?,
-        Machine::Simulated(facts) => facts.clone(),
-    };
+    let facts = req.machine.facts().clone();
     let selection = select(request, &facts)?;
     let profile = resolve(
         &profiles,
@@ -438,9 +445,9 @@ pub fn simulated_machine(
     profiles: &ProfileSet,
     gpu_name: Option<&str>,
     memory_gib: Option<f64>,
-    compute_capability: Option<kiln_device::ComputeCapability>,
+    compute_capability: Option<kiln_core::ComputeCapability>,
     cpus: Option<usize>,
-    mut cpu: kiln_device::CpuFacts,
+    mut cpu: kiln_core::CpuFacts,
 ) -> Result<MachineFacts, ConfigError> {
     if let Some(n) = cpus {
         if n == 0 {
@@ -481,7 +488,7 @@ pub fn simulated_machine(
                     });
                 }
                 let bytes = (memory * 1024.0 * 1024.0 * 1024.0) as u64;
-                vec![kiln_device::GpuFacts {
+                vec![kiln_core::GpuFacts {
                     cuda_index: Some(0),
                     nvml_index: Some(0),
                     name: name.to_owned(),
@@ -492,7 +499,7 @@ pub fn simulated_machine(
                     utilization_percent: None,
                     temperature_celsius: None,
                     power_watts: None,
-                    source: kiln_device::GpuSource::Both,
+                    source: kiln_core::GpuSource::Both,
                 }]
             }
         };
@@ -500,7 +507,7 @@ pub fn simulated_machine(
         os: "linux".to_owned(),
         libtorch_cuda: !gpus.is_empty(),
         gpus,
-        nvml: kiln_device::NvmlStatus::Available {
+        nvml: kiln_core::NvmlStatus::Available {
             driver_version: "simulated".to_owned(),
             cuda_driver_version: "simulated".to_owned(),
         },

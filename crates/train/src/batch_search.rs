@@ -561,12 +561,9 @@ pub fn cache_key(plan: &RunPlan, identity: &str, input: &InputSpec, hardware: &s
         "{identity} on {:?}×{} | {hardware} | {} | memory_fraction {} | {} accum {} | kiln {}",
         input.sample_shape,
         input.classes,
-        crate::trainer::precision_name(plan.train.amp),
+        plan.train.amp,
         plan.performance.backend.memory_fraction,
-        match plan.train.optimizer {
-            kiln_config::OptimizerKind::AdamW => "adamw",
-            kiln_config::OptimizerKind::Sgd => "sgd",
-        },
+        plan.train.optimizer,
         plan.train.grad_accum_steps,
         env!("CARGO_PKG_VERSION"),
     )

@@ -102,7 +102,7 @@ impl LearnerBuilder {
 
     /// Detects the machine, picks the device and profile, and resolves the settings.
     pub fn build(self) -> Result<Learner, TrainError> {
-        let mut req = ConfigRequest::new(Machine::Probe);
+        let mut req = ConfigRequest::new(Machine::Probed(kiln_device::probe::probe()?));
         req.file = self.file;
         req.sets = self.sets;
         let resolution = kiln_config::load(&req)?;

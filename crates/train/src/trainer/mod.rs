@@ -106,13 +106,9 @@ impl TrainSettings {
     }
 }
 
-/// fp32, fp16 or bf16, as the reports spell it.
+/// fp32, fp16 or bf16: the precision's one spelling, as configuration and reports print it.
 pub fn precision_name(p: AmpDtype) -> &'static str {
-    match p {
-        AmpDtype::None => "fp32",
-        AmpDtype::Fp16 => "fp16",
-        AmpDtype::Bf16 => "bf16",
-    }
+    p.as_str()
 }
 
 /// What one optimizer step did.
