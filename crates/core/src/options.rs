@@ -1,7 +1,7 @@
 //! Every option kiln takes as a word, as an enum with one spelling: the same parse and print for
 //! profiles, configuration, reports and the command line.
 //!
-//! Each option is declared once with [`option_enum!`]: its canonical name, which is what kiln
+//! Each option is declared once with `option_enum!`: its canonical name, which is what kiln
 //! prints everywhere, and the other spellings it accepts on input (`none` for `fp32`, `true` for
 //! `on`). Parsing ignores case and surrounding spaces.
 

@@ -8,6 +8,7 @@ mod fit;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_config::keys;
 use kiln_config::{
     CheckpointPlan, LossKind, LossScalePlan, OptimizerKind, ProfilingPlan, ScheduleKind, TrainPlan,
 };
@@ -253,7 +254,7 @@ fn autocast_for(
         Device::Cuda(_) => DeviceType::Cuda,
         other => {
             return Err(TrainError::InvalidPlan {
-                key: "train.amp",
+                key: keys::train::amp,
                 value: precision_name(precision).to_owned(),
                 expected: format!(
                     "mixed precision is supported on cpu and cuda, not {other:?}; use none"
@@ -308,7 +309,7 @@ impl<'m> Trainer<'m> {
         let groups = param_groups(vs, settings.weight_decay);
         if groups.is_empty() {
             return Err(TrainError::InvalidPlan {
-                key: "model.name",
+                key: keys::model::name,
                 value: model_name.to_owned(),
                 expected: "a model with trainable parameters".to_owned(),
             });
@@ -353,7 +354,7 @@ impl<'m> Trainer<'m> {
         let loss = Loss::resolve(self.settings.loss, target)?;
         if loss == Loss::Module && !self.model.has_own_loss() {
             return Err(TrainError::InvalidPlan {
-                key: "train.loss",
+                key: keys::train::loss,
                 value: "module".to_owned(),
                 expected: format!(
                     "a model with a loss of its own, and {} has none (a TorchScript module \
@@ -504,7 +505,7 @@ impl<'m> Trainer<'m> {
         let total: i64 = batches.iter().map(|b| b.targets.size()[0]).sum();
         if total == 0 {
             return Err(TrainError::InvalidPlan {
-                key: "train.batch_size",
+                key: keys::train::batch_size,
                 value: "0".to_owned(),
                 expected: "a step needs at least one sample".to_owned(),
             });
@@ -605,7 +606,7 @@ impl<'m> Trainer<'m> {
             }
         }
         sums.ok_or_else(|| TrainError::InvalidPlan {
-            key: "train.batch_size",
+            key: keys::train::batch_size,
             value: "0".to_owned(),
             expected: "a step needs at least one sample".to_owned(),
         })
