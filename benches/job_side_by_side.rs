@@ -87,7 +87,9 @@ fn job_sets(quick: bool, threads: usize, runs: &Path) -> Vec<String> {
 
 /// The plan `kiln train` resolves for these settings (what the PyTorch sides are told).
 fn resolve(sets: &[String]) -> Result<(RunPlan, kiln_device::Device)> {
-    let mut req = ConfigRequest::new(Machine::Probe);
+    let mut req = ConfigRequest::new(Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = sets.to_vec();
     let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
     Ok((resolution.plan, resolution.selection.device))

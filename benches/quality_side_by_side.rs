@@ -229,7 +229,9 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let data = &a.data;
     let seed = a.seed;
     let runs = tempfile_dir(&data.join(format!("runs-{seed}")))?;
-    let mut req = ConfigRequest::new(Machine::Probe);
+    let mut req = ConfigRequest::new(Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = [
         "device.request=cpu".to_owned(),
         "model.name=transformer".to_owned(),
@@ -251,7 +253,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
     // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
     if !a.auto_precision {
-        req.sets.push("train.amp=none".to_owned());
+        req.sets.push("train.amp=fp32".to_owned());
     }
     // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
     req.sets.extend(a.sets.iter().cloned());

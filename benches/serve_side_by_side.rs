@@ -412,7 +412,9 @@ fn infer_probe(a: &InferProbeArgs) -> Result<()> {
 /// kiln's inference precision on `device` when the user sets none (`infer.precision` from the
 /// hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
 fn auto_precision(device: Device) -> Result<AmpDtype> {
-    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probe);
+    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = vec![format!(
         "device.request={}",
         if device.is_cuda() { "cuda" } else { "cpu" }

@@ -99,7 +99,9 @@ fn model_plan(kind: ModelKind, dropout: f64) -> ModelPlan {
 
 /// kiln's configuration resolved for `device` (its hardware profile, no user settings).
 fn resolved(device: Device) -> Result<kiln_config::Resolution> {
-    let mut req = ConfigRequest::new(Machine::Probe);
+    let mut req = ConfigRequest::new(Machine::Probed(
+        kiln_device::probe::probe().map_err(|e| e.to_string())?,
+    ));
     req.sets = vec![format!(
         "device.request={}",
         if device.is_cuda() { "cuda" } else { "cpu" }

@@ -151,7 +151,9 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let precision = if a.precision == "auto" {
         resolved(device)?.plan.train.amp
     } else {
-        a.precision.parse::<AmpDtype>()?
+        a.precision
+            .parse::<AmpDtype>()
+            .map_err(|e| format!("--precision: {e}"))?
     };
     let batch = a.batch.max(1);
     let threads = a.threads.max(1);

@@ -1,9 +1,6 @@
 //! Build script of kiln-profiles: embeds every `profiles/*.toml` of the repository into the
-//! crate, so the `kiln` binary carries its profiles wherever it is copied; then does the usual
-//! libtorch linking for this crate's tests.
-
-#[path = "../torch-ext/build/link_libtorch.rs"]
-mod link_libtorch;
+//! crate, so the `kiln` binary carries its profiles wherever it is copied. The crate does not
+//! link libtorch.
 
 use std::path::Path;
 
@@ -30,5 +27,4 @@ fn main() {
     code.push_str("];\n");
     let out = Path::new(&std::env::var("OUT_DIR").unwrap()).join("builtin_profiles.rs");
     std::fs::write(out, code).expect("OUT_DIR is writable");
-    link_libtorch::main();
 }

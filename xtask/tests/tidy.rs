@@ -57,15 +57,17 @@ fn kiln_deps(manifest: &Path) -> Vec<String> {
 
 /// Which kiln crates each crate may use (docs/ARCHITECTURE.md, "Layering").
 const LAYERS: &[(&str, &[&str])] = &[
-    ("crates/torch-ext", &[]),
-    ("crates/device", &["kiln-torch-ext"]),
-    ("crates/profiles", &["kiln-device"]),
-    ("crates/config", &["kiln-device", "kiln-profiles"]),
+    ("crates/core", &[]),
+    ("crates/torch-ext", &["kiln-core"]),
+    ("crates/device", &["kiln-core", "kiln-torch-ext"]),
+    ("crates/profiles", &["kiln-core"]),
+    ("crates/config", &["kiln-core", "kiln-profiles"]),
     ("crates/data", &[]),
     (
         "crates/train",
         &[
             "kiln-config",
+            "kiln-core",
             "kiln-data",
             "kiln-device",
             "kiln-profiles",
@@ -76,6 +78,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "crates/infer",
         &[
             "kiln-config",
+            "kiln-core",
             "kiln-data",
             "kiln-device",
             "kiln-profiles",
@@ -87,6 +90,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "crates/cli",
         &[
             "kiln-config",
+            "kiln-core",
             "kiln-data",
             "kiln-device",
             "kiln-infer",
@@ -99,6 +103,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "benches",
         &[
             "kiln-config",
+            "kiln-core",
             "kiln-data",
             "kiln-device",
             "kiln-infer",

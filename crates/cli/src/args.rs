@@ -257,7 +257,7 @@ pub struct TrainArgs {
     /// Epochs to train (= --set train.epochs=…).
     #[arg(long, value_name = "N")]
     pub epochs: Option<String>,
-    /// fp32, fp16 or bf16 (= --set train.amp=none|fp16|bf16).
+    /// fp32, fp16 or bf16 (= --set train.amp=fp32|fp16|bf16).
     #[arg(long, value_name = "P")]
     pub precision: Option<String>,
     /// Name of the run; its directory is runs/<name>-<timestamp> (= --set run.name=…).
@@ -460,7 +460,7 @@ pub struct ConfigArgs {
     /// Data-loader workers (= --set data.num_workers=…).
     #[arg(long, value_name = "N")]
     pub workers: Option<String>,
-    /// Mixed precision: none, fp16 or bf16 (= --set train.amp=…).
+    /// Mixed precision: fp32, fp16 or bf16 (= --set train.amp=…).
     #[arg(long, value_name = "DTYPE")]
     pub amp: Option<String>,
     /// Pretend the machine has one GPU of this NVML name (see what a run would use there).

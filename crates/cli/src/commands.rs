@@ -56,7 +56,7 @@ pub fn load_layers(
             cpu,
         )?)
     } else {
-        Machine::Probe
+        Machine::Probed(kiln_device::probe::probe()?)
     };
     let mut req = ConfigRequest::new(machine);
     req.file = args.config.clone();

@@ -92,7 +92,7 @@ pub fn infer(
     eprintln!(
         "model: {}; precision {}{}, batch size {}{}",
         model.description(),
-        precision_name(precision),
+        precision.as_str(),
         source_note(r, "infer.precision"),
         plan.infer.batch_size,
         source_note(r, "infer.batch_size"),
@@ -111,12 +111,8 @@ pub fn infer(
     } else {
         None
     };
-    let outcome = kiln_infer::offline::run(
-        &mut engine,
-        reference.as_mut(),
-        &inputs,
-        precision_name(precision),
-    )?;
+    let outcome =
+        kiln_infer::offline::run(&mut engine, reference.as_mut(), &inputs, precision.as_str())?;
     if let Some(output) = output {
         kiln_infer::io::write_outputs(output, &outcome.shape, &outcome.outputs)?;
     }
@@ -128,14 +124,6 @@ pub fn infer(
         eprintln!("wrote outputs {:?} to {}", outcome.shape, output.display());
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn precision_name(p: AmpDtype) -> &'static str {
-    match p {
-        AmpDtype::None => "fp32",
-        AmpDtype::Fp16 => "fp16",
-        AmpDtype::Bf16 => "bf16",
-    }
 }
 
 fn report_text(r: &Report) -> String {
@@ -189,7 +177,7 @@ pub fn serve(
         source_note(r, "infer.batch_size"),
         plan.serve.max_wait.as_secs_f64() * 1e3,
         source_note(r, "serve.max_wait_ms"),
-        precision_name(precision),
+        precision.as_str(),
         source_note(r, "infer.precision"),
     );
     if matches!(setup.source, ModelSource::TorchScript(_)) && input_shape.is_none() {

@@ -274,7 +274,7 @@ fn train_prints_settings_with_sources_trains_and_writes_the_run_directory() {
     );
     assert!(err.contains("name mlp [(--model)]"), "{err}");
     assert!(err.contains("epochs 2 [(--epochs)]"), "{err}");
-    assert!(err.contains("amp none [(--precision)]"), "{err}");
+    assert!(err.contains("amp fp32 [(--precision)]"), "{err}");
     // Not a terminal: plain progress lines, one per epoch, and the summary.
     assert!(err.contains("step ") && err.contains("samples/s"), "{err}");
     assert_eq!(err.matches("val acc ").count(), 2, "{err}");

@@ -34,5 +34,5 @@ pub enum ConfigError {
     #[error(transparent)]
     Profile(#[from] kiln_profiles::ProfileError),
     #[error(transparent)]
-    Device(#[from] kiln_device::DeviceError),
+    Device(#[from] kiln_core::SelectError),
 }

@@ -5,15 +5,19 @@
 //!
 //! Two stages, as in ripgrep: [`raw`] holds the layered values close to the user's input
 //! (unknown keys rejected with a "did you mean"); [`plan`] validates them into a typed
-//! [`RunPlan`] whose every value knows the layer that set it ([`Provenance`]).
+//! [`RunPlan`] whose every value knows the layer that set it ([`Provenance`]). Every key is
+//! defined once, in [`keys`]: its raw field, default, check and `--explain` entry.
 //!
-//! Layering: knows `kiln-device` and `kiln-profiles`, nothing above them.
+//! Layering: knows `kiln-core` and `kiln-profiles`, nothing above them, and no libtorch: the
+//! caller probes the machine (`kiln_device::probe::probe`) and passes its facts in a [`Machine`].
 
 mod error;
+pub mod keys;
 mod layers;
 pub mod plan;
 pub mod raw;
 mod resolve;
+mod setting;
 
 pub use error::ConfigError;
 pub use layers::Layer;

@@ -9,23 +9,34 @@ use std::path::{Path, PathBuf};
 use figment::providers::{Env, Format, Json, Toml, Yaml};
 use figment::value::Value;
 use figment::{Figment, Metadata, Source};
-use kiln_device::select::select;
-use kiln_device::settings::AmpDtype;
-use kiln_device::{DeviceRequest, MachineFacts, Selection};
+use kiln_core::select::select;
+use kiln_core::settings::AmpDtype;
+use kiln_core::{DeviceRequest, MachineFacts, Selection};
 use kiln_profiles::{ProfileSet, Resolved, edit_distance, resolve};
 
 use crate::ConfigError;
+use crate::keys::{self, KEYS, RawConfig, defaults};
 use crate::layers::{Layer, NamedLayer, parse_set_value};
 use crate::plan::{Provenance, RunPlan, validate};
-use crate::raw::{KEYS, RawConfig};
+use crate::setting::Checker;
 
-/// Where the machine's facts come from.
+/// The machine a configuration is for. This crate does not link libtorch, so it cannot probe:
+/// the caller does (`kiln_device::probe::probe()`) and passes the facts.
 #[derive(Debug, Clone)]
 pub enum Machine {
-    /// Probe this machine.
-    Probe,
-    /// Use these facts instead (`--simulate-gpu`, tests).
+    /// This machine, as probed.
+    Probed(MachineFacts),
+    /// Another machine (`--simulate-gpu`, tests).
     Simulated(MachineFacts),
+}
+
+impl Machine {
+    /// The machine's facts, probed or simulated.
+    pub fn facts(&self) -> &MachineFacts {
+        match self {
+            Machine::Probed(facts) | Machine::Simulated(facts) => facts,
+        }
+    }
 }
 
 /// What to load: the user's file, `--set` arguments and friendly flags, and the machine.
@@ -64,115 +75,45 @@ pub struct Resolution {
     pub plan: RunPlan,
 }
 
-fn defaults() -> NamedLayer {
-    NamedLayer::defaults()
-        .set("device.request", "auto")
-        .set("performance.tf32", false)
-        .set("performance.matmul_precision", "highest")
-        .set("performance.cudnn_benchmark", false)
-        .set("performance.cudnn_deterministic", false)
-        .set("performance.deterministic", "off")
-        .set("performance.memory_fraction", 0.9)
-        .set("performance.empty_cache_interval", 0)
-        .set("performance.channels_last", false)
-        .set("performance.intra_op_threads", 0)
-        .set("performance.inter_op_threads", 0)
-        .set("performance.seed", 0)
-        .set("data.num_workers", 4)
-        .set("data.prefetch_factor", 2)
-        .set("data.val_fraction", 0.1)
-        .set("data.synthetic_samples", 8192)
-        .set("model.name", "transformer")
-        .set("model.dropout", 0.1)
-        .set("model.d_model", 256)
-        .set("model.heads", 8)
-        .set("model.layers", 4)
-        .set("model.ff", 1024)
-        .set("model.hidden", "256,256")
-        .set("model.channels", "32,64,128")
-        .set("model.activation_checkpointing", false)
-        .set("train.batch_size", 32)
-        .set("train.amp", "none")
-        .set("train.epochs", 3)
-        .set("train.lr", 1e-3)
-        .set("train.optimizer", "adamw")
-        .set("train.weight_decay", 0.01)
-        .set("train.momentum", 0.9)
-        .set("train.grad_accum_steps", 1)
-        .set("train.clip_grad_norm", 1.0)
-        .set("train.schedule", "cosine")
-        .set("train.warmup_steps", 50)
-        .set("train.min_lr", 0.0)
-        .set("train.loss_scale_init", 65536.0)
-        .set("train.loss_scale_growth", 2.0)
-        .set("train.loss_scale_backoff", 0.5)
-        .set("train.loss_scale_growth_interval", 2000)
-        .set("train.log_interval", 50)
-        .set("train.max_bad_steps", 10)
-        .set("train.loss", "auto")
-        .set("checkpoint.enabled", true)
-        .set("checkpoint.every_steps", 0)
-        .set("checkpoint.keep_last", 2)
-        .set("checkpoint.keep_best", true)
-        .set("infer.batch_size", 64)
-        .set("infer.precision", "none")
-        .set("infer.cuda_graphs", "auto")
-        .set("serve.host", "127.0.0.1")
-        .set("serve.port", 8080)
-        .set("serve.max_wait_ms", 2.0)
-        .set("serve.queue_capacity", 1024)
-        .set("serve.max_body_bytes", 16 * 1024 * 1024)
-        .set("profiling.wait", 1)
-        .set("profiling.warmup", 1)
-        .set("profiling.active", 0)
-        .set("profiling.repeat", 1)
-        .set("profiling.unit", "steps")
-        .set("profiling.record_shapes", true)
-        .set("profiling.profile_memory", true)
-        .set("profiling.with_stack", false)
-        .set("run.name", "kiln")
-        .set("run.output_dir", "runs")
-}
-
 /// The config keys a profile sets: (key, the profile field it comes from, value). The one list
 /// both the profile layer and the adjustment notes read.
 fn profile_values(p: &kiln_profiles::Profile) -> Vec<(&'static str, &'static str, Value)> {
     let amp = p.amp_dtype.to_string();
     vec![
         (
-            "train.batch_size",
+            keys::train::batch_size,
             "train_batch_size",
             p.train_batch_size.into(),
         ),
         (
-            "infer.batch_size",
+            keys::infer::batch_size,
             "infer_batch_size",
             p.infer_batch_size.into(),
         ),
-        ("data.num_workers", "num_workers", p.num_workers.into()),
+        (keys::data::num_workers, "num_workers", p.num_workers.into()),
         (
-            "performance.memory_fraction",
+            keys::performance::memory_fraction,
             "memory_fraction",
             p.memory_fraction.into(),
         ),
-        ("performance.tf32", "tf32", p.tf32.into()),
+        (keys::performance::tf32, "tf32", p.tf32.into()),
         (
-            "performance.matmul_precision",
+            keys::performance::matmul_precision,
             "matmul_precision",
             p.matmul_precision.to_string().into(),
         ),
         (
-            "performance.cudnn_benchmark",
+            keys::performance::cudnn_benchmark,
             "cudnn_benchmark",
             p.cudnn_benchmark.into(),
         ),
         (
-            "performance.cudnn_deterministic",
+            keys::performance::cudnn_deterministic,
             "cudnn_deterministic",
             p.cudnn_deterministic.into(),
         ),
-        ("train.amp", "amp_dtype", amp.clone().into()),
-        ("infer.precision", "amp_dtype", amp.into()),
+        (keys::train::amp, "amp_dtype", amp.clone().into()),
+        (keys::infer::precision, "amp_dtype", amp.into()),
     ]
 }
 
@@ -357,27 +298,15 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
     // Pass 1: defaults and the user's layers, for the device section.
     let pass1 = user_layers(Figment::from(defaults()), req)?;
     let raw = extract(&pass1)?;
-    let request_text = raw
-        .device
-        .request
-        .clone()
-        .unwrap_or_else(|| "auto".to_owned());
-    let request: DeviceRequest = request_text
-        .parse()
-        .map_err(|_| ConfigError::InvalidValue {
-            key: "device.request".to_owned(),
-            value: format!("{request_text:?}"),
-            expected: "use one of auto, cpu, cuda, cuda:N, mps".to_owned(),
-            set_by: provenance_of(&pass1, "device.request").source,
-        })?;
+    let key = keys::device::request;
+    let pass1_source = BTreeMap::from([(key.to_owned(), provenance_of(&pass1, key))]);
+    let (request, _) =
+        Checker::new(&pass1_source).read::<DeviceRequest>(key, raw.device.request.clone())?;
     let profiles = match &raw.device.profiles_dir {
         Some(dir) => ProfileSet::with_user_dir(Path::new(dir))?,
         None => ProfileSet::builtin()?,
     };
-    let facts = match &req.machine {
-        Machine::Probe => kiln_device::probe::probe()?,
-        Machine::Simulated(facts) => facts.clone(),
-    };
+    let facts = req.machine.facts().clone();
     let selection = select(request, &facts)?;
     let profile = resolve(
         &profiles,
@@ -438,9 +367,9 @@ pub fn simulated_machine(
     profiles: &ProfileSet,
     gpu_name: Option<&str>,
     memory_gib: Option<f64>,
-    compute_capability: Option<kiln_device::ComputeCapability>,
+    compute_capability: Option<kiln_core::ComputeCapability>,
     cpus: Option<usize>,
-    mut cpu: kiln_device::CpuFacts,
+    mut cpu: kiln_core::CpuFacts,
 ) -> Result<MachineFacts, ConfigError> {
     if let Some(n) = cpus {
         if n == 0 {
@@ -481,7 +410,7 @@ pub fn simulated_machine(
                     });
                 }
                 let bytes = (memory * 1024.0 * 1024.0 * 1024.0) as u64;
-                vec![kiln_device::GpuFacts {
+                vec![kiln_core::GpuFacts {
                     cuda_index: Some(0),
                     nvml_index: Some(0),
                     name: name.to_owned(),
@@ -492,7 +421,7 @@ pub fn simulated_machine(
                     utilization_percent: None,
                     temperature_celsius: None,
                     power_watts: None,
-                    source: kiln_device::GpuSource::Both,
+                    source: kiln_core::GpuSource::Both,
                 }]
             }
         };
@@ -500,7 +429,7 @@ pub fn simulated_machine(
         os: "linux".to_owned(),
         libtorch_cuda: !gpus.is_empty(),
         gpus,
-        nvml: kiln_device::NvmlStatus::Available {
+        nvml: kiln_core::NvmlStatus::Available {
             driver_version: "simulated".to_owned(),
             cuda_driver_version: "simulated".to_owned(),
         },

@@ -7,8 +7,8 @@
 
 use figment::Jail;
 use kiln_config::{ConfigError, ConfigRequest, Layer, Machine, load, simulated_machine};
-use kiln_device::settings::{AmpDtype, MatmulPrecision};
-use kiln_device::{ComputeCapability, CpuFacts, Device};
+use kiln_core::settings::{AmpDtype, MatmulPrecision};
+use kiln_core::{ComputeCapability, CpuFacts, Device};
 use kiln_profiles::ProfileSet;
 
 fn cpu(cores: usize, bf16: bool) -> CpuFacts {
@@ -152,7 +152,7 @@ fn device_request_in_config_selects_the_device_and_its_profile() {
         assert_eq!(r.plan.train.amp, AmpDtype::Bf16);
         let note = r.plan.source_of("train.amp").unwrap().note.clone().unwrap();
         assert!(
-            note.contains("profile said none; the CPU has AMX-BF16"),
+            note.contains("profile said fp32; the CPU has AMX-BF16"),
             "{note}"
         );
         assert_eq!(r.plan.data.num_workers, 2, "capped at the 2 cores");
@@ -216,7 +216,7 @@ fn bad_values_name_the_key_the_value_what_is_valid_and_the_layer() {
             (
                 "KILN_TRAIN__AMP",
                 "fp8",
-                &["`train.amp`", "none, fp16 or bf16"],
+                &["`train.amp`", "fp32, fp16 or bf16"],
             ),
             (
                 "KILN_PERFORMANCE__MATMUL_PRECISION",

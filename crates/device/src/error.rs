@@ -4,16 +4,9 @@
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeviceError {
-    /// A device string that is not one of the accepted forms.
-    #[error("`{request}` is not a device: use one of auto, cpu, cuda, cuda:N, mps")]
-    BadRequest { request: String },
-    /// A well-formed request this machine cannot satisfy.
-    #[error("device `{request}` is not available: {reason}. This machine has: {available}")]
-    Unavailable {
-        request: String,
-        reason: String,
-        available: String,
-    },
+    /// A device request that is malformed or that this machine cannot satisfy.
+    #[error(transparent)]
+    Select(#[from] kiln_core::SelectError),
     /// A call into libtorch through the native extension failed.
     #[error(transparent)]
     Native(#[from] kiln_torch_ext::Error),

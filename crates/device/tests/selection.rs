@@ -6,7 +6,7 @@ use kiln_device::facts::{
 };
 use kiln_device::probe::{TorchGpu, merge_gpu_views};
 use kiln_device::select::{available_devices, cuda_diagnosis, select};
-use kiln_device::{Device, DeviceError, DeviceRequest};
+use kiln_device::{Device, DeviceRequest, SelectError};
 
 const GIB: u64 = 1 << 30;
 
@@ -123,7 +123,7 @@ fn auto_picks_the_gpu_with_most_free_memory_on_a_multi_gpu_box() {
 fn an_index_beyond_the_gpus_lists_what_the_machine_has() {
     let m = gpu_box(&[("NVIDIA H100 80GB HBM3", 80, 79, (9, 0))]);
     let err = select(DeviceRequest::Cuda(Some(3)), &m).unwrap_err();
-    assert!(matches!(err, DeviceError::Unavailable { .. }));
+    assert!(matches!(err, SelectError::Unavailable { .. }));
     let msg = err.to_string();
     assert!(msg.contains("device `cuda:3` is not available"), "{msg}");
     assert!(msg.contains("this machine has 1 CUDA GPU(s)"), "{msg}");

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 
 use kiln_config::CudaGraphs;
+use kiln_config::keys;
 use kiln_torch_ext::CallbackError;
 use kiln_torch_ext::graphs::CudaGraph;
 use tch::{Device, Kind, Tensor};
@@ -78,7 +79,7 @@ impl Engine {
     ) -> Result<Self, InferError> {
         if options.max_batch == 0 {
             return Err(InferError::Setting {
-                key: "infer.batch_size",
+                key: keys::infer::batch_size,
                 value: "0".to_owned(),
                 expected: "must be at least 1".to_owned(),
             });
@@ -98,7 +99,7 @@ impl Engine {
             }
             (CudaGraphs::On, device) => {
                 return Err(InferError::Setting {
-                    key: "infer.cuda_graphs",
+                    key: keys::infer::cuda_graphs,
                     value: "on".to_owned(),
                     expected: format!(
                         "CUDA graphs need a CUDA device and a CUDA build of kiln; this run is on \

@@ -6,7 +6,7 @@
 //! device and the machine's facts into the profile a run starts from: matched, corrected for
 //! what the hardware cannot do, or derived for a GPU no profile names.
 //!
-//! Layering: knows `kiln-device`'s plain facts, nothing above it.
+//! Layering: knows `kiln-core`'s plain facts and options, nothing else of kiln, and no libtorch.
 
 mod error;
 mod matching;

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use kiln_device::ComputeCapability;
-use kiln_device::settings::{AmpDtype, MatmulPrecision, parse_matmul_precision};
+use kiln_core::ComputeCapability;
+use kiln_core::settings::{AmpDtype, MatmulPrecision};
 use serde::Deserialize;
 
 use crate::ProfileError;
@@ -182,9 +182,14 @@ impl Profile {
                 .compute_capability
                 .parse()
                 .map_err(|e| invalid("compute_capability", e))?,
-            amp_dtype: raw.amp_dtype.parse().map_err(|e| invalid("amp_dtype", e))?,
-            matmul_precision: parse_matmul_precision(&raw.matmul_precision)
-                .map_err(|e| invalid("matmul_precision", e))?,
+            amp_dtype: raw
+                .amp_dtype
+                .parse::<AmpDtype>()
+                .map_err(|e| invalid("amp_dtype", e.to_string()))?,
+            matmul_precision: raw
+                .matmul_precision
+                .parse::<MatmulPrecision>()
+                .map_err(|e| invalid("matmul_precision", e.to_string()))?,
             name: raw.name,
             display_name: raw.display_name,
             device: raw.device,

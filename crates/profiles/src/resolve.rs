@@ -1,8 +1,8 @@
 //! From a selected device to the profile a run starts from: the matched profile corrected for
 //! what the hardware cannot do, or one derived from the GPU's facts when no profile names it.
 
-use kiln_device::settings::{AmpDtype, MatmulPrecision};
-use kiln_device::{CpuFacts, Device, GpuFacts, Selection};
+use kiln_core::settings::{AmpDtype, MatmulPrecision};
+use kiln_core::{CpuFacts, Device, GpuFacts, Selection};
 
 use crate::{Origin, Profile, ProfileDevice, ProfileError, ProfileSet};
 
@@ -163,8 +163,8 @@ fn correct_for_hardware(r: &mut Resolved, gpu: &GpuFacts) {
     if p.amp_dtype == AmpDtype::Fp16 && !cc.supports_fp16_tensor_cores() {
         changes.push((
             "amp_dtype",
-            "fp16".to_owned(),
-            "none".to_owned(),
+            AmpDtype::Fp16.to_string(),
+            AmpDtype::None.to_string(),
             format!("compute capability {cc} has no fp16 tensor cores (needs 7.0)"),
         ));
         p.amp_dtype = AmpDtype::None;
@@ -182,7 +182,7 @@ fn correct_for_hardware(r: &mut Resolved, gpu: &GpuFacts) {
         changes.push((
             "matmul_precision",
             p.matmul_precision.to_string(),
-            "highest".to_owned(),
+            MatmulPrecision::Highest.to_string(),
             format!("compute capability {cc} has no TF32 or bf16 matmul units"),
         ));
         p.matmul_precision = MatmulPrecision::Highest;

@@ -1,8 +1,8 @@
 //! Profile matching and resolution on real NVML names of every profiled GPU, unknown GPUs,
 //! CPUs with and without bf16 units, and bad or conflicting profile files.
 
-use kiln_device::settings::{AmpDtype, MatmulPrecision};
-use kiln_device::{ComputeCapability, CpuFacts, Device, GpuFacts, GpuSource, Selection};
+use kiln_core::settings::{AmpDtype, MatmulPrecision};
+use kiln_core::{ComputeCapability, CpuFacts, Device, GpuFacts, GpuSource, Selection};
 use kiln_profiles::{Basis, Origin, Profile, ProfileError, ProfileSet, resolve};
 
 const GIB: u64 = 1 << 30;

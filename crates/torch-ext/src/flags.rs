@@ -3,59 +3,15 @@
 //!
 //! These are global to the process (PyTorch's `torch.backends.*` and
 //! `torch.set_float32_matmul_precision`). They can be set on any machine; on a machine without
-//! CUDA the CUDA-only ones are stored and simply have nothing to act on.
+//! CUDA the CUDA-only ones are stored and simply have nothing to act on. The option enums are
+//! `kiln-core`'s, so they are parsed and printed in one place.
 
 use std::ffi::{CString, c_int};
-use std::fmt;
-use std::str::FromStr;
 
 use crate::error::{Error, Result};
 use crate::ffi;
 
-/// Internal precision of float32 matrix multiplications (`torch.set_float32_matmul_precision`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum MatmulPrecision {
-    /// Full float32 (IEEE) arithmetic.
-    Highest,
-    /// TF32 tensor cores where available (or bf16x3).
-    High,
-    /// bf16 where available: fastest, least precise.
-    Medium,
-}
-
-impl MatmulPrecision {
-    /// All values, in order from most to least precise.
-    pub const ALL: [MatmulPrecision; 3] = [Self::Highest, Self::High, Self::Medium];
-
-    /// The name libtorch and PyTorch use.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Highest => "highest",
-            Self::High => "high",
-            Self::Medium => "medium",
-        }
-    }
-}
-
-impl fmt::Display for MatmulPrecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for MatmulPrecision {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| Error::InvalidArgument {
-                op: "matmul precision",
-                message: format!("`{s}` is not one of highest, high, medium"),
-            })
-    }
-}
+pub use kiln_core::options::{Determinism, MatmulPrecision};
 
 /// Sets the float32 matmul precision for the whole process.
 pub fn set_float32_matmul_precision(precision: MatmulPrecision) -> Result<()> {
@@ -131,17 +87,6 @@ pub fn flag(flag: Flag) -> Result<bool> {
     // SAFETY: `out` outlives the call.
     ffi::check("flag", unsafe { ffi::kiln_get_flag(flag.code(), &mut out) })?;
     Ok(out)
-}
-
-/// `torch.use_deterministic_algorithms`: the mode and whether violations only warn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Determinism {
-    /// Nondeterministic algorithms allowed (the default).
-    Off,
-    /// Nondeterministic algorithms raise an error.
-    Error,
-    /// Nondeterministic algorithms only warn.
-    Warn,
 }
 
 /// Sets deterministic-algorithms mode for the whole process.

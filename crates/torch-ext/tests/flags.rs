@@ -45,18 +45,3 @@ fn global_flags_round_trip_through_libtorch() {
         assert_eq!(flags::deterministic_algorithms().unwrap(), mode);
     }
 }
-
-#[test]
-fn matmul_precision_parses_only_known_names() {
-    for precision in MatmulPrecision::ALL {
-        assert_eq!(
-            precision.as_str().parse::<MatmulPrecision>().unwrap(),
-            precision
-        );
-    }
-    let err = "fast".parse::<MatmulPrecision>().unwrap_err().to_string();
-    assert!(
-        err.contains("`fast`") && err.contains("highest, high, medium"),
-        "{err}"
-    );
-}

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_config::RunPlan;
+use kiln_config::keys;
 use kiln_data::{Dataset, Loader, LoaderConfig, SamplerConfig};
 use serde::{Deserialize, Serialize};
 use tch::nn;
@@ -277,7 +278,7 @@ pub fn search(
         s.by_throughput()?;
     }
     let batch_size = s.choose().ok_or_else(|| TrainError::InvalidPlan {
-        key: "train.batch_size",
+        key: keys::train::batch_size,
         value: "auto".to_owned(),
         expected: format!(
             "a batch size that fits: none of {} trials did. Set a smaller model, \
@@ -418,7 +419,7 @@ impl<D: Dataset> StepTrials<'_, D> {
             Some(b) => b?,
             None => {
                 return Err(TrainError::InvalidPlan {
-                    key: "train.batch_size",
+                    key: keys::train::batch_size,
                     value: "auto".to_owned(),
                     expected: "training data to measure with".to_owned(),
                 });
@@ -561,12 +562,9 @@ pub fn cache_key(plan: &RunPlan, identity: &str, input: &InputSpec, hardware: &s
         "{identity} on {:?}×{} | {hardware} | {} | memory_fraction {} | {} accum {} | kiln {}",
         input.sample_shape,
         input.classes,
-        crate::trainer::precision_name(plan.train.amp),
+        plan.train.amp,
         plan.performance.backend.memory_fraction,
-        match plan.train.optimizer {
-            kiln_config::OptimizerKind::AdamW => "adamw",
-            kiln_config::OptimizerKind::Sgd => "sgd",
-        },
+        plan.train.optimizer,
         plan.train.grad_accum_steps,
         env!("CARGO_PKG_VERSION"),
     )

@@ -8,6 +8,7 @@
 //! On the CPU the batch's own buffer becomes the tensor, without a copy.
 
 use kiln_config::RunPlan;
+use kiln_config::keys;
 use kiln_data::{Batch, DataError, LoaderConfig, SamplerConfig, Targets};
 use kiln_device::Device as KilnDevice;
 use kiln_torch_ext::transfer::{self, PendingCopy};
@@ -30,9 +31,9 @@ pub fn loader_config(
         })
     };
     Ok(LoaderConfig {
-        batch_size: usize_of("train.batch_size", plan.train.batch_size)?,
-        num_workers: usize_of("data.num_workers", plan.data.num_workers)?,
-        prefetch_factor: usize_of("data.prefetch_factor", plan.data.prefetch_factor)?,
+        batch_size: usize_of(keys::train::batch_size, plan.train.batch_size)?,
+        num_workers: usize_of(keys::data::num_workers, plan.data.num_workers)?,
+        prefetch_factor: usize_of(keys::data::prefetch_factor, plan.data.prefetch_factor)?,
         drop_last,
         sampler,
     })

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use kiln_config::keys;
 use kiln_config::{ConfigRequest, Machine, Resolution, RunPlan};
 use kiln_data::Dataset;
 use tch::nn;
@@ -78,7 +79,7 @@ impl LearnerBuilder {
     /// Where run directories go (`run.output_dir`).
     pub fn output_dir(self, dir: impl AsRef<Path>) -> Self {
         let dir = dir.as_ref().display().to_string();
-        self.set("run.output_dir", dir)
+        self.set(keys::run::output_dir, dir)
     }
 
     /// Continues a run: its newest good checkpoint, or one named.
@@ -102,7 +103,7 @@ impl LearnerBuilder {
 
     /// Detects the machine, picks the device and profile, and resolves the settings.
     pub fn build(self) -> Result<Learner, TrainError> {
-        let mut req = ConfigRequest::new(Machine::Probe);
+        let mut req = ConfigRequest::new(Machine::Probed(kiln_device::probe::probe()?));
         req.file = self.file;
         req.sets = self.sets;
         let resolution = kiln_config::load(&req)?;

@@ -4,6 +4,7 @@
 //! synchronisation.
 
 use kiln_config::LossKind;
+use kiln_config::keys;
 use kiln_data::TargetSpec;
 use tch::{Kind, Reduction, Tensor};
 
@@ -56,7 +57,7 @@ impl Loss {
         };
         if let Some(want) = wants_classes.filter(|&w| w != classes) {
             return Err(TrainError::InvalidPlan {
-                key: "train.loss",
+                key: keys::train::loss,
                 value: kind.as_str().to_owned(),
                 expected: format!(
                     "a loss for this dataset's targets ({target}): {}",

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tch::{Device, Tensor, nn};
 
 use crate::TrainError;
+use kiln_config::keys;
 
 /// What the trainer needs from a model. Parameters live in the `nn::VarStore` the model was
 /// built from; the trainer gets that store separately.
@@ -18,7 +19,7 @@ pub trait Model {
     /// have (a quantile loss, a Dice loss). Default: the model has none.
     fn loss(&self, _output: &Tensor, _target: &Tensor) -> Result<Tensor, TrainError> {
         Err(TrainError::InvalidPlan {
-            key: "train.loss",
+            key: keys::train::loss,
             value: "module".to_owned(),
             expected: "a model with a loss of its own; this one has none (use cross_entropy, \
                        mse, l1, huber or bce_with_logits)"

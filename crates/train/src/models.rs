@@ -5,6 +5,7 @@
 //! as PyTorch's module of that kind is by default ([`crate::init`]), in the same order, so with
 //! the same seed on the CPU a kiln model starts from its twin's very weights.
 
+use kiln_config::keys;
 use kiln_config::{ModelKind, ModelPlan};
 use std::sync::Arc;
 
@@ -145,7 +146,7 @@ fn dim(v: u64) -> i64 {
 fn script(plan: &ModelPlan, vs: &nn::VarStore) -> Result<Box<dyn Model>, TrainError> {
     if plan.activation_checkpointing {
         return Err(invalid(
-            "model.activation_checkpointing",
+            keys::model::activation_checkpointing,
             "true".to_owned(),
             "false for a TorchScript model: kiln recomputes activations only inside its built-in \
              transformer, not inside a foreign module (use torch.utils.checkpoint in the module)"
@@ -154,7 +155,7 @@ fn script(plan: &ModelPlan, vs: &nn::VarStore) -> Result<Box<dyn Model>, TrainEr
     }
     let path = plan.script.as_ref().ok_or_else(|| {
         invalid(
-            "model.name",
+            keys::model::name,
             "torchscript".to_owned(),
             "the path of a TorchScript file".to_owned(),
         )
@@ -181,7 +182,7 @@ pub fn build(
         .unwrap_or(kiln_data::TargetSpec::label(input.classes));
     if target.shape().len() > usize::from(matches!(target, kiln_data::TargetSpec::Values { .. })) {
         return Err(invalid(
-            "model.name",
+            keys::model::name,
             plan.kind.to_string(),
             format!(
                 "the built-in models predict one label or a vector of values per sample; \
@@ -192,14 +193,14 @@ pub fn build(
     let regression = matches!(target, kiln_data::TargetSpec::Values { .. });
     if input.classes < 2 && !regression {
         return Err(invalid(
-            "model.name",
+            keys::model::name,
             plan.kind.to_string(),
             format!("needs at least 2 classes, the data has {}", input.classes),
         ));
     }
     let wrong_shape = |expected: &str| {
         invalid(
-            "model.name",
+            keys::model::name,
             plan.kind.to_string(),
             format!("expects samples of shape {expected}, the data's are {shape:?}"),
         )

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, MutexGuard};
 
+use kiln_config::keys;
 use kiln_config::{ModelKind, RunPlan};
 use kiln_data::{
     Dataset, SamplerConfig, ShardedDataset, Subset, SyntheticClassification, SyntheticImages,
@@ -43,7 +44,7 @@ pub fn synthetic_dataset(
     seed: u64,
 ) -> Result<Box<dyn Dataset>, TrainError> {
     let no_synthetic = || TrainError::InvalidPlan {
-        key: "model.name",
+        key: keys::model::name,
         value: kind.to_string(),
         expected: "a dataset: a model of your own trains on your data (kiln train --data DIR, \
                    made by kiln data prepare)"
@@ -230,11 +231,11 @@ pub(crate) fn script_to_load(path: &Path, resume: Option<&checkpoint::Checkpoint
 pub(crate) fn refuse_kiln_dropout(plan: &RunPlan) -> Result<(), TrainError> {
     let set_by_user = plan
         .provenance
-        .get("model.dropout")
+        .get(keys::model::dropout)
         .is_some_and(|p| p.layer != kiln_config::Layer::Default);
     if set_by_user {
         return Err(TrainError::InvalidPlan {
-            key: "model.dropout",
+            key: keys::model::dropout,
             value: plan.model.dropout.to_string(),
             expected: "unset for a TorchScript model: kiln's dropout is part of its built-in \
                        models; a module's own dropout layers train as the module defines them"

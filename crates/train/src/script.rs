@@ -12,6 +12,7 @@ use tch::{Tensor, TrainableCModule, nn};
 use crate::TrainError;
 use crate::model::Model;
 use crate::trainer::first_line;
+use kiln_config::keys;
 
 /// Untimed steps before a TorchScript module's batch-size trial is timed: its profiling
 /// executor runs the first steps 2–3× slower while it settles.
@@ -136,7 +137,7 @@ impl Model for ScriptModel {
     fn loss(&self, output: &Tensor, target: &Tensor) -> Result<Tensor, TrainError> {
         if !self.has_loss {
             return Err(TrainError::InvalidPlan {
-                key: "train.loss",
+                key: keys::train::loss,
                 value: "module".to_owned(),
                 expected: format!(
                     "a module with a `{LOSS_METHOD}(output, target)` method; {} has none (add \

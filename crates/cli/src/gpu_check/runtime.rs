@@ -15,7 +15,9 @@ use super::{Ctx, GIB, Outcome};
 /// libtorch and its CUDA library, NVML, and the two GPU lists joined by UUID.
 pub fn doctor(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let info = kiln_device::libtorch::libtorch_info()?;
-    let r = kiln_config::load(&ConfigRequest::new(Machine::Probe))?;
+    let r = kiln_config::load(&ConfigRequest::new(Machine::Probed(
+        kiln_device::probe::probe()?,
+    )))?;
     let facts = &r.facts;
     let nvml = match &facts.nvml {
         NvmlStatus::Available { driver_version, .. } => format!("driver {driver_version}"),

@@ -26,7 +26,7 @@ const MLP: &[&str] = &[
 
 /// The plan for `sets` on `device` (`cpu` or `cuda:0`), with runs under `out`.
 pub fn plan(device: &str, out: &Path, sets: &[&str]) -> anyhow::Result<RunPlan> {
-    let mut req = ConfigRequest::new(Machine::Probe);
+    let mut req = ConfigRequest::new(Machine::Probed(kiln_device::probe::probe()?));
     req.sets = sets.iter().map(|s| (*s).to_owned()).collect();
     req.sets.push(format!("device.request={device}"));
     req.sets.push(format!("run.output_dir={}", out.display()));
@@ -103,7 +103,7 @@ fn train_precision(ctx: &Ctx, amp: &str) -> anyhow::Result<Outcome> {
     let cpu_plan = plan(
         "cpu",
         &ctx.dir.join("cpu"),
-        &[sets.clone(), vec!["train.amp=none"]].concat(),
+        &[sets.clone(), vec!["train.amp=fp32"]].concat(),
     )?;
     train(&cpu_plan, &mut reference, RunControl::default()).context("the CPU fp32 reference")?;
     let amp_set = format!("train.amp={amp}");

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use kiln_config::keys;
 use kiln_config::{OptimizerKind, ProfileUnit};
 use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig, TargetSpec};
 use kiln_torch_ext::profiler::Range;
@@ -100,7 +101,7 @@ impl Trainer<'_> {
         let batches_per_epoch = train.batches_per_epoch();
         if batches_per_epoch == 0 {
             return Err(TrainError::InvalidPlan {
-                key: "train.batch_size",
+                key: keys::train::batch_size,
                 value: data.loader.batch_size.to_string(),
                 expected: format!(
                     "a batch size the {train_samples} training samples can fill (drop_last is on)"

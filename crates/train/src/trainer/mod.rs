@@ -8,6 +8,7 @@ mod fit;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_config::keys;
 use kiln_config::{
     CheckpointPlan, LossKind, LossScalePlan, OptimizerKind, ProfilingPlan, ScheduleKind, TrainPlan,
 };
@@ -106,13 +107,9 @@ impl TrainSettings {
     }
 }
 
-/// fp32, fp16 or bf16, as the reports spell it.
+/// fp32, fp16 or bf16: the precision's one spelling, as configuration and reports print it.
 pub fn precision_name(p: AmpDtype) -> &'static str {
-    match p {
-        AmpDtype::None => "fp32",
-        AmpDtype::Fp16 => "fp16",
-        AmpDtype::Bf16 => "bf16",
-    }
+    p.as_str()
 }
 
 /// What one optimizer step did.
@@ -257,7 +254,7 @@ fn autocast_for(
         Device::Cuda(_) => DeviceType::Cuda,
         other => {
             return Err(TrainError::InvalidPlan {
-                key: "train.amp",
+                key: keys::train::amp,
                 value: precision_name(precision).to_owned(),
                 expected: format!(
                     "mixed precision is supported on cpu and cuda, not {other:?}; use none"
@@ -302,7 +299,7 @@ impl<'m> Trainer<'m> {
         let groups = param_groups(vs, settings.weight_decay);
         if groups.is_empty() {
             return Err(TrainError::InvalidPlan {
-                key: "model.name",
+                key: keys::model::name,
                 value: model_name.to_owned(),
                 expected: "a model with trainable parameters".to_owned(),
             });
@@ -347,7 +344,7 @@ impl<'m> Trainer<'m> {
         let loss = Loss::resolve(self.settings.loss, target)?;
         if loss == Loss::Module && !self.model.has_own_loss() {
             return Err(TrainError::InvalidPlan {
-                key: "train.loss",
+                key: keys::train::loss,
                 value: "module".to_owned(),
                 expected: format!(
                     "a model with a loss of its own, and {} has none (a TorchScript module \
@@ -498,7 +495,7 @@ impl<'m> Trainer<'m> {
         let total: i64 = batches.iter().map(|b| b.targets.size()[0]).sum();
         if total == 0 {
             return Err(TrainError::InvalidPlan {
-                key: "train.batch_size",
+                key: keys::train::batch_size,
                 value: "0".to_owned(),
                 expected: "a step needs at least one sample".to_owned(),
             });
@@ -599,7 +596,7 @@ impl<'m> Trainer<'m> {
             }
         }
         sums.ok_or_else(|| TrainError::InvalidPlan {
-            key: "train.batch_size",
+            key: keys::train::batch_size,
             value: "0".to_owned(),
             expected: "a step needs at least one sample".to_owned(),
         })

@@ -6,7 +6,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::facts::{GIB, GpuFacts, GpuSource, MachineFacts};
-use crate::{DeviceError, DeviceRequest};
+use crate::{DeviceRequest, SelectError};
 
 /// The device a run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -103,8 +103,8 @@ fn best_gpu(facts: &MachineFacts) -> Option<(usize, &GpuFacts)> {
 }
 
 /// Chooses the device for `request` on the machine described by `facts`.
-pub fn select(request: DeviceRequest, facts: &MachineFacts) -> Result<Selection, DeviceError> {
-    let unavailable = |reason: String| DeviceError::Unavailable {
+pub fn select(request: DeviceRequest, facts: &MachineFacts) -> Result<Selection, SelectError> {
+    let unavailable = |reason: String| SelectError::Unavailable {
         request: request.to_string(),
         reason,
         available: available_devices(facts),

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::DeviceError;
+use crate::SelectError;
 
 /// A device request, before it is checked against the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -38,9 +38,9 @@ impl From<DeviceRequest> for String {
 }
 
 impl FromStr for DeviceRequest {
-    type Err = DeviceError;
+    type Err = SelectError;
 
-    fn from_str(s: &str) -> Result<Self, DeviceError> {
+    fn from_str(s: &str) -> Result<Self, SelectError> {
         let lower = s.trim().to_ascii_lowercase();
         match lower.as_str() {
             "auto" => return Ok(Self::Auto),
@@ -54,7 +54,7 @@ impl FromStr for DeviceRequest {
         {
             return Ok(Self::Cuda(Some(index)));
         }
-        Err(DeviceError::BadRequest {
+        Err(SelectError::BadRequest {
             request: s.to_owned(),
         })
     }

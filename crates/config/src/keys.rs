@@ -1,0 +1,247 @@
+//! The key table: every configuration key, defined once.
+//!
+//! A row is `name: Type = default => where --explain reads it, valid |v| check => "expected";`
+//! (the default and the check are optional). From it, `config_keys!` makes the raw section's
+//! field (its doc comment is the row's), the key in [`KEYS`], the built-in default, the parse
+//! and check of the value (errors name the key, the value, what is valid and the layer that set
+//! it), the `--explain` entry, and a constant naming the key (`keys::train::batch_size` is
+//! `"train.batch_size"`) for code that refers to it. The plan's assembly (`plan.rs`) then
+//! places each section's values in the typed [`RunPlan`](crate::RunPlan) and checks the
+//! relations between keys; a value it does not use is a compile error (dead code).
+//!
+//! Adding a key: a row here, its field in the plan, and one line of its section's assembly.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use kiln_core::DeviceRequest;
+use kiln_core::options::{
+    AmpDtype, CudaGraphs, Determinism, LossKind, MatmulPrecision, OptimizerKind, ProfileUnit,
+    ScheduleKind,
+};
+
+use crate::plan::{ModelPlan, TrainPlan};
+use crate::setting::{BatchSize, ModelChoice, Port, Widths, config_keys};
+
+/// `model.name` as shown: the TorchScript file, or the built-in model's name.
+fn model_name(model: &ModelPlan) -> String {
+    match &model.script {
+        Some(path) => path.display().to_string(),
+        None => model.kind.to_string(),
+    }
+}
+
+/// `train.batch_size` as shown: the number, or the search and where it starts.
+fn batch_size_text(train: &TrainPlan) -> String {
+    if train.batch_size_auto {
+        format!("auto (search starts at {})", train.batch_size)
+    } else {
+        train.batch_size.to_string()
+    }
+}
+
+config_keys! {
+    plan = p;
+
+    /// Which device and profile.
+    device (RawDevice, DeviceValues) {
+        /// auto, cpu, cuda, cuda:N or mps.
+        request: DeviceRequest = "auto" => p.device_request;
+        /// Use this profile by name instead of matching the GPU.
+        profile: Option<String> => p.forced_profile;
+        /// A directory of profile TOML files that add to or override the built-in ones.
+        profiles_dir: Option<PathBuf> => p.profiles_dir;
+    }
+
+    /// libtorch's backend settings and the trainer's own performance switches.
+    performance (RawPerformance, PerformanceValues) {
+        tf32: bool = false => p.performance.backend.tf32;
+        /// highest, high or medium (torch.set_float32_matmul_precision).
+        matmul_precision: MatmulPrecision = "highest" => p.performance.backend.matmul_precision;
+        cudnn_benchmark: bool = false => p.performance.backend.cudnn_benchmark;
+        cudnn_deterministic: bool = false => p.performance.backend.cudnn_deterministic;
+        /// off, warn or error (torch.use_deterministic_algorithms).
+        deterministic: Determinism = "off" => p.performance.backend.deterministic;
+        /// Share of the GPU's memory the caching allocator may take.
+        memory_fraction: f64 = 0.9 => p.performance.backend.memory_fraction,
+            valid |v| *v > 0.0 && *v <= 1.0 => "must be in (0, 1]";
+        /// Empty the CUDA cache every N steps; 0 = never.
+        empty_cache_interval: u64 = 0 => p.performance.empty_cache_interval;
+        channels_last: bool = false => p.performance.channels_last;
+        /// CPU intra-op threads; 0 keeps libtorch's default.
+        intra_op_threads: u64 = 0 => p.performance.backend.intra_op_threads;
+        /// CPU inter-op threads; 0 keeps libtorch's default.
+        inter_op_threads: u64 = 0 => p.performance.backend.inter_op_threads;
+        seed: u64 = 0 => p.performance.backend.seed;
+    }
+
+    /// The loader and the data split.
+    data (RawData, DataValues) {
+        num_workers: u64 = 4 => p.data.num_workers;
+        prefetch_factor: u64 = 2 => p.data.prefetch_factor,
+            valid |v| *v >= 1 => "must be at least 1";
+        /// Share of the dataset held out for validation, in [0, 1).
+        val_fraction: f64 = 0.1 => p.data.val_fraction,
+            valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
+        /// Size of the built-in synthetic dataset (train and validation together).
+        synthetic_samples: u64 = 8192 => p.data.synthetic_samples,
+            valid |v| *v >= 1 => "must be at least 1";
+    }
+
+    /// The model and its sizes.
+    model (RawModel, ModelValues) {
+        /// transformer, mlp or convnet, or the path of a TorchScript file.
+        name: ModelChoice = "transformer" => model_name(&p.model);
+        dropout: f64 = 0.1 => p.model.dropout,
+            valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
+        d_model: u64 = 256 => p.model.d_model, valid |v| *v >= 1 => "must be at least 1";
+        heads: u64 = 8 => p.model.heads, valid |v| *v >= 1 => "must be at least 1";
+        layers: u64 = 4 => p.model.layers, valid |v| *v >= 1 => "must be at least 1";
+        ff: u64 = 1024 => p.model.ff, valid |v| *v >= 1 => "must be at least 1";
+        /// MLP hidden widths, comma separated ("256,256"; one width may be a plain number).
+        hidden: Widths = "256,256" => p.model.hidden;
+        /// Conv net channels per stage, comma separated ("32,64,128").
+        channels: Widths = "32,64,128" => p.model.channels;
+        /// Recompute each transformer layer's activations in backward instead of keeping them.
+        activation_checkpointing: bool = false => p.model.activation_checkpointing;
+    }
+
+    /// The training loop.
+    train (RawTrain, TrainValues) {
+        /// A number, or "auto" to search for one on this machine.
+        batch_size: BatchSize = 32 => batch_size_text(&p.train);
+        /// fp32, fp16 or bf16 (none is accepted for fp32).
+        amp: AmpDtype = "fp32" => p.train.amp;
+        epochs: u64 = 3 => p.train.epochs, valid |v| *v >= 1 => "must be at least 1";
+        lr: f64 = 1e-3 => p.train.lr, valid |v| *v > 0.0 => "must be a number > 0";
+        /// adamw or sgd.
+        optimizer: OptimizerKind = "adamw" => p.train.optimizer;
+        weight_decay: f64 = 0.01 => p.train.weight_decay,
+            valid |v| *v >= 0.0 => "must be a number >= 0";
+        momentum: f64 = 0.9 => p.train.momentum,
+            valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
+        grad_accum_steps: u64 = 1 => p.train.grad_accum_steps,
+            valid |v| *v >= 1 => "must be at least 1";
+        /// Clip the global gradient norm to this; 0 = off.
+        clip_grad_norm: f64 = 1.0 => p.train.clip_grad_norm,
+            valid |v| *v >= 0.0 => "must be a number >= 0";
+        /// constant or cosine (linear warmup, then cosine decay to min_lr).
+        schedule: ScheduleKind = "cosine" => p.train.schedule;
+        warmup_steps: u64 = 50 => p.train.warmup_steps;
+        min_lr: f64 = 0.0 => p.train.min_lr, valid |v| *v >= 0.0 => "must be a number >= 0";
+        loss_scale_init: f64 = 65536.0 => p.train.loss_scale.init,
+            valid |v| *v > 0.0 => "must be > 0";
+        loss_scale_growth: f64 = 2.0 => p.train.loss_scale.growth,
+            valid |v| *v > 1.0 => "must be > 1";
+        loss_scale_backoff: f64 = 0.5 => p.train.loss_scale.backoff,
+            valid |v| *v > 0.0 && *v < 1.0 => "must be in (0, 1)";
+        loss_scale_growth_interval: u64 = 2000 => p.train.loss_scale.growth_interval,
+            valid |v| *v >= 1 => "must be at least 1";
+        /// Print a progress line every N optimizer steps when not on a terminal.
+        log_interval: u64 = 50 => p.train.log_interval,
+            valid |v| *v >= 1 => "must be at least 1";
+        /// Stop after this many consecutive steps with non-finite gradients (fp32/bf16).
+        max_bad_steps: u64 = 10 => p.train.max_bad_steps,
+            valid |v| *v >= 1 => "must be at least 1";
+        /// auto, cross_entropy, mse, l1, huber, bce_with_logits or module.
+        loss: LossKind = "auto" => p.train.loss;
+    }
+
+    /// When and how many checkpoints a run keeps.
+    checkpoint (RawCheckpoint, CheckpointValues) {
+        enabled: bool = true => p.checkpoint.enabled;
+        /// Also checkpoint every N optimizer steps (0: only at the end of each epoch).
+        every_steps: u64 = 0 => p.checkpoint.every_steps;
+        /// How many of the most recent checkpoints to keep.
+        keep_last: u64 = 2 => p.checkpoint.keep_last, valid |v| *v >= 1 => "must be at least 1";
+        /// Also keep the checkpoint with the best validation accuracy.
+        keep_best: bool = true => p.checkpoint.keep_best;
+    }
+
+    /// Inference.
+    infer (RawInfer, InferValues) {
+        batch_size: u64 = 64 => p.infer.batch_size, valid |v| *v >= 1 => "must be at least 1";
+        /// fp32, fp16 or bf16 (none is accepted for fp32).
+        precision: AmpDtype = "fp32" => p.infer.precision;
+        /// auto, on or off: replay CUDA graphs for static input shapes.
+        cuda_graphs: CudaGraphs = "auto" => p.infer.cuda_graphs;
+    }
+
+    /// The inference server.
+    serve (RawServe, ServeValues) {
+        /// The address `kiln serve` binds.
+        host: IpAddr = "127.0.0.1" => p.serve.host;
+        port: Port = 8080 => p.serve.port;
+        /// How long the first request of a batch waits for more, in milliseconds.
+        max_wait_ms: f64 = 2.0 => p.serve.max_wait.as_secs_f64() * 1e3,
+            valid |v| (0.0..=10_000.0).contains(v) => "must be in [0, 10000] milliseconds";
+        /// Requests that may wait for a batch; beyond this the server answers 503.
+        queue_capacity: u64 = 1024 => p.serve.queue_capacity,
+            valid |v| *v >= 1 => "must be at least 1";
+        /// The largest request body accepted.
+        max_body_bytes: u64 = 16 * 1024 * 1024 => p.serve.max_body_bytes,
+            valid |v| *v >= 1 => "must be at least 1";
+    }
+
+    /// The profiler's schedule and what it records.
+    profiling (RawProfiling, ProfilingValues) {
+        /// Steps (or epochs) to skip before each profiling cycle.
+        wait: u64 = 1 => p.profiling.wait;
+        /// Steps (or epochs) the profiler runs without keeping events, before recording.
+        warmup: u64 = 1 => p.profiling.warmup;
+        /// Steps (or epochs) recorded per cycle; 0 = profiling off.
+        active: u64 = 0 => p.profiling.active;
+        /// Cycles to run; 0 = until training ends.
+        repeat: u64 = 1 => p.profiling.repeat;
+        /// steps or epochs: what wait, warmup and active count.
+        unit: ProfileUnit = "steps" => p.profiling.unit;
+        record_shapes: bool = true => p.profiling.record_shapes;
+        profile_memory: bool = true => p.profiling.profile_memory;
+        with_stack: bool = false => p.profiling.with_stack;
+    }
+
+    /// The run's name and where its directory goes.
+    run (RawRun, RunValues) {
+        name: String = "kiln" => p.run.name,
+            valid |v| !v.is_empty() && !v.contains(['/', '\\'])
+                => "must be a non-empty name without path separators";
+        output_dir: PathBuf = "runs" => p.run.output_dir;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use figment::Figment;
+
+    use super::*;
+
+    #[test]
+    fn the_table_gives_every_key_a_default_an_entry_and_a_constant() {
+        let layer = defaults();
+        let raw: RawConfig = Figment::from(layer).extract().unwrap();
+        let plan = crate::plan::validate(raw, BTreeMap::new(), 48).unwrap();
+        let entries: Vec<&str> = plan.entries().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(entries, KEYS);
+        let shown: BTreeMap<_, _> = plan.entries().into_iter().collect();
+        assert_eq!(shown["train.amp"], "fp32");
+        assert_eq!(shown["device.profile"], "(none)");
+        assert_eq!(shown["model.hidden"], "256,256");
+        assert_eq!(shown["serve.max_wait_ms"], "2");
+        assert_eq!(train::batch_size, "train.batch_size");
+        assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
+        assert_eq!(KEYS.len(), 68);
+    }
+
+    #[test]
+    fn only_optional_keys_may_be_left_without_a_value() {
+        // Without the defaults layer, the first required key is reported missing.
+        let raw = RawConfig::default();
+        let err = crate::plan::validate(raw, BTreeMap::new(), 48).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "configuration: `device.request` has no value in any layer"
+        );
+    }
+}

@@ -1,0 +1,474 @@
+//! How one configuration key is read, checked and shown, and the `config_keys!` macro that turns
+//! the key table ([`crate::keys`]) into the raw sections, the key list, the defaults layer,
+//! per-key validation and the `--explain` entries.
+//!
+//! A key's type decides what its raw field holds ([`Setting::Raw`], lenient where the
+//! environment gives strings) and how it is parsed; a key's row in the table adds its default,
+//! any check on the parsed value and where `--explain` reads it in the [`RunPlan`].
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use kiln_core::DeviceRequest;
+use kiln_core::OptionError;
+use kiln_core::options::{
+    AmpDtype, CudaGraphs, Determinism, LossKind, MatmulPrecision, OptimizerKind, ProfileUnit,
+    ScheduleKind,
+};
+
+use crate::ConfigError;
+use crate::plan::{ModelKind, Provenance};
+use crate::raw::{Num, RawBatchSize, RawWidths};
+
+/// A key's value type: what the raw layer holds for it and how that becomes the value.
+pub trait Setting: Sized {
+    /// What the raw section holds.
+    type Raw;
+    /// The value, or what is valid instead (the key, value and layer are added by the caller).
+    fn parse(raw: Self::Raw) -> Result<Self, String>;
+    /// The raw value as an error message shows it: numbers plain, text quoted.
+    fn raw_text(raw: &Self::Raw) -> String;
+    /// The value of a key no layer sets: `None` (an error) unless the key is optional.
+    fn absent() -> Option<Self> {
+        None
+    }
+    /// False for a value no check accepts (a non-finite number).
+    fn finite(&self) -> bool {
+        true
+    }
+}
+
+impl Setting for bool {
+    type Raw = bool;
+    fn parse(raw: bool) -> Result<Self, String> {
+        Ok(raw)
+    }
+    fn raw_text(raw: &bool) -> String {
+        raw.to_string()
+    }
+}
+
+impl Setting for u64 {
+    type Raw = Num<u64>;
+    fn parse(raw: Num<u64>) -> Result<Self, String> {
+        Ok(raw.0)
+    }
+    fn raw_text(raw: &Num<u64>) -> String {
+        raw.0.to_string()
+    }
+}
+
+impl Setting for f64 {
+    type Raw = Num<f64>;
+    fn parse(raw: Num<f64>) -> Result<Self, String> {
+        Ok(raw.0)
+    }
+    fn raw_text(raw: &Num<f64>) -> String {
+        raw.0.to_string()
+    }
+    fn finite(&self) -> bool {
+        self.is_finite()
+    }
+}
+
+/// A TCP port (`serve.port`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Port(pub u16);
+
+impl Setting for Port {
+    type Raw = Num<u64>;
+    fn parse(raw: Num<u64>) -> Result<Self, String> {
+        u16::try_from(raw.0)
+            .map(Port)
+            .map_err(|_| "must be a TCP port, 0 to 65535 (0 = any free port)".to_owned())
+    }
+    fn raw_text(raw: &Num<u64>) -> String {
+        raw.0.to_string()
+    }
+}
+
+impl Setting for String {
+    type Raw = String;
+    fn parse(raw: String) -> Result<Self, String> {
+        Ok(raw)
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
+    }
+}
+
+impl Setting for PathBuf {
+    type Raw = String;
+    fn parse(raw: String) -> Result<Self, String> {
+        Ok(PathBuf::from(raw))
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
+    }
+}
+
+/// An optional key: absent is a value (`None`), shown as `(none)`.
+impl<T: Setting<Raw = String>> Setting for Option<T> {
+    type Raw = String;
+    fn parse(raw: String) -> Result<Self, String> {
+        T::parse(raw).map(Some)
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
+    }
+    fn absent() -> Option<Self> {
+        Some(None)
+    }
+}
+
+impl Setting for IpAddr {
+    type Raw = String;
+    fn parse(raw: String) -> Result<Self, String> {
+        raw.trim().parse().map_err(|_| {
+            "must be an IP address such as 127.0.0.1 (this machine only) or 0.0.0.0 (every \
+             interface)"
+                .to_owned()
+        })
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
+    }
+}
+
+impl Setting for DeviceRequest {
+    type Raw = String;
+    fn parse(raw: String) -> Result<Self, String> {
+        raw.parse()
+            .map_err(|_| "use one of auto, cpu, cuda, cuda:N, mps".to_owned())
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
+    }
+}
+
+/// The option enums: their one parse, and "use a, b or c" when the word is not one of them.
+macro_rules! option_settings {
+    ($($option:ty),* $(,)?) => {$(
+        impl Setting for $option {
+            type Raw = String;
+            fn parse(raw: String) -> Result<Self, String> {
+                raw.parse().map_err(|e: OptionError| e.usage())
+            }
+            fn raw_text(raw: &String) -> String {
+                format!("{raw:?}")
+            }
+        }
+
+        impl Show for $option {
+            fn show(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+
+option_settings!(
+    MatmulPrecision,
+    Determinism,
+    AmpDtype,
+    CudaGraphs,
+    ProfileUnit,
+    OptimizerKind,
+    ScheduleKind,
+    LossKind,
+);
+
+/// Comma-separated widths of at least 1 (`model.hidden`, `model.channels`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Widths(pub Vec<u64>);
+
+impl Setting for Widths {
+    type Raw = RawWidths;
+    fn parse(raw: RawWidths) -> Result<Self, String> {
+        let parsed: Option<Vec<u64>> = raw
+            .0
+            .split(',')
+            .map(|w| w.trim().parse::<u64>().ok().filter(|&w| w >= 1))
+            .collect();
+        parsed
+            .filter(|v| !v.is_empty())
+            .map(Widths)
+            .ok_or_else(|| "use comma-separated widths of at least 1, like \"256,256\"".to_owned())
+    }
+    fn raw_text(raw: &RawWidths) -> String {
+        format!("{:?}", raw.0)
+    }
+}
+
+/// `train.batch_size`: a number, or a search on this machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchSize {
+    Fixed(u64),
+    Auto,
+}
+
+impl Setting for BatchSize {
+    type Raw = RawBatchSize;
+    fn parse(raw: RawBatchSize) -> Result<Self, String> {
+        match raw {
+            RawBatchSize::Number(n) if n >= 1 => Ok(BatchSize::Fixed(n)),
+            RawBatchSize::Number(_) => Err("must be at least 1".to_owned()),
+            RawBatchSize::Text(text) if text.trim().eq_ignore_ascii_case("auto") => {
+                Ok(BatchSize::Auto)
+            }
+            RawBatchSize::Text(_) => Err(
+                "use a whole number of at least 1, or \"auto\" to search this machine for one"
+                    .to_owned(),
+            ),
+        }
+    }
+    fn raw_text(raw: &RawBatchSize) -> String {
+        match raw {
+            RawBatchSize::Number(n) => n.to_string(),
+            RawBatchSize::Text(text) => format!("{text:?}"),
+        }
+    }
+}
+
+/// `model.name`: a built-in model, or the path of a TorchScript file (one ending in `.pt`,
+/// `.pth` or `.ts`, or any existing file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelChoice {
+    pub kind: ModelKind,
+    pub script: Option<PathBuf>,
+}
+
+impl Setting for ModelChoice {
+    type Raw = String;
+    fn parse(name: String) -> Result<Self, String> {
+        if let Ok(kind) = name.parse::<ModelKind>() {
+            return Ok(ModelChoice { kind, script: None });
+        }
+        let path = PathBuf::from(name.trim());
+        let scripted = matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("pt" | "pth" | "ts")
+        );
+        if scripted || path.is_file() {
+            Ok(ModelChoice {
+                kind: ModelKind::TorchScript,
+                script: Some(path),
+            })
+        } else {
+            Err(
+                "use transformer, mlp or convnet, or the path of a TorchScript file (.pt) saved \
+                 with torch.jit.script(model.train()).save(path)"
+                    .to_owned(),
+            )
+        }
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
+    }
+}
+
+/// A plan value as `--explain`, reports and `config.json` print it.
+pub trait Show {
+    fn show(&self) -> String;
+}
+
+macro_rules! show_by_display {
+    ($($t:ty),*) => {$(
+        impl Show for $t {
+            fn show(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+
+show_by_display!(bool, u16, u64, f64, String, IpAddr, DeviceRequest);
+
+impl Show for PathBuf {
+    fn show(&self) -> String {
+        self.display().to_string()
+    }
+}
+
+impl<T: Show> Show for Option<T> {
+    fn show(&self) -> String {
+        self.as_ref()
+            .map_or_else(|| "(none)".to_owned(), Show::show)
+    }
+}
+
+/// Widths as written: "256,256".
+impl Show for Vec<u64> {
+    fn show(&self) -> String {
+        self.iter()
+            .map(u64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+/// Reads raw values into settings, with errors that name the key, the value, what is valid and
+/// the layer that set it.
+#[derive(Debug)]
+pub(crate) struct Checker<'a> {
+    provenance: &'a BTreeMap<String, Provenance>,
+}
+
+impl<'a> Checker<'a> {
+    pub(crate) fn new(provenance: &'a BTreeMap<String, Provenance>) -> Self {
+        Self { provenance }
+    }
+
+    fn source(&self, key: &str) -> String {
+        self.provenance.get(key).map_or_else(
+            || "kiln's built-in defaults".to_owned(),
+            |p| p.source.clone(),
+        )
+    }
+
+    /// `key` = `value` is invalid: `expected`.
+    pub(crate) fn invalid(&self, key: &str, value: String, expected: String) -> ConfigError {
+        ConfigError::InvalidValue {
+            key: key.to_owned(),
+            value,
+            expected,
+            set_by: self.source(key),
+        }
+    }
+
+    /// The setting `key` from its raw value, and that value as errors show it.
+    pub(crate) fn read<T: Setting>(
+        &self,
+        key: &str,
+        raw: Option<T::Raw>,
+    ) -> Result<(T, String), ConfigError> {
+        let Some(raw) = raw else {
+            return T::absent()
+                .map(|v| (v, "(none)".to_owned()))
+                .ok_or_else(|| ConfigError::Other(format!("`{key}` has no value in any layer")));
+        };
+        let text = T::raw_text(&raw);
+        match T::parse(raw) {
+            Ok(value) => Ok((value, text)),
+            Err(expected) => Err(self.invalid(key, text, expected)),
+        }
+    }
+}
+
+/// Turns the key table into everything keyed by it; see [`crate::keys`] for the row syntax.
+macro_rules! config_keys {
+    (
+        plan = $p:ident;
+        $(
+            $(#[$smeta:meta])*
+            $section:ident ($raw:ident, $values:ident) {
+                $(
+                    $(#[$kmeta:meta])*
+                    $key:ident : $ty:ty $(= $default:expr)? => $show:expr
+                        $(, valid |$v:ident| $cond:expr => $expected:literal)? ;
+                )*
+            }
+        )*
+    ) => {
+        $(
+            $(#[$smeta])*
+            #[doc = "\n\nStage one: every field optional, unknown keys rejected."]
+            #[derive(Debug, Default, Clone, serde::Deserialize)]
+            #[serde(deny_unknown_fields, default)]
+            pub struct $raw {
+                $( $(#[$kmeta])* pub $key: Option<<$ty as $crate::setting::Setting>::Raw>, )*
+            }
+
+            /// The section's values, each parsed and checked on its own.
+            #[derive(Debug)]
+            pub(crate) struct $values {
+                $( pub(crate) $key: $ty, )*
+            }
+
+            impl $values {
+                fn read(
+                    raw: $raw,
+                    check: &$crate::setting::Checker<'_>,
+                ) -> Result<Self, $crate::ConfigError> {
+                    Ok(Self {
+                        $( $key: {
+                            let key = concat!(stringify!($section), ".", stringify!($key));
+                            let (value, _text) = check.read::<$ty>(key, raw.$key)?;
+                            $(
+                                let $v = &value;
+                                if !($crate::setting::Setting::finite($v) && $cond) {
+                                    return Err(check.invalid(key, _text, $expected.to_owned()));
+                                }
+                            )?
+                            value
+                        }, )*
+                    })
+                }
+            }
+
+            /// The keys of this section as constants, for code that names a key.
+            #[allow(non_upper_case_globals)]
+            pub mod $section {
+                $(
+                    $(#[$kmeta])*
+                    pub const $key: &str = concat!(stringify!($section), ".", stringify!($key));
+                )*
+            }
+        )*
+
+        /// Every section; the field names are the keys users write.
+        #[derive(Debug, Default, Clone, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct RawConfig {
+            $( pub $section: $raw, )*
+        }
+
+        /// Every valid key, as `section.key`, in the order `--explain` shows them.
+        pub const KEYS: &[&str] = &[
+            $( $( concat!(stringify!($section), ".", stringify!($key)), )* )*
+        ];
+
+        /// Every section's values, each key parsed and checked on its own.
+        #[derive(Debug)]
+        pub(crate) struct Values {
+            $( pub(crate) $section: $values, )*
+        }
+
+        impl Values {
+            pub(crate) fn read(
+                raw: RawConfig,
+                check: &$crate::setting::Checker<'_>,
+            ) -> Result<Self, $crate::ConfigError> {
+                Ok(Self { $( $section: $values::read(raw.$section, check)?, )* })
+            }
+        }
+
+        /// kiln's built-in defaults, the lowest layer.
+        pub(crate) fn defaults() -> $crate::layers::NamedLayer {
+            let layer = $crate::layers::NamedLayer::defaults();
+            $( $( $(
+                let layer = layer.set(
+                    concat!(stringify!($section), ".", stringify!($key)),
+                    $default,
+                );
+            )? )* )*
+            layer
+        }
+
+        impl $crate::plan::RunPlan {
+            /// Every key with its resolved value as text, in the order of [`KEYS`].
+            pub fn entries(&self) -> Vec<(&'static str, String)> {
+                let $p = self;
+                vec![
+                    $( $( (
+                        concat!(stringify!($section), ".", stringify!($key)),
+                        $crate::setting::Show::show(&$show),
+                    ), )* )*
+                ]
+            }
+        }
+    };
+}
+
+pub(crate) use config_keys;

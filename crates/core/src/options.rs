@@ -1,0 +1,270 @@
+//! Every option kiln takes as a word, as an enum with one spelling: the same parse and print for
+//! profiles, configuration, reports and the command line.
+//!
+//! Each option is declared once with `option_enum!`: its canonical name, which is what kiln
+//! prints everywhere, and the other spellings it accepts on input (`none` for `fp32`, `true` for
+//! `on`). Parsing ignores case and surrounding spaces.
+
+use std::fmt;
+
+/// A word that is not one of an option's values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptionError {
+    /// The text as given.
+    pub value: String,
+    /// What the option is, with its article ("an AMP dtype").
+    pub what: &'static str,
+    /// The canonical names, in order.
+    pub valid: &'static [&'static str],
+}
+
+impl OptionError {
+    /// What to write instead: "use fp32, fp16 or bf16".
+    pub fn usage(&self) -> String {
+        format!("use {}", one_of(self.valid))
+    }
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` is not {}: {}", self.value, self.what, self.usage())
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+/// "a", "a or b", "a, b or c".
+pub fn one_of(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [only] => (*only).to_owned(),
+        [init @ .., last] => format!("{} or {last}", init.join(", ")),
+    }
+}
+
+/// Declares an option enum: the variants with their canonical names and accepted aliases, and
+/// `ALL`, `NAMES`, `as_str`, `Display`, `FromStr` and serde as that one spelling.
+macro_rules! option_enum {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident ($what:literal) {
+            $(
+                $(#[$vmeta:meta])*
+                $variant:ident = $canonical:literal $(| $alias:literal)*
+            ),+ $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $( $(#[$vmeta])* $variant, )+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: [Self; [$($canonical),+].len()] = [$(Self::$variant),+];
+            /// The canonical names, in the order of [`Self::ALL`].
+            pub const NAMES: [&'static str; [$($canonical),+].len()] = [$($canonical),+];
+
+            /// The canonical name, as kiln prints it.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( Self::$variant => $canonical, )+
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $name {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl ::std::str::FromStr for $name {
+            type Err = $crate::options::OptionError;
+
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $( $canonical $(| $alias)* => Ok(Self::$variant), )+
+                    _ => Err($crate::options::OptionError {
+                        value: s.to_owned(),
+                        what: $what,
+                        valid: &Self::NAMES,
+                    }),
+                }
+            }
+        }
+
+        impl ::serde::Serialize for $name {
+            fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $name {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = <String as ::serde::Deserialize>::deserialize(d)?;
+                text.parse().map_err(::serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+option_enum! {
+    /// Internal precision of float32 matrix multiplications (`torch.set_float32_matmul_precision`).
+    pub enum MatmulPrecision ("a matmul precision") {
+        /// Full float32 (IEEE) arithmetic.
+        Highest = "highest",
+        /// TF32 tensor cores where available (or bf16x3).
+        High = "high",
+        /// bf16 where available: fastest, least precise.
+        Medium = "medium",
+    }
+}
+
+option_enum! {
+    /// `torch.use_deterministic_algorithms`: the mode and whether violations only warn.
+    pub enum Determinism ("a determinism mode") {
+        /// Nondeterministic algorithms allowed (the default).
+        Off = "off" | "false",
+        /// Nondeterministic algorithms only warn.
+        Warn = "warn",
+        /// Nondeterministic algorithms raise an error.
+        Error = "error" | "on" | "true",
+    }
+}
+
+option_enum! {
+    /// The precision a run computes in: float32, or autocast to a reduced dtype for eligible ops
+    /// (training's `train.amp`, inference's `infer.precision`). Printed as fp32, fp16 or bf16;
+    /// `none` is accepted for fp32.
+    pub enum AmpDtype ("an AMP dtype") {
+        /// No autocast: everything in float32.
+        None = "fp32" | "none" | "float32" | "off",
+        Fp16 = "fp16" | "float16" | "half",
+        Bf16 = "bf16" | "bfloat16",
+    }
+}
+
+option_enum! {
+    /// `infer.cuda_graphs`: whether inference captures and replays CUDA graphs.
+    pub enum CudaGraphs ("a CUDA graphs mode") {
+        /// On CUDA with static shapes; otherwise eager, with a log line saying why.
+        Auto = "auto",
+        /// Required: fail when graphs cannot be used.
+        On = "on" | "true",
+        Off = "off" | "false",
+    }
+}
+
+option_enum! {
+    /// `profiling.unit`: what `wait`, `warmup` and `active` count.
+    pub enum ProfileUnit ("a profiling unit") {
+        Steps = "steps" | "step",
+        Epochs = "epochs" | "epoch",
+    }
+}
+
+option_enum! {
+    /// `train.optimizer`.
+    pub enum OptimizerKind ("an optimizer") {
+        AdamW = "adamw",
+        Sgd = "sgd",
+    }
+}
+
+option_enum! {
+    /// `train.schedule`: the learning rate over a run.
+    pub enum ScheduleKind ("a learning-rate schedule") {
+        Constant = "constant",
+        /// Linear warmup, then cosine decay to `min_lr`.
+        Cosine = "cosine",
+    }
+}
+
+option_enum! {
+    /// `train.loss`: how the loss is computed from the model's output and the target.
+    pub enum LossKind ("a loss") {
+        /// From the dataset's target: cross-entropy for classes, MSE for values.
+        Auto = "auto",
+        CrossEntropy = "cross_entropy",
+        Mse = "mse",
+        L1 = "l1",
+        Huber = "huber",
+        BceWithLogits = "bce_with_logits",
+        /// The module's own `loss(output, target)` method (TorchScript models).
+        Module = "module",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trips<T>(all: &[T])
+    where
+        T: Copy + PartialEq + fmt::Debug + fmt::Display + std::str::FromStr,
+        T: serde::Serialize + serde::de::DeserializeOwned,
+        T::Err: fmt::Debug,
+    {
+        for &v in all {
+            let text = v.to_string();
+            assert_eq!(text.parse::<T>().unwrap(), v);
+            assert_eq!(
+                format!(" {} ", text.to_uppercase()).parse::<T>().unwrap(),
+                v
+            );
+            let json = serde_json::to_string(&v).unwrap();
+            assert_eq!(json, format!("{text:?}"));
+            assert_eq!(serde_json::from_str::<T>(&json).unwrap(), v);
+        }
+    }
+
+    #[test]
+    fn every_option_prints_its_canonical_name_and_parses_it_back() {
+        round_trips(&MatmulPrecision::ALL);
+        round_trips(&Determinism::ALL);
+        round_trips(&AmpDtype::ALL);
+        round_trips(&CudaGraphs::ALL);
+        round_trips(&ProfileUnit::ALL);
+        round_trips(&OptimizerKind::ALL);
+        round_trips(&ScheduleKind::ALL);
+        round_trips(&LossKind::ALL);
+    }
+
+    #[test]
+    fn aliases_are_accepted_on_input_and_printed_canonically() {
+        for (text, dtype) in [
+            ("none", AmpDtype::None),
+            ("float32", AmpDtype::None),
+            ("bfloat16", AmpDtype::Bf16),
+            ("Half", AmpDtype::Fp16),
+        ] {
+            assert_eq!(text.parse::<AmpDtype>().unwrap(), dtype);
+        }
+        assert_eq!(AmpDtype::None.to_string(), "fp32");
+        assert_eq!("true".parse::<Determinism>().unwrap(), Determinism::Error);
+        assert_eq!("false".parse::<CudaGraphs>().unwrap(), CudaGraphs::Off);
+        assert_eq!("epoch".parse::<ProfileUnit>().unwrap(), ProfileUnit::Epochs);
+    }
+
+    #[test]
+    fn a_bad_word_names_itself_and_every_valid_value() {
+        let err = "fp8".parse::<AmpDtype>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`fp8` is not an AMP dtype: use fp32, fp16 or bf16"
+        );
+        assert_eq!(
+            "fast".parse::<MatmulPrecision>().unwrap_err().usage(),
+            "use highest, high or medium"
+        );
+        assert_eq!(
+            "x".parse::<LossKind>().unwrap_err().usage(),
+            "use auto, cross_entropy, mse, l1, huber, bce_with_logits or module"
+        );
+        assert!(serde_json::from_str::<OptimizerKind>("\"adam\"").is_err());
+        assert_eq!(one_of(&["a"]), "a");
+        assert_eq!(one_of(&["a", "b"]), "a or b");
+    }
+}
