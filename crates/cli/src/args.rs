@@ -267,6 +267,10 @@ pub struct TrainArgs {
     /// with PATH, that checkpoint or run directory.
     #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub resume: Option<Option<PathBuf>>,
+    /// Train data-parallel on N ranks of this machine: starts N copies of this command with
+    /// RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as torchrun does.
+    #[arg(long, value_name = "N", value_parser = at_least_one)]
+    pub nproc_per_node: Option<usize>,
 }
 
 impl TrainArgs {

@@ -6,6 +6,7 @@ mod commands;
 mod data;
 mod gpu_check;
 mod infer;
+mod launch;
 mod logging;
 mod profile_model;
 mod progress;
@@ -43,7 +44,10 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             config,
             format,
         } => commands::config(&config, explain, format),
-        Command::Train { train, config } => commands::train(&train, &config),
+        Command::Train { train, config } => match train.nproc_per_node {
+            Some(n) => launch::launch(n),
+            None => commands::train(&train, &config),
+        },
         Command::Infer {
             model,
             inputs,

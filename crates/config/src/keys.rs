@@ -200,6 +200,22 @@ config_keys! {
         with_stack: bool = false => p.profiling.with_stack;
     }
 
+    /// Data-parallel training, when a launcher (torchrun, SLURM, `kiln train --nproc-per-node`)
+    /// sets RANK and WORLD_SIZE.
+    distributed (RawDistributed, DistributedValues) {
+        /// Seconds a rank waits for the others (rendezvous, collectives) before it fails.
+        timeout_s: f64 = 300.0 => p.distributed.timeout.as_secs_f64(),
+            valid |v| *v > 0.0 && *v <= 86_400.0 => "must be in (0, 86400] seconds";
+        /// Gradient bucket size in MiB (PyTorch DDP's bucket_cap_mb).
+        bucket_cap_mb: f64 = 25.0 => p.distributed.bucket_cap_mb,
+            valid |v| *v > 0.0 && *v <= 4096.0 => "must be in (0, 4096] MiB";
+        /// The first gradient bucket's size in MiB (PyTorch DDP: 1).
+        first_bucket_mb: f64 = 1.0 => p.distributed.first_bucket_mb,
+            valid |v| *v > 0.0 && *v <= 4096.0 => "must be in (0, 4096] MiB";
+        /// Look for parameters that get no gradient in a step (slower; PyTorch DDP's
+        /// find_unused_parameters).
+        find_unused_parameters: bool = false => p.distributed.find_unused_parameters;
+    }
     /// The run's name and where its directory goes.
     run (RawRun, RunValues) {
         name: String = "kiln" => p.run.name,
@@ -231,7 +247,7 @@ mod tests {
         assert_eq!(shown["serve.max_wait_ms"], "2");
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 68);
+        assert_eq!(KEYS.len(), 72);
     }
 
     #[test]

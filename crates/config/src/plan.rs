@@ -14,8 +14,8 @@ pub use kiln_core::options::{CudaGraphs, LossKind, OptimizerKind, ProfileUnit, S
 
 use crate::ConfigError;
 use crate::keys::{
-    self, CheckpointValues, DataValues, InferValues, ModelValues, PerformanceValues,
-    ProfilingValues, RawConfig, ServeValues, TrainValues, Values,
+    self, CheckpointValues, DataValues, DistributedValues, InferValues, ModelValues,
+    PerformanceValues, ProfilingValues, RawConfig, ServeValues, TrainValues, Values,
 };
 use crate::layers::Layer;
 use crate::setting::{BatchSize, Checker};
@@ -190,6 +190,17 @@ pub struct ServePlan {
     pub max_body_bytes: u64,
 }
 
+/// The `distributed` section: how ranks of a data-parallel run wait for each other and bucket
+/// their gradients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DistributedPlan {
+    /// How long a rank waits for the others before it fails.
+    pub timeout: std::time::Duration,
+    pub bucket_cap_mb: f64,
+    pub first_bucket_mb: f64,
+    pub find_unused_parameters: bool,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunInfo {
     pub name: String,
@@ -211,6 +222,7 @@ pub struct RunPlan {
     pub infer: InferPlan,
     pub serve: ServePlan,
     pub profiling: ProfilingPlan,
+    pub distributed: DistributedPlan,
     pub run: RunInfo,
     /// Where each value came from, by `section.key`.
     pub provenance: BTreeMap<String, Provenance>,
@@ -248,6 +260,7 @@ pub(crate) fn validate(
         infer: infer_plan(v.infer),
         serve: serve_plan(v.serve),
         profiling: profiling_plan(v.profiling),
+        distributed: distributed_plan(v.distributed),
         run: RunInfo {
             name: v.run.name,
             output_dir: v.run.output_dir,
@@ -371,6 +384,15 @@ fn serve_plan(v: ServeValues) -> ServePlan {
         max_wait: std::time::Duration::from_secs_f64(v.max_wait_ms / 1e3),
         queue_capacity: v.queue_capacity,
         max_body_bytes: v.max_body_bytes,
+    }
+}
+
+fn distributed_plan(v: DistributedValues) -> DistributedPlan {
+    DistributedPlan {
+        timeout: std::time::Duration::from_secs_f64(v.timeout_s),
+        bucket_cap_mb: v.bucket_cap_mb,
+        first_bucket_mb: v.first_bucket_mb,
+        find_unused_parameters: v.find_unused_parameters,
     }
 }
 

@@ -6,8 +6,8 @@
 use serde::{Deserialize, Deserializer, Serialize};
 
 pub use crate::keys::{
-    KEYS, RawCheckpoint, RawConfig, RawData, RawDevice, RawInfer, RawModel, RawPerformance,
-    RawProfiling, RawRun, RawServe, RawTrain,
+    KEYS, RawCheckpoint, RawConfig, RawData, RawDevice, RawDistributed, RawInfer, RawModel,
+    RawPerformance, RawProfiling, RawRun, RawServe, RawTrain,
 };
 
 #[derive(Deserialize)]
