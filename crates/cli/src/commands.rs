@@ -151,6 +151,19 @@ pub fn apply_backend(r: &Resolution) {
     kiln_train::run::apply_backend(&r.plan, r.selection.device);
 }
 
+/// A launcher asked for more than one rank (WORLD_SIZE > 1), which the trainer does not do yet
+/// (issue 23): every rank would train alone and write its own run. Refused, naming why.
+fn refuse_data_parallel() -> anyhow::Result<()> {
+    let world = std::env::var("WORLD_SIZE").unwrap_or_default();
+    if world.trim().parse::<usize>().is_ok_and(|w| w > 1) {
+        anyhow::bail!(
+            "WORLD_SIZE={world}: data-parallel training is not wired into the trainer yet (each \
+             rank would train alone); run one rank (WORLD_SIZE=1 or no launcher)"
+        );
+    }
+    Ok(())
+}
+
 pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     if args.simulating() {
         anyhow::bail!(
@@ -158,6 +171,7 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
              and `kiln doctor`"
         );
     }
+    refuse_data_parallel()?;
     let mut request_flags = args.flags();
     request_flags.extend(train.flags());
     let r = load_with_flags(args, request_flags).context("cannot start the run")?;
