@@ -80,6 +80,17 @@ pub fn train(
     kiln_train::run::train(plan, device, None, control, record, &mut |_, _| {})
 }
 
+/// Trains `sets` on the step's device with runs under `dir`, and returns what it recorded.
+fn run_on(ctx: &Ctx, dir: &Path, sets: &[&str]) -> anyhow::Result<Record> {
+    let mut r = Record::default();
+    train(
+        &plan(ctx.device_key(), dir, sets)?,
+        &mut r,
+        RunControl::default(),
+    )?;
+    Ok(r)
+}
+
 pub fn train_bf16(ctx: &Ctx) -> anyhow::Result<Outcome> {
     train_precision(ctx, "bf16")
 }
@@ -245,12 +256,7 @@ pub fn batch_size_auto(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "train.log_interval=10",
         "checkpoint.enabled=false",
     ];
-    let mut r = Record::default();
-    train(
-        &plan(ctx.device_key(), &ctx.dir, &sets)?,
-        &mut r,
-        RunControl::default(),
-    )?;
+    let r = run_on(ctx, &ctx.dir, &sets)?;
     let start = r.start.context("no start record")?;
     let summary = r.summary.context("no summary")?;
     let search = start.batch_size_search.clone().unwrap_or_default();
@@ -297,12 +303,7 @@ pub fn oom_retry(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "checkpoint.enabled=false",
         fraction.as_str(),
     ];
-    let mut r = Record::default();
-    train(
-        &plan(ctx.device_key(), &ctx.dir, &sets)?,
-        &mut r,
-        RunControl::default(),
-    )?;
+    let r = run_on(ctx, &ctx.dir, &sets)?;
     let summary = r.summary.context("no summary")?;
     let finite = r.steps.iter().all(|s| s.loss.is_finite());
     let pass = summary.oom_retries > 0 && finite && summary.steps > 0;
@@ -337,13 +338,7 @@ pub fn activation_checkpointing(ctx: &Ctx) -> anyhow::Result<Outcome> {
             "checkpoint.enabled=false",
             setting.as_str(),
         ];
-        let mut r = Record::default();
-        let dir = ctx.dir.join(if on { "on" } else { "off" });
-        train(
-            &plan(ctx.device_key(), &dir, &sets)?,
-            &mut r,
-            RunControl::default(),
-        )?;
+        let r = run_on(ctx, &ctx.dir.join(if on { "on" } else { "off" }), &sets)?;
         let summary = r.summary.context("no summary")?;
         peaks.push((gib(summary.memory.gpu_peak), summary.mean_step_time_s));
         kiln_torch_ext::memory::empty_cache()?;
@@ -375,12 +370,7 @@ pub fn profiler_trace(ctx: &Ctx) -> anyhow::Result<Outcome> {
         "train.epochs=1",
         "profiling.active=2",
     ]);
-    let mut r = Record::default();
-    train(
-        &plan(ctx.device_key(), &ctx.dir, &sets)?,
-        &mut r,
-        RunControl::default(),
-    )?;
+    let r = run_on(ctx, &ctx.dir, &sets)?;
     let traces: Vec<PathBuf> = r.summary.context("no summary")?.profiler_traces;
     let trace = traces.first().context("the run wrote no profiler trace")?;
     let text = std::fs::read_to_string(trace)
