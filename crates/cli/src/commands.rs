@@ -202,6 +202,7 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         }),
         stop: Some(stop),
         cache_dir: kiln_train::batch_search::cache_dir(),
+        group: None,
     };
     let mut view = ProgressView::new();
     let result = kiln_train::run::train(

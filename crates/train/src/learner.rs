@@ -117,6 +117,7 @@ impl LearnerBuilder {
                 } else {
                     None
                 },
+                group: None,
             },
         })
     }

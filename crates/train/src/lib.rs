@@ -10,6 +10,7 @@
 
 pub mod batch_search;
 pub mod checkpoint;
+pub mod distributed;
 mod error;
 pub mod feed;
 pub mod init;

@@ -90,6 +90,9 @@ pub struct RunControl {
     pub stop: Option<Arc<AtomicBool>>,
     /// Where `train.batch_size = "auto"` caches its answers (`None`: search every time).
     pub cache_dir: Option<PathBuf>,
+    /// The ranks of a data-parallel run (`None`: this process trains alone). Rank 0 alone
+    /// writes the run directory, metrics and checkpoints.
+    pub group: Option<crate::distributed::SharedGroup>,
 }
 
 /// The newest run directory named `<name>-…` under `output_dir` that has checkpoints.
@@ -366,41 +369,60 @@ pub fn drive(
     drop(generator);
     let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
     let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
+    let (rank, world_size) = match &control.group {
+        Some(group) => {
+            trainer.set_group(group.clone())?;
+            let g = crate::distributed::lock(group);
+            (g.rank(), g.world_size())
+        }
+        None => (0, 1),
+    };
     let sampler = SamplerConfig {
         shuffle: true,
         seed,
-        ..SamplerConfig::default()
+        rank,
+        world_size,
     };
     let loader = loader_config(&plan, sampler, true)?;
-    let mut run_dir = open_run_dir(&plan, resume.as_ref())?;
+    let fit_data = FitData {
+        train: data.train,
+        val: data.val,
+        loader,
+    };
+    let mut options = FitOptions {
+        checkpoints: None,
+        resume,
+        stop: control.stop,
+        batch_size_search: batch_note,
+        profiling: None,
+    };
+    if rank > 0 {
+        // Only rank 0 writes: the run directory, metrics, checkpoints and traces.
+        let summary = trainer.fit(fit_data, observer, options)?;
+        return Ok(RunOutcome {
+            summary,
+            run_dir: PathBuf::new(),
+            data: data.description,
+        });
+    }
+    let mut run_dir = open_run_dir(&plan, options.resume.as_ref())?;
     let run_path = run_dir.path().to_owned();
     on_ready(&run_path, &data.description);
-    let summary = {
-        let mut observers = Observers(vec![observer, &mut run_dir]);
-        trainer.fit(
-            FitData {
-                train: data.train,
-                val: data.val,
-                loader,
-            },
-            &mut observers,
-            FitOptions {
-                checkpoints: Some(CheckpointOptions {
-                    dir: run_path.join("checkpoints"),
-                    plan: plan.checkpoint,
-                    config: RunDir::config_json(&plan),
-                    input: Some(input.clone()),
-                }),
-                resume,
-                stop: control.stop,
-                batch_size_search: batch_note,
-                profiling: Some(ProfilingOptions {
-                    plan: plan.profiling,
-                    dir: run_path.join("profiler_traces"),
-                }),
-            },
-        )?
-    };
+    options.checkpoints = Some(CheckpointOptions {
+        dir: run_path.join("checkpoints"),
+        plan: plan.checkpoint,
+        config: RunDir::config_json(&plan),
+        input: Some(input.clone()),
+    });
+    options.profiling = Some(ProfilingOptions {
+        plan: plan.profiling,
+        dir: run_path.join("profiler_traces"),
+    });
+    let summary = trainer.fit(
+        fit_data,
+        &mut Observers(vec![observer, &mut run_dir]),
+        options,
+    )?;
     Ok(RunOutcome {
         summary,
         run_dir: run_path,

@@ -320,7 +320,7 @@ impl Trainer<'_> {
     ) -> Result<(), TrainError> {
         self.check_bad_run()?;
         let timing = run.monitor.take_interval();
-        let metrics = run.interval.read()?;
+        let metrics = self.across_ranks(run.interval.read()?)?;
         let record = StepRecord {
             kind: "step",
             epoch: place.epoch,
@@ -420,7 +420,7 @@ impl Trainer<'_> {
         place: &EpochPlace,
         val: Option<&Evaluation>,
     ) -> Result<EpochRecord, TrainError> {
-        let train = run.epoch.read()?;
+        let train = self.across_ranks(run.epoch.read()?)?;
         let t = run.monitor.total();
         let seconds = t.seconds - place.timing_before.seconds;
         let per_second = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
@@ -491,11 +491,15 @@ impl Trainer<'_> {
 }
 
 /// The validation loader: the training loader's settings, in order, keeping the last batch.
+/// Every rank of a data-parallel run validates on all of the validation set (the weights are
+/// the same on every rank, so are the results, with no collective).
 fn validation_loader(train: LoaderConfig) -> LoaderConfig {
     LoaderConfig {
         drop_last: false,
         sampler: SamplerConfig {
             shuffle: false,
+            rank: 0,
+            world_size: 1,
             ..train.sampler
         },
         ..train

@@ -21,6 +21,7 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint, RunningSums};
+use crate::distributed::{self, SharedGroup};
 use crate::feed::DeviceBatch;
 use crate::loss::{BatchSums, Loss, MetricKind};
 use crate::model::Model;
@@ -227,6 +228,8 @@ pub struct Trainer<'m> {
     ranges: bool,
     /// Per-phase wall times, while phase timing is on.
     phase_times: Option<std::cell::Cell<PhaseTimes>>,
+    /// The other ranks of a data-parallel run, if any.
+    group: Option<SharedGroup>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -330,6 +333,7 @@ impl<'m> Trainer<'m> {
             split: 1,
             oom_retries: 0,
             retry_oom: true,
+            group: None,
             batch_size: 0,
             ranges: false,
             phase_times: None,
@@ -417,6 +421,49 @@ impl<'m> Trainer<'m> {
         } else {
             None
         })
+    }
+
+    /// Trains data-parallel with the ranks of `group`: every rank's weights and buffers become
+    /// rank 0's now, and each step averages the gradients over the ranks before the optimizer
+    /// steps (every rank then holds the same weights).
+    pub fn set_group(&mut self, group: SharedGroup) -> Result<(), TrainError> {
+        let tensors: Vec<Tensor> = self.model_tensors().into_iter().map(|(_, t)| t).collect();
+        {
+            let _guard = tch::no_grad_guard();
+            distributed::lock(&group).broadcast_from_first(&tensors)?;
+        }
+        self.group = Some(group);
+        Ok(())
+    }
+
+    /// This process's rank (0 outside data-parallel training).
+    pub fn rank(&self) -> usize {
+        self.group
+            .as_ref()
+            .map_or(0, |g| distributed::lock(g).rank())
+    }
+
+    /// The mean of `m` over the ranks (`m` itself outside data-parallel training).
+    pub(crate) fn across_ranks(&self, m: Metrics) -> Result<Metrics, TrainError> {
+        match &self.group {
+            Some(g) => distributed::average_metrics(g, m),
+            None => Ok(m),
+        }
+    }
+
+    /// Averages this step's gradients over the ranks.
+    fn sync_gradients(&self) -> Result<(), TrainError> {
+        let Some(group) = &self.group else {
+            return Ok(());
+        };
+        let grads: Vec<Tensor> = self
+            .vs
+            .trainable_variables()
+            .iter()
+            .map(Tensor::grad)
+            .filter(Tensor::defined)
+            .collect();
+        distributed::average_gradients(group, &grads)
     }
 
     /// Whether a step that runs out of memory is retried in micro-batches (on by default;
@@ -508,6 +555,7 @@ impl<'m> Trainer<'m> {
         loop {
             match self.accumulate(batches, total) {
                 Ok(sums) => {
+                    self.sync_gradients()?;
                     let grad_norm = {
                         let _range = self.range("kiln/optimizer")?;
                         let start = self.phase_start()?;

@@ -1,0 +1,77 @@
+//! Data-parallel training: the trainer's view of the ranks a launcher started (torchrun,
+//! SLURM, `kiln train --nproc-per-node`) and the two collectives it needs from their process
+//! group: rank 0's weights to every rank at the start, and the mean of the gradients (and of
+//! the logged metrics) over the ranks at each step.
+
+use std::sync::{Arc, Mutex};
+
+use tch::{Kind, Tensor};
+
+use crate::TrainError;
+use crate::tally::Metrics;
+
+/// A process group as the trainer uses it (torch-ext's c10d group implements it; tests use an
+/// in-process one).
+pub trait Group: std::fmt::Debug + Send {
+    /// This process's rank, 0 to `world_size − 1`.
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Makes every rank's `tensors` equal to rank 0's, in place.
+    fn broadcast_from_first(&mut self, tensors: &[Tensor]) -> Result<(), TrainError>;
+    /// Replaces each of `tensors`, in place, by its mean over the ranks.
+    fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError>;
+}
+
+/// A group shared by the run and its trainer.
+pub type SharedGroup = Arc<Mutex<dyn Group>>;
+
+/// Locks `group` (a panic elsewhere while holding it leaves nothing half-done).
+pub fn lock(group: &SharedGroup) -> std::sync::MutexGuard<'_, dyn Group + 'static> {
+    group
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Averages `grads` over the ranks as one flat buffer (one collective per step), so that every
+/// rank steps with the gradient of the global batch.
+pub fn average_gradients(group: &SharedGroup, grads: &[Tensor]) -> Result<(), TrainError> {
+    let mut g = lock(group);
+    if g.world_size() == 1 || grads.is_empty() {
+        return Ok(());
+    }
+    let flat: Vec<Tensor> = grads
+        .iter()
+        .map(|t| t.f_reshape([-1]))
+        .collect::<Result<_, _>>()?;
+    let flat = Tensor::f_cat(&flat, 0)?;
+    g.all_reduce_mean(std::slice::from_ref(&flat))?;
+    let mut offset = 0;
+    for t in grads {
+        let n = t.numel() as i64;
+        let part = flat.f_narrow(0, offset, n)?.f_view_as(t)?;
+        t.shallow_clone().f_copy_(&part)?;
+        offset += n;
+    }
+    Ok(())
+}
+
+/// `m` averaged over the ranks (each rank's interval holds as many samples, so the mean of the
+/// means is the mean over every sample). A metric one rank lacks is lacking everywhere.
+pub fn average_metrics(group: &SharedGroup, m: Metrics) -> Result<Metrics, TrainError> {
+    let mut g = lock(group);
+    if g.world_size() == 1 {
+        return Ok(m);
+    }
+    let or0 = |v: Option<f64>| v.unwrap_or(0.0);
+    // RMSE is averaged as its square (the mean squared error), then rooted.
+    let values = [m.loss, or0(m.accuracy), or0(m.mae), or0(m.rmse).powi(2)];
+    let t = Tensor::f_from_slice(&values)?.f_to_kind(Kind::Double)?;
+    g.all_reduce_mean(std::slice::from_ref(&t))?;
+    let v: Vec<f64> = Vec::<f64>::try_from(&t)?;
+    Ok(Metrics {
+        loss: v[0],
+        accuracy: m.accuracy.map(|_| v[1]),
+        mae: m.mae.map(|_| v[2]),
+        rmse: m.rmse.map(|_| v[3].sqrt()),
+    })
+}
