@@ -75,3 +75,38 @@ pub fn average_metrics(group: &SharedGroup, m: Metrics) -> Result<Metrics, Train
         rmse: m.rmse.map(|_| v[3].sqrt()),
     })
 }
+
+/// Checks that every rank runs the same job: each `(what, value)` of this rank against rank
+/// 0's. All ranks learn the verdict together (no rank is left waiting in a collective), and
+/// the error names what differs.
+pub fn check_same_setup(group: &SharedGroup, setup: &[(&str, f64)]) -> Result<(), TrainError> {
+    let mut g = lock(group);
+    if g.world_size() == 1 || setup.is_empty() {
+        return Ok(());
+    }
+    let mine: Vec<f64> = setup.iter().map(|(_, v)| *v).collect();
+    let first = Tensor::f_from_slice(&mine)?.f_to_kind(Kind::Double)?;
+    g.broadcast_from_first(std::slice::from_ref(&first))?;
+    let first: Vec<f64> = Vec::<f64>::try_from(&first)?;
+    let differs = setup
+        .iter()
+        .zip(&first)
+        .find(|((_, v), f)| (*v - **f).abs() > 0.0)
+        .map(|((what, v), f)| format!("{what} is {v} here and {f} on rank 0"));
+    let flag = Tensor::f_from_slice(&[f64::from(u8::from(differs.is_some()))])?;
+    g.all_reduce_mean(std::slice::from_ref(&flag))?;
+    let any = flag.f_double_value(&[0])? > 0.0;
+    match (any, differs) {
+        (false, _) => Ok(()),
+        (true, Some(what)) => Err(TrainError::InvalidPlan {
+            key: "distributed",
+            value: format!("rank {}", g.rank()),
+            expected: format!("the same job on every rank: {what}"),
+        }),
+        (true, None) => Err(TrainError::InvalidPlan {
+            key: "distributed",
+            value: format!("rank {}", g.rank()),
+            expected: "the same job on every rank: another rank's differs from rank 0's".to_owned(),
+        }),
+    }
+}

@@ -371,6 +371,7 @@ pub fn drive(
     let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
     let (rank, world_size) = match &control.group {
         Some(group) => {
+            crate::distributed::check_same_setup(group, &setup_of(&plan, &vs, data.train.len()))?;
             trainer.set_group(group.clone())?;
             let g = crate::distributed::lock(group);
             (g.rank(), g.world_size())
@@ -428,6 +429,27 @@ pub fn drive(
         run_dir: run_path,
         data: data.description,
     })
+}
+
+/// What every rank of a data-parallel run must agree on, as numbers.
+fn setup_of(plan: &RunPlan, vs: &nn::VarStore, train_samples: usize) -> Vec<(&'static str, f64)> {
+    let shapes: f64 = vs
+        .variables()
+        .values()
+        .map(|t| t.size().iter().product::<i64>() as f64)
+        .sum();
+    vec![
+        ("the model's parameter count", shapes),
+        (
+            "the number of parameter tensors",
+            vs.variables().len() as f64,
+        ),
+        ("train.batch_size", plan.train.batch_size as f64),
+        ("train.grad_accum_steps", plan.train.grad_accum_steps as f64),
+        ("train.epochs", plan.train.epochs as f64),
+        ("performance.seed", plan.performance.backend.seed as f64),
+        ("the training set's size", train_samples as f64),
+    ]
 }
 
 /// The run directory: the resumed run's, or a new one.

@@ -6,14 +6,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use kiln_config::load;
 use kiln_device::Device;
 use kiln_train::TrainError;
 use kiln_train::distributed::{Group, SharedGroup};
-use kiln_train::record::{Observer, StepRecord};
-use kiln_train::run::{RunControl, train};
+use kiln_train::record::{Observer, Progress, StepRecord};
+use kiln_train::run::{Resume, RunControl, train};
 use tch::{Kind, Tensor};
 
 /// What the ranks of one in-process group share: a barrier and one slot per rank.
@@ -95,10 +96,19 @@ fn groups(world: usize) -> Vec<SharedGroup> {
         .collect()
 }
 
+/// The logged losses; with `stop`, sets the run's stop flag once that step is done.
 #[derive(Default)]
-struct Losses(Vec<f64>);
+struct Losses(Vec<f64>, Option<(u64, Arc<AtomicBool>)>);
 
 impl Observer for Losses {
+    fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
+        if let Some((at, flag)) = &self.1
+            && p.step == *at
+        {
+            flag.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
     fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
         self.0.push(r.loss);
         Ok(())
@@ -199,6 +209,103 @@ fn accumulated_micro_steps_average_once_per_step() {
             (a - b).abs() <= 1e-5 * a.abs(),
             "step {}: 1×64 {a} vs 2×2×16 {b}",
             step + 1
+        );
+    }
+}
+
+#[test]
+fn ranks_that_run_different_jobs_are_refused_naming_the_difference() {
+    let out = tempfile::tempdir().unwrap();
+    let plans = [plan(out.path(), 32), plan(out.path(), 16)];
+    let handles: Vec<_> = groups(2)
+        .into_iter()
+        .zip(plans)
+        .map(|(group, plan)| {
+            std::thread::spawn(move || {
+                let control = RunControl {
+                    group: Some(group),
+                    ..RunControl::default()
+                };
+                train(
+                    &plan,
+                    Device::Cpu,
+                    None,
+                    control,
+                    &mut Losses::default(),
+                    &mut |_, _| {},
+                )
+                .map(|_| ())
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let err = h.join().unwrap().unwrap_err().to_string();
+        assert!(err.contains(&format!("rank {rank}")), "{err}");
+        assert!(err.contains("the same job on every rank"), "{err}");
+        if rank == 1 {
+            assert!(
+                err.contains("train.batch_size is 16 here and 32 on rank 0"),
+                "{err}"
+            );
+        }
+    }
+}
+
+/// Runs `plan` on 2 thread-ranks with `control(rank)`; returns each rank's losses and result.
+fn run_pair(
+    plan: &kiln_config::RunPlan,
+    stop_at: Option<u64>,
+    resume: bool,
+) -> Vec<(Vec<f64>, Result<(), String>)> {
+    let handles: Vec<_> = groups(2)
+        .into_iter()
+        .map(|group| {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let flag = Arc::new(AtomicBool::new(false));
+                let mut losses = Losses(vec![], stop_at.map(|s| (s, flag.clone())));
+                let control = RunControl {
+                    group: Some(group),
+                    stop: Some(flag),
+                    resume: resume.then_some(Resume::Latest),
+                    ..RunControl::default()
+                };
+                let r = train(
+                    &plan,
+                    Device::Cpu,
+                    None,
+                    control,
+                    &mut losses,
+                    &mut |_, _| {},
+                );
+                (losses.0, r.map(|_| ()).map_err(|e| e.to_string()))
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn a_stopped_two_rank_run_resumes_exactly() {
+    let (whole, parts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let reference = run_pair(&plan(whole.path(), 32), None, false);
+    let plan = plan(parts.path(), 32);
+    let first = run_pair(&plan, Some(7), false);
+    for (_, r) in &first {
+        assert!(r.as_ref().unwrap_err().contains("stop"), "{r:?}");
+    }
+    let second = run_pair(&plan, None, true);
+    for rank in 0..2 {
+        assert!(second[rank].1.is_ok(), "{:?}", second[rank].1);
+        let joined: Vec<f64> = first[rank]
+            .0
+            .iter()
+            .chain(&second[rank].0)
+            .copied()
+            .collect();
+        assert_eq!(
+            joined, reference[rank].0,
+            "rank {rank}: stopped at 7 and resumed = whole"
         );
     }
 }
