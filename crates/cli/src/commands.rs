@@ -151,30 +151,36 @@ pub fn apply_backend(r: &Resolution) {
     kiln_train::run::apply_backend(&r.plan, r.selection.device);
 }
 
-/// A launcher asked for more than one rank (WORLD_SIZE > 1), which the trainer does not do yet
-/// (issue 23): every rank would train alone and write its own run. Refused, naming why.
-fn refuse_data_parallel() -> anyhow::Result<()> {
-    let world = std::env::var("WORLD_SIZE").unwrap_or_default();
-    if world.trim().parse::<usize>().is_ok_and(|w| w > 1) {
+/// The ranks a launcher started, joined (`None` without launcher variables). On CUDA, where
+/// NCCL is not wired yet, more than one rank is refused.
+fn join_ranks(r: &Resolution) -> anyhow::Result<Option<kiln_train::distributed::SharedGroup>> {
+    let Some((group, rdv)) = kiln_train::distributed::connect_from_env(r.plan.distributed.timeout)
+        .context("cannot join the other ranks")?
+    else {
+        return Ok(None);
+    };
+    if rdv.world_size > 1 && matches!(r.selection.device, kiln_device::Device::Cuda(_)) {
         anyhow::bail!(
-            "WORLD_SIZE={world}: data-parallel training is not wired into the trainer yet (each \
-             rank would train alone); run one rank (WORLD_SIZE=1 or no launcher)"
+            "rank {}: data-parallel training on CUDA needs NCCL, which kiln does not drive yet; \
+             train the ranks on the CPU (--set device.request=cpu) or run one rank",
+            rdv.rank
         );
     }
-    Ok(())
+    if rdv.rank == 0 {
+        eprintln!(
+            "data-parallel: {} ranks on c10d/Gloo (rendezvous {}:{}), each on {}; global batch {}",
+            rdv.world_size,
+            rdv.master_addr,
+            rdv.master_port,
+            r.selection.device,
+            r.plan.train.batch_size * r.plan.train.grad_accum_steps * rdv.world_size as u64
+        );
+    }
+    Ok(Some(group))
 }
 
-pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
-    if args.simulating() {
-        anyhow::bail!(
-            "kiln train runs on this machine; --simulate-gpu/--cpus only work with `kiln config` \
-             and `kiln doctor`"
-        );
-    }
-    refuse_data_parallel()?;
-    let mut request_flags = args.flags();
-    request_flags.extend(train.flags());
-    let r = load_with_flags(args, request_flags).context("cannot start the run")?;
+/// The start-of-run lines: device, profile adjustments, settings.
+fn announce(r: &Resolution) {
     eprintln!(
         "device {} ({}): {}",
         r.selection.device, r.plan.device_request, r.selection.reason
@@ -185,8 +191,28 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             r.profile.profile.name, a.key, a.from, a.to, a.reason
         );
     }
-    eprintln!("{}", report::start_line(&r));
-    eprintln!("{}", report::train_line(&r));
+    eprintln!("{}", report::start_line(r));
+    eprintln!("{}", report::train_line(r));
+}
+
+pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
+    if args.simulating() {
+        anyhow::bail!(
+            "kiln train runs on this machine; --simulate-gpu/--cpus only work with `kiln config` \
+             and `kiln doctor`"
+        );
+    }
+    let mut request_flags = args.flags();
+    request_flags.extend(train.flags());
+    let r = load_with_flags(args, request_flags).context("cannot start the run")?;
+    let group = join_ranks(&r)?;
+    // Other ranks than 0 only report errors.
+    let lead = group
+        .as_ref()
+        .is_none_or(|g| kiln_train::distributed::lock(g).rank() == 0);
+    if lead {
+        announce(&r);
+    }
     apply_backend(&r);
     // SIGINT/SIGTERM: finish the step, checkpoint, stop. A second one stops at once.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -202,15 +228,17 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         }),
         stop: Some(stop),
         cache_dir: kiln_train::batch_search::cache_dir(),
-        group: None,
+        group,
     };
     let mut view = ProgressView::new();
+    let mut quiet = kiln_train::record::Silent;
+    let observer: &mut dyn kiln_train::record::Observer = if lead { &mut view } else { &mut quiet };
     let result = kiln_train::run::train(
         &r.plan,
         r.selection.device,
         train.data.as_deref(),
         control,
-        &mut view,
+        observer,
         &mut |dir, data| {
             eprintln!("data: {data}");
             eprintln!("run directory: {}", dir.display());
@@ -223,9 +251,11 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         }
         other => other.context("training failed")?,
     };
-    eprintln!(
-        "wrote {}/{{config.json, metrics.jsonl, summary.json, curves.png}}",
-        outcome.run_dir.display()
-    );
+    if lead {
+        eprintln!(
+            "wrote {}/{{config.json, metrics.jsonl, summary.json, curves.png}}",
+            outcome.run_dir.display()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -51,7 +51,10 @@ fn main() {
         .file("csrc/kiln_ext.cpp")
         .file("csrc/kiln_train.cpp")
         .file("csrc/kiln_autograd.cpp")
-        .file("csrc/kiln_script.cpp");
+        .file("csrc/kiln_script.cpp")
+        // c10d's Gloo process group (csrc/gloo/ holds kiln's stand-ins for gloo's headers).
+        .define("USE_C10D_GLOO", None)
+        .file("csrc/kiln_dist.cpp");
 
     let has_cuda_libs =
         lib.join("libtorch_cuda.so").exists() && lib.join("libc10_cuda.so").exists();

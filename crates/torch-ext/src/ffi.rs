@@ -102,6 +102,31 @@ unsafe extern "C" {
     pub fn kiln_is_channels_last(t: *const std::ffi::c_void, out: *mut bool) -> *mut c_char;
     pub fn kiln_cpu_rng_state(out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cpu_rng_state(state: *const std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_dist_connect(
+        rank: c_int,
+        world: c_int,
+        addr: *const c_char,
+        port: c_int,
+        timeout_s: f64,
+        agent_store: bool,
+        restart_count: *const c_char,
+        gloo_host: *const c_char,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_dist_free(group: *mut std::ffi::c_void);
+    pub fn kiln_dist_broadcast(
+        group: *mut std::ffi::c_void,
+        ts: *const *const std::ffi::c_void,
+        n: usize,
+        root: c_int,
+    ) -> *mut c_char;
+    pub fn kiln_dist_all_reduce(
+        group: *mut std::ffi::c_void,
+        ts: *const *const std::ffi::c_void,
+        n: usize,
+        mean: bool,
+    ) -> *mut c_char;
+    pub fn kiln_dist_barrier(group: *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_cuda_rng_state(index: c_int, out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cuda_rng_state(index: c_int, state: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_dropout(

@@ -11,6 +11,7 @@
 
 pub mod autocast;
 pub mod cuda;
+pub mod dist;
 pub mod dropout;
 mod error;
 mod ffi;

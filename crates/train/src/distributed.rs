@@ -110,3 +110,56 @@ pub fn check_same_setup(group: &SharedGroup, setup: &[(&str, f64)]) -> Result<()
         }),
     }
 }
+
+impl Group for kiln_torch_ext::dist::ProcessGroup {
+    fn rank(&self) -> usize {
+        kiln_torch_ext::dist::ProcessGroup::rank(self)
+    }
+    fn world_size(&self) -> usize {
+        kiln_torch_ext::dist::ProcessGroup::world_size(self)
+    }
+    fn broadcast_from_first(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
+        on_host(tensors, |host| Ok(self.broadcast(host, 0)?))
+    }
+    fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
+        on_host(tensors, |host| Ok(self.all_reduce(host, true)?))
+    }
+}
+
+/// Runs `f` on CPU copies of `tensors` (Gloo works on host memory) and copies the results
+/// back; CPU tensors are used as they are.
+fn on_host(
+    tensors: &[Tensor],
+    f: impl FnOnce(&[Tensor]) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    if tensors.iter().all(|t| t.device() == tch::Device::Cpu) {
+        return f(tensors);
+    }
+    let host: Vec<Tensor> = tensors
+        .iter()
+        .map(|t| t.f_to_device(tch::Device::Cpu))
+        .collect::<Result<_, _>>()?;
+    f(&host)?;
+    let _guard = tch::no_grad_guard();
+    for (t, h) in tensors.iter().zip(&host) {
+        t.shallow_clone().f_copy_(h)?;
+    }
+    Ok(())
+}
+
+/// This process's place among the ranks a launcher started, connected (Gloo, waiting at most
+/// `timeout`); `None` when no launcher variables are set. On one machine (MASTER_ADDR a
+/// loopback address) Gloo binds 127.0.0.1; otherwise c10d picks the interface
+/// (`GLOO_SOCKET_IFNAME`).
+pub fn connect_from_env(
+    timeout: std::time::Duration,
+) -> Result<Option<(SharedGroup, kiln_torch_ext::dist::Rendezvous)>, TrainError> {
+    let Some(r) = kiln_torch_ext::dist::Rendezvous::from_env()? else {
+        return Ok(None);
+    };
+    let local = r.master_addr == "127.0.0.1" || r.master_addr == "localhost";
+    let group =
+        kiln_torch_ext::dist::ProcessGroup::connect(&r, timeout, local.then_some("127.0.0.1"))?;
+    let shared: SharedGroup = Arc::new(Mutex::new(group));
+    Ok(Some((shared, r)))
+}

@@ -1,0 +1,4 @@
+// kiln stand-in (see ../context.h).
+#pragma once
+#include <chrono>
+#include <exception>

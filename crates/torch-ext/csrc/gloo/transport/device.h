@@ -1,0 +1,3 @@
+// kiln stand-in (see ../context.h).
+#pragma once
+#include <gloo/context.h>
