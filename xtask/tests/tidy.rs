@@ -55,6 +55,18 @@ fn kiln_deps(manifest: &Path) -> Vec<String> {
     deps
 }
 
+/// Every library crate: what the CLI and the benchmarks, at the top, may use.
+const ALL_LIBRARIES: &[&str] = &[
+    "kiln-config",
+    "kiln-core",
+    "kiln-data",
+    "kiln-device",
+    "kiln-infer",
+    "kiln-profiles",
+    "kiln-torch-ext",
+    "kiln-train",
+];
+
 /// Which kiln crates each crate may use (docs/ARCHITECTURE.md, "Layering").
 const LAYERS: &[(&str, &[&str])] = &[
     ("crates/core", &[]),
@@ -86,32 +98,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kiln-train",
         ],
     ),
-    (
-        "crates/cli",
-        &[
-            "kiln-config",
-            "kiln-core",
-            "kiln-data",
-            "kiln-device",
-            "kiln-infer",
-            "kiln-profiles",
-            "kiln-torch-ext",
-            "kiln-train",
-        ],
-    ),
-    (
-        "benches",
-        &[
-            "kiln-config",
-            "kiln-core",
-            "kiln-data",
-            "kiln-device",
-            "kiln-infer",
-            "kiln-profiles",
-            "kiln-torch-ext",
-            "kiln-train",
-        ],
-    ),
+    ("crates/cli", ALL_LIBRARIES),
+    ("benches", ALL_LIBRARIES),
     ("examples", &["kiln-train"]),
     ("xtask", &[]),
 ];

@@ -220,23 +220,11 @@ pub fn profile_model(ctx: &Ctx) -> anyhow::Result<Outcome> {
         output.status
     );
     let v: Value = serde_json::from_slice(&output.stdout).context("profile-model's JSON")?;
-    let ms = find_number(&v, &["mean_ms", "ms_mean", "mean"]).unwrap_or(f64::NAN);
+    let ms = v["mean_ms"].as_f64().unwrap_or(f64::NAN);
     let pass = ms.is_finite() && ms > 0.0;
     Ok(Outcome::new(
         pass,
         format!("transformer train step, batch 32: {ms:.2} ms mean"),
     )
     .figure("report", v))
-}
-
-/// The first number under any of `keys`, searching `v` depth-first.
-fn find_number(v: &Value, keys: &[&str]) -> Option<f64> {
-    match v {
-        Value::Object(map) => keys
-            .iter()
-            .find_map(|k| map.get(*k).and_then(Value::as_f64))
-            .or_else(|| map.values().find_map(|x| find_number(x, keys))),
-        Value::Array(items) => items.iter().find_map(|x| find_number(x, keys)),
-        _ => None,
-    }
 }
