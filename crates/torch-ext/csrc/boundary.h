@@ -30,6 +30,8 @@ enum class ErrorKind : unsigned char {
   OutOfMemory = 2,      // c10::OutOfMemoryError (CUDA's caching allocator), std::bad_alloc
   InvalidArgument = 3,  // c10::ValueError, c10::IndexError, c10::TypeError
   NotImplemented = 4,   // c10::NotImplementedError (e.g. no kernel for this backend)
+  Distributed = 5,      // a collective or the rendezvous failed (c10::DistError, or any
+                        // exception out of a collective: see KILN_DIST_CATCH)
 };
 
 // The error string of the ABI: the kind byte, then the message.
@@ -56,6 +58,8 @@ inline char* current_error() noexcept {
     return error_string(ErrorKind::InvalidArgument, e.what_without_backtrace());
   } catch (const c10::TypeError& e) {
     return error_string(ErrorKind::InvalidArgument, e.what_without_backtrace());
+  } catch (const c10::DistError& e) {
+    return error_string(ErrorKind::Distributed, e.what_without_backtrace());
   } catch (const c10::Error& e) {
     return error_string(ErrorKind::Other, e.what_without_backtrace());
   } catch (const std::bad_alloc& e) {
@@ -77,8 +81,27 @@ inline char* current_error() noexcept {
       C10_THROW_ERROR(ValueError, message);
     case ErrorKind::NotImplemented:
       C10_THROW_ERROR(NotImplementedError, message);
+    case ErrorKind::Distributed:
+      C10_THROW_ERROR(DistError, message);
     default:
       C10_THROW_ERROR(Error, message);
+  }
+}
+
+// The error string of an exception out of a collective: c10d's own (c10::DistError: a
+// timeout, an unreachable store) and what Gloo throws (a peer that left: std::exceptions that
+// are not c10's) are Distributed; libtorch's other errors keep their kinds.
+inline char* current_dist_error() noexcept {
+  try {
+    throw;
+  } catch (const c10::Error&) {
+    return current_error();
+  } catch (const std::bad_alloc&) {
+    return current_error();
+  } catch (const std::exception& e) {
+    return error_string(ErrorKind::Distributed, e.what());
+  } catch (...) {
+    return error_string(ErrorKind::Distributed, "unknown C++ exception in a collective");
   }
 }
 
@@ -90,4 +113,10 @@ inline char* current_error() noexcept {
   catch (...) {                     \
     return kiln::current_error();   \
   }                                 \
+  return nullptr;
+#define KILN_DIST_CATCH                  \
+  }                                      \
+  catch (...) {                          \
+    return kiln::current_dist_error();   \
+  }                                      \
   return nullptr;

@@ -8,9 +8,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <memory>
 
 #include <chrono>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -79,7 +86,7 @@ char* kiln_dist_connect(int rank, int world, const char* addr, int port, double 
                  c10::intrusive_ptr<c10d::Backend>(gloo));
   pg->setGroupName("kiln");
   *out = new Group(std::move(pg));
-  KILN_CATCH
+  KILN_DIST_CATCH
 }
 
 void kiln_dist_free(void* group) { delete static_cast<Group*>(group); }
@@ -94,7 +101,7 @@ char* kiln_dist_broadcast(void* group, const at::Tensor* const* ts, size_t n, in
     std::vector<at::Tensor> one{*ts[i]};
     pg->broadcast(one, options)->wait();
   }
-  KILN_CATCH
+  KILN_DIST_CATCH
 }
 
 // Each tensor becomes the sum over the ranks, divided by the world size when `mean`.
@@ -107,13 +114,92 @@ char* kiln_dist_all_reduce(void* group, const at::Tensor* const* ts, size_t n, b
     pg->allreduce(one)->wait();
     if (mean) t.div_(pg->getSize());
   }
-  KILN_CATCH
+  KILN_DIST_CATCH
 }
 
 char* kiln_dist_barrier(void* group) {
   KILN_TRY
   (*static_cast<Group*>(group))->barrier()->wait();
-  KILN_CATCH
+  KILN_DIST_CATCH
+}
+
+// Checks that every rank holds parameters of the same number, shapes and kinds (c10d's own
+// check, which DistributedDataParallel runs at start); every rank fails alike, naming the
+// first difference.
+char* kiln_dist_verify_params(void* group, const at::Tensor* const* ts, size_t n) {
+  KILN_TRY
+  at::NoGradGuard no_grad;
+  c10d::verify_params_across_processes(*static_cast<Group*>(group), list(ts, n), std::nullopt);
+  KILN_DIST_CATCH
+}
+
+// Every tensor becomes rank `root`'s, sent in flat buffers of at most `buffer_bytes`
+// (DistributedDataParallel's start-of-training sync of parameters and buffers).
+char* kiln_dist_broadcast_coalesced(void* group, const at::Tensor* const* ts, size_t n,
+                                    int64_t buffer_bytes, int root) {
+  KILN_TRY
+  TORCH_CHECK_VALUE(buffer_bytes > 0, "the broadcast buffer must be positive");
+  at::NoGradGuard no_grad;
+  auto tensors = list(ts, n);
+  c10d::broadcast_coalesced(*static_cast<Group*>(group), tensors,
+                            static_cast<size_t>(buffer_bytes), root);
+  KILN_DIST_CATCH
+}
+
+// c10d's DDP engine over `params`: autograd hooks all-reduce (and average) gradient buckets
+// while backward runs. Buckets as DistributedDataParallel builds them: without unused
+// parameters one bucket for the first step, rebuilt in the order gradients arrived
+// (`first_bucket_bytes`, then `bucket_bytes` each); with them, those caps from the start.
+char* kiln_dist_reducer_new(void* group, const at::Tensor* const* ts, size_t n,
+                            int64_t bucket_bytes, int64_t first_bucket_bytes, bool find_unused,
+                            void** out) {
+  KILN_TRY
+  TORCH_CHECK_VALUE(n > 0, "data-parallel training needs at least one trainable parameter");
+  TORCH_CHECK_VALUE(bucket_bytes > 0 && first_bucket_bytes > 0,
+                    "gradient bucket sizes must be positive");
+  auto params = list(ts, n);
+  std::vector<size_t> caps{std::numeric_limits<size_t>::max()};
+  if (find_unused) {
+    caps = {static_cast<size_t>(first_bucket_bytes), static_cast<size_t>(bucket_bytes)};
+  }
+  std::vector<bool> sparse(n, false);
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(params, caps, sparse);
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(limits.begin(), limits.end());
+  std::vector<int64_t> byte_limits;
+  for (auto l : limits) {
+    byte_limits.push_back(static_cast<int64_t>(std::min<size_t>(
+        l, static_cast<size_t>(std::numeric_limits<int64_t>::max()))));
+  }
+  *out = new std::shared_ptr<c10d::Reducer>(std::make_shared<c10d::Reducer>(
+      params, buckets, *static_cast<Group*>(group), sparse, bucket_bytes, find_unused,
+      /*gradient_as_bucket_view=*/false, std::unordered_map<size_t, std::string>{},
+      first_bucket_bytes, /*skip_all_reduce_unused_params=*/false,
+      /*use_python_reducer=*/false, byte_limits));
+  KILN_DIST_CATCH
+}
+
+void kiln_dist_reducer_free(void* reducer) {
+  delete static_cast<std::shared_ptr<c10d::Reducer>*>(reducer);
+}
+
+// Before a forward pass (DistributedDataParallel's pre-forward): rebuild the buckets once
+// their order is known; when this micro-batch's gradients are synchronised, say so.
+char* kiln_dist_reducer_before_forward(void* reducer, bool sync) {
+  KILN_TRY
+  auto& r = *static_cast<std::shared_ptr<c10d::Reducer>*>(reducer);
+  r->rebuild_buckets();
+  if (sync) r->prepare_for_forward();
+  KILN_DIST_CATCH
+}
+
+// Before backward of a synchronised micro-batch: arm the hooks. `outputs` (with unused
+// parameters) are where the search for parameters that got no gradient starts.
+char* kiln_dist_reducer_before_backward(void* reducer, const at::Tensor* const* ts, size_t n) {
+  KILN_TRY
+  auto& r = *static_cast<std::shared_ptr<c10d::Reducer>*>(reducer);
+  r->prepare_for_backward(list(ts, n));
+  KILN_DIST_CATCH
 }
 
 }  // extern "C"

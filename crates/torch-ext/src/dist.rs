@@ -162,6 +162,130 @@ impl ProcessGroup {
         // SAFETY: a live group.
         ffi::check("barrier", unsafe { ffi::kiln_dist_barrier(self.ptr) })
     }
+
+    /// c10d's check that every rank holds `params` of the same number, shapes and kinds
+    /// (what DistributedDataParallel runs at start): every rank fails alike, naming the
+    /// first difference.
+    pub fn verify_params(&mut self, params: &[tch::Tensor]) -> Result<()> {
+        let p: Vec<*const c_void> = params.iter().map(ffi::tensor_ptr).collect();
+        // SAFETY: a live group and live tensor handles for the call.
+        ffi::check("verify parameters across ranks", unsafe {
+            ffi::kiln_dist_verify_params(self.ptr, p.as_ptr(), p.len())
+        })
+    }
+
+    /// Every rank's `tensors` become rank `root`'s, sent in flat buffers of at most
+    /// `buffer_bytes` (DistributedDataParallel's sync of parameters and buffers at start).
+    pub fn broadcast_coalesced(
+        &mut self,
+        tensors: &[tch::Tensor],
+        buffer_bytes: usize,
+        root: usize,
+    ) -> Result<()> {
+        let p: Vec<*const c_void> = tensors.iter().map(ffi::tensor_ptr).collect();
+        let root = c_int_of("the root rank", root)?;
+        let bytes = i64::try_from(buffer_bytes)
+            .map_err(|_| invalid(format!("broadcast buffer {buffer_bytes} is out of range")))?;
+        // SAFETY: a live group and live tensor handles for the call.
+        ffi::check("broadcast", unsafe {
+            ffi::kiln_dist_broadcast_coalesced(self.ptr, p.as_ptr(), p.len(), bytes, root)
+        })
+    }
+
+    /// c10d's DDP engine (`c10d::Reducer`) over `params`: see [`Reducer`].
+    pub fn reducer(&mut self, params: &[tch::Tensor], buckets: Buckets) -> Result<Reducer> {
+        let p: Vec<*const c_void> = params.iter().map(ffi::tensor_ptr).collect();
+        let bytes = |what: &str, mb: f64| -> Result<i64> {
+            let b = mb * 1024.0 * 1024.0;
+            if (1.0..9.0e18).contains(&b) {
+                Ok(b as i64)
+            } else {
+                Err(invalid(format!("{what} {mb} MiB is not a positive size")))
+            }
+        };
+        let cap = bytes("the gradient bucket", buckets.cap_mb)?;
+        let first = bytes("the first gradient bucket", buckets.first_mb)?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a live group, live tensor handles, and an out pointer that on success holds
+        // an owned reducer (which keeps its own references to the group and the parameters).
+        ffi::check("gradient reducer", unsafe {
+            ffi::kiln_dist_reducer_new(
+                self.ptr,
+                p.as_ptr(),
+                p.len(),
+                cap,
+                first,
+                buckets.find_unused_parameters,
+                &mut ptr,
+            )
+        })?;
+        Ok(Reducer { ptr })
+    }
+}
+
+/// How a [`Reducer`] groups gradients: PyTorch's `DistributedDataParallel` arguments of the
+/// same names and defaults (`bucket_cap_mb` 25, the first bucket 1 MiB,
+/// `find_unused_parameters` off).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Buckets {
+    pub cap_mb: f64,
+    pub first_mb: f64,
+    /// Search each step's graph for parameters that got no gradient (a model whose forward
+    /// skips some), so their buckets still complete.
+    pub find_unused_parameters: bool,
+}
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Self {
+            cap_mb: 25.0,
+            first_mb: 1.0,
+            find_unused_parameters: false,
+        }
+    }
+}
+
+/// c10d's DDP engine (`c10d::Reducer`, the engine under PyTorch's `DistributedDataParallel`):
+/// autograd hooks on the parameters all-reduce their gradients in buckets while backward is
+/// still running, and leave each gradient averaged over the ranks. Each micro-batch calls
+/// [`Reducer::before_forward`]; one whose gradients are synchronised then calls
+/// [`Reducer::before_backward`] before its backward. Micro-batches that skip it accumulate
+/// locally (PyTorch's `no_sync`); the next synchronised backward all-reduces the sum.
+#[derive(Debug)]
+pub struct Reducer {
+    ptr: *mut c_void,
+}
+
+// SAFETY: the reducer is driven from one thread at a time (the trainer owns it); its hooks
+// run on autograd's threads, which c10d synchronises itself.
+unsafe impl Send for Reducer {}
+
+impl Reducer {
+    /// Before a forward pass: buckets are rebuilt once (after the first synchronised step,
+    /// in the order gradients arrived), and a synchronised micro-batch is announced.
+    pub fn before_forward(&mut self, sync: bool) -> Result<()> {
+        // SAFETY: a live reducer.
+        ffi::check("gradient reducer (before forward)", unsafe {
+            ffi::kiln_dist_reducer_before_forward(self.ptr, sync)
+        })
+    }
+
+    /// Arms the hooks for the backward that follows; `outputs` (needed only with
+    /// `find_unused_parameters`) are where the search for unused parameters starts.
+    pub fn before_backward(&mut self, outputs: &[tch::Tensor]) -> Result<()> {
+        let p: Vec<*const c_void> = outputs.iter().map(ffi::tensor_ptr).collect();
+        // SAFETY: a live reducer and live tensor handles for the call.
+        ffi::check("gradient reducer (before backward)", unsafe {
+            ffi::kiln_dist_reducer_before_backward(self.ptr, p.as_ptr(), p.len())
+        })
+    }
+}
+
+impl Drop for Reducer {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from kiln_dist_reducer_new and is freed exactly once.
+        unsafe { ffi::kiln_dist_reducer_free(self.ptr) }
+    }
 }
 
 impl Drop for ProcessGroup {

@@ -37,6 +37,11 @@ impl Error {
         self.kind() == ErrorKind::OutOfMemory
     }
 
+    /// Whether a collective or the rendezvous of a process group failed.
+    pub fn is_distributed(&self) -> bool {
+        self.kind() == ErrorKind::Distributed
+    }
+
     /// A libtorch error that reached us through tch (as text), with its kind as far as tch
     /// lets us tell ([`tch_out_of_memory`]).
     pub(crate) fn from_tch(op: &'static str, e: &tch::TchError) -> Self {
@@ -61,6 +66,9 @@ pub enum ErrorKind {
     /// No implementation for these arguments, e.g. no kernel for the tensor's backend
     /// (`c10::NotImplementedError`).
     NotImplemented,
+    /// A collective or the rendezvous failed: a timeout, a rank that left, an unreachable
+    /// master, ranks that disagree (`c10::DistError`, or anything thrown out of a collective).
+    Distributed,
     /// Anything else.
     Other,
 }
@@ -72,6 +80,7 @@ impl ErrorKind {
             2 => ErrorKind::OutOfMemory,
             3 => ErrorKind::InvalidArgument,
             4 => ErrorKind::NotImplemented,
+            5 => ErrorKind::Distributed,
             _ => ErrorKind::Other,
         }
     }
@@ -92,6 +101,7 @@ impl ErrorKind {
             ErrorKind::OutOfMemory => 2,
             ErrorKind::InvalidArgument => 3,
             ErrorKind::NotImplemented => 4,
+            ErrorKind::Distributed => 5,
         }
     }
 }

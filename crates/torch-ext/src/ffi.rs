@@ -127,6 +127,37 @@ unsafe extern "C" {
         mean: bool,
     ) -> *mut c_char;
     pub fn kiln_dist_barrier(group: *mut std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_dist_verify_params(
+        group: *mut std::ffi::c_void,
+        ts: *const *const std::ffi::c_void,
+        n: usize,
+    ) -> *mut c_char;
+    pub fn kiln_dist_broadcast_coalesced(
+        group: *mut std::ffi::c_void,
+        ts: *const *const std::ffi::c_void,
+        n: usize,
+        buffer_bytes: i64,
+        root: c_int,
+    ) -> *mut c_char;
+    pub fn kiln_dist_reducer_new(
+        group: *mut std::ffi::c_void,
+        ts: *const *const std::ffi::c_void,
+        n: usize,
+        bucket_bytes: i64,
+        first_bucket_bytes: i64,
+        find_unused: bool,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_dist_reducer_free(reducer: *mut std::ffi::c_void);
+    pub fn kiln_dist_reducer_before_forward(
+        reducer: *mut std::ffi::c_void,
+        sync: bool,
+    ) -> *mut c_char;
+    pub fn kiln_dist_reducer_before_backward(
+        reducer: *mut std::ffi::c_void,
+        ts: *const *const std::ffi::c_void,
+        n: usize,
+    ) -> *mut c_char;
     pub fn kiln_cuda_rng_state(index: c_int, out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cuda_rng_state(index: c_int, state: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_dropout(
@@ -309,7 +340,7 @@ mod tests {
         let cpu_oom = "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't \
                        allocate memory: you tried to allocate 1125899906842624 bytes.";
         let cpu_oom_bytes = [b"\x01", cpu_oom.as_bytes()].concat();
-        let cases: [(&[u8], ErrorKind, &str); 7] = [
+        let cases: [(&[u8], ErrorKind, &str); 8] = [
             (b"\x01boom\n", ErrorKind::Other, "boom"),
             (
                 b"\x02CUDA out of memory. Tried",
@@ -322,6 +353,11 @@ mod tests {
                 "index 5 out of range",
             ),
             (b"\x04no kernel", ErrorKind::NotImplemented, "no kernel"),
+            (
+                b"\x05Connection closed by peer",
+                ErrorKind::Distributed,
+                "Connection closed by peer",
+            ),
             (b"\x7fnew kind", ErrorKind::Other, "new kind"),
             (b"", ErrorKind::Other, ""),
             (&cpu_oom_bytes, ErrorKind::OutOfMemory, cpu_oom),
@@ -338,6 +374,7 @@ mod tests {
             ErrorKind::OutOfMemory,
             ErrorKind::InvalidArgument,
             ErrorKind::NotImplemented,
+            ErrorKind::Distributed,
         ] {
             assert_ne!(kind.code(), 0, "0 ends a C string");
             assert_eq!(ErrorKind::from_code(kind.code()), kind);

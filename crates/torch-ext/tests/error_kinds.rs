@@ -72,6 +72,7 @@ fn a_callback_error_keeps_its_kind_through_cpp() {
         ErrorKind::OutOfMemory,
         ErrorKind::InvalidArgument,
         ErrorKind::NotImplemented,
+        ErrorKind::Distributed,
         ErrorKind::Other,
     ] {
         let e = checkpoint(&x, move |_| {

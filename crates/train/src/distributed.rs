@@ -1,11 +1,15 @@
 //! Data-parallel training: the trainer's view of the ranks a launcher started (torchrun,
 //! SLURM, `kiln train --nproc-per-node`) and the two collectives it needs from their process
 //! group: rank 0's weights to every rank at the start, and the mean of the gradients (and of
-//! the logged metrics) over the ranks at each step.
+//! the logged metrics) over the ranks at each step. On c10d the gradients go through
+//! `c10d::Reducer`, PyTorch's DDP engine, bucket by bucket while backward runs.
 
 use std::sync::{Arc, Mutex};
 
 use tch::{Kind, Tensor};
+
+pub use kiln_torch_ext::dist::Buckets;
+use kiln_torch_ext::dist::Reducer;
 
 use crate::TrainError;
 use crate::tally::Metrics;
@@ -20,6 +24,78 @@ pub trait Group: std::fmt::Debug + Send {
     fn broadcast_from_first(&mut self, tensors: &[Tensor]) -> Result<(), TrainError>;
     /// Replaces each of `tensors`, in place, by its mean over the ranks.
     fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError>;
+
+    /// At the start of training: checks that every rank holds the same `trainable`
+    /// parameters, then makes every rank's `tensors` (parameters and buffers) rank 0's. By
+    /// default only the broadcast.
+    fn start(&mut self, trainable: &[Tensor], tensors: &[Tensor]) -> Result<(), TrainError> {
+        let _ = trainable;
+        self.broadcast_from_first(tensors)
+    }
+
+    /// How this group averages the gradients of `params` during training. By default one
+    /// flat all-reduce after the step's last backward ([`AfterBackward`]).
+    fn gradient_sync(
+        &mut self,
+        params: &[Tensor],
+        buckets: Buckets,
+    ) -> Result<Box<dyn GradientSync>, TrainError> {
+        let _ = (params, buckets);
+        Ok(Box::new(AfterBackward))
+    }
+}
+
+/// How the gradients of a step are averaged over the ranks. Each micro-batch of a step calls
+/// [`GradientSync::before_forward`] and, when it is the step's last (the one whose backward
+/// synchronises), [`GradientSync::before_backward`]; after the last backward,
+/// [`GradientSync::after_backward`].
+pub trait GradientSync: std::fmt::Debug + Send {
+    fn before_forward(&mut self, last: bool) -> Result<(), TrainError>;
+    /// `loss` is what backward starts from.
+    fn before_backward(&mut self, loss: &Tensor) -> Result<(), TrainError>;
+    fn after_backward(&mut self, group: &SharedGroup, grads: &[Tensor]) -> Result<(), TrainError>;
+}
+
+/// Gradients averaged in one flat all-reduce after the step's last backward (the fallback for
+/// groups that are not c10d's).
+#[derive(Debug)]
+pub struct AfterBackward;
+
+impl GradientSync for AfterBackward {
+    fn before_forward(&mut self, _last: bool) -> Result<(), TrainError> {
+        Ok(())
+    }
+    fn before_backward(&mut self, _loss: &Tensor) -> Result<(), TrainError> {
+        Ok(())
+    }
+    fn after_backward(&mut self, group: &SharedGroup, grads: &[Tensor]) -> Result<(), TrainError> {
+        average_gradients(group, grads)
+    }
+}
+
+/// c10d's DDP engine: gradient buckets all-reduced from autograd hooks while backward runs;
+/// micro-batches before a step's last skip it (PyTorch's `no_sync`) and accumulate locally.
+#[derive(Debug)]
+struct C10dReducer {
+    reducer: Reducer,
+    find_unused: bool,
+}
+
+impl GradientSync for C10dReducer {
+    fn before_forward(&mut self, last: bool) -> Result<(), TrainError> {
+        Ok(self.reducer.before_forward(last)?)
+    }
+    fn before_backward(&mut self, loss: &Tensor) -> Result<(), TrainError> {
+        let outputs = if self.find_unused {
+            vec![loss.shallow_clone()]
+        } else {
+            Vec::new()
+        };
+        Ok(self.reducer.before_backward(&outputs)?)
+    }
+    fn after_backward(&mut self, _: &SharedGroup, _: &[Tensor]) -> Result<(), TrainError> {
+        Ok(())
+    }
 }
 
 /// A group shared by the run and its trainer.
@@ -53,6 +129,29 @@ pub fn average_gradients(group: &SharedGroup, grads: &[Tensor]) -> Result<(), Tr
         offset += n;
     }
     Ok(())
+}
+
+/// `e`, the error of `what` on `rank` of `world_size`, as a [`TrainError::Distributed`] when
+/// it is a collective's failure (a native error of that kind, or any libtorch error of a
+/// backward whose hooks all-reduce); other errors are returned as they are.
+pub fn collective_error(
+    rank: usize,
+    world_size: usize,
+    what: &str,
+    e: TrainError,
+    backward: bool,
+) -> TrainError {
+    let message = match &e {
+        TrainError::Torch(t) if t.is_distributed() => t.to_string(),
+        TrainError::Tch(t) if backward => t.to_string(),
+        _ => return e,
+    };
+    TrainError::Distributed {
+        rank,
+        world_size,
+        what: what.to_owned(),
+        message: message.lines().next().unwrap_or_default().to_owned(),
+    }
 }
 
 /// `m` averaged over the ranks (each rank's interval holds as many samples, so the mean of the
@@ -123,6 +222,27 @@ impl Group for kiln_torch_ext::dist::ProcessGroup {
     }
     fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
         on_host(tensors, |host| Ok(self.all_reduce(host, true)?))
+    }
+    fn start(&mut self, trainable: &[Tensor], tensors: &[Tensor]) -> Result<(), TrainError> {
+        on_host(trainable, |host| Ok(self.verify_params(host)?))?;
+        // DistributedDataParallel's broadcast buffer: 250 MiB.
+        on_host(tensors, |host| {
+            Ok(self.broadcast_coalesced(host, 250 << 20, 0)?)
+        })
+    }
+    fn gradient_sync(
+        &mut self,
+        params: &[Tensor],
+        buckets: Buckets,
+    ) -> Result<Box<dyn GradientSync>, TrainError> {
+        if params.iter().any(|p| p.device() != tch::Device::Cpu) {
+            // Gloo all-reduces host memory; on CUDA (one rank until NCCL) the flat fallback.
+            return Ok(Box::new(AfterBackward));
+        }
+        Ok(Box::new(C10dReducer {
+            reducer: self.reducer(params, buckets)?,
+            find_unused: buckets.find_unused_parameters,
+        }))
     }
 }
 

@@ -63,6 +63,17 @@ pub enum TrainError {
         expected: String,
         got: String,
     },
+    /// A collective of a data-parallel run failed: another rank stopped or died, the master
+    /// could not be reached, or the ranks waited longer than `distributed.timeout_s`.
+    #[error(
+        "rank {rank} of {world_size}: {what} failed: {message}. Another rank has probably stopped or died (see its own output), or the ranks waited for each other longer than distributed.timeout_s"
+    )]
+    Distributed {
+        rank: usize,
+        world_size: usize,
+        what: String,
+        message: String,
+    },
     /// The user's model failed (a TorchScript forward or loss rejected its input).
     #[error("{what}: {message}")]
     Model { what: String, message: String },

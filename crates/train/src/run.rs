@@ -372,7 +372,7 @@ pub fn drive(
     let (rank, world_size) = match &control.group {
         Some(group) => {
             crate::distributed::check_same_setup(group, &setup_of(&plan, &vs, data.train.len()))?;
-            trainer.set_group(group.clone())?;
+            trainer.set_group(group.clone(), buckets_of(&plan.distributed))?;
             let g = crate::distributed::lock(group);
             (g.rank(), g.world_size())
         }
@@ -487,5 +487,14 @@ pub fn apply_backend(plan: &RunPlan, device: kiln_device::Device) {
                 tracing::warn!("could not apply {} = {}: {why}", a.setting, a.value)
             }
         }
+    }
+}
+
+/// The gradient buckets the `distributed` section asks for.
+fn buckets_of(d: &kiln_config::DistributedPlan) -> crate::distributed::Buckets {
+    crate::distributed::Buckets {
+        cap_mb: d.bucket_cap_mb,
+        first_mb: d.first_bucket_mb,
+        find_unused_parameters: d.find_unused_parameters,
     }
 }

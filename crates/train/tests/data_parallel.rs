@@ -1,7 +1,9 @@
-//! Data-parallel training through the trainer's `Group` seam, with the ranks as threads of this
-//! process and an in-process all-reduce: 2 ranks × batch B learn exactly as 1 rank × batch 2B
-//! (the same samples per step, gradients and logged metrics averaged over the ranks), and only
-//! rank 0 writes the run.
+//! Data-parallel training with the ranks as threads of this process, each with its own c10d
+//! process group on Gloo over loopback (gradients through c10d's Reducer, PyTorch's DDP
+//! engine), and once through the trainer's `Group` seam with an in-process all-reduce: 2 ranks
+//! × batch B learn exactly as 1 rank × batch 2B (the same samples per step, gradients and
+//! logged metrics averaged over the ranks, the same weights on every rank), and only rank 0
+//! writes the run.
 
 mod common;
 
@@ -80,7 +82,41 @@ impl Group for ThreadGroup {
     }
 }
 
+/// `world` c10d process groups on Gloo over loopback, one per rank (they meet in parallel).
 fn groups(world: usize) -> Vec<SharedGroup> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn(move || {
+                    let r = kiln_torch_ext::dist::Rendezvous {
+                        rank,
+                        world_size: world,
+                        local_rank: rank,
+                        master_addr: "127.0.0.1".to_owned(),
+                        master_port: port,
+                        agent_store: false,
+                        restart_count: "0".to_owned(),
+                    };
+                    let timeout = std::time::Duration::from_secs(60);
+                    let pg =
+                        kiln_torch_ext::dist::ProcessGroup::connect(&r, timeout, Some("127.0.0.1"))
+                            .unwrap();
+                    let g: SharedGroup = Arc::new(Mutex::new(pg));
+                    g
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// `world` in-process groups (the `Group` seam's fallback: one flat all-reduce per step).
+fn thread_groups(world: usize) -> Vec<SharedGroup> {
     let meeting = Arc::new(Meeting {
         barrier: Barrier::new(world),
         slots: Mutex::new(vec![vec![]; world]),
@@ -137,9 +173,17 @@ fn plan_with(out: &Path, batch: usize, accum: usize) -> kiln_config::RunPlan {
     load(&common::run_request(out, &base, &[])).unwrap().plan
 }
 
-/// Runs `plan` on `world` thread-ranks; returns each rank's logged losses and run directory.
-fn run_ranks(plan: &kiln_config::RunPlan, world: usize) -> Vec<(Vec<f64>, PathBuf)> {
-    let handles: Vec<_> = groups(world)
+/// What one rank's run gave: its logged losses, its run directory, its final validation loss
+/// (computed by each rank on the whole validation set with its own weights).
+type RankRun = (Vec<f64>, PathBuf, Option<f64>);
+
+/// Runs `plan` on `world` thread-ranks of c10d groups.
+fn run_ranks(plan: &kiln_config::RunPlan, world: usize) -> Vec<RankRun> {
+    run_on(groups(world), plan)
+}
+
+fn run_on(groups: Vec<SharedGroup>, plan: &kiln_config::RunPlan) -> Vec<RankRun> {
+    let handles: Vec<_> = groups
         .into_iter()
         .map(|group| {
             let plan = plan.clone();
@@ -158,7 +202,7 @@ fn run_ranks(plan: &kiln_config::RunPlan, world: usize) -> Vec<(Vec<f64>, PathBu
                     &mut |_, _| {},
                 )
                 .unwrap();
-                (losses.0, outcome.run_dir)
+                (losses.0, outcome.run_dir, outcome.summary.final_val_loss)
             })
         })
         .collect();
@@ -170,6 +214,22 @@ fn two_ranks_of_batch_b_learn_as_one_rank_of_batch_2b() {
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let single = run_ranks(&plan(one.path(), 64), 1);
     let pair = run_ranks(&plan(two.path(), 32), 2);
+    same_learning(&single, &pair);
+    let (a, b) = (pair[0].2.unwrap(), pair[1].2.unwrap());
+    assert_eq!(a, b, "both ranks end with the same weights");
+    assert!((a - single[0].2.unwrap()).abs() <= 1e-5 * a.abs());
+}
+
+#[test]
+fn the_group_seams_fallback_learns_the_same() {
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let single = run_on(thread_groups(1), &plan(one.path(), 64));
+    let pair = run_on(thread_groups(2), &plan(two.path(), 32));
+    same_learning(&single, &pair);
+}
+
+/// 1 × 2B and 2 × B log the same losses, and rank 0 alone wrote one run.
+fn same_learning(single: &[RankRun], pair: &[RankRun]) {
     let (reference, (rank0, rank1)) = (&single[0].0, (&pair[0].0, &pair[1].0));
     assert_eq!(reference.len(), 20, "2 epochs of 10 steps of 64");
     assert_eq!(rank0.len(), reference.len());
@@ -190,7 +250,9 @@ fn two_ranks_of_batch_b_learn_as_one_rank_of_batch_2b() {
     assert!(pair[0].1.join("checkpoints").is_dir());
     assert_eq!(pair[1].1, PathBuf::new());
     assert_eq!(
-        std::fs::read_dir(two.path()).unwrap().count(),
+        std::fs::read_dir(pair[0].1.parent().unwrap())
+            .unwrap()
+            .count(),
         1,
         "one run directory"
     );
@@ -198,7 +260,7 @@ fn two_ranks_of_batch_b_learn_as_one_rank_of_batch_2b() {
 
 #[test]
 fn accumulated_micro_steps_average_once_per_step() {
-    // 2 ranks × 2 micro-batches of 16 (gradients all-reduced once, after the last) = 1 × 64.
+    // 2 ranks × 2 micro-batches of 16 (the first skips the all-reduce) = 1 × 64.
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let single = run_ranks(&plan(one.path(), 64), 1);
     let pair = run_ranks(&plan_with(two.path(), 16, 2), 2);

@@ -231,10 +231,11 @@ impl Trainer<'_> {
                 total_steps: run.total_steps,
             })?;
             let epoch_done = place.consumed >= run.batches_per_epoch;
-            let stopping = options
+            let asked = options
                 .stop
                 .as_ref()
                 .is_some_and(|s| s.load(Ordering::SeqCst));
+            let stopping = self.stop_together(asked)?;
             // (A stop does not log: the open interval goes into the checkpoint, so the
             // resumed run logs exactly what an uninterrupted one would.)
             if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done {

@@ -228,8 +228,10 @@ pub struct Trainer<'m> {
     ranges: bool,
     /// Per-phase wall times, while phase timing is on.
     phase_times: Option<std::cell::Cell<PhaseTimes>>,
-    /// The other ranks of a data-parallel run, if any.
+    /// The other ranks of a data-parallel run, if any, and how gradients are averaged over
+    /// them (none with one rank).
     group: Option<SharedGroup>,
+    gradient_sync: Option<Box<dyn distributed::GradientSync>>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -334,6 +336,7 @@ impl<'m> Trainer<'m> {
             oom_retries: 0,
             retry_oom: true,
             group: None,
+            gradient_sync: None,
             batch_size: 0,
             ranges: false,
             phase_times: None,
@@ -423,15 +426,29 @@ impl<'m> Trainer<'m> {
         })
     }
 
-    /// Trains data-parallel with the ranks of `group`: every rank's weights and buffers become
-    /// rank 0's now, and each step averages the gradients over the ranks before the optimizer
-    /// steps (every rank then holds the same weights).
-    pub fn set_group(&mut self, group: SharedGroup) -> Result<(), TrainError> {
+    /// Trains data-parallel with the ranks of `group`: the ranks check they hold the same
+    /// parameters, every rank's weights and buffers become rank 0's now, and each step
+    /// averages the gradients over the ranks (on c10d bucket by bucket during the backward of
+    /// the step's last micro-batch, as `buckets` says) before the optimizer steps; every rank
+    /// then holds the same weights. Out-of-memory retries are off (the ranks would split
+    /// their steps differently).
+    pub fn set_group(
+        &mut self,
+        group: SharedGroup,
+        buckets: distributed::Buckets,
+    ) -> Result<(), TrainError> {
         let tensors: Vec<Tensor> = self.model_tensors().into_iter().map(|(_, t)| t).collect();
+        let trainable = self.vs.trainable_variables();
+        let mut g = distributed::lock(&group);
         {
             let _guard = tch::no_grad_guard();
-            distributed::lock(&group).broadcast_from_first(&tensors)?;
+            g.start(&trainable, &tensors)?;
         }
+        if g.world_size() > 1 {
+            self.gradient_sync = Some(g.gradient_sync(&trainable, buckets)?);
+            self.retry_oom = false;
+        }
+        drop(g);
         self.group = Some(group);
         Ok(())
     }
@@ -446,14 +463,44 @@ impl<'m> Trainer<'m> {
     /// The mean of `m` over the ranks (`m` itself outside data-parallel training).
     pub(crate) fn across_ranks(&self, m: Metrics) -> Result<Metrics, TrainError> {
         match &self.group {
-            Some(g) => distributed::average_metrics(g, m),
+            Some(g) => distributed::average_metrics(g, m)
+                .map_err(|e| self.in_ranks("averaging the logged metrics", false, e)),
             None => Ok(m),
         }
     }
 
-    /// Averages this step's gradients over the ranks.
-    fn sync_gradients(&self) -> Result<(), TrainError> {
+    /// Whether to stop after this step: in a data-parallel run every rank stops at the same
+    /// step once any of them was asked to (a signal reaches the ranks at different moments),
+    /// so no rank is left waiting in the next step's all-reduce.
+    pub(crate) fn stop_together(&self, asked: bool) -> Result<bool, TrainError> {
         let Some(group) = &self.group else {
+            return Ok(asked);
+        };
+        if self.gradient_sync.is_none() {
+            return Ok(asked);
+        }
+        let flag = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
+        distributed::lock(group)
+            .all_reduce_mean(std::slice::from_ref(&flag))
+            .map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
+        Ok(flag.f_double_value(&[0])? > 0.0)
+    }
+
+    /// `e` named as a failed collective of this rank (see [`distributed::collective_error`]);
+    /// outside data-parallel training, `e` itself.
+    fn in_ranks(&self, what: &str, backward: bool, e: TrainError) -> TrainError {
+        match &self.group {
+            Some(g) => {
+                let g = distributed::lock(g);
+                distributed::collective_error(g.rank(), g.world_size(), what, e, backward)
+            }
+            None => e,
+        }
+    }
+
+    /// Averages this step's gradients over the ranks, where that was not done during backward.
+    fn sync_gradients(&mut self) -> Result<(), TrainError> {
+        let (Some(group), Some(sync)) = (&self.group, self.gradient_sync.as_mut()) else {
             return Ok(());
         };
         let grads: Vec<Tensor> = self
@@ -463,7 +510,7 @@ impl<'m> Trainer<'m> {
             .map(Tensor::grad)
             .filter(Tensor::defined)
             .collect();
-        distributed::average_gradients(group, &grads)
+        sync.after_backward(group, &grads)
     }
 
     /// Whether a step that runs out of memory is retried in micro-batches (on by default;
@@ -555,7 +602,8 @@ impl<'m> Trainer<'m> {
         loop {
             match self.accumulate(batches, total) {
                 Ok(sums) => {
-                    self.sync_gradients()?;
+                    self.sync_gradients()
+                        .map_err(|e| self.in_ranks("the gradient all-reduce", false, e))?;
                     let grad_norm = {
                         let _range = self.range("kiln/optimizer")?;
                         let start = self.phase_start()?;
@@ -599,9 +647,9 @@ impl<'m> Trainer<'m> {
 
     /// Forward and backward over every batch (each split into `self.split` micro-batches),
     /// accumulating gradients; returns the step's metric sums.
-    fn accumulate(&self, batches: &[DeviceBatch], total: i64) -> Result<BatchSums, TrainError> {
+    fn accumulate(&mut self, batches: &[DeviceBatch], total: i64) -> Result<BatchSums, TrainError> {
         let mut sums: Option<BatchSums> = None;
-        for batch in batches {
+        for (b, batch) in batches.iter().enumerate() {
             let rows = batch.targets.size()[0];
             let chunk = (rows as u64).div_ceil(self.split).max(1) as i64;
             let pieces = if chunk >= rows {
@@ -617,8 +665,15 @@ impl<'m> Trainer<'m> {
                     .zip(batch.targets.f_split(chunk, 0)?)
                     .collect()
             };
-            for (features, targets) in pieces {
+            let count = pieces.len();
+            for (i, (features, targets)) in pieces.into_iter().enumerate() {
                 let n = targets.size()[0];
+                // Only the step's last micro-batch all-reduces (PyTorch's `no_sync` before it).
+                let last = b + 1 == batches.len() && i + 1 == count;
+                if let Some(sync) = self.gradient_sync.as_mut() {
+                    let r = sync.before_forward(last);
+                    r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
+                }
                 let (loss, piece_sums) = {
                     let _range = self.range("kiln/forward")?;
                     let start = self.phase_start()?;
@@ -631,10 +686,18 @@ impl<'m> Trainer<'m> {
                     Some(s) => s.scale_loss(&weighted)?,
                     None => weighted,
                 };
+                if let (true, Some(sync)) = (last, self.gradient_sync.as_mut()) {
+                    let r = sync.before_backward(&to_backward);
+                    r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
+                }
                 {
                     let _range = self.range("kiln/backward")?;
                     let start = self.phase_start()?;
-                    to_backward.f_backward()?;
+                    let synced = last && self.gradient_sync.is_some();
+                    to_backward.f_backward().map_err(|e| {
+                        let what = "backward (its gradients are all-reduced as it runs)";
+                        self.in_ranks(what, synced, e.into())
+                    })?;
                     self.phase_end(Phase::Backward, start)?;
                 }
                 match sums.as_mut() {
