@@ -207,9 +207,16 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     let r = load_with_flags(args, request_flags).context("cannot start the run")?;
     let group = join_ranks(&r)?;
     // Other ranks than 0 only report errors.
-    let lead = group
-        .as_ref()
-        .is_none_or(|g| kiln_train::distributed::lock(g).rank() == 0);
+    let place = group.as_ref().map(|g| {
+        let g = kiln_train::distributed::lock(g);
+        (g.rank(), g.world_size())
+    });
+    let lead = place.is_none_or(|(rank, _)| rank == 0);
+    // Every rank's errors say which rank failed.
+    let failed = match place {
+        Some((rank, world)) => format!("rank {rank} of {world}: training failed"),
+        None => "training failed".to_owned(),
+    };
     if lead {
         announce(&r);
     }
@@ -249,7 +256,11 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             eprintln!("kiln train: {e}");
             return Ok(ExitCode::from(130));
         }
-        other => other.context("training failed")?,
+        // A collective's failure already names the rank.
+        Err(e @ kiln_train::TrainError::Distributed { .. }) => {
+            return Err(anyhow::Error::new(e).context("training failed"));
+        }
+        other => other.context(failed)?,
     };
     if lead {
         eprintln!(

@@ -1,40 +1,237 @@
-//! `kiln train --nproc-per-node 2`: two ranks on c10d/Gloo over loopback train one run; rank 0
-//! alone writes it.
+//! Data-parallel `kiln train` across processes on c10d/Gloo over loopback: 2 ranks × batch 32
+//! learn as 1 rank × batch 64 (per-step losses within 1e-5), started by
+//! `kiln train --nproc-per-node 2` or by PyTorch's own torchrun (`--no-python`); rank 0 alone
+//! writes the run; a rank that dies ends the other with an error within `distributed.timeout_s`.
 
 mod common;
 
-use common::{kiln, stderr};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-#[test]
-fn two_local_ranks_train_one_run_written_by_rank_0() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = format!("run.output_dir={}", tmp.path().display());
-    let o = kiln(&[
-        "train",
-        "--nproc-per-node",
-        "2",
+use common::{kiln, stderr};
+use serde_json::Value;
+
+/// The settings every run here shares: the MLP on its synthetic data (640 training samples:
+/// 10 steps of 64 per epoch), fp32, dropout 0, every step logged.
+fn settings(out: &Path, batch: u64) -> Vec<String> {
+    [
         "--model",
         "mlp",
         "--epochs",
-        "1",
+        "2",
         "--set",
         "data.synthetic_samples=712",
         "--set",
         "train.amp=fp32",
         "--set",
+        "model.dropout=0",
+        "--set",
         "data.num_workers=1",
         "--set",
-        "train.batch_size=32",
+        "train.log_interval=1",
         "--set",
         "distributed.timeout_s=60",
-        "--set",
-        &out,
-    ]);
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([
+        "--set".to_owned(),
+        format!("train.batch_size={batch}"),
+        "--set".to_owned(),
+        format!("run.output_dir={}", out.display()),
+    ])
+    .collect()
+}
+
+/// The one run directory under `out`.
+fn only_run(out: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(runs.len(), 1, "one run directory: {runs:?}");
+    runs[0].clone()
+}
+
+/// The loss of each logged step in a run's metrics.jsonl.
+fn step_losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["kind"] == "step")
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// The losses of the same job on one rank with batch 64.
+fn one_rank_of_64() -> Vec<f64> {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = vec!["train".to_owned()];
+    args.extend(settings(tmp.path(), 64));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    step_losses(&only_run(tmp.path()))
+}
+
+fn assert_same_losses(reference: &[f64], got: &[f64]) {
+    assert_eq!(reference.len(), 20, "2 epochs of 10 steps");
+    assert_eq!(got.len(), reference.len());
+    for (step, (a, b)) in reference.iter().zip(got).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "step {}: 1×64 {a} vs 2×32 {b}",
+            step + 1
+        );
+    }
+}
+
+#[test]
+fn two_local_ranks_learn_as_one_rank_of_twice_the_batch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut args = vec!["train".to_owned(), "--nproc-per-node".into(), "2".into()];
+    args.extend(settings(tmp.path(), 32));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = kiln(&args);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("data-parallel: 2 ranks on c10d/Gloo"), "{err}");
     assert!(err.contains("global batch 64"), "{err}");
-    let runs: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
-    assert_eq!(runs.len(), 1, "one run directory");
-    assert!(runs[0].path().join("metrics.jsonl").is_file());
+    assert_same_losses(&one_rank_of_64(), &step_losses(&only_run(tmp.path())));
+}
+
+#[test]
+#[ignore = "needs Python with torch (torchrun); `cargo xtask test` runs it"]
+fn two_ranks_under_torchrun_learn_as_one_rank_of_twice_the_batch_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = Command::new(common::python())
+        .args(["-m", "torch.distributed.run", "--nproc-per-node", "2"])
+        .args(["--master-addr", "127.0.0.1", "--master-port"])
+        .arg(port.to_string())
+        .args(["--no-python", env!("CARGO_BIN_EXE_kiln"), "train"])
+        .args(settings(tmp.path(), 32))
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("data-parallel: 2 ranks on c10d/Gloo"), "{err}");
+    assert_same_losses(&one_rank_of_64(), &step_losses(&only_run(tmp.path())));
+}
+
+/// Starts rank `rank` of 2 as a launcher would; its stderr is piped.
+fn spawn_rank(rank: usize, port: u16, out: &Path, timeout_s: u64) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["train", "--model", "mlp", "--epochs", "1000"])
+        .args([
+            "--set",
+            "data.synthetic_samples=4096",
+            "--set",
+            "train.amp=fp32",
+        ])
+        .args([
+            "--set",
+            "data.num_workers=1",
+            "--set",
+            "train.batch_size=32",
+        ])
+        .arg("--set")
+        .arg(format!("distributed.timeout_s={timeout_s}"))
+        .arg("--set")
+        .arg(format!("run.output_dir={}", out.display()))
+        .env("RANK", rank.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts both ranks and reads rank 0's output until training runs (its progress starts
+/// after the run directory line); returns the ranks and rank 0's remaining lines.
+fn start_pair(
+    out: &Path,
+    timeout_s: u64,
+) -> (
+    std::process::Child,
+    std::process::Child,
+    std::io::Lines<BufReader<std::process::ChildStderr>>,
+) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut first = spawn_rank(0, port, out, timeout_s);
+    let second = spawn_rank(1, port, out, timeout_s);
+    let mut lines = BufReader::new(first.stderr.take().unwrap()).lines();
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.starts_with("run directory:") {
+            break;
+        }
+    }
+    assert!(seen.contains("data-parallel: 2 ranks"), "{seen}");
+    (first, second, lines)
+}
+
+#[test]
+fn sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut first, mut second, lines) = start_pair(tmp.path(), 60);
+    let killed = Command::new("kill")
+        .args(["-TERM", &second.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let tail = lines.map(Result::unwrap).collect::<Vec<_>>().join("\n");
+    let (a, b) = (first.wait().unwrap(), second.wait().unwrap());
+    assert_eq!((a.code(), b.code()), (Some(130), Some(130)), "{tail}");
+    assert!(tail.contains("stopped at step"), "{tail}");
+    let checkpoints = only_run(tmp.path()).join("checkpoints");
+    assert!(
+        std::fs::read_dir(checkpoints).unwrap().count() >= 1,
+        "rank 0 wrote the stop's checkpoint"
+    );
+}
+
+#[test]
+fn killing_one_rank_ends_the_other_with_an_error_within_the_timeout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let timeout = 10;
+    let (mut first, mut second, lines) = start_pair(tmp.path(), timeout);
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let killed = Instant::now();
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = first.wait().unwrap();
+    let took = killed.elapsed();
+    let tail = rest.join("\n");
+    assert!(!status.success(), "rank 0 went on: {tail}");
+    assert!(
+        took < Duration::from_secs(timeout + 20),
+        "rank 0 took {took:?} to end"
+    );
+    assert!(tail.contains("rank 0 of 2"), "{tail}");
+    assert!(
+        tail.contains("Another rank has probably stopped or died"),
+        "{tail}"
+    );
 }

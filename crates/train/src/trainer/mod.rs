@@ -232,6 +232,8 @@ pub struct Trainer<'m> {
     /// them (none with one rank).
     group: Option<SharedGroup>,
     gradient_sync: Option<Box<dyn distributed::GradientSync>>,
+    /// This rank and the world size (with a group).
+    place: Option<(usize, usize)>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -337,6 +339,7 @@ impl<'m> Trainer<'m> {
             retry_oom: true,
             group: None,
             gradient_sync: None,
+            place: None,
             batch_size: 0,
             ranges: false,
             phase_times: None,
@@ -448,6 +451,7 @@ impl<'m> Trainer<'m> {
             self.gradient_sync = Some(g.gradient_sync(&trainable, buckets)?);
             self.retry_oom = false;
         }
+        self.place = Some((g.rank(), g.world_size()));
         drop(g);
         self.group = Some(group);
         Ok(())
@@ -455,9 +459,7 @@ impl<'m> Trainer<'m> {
 
     /// This process's rank (0 outside data-parallel training).
     pub fn rank(&self) -> usize {
-        self.group
-            .as_ref()
-            .map_or(0, |g| distributed::lock(g).rank())
+        self.place.map_or(0, |(rank, _)| rank)
     }
 
     /// The mean of `m` over the ranks (`m` itself outside data-parallel training).
@@ -480,20 +482,16 @@ impl<'m> Trainer<'m> {
             return Ok(asked);
         }
         let flag = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
-        distributed::lock(group)
-            .all_reduce_mean(std::slice::from_ref(&flag))
-            .map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
+        let agreed = distributed::lock(group).all_reduce_mean(std::slice::from_ref(&flag));
+        agreed.map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
         Ok(flag.f_double_value(&[0])? > 0.0)
     }
 
     /// `e` named as a failed collective of this rank (see [`distributed::collective_error`]);
     /// outside data-parallel training, `e` itself.
     fn in_ranks(&self, what: &str, backward: bool, e: TrainError) -> TrainError {
-        match &self.group {
-            Some(g) => {
-                let g = distributed::lock(g);
-                distributed::collective_error(g.rank(), g.world_size(), what, e, backward)
-            }
+        match self.place {
+            Some((rank, world)) => distributed::collective_error(rank, world, what, e, backward),
             None => e,
         }
     }
