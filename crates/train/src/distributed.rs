@@ -175,6 +175,26 @@ pub fn average_metrics(group: &SharedGroup, m: Metrics) -> Result<Metrics, Train
     })
 }
 
+/// The smallest of every rank's `value` (each rank posts its value in its own slot; the
+/// all-reduce's mean times the world size gives every slot).
+pub fn min_over_ranks(group: &SharedGroup, value: u64) -> Result<u64, TrainError> {
+    let mut g = lock(group);
+    let world = g.world_size();
+    if world == 1 {
+        return Ok(value);
+    }
+    let mut slots = vec![0.0_f64; world];
+    slots[g.rank()] = value as f64;
+    let t = Tensor::f_from_slice(&slots)?.f_to_kind(Kind::Double)?;
+    g.all_reduce_mean(std::slice::from_ref(&t))?;
+    let all: Vec<f64> = Vec::<f64>::try_from(&t)?;
+    Ok(all
+        .iter()
+        .map(|v| (v * world as f64).round() as u64)
+        .min()
+        .unwrap_or(value))
+}
+
 /// Checks that every rank runs the same job: each `(what, value)` of this rank against rank
 /// 0's. All ranks learn the verdict together (no rank is left waiting in a collective), and
 /// the error names what differs.

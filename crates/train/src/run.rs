@@ -355,6 +355,7 @@ pub fn drive(
         resume.as_ref(),
         control.cache_dir.as_deref(),
     )?;
+    let (plan, batch_note) = agree_on_batch_size(plan, batch_note, control.group.as_ref())?;
     let generator = cpu_generator();
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
     let mut vs = nn::VarStore::new(if recipe.init_on_cpu {
@@ -497,4 +498,25 @@ fn buckets_of(d: &kiln_config::DistributedPlan) -> crate::distributed::Buckets {
         first_mb: d.first_bucket_mb,
         find_unused_parameters: d.find_unused_parameters,
     }
+}
+
+/// With `train.batch_size = "auto"` each rank measured its own device; every rank then trains
+/// with the smallest of their answers (the ranks' batches must be alike).
+fn agree_on_batch_size(
+    mut plan: RunPlan,
+    note: Option<String>,
+    group: Option<&crate::distributed::SharedGroup>,
+) -> Result<(RunPlan, Option<String>), TrainError> {
+    let (Some(group), Some(note)) = (group, note.as_ref()) else {
+        return Ok((plan, note));
+    };
+    let mine = plan.train.batch_size;
+    let agreed = crate::distributed::min_over_ranks(group, mine)?;
+    if agreed == mine {
+        return Ok((plan, Some(note.clone())));
+    }
+    plan.train.batch_size = agreed;
+    let note = format!("{note}; {agreed} per rank, the smallest any rank found");
+    tracing::info!("train.batch_size {note}");
+    Ok((plan, Some(note)))
 }

@@ -359,6 +359,7 @@ fn small_meta(step: u64) -> checkpoint::Meta {
         epoch: 0,
         batch: step as usize,
         batch_size: Some(8),
+        world_size: None,
         loss_scale: None,
         loss_scale_growth_tracker: None,
         model_rng: vec![step],

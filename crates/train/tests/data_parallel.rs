@@ -371,3 +371,62 @@ fn a_stopped_two_rank_run_resumes_exactly() {
         );
     }
 }
+
+/// Runs `plan` on one rank (no group), resuming the latest run.
+fn resume_alone(plan: &kiln_config::RunPlan) -> Result<Vec<f64>, String> {
+    let mut losses = Losses::default();
+    let control = RunControl {
+        resume: Some(Resume::Latest),
+        ..RunControl::default()
+    };
+    train(
+        plan,
+        Device::Cpu,
+        None,
+        control,
+        &mut losses,
+        &mut |_, _| {},
+    )
+    .map(|_| losses.0)
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn another_number_of_ranks_resumes_from_an_epochs_end_but_not_from_its_middle() {
+    let mid = tempfile::tempdir().unwrap();
+    let plan = plan(mid.path(), 32);
+    let stopped = run_pair(&plan, Some(7), false);
+    assert!(stopped[0].1.as_ref().unwrap_err().contains("stop"));
+    let err = resume_alone(&plan).unwrap_err();
+    assert!(err.contains("in the middle of epoch 1"), "{err}");
+    assert!(err.contains("Resume with 2 rank(s)"), "{err}");
+
+    let end = tempfile::tempdir().unwrap();
+    let one_epoch = plan_with_epochs(end.path(), 32, 1);
+    run_pair(&one_epoch, None, false)
+        .into_iter()
+        .for_each(|(_, r)| r.unwrap());
+    let losses = resume_alone(&plan_with_epochs(end.path(), 32, 2)).unwrap();
+    assert_eq!(losses.len(), 20, "epoch 2 alone: 20 steps of 32");
+}
+
+fn plan_with_epochs(out: &Path, batch: usize, epochs: u64) -> kiln_config::RunPlan {
+    let mut p = plan(out, batch);
+    p.train.epochs = epochs;
+    p
+}
+
+#[test]
+fn ranks_agree_on_the_smallest_automatic_batch_size_any_of_them_found() {
+    let found = [96_u64, 64, 128];
+    let handles: Vec<_> = groups(3)
+        .into_iter()
+        .zip(found)
+        .map(|(g, mine)| {
+            std::thread::spawn(move || kiln_train::distributed::min_over_ranks(&g, mine).unwrap())
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), 64);
+    }
+}

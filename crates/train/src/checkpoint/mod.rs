@@ -158,6 +158,9 @@ pub struct Meta {
     /// The batch size the run trains with (what `"auto"` chose, for a resume).
     #[serde(default)]
     pub batch_size: Option<u64>,
+    /// The number of data-parallel ranks that wrote it (absent: one).
+    #[serde(default)]
+    pub world_size: Option<u64>,
     pub loss_scale: Option<f64>,
     pub loss_scale_growth_tracker: Option<i64>,
     /// The model's own generator positions (dropout).

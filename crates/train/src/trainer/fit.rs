@@ -111,6 +111,7 @@ impl Trainer<'_> {
         let total_steps = batches_per_epoch.div_ceil(accum) as u64 * self.settings.epochs;
         let (start_epoch, start_batch, sums) = match &options.resume {
             Some(ckpt) => {
+                self.check_resume_world(ckpt)?;
                 self.restore(ckpt)?;
                 if let Some(c) = enabled(&options.checkpoints) {
                     checkpoint::prepare_to_continue(&c.dir, ckpt.meta.step)?;
@@ -348,7 +349,8 @@ impl Trainer<'_> {
         run.epoch.absorb(&mut run.interval)
     }
 
-    /// The checkpoint every `checkpoint.every_steps`, or when stopping; returns its path.
+    /// The checkpoint every `checkpoint.every_steps` (but for an epoch's last step), or when
+    /// stopping; returns its path.
     fn checkpoint_in_epoch(
         &mut self,
         run: &mut Run,
@@ -360,7 +362,10 @@ impl Trainer<'_> {
             return Ok(None);
         };
         let every = ckpt.plan.every_steps;
-        let periodic = every > 0 && self.steps_done.is_multiple_of(every);
+        // On an epoch's last step the end-of-epoch checkpoint (after validation) follows at
+        // once; it is the one a run resumes from with any number of ranks.
+        let epoch_done = place.consumed >= run.batches_per_epoch;
+        let periodic = every > 0 && self.steps_done.is_multiple_of(every) && !epoch_done;
         if !(periodic || stopping) {
             return Ok(None);
         }

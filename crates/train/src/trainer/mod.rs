@@ -471,6 +471,33 @@ impl<'m> Trainer<'m> {
         }
     }
 
+    /// Refuses to continue `ckpt` in the middle of an epoch with another number of ranks than
+    /// wrote it (each rank's share of the epoch, and so the place reached, depends on it); from
+    /// an epoch's end any number of ranks may continue.
+    pub(crate) fn check_resume_world(
+        &self,
+        ckpt: &crate::checkpoint::Checkpoint,
+    ) -> Result<(), TrainError> {
+        let saved = ckpt.meta.world_size.unwrap_or(1);
+        let world = self.place.map_or(1, |(_, world)| world as u64);
+        if saved == world || ckpt.meta.batch == 0 {
+            return Ok(());
+        }
+        Err(TrainError::InvalidPlan {
+            key: "distributed",
+            value: format!("{world} rank(s)"),
+            expected: format!(
+                "{saved} rank(s) to continue {}: it was written in the middle of epoch {} \
+                 (after batch {}) by a run of {saved} rank(s), and the ranks' shares of an epoch \
+                 depend on their number. Resume with {saved} rank(s), or from an end-of-epoch \
+                 checkpoint (any number of ranks)",
+                ckpt.dir.display(),
+                ckpt.meta.epoch + 1,
+                ckpt.meta.batch
+            ),
+        })
+    }
+
     /// Whether to stop after this step: in a data-parallel run every rank stops at the same
     /// step once any of them was asked to (a signal reaches the ranks at different moments),
     /// so no rank is left waiting in the next step's all-reduce.
@@ -838,6 +865,7 @@ impl<'m> Trainer<'m> {
                     epoch,
                     batch,
                     batch_size: Some(self.batch_size),
+                    world_size: Some(self.place.map_or(1, |(_, world)| world as u64)),
                     loss_scale,
                     loss_scale_growth_tracker: tracker,
                     model_rng: self.model.rng_state(),
