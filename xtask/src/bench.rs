@@ -20,7 +20,7 @@ struct Suite {
     what: &'static str,
 }
 
-const SUITES: [Suite; 9] = [
+const SUITES: [Suite; 10] = [
     Suite {
         name: "quality",
         bin: "kiln-bench-quality",
@@ -75,10 +75,16 @@ const SUITES: [Suite; 9] = [
         sub: "learning",
         what: "same learning as PyTorch from kiln's initial weights: fp32 per step, bf16 final",
     },
+    Suite {
+        name: "ddp",
+        bin: "kiln-bench-ddp",
+        sub: "ddp",
+        what: "kiln train on 2 CPU ranks (Gloo) vs 1 rank and vs PyTorch DistributedDataParallel",
+    },
 ];
 
 /// The suites a plain `cargo xtask bench` runs (`opts` joins with `--compare-opts`).
-const DEFAULT: [&str; 8] = [
+const DEFAULT: [&str; 9] = [
     "quality",
     "learning",
     "train",
@@ -87,7 +93,11 @@ const DEFAULT: [&str; 8] = [
     "infer",
     "serve",
     "job",
+    "ddp",
 ];
+
+/// The suites that run the release CLI (`kiln train`).
+const RUN_THE_CLI: [&str; 2] = ["job", "ddp"];
 
 /// Options passed through to the suites, with whether they take a value.
 const PASSED: [(&str, bool); 12] = [
@@ -315,8 +325,8 @@ pub fn run(
     bins.dedup();
     util::step(&format!("building the benchmarks ({})", bins.join(", ")));
     build(root, settings, &bins)?;
-    if req.suites.contains(&"job") {
-        // The job suite runs `kiln train`: the CLI as `cargo xtask train` builds it.
+    if req.suites.iter().any(|s| RUN_THE_CLI.contains(s)) {
+        // These suites run `kiln train`: the CLI as `cargo xtask train` builds it.
         crate::kiln::build_cli(root, settings)?;
     }
 

@@ -153,26 +153,31 @@ pub fn apply_backend(r: &Resolution) {
 
 /// The ranks a launcher started, joined (`None` without launcher variables). On CUDA, where
 /// NCCL is not wired yet, more than one rank is refused.
-fn join_ranks(r: &Resolution) -> anyhow::Result<Option<kiln_train::distributed::SharedGroup>> {
-    let Some((group, rdv)) = kiln_train::distributed::connect_from_env(r.plan.distributed.timeout)
+/// Joins the ranks a launcher started (none: `None`). On CUDA each rank trains on GPU
+/// `LOCAL_RANK` with NCCL (so `r`'s device becomes that GPU); on the CPU, Gloo.
+fn join_ranks(r: &mut Resolution) -> anyhow::Result<Option<kiln_train::distributed::SharedGroup>> {
+    let cuda = matches!(r.selection.device, kiln_device::Device::Cuda(_));
+    let timeout = r.plan.distributed.timeout;
+    let Some((group, rdv)) = kiln_train::distributed::connect_from_env(timeout, cuda)
         .context("cannot join the other ranks")?
     else {
         return Ok(None);
     };
-    if rdv.world_size > 1 && matches!(r.selection.device, kiln_device::Device::Cuda(_)) {
-        anyhow::bail!(
-            "rank {}: data-parallel training on CUDA needs NCCL, which kiln does not drive yet; \
-             train the ranks on the CPU (--set device.request=cpu) or run one rank",
-            rdv.rank
-        );
+    if cuda {
+        r.selection.device = kiln_device::Device::Cuda(rdv.local_rank);
     }
+    let (backend, each) = if cuda {
+        ("NCCL", "its own GPU (cuda:LOCAL_RANK)".to_owned())
+    } else {
+        ("Gloo", r.selection.device.to_string())
+    };
     if rdv.rank == 0 {
         eprintln!(
-            "data-parallel: {} ranks on c10d/Gloo (rendezvous {}:{}), each on {}; global batch {}",
+            "data-parallel: {} ranks on c10d/{backend} (rendezvous {}:{}), each on {each}; \
+             global batch {}",
             rdv.world_size,
             rdv.master_addr,
             rdv.master_port,
-            r.selection.device,
             r.plan.train.batch_size * r.plan.train.grad_accum_steps * rdv.world_size as u64
         );
     }
@@ -204,8 +209,8 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     }
     let mut request_flags = args.flags();
     request_flags.extend(train.flags());
-    let r = load_with_flags(args, request_flags).context("cannot start the run")?;
-    let group = join_ranks(&r)?;
+    let mut r = load_with_flags(args, request_flags).context("cannot start the run")?;
+    let group = join_ranks(&mut r)?;
     // Other ranks than 0 only report errors.
     let place = group.as_ref().map(|g| {
         let g = kiln_train::distributed::lock(g);

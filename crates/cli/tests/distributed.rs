@@ -235,3 +235,29 @@ fn killing_one_rank_ends_the_other_with_an_error_within_the_timeout() {
         "{tail}"
     );
 }
+
+#[test]
+#[ignore = "needs CUDA; `cargo xtask test --cuda` runs it"]
+fn one_rank_on_cuda_joins_with_nccl_and_trains() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .arg("train")
+        .args(settings(tmp.path(), 64))
+        .args(["--set", "device.request=cuda"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "1")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("data-parallel: 1 ranks on c10d/NCCL"), "{err}");
+    assert_eq!(step_losses(&only_run(tmp.path())).len(), 20);
+}

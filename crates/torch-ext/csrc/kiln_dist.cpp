@@ -2,6 +2,7 @@
 // ProcessGroupGloo wrapped in a c10d::ProcessGroup). Compiled with -DUSE_C10D_GLOO against
 // kiln's own minimal gloo declarations (csrc/gloo/): no gloo object is ever touched here.
 #include "boundary.h"
+#include "dist.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -22,7 +23,7 @@
 
 namespace {
 
-using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+using kiln::Group;
 
 std::vector<at::Tensor> list(const at::Tensor* const* ts, size_t n) {
   std::vector<at::Tensor> out;
@@ -31,14 +32,13 @@ std::vector<at::Tensor> list(const at::Tensor* const* ts, size_t n) {
   return out;
 }
 
-std::chrono::milliseconds millis(double seconds) {
-  TORCH_CHECK_VALUE(seconds > 0, "the timeout must be positive, got ", seconds, " s");
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
-}
+}  // namespace
+
+namespace kiln {
 
 // The rendezvous: rank 0 hosts the TCPStore unless torchrun's agent already does; then every
 // rank is a client and keys live under torchrun's per-attempt prefix.
-c10::intrusive_ptr<c10d::Store> store_for(int rank, int world, const char* addr, int port,
+c10::intrusive_ptr<c10d::Store> dist_store(int rank, int world, const char* addr, int port,
                                           std::chrono::milliseconds timeout, bool agent_store,
                                           const char* restart_count) {
   TORCH_CHECK_VALUE(port > 0 && port < 65536, "MASTER_PORT must be in 1..65535, got ", port);
@@ -57,21 +57,8 @@ c10::intrusive_ptr<c10d::Store> store_for(int rank, int world, const char* addr,
   return c10::make_intrusive<c10d::PrefixStore>("kiln/", store);
 }
 
-}  // namespace
-
-extern "C" {
-
-// A process group of `world` ranks (this one `rank`) on Gloo. `gloo_host` names the address to
-// bind ("127.0.0.1" for one machine); empty uses c10d's default (GLOO_SOCKET_IFNAME, else the
-// hostname's address). `*out` is an owned handle for kiln_dist_free.
-char* kiln_dist_connect(int rank, int world, const char* addr, int port, double timeout_s,
-                        bool agent_store, const char* restart_count, const char* gloo_host,
-                        void** out) {
-  KILN_TRY
-  TORCH_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "rank ", rank,
-                    " must be in 0..", world, " (WORLD_SIZE)");
-  auto timeout = millis(timeout_s);
-  auto store = store_for(rank, world, addr, port, timeout, agent_store, restart_count);
+Group gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int world,
+                 std::chrono::milliseconds timeout, const char* gloo_host) {
   auto options = std::string(gloo_host).empty()
                      ? c10d::ProcessGroupGloo::Options::create_default(timeout)
                      : c10d::ProcessGroupGloo::Options::create(timeout);
@@ -85,11 +72,39 @@ char* kiln_dist_connect(int rank, int world, const char* addr, int port, double 
   pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
                  c10::intrusive_ptr<c10d::Backend>(gloo));
   pg->setGroupName("kiln");
-  *out = new Group(std::move(pg));
+  return pg;
+}
+
+}  // namespace kiln
+
+extern "C" {
+
+// A process group of `world` ranks (this one `rank`) on Gloo. `gloo_host` names the address to
+// bind ("127.0.0.1" for one machine); empty uses c10d's default (GLOO_SOCKET_IFNAME, else the
+// hostname's address). `*out` is an owned handle for kiln_dist_free.
+char* kiln_dist_connect(int rank, int world, const char* addr, int port, double timeout_s,
+                        bool agent_store, const char* restart_count, const char* gloo_host,
+                        void** out) {
+  KILN_TRY
+  TORCH_CHECK_VALUE(world >= 1 && rank >= 0 && rank < world, "rank ", rank,
+                    " must be in 0..", world, " (WORLD_SIZE)");
+  auto timeout = kiln::dist_millis(timeout_s);
+  auto store = kiln::dist_store(rank, world, addr, port, timeout, agent_store, restart_count);
+  *out = new Group(kiln::gloo_group(store, rank, world, timeout, gloo_host));
   KILN_DIST_CATCH
 }
 
-void kiln_dist_free(void* group) { delete static_cast<Group*>(group); }
+// Leaves the group: its backends shut down (NCCL's communicators are destroyed), then the
+// handle is freed.
+void kiln_dist_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  try {
+    (*g)->shutdown();
+  } catch (...) {
+    // Leaving cannot fail; what a backend says while shutting down is of no use here.
+  }
+  delete g;
+}
 
 // Each tensor becomes rank `root`'s.
 char* kiln_dist_broadcast(void* group, const at::Tensor* const* ts, size_t n, int root) {

@@ -1,6 +1,8 @@
-//! Data-parallel collectives on PyTorch's own c10d: a Gloo process group found through a
-//! TCPStore rendezvous (rank 0 hosts it, or torchrun's agent does), with broadcast, all-reduce
-//! and barrier over CPU tensors. The launcher's variables (RANK, WORLD_SIZE, …) say where.
+//! Data-parallel collectives on PyTorch's own c10d: a process group found through a TCPStore
+//! rendezvous (rank 0 hosts it, or torchrun's agent does) — Gloo for CPU tensors, NCCL for CUDA
+//! ones where the build has it — with broadcast, all-reduce, barrier, c10d's parameter check,
+//! and c10d's DDP engine (`Reducer`) for gradients. The launcher's variables (RANK,
+//! WORLD_SIZE, …) say where.
 
 use std::ffi::{CString, c_int, c_void};
 use std::time::Duration;
@@ -80,12 +82,20 @@ impl Rendezvous {
     }
 }
 
-/// A c10d process group on Gloo (CPU tensors). Dropping it leaves the group.
+/// A c10d process group: Gloo for CPU tensors, and with [`ProcessGroup::connect_nccl`] NCCL
+/// for CUDA ones. Dropping it leaves the group.
 #[derive(Debug)]
 pub struct ProcessGroup {
     ptr: *mut c_void,
     rank: usize,
     world_size: usize,
+    nccl: bool,
+}
+
+/// Whether this build has c10d's NCCL process group (libtorch with CUDA, and NCCL's and CUDA's
+/// headers found when kiln was built).
+pub fn nccl_available() -> bool {
+    cfg!(kiln_nccl)
 }
 
 // SAFETY: c10d process groups are used from any thread (their work runs on their own threads);
@@ -127,7 +137,66 @@ impl ProcessGroup {
             ptr,
             rank: r.rank,
             world_size: r.world_size,
+            nccl: false,
         })
+    }
+
+    /// Like [`ProcessGroup::connect`], with NCCL for CUDA tensors on GPU `device_index` (this
+    /// rank's `LOCAL_RANK`: NCCL takes one rank per GPU) beside Gloo for CPU tensors.
+    #[cfg(kiln_nccl)]
+    pub fn connect_nccl(
+        r: &Rendezvous,
+        timeout: Duration,
+        gloo_host: Option<&str>,
+        device_index: usize,
+    ) -> Result<Self> {
+        let addr = c_string("MASTER_ADDR", &r.master_addr)?;
+        let restart = c_string("TORCHELASTIC_RESTART_COUNT", &r.restart_count)?;
+        let host = c_string("the Gloo host", gloo_host.unwrap_or(""))?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid C strings and an out pointer; on success `ptr` is an owned handle.
+        ffi::check("distributed connect (NCCL)", unsafe {
+            ffi::kiln_dist_connect_nccl(
+                c_int_of("RANK", r.rank)?,
+                c_int_of("WORLD_SIZE", r.world_size)?,
+                addr.as_ptr(),
+                c_int::from(r.master_port),
+                timeout.as_secs_f64(),
+                r.agent_store,
+                restart.as_ptr(),
+                host.as_ptr(),
+                c_int_of("LOCAL_RANK", device_index)?,
+                &mut ptr,
+            )
+        })?;
+        Ok(Self {
+            ptr,
+            rank: r.rank,
+            world_size: r.world_size,
+            nccl: true,
+        })
+    }
+
+    /// Without NCCL in this build: an error saying so.
+    #[cfg(not(kiln_nccl))]
+    pub fn connect_nccl(
+        _r: &Rendezvous,
+        _timeout: Duration,
+        _gloo_host: Option<&str>,
+        _device_index: usize,
+    ) -> Result<Self> {
+        Err(Error::Unavailable {
+            op: "data-parallel training on CUDA (NCCL)",
+            reason: "this kiln was built without NCCL (it needs a libtorch with CUDA and NCCL's \
+                     and CUDA's headers, as the torch wheel's nvidia/nccl and nvidia/cu13 \
+                     provide)"
+                .to_owned(),
+        })
+    }
+
+    /// Whether CUDA tensors go through NCCL in this group.
+    pub fn has_nccl(&self) -> bool {
+        self.nccl
     }
 
     pub fn rank(&self) -> usize {

@@ -113,6 +113,19 @@ unsafe extern "C" {
         gloo_host: *const c_char,
         out: *mut *mut std::ffi::c_void,
     ) -> *mut c_char;
+    #[cfg(kiln_nccl)]
+    pub fn kiln_dist_connect_nccl(
+        rank: c_int,
+        world: c_int,
+        addr: *const c_char,
+        port: c_int,
+        timeout_s: f64,
+        agent_store: bool,
+        restart_count: *const c_char,
+        gloo_host: *const c_char,
+        device_index: c_int,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
     pub fn kiln_dist_free(group: *mut std::ffi::c_void);
     pub fn kiln_dist_broadcast(
         group: *mut std::ffi::c_void,

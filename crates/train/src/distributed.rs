@@ -238,16 +238,19 @@ impl Group for kiln_torch_ext::dist::ProcessGroup {
         kiln_torch_ext::dist::ProcessGroup::world_size(self)
     }
     fn broadcast_from_first(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
-        on_host(tensors, |host| Ok(self.broadcast(host, 0)?))
+        let nccl = self.has_nccl();
+        reachable(nccl, tensors, |t| Ok(self.broadcast(t, 0)?))
     }
     fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
-        on_host(tensors, |host| Ok(self.all_reduce(host, true)?))
+        let nccl = self.has_nccl();
+        reachable(nccl, tensors, |t| Ok(self.all_reduce(t, true)?))
     }
     fn start(&mut self, trainable: &[Tensor], tensors: &[Tensor]) -> Result<(), TrainError> {
-        on_host(trainable, |host| Ok(self.verify_params(host)?))?;
+        let nccl = self.has_nccl();
+        reachable(nccl, trainable, |t| Ok(self.verify_params(t)?))?;
         // DistributedDataParallel's broadcast buffer: 250 MiB.
-        on_host(tensors, |host| {
-            Ok(self.broadcast_coalesced(host, 250 << 20, 0)?)
+        reachable(nccl, tensors, |t| {
+            Ok(self.broadcast_coalesced(t, 250 << 20, 0)?)
         })
     }
     fn gradient_sync(
@@ -255,14 +258,29 @@ impl Group for kiln_torch_ext::dist::ProcessGroup {
         params: &[Tensor],
         buckets: Buckets,
     ) -> Result<Box<dyn GradientSync>, TrainError> {
-        if params.iter().any(|p| p.device() != tch::Device::Cpu) {
-            // Gloo all-reduces host memory; on CUDA (one rank until NCCL) the flat fallback.
+        if !self.has_nccl() && params.iter().any(|p| p.device() != tch::Device::Cpu) {
+            // Gloo alone reaches host memory: CUDA gradients through host copies, after
+            // backward (what a group without NCCL can do).
             return Ok(Box::new(AfterBackward));
         }
         Ok(Box::new(C10dReducer {
             reducer: self.reducer(params, buckets)?,
             find_unused: buckets.find_unused_parameters,
         }))
+    }
+}
+
+/// Runs `f` on `tensors` where the group reaches them (CPU tensors, and CUDA ones with NCCL),
+/// else on host copies.
+fn reachable(
+    nccl: bool,
+    tensors: &[Tensor],
+    f: impl FnOnce(&[Tensor]) -> Result<(), TrainError>,
+) -> Result<(), TrainError> {
+    if nccl {
+        f(tensors)
+    } else {
+        on_host(tensors, f)
     }
 }
 
@@ -287,19 +305,25 @@ fn on_host(
     Ok(())
 }
 
-/// This process's place among the ranks a launcher started, connected (Gloo, waiting at most
-/// `timeout`); `None` when no launcher variables are set. On one machine (MASTER_ADDR a
-/// loopback address) Gloo binds 127.0.0.1; otherwise c10d picks the interface
-/// (`GLOO_SOCKET_IFNAME`).
+/// This process's place among the ranks a launcher started, connected (waiting at most
+/// `timeout`): Gloo, and with `cuda` NCCL too on GPU `LOCAL_RANK`; `None` when no launcher
+/// variables are set. On one machine (MASTER_ADDR a loopback address) Gloo binds 127.0.0.1;
+/// otherwise c10d picks the interface (`GLOO_SOCKET_IFNAME`).
 pub fn connect_from_env(
     timeout: std::time::Duration,
+    cuda: bool,
 ) -> Result<Option<(SharedGroup, kiln_torch_ext::dist::Rendezvous)>, TrainError> {
+    use kiln_torch_ext::dist::ProcessGroup;
     let Some(r) = kiln_torch_ext::dist::Rendezvous::from_env()? else {
         return Ok(None);
     };
     let local = r.master_addr == "127.0.0.1" || r.master_addr == "localhost";
-    let group =
-        kiln_torch_ext::dist::ProcessGroup::connect(&r, timeout, local.then_some("127.0.0.1"))?;
+    let host = local.then_some("127.0.0.1");
+    let group = if cuda {
+        ProcessGroup::connect_nccl(&r, timeout, host, r.local_rank)?
+    } else {
+        ProcessGroup::connect(&r, timeout, host)?
+    };
     let shared: SharedGroup = Arc::new(Mutex::new(group));
     Ok(Some((shared, r)))
 }

@@ -3,6 +3,7 @@
 //! Without a GPU the CPU-capable steps run on the CPU and every CUDA step says "not run".
 
 mod benches;
+mod distributed;
 mod feeder;
 mod report;
 mod runtime;
@@ -72,6 +73,7 @@ const STEPS: &[Step] = &[
     step("cuda-graphs", Needs::Cuda, 120, serving::cuda_graphs),
     step("serve", Needs::Any, 120, serving::serve),
     step("profile-model", Needs::Any, 120, serving::profile_model),
+    step("nccl", Needs::Cuda, 180, distributed::nccl),
     step("bench-train", Needs::Cuda, 240, benches::train),
     step("bench-infer", Needs::Cuda, 180, benches::infer),
 ];
@@ -91,10 +93,7 @@ const fn step(
 }
 
 /// Steps listed so the report shows them, but with nothing to run yet.
-const NOT_YET: &[(&str, &str)] = &[(
-    "nccl",
-    "data-parallel training does not exist yet (issue 23); NCCL at world size 1 joins then",
-)];
+const NOT_YET: &[(&str, &str)] = &[];
 
 /// What a step has to work with.
 pub struct Ctx {

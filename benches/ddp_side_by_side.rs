@@ -1,0 +1,627 @@
+//! `cargo xtask bench --suite ddp`: data-parallel training on the CPU, Gloo over loopback, in
+//! one run side by side. The real CLI trains kiln's `mlp` reference model (fp32, dropout 0, one
+//! data worker, `--threads` libtorch threads per rank, default 1) on its synthetic data: `kiln
+//! train` alone (1 rank) and `kiln train --nproc-per-node 2` (2 ranks, c10d Reducer), each rank
+//! taking the same batch and the same number of steps (the 2-rank run gets twice the samples).
+//! PyTorch trains the same MLP on the same samples in `python/ddp_step.py`: wrapped in
+//! `torch.nn.parallel.DistributedDataParallel` on 2 ranks launched by `python -m
+//! torch.distributed.run`, and alone as a plain loop (the 1-rank reference). Every training
+//! value (widths, lr, AdamW's weight decay, warmup + cosine, clipping, seed) is the one kiln
+//! resolves for the job.
+//!
+//! Figures: kiln's samples/s over all ranks and mean step time on 2 ranks against 1 (goals
+//! ≥ 1.8× and ≤ 1.1×: the all-reduce hidden behind backward), kiln's mean step time against
+//! DDP's (goal ≤ 1.0×), and the final train loss of every side (they learn alike). `--quick`
+//! (CI) runs a few steps of each to check the suite's shape.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{SuiteArgs, bench_root, median};
+use kiln_config::{ConfigRequest, Machine, ModelKind, RunPlan};
+use serde_json::{Value, json};
+
+type Result<T> = std::result::Result<T, String>;
+
+/// `kiln-bench-ddp`: the ddp suite.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench-ddp", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `ddp` suite.
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// kiln 1 vs 2 ranks and kiln vs PyTorch DDP on 2 ranks, CPU, Gloo.
+    Ddp(SuiteArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Sub::Ddp(a)) => a,
+        None => cli.suite,
+    };
+    if let Err(e) = suite(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The job's size; every side and rank count takes the same steps of the same per-rank batch.
+#[derive(Debug, Clone, Copy)]
+struct Size {
+    batch: usize,
+    steps_per_epoch: usize,
+    epochs: usize,
+}
+
+impl Size {
+    fn of(quick: bool) -> Self {
+        if quick {
+            Self {
+                batch: 64,
+                steps_per_epoch: 20,
+                epochs: 1,
+            }
+        } else {
+            Self {
+                batch: 256,
+                steps_per_epoch: 100,
+                epochs: 3,
+            }
+        }
+    }
+
+    /// The samples of a `world`-rank run: each rank's share is whole batches.
+    fn samples(&self, world: usize) -> usize {
+        world * self.batch * self.steps_per_epoch
+    }
+
+    fn steps(&self) -> usize {
+        self.steps_per_epoch * self.epochs
+    }
+}
+
+/// `kiln train`'s settings for a run on `world` ranks (its rank count comes from the launcher).
+fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<String> {
+    let mut sets: Vec<String> = [
+        "model.name=mlp",
+        "device.request=cpu",
+        "train.amp=fp32",
+        "model.dropout=0",
+        "data.num_workers=1",
+        "data.val_fraction=0",
+        "checkpoint.enabled=false",
+        "train.optimizer=adamw",
+        "train.schedule=cosine",
+        "train.min_lr=0",
+        "run.name=ddp",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    sets.extend([
+        format!("performance.intra_op_threads={threads}"),
+        format!("performance.inter_op_threads={threads}"),
+        format!("train.batch_size={}", size.batch),
+        format!("train.epochs={}", size.epochs),
+        format!("data.synthetic_samples={}", size.samples(world)),
+        format!("run.output_dir={}", runs.display()),
+    ]);
+    sets
+}
+
+/// The plan `kiln train` resolves for these settings (what the PyTorch side is told).
+fn resolve(sets: &[String]) -> Result<RunPlan> {
+    let facts = kiln_device::probe::probe().map_err(|e| e.to_string())?;
+    let mut req = ConfigRequest::new(Machine::Probed(facts));
+    req.sets = sets.to_vec();
+    Ok(kiln_config::load(&req).map_err(|e| e.to_string())?.plan)
+}
+
+/// Writes the `mlp`'s synthetic dataset of `samples`, as `kiln train` makes it, as raw
+/// little-endian files: float32 features `[samples, features]` and int64 labels. Returns their
+/// paths and the features and classes per sample.
+fn write_data(dir: &Path, plan: &RunPlan, samples: usize) -> Result<Data> {
+    let seed = plan.performance.backend.seed;
+    let data = kiln_train::run::synthetic_dataset(ModelKind::Mlp, samples, seed)
+        .map_err(|e| e.to_string())?;
+    let features = data.sample_numel();
+    let classes = data
+        .classes()
+        .ok_or("the mlp's synthetic data have no classes")?;
+    let (mut x, mut y) = (Vec::with_capacity(samples * features * 4), vec![]);
+    let mut sample = vec![0f32; features];
+    for i in 0..samples {
+        let label = data.read(i, &mut sample).map_err(|e| e.to_string())?;
+        x.extend(sample.iter().flat_map(|v| v.to_le_bytes()));
+        y.extend(label.to_le_bytes());
+    }
+    let out = Data {
+        features_file: dir.join("features.f32"),
+        labels_file: dir.join("labels.i64"),
+        features,
+        classes,
+    };
+    for (path, bytes) in [(&out.features_file, x), (&out.labels_file, y)] {
+        std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(out)
+}
+
+/// The raw data files the PyTorch side reads.
+struct Data {
+    features_file: PathBuf,
+    labels_file: PathBuf,
+    features: usize,
+    classes: usize,
+}
+
+/// Runs `cmd`; its output, or an error with the end of its stderr.
+fn run(mut cmd: Command) -> Result<(Output, f64)> {
+    let started = Instant::now();
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let seconds = started.elapsed().as_secs_f64();
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(20).collect();
+        return Err(format!(
+            "{cmd:?} failed ({}):\n{}",
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ));
+    }
+    Ok((out, seconds))
+}
+
+/// A port on 127.0.0.1 free right now, for torch.distributed.run's rendezvous.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| format!("cannot find a free port for the PyTorch ranks: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+/// What every run of the suite shares.
+struct Bench<'a> {
+    kiln: PathBuf,
+    python: &'a str,
+    work: &'a Path,
+    size: Size,
+    threads: usize,
+    plan: &'a RunPlan,
+    data: &'a Data,
+}
+
+impl Bench<'_> {
+    /// One `kiln train` on `world` ranks: the figures of rank 0's `summary.json`, samples/s
+    /// made global (every rank trains the same number of samples).
+    fn kiln_run(&self, world: usize) -> Result<Value> {
+        let runs = self.work.join(format!("kiln-runs-{world}"));
+        if runs.exists() {
+            std::fs::remove_dir_all(&runs).map_err(|e| format!("{}: {e}", runs.display()))?;
+        }
+        let mut cmd = Command::new(&self.kiln);
+        cmd.arg("train");
+        if world > 1 {
+            cmd.args(["--nproc-per-node", &world.to_string()]);
+        }
+        for s in kiln_sets(&self.size, world, self.threads, &runs) {
+            cmd.args(["--set", &s]);
+        }
+        let (_, wall) = run(cmd)?;
+        let s = read_summary(&runs)?;
+        let num = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
+        let per_rank = (self.size.steps() * self.size.batch) as f64;
+        if num("samples") != per_rank {
+            return Err(format!(
+                "kiln's summary counts {} samples, expected {per_rank} per rank: the suite \
+                 assumes a rank's summary counts its own samples",
+                s["samples"]
+            ));
+        }
+        Ok(json!({
+            "framework": "kiln", "world_size": world, "steps": s["steps"],
+            "mean_step_time_s": num("mean_step_time_s"),
+            "samples_per_s": num("samples_per_s") * world as f64,
+            "final_train_loss": s["final_train_loss"], "fit_seconds": s["seconds"],
+            "wall_seconds": wall, "parameters": s["parameters"],
+        }))
+    }
+
+    /// One `ddp_step.py` on `world` ranks: plain Python alone, torch.distributed.run for more.
+    fn torch_run(&self, world: usize) -> Result<Value> {
+        let mut cmd = Command::new(self.python);
+        if world > 1 {
+            cmd.args(["-m", "torch.distributed.run", "--nproc-per-node"])
+                .arg(world.to_string())
+                .args(["--master-addr", "127.0.0.1", "--master-port"])
+                .arg(free_port()?.to_string());
+        }
+        cmd.arg(bench_root().join("python/ddp_step.py"))
+            .arg("--features-file")
+            .arg(&self.data.features_file)
+            .arg("--labels-file")
+            .arg(&self.data.labels_file);
+        for (name, v) in self.torch_args(world) {
+            cmd.args([name, &v]);
+        }
+        let (out, wall) = run(cmd)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text.lines().rev().find(|l| l.starts_with('{'));
+        let mut v: Value = line
+            .and_then(|l| serde_json::from_str(l).ok())
+            .ok_or_else(|| format!("ddp_step.py printed no JSON: {text}"))?;
+        v["wall_seconds"] = json!(wall);
+        Ok(v)
+    }
+
+    /// `ddp_step.py`'s options: the plan's values.
+    fn torch_args(&self, world: usize) -> Vec<(&'static str, String)> {
+        let (p, t) = (self.plan, &self.plan.train);
+        let hidden: Vec<String> = p.model.hidden.iter().map(u64::to_string).collect();
+        vec![
+            ("--samples", self.size.samples(world).to_string()),
+            ("--features", self.data.features.to_string()),
+            ("--classes", self.data.classes.to_string()),
+            ("--hidden", hidden.join(",")),
+            ("--batch", self.size.batch.to_string()),
+            ("--epochs", self.size.epochs.to_string()),
+            ("--seed", p.performance.backend.seed.to_string()),
+            ("--lr", t.lr.to_string()),
+            ("--weight-decay", t.weight_decay.to_string()),
+            ("--warmup", t.warmup_steps.to_string()),
+            ("--clip", t.clip_grad_norm.to_string()),
+            ("--dropout", p.model.dropout.to_string()),
+            ("--threads", self.threads.to_string()),
+        ]
+    }
+}
+
+/// The `summary.json` of the run under `runs`.
+fn read_summary(runs: &Path) -> Result<Value> {
+    let dir = std::fs::read_dir(runs)
+        .map_err(|e| format!("{}: {e}", runs.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("summary.json").is_file())
+        .ok_or_else(|| format!("kiln train wrote no summary.json under {}", runs.display()))?;
+    let path = dir.join("summary.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The four sides, in the order they run.
+const SIDES: [(&str, usize); 4] = [("kiln", 1), ("kiln", 2), ("pytorch", 1), ("pytorch", 2)];
+
+/// Every run of one side.
+#[derive(Default)]
+struct Runs(Vec<Value>);
+
+impl Runs {
+    /// The median over runs of `key`.
+    fn median(&self, key: &str) -> f64 {
+        median(
+            self.0
+                .iter()
+                .map(|r| r[key].as_f64().unwrap_or(f64::NAN))
+                .collect(),
+        )
+    }
+}
+
+/// Runs the sides `repeats` times, the order reversed on odd repeats; checks each run took the
+/// steps asked for.
+fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 4]> {
+    let mut runs: [Runs; 4] = Default::default();
+    for r in 0..repeats {
+        for k in 0..SIDES.len() {
+            let i = if r % 2 == 0 { k } else { SIDES.len() - 1 - k };
+            let (who, world) = SIDES[i];
+            eprintln!("ddp: repeat {r}: {who}, {world} rank(s)");
+            let v = match who {
+                "kiln" => bench.kiln_run(world)?,
+                _ => bench.torch_run(world)?,
+            };
+            if v["steps"].as_u64() != Some(bench.size.steps() as u64) {
+                return Err(format!(
+                    "{who} on {world} rank(s) took {} steps, expected {}",
+                    v["steps"],
+                    bench.size.steps()
+                ));
+            }
+            runs[i].0.push(v);
+        }
+    }
+    Ok(runs)
+}
+
+fn suite(a: &SuiteArgs) -> Result<()> {
+    let size = Size::of(a.quick);
+    let repeats = a.repeats_or(if a.quick { 1 } else { 3 }).max(1);
+    let threads = a.threads_or(1).max(1);
+    let work = a.work_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("kiln-bench-ddp-{}", std::process::id()))
+    });
+    let work = work.join("ddp");
+    if work.exists() {
+        std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    }
+    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let plan = resolve(&kiln_sets(&size, 2, threads, &work))?;
+    let data = write_data(&work, &plan, size.samples(2))?;
+    let bench = Bench {
+        kiln: kiln_exe()?,
+        python: &a.python,
+        work: &work,
+        size,
+        threads,
+        plan: &plan,
+        data: &data,
+    };
+    let runs = measure(&bench, repeats)?;
+    let mut out = report(&bench, a.quick, &runs);
+    out.details = json!({
+        "quick": a.quick, "repeats": repeats, "threads_per_rank": threads,
+        "batch_per_rank": size.batch, "steps": size.steps(), "epochs": size.epochs,
+        "hidden": plan.model.hidden, "features": data.features, "classes": data.classes,
+        "cpu": cpu_model(), "logical_cpus": logical_cpus(),
+        "kiln_1_rank": runs[0].0, "kiln_2_ranks": runs[1].0,
+        "pytorch_1_rank": runs[2].0, "pytorch_ddp_2_ranks": runs[3].0,
+    });
+    out.write(&a.out_or("ddp"))?;
+    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+}
+
+/// The release CLI beside this binary.
+fn kiln_exe() -> Result<PathBuf> {
+    let exe = std::env::current_exe()
+        .map_err(|e| e.to_string())?
+        .with_file_name("kiln");
+    if exe.is_file() {
+        Ok(exe)
+    } else {
+        Err(format!(
+            "{} is missing: the ddp suite runs the release CLI (cargo xtask bench builds it; by \
+             hand: cargo build --release -p kiln-cli)",
+            exe.display()
+        ))
+    }
+}
+
+fn cpu_model() -> String {
+    kiln_device::probe::probe().map_or_else(|_| "unknown CPU".to_owned(), |f| f.cpu.model)
+}
+
+fn logical_cpus() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get())
+}
+
+/// The suite's description: what each side runs, on which CPU.
+fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> String {
+    let (s, p, d) = (&bench.size, bench.plan, bench.data);
+    let t = bench.threads;
+    let params = parameters(d.features, &p.model.hidden, d.classes);
+    format!(
+        "{}data-parallel training on the CPU ({}, {} logical cores), Gloo over 127.0.0.1: \
+         kiln's `mlp` ({} → {:?} → {}, {params} parameters, fp32, dropout 0) on its synthetic \
+         data, {} steps of batch {} per rank, AdamW (lr {}, weight decay {}), warmup {} + \
+         cosine, clipping {}. kiln: `kiln train` (1 rank × {t} thread) and `kiln train \
+         --nproc-per-node 2` (2 ranks × {t} thread, c10d Reducer), 1 data worker per rank; \
+         PyTorch: python/ddp_step.py, torch.nn.parallel.DistributedDataParallel on 2 ranks × \
+         {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), on the \
+         same samples, sliced from memory. A 2-rank run has twice the samples, so every run \
+         takes the same steps. Step time is each side's own mean over every step (batch to \
+         optimizer step); samples/s counts all ranks; median of {} run(s) per side. {}",
+        if quick {
+            "QUICK (a few steps, shape check only): "
+        } else {
+            ""
+        },
+        cpu_model(),
+        logical_cpus(),
+        d.features,
+        p.model.hidden,
+        d.classes,
+        s.steps(),
+        s.batch,
+        p.train.lr,
+        p.train.weight_decay,
+        p.train.warmup_steps,
+        p.train.clip_grad_norm,
+        runs[0].0.len(),
+        communication(p, params, runs[3].median("gradient_allreduce_ms")),
+    )
+}
+
+/// What a step must communicate: the gradient's size, whether it fits the first bucket (then
+/// nothing can overlap backward on either side), and a bare all-reduce's time.
+fn communication(plan: &RunPlan, params: usize, allreduce_ms: f64) -> String {
+    let mib = params as f64 * 4.0 / 1048576.0;
+    let first = plan.distributed.first_bucket_mb;
+    let buckets = if mib <= first {
+        format!(
+            ", within the first {first} MiB bucket (both sides), so its one all-reduce starts \
+             after backward and nothing overlaps"
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "Each step all-reduces {mib:.2} MiB of gradients{buckets}; a bare Gloo all-reduce of \
+         that size takes {allreduce_ms:.2} ms here (timed by the PyTorch ranks)."
+    )
+}
+
+/// The MLP's parameter count.
+fn parameters(features: usize, hidden: &[u64], classes: usize) -> usize {
+    let mut widths = vec![features];
+    widths.extend(hidden.iter().map(|&h| h as usize));
+    widths.push(classes);
+    widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum()
+}
+
+const KILN_1: &str = "kiln 1 rank × 1 thread, same per-rank batch and steps";
+const DDP_2: &str = "PyTorch DistributedDataParallel, Gloo, 2 ranks × 1 thread";
+const TORCH_1: &str = "PyTorch plain loop, 1 process × 1 thread (no DDP)";
+
+/// The suite's rows: kiln's scaling, kiln against DDP, and the 1-rank reference.
+fn report(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> SuiteOutput {
+    let mut out = SuiteOutput::new("ddp", &describe(bench, quick, runs));
+    let [k1, k2, _, t2] = runs;
+    let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
+        Comparison::new("ddp", group, name, unit, better, figures, base)
+    };
+    let sps = "samples_per_s";
+    let ms = |r: &Runs| 1e3 * r.median("mean_step_time_s");
+    out.push(
+        row(
+            "kiln scaling",
+            "kiln 2 ranks vs 1 rank: samples/s (all ranks)",
+            "samples/s",
+            Better::Higher,
+            (k2.median(sps), k1.median(sps)),
+            KILN_1,
+        )
+        .at_least(1.8),
+    );
+    out.push(
+        row(
+            "kiln scaling",
+            "kiln 2 ranks vs 1 rank: mean step time",
+            "ms/step",
+            Better::Lower,
+            (ms(k2), ms(k1)),
+            KILN_1,
+        )
+        .at_most(1.1),
+    );
+    out.push(
+        row(
+            "vs PyTorch DDP",
+            "2 ranks: mean step time vs DDP",
+            "ms/step",
+            Better::Lower,
+            (ms(k2), ms(t2)),
+            DDP_2,
+        )
+        .at_most(1.0),
+    );
+    push_learning_and_reference(&mut out, runs);
+    out
+}
+
+/// The rows without goals: throughput and scaling against PyTorch's, the final train losses
+/// (that the sides learn alike), and the 1-rank reference.
+fn push_learning_and_reference(out: &mut SuiteOutput, runs: &[Runs; 4]) {
+    let [k1, k2, t1, t2] = runs;
+    let (sps, loss) = ("samples_per_s", "final_train_loss");
+    let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
+        Comparison::new("ddp", group, name, unit, better, figures, base)
+    };
+    out.push(row(
+        "vs PyTorch DDP",
+        "2 ranks: samples/s (all ranks) vs DDP",
+        "samples/s",
+        Better::Higher,
+        (k2.median(sps), t2.median(sps)),
+        DDP_2,
+    ));
+    out.push(row(
+        "vs PyTorch DDP",
+        "scaling 2 ranks / 1 rank (samples/s): kiln vs PyTorch",
+        "×",
+        Better::Higher,
+        (
+            k2.median(sps) / k1.median(sps),
+            t2.median(sps) / t1.median(sps),
+        ),
+        "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank",
+    ));
+    out.push(
+        row(
+            "vs PyTorch DDP",
+            "2 ranks: final train loss vs DDP (learn alike)",
+            "nats",
+            Better::Lower,
+            (k2.median(loss), t2.median(loss)),
+            DDP_2,
+        )
+        .detail("difference", json!(k2.median(loss) - t2.median(loss))),
+    );
+    out.push(row(
+        "1-rank reference",
+        "1 rank: mean step time vs PyTorch",
+        "ms/step",
+        Better::Lower,
+        (
+            1e3 * k1.median("mean_step_time_s"),
+            1e3 * t1.median("mean_step_time_s"),
+        ),
+        TORCH_1,
+    ));
+    out.push(
+        row(
+            "1-rank reference",
+            "1 rank: final train loss vs PyTorch (learn alike)",
+            "nats",
+            Better::Lower,
+            (k1.median(loss), t1.median(loss)),
+            TORCH_1,
+        )
+        .detail("difference", json!(k1.median(loss) - t1.median(loss))),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_run_takes_the_same_steps_of_whole_batches() {
+        for quick in [true, false] {
+            let s = Size::of(quick);
+            assert_eq!(s.samples(2), 2 * s.samples(1));
+            assert_eq!(s.samples(2) / (2 * s.batch) * s.epochs, s.steps());
+        }
+    }
+
+    #[test]
+    fn the_parameter_count_is_the_mlps() {
+        // 64·256+256 + 256·256+256 + 256·10+10, what kiln's summary reports for the mlp.
+        assert_eq!(parameters(64, &[256, 256], 10), 85_002);
+    }
+
+    #[test]
+    fn kilns_settings_are_keys_it_knows() {
+        let sets = kiln_sets(&Size::of(true), 2, 1, Path::new("/tmp/runs"));
+        let plan = resolve(&sets).unwrap();
+        assert_eq!(plan.model.kind, ModelKind::Mlp);
+        assert_eq!(plan.data.synthetic_samples, 2 * 64 * 20);
+        assert_eq!((plan.data.num_workers, plan.model.dropout), (1, 0.0));
+        assert_eq!(plan.performance.backend.intra_op_threads, 1);
+    }
+
+    #[test]
+    fn the_communication_note_says_when_nothing_can_overlap() {
+        let plan = resolve(&kiln_sets(&Size::of(true), 1, 1, Path::new("/r"))).unwrap();
+        let small = communication(&plan, 85_002, 1.25);
+        assert!(
+            small.contains("0.32 MiB") && small.contains("nothing overlaps"),
+            "{small}"
+        );
+        assert!(small.contains("1.25 ms"), "{small}");
+        assert!(!communication(&plan, 1 << 20, 1.0).contains("nothing overlaps"));
+    }
+}

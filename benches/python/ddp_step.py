@@ -1,0 +1,203 @@
+"""PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`).
+
+Trains the MLP kiln's `mlp` reference model is, in fp32 on the CPU, the way a PyTorch user
+writes it: launched by `python -m torch.distributed.run --nproc-per-node 2 ...`, each rank joins a
+Gloo process group and wraps the model in `torch.nn.parallel.DistributedDataParallel` (its
+default buckets: 25 MiB, the first 1 MiB); run as plain `python ddp_step.py ...` (no WORLD_SIZE),
+the same loop trains alone without DDP, the 1-rank reference.
+
+  model  [B, F] -> Linear(F, h1) -> ReLU -> Dropout -> ... -> Linear(h_last, C)  (--hidden)
+
+The data are kiln's own synthetic samples, written by the suite as raw little-endian files
+(float32 features [N, F], int64 labels [N]) and held in memory. Each epoch a
+`DistributedSampler` (shuffled, seeded, drop_last) deals every rank its share, cut into batches
+of --batch by indexing the in-memory tensors (no DataLoader workers).
+
+One step, as kiln's trainer does it: take the batch, forward, cross-entropy (mean), zero_grad,
+backward (DDP averages the gradients over the ranks during it), clip the global gradient norm
+(--clip; 0 = off), fused AdamW (weight decay on parameters with dim >= 2 only), kiln's warmup +
+cosine schedule, and the loss added to a running sum without a host sync. Each step is timed
+with time.perf_counter from before taking the batch to after the schedule step; the mean step
+time is over every step, as kiln's summary counts it. At the end of each epoch the epoch's mean
+train loss is averaged over the ranks (kiln's final train loss).
+
+After training, a DDP run times a bare Gloo all-reduce of as many float32 values as the model has
+parameters (what a step must communicate). Rank 0 prints one JSON line on stdout: steps, mean step
+time, global samples/s (all ranks' samples over rank 0's step time), the final train loss, that
+all-reduce time; human text goes to stderr.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DistributedSampler  # noqa: E402
+
+
+def log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+class MLP(nn.Module):
+    """kiln's `mlp`: Linear -> ReLU -> Dropout per hidden width, then a Linear head."""
+
+    def __init__(self, features, hidden, classes, dropout):
+        super().__init__()
+        layers, width = [], features
+        for h in hidden:
+            layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)]
+            width = h
+        layers.append(nn.Linear(width, classes))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def lr_factor(step, warmup, total):
+    """kiln's schedule as a factor of the base lr: (s+1)/W while warming up, then cosine to 0 at
+    `total` optimizer steps."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def read_raw(path, dtype, shape):
+    """The first prod(shape) values of a raw little-endian file (kiln's synthetic samples do
+    not depend on the dataset's length, so a shorter run reads a prefix of a longer one's)."""
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    tensor = torch.frombuffer(data, dtype=dtype)
+    if tensor.numel() < math.prod(shape):
+        raise SystemExit(f"error: {path} holds {tensor.numel()} values, fewer than {shape}")
+    return tensor[:math.prod(shape)].view(*shape)
+
+
+def optimizer(model, a, total_steps):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, fused=True)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup, total_steps))
+    return opt, sched
+
+
+def train(a, world, rank, model, features, labels):
+    """The training loop; returns (steps, summed step seconds, final train loss)."""
+    sampler = DistributedSampler(range(len(labels)), num_replicas=world, rank=rank,
+                                 shuffle=True, seed=a.seed, drop_last=True)
+    per_epoch = len(sampler) // a.batch
+    opt, sched = optimizer(model, a, per_epoch * a.epochs)
+    params = list(model.parameters())
+    steps, step_seconds, final_loss = 0, 0.0, float("nan")
+    model.train()
+    for epoch in range(a.epochs):
+        sampler.set_epoch(epoch)
+        order = torch.tensor(list(sampler), dtype=torch.int64)
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for b in range(per_epoch):
+            started = time.perf_counter()
+            idx = order[b * a.batch:(b + 1) * a.batch]
+            x, y = features.index_select(0, idx), labels.index_select(0, idx)
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if a.clip > 0:
+                torch.nn.utils.clip_grad_norm_(params, a.clip)
+            opt.step()
+            sched.step()
+            loss_sum += loss.detach().double() * len(y)
+            step_seconds += time.perf_counter() - started
+            steps += 1
+        mean = loss_sum / (per_epoch * a.batch)
+        if world > 1:
+            dist.all_reduce(mean)
+            mean /= world
+        final_loss = mean.item()
+        log(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}")
+    return steps, step_seconds, final_loss
+
+
+def allreduce_ms(numel, repeats=50):
+    """The mean time of one Gloo all-reduce of `numel` float32 values (the gradient's size),
+    after a few untimed ones: the communication a DDP step cannot do without."""
+    t = torch.zeros(numel)
+    for _ in range(5):
+        dist.all_reduce(t)
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        dist.all_reduce(t)
+    return (time.perf_counter() - started) / repeats * 1e3
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--features-file", required=True, help="float32 [N, F], little-endian")
+    p.add_argument("--labels-file", required=True, help="int64 [N], little-endian")
+    p.add_argument("--samples", type=int, required=True, help="the first N samples of the files")
+    p.add_argument("--features", type=int, required=True)
+    p.add_argument("--classes", type=int, required=True)
+    p.add_argument("--hidden", default="256,256", help="hidden widths, comma separated")
+    p.add_argument("--batch", type=int, required=True, help="per rank")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--threads", type=int, default=1, help="intra- and inter-op, per rank")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(a.threads)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        dist.init_process_group("gloo")
+    features = read_raw(a.features_file, torch.float32, (a.samples, a.features))
+    labels = read_raw(a.labels_file, torch.int64, (a.samples,))
+    torch.manual_seed(a.seed)
+    hidden = [int(h) for h in a.hidden.split(",") if h]
+    model = MLP(a.features, hidden, a.classes, a.dropout)
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    started = time.perf_counter()
+    steps, step_seconds, final_loss = train(a, world, rank, model, features, labels)
+    fit_seconds = time.perf_counter() - started
+    parameters = sum(p.numel() for p in model.parameters())
+    comm_ms = allreduce_ms(parameters) if world > 1 else None
+    if rank == 0:
+        print(json.dumps({
+            "framework": "pytorch-ddp" if world > 1 else "pytorch",
+            "torch_version": torch.__version__, "world_size": world,
+            "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "hidden": hidden,
+            "epochs": a.epochs, "steps": steps, "samples": steps * a.batch * world,
+            "mean_step_time_s": step_seconds / max(1, steps),
+            "samples_per_s": steps * a.batch * world / step_seconds if step_seconds else 0.0,
+            "final_train_loss": final_loss, "fit_seconds": fit_seconds,
+            "parameters": parameters, "gradient_allreduce_ms": comm_ms,
+        }), flush=True)
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+        # Interpreter finalization with Gloo's worker threads still about aborts now and then
+        # ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291):
+        # the figures are out, so leave without it.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+//! gpu-check step about data-parallel training on CUDA: a one-rank c10d group with NCCL (one
+//! GPU can hold only one NCCL rank) all-reduces a CUDA tensor, c10d's Reducer averages CUDA
+//! gradients during backward, and a training run joined to the group learns exactly as the
+//! same run alone.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use kiln_torch_ext::dist::{Buckets, ProcessGroup, Rendezvous};
+use kiln_train::distributed::SharedGroup;
+use kiln_train::run::RunControl;
+use tch::{Device, Kind, Tensor};
+
+use super::training::{Record, plan, train};
+use super::{Ctx, Outcome};
+
+/// World size 1 on 127.0.0.1 at a port free now.
+fn rendezvous() -> anyhow::Result<Rendezvous> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(Rendezvous {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        master_addr: "127.0.0.1".to_owned(),
+        master_port: port,
+        agent_store: false,
+        restart_count: "0".to_owned(),
+    })
+}
+
+fn connect() -> anyhow::Result<ProcessGroup> {
+    let timeout = Duration::from_secs(60);
+    Ok(ProcessGroup::connect_nccl(
+        &rendezvous()?,
+        timeout,
+        Some("127.0.0.1"),
+        0,
+    )?)
+}
+
+/// NCCL's all-reduce of a CUDA tensor, and a Reducer step's gradients against plain backward's.
+fn collectives() -> anyhow::Result<f64> {
+    let mut pg = connect()?;
+    let cuda = Device::Cuda(0);
+    let t = Tensor::f_arange(8, (Kind::Float, cuda))?;
+    pg.all_reduce(std::slice::from_ref(&t), true)?;
+    let want = Tensor::f_arange(8, (Kind::Float, cuda))?;
+    anyhow::ensure!(
+        t.f_equal(&want)?,
+        "NCCL's mean over one rank changed the tensor"
+    );
+    let w = Tensor::f_randn([32, 8], (Kind::Float, cuda))?.set_requires_grad(true);
+    let x = Tensor::f_randn([16, 32], (Kind::Float, cuda))?;
+    let mut reducer = pg.reducer(std::slice::from_ref(&w), Buckets::default())?;
+    reducer.before_forward(true)?;
+    let loss = x.f_mm(&w)?.f_tanh()?.f_sum(Kind::Float)?;
+    reducer.before_backward(&[])?;
+    loss.f_backward()?;
+    let reduced = w.grad().f_detach_copy()?;
+    let plain = w.f_detach_copy()?.set_requires_grad(true);
+    x.f_mm(&plain)?.f_tanh()?.f_sum(Kind::Float)?.f_backward()?;
+    Ok(reduced
+        .f_sub(&plain.grad())?
+        .f_abs()?
+        .f_max()?
+        .f_double_value(&[])?)
+}
+
+pub fn nccl(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let gap = collectives().context("NCCL collectives")?;
+    let sets = [
+        "model.name=mlp",
+        "model.dropout=0",
+        "data.num_workers=2",
+        "checkpoint.enabled=false",
+        "data.synthetic_samples=1712",
+        "train.batch_size=64",
+        "train.epochs=1",
+        "train.log_interval=1",
+        "train.amp=fp32",
+    ];
+    let mut alone = Record::default();
+    train(
+        &plan(ctx.device_key(), &ctx.dir.join("alone"), &sets)?,
+        &mut alone,
+        RunControl::default(),
+    )?;
+    let group: SharedGroup = Arc::new(Mutex::new(connect()?));
+    let control = RunControl {
+        group: Some(group),
+        ..RunControl::default()
+    };
+    let mut joined = Record::default();
+    train(
+        &plan(ctx.device_key(), &ctx.dir.join("joined"), &sets)?,
+        &mut joined,
+        control,
+    )?;
+    let worst = alone
+        .steps
+        .iter()
+        .zip(&joined.steps)
+        .map(|(a, b)| (a.loss - b.loss).abs() / a.loss.abs().max(1e-12))
+        .fold(0.0, f64::max);
+    let same_length = alone.steps.len() == joined.steps.len() && !alone.steps.is_empty();
+    let pass = gap < 1e-5 && same_length && worst <= 1e-5;
+    Ok(Outcome::new(
+        pass,
+        format!(
+            "NCCL world size 1: Reducer gradients within {gap:.1e} of plain backward; a run in \
+             the group logs {} steps, losses within {worst:.1e} (relative) of the run alone",
+            joined.steps.len()
+        ),
+    )
+    .figure("reducer_max_abs_grad_gap", gap)
+    .figure("max_relative_loss_gap", worst)
+    .figure("steps", joined.steps.len() as u64))
+}
