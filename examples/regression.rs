@@ -58,6 +58,8 @@ pub fn train(output: &str) -> Result<RunOutcome, Box<dyn std::error::Error>> {
         .set("train.warmup_steps", 20)
         .set("run.name", "regression-example")
         .output_dir(output)
+        // Under torchrun (or any launcher's RANK/WORLD_SIZE/MASTER_*), data-parallel.
+        .join_launched_ranks(true)
         .build()?;
     let (device, why) = learner.device();
     println!("training on {device}: {why}");

@@ -59,6 +59,7 @@ pub struct LearnerBuilder {
     resume: Option<Resume>,
     stop: Option<Arc<AtomicBool>>,
     cache_batch_sizes: bool,
+    join_ranks: bool,
 }
 
 impl LearnerBuilder {
@@ -101,12 +102,28 @@ impl LearnerBuilder {
         self
     }
 
-    /// Detects the machine, picks the device and profile, and resolves the settings.
+    /// Trains data-parallel with the ranks a launcher started (torchrun, SLURM, Kubernetes,
+    /// `kiln train --nproc-per-node`), as `kiln train` does: when `RANK` and `WORLD_SIZE` are
+    /// set, [`Self::build`] joins them over c10d (Gloo; NCCL on GPU `LOCAL_RANK` when the
+    /// device is CUDA). Without those variables the learner trains alone. Rank 0 alone writes
+    /// the run.
+    pub fn join_launched_ranks(mut self, on: bool) -> Self {
+        self.join_ranks = on;
+        self
+    }
+
+    /// Detects the machine, picks the device and profile, and resolves the settings (and
+    /// joins the launched ranks, see [`Self::join_launched_ranks`]).
     pub fn build(self) -> Result<Learner, TrainError> {
         let mut req = ConfigRequest::new(Machine::Probed(kiln_device::probe::probe()?));
         req.file = self.file;
         req.sets = self.sets;
-        let resolution = kiln_config::load(&req)?;
+        let mut resolution = kiln_config::load(&req)?;
+        let group = if self.join_ranks {
+            join(&mut resolution)?
+        } else {
+            None
+        };
         Ok(Learner {
             resolution,
             control: RunControl {
@@ -117,10 +134,26 @@ impl LearnerBuilder {
                 } else {
                     None
                 },
-                group: None,
+                group,
             },
         })
     }
+}
+
+/// The launched ranks joined, the device made this rank's GPU on CUDA; `None` without a
+/// launcher.
+fn join(
+    resolution: &mut Resolution,
+) -> Result<Option<crate::distributed::SharedGroup>, TrainError> {
+    let cuda = matches!(resolution.selection.device, kiln_device::Device::Cuda(_));
+    let timeout = resolution.plan.distributed.timeout;
+    let Some((group, rdv)) = crate::distributed::connect_from_env(timeout, cuda)? else {
+        return Ok(None);
+    };
+    if cuda {
+        resolution.selection.device = kiln_device::Device::Cuda(rdv.local_rank);
+    }
+    Ok(Some(group))
 }
 
 /// Trains models on this machine with a resolved configuration (see [`LearnerBuilder`]).
@@ -134,6 +167,14 @@ impl Learner {
     /// Settings to build a learner from.
     pub fn builder() -> LearnerBuilder {
         LearnerBuilder::default()
+    }
+
+    /// This process's rank and the world size (0 and 1 when it trains alone).
+    pub fn rank(&self) -> (usize, usize) {
+        self.control.group.as_ref().map_or((0, 1), |g| {
+            let g = crate::distributed::lock(g);
+            (g.rank(), g.world_size())
+        })
     }
 
     /// A learner with kiln's defaults and this machine's profile.
