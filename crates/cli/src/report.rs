@@ -22,6 +22,15 @@ pub fn version(info: &LibtorchInfo) -> String {
         yes_no(info.cuda_available),
         info.cuda_device_count
     );
+    let _ = writeln!(
+        s,
+        "data-parallel: Gloo (CPU){}",
+        if kiln_torch_ext::dist::nccl_available() {
+            ", NCCL (CUDA)"
+        } else {
+            "; NCCL not built (no NCCL/CUDA headers when kiln was built)"
+        }
+    );
     s
 }
 

@@ -25,6 +25,18 @@ fn version_reports_libtorch_and_loads_its_cuda_library() {
         "libtorch_cuda: not shipped"
     };
     assert!(text.contains(expected), "expected `{expected}` in:\n{text}");
+    // NCCL is built exactly where libtorch has CUDA and the wheel brings NCCL's headers.
+    let site = std::fs::canonicalize(lib_dir).unwrap();
+    let nccl_header = site
+        .ancestors()
+        .nth(2)
+        .is_some_and(|s| s.join("nvidia/nccl/include/nccl.h").exists());
+    let nccl = if shipped && nccl_header {
+        "data-parallel: Gloo (CPU), NCCL (CUDA)"
+    } else {
+        "data-parallel: Gloo (CPU)"
+    };
+    assert!(text.contains(nccl), "expected `{nccl}` in:\n{text}");
 }
 
 #[test]
