@@ -6,12 +6,11 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{kiln, stderr};
-use serde_json::Value;
+use common::{free_port, kiln, only_run, stderr, step_losses};
 
 /// The settings every run here shares: the MLP on its synthetic data (640 training samples:
 /// 10 steps of 64 per epoch), fp32, dropout 0, every step logged.
@@ -43,28 +42,6 @@ fn settings(out: &Path, batch: u64) -> Vec<String> {
         format!("run.output_dir={}", out.display()),
     ])
     .collect()
-}
-
-/// The one run directory under `out`.
-fn only_run(out: &Path) -> PathBuf {
-    let runs: Vec<PathBuf> = std::fs::read_dir(out)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(runs.len(), 1, "one run directory: {runs:?}");
-    runs[0].clone()
-}
-
-/// The loss of each logged step in a run's metrics.jsonl.
-fn step_losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["kind"] == "step")
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
 }
 
 /// The losses of the same job on one rank with batch 64.
@@ -108,11 +85,7 @@ fn two_local_ranks_learn_as_one_rank_of_twice_the_batch() {
 #[ignore = "needs Python with torch (torchrun); `cargo xtask test` runs it"]
 fn two_ranks_under_torchrun_learn_as_one_rank_of_twice_the_batch_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let o = Command::new(common::python())
         .args(["-m", "torch.distributed.run", "--nproc-per-node", "2"])
         .args(["--master-addr", "127.0.0.1", "--master-port"])
@@ -171,11 +144,7 @@ fn start_pair(
     std::process::Child,
     std::io::Lines<BufReader<std::process::ChildStderr>>,
 ) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let mut first = spawn_rank(0, port, out, timeout_s);
     let second = spawn_rank(1, port, out, timeout_s);
     let mut lines = BufReader::new(first.stderr.take().unwrap()).lines();
@@ -240,11 +209,7 @@ fn killing_one_rank_ends_the_other_with_an_error_within_the_timeout() {
 #[ignore = "needs CUDA; `cargo xtask test --cuda` runs it"]
 fn one_rank_on_cuda_joins_with_nccl_and_trains() {
     let tmp = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .arg("train")
         .args(settings(tmp.path(), 64))

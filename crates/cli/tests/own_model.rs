@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{kiln, python, stderr};
+use common::{kiln, only_run, python, stderr, step_losses};
 use kiln_data::{DType, npy_f32_bytes, write_npy};
 use serde_json::Value;
 
@@ -110,28 +110,6 @@ fn train(model: &Path, data: &Path, runs: &Path, batch: usize, extra: &[&str]) -
     kiln(&args)
 }
 
-/// The only run directory under `runs`.
-fn run_dir(runs: &Path) -> PathBuf {
-    let dirs: Vec<PathBuf> = std::fs::read_dir(runs)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
-}
-
-/// The loss of each logged step in a run's metrics.jsonl.
-fn step_losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["kind"] == "step")
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
-}
-
 fn summary(run: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(run.join("summary.json")).unwrap()).unwrap()
 }
@@ -172,7 +150,7 @@ fn a_scripted_model_trains_as_pytorch_eager_resumes_exactly_and_serves_with_pyth
     let model = tmp.path().join("mlp.pt");
     let o = train(&model, &data, &runs, 64, &["--epochs", "20"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let run = run_dir(&runs);
+    let run = only_run(&runs);
 
     // Same weights, same batches, same fused AdamW: PyTorch eager's losses, step by step.
     let ours = step_losses(&run);
@@ -267,7 +245,7 @@ fn a_segmenter_and_a_forecaster_with_its_own_loss_learn_with_python_torch() {
     let seg_args = ["--epochs", "12", "--set", "data.val_fraction=0.25"];
     let o = train(&tmp.path().join("seg.pt"), &data, &runs, 16, &seg_args);
     assert!(o.status.success(), "{}", stderr(&o));
-    let run = run_dir(&runs);
+    let run = only_run(&runs);
     let s = summary(&run);
     assert_eq!(s["task"], "dense classification");
     let acc = s["final_val_accuracy"].as_f64().unwrap();
@@ -315,7 +293,7 @@ fn a_segmenter_and_a_forecaster_with_its_own_loss_learn_with_python_torch() {
         &["--epochs", "60", "--loss", "module"],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let run = run_dir(&runs);
+    let run = only_run(&runs);
     let losses = step_losses(&run);
     let initial = fc["initial_loss"].as_f64().unwrap();
     assert!(
@@ -500,7 +478,7 @@ fn a_csv_regression_is_learned_by_a_built_in_model() {
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(err.contains("MAE") && err.contains("RMSE"), "{err}");
-    let run = run_dir(&runs);
+    let run = only_run(&runs);
     let first = step_losses(&run)[0];
     let s = summary(&run);
     assert_eq!(

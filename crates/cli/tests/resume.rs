@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{kiln, stderr};
+use common::{kiln, only_run, stderr};
 use serde_json::Value;
 
 /// `kiln train` on an MLP wide enough that a checkpoint takes a while to write (1.1M parameters:
@@ -42,16 +42,6 @@ fn train_args(out: &Path, extra: &[&str]) -> Vec<String> {
     args.push(format!("run.output_dir={}", out.display()));
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     args
-}
-
-fn only_run(out: &Path) -> PathBuf {
-    let dirs: Vec<PathBuf> = std::fs::read_dir(out)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
 }
 
 /// The step and epoch records of a run: what it learned, step by step.

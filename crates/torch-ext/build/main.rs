@@ -41,9 +41,8 @@ fn nccl_include_dir(libtorch_root: &Path, cuda_include: &Path) -> Option<PathBuf
         .find(|dir| dir.join("nccl.h").exists())
 }
 
-/// c10d's NCCL process group (csrc/kiln_nccl.cpp) in a build of its own: its macros
-/// (USE_C10D_NCCL, USE_CUDA) stay out of the other translation units.
-fn build_nccl(root: &Path, cuda_include: &Path, nccl_include: &Path) {
+/// A C++17 build against libtorch's headers (and ours in `csrc/`), as libtorch was built.
+fn base_build(root: &Path) -> cc::Build {
     let mut build = cc::Build::new();
     build
         .cpp(true)
@@ -52,11 +51,19 @@ fn build_nccl(root: &Path, cuda_include: &Path, nccl_include: &Path) {
         .warnings(false)
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
         .define("GLOG_USE_GLOG_EXPORT", None)
-        .define("USE_C10D_NCCL", None)
-        .define("USE_CUDA", None)
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
-        .include("csrc")
+        .include("csrc");
+    build
+}
+
+/// c10d's NCCL process group (csrc/kiln_nccl.cpp) in a build of its own: its macros
+/// (USE_C10D_NCCL, USE_CUDA) stay out of the other translation units.
+fn build_nccl(root: &Path, cuda_include: &Path, nccl_include: &Path) {
+    let mut build = base_build(root);
+    build
+        .define("USE_C10D_NCCL", None)
+        .define("USE_CUDA", None)
         .include(nccl_include)
         .include(cuda_include);
     if cuda_include.join("cccl").is_dir() {
@@ -83,17 +90,8 @@ fn main() {
     // Re-export for our dependents' build scripts (DEP_KILN_TORCH_LIBTORCH_LIB).
     println!("cargo:libtorch_lib={}", lib.display());
 
-    let mut build = cc::Build::new();
+    let mut build = base_build(&root);
     build
-        .cpp(true)
-        .std("c++17")
-        .pic(true)
-        .warnings(false)
-        .define("_GLIBCXX_USE_CXX11_ABI", "1")
-        .define("GLOG_USE_GLOG_EXPORT", None)
-        .include(root.join("include"))
-        .include(root.join("include/torch/csrc/api/include"))
-        .include("csrc")
         .file("csrc/kiln_ext.cpp")
         .file("csrc/kiln_train.cpp")
         .file("csrc/kiln_autograd.cpp")

@@ -110,35 +110,61 @@ fn c_int_of(what: &str, n: usize) -> Result<c_int> {
     c_int::try_from(n).map_err(|_| invalid(format!("{what} {n} is out of range")))
 }
 
+/// A rendezvous as the C ABI takes it.
+struct CRendezvous {
+    rank: c_int,
+    world: c_int,
+    addr: CString,
+    port: c_int,
+    restart: CString,
+    host: CString,
+}
+
+impl CRendezvous {
+    fn new(r: &Rendezvous, gloo_host: Option<&str>) -> Result<Self> {
+        Ok(Self {
+            rank: c_int_of("RANK", r.rank)?,
+            world: c_int_of("WORLD_SIZE", r.world_size)?,
+            addr: c_string("MASTER_ADDR", &r.master_addr)?,
+            port: c_int::from(r.master_port),
+            restart: c_string("TORCHELASTIC_RESTART_COUNT", &r.restart_count)?,
+            host: c_string("the Gloo host", gloo_host.unwrap_or(""))?,
+        })
+    }
+}
+
 impl ProcessGroup {
+    fn joined(ptr: *mut c_void, r: &Rendezvous, nccl: bool) -> Self {
+        Self {
+            ptr,
+            rank: r.rank,
+            world_size: r.world_size,
+            nccl,
+        }
+    }
+
     /// Meets the other ranks (waiting at most `timeout`) and forms the group. `gloo_host` is
     /// the address Gloo binds ("127.0.0.1" on one machine); `None` lets c10d choose
     /// (`GLOO_SOCKET_IFNAME`, else the hostname's address).
     pub fn connect(r: &Rendezvous, timeout: Duration, gloo_host: Option<&str>) -> Result<Self> {
-        let addr = c_string("MASTER_ADDR", &r.master_addr)?;
-        let restart = c_string("TORCHELASTIC_RESTART_COUNT", &r.restart_count)?;
-        let host = c_string("the Gloo host", gloo_host.unwrap_or(""))?;
+        let c = CRendezvous::new(r, gloo_host)?;
+        let (t, agent) = (timeout.as_secs_f64(), r.agent_store);
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid C strings and an out pointer; on success `ptr` is an owned handle.
         ffi::check("distributed connect", unsafe {
             ffi::kiln_dist_connect(
-                c_int_of("RANK", r.rank)?,
-                c_int_of("WORLD_SIZE", r.world_size)?,
-                addr.as_ptr(),
-                c_int::from(r.master_port),
-                timeout.as_secs_f64(),
-                r.agent_store,
-                restart.as_ptr(),
-                host.as_ptr(),
+                c.rank,
+                c.world,
+                c.addr.as_ptr(),
+                c.port,
+                t,
+                agent,
+                c.restart.as_ptr(),
+                c.host.as_ptr(),
                 &mut ptr,
             )
         })?;
-        Ok(Self {
-            ptr,
-            rank: r.rank,
-            world_size: r.world_size,
-            nccl: false,
-        })
+        Ok(Self::joined(ptr, r, false))
     }
 
     /// Like [`ProcessGroup::connect`], with NCCL for CUDA tensors on GPU `device_index` (this
@@ -150,31 +176,26 @@ impl ProcessGroup {
         gloo_host: Option<&str>,
         device_index: usize,
     ) -> Result<Self> {
-        let addr = c_string("MASTER_ADDR", &r.master_addr)?;
-        let restart = c_string("TORCHELASTIC_RESTART_COUNT", &r.restart_count)?;
-        let host = c_string("the Gloo host", gloo_host.unwrap_or(""))?;
+        let c = CRendezvous::new(r, gloo_host)?;
+        let (t, agent) = (timeout.as_secs_f64(), r.agent_store);
+        let device = c_int_of("LOCAL_RANK", device_index)?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid C strings and an out pointer; on success `ptr` is an owned handle.
         ffi::check("distributed connect (NCCL)", unsafe {
             ffi::kiln_dist_connect_nccl(
-                c_int_of("RANK", r.rank)?,
-                c_int_of("WORLD_SIZE", r.world_size)?,
-                addr.as_ptr(),
-                c_int::from(r.master_port),
-                timeout.as_secs_f64(),
-                r.agent_store,
-                restart.as_ptr(),
-                host.as_ptr(),
-                c_int_of("LOCAL_RANK", device_index)?,
+                c.rank,
+                c.world,
+                c.addr.as_ptr(),
+                c.port,
+                t,
+                agent,
+                c.restart.as_ptr(),
+                c.host.as_ptr(),
+                device,
                 &mut ptr,
             )
         })?;
-        Ok(Self {
-            ptr,
-            rank: r.rank,
-            world_size: r.world_size,
-            nccl: true,
-        })
+        Ok(Self::joined(ptr, r, true))
     }
 
     /// Without NCCL in this build: an error saying so.

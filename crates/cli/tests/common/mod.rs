@@ -41,3 +41,37 @@ pub fn python() -> PathBuf {
         .filter(|p| p.exists());
     python.expect("no Python beside .kiln/libtorch: set KILN_PYTHON to a Python with torch 2.11")
 }
+
+/// The one run directory under `out` (a test that expects exactly one).
+#[allow(dead_code)] // not every test binary reads run directories
+pub fn only_run(out: &Path) -> PathBuf {
+    let dirs: Vec<PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one run directory: {dirs:?}");
+    dirs[0].clone()
+}
+
+/// The loss of each logged step in a run's metrics.jsonl.
+#[allow(dead_code)] // not every test binary reads metrics
+pub fn step_losses(run: &Path) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == "step")
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// A port on 127.0.0.1 free right now (for a rendezvous).
+#[allow(dead_code)] // not every test binary starts ranks
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
