@@ -1,18 +1,23 @@
 //! `cargo xtask bench --suite ddp`: data-parallel training on the CPU, Gloo over loopback, in
-//! one run side by side. The real CLI trains kiln's `mlp` reference model (fp32, dropout 0, one
-//! data worker, `--threads` libtorch threads per rank, default 1) on its synthetic data: `kiln
-//! train` alone (1 rank) and `kiln train --nproc-per-node 2` (2 ranks, c10d Reducer), each rank
-//! taking the same batch and the same number of steps (the 2-rank run gets twice the samples).
-//! PyTorch trains the same MLP on the same samples in `python/ddp_step.py`: wrapped in
+//! one run side by side. The real CLI trains kiln's `transformer` reference model (its default
+//! shape, 3.3 M parameters; fp32, dropout 0, one data worker, `--threads` libtorch threads per
+//! rank, default 1) on its synthetic sequences: `kiln train` alone (1 rank) and `kiln train
+//! --nproc-per-node 2` (2 ranks, c10d Reducer), each rank taking the same batch and the same
+//! number of steps (the 2-rank run gets twice the samples): a job whose compute per step
+//! (~140 ms on one core) outweighs its communication (12.7 MiB of gradients, in the default
+//! buckets of both sides: a first of 1 MiB, all-reduced while backward goes on, then the rest),
+//! as a real one's does. PyTorch trains the same transformer (train_step.py's twin)
+//! on the same samples in `python/ddp_step.py`: wrapped in
 //! `torch.nn.parallel.DistributedDataParallel` on 2 ranks launched by `python -m
 //! torch.distributed.run`, and alone as a plain loop (the 1-rank reference). Every training
-//! value (widths, lr, AdamW's weight decay, warmup + cosine, clipping, seed) is the one kiln
-//! resolves for the job.
+//! value (shape, lr, AdamW's weight decay, warmup + cosine, clipping, buckets, seed) is the one
+//! kiln resolves for the job.
 //!
 //! Figures: kiln's samples/s over all ranks and mean step time on 2 ranks against 1 (goals
 //! ≥ 1.8× and ≤ 1.1×: the all-reduce hidden behind backward), kiln's mean step time against
-//! DDP's (goal ≤ 1.0×), and the final train loss of every side (they learn alike). `--quick`
-//! (CI) runs a few steps of each to check the suite's shape.
+//! DDP's (goal ≤ 1.0×), and the final train loss of every side (they learn alike); the
+//! description adds kiln's time between steps (the ranks' stop agreement). `--quick` (CI) runs
+//! a few steps of each to check the suite's shape.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -55,27 +60,35 @@ fn main() {
     }
 }
 
-/// The job's size; every side and rank count takes the same steps of the same per-rank batch.
+/// The job; every side and rank count trains the same model on the same steps of the same
+/// per-rank batch, with the same gradient buckets.
 #[derive(Debug, Clone, Copy)]
 struct Size {
+    model: ModelKind,
     batch: usize,
     steps_per_epoch: usize,
     epochs: usize,
+    /// Warmup steps of the lr schedule (then cosine to 0).
+    warmup: usize,
 }
 
 impl Size {
     fn of(quick: bool) -> Self {
         if quick {
             Self {
-                batch: 64,
-                steps_per_epoch: 20,
+                model: ModelKind::Transformer,
+                batch: 4,
+                steps_per_epoch: 8,
                 epochs: 1,
+                warmup: 2,
             }
         } else {
             Self {
-                batch: 256,
-                steps_per_epoch: 100,
-                epochs: 3,
+                model: ModelKind::Transformer,
+                batch: 8,
+                steps_per_epoch: 30,
+                epochs: 2,
+                warmup: 10,
             }
         }
     }
@@ -93,7 +106,6 @@ impl Size {
 /// `kiln train`'s settings for a run on `world` ranks (its rank count comes from the launcher).
 fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<String> {
     let mut sets: Vec<String> = [
-        "model.name=mlp",
         "device.request=cpu",
         "train.amp=fp32",
         "model.dropout=0",
@@ -108,6 +120,8 @@ fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<Stri
     .map(str::to_owned)
     .to_vec();
     sets.extend([
+        format!("model.name={}", size.model),
+        format!("train.warmup_steps={}", size.warmup),
         format!("performance.intra_op_threads={threads}"),
         format!("performance.inter_op_threads={threads}"),
         format!("train.batch_size={}", size.batch),
@@ -126,19 +140,19 @@ fn resolve(sets: &[String]) -> Result<RunPlan> {
     Ok(kiln_config::load(&req).map_err(|e| e.to_string())?.plan)
 }
 
-/// Writes the `mlp`'s synthetic dataset of `samples`, as `kiln train` makes it, as raw
-/// little-endian files: float32 features `[samples, features]` and int64 labels. Returns their
-/// paths and the features and classes per sample.
+/// Writes the model's synthetic dataset of `samples`, as `kiln train` makes it, as raw
+/// little-endian files: float32 features `[samples, ..sample_shape]` and int64 labels. Returns
+/// their paths, the sample's shape and the classes.
 fn write_data(dir: &Path, plan: &RunPlan, samples: usize) -> Result<Data> {
     let seed = plan.performance.backend.seed;
-    let data = kiln_train::run::synthetic_dataset(ModelKind::Mlp, samples, seed)
+    let data = kiln_train::run::synthetic_dataset(plan.model.kind, samples, seed)
         .map_err(|e| e.to_string())?;
-    let features = data.sample_numel();
+    let numel = data.sample_numel();
     let classes = data
         .classes()
-        .ok_or("the mlp's synthetic data have no classes")?;
-    let (mut x, mut y) = (Vec::with_capacity(samples * features * 4), vec![]);
-    let mut sample = vec![0f32; features];
+        .ok_or_else(|| format!("the {}'s synthetic data have no classes", plan.model.kind))?;
+    let (mut x, mut y) = (Vec::with_capacity(samples * numel * 4), vec![]);
+    let mut sample = vec![0f32; numel];
     for i in 0..samples {
         let label = data.read(i, &mut sample).map_err(|e| e.to_string())?;
         x.extend(sample.iter().flat_map(|v| v.to_le_bytes()));
@@ -147,7 +161,7 @@ fn write_data(dir: &Path, plan: &RunPlan, samples: usize) -> Result<Data> {
     let out = Data {
         features_file: dir.join("features.f32"),
         labels_file: dir.join("labels.i64"),
-        features,
+        sample_shape: data.sample_shape().to_vec(),
         classes,
     };
     for (path, bytes) in [(&out.features_file, x), (&out.labels_file, y)] {
@@ -160,8 +174,16 @@ fn write_data(dir: &Path, plan: &RunPlan, samples: usize) -> Result<Data> {
 struct Data {
     features_file: PathBuf,
     labels_file: PathBuf,
-    features: usize,
+    /// `[features]` (mlp) or `[sequence, features]` (transformer).
+    sample_shape: Vec<usize>,
     classes: usize,
+}
+
+impl Data {
+    /// The features per sample (mlp) or per position (transformer).
+    fn features(&self) -> usize {
+        self.sample_shape.last().copied().unwrap_or(0)
+    }
 }
 
 /// Runs `cmd`; its output, or an error with the end of its stderr.
@@ -231,8 +253,11 @@ impl Bench<'_> {
                 s["samples"]
             ));
         }
+        let steps = num("steps");
+        let between = (num("seconds") - steps * num("mean_step_time_s")) / steps;
         Ok(json!({
             "framework": "kiln", "world_size": world, "steps": s["steps"],
+            "between_steps_ms": 1e3 * between,
             "mean_step_time_s": num("mean_step_time_s"),
             "samples_per_s": num("samples_per_s") * world as f64,
             "final_train_loss": s["final_train_loss"], "fit_seconds": s["seconds"],
@@ -269,13 +294,31 @@ impl Bench<'_> {
 
     /// `ddp_step.py`'s options: the plan's values.
     fn torch_args(&self, world: usize) -> Vec<(&'static str, String)> {
-        let (p, t) = (self.plan, &self.plan.train);
-        let hidden: Vec<String> = p.model.hidden.iter().map(u64::to_string).collect();
-        vec![
+        let (p, t, m) = (self.plan, &self.plan.train, &self.plan.model);
+        let mut args = vec![
+            ("--model", m.kind.to_string()),
             ("--samples", self.size.samples(world).to_string()),
-            ("--features", self.data.features.to_string()),
+            ("--features", self.data.features().to_string()),
             ("--classes", self.data.classes.to_string()),
-            ("--hidden", hidden.join(",")),
+        ];
+        if m.kind == ModelKind::Transformer {
+            args.extend([
+                ("--seq", self.data.sample_shape[0].to_string()),
+                ("--d-model", m.d_model.to_string()),
+                ("--heads", m.heads.to_string()),
+                ("--layers", m.layers.to_string()),
+                ("--ff", m.ff.to_string()),
+            ]);
+        } else {
+            let hidden: Vec<String> = m.hidden.iter().map(u64::to_string).collect();
+            args.push(("--hidden", hidden.join(",")));
+        }
+        args.extend([
+            ("--bucket-cap-mb", p.distributed.bucket_cap_mb.to_string()),
+            (
+                "--first-bucket-mb",
+                p.distributed.first_bucket_mb.to_string(),
+            ),
             ("--batch", self.size.batch.to_string()),
             ("--epochs", self.size.epochs.to_string()),
             ("--seed", p.performance.backend.seed.to_string()),
@@ -285,7 +328,8 @@ impl Bench<'_> {
             ("--clip", t.clip_grad_norm.to_string()),
             ("--dropout", p.model.dropout.to_string()),
             ("--threads", self.threads.to_string()),
-        ]
+        ]);
+        args
     }
 }
 
@@ -341,6 +385,14 @@ fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 4]> {
                     bench.size.steps()
                 ));
             }
+            let first = runs.iter().flat_map(|r| r.0.first()).next();
+            if let Some(f) = first.filter(|f| f["parameters"] != v["parameters"]) {
+                return Err(format!(
+                    "{who} on {world} rank(s) trains {} parameters, {} {} rank(s) {}: not the \
+                     same model",
+                    v["parameters"], f["framework"], f["world_size"], f["parameters"]
+                ));
+            }
             runs[i].0.push(v);
         }
     }
@@ -374,8 +426,13 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let mut out = report(&bench, a.quick, &runs);
     out.details = json!({
         "quick": a.quick, "repeats": repeats, "threads_per_rank": threads,
-        "batch_per_rank": size.batch, "steps": size.steps(), "epochs": size.epochs,
-        "hidden": plan.model.hidden, "features": data.features, "classes": data.classes,
+        "model": plan.model.kind.to_string(), "batch_per_rank": size.batch,
+        "steps": size.steps(), "epochs": size.epochs, "warmup": size.warmup,
+        "bucket_cap_mb": plan.distributed.bucket_cap_mb,
+        "first_bucket_mb": plan.distributed.first_bucket_mb,
+        "hidden": plan.model.hidden, "d_model": plan.model.d_model, "layers": plan.model.layers,
+        "heads": plan.model.heads, "ff": plan.model.ff, "sample_shape": data.sample_shape,
+        "classes": data.classes,
         "cpu": cpu_model(), "logical_cpus": logical_cpus(),
         "kiln_1_rank": runs[0].0, "kiln_2_ranks": runs[1].0,
         "pytorch_1_rank": runs[2].0, "pytorch_ddp_2_ranks": runs[3].0,
@@ -412,18 +469,38 @@ fn logical_cpus() -> usize {
 fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> String {
     let (s, p, d) = (&bench.size, bench.plan, bench.data);
     let t = bench.threads;
-    let params = parameters(d.features, &p.model.hidden, d.classes);
+    let params = runs[0].median("parameters");
+    let model = match p.model.kind {
+        ModelKind::Transformer => format!(
+            "`transformer` (sequence {} × {} features → d_model {}, {} layers, {} heads, ff {} → \
+             {} classes",
+            d.sample_shape[0],
+            d.features(),
+            p.model.d_model,
+            p.model.layers,
+            p.model.heads,
+            p.model.ff,
+            d.classes
+        ),
+        _ => format!(
+            "`{}` ({} → {:?} → {}",
+            p.model.kind,
+            d.features(),
+            p.model.hidden,
+            d.classes
+        ),
+    };
     format!(
         "{}data-parallel training on the CPU ({}, {} logical cores), Gloo over 127.0.0.1: \
-         kiln's `mlp` ({} → {:?} → {}, {params} parameters, fp32, dropout 0) on its synthetic \
-         data, {} steps of batch {} per rank, AdamW (lr {}, weight decay {}), warmup {} + \
-         cosine, clipping {}. kiln: `kiln train` (1 rank × {t} thread) and `kiln train \
-         --nproc-per-node 2` (2 ranks × {t} thread, c10d Reducer), 1 data worker per rank; \
-         PyTorch: python/ddp_step.py, torch.nn.parallel.DistributedDataParallel on 2 ranks × \
-         {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), on the \
-         same samples, sliced from memory. A 2-rank run has twice the samples, so every run \
-         takes the same steps. Step time is each side's own mean over every step (batch to \
-         optimizer step); samples/s counts all ranks; median of {} run(s) per side. {}",
+         kiln's {model}, {params} parameters, fp32, dropout 0) on its synthetic data, {} steps \
+         of batch {} per rank, AdamW (lr {}, weight decay {}), warmup {} + cosine, clipping {}. \
+         kiln: `kiln train` (1 rank × {t} thread) and `kiln train --nproc-per-node 2` (2 ranks \
+         × {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
+         (train_step.py's twin of the model), torch.nn.parallel.DistributedDataParallel on 2 \
+         ranks × {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), \
+         on the same samples, sliced from memory. A 2-rank run has twice the samples, so every \
+         run takes the same steps. Step time is each side's own mean over every step (batch to \
+         optimizer step); samples/s counts all ranks; median of {} run(s) per side. {} {}",
         if quick {
             "QUICK (a few steps, shape check only): "
         } else {
@@ -431,9 +508,6 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> String {
         },
         cpu_model(),
         logical_cpus(),
-        d.features,
-        p.model.hidden,
-        d.classes,
         s.steps(),
         s.batch,
         p.train.lr,
@@ -442,21 +516,29 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> String {
         p.train.clip_grad_norm,
         runs[0].0.len(),
         communication(p, params, runs[3].median("gradient_allreduce_ms")),
+        between_steps(runs),
     )
 }
 
-/// What a step must communicate: the gradient's size, whether it fits the first bucket (then
-/// nothing can overlap backward on either side), and a bare all-reduce's time.
-fn communication(plan: &RunPlan, params: usize, allreduce_ms: f64) -> String {
-    let mib = params as f64 * 4.0 / 1048576.0;
-    let first = plan.distributed.first_bucket_mb;
+/// What a step must communicate: the gradient's size, its buckets (in one, nothing can overlap
+/// backward on either side), and a bare all-reduce's time.
+fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
+    let mib = params * 4.0 / 1048576.0;
+    let (first, cap) = (
+        plan.distributed.first_bucket_mb,
+        plan.distributed.bucket_cap_mb,
+    );
     let buckets = if mib <= first {
         format!(
             ", within the first {first} MiB bucket (both sides), so its one all-reduce starts \
              after backward and nothing overlaps"
         )
     } else {
-        String::new()
+        let n = 1 + ((mib - first) / cap).ceil() as usize;
+        format!(
+            " in about {n} buckets (both sides: the first {first} MiB, then {cap} MiB each), \
+             all-reduced as backward fills them"
+        )
     };
     format!(
         "Each step all-reduces {mib:.2} MiB of gradients{buckets}; a bare Gloo all-reduce of \
@@ -464,12 +546,17 @@ fn communication(plan: &RunPlan, params: usize, allreduce_ms: f64) -> String {
     )
 }
 
-/// The MLP's parameter count.
-fn parameters(features: usize, hidden: &[u64], classes: usize) -> usize {
-    let mut widths = vec![features];
-    widths.extend(hidden.iter().map(|&h| h as usize));
-    widths.push(classes);
-    widths.windows(2).map(|w| w[0] * w[1] + w[1]).sum()
+/// kiln's time between steps, outside the step time (its fit time less its steps' time, per
+/// step): on 2 ranks it holds the one-value all-reduce by which the ranks agree whether to stop.
+fn between_steps(runs: &[Runs; 4]) -> String {
+    let (one, two) = (
+        runs[0].median("between_steps_ms"),
+        runs[1].median("between_steps_ms"),
+    );
+    format!(
+        "kiln spends {two:.2} ms per step between steps on 2 ranks ({one:.2} ms on 1: the \
+         difference is mostly the ranks' per-step stop agreement, a one-value all-reduce)."
+    )
 }
 
 const KILN_1: &str = "kiln 1 rank × 1 thread, same per-rank batch and steps";
@@ -598,30 +685,34 @@ mod tests {
     }
 
     #[test]
-    fn the_parameter_count_is_the_mlps() {
-        // 64·256+256 + 256·256+256 + 256·10+10, what kiln's summary reports for the mlp.
-        assert_eq!(parameters(64, &[256, 256], 10), 85_002);
-    }
-
-    #[test]
     fn kilns_settings_are_keys_it_knows() {
         let sets = kiln_sets(&Size::of(true), 2, 1, Path::new("/tmp/runs"));
         let plan = resolve(&sets).unwrap();
-        assert_eq!(plan.model.kind, ModelKind::Mlp);
-        assert_eq!(plan.data.synthetic_samples, 2 * 64 * 20);
+        let size = Size::of(true);
+        assert_eq!(plan.model.kind, size.model);
+        assert_eq!(
+            plan.data.synthetic_samples as usize,
+            2 * size.batch * size.steps_per_epoch
+        );
         assert_eq!((plan.data.num_workers, plan.model.dropout), (1, 0.0));
         assert_eq!(plan.performance.backend.intra_op_threads, 1);
+        assert_eq!(plan.train.warmup_steps as usize, size.warmup);
+        // Gradient buckets as DDP's defaults (what ddp_step.py is told: the plan's).
+        let d = &plan.distributed;
+        assert_eq!((d.bucket_cap_mb, d.first_bucket_mb), (25.0, 1.0));
     }
 
     #[test]
     fn the_communication_note_says_when_nothing_can_overlap() {
         let plan = resolve(&kiln_sets(&Size::of(true), 1, 1, Path::new("/r"))).unwrap();
-        let small = communication(&plan, 85_002, 1.25);
+        let small = communication(&plan, 85_002.0, 1.25);
         assert!(
             small.contains("0.32 MiB") && small.contains("nothing overlaps"),
             "{small}"
         );
         assert!(small.contains("1.25 ms"), "{small}");
-        assert!(!communication(&plan, 1 << 20, 1.0).contains("nothing overlaps"));
+        let large = communication(&plan, 3_321_956.0, 10.0);
+        assert!(!large.contains("nothing overlaps"), "{large}");
+        assert!(large.contains("12.67 MiB"), "{large}");
     }
 }

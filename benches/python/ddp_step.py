@@ -1,15 +1,19 @@
 """PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`).
 
-Trains the MLP kiln's `mlp` reference model is, in fp32 on the CPU, the way a PyTorch user
-writes it: launched by `python -m torch.distributed.run --nproc-per-node 2 ...`, each rank joins a
-Gloo process group and wraps the model in `torch.nn.parallel.DistributedDataParallel` (its
-default buckets: 25 MiB, the first 1 MiB); run as plain `python ddp_step.py ...` (no WORLD_SIZE),
-the same loop trains alone without DDP, the 1-rank reference.
+Trains one of kiln's reference models (--model; the modules are train_step.py's twins of
+kiln's, imported from there), in fp32 on the CPU, the way a PyTorch user writes it: launched by
+`python -m torch.distributed.run --nproc-per-node 2 ...`, each rank joins a Gloo process group
+and wraps the model in `torch.nn.parallel.DistributedDataParallel` with kiln's gradient buckets
+(--bucket-cap-mb, --first-bucket-mb: DDP's defaults, 25 and 1 MiB, or one size for both, what
+DDP's bucket_cap_mb gives); run as plain `python ddp_step.py ...` (no WORLD_SIZE), the same loop
+trains alone without DDP, the 1-rank reference.
 
-  model  [B, F] -> Linear(F, h1) -> ReLU -> Dropout -> ... -> Linear(h_last, C)  (--hidden)
+  mlp          [B, F] -> Linear(F, h1) -> ReLU -> Dropout -> ... -> Linear(h_last, C)  (--hidden)
+  transformer  [B, S, F] -> train_step.py's SignTransformer (--seq, --d-model, --heads,
+               --layers, --ff), SDPA attention as kiln's in fp32
 
 The data are kiln's own synthetic samples, written by the suite as raw little-endian files
-(float32 features [N, F], int64 labels [N]) and held in memory. Each epoch a
+(float32 features [N, F] or [N, S, F], int64 labels [N]) and held in memory. Each epoch a
 `DistributedSampler` (shuffled, seeded, drop_last) deals every rank its share, cut into batches
 of --batch by indexing the in-memory tensors (no DataLoader workers).
 
@@ -42,25 +46,34 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
+# kiln's reference models in PyTorch, as the train-step suite defines them (this directory is
+# on sys.path: the script's own, under plain python and torch.distributed.run alike).
+from train_step import MLP, SignTransformer  # noqa: E402
+
 
 def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
-class MLP(nn.Module):
-    """kiln's `mlp`: Linear -> ReLU -> Dropout per hidden width, then a Linear head."""
+def build(a):
+    """The model of --model, initialised from --seed (kiln's models initialise as these do)."""
+    torch.manual_seed(a.seed)
+    if a.model == "mlp":
+        hidden = [int(h) for h in a.hidden.split(",") if h]
+        return MLP(a.features, hidden, a.classes, a.dropout)
+    return SignTransformer(a.features, a.seq, a.d_model, a.heads, a.layers, a.ff, a.classes,
+                           a.dropout)
 
-    def __init__(self, features, hidden, classes, dropout):
-        super().__init__()
-        layers, width = [], features
-        for h in hidden:
-            layers += [nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)]
-            width = h
-        layers.append(nn.Linear(width, classes))
-        self.net = nn.Sequential(*layers)
 
-    def forward(self, x):
-        return self.net(x)
+def wrap(model, a):
+    """DistributedDataParallel with kiln's buckets. DDP's own defaults are a 25 MiB cap with a
+    1 MiB first bucket; an explicit bucket_cap_mb caps the first bucket too."""
+    if (a.bucket_cap_mb, a.first_bucket_mb) == (25.0, 1.0):
+        return nn.parallel.DistributedDataParallel(model)
+    if a.first_bucket_mb != a.bucket_cap_mb:
+        raise SystemExit(f"error: DDP takes its defaults (25 and 1 MiB) or one bucket size for "
+                         f"all buckets, not {a.bucket_cap_mb} with a first of {a.first_bucket_mb}")
+    return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
 
 
 def lr_factor(step, warmup, total):
@@ -146,9 +159,17 @@ def main():
     p.add_argument("--features-file", required=True, help="float32 [N, F], little-endian")
     p.add_argument("--labels-file", required=True, help="int64 [N], little-endian")
     p.add_argument("--samples", type=int, required=True, help="the first N samples of the files")
-    p.add_argument("--features", type=int, required=True)
+    p.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
+    p.add_argument("--features", type=int, required=True, help="per sample, or per position")
     p.add_argument("--classes", type=int, required=True)
-    p.add_argument("--hidden", default="256,256", help="hidden widths, comma separated")
+    p.add_argument("--hidden", default="256,256", help="mlp: hidden widths, comma separated")
+    p.add_argument("--seq", type=int, default=64, help="transformer: sequence length")
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--ff", type=int, default=1024)
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient buckets")
+    p.add_argument("--first-bucket-mb", type=float, default=1.0)
     p.add_argument("--batch", type=int, required=True, help="per rank")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -165,13 +186,12 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
         dist.init_process_group("gloo")
-    features = read_raw(a.features_file, torch.float32, (a.samples, a.features))
+    sample = (a.features,) if a.model == "mlp" else (a.seq, a.features)
+    features = read_raw(a.features_file, torch.float32, (a.samples, *sample))
     labels = read_raw(a.labels_file, torch.int64, (a.samples,))
-    torch.manual_seed(a.seed)
-    hidden = [int(h) for h in a.hidden.split(",") if h]
-    model = MLP(a.features, hidden, a.classes, a.dropout)
+    model = build(a)
     if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+        model = wrap(model, a)
     started = time.perf_counter()
     steps, step_seconds, final_loss = train(a, world, rank, model, features, labels)
     fit_seconds = time.perf_counter() - started
@@ -181,7 +201,8 @@ def main():
         print(json.dumps({
             "framework": "pytorch-ddp" if world > 1 else "pytorch",
             "torch_version": torch.__version__, "world_size": world,
-            "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "hidden": hidden,
+            "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "model": a.model,
+            "bucket_cap_mb": a.bucket_cap_mb, "first_bucket_mb": a.first_bucket_mb,
             "epochs": a.epochs, "steps": steps, "samples": steps * a.batch * world,
             "mean_step_time_s": step_seconds / max(1, steps),
             "samples_per_s": steps * a.batch * world / step_seconds if step_seconds else 0.0,
