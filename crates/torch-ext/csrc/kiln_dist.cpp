@@ -132,6 +132,27 @@ char* kiln_dist_all_reduce(void* group, const at::Tensor* const* ts, size_t n, b
   KILN_DIST_CATCH
 }
 
+// Starts summing `t` over the ranks in place (a Gloo worker does it while the caller goes on);
+// `*out` is the work's handle, for kiln_dist_work_wait and kiln_dist_work_free.
+char* kiln_dist_all_reduce_start(void* group, const at::Tensor* t, void** out) {
+  KILN_TRY
+  std::vector<at::Tensor> one{*t};
+  *out = new c10::intrusive_ptr<c10d::Work>((*static_cast<Group*>(group))->allreduce(one));
+  KILN_DIST_CATCH
+}
+
+// Waits for a started collective (within the group's timeout).
+char* kiln_dist_work_wait(void* work) {
+  KILN_TRY
+  (*static_cast<c10::intrusive_ptr<c10d::Work>*>(work))->wait();
+  KILN_DIST_CATCH
+}
+
+// Lets go of a work handle (the group keeps what it still needs).
+void kiln_dist_work_free(void* work) {
+  delete static_cast<c10::intrusive_ptr<c10d::Work>*>(work);
+}
+
 char* kiln_dist_barrier(void* group) {
   KILN_TRY
   (*static_cast<Group*>(group))->barrier()->wait();

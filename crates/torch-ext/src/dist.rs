@@ -247,6 +247,19 @@ impl ProcessGroup {
         })
     }
 
+    /// Starts summing `t` over the ranks, in place, while this thread goes on; the result is
+    /// there once [`Pending::wait`] returns. Every rank starts the same collectives in the
+    /// same order.
+    pub fn all_reduce_sum_start(&mut self, t: &tch::Tensor) -> Result<Pending> {
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a live group, a live tensor handle, and an out pointer that on success holds
+        // an owned work handle (which keeps the tensor alive until the work is done).
+        ffi::check("all-reduce", unsafe {
+            ffi::kiln_dist_all_reduce_start(self.ptr, ffi::tensor_ptr(t), &mut ptr)
+        })?;
+        Ok(Pending { ptr })
+    }
+
     /// Waits until every rank gets here.
     pub fn barrier(&mut self) -> Result<()> {
         // SAFETY: a live group.
@@ -310,6 +323,31 @@ impl ProcessGroup {
             )
         })?;
         Ok(Reducer { ptr })
+    }
+}
+
+/// A collective under way ([`ProcessGroup::all_reduce_sum_start`]). Dropping it without
+/// waiting lets it finish on its own.
+#[derive(Debug)]
+pub struct Pending {
+    ptr: *mut c_void,
+}
+
+// SAFETY: a c10d work handle may be waited on from any thread.
+unsafe impl Send for Pending {}
+
+impl Pending {
+    /// Waits for the collective (at most the group's timeout).
+    pub fn wait(self) -> Result<()> {
+        // SAFETY: a live work handle; `self` frees it when dropped.
+        ffi::check("all-reduce", unsafe { ffi::kiln_dist_work_wait(self.ptr) })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from kiln_dist_all_reduce_start and is freed exactly once.
+        unsafe { ffi::kiln_dist_work_free(self.ptr) }
     }
 }
 

@@ -140,6 +140,13 @@ unsafe extern "C" {
         mean: bool,
     ) -> *mut c_char;
     pub fn kiln_dist_barrier(group: *mut std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_dist_all_reduce_start(
+        group: *mut std::ffi::c_void,
+        t: *const std::ffi::c_void,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_dist_work_wait(work: *mut std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_dist_work_free(work: *mut std::ffi::c_void);
     pub fn kiln_dist_verify_params(
         group: *mut std::ffi::c_void,
         ts: *const *const std::ffi::c_void,

@@ -33,6 +33,14 @@ pub trait Group: std::fmt::Debug + Send {
         self.broadcast_from_first(tensors)
     }
 
+    /// Starts the ranks' vote on stopping (this rank votes `asked`); the answer, whether any
+    /// rank voted to stop, comes from [`StopVote::wait`]. By default decided at once.
+    fn start_stop_vote(&mut self, asked: bool) -> Result<Box<dyn StopVote>, TrainError> {
+        let flag = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
+        self.all_reduce_mean(std::slice::from_ref(&flag))?;
+        Ok(Box::new(Decided(flag.f_double_value(&[0])? > 0.0)))
+    }
+
     /// How this group averages the gradients of `params` during training. By default one
     /// flat all-reduce after the step's last backward ([`AfterBackward`]).
     fn gradient_sync(
@@ -42,6 +50,36 @@ pub trait Group: std::fmt::Debug + Send {
     ) -> Result<Box<dyn GradientSync>, TrainError> {
         let _ = (params, buckets);
         Ok(Box::new(AfterBackward))
+    }
+}
+
+/// A vote on stopping, under way ([`Group::start_stop_vote`]).
+pub trait StopVote: std::fmt::Debug + Send {
+    /// Whether any rank voted to stop.
+    fn wait(self: Box<Self>) -> Result<bool, TrainError>;
+}
+
+/// A vote already counted.
+#[derive(Debug)]
+struct Decided(bool);
+
+impl StopVote for Decided {
+    fn wait(self: Box<Self>) -> Result<bool, TrainError> {
+        Ok(self.0)
+    }
+}
+
+/// A vote c10d is counting while training goes on.
+#[derive(Debug)]
+struct Counting {
+    pending: kiln_torch_ext::dist::Pending,
+    votes: Tensor,
+}
+
+impl StopVote for Counting {
+    fn wait(self: Box<Self>) -> Result<bool, TrainError> {
+        self.pending.wait()?;
+        Ok(self.votes.f_double_value(&[0])? > 0.0)
     }
 }
 
@@ -252,6 +290,11 @@ impl Group for kiln_torch_ext::dist::ProcessGroup {
         reachable(nccl, tensors, |t| {
             Ok(self.broadcast_coalesced(t, 250 << 20, 0)?)
         })
+    }
+    fn start_stop_vote(&mut self, asked: bool) -> Result<Box<dyn StopVote>, TrainError> {
+        let votes = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
+        let pending = self.all_reduce_sum_start(&votes)?;
+        Ok(Box::new(Counting { pending, votes }))
     }
     fn gradient_sync(
         &mut self,

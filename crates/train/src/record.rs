@@ -102,6 +102,7 @@ pub struct Summary {
     pub precision: String,
     pub epochs: u64,
     pub steps: u64,
+    /// Samples trained, over every rank of a data-parallel run (as `samples_per_s`).
     pub samples: u64,
     pub seconds: f64,
     pub mean_step_time_s: f64,

@@ -174,8 +174,9 @@ fn plan_with(out: &Path, batch: usize, accum: usize) -> kiln_config::RunPlan {
 }
 
 /// What one rank's run gave: its logged losses, its run directory, its final validation loss
-/// (computed by each rank on the whole validation set with its own weights).
-type RankRun = (Vec<f64>, PathBuf, Option<f64>);
+/// (computed by each rank on the whole validation set with its own weights), and the samples
+/// its summary counts (every rank's).
+type RankRun = (Vec<f64>, PathBuf, Option<f64>, u64);
 
 /// Runs `plan` on `world` thread-ranks of c10d groups.
 fn run_ranks(plan: &kiln_config::RunPlan, world: usize) -> Vec<RankRun> {
@@ -202,7 +203,8 @@ fn run_on(groups: Vec<SharedGroup>, plan: &kiln_config::RunPlan) -> Vec<RankRun>
                     &mut |_, _| {},
                 )
                 .unwrap();
-                (losses.0, outcome.run_dir, outcome.summary.final_val_loss)
+                let s = outcome.summary;
+                (losses.0, outcome.run_dir, s.final_val_loss, s.samples)
             })
         })
         .collect();
@@ -218,6 +220,10 @@ fn two_ranks_of_batch_b_learn_as_one_rank_of_batch_2b() {
     let (a, b) = (pair[0].2.unwrap(), pair[1].2.unwrap());
     assert_eq!(a, b, "both ranks end with the same weights");
     assert!((a - single[0].2.unwrap()).abs() <= 1e-5 * a.abs());
+    assert_eq!(
+        pair[0].3, single[0].3,
+        "the summary counts every rank's samples"
+    );
 }
 
 #[test]

@@ -340,7 +340,7 @@ impl Trainer<'_> {
             },
             grad_norm: place.last_norm.as_ref().map(scalar).transpose()?,
             step_time_s: timing.step_seconds(),
-            samples_per_s: timing.samples_per_second(),
+            samples_per_s: timing.samples_per_second() * self.world() as f64,
             data_wait_share: timing.data_wait_share(),
             skipped_steps: self.skipped_steps()?,
             memory: MemorySample::read(self.device),
@@ -443,7 +443,8 @@ impl Trainer<'_> {
             val_mae: v.and_then(|v| v.mae),
             val_rmse: v.and_then(|v| v.rmse),
             seconds: place.started.elapsed().as_secs_f64(),
-            samples_per_s: per_second((t.samples - place.timing_before.samples) as f64),
+            samples_per_s: per_second((t.samples - place.timing_before.samples) as f64)
+                * self.world() as f64,
             data_wait_share: per_second(
                 t.data_wait_seconds - place.timing_before.data_wait_seconds,
             )
@@ -454,6 +455,10 @@ impl Trainer<'_> {
 
     /// Closes the profiler and reports the summary.
     fn finish(&mut self, run: Run, observer: &mut dyn Observer) -> Result<Summary, TrainError> {
+        // The last step's stop vote: every rank counts it before leaving.
+        if let Some(vote) = self.stop_vote.take() {
+            vote.wait()?;
+        }
         let profiler_traces = match run.profiler {
             Some(p) => p.finish()?,
             None => vec![],
@@ -470,10 +475,10 @@ impl Trainer<'_> {
             precision: precision_name(self.settings.precision).to_owned(),
             epochs: self.settings.epochs,
             steps: self.steps_done,
-            samples: total.samples,
+            samples: total.samples * self.world() as u64,
             seconds: run.started.elapsed().as_secs_f64(),
             mean_step_time_s: total.step_seconds(),
-            samples_per_s: total.samples_per_second(),
+            samples_per_s: total.samples_per_second() * self.world() as f64,
             data_wait_share: total.data_wait_share(),
             skipped_steps: self.skipped_steps()?,
             final_train_loss: last.map_or(f64::NAN, |e| e.train_loss),

@@ -234,6 +234,8 @@ pub struct Trainer<'m> {
     gradient_sync: Option<Box<dyn distributed::GradientSync>>,
     /// This rank and the world size (with a group).
     place: Option<(usize, usize)>,
+    /// The ranks' vote on stopping started after the previous step.
+    stop_vote: Option<Box<dyn distributed::StopVote>>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -340,6 +342,7 @@ impl<'m> Trainer<'m> {
             group: None,
             gradient_sync: None,
             place: None,
+            stop_vote: None,
             batch_size: 0,
             ranges: false,
             phase_times: None,
@@ -457,6 +460,11 @@ impl<'m> Trainer<'m> {
         Ok(())
     }
 
+    /// The number of ranks training together (1 outside data-parallel training).
+    pub fn world(&self) -> usize {
+        self.place.map_or(1, |(_, world)| world)
+    }
+
     /// This process's rank (0 outside data-parallel training).
     pub fn rank(&self) -> usize {
         self.place.map_or(0, |(rank, _)| rank)
@@ -500,18 +508,24 @@ impl<'m> Trainer<'m> {
 
     /// Whether to stop after this step: in a data-parallel run every rank stops at the same
     /// step once any of them was asked to (a signal reaches the ranks at different moments),
-    /// so no rank is left waiting in the next step's all-reduce.
-    pub(crate) fn stop_together(&self, asked: bool) -> Result<bool, TrainError> {
+    /// so no rank is left waiting in the next step's all-reduce. The ranks vote after each
+    /// step and count the votes while the next one runs: a stop asked during step k ends the
+    /// run after step k + 1 on every rank.
+    pub(crate) fn stop_together(&mut self, asked: bool) -> Result<bool, TrainError> {
         let Some(group) = &self.group else {
             return Ok(asked);
         };
         if self.gradient_sync.is_none() {
             return Ok(asked);
         }
-        let flag = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
-        let agreed = distributed::lock(group).all_reduce_mean(std::slice::from_ref(&flag));
-        agreed.map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
-        Ok(flag.f_double_value(&[0])? > 0.0)
+        let started = distributed::lock(group).start_stop_vote(asked);
+        let vote = started.map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
+        let Some(previous) = self.stop_vote.replace(vote) else {
+            return Ok(false);
+        };
+        previous
+            .wait()
+            .map_err(|e| self.in_ranks("agreeing on a stop", false, e))
     }
 
     /// `e` named as a failed collective of this rank (see [`distributed::collective_error`]);
