@@ -16,7 +16,7 @@
 //! Figures: kiln's samples/s over all ranks and mean step time on 2 ranks against 1 (goals
 //! ≥ 1.8× and ≤ 1.1×: the all-reduce hidden behind backward), kiln's mean step time against
 //! DDP's (goal ≤ 1.0×), and the final train loss of every side (they learn alike); the
-//! description adds kiln's time between steps (the ranks' stop agreement). `--quick` (CI) runs
+//! description adds kiln's time between steps (the ranks' stop vote). `--quick` (CI) runs
 //! a few steps of each to check the suite's shape.
 
 use std::path::{Path, PathBuf};
@@ -554,7 +554,8 @@ fn between_steps(runs: &[Runs; 4]) -> String {
     );
     format!(
         "kiln spends {two:.2} ms per step between steps on 2 ranks ({one:.2} ms on 1: the \
-         difference is mostly the ranks' per-step stop agreement, a one-value all-reduce)."
+         difference is the ranks' vote on stopping, a one-value all-reduce counted while the \
+         next step runs, and waiting for the slower rank)."
     )
 }
 
