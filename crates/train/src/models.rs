@@ -459,14 +459,15 @@ impl EncoderLayer {
     /// Pre-norm: `x + drop(attn(ln1(x)))`, then `h + drop(ff2(gelu(ff1(ln2(h)))))`.
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor, TrainError> {
         let size = x.size();
-        let (b, s, d) = (size[0], size[1], size[2]);
+        // The batch dimension stays -1, so a traced module (TorchScript, ONNX) takes any batch.
+        let (s, d) = (size[1], size[2]);
         let dh = d / self.heads;
         let qkv = linear(&layer_norm(x, &self.norm1)?, &self.qkv)?;
         // One split (its backward is a single concatenation, where three narrows would each
         // zero-fill and copy a full-size gradient).
         let parts = qkv.f_split(d, -1)?;
         let heads = |t: &Tensor| -> Result<Tensor, TrainError> {
-            Ok(t.f_view([b, s, self.heads, dh])?.f_transpose(1, 2)?)
+            Ok(t.f_view([-1, s, self.heads, dh])?.f_transpose(1, 2)?)
         };
         let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
         let attended = if x.device() == tch::Device::Cpu && q.kind() != Kind::Float {
@@ -485,7 +486,7 @@ impl EncoderLayer {
             )?
         }
         .f_transpose(1, 2)?
-        .f_reshape([b, s, d])?;
+        .f_reshape([-1, s, d])?;
         let h = x.f_add(&self.drop1.apply(&linear(&attended, &self.out)?, train)?)?;
         let inner = linear(&layer_norm(&h, &self.norm2)?, &self.ff1)?.f_gelu("none")?;
         Ok(h.f_add(&self.drop2.apply(&linear(&inner, &self.ff2)?, train)?)?)

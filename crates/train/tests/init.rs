@@ -260,3 +260,32 @@ fn reference_models_start_from_their_pytorch_twins_weights_with_python_torch() {
         }
     }
 }
+
+#[test]
+fn a_traced_reference_model_takes_any_batch_size() {
+    // Export (TorchScript, then ONNX) traces the model at one batch size; the trace must not
+    // keep it. The transformer's attention reshapes are where it would.
+    for kind in [ModelKind::Mlp, ModelKind::Transformer, ModelKind::ConvNet] {
+        let (plan, input) = reference_plan(kind);
+        tch::manual_seed(3);
+        let mut vs = nn::VarStore::new(Device::Cpu);
+        let model = build(&plan, &input, &vs, false, 3).unwrap();
+        vs.freeze();
+        let sample: Vec<i64> = input.sample_shape.iter().map(|&d| d as i64).collect();
+        let batch =
+            |n: i64| Tensor::randn([&[n][..], &sample].concat(), (Kind::Float, Device::Cpu));
+        let traced = tch::CModule::create_by_tracing("m", "forward", &[batch(2)], &mut |xs| {
+            vec![model.forward(&xs[0], false).unwrap()]
+        })
+        .unwrap();
+        let x = batch(5);
+        let eager = tch::no_grad(|| model.forward(&x, false).unwrap());
+        let replay = traced.forward_ts(&[x]).unwrap();
+        assert_eq!(replay.size(), eager.size(), "{kind}");
+        let gap = (replay - eager).abs().max().double_value(&[]);
+        assert!(
+            gap < 1e-5,
+            "{kind}: traced at batch 2, run at 5: max |Δ| {gap}"
+        );
+    }
+}
