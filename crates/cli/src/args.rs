@@ -88,6 +88,25 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
+    /// Write a trained kiln checkpoint (or run) as a TorchScript file that takes any batch
+    /// size, checked against kiln's own output before it is written; never overwrites.
+    Export {
+        /// A kiln checkpoint or run directory (its newest good checkpoint).
+        #[arg(long, value_name = "PATH")]
+        model: PathBuf,
+        /// The file to write (it must not exist).
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// The format written.
+        #[arg(long, value_enum, default_value_t)]
+        format: ExportFormat,
+        /// A configuration file (TOML, YAML or JSON).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Set any key (repeatable; later wins).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
     /// Serve a kiln checkpoint or a TorchScript module over HTTP with dynamic batching.
     Serve {
         #[command(flatten)]
@@ -298,6 +317,14 @@ pub fn given<const N: usize>(
                 .map(|v| (flag.to_owned(), key.to_owned(), v.clone()))
         })
         .collect()
+}
+
+/// What `kiln export` writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum ExportFormat {
+    /// A TorchScript module (`torch.jit.load` in Python, `tch::CModule` in Rust).
+    #[default]
+    Torchscript,
 }
 
 /// The model `kiln infer` and `kiln serve` run, and their configuration.

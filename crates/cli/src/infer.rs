@@ -233,3 +233,57 @@ pub fn serve(
     server.wait()?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// `kiln export`: the checkpoint's model as a TorchScript file, checked against kiln's own
+/// output before it is written (fp32, on the CPU).
+pub fn export(
+    model: &Path,
+    out: &Path,
+    config: Option<&Path>,
+    sets: &[String],
+) -> anyhow::Result<ExitCode> {
+    kiln_infer::export::check_target(out)?;
+    if !model.is_dir() {
+        anyhow::bail!(
+            "--model {}: export takes a kiln checkpoint or run directory{}",
+            model.display(),
+            if model.is_file() {
+                " (this file already is a model file; TorchScript needs no export)"
+            } else {
+                " (no such directory)"
+            }
+        );
+    }
+    let args = ModelArgs {
+        model: model.to_owned(),
+        batch_size: None,
+        precision: None,
+        cuda_graphs: None,
+        config: config.map(Path::to_owned),
+        sets: sets.to_vec(),
+        device: Some("cpu".to_owned()),
+        profile: None,
+    };
+    let setup = setup(&args, vec![])?;
+    let loaded = load_model(&setup, AmpDtype::None)?;
+    let shape = loaded
+        .sample_shape()
+        .context("the checkpoint does not record its input shape")?
+        .to_vec();
+    let e = kiln_infer::export::to_torchscript(&loaded, &shape, out)?;
+    eprintln!(
+        "wrote {} (TorchScript, {} bytes, input [batch, {}]); checked against kiln on {} \
+         samples at batch 3 and 1: max |Δ| {:.1e} (tolerance {:e})",
+        e.path.display(),
+        e.bytes,
+        shape
+            .iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+        e.samples_checked,
+        e.max_abs,
+        kiln_infer::export::TOLERANCE
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -55,6 +55,13 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             no_compare,
             format,
         } => infer::infer(&model, &inputs, output.as_deref(), no_compare, format),
+        Command::Export {
+            model,
+            out,
+            format: args::ExportFormat::Torchscript,
+            config,
+            sets,
+        } => infer::export(&model, &out, config.as_deref(), &sets),
         Command::Serve {
             model,
             input_shape,

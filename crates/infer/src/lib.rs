@@ -8,6 +8,7 @@
 
 pub mod engine;
 mod error;
+pub mod export;
 pub mod io;
 pub mod model;
 pub mod offline;

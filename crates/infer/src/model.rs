@@ -263,6 +263,36 @@ impl LoadedModel {
         self.device
     }
 
+    /// Writes the model as a TorchScript file at `path`: a kiln model traced on `example` (a
+    /// batch of the model's input; the trace keeps no batch size), a TorchScript module saved
+    /// in eval mode as it is.
+    pub fn save_torchscript(&self, path: &Path, example: &Tensor) -> Result<(), InferError> {
+        let module = match &self.inner {
+            Inner::Kiln { model, .. } => {
+                let _guard = tch::no_grad_guard();
+                let mut failure = None;
+                let traced = tch::CModule::create_by_tracing(
+                    "KilnModel",
+                    "forward",
+                    std::slice::from_ref(example),
+                    &mut |xs| match model.forward(&xs[0], false) {
+                        Ok(y) => vec![y],
+                        Err(e) => {
+                            failure = Some(e);
+                            vec![xs[0].shallow_clone()]
+                        }
+                    },
+                )?;
+                if let Some(e) = failure {
+                    return Err(e.into());
+                }
+                traced
+            }
+            Inner::Script(module) => return Ok(module.save(path)?),
+        };
+        Ok(module.save(path)?)
+    }
+
     /// The model's output for a batch already on its device and in its element type. Call
     /// under `tch::no_grad_guard`.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor, InferError> {
