@@ -82,6 +82,22 @@ impl Group for ThreadGroup {
     }
 }
 
+/// One test at a time, with c10d's flight recorder off: it records a process group's first
+/// collective into a map without its lock (libtorch 2.11), so groups of one process that start
+/// collectives on several threads at once — ranks as threads, as here; never a real run's
+/// single group — can corrupt it.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let guard = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    static OFF: std::sync::Once = std::sync::Once::new();
+    // SAFETY: set before any group exists, while this test holds the lock and no other thread
+    // of this process touches c10d or the environment.
+    OFF.call_once(|| unsafe { std::env::set_var("TORCH_FR_BUFFER_SIZE", "0") });
+    guard
+}
+
 /// `world` c10d process groups on Gloo over loopback, one per rank (they meet in parallel).
 fn groups(world: usize) -> Vec<SharedGroup> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -213,6 +229,7 @@ fn run_on(groups: Vec<SharedGroup>, plan: &kiln_config::RunPlan) -> Vec<RankRun>
 
 #[test]
 fn two_ranks_of_batch_b_learn_as_one_rank_of_batch_2b() {
+    let _serial = serial();
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let single = run_ranks(&plan(one.path(), 64), 1);
     let pair = run_ranks(&plan(two.path(), 32), 2);
@@ -228,6 +245,7 @@ fn two_ranks_of_batch_b_learn_as_one_rank_of_batch_2b() {
 
 #[test]
 fn the_group_seams_fallback_learns_the_same() {
+    let _serial = serial();
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let single = run_on(thread_groups(1), &plan(one.path(), 64));
     let pair = run_on(thread_groups(2), &plan(two.path(), 32));
@@ -266,6 +284,7 @@ fn same_learning(single: &[RankRun], pair: &[RankRun]) {
 
 #[test]
 fn accumulated_micro_steps_average_once_per_step() {
+    let _serial = serial();
     // 2 ranks × 2 micro-batches of 16 (the first skips the all-reduce) = 1 × 64.
     let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let single = run_ranks(&plan(one.path(), 64), 1);
@@ -283,6 +302,7 @@ fn accumulated_micro_steps_average_once_per_step() {
 
 #[test]
 fn ranks_that_run_different_jobs_are_refused_naming_the_difference() {
+    let _serial = serial();
     let out = tempfile::tempdir().unwrap();
     let plans = [plan(out.path(), 32), plan(out.path(), 16)];
     let handles: Vec<_> = groups(2)
@@ -355,6 +375,7 @@ fn run_pair(
 
 #[test]
 fn a_stopped_two_rank_run_resumes_exactly() {
+    let _serial = serial();
     let (whole, parts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let reference = run_pair(&plan(whole.path(), 32), None, false);
     let plan = plan(parts.path(), 32);
@@ -399,6 +420,7 @@ fn resume_alone(plan: &kiln_config::RunPlan) -> Result<Vec<f64>, String> {
 
 #[test]
 fn another_number_of_ranks_resumes_from_an_epochs_end_but_not_from_its_middle() {
+    let _serial = serial();
     let mid = tempfile::tempdir().unwrap();
     let plan = plan(mid.path(), 32);
     let stopped = run_pair(&plan, Some(7), false);
@@ -424,6 +446,7 @@ fn plan_with_epochs(out: &Path, batch: usize, epochs: u64) -> kiln_config::RunPl
 
 #[test]
 fn ranks_agree_on_the_smallest_automatic_batch_size_any_of_them_found() {
+    let _serial = serial();
     let found = [96_u64, 64, 128];
     let handles: Vec<_> = groups(3)
         .into_iter()
