@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{kiln, only_run, python, stderr};
+use common::{kiln, only_run, python, read_tensor, stderr};
 
 /// Trains a one-layer transformer for one short epoch under `dir/runs`; returns its run.
 fn trained_run(dir: &Path) -> PathBuf {
@@ -61,13 +61,7 @@ fn infer(model: &Path, x: &Path, out: &Path) -> Vec<f32> {
         "cpu",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let bytes = std::fs::read(out).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor("outputs").unwrap();
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    read_tensor(out, "outputs").1
 }
 
 fn export(model: &Path, out: &Path) -> std::process::Output {

@@ -7,21 +7,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{kiln, python, stderr};
-
-/// Reads one f32 tensor of a safetensors file as (shape, values).
-fn read_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
-    let bytes = std::fs::read(path).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(name).unwrap();
-    assert_eq!(t.dtype(), safetensors::Dtype::F32);
-    let values = t
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    (t.shape().to_vec(), values)
-}
+use common::{kiln, python, read_tensor, stderr};
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());

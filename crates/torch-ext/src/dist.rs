@@ -76,6 +76,20 @@ impl Rendezvous {
         }))
     }
 
+    /// Rank `rank` of `world_size` on this machine, rank 0's store at 127.0.0.1:`port` (what
+    /// ranks started as threads, or a one-rank self-check, use).
+    pub fn loopback(rank: usize, world_size: usize, port: u16) -> Self {
+        Self {
+            rank,
+            world_size,
+            local_rank: rank,
+            master_addr: "127.0.0.1".to_owned(),
+            master_port: port,
+            agent_store: false,
+            restart_count: "0".to_owned(),
+        }
+    }
+
     /// [`Self::from_vars`] over this process's environment.
     pub fn from_env() -> Result<Option<Self>> {
         Self::from_vars(|name| std::env::var(name).ok())

@@ -14,20 +14,12 @@ fn free_port() -> u16 {
     l.local_addr().unwrap().port()
 }
 
-fn rendezvous(rank: usize, world_size: usize, port: u16) -> Rendezvous {
-    Rendezvous {
-        rank,
-        world_size,
-        local_rank: rank,
-        master_addr: "127.0.0.1".to_owned(),
-        master_port: port,
-        agent_store: false,
-        restart_count: "0".to_owned(),
-    }
-}
-
 fn connect(rank: usize, world: usize, port: u16, timeout: Duration) -> Result<ProcessGroup, Error> {
-    ProcessGroup::connect(&rendezvous(rank, world, port), timeout, Some("127.0.0.1"))
+    ProcessGroup::connect(
+        &Rendezvous::loopback(rank, world, port),
+        timeout,
+        Some("127.0.0.1"),
+    )
 }
 
 /// One test at a time, with c10d's flight recorder off: it records a process group's first

@@ -109,15 +109,7 @@ fn groups(world: usize) -> Vec<SharedGroup> {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
                 s.spawn(move || {
-                    let r = kiln_torch_ext::dist::Rendezvous {
-                        rank,
-                        world_size: world,
-                        local_rank: rank,
-                        master_addr: "127.0.0.1".to_owned(),
-                        master_port: port,
-                        agent_store: false,
-                        restart_count: "0".to_owned(),
-                    };
+                    let r = kiln_torch_ext::dist::Rendezvous::loopback(rank, world, port);
                     let timeout = std::time::Duration::from_secs(60);
                     let pg =
                         kiln_torch_ext::dist::ProcessGroup::connect(&r, timeout, Some("127.0.0.1"))

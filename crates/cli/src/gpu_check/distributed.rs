@@ -20,15 +20,7 @@ fn rendezvous() -> anyhow::Result<Rendezvous> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    Ok(Rendezvous {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        master_addr: "127.0.0.1".to_owned(),
-        master_port: port,
-        agent_store: false,
-        restart_count: "0".to_owned(),
-    })
+    Ok(Rendezvous::loopback(0, 1, port))
 }
 
 fn connect() -> anyhow::Result<ProcessGroup> {

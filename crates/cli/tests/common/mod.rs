@@ -75,3 +75,18 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Reads one f32 tensor of a safetensors file as (shape, values).
+#[allow(dead_code)] // not every test binary reads outputs
+pub fn read_tensor(path: &Path, name: &str) -> (Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    let values = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (t.shape().to_vec(), values)
+}
