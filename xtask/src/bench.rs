@@ -9,8 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::kiln::{apply_env, python_of, target_dir};
 use crate::libtorch::{Libtorch, Settings};
-use crate::peers;
 use crate::util::{self, Error, Result, bail};
+use crate::{onnx, peers};
 
 /// A suite: its name, the binary that runs it, and that binary's subcommand.
 struct Suite {
@@ -98,6 +98,9 @@ const DEFAULT: [&str; 9] = [
 
 /// The suites that run the release CLI (`kiln train`).
 const RUN_THE_CLI: [&str; 2] = ["job", "ddp"];
+
+/// The suites that export their model to ONNX (for their onnxruntime rows).
+const EXPORT_ONNX: [&str; 2] = ["infer", "serve"];
 
 /// Options passed through to the suites, with whether they take a value.
 const PASSED: [(&str, bool); 12] = [
@@ -337,6 +340,22 @@ pub fn run(
         .iter()
         .any(|s| peers::needed_by(s.name))
         .then(|| peers::ensure(root, &settings.cache_dir, &python));
+    // onnx, pinned, for the suites that export their model to ONNX; without it their onnxruntime
+    // rows say "not run" (the library itself comes from setup).
+    let export_packages = if req.suites.iter().any(|s| EXPORT_ONNX.contains(s)) {
+        match onnx::ensure_export_packages(root, &settings.cache_dir, &python) {
+            Ok(dir) => Some(dir),
+            Err(Error(why)) => {
+                util::warn(&format!(
+                    "the ONNX export packages are not available, so the onnxruntime rows will \
+                     say \"not run\": {why}"
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
     for suite in &chosen {
         util::step(&format!("benchmark suite `{}`", suite.name));
         let mut run = Command::new(release.join(suite.bin));
@@ -351,6 +370,11 @@ pub fn run(
         apply_env(&mut run, settings);
         if let Some(peers) = &peers {
             peers.apply(&mut run);
+        }
+        if let Some(dir) = &export_packages
+            && EXPORT_ONNX.contains(&suite.name)
+        {
+            onnx::apply_export_env(&mut run, &python, dir);
         }
         let status = util::status_of(&mut run)?;
         if !status.success() {

@@ -4,12 +4,15 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::libtorch::Settings;
-use crate::util::{self, Result, bail, step};
+use crate::onnx;
+use crate::util::{self, Error, Result, bail, step};
 
 /// One check: a name for the report and the cargo arguments that run it.
 struct Check {
     name: &'static str,
     args: Vec<String>,
+    /// Runs tests that export models from PyTorch, to ONNX too: they get the export packages.
+    exports: bool,
 }
 
 /// What `cargo xtask test` was asked for.
@@ -42,6 +45,7 @@ fn checks(args: &TestArgs) -> Vec<Check> {
         Check {
             name: "cargo fmt --check",
             args: owned(&["fmt", "--all", "--", "--check"]),
+            exports: false,
         },
         Check {
             name: "cargo clippy",
@@ -53,14 +57,17 @@ fn checks(args: &TestArgs) -> Vec<Check> {
                 "-D",
                 "warnings",
             ]),
+            exports: false,
         },
         Check {
             name: "cargo test",
             args: test,
+            exports: false,
         },
         // Tests that compare with PyTorch itself are `#[ignore]`d (plain `cargo test` may have
         // no Python with torch) and named `…with_python_torch`; here the provisioned Python is
-        // KILN_PYTHON, so they run.
+        // KILN_PYTHON, so they run; those that export to ONNX find the pinned onnx packages in
+        // KILN_ONNX_PYTHONPATH.
         Check {
             name: "cargo test: the tests that need Python's torch",
             args: owned(&[
@@ -71,6 +78,7 @@ fn checks(args: &TestArgs) -> Vec<Check> {
                 "--ignored",
                 PYTHON_TESTS,
             ]),
+            exports: true,
         },
     ];
     // Tests that need a CUDA device are `#[ignore]`d (most machines have none, and a test must
@@ -86,6 +94,7 @@ fn checks(args: &TestArgs) -> Vec<Check> {
                 "--ignored",
                 CUDA_TESTS,
             ]),
+            exports: false,
         });
     }
     all
@@ -98,7 +107,8 @@ pub const PYTHON_TESTS: &str = "with_python_torch";
 pub const CUDA_TESTS: &str = "on_cuda";
 
 /// Runs every check in order; the error names the step that failed. `python` (the one with
-/// libtorch's torch) is `KILN_PYTHON` for the tests that export models from PyTorch.
+/// libtorch's torch) is `KILN_PYTHON` for the tests that export models from PyTorch; the ONNX
+/// export packages are installed (on first use) just before the step that needs them.
 pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs) -> Result<()> {
     let all = checks(args);
     let total = all.len();
@@ -112,6 +122,15 @@ pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs)
         cmd.current_dir(root).args(&check.args);
         crate::kiln::apply_env(&mut cmd, settings);
         cmd.env("KILN_PYTHON", python);
+        if check.exports {
+            match onnx::ensure_export_packages(root, &settings.cache_dir, python) {
+                Ok(dir) => onnx::apply_export_env(&mut cmd, python, &dir),
+                Err(Error(why)) => util::warn(&format!(
+                    "the ONNX export packages are not installed, so the tests that export to \
+                     ONNX will fail: {why}"
+                )),
+            }
+        }
         let status = util::status_of(&mut cmd)?;
         if !status.success() {
             bail!(
@@ -151,6 +170,12 @@ mod tests {
             all[3]
                 .args
                 .ends_with(&["--ignored".to_owned(), PYTHON_TESTS.to_owned()])
+        );
+        let exports: Vec<_> = all.iter().map(|c| c.exports).collect();
+        assert_eq!(
+            exports,
+            [false, false, false, true],
+            "only the Python step exports"
         );
         assert!(
             all[1]

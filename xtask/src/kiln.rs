@@ -1,17 +1,25 @@
-//! Builds the `kiln` CLI in release mode and runs it with the provisioned libtorch.
+//! Builds the `kiln` CLI in release mode and runs it with the provisioned libtorch (and
+//! onnxruntime).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use crate::libtorch::{Libtorch, Settings, Source};
+use crate::onnx;
 use crate::util::{self, Result, bail};
 
-/// Gives a cargo (or kiln) process the same `LIBTORCH` that `.cargo/config.toml` gives plain
-/// cargo commands, so switching between `cargo xtask` and `cargo` never rebuilds torch-sys.
+/// Gives a cargo (or kiln) process the same `LIBTORCH` and `KILN_ONNXRUNTIME` that
+/// `.cargo/config.toml` gives plain cargo commands, so switching between `cargo xtask` and
+/// `cargo` never rebuilds torch-sys, and kiln finds the onnxruntime that setup linked. Values the
+/// user set win.
 pub fn apply_env(cmd: &mut Command, settings: &Settings) {
     match &settings.libtorch_env {
         Some(user) => cmd.env("LIBTORCH", user),
         None => cmd.env("LIBTORCH", &settings.link),
+    };
+    match onnx::user_library_env(settings) {
+        Some(user) => cmd.env(onnx::ENV_LIBRARY, user),
+        None => cmd.env(onnx::ENV_LIBRARY, onnx::link(settings)),
     };
 }
 
@@ -44,13 +52,20 @@ pub fn build_cli(root: &Path, settings: &Settings) -> Result<()> {
     Ok(())
 }
 
-/// `cargo build --release -p kiln-cli`, then runs `kiln <args>` and returns its exit code.
-pub fn build_and_run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
+/// `cargo build --release -p kiln-cli`, then runs `kiln <args>` (with `envs` besides
+/// [`apply_env`]'s) and returns its exit code.
+pub fn build_and_run(
+    root: &Path,
+    settings: &Settings,
+    args: &[String],
+    envs: &[(&str, PathBuf)],
+) -> Result<ExitCode> {
     build_cli(root, settings)?;
     let exe = target_dir(root).join("release").join("kiln");
     let mut run = Command::new(&exe);
     run.args(args);
     apply_env(&mut run, settings);
+    run.envs(envs.iter().map(|(k, v)| (*k, v)));
     let status = util::status_of(&mut run)?;
     Ok(match status.code() {
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -13,10 +13,9 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::Command;
 
-use crate::util::{self, Error, Result, bail};
+use crate::util::{self, Error, PinnedInstall, Result};
 
 /// The variable naming the installed directory.
 pub const ENV_DIR: &str = "KILN_BENCH_PEERS";
@@ -70,75 +69,22 @@ fn install(root: &Path, cache_dir: &Path, python: &Path) -> Result<PathBuf> {
     let requirements = root.join(REQUIREMENTS);
     let pins = fs::read_to_string(&requirements)
         .map_err(|e| Error(format!("cannot read {}: {e}", requirements.display())))?;
-    let key = format!("{}\n{}\n{pins}", python.display(), python_version(python)?);
-    let name = format!("{:016x}", fnv1a(key.as_bytes()));
-    let base = cache_dir.join("bench-peers");
-    let dir = base.join(&name);
-    if is_ready(&dir, &key) {
-        return Ok(dir);
-    }
-    fs::create_dir_all(&base)
-        .map_err(|e| Error(format!("cannot create {}: {e}", base.display())))?;
-    // One installer at a time; a second bench waits here, then finds the install done.
-    let lock_path = base.join(format!("{name}.lock"));
-    let lock = fs::File::create(&lock_path)
-        .map_err(|e| Error(format!("cannot create {}: {e}", lock_path.display())))?;
-    lock.lock()
-        .map_err(|e| Error(format!("cannot lock {}: {e}", lock_path.display())))?;
-    if is_ready(&dir, &key) {
-        return Ok(dir);
-    }
-    let partial = base.join(format!("{name}.partial"));
-    let log = base.join(format!("{name}.log"));
-    for old in [&partial, &dir] {
-        if old.exists() {
-            fs::remove_dir_all(old)
-                .map_err(|e| Error(format!("cannot remove {}: {e}", old.display())))?;
-        }
-    }
-    util::step(&format!(
-        "installing the benchmarks' pinned Python peers ({}) into {} (once; log: {})",
-        headline(&pins),
-        dir.display(),
-        log.display()
-    ));
-    let started = Instant::now();
-    pip_install(python, &requirements, &partial, &log)?;
-    verify(python, &partial, &log)?;
-    fs::rename(&partial, &dir).map_err(|e| {
-        Error(format!(
-            "cannot rename {} to {}: {e}",
-            partial.display(),
-            dir.display()
-        ))
-    })?;
-    fs::write(dir.join(READY_MARKER), &key)
-        .map_err(|e| Error(format!("cannot write {}: {e}", dir.display())))?;
-    util::info(&format!(
-        "benchmark peers installed in {:.0} s",
-        started.elapsed().as_secs_f64()
-    ));
-    Ok(dir)
-}
-
-fn is_ready(dir: &Path, key: &str) -> bool {
-    fs::read_to_string(dir.join(READY_MARKER)).is_ok_and(|k| k == key)
-}
-
-/// The Python's `sys.version` (wheels differ between Python versions).
-fn python_version(python: &Path) -> Result<String> {
-    let out = Command::new(python)
-        .args(["-c", "import sys; print(sys.version)"])
-        .output()
-        .map_err(|e| Error(format!("cannot run {}: {e}", python.display())))?;
-    if !out.status.success() {
-        bail!(
-            "{} -c 'import sys' failed ({})",
-            python.display(),
-            util::describe_status(out.status)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    let key = format!(
+        "{}\n{}\n{pins}",
+        python.display(),
+        util::python_facts(python)?.version
+    );
+    let install = PinnedInstall {
+        python,
+        base: cache_dir.join("bench-peers"),
+        name: format!("{:016x}", util::fnv1a(key.as_bytes())),
+        key,
+        marker: READY_MARKER,
+        what: format!("the benchmarks' pinned Python peers ({})", headline(&pins)),
+        packages: vec!["--requirement".into(), requirements.into()],
+    };
+    let installed = install.ensure(|target, log| verify(python, target, log))?;
+    Ok(installed.dir)
 }
 
 /// The pins that name the peers themselves, for the banner ("lightning 2.6.6, litserve 0.2.19").
@@ -149,62 +95,6 @@ fn headline(pins: &str) -> String {
         .map(|(name, version)| format!("{name} {version}"))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-fn log_file(log: &Path) -> Result<fs::File> {
-    fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(|e| Error(format!("cannot open {}: {e}", log.display())))
-}
-
-/// Runs `cmd` with its output appended to `log`; on failure, an error quoting pip's last
-/// `ERROR:` line (which names the package) and pointing at the log.
-fn logged(mut cmd: Command, log: &Path, what: &str) -> Result<()> {
-    let out = log_file(log)?;
-    let err = out
-        .try_clone()
-        .map_err(|e| Error(format!("{}: {e}", log.display())))?;
-    let status = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .status()
-        .map_err(|e| Error(format!("cannot run {what}: {e}")))?;
-    if status.success() {
-        return Ok(());
-    }
-    let text = fs::read_to_string(log).unwrap_or_default();
-    bail!(
-        "{what} failed ({}): {} (full log: {})",
-        util::describe_status(status),
-        last_error(&text).unwrap_or("no ERROR line; see the log"),
-        log.display()
-    )
-}
-
-fn pip_install(python: &Path, requirements: &Path, target: &Path, log: &Path) -> Result<()> {
-    let mut pip = Command::new(python);
-    pip.args([
-        "-m",
-        "pip",
-        "install",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-    ])
-    .args([
-        "--disable-pip-version-check",
-        "--no-input",
-        "--retries",
-        "2",
-    ])
-    .arg("--target")
-    .arg(target)
-    .arg("--requirement")
-    .arg(requirements);
-    logged(pip, log, "pip install of the pinned peers")
 }
 
 /// Imports the peers with the new directory first on the path, and checks that torch is still
@@ -220,22 +110,7 @@ fn verify(python: &Path, target: &Path, log: &Path) -> Result<()> {
         "-c",
         &check.replace("TARGET", &format!("{:?}", target.display().to_string())),
     ]);
-    logged(cmd, log, "importing the installed peers")
-}
-
-/// The last line of pip's output that starts with `ERROR:`.
-fn last_error(log: &str) -> Option<&str> {
-    log.lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| l.starts_with("ERROR:") || l.starts_with("AssertionError"))
-}
-
-/// 64-bit FNV-1a (xtask has no dependencies; this only names a cache directory).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    util::logged(cmd, log, "importing the installed peers")
 }
 
 #[cfg(test)]
@@ -249,22 +124,7 @@ mod tests {
     }
 
     #[test]
-    fn fnv1a_is_the_reference_hash() {
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-    }
-
-    #[test]
-    fn pip_errors_and_headline_are_found() {
-        let log = "Collecting lightning==2.6.6\n  WARNING: Retrying\n\
-                   ERROR: Could not find a version that satisfies the requirement \
-                   lightning==2.6.6 (from versions: none)\n\
-                   ERROR: No matching distribution found for lightning==2.6.6\n";
-        assert_eq!(
-            last_error(log),
-            Some("ERROR: No matching distribution found for lightning==2.6.6")
-        );
-        assert_eq!(last_error("all fine\n"), None);
+    fn the_headline_names_the_peers() {
         let pins = "# comment\nlightning==2.6.6\nnumpy==2.4.6\n\nlitserve==0.2.19\n";
         assert_eq!(headline(pins), "lightning 2.6.6, litserve 0.2.19");
     }
