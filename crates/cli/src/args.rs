@@ -88,18 +88,24 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t)]
         format: Format,
     },
-    /// Write a trained kiln checkpoint (or run) as a TorchScript file that takes any batch
-    /// size, checked against kiln's own output before it is written; never overwrites.
+    /// Write a trained kiln checkpoint (or run) or a TorchScript module as ONNX or TorchScript
+    /// that takes any batch size, checked against kiln's own output (ONNX in ONNX Runtime)
+    /// before it is written; never overwrites.
     Export {
-        /// A kiln checkpoint or run directory (its newest good checkpoint).
+        /// A kiln checkpoint or run directory (its newest good checkpoint), or a TorchScript
+        /// .pt file.
         #[arg(long, value_name = "PATH")]
         model: PathBuf,
         /// The file to write (it must not exist).
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
-        /// The format written.
-        #[arg(long, value_enum, default_value_t)]
-        format: ExportFormat,
+        /// The format written (default: from --out's extension, .onnx or .pt).
+        #[arg(long, value_enum)]
+        format: Option<ExportFormat>,
+        /// The shape of one sample, e.g. 784 or 64,469 (needed for a TorchScript file;
+        /// checkpoints know theirs).
+        #[arg(long, value_name = "D,D,…", value_delimiter = ',')]
+        input_shape: Option<Vec<usize>>,
         /// A configuration file (TOML, YAML or JSON).
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
@@ -325,6 +331,9 @@ pub enum ExportFormat {
     /// A TorchScript module (`torch.jit.load` in Python, `tch::CModule` in Rust).
     #[default]
     Torchscript,
+    /// ONNX (opset 17, dynamic batch), for ONNX Runtime and other serving stacks; exported by
+    /// PyTorch in the provisioned Python.
+    Onnx,
 }
 
 /// The model `kiln infer` and `kiln serve` run, and their configuration.
@@ -342,6 +351,9 @@ pub struct ModelArgs {
     /// auto, on or off (= --set infer.cuda_graphs=…).
     #[arg(long, value_name = "MODE")]
     pub cuda_graphs: Option<String>,
+    /// auto, libtorch or onnxruntime (= --set infer.engine=…).
+    #[arg(long, value_name = "ENGINE")]
+    pub engine: Option<String>,
     /// A configuration file (TOML, YAML or JSON).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -374,6 +386,7 @@ impl ModelArgs {
             ("--batch-size", "infer.batch_size", &self.batch_size),
             ("--precision", "infer.precision", &self.precision),
             ("--cuda-graphs", "infer.cuda_graphs", &self.cuda_graphs),
+            ("--engine", "infer.engine", &self.engine),
         ])
     }
 }

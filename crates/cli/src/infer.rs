@@ -1,34 +1,34 @@
 //! `kiln infer` and `kiln serve`: load the model (a checkpoint's settings as a configuration
 //! layer under the user's), apply the backend settings, and run offline or serve.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use kiln_config::Resolution;
 use kiln_device::settings::AmpDtype;
+use kiln_infer::Runner;
 use kiln_infer::model::{self, ModelSource};
 use kiln_infer::offline::Report;
-use kiln_infer::{Engine, EngineOptions, LoadedModel};
 use kiln_train::checkpoint::Checkpoint;
 
-use crate::args::{Format, ModelArgs};
+use crate::args::{ExportFormat, Format, ModelArgs};
 use crate::commands;
+use crate::engines::{self, EngineRequest};
 
-/// The model's source, its checkpoint (opened and verified), and the configuration with the
-/// checkpoint's model settings layered in.
+/// The model's source, its checkpoint (opened and verified; for an ONNX file, the one kiln
+/// exported it from, if still here), and the configuration with the checkpoint's model
+/// settings layered in.
 struct Setup {
     source: ModelSource,
     checkpoint: Option<Checkpoint>,
+    onnx_only: Option<String>,
     resolution: Resolution,
 }
 
 fn setup(args: &ModelArgs, extra_flags: Vec<(String, String, String)>) -> anyhow::Result<Setup> {
     let source = ModelSource::detect(&args.model)?;
-    let checkpoint = match &source {
-        ModelSource::Checkpoint(path) => Some(model::open_checkpoint(path)?),
-        ModelSource::TorchScript(_) => None,
-    };
+    let (checkpoint, onnx_only) = engines::checkpoint_of(&source)?;
     let layer = checkpoint
         .as_ref()
         .map(|c| (c.dir.display().to_string(), model::model_settings(c)));
@@ -45,25 +45,37 @@ fn setup(args: &ModelArgs, extra_flags: Vec<(String, String, String)>) -> anyhow
     Ok(Setup {
         source,
         checkpoint,
+        onnx_only,
         resolution,
     })
+}
+
+impl Setup {
+    /// What builds the engine, in `precision`, for batches of up to `max_batch`.
+    fn request(
+        self,
+        precision: AmpDtype,
+        max_batch: usize,
+        input_shape: Option<Vec<usize>>,
+    ) -> EngineRequest {
+        let r = self.resolution;
+        EngineRequest {
+            source: self.source,
+            checkpoint: self.checkpoint,
+            onnx_only: self.onnx_only,
+            device: kiln_train::feed::tch_device(r.selection.device),
+            plan: r.plan,
+            precision,
+            max_batch,
+            input_shape,
+        }
+    }
 }
 
 fn source_note(r: &Resolution, key: &str) -> String {
     r.plan
         .source_of(key)
         .map_or_else(String::new, |p| format!(" ({})", p.source))
-}
-
-fn load_model(setup: &Setup, precision: AmpDtype) -> anyhow::Result<LoadedModel> {
-    let r = &setup.resolution;
-    Ok(model::load(
-        &setup.source,
-        setup.checkpoint.as_ref(),
-        &r.plan,
-        kiln_train::feed::tch_device(r.selection.device),
-        precision,
-    )?)
 }
 
 pub fn infer(
@@ -78,41 +90,48 @@ pub fn infer(
     }
     let setup = setup(args, vec![])?;
     let r = &setup.resolution;
-    let plan = &r.plan;
+    let plan = r.plan.clone();
     let inputs = kiln_infer::io::read_inputs(inputs)?;
-    let precision = plan.infer.precision;
-    let model = load_model(&setup, precision)?;
-    let sample_shape = model
-        .sample_shape()
-        .map_or_else(|| inputs.sample_shape.clone(), <[usize]>::to_vec);
-    let options = EngineOptions {
-        max_batch: usize::try_from(plan.infer.batch_size).unwrap_or(usize::MAX),
-        cuda_graphs: plan.infer.cuda_graphs,
-    };
-    eprintln!(
-        "model: {}; precision {}{}, batch size {}{}",
-        model.description(),
-        precision.as_str(),
-        source_note(r, "infer.precision"),
-        plan.infer.batch_size,
-        source_note(r, "infer.batch_size"),
+    let precision_note = source_note(r, "infer.precision");
+    let batch_note = source_note(r, "infer.batch_size");
+    let max_batch = usize::try_from(plan.infer.batch_size).unwrap_or(usize::MAX);
+    let request = setup.request(
+        plan.infer.precision,
+        max_batch,
+        Some(inputs.sample_shape.clone()),
     );
-    let mut engine = Engine::new(model, sample_shape.clone(), options)?;
+    let built = request.build()?;
+    if let Some(note) = &built.note {
+        eprintln!("{note}");
+    }
+    let precision = built.precision;
+    let mut engine = built.runner;
+    eprintln!(
+        "model: {}; engine {}; precision {}{}, batch size {}{}",
+        engine.description(),
+        engine.engine(),
+        precision.as_str(),
+        if precision == plan.infer.precision {
+            precision_note
+        } else {
+            String::new()
+        },
+        plan.infer.batch_size,
+        batch_note,
+    );
     let mut reference = if precision != AmpDtype::None && !no_compare {
-        let fp32 = load_model(&setup, AmpDtype::None)?;
-        Some(Engine::new(
-            fp32,
-            sample_shape,
-            EngineOptions {
-                cuda_graphs: kiln_config::CudaGraphs::Off,
-                ..options
-            },
-        )?)
+        let mut fp32 = request;
+        fp32.plan.infer.cuda_graphs = kiln_config::CudaGraphs::Off;
+        Some(fp32.libtorch_engine(AmpDtype::None)?)
     } else {
         None
     };
-    let outcome =
-        kiln_infer::offline::run(&mut engine, reference.as_mut(), &inputs, precision.as_str())?;
+    let outcome = kiln_infer::offline::run(
+        &mut engine,
+        reference.as_mut().map(|e| e as &mut dyn Runner),
+        &inputs,
+        precision.as_str(),
+    )?;
     if let Some(output) = output {
         kiln_infer::io::write_outputs(output, &outcome.shape, &outcome.outputs)?;
     }
@@ -129,13 +148,15 @@ pub fn infer(
 fn report_text(r: &Report) -> String {
     let l = &r.batch_latency_ms;
     let mut s = format!(
-        "inputs: {}\n{} samples in {} batches of up to {} ({}, CUDA graphs {}): {:.0} samples/s\n\
+        "inputs: {}\n{} samples in {} batches of up to {} ({}, {}, CUDA graphs {}): {:.0} \
+         samples/s\n\
          batch latency: p50 {:.2} ms, p95 {:.2} ms, p99 {:.2} ms, max {:.2} ms\n",
         r.inputs,
         r.samples,
         r.batches,
         r.batch_size,
         r.precision,
+        r.engine,
         r.cuda_graphs,
         r.samples_per_second,
         l.p50,
@@ -171,7 +192,7 @@ pub fn serve(
     let precision = plan.infer.precision;
     let config = kiln_infer::serve::ServeConfig::from_plan(&plan);
     eprintln!(
-        "serving {}; batches of up to {}{} waiting at most {:.1} ms{}, precision {}{}",
+        "serving {}; batches of up to {}{} waiting at most {:.1} ms{}, precision {}{}, engine {}{}",
         args.model.display(),
         plan.infer.batch_size,
         source_note(r, "infer.batch_size"),
@@ -179,6 +200,8 @@ pub fn serve(
         source_note(r, "serve.max_wait_ms"),
         precision.as_str(),
         source_note(r, "infer.precision"),
+        plan.infer.engine,
+        source_note(r, "infer.engine"),
     );
     if matches!(setup.source, ModelSource::TorchScript(_)) && input_shape.is_none() {
         anyhow::bail!(
@@ -186,39 +209,38 @@ pub fn serve(
              --input-shape 784 or --input-shape 64,469)"
         );
     }
-    let input_shape = input_shape.map(<[usize]>::to_vec);
-    let options = EngineOptions {
-        max_batch: config.max_batch,
-        cuda_graphs: plan.infer.cuda_graphs,
-    };
-    // The model is loaded on the server's worker thread, which owns it from then on.
-    let Setup {
-        source, checkpoint, ..
-    } = setup;
-    let device = kiln_train::feed::tch_device(r.selection.device);
+    if let (Some(ckpt), Some(given)) = (&setup.checkpoint, input_shape)
+        && let Some(known) = ckpt.meta.input.as_ref().map(|i| &i.sample_shape)
+        && known.as_slice() != given
+    {
+        anyhow::bail!(
+            "--input-shape {given:?} contradicts the checkpoint's input shape {known:?} ({})",
+            ckpt.dir.display()
+        );
+    }
+    let request = setup.request(
+        precision,
+        config.max_batch,
+        input_shape.map(<[usize]>::to_vec),
+    );
+    // The engine is built on the server's worker thread, which owns it from then on.
     let factory: kiln_infer::serve::RunnerFactory = Box::new(move || {
-        let model = model::load(&source, checkpoint.as_ref(), &plan, device, precision)
-            .map_err(|e| e.to_string())?;
-        let shape = match (model.sample_shape(), input_shape) {
-            (Some(known), Some(given)) if known != given.as_slice() => {
-                return Err(format!(
-                    "--input-shape {given:?} contradicts the checkpoint's input shape {known:?}"
-                ));
-            }
-            (Some(known), _) => known.to_vec(),
-            (None, Some(given)) => given,
-            (None, None) => return Err("no input shape".to_owned()),
-        };
-        let mut engine = Engine::new(model, shape, options).map_err(|e| e.to_string())?;
+        let built = request.build().map_err(|e| e.to_string())?;
+        if let Some(note) = &built.note {
+            eprintln!("{note}");
+        }
+        let mut engine = built.runner;
         // Warm up (and capture the largest CUDA graph bucket) before reporting ready.
         let numel: usize = engine.sample_shape().iter().product();
         let max = engine.max_batch();
         engine
             .run(&vec![0.0; numel * max], max)
             .map_err(|e| format!("warm-up batch failed: {e}"))?;
-        if let kiln_infer::GraphStatus::On { captured } = engine.graph_status() {
-            tracing::info!("CUDA graphs on: captured batch buckets {captured:?}");
-        }
+        tracing::info!(
+            "engine {}; CUDA graphs {}",
+            engine.engine(),
+            engine.cuda_graphs()
+        );
         Ok(Box::new(engine) as Box<dyn kiln_infer::serve::BatchRunner>)
     });
     let server = kiln_infer::serve::Server::start(config, factory)?;
@@ -234,56 +256,135 @@ pub fn serve(
     Ok(ExitCode::SUCCESS)
 }
 
-/// `kiln export`: the checkpoint's model as a TorchScript file, checked against kiln's own
-/// output before it is written (fp32, on the CPU).
-pub fn export(
-    model: &Path,
-    out: &Path,
-    config: Option<&Path>,
-    sets: &[String],
-) -> anyhow::Result<ExitCode> {
-    kiln_infer::export::check_target(out)?;
-    if !model.is_dir() {
+/// What `kiln export` was asked.
+#[derive(Debug)]
+pub struct ExportArgs {
+    pub model: PathBuf,
+    pub out: PathBuf,
+    pub format: Option<ExportFormat>,
+    pub input_shape: Option<Vec<usize>>,
+    pub config: Option<PathBuf>,
+    pub sets: Vec<String>,
+}
+
+/// The format `--format` names, else the one `--out`'s extension does.
+fn export_format(given: Option<ExportFormat>, out: &Path) -> anyhow::Result<ExportFormat> {
+    if let Some(format) = given {
+        return Ok(format);
+    }
+    let ext = out
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    match ext.as_deref() {
+        Some("onnx") => Ok(ExportFormat::Onnx),
+        Some("pt") => Ok(ExportFormat::Torchscript),
+        _ => anyhow::bail!(
+            "--out {}: give --format onnx or --format torchscript (or name the file .onnx or .pt)",
+            out.display()
+        ),
+    }
+}
+
+/// `kiln export`: the checkpoint's model (or a TorchScript module) as ONNX or TorchScript,
+/// checked against kiln's own output before it is written (fp32, on the CPU).
+pub fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
+    kiln_infer::export::check_target(&a.out)?;
+    let format = export_format(a.format, &a.out)?;
+    if !a.model.exists()
+        || a.model
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+    {
         anyhow::bail!(
-            "--model {}: export takes a kiln checkpoint or run directory{}",
-            model.display(),
-            if model.is_file() {
-                " (this file already is a model file; TorchScript needs no export)"
+            "--model {}: export takes a kiln checkpoint or run directory, or a TorchScript .pt \
+             file{}",
+            a.model.display(),
+            if a.model.exists() {
+                " (this file already is ONNX)"
             } else {
-                " (no such directory)"
+                " (no such file or directory)"
             }
         );
     }
     let args = ModelArgs {
-        model: model.to_owned(),
+        model: a.model.clone(),
         batch_size: None,
         precision: None,
         cuda_graphs: None,
-        config: config.map(Path::to_owned),
-        sets: sets.to_vec(),
+        engine: None,
+        config: a.config.clone(),
+        sets: a.sets.clone(),
         device: Some("cpu".to_owned()),
         profile: None,
     };
     let setup = setup(&args, vec![])?;
-    let loaded = load_model(&setup, AmpDtype::None)?;
-    let shape = loaded
-        .sample_shape()
-        .context("the checkpoint does not record its input shape")?
-        .to_vec();
-    let e = kiln_infer::export::to_torchscript(&loaded, &shape, out)?;
+    let loaded = model::load(
+        &setup.source,
+        setup.checkpoint.as_ref(),
+        &setup.resolution.plan,
+        tch::Device::Cpu,
+        AmpDtype::None,
+    )?;
+    let shape = match (loaded.sample_shape(), &a.input_shape) {
+        (Some(known), Some(given)) if known != given.as_slice() => anyhow::bail!(
+            "--input-shape {given:?} contradicts the checkpoint's input shape {known:?}"
+        ),
+        (Some(known), _) => known.to_vec(),
+        (None, Some(given)) => given.clone(),
+        (None, None) => anyhow::bail!(
+            "--input-shape is needed to export a TorchScript module (the shape of one sample, \
+             e.g. --input-shape 784 or --input-shape 64,469)"
+        ),
+    };
+    let e = match format {
+        ExportFormat::Torchscript => kiln_infer::export::to_torchscript(&loaded, &shape, &a.out)?,
+        ExportFormat::Onnx => {
+            let meta = export_metadata(setup.checkpoint.as_ref(), &shape);
+            kiln_infer::export::to_onnx(&loaded, &shape, &a.out, &meta)?
+        }
+    };
     eprintln!(
-        "wrote {} (TorchScript, {} bytes, input [batch, {}]); checked against kiln on {} \
-         samples at batch 3 and 1: max |Δ| {:.1e} (tolerance {:e})",
+        "wrote {} ({}, {} bytes, input [batch, {}]); checked in {} against kiln on {} samples \
+         at batch 3 and 1: max |Δ| {:.1e} (tolerance {:e})",
         e.path.display(),
+        e.format,
         e.bytes,
         shape
             .iter()
             .map(usize::to_string)
             .collect::<Vec<_>>()
             .join(", "),
+        e.checked_in,
         e.samples_checked,
         e.max_abs,
         kiln_infer::export::TOLERANCE
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an ONNX export records about where it came from: the checkpoint (absolute) and its
+/// weights' digest, so that `infer.engine = auto` can run the checkpoint beside it.
+fn export_metadata(checkpoint: Option<&Checkpoint>, shape: &[usize]) -> Vec<(String, String)> {
+    let mut meta = vec![
+        (
+            "kiln.version".to_owned(),
+            env!("CARGO_PKG_VERSION").to_owned(),
+        ),
+        (
+            "kiln.sample_shape".to_owned(),
+            shape
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+    ];
+    if let Some(ckpt) = checkpoint {
+        let dir = std::fs::canonicalize(&ckpt.dir).unwrap_or_else(|_| ckpt.dir.clone());
+        meta.push(("kiln.source".to_owned(), dir.display().to_string()));
+        if let Some(digest) = kiln_infer::onnx::weights_digest(ckpt) {
+            meta.push(("kiln.weights_sha256".to_owned(), digest));
+        }
+    }
+    meta
 }

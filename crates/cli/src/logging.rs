@@ -12,6 +12,12 @@ pub fn init(verbose: u8, quiet: bool) {
         (false, 1) => "debug",
         (false, _) => "trace",
     };
+    // ONNX Runtime logs its allocator and graph work at info; only its warnings unless -vv.
+    let default = if verbose >= 2 {
+        default.to_owned()
+    } else {
+        format!("{default},ort=warn")
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -4,6 +4,7 @@
 mod args;
 mod commands;
 mod data;
+mod engines;
 mod gpu_check;
 mod infer;
 mod launch;
@@ -58,10 +59,18 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Export {
             model,
             out,
-            format: args::ExportFormat::Torchscript,
+            format,
+            input_shape,
             config,
             sets,
-        } => infer::export(&model, &out, config.as_deref(), &sets),
+        } => infer::export(&infer::ExportArgs {
+            model,
+            out,
+            format,
+            input_shape,
+            config,
+            sets,
+        }),
         Command::Serve {
             model,
             input_shape,

@@ -28,6 +28,8 @@ enum Target {
     BuiltIn(ModelKind),
     /// A checkpoint (opened and verified) or a TorchScript file.
     Source(ModelSource, Option<Box<Checkpoint>>),
+    /// An ONNX file, run in ONNX Runtime.
+    Onnx(std::path::PathBuf),
 }
 
 fn target(model: &Path) -> anyhow::Result<Target> {
@@ -44,19 +46,20 @@ fn target(model: &Path) -> anyhow::Result<Target> {
     if !model.exists() {
         anyhow::bail!(
             "--model {}: not a built-in model (transformer, mlp or convnet) and no such file or \
-             directory; give a built-in name, a kiln run or checkpoint directory, or a \
-             TorchScript .pt file",
+             directory; give a built-in name, a kiln run or checkpoint directory, a TorchScript \
+             .pt file or an .onnx file",
             model.display()
         );
     }
     let source = ModelSource::detect(model)?;
     let checkpoint = match &source {
+        ModelSource::Onnx(path) => return Ok(Target::Onnx(path.clone())),
         ModelSource::Checkpoint(path) => Some(
             model::open_checkpoint(path)
                 .map(Box::new)
                 .with_context(|| format!("--model {}", model.display()))?,
         ),
-        ModelSource::TorchScript(_) => None,
+        _ => None,
     };
     Ok(Target::Source(source, checkpoint))
 }
@@ -139,6 +142,13 @@ pub fn run(args: &ProfileModelArgs) -> anyhow::Result<ExitCode> {
             anyhow::bail!("{TORCHSCRIPT_NEEDS_SHAPE}");
         }
     }
+    if let (Target::Onnx(path), Mode::Train) = (&target, mode) {
+        anyhow::bail!(
+            "--mode train: {} is an ONNX model, which kiln profiles in --mode infer only (ONNX \
+             Runtime does not train)",
+            path.display()
+        );
+    }
     let r = configure(args, &target, mode)?;
     let plan = &r.plan;
     let (precision, batch) = match mode {
@@ -187,7 +197,11 @@ pub fn run(args: &ProfileModelArgs) -> anyhow::Result<ExitCode> {
             Some(g) => format!("{} ({})", r.selection.device, g.name),
             None => r.selection.device.to_string(),
         },
-        precision: precision_name(precision).to_owned(),
+        precision: if matches!(target, Target::Onnx(_)) {
+            "fp32".to_owned()
+        } else {
+            precision_name(precision).to_owned()
+        },
         mode,
         batch_size: batch,
         input_shape: profiled.shape,
@@ -226,6 +240,7 @@ fn configure(args: &ProfileModelArgs, target: &Target, mode: Mode) -> anyhow::Re
     let (model_name, checkpoint) = match target {
         Target::BuiltIn(kind) => (Some(kind.as_str().to_owned()), None),
         Target::Source(_, checkpoint) => (None, checkpoint.as_deref()),
+        Target::Onnx(_) => (None, None),
     };
     let batch_size = args.batch_size.map(|n| n.to_string());
     let flags = crate::args::given([
@@ -259,7 +274,7 @@ struct Run<'a> {
 /// A profiled model: what it is, its size, the sample shape, the times.
 struct Profiled {
     description: String,
-    parameters: usize,
+    parameters: Option<usize>,
     shape: Vec<usize>,
     measurement: Measurement,
 }
@@ -277,8 +292,12 @@ impl Run<'_> {
     }
 
     fn forward(&self, target: &Target) -> anyhow::Result<Profiled> {
+        if let Target::Onnx(path) = target {
+            return self.forward_onnx(path);
+        }
         let model = match target {
             Target::BuiltIn(kind) => self.reference(*kind)?.into_inference(self.precision),
+            Target::Onnx(_) => unreachable!("profiled above"),
             Target::Source(source, checkpoint) => model::load(
                 source,
                 checkpoint.as_deref(),
@@ -291,7 +310,7 @@ impl Run<'_> {
         let measurement = profile::forward(&model, &shape, self.batch, self.iterations);
         Ok(Profiled {
             description: model.description().to_owned(),
-            parameters: model.parameters()?,
+            parameters: Some(model.parameters()?),
             measurement: explain(measurement, self.given_shape)?,
             shape,
         })
@@ -306,7 +325,9 @@ impl Run<'_> {
                 self.plan.performance.channels_last,
                 kiln_train::feed::tch_device(self.device),
             )?,
-            Target::Source(..) => anyhow::bail!("--mode train needs a kiln model"),
+            Target::Source(..) | Target::Onnx(_) => {
+                anyhow::bail!("--mode train needs a kiln model")
+            }
         };
         let shape = sample_shape(
             Some(&model.input().sample_shape),
@@ -325,9 +346,48 @@ impl Run<'_> {
         );
         Ok(Profiled {
             description: model.description().to_owned(),
-            parameters: model.parameters(),
+            parameters: Some(model.parameters()),
             measurement: explain(measurement, self.given_shape)?,
             shape,
+        })
+    }
+}
+
+impl Run<'_> {
+    /// An ONNX model in ONNX Runtime, in fp32 (its own precision), timed host to host.
+    fn forward_onnx(&self, path: &Path) -> anyhow::Result<Profiled> {
+        if self.precision != AmpDtype::None {
+            eprintln!(
+                "note: ONNX Runtime runs {} in fp32, its exported precision, not {}",
+                path.display(),
+                precision_name(self.precision)
+            );
+        }
+        let options = kiln_infer::onnx::OnnxOptions {
+            max_batch: self.batch,
+            threads: usize::try_from(tch::get_num_threads()).unwrap_or(1),
+            device: kiln_train::feed::tch_device(self.device),
+            input_shape: self.given_shape.map(<[usize]>::to_vec),
+        };
+        let mut engine = kiln_infer::onnx::OnnxEngine::open(path, &options)?;
+        if engine.max_batch() < self.batch {
+            anyhow::bail!(
+                "{} takes batches of exactly {}: profile it with --batch-size {}",
+                path.display(),
+                engine.max_batch(),
+                engine.max_batch()
+            );
+        }
+        let measurement = profile::forward_onnx(&mut engine, self.batch, self.iterations);
+        Ok(Profiled {
+            description: format!(
+                "{} ({}; timed host to host: inputs copied in, outputs out)",
+                engine.description(),
+                engine.status()
+            ),
+            parameters: None,
+            shape: engine.sample_shape().to_vec(),
+            measurement: explain(measurement, self.given_shape)?,
         })
     }
 }
@@ -377,7 +437,12 @@ fn report_text(r: &Report) -> String {
     let t = &r.time;
     let mut s = String::new();
     let _ = writeln!(s, "model        {}", r.model);
-    let _ = writeln!(s, "parameters   {}", thousands(r.parameters));
+    let _ = writeln!(
+        s,
+        "parameters   {}",
+        r.parameters
+            .map_or_else(|| "not counted (ONNX)".to_owned(), thousands)
+    );
     let _ = writeln!(s, "device       {}", r.device);
     let _ = writeln!(
         s,

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 
 use kiln_core::DeviceRequest;
 use kiln_core::options::{
-    AmpDtype, CudaGraphs, Determinism, LossKind, MatmulPrecision, OptimizerKind, ProfileUnit,
-    ScheduleKind,
+    AmpDtype, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision, OptimizerKind,
+    ProfileUnit, ScheduleKind,
 };
 
 use crate::plan::{ModelPlan, TrainPlan};
@@ -165,6 +165,8 @@ config_keys! {
         precision: AmpDtype = "fp32" => p.infer.precision;
         /// auto, on or off: replay CUDA graphs for static input shapes.
         cuda_graphs: CudaGraphs = "auto" => p.infer.cuda_graphs;
+        /// auto, libtorch or onnxruntime: auto measures both where both can run the model.
+        engine: InferEngineKind = "auto" => p.infer.engine;
     }
 
     /// The inference server.
@@ -247,7 +249,7 @@ mod tests {
         assert_eq!(shown["serve.max_wait_ms"], "2");
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 72);
+        assert_eq!(KEYS.len(), 73);
     }
 
     #[test]

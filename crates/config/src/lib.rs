@@ -22,8 +22,8 @@ mod setting;
 pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
-    CheckpointPlan, CudaGraphs, DistributedPlan, InferPlan, LossKind, LossScalePlan, ModelKind,
-    ModelPlan, OptimizerKind, ProfileUnit, ProfilingPlan, Provenance, RunPlan, ScheduleKind,
-    ServePlan, TrainPlan,
+    CheckpointPlan, CudaGraphs, DistributedPlan, InferEngineKind, InferPlan, LossKind,
+    LossScalePlan, ModelKind, ModelPlan, OptimizerKind, ProfileUnit, ProfilingPlan, Provenance,
+    RunPlan, ScheduleKind, ServePlan, TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};

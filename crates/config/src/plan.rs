@@ -10,7 +10,9 @@ use kiln_core::DeviceRequest;
 use kiln_core::settings::{AmpDtype, BackendSettings};
 use serde::Serialize;
 
-pub use kiln_core::options::{CudaGraphs, LossKind, OptimizerKind, ProfileUnit, ScheduleKind};
+pub use kiln_core::options::{
+    CudaGraphs, InferEngineKind, LossKind, OptimizerKind, ProfileUnit, ScheduleKind,
+};
 
 use crate::ConfigError;
 use crate::keys::{
@@ -177,6 +179,7 @@ pub struct InferPlan {
     pub batch_size: u64,
     pub precision: AmpDtype,
     pub cuda_graphs: CudaGraphs,
+    pub engine: InferEngineKind,
 }
 
 /// The `serve` section: the inference server's address and batching limits.
@@ -374,6 +377,7 @@ fn infer_plan(v: InferValues) -> InferPlan {
         batch_size: v.batch_size,
         precision: v.precision,
         cuda_graphs: v.cuda_graphs,
+        engine: v.engine,
     }
 }
 

@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use kiln_core::DeviceRequest;
 use kiln_core::OptionError;
 use kiln_core::options::{
-    AmpDtype, CudaGraphs, Determinism, LossKind, MatmulPrecision, OptimizerKind, ProfileUnit,
-    ScheduleKind,
+    AmpDtype, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision, OptimizerKind,
+    ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
@@ -173,6 +173,7 @@ option_settings!(
     Determinism,
     AmpDtype,
     CudaGraphs,
+    InferEngineKind,
     ProfileUnit,
     OptimizerKind,
     ScheduleKind,

@@ -158,6 +158,18 @@ option_enum! {
 }
 
 option_enum! {
+    /// `infer.engine`: which engine runs inference.
+    pub enum InferEngineKind ("an inference engine") {
+        /// Measure both where both can run the model (an ONNX file kiln exported from a
+        /// checkpoint that is still there) and take the faster per batch size; otherwise the
+        /// one that can.
+        Auto = "auto",
+        Libtorch = "libtorch" | "torch",
+        Onnxruntime = "onnxruntime" | "ort" | "onnx",
+    }
+}
+
+option_enum! {
     /// `profiling.unit`: what `wait`, `warmup` and `active` count.
     pub enum ProfileUnit ("a profiling unit") {
         Steps = "steps" | "step",
@@ -226,6 +238,7 @@ mod tests {
         round_trips(&Determinism::ALL);
         round_trips(&AmpDtype::ALL);
         round_trips(&CudaGraphs::ALL);
+        round_trips(&InferEngineKind::ALL);
         round_trips(&ProfileUnit::ALL);
         round_trips(&OptimizerKind::ALL);
         round_trips(&ScheduleKind::ALL);
@@ -245,6 +258,10 @@ mod tests {
         assert_eq!(AmpDtype::None.to_string(), "fp32");
         assert_eq!("true".parse::<Determinism>().unwrap(), Determinism::Error);
         assert_eq!("false".parse::<CudaGraphs>().unwrap(), CudaGraphs::Off);
+        assert_eq!(
+            "ort".parse::<InferEngineKind>().unwrap(),
+            InferEngineKind::Onnxruntime
+        );
         assert_eq!("epoch".parse::<ProfileUnit>().unwrap(), ProfileUnit::Epochs);
     }
 

@@ -243,14 +243,97 @@ impl Engine {
     }
 }
 
-/// The server's worker runs batches through the engine.
-impl crate::serve::BatchRunner for Engine {
+/// What offline inference, the server and the engine choice need of an engine: the libtorch
+/// [`Engine`], the [`OnnxEngine`](crate::onnx::OnnxEngine), or both behind
+/// [`AutoEngine`](crate::choose::AutoEngine).
+pub trait Runner {
+    /// Runs `n` samples (`inputs` holds `n × sample numel` values) and returns the outputs as
+    /// f32 values with the shape of one sample's output.
+    fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError>;
+    /// The shape of one input sample.
+    fn sample_shape(&self) -> &[usize];
+    /// The most samples one batch may hold.
+    fn max_batch(&self) -> usize;
+    /// The model, for reports ("kiln mlp checkpoint …", "ONNX model m.onnx").
+    fn description(&self) -> String;
+    /// Which engine runs and how ("libtorch", "onnxruntime 1.31.1 (CPU build), CPU provider, 2
+    /// threads", or the automatic choice per batch size).
+    fn engine(&self) -> String;
+    /// Whether CUDA graphs are replayed, and if not, why.
+    fn cuda_graphs(&self) -> String;
+}
+
+impl Runner for Engine {
+    fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError> {
+        Engine::run(self, inputs, n)
+    }
     fn sample_shape(&self) -> &[usize] {
         &self.sample_shape
     }
+    fn max_batch(&self) -> usize {
+        self.options.max_batch
+    }
+    fn description(&self) -> String {
+        self.model.description().to_owned()
+    }
+    fn engine(&self) -> String {
+        "libtorch".to_owned()
+    }
+    fn cuda_graphs(&self) -> String {
+        self.graph_status.to_string()
+    }
+}
+
+impl Runner for crate::onnx::OnnxEngine {
+    fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError> {
+        crate::onnx::OnnxEngine::run(self, inputs, n)
+    }
+    fn sample_shape(&self) -> &[usize] {
+        crate::onnx::OnnxEngine::sample_shape(self)
+    }
+    fn max_batch(&self) -> usize {
+        crate::onnx::OnnxEngine::max_batch(self)
+    }
+    fn description(&self) -> String {
+        crate::onnx::OnnxEngine::description(self).to_owned()
+    }
+    fn engine(&self) -> String {
+        self.status()
+    }
+    fn cuda_graphs(&self) -> String {
+        "off (not used by onnxruntime)".to_owned()
+    }
+}
+
+impl<R: Runner + ?Sized> Runner for Box<R> {
+    fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError> {
+        (**self).run(inputs, n)
+    }
+    fn sample_shape(&self) -> &[usize] {
+        (**self).sample_shape()
+    }
+    fn max_batch(&self) -> usize {
+        (**self).max_batch()
+    }
+    fn description(&self) -> String {
+        (**self).description()
+    }
+    fn engine(&self) -> String {
+        (**self).engine()
+    }
+    fn cuda_graphs(&self) -> String {
+        (**self).cuda_graphs()
+    }
+}
+
+/// The server's worker runs batches through any engine.
+impl<R: Runner> crate::serve::BatchRunner for R {
+    fn sample_shape(&self) -> &[usize] {
+        Runner::sample_shape(self)
+    }
 
     fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), String> {
-        Engine::run(self, inputs, n).map_err(|e| e.to_string())
+        Runner::run(self, inputs, n).map_err(|e| e.to_string())
     }
 }
 

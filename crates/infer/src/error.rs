@@ -23,6 +23,16 @@ pub enum InferError {
     /// Inputs that do not fit the model.
     #[error("inputs: {0}")]
     Input(String),
+    /// ONNX Runtime's library cannot be found or used; the message says what was tried and
+    /// how to provision it.
+    #[error("{0}")]
+    OnnxRuntimeMissing(String),
+    /// An export whose file does not compute what kiln's model computes.
+    #[error(
+        "the exported model's outputs differ from kiln's by up to {max_abs:.3e} (tolerance \
+         {tolerance:.0e}); nothing was written"
+    )]
+    ExportMismatch { max_abs: f64, tolerance: f64 },
     /// A setting that does not fit this machine or model.
     #[error("`{key}` = {value}: {expected}")]
     Setting {

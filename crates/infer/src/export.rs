@@ -1,7 +1,8 @@
 //! `kiln export`: a model written as a TorchScript file that takes any batch size (a kiln
-//! checkpoint's model traced, a TorchScript checkpoint's module saved in eval mode), checked
-//! against kiln's own output at two batch sizes before it is published; an existing file is
-//! never overwritten.
+//! checkpoint's model traced, a TorchScript module saved in eval mode), or as ONNX (that
+//! TorchScript file through PyTorch's exporter, in the provisioned Python), checked against
+//! kiln's own output at two batch sizes (ONNX in ONNX Runtime) before it is published; an
+//! existing file is never overwritten.
 
 use std::path::{Path, PathBuf};
 
@@ -17,10 +18,17 @@ const TRACE_BATCH: i64 = 2;
 /// The batch sizes the written file is checked at.
 const CHECK_BATCHES: [i64; 2] = [3, 1];
 
+/// The ONNX opset exports use (supported by every onnxruntime kiln runs, 1.31 included).
+pub const OPSET: u32 = 17;
+
 /// What an export wrote and how it was checked.
 #[derive(Debug, Clone)]
 pub struct Exported {
     pub path: PathBuf,
+    /// "TorchScript", or "ONNX opset 17".
+    pub format: String,
+    /// What checked it ("libtorch", "onnxruntime 1.31.1 (CPU build)").
+    pub checked_in: String,
     pub bytes: u64,
     pub sample_shape: Vec<usize>,
     /// The largest |Δ| against kiln's output over the checked batches.
@@ -68,6 +76,8 @@ pub fn to_torchscript(
     let ((max_abs, samples_checked), bytes) = result?;
     Ok(Exported {
         path: out.to_owned(),
+        format: "TorchScript".to_owned(),
+        checked_in: "libtorch".to_owned(),
         bytes,
         sample_shape: sample_shape.to_vec(),
         max_abs,
@@ -77,8 +87,13 @@ pub fn to_torchscript(
 
 /// `<out>.partial-<pid>` beside `out`.
 fn staging_path(out: &Path) -> PathBuf {
+    staging_with(out, "")
+}
+
+/// `<out>.partial-<pid><suffix>` beside `out`.
+fn staging_with(out: &Path, suffix: &str) -> PathBuf {
     let mut name = out.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".partial-{}", std::process::id()));
+    name.push(format!(".partial-{}{suffix}", std::process::id()));
     out.with_file_name(name)
 }
 
@@ -147,4 +162,104 @@ fn publish(staging: &Path, out: &Path) -> Result<u64, InferError> {
         )
     })?;
     Ok(std::fs::metadata(out).map(|m| m.len()).unwrap_or(0))
+}
+
+/// Writes `model` (fp32, on the CPU) to `out` as ONNX: traced to TorchScript, exported by
+/// PyTorch in the provisioned Python (`meta` goes into the model's metadata), then run in ONNX
+/// Runtime on random batches of `sample_shape` and published only if it agrees with the model
+/// within [`TOLERANCE`] and its batch dimension is dynamic.
+pub fn to_onnx(
+    model: &LoadedModel,
+    sample_shape: &[usize],
+    out: &Path,
+    meta: &[(String, String)],
+) -> Result<Exported, InferError> {
+    check_target(out)?;
+    if model.kind() != Kind::Float || model.device() != Device::Cpu {
+        return Err(InferError::Model {
+            model: model.description().to_owned(),
+            message: "export takes the model in fp32 on the CPU".to_owned(),
+        });
+    }
+    let script = staging_with(out, ".pt");
+    let staging = staging_path(out);
+    let result = (|| -> Result<_, InferError> {
+        model.save_torchscript(&script, &batch(TRACE_BATCH, sample_shape)?)?;
+        let facts = crate::onnx::python::export(&script, &staging, sample_shape, OPSET, meta)?;
+        let (max_abs, samples, runtime) = check_onnx(model, sample_shape, &staging)?;
+        let bytes = publish(&staging, out)?;
+        tracing::debug!("exporter: {facts}");
+        Ok((max_abs, samples, runtime, bytes))
+    })();
+    let _ = std::fs::remove_file(&script);
+    let _ = std::fs::remove_file(&staging);
+    let (max_abs, samples_checked, runtime, bytes) = result?;
+    Ok(Exported {
+        path: out.to_owned(),
+        format: format!("ONNX opset {OPSET}"),
+        checked_in: runtime,
+        bytes,
+        sample_shape: sample_shape.to_vec(),
+        max_abs,
+        samples_checked,
+    })
+}
+
+/// Runs the written ONNX file in ONNX Runtime at the check batches and compares with `model`;
+/// returns the largest |Δ|, the samples compared and the runtime that ran it.
+fn check_onnx(
+    model: &LoadedModel,
+    sample_shape: &[usize],
+    file: &Path,
+) -> Result<(f64, i64, String), InferError> {
+    let options = crate::onnx::OnnxOptions {
+        max_batch: CHECK_BATCHES.iter().copied().max().unwrap_or(1) as usize,
+        threads: usize::try_from(tch::get_num_threads()).unwrap_or(1),
+        device: Device::Cpu,
+        input_shape: Some(sample_shape.to_vec()),
+    };
+    let mut engine = crate::onnx::OnnxEngine::open(file, &options)?;
+    if let Some(fixed) = engine.fixed_batch() {
+        return Err(mismatch(
+            model,
+            format!(
+                "the exported model's batch dimension is fixed at {fixed}: the model reads the \
+                 batch size as a number while traced (use -1 for it in reshapes)"
+            ),
+        ));
+    }
+    let _guard = tch::no_grad_guard();
+    let mut max_abs = 0.0_f64;
+    for n in CHECK_BATCHES {
+        let x = batch(n, sample_shape)?;
+        let ours = model.forward(&x)?.f_contiguous()?.f_view([-1])?;
+        let ours = Vec::<f32>::try_from(&ours)?;
+        let values = Vec::<f32>::try_from(&x.f_contiguous()?.f_view([-1])?)?;
+        let (theirs, _) = engine.run(&values, n as usize)?;
+        if theirs.len() != ours.len() {
+            return Err(mismatch(
+                model,
+                format!(
+                    "at batch {n} the exported model gives {} values, kiln {}",
+                    theirs.len(),
+                    ours.len()
+                ),
+            ));
+        }
+        for (a, b) in theirs.iter().zip(&ours) {
+            let gap = f64::from((a - b).abs());
+            max_abs = if gap.is_nan() {
+                f64::NAN
+            } else {
+                max_abs.max(gap)
+            };
+        }
+    }
+    if max_abs.is_nan() || max_abs > TOLERANCE {
+        return Err(InferError::ExportMismatch {
+            max_abs,
+            tolerance: TOLERANCE,
+        });
+    }
+    Ok((max_abs, CHECK_BATCHES.iter().sum(), engine.status()))
 }

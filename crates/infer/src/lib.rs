@@ -6,15 +6,17 @@
 //! what it trained), and `kiln-device`, `kiln-config`, `kiln-data` and `kiln-torch-ext`; knows
 //! nothing of the CLI.
 
+pub mod choose;
 pub mod engine;
 mod error;
 pub mod export;
 pub mod io;
 pub mod model;
 pub mod offline;
+pub mod onnx;
 pub mod profile;
 pub mod serve;
 
-pub use engine::{Engine, EngineOptions, GraphStatus};
+pub use engine::{Engine, EngineOptions, GraphStatus, Runner};
 pub use error::InferError;
 pub use model::{LoadedModel, ModelSource};

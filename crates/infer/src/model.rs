@@ -23,20 +23,29 @@ pub enum ModelSource {
     Checkpoint(PathBuf),
     /// A TorchScript file.
     TorchScript(PathBuf),
+    /// An ONNX file (`.onnx`), run by ONNX Runtime, or by libtorch from the checkpoint that
+    /// `kiln export` recorded in it.
+    Onnx(PathBuf),
 }
 
 impl ModelSource {
-    /// A directory is a kiln checkpoint or run; a file is a TorchScript module.
+    /// A directory is a kiln checkpoint or run; a `.onnx` file an ONNX model; another file a
+    /// TorchScript module.
     pub fn detect(path: &Path) -> Result<Self, InferError> {
+        let onnx = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
         if path.is_dir() {
             Ok(ModelSource::Checkpoint(path.to_owned()))
+        } else if path.is_file() && onnx {
+            Ok(ModelSource::Onnx(path.to_owned()))
         } else if path.is_file() {
             Ok(ModelSource::TorchScript(path.to_owned()))
         } else {
             Err(InferError::file(
                 path,
-                "no such file or directory (expected a kiln checkpoint or run directory, or a \
-                 TorchScript .pt file)",
+                "no such file or directory (expected a kiln checkpoint or run directory, a \
+                 TorchScript .pt file or an .onnx file)",
             ))
         }
     }
@@ -323,13 +332,21 @@ pub fn load(
     precision: AmpDtype,
 ) -> Result<LoadedModel, InferError> {
     match (source, checkpoint) {
-        (ModelSource::Checkpoint(_), Some(ckpt)) => LoadedModel::from_checkpoint(
-            ckpt,
-            &plan.model,
-            plan.performance.channels_last,
-            device,
-            precision,
-        ),
+        (ModelSource::Checkpoint(_) | ModelSource::Onnx(_), Some(ckpt)) => {
+            LoadedModel::from_checkpoint(
+                ckpt,
+                &plan.model,
+                plan.performance.channels_last,
+                device,
+                precision,
+            )
+        }
+        (ModelSource::Onnx(path), None) => Err(InferError::Model {
+            model: path.display().to_string(),
+            message: "libtorch cannot run an ONNX file by itself; only one kiln exported from a \
+                      checkpoint that is still there (use infer.engine = onnxruntime)"
+                .to_owned(),
+        }),
         (ModelSource::Checkpoint(path), None) => {
             let ckpt = open_checkpoint(path)?;
             LoadedModel::from_checkpoint(

@@ -9,8 +9,9 @@ use std::time::Instant;
 use kiln_data::Targets;
 use serde::Serialize;
 
+use crate::InferError;
+use crate::engine::Runner;
 use crate::io::Inputs;
-use crate::{Engine, InferError};
 
 /// Latency percentiles in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -62,6 +63,8 @@ pub struct Report {
     pub batches: usize,
     pub batch_size: usize,
     pub precision: String,
+    /// Which engine ran ("libtorch", "onnxruntime 1.31.1 (CPU build), …", an automatic choice).
+    pub engine: String,
     pub cuda_graphs: String,
     pub output_shape: Vec<usize>,
     /// Samples per second over the timed batches (the warm-up batch excluded).
@@ -91,8 +94,8 @@ pub struct Outcome {
 /// Every sample of `inputs` through `engine` (one untimed warm-up batch first). With
 /// `reference` (the same model in fp32), also measures the deviation from it.
 pub fn run(
-    engine: &mut Engine,
-    reference: Option<&mut Engine>,
+    engine: &mut dyn Runner,
+    reference: Option<&mut dyn Runner>,
     inputs: &Inputs,
     precision: &str,
 ) -> Result<Outcome, InferError> {
@@ -101,7 +104,7 @@ pub fn run(
             "{} has samples of shape {:?}; {} takes {:?}",
             inputs.description,
             inputs.sample_shape,
-            engine.model().description(),
+            engine.description(),
             engine.sample_shape()
         )));
     }
@@ -169,13 +172,14 @@ pub fn run(
         outputs,
         shape,
         report: Report {
-            model: engine.model().description().to_owned(),
+            model: engine.description(),
             inputs: inputs.description.clone(),
             samples: inputs.len,
             batches: latencies.len(),
             batch_size: batch,
             precision: precision.to_owned(),
-            cuda_graphs: engine.graph_status().to_string(),
+            engine: engine.engine(),
+            cuda_graphs: engine.cuda_graphs(),
             output_shape: out_shape,
             samples_per_second: inputs.len as f64 / elapsed.max(1e-9),
             batch_latency_ms: Percentiles::of(&latencies),

@@ -154,7 +154,8 @@ impl Measurement {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
     pub model: String,
-    pub parameters: usize,
+    /// Not counted for ONNX models.
+    pub parameters: Option<usize>,
     pub device: String,
     pub precision: String,
     pub mode: Mode,
@@ -263,6 +264,31 @@ pub fn forward(
             .forward(&xs)
             .map(drop)
             .map_err(|e| failed(i, &dims, model.description(), "a forward pass", e))
+    })
+}
+
+/// Times an ONNX model in ONNX Runtime on one random batch of `batch` samples, host to host
+/// (the batch is copied in and the outputs out each time, as it serves; libtorch's forward is
+/// timed on the device, so the two are not directly comparable). Peak memory is the process's
+/// on the host: ONNX Runtime's CUDA allocator is not libtorch's.
+pub fn forward_onnx(
+    engine: &mut crate::onnx::OnnxEngine,
+    batch: usize,
+    iterations: Iterations,
+) -> Result<Measurement, InferError> {
+    let dims = batch_dims(batch, engine.sample_shape())?;
+    let numel: usize = engine.sample_shape().iter().product();
+    let input = Tensor::f_randn(
+        [i64::try_from(batch * numel).unwrap_or(0)],
+        (Kind::Float, Device::Cpu),
+    )?;
+    let input = Vec::<f32>::try_from(&input)?;
+    let model = engine.description().to_owned();
+    measure(Device::Cpu, iterations, |i| {
+        engine
+            .run(&input, batch)
+            .map(drop)
+            .map_err(|e| failed(i, &dims, &model, "a forward pass", e))
     })
 }
 

@@ -303,29 +303,16 @@ pub fn resolve_auto<D: Dataset>(
     device: tch::Device,
     cache: Option<&Path>,
 ) -> Result<(u64, String), TrainError> {
-    let (hardware, memory_budget) = match device {
+    let hardware = hardware_key(device)?;
+    let memory_budget = match device {
         tch::Device::Cuda(i) => {
             let props = kiln_torch_ext::cuda::device_properties(i)?;
             let budget = props.total_memory_bytes as f64
                 * plan.performance.backend.memory_fraction
                 * (1.0 - MEMORY_MARGIN);
-            (
-                format!(
-                    "{} ({:.0} GiB)",
-                    props.name,
-                    props.total_memory_bytes as f64 / f64::from(1u32 << 30)
-                ),
-                Some(budget as u64),
-            )
+            Some(budget as u64)
         }
-        _ => (
-            format!(
-                "{} × {} threads",
-                kiln_device::probe::probe_cpu().model,
-                tch::get_num_threads()
-            ),
-            None,
-        ),
+        _ => None,
     };
     let key = cache_key(plan, &recipe.identity, input, &hardware);
     let mut store = cache.map(BatchSizeCache::open);
@@ -554,6 +541,26 @@ impl BatchSizeCache {
         std::fs::rename(&tmp, &self.path).map_err(io)?;
         Ok(())
     }
+}
+
+/// The hardware part of a cache key: the GPU and its memory, or the CPU model and the threads
+/// libtorch uses.
+pub fn hardware_key(device: tch::Device) -> Result<String, TrainError> {
+    Ok(match device {
+        tch::Device::Cuda(i) => {
+            let props = kiln_torch_ext::cuda::device_properties(i)?;
+            format!(
+                "{} ({:.0} GiB)",
+                props.name,
+                props.total_memory_bytes as f64 / f64::from(1u32 << 30)
+            )
+        }
+        _ => format!(
+            "{} × {} threads",
+            kiln_device::probe::probe_cpu().model,
+            tch::get_num_threads()
+        ),
+    })
 }
 
 /// The cache key: everything the answer depends on.
