@@ -188,6 +188,43 @@ fn only_device_talks_to_nvml() {
     }
 }
 
+/// Whether `line` names the `ort` crate's paths (`ort::…`, not `report::…`).
+fn names_ort(line: &str) -> bool {
+    line.match_indices("ort::").any(|(i, _)| {
+        !line[..i]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_')
+    })
+}
+
+#[test]
+fn only_infer_talks_to_onnx_runtime_and_never_through_its_panicking_loader() {
+    let hits: Vec<_> = library_lines(&["crates/infer/"])
+        .into_iter()
+        .filter(|(_, _, l)| names_ort(l))
+        .collect();
+    assert!(
+        hits.is_empty(),
+        "ONNX Runtime used outside crates/infer: {hits:?}"
+    );
+    let root = root();
+    for (dir, _) in LAYERS.iter().filter(|(d, _)| *d != "crates/infer") {
+        let text = std::fs::read_to_string(root.join(dir).join("Cargo.toml")).unwrap();
+        assert!(
+            !text.lines().any(|l| l.trim_start().starts_with("ort")),
+            "{dir} depends on ort"
+        );
+    }
+    // ort::init() looks for the library itself and panics where it is missing; kiln loads it
+    // with ort::init_from, which returns the error.
+    let panicking: Vec<_> = library_lines(&[])
+        .into_iter()
+        .filter(|(_, _, l)| l.contains("ort::init()") || l.contains("ort::api()"))
+        .collect();
+    assert!(panicking.is_empty(), "{panicking:?}");
+}
+
 #[test]
 fn only_the_cli_uses_anyhow_and_xtask_has_no_dependencies() {
     let root = root();

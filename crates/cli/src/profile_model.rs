@@ -292,12 +292,9 @@ impl Run<'_> {
     }
 
     fn forward(&self, target: &Target) -> anyhow::Result<Profiled> {
-        if let Target::Onnx(path) = target {
-            return self.forward_onnx(path);
-        }
         let model = match target {
             Target::BuiltIn(kind) => self.reference(*kind)?.into_inference(self.precision),
-            Target::Onnx(_) => unreachable!("profiled above"),
+            Target::Onnx(path) => return self.forward_onnx(path),
             Target::Source(source, checkpoint) => model::load(
                 source,
                 checkpoint.as_deref(),

@@ -31,7 +31,16 @@ pub fn version(info: &LibtorchInfo) -> String {
             "; NCCL not built (no NCCL/CUDA headers when kiln was built)"
         }
     );
+    let _ = writeln!(s, "onnxruntime: {}", onnxruntime());
     s
+}
+
+/// The ONNX Runtime `.onnx` models run in: its version, build and library, or why there is none.
+fn onnxruntime() -> String {
+    match kiln_infer::onnx::runtime() {
+        Ok(rt) => format!("{} at {}", rt.describe(), rt.library.display()),
+        Err(e) => format!("not available: {e}"),
+    }
 }
 
 fn yes_no(b: bool) -> &'static str {

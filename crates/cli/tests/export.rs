@@ -91,7 +91,7 @@ fn a_checkpoint_exports_to_torchscript_that_infers_as_it_and_is_never_overwritte
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("checked against kiln on 4 samples at batch 3 and 1: max |Δ|"),
+        err.contains("checked in libtorch against kiln on 4 samples at batch 3 and 1: max |Δ|"),
         "{err}"
     );
     let x = inputs(tmp.path());
@@ -121,10 +121,99 @@ fn a_checkpoint_exports_to_torchscript_that_infers_as_it_and_is_never_overwritte
         "{}",
         stderr(&nested)
     );
+    // A TorchScript file exports too, given the shape of a sample.
     let from_file = export(&pt, &tmp.path().join("again.pt"));
     assert!(!from_file.status.success());
-    assert!(stderr(&from_file).contains("takes a kiln checkpoint or run directory"));
+    assert!(
+        stderr(&from_file).contains("--input-shape is needed"),
+        "{}",
+        stderr(&from_file)
+    );
     assert!(!tmp.path().join("again.pt").exists());
+    let unnamed = export(&run, &tmp.path().join("model.bin"));
+    assert!(
+        stderr(&unnamed).contains("--format onnx or --format torchscript"),
+        "{}",
+        stderr(&unnamed)
+    );
+}
+
+/// `kiln infer` of `model` over `x` in fp32 with `engine`; the outputs and stderr.
+fn infer_with(model: &Path, x: &Path, out: &Path, engine: &str) -> (Vec<f32>, String) {
+    let o = kiln(&[
+        "infer",
+        "--model",
+        model.to_str().unwrap(),
+        "--inputs",
+        x.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--engine",
+        engine,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    (read_tensor(out, "outputs").1, stderr(&o))
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 and the ONNX export packages (KILN_PYTHON, \
+            KILN_ONNX_PYTHONPATH); `cargo xtask test` runs it"]
+fn a_checkpoint_exports_to_onnx_that_onnxruntime_runs_as_kiln_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = trained_run(tmp.path());
+    let onnx = tmp.path().join("model.onnx");
+    let o = export(&run, &onnx);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("ONNX opset 17") && err.contains("checked in onnxruntime 1.31"),
+        "{err}"
+    );
+    let x = inputs(tmp.path());
+    let ours = infer(&run, &x, &tmp.path().join("ckpt.safetensors"));
+    let out = |name: &str| tmp.path().join(name);
+    let (ort, _) = infer_with(&onnx, &x, &out("ort.safetensors"), "onnxruntime");
+    let gap = max_abs(&ours, &ort);
+    assert!(gap < 1e-4, "onnxruntime differs from kiln by {gap}");
+    // libtorch runs the checkpoint the file names: exactly kiln's outputs.
+    let (torch, _) = infer_with(&onnx, &x, &out("torch.safetensors"), "libtorch");
+    assert_eq!(torch, ours);
+    // auto measures both (the file is kiln's and its checkpoint is here) and says what it chose.
+    let (auto, err) = infer_with(&onnx, &x, &out("auto.safetensors"), "auto");
+    assert!(
+        err.contains("engine auto: ") && err.contains("onnxruntime vs libtorch per batch"),
+        "{err}"
+    );
+    assert!(max_abs(&ours, &auto) < 1e-4);
+
+    let before = std::fs::read(&onnx).unwrap();
+    assert!(!export(&run, &onnx).status.success());
+    assert_eq!(std::fs::read(&onnx).unwrap(), before);
+
+    // A TorchScript file exports to ONNX given its sample shape, and runs as PyTorch's module.
+    let pt = tmp.path().join("model.pt");
+    assert!(export(&run, &pt).status.success());
+    let from_pt = tmp.path().join("from_pt.onnx");
+    let o = kiln(&[
+        "export",
+        "--model",
+        pt.to_str().unwrap(),
+        "--out",
+        from_pt.to_str().unwrap(),
+        "--input-shape",
+        "64,469",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (ort, err) = infer_with(&from_pt, &x, &out("pt-ort.safetensors"), "auto");
+    assert!(
+        err.contains("the only engine for this file"),
+        "no checkpoint behind a TorchScript export: {err}"
+    );
+    assert!(max_abs(&ours, &ort) < 1e-4);
 }
 
 #[test]

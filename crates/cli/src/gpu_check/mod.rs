@@ -73,6 +73,7 @@ const STEPS: &[Step] = &[
     step("cuda-graphs", Needs::Cuda, 120, serving::cuda_graphs),
     step("serve", Needs::Any, 120, serving::serve),
     step("profile-model", Needs::Any, 120, serving::profile_model),
+    step("onnxruntime", Needs::Any, 60, serving::onnxruntime),
     step("nccl", Needs::Cuda, 180, distributed::nccl),
     step("bench-train", Needs::Cuda, 240, benches::train),
     step("bench-infer", Needs::Cuda, 180, benches::infer),

@@ -228,3 +228,51 @@ pub fn profile_model(ctx: &Ctx) -> anyhow::Result<Outcome> {
     )
     .figure("report", v))
 }
+
+/// The ONNX fixture of `kiln-infer`'s tests (an MLP 4 → 8 → 3 exported by PyTorch) and its
+/// inputs and PyTorch's outputs, built in so that the step needs no Python.
+const TINY_ONNX: &[u8] = include_bytes!("../../../infer/tests/data/tiny_mlp.onnx");
+const TINY_IO: &str = include_str!("../../../infer/tests/data/tiny_mlp_io.json");
+
+/// An ONNX model in ONNX Runtime on the device (the CUDA execution provider on a GPU) gives
+/// PyTorch's outputs.
+pub fn onnxruntime(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let path = ctx.dir.join("tiny_mlp.onnx");
+    super::write_new(&path, TINY_ONNX)?;
+    let io: Value = serde_json::from_str(TINY_IO)?;
+    let flat = |key: &str| -> Vec<f32> {
+        io[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_array)
+            .flatten()
+            .filter_map(Value::as_f64)
+            .map(|x| x as f32)
+            .collect()
+    };
+    let (inputs, expected) = (flat("inputs"), flat("outputs"));
+    let options = kiln_infer::onnx::OnnxOptions {
+        max_batch: 3,
+        threads: 1,
+        device: ctx.device,
+        input_shape: None,
+    };
+    let mut engine = kiln_infer::onnx::OnnxEngine::open(&path, &options)?;
+    let (outputs, _) = engine.run(&inputs, 3)?;
+    let max_abs = outputs
+        .iter()
+        .zip(&expected)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, f64::max);
+    let pass = outputs.len() == expected.len() && max_abs < 1e-4;
+    Ok(Outcome::new(
+        pass,
+        format!(
+            "{}: max |Δ| {max_abs:.1e} against PyTorch's outputs",
+            engine.status()
+        ),
+    )
+    .figure("max_abs", max_abs)
+    .figure("engine", engine.status()))
+}
