@@ -187,7 +187,20 @@ impl EngineRequest {
     /// Both engines, measured per batch bucket (or the cached answer).
     fn auto(&self, path: &std::path::Path) -> Result<Built, InferError> {
         let torch = self.libtorch_engine(AmpDtype::None)?;
-        let onnx = OnnxEngine::open(path, &self.onnx_options())?;
+        let onnx = match OnnxEngine::open(path, &self.onnx_options()) {
+            Ok(onnx) => onnx,
+            // ONNX Runtime cannot use this GPU (a CPU build, no CUDA provider): libtorch can.
+            Err(e) if self.device.is_cuda() => {
+                return Ok(Built {
+                    runner: Box::new(torch),
+                    precision: AmpDtype::None,
+                    note: Some(format!(
+                        "engine auto: libtorch, because onnxruntime cannot run here: {e}"
+                    )),
+                });
+            }
+            Err(e) => return Err(e),
+        };
         let key = self.cache_key(path, &onnx)?;
         let cache = kiln_train::batch_search::cache_dir();
         let auto = AutoEngine::new(torch, onnx, &key, cache.as_deref())?;

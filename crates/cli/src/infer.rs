@@ -190,11 +190,31 @@ pub fn serve(
     let r = &setup.resolution;
     let plan = r.plan.clone();
     let precision = plan.infer.precision;
-    let config = kiln_infer::serve::ServeConfig::from_plan(&plan);
+    let mut config = kiln_infer::serve::ServeConfig::from_plan(&plan);
+    if let ModelSource::Onnx(path) = &setup.source {
+        // A model with a fixed batch size caps the server's batches (and requests) at it.
+        let options = kiln_infer::onnx::OnnxOptions {
+            max_batch: config.max_batch,
+            threads: 1,
+            device: tch::Device::Cpu,
+            input_shape: input_shape.map(<[usize]>::to_vec),
+        };
+        let probe = kiln_infer::onnx::OnnxEngine::open(path, &options)?;
+        if let Some(fixed) = probe.fixed_batch()
+            && fixed < config.max_batch
+        {
+            eprintln!(
+                "{} takes batches of exactly {fixed}: serving batches (and requests) of up to \
+                 {fixed}, padded to it",
+                path.display()
+            );
+            config.max_batch = fixed;
+        }
+    }
     eprintln!(
         "serving {}; batches of up to {}{} waiting at most {:.1} ms{}, precision {}{}, engine {}{}",
         args.model.display(),
-        plan.infer.batch_size,
+        config.max_batch,
         source_note(r, "infer.batch_size"),
         plan.serve.max_wait.as_secs_f64() * 1e3,
         source_note(r, "serve.max_wait_ms"),

@@ -163,22 +163,7 @@ fn wrong_engines_files_and_precisions_are_named() {
 #[test]
 fn kiln_serves_an_onnx_file_with_its_own_input_shape() {
     let port = free_port().to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(["serve", "--model", s(&fixture("tiny_mlp.onnx"))])
-        .args(["--port", &port, "--device", "cpu"])
-        .env_remove("RUST_LOG")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        seen.push(line.clone());
-        if line == "ready" || line.starts_with("error") {
-            break;
-        }
-    }
+    let (mut child, seen, lines) = start_server(&fixture("tiny_mlp.onnx"), &port);
     assert_eq!(seen.last().map(String::as_str), Some("ready"), "{seen:#?}");
     let client = reqwest::blocking::Client::builder()
         .no_proxy()
@@ -211,6 +196,65 @@ fn kiln_serves_an_onnx_file_with_its_own_input_shape() {
         rest.iter()
             .any(|l| l.contains("1 ok, 0 failed, 1 rejected")),
         "{rest:#?}"
+    );
+}
+
+/// Starts `kiln serve --model model --port port` and waits for "ready" (or an error line);
+/// returns the child and the lines seen.
+fn start_server(model: &Path, port: &str) -> (std::process::Child, Vec<String>, Lines) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model", s(model)])
+        .args(["--port", port, "--device", "cpu"])
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line == "ready" || line.starts_with("error") {
+            break;
+        }
+    }
+    (child, seen, lines)
+}
+
+type Lines = std::io::Lines<BufReader<std::process::ChildStderr>>;
+
+#[test]
+fn a_fixed_batch_onnx_model_caps_the_servers_requests() {
+    let port = free_port().to_string();
+    let (mut child, seen, _) = start_server(&fixture("tiny_mlp_batch2.onnx"), &port);
+    assert_eq!(seen.last().map(String::as_str), Some("ready"), "{seen:#?}");
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("takes batches of exactly 2")),
+        "{seen:#?}"
+    );
+    let client = reqwest::blocking::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/v1/predict");
+    let one = client
+        .post(&url)
+        .json(&serde_json::json!({ "inputs": [[1.0, 2.0, -3.0, 0.5]] }))
+        .send()
+        .unwrap();
+    assert_eq!(one.status().as_u16(), 200);
+    let three = client
+        .post(&url)
+        .json(&serde_json::json!({ "inputs": vec![[0.0_f32; 4]; 3] }))
+        .send()
+        .unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(
+        three.status().as_u16(),
+        413,
+        "more samples than the model's batch"
     );
 }
 
