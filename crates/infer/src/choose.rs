@@ -4,9 +4,10 @@
 //! the automatic batch size.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use kiln_train::batch_search::MeasuredCache;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Runner, bucket};
@@ -142,56 +143,11 @@ pub struct CachedChoice {
 }
 
 /// Answers by (model, hardware, threads, versions) key, in `<dir>/engine-choice.json`.
-#[derive(Debug)]
-pub struct EngineChoiceCache {
-    path: PathBuf,
-    entries: BTreeMap<String, CachedChoice>,
-}
+pub type EngineChoiceCache = MeasuredCache<CachedChoice>;
 
-impl EngineChoiceCache {
-    /// Opens the cache in `dir`; a missing file is empty, a damaged one is reported and
-    /// replaced on the next store.
-    pub fn open(dir: &Path) -> Self {
-        let path = dir.join("engine-choice.json");
-        let entries = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| {
-                tracing::warn!(
-                    "ignoring the engine-choice cache {}: {e}; it will be rewritten",
-                    path.display()
-                );
-                BTreeMap::new()
-            }),
-            Err(_) => BTreeMap::new(),
-        };
-        Self { path, entries }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn get(&self, key: &str) -> Option<&CachedChoice> {
-        self.entries.get(key)
-    }
-
-    /// Records an answer and rewrites the file atomically (temporary file, then rename).
-    pub fn store(&mut self, key: &str, answer: CachedChoice) -> Result<(), InferError> {
-        self.entries.insert(key.to_owned(), answer);
-        let io = |e: &dyn std::fmt::Display| {
-            InferError::file(
-                &self.path,
-                format!("could not write the engine-choice cache: {e}"),
-            )
-        };
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| io(&e))?;
-        }
-        let tmp = self.path.with_extension("json.tmp");
-        let text = serde_json::to_string_pretty(&self.entries).map_err(|e| io(&e))?;
-        std::fs::write(&tmp, text).map_err(|e| io(&e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| io(&e))?;
-        Ok(())
-    }
+/// Opens the engine-choice cache in `dir`.
+pub fn open_cache(dir: &Path) -> EngineChoiceCache {
+    MeasuredCache::open_file(dir, "engine-choice.json", "engine-choice cache")
 }
 
 /// The libtorch and ONNX engines over one model, each batch run by the engine picked for its
@@ -225,11 +181,14 @@ impl AutoEngine {
             });
         }
         let max_batch = torch.max_batch().min(onnx.max_batch());
-        let mut store = cache.map(EngineChoiceCache::open);
+        let mut store = cache.map(open_cache);
         let (timings, how) = match store.as_ref().and_then(|c| c.get(key)) {
             Some(hit) => (
                 hit.timings.clone(),
-                format!("cached from {}", when(hit.measured_at)),
+                format!(
+                    "cached from {} UTC",
+                    kiln_train::rundir::timestamp(hit.measured_at)
+                ),
             ),
             None => {
                 let timings = measure(&mut torch, &mut onnx, &buckets(max_batch))?;
@@ -310,23 +269,6 @@ fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// "2026-11-25 10:57 UTC" for a Unix time.
-fn when(secs: u64) -> String {
-    let days = secs / 86_400;
-    let (h, m) = ((secs % 86_400) / 3600, (secs % 3600) / 60);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(mo <= 2);
-    format!("{y}-{mo:02}-{d:02} {h:02}:{m:02} UTC")
 }
 
 impl Runner for AutoEngine {
@@ -415,24 +357,23 @@ mod tests {
             describe(&pick),
             "onnxruntime for batches of 1–2, libtorch for batches of 4–8"
         );
-        assert_eq!(when(1_795_000_000), "2026-11-18 11:06 UTC");
     }
 
     #[test]
     fn the_cache_round_trips_and_survives_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cache = EngineChoiceCache::open(dir.path());
+        let mut cache = open_cache(dir.path());
         assert!(cache.get("k").is_none());
         let answer = CachedChoice {
             timings: vec![t(1, 0.3, 0.2), t(2, 0.5, 0.6)],
             measured_at: 7,
         };
         cache.store("k", answer.clone()).unwrap();
-        assert_eq!(EngineChoiceCache::open(dir.path()).get("k"), Some(&answer));
+        assert_eq!(open_cache(dir.path()).get("k"), Some(&answer));
         std::fs::write(cache.path(), "{ not json").unwrap();
-        let mut damaged = EngineChoiceCache::open(dir.path());
+        let mut damaged = open_cache(dir.path());
         assert!(damaged.get("k").is_none());
         damaged.store("j", answer.clone()).unwrap();
-        assert_eq!(EngineChoiceCache::open(dir.path()).get("j"), Some(&answer));
+        assert_eq!(open_cache(dir.path()).get("j"), Some(&answer));
     }
 }

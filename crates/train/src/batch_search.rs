@@ -490,55 +490,68 @@ pub struct CachedAnswer {
 }
 
 /// Answers by (model, hardware, precision) key, in `<dir>/batch-size.json`.
-#[derive(Debug)]
-pub struct BatchSizeCache {
-    path: PathBuf,
-    entries: BTreeMap<String, CachedAnswer>,
-}
+pub type BatchSizeCache = MeasuredCache<CachedAnswer>;
 
 impl BatchSizeCache {
-    /// Opens the cache in `dir`; a missing or unreadable file is an empty cache (a damaged one
-    /// is reported and replaced on the next store).
+    /// Opens the batch-size cache in `dir`.
     pub fn open(dir: &Path) -> Self {
-        let path = dir.join("batch-size.json");
+        MeasuredCache::open_file(dir, "batch-size.json", "batch-size cache")
+    }
+}
+
+/// Measured answers by key, in one JSON file of kiln's cache directory: the automatic batch
+/// size's, and the inference engine choice's. A missing or unreadable file is an empty cache
+/// (a damaged one is reported and replaced on the next store).
+#[derive(Debug)]
+pub struct MeasuredCache<T> {
+    path: PathBuf,
+    what: &'static str,
+    entries: BTreeMap<String, T>,
+}
+
+impl<T: Serialize + serde::de::DeserializeOwned> MeasuredCache<T> {
+    /// Opens `<dir>/<file>`; `what` names it in messages ("batch-size cache").
+    pub fn open_file(dir: &Path, file: &str, what: &'static str) -> Self {
+        let path = dir.join(file);
         let entries = match std::fs::read_to_string(&path) {
             Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| {
                 tracing::warn!(
-                    "ignoring the batch-size cache {}: {e}; it will be rewritten",
+                    "ignoring the {what} {}: {e}; it will be rewritten",
                     path.display()
                 );
                 BTreeMap::new()
             }),
             Err(_) => BTreeMap::new(),
         };
-        Self { path, entries }
+        Self {
+            path,
+            what,
+            entries,
+        }
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    pub fn get(&self, key: &str) -> Option<&CachedAnswer> {
+    pub fn get(&self, key: &str) -> Option<&T> {
         self.entries.get(key)
     }
 
     /// Records an answer and rewrites the file atomically (temporary file, then rename).
-    pub fn store(&mut self, key: &str, answer: CachedAnswer) -> Result<(), TrainError> {
+    pub fn store(&mut self, key: &str, answer: T) -> Result<(), TrainError> {
         self.entries.insert(key.to_owned(), answer);
-        let io = |e: std::io::Error| TrainError::File {
+        let fail = |e: &dyn std::fmt::Display| TrainError::File {
             path: self.path.clone(),
-            message: format!("could not write the batch-size cache: {e}"),
+            message: format!("could not write the {}: {e}", self.what),
         };
         if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
+            std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
         }
         let tmp = self.path.with_extension("json.tmp");
-        let text = serde_json::to_string_pretty(&self.entries).map_err(|e| TrainError::File {
-            path: self.path.clone(),
-            message: e.to_string(),
-        })?;
-        std::fs::write(&tmp, text).map_err(io)?;
-        std::fs::rename(&tmp, &self.path).map_err(io)?;
+        let text = serde_json::to_string_pretty(&self.entries).map_err(|e| fail(&e))?;
+        std::fs::write(&tmp, text).map_err(|e| fail(&e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| fail(&e))?;
         Ok(())
     }
 }
