@@ -47,21 +47,7 @@ fn inputs(dir: &Path) -> PathBuf {
 
 /// `kiln infer` of `model` over `x` in fp32 on the CPU; the outputs' values.
 fn infer(model: &Path, x: &Path, out: &Path) -> Vec<f32> {
-    let o = kiln(&[
-        "infer",
-        "--model",
-        model.to_str().unwrap(),
-        "--inputs",
-        x.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--precision",
-        "fp32",
-        "--device",
-        "cpu",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    read_tensor(out, "outputs").1
+    infer_with(model, x, out, "auto").0
 }
 
 fn export(model: &Path, out: &Path) -> std::process::Output {
