@@ -10,7 +10,6 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -421,7 +420,7 @@ fn provision_venv(settings: &Settings, probe: Result<PythonProbe>) -> Result<Lib
         },
     )?;
     let marker = format!("{}\n{}\n", found.dir.display(), requirements().join(" "));
-    write_atomically(&venv.join(READY_MARKER), marker.as_bytes())?;
+    crate::util::write_atomically(&venv.join(READY_MARKER), marker.as_bytes())?;
     Ok(found)
 }
 
@@ -543,19 +542,7 @@ fn pip_install_torch(venv: &Path) -> Result<()> {
 
 /// Turns a pip log into the one thing the user should do about it.
 pub fn diagnose_pip_failure(log: &str, venv: &Path) -> String {
-    const DISK: [&str; 2] = ["No space left on device", "[Errno 28]"];
-    const NETWORK: [&str; 9] = [
-        "NewConnectionError",
-        "Failed to establish a new connection",
-        "Temporary failure in name resolution",
-        "Name or service not known",
-        "Network is unreachable",
-        "ConnectTimeoutError",
-        "ReadTimeoutError",
-        "ProxyError",
-        "Connection refused",
-    ];
-    if DISK.iter().any(|s| log.contains(s)) {
+    if crate::util::pip_disk_full(log) {
         return format!(
             "The disk is full. Free some space (the install needs about {}), or set \
              KILN_CACHE_DIR to a disk with room, then run `cargo xtask setup` again; it resumes \
@@ -564,7 +551,7 @@ pub fn diagnose_pip_failure(log: &str, venv: &Path) -> String {
             venv.display()
         );
     }
-    if NETWORK.iter().any(|s| log.contains(s)) {
+    if crate::util::pip_offline(log) {
         return "PyPI could not be reached (a network error). Check the connection or proxy \
                 (pip honours HTTPS_PROXY and PIP_INDEX_URL), or set LIBTORCH to an unpacked \
                 libtorch 2.11.0 to skip the download."
@@ -620,18 +607,6 @@ fn symlink_dir(target: &Path, link: &Path) -> std::io::Result<()> {
 #[cfg(windows)]
 fn symlink_dir(target: &Path, link: &Path) -> std::io::Result<()> {
     std::os::windows::fs::symlink_dir(target, link)
-}
-
-/// Writes `bytes` to a temporary file beside `path`, syncs it, then renames it into place.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&tmp, path)
-    };
-    write().map_err(|e| Error(format!("cannot write {}: {e}", path.display())))
 }
 
 #[cfg(test)]

@@ -529,10 +529,16 @@ pub fn logged(mut cmd: Command, log: &Path, what: &str) -> Result<()> {
     )
 }
 
-/// What a pip log says went wrong when it is not the package's fault: the network or the disk.
-pub fn pip_failure_cause(log: &str) -> Option<&'static str> {
-    const DISK: [&str; 2] = ["No space left on device", "[Errno 28]"];
-    const NETWORK: [&str; 9] = [
+/// Whether a pip log says the disk is full.
+pub fn pip_disk_full(log: &str) -> bool {
+    ["No space left on device", "[Errno 28]"]
+        .iter()
+        .any(|s| log.contains(s))
+}
+
+/// Whether a pip log says PyPI could not be reached.
+pub fn pip_offline(log: &str) -> bool {
+    [
         "NewConnectionError",
         "Failed to establish a new connection",
         "Temporary failure in name resolution",
@@ -542,13 +548,19 @@ pub fn pip_failure_cause(log: &str) -> Option<&'static str> {
         "ReadTimeoutError",
         "ProxyError",
         "Connection refused",
-    ];
-    if DISK.iter().any(|s| log.contains(s)) {
+    ]
+    .iter()
+    .any(|s| log.contains(s))
+}
+
+/// What a pip log says went wrong when it is not the package's fault: the network or the disk.
+pub fn pip_failure_cause(log: &str) -> Option<&'static str> {
+    if pip_disk_full(log) {
         return Some(
             "the disk is full; free some space, or set KILN_CACHE_DIR to a disk with room",
         );
     }
-    if NETWORK.iter().any(|s| log.contains(s)) {
+    if pip_offline(log) {
         return Some(
             "PyPI could not be reached (a network error); check the connection or proxy (pip \
              honours HTTPS_PROXY and PIP_INDEX_URL)",

@@ -64,6 +64,31 @@ fn device_name(device: Device) -> String {
     }
 }
 
+/// Checks that `inputs` holds `n` samples of `sample_shape`, 1 ≤ `n` ≤ `max` (`limit` says what
+/// sets the maximum); returns one sample's number of values.
+pub(crate) fn check_batch(
+    inputs: &[f32],
+    n: usize,
+    sample_shape: &[usize],
+    max: usize,
+    limit: &str,
+) -> Result<usize, InferError> {
+    let numel: usize = sample_shape.iter().product();
+    if n == 0 || n > max {
+        return Err(InferError::Input(format!(
+            "{n} samples in one batch; 1 to {max} fit ({limit})"
+        )));
+    }
+    if inputs.len() != n * numel {
+        return Err(InferError::Input(format!(
+            "{} values for {n} samples of shape {sample_shape:?} ({} expected)",
+            inputs.len(),
+            n * numel
+        )));
+    }
+    Ok(numel)
+}
+
 /// The bucket a batch of `n` samples is padded to: the next power of two, at most `max`.
 pub fn bucket(n: usize, max: usize) -> usize {
     n.checked_next_power_of_two().unwrap_or(max).min(max).max(n)
@@ -154,21 +179,13 @@ impl Engine {
     /// Runs `n` samples (`inputs` holds `n × sample numel` values) and returns the outputs as
     /// f32 values with the shape of one sample's output.
     pub fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError> {
-        let numel: usize = self.sample_shape.iter().product();
-        if n == 0 || n > self.options.max_batch {
-            return Err(InferError::Input(format!(
-                "{n} samples in one batch; 1 to {} fit (infer.batch_size)",
-                self.options.max_batch
-            )));
-        }
-        if inputs.len() != n * numel {
-            return Err(InferError::Input(format!(
-                "{} values for {n} samples of shape {:?} ({} expected)",
-                inputs.len(),
-                self.sample_shape,
-                n * numel
-            )));
-        }
+        let numel = check_batch(
+            inputs,
+            n,
+            &self.sample_shape,
+            self.options.max_batch,
+            "infer.batch_size",
+        )?;
         let _no_grad = tch::no_grad_guard();
         let device = self.model.device();
         let use_graph = matches!(self.graph_status, GraphStatus::On { .. });

@@ -62,13 +62,7 @@ pub fn to_torchscript(
     sample_shape: &[usize],
     out: &Path,
 ) -> Result<Exported, InferError> {
-    check_target(out)?;
-    if model.kind() != Kind::Float || model.device() != Device::Cpu {
-        return Err(InferError::Model {
-            model: model.description().to_owned(),
-            message: "export takes the model in fp32 on the CPU".to_owned(),
-        });
-    }
+    check_exportable(model, out)?;
     let staging = staging_path(out);
     let result = write_and_check(model, sample_shape, &staging)
         .and_then(|checked| publish(&staging, out).map(|bytes| (checked, bytes)));
@@ -83,6 +77,19 @@ pub fn to_torchscript(
         max_abs,
         samples_checked,
     })
+}
+
+/// Refuses an `out` that cannot be written ([`check_target`]) and a model not in fp32 on the
+/// CPU.
+fn check_exportable(model: &LoadedModel, out: &Path) -> Result<(), InferError> {
+    check_target(out)?;
+    if model.kind() != Kind::Float || model.device() != Device::Cpu {
+        return Err(InferError::Model {
+            model: model.description().to_owned(),
+            message: "export takes the model in fp32 on the CPU".to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// `<out>.partial-<pid>` beside `out`.
@@ -174,13 +181,7 @@ pub fn to_onnx(
     out: &Path,
     meta: &[(String, String)],
 ) -> Result<Exported, InferError> {
-    check_target(out)?;
-    if model.kind() != Kind::Float || model.device() != Device::Cpu {
-        return Err(InferError::Model {
-            model: model.description().to_owned(),
-            message: "export takes the model in fp32 on the CPU".to_owned(),
-        });
-    }
+    check_exportable(model, out)?;
     let script = staging_with(out, ".pt");
     let staging = staging_path(out);
     let result = (|| -> Result<_, InferError> {

@@ -135,26 +135,13 @@ impl OnnxEngine {
     /// Runs `n` samples (`inputs` holds `n × sample numel` values) and returns the outputs as
     /// f32 values with the shape of one sample's output.
     pub fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError> {
-        let numel: usize = self.sample_shape.iter().product();
-        if n == 0 || n > self.max_batch {
-            return Err(InferError::Input(format!(
-                "{n} samples in one batch; 1 to {} fit ({})",
-                self.max_batch,
-                if self.fixed_batch.is_some_and(|b| b == self.max_batch) {
-                    "the model's fixed batch size"
-                } else {
-                    "infer.batch_size"
-                }
-            )));
-        }
-        if inputs.len() != n * numel {
-            return Err(InferError::Input(format!(
-                "{} values for {n} samples of shape {:?} ({} expected)",
-                inputs.len(),
-                self.sample_shape,
-                n * numel
-            )));
-        }
+        let limit = if self.fixed_batch.is_some_and(|b| b == self.max_batch) {
+            "the model's fixed batch size"
+        } else {
+            "infer.batch_size"
+        };
+        let numel =
+            crate::engine::check_batch(inputs, n, &self.sample_shape, self.max_batch, limit)?;
         let rows = self.fixed_batch.unwrap_or(n);
         let mut shape: Vec<i64> = Vec::with_capacity(self.sample_shape.len() + 1);
         shape.push(rows as i64);
