@@ -230,11 +230,19 @@ char* kiln_num_threads(int* intra, int* inter) {
 
 // ---- accelerator memory (the current accelerator: CUDA here) ----------------------------
 
+// The current accelerator, initialised: its caching allocator knows its devices only once
+// the accelerator is (lazily) initialised, which the first allocation does; before that, asking
+// it for a device's statistics fails with "Invalid device argument" (seen on an H200).
+static void init_accelerator() {
+  auto accelerator = at::accelerator::getAccelerator(true).value();
+  TORCH_CHECK(at::accelerator::isAccelerator(accelerator), "no accelerator");
+  at::globalContext().lazyInitDevice(accelerator);
+}
+
 // out: allocated, allocated peak, reserved, reserved peak (bytes), number of OOMs.
 char* kiln_memory_stats(int device, int64_t* out) {
   KILN_TRY
-  TORCH_CHECK(at::accelerator::isAccelerator(at::accelerator::getAccelerator(true).value()),
-              "no accelerator");
+  init_accelerator();
   auto stats = at::accelerator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
   constexpr auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
   out[0] = stats.allocated_bytes[all].current;
@@ -247,12 +255,14 @@ char* kiln_memory_stats(int device, int64_t* out) {
 
 char* kiln_reset_peak_memory(int device) {
   KILN_TRY
+  init_accelerator();
   at::accelerator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
   KILN_CATCH
 }
 
 char* kiln_empty_cache() {
   KILN_TRY
+  init_accelerator();
   at::accelerator::emptyCache();
   KILN_CATCH
 }
