@@ -36,23 +36,32 @@ fn connect() -> anyhow::Result<ProcessGroup> {
 /// NCCL's all-reduce of a CUDA tensor, and a Reducer step's gradients against plain backward's.
 fn collectives() -> anyhow::Result<f64> {
     let mut pg = connect()?;
-    let cuda = Device::Cuda(0);
-    let t = Tensor::f_arange(8, (Kind::Float, cuda))?;
+    check_collectives(&mut pg, Device::Cuda(0))
+}
+
+/// In a one-rank group: a mean all-reduce of a tensor on `device` leaves it as it is, and the
+/// largest gap between the Reducer's gradients and plain backward's.
+fn check_collectives(pg: &mut ProcessGroup, device: Device) -> anyhow::Result<f64> {
+    let t = Tensor::f_arange(8, (Kind::Float, device))?;
     pg.all_reduce(std::slice::from_ref(&t), true)?;
-    let want = Tensor::f_arange(8, (Kind::Float, cuda))?;
+    let want = Tensor::f_arange(8, (Kind::Float, device))?;
     anyhow::ensure!(
         t.f_equal(&want)?,
-        "NCCL's mean over one rank changed the tensor"
+        "the mean all-reduce over one rank changed the tensor"
     );
-    let w = Tensor::f_randn([32, 8], (Kind::Float, cuda))?.set_requires_grad(true);
-    let x = Tensor::f_randn([16, 32], (Kind::Float, cuda))?;
+    let w = Tensor::f_randn([32, 8], (Kind::Float, device))?.set_requires_grad(true);
+    let x = Tensor::f_randn([16, 32], (Kind::Float, device))?;
     let mut reducer = pg.reducer(std::slice::from_ref(&w), Buckets::default())?;
     reducer.before_forward(true)?;
     let loss = x.f_mm(&w)?.f_tanh()?.f_sum(Kind::Float)?;
     reducer.before_backward(&[])?;
     loss.f_backward()?;
     let reduced = w.grad().f_detach_copy()?;
-    let plain = w.f_detach_copy()?.set_requires_grad(true);
+    // A fresh leaf with w's values: detach first (`detach_copy` of a tensor that requires
+    // grad records an op without a derivative, and backward through it fails).
+    let mut plain = w.f_detach()?.f_zeros_like()?;
+    plain.f_copy_(&w.f_detach()?)?;
+    let plain = plain.set_requires_grad(true);
     x.f_mm(&plain)?.f_tanh()?.f_sum(Kind::Float)?.f_backward()?;
     Ok(reduced
         .f_sub(&plain.grad())?
@@ -110,4 +119,25 @@ pub fn nccl(ctx: &Ctx) -> anyhow::Result<Outcome> {
     .figure("reducer_max_abs_grad_gap", gap)
     .figure("max_relative_loss_gap", worst)
     .figure("steps", joined.steps.len() as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The step's collective checks, on a one-rank Gloo group on the CPU.
+    #[test]
+    fn the_collective_checks_pass_on_a_one_rank_gloo_group() {
+        let mut pg = ProcessGroup::connect(
+            &rendezvous().unwrap(),
+            Duration::from_secs(60),
+            Some("127.0.0.1"),
+        )
+        .unwrap();
+        let gap = check_collectives(&mut pg, Device::Cpu).unwrap();
+        assert!(
+            gap < 1e-6,
+            "Reducer gradients {gap:e} from plain backward's"
+        );
+    }
 }

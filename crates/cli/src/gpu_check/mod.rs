@@ -123,6 +123,9 @@ pub struct Outcome {
     pub pass: bool,
     pub summary: String,
     pub figures: Map<String, Value>,
+    /// Why the step could not check what it is for on this machine (the report says "not
+    /// run"), for a reason that is the machine's, not kiln's.
+    pub not_run: Option<String>,
 }
 
 impl Outcome {
@@ -131,6 +134,16 @@ impl Outcome {
             pass,
             summary: summary.into(),
             figures: Map::new(),
+            not_run: None,
+        }
+    }
+
+    /// A step that could not run here, and why.
+    pub fn not_run(why: impl Into<String>) -> Self {
+        let why = why.into();
+        Self {
+            not_run: Some(why.clone()),
+            ..Self::new(false, format!("not run: {why}"))
         }
     }
 
@@ -383,10 +396,10 @@ fn run_step(
     let outcome = (step.run)(&ctx).unwrap_or_else(|e| Outcome::new(false, format!("{e:#}")));
     let result = StepResult {
         step: name.to_owned(),
-        status: if outcome.pass {
-            Status::Pass
-        } else {
-            Status::Fail
+        status: match (&outcome.not_run, outcome.pass) {
+            (Some(_), _) => Status::NotRun,
+            (None, true) => Status::Pass,
+            (None, false) => Status::Fail,
         },
         summary: outcome.summary,
         figures: outcome.figures,

@@ -14,7 +14,7 @@ use kiln_infer::model::{self, ModelSource};
 use kiln_infer::{Engine, EngineOptions, GraphStatus};
 use serde_json::Value;
 
-use super::training::{Record, plan, train};
+use super::training::{Record, plan, plan_over, train};
 use super::{Ctx, Outcome};
 
 /// Trains the small MLP for one epoch and returns its newest checkpoint.
@@ -33,11 +33,13 @@ fn checkpoint(ctx: &Ctx) -> anyhow::Result<PathBuf> {
     Ok(outcome.run_dir)
 }
 
-/// An engine over the checkpoint in `run` at fp32, with graphs on or off.
+/// An engine over the checkpoint in `run` at fp32, with graphs on or off; the model as the
+/// checkpoint's settings describe it (as `kiln infer` layers them).
 fn engine(ctx: &Ctx, run: &Path, graphs: CudaGraphs) -> anyhow::Result<Engine> {
     let source = ModelSource::detect(run)?;
     let ckpt = model::open_checkpoint(run)?;
-    let p = plan(ctx.device_key(), &ctx.dir, &[])?;
+    let saved = (ckpt.dir.display().to_string(), model::model_settings(&ckpt));
+    let p = plan_over(ctx.device_key(), &ctx.dir, &[], Some(saved))?;
     let loaded = model::load(&source, Some(&ckpt), &p, ctx.device, AmpDtype::None)?;
     let shape = loaded
         .sample_shape()
@@ -236,7 +238,31 @@ const TINY_IO: &str = include_str!("../../../infer/tests/data/tiny_mlp_io.json")
 
 /// An ONNX model in ONNX Runtime on the device (the CUDA execution provider on a GPU) gives
 /// PyTorch's outputs.
+/// Why this machine cannot check ONNX Runtime on the step's device: no onnxruntime 1.31 to
+/// load (a GPU machine with only Python's onnxruntime, say), or a CPU build where the device
+/// is CUDA. A library that loads and then fails is not this: the step runs and fails.
+fn onnxruntime_unusable(ctx: &Ctx) -> Option<String> {
+    let provider = if ctx.cuda() {
+        "the CUDA execution provider was not checked"
+    } else {
+        "the CPU execution provider was not checked"
+    };
+    match kiln_infer::onnx::runtime() {
+        Err(e) => Some(format!("{provider}: {e}")),
+        Ok(rt) if ctx.cuda() && !rt.has_cuda => Some(format!(
+            "{provider}: {} at {} has no CUDA execution provider (onnxruntime-gpu {} has)",
+            rt.describe(),
+            rt.library.display(),
+            kiln_infer::onnx::ORT_VERSION
+        )),
+        Ok(_) => None,
+    }
+}
+
 pub fn onnxruntime(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    if let Some(why) = onnxruntime_unusable(ctx) {
+        return Ok(Outcome::not_run(why));
+    }
     let path = ctx.dir.join("tiny_mlp.onnx");
     super::write_new(&path, TINY_ONNX)?;
     let io: Value = serde_json::from_str(TINY_IO)?;
@@ -275,4 +301,27 @@ pub fn onnxruntime(ctx: &Ctx) -> anyhow::Result<Outcome> {
     )
     .figure("max_abs", max_abs)
     .figure("engine", engine.status()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cuda-graphs step's engines on the CPU (graphs off): the checkpoint's own model (an
+    /// MLP, where kiln's default model is the transformer) is rebuilt and runs a batch.
+    #[test]
+    fn the_graph_steps_engine_rebuilds_the_checkpoints_model() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ctx = Ctx {
+            dir: tmp.path().to_owned(),
+            device: tch::Device::Cpu,
+            exe: PathBuf::from("kiln"),
+            bench_dir: None,
+        };
+        let run = checkpoint(&ctx).unwrap();
+        let mut eager = engine(&ctx, &run, CudaGraphs::Off).unwrap();
+        assert_eq!(eager.sample_shape(), [64]);
+        let (out, _) = eager.run(&vec![0.5; 64 * 2], 2).unwrap();
+        assert_eq!(out.len(), 2 * 10, "two rows of the MLP's 10 classes");
+    }
 }
