@@ -10,8 +10,8 @@ use crate::kiln::{apply_env, python_of, target_dir};
 use crate::libtorch::{Libtorch, Settings};
 use crate::util::{self, Error, Result, bail};
 
-/// The benchmark binaries gpu-check's bench steps run.
-const BENCH_BINS: [&str; 2] = ["kiln-bench-train", "kiln-bench-serve"];
+/// The benchmark binaries gpu-check's bench steps and `run-gpu-bench.sh` run.
+const BENCH_BINS: [&str; 3] = ["kiln-bench-train", "kiln-bench-serve", "kiln-bench-report"];
 
 /// What the command was asked to do.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -73,6 +73,19 @@ pub fn run(
     let release = target_dir(root).join("release");
     if let Some(dir) = &req.pack {
         pack(root, &release, dir)?;
+        util::step("building the CUDA tests (release) for the bundle");
+        let targets = crate::cuda_tests::find(root)?;
+        crate::cuda_tests::pack(root, settings, &targets, &dir.join("tests"))?;
+        write_script(
+            &dir.join("run-cuda-tests.sh"),
+            crate::cuda_tests::RUN_SCRIPT,
+        )?;
+        util::info(&format!(
+            "wrote {} ({}): copy it to the GPU machine; there run-gpu-check.sh, \
+             run-gpu-bench.sh and run-cuda-tests.sh (docs/gpu.md)",
+            dir.display(),
+            util::human_bytes(walk_size(dir)),
+        ));
         return Ok(ExitCode::SUCCESS);
     }
     let mut cmd = Command::new(release.join("kiln"));
@@ -121,23 +134,18 @@ fn pack(root: &Path, release: &Path, dir: &Path) -> Result<()> {
             std::fs::copy(&path, &to).map_err(|e| io(&to, e))?;
         }
     }
-    let script = dir.join("run-gpu-check.sh");
-    std::fs::write(&script, RUN_SCRIPT).map_err(|e| io(&script, e))?;
-    set_executable(&script)?;
-    let size: u64 = walk_size(dir);
-    util::info(&format!(
-        "wrote {} ({}): copy it to the GPU machine and run {}/run-gpu-check.sh [--out DIR]",
-        dir.display(),
-        util::human_bytes(size),
-        dir.file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
-    ));
-    Ok(())
+    write_script(&dir.join("run-gpu-check.sh"), RUN_SCRIPT)?;
+    write_script(&dir.join("run-gpu-bench.sh"), BENCH_SCRIPT)
+}
+
+fn write_script(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|e| Error(format!("{}: {e}", path.display())))?;
+    set_executable(path)
 }
 
 /// Drops debug information (the release profile keeps line tables) with `strip`, when there
 /// is one; otherwise the binary stays as it is, only larger.
-fn strip(path: &Path) {
+pub fn strip(path: &Path) {
     let stripped = Command::new("strip")
         .arg(path)
         .status()
@@ -187,8 +195,57 @@ case "$version" in
 esac
 lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py"
+export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py" KILN_PYTHON="$py"
 exec "$here/bin/kiln" gpu-check --bench-dir "$here/bin" "$@"
+"#;
+
+/// The train and infer suites on this machine's GPU against python3's torch 2.11 (eager and
+/// `torch.compile`, alternating, medians), assembled into one report.
+const BENCH_SCRIPT: &str = r#"#!/bin/sh
+# kiln's train and infer benchmark suites on this machine's GPU, side by side with PyTorch
+# eager and torch.compile in python3 (or $KILN_PYTHON), torch 2.11.
+# usage: run-gpu-bench.sh [--out DIR] [--quick] [--repeats N] [--suites train,infer]
+#                         [--filter TEXT]   (train: only the rows whose name contains TEXT)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+py=${KILN_PYTHON:-python3}
+out=gpu-bench; quick=""; repeats=""; suites="train,infer"; filter=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) out=$2; shift 2 ;;
+        --quick) quick=--quick; shift ;;
+        --repeats) repeats="--repeats $2"; shift 2 ;;
+        --suites) suites=$2; shift 2 ;;
+        --filter) filter=$2; shift 2 ;;
+        *) echo "run-gpu-bench.sh: unknown option $1 (--out DIR, --quick, --repeats N, --suites S,…, --filter TEXT)" >&2; exit 2 ;;
+    esac
+done
+case "$("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null)" in
+    2.11.*) ;;
+    *) echo "run-gpu-bench.sh: $py has no torch 2.11; kiln was built against libtorch 2.11" >&2; exit 3 ;;
+esac
+if [ -d "$out" ] && [ -n "$(ls -A "$out")" ]; then
+    echo "run-gpu-bench.sh: --out $out is not empty; give a new directory" >&2; exit 2
+fi
+mkdir -p "$out/suites" || exit 2
+lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py" KILN_PYTHON="$py"
+created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+rc=0
+for suite in $(echo "$suites" | tr ',' ' '); do
+    case "$suite" in
+        train) bin=kiln-bench-train ;;
+        infer) bin=kiln-bench-serve ;;
+        *) echo "run-gpu-bench.sh: --suites: $suite is not train or infer" >&2; exit 2 ;;
+    esac
+    echo "== $suite" >&2
+    # shellcheck disable=SC2086
+    "$here/bin/$bin" "$suite" --device cuda $quick $repeats ${filter:+--filter "$filter"} \
+        --out "$out/suites/$suite.json" || rc=1
+done
+"$here/bin/kiln-bench-report" "$out" --suites "$suites" $quick --created "$created" || rc=1
+exit $rc
 "#;
 
 #[cfg(test)]
@@ -230,7 +287,12 @@ mod tests {
 
     #[test]
     fn the_run_script_checks_torch_and_sets_the_library_path() {
-        assert!(RUN_SCRIPT.contains("2.11.*") && RUN_SCRIPT.contains("LD_LIBRARY_PATH"));
+        for script in [RUN_SCRIPT, BENCH_SCRIPT, crate::cuda_tests::RUN_SCRIPT] {
+            assert!(script.contains("2.11.*") && script.contains("LD_LIBRARY_PATH"));
+        }
         assert!(RUN_SCRIPT.contains("--bench-dir \"$here/bin\""));
+        assert!(
+            BENCH_SCRIPT.contains("--device cuda") && BENCH_SCRIPT.contains("kiln-bench-report")
+        );
     }
 }

@@ -6,6 +6,7 @@
 
 mod bench;
 mod checks;
+mod cuda_tests;
 mod gpu_check;
 mod kiln;
 mod libtorch;

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, kiln, only_run, stderr, step_losses};
+use common::{free_port, kiln, kiln_exe, only_run, stderr, step_losses};
 
 /// The settings every run here shares: the MLP on its synthetic data (640 training samples:
 /// 10 steps of 64 per epoch), fp32, dropout 0, every step logged.
@@ -210,7 +210,7 @@ fn killing_one_rank_ends_the_other_with_an_error_within_the_timeout() {
 fn one_rank_on_cuda_joins_with_nccl_and_trains() {
     let tmp = tempfile::tempdir().unwrap();
     let port = free_port();
-    let o = Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let o = Command::new(kiln_exe())
         .arg("train")
         .args(settings(tmp.path(), 64))
         .args(["--set", "device.request=cuda"])

@@ -3,6 +3,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The `kiln` binary under test: `KILN_TEST_KILN` where set (a test binary run away from its
+/// build, as `run-cuda-tests.sh` of the GPU bundle runs it), else the one cargo built with it.
+#[allow(dead_code)] // not every test binary runs kiln from elsewhere
+pub fn kiln_exe() -> PathBuf {
+    std::env::var_os("KILN_TEST_KILN")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_kiln")), PathBuf::from)
+}
+
 /// Runs `kiln args…` with no library path, log filter or device request from this environment.
 pub fn kiln(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
