@@ -55,6 +55,9 @@ pub struct SuiteArgs {
     /// Batch sizes to sweep, e.g. 1,2,4,8 (train, infer).
     #[arg(long, value_name = "N,N…", value_parser = parse_sizes)]
     pub batch_sizes: Option<Sizes>,
+    /// Only the cases whose row name contains this text (train), e.g. `torch.compile`.
+    #[arg(long, value_name = "TEXT")]
+    pub filter: Option<String>,
 }
 
 impl SuiteArgs {
@@ -78,6 +81,11 @@ impl SuiteArgs {
         self.out
             .clone()
             .unwrap_or_else(|| report_path(&format!("{suite}.json")))
+    }
+
+    /// Whether a case named `name` runs: no `--filter`, or `name` contains it.
+    pub fn selects(&self, name: &str) -> bool {
+        self.filter.as_deref().is_none_or(|f| name.contains(f))
     }
 
     /// `--batch-sizes`, empty where absent.

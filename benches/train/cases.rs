@@ -25,6 +25,16 @@ pub struct Case {
     label: &'static str,
     /// The PyTorch side is `torch.compile(model)` (default mode) rather than eager.
     pub compile: bool,
+    /// The batch both sides train on.
+    batch: CaseBatch,
+}
+
+/// A case's batch size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaseBatch {
+    Fixed(usize),
+    /// The train batch size of the device's hardware profile (512 on an H200).
+    Profile,
 }
 
 impl Case {
@@ -45,6 +55,7 @@ impl Case {
             torch_extra,
             label,
             compile: false,
+            batch: CaseBatch::Fixed(32),
         }
     }
 
@@ -54,6 +65,11 @@ impl Case {
             compile: true,
             ..self
         }
+    }
+
+    /// The same row at another batch size.
+    const fn at_batch(self, batch: CaseBatch) -> Self {
+        Self { batch, ..self }
     }
 }
 
@@ -132,6 +148,87 @@ pub const CASES: [Case; 11] = [
     .compiled(),
 ];
 
+/// The large transformer of the GPU rows: d_model 1024, 16 heads, 24 layers, ff 4096 (GPT-2
+/// medium's body, 303 M parameters) over sequences of 512. Its GEMMs (M = 16 384 tokens at
+/// batch 32, K and N 1024 to 4096) are big enough to keep a GPU's tensor cores busy, so its
+/// model FLOP utilization says how close a step comes to the card's limit; the reference
+/// transformer's (3.4 M parameters) mostly says how long kernel launches take.
+pub const LARGE: &[&str] = &[
+    "--seq",
+    "512",
+    "--d-model",
+    "1024",
+    "--heads",
+    "16",
+    "--layers",
+    "24",
+    "--ff",
+    "4096",
+];
+
+/// The train rows on a CUDA GPU, all at bf16 (kiln's choice there) against PyTorch as a user
+/// writes it (SDPA, `nn.Dropout` 0.1): the reference transformer at batch 32 and at the
+/// hardware profile's batch size, and the large transformer; each against eager and
+/// `torch.compile` (default mode). The MLP and the convnet keep their CPU rows' shapes.
+pub const GPU_CASES: [Case; 8] = [
+    Case::eager("mlp", ("fp32", "fp32"), Some(1.0), (&[], &[]), ""),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(1.0),
+        (&[], &[]),
+        " (PyTorch default: SDPA)",
+    ),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(1.0),
+        (&[], &[]),
+        " at the profile's batch size",
+    )
+    .at_batch(CaseBatch::Profile),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        None,
+        (&[], &[]),
+        " at the profile's batch size",
+    )
+    .at_batch(CaseBatch::Profile)
+    .compiled(),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        Some(1.0),
+        (LARGE, &[]),
+        ", large (303 M parameters, seq 512)",
+    ),
+    Case::eager(
+        "transformer",
+        ("auto", "bf16"),
+        None,
+        (LARGE, &[]),
+        ", large (303 M parameters, seq 512)",
+    )
+    .compiled(),
+    Case::eager(
+        "convnet",
+        ("fp32", "fp32"),
+        None,
+        (&["--channels-last"], &[]),
+        " channels-last",
+    ),
+    Case::eager("transformer", ("fp32", "fp32"), None, (&[], &[]), ""),
+];
+
+/// The cases of the train suite on `device`.
+pub fn cases_for(device: tch::Device) -> &'static [Case] {
+    if device.is_cuda() { &GPU_CASES } else { &CASES }
+}
+
+/// What the user's-own-model rows' names begin with.
+pub const SCRIPT_ROWS: &str = "your own model (transformer as TorchScript)";
+
 /// The user's-own-model rows: kiln training the reference transformer's TorchScript twin
 /// (scripted by `train_step.py --export-script` from the same Python module, dropout 0, same
 /// seed and so the same initial weights) against PyTorch eager training that module, as a user
@@ -209,7 +306,7 @@ pub fn script_case(
         Comparison::new(
             "train",
             "step time",
-            format!("your own model (transformer as TorchScript) fp32 step vs {baseline}"),
+            format!("{SCRIPT_ROWS} fp32 step vs {baseline}"),
             "ms/step",
             Better::Lower,
             (ks * 1e3, median_of(baseline_runs, "step_s_median") * 1e3),
@@ -252,8 +349,32 @@ pub struct Outcome {
     pub run: Value,
 }
 
-/// The row name of `case` (kiln's `auto` resolved to `kiln_precision`).
-fn case_name(case: &Case, kiln_precision: &str) -> String {
+/// The batch size `case` runs at on the suite's device.
+fn case_batch(o: &Opts, case: &Case) -> Result<usize> {
+    match case.batch {
+        CaseBatch::Fixed(b) => Ok(b),
+        CaseBatch::Profile => usize::try_from(crate::resolved(o.device)?.plan.train.batch_size)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// The row name `case` will have on the suite's device (kiln's `auto` as the profile chooses).
+pub fn planned_name(o: &Opts, case: &Case) -> Result<String> {
+    let auto = crate::resolved(o.device)?.plan.train.amp;
+    let precision = kiln_train::trainer::precision_name(auto);
+    Ok(case_name(case, precision, case_batch(o, case)?))
+}
+
+/// The row name of `case` (kiln's `auto` resolved to `kiln_precision`) at `batch`.
+fn case_name(case: &Case, kiln_precision: &str, batch: usize) -> String {
+    let name = case_name_of(case, kiln_precision);
+    match case.batch {
+        CaseBatch::Fixed(32) => name,
+        _ => name.replacen(" step", &format!(" b={batch} step"), 1),
+    }
+}
+
+fn case_name_of(case: &Case, kiln_precision: &str) -> String {
     let who = if case.compile {
         "torch.compile"
     } else {
@@ -305,9 +426,18 @@ pub fn run_case(
     n: &StepCounts,
     peaks: &Value,
 ) -> Result<Outcome> {
+    let batch = case_batch(o, case)?;
+    let batch_text = batch.to_string();
     let common = |c: &mut Command, precision: &str| {
         c.args(["--model", case.model, "--precision", precision])
-            .args(["--batch", "32", "--warmup", &n.warm, "--steps", &n.timed])
+            .args([
+                "--batch",
+                &batch_text,
+                "--warmup",
+                &n.warm,
+                "--steps",
+                &n.timed,
+            ])
             .args(["--breakdown-steps", &n.split])
             .args(case.extra);
     };
@@ -336,7 +466,7 @@ pub fn run_case(
     let sides = sides?;
     let (k, t) = (&sides[0], &sides[1]);
     let kiln_precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
-    let name = case_name(case, &kiln_precision);
+    let name = case_name(case, &kiln_precision, batch);
     let run = json!({"case": name, "kiln": k, "torch": t});
     if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
         return Ok(Outcome {
@@ -352,7 +482,7 @@ pub fn run_case(
             case.model, k[0]["params"], t[0]["params"]
         ));
     }
-    let mut rows = vec![step_row(case, &name, (k, t), peaks)];
+    let mut rows = vec![step_row(case, &name, (k, t), peaks, batch)];
     if case.model == "transformer" && case.kiln == "fp32" && case.extra.is_empty() && !case.compile
     {
         rows.push(machine_limit_row(&name, (k, t), peaks));
@@ -374,7 +504,14 @@ fn breakdowns(k: &[Value], t: &[Value]) -> Value {
 }
 
 /// The step-time row of a case.
-fn step_row(case: &Case, name: &str, (k, t): (&[Value], &[Value]), peaks: &Value) -> Comparison {
+fn step_row(
+    case: &Case,
+    name: &str,
+    (k, t): (&[Value], &[Value]),
+    peaks: &Value,
+    batch: usize,
+) -> Comparison {
+    let samples = batch as f64;
     let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
     let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
     let flops = f(&k[0], "flops_per_step");
@@ -393,9 +530,10 @@ fn step_row(case: &Case, name: &str, (k, t): (&[Value], &[Value]), peaks: &Value
     .detail("baseline_mfu", json!(flops / ts / 1e9 / torch_peak))
     .detail("peak", json!(peak_name))
     .detail("kiln_precision", json!(kiln_precision))
-    .detail("batch_size", json!(32))
-    .detail("samples_per_s", json!(32.0 / ks))
-    .detail("baseline_samples_per_s", json!(32.0 / ts))
+    .detail("batch_size", json!(batch))
+    .detail("params", k[0]["params"].clone())
+    .detail("samples_per_s", json!(samples / ks))
+    .detail("baseline_samples_per_s", json!(samples / ts))
     .detail("breakdown", breakdowns(k, t));
     if case.compile {
         c = c.detail("compile", compile_summary(t));
@@ -492,11 +630,22 @@ mod tests {
 
     #[test]
     fn case_names_are_unique_and_name_their_baseline() {
-        let names: Vec<String> = CASES.iter().map(|c| case_name(c, "bf16")).collect();
+        for cases in [&CASES[..], &GPU_CASES[..]] {
+            names_are_unique_and_name_their_baseline(cases);
+        }
+    }
+
+    fn names_are_unique_and_name_their_baseline(cases: &[Case]) {
+        let names: Vec<String> = cases.iter().map(|c| case_name(c, "bf16", 512)).collect();
         for (i, name) in names.iter().enumerate() {
             assert!(!names[..i].contains(name), "`{name}` names two rows");
         }
-        for (case, name) in CASES.iter().zip(&names) {
+        for (case, name) in cases.iter().zip(&names) {
+            assert_eq!(
+                case.batch == CaseBatch::Profile,
+                name.contains(" b=512 "),
+                "{name}"
+            );
             assert_eq!(case.compile, name.contains("vs torch.compile"), "{name}");
             if case.compile {
                 let first = compile_time_name(name);

@@ -31,6 +31,7 @@ use std::process::Command;
 use clap::{Parser, Subcommand};
 use kiln_benches::{SuiteArgs, bench_root, device_name, interleaved};
 use kiln_config::{ConfigRequest, Machine, ModelKind, ModelPlan};
+use kiln_train::models::TransformerShape;
 use serde_json::Value;
 use tch::Device;
 
@@ -82,14 +83,27 @@ fn main() {
     }
 }
 
-fn model_plan(kind: ModelKind, dropout: f64) -> ModelPlan {
+/// The reference SignTransformer: `[64, 469]` samples, 100 classes.
+const REFERENCE: TransformerShape = TransformerShape {
+    seq_len: 64,
+    features: 469,
+    d_model: 256,
+    heads: 8,
+    layers: 4,
+    ff: 1024,
+    classes: 100,
+};
+
+/// kiln's plan for `kind`, the transformer of `shape`'s size.
+fn model_plan(kind: ModelKind, dropout: f64, shape: &TransformerShape) -> ModelPlan {
+    let dim = |v: i64| u64::try_from(v).unwrap_or(0);
     ModelPlan {
         kind,
         dropout,
-        d_model: 256,
-        heads: 8,
-        layers: 4,
-        ff: 1024,
+        d_model: dim(shape.d_model),
+        heads: dim(shape.heads),
+        layers: dim(shape.layers),
+        ff: dim(shape.ff),
         hidden: vec![256, 256],
         channels: vec![32, 64, 128],
         activation_checkpointing: false,

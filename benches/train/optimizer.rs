@@ -45,7 +45,7 @@ pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
         target: None,
     };
     build(
-        &model_plan(ModelKind::Transformer, 0.0),
+        &model_plan(ModelKind::Transformer, 0.0, &crate::REFERENCE),
         &input,
         &vs,
         false,

@@ -56,6 +56,42 @@ pub struct ProbeArgs {
     /// The model's TorchScript twin (from `train_step.py --export-script`) instead.
     #[arg(long, value_name = "MODEL.pt")]
     script: Option<String>,
+    /// The transformer's size (default: the reference SignTransformer).
+    #[command(flatten)]
+    shape: ShapeArgs,
+}
+
+/// The transformer's size, as `train_step.py` takes it (`--seq`, `--d-model`, …); the
+/// defaults are the reference SignTransformer's.
+#[derive(Debug, Clone, Args)]
+pub struct ShapeArgs {
+    /// Sequence length (the sample is `[seq, 469]`).
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub seq: u32,
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    pub d_model: u32,
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub heads: u32,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub layers: u32,
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub ff: u32,
+}
+
+impl ShapeArgs {
+    /// The shape of the transformer these arguments build, `features` inputs and `classes`
+    /// outputs.
+    pub fn transformer(&self, features: usize, classes: usize) -> TransformerShape {
+        TransformerShape {
+            seq_len: i64::from(self.seq),
+            features: features as i64,
+            d_model: i64::from(self.d_model),
+            heads: i64::from(self.heads),
+            layers: i64::from(self.layers),
+            ff: i64::from(self.ff),
+            classes: classes as i64,
+        }
+    }
 }
 
 /// `gemm`'s options.
@@ -72,22 +108,13 @@ pub struct GemmArgs {
 }
 
 /// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
-fn flops_per_step(kind: ModelKind, batch: usize) -> f64 {
+fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f64 {
     let forward = match kind {
         ModelKind::Mlp => 2.0 * (64.0 * 256.0 + 256.0 * 256.0 + 256.0 * 10.0),
-        ModelKind::Transformer => TransformerShape {
-            seq_len: 64,
-            features: 469,
-            d_model: 256,
-            heads: 8,
-            layers: 4,
-            ff: 1024,
-            classes: 100,
-        }
-        .forward_flops_per_sample() as f64,
+        ModelKind::Transformer => shape.forward_flops_per_sample() as f64,
         ModelKind::ConvNet => 20_646_400.0,
         // The benchmarked TorchScript module is the transformer's twin.
-        ModelKind::TorchScript => return flops_per_step(ModelKind::Transformer, batch),
+        ModelKind::TorchScript => return flops_per_step(ModelKind::Transformer, shape, batch),
     };
     3.0 * forward * batch as f64
 }
@@ -161,7 +188,19 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let tf32 = backend(a, device)?;
     tch::manual_seed(0);
 
-    let (shape, classes) = synthetic_shape(kind).ok_or("no synthetic data for this model")?;
+    let (mut shape, classes) = synthetic_shape(kind).ok_or("no synthetic data for this model")?;
+    let size = a
+        .shape
+        .transformer(shape.last().copied().unwrap_or(0), classes);
+    if kind == ModelKind::Transformer {
+        shape[0] = a.shape.seq as usize;
+        if !a.shape.d_model.is_multiple_of(a.shape.heads) {
+            return Err(format!(
+                "--d-model ({}) must be divisible by --heads ({})",
+                a.shape.d_model, a.shape.heads
+            ));
+        }
+    }
     let vs = nn::VarStore::new(device);
     let input = InputSpec {
         sample_shape: shape.clone(),
@@ -174,7 +213,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             Box::new(ScriptModel::load(std::path::Path::new(path), &vs).map_err(|e| e.to_string())?)
         }
         None => build(
-            &model_plan(kind, a.dropout),
+            &model_plan(kind, a.dropout, &size),
             &input,
             &vs,
             a.channels_last,
@@ -196,7 +235,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, device));
     let s = run_steps(a, &mut trainer, (&features, &labels))?;
     let median = median(s.times.clone());
-    let flops = flops_per_step(kind, batch);
+    let flops = flops_per_step(kind, &size, batch);
     let (memory, memory_kind) = peak_memory_mib(device);
     println!(
         "{}",
@@ -212,6 +251,8 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             "batch": batch,
             "threads": threads,
             "params": parameter_count(&vs),
+            "config": {"seq": size.seq_len, "d_model": size.d_model, "heads": size.heads,
+                       "layers": size.layers, "ff": size.ff},
             "flops_per_step": flops,
             "step_s_median": median,
             "step_s_min": s.times.iter().copied().fold(f64::INFINITY, f64::min),

@@ -5,7 +5,7 @@ use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{SuiteArgs, device_name, median_of, run_json};
 use serde_json::{Value, json};
 
-use crate::cases::{CASES, StepCounts, run_case, script_case};
+use crate::cases::{SCRIPT_ROWS, StepCounts, cases_for, planned_name, run_case, script_case};
 use crate::{Opts, Result, f};
 
 /// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
@@ -51,8 +51,8 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
         "train",
         &format!(
             "train step (forward, cross-entropy, backward, fused AdamW, loss read) on one fixed \
-             batch of 32 on {}, {} threads: kiln against PyTorch eager and torch.compile; MFU \
-             against this machine's measured GEMM peak",
+             batch (32 unless the row says) on {}, {} threads: kiln against PyTorch eager and \
+             torch.compile; MFU against this machine's measured GEMM peak",
             device_name(o.device),
             o.threads
         ),
@@ -65,8 +65,8 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
     };
     let (warm, timed, split) = (&n.warm, &n.timed, &n.split);
     let mut runs = vec![];
-    for (i, case) in CASES.iter().enumerate() {
-        if case.compile && o.quick {
+    for (i, case) in cases_for(o.device).iter().enumerate() {
+        if (case.compile && o.quick) || !a.selects(&planned_name(&o, case)?) {
             continue;
         }
         let outcome = run_case(&o, (i, case), &n, &out.peaks)?;
@@ -82,11 +82,13 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
             "left out of --quick: compiling takes minutes",
         );
     }
-    let (comparisons, run) = script_case(&o, warm, timed, split)?;
-    for c in comparisons {
-        out.push(c);
+    if a.selects(SCRIPT_ROWS) {
+        let (comparisons, run) = script_case(&o, warm, timed, split)?;
+        for c in comparisons {
+            out.push(c);
+        }
+        runs.push(run);
     }
-    runs.push(run);
     for &b in a.batch_sizes() {
         runs.push(sweep_rows(&o, &mut out, b, &n)?);
     }
