@@ -159,6 +159,17 @@ char* kiln_amp_unscale(const at::Tensor* const* grads, size_t n, const at::Tenso
   KILN_CATCH
 }
 
+// torch._foreach_add_(tensors, other): adds the one-element tensor `other` to every tensor in
+// place, in one launch per device and dtype (the optimizer's step counts: one kernel where a
+// loop would launch one per parameter).
+char* kiln_foreach_add_(const at::Tensor* const* tensors, size_t n, const at::Tensor* other) {
+  KILN_TRY
+  auto t = kiln::tensor_list(tensors, n);
+  at::NoGradGuard no_grad;
+  at::_foreach_add_(t, *other);
+  KILN_CATCH
+}
+
 // torch._amp_update_scale_ in place on `scale` and `growth_tracker`.
 char* kiln_amp_update_scale(const at::Tensor* scale, const at::Tensor* growth_tracker,
                             const at::Tensor* found_inf, double growth, double backoff,

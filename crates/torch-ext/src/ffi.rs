@@ -64,6 +64,11 @@ unsafe extern "C" {
         found_inf: *const std::ffi::c_void,
         inv_scale: *const std::ffi::c_void,
     ) -> *mut c_char;
+    pub fn kiln_foreach_add_(
+        tensors: *const *const std::ffi::c_void,
+        n: usize,
+        other: *const std::ffi::c_void,
+    ) -> *mut c_char;
     pub fn kiln_amp_update_scale(
         scale: *const std::ffi::c_void,
         growth_tracker: *const std::ffi::c_void,

@@ -357,6 +357,20 @@ pub fn amp_unscale(
     })
 }
 
+/// Adds `other` (a one-element tensor on the tensors' device) to every tensor of `tensors` in
+/// place (`torch._foreach_add_`): one kernel launch per device and dtype, where adding to each
+/// tensor launches one per tensor. No host synchronisation.
+pub fn foreach_add_(tensors: &[tch::Tensor], other: &tch::Tensor) -> Result<()> {
+    if tensors.is_empty() {
+        return Ok(());
+    }
+    let t = ptrs(tensors);
+    // SAFETY: live handles borrowed for the call.
+    ffi::check("foreach add", unsafe {
+        ffi::kiln_foreach_add_(t.as_ptr(), t.len(), ffi::tensor_ptr(other))
+    })
+}
+
 /// Updates a loss scale in place from `found_inf` (`torch._amp_update_scale_`): on an inf/NaN
 /// the scale is multiplied by `backoff` and the tracker reset; otherwise the tracker (an int32
 /// one-element tensor) counts clean steps, and after `interval` of them the scale is multiplied

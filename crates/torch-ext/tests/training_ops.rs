@@ -3,7 +3,8 @@
 
 use kiln_torch_ext::dropout::{dropout, dropout_mask};
 use kiln_torch_ext::optim::{
-    SgdConfig, amp_unscale, amp_update_scale, clear_grads, clip_grad_norm, fused_sgd_step,
+    SgdConfig, amp_unscale, amp_update_scale, clear_grads, clip_grad_norm, foreach_add_,
+    fused_sgd_step,
 };
 use tch::{Kind, Tensor};
 
@@ -203,4 +204,26 @@ fn one_pass_dropout_matches_the_mask_forward_and_backward() {
             .equal(&dropout(&t.contiguous(), 0.5, 3, 0).unwrap())
     );
     assert!(dropout(&x, -0.1, 0, 0).is_err());
+}
+
+#[test]
+fn foreach_add_adds_one_tensor_to_every_tensor_in_place() {
+    let steps: Vec<Tensor> = [0.0f32, 3.0, 7.0].iter().map(|&v| scalar(v)).collect();
+    let other = Tensor::from_slice(&[2.0f32]).view([]);
+    foreach_add_(&steps, &other).unwrap();
+    let got: Vec<f64> = steps.iter().map(|s| s.double_value(&[0])).collect();
+    assert_eq!(got, [2.0, 5.0, 9.0]);
+    let skipped = Tensor::from_slice(&[0.0f32]).view([]);
+    foreach_add_(&steps, &skipped).unwrap();
+    assert_eq!(
+        steps[2].double_value(&[0]),
+        9.0,
+        "adding 0 (a skipped step) leaves the counts"
+    );
+    foreach_add_(&[], &other).unwrap();
+    let wrong = Tensor::from_slice(&[1.0f32, 2.0]);
+    assert!(
+        foreach_add_(&steps, &wrong).is_err(),
+        "a two-element addend is an error"
+    );
 }

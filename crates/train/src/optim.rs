@@ -3,7 +3,8 @@
 //! momentum.
 
 use kiln_torch_ext::optim::{
-    AdamWConfig, AdamWTensors, SgdConfig, clear_grads, fused_adamw_step, fused_sgd_step,
+    AdamWConfig, AdamWTensors, SgdConfig, clear_grads, foreach_add_, fused_adamw_step,
+    fused_sgd_step,
 };
 use tch::{Kind, Tensor, nn};
 
@@ -194,9 +195,7 @@ impl Optimizer {
                         Some(inf) => inf.f_view([])?.f_neg()?.f_add_scalar(1.0)?,
                         None => Tensor::f_ones([], (Kind::Float, params[0].device()))?,
                     };
-                    for s in &steps {
-                        let _ = s.shallow_clone().f_add_(&increment)?;
-                    }
+                    foreach_add_(&steps, &increment)?;
                     fused_adamw_step(
                         AdamWTensors {
                             params: &params,
