@@ -56,7 +56,7 @@ pub fn usage_text() -> &'static str {
      \x20                   build release kiln and the train/infer benchmarks, then check every\n\
      \x20                   CUDA path (CPU steps only without a GPU); report.json/md in DIR\n\
      \x20 gpu-check --pack DIR\n\
-     \x20                   write a bundle (~30 MiB) to run on a GPU machine with torch 2.11\n\
+     \x20                   write a bundle (~45 MB: binaries, CUDA tests, scripts) for a GPU machine with torch 2.11\n\
      \x20                   (docs/gpu.md)\n"
 }
 
