@@ -22,6 +22,28 @@ pub type BlockDrop = unsafe extern "C" fn(ctx: *mut std::ffi::c_void);
 // signatures, catches all C++ exceptions, and returns null or a malloc'd error string.
 unsafe extern "C" {
     pub fn kiln_free_string(s: *mut c_char);
+
+    pub fn kiln_aoti_load(
+        path: *const c_char,
+        device_index: c_int,
+        out: *mut *mut std::ffi::c_void,
+    ) -> *mut c_char;
+    pub fn kiln_aoti_free(handle: *mut std::ffi::c_void);
+    pub fn kiln_aoti_run(
+        handle: *mut std::ffi::c_void,
+        inputs: *const *const std::ffi::c_void,
+        n: usize,
+        out: *mut *mut std::ffi::c_void,
+        cap: usize,
+        n_out: *mut usize,
+    ) -> *mut c_char;
+    pub fn kiln_aoti_metadata(handle: *mut std::ffi::c_void, out: *mut *mut c_char) -> *mut c_char;
+    pub fn kiln_accumulate_grads(
+        params: *const *const std::ffi::c_void,
+        grads: *const *const std::ffi::c_void,
+        n: usize,
+        weight: f64,
+    ) -> *mut c_char;
     pub fn kiln_torch_version() -> *const c_char;
 
     pub fn kiln_set_float32_matmul_precision(precision: *const c_char) -> *mut c_char;

@@ -1,7 +1,7 @@
 //! kiln's native extension over libtorch: what tch does not expose (global math flags, per-thread
 //! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks,
-//! activation checkpointing, facts about saved TorchScript modules, the kineto profiler, CUDA
-//! device queries, library loading), as safe Rust.
+//! activation checkpointing, facts about saved TorchScript modules, AOTInductor packages, the
+//! kineto profiler, CUDA device queries, library loading), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
 //! [`Error::Torch`] naming the operation and carrying its [`ErrorKind`] (out of memory, invalid
@@ -9,6 +9,7 @@
 //! are text only: [`tch_out_of_memory`] is the one place that recognises running out of memory
 //! in them.
 
+pub mod aoti;
 pub mod autocast;
 pub mod cuda;
 pub mod dist;
