@@ -13,31 +13,14 @@ const SCRIPT: &str = include_str!("../../python/export_onnx.py");
 const HOW: &str = "`cargo xtask export …` installs them (or run `cargo xtask setup`, then \
      `cargo xtask export`); KILN_PYTHON and KILN_ONNX_PYTHONPATH name them by hand";
 
-/// The Python and the packages' directory: `KILN_PYTHON` / `KILN_ONNX_PYTHONPATH`, else the
-/// record `<kiln cache>/onnx-export.json` that xtask writes, else the provisioned venv.
+/// The Python (see [`kiln_train::python::python`]) and the packages' directory:
+/// `KILN_ONNX_PYTHONPATH`, else the record `<kiln cache>/onnx-export.json` that xtask writes.
 fn python_and_path() -> (PathBuf, Option<PathBuf>) {
-    let set = |name: &str| {
-        std::env::var_os(name)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    let record = kiln_train::batch_search::cache_dir()
-        .and_then(|d| std::fs::read_to_string(d.join("onnx-export.json")).ok())
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
-    let from_record = |key: &str| {
-        record
-            .as_ref()
-            .and_then(|r| r.get(key)?.as_str().map(PathBuf::from))
-    };
-    let python = set("KILN_PYTHON")
-        .or_else(|| from_record("python"))
-        .or_else(|| {
-            kiln_train::batch_search::cache_dir()
-                .map(|d| d.join("torch-2.11.0").join("bin").join("python"))
-        })
-        .unwrap_or_else(|| PathBuf::from("python3"));
-    let path = set("KILN_ONNX_PYTHONPATH").or_else(|| from_record("pythonpath"));
-    (python, path)
+    let path = std::env::var_os("KILN_ONNX_PYTHONPATH")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| kiln_train::python::recorded("onnx-export.json", "pythonpath"));
+    (kiln_train::python::python(), path)
 }
 
 /// Exports the TorchScript file `script` to ONNX at `out`; returns the exporter's JSON line.
