@@ -141,6 +141,7 @@ fn plan(kind: ModelKind, d_model: u64, heads: u64, layers: u64, ff: u64) -> Mode
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
         script: None,
+        output: None,
     }
 }
 
@@ -225,6 +226,7 @@ fn model(
         sample_shape: job.sample_shape.clone(),
         classes: job.classes,
         target: None,
+        integer_features: false,
     };
     let mut plan = job.plan.clone();
     plan.kind = kind;

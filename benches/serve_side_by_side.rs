@@ -165,11 +165,13 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
         script: None,
+        output: None,
     };
     let input = InputSpec {
         sample_shape: vec![FEATURES],
         classes: 10,
         target: None,
+        integer_features: false,
     };
     let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
     Ok((vs, model))

@@ -108,6 +108,7 @@ fn model_plan(kind: ModelKind, dropout: f64, shape: &TransformerShape) -> ModelP
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
         script: None,
+        output: None,
     }
 }
 

@@ -43,6 +43,7 @@ pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
         sample_shape: shape,
         classes,
         target: None,
+        integer_features: false,
     };
     build(
         &model_plan(ModelKind::Transformer, 0.0, &crate::REFERENCE),

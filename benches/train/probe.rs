@@ -114,7 +114,9 @@ fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f6
         ModelKind::Transformer => shape.forward_flops_per_sample() as f64,
         ModelKind::ConvNet => 20_646_400.0,
         // The benchmarked TorchScript module is the transformer's twin.
-        ModelKind::TorchScript => return flops_per_step(ModelKind::Transformer, shape, batch),
+        ModelKind::TorchScript | ModelKind::Program => {
+            return flops_per_step(ModelKind::Transformer, shape, batch);
+        }
     };
     3.0 * forward * batch as f64
 }
@@ -206,6 +208,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         sample_shape: shape.clone(),
         classes,
         target: None,
+        integer_features: false,
     };
     // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`.
     let model: Box<dyn Model> = match &a.script {

@@ -70,7 +70,7 @@ fn check_builtin_shape(kind: ModelKind, shape: &[usize]) -> anyhow::Result<()> {
         ModelKind::Mlp => return Ok(()),
         ModelKind::Transformer => ("[sequence, features]", 2),
         ModelKind::ConvNet => ("[channels, height, width]", 3),
-        ModelKind::TorchScript => return Ok(()),
+        ModelKind::TorchScript | ModelKind::Program => return Ok(()),
     };
     if shape.len() != dims {
         let default = kiln_train::run::synthetic_shape(kind).map_or(vec![], |s| s.0);
@@ -397,6 +397,7 @@ fn builtin_input(kind: ModelKind, given_shape: Option<&[usize]>) -> InputSpec {
         sample_shape: given_shape.map_or(default_shape, <[usize]>::to_vec),
         classes,
         target: None,
+        integer_features: false,
     }
 }
 

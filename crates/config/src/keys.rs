@@ -90,8 +90,12 @@ config_keys! {
 
     /// The model and its sizes.
     model (RawModel, ModelValues) {
-        /// transformer, mlp or convnet, or the path of a TorchScript file.
+        /// transformer, mlp or convnet, or the path of your own model: a torch.export program
+        /// (.pt2) or a TorchScript file (.pt).
         name: ModelChoice = "transformer" => model_name(&p.model);
+        /// The output the loss uses, for a program returning a dict (its key) or a tuple (an
+        /// index).
+        output: Option<String> => p.model.output;
         dropout: f64 = 0.1 => p.model.dropout,
             valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
         d_model: u64 = 256 => p.model.d_model, valid |v| *v >= 1 => "must be at least 1";
@@ -249,7 +253,7 @@ mod tests {
         assert_eq!(shown["serve.max_wait_ms"], "2");
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 73);
+        assert_eq!(KEYS.len(), 74);
     }
 
     #[test]

@@ -59,8 +59,11 @@ pub enum ModelKind {
     Transformer,
     Mlp,
     ConvNet,
-    /// A TorchScript module (`torch.jit.script(model.train()).save(path)`).
+    /// A TorchScript module (`torch.jit.script(model.train()).save(path)`), the older format.
     TorchScript,
+    /// A `torch.export` program (`torch.export.save(torch.export.export(…), path)`), trained
+    /// through a compiled step.
+    Program,
 }
 
 impl ModelKind {
@@ -73,6 +76,7 @@ impl ModelKind {
             Self::Mlp => "mlp",
             Self::ConvNet => "convnet",
             Self::TorchScript => "torchscript",
+            Self::Program => "program",
         }
     }
 }
@@ -98,8 +102,11 @@ impl std::str::FromStr for ModelKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelPlan {
     pub kind: ModelKind,
-    /// The TorchScript file, for [`ModelKind::TorchScript`].
+    /// The model file: TorchScript for [`ModelKind::TorchScript`], the `.pt2` program for
+    /// [`ModelKind::Program`].
     pub script: Option<PathBuf>,
+    /// The output the loss uses, for a program returning a dict or a tuple.
+    pub output: Option<String>,
     pub dropout: f64,
     pub d_model: u64,
     pub heads: u64,
@@ -310,6 +317,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
     Ok(ModelPlan {
         kind: v.name.kind,
         script: v.name.script,
+        output: v.output,
         dropout: v.dropout,
         d_model: v.d_model,
         heads: v.heads,

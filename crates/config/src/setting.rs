@@ -232,8 +232,9 @@ impl Setting for BatchSize {
     }
 }
 
-/// `model.name`: a built-in model, or the path of a TorchScript file (one ending in `.pt`,
-/// `.pth` or `.ts`, or any existing file).
+/// `model.name`: a built-in model, or the path of the user's own model: a `torch.export`
+/// program (`.pt2`) or a TorchScript file (`.pt`, `.pth`, `.ts`, or any other existing file;
+/// the file's content decides when it loads).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelChoice {
     pub kind: ModelKind,
@@ -247,22 +248,24 @@ impl Setting for ModelChoice {
             return Ok(ModelChoice { kind, script: None });
         }
         let path = PathBuf::from(name.trim());
-        let scripted = matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("pt" | "pth" | "ts")
-        );
-        if scripted || path.is_file() {
-            Ok(ModelChoice {
-                kind: ModelKind::TorchScript,
-                script: Some(path),
-            })
-        } else {
-            Err(
-                "use transformer, mlp or convnet, or the path of a TorchScript file (.pt) saved \
-                 with torch.jit.script(model.train()).save(path)"
-                    .to_owned(),
-            )
-        }
+        let extension = path.extension().and_then(|e| e.to_str());
+        let kind = match extension {
+            Some("pt2") => ModelKind::Program,
+            Some("pt" | "pth" | "ts") => ModelKind::TorchScript,
+            // Any other existing file: what it holds is told by its content when it loads.
+            _ if path.is_file() => ModelKind::TorchScript,
+            _ => {
+                return Err(
+                    "use transformer, mlp or convnet, or the path of your own model: a program \
+                     saved with torch.export.save (.pt2), or a TorchScript file (.pt)"
+                        .to_owned(),
+                );
+            }
+        };
+        Ok(ModelChoice {
+            kind,
+            script: Some(path),
+        })
     }
     fn raw_text(raw: &String) -> String {
         format!("{raw:?}")

@@ -310,6 +310,7 @@ fn reference_description(plan: &ModelPlan) -> String {
         ),
         ModelKind::ConvNet => format!("channels {}", list(&plan.channels)),
         ModelKind::TorchScript => "a TorchScript module".to_owned(),
+        ModelKind::Program => "an exported program".to_owned(),
     };
     format!(
         "{} (kiln reference model: {sizes}; random weights)",

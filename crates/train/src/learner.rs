@@ -238,7 +238,17 @@ impl Learner {
         resume: Option<crate::checkpoint::Checkpoint>,
         observer: &mut dyn Observer,
     ) -> Result<RunOutcome, TrainError> {
-        let plan = self.plan();
+        self.drive_plan(self.plan(), recipe, data, resume, observer)
+    }
+
+    fn drive_plan(
+        &self,
+        plan: &RunPlan,
+        recipe: &ModelRecipe<'_>,
+        data: RunData,
+        resume: Option<crate::checkpoint::Checkpoint>,
+        observer: &mut dyn Observer,
+    ) -> Result<RunOutcome, TrainError> {
         let device = self.resolution.selection.device;
         run::apply_backend(plan, device);
         run::drive(
@@ -253,41 +263,38 @@ impl Learner {
         )
     }
 
-    /// Trains a TorchScript module saved with `torch.jit.script(model.train()).save(path)` on
-    /// `data`, as `kiln train --model path` does (a resumed run continues from the module its
-    /// checkpoint saved).
+    /// Trains your own model file on `data`, as `kiln train --model path` does: a program
+    /// saved with `torch.export.save(torch.export.export(model.train(), (batch,),
+    /// dynamic_shapes=…), path)`, trained through a step compiled for this machine, or a
+    /// TorchScript module (`torch.jit.script(model.train()).save(path)`, the older format);
+    /// which one is told by the file's content. A resumed run continues from the file its
+    /// checkpoint saved.
+    pub fn fit_file<D: Dataset>(
+        &self,
+        path: &Path,
+        data: D,
+        observer: &mut dyn Observer,
+    ) -> Result<RunOutcome, TrainError> {
+        let resume = run::find_resume(self.plan(), &self.control)?;
+        let mut plan = self.plan().clone();
+        plan.model.script = Some(path.to_owned());
+        let file = run::FileModel::new(&plan, resume.as_ref())?;
+        let plan = file.plan();
+        let description = format!("{} samples", data.len());
+        let seed = plan.performance.backend.seed;
+        let data = RunData::split(Box::new(data), plan.data.val_fraction, seed, description)?;
+        let build = |vs: &nn::VarStore, input: &InputSpec| file.build(vs, input);
+        let recipe = file.recipe(&build);
+        self.drive_plan(plan, &recipe, data, resume, observer)
+    }
+
+    /// [`Self::fit_file`] under its older name.
     pub fn fit_torchscript<D: Dataset>(
         &self,
         path: &Path,
         data: D,
         observer: &mut dyn Observer,
     ) -> Result<RunOutcome, TrainError> {
-        let plan = self.plan();
-        run::refuse_kiln_dropout(plan)?;
-        let resume = run::find_resume(plan, &self.control)?;
-        let mut model_plan = plan.model.clone();
-        model_plan.kind = kiln_config::ModelKind::TorchScript;
-        model_plan.script = Some(path.to_owned());
-        let name = crate::models::display_name(&model_plan);
-        model_plan.script = Some(run::script_to_load(path, resume.as_ref()));
-        let seed = plan.performance.backend.seed;
-        let build = |vs: &nn::VarStore, input: &InputSpec| {
-            crate::models::build(&model_plan, input, vs, false, seed)
-        };
-        let description = format!("{} samples", data.len());
-        let data = RunData::split(
-            Box::new(data),
-            plan.data.val_fraction,
-            plan.performance.backend.seed,
-            description,
-        )?;
-        let recipe = ModelRecipe {
-            name,
-            identity: crate::models::script_identity(Some(path)),
-            build: &build,
-            warmup_steps: crate::script::WARMUP_STEPS,
-            init_on_cpu: false,
-        };
-        self.drive(&recipe, data, resume, observer)
+        self.fit_file(path, data, observer)
     }
 }

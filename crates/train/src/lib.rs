@@ -22,6 +22,8 @@ pub mod monitor;
 pub mod optim;
 pub mod plot;
 pub mod profiling;
+pub mod program;
+pub mod python;
 pub mod record;
 pub mod run;
 pub mod rundir;

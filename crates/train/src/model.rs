@@ -38,6 +38,19 @@ pub trait Model {
         Ok(false)
     }
 
+    /// Copies the model's program (a `torch.export` `.pt2`) to `path`, where it has one;
+    /// returns whether it did. Checkpoints call it to include `model.pt2`, so that a checkpoint
+    /// recompiles on any machine.
+    fn save_program(&self, _path: &std::path::Path) -> Result<bool, TrainError> {
+        Ok(false)
+    }
+
+    /// The model's compiled train step, for a model that trains through one (forward, loss
+    /// and backward in one call) instead of `forward` and autograd.
+    fn compiled_step(&self) -> Option<&dyn CompiledStep> {
+        None
+    }
+
     /// The positions of the model's own random generators (kiln's dropout), for checkpoints.
     fn rng_state(&self) -> Vec<u64> {
         vec![]
@@ -47,6 +60,22 @@ pub trait Model {
     fn set_rng_state(&self, _state: &[u64]) -> Result<(), TrainError> {
         Ok(())
     }
+}
+
+/// A train step compiled ahead of time: the loss (with its autocast) and the backward are
+/// inside it, so the trainer calls it instead of `forward` and autograd.
+pub trait CompiledStep {
+    /// Forward, loss and backward on one micro-batch: adds `weight` × the gradient of the
+    /// (scaled, where `scale` is given) mean loss to each parameter's gradient, writes the
+    /// buffers the step updates (batch-norm statistics), and returns the unscaled mean loss
+    /// and the model's output, both detached.
+    fn step(
+        &self,
+        features: &Tensor,
+        targets: &Tensor,
+        weight: f64,
+        scale: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor), TrainError>;
 }
 
 /// The generator positions of a list of dropout layers.

@@ -26,6 +26,9 @@ pub struct InputSpec {
     /// The dataset's target (absent in checkpoints from before other targets: a class label).
     #[serde(default)]
     pub target: Option<kiln_data::TargetSpec>,
+    /// Features are integer token ids (fed as int64), not float32 values.
+    #[serde(default)]
+    pub integer_features: bool,
 }
 
 impl InputSpec {
@@ -41,6 +44,7 @@ impl InputSpec {
             sample_shape: sample_shape.to_vec(),
             classes,
             target: Some(target.clone()),
+            integer_features: false,
         }
     }
 }
@@ -96,7 +100,7 @@ pub fn identity(plan: &kiln_config::RunPlan) -> String {
             m.channels,
             flag(plan.performance.channels_last, " nhwc")
         ),
-        ModelKind::TorchScript => script_identity(m.script.as_deref()),
+        ModelKind::TorchScript | ModelKind::Program => script_identity(m.script.as_deref()),
     };
     format!("{} ({dims})", m.kind)
 }
@@ -214,6 +218,15 @@ pub fn build(
     let root = vs.root();
     Ok(match plan.kind {
         ModelKind::TorchScript => return script(plan, vs),
+        ModelKind::Program => {
+            return Err(invalid(
+                keys::model::name,
+                "program".to_owned(),
+                "a run's loss and precision to compile it for: train an exported program \
+                 through run::train or the Learner"
+                    .to_owned(),
+            ));
+        }
         ModelKind::Mlp => {
             let features = shape.iter().product::<usize>() as i64;
             Box::new(Mlp::new(

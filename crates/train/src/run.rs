@@ -33,7 +33,7 @@ pub fn synthetic_shape(kind: ModelKind) -> Option<(Vec<usize>, usize)> {
         ModelKind::Transformer => Some((vec![64, 469], 100)),
         ModelKind::Mlp => Some((vec![64], 10)),
         ModelKind::ConvNet => Some((vec![3, 32, 32], 10)),
-        ModelKind::TorchScript => None,
+        ModelKind::TorchScript | ModelKind::Program => None,
     }
 }
 
@@ -61,7 +61,7 @@ pub fn synthetic_dataset(
         ModelKind::ConvNet => Box::new(SyntheticImages::new(
             samples, shape[0], shape[1], classes, seed,
         )?),
-        ModelKind::TorchScript => return Err(no_synthetic()),
+        ModelKind::TorchScript | ModelKind::Program => return Err(no_synthetic()),
     })
 }
 
@@ -218,19 +218,10 @@ impl RunData {
     }
 }
 
-/// The TorchScript file a run of `path` loads: a resumed run continues from the module its
-/// checkpoint saved (with its buffers, such as batch-norm statistics, which are not
-/// parameters), a new one from `path`.
-pub(crate) fn script_to_load(path: &Path, resume: Option<&checkpoint::Checkpoint>) -> PathBuf {
-    resume
-        .map(|c| c.dir.join(checkpoint::SCRIPT_FILE))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| path.to_owned())
-}
-
-/// Refuses what kiln cannot do inside a TorchScript module: its own dropout (the module keeps
-/// its own; `model.dropout` set by the user is an error, kiln's default is ignored).
-/// (`model.activation_checkpointing` is refused where the module is built.)
+/// Refuses what kiln cannot do inside a model of the user's own (TorchScript or a program):
+/// its own dropout (the model keeps its own; `model.dropout` set by the user is an error,
+/// kiln's default is ignored). (`model.activation_checkpointing` is refused where the model is
+/// built.)
 pub(crate) fn refuse_kiln_dropout(plan: &RunPlan) -> Result<(), TrainError> {
     let set_by_user = plan
         .provenance
@@ -240,12 +231,193 @@ pub(crate) fn refuse_kiln_dropout(plan: &RunPlan) -> Result<(), TrainError> {
         return Err(TrainError::InvalidPlan {
             key: keys::model::dropout,
             value: plan.model.dropout.to_string(),
-            expected: "unset for a TorchScript model: kiln's dropout is part of its built-in \
-                       models; a module's own dropout layers train as the module defines them"
-                .to_owned(),
+            expected: format!(
+                "unset for {}: kiln's dropout is part of its built-in models; your model's own \
+                 dropout layers train as it defines them",
+                match plan.model.kind {
+                    ModelKind::Program => "an exported program",
+                    _ => "a TorchScript model",
+                }
+            ),
         });
     }
     Ok(())
+}
+
+/// The plan with its model file's kind told by the file's content (a `.pt` holding an
+/// exported program trains as one, and the other way round); an AOTInductor package is
+/// refused with what to give instead.
+pub fn with_file_kind(plan: &RunPlan) -> Result<RunPlan, TrainError> {
+    let Some(path) = &plan.model.script else {
+        return Ok(plan.clone());
+    };
+    let found = crate::program::detect(path)?;
+    let kind = match found {
+        crate::program::FileKind::ExportedProgram => ModelKind::Program,
+        crate::program::FileKind::TorchScript => ModelKind::TorchScript,
+        crate::program::FileKind::AotiPackage => {
+            return Err(TrainError::InvalidPlan {
+                key: keys::model::name,
+                value: path.display().to_string(),
+                expected: format!(
+                    "a program kiln can train; this is {}, built for one machine and without \
+                     its backward: give the ExportedProgram it came from ({})",
+                    found.describe(),
+                    crate::program::file::HOW_TO_EXPORT
+                ),
+            });
+        }
+    };
+    if kind != plan.model.kind {
+        tracing::info!(
+            "{} holds {}: training it as one",
+            path.display(),
+            found.describe()
+        );
+    }
+    let mut plan = plan.clone();
+    plan.model.kind = kind;
+    Ok(plan)
+}
+
+/// A program's fixed batch size becomes the run's `train.batch_size` (said once); a program
+/// with a symbolic batch dimension takes any. Its last partial batch is dropped either way
+/// (never padded).
+fn with_program_batch(mut plan: RunPlan) -> Result<RunPlan, TrainError> {
+    let Some(path) = plan.model.script.clone() else {
+        return Ok(plan);
+    };
+    let input = crate::program::inspect(&path)?;
+    if let Some(n) = input.fixed_batch {
+        let n = n as u64;
+        if plan.train.batch_size_auto || plan.train.batch_size != n {
+            tracing::warn!(
+                "{} was exported with a fixed batch of {n}: training at train.batch_size = {n} \
+                 (export with dynamic_shapes to train at any size)",
+                path.display()
+            );
+        }
+        plan.train.batch_size = n;
+        plan.train.batch_size_auto = false;
+    }
+    Ok(plan)
+}
+
+/// The model file a run loads: a resumed run's checkpoint copy (`file`, saved with it), else
+/// the plan's.
+fn model_file_to_load(path: &Path, file: &str, resume: Option<&checkpoint::Checkpoint>) -> PathBuf {
+    resume
+        .map(|c| c.dir.join(file))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| path.to_owned())
+}
+
+/// A run of the user's own model file: a TorchScript module or an exported program, told
+/// apart by content; the plan as it trains it (the file's kind, a program's fixed batch), and
+/// the file it loads (a resumed run's checkpoint copy, else the plan's).
+#[derive(Debug)]
+pub struct FileModel {
+    plan: RunPlan,
+    load: PathBuf,
+}
+
+impl FileModel {
+    /// The run of `plan.model.script`, continuing from `resume` where given.
+    pub fn new(
+        plan: &RunPlan,
+        resume: Option<&checkpoint::Checkpoint>,
+    ) -> Result<Self, TrainError> {
+        let mut plan = with_file_kind(plan)?;
+        refuse_kiln_dropout(&plan)?;
+        let path = plan
+            .model
+            .script
+            .clone()
+            .ok_or_else(|| TrainError::InvalidPlan {
+                key: keys::model::name,
+                value: plan.model.kind.to_string(),
+                expected: "the path of your model file".to_owned(),
+            })?;
+        let file = match plan.model.kind {
+            ModelKind::Program => {
+                plan = with_program_batch(plan)?;
+                crate::program::PROGRAM_FILE
+            }
+            _ => checkpoint::SCRIPT_FILE,
+        };
+        let load = model_file_to_load(&path, file, resume);
+        Ok(Self { plan, load })
+    }
+
+    /// The plan as the run trains it.
+    pub fn plan(&self) -> &RunPlan {
+        &self.plan
+    }
+
+    /// Builds the model under `vs` for data of `input`.
+    pub fn build(
+        &self,
+        vs: &nn::VarStore,
+        input: &InputSpec,
+    ) -> Result<Box<dyn crate::model::Model>, TrainError> {
+        match self.plan.model.kind {
+            ModelKind::Program => program_model(&self.plan, &self.load, vs, input),
+            _ => {
+                let mut model = self.plan.model.clone();
+                model.script = Some(self.load.clone());
+                build(&model, input, vs, false, self.plan.performance.backend.seed)
+            }
+        }
+    }
+
+    /// The recipe of a run whose factory is `build` (this file model's [`Self::build`]).
+    pub fn recipe<'a>(&self, build: crate::models::ModelFactory<'a>) -> ModelRecipe<'a> {
+        let script = self.plan.model.kind == ModelKind::TorchScript;
+        ModelRecipe {
+            name: crate::models::display_name(&self.plan.model),
+            identity: crate::models::identity(&self.plan),
+            build,
+            warmup_steps: if script {
+                crate::script::WARMUP_STEPS
+            } else {
+                1
+            },
+            init_on_cpu: false,
+        }
+    }
+}
+
+/// The factory of a program run: the program compiled for the run's loss, precision and
+/// output on this machine (or found in the cache).
+fn program_model(
+    plan: &RunPlan,
+    path: &Path,
+    vs: &nn::VarStore,
+    input: &InputSpec,
+) -> Result<Box<dyn crate::model::Model>, TrainError> {
+    if plan.model.activation_checkpointing {
+        return Err(TrainError::InvalidPlan {
+            key: keys::model::activation_checkpointing,
+            value: "true".to_owned(),
+            expected: "false for an exported program: kiln recomputes activations only inside \
+                       its built-in transformer"
+                .to_owned(),
+        });
+    }
+    let target = input
+        .target
+        .clone()
+        .unwrap_or(kiln_data::TargetSpec::label(input.classes));
+    let spec = crate::program::ProgramSpec {
+        path,
+        loss: crate::loss::Loss::resolve(plan.train.loss, &target)?,
+        precision: plan.train.amp,
+        output: plan.model.output.clone(),
+        threads: kiln_torch_ext::memory::num_threads()?.0,
+    };
+    Ok(Box::new(crate::program::ProgramModel::load(
+        &spec, input, vs,
+    )?))
 }
 
 /// Trains `plan.model` on `device` over `data_dir` (a prepared dataset) or the model's synthetic
@@ -259,32 +431,37 @@ pub fn train(
     observer: &mut dyn Observer,
     on_ready: &mut dyn FnMut(&Path, &str),
 ) -> Result<RunOutcome, TrainError> {
-    if plan.model.kind == ModelKind::TorchScript {
-        refuse_kiln_dropout(plan)?;
-    }
     // Find and verify the checkpoint first: a bad --resume fails before anything else.
     let resume = find_resume(plan, &control)?;
-    let data = RunData::of_plan(plan, data_dir)?;
-    let mut model_plan = plan.model.clone();
-    if let Some(path) = &plan.model.script {
-        model_plan.script = Some(script_to_load(path, resume.as_ref()));
+    if plan.model.script.is_some() {
+        let file = FileModel::new(plan, resume.as_ref())?;
+        let data = RunData::of_plan(file.plan(), data_dir)?;
+        let build = |vs: &nn::VarStore, input: &InputSpec| file.build(vs, input);
+        let recipe = file.recipe(&build);
+        return drive(
+            file.plan(),
+            device,
+            &recipe,
+            data,
+            resume,
+            control,
+            observer,
+            on_ready,
+        );
     }
+    let data = RunData::of_plan(plan, data_dir)?;
     let (channels_last, seed) = (
         plan.performance.channels_last,
         plan.performance.backend.seed,
     );
     let factory =
-        |vs: &nn::VarStore, input: &InputSpec| build(&model_plan, input, vs, channels_last, seed);
+        |vs: &nn::VarStore, input: &InputSpec| build(&plan.model, input, vs, channels_last, seed);
     let recipe = ModelRecipe {
         name: crate::models::display_name(&plan.model),
         identity: crate::models::identity(plan),
         build: &factory,
-        warmup_steps: if plan.model.kind == ModelKind::TorchScript {
-            crate::script::WARMUP_STEPS
-        } else {
-            1
-        },
-        init_on_cpu: plan.model.kind != ModelKind::TorchScript,
+        warmup_steps: 1,
+        init_on_cpu: true,
     };
     drive(
         plan, device, &recipe, data, resume, control, observer, on_ready,
@@ -344,7 +521,8 @@ pub fn drive(
     on_ready: &mut dyn FnMut(&Path, &str),
 ) -> Result<RunOutcome, TrainError> {
     let seed = plan.performance.backend.seed;
-    let input = InputSpec::of(data.train.sample_shape(), &data.train.target());
+    let mut input = InputSpec::of(data.train.sample_shape(), &data.train.target());
+    input.integer_features = data.train.integer_features();
     let tch_device = tch_device(device);
     let (plan, batch_note) = auto_batch_size(
         plan,

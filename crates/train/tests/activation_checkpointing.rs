@@ -19,6 +19,7 @@ fn plan(checkpointing: bool, layers: u64, dropout: f64) -> ModelPlan {
         channels: vec![8],
         activation_checkpointing: checkpointing,
         script: None,
+        output: None,
     }
 }
 
@@ -27,6 +28,7 @@ fn spec() -> InputSpec {
         sample_shape: vec![32, 24],
         classes: 5,
         target: None,
+        integer_features: false,
     }
 }
 

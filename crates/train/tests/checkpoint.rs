@@ -344,6 +344,7 @@ fn save_small(dir: &Path, meta: checkpoint::Meta) -> PathBuf {
             state: &[("fc.weight.step".to_owned(), Tensor::from(step as f32))],
             meta,
             script: None,
+            program: None,
         },
     )
     .unwrap()
@@ -481,6 +482,7 @@ fn a_write_that_dies_midway_leaves_the_previous_checkpoint_loadable() {
             state: &[("bad".to_owned(), bad)],
             meta,
             script: None,
+            program: None,
         },
     );
     let err = err.unwrap_err().to_string();
@@ -504,6 +506,7 @@ fn a_write_that_dies_midway_leaves_the_previous_checkpoint_loadable() {
                 .unwrap()
                 .meta,
             script: None,
+            program: None,
         },
     )
     .unwrap_err()

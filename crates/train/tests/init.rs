@@ -162,6 +162,7 @@ fn reference_plan(kind: ModelKind) -> (kiln_config::ModelPlan, InputSpec) {
             sample_shape,
             classes,
             target: None,
+            integer_features: false,
         },
     )
 }

@@ -308,6 +308,7 @@ fn plan(kind: ModelKind) -> ModelPlan {
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
         script: None,
+        output: None,
     }
 }
 
@@ -324,6 +325,7 @@ fn reference_models_match_their_pytorch_twins_in_size_and_shape() {
             sample_shape: shape.clone(),
             classes,
             target: None,
+            integer_features: false,
         };
         let model = build(&plan(kind), &input, &vs, false, 0).unwrap();
         assert_eq!(parameter_count(&vs), params, "{kind}");
@@ -357,6 +359,7 @@ fn models_reject_data_of_the_wrong_shape() {
         sample_shape: vec![64],
         classes: 10,
         target: None,
+        integer_features: false,
     };
     let err = build(&plan(ModelKind::Transformer), &input, &vs, false, 0)
         .err()
@@ -372,6 +375,7 @@ fn models_reject_data_of_the_wrong_shape() {
             sample_shape: vec![3, 8, 8],
             classes: 1,
             target: None,
+            integer_features: false,
         },
         &vs,
         false,
@@ -390,6 +394,7 @@ fn channels_last_convnet_lays_weights_out_nhwc_and_computes_the_same() {
         sample_shape: vec![3, 16, 16],
         classes: 10,
         target: None,
+        integer_features: false,
     };
     let vs_a = nn::VarStore::new(Device::Cpu);
     let a = build(&plan(ModelKind::ConvNet), &input, &vs_a, false, 0).unwrap();
@@ -412,6 +417,7 @@ fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
         sample_shape: vec![8, 12],
         classes: 5,
         target: None,
+        integer_features: false,
     };
     let model = build(&p, &input, &vs, false, 0).unwrap();
     let mut trainer = Trainer::new(

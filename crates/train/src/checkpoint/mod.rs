@@ -298,6 +298,7 @@ impl std::fmt::Debug for Contents<'_> {
             .field("state", &self.state.len())
             .field("meta", &self.meta)
             .field("script", &self.script.is_some())
+            .field("program", &self.program.is_some())
             .finish()
     }
 }
@@ -312,6 +313,9 @@ pub struct Contents<'a> {
     pub meta: Meta,
     /// Writes `model.pt` (TorchScript models).
     pub script: Option<ScriptWriter<'a>>,
+    /// Writes `model.pt2` (exported programs: the program, so that a checkpoint recompiles on
+    /// any machine).
+    pub program: Option<ScriptWriter<'a>>,
 }
 
 /// The directory name of the checkpoint at `step`.
@@ -341,15 +345,19 @@ pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, Train
         meta.files.insert(file.to_owned(), sha256_hex(&bytes));
         write_synced(&tmp.join(file), &bytes)?;
     }
-    if let Some(write) = contents.script {
-        let path = tmp.join(SCRIPT_FILE);
+    let writers = [
+        (SCRIPT_FILE, contents.script),
+        (crate::program::PROGRAM_FILE, contents.program),
+    ];
+    for (file, write) in writers {
+        let Some(write) = write else { continue };
+        let path = tmp.join(file);
         if write(&path)? {
             let bytes = read_part(&path)?;
             File::open(&path)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| file_error(&path, e))?;
-            meta.files
-                .insert(SCRIPT_FILE.to_owned(), sha256_hex(&bytes));
+            meta.files.insert(file.to_owned(), sha256_hex(&bytes));
         }
     }
     meta.meta_sha256 = meta.digest().map_err(|e| file_error(&tmp, e))?;
@@ -443,8 +451,10 @@ pub fn load(dir: &Path) -> Result<Checkpoint, TrainError> {
     let meta = read_meta(dir)?;
     let model = read_tensors(dir, &meta, MODEL_FILE)?;
     let state = read_tensors(dir, &meta, STATE_FILE)?;
-    if meta.files.contains_key(SCRIPT_FILE) {
-        check_sha(dir, &meta, SCRIPT_FILE)?;
+    for file in [SCRIPT_FILE, crate::program::PROGRAM_FILE] {
+        if meta.files.contains_key(file) {
+            check_sha(dir, &meta, file)?;
+        }
     }
     Ok(Checkpoint {
         dir: dir.to_owned(),

@@ -24,7 +24,7 @@ use crate::checkpoint::{self, Checkpoint, RunningSums};
 use crate::distributed::{self, SharedGroup};
 use crate::feed::DeviceBatch;
 use crate::loss::{BatchSums, Loss, MetricKind};
-use crate::model::Model;
+use crate::model::{CompiledStep, Model};
 use crate::optim::{Optimizer, Rule, param_groups};
 use crate::scaler::LossScaler;
 use crate::tally::{Metrics, Tally};
@@ -443,6 +443,14 @@ impl<'m> Trainer<'m> {
         group: SharedGroup,
         buckets: distributed::Buckets,
     ) -> Result<(), TrainError> {
+        if self.model.compiled_step().is_some() {
+            return Err(TrainError::InvalidPlan {
+                key: keys::model::name,
+                value: self.model_name.clone(),
+                expected: "a model kiln trains data-parallel: a compiled program's step returns                            its gradients without autograd, and averaging them over ranks is                            not built yet (train it on one rank)"
+                    .to_owned(),
+            });
+        }
         let tensors: Vec<Tensor> = self.model_tensors().into_iter().map(|(_, t)| t).collect();
         let trainable = self.vs.trainable_variables();
         let mut g = distributed::lock(&group);
@@ -593,7 +601,11 @@ impl<'m> Trainer<'m> {
         targets: &Tensor,
         train: bool,
     ) -> Result<(Tensor, BatchSums), TrainError> {
-        let _autocast = match self.autocast {
+        // A compiled model has its precision inside its compiled code.
+        let _autocast = match self
+            .autocast
+            .filter(|_| self.model.compiled_step().is_none())
+        {
             Some((device, dtype)) => Some(AutocastGuard::new(device, dtype)?),
             None => None,
         };
@@ -713,6 +725,14 @@ impl<'m> Trainer<'m> {
                     let r = sync.before_forward(last);
                     r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
                 }
+                if let Some(step) = self.model.compiled_step() {
+                    let piece_sums = self.compiled_piece(step, (&features, &targets), n, total)?;
+                    match sums.as_mut() {
+                        Some(s) => s.add(&piece_sums)?,
+                        None => sums = Some(piece_sums),
+                    }
+                    continue;
+                }
                 let (loss, piece_sums) = {
                     let _range = self.range("kiln/forward")?;
                     let start = self.phase_start()?;
@@ -750,6 +770,24 @@ impl<'m> Trainer<'m> {
             value: "0".to_owned(),
             expected: "a step needs at least one sample".to_owned(),
         })
+    }
+
+    /// One micro-batch through a compiled step (forward, loss and backward in one call; its
+    /// time counts as backward): its gradients, weighted by the micro-batch's share of the
+    /// step's `total` samples and scaled by the loss scaler's scale, add to the parameters'.
+    fn compiled_piece(
+        &self,
+        step: &dyn CompiledStep,
+        (features, targets): (&Tensor, &Tensor),
+        n: i64,
+        total: i64,
+    ) -> Result<BatchSums, TrainError> {
+        let _range = self.range("kiln/compiled_step")?;
+        let start = self.phase_start()?;
+        let scale = self.scaler.as_ref().map(LossScaler::scale_tensor);
+        let (loss, output) = step.step(features, targets, n as f64 / total as f64, scale)?;
+        self.phase_end(Phase::Backward, start)?;
+        crate::loss::batch_sums(self.metric, &loss, &output, targets)
     }
 
     /// Unscale/check, clip, step, update the scale, clear gradients. A step whose gradients
@@ -893,6 +931,7 @@ impl<'m> Trainer<'m> {
                     meta_sha256: String::new(),
                 },
                 script: Some(&|path: &std::path::Path| self.model.save_torchscript(path)),
+                program: Some(&|path: &std::path::Path| self.model.save_program(path)),
             },
         )?;
         checkpoint::prune(

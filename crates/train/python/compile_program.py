@@ -1,0 +1,503 @@
+"""kiln's compiler for a user's torch.export'ed program (a .pt2 ExportedProgram).
+
+Builds, for one run's loss and precision on one device, two AOTInductor packages whose
+parameters and buffers are inputs (so kiln passes its own tensors each step):
+
+  train.pt2  inputs: parameters, buffers, features, target, loss scale (a 0-dim float32)
+             outputs: the new value of each mutated buffer (batch-norm statistics), the
+             scaled loss, the loss, the model's output (detached), then one gradient per
+             parameter (of the scaled loss)
+  eval.pt2   inputs: parameters, buffers, features; output: the model's output, the program
+             switched to eval mode (dropout off, batch norm on its running statistics)
+
+The train step is the joint forward+backward graph of the program wrapped with the loss
+(torch._functorch.aot_autograd.aot_export_module, trace_joint=True), traced with a symbolic
+batch dimension where the program has one, exported again and compiled by AOTInductor. Random
+ops fall back to eager kernels (torch._inductor.config.fallback_random), so dropout draws what
+eager PyTorch draws from the same generator state.
+
+Prints one JSON line on stdout: the manifest, or {"error": {"kind": ..., "message": ...}} with
+exit status 2 for a problem with the user's program or settings. Progress goes to stderr.
+"""
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import struct
+import sys
+import time
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+LOSSES = ("cross_entropy", "mse", "l1", "huber", "bce_with_logits")
+DTYPES = {"float32": torch.float32, "int64": torch.int64}
+AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class UserError(Exception):
+    """A problem with the program or the settings, reported as {"error": ...}."""
+
+    def __init__(self, kind, message):
+        super().__init__(message)
+        self.kind = kind
+
+
+def log(*args):
+    print("compile_program:", *args, file=sys.stderr, flush=True)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--program", required=True, help="the ExportedProgram (.pt2)")
+    p.add_argument("--out", required=True, help="directory for train.pt2, eval.pt2")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--loss", choices=LOSSES, required=True)
+    p.add_argument("--precision", choices=tuple(AMP), default="fp32")
+    p.add_argument("--sample-shape", required=True, help="one sample's shape, e.g. 64 or 3,32,32")
+    p.add_argument("--feature-dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--target-shape", default="", help="one target's shape ('' for a scalar)")
+    p.add_argument("--target-dtype", choices=tuple(DTYPES), default="int64")
+    p.add_argument("--classes", type=int, default=None)
+    p.add_argument("--output", default=None, help="the output the loss uses (dict key or index)")
+    p.add_argument("--what", choices=("train", "eval", "both"), default="both")
+    p.add_argument("--log", default=None, help="where an Inductor failure's traceback goes "
+                   "(default: OUT/compile.log)")
+    return p.parse_args(argv)
+
+
+def shape_of(text):
+    return [int(d) for d in text.split(",") if d.strip()]
+
+
+# --- the program -------------------------------------------------------------------------
+
+
+def load_program(path):
+    try:
+        return torch.export.load(path)
+    except Exception as e:  # noqa: BLE001 - any failure to load means "not a program"
+        raise UserError("not_a_program", f"torch.export.load cannot read it: {first_line(e)}")
+
+
+def first_line(e):
+    text = f"{type(e).__name__}: {e}".strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def user_input(ep):
+    """The program's one tensor input: its example's shape (with symbols) and dtype."""
+    from torch.export.graph_signature import InputKind
+
+    user = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    if len(user) != 1:
+        names = [s.arg.name for s in user]
+        raise UserError(
+            "inputs",
+            f"the program takes {len(user)} inputs ({', '.join(names)}); kiln feeds it one "
+            "tensor of features: export a module whose forward takes one batch tensor",
+        )
+    node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == user[0].arg.name)
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        raise UserError("inputs", "the program's input is not a tensor")
+    return val
+
+
+def batch_dim(val):
+    """None for a symbolic (dynamic) batch dimension, else its fixed size."""
+    d = val.shape[0]
+    return None if isinstance(d, torch.SymInt) else int(d)
+
+
+def check_input(val, sample_shape, feature_dtype):
+    per_sample = [int(d) for d in val.shape[1:]]
+    if per_sample != sample_shape or val.dtype != feature_dtype:
+        raise UserError(
+            "input_mismatch",
+            f"the program takes batches of [batch, {', '.join(map(str, per_sample))}] "
+            f"({str(val.dtype).replace('torch.', '')}); the dataset's samples are "
+            f"{sample_shape} ({str(feature_dtype).replace('torch.', '')})",
+        )
+
+
+def eval_mode_ops(gm):
+    """(train-mode ops, eval-mode ops) among dropout and batch norm in the program's graph."""
+    train, frozen = 0, 0
+    for n in gm.graph.nodes:
+        flag = training_flag(n)
+        if flag is not None:
+            if n.args[flag] is True:
+                train += 1
+            else:
+                frozen += 1
+    return train, frozen
+
+
+def training_flag(node):
+    """The index of a dropout's or batch norm's `train` argument, where the node is one."""
+    if node.op != "call_function":
+        return None
+    name = str(node.target)
+    if name in ("aten.dropout.default", "aten.feature_dropout.default",
+                "aten.alpha_dropout.default", "aten.feature_alpha_dropout.default"):
+        return 2
+    if name == "aten.batch_norm.default":
+        return 5
+    return None
+
+
+def to_eval(gm):
+    """Switches an exported train-mode graph to eval mode in place: dropout off, batch norm on
+    its running statistics, and no in-place updates of buffers (the batch counter)."""
+    buffers = {n for n, _ in gm.named_buffers()}
+    for n in list(gm.graph.nodes):
+        flag = training_flag(n)
+        if flag is not None:
+            args = list(n.args)
+            args[flag] = False
+            n.args = tuple(args)
+        elif in_place_on_buffer(n, buffers):
+            n.replace_all_uses_with(n.args[0])
+            gm.graph.erase_node(n)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def in_place_on_buffer(node, buffers):
+    if node.op != "call_function" or not str(node.target).startswith("aten.add_"):
+        return False
+    first = node.args[0] if node.args else None
+    return getattr(first, "op", None) == "get_attr" and first.target in buffers
+
+
+# --- the step ----------------------------------------------------------------------------
+
+
+def pick_output(out, name):
+    """The tensor the loss uses: the output itself, or the entry `name` of a dict/tuple."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        keys = list(out)
+        if name is None:
+            tensors = [k for k in keys if isinstance(out[k], torch.Tensor)]
+            if len(tensors) == 1:
+                return out[tensors[0]]
+            raise UserError("output", f"the program returns a dict ({', '.join(map(str, keys))}); "
+                            "say which entry the loss uses with model.output")
+        if name not in out:
+            raise UserError("output", f"model.output = {name!r} is not among the program's "
+                            f"outputs ({', '.join(map(str, keys))})")
+        return out[name]
+    if isinstance(out, (tuple, list)):
+        if name is None:
+            raise UserError("output", f"the program returns {len(out)} outputs; say which the "
+                            "loss uses with model.output (an index)")
+        try:
+            return out[int(name)]
+        except (ValueError, IndexError):
+            raise UserError("output", f"model.output = {name!r}: the program returns "
+                            f"{len(out)} outputs (indexes 0–{len(out) - 1})") from None
+    raise UserError("output", f"the program returns a {type(out).__name__}, not a tensor")
+
+
+def kiln_loss(kind, out, target):
+    """The loss as kiln computes it (crates/train/src/loss.rs): the output in float32, an
+    output [B, 1] for targets [B] squeezed, the mean over the batch."""
+    out = out.float()
+    if kind != "cross_entropy" and out.dim() == target.dim() + 1 and out.shape[-1] == 1:
+        out = out.squeeze(-1)
+    if kind == "cross_entropy":
+        return F.cross_entropy(out, target, ignore_index=-100)
+    if kind == "mse":
+        return F.mse_loss(out, target)
+    if kind == "l1":
+        return F.l1_loss(out, target)
+    if kind == "huber":
+        return F.huber_loss(out, target, delta=1.0)
+    return F.binary_cross_entropy_with_logits(out, target)
+
+
+def check_loss_shapes(kind, out, target, classes):
+    o, t = list(out.shape), list(target.shape)
+    if kind != "cross_entropy" and len(o) == len(t) + 1 and o[-1] == 1:
+        o = o[:-1]
+    if kind == "cross_entropy":
+        fits = len(o) == len(t) + 1 and o[0] == t[0] and o[2:] == t[1:]
+        want = f"[batch, classes{''.join(', ' + str(d) for d in t[1:])}]"
+        if fits and classes is not None and o[1] < classes:
+            raise UserError("output_shape", f"the program's output has shape {list(out.shape)}: "
+                            f"{o[1]} class scores, but the data has {classes} classes")
+    else:
+        fits = o == t
+        want = f"the targets' shape {t}"
+    if not fits:
+        raise UserError("output_shape", f"train.loss = {kind} needs an output of {want}; the "
+                        f"program's output has shape {list(out.shape)} for targets of shape {t}")
+
+
+class Step(nn.Module):
+    """The program, its loss and the loss scale: what the joint graph differentiates."""
+
+    def __init__(self, model, a, device_type):
+        super().__init__()
+        self.model = model
+        self.loss, self.output, self.device_type = a.loss, a.output, device_type
+        self.amp = AMP[a.precision]
+
+    def forward(self, x, y, scale):
+        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
+                            enabled=self.amp is not None):
+            out = pick_output(self.model(x), self.output)
+        loss = kiln_loss(self.loss, out, y)
+        return (loss * scale, loss.detach(), out.detach())
+
+
+class EvalStep(nn.Module):
+    def __init__(self, model, a, device_type):
+        super().__init__()
+        self.model, self.output, self.device_type = model, a.output, device_type
+        self.amp = AMP[a.precision]
+
+    def forward(self, x):
+        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
+                            enabled=self.amp is not None):
+            return pick_output(self.model(x), self.output)
+
+
+def example(a, batch, device):
+    shape = shape_of(a.sample_shape)
+    gen = torch.Generator().manual_seed(0)
+    if a.feature_dtype == "int64":
+        x = torch.randint(0, 2, [batch] + shape, generator=gen)
+    else:
+        x = torch.randn([batch] + shape, generator=gen)
+    tshape = [batch] + shape_of(a.target_shape)
+    if a.target_dtype == "int64":
+        y = torch.randint(0, max(1, a.classes or 2), tshape, generator=gen)
+    else:
+        y = torch.rand(tshape, generator=gen)
+    return x.to(device), y.to(device)
+
+
+def dry_run(step, x, y, a):
+    """One eager step: the output fits the loss, and every parameter gets a gradient."""
+    with torch.autocast(step.device_type, dtype=step.amp or torch.float32,
+                        enabled=step.amp is not None):
+        out = pick_output(step.model(x), a.output)
+    check_loss_shapes(a.loss, out, y, a.classes)
+    loss = kiln_loss(a.loss, out, y)
+    params = dict(step.model.named_parameters())
+    grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    unused = [n for n, g in zip(params, grads) if g is None]
+    if unused:
+        raise UserError("unused_parameters", f"{len(unused)} parameter(s) get no gradient in "
+                        f"the step: {', '.join(unused)}")
+
+
+def symbolic(fake_mode, t, dynamic):
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    dims = [DimDynamic.DYNAMIC if dynamic else DimDynamic.STATIC]
+    dims += [DimDynamic.STATIC] * (t.dim() - 1)
+    return fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+
+
+def joint(step, x, y, scale, dynamic):
+    """The joint forward+backward graph, traced with a symbolic batch where `dynamic`."""
+    from torch._functorch.aot_autograd import aot_export_module
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    fm = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    args = (symbolic(fm, x, dynamic), symbolic(fm, y, dynamic), fm.from_tensor(scale))
+    with fm:
+        return aot_export_module(step, args, trace_joint=True, output_loss_index=0)
+
+
+class Flat(nn.Module):
+    def __init__(self, g):
+        super().__init__()
+        self.g = g
+
+    def forward(self, *args):
+        return tuple(self.g(*args))
+
+
+class Functional(nn.Module):
+    """`module` with its parameters and buffers as inputs, in `names` order."""
+
+    def __init__(self, module, names):
+        super().__init__()
+        self.module, self.names = module, names
+
+    def forward(self, *args):
+        n = len(self.names)
+        state = dict(zip(self.names, args[:n]))
+        return torch.func.functional_call(self.module, state, args[n:])
+
+
+def export_and_compile(module, args, dynamic_at, path, dynamic):
+    """Exports `module(*args)` (batch dimension 0 of the args at `dynamic_at` symbolic where
+    `dynamic`) and compiles it into the AOTInductor package `path`."""
+    from torch.export import Dim
+
+    shapes = None
+    if dynamic:
+        batch = Dim("batch")
+        shapes = (tuple({0: batch} if i in dynamic_at else None for i in range(len(args))),)
+    ep = torch.export.export(module, args, dynamic_shapes=shapes)
+    torch._inductor.aoti_compile_and_package(ep, package_path=path)
+
+
+def compile_train(ep, a, device, dynamic, fixed):
+    device_type = device.type
+    gm = ep.module().to(device)
+    step = Step(gm, a, device_type)
+    x, y = example(a, fixed or 3, device)
+    scale = torch.ones((), device=device)
+    dry_run(step, x, y, a)
+    g, sig = joint(step, x, y, scale, dynamic)
+    params, buffers = dict(step.named_parameters()), dict(step.named_buffers())
+    strip = len("model.")
+    outputs = [str(n) for n in next(iter(n for n in g.graph.nodes if n.op == "output")).args[0]]
+    n_mut = len(sig.buffers_to_mutate)
+    grads = [sig.backward_signature.gradients_to_parameters[o] for o in outputs[n_mut + 3:]]
+    inputs = ([params[n].detach() for n in sig.parameters] + [buffers[n] for n in sig.buffers]
+              + [x, y, scale])
+    n_state = len(sig.parameters) + len(sig.buffers)
+    path = os.path.join(a.out, "train.pt2")
+    export_and_compile(Flat(g), tuple(inputs), (n_state, n_state + 1), path, dynamic)
+    return {
+        "parameters": [n[strip:] for n in sig.parameters],
+        "buffers": [n[strip:] for n in sig.buffers],
+        "mutated_buffers": [sig.buffers_to_mutate[o][strip:] for o in outputs[:n_mut]],
+        "gradients": [n[strip:] for n in grads],
+    }
+
+
+def compile_eval(ep, a, device, dynamic, fixed, manifest):
+    gm = to_eval(ep.module().to(device))
+    step = EvalStep(gm, a, device.type)
+    names = ["model." + n for n in manifest["parameters"] + manifest["buffers"]]
+    state = dict(step.named_parameters()) | dict(step.named_buffers())
+    x, _ = example(a, fixed or 3, device)
+    args = tuple(state[n].detach() for n in names) + (x,)
+    path = os.path.join(a.out, "eval.pt2")
+    export_and_compile(Functional(step, names), args, (len(names),), path, dynamic)
+
+
+def compile_all(a):
+    started = time.time()
+    device = torch.device(a.device)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch._inductor.config.fallback_random = True
+    ep = load_program(a.program)
+    # The weights as saved, before any dry run: ep.module() shares the program's tensors, so a
+    # train-mode forward would move batch-norm statistics in them.
+    initial = {n: t.detach().clone() for n, t in state_of(ep.module()).items()}
+    val = user_input(ep)
+    check_input(val, shape_of(a.sample_shape), DTYPES[a.feature_dtype])
+    fixed = batch_dim(val)
+    dynamic = fixed is None
+    train_ops, frozen_ops = eval_mode_ops(ep.module())
+    manifest = {
+        "program_sha256": sha256_of(a.program),
+        "torch": torch.__version__,
+        "device": str(device),
+        "batch": "dynamic" if dynamic else fixed,
+        "loss": a.loss,
+        "precision": a.precision,
+        "output": a.output,
+        "eval_mode_ops": frozen_ops,
+        "train_mode_ops": train_ops,
+    }
+    os.makedirs(a.out, exist_ok=True)
+    if a.what in ("train", "both"):
+        log("compiling the train step (forward, loss and backward) with AOTInductor…")
+        manifest.update(compile_train(ep, a, device, dynamic, fixed))
+    if a.what in ("eval", "both"):
+        if "parameters" not in manifest:
+            gm = ep.module()
+            manifest["parameters"] = [n for n, _ in gm.named_parameters()]
+            manifest["buffers"] = [n for n, _ in gm.named_buffers()]
+        log("compiling the eval forward…")
+        compile_eval(ep, a, device, dynamic, fixed, manifest)
+    names = manifest["parameters"] + manifest["buffers"]
+    write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
+    manifest["compile_s"] = time.time() - started
+    return manifest
+
+
+def state_of(module):
+    """A module's parameters and buffers by name."""
+    return dict(module.named_parameters()) | dict(module.named_buffers())
+
+
+SAFETENSORS_DTYPES = {
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+def write_safetensors(tensors, path):
+    """The safetensors format (an 8-byte header length, a JSON header, the raw data), written
+    here so that neither the safetensors package nor numpy is needed."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        t = t.detach().cpu().contiguous()
+        if t.dtype not in SAFETENSORS_DTYPES:
+            raise UserError("dtype", f"{name} is {t.dtype}, which kiln does not train")
+        n = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + n]}
+        blobs.append(ctypes.string_at(t.data_ptr(), n) if n else b"")
+        offset += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def sha256_of(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def main():
+    a = parse_args()
+    try:
+        result = compile_all(a)
+        code = 0
+    except UserError as e:
+        result, code = {"error": {"kind": e.kind, "message": str(e)}}, 2
+    except Exception as e:  # noqa: BLE001 - Inductor's own failures: first lines and the log
+        log_path = a.log or os.path.join(a.out, "compile.log")
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        with open(log_path, "w") as f:
+            traceback.print_exc(file=f)
+        result = {"error": {"kind": "compile", "message": first_line(e), "log": log_path}}
+        code = 1
+    print(json.dumps(result), flush=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

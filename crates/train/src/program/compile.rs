@@ -1,0 +1,380 @@
+//! Compiling an exported program for one run (`python/compile_program.py`, run by the
+//! provisioned Python: its train step and eval forward as AOTInductor packages) and caching the
+//! packages under `<kiln cache>/compiled/<key>/` by everything that makes two compiles differ.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::TrainError;
+
+/// The compiler script, written next to the packages it makes when it runs.
+const SCRIPT: &str = include_str!("../../python/compile_program.py");
+
+/// What a compile is for; two runs that agree on all of it share the packages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CompileKey {
+    pub program_sha256: String,
+    pub loss: String,
+    /// fp32, bf16 or fp16 (autocast inside the graph).
+    pub precision: String,
+    /// The output the loss uses, for a program with several.
+    pub output: Option<String>,
+    pub sample_shape: Vec<usize>,
+    /// float32 or int64 (token ids).
+    pub feature_dtype: String,
+    pub target_shape: Vec<usize>,
+    pub target_dtype: String,
+    pub classes: Option<usize>,
+    /// `cpu`, or `cuda` with the GPU's compute capability (`cuda sm_90`).
+    pub device: String,
+    /// The CPU model and its vector features (code is compiled for this CPU).
+    pub cpu: String,
+    pub threads: usize,
+    pub torch: String,
+    pub kiln: String,
+    /// The compiler script's digest: a changed compiler never reuses an old package.
+    pub compiler: String,
+}
+
+/// The digest of the compiler script this kiln carries.
+pub fn compiler_digest() -> String {
+    hex(&Sha256::digest(SCRIPT.as_bytes()))[..16].to_owned()
+}
+
+impl CompileKey {
+    /// The cache entry's name: a digest of the whole key.
+    pub fn digest(&self) -> String {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        hex(&Sha256::digest(json))[..24].to_owned()
+    }
+}
+
+/// What the compiler says about the packages it made.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Manifest {
+    /// The packages' parameter inputs, in order, by the program's names.
+    pub parameters: Vec<String>,
+    /// Their buffer inputs, in order (after the parameters).
+    pub buffers: Vec<String>,
+    /// The buffers the train step writes (its first outputs), in output order.
+    #[serde(default)]
+    pub mutated_buffers: Vec<String>,
+    /// The parameter of each gradient output, in output order.
+    #[serde(default)]
+    pub gradients: Vec<String>,
+    /// `"dynamic"`, or the batch size the program was exported with.
+    pub batch: serde_json::Value,
+    pub compile_s: f64,
+    /// Dropout and batch-norm ops exported in eval mode (frozen in the program).
+    #[serde(default)]
+    pub eval_mode_ops: u64,
+}
+
+/// Packages ready to load.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+    /// Whether they came from the cache.
+    pub hit: bool,
+}
+
+impl Compiled {
+    pub fn train_package(&self) -> PathBuf {
+        self.dir.join("train.pt2")
+    }
+
+    pub fn eval_package(&self) -> PathBuf {
+        self.dir.join("eval.pt2")
+    }
+
+    pub fn initial_weights(&self) -> PathBuf {
+        self.dir.join("initial.safetensors")
+    }
+}
+
+/// The packages for `program` and `key`: from the cache, or compiled now into it (with a line
+/// before and the time after). Only packages under kiln's own cache are ever loaded.
+pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compiled, TrainError> {
+    let root = crate::batch_search::cache_dir()
+        .ok_or_else(|| TrainError::File {
+            path: PathBuf::from("~/.cache/kiln"),
+            message: "no cache directory for compiled programs (set KILN_CACHE_DIR or HOME)"
+                .to_owned(),
+        })?
+        .join("compiled");
+    let dir = root.join(key.digest());
+    if let Some(manifest) = read_manifest(&dir) {
+        tracing::info!(
+            "compiled program: cached at {} (compiled in {:.1} s)",
+            dir.display(),
+            manifest.compile_s
+        );
+        return Ok(Compiled {
+            dir,
+            manifest,
+            hit: true,
+        });
+    }
+    let partial = root.join(format!("{}.partial-{}", key.digest(), std::process::id()));
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir_all(&partial).map_err(|e| file_error(&partial, &e))?;
+    let started = Instant::now();
+    tracing::info!(
+        "compiling {} for {device} with AOTInductor (the train step and the eval forward; \
+         tens of seconds, once per machine: cached in {})",
+        program.display(),
+        root.display()
+    );
+    let result = run_compiler(program, key, device, &partial);
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(e);
+    }
+    publish(&partial, &dir)?;
+    let manifest = read_manifest(&dir).ok_or_else(|| TrainError::File {
+        path: dir.join("manifest.json"),
+        message: "the compiler left no readable manifest".to_owned(),
+    })?;
+    tracing::info!(
+        "compiled {} in {:.1} s",
+        program.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Compiled {
+        dir,
+        manifest,
+        hit: false,
+    })
+}
+
+/// Moves a finished compile into place; another process that finished first wins.
+fn publish(partial: &Path, dir: &Path) -> Result<(), TrainError> {
+    match std::fs::rename(partial, dir) {
+        Ok(()) => Ok(()),
+        Err(_) if read_manifest(dir).is_some() => {
+            let _ = std::fs::remove_dir_all(partial);
+            Ok(())
+        }
+        Err(e) => Err(file_error(dir, &e)),
+    }
+}
+
+fn read_manifest(dir: &Path) -> Option<Manifest> {
+    let ok = ["train.pt2", "eval.pt2", "initial.safetensors"]
+        .iter()
+        .all(|f| dir.join(f).is_file());
+    let text = std::fs::read_to_string(dir.join("manifest.json")).ok()?;
+    ok.then(|| serde_json::from_str(&text).ok()).flatten()
+}
+
+fn file_error(path: &Path, e: &std::io::Error) -> TrainError {
+    TrainError::File {
+        path: path.to_owned(),
+        message: e.to_string(),
+    }
+}
+
+/// Runs the compiler script into `out`; its manifest goes to `out/manifest.json`.
+fn run_compiler(
+    program: &Path,
+    key: &CompileKey,
+    device: &str,
+    out: &Path,
+) -> Result<(), TrainError> {
+    let script = out.join("compile_program.py");
+    std::fs::write(&script, SCRIPT).map_err(|e| file_error(&script, &e))?;
+    let python = crate::python::python();
+    let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(&python);
+    cmd.arg(&script)
+        .arg("--program")
+        .arg(program)
+        .arg("--out")
+        .arg(out)
+        .args(["--device", device, "--threads", &key.threads.to_string()])
+        .args(["--loss", &key.loss, "--precision", &key.precision])
+        .args(["--sample-shape", &list(&key.sample_shape)])
+        .args(["--feature-dtype", &key.feature_dtype])
+        .arg(format!("--target-shape={}", list(&key.target_shape)))
+        .args(["--target-dtype", &key.target_dtype]);
+    if let Some(c) = key.classes {
+        cmd.args(["--classes", &c.to_string()]);
+    }
+    if let Some(o) = &key.output {
+        cmd.args(["--output", o]);
+    }
+    // Inductor's own caches (precompiled headers, compiled kernels) beside kiln's, and a
+    // failure's whole log beside the cache entry (the unfinished entry is removed).
+    if let Some(cache) = out.parent() {
+        cmd.env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"));
+        cmd.arg("--log")
+            .arg(cache.join(format!("{}.log", key.digest())));
+    }
+    let output = cmd.output().map_err(|e| TrainError::Model {
+        what: format!("compiling {}", program.display()),
+        message: format!(
+            "it needs the Python of kiln's torch, and {} cannot run ({e}); {}",
+            python.display(),
+            crate::python::HOW_TO_PROVISION
+        ),
+    })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'));
+    let json: serde_json::Value = line
+        .and_then(|l| serde_json::from_str(l).ok())
+        .ok_or_else(|| compiler_crash(program, &python, &output))?;
+    if let Some(err) = json.get("error") {
+        return Err(compile_error(program, err));
+    }
+    let manifest = out.join("manifest.json");
+    std::fs::write(&manifest, line.unwrap_or_default()).map_err(|e| file_error(&manifest, &e))
+}
+
+/// The compiler died without its JSON line (Python missing torch, killed, …).
+fn compiler_crash(program: &Path, python: &Path, output: &std::process::Output) -> TrainError {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("no output")
+        .trim();
+    let hint = if last.contains("No module named 'torch'") {
+        format!("; {}", crate::python::HOW_TO_PROVISION)
+    } else {
+        String::new()
+    };
+    TrainError::Model {
+        what: format!("compiling {} with {}", program.display(), python.display()),
+        message: format!("{last}{hint}"),
+    }
+}
+
+/// The compiler's own report of what is wrong with the program or the settings.
+fn compile_error(program: &Path, err: &serde_json::Value) -> TrainError {
+    let kind = err["kind"].as_str().unwrap_or("compile");
+    let message = err["message"]
+        .as_str()
+        .unwrap_or("unknown error")
+        .to_owned();
+    let what = format!("{} ({kind})", program.display());
+    match kind {
+        "compile" => TrainError::Model {
+            what: format!("AOTInductor could not compile {}", program.display()),
+            message: format!(
+                "{message}; the whole log is {}",
+                err["log"].as_str().unwrap_or("(none)")
+            ),
+        },
+        "unused_parameters" => TrainError::Model {
+            what,
+            message: format!(
+                "{message}; kiln trains every parameter of a program: remove them from the \
+                 model (or use them) and export it again"
+            ),
+        },
+        _ => TrainError::Model { what, message },
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The SHA-256 of a file, in hex.
+pub fn sha256_file(path: &Path) -> Result<String, TrainError> {
+    let bytes = std::fs::read(path).map_err(|e| file_error(path, &e))?;
+    Ok(hex(&Sha256::digest(bytes)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> CompileKey {
+        CompileKey {
+            program_sha256: "ab".repeat(32),
+            loss: "cross_entropy".into(),
+            precision: "fp32".into(),
+            output: None,
+            sample_shape: vec![16],
+            feature_dtype: "float32".into(),
+            target_shape: vec![],
+            target_dtype: "int64".into(),
+            classes: Some(4),
+            device: "cpu".into(),
+            cpu: "AMD EPYC avx512_bf16".into(),
+            threads: 2,
+            torch: "2.11.0".into(),
+            kiln: "0.1.0".into(),
+            compiler: compiler_digest(),
+        }
+    }
+
+    #[test]
+    fn every_part_of_the_key_changes_the_cache_entry() {
+        let base = key().digest();
+        assert_eq!(base, key().digest(), "the digest is stable");
+        let variants: Vec<fn(&mut CompileKey)> = vec![
+            |k| k.program_sha256 = "cd".repeat(32),
+            |k| k.loss = "mse".into(),
+            |k| k.precision = "bf16".into(),
+            |k| k.output = Some("logits".into()),
+            |k| k.sample_shape = vec![17],
+            |k| k.device = "cuda sm_90".into(),
+            |k| k.cpu = "Intel AMX".into(),
+            |k| k.threads = 4,
+            |k| k.torch = "2.12.0".into(),
+            |k| k.kiln = "0.2.0".into(),
+            |k| k.compiler = "0".repeat(16),
+        ];
+        for change in variants {
+            let mut k = key();
+            change(&mut k);
+            assert_ne!(k.digest(), base, "{k:?}");
+        }
+    }
+
+    #[test]
+    fn a_cache_entry_counts_only_when_complete() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let manifest = r#"{"parameters": ["w"], "buffers": [], "batch": "dynamic",
+                           "compile_s": 1.5}"#;
+        std::fs::write(dir.join("manifest.json"), manifest).unwrap();
+        assert!(read_manifest(dir).is_none(), "no packages yet");
+        for f in ["train.pt2", "eval.pt2", "initial.safetensors"] {
+            std::fs::write(dir.join(f), "x").unwrap();
+        }
+        let m = read_manifest(dir).unwrap();
+        assert_eq!(m.parameters, ["w"]);
+        assert_eq!(m.batch, "dynamic");
+    }
+
+    #[test]
+    fn the_compilers_errors_name_the_program_and_what_to_do() {
+        let p = Path::new("m.pt2");
+        let e = compile_error(
+            p,
+            &serde_json::json!({"kind": "unused_parameters",
+                                "message": "1 parameter(s) get no gradient in the step: aux.w"}),
+        )
+        .to_string();
+        assert!(e.contains("m.pt2") && e.contains("aux.w") && e.contains("export it again"));
+        let e = compile_error(
+            p,
+            &serde_json::json!({"kind": "compile", "message": "CppCompileError: boom",
+                                "log": "/c/compile.log"}),
+        )
+        .to_string();
+        assert!(e.contains("AOTInductor could not compile m.pt2") && e.contains("/c/compile.log"));
+    }
+}

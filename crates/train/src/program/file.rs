@@ -1,0 +1,275 @@
+//! What a model file is, told by its content (never its name): a `torch.export` program, a
+//! TorchScript module or an AOTInductor package; and what an exported program takes as input,
+//! read from its serialized graph (`models/*.json` in the archive).
+
+use std::io::Read;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::TrainError;
+
+/// What a model file holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    /// `torch.export.save(torch.export.export(model, …), path)`.
+    ExportedProgram,
+    /// `torch.jit.script(model).save(path)` (the older format).
+    TorchScript,
+    /// `torch._inductor.aoti_compile_and_package(…)`: native code compiled for one machine.
+    AotiPackage,
+}
+
+impl FileKind {
+    pub fn describe(self) -> &'static str {
+        match self {
+            FileKind::ExportedProgram => "an ExportedProgram (torch.export)",
+            FileKind::TorchScript => "a TorchScript module (torch.jit)",
+            FileKind::AotiPackage => "an AOTInductor package (compiled native code)",
+        }
+    }
+}
+
+/// How to save a program kiln trains.
+pub const HOW_TO_EXPORT: &str = "save one with torch.export.save(torch.export.export(\
+     model.train(), (example_batch,), dynamic_shapes=({0: torch.export.Dim(\"batch\")},)), \
+     \"model.pt2\")";
+
+fn file_error(path: &Path, message: String) -> TrainError {
+    TrainError::File {
+        path: path.to_owned(),
+        message,
+    }
+}
+
+/// What kiln trains, for errors about a file that is neither.
+const WHAT_KILN_TRAINS: &str = "kiln trains a program saved with torch.export.save (.pt2) or a \
+     TorchScript module saved with torch.jit.script(model.train()).save(path) (the older format)";
+
+/// Opens `path`, saying plainly when it is missing.
+fn open(path: &Path) -> Result<std::fs::File, TrainError> {
+    std::fs::File::open(path).map_err(|e| {
+        let why = if e.kind() == std::io::ErrorKind::NotFound {
+            "no such file".to_owned()
+        } else {
+            e.to_string()
+        };
+        file_error(path, why)
+    })
+}
+
+/// The entries' names of the zip archive at `path`.
+fn entries(path: &Path) -> Result<Vec<String>, TrainError> {
+    let archive = zip::ZipArchive::new(open(path)?).map_err(|e| {
+        file_error(
+            path,
+            format!(
+                "neither an ExportedProgram nor a TorchScript module: not a zip archive ({e}); \
+                 {WHAT_KILN_TRAINS}"
+            ),
+        )
+    })?;
+    Ok(archive.file_names().map(str::to_owned).collect())
+}
+
+/// Tells the model file at `path` apart by its content.
+pub fn detect(path: &Path) -> Result<FileKind, TrainError> {
+    let names = entries(path)?;
+    let has = |suffix: &str| names.iter().any(|n| n.ends_with(suffix));
+    let under = |part: &str| names.iter().any(|n| n.contains(part));
+    if under("/data/aotinductor/") {
+        Ok(FileKind::AotiPackage)
+    } else if has("/archive_format") && under("/models/") && has(".json") {
+        Ok(FileKind::ExportedProgram)
+    } else if has("/data.pkl") && under("/code/") {
+        Ok(FileKind::TorchScript)
+    } else {
+        Err(file_error(
+            path,
+            format!(
+                "a zip archive that is neither an ExportedProgram nor a TorchScript module \
+                 (entries: {}); {WHAT_KILN_TRAINS}",
+                names.iter().take(4).cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ))
+    }
+}
+
+/// What an exported program takes, as its serialized graph records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramInput {
+    /// The batch size, where the program was exported with a fixed one; `None` where its batch
+    /// dimension is symbolic (`dynamic_shapes`).
+    pub fixed_batch: Option<usize>,
+    /// One sample's shape (the input's dimensions after the batch's).
+    pub sample_shape: Vec<usize>,
+    /// The input's dtype, as PyTorch names it (`float32`, `int64`, …).
+    pub dtype: String,
+    /// The torch version that saved it.
+    pub torch_version: String,
+}
+
+/// The name of a dtype code of torch.export's serialization schema (`ScalarType`).
+fn dtype_name(code: Option<u64>) -> String {
+    let name = match code {
+        Some(1) => "uint8",
+        Some(2) => "int8",
+        Some(3) => "int16",
+        Some(4) => "int32",
+        Some(5) => "int64",
+        Some(6) => "float16",
+        Some(7) => "float32",
+        Some(8) => "float64",
+        Some(12) => "bool",
+        Some(13) => "bfloat16",
+        _ => return format!("dtype {}", code.map_or("?".to_owned(), |c| c.to_string())),
+    };
+    name.to_owned()
+}
+
+/// Reads the program's one tensor input from `models/*.json` in the archive at `path`.
+pub fn inspect(path: &Path) -> Result<ProgramInput, TrainError> {
+    let model = model_json(path)?;
+    let bad = |what: &str| {
+        file_error(
+            path,
+            format!("its serialized program is not one kiln understands ({what})"),
+        )
+    };
+    let graph = &model["graph_module"];
+    let inputs: Vec<&str> = graph["signature"]["input_specs"]
+        .as_array()
+        .ok_or_else(|| bad("no input_specs"))?
+        .iter()
+        .filter_map(|s| s["user_input"]["arg"]["as_tensor"]["name"].as_str())
+        .collect();
+    let [name] = inputs.as_slice() else {
+        return Err(file_error(
+            path,
+            format!(
+                "the program takes {} tensor inputs; kiln feeds it one batch of features: \
+                 export a module whose forward takes one tensor",
+                inputs.len()
+            ),
+        ));
+    };
+    let value = &graph["graph"]["tensor_values"][*name];
+    let sizes = value["sizes"]
+        .as_array()
+        .ok_or_else(|| bad("no input sizes"))?;
+    let fixed = |v: &Value| v["as_int"].as_u64().map(|n| n as usize);
+    let first = sizes.first().ok_or_else(|| bad("a 0-dimensional input"))?;
+    let sample_shape = sizes[1..]
+        .iter()
+        .map(|d| fixed(d).ok_or_else(|| bad("a symbolic dimension after the batch")))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ProgramInput {
+        fixed_batch: fixed(first),
+        sample_shape,
+        dtype: dtype_name(value["dtype"].as_u64()),
+        torch_version: model["torch_version"].as_str().unwrap_or("?").to_owned(),
+    })
+}
+
+/// The program's `models/<name>.json`.
+fn model_json(path: &Path) -> Result<Value, TrainError> {
+    let file = open(path)?;
+    let mut archive =
+        zip::ZipArchive::new(file).map_err(|e| file_error(path, format!("not a zip: {e}")))?;
+    let name = archive
+        .file_names()
+        .find(|n| n.contains("/models/") && n.ends_with(".json"))
+        .map(str::to_owned)
+        .ok_or_else(|| file_error(path, format!("no models/*.json: {HOW_TO_EXPORT}")))?;
+    let mut text = String::new();
+    archive
+        .by_name(&name)
+        .map_err(|e| file_error(path, format!("{name}: {e}")))?
+        .read_to_string(&mut text)
+        .map_err(|e| file_error(path, format!("{name}: {e}")))?;
+    serde_json::from_str(&text).map_err(|e| file_error(path, format!("{name}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn archive(dir: &Path, name: &str, files: &[(&str, &str)]) -> std::path::PathBuf {
+        let path = dir.join(name);
+        let mut zip = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        for (entry, text) in files {
+            zip.start_file(*entry, zip::write::FileOptions::default())
+                .unwrap();
+            zip.write_all(text.as_bytes()).unwrap();
+        }
+        zip.finish().unwrap();
+        path
+    }
+
+    fn model_json(batch: &str) -> String {
+        format!(
+            r#"{{"torch_version": "2.11.0", "graph_module": {{
+                "signature": {{"input_specs": [
+                    {{"parameter": {{"arg": {{"name": "p_w"}}}}}},
+                    {{"user_input": {{"arg": {{"as_tensor": {{"name": "x"}}}}}}}}]}},
+                "graph": {{"tensor_values": {{"x": {{"dtype": 7, "sizes": [{batch},
+                    {{"as_int": 3}}, {{"as_int": 4}}]}}}}}}}}}}"#
+        )
+    }
+
+    #[test]
+    fn files_are_told_apart_by_content_not_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let json = model_json(r#"{"as_int": 8}"#);
+        let program = archive(
+            tmp.path(),
+            "looks-like-torchscript.pt",
+            &[("m/archive_format", "pt2"), ("m/models/model.json", &json)],
+        );
+        assert_eq!(detect(&program).unwrap(), FileKind::ExportedProgram);
+        let script = archive(
+            tmp.path(),
+            "model.pt2",
+            &[("m/data.pkl", ""), ("m/code/__torch__/m.py", "")],
+        );
+        assert_eq!(detect(&script).unwrap(), FileKind::TorchScript);
+        let package = archive(
+            tmp.path(),
+            "p.pt2",
+            &[
+                ("p/archive_format", "pt2"),
+                ("p/data/aotinductor/model/a.wrapper.so", ""),
+            ],
+        );
+        assert_eq!(detect(&package).unwrap(), FileKind::AotiPackage);
+        let other = archive(tmp.path(), "o.zip", &[("readme.txt", "hi")]);
+        let e = detect(&other).unwrap_err().to_string();
+        assert!(
+            e.contains("neither an ExportedProgram") && e.contains("torch.export"),
+            "{e}"
+        );
+        let text = tmp.path().join("notes.pt2");
+        std::fs::write(&text, "not a zip").unwrap();
+        let e = detect(&text).unwrap_err().to_string();
+        assert!(
+            e.contains("not a zip archive") && e.contains("notes.pt2"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_input_is_read_with_a_fixed_or_symbolic_batch() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fixed = model_json(r#"{"as_int": 8}"#);
+        let p = archive(tmp.path(), "f.pt2", &[("m/models/model.json", &fixed)]);
+        let input = inspect(&p).unwrap();
+        assert_eq!(input.fixed_batch, Some(8));
+        assert_eq!(input.sample_shape, [3, 4]);
+        assert_eq!(input.torch_version, "2.11.0");
+        assert_eq!(input.dtype, "float32");
+        let symbolic = model_json(r#"{"as_expr": {"expr_str": "s0", "hint": {"as_int": 8}}}"#);
+        let p = archive(tmp.path(), "d.pt2", &[("m/models/model.json", &symbolic)]);
+        assert_eq!(inspect(&p).unwrap().fixed_batch, None);
+    }
+}

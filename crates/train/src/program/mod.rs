@@ -1,0 +1,351 @@
+//! The user's model as PyTorch ships it now: a `torch.export` program (`.pt2`), trained through
+//! a step compiled ahead of time. The program is wrapped with the run's loss and precision, its
+//! joint forward+backward graph is compiled by AOTInductor into a package whose parameters and
+//! buffers are inputs ([`compile`]), and each step runs that package from Rust: its gradient
+//! outputs become the parameters' gradients, its buffer outputs (batch-norm statistics) are
+//! copied back, and kiln's optimizer, scaler, clipping and checkpoints do the rest as for any
+//! model. Validation runs a second package, the program in eval mode.
+
+pub mod compile;
+pub mod file;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use kiln_config::keys;
+use kiln_device::settings::AmpDtype;
+use kiln_torch_ext::aoti::{Package, accumulate_grads};
+use tch::{Device, Kind, Tensor, nn};
+
+use crate::TrainError;
+use crate::loss::Loss;
+use crate::model::{CompiledStep, Model};
+use crate::models::InputSpec;
+use compile::{CompileKey, Compiled};
+pub use file::{FileKind, ProgramInput, detect, inspect};
+
+/// What a program is compiled for: the run's loss, precision and output, on a device.
+#[derive(Debug, Clone)]
+pub struct ProgramSpec<'a> {
+    pub path: &'a Path,
+    pub loss: Loss,
+    pub precision: AmpDtype,
+    /// The output the loss uses, for a program returning a dict or tuple (`model.output`).
+    pub output: Option<String>,
+    pub threads: usize,
+}
+
+/// The file name of a checkpoint's copy of the program.
+pub const PROGRAM_FILE: &str = "model.pt2";
+
+/// A program being trained.
+#[derive(Debug)]
+pub struct ProgramModel {
+    path: PathBuf,
+    compiled: Compiled,
+    train: Mutex<Package>,
+    eval: Mutex<Package>,
+    /// The VarStore's parameters and buffers, in the packages' input order.
+    params: Vec<Tensor>,
+    buffers: Vec<Tensor>,
+    /// The buffer each of the train step's first outputs is the new value of.
+    mutated: Vec<usize>,
+    /// The parameter of each gradient output.
+    grad_params: Vec<Tensor>,
+}
+
+/// A `model.*`-keyed error about the program.
+fn invalid(path: &Path, expected: String) -> TrainError {
+    TrainError::InvalidPlan {
+        key: keys::model::name,
+        value: path.display().to_string(),
+        expected,
+    }
+}
+
+/// The compile key of `spec` for data of `input` on `device`.
+fn key_of(
+    spec: &ProgramSpec<'_>,
+    input: &InputSpec,
+    program: &ProgramInput,
+    device: Device,
+) -> Result<CompileKey, TrainError> {
+    let target = input
+        .target
+        .clone()
+        .unwrap_or(kiln_data::TargetSpec::label(input.classes));
+    let classes = matches!(target, kiln_data::TargetSpec::Classes { .. });
+    let cpu = kiln_device::probe::probe_cpu();
+    let device_text = match device {
+        Device::Cuda(i) => {
+            let p = kiln_torch_ext::cuda::device_properties(i)?;
+            let (major, minor) = p.compute_capability;
+            format!("cuda sm_{major}{minor}")
+        }
+        _ => "cpu".to_owned(),
+    };
+    Ok(CompileKey {
+        program_sha256: compile::sha256_file(spec.path)?,
+        loss: spec.loss.name().to_owned(),
+        precision: crate::trainer::precision_name(spec.precision).to_owned(),
+        output: spec.output.clone(),
+        sample_shape: input.sample_shape.clone(),
+        feature_dtype: program.dtype.clone(),
+        target_shape: target.shape().to_vec(),
+        target_dtype: if classes { "int64" } else { "float32" }.to_owned(),
+        classes: classes.then_some(input.classes),
+        device: device_text,
+        cpu: format!(
+            "{} avx512={} avx512_bf16={} amx_bf16={}",
+            cpu.model, cpu.avx512, cpu.avx512_bf16, cpu.amx_bf16
+        ),
+        threads: spec.threads,
+        torch: kiln_torch_ext::runtime::torch_version().to_owned(),
+        kiln: env!("CARGO_PKG_VERSION").to_owned(),
+        compiler: compile::compiler_digest(),
+    })
+}
+
+/// The program's input against the dataset's samples: the same per-sample shape and dtype.
+fn check_input(path: &Path, program: &ProgramInput, input: &InputSpec) -> Result<(), TrainError> {
+    let dtype = if input.integer_features {
+        "int64"
+    } else {
+        "float32"
+    };
+    if program.sample_shape != input.sample_shape || program.dtype != dtype {
+        return Err(TrainError::ShapeMismatch {
+            what: format!("{} and the dataset", path.display()),
+            expected: format!(
+                "the program to take samples of {:?} ({dtype}), as the dataset holds",
+                input.sample_shape
+            ),
+            got: format!(
+                "the program takes samples of {:?} ({})",
+                program.sample_shape, program.dtype
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl ProgramModel {
+    /// Compiles (or finds in the cache) the program of `spec` for data of `input` and the
+    /// device of `vs`, and registers its parameters and buffers in `vs` under the program's
+    /// own names, with the program's initial weights.
+    pub fn load(
+        spec: &ProgramSpec<'_>,
+        input: &InputSpec,
+        vs: &nn::VarStore,
+    ) -> Result<Self, TrainError> {
+        let kind = detect(spec.path)?;
+        if kind != FileKind::ExportedProgram {
+            return Err(invalid(
+                spec.path,
+                format!(
+                    "an ExportedProgram; this file is {}: {}",
+                    kind.describe(),
+                    file::HOW_TO_EXPORT
+                ),
+            ));
+        }
+        let program = inspect(spec.path)?;
+        check_input(spec.path, &program, input)?;
+        let device = vs.device();
+        let key = key_of(spec, input, &program, device)?;
+        let device_arg = match device {
+            Device::Cuda(i) => format!("cuda:{i}"),
+            _ => "cpu".to_owned(),
+        };
+        let compiled = compile::compiled(spec.path, &key, &device_arg)?;
+        if compiled.manifest.eval_mode_ops > 0 {
+            tracing::warn!(
+                "{} was exported in eval mode: {} dropout or batch-norm op(s) in it are frozen \
+                 (export model.train() to train them)",
+                spec.path.display(),
+                compiled.manifest.eval_mode_ops
+            );
+        }
+        Self::from_compiled(spec.path, compiled, vs)
+    }
+
+    fn from_compiled(
+        path: &Path,
+        compiled: Compiled,
+        vs: &nn::VarStore,
+    ) -> Result<Self, TrainError> {
+        let m = &compiled.manifest;
+        let initial = std::fs::read(compiled.initial_weights()).map_err(|e| TrainError::File {
+            path: compiled.initial_weights(),
+            message: e.to_string(),
+        })?;
+        let state: std::collections::HashMap<String, Tensor> =
+            crate::checkpoint::from_safetensors(&initial, &compiled.initial_weights())?
+                .into_iter()
+                .collect();
+        let add = |name: &str, trainable: bool| register(vs, &state, name, trainable);
+        let params = m
+            .parameters
+            .iter()
+            .map(|n| add(n, true))
+            .collect::<Result<Vec<_>, _>>()?;
+        let buffers = m
+            .buffers
+            .iter()
+            .map(|n| add(n, false))
+            .collect::<Result<Vec<_>, _>>()?;
+        let index_of = |list: &[String], name: &str| list.iter().position(|n| n == name);
+        let mutated = m
+            .mutated_buffers
+            .iter()
+            .map(|n| index_of(&m.buffers, n).ok_or_else(|| missing(path, n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let grad_params = m
+            .gradients
+            .iter()
+            .map(|n| {
+                index_of(&m.parameters, n)
+                    .map(|i| params[i].shallow_clone())
+                    .ok_or_else(|| missing(path, n))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let device = vs.device();
+        let train = Package::load(
+            &compiled.train_package(),
+            device,
+            3 + mutated.len() + params.len(),
+        )?;
+        let eval = Package::load(&compiled.eval_package(), device, 1)?;
+        Ok(Self {
+            path: path.to_owned(),
+            compiled,
+            train: Mutex::new(train),
+            eval: Mutex::new(eval),
+            params,
+            buffers,
+            mutated,
+            grad_params,
+        })
+    }
+
+    /// The program file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The compiled packages.
+    pub fn compiled(&self) -> &Compiled {
+        &self.compiled
+    }
+
+    fn state_inputs(&self) -> Vec<Tensor> {
+        self.params
+            .iter()
+            .chain(&self.buffers)
+            .map(|t| t.detach())
+            .collect()
+    }
+}
+
+fn missing(path: &Path, name: &str) -> TrainError {
+    TrainError::File {
+        path: path.to_owned(),
+        message: format!("the compiled step names `{name}`, which the program does not have"),
+    }
+}
+
+/// Registers the program's tensor `name` in `vs` (path segments split at dots, so the
+/// VarStore and checkpoints use the program's own names) with its initial value.
+fn register(
+    vs: &nn::VarStore,
+    state: &std::collections::HashMap<String, Tensor>,
+    name: &str,
+    trainable: bool,
+) -> Result<Tensor, TrainError> {
+    let value = state.get(name).ok_or_else(|| TrainError::File {
+        path: PathBuf::from(name),
+        message: "missing from the program's initial weights".to_owned(),
+    })?;
+    let mut path = vs.root();
+    let mut parts: Vec<&str> = name.split('.').collect();
+    let last = parts.pop().unwrap_or(name);
+    for part in parts {
+        path = path / part;
+    }
+    let tensor = value.f_to_device(vs.device())?.f_detach()?.f_contiguous()?;
+    Ok(path.add(last, tensor, trainable))
+}
+
+impl Model for ProgramModel {
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        if train {
+            return Err(TrainError::Model {
+                what: self.path.display().to_string(),
+                message: "a compiled program trains through its compiled step, not forward"
+                    .to_owned(),
+            });
+        }
+        let mut inputs = self.state_inputs();
+        inputs.push(features.shallow_clone());
+        let mut outputs = lock(&self.eval).run(&inputs)?;
+        outputs.pop().ok_or_else(|| TrainError::Model {
+            what: self.path.display().to_string(),
+            message: "the compiled eval forward returned nothing".to_owned(),
+        })
+    }
+
+    fn compiled_step(&self) -> Option<&dyn CompiledStep> {
+        Some(self)
+    }
+
+    fn save_program(&self, path: &Path) -> Result<bool, TrainError> {
+        std::fs::copy(&self.path, path).map_err(|e| TrainError::File {
+            path: path.to_owned(),
+            message: format!("cannot copy the program {}: {e}", self.path.display()),
+        })?;
+        Ok(true)
+    }
+}
+
+fn lock(p: &Mutex<Package>) -> std::sync::MutexGuard<'_, Package> {
+    p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl CompiledStep for ProgramModel {
+    fn step(
+        &self,
+        features: &Tensor,
+        targets: &Tensor,
+        weight: f64,
+        scale: Option<&Tensor>,
+    ) -> Result<(Tensor, Tensor), TrainError> {
+        let mut inputs = self.state_inputs();
+        let one = || Tensor::f_ones([], (Kind::Float, features.device()));
+        let scale = match scale {
+            Some(s) => s.f_reshape([])?.f_to_kind(Kind::Float)?,
+            None => one()?,
+        };
+        inputs.extend([features.shallow_clone(), targets.shallow_clone(), scale]);
+        let outputs = lock(&self.train).run(&inputs)?;
+        let n_mut = self.mutated.len();
+        if outputs.len() != n_mut + 3 + self.grad_params.len() {
+            return Err(TrainError::Model {
+                what: self.path.display().to_string(),
+                message: format!(
+                    "the compiled step returned {} outputs, expected {}",
+                    outputs.len(),
+                    n_mut + 3 + self.grad_params.len()
+                ),
+            });
+        }
+        let _no_grad = tch::no_grad_guard();
+        for (&b, value) in self.mutated.iter().zip(&outputs[..n_mut]) {
+            self.buffers[b].shallow_clone().f_copy_(value)?;
+        }
+        accumulate_grads(&self.grad_params, &outputs[n_mut + 3..], weight)?;
+        Ok((
+            outputs[n_mut + 1].shallow_clone(),
+            outputs[n_mut + 2].shallow_clone(),
+        ))
+    }
+}
