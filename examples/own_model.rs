@@ -1,10 +1,11 @@
-//! A PyTorch model trained from Rust: a module saved with
-//! `torch.jit.script(model.train()).save("model.pt")` trained on a dataset made by
-//! `kiln data prepare`, through the library (what `kiln train --model model.pt --data DIR`
-//! does), with its progress printed as it goes. The trained module is in each checkpoint as
-//! `model.pt`, loadable by `torch.jit.load`.
+//! A PyTorch model trained from Rust: a program saved with `torch.export.save(
+//! torch.export.export(model.train(), (batch,), dynamic_shapes=…), "model.pt2")` (or a
+//! TorchScript module, the older format) trained on a dataset made by `kiln data prepare`,
+//! through the library (what `kiln train --model model.pt2 --data DIR` does: the program's
+//! train step compiled for this machine), with its progress printed as it goes. Each checkpoint
+//! holds the weights under the program's names and the program itself (`model.pt2`).
 //!
-//!     cargo run -p kiln-examples --example torchscript -- model.pt DATA_DIR [key=value …]
+//!     cargo run -p kiln-examples --example own_model -- model.pt2 DATA_DIR [key=value …]
 
 use kiln_train::prelude::*;
 use kiln_train::record::Progress;
@@ -36,7 +37,7 @@ impl Observer for Printer {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [model, data, sets @ ..] = args.as_slice() else {
-        return Err("usage: torchscript MODEL.pt DATA_DIR [key=value …]".into());
+        return Err("usage: own_model MODEL.pt2 DATA_DIR [key=value …]".into());
     };
     let mut builder = Learner::builder();
     for set in sets {
@@ -47,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let learner = builder.build()?;
     let dataset = kiln_train::prelude::ShardedDataset::open(data)?;
-    let outcome = learner.fit_torchscript(model.as_ref(), dataset, &mut Printer)?;
+    let outcome = learner.fit_file(model.as_ref(), dataset, &mut Printer)?;
     println!(
         "done: {} ({}, loss {}) · final val loss {:?} · run directory {}",
         outcome.summary.model,

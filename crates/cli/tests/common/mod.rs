@@ -1,5 +1,7 @@
 //! What the CLI tests share: running the `kiln` binary as a user would, and its output as text.
 
+pub mod own_data;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

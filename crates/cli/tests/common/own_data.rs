@@ -1,0 +1,100 @@
+//! What the own-model and program tests share: the user's data written as .npy and prepared
+//! by `kiln data prepare`, `kiln train` with full batches and fixed settings, and checkpoints.
+#![allow(dead_code)] // not every test binary uses every helper
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use kiln_data::{DType, npy_f32_bytes, write_npy};
+use serde_json::Value;
+
+use super::{kiln, stderr};
+
+pub fn shape_of(t: &Value) -> Vec<usize> {
+    t["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_u64().unwrap() as usize)
+        .collect()
+}
+
+pub fn values_of(t: &Value) -> Vec<f64> {
+    t["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+/// Writes `x` (f32) and `y` (i64 classes, or f32 values) as .npy and runs `kiln data prepare`
+/// into `dir/name`.
+pub fn prepare(dir: &Path, name: &str, x: &Value, y: &Value, classes: bool) -> PathBuf {
+    let xs: Vec<f32> = values_of(x).iter().map(|&v| v as f32).collect();
+    let (fx, fy) = (
+        dir.join(format!("{name}.x.npy")),
+        dir.join(format!("{name}.y.npy")),
+    );
+    std::fs::write(&fx, npy_f32_bytes(&shape_of(x), &xs).unwrap()).unwrap();
+    let ys = values_of(y);
+    if classes {
+        let bytes: Vec<u8> = ys.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
+        write_npy(&fy, DType::I64, &shape_of(y), &bytes).unwrap();
+    } else {
+        let ys: Vec<f32> = ys.iter().map(|&v| v as f32).collect();
+        std::fs::write(&fy, npy_f32_bytes(&shape_of(y), &ys).unwrap()).unwrap();
+    }
+    let out = dir.join(name);
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--features",
+        fx.to_str().unwrap(),
+        "--targets",
+        fy.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+/// `kiln train` on the CPU in fp32 over `data` with `extra` arguments, writing runs under
+/// `runs`; full batches of `batch` samples, no validation split, constant lr 1e-2, weight
+/// decay 0.01, no clipping, a log line and a checkpoint every step.
+pub fn train(model: &Path, data: &Path, runs: &Path, batch: usize, extra: &[&str]) -> Output {
+    let sets = [
+        format!("train.batch_size={batch}"),
+        "data.val_fraction=0".to_owned(),
+        "data.num_workers=0".to_owned(),
+        "train.amp=none".to_owned(),
+        "train.lr=0.01".to_owned(),
+        "train.weight_decay=0.01".to_owned(),
+        "train.schedule=constant".to_owned(),
+        "train.warmup_steps=0".to_owned(),
+        "train.clip_grad_norm=0".to_owned(),
+        "train.log_interval=1".to_owned(),
+        "checkpoint.every_steps=1".to_owned(),
+        "checkpoint.keep_last=100".to_owned(),
+        format!("run.output_dir={}", runs.display()),
+    ];
+    let mut args = vec![
+        "train",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    args.extend(extra);
+    kiln(&args)
+}
+
+pub fn checkpoint(run: &Path, step: u64) -> PathBuf {
+    run.join(format!("checkpoints/step-{step:09}"))
+}

@@ -1,0 +1,190 @@
+"""Programs as a user ships them now (torch.export.save) for kiln's exported-program tests
+(crates/cli/tests/program.rs), their data, and PyTorch eager's reference values.
+
+    programs.py make OUT     .pt2 programs, data (JSON) and reference.json in OUT
+
+JSON, not .npy: the provisioned venv has no numpy. Python floats print float32 values exactly.
+"""
+
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import Dim
+
+
+class Mlp(nn.Module):
+    """A classifier: 10 features, 3 classes, with an optional dropout."""
+
+    def __init__(self, p=0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 32)
+        self.norm = nn.LayerNorm(32)
+        self.drop = nn.Dropout(p)
+        self.fc2 = nn.Linear(32, 3)
+
+    def forward(self, x):
+        return self.fc2(self.drop(F.gelu(self.norm(self.fc1(x)))))
+
+
+class Attention(nn.Module):
+    """A pre-norm attention block over [B, 8, 6] sequences with
+    F.scaled_dot_product_attention, then a classifier of 3 classes."""
+
+    def __init__(self, d=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Linear(6, d)
+        self.norm = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        h = self.embed(x)
+        b, s, d = h.shape
+        q, k, v = self.qkv(self.norm(h)).split(d, -1)
+        split = lambda t: t.view(b, s, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        a = F.scaled_dot_product_attention(split(q), split(k), split(v))
+        h = h + self.out(a.transpose(1, 2).reshape(b, s, d))
+        return self.head(h.mean(1))
+
+
+class ConvBn(nn.Module):
+    """[B, 2, 6, 6] images to 3 classes through conv (no bias), batch norm, ReLU, pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(F.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+class DictNet(nn.Module):
+    """What torch.jit.script rejects: keyword arguments, and a dict of mixed outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 16)
+        self.fc2 = nn.Linear(16, 3)
+
+    def forward(self, x, **options):
+        h = torch.tanh(self.fc1(x))
+        return {"logits": self.fc2(h), "features": h, "aux": (h, h.mean())}
+
+
+class Unused(nn.Module):
+    """A head the loss never reaches (deep supervision left unused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 3)
+        self.aux = nn.Linear(10, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def flat(t):
+    return {"shape": list(t.shape), "values": t.flatten().tolist()}
+
+
+def export(model, x, path, dynamic=True, train=True):
+    model.train(train)
+    shapes = ({0: Dim("batch")},) if dynamic else None
+    torch.export.save(torch.export.export(model, (x,), dynamic_shapes=shapes), path)
+
+
+def gradients(model, x, y):
+    """Each parameter's gradient of the mean cross-entropy on (x, y), and the buffers after
+    that one train-mode forward (batch-norm statistics)."""
+    model.train()
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    grads = {n: flat(p.grad) for n, p in model.named_parameters()}
+    buffers = {n: flat(b.float()) for n, b in model.named_buffers()}
+    return grads, buffers
+
+
+def eager_losses(model, x, y, steps, lr=1e-2, amp=None):
+    """Full-batch training as kiln runs it: fused AdamW, weight decay 0.01 on parameters of
+    rank 2 and up, none on the rest; the loss of each step before its update."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=lr, fused=True)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+            out = model(x)
+        loss = F.cross_entropy(out.float(), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def classify_data(n, generator):
+    x = torch.randn(n, 10, generator=generator)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return x, y
+
+
+def make(out):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    ref = {}
+
+    x, y = classify_data(64, g)
+    mlp = Mlp()
+    export(mlp, x, f"{out}/mlp.pt2")
+    ref["mlp"] = {"x": flat(x), "y": flat(y)}
+    ref["mlp"]["gradients"], _ = gradients(mlp, x, y)
+    ref["mlp"]["losses"] = eager_losses(mlp, x, y, 20)
+
+    xs = torch.randn(32, 8, 6, generator=g)
+    ys = (xs[:, :, 0].mean(1) > 0).long() + (xs[:, 0, 1] > 0.5).long()
+    attn = Attention()
+    export(attn, xs, f"{out}/attention.pt2")
+    ref["attention"] = {"x": flat(xs), "y": flat(ys)}
+    ref["attention"]["gradients"], _ = gradients(attn, xs, ys)
+
+    xi = torch.randn(24, 2, 6, 6, generator=g)
+    yi = (xi[:, 0].mean((1, 2)) > 0).long() + (xi[:, 1, 0, 0] > 0.5).long()
+    conv = ConvBn()
+    export(conv, xi, f"{out}/convbn.pt2")
+    ref["convbn"] = {"x": flat(xi), "y": flat(yi)}
+    ref["convbn"]["gradients"], ref["convbn"]["buffers"] = gradients(conv, xi, yi)
+
+    # bf16 autocast: PyTorch eager's learning on the same module from the same weights.
+    bf16 = Mlp()
+    xb, yb = classify_data(256, g)
+    export(bf16, xb, f"{out}/mlp_bf16.pt2")
+    ref["bf16"] = {"x": flat(xb), "y": flat(yb),
+                   "losses": eager_losses(bf16, xb, yb, 40, amp=torch.bfloat16)}
+
+    export(Mlp(p=0.2), x, f"{out}/dropout.pt2")
+    export(DictNet(), x, f"{out}/dict.pt2")
+    try:
+        torch.jit.script(DictNet())
+        ref["dict_scripts"] = True
+    except Exception:  # noqa: BLE001 - TorchScript rejects it, which is the point
+        ref["dict_scripts"] = False
+    export(Mlp(), x[:16], f"{out}/fixed16.pt2", dynamic=False, train=False)
+    export(Unused(), x, f"{out}/unused.pt2")
+    export(nn.Linear(11, 3), torch.randn(4, 11), f"{out}/eleven.pt2")
+    torch.jit.script(Mlp().train()).save(f"{out}/scripted.pt2")
+
+    with open(f"{out}/reference.json", "w") as f:
+        json.dump(ref, f)
+
+
+if __name__ == "__main__":
+    make(sys.argv[2])
