@@ -98,6 +98,8 @@ fn pytorch_default(name: &str) -> (f64, f64, f64) {
 
 #[test]
 fn every_initialiser_draws_pytorchs_default_distribution() {
+    // The tests of this file seed and draw from libtorch's one CPU generator: one at a time.
+    let _generator = kiln_torch_ext::rng::cpu_generator_lock();
     for kind in LAYERS {
         for (name, [min, max, mean, var, n]) in stats(kind, 0..SEEDS) {
             let (lo, hi, expected_var) = pytorch_default(&name);
@@ -131,6 +133,8 @@ fn every_initialiser_draws_pytorchs_default_distribution() {
 
 #[test]
 fn tch_defaults_are_not_pytorchs_which_is_why_kiln_has_its_own() {
+    // The tests of this file seed and draw from libtorch's one CPU generator: one at a time.
+    let _generator = kiln_torch_ext::rng::cpu_generator_lock();
     // The gap the initialisers close: tch's Linear weight is Kaiming-uniform with ReLU gain,
     // 6× PyTorch's variance, and its BatchNorm weight is U(0, 1) where PyTorch's is 1.
     let mut var = vec![];
@@ -187,6 +191,8 @@ fn pytorch(what: &str, out: &Path, seeds: impl Iterator<Item = i64>) {
 #[test]
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
 fn initialisers_match_pytorchs_modules_over_many_seeds_with_python_torch() {
+    // The tests of this file seed and draw from libtorch's one CPU generator: one at a time.
+    let _generator = kiln_torch_ext::rng::cpu_generator_lock();
     let tmp = tempfile::tempdir().unwrap();
     // Other seeds than kiln's draws below: the distributions are compared, not the same draws.
     pytorch("layers", tmp.path(), 10_000..10_000 + SEEDS);
@@ -230,6 +236,8 @@ fn initialisers_match_pytorchs_modules_over_many_seeds_with_python_torch() {
 #[test]
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
 fn reference_models_start_from_their_pytorch_twins_weights_with_python_torch() {
+    // The tests of this file seed and draw from libtorch's one CPU generator: one at a time.
+    let _generator = kiln_torch_ext::rng::cpu_generator_lock();
     let tmp = tempfile::tempdir().unwrap();
     let seeds = [0i64, 1, 7];
     pytorch("models", tmp.path(), seeds.into_iter());
@@ -264,6 +272,8 @@ fn reference_models_start_from_their_pytorch_twins_weights_with_python_torch() {
 
 #[test]
 fn a_traced_reference_model_takes_any_batch_size() {
+    // The tests of this file seed and draw from libtorch's one CPU generator: one at a time.
+    let _generator = kiln_torch_ext::rng::cpu_generator_lock();
     // Export (TorchScript, then ONNX) traces the model at one batch size; the trace must not
     // keep it. The transformer's attention reshapes are where it would.
     for kind in [ModelKind::Mlp, ModelKind::Transformer, ModelKind::ConvNet] {
