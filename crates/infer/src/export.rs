@@ -83,6 +83,15 @@ pub fn to_torchscript(
 /// CPU.
 fn check_exportable(model: &LoadedModel, out: &Path) -> Result<(), InferError> {
     check_target(out)?;
+    if model.is_program() {
+        return Err(InferError::Model {
+            model: model.description().to_owned(),
+            message: "kiln export does not write an exported program's run yet; its checkpoint \
+                      holds the program (model.pt2) and the trained weights under the program's \
+                      names (model.safetensors)"
+                .to_owned(),
+        });
+    }
     if model.kind() != Kind::Float || model.device() != Device::Cpu {
         return Err(InferError::Model {
             model: model.description().to_owned(),

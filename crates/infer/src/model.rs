@@ -1,8 +1,10 @@
 //! The models inference runs: a kiln checkpoint (the reference model rebuilt from the settings
 //! it was trained with, its weights loaded and verified; for a TorchScript model, the trained
-//! module the checkpoint holds) or a TorchScript module exported from PyTorch
-//! (`torch.jit.script` or `torch.jit.trace`, then `.save`). Both run in eval mode, in the
-//! precision asked for (weights converted once, not per call).
+//! module the checkpoint holds; for an exported program, its eval forward compiled for this
+//! machine with the checkpoint's weights), a `torch.export` program (`.pt2`) or a TorchScript
+//! module exported from PyTorch (`torch.jit.script` or `torch.jit.trace`, then `.save`). All
+//! run in eval mode, in the precision asked for (weights converted once, not per call; a
+//! program's autocast is compiled in).
 
 use std::path::{Path, PathBuf};
 
@@ -23,15 +25,19 @@ pub enum ModelSource {
     Checkpoint(PathBuf),
     /// A TorchScript file.
     TorchScript(PathBuf),
+    /// A `torch.export` program (`.pt2`), run by its eval forward compiled for this machine.
+    Program(PathBuf),
     /// An ONNX file (`.onnx`), run by ONNX Runtime, or by libtorch from the checkpoint that
     /// `kiln export` recorded in it.
     Onnx(PathBuf),
 }
 
 impl ModelSource {
-    /// A directory is a kiln checkpoint or run; a `.onnx` file an ONNX model; another file a
-    /// TorchScript module.
+    /// A directory is a kiln checkpoint or run; a `.onnx` file an ONNX model; another file an
+    /// exported program or a TorchScript module, told apart by its content (an AOTInductor
+    /// package is refused: kiln runs only packages it compiled itself).
     pub fn detect(path: &Path) -> Result<Self, InferError> {
+        use kiln_train::program::FileKind;
         let onnx = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("onnx"));
@@ -40,12 +46,21 @@ impl ModelSource {
         } else if path.is_file() && onnx {
             Ok(ModelSource::Onnx(path.to_owned()))
         } else if path.is_file() {
-            Ok(ModelSource::TorchScript(path.to_owned()))
+            match kiln_train::program::detect(path) {
+                Ok(FileKind::ExportedProgram) => Ok(ModelSource::Program(path.to_owned())),
+                Ok(FileKind::AotiPackage) => Err(InferError::file(
+                    path,
+                    "an AOTInductor package (native code compiled for one machine): kiln runs \
+                     the program it came from (torch.export.save), compiled here",
+                )),
+                // TorchScript, or no model at all: loading it as TorchScript says which.
+                _ => Ok(ModelSource::TorchScript(path.to_owned())),
+            }
         } else {
             Err(InferError::file(
                 path,
-                "no such file or directory (expected a kiln checkpoint or run directory, a \
-                 TorchScript .pt file or an .onnx file)",
+                "no such file or directory (expected a kiln checkpoint or run directory, an \
+                 exported program (.pt2), a TorchScript .pt file or an .onnx file)",
             ))
         }
     }
@@ -136,6 +151,8 @@ pub struct LoadedModel {
     sample_shape: Option<Vec<usize>>,
     kind: Kind,
     device: Device,
+    /// An exported program's compiled eval forward (no TorchScript or ONNX export from it).
+    program: bool,
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -159,6 +176,14 @@ impl LoadedModel {
         device: Device,
         precision: AmpDtype,
     ) -> Result<Self, InferError> {
+        if ckpt
+            .meta
+            .files
+            .contains_key(kiln_train::program::PROGRAM_FILE)
+        {
+            let path = ckpt.dir.join(kiln_train::program::PROGRAM_FILE);
+            return Self::program(&path, Some(ckpt), plan.output.clone(), device, precision);
+        }
         if ckpt.meta.files.contains_key(checkpoint::SCRIPT_FILE) {
             // A TorchScript model's checkpoint holds the trained module itself.
             let mut loaded =
@@ -204,7 +229,63 @@ impl LoadedModel {
             sample_shape: Some(sample_shape),
             kind,
             device,
+            program: false,
         }
+    }
+
+    /// An exported program's eval forward, compiled for `device` with `precision` (autocast
+    /// inside the compiled code; the weights stay in the program's dtype), with the weights of
+    /// `ckpt` where given (a trained program), else the program's own.
+    pub fn program(
+        path: &Path,
+        ckpt: Option<&Checkpoint>,
+        output: Option<String>,
+        device: Device,
+        precision: AmpDtype,
+    ) -> Result<Self, InferError> {
+        let facts = kiln_train::program::inspect(path)?;
+        let input = ckpt
+            .and_then(|c| c.meta.input.clone())
+            .unwrap_or(InputSpec {
+                sample_shape: facts.sample_shape.clone(),
+                classes: 0,
+                target: None,
+                integer_features: facts.dtype == "int64",
+            });
+        let spec = kiln_train::program::ProgramSpec {
+            path,
+            loss: kiln_train::loss::Loss::CrossEntropy,
+            precision,
+            output,
+            threads: kiln_torch_ext::memory::num_threads()?.0,
+        };
+        let vs = nn::VarStore::new(device);
+        let model = kiln_train::program::ProgramModel::load_eval(&spec, &input, &vs)?;
+        let description = match ckpt {
+            Some(ckpt) => {
+                let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+                current.sort_by(|a, b| a.0.cmp(&b.0));
+                ckpt.copy_weights_into(&current)?;
+                format!(
+                    "kiln exported-program checkpoint {} (step {})",
+                    ckpt.dir.display(),
+                    ckpt.meta.step
+                )
+            }
+            None => format!("exported program {}", path.display()),
+        };
+        Ok(Self {
+            inner: Inner::Kiln {
+                vs,
+                model: Box::new(model),
+            },
+            description,
+            sample_shape: Some(input.sample_shape),
+            // Fed in float32 (or the program's own input dtype), as it was exported.
+            kind: Kind::Float,
+            device,
+            program: true,
+        })
     }
 
     /// Loads a TorchScript module onto `device` in eval mode, its floating-point parameters in
@@ -237,7 +318,13 @@ impl LoadedModel {
             sample_shape: None,
             kind,
             device,
+            program: false,
         })
+    }
+
+    /// Whether this is an exported program's compiled eval forward.
+    pub fn is_program(&self) -> bool {
+        self.program
     }
 
     /// What was loaded, for reports.
@@ -358,5 +445,8 @@ pub fn load(
             )
         }
         (ModelSource::TorchScript(path), _) => LoadedModel::torchscript(path, device, precision),
+        (ModelSource::Program(path), _) => {
+            LoadedModel::program(path, None, plan.model.output.clone(), device, precision)
+        }
     }
 }

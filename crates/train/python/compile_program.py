@@ -59,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="directory for train.pt2, eval.pt2")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--loss", choices=LOSSES, required=True)
+    p.add_argument("--loss", choices=LOSSES, default=None, help="needed for the train step")
     p.add_argument("--precision", choices=tuple(AMP), default="fp32")
     p.add_argument("--sample-shape", required=True, help="one sample's shape, e.g. 64 or 3,32,32")
     p.add_argument("--feature-dtype", choices=tuple(DTYPES), default="float32")
@@ -424,6 +424,8 @@ def compile_all(a):
     }
     os.makedirs(a.out, exist_ok=True)
     if a.what in ("train", "both"):
+        if a.loss is None:
+            raise UserError("loss", "the train step needs --loss")
         log("compiling the train step (forward, loss and backward) with AOTInductor…")
         manifest.update(compile_train(ep, a, device, dynamic, fixed))
     if a.what in ("eval", "both"):

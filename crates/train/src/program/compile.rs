@@ -14,9 +14,36 @@ use crate::TrainError;
 /// The compiler script, written next to the packages it makes when it runs.
 const SCRIPT: &str = include_str!("../../python/compile_program.py");
 
+/// Which packages a compile makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Packages {
+    /// The train step and the eval forward (training).
+    TrainAndEval,
+    /// The eval forward alone (inference: the loss plays no part).
+    Eval,
+}
+
+impl Packages {
+    fn files(self) -> &'static [&'static str] {
+        match self {
+            Packages::TrainAndEval => &["train.pt2", "eval.pt2", "initial.safetensors"],
+            Packages::Eval => &["eval.pt2", "initial.safetensors"],
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Packages::TrainAndEval => "both",
+            Packages::Eval => "eval",
+        }
+    }
+}
+
 /// What a compile is for; two runs that agree on all of it share the packages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CompileKey {
+    pub packages: Packages,
     pub program_sha256: String,
     pub loss: String,
     /// fp32, bf16 or fp16 (autocast inside the graph).
@@ -81,6 +108,8 @@ pub struct Compiled {
     pub manifest: Manifest,
     /// Whether they came from the cache.
     pub hit: bool,
+    /// Which packages there are.
+    pub key_packages: Packages,
 }
 
 impl Compiled {
@@ -108,7 +137,8 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
         })?
         .join("compiled");
     let dir = root.join(key.digest());
-    if let Some(manifest) = read_manifest(&dir) {
+    let files = key.packages.files();
+    if let Some(manifest) = read_manifest(&dir, files) {
         tracing::info!(
             "compiled program: cached at {} (compiled in {:.1} s)",
             dir.display(),
@@ -118,6 +148,7 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
             dir,
             manifest,
             hit: true,
+            key_packages: key.packages,
         });
     }
     let partial = root.join(format!("{}.partial-{}", key.digest(), std::process::id()));
@@ -135,8 +166,8 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
         let _ = std::fs::remove_dir_all(&partial);
         return Err(e);
     }
-    publish(&partial, &dir)?;
-    let manifest = read_manifest(&dir).ok_or_else(|| TrainError::File {
+    publish(&partial, &dir, files)?;
+    let manifest = read_manifest(&dir, files).ok_or_else(|| TrainError::File {
         path: dir.join("manifest.json"),
         message: "the compiler left no readable manifest".to_owned(),
     })?;
@@ -149,14 +180,15 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
         dir,
         manifest,
         hit: false,
+        key_packages: key.packages,
     })
 }
 
 /// Moves a finished compile into place; another process that finished first wins.
-fn publish(partial: &Path, dir: &Path) -> Result<(), TrainError> {
+fn publish(partial: &Path, dir: &Path, files: &[&str]) -> Result<(), TrainError> {
     match std::fs::rename(partial, dir) {
         Ok(()) => Ok(()),
-        Err(_) if read_manifest(dir).is_some() => {
+        Err(_) if read_manifest(dir, files).is_some() => {
             let _ = std::fs::remove_dir_all(partial);
             Ok(())
         }
@@ -164,10 +196,9 @@ fn publish(partial: &Path, dir: &Path) -> Result<(), TrainError> {
     }
 }
 
-fn read_manifest(dir: &Path) -> Option<Manifest> {
-    let ok = ["train.pt2", "eval.pt2", "initial.safetensors"]
-        .iter()
-        .all(|f| dir.join(f).is_file());
+/// The manifest of a complete cache entry (every file of `files` there).
+fn read_manifest(dir: &Path, files: &[&str]) -> Option<Manifest> {
+    let ok = files.iter().all(|f| dir.join(f).is_file());
     let text = std::fs::read_to_string(dir.join("manifest.json")).ok()?;
     ok.then(|| serde_json::from_str(&text).ok()).flatten()
 }
@@ -197,11 +228,15 @@ fn run_compiler(
         .arg("--out")
         .arg(out)
         .args(["--device", device, "--threads", &key.threads.to_string()])
-        .args(["--loss", &key.loss, "--precision", &key.precision])
+        .args(["--precision", &key.precision])
         .args(["--sample-shape", &list(&key.sample_shape)])
         .args(["--feature-dtype", &key.feature_dtype])
-        .arg(format!("--target-shape={}", list(&key.target_shape)))
-        .args(["--target-dtype", &key.target_dtype]);
+        .args(["--what", key.packages.flag()]);
+    if key.packages == Packages::TrainAndEval {
+        cmd.args(["--loss", &key.loss])
+            .arg(format!("--target-shape={}", list(&key.target_shape)))
+            .args(["--target-dtype", &key.target_dtype]);
+    }
     if let Some(c) = key.classes {
         cmd.args(["--classes", &c.to_string()]);
     }
@@ -301,6 +336,7 @@ mod tests {
 
     fn key() -> CompileKey {
         CompileKey {
+            packages: Packages::TrainAndEval,
             program_sha256: "ab".repeat(32),
             loss: "cross_entropy".into(),
             precision: "fp32".into(),
@@ -324,6 +360,7 @@ mod tests {
         let base = key().digest();
         assert_eq!(base, key().digest(), "the digest is stable");
         let variants: Vec<fn(&mut CompileKey)> = vec![
+            |k| k.packages = Packages::Eval,
             |k| k.program_sha256 = "cd".repeat(32),
             |k| k.loss = "mse".into(),
             |k| k.precision = "bf16".into(),
@@ -350,11 +387,15 @@ mod tests {
         let manifest = r#"{"parameters": ["w"], "buffers": [], "batch": "dynamic",
                            "compile_s": 1.5}"#;
         std::fs::write(dir.join("manifest.json"), manifest).unwrap();
-        assert!(read_manifest(dir).is_none(), "no packages yet");
-        for f in ["train.pt2", "eval.pt2", "initial.safetensors"] {
+        let train = Packages::TrainAndEval.files();
+        assert!(read_manifest(dir, train).is_none(), "no packages yet");
+        for f in ["eval.pt2", "initial.safetensors"] {
             std::fs::write(dir.join(f), "x").unwrap();
         }
-        let m = read_manifest(dir).unwrap();
+        assert!(read_manifest(dir, Packages::Eval.files()).is_some());
+        assert!(read_manifest(dir, train).is_none(), "no train step yet");
+        std::fs::write(dir.join("train.pt2"), "x").unwrap();
+        let m = read_manifest(dir, train).unwrap();
         assert_eq!(m.parameters, ["w"]);
         assert_eq!(m.batch, "dynamic");
     }

@@ -21,7 +21,7 @@ use crate::TrainError;
 use crate::loss::Loss;
 use crate::model::{CompiledStep, Model};
 use crate::models::InputSpec;
-use compile::{CompileKey, Compiled};
+use compile::{CompileKey, Compiled, Packages};
 pub use file::{FileKind, ProgramInput, detect, inspect};
 
 /// What a program is compiled for: the run's loss, precision and output, on a device.
@@ -43,7 +43,8 @@ pub const PROGRAM_FILE: &str = "model.pt2";
 pub struct ProgramModel {
     path: PathBuf,
     compiled: Compiled,
-    train: Mutex<Package>,
+    /// The train step (absent where only the eval forward was compiled, for inference).
+    train: Option<Mutex<Package>>,
     eval: Mutex<Package>,
     /// The VarStore's parameters and buffers, in the packages' input order.
     params: Vec<Tensor>,
@@ -63,8 +64,10 @@ fn invalid(path: &Path, expected: String) -> TrainError {
     }
 }
 
-/// The compile key of `spec` for data of `input` on `device`.
+/// The compile key of `spec`'s `packages` for data of `input` on `device`. The eval forward
+/// alone does not depend on the loss or the target.
 fn key_of(
+    packages: Packages,
     spec: &ProgramSpec<'_>,
     input: &InputSpec,
     program: &ProgramInput,
@@ -84,15 +87,27 @@ fn key_of(
         }
         _ => "cpu".to_owned(),
     };
+    let eval = packages == Packages::Eval;
+    let classes = classes && !eval;
     Ok(CompileKey {
+        packages,
         program_sha256: compile::sha256_file(spec.path)?,
-        loss: spec.loss.name().to_owned(),
+        loss: if eval { "-" } else { spec.loss.name() }.to_owned(),
         precision: crate::trainer::precision_name(spec.precision).to_owned(),
         output: spec.output.clone(),
         sample_shape: input.sample_shape.clone(),
         feature_dtype: program.dtype.clone(),
-        target_shape: target.shape().to_vec(),
-        target_dtype: if classes { "int64" } else { "float32" }.to_owned(),
+        target_shape: if eval {
+            vec![]
+        } else {
+            target.shape().to_vec()
+        },
+        target_dtype: match (eval, classes) {
+            (true, _) => "-",
+            (false, true) => "int64",
+            (false, false) => "float32",
+        }
+        .to_owned(),
         classes: classes.then_some(input.classes),
         device: device_text,
         cpu: format!(
@@ -138,6 +153,24 @@ impl ProgramModel {
         input: &InputSpec,
         vs: &nn::VarStore,
     ) -> Result<Self, TrainError> {
+        Self::load_packages(Packages::TrainAndEval, spec, input, vs)
+    }
+
+    /// Like [`Self::load`], with the eval forward alone (inference; `spec.loss` plays no part).
+    pub fn load_eval(
+        spec: &ProgramSpec<'_>,
+        input: &InputSpec,
+        vs: &nn::VarStore,
+    ) -> Result<Self, TrainError> {
+        Self::load_packages(Packages::Eval, spec, input, vs)
+    }
+
+    fn load_packages(
+        packages: Packages,
+        spec: &ProgramSpec<'_>,
+        input: &InputSpec,
+        vs: &nn::VarStore,
+    ) -> Result<Self, TrainError> {
         let kind = detect(spec.path)?;
         if kind != FileKind::ExportedProgram {
             return Err(invalid(
@@ -152,7 +185,7 @@ impl ProgramModel {
         let program = inspect(spec.path)?;
         check_input(spec.path, &program, input)?;
         let device = vs.device();
-        let key = key_of(spec, input, &program, device)?;
+        let key = key_of(packages, spec, input, &program, device)?;
         let device_arg = match device {
             Device::Cuda(i) => format!("cuda:{i}"),
             _ => "cpu".to_owned(),
@@ -210,16 +243,20 @@ impl ProgramModel {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let device = vs.device();
-        let train = Package::load(
-            &compiled.train_package(),
-            device,
-            3 + mutated.len() + params.len(),
-        )?;
+        let outputs = 3 + mutated.len() + params.len();
+        let train = match compiled.key_packages {
+            Packages::TrainAndEval => Some(Mutex::new(Package::load(
+                &compiled.train_package(),
+                device,
+                outputs,
+            )?)),
+            Packages::Eval => None,
+        };
         let eval = Package::load(&compiled.eval_package(), device, 1)?;
         Ok(Self {
             path: path.to_owned(),
             compiled,
-            train: Mutex::new(train),
+            train,
             eval: Mutex::new(eval),
             params,
             buffers,
@@ -295,7 +332,7 @@ impl Model for ProgramModel {
     }
 
     fn compiled_step(&self) -> Option<&dyn CompiledStep> {
-        Some(self)
+        self.train.is_some().then_some(self as &dyn CompiledStep)
     }
 
     fn save_program(&self, path: &Path) -> Result<bool, TrainError> {
@@ -326,7 +363,11 @@ impl CompiledStep for ProgramModel {
             None => one()?,
         };
         inputs.extend([features.shallow_clone(), targets.shallow_clone(), scale]);
-        let outputs = lock(&self.train).run(&inputs)?;
+        let train = self.train.as_ref().ok_or_else(|| TrainError::Model {
+            what: self.path.display().to_string(),
+            message: "only its eval forward was compiled (for inference)".to_owned(),
+        })?;
+        let outputs = lock(train).run(&inputs)?;
         let n_mut = self.mutated.len();
         if outputs.len() != n_mut + 3 + self.grad_params.len() {
             return Err(TrainError::Model {
