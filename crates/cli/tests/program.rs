@@ -162,6 +162,7 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
         .names()
         .len();
     assert_eq!(names, case["gradients"].as_object().unwrap().len());
+    infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
 
     // With dropout on: resumed from step 10, the same step-20 weights and losses, bit for bit.
     let runs = tmp.path().join("dropout-runs");
@@ -183,6 +184,66 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
         step_losses(&run),
         first,
         "the resumed run logs what the first one did"
+    );
+}
+
+/// `kiln infer` on the program checkpoint `ckpt` (its eval forward compiled here, fp32) gives
+/// what PyTorch computes with the program and the checkpoint's weights.
+fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) {
+    let (inputs, x_json, y_json) = (dir.join("x.npy"), dir.join("x.json"), dir.join("y.json"));
+    let xs: Vec<f32> = values_of(x).iter().map(|&v| v as f32).collect();
+    std::fs::write(
+        &inputs,
+        kiln_data::npy_f32_bytes(&shape_of(x), &xs).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(&x_json, x.to_string()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/programs.py");
+    let p = Command::new(python())
+        .arg(&script)
+        .arg("run")
+        .args([
+            ckpt.join("model.pt2"),
+            ckpt.join("model.safetensors"),
+            x_json,
+            y_json.clone(),
+        ])
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", stderr(&p));
+    let theirs: Value = serde_json::from_slice(&std::fs::read(&y_json).unwrap()).unwrap();
+    let out = dir.join("out.npy");
+    let o = common::kiln(&[
+        "infer",
+        "--model",
+        ckpt.to_str().unwrap(),
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("exported-program checkpoint"),
+        "{}",
+        stderr(&o)
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    let ours = kiln_data::NpyArray::parse(&bytes).unwrap();
+    assert_eq!(ours.shape, shape_of(&theirs));
+    let diff = ours
+        .to_f32()
+        .iter()
+        .zip(values_of(&theirs))
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max);
+    assert!(
+        diff < 1e-5,
+        "kiln infer vs PyTorch on the trained program: max |Δ| {diff}"
     );
 }
 

@@ -2,6 +2,9 @@
 (crates/cli/tests/program.rs), their data, and PyTorch eager's reference values.
 
     programs.py make OUT     .pt2 programs, data (JSON) and reference.json in OUT
+    programs.py run PROGRAM WEIGHTS X.json OUT.json
+                             the program's outputs on inputs, with the weights of a kiln
+                             checkpoint (model.safetensors) put in by name
 
 JSON, not .npy: the provisioned venv has no numpy. Python floats print float32 values exactly.
 """
@@ -186,5 +189,41 @@ def make(out):
         json.dump(ref, f)
 
 
+def read_safetensors(path):
+    """A safetensors file's tensors (read here: the venv's safetensors.torch needs packaging)."""
+    import struct
+    dtypes = {"F32": torch.float32, "I64": torch.int64, "BF16": torch.bfloat16,
+              "F16": torch.float16}
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        t = torch.frombuffer(bytearray(body[start:end]), dtype=dtypes[meta["dtype"]])
+        out[name] = t.reshape(meta["shape"])
+    return out
+
+
+def run(program, weights, inputs, out):
+    module = torch.export.load(program).module()
+    state = read_safetensors(weights)
+    with torch.no_grad():
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            t.copy_(state[name])
+        with open(inputs) as f:
+            x = json.load(f)
+        y = module(torch.tensor(x["values"], dtype=torch.float32).reshape(x["shape"]))
+    with open(out, "w") as f:
+        json.dump(flat(y), f)
+
+
 if __name__ == "__main__":
-    make(sys.argv[2])
+    if sys.argv[1] == "make":
+        make(sys.argv[2])
+    else:
+        run(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
