@@ -404,6 +404,19 @@ def export_script(a):
             "params": sum(p.numel() for p in model.parameters()), "config": model_config(a)}
 
 
+def export_program(a):
+    """Saves the model kiln's `probe --program` trains: built as `train_bench` builds it (same
+    seed, so the same initial weights), exported in train mode with a dynamic batch dimension
+    by torch.export, as a user ships it."""
+    torch.manual_seed(a.seed)
+    model, x, _, _ = build(a)
+    shapes = ({0: torch.export.Dim("batch")},)
+    ep = torch.export.export(model.train(), (x[:2],), dynamic_shapes=shapes)
+    torch.export.save(ep, a.export_program)
+    return {"exported": a.export_program, "model": a.model,
+            "params": sum(p.numel() for p in model.parameters()), "config": model_config(a)}
+
+
 def model_config(a):
     if a.model == "mlp":
         return {"features": a.features, "hidden": a.hidden, "classes": a.classes,
@@ -577,6 +590,9 @@ def parse_args(argv=None):
                    help="--script: TorchScript's graph optimizations (default on, as in PyTorch)")
     p.add_argument("--export-script", metavar="PATH", default=None,
                    help="save the model (seeded, in train mode) as TorchScript at PATH and exit")
+    p.add_argument("--export-program", metavar="PATH", default=None,
+                   help="save the model (seeded, in train mode) as a torch.export program with "
+                        "a dynamic batch at PATH and exit")
     p.add_argument("--compile", action="store_true",
                    help="train torch.compile(model) (default mode); compile time reported apart")
     p.add_argument("--gemm", action="store_true",
@@ -633,6 +649,8 @@ def main():
         torch.set_num_threads(a.threads)
     if a.export_script:
         result = export_script(a)
+    elif a.export_program:
+        result = export_program(a)
     elif a.gemm:
         result = gemm_bench(a)
     elif a.optimizer is not None:

@@ -412,7 +412,7 @@ fn baseline_name(case: &Case, t: &Value) -> String {
 
 /// `--compile` with inductor's caches under `cache` (which holds an empty `tmp`): its cache
 /// directory, and `TMPDIR` for the C++ headers it precompiles once per machine.
-fn compile_env(c: &mut Command, cache: &std::path::Path) {
+pub(crate) fn compile_env(c: &mut Command, cache: &std::path::Path) {
     c.arg("--compile")
         .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
         .env("TMPDIR", cache.join("tmp"));
@@ -566,7 +566,7 @@ fn machine_limit_row(name: &str, (k, t): (&[Value], &[Value]), peaks: &Value) ->
 
 /// The compile figures of `torch.compile` runs: the cold run's (inductor cache empty) and the
 /// median of the warm ones.
-fn compile_summary(t: &[Value]) -> Value {
+pub(crate) fn compile_summary(t: &[Value]) -> Value {
     let (cold, warm): (Vec<&Value>, Vec<&Value>) = t
         .iter()
         .partition(|r| r["compile"]["inductor_cache"] == "cold");

@@ -18,12 +18,14 @@
 //!
 //! The suite is split by topic: `probe` (the kiln side of a train step, and the GEMM peak),
 //! `optimizer` (its probe and suite), `cases` (the train suite's rows), `suite` (the train
-//! suite), `opts` (the one-optimization-at-a-time suite).
+//! suite), `program` (the exported-program rows: kiln's compiled step), `opts` (the
+//! one-optimization-at-a-time suite).
 
 mod cases;
 mod optimizer;
 mod opts;
 mod probe;
+mod program;
 mod suite;
 
 use std::process::Command;

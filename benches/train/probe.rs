@@ -56,6 +56,10 @@ pub struct ProbeArgs {
     /// The model's TorchScript twin (from `train_step.py --export-script`) instead.
     #[arg(long, value_name = "MODEL.pt")]
     script: Option<String>,
+    /// The model as a torch.export program (from `train_step.py --export-program`), trained
+    /// through kiln's compiled step (compiled here, or found in kiln's cache).
+    #[arg(long, value_name = "MODEL.pt2", conflicts_with = "script")]
+    program: Option<String>,
     /// The transformer's size (default: the reference SignTransformer).
     #[command(flatten)]
     shape: ShapeArgs,
@@ -210,12 +214,15 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         target: None,
         integer_features: false,
     };
-    // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`.
-    let model: Box<dyn Model> = match &a.script {
-        Some(path) => {
+    // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`;
+    // `--program PATH`: its exported program, compiled (the load's time is the compile's).
+    let loading = Instant::now();
+    let model: Box<dyn Model> = match (&a.script, &a.program) {
+        (Some(path), _) => {
             Box::new(ScriptModel::load(std::path::Path::new(path), &vs).map_err(|e| e.to_string())?)
         }
-        None => build(
+        (_, Some(path)) => program_model(path, precision, threads, &input, &vs)?,
+        _ => build(
             &model_plan(kind, a.dropout, &size),
             &input,
             &vs,
@@ -224,6 +231,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         )
         .map_err(|e| e.to_string())?,
     };
+    let load_s = loading.elapsed().as_secs_f64();
     let mut trainer = Trainer::new(
         model.as_ref(),
         kind.as_str(),
@@ -248,6 +256,8 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             "device": device_name(device),
             "model": kind.as_str(),
             "torchscript": a.script,
+            "program": a.program,
+            "load_s": load_s,
             "precision": precision_name(precision),
             "precision_requested": a.precision,
             "tf32": tf32,
@@ -270,6 +280,26 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         })
     );
     Ok(())
+}
+
+/// The exported program at `path` for cross-entropy at `precision`, compiled for this machine.
+fn program_model(
+    path: &str,
+    precision: AmpDtype,
+    threads: usize,
+    input: &InputSpec,
+    vs: &nn::VarStore,
+) -> Result<Box<dyn Model>> {
+    let path = std::path::Path::new(path);
+    let spec = kiln_train::program::ProgramSpec {
+        path,
+        loss: kiln_train::loss::Loss::CrossEntropy,
+        precision,
+        output: None,
+        threads,
+    };
+    let model = kiln_train::program::ProgramModel::load(&spec, input, vs);
+    Ok(Box::new(model.map_err(|e| e.to_string())?))
 }
 
 /// The warm-up, timed and breakdown steps on one resident batch.

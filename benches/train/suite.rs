@@ -6,6 +6,7 @@ use kiln_benches::{SuiteArgs, device_name, median_of, run_json};
 use serde_json::{Value, json};
 
 use crate::cases::{SCRIPT_ROWS, StepCounts, cases_for, planned_name, run_case, script_case};
+use crate::program::{PROGRAM_ROWS, program_case};
 use crate::{Opts, Result, f};
 
 /// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
@@ -84,6 +85,13 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
     }
     if a.selects(SCRIPT_ROWS) {
         let (comparisons, run) = script_case(&o, warm, timed, split)?;
+        for c in comparisons {
+            out.push(c);
+        }
+        runs.push(run);
+    }
+    if a.selects(PROGRAM_ROWS) {
+        let (comparisons, run) = program_case(&o, &n)?;
         for c in comparisons {
             out.push(c);
         }
