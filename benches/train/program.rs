@@ -50,7 +50,8 @@ fn sides(o: &Opts, n: &StepCounts, dir: &Path) -> Result<(Vec<Vec<Value>>, Value
         let mut c = o.kiln("probe");
         common(&mut c);
         c.args(["--program", &program])
-            .env("KILN_CACHE_DIR", &kiln_cache);
+            .env("KILN_COMPILE_CACHE", &kiln_cache)
+            .env("KILN_PYTHON", &o.python);
         c
     };
     let eager = || {

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::own_data::{checkpoint, prepare, shape_of, train, values_of};
+use common::own_data::{checkpoint, max_abs_diff, prepare, shape_of, train, values_of};
 use common::{only_run, python, stderr, step_losses};
 use kiln_train::loss::Loss;
 use kiln_train::models::InputSpec;
@@ -232,15 +232,7 @@ fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) {
         "{}",
         stderr(&o)
     );
-    let bytes = std::fs::read(&out).unwrap();
-    let ours = kiln_data::NpyArray::parse(&bytes).unwrap();
-    assert_eq!(ours.shape, shape_of(&theirs));
-    let diff = ours
-        .to_f32()
-        .iter()
-        .zip(values_of(&theirs))
-        .map(|(a, b)| (f64::from(*a) - b).abs())
-        .fold(0.0, f64::max);
+    let diff = max_abs_diff(&out, &theirs);
     assert!(
         diff < 1e-5,
         "kiln infer vs PyTorch on the trained program: max |Δ| {diff}"

@@ -129,13 +129,7 @@ impl Compiled {
 /// The packages for `program` and `key`: from the cache, or compiled now into it (with a line
 /// before and the time after). Only packages under kiln's own cache are ever loaded.
 pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compiled, TrainError> {
-    let root = crate::batch_search::cache_dir()
-        .ok_or_else(|| TrainError::File {
-            path: PathBuf::from("~/.cache/kiln"),
-            message: "no cache directory for compiled programs (set KILN_CACHE_DIR or HOME)"
-                .to_owned(),
-        })?
-        .join("compiled");
+    let root = cache_root()?;
     let dir = root.join(key.digest());
     let files = key.packages.files();
     if let Some(manifest) = read_manifest(&dir, files) {
@@ -182,6 +176,21 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
         hit: false,
         key_packages: key.packages,
     })
+}
+
+/// Where compiled packages are cached: `KILN_COMPILE_CACHE`, else `<kiln cache>/compiled`.
+pub fn cache_root() -> Result<PathBuf, TrainError> {
+    if let Some(dir) = std::env::var_os("KILN_COMPILE_CACHE").filter(|v| !v.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    crate::batch_search::cache_dir()
+        .map(|d| d.join("compiled"))
+        .ok_or_else(|| TrainError::File {
+            path: PathBuf::from("~/.cache/kiln"),
+            message: "no cache directory for compiled programs (set KILN_COMPILE_CACHE, \
+                      KILN_CACHE_DIR or HOME)"
+                .to_owned(),
+        })
 }
 
 /// Moves a finished compile into place; another process that finished first wins.
