@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::own_data::{checkpoint, prepare, shape_of, train, values_of};
+use common::own_data::{checkpoint, max_abs_diff, prepare, shape_of, train, values_of};
 use common::{kiln, only_run, python, stderr, step_losses};
 use kiln_data::npy_f32_bytes;
 use serde_json::Value;
@@ -129,15 +129,7 @@ fn a_scripted_model_trains_as_pytorch_eager_resumes_exactly_and_serves_with_pyth
     let py: Value = serde_json::from_slice(&std::fs::read(&y_json).unwrap()).unwrap();
     let out = tmp.path().join("out.npy");
     infer_json(&ckpt, &inputs, &out);
-    let bytes = std::fs::read(&out).unwrap();
-    let ours = kiln_data::NpyArray::parse(&bytes).unwrap();
-    assert_eq!(ours.shape, shape_of(&py));
-    let diff = ours
-        .to_f32()
-        .iter()
-        .zip(values_of(&py))
-        .map(|(a, b)| (f64::from(*a) - b).abs())
-        .fold(0.0, f64::max);
+    let diff = max_abs_diff(&out, &py);
     assert!(
         diff < 1e-5,
         "kiln infer vs PyTorch on kiln's TorchScript: max |Δ| {diff}"

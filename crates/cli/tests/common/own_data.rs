@@ -98,3 +98,16 @@ pub fn train(model: &Path, data: &Path, runs: &Path, batch: usize, extra: &[&str
 pub fn checkpoint(run: &Path, step: u64) -> PathBuf {
     run.join(format!("checkpoints/step-{step:09}"))
 }
+
+/// The largest difference between the `.npy` outputs at `out` (kiln's) and `expected` (a JSON
+/// tensor, PyTorch's), whose shapes must be equal.
+pub fn max_abs_diff(out: &Path, expected: &Value) -> f64 {
+    let bytes = std::fs::read(out).unwrap();
+    let ours = kiln_data::NpyArray::parse(&bytes).unwrap();
+    assert_eq!(ours.shape, shape_of(expected));
+    ours.to_f32()
+        .iter()
+        .zip(values_of(expected))
+        .map(|(a, b)| (f64::from(*a) - b).abs())
+        .fold(0.0, f64::max)
+}
