@@ -443,14 +443,6 @@ impl<'m> Trainer<'m> {
         group: SharedGroup,
         buckets: distributed::Buckets,
     ) -> Result<(), TrainError> {
-        if self.model.compiled_step().is_some() {
-            return Err(TrainError::InvalidPlan {
-                key: keys::model::name,
-                value: self.model_name.clone(),
-                expected: "a model kiln trains data-parallel: a compiled program's step returns                            its gradients without autograd, and averaging them over ranks is                            not built yet (train it on one rank)"
-                    .to_owned(),
-            });
-        }
         let tensors: Vec<Tensor> = self.model_tensors().into_iter().map(|(_, t)| t).collect();
         let trainable = self.vs.trainable_variables();
         let mut g = distributed::lock(&group);
@@ -459,7 +451,13 @@ impl<'m> Trainer<'m> {
             g.start(&trainable, &tensors)?;
         }
         if g.world_size() > 1 {
-            self.gradient_sync = Some(g.gradient_sync(&trainable, buckets)?);
+            // A compiled step returns its gradients as outputs, so autograd hooks (c10d's
+            // Reducer) never fire: its gradients are averaged after the step instead.
+            self.gradient_sync = Some(if self.model.compiled_step().is_some() {
+                Box::new(distributed::AfterBackward)
+            } else {
+                g.gradient_sync(&trainable, buckets)?
+            });
             self.retry_oom = false;
         }
         self.place = Some((g.rank(), g.world_size()));
