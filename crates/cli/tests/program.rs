@@ -149,6 +149,27 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
             step + 1
         );
     }
+    // Two ranks of 32 (kiln's own launcher, c10d/Gloo): the compiled step's gradients are
+    // averaged after the step, and the run learns as one rank of 64 did.
+    let ranks = tmp.path().join("ranks");
+    let two = ["--epochs", "20", "--nproc-per-node", "2"];
+    let o = train(&tmp.path().join("mlp.pt2"), &data, &ranks, 32, &two);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("data-parallel: 2 ranks"),
+        "{}",
+        stderr(&o)
+    );
+    let shared = step_losses(&only_run(&ranks));
+    assert_eq!(shared.len(), 20);
+    for (step, (a, b)) in ours.iter().zip(&shared).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "step {}: 1×64 {a} vs 2×32 {b}",
+            step + 1
+        );
+    }
+
     // The checkpoint holds the weights under the program's names and the program itself.
     let ckpt = checkpoint(&run, 20);
     assert!(
