@@ -8,7 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::own_data::{checkpoint, max_abs_diff, prepare, shape_of, train, values_of};
+use common::own_data::{
+    assert_same_losses, checkpoint, max_abs_diff, prepare, shape_of, train, values_of,
+};
 use common::{kiln, only_run, python, stderr, step_losses};
 use kiln_data::npy_f32_bytes;
 use serde_json::Value;
@@ -66,20 +68,8 @@ fn a_scripted_model_trains_as_pytorch_eager_resumes_exactly_and_serves_with_pyth
 
     // Same weights, same batches, same fused AdamW: PyTorch eager's losses, step by step.
     let ours = step_losses(&run);
-    let theirs: Vec<f64> = case["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
     assert_eq!(ours.len(), 20);
-    for (step, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-4 * b.abs(),
-            "step {}: kiln {a} vs PyTorch {b}",
-            step + 1
-        );
-    }
+    assert_same_losses(&ours, &case["losses"], 1e-4);
     assert!(ours[19] < 0.5 * ours[0], "it learned: {ours:?}");
     let s = summary(&run);
     assert_eq!(

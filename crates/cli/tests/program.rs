@@ -10,7 +10,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::own_data::{checkpoint, max_abs_diff, prepare, shape_of, train, values_of};
+use common::own_data::{
+    assert_same_losses, checkpoint, floats, max_abs_diff, prepare, shape_of, train, values_of,
+};
 use common::{only_run, python, stderr, step_losses};
 use kiln_train::loss::Loss;
 use kiln_train::models::InputSpec;
@@ -135,20 +137,8 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
     assert!(o.status.success(), "{}", stderr(&o));
     let run = only_run(&runs);
     let ours = step_losses(&run);
-    let theirs: Vec<f64> = case["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
     assert_eq!(ours.len(), 20);
-    for (step, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        assert!(
-            (a - b).abs() <= 1e-4 * b.abs(),
-            "step {}: kiln {a} vs PyTorch {b}",
-            step + 1
-        );
-    }
+    assert_same_losses(&ours, &case["losses"], 1e-4);
     // Two ranks of 32 (kiln's own launcher, c10d/Gloo): the compiled step's gradients are
     // averaged after the step, and the run learns as one rank of 64 did.
     let ranks = tmp.path().join("ranks");
@@ -272,12 +262,7 @@ fn a_bf16_compiled_step_learns_as_eager_bf16_with_python_torch() {
     let o = train(&tmp.path().join("mlp_bf16.pt2"), &data, &runs, 256, &args);
     assert!(o.status.success(), "{}", stderr(&o));
     let ours = step_losses(&only_run(&runs));
-    let theirs: Vec<f64> = case["losses"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap())
-        .collect();
+    let theirs = floats(&case["losses"]);
     // bf16 gradients legitimately differ from eager's (Inductor rounds its fused kernels
     // otherwise): judged by learning, as the learning suite judges bf16.
     let (a, b) = (ours[39], theirs[39]);

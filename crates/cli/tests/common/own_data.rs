@@ -111,3 +111,26 @@ pub fn max_abs_diff(out: &Path, expected: &Value) -> f64 {
         .map(|(a, b)| (f64::from(*a) - b).abs())
         .fold(0.0, f64::max)
 }
+
+/// A JSON list of numbers.
+pub fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// kiln's per-step losses against PyTorch's (`theirs`, a JSON list of as many), each within
+/// `rel` of PyTorch's (relative).
+pub fn assert_same_losses(ours: &[f64], theirs: &Value, rel: f64) {
+    let theirs = floats(theirs);
+    assert_eq!(ours.len(), theirs.len(), "{ours:?}");
+    for (step, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        assert!(
+            (a - b).abs() <= rel * b.abs(),
+            "step {}: kiln {a} vs PyTorch {b}",
+            step + 1
+        );
+    }
+}
