@@ -9,23 +9,16 @@ use std::path::Path;
 use std::process::Command;
 
 use common::own_data::{
-    assert_same_losses, checkpoint, max_abs_diff, prepare, shape_of, train, values_of,
+    assert_same_losses, checkpoint, make_reference, max_abs_diff, prepare, shape_of, train,
+    values_of,
 };
 use common::{kiln, only_run, python, stderr, step_losses};
 use kiln_data::npy_f32_bytes;
 use serde_json::Value;
 
-/// Runs `own_models.py make` into `dir` and returns its reference.json.
+/// The models `own_models.py` writes into `dir`, and PyTorch's reference values.
 fn make_models(dir: &Path) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/own_models.py");
-    let o = Command::new(python())
-        .arg(&script)
-        .arg("make")
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "own_models.py failed: {}", stderr(&o));
-    serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap()
+    make_reference("own_models.py", dir)
 }
 
 fn summary(run: &Path) -> Value {

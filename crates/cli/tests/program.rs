@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::own_data::{
-    assert_same_losses, checkpoint, floats, max_abs_diff, prepare, shape_of, train, values_of,
+    assert_same_losses, checkpoint, floats, make_reference, max_abs_diff, prepare, shape_of, train,
+    values_of,
 };
 use common::{only_run, python, stderr, step_losses};
 use kiln_train::loss::Loss;
@@ -20,17 +21,9 @@ use kiln_train::program::{ProgramModel, ProgramSpec};
 use serde_json::Value;
 use tch::{Kind, Tensor, nn};
 
-/// Runs `programs.py make` into `dir` and returns its reference.json.
+/// The models `programs.py` writes into `dir`, and PyTorch's reference values.
 fn make_programs(dir: &Path) -> Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/programs.py");
-    let o = Command::new(python())
-        .arg(&script)
-        .arg("make")
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "programs.py failed: {}", stderr(&o));
-    serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap()
+    make_reference("programs.py", dir)
 }
 
 fn tensor(t: &Value, kind: Kind) -> Tensor {

@@ -134,3 +134,19 @@ pub fn assert_same_losses(ours: &[f64], theirs: &Value, rel: f64) {
         );
     }
 }
+
+/// Runs `tests/python/<script> make DIR` (the user's models and PyTorch's reference values) and
+/// returns the `reference.json` it writes.
+pub fn make_reference(script: &str, dir: &Path) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let o = std::process::Command::new(super::python())
+        .arg(&path)
+        .arg("make")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{script} failed: {}", stderr(&o));
+    serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap()
+}
