@@ -157,11 +157,7 @@ fn compile_row(k: &[Value], compiled: &[Value], precision: &str) -> Comparison {
     )
     .detail(
         "kiln_cache_hit_load_s",
-        json!(if warm.is_empty() {
-            Value::Null
-        } else {
-            json!(median(warm))
-        }),
+        json!((!warm.is_empty()).then(|| median(warm))),
     )
     .detail("compile", summary)
 }

@@ -67,7 +67,9 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
     let (warm, timed, split) = (&n.warm, &n.timed, &n.split);
     let mut runs = vec![];
     for (i, case) in cases_for(o.device).iter().enumerate() {
-        if (case.compile && o.quick) || !a.selects(&planned_name(&o, case)?) {
+        // The row's name (which resolves the configuration) only where a filter reads it.
+        let filtered = a.filter.is_some() && !a.selects(&planned_name(&o, case)?);
+        if (case.compile && o.quick) || filtered {
             continue;
         }
         let outcome = run_case(&o, (i, case), &n, &out.peaks)?;

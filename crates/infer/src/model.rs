@@ -110,10 +110,15 @@ pub fn rebuild(
     })?;
     let vs = nn::VarStore::new(device);
     let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
+    copy_weights(ckpt, &vs)?;
+    Ok((vs, model, input))
+}
+
+/// Copies the checkpoint's weights into `vs`'s variables, by name and shape.
+fn copy_weights(ckpt: &Checkpoint, vs: &nn::VarStore) -> Result<(), InferError> {
     let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     current.sort_by(|a, b| a.0.cmp(&b.0));
-    ckpt.copy_weights_into(&current)?;
-    Ok((vs, model, input))
+    Ok(ckpt.copy_weights_into(&current)?)
 }
 
 /// "kiln mlp checkpoint runs/x/checkpoints/step-40 (step 40)", for reports.
@@ -263,9 +268,7 @@ impl LoadedModel {
         let model = kiln_train::program::ProgramModel::load_eval(&spec, &input, &vs)?;
         let description = match ckpt {
             Some(ckpt) => {
-                let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-                current.sort_by(|a, b| a.0.cmp(&b.0));
-                ckpt.copy_weights_into(&current)?;
+                copy_weights(ckpt, &vs)?;
                 format!(
                     "kiln exported-program checkpoint {} (step {})",
                     ckpt.dir.display(),

@@ -245,33 +245,35 @@ def check_loss_shapes(kind, out, target, classes):
                         f"program's output has shape {list(out.shape)} for targets of shape {t}")
 
 
-class Step(nn.Module):
-    """The program, its loss and the loss scale: what the joint graph differentiates."""
-
-    def __init__(self, model, a, device_type):
-        super().__init__()
-        self.model = model
-        self.loss, self.output, self.device_type = a.loss, a.output, device_type
-        self.amp = AMP[a.precision]
-
-    def forward(self, x, y, scale):
-        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
-                            enabled=self.amp is not None):
-            out = pick_output(self.model(x), self.output)
-        loss = kiln_loss(self.loss, out, y)
-        return (loss * scale, loss.detach(), out.detach())
-
-
 class EvalStep(nn.Module):
+    """The program's prediction: its forward under the run's autocast, the output the loss
+    uses picked out."""
+
     def __init__(self, model, a, device_type):
         super().__init__()
         self.model, self.output, self.device_type = model, a.output, device_type
         self.amp = AMP[a.precision]
 
-    def forward(self, x):
+    def predict(self, x):
         with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
                             enabled=self.amp is not None):
             return pick_output(self.model(x), self.output)
+
+    def forward(self, x):
+        return self.predict(x)
+
+
+class Step(EvalStep):
+    """The program, its loss and the loss scale: what the joint graph differentiates."""
+
+    def __init__(self, model, a, device_type):
+        super().__init__(model, a, device_type)
+        self.loss = a.loss
+
+    def forward(self, x, y, scale):
+        out = self.predict(x)
+        loss = kiln_loss(self.loss, out, y)
+        return (loss * scale, loss.detach(), out.detach())
 
 
 def example(a, batch, device):
@@ -291,9 +293,7 @@ def example(a, batch, device):
 
 def dry_run(step, x, y, a):
     """One eager step: the output fits the loss, and every parameter gets a gradient."""
-    with torch.autocast(step.device_type, dtype=step.amp or torch.float32,
-                        enabled=step.amp is not None):
-        out = pick_output(step.model(x), a.output)
+    out = step.predict(x)
     check_loss_shapes(a.loss, out, y, a.classes)
     loss = kiln_loss(a.loss, out, y)
     params = dict(step.model.named_parameters())
@@ -389,7 +389,7 @@ def compile_eval(ep, a, device, dynamic, fixed, manifest):
     gm = to_eval(ep.module().to(device))
     step = EvalStep(gm, a, device.type)
     names = ["model." + n for n in manifest["parameters"] + manifest["buffers"]]
-    state = dict(step.named_parameters()) | dict(step.named_buffers())
+    state = state_of(step)
     x, _ = example(a, fixed or 3, device)
     args = tuple(state[n].detach() for n in names) + (x,)
     path = os.path.join(a.out, "eval.pt2")

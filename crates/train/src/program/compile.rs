@@ -32,6 +32,13 @@ impl Packages {
         }
     }
 
+    fn describe(self) -> &'static str {
+        match self {
+            Packages::TrainAndEval => "the train step and the eval forward",
+            Packages::Eval => "the eval forward",
+        }
+    }
+
     fn flag(self) -> &'static str {
         match self {
             Packages::TrainAndEval => "both",
@@ -106,10 +113,8 @@ pub struct Manifest {
 pub struct Compiled {
     pub dir: PathBuf,
     pub manifest: Manifest,
-    /// Whether they came from the cache.
-    pub hit: bool,
     /// Which packages there are.
-    pub key_packages: Packages,
+    pub packages: Packages,
 }
 
 impl Compiled {
@@ -141,8 +146,7 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
         return Ok(Compiled {
             dir,
             manifest,
-            hit: true,
-            key_packages: key.packages,
+            packages: key.packages,
         });
     }
     let partial = root.join(format!("{}.partial-{}", key.digest(), std::process::id()));
@@ -150,9 +154,10 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
     std::fs::create_dir_all(&partial).map_err(|e| file_error(&partial, &e))?;
     let started = Instant::now();
     tracing::info!(
-        "compiling {} for {device} with AOTInductor (the train step and the eval forward; \
-         tens of seconds, once per machine: cached in {})",
+        "compiling {} for {device} with AOTInductor ({}; tens of seconds, once per machine: \
+         cached in {})",
         program.display(),
+        key.packages.describe(),
         root.display()
     );
     let result = run_compiler(program, key, device, &partial);
@@ -173,8 +178,7 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
     Ok(Compiled {
         dir,
         manifest,
-        hit: false,
-        key_packages: key.packages,
+        packages: key.packages,
     })
 }
 

@@ -53,6 +53,8 @@ pub struct ProgramModel {
     mutated: Vec<usize>,
     /// The parameter of each gradient output.
     grad_params: Vec<Tensor>,
+    /// The loss scale without a scaler (1), made once.
+    unit_scale: Tensor,
 }
 
 /// A `model.*`-keyed error about the program.
@@ -73,11 +75,12 @@ fn key_of(
     program: &ProgramInput,
     device: Device,
 ) -> Result<CompileKey, TrainError> {
+    let eval = packages == Packages::Eval;
     let target = input
         .target
         .clone()
         .unwrap_or(kiln_data::TargetSpec::label(input.classes));
-    let classes = matches!(target, kiln_data::TargetSpec::Classes { .. });
+    let classes = !eval && matches!(target, kiln_data::TargetSpec::Classes { .. });
     let cpu = kiln_device::probe::probe_cpu();
     let device_text = match device {
         Device::Cuda(i) => {
@@ -87,8 +90,6 @@ fn key_of(
         }
         _ => "cpu".to_owned(),
     };
-    let eval = packages == Packages::Eval;
-    let classes = classes && !eval;
     Ok(CompileKey {
         packages,
         program_sha256: compile::sha256_file(spec.path)?,
@@ -244,7 +245,7 @@ impl ProgramModel {
             .collect::<Result<Vec<_>, _>>()?;
         let device = vs.device();
         let outputs = 3 + mutated.len() + params.len();
-        let train = match compiled.key_packages {
+        let train = match compiled.packages {
             Packages::TrainAndEval => Some(Mutex::new(Package::load(
                 &compiled.train_package(),
                 device,
@@ -262,6 +263,7 @@ impl ProgramModel {
             buffers,
             mutated,
             grad_params,
+            unit_scale: Tensor::f_ones([], (Kind::Float, device))?,
         })
     }
 
@@ -357,10 +359,9 @@ impl CompiledStep for ProgramModel {
         scale: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor), TrainError> {
         let mut inputs = self.state_inputs();
-        let one = || Tensor::f_ones([], (Kind::Float, features.device()));
         let scale = match scale {
             Some(s) => s.f_reshape([])?.f_to_kind(Kind::Float)?,
-            None => one()?,
+            None => self.unit_scale.shallow_clone(),
         };
         inputs.extend([features.shallow_clone(), targets.shallow_clone(), scale]);
         let train = self.train.as_ref().ok_or_else(|| TrainError::Model {

@@ -723,40 +723,11 @@ impl<'m> Trainer<'m> {
                     let r = sync.before_forward(last);
                     r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
                 }
-                if let Some(step) = self.model.compiled_step() {
-                    let piece_sums = self.compiled_piece(step, (&features, &targets), n, total)?;
-                    match sums.as_mut() {
-                        Some(s) => s.add(&piece_sums)?,
-                        None => sums = Some(piece_sums),
-                    }
-                    continue;
-                }
-                let (loss, piece_sums) = {
-                    let _range = self.range("kiln/forward")?;
-                    let start = self.phase_start()?;
-                    let out = self.forward_loss(&features, &targets, true)?;
-                    self.phase_end(Phase::Forward, start)?;
-                    out
+                let model = self.model;
+                let piece_sums = match model.compiled_step() {
+                    Some(step) => self.compiled_piece(step, (&features, &targets), n, total)?,
+                    None => self.autograd_piece((&features, &targets), n, total, last)?,
                 };
-                let weighted = loss.f_mul_scalar(n as f64 / total as f64)?;
-                let to_backward = match &self.scaler {
-                    Some(s) => s.scale_loss(&weighted)?,
-                    None => weighted,
-                };
-                if let (true, Some(sync)) = (last, self.gradient_sync.as_mut()) {
-                    let r = sync.before_backward(&to_backward);
-                    r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
-                }
-                {
-                    let _range = self.range("kiln/backward")?;
-                    let start = self.phase_start()?;
-                    let synced = last && self.gradient_sync.is_some();
-                    to_backward.f_backward().map_err(|e| {
-                        let what = "backward (its gradients are all-reduced as it runs)";
-                        self.in_ranks(what, synced, e.into())
-                    })?;
-                    self.phase_end(Phase::Backward, start)?;
-                }
                 match sums.as_mut() {
                     Some(s) => s.add(&piece_sums)?,
                     None => sums = Some(piece_sums),
@@ -768,6 +739,44 @@ impl<'m> Trainer<'m> {
             value: "0".to_owned(),
             expected: "a step needs at least one sample".to_owned(),
         })
+    }
+
+    /// One micro-batch through forward (under autocast), the loss and autograd's backward: its
+    /// gradients, weighted by the micro-batch's share of the step's `total` samples (and scaled
+    /// by the loss scaler), add to the parameters'; the step's `last` micro-batch arms the
+    /// gradient sync.
+    fn autograd_piece(
+        &mut self,
+        (features, targets): (&Tensor, &Tensor),
+        n: i64,
+        total: i64,
+        last: bool,
+    ) -> Result<BatchSums, TrainError> {
+        let (loss, piece_sums) = {
+            let _range = self.range("kiln/forward")?;
+            let start = self.phase_start()?;
+            let out = self.forward_loss(features, targets, true)?;
+            self.phase_end(Phase::Forward, start)?;
+            out
+        };
+        let weighted = loss.f_mul_scalar(n as f64 / total as f64)?;
+        let to_backward = match &self.scaler {
+            Some(s) => s.scale_loss(&weighted)?,
+            None => weighted,
+        };
+        if let (true, Some(sync)) = (last, self.gradient_sync.as_mut()) {
+            let r = sync.before_backward(&to_backward);
+            r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
+        }
+        let _range = self.range("kiln/backward")?;
+        let start = self.phase_start()?;
+        let synced = last && self.gradient_sync.is_some();
+        to_backward.f_backward().map_err(|e| {
+            let what = "backward (its gradients are all-reduced as it runs)";
+            self.in_ranks(what, synced, e.into())
+        })?;
+        self.phase_end(Phase::Backward, start)?;
+        Ok(piece_sums)
     }
 
     /// One micro-batch through a compiled step (forward, loss and backward in one call; its
