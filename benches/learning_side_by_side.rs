@@ -142,6 +142,7 @@ fn plan(kind: ModelKind, d_model: u64, heads: u64, layers: u64, ff: u64) -> Mode
         activation_checkpointing: false,
         script: None,
         output: None,
+        freeze: None,
     }
 }
 

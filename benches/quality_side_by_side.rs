@@ -267,7 +267,6 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         Some(&data.join("kiln")),
         RunControl::default(),
         &mut epochs,
-        &mut |_, _| {},
     )
     .map_err(|e| e.to_string())?;
     let s = &outcome.summary;

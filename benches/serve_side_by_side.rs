@@ -166,6 +166,7 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
         activation_checkpointing: false,
         script: None,
         output: None,
+        freeze: None,
     };
     let input = InputSpec {
         sample_shape: vec![FEATURES],

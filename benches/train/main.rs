@@ -111,6 +111,7 @@ fn model_plan(kind: ModelKind, dropout: f64, shape: &TransformerShape) -> ModelP
         activation_checkpointing: false,
         script: None,
         output: None,
+        freeze: None,
     }
 }
 

@@ -296,6 +296,7 @@ fn program_model(
         loss: kiln_train::loss::Loss::CrossEntropy,
         precision,
         output: None,
+        freeze: None,
         threads,
     };
     let model = kiln_train::program::ProgramModel::load(&spec, input, vs);

@@ -388,10 +388,11 @@ fn pinned_version<'a>(pins: &'a str, package: &str) -> Option<&'a str> {
 /// Imports the packages with the new directory first on the path and checks that onnx comes
 /// from it.
 fn verify_export(python: &Path, target: &Path, log: &Path) -> Result<()> {
-    let check = "import onnx, numpy, ml_dtypes, google.protobuf\n\
+    let check = "import onnx, numpy, ml_dtypes, google.protobuf, onnxscript, onnx_ir\n\
                  assert onnx.__file__.startswith(TARGET), onnx.__file__\n\
                  print('onnx', onnx.__version__, 'numpy', numpy.__version__, \
-                 'protobuf', google.protobuf.__version__, 'ml_dtypes', ml_dtypes.__version__)";
+                 'protobuf', google.protobuf.__version__, 'ml_dtypes', ml_dtypes.__version__, \
+                 'onnxscript', onnxscript.__version__, 'onnx-ir', onnx_ir.__version__)";
     let mut cmd = Command::new(python);
     cmd.env("PYTHONPATH", target).args([
         "-c",
@@ -481,7 +482,18 @@ mod tests {
             "pip must never change torch"
         );
         assert_eq!(pinned_version(&pins, "onnx"), Some("1.21.0"));
-        assert_eq!(names, ["onnx", "numpy", "protobuf", "ml_dtypes"]);
+        assert_eq!(
+            names,
+            [
+                "onnx",
+                "numpy",
+                "protobuf",
+                "ml_dtypes",
+                "onnxscript",
+                "onnx-ir",
+                "packaging"
+            ]
+        );
     }
 
     /// A sandbox with a fake Python whose pip "installs" onnxruntime by creating its library.

@@ -89,8 +89,8 @@ pub enum Command {
         format: Format,
     },
     /// Write a trained kiln checkpoint (or run) or a TorchScript module as ONNX or TorchScript
-    /// that takes any batch size, checked against kiln's own output (ONNX in ONNX Runtime)
-    /// before it is written; never overwrites.
+    /// that takes any batch size, or an exported program's run as a program (.pt2) or ONNX,
+    /// checked before it is written (ONNX in ONNX Runtime); never overwrites.
     Export {
         /// A kiln checkpoint or run directory (its newest good checkpoint), or a TorchScript
         /// .pt file.
@@ -99,9 +99,13 @@ pub enum Command {
         /// The file to write (it must not exist).
         #[arg(long, value_name = "FILE")]
         out: PathBuf,
-        /// The format written (default: from --out's extension, .onnx or .pt).
+        /// The format written (default: from --out's extension, .onnx, .pt or .pt2).
         #[arg(long, value_enum)]
         format: Option<ExportFormat>,
+        /// For an exported program's run written as a program: eval (dropout off, batch norm
+        /// on its running statistics) or train (as it was exported, to train further).
+        #[arg(long, value_enum, default_value_t)]
+        mode: ExportMode,
         /// The shape of one sample, e.g. 784 or 64,469 (needed for a TorchScript file;
         /// checkpoints know theirs).
         #[arg(long, value_name = "D,D,…", value_delimiter = ',')]
@@ -334,6 +338,19 @@ pub enum ExportFormat {
     /// ONNX (opset 17, dynamic batch), for ONNX Runtime and other serving stacks; exported by
     /// PyTorch in the provisioned Python.
     Onnx,
+    /// A `torch.export` ExportedProgram (`.pt2`) holding the trained weights, for a run that
+    /// trained one (`torch.export.load` in Python).
+    Program,
+}
+
+/// The mode of a program `kiln export` writes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum ExportMode {
+    /// Dropout off, batch norm on its running statistics: for inference.
+    #[default]
+    Eval,
+    /// As it was exported (train mode), to train further.
+    Train,
 }
 
 /// The model `kiln infer` and `kiln serve` run, and their configuration.

@@ -12,9 +12,11 @@ use kiln_infer::model::{self, ModelSource};
 use kiln_infer::offline::Report;
 use kiln_train::checkpoint::Checkpoint;
 
-use crate::args::{ExportFormat, Format, ModelArgs};
+use crate::args::{ExportFormat, ExportMode, Format, ModelArgs};
 use crate::commands;
 use crate::engines::{self, EngineRequest};
+use kiln_infer::export::ProgramFiles;
+use kiln_train::program::export::ProgramMode;
 
 /// The model's source, its checkpoint (opened and verified; for an ONNX file, the one kiln
 /// exported it from, if still here), and the configuration with the checkpoint's model
@@ -282,6 +284,7 @@ pub struct ExportArgs {
     pub model: PathBuf,
     pub out: PathBuf,
     pub format: Option<ExportFormat>,
+    pub mode: ExportMode,
     pub input_shape: Option<Vec<usize>>,
     pub config: Option<PathBuf>,
     pub sets: Vec<String>,
@@ -298,8 +301,10 @@ fn export_format(given: Option<ExportFormat>, out: &Path) -> anyhow::Result<Expo
     match ext.as_deref() {
         Some("onnx") => Ok(ExportFormat::Onnx),
         Some("pt") => Ok(ExportFormat::Torchscript),
+        Some("pt2") => Ok(ExportFormat::Program),
         _ => anyhow::bail!(
-            "--out {}: give --format onnx or --format torchscript (or name the file .onnx or .pt)",
+            "--out {}: give --format onnx, torchscript or program (or name the file .onnx, .pt \
+             or .pt2)",
             out.display()
         ),
     }
@@ -338,6 +343,9 @@ pub fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
         profile: None,
     };
     let setup = setup(&args, vec![])?;
+    if export_program(a, &setup, format)?.is_some() {
+        return Ok(ExitCode::SUCCESS);
+    }
     let loaded = model::load(
         &setup.source,
         setup.checkpoint.as_ref(),
@@ -362,14 +370,21 @@ pub fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
             let meta = export_metadata(setup.checkpoint.as_ref(), &shape);
             kiln_infer::export::to_onnx(&loaded, &shape, &a.out, &meta)?
         }
+        ExportFormat::Program => anyhow::bail!("--format program takes an exported program's run"),
     };
+    report_export(&e);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The line `kiln export` ends with: what it wrote and how it was checked.
+fn report_export(e: &kiln_infer::export::Exported) {
     eprintln!(
         "wrote {} ({}, {} bytes, input [batch, {}]); checked in {} against kiln on {} samples \
          at batch 3 and 1: max |Δ| {:.1e} (tolerance {:e})",
         e.path.display(),
         e.format,
         e.bytes,
-        shape
+        e.sample_shape
             .iter()
             .map(usize::to_string)
             .collect::<Vec<_>>()
@@ -379,11 +394,96 @@ pub fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
         e.max_abs,
         kiln_infer::export::TOLERANCE
     );
-    Ok(ExitCode::SUCCESS)
 }
 
 /// What an ONNX export records about where it came from: the checkpoint (absolute) and its
 /// weights' digest, so that `infer.engine = auto` can run the checkpoint beside it.
+/// `kiln export` of an exported program's run: the program with its trained weights, as a
+/// `.pt2` or as ONNX; `None` for any other model, for which `format` must not be
+/// [`ExportFormat::Program`] (nor `--mode train` asked).
+fn export_program(
+    a: &ExportArgs,
+    setup: &Setup,
+    format: ExportFormat,
+) -> anyhow::Result<Option<()>> {
+    let program = kiln_train::program::PROGRAM_FILE;
+    let ckpt = setup
+        .checkpoint
+        .as_ref()
+        .filter(|c| c.meta.files.contains_key(program));
+    let Some(ckpt) = ckpt else {
+        return match (format, a.mode) {
+            (ExportFormat::Program, _) => anyhow::bail!(
+                "--format program: {} is not the run of an exported program (a .pt2 given to \
+                 `kiln train`); {}",
+                a.model.display(),
+                if matches!(setup.source, ModelSource::Program(_)) {
+                    "this file already is one"
+                } else {
+                    "export this model as torchscript or onnx"
+                }
+            ),
+            (_, ExportMode::Train) => {
+                anyhow::bail!("--mode train is for an exported program's run written as a program")
+            }
+            _ => Ok(None),
+        };
+    };
+    let weights = ckpt.dir.join(kiln_train::checkpoint::MODEL_FILE);
+    let files = ProgramFiles {
+        program: &ckpt.dir.join(program),
+        weights: &weights,
+    };
+    match format {
+        ExportFormat::Program => {
+            let mode = match a.mode {
+                ExportMode::Eval => ProgramMode::Eval,
+                ExportMode::Train => ProgramMode::Train,
+            };
+            let n = kiln_infer::export::to_program(files, mode, &a.out)?;
+            eprintln!(
+                "wrote {} (an ExportedProgram in {} mode with the weights of step {}: {n} \
+                 tensors, read back and equal bit for bit); in Python: \
+                 torch.export.load(\"{}\").module()",
+                a.out.display(),
+                if mode == ProgramMode::Eval {
+                    "eval"
+                } else {
+                    "train"
+                },
+                ckpt.meta.step,
+                a.out.display()
+            );
+        }
+        ExportFormat::Onnx => {
+            anyhow::ensure!(
+                a.mode == ExportMode::Eval,
+                "--mode train: ONNX is written in eval mode only"
+            );
+            let loaded = model::load(
+                &setup.source,
+                Some(ckpt),
+                &setup.resolution.plan,
+                tch::Device::Cpu,
+                AmpDtype::None,
+            )?;
+            let shape = loaded
+                .sample_shape()
+                .map(<[usize]>::to_vec)
+                .unwrap_or_default();
+            let meta = export_metadata(Some(ckpt), &shape);
+            let e = kiln_infer::export::program_to_onnx(&loaded, files, &shape, &a.out, &meta)?;
+            report_export(&e);
+        }
+        ExportFormat::Torchscript => anyhow::bail!(
+            "--model {}: an exported program's run is written as a program (--format program, \
+             or --out NAME.pt2) or as ONNX, not as TorchScript",
+            a.model.display()
+        ),
+    }
+    Ok(Some(()))
+}
+
 fn export_metadata(checkpoint: Option<&Checkpoint>, shape: &[usize]) -> Vec<(String, String)> {
     let mut meta = vec![
         (

@@ -12,7 +12,7 @@ use std::process::Command;
 
 use common::own_data::{
     assert_same_losses, checkpoint, floats, make_reference, max_abs_diff, prepare, shape_of, train,
-    values_of,
+    train_args, values_of,
 };
 use common::{only_run, python, stderr, step_losses};
 use kiln_train::loss::Loss;
@@ -60,6 +60,7 @@ fn check_gradients(dir: &Path, program: &str, case: &Value) {
         loss: Loss::CrossEntropy,
         precision: kiln_device::settings::AmpDtype::None,
         output: None,
+        freeze: None,
         threads: kiln_torch_ext::memory::num_threads().unwrap().0,
     };
     let vs = nn::VarStore::new(tch::Device::Cpu);
@@ -167,6 +168,7 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
         .len();
     assert_eq!(names, case["gradients"].as_object().unwrap().len());
     infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
+    exports_the_trained_program(tmp.path(), &ckpt);
 
     // With dropout on: resumed from step 10, the same step-20 weights and losses, bit for bit.
     let runs = tmp.path().join("dropout-runs");
@@ -189,38 +191,35 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
         first,
         "the resumed run logs what the first one did"
     );
+    exports_in_eval_mode(tmp.path(), &checkpoint(&run, 20), &case["x"]);
 }
 
 /// `kiln infer` on the program checkpoint `ckpt` (its eval forward compiled here, fp32) gives
 /// what PyTorch computes with the program and the checkpoint's weights.
 fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) {
-    let (inputs, x_json, y_json) = (dir.join("x.npy"), dir.join("x.json"), dir.join("y.json"));
+    let out = kiln_infer(dir, ckpt, x);
+    let weights = ckpt.join("model.safetensors");
+    let theirs = pytorch_output(dir, &ckpt.join("model.pt2"), weights.to_str().unwrap());
+    let diff = max_abs_diff(&out, &theirs);
+    assert!(
+        diff < 1e-5,
+        "kiln infer vs PyTorch on the trained program: max |Δ| {diff}"
+    );
+}
+
+/// `kiln infer` (fp32, CPU) of `model` on the inputs `x`, which it writes to `dir/x.npy` and
+/// `dir/x.json` (for [`pytorch_output`]); the path of its outputs.
+fn kiln_infer(dir: &Path, model: &Path, x: &Value) -> PathBuf {
+    let (inputs, x_json, out) = (dir.join("x.npy"), dir.join("x.json"), dir.join("out.npy"));
     let xs: Vec<f32> = values_of(x).iter().map(|&v| v as f32).collect();
-    std::fs::write(
-        &inputs,
-        kiln_data::npy_f32_bytes(&shape_of(x), &xs).unwrap(),
-    )
-    .unwrap();
+    let bytes = kiln_data::npy_f32_bytes(&shape_of(x), &xs).unwrap();
+    std::fs::write(&inputs, bytes).unwrap();
     std::fs::write(&x_json, x.to_string()).unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/programs.py");
-    let p = Command::new(python())
-        .arg(&script)
-        .arg("run")
-        .args([
-            ckpt.join("model.pt2"),
-            ckpt.join("model.safetensors"),
-            x_json,
-            y_json.clone(),
-        ])
-        .output()
-        .unwrap();
-    assert!(p.status.success(), "{}", stderr(&p));
-    let theirs: Value = serde_json::from_slice(&std::fs::read(&y_json).unwrap()).unwrap();
-    let out = dir.join("out.npy");
+    let _ = std::fs::remove_file(&out);
     let o = common::kiln(&[
         "infer",
         "--model",
-        ckpt.to_str().unwrap(),
+        model.to_str().unwrap(),
         "--inputs",
         inputs.to_str().unwrap(),
         "--output",
@@ -231,15 +230,80 @@ fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) {
         "cpu",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+/// `programs.py run` on `program` with `weights` (a safetensors file, or "-" for the
+/// program's own) and the inputs `dir/x.json`: PyTorch's output (the program as exported).
+fn pytorch_output(dir: &Path, program: &Path, weights: &str) -> Value {
+    let out = dir.join("pytorch-output.json");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/programs.py");
+    let p = Command::new(python())
+        .arg(&script)
+        .arg("run")
+        .arg(program)
+        .arg(weights)
+        .arg(dir.join("x.json"))
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", stderr(&p));
+    serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
+/// `kiln export` of the program checkpoint `ckpt` with `extra` arguments.
+fn export(ckpt: &Path, extra: &[&str]) -> std::process::Output {
+    let args = [&["export", "--model", ckpt.to_str().unwrap()][..], extra].concat();
+    common::kiln(&args)
+}
+
+/// `kiln export` of the program checkpoint `ckpt` (a program without dropout or batch norm,
+/// whose modes agree): a `.pt2` in eval and in train mode that PyTorch loads and that computes
+/// what the program with the checkpoint's weights computes, and ONNX that ONNX Runtime runs as
+/// kiln does; never over an existing file, and never as TorchScript.
+fn exports_the_trained_program(dir: &Path, ckpt: &Path) {
+    let weights = ckpt.join("model.safetensors");
+    let trained = pytorch_output(dir, &ckpt.join("model.pt2"), weights.to_str().unwrap());
+    let untrained = pytorch_output(dir, &ckpt.join("model.pt2"), "-");
+    assert_ne!(untrained, trained, "training changed the weights");
+    for (name, mode) in [("trained.pt2", "eval"), ("trained-train.pt2", "train")] {
+        let out = dir.join(name);
+        let o = export(ckpt, &["--out", out.to_str().unwrap(), "--mode", mode]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(stderr(&o).contains("equal bit for bit"), "{}", stderr(&o));
+        assert_eq!(pytorch_output(dir, &out, "-"), trained, "{name}");
+    }
+
+    let onnx = dir.join("trained.onnx");
+    let o = export(ckpt, &["--out", onnx.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("exported-program checkpoint"),
+        stderr(&o).contains("checked in onnxruntime"),
         "{}",
         stderr(&o)
     );
-    let diff = max_abs_diff(&out, &theirs);
+
+    let out = dir.join("trained.pt2");
+    let before = std::fs::read(&out).unwrap();
+    let o = export(ckpt, &["--out", out.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("exists already"));
+    assert_eq!(std::fs::read(&out).unwrap(), before, "nothing overwritten");
+    let script = dir.join("trained.pt");
+    let o = export(ckpt, &["--out", script.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("--format program"));
+    assert!(!script.exists());
+}
+
+/// A program with dropout exported in eval mode: PyTorch's output is kiln's eval forward's.
+fn exports_in_eval_mode(dir: &Path, ckpt: &Path, x: &Value) {
+    let ours = kiln_infer(dir, ckpt, x);
+    let out = dir.join("dropout-eval.pt2");
+    let o = export(ckpt, &["--out", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let diff = max_abs_diff(&ours, &pytorch_output(dir, &out, "-"));
     assert!(
         diff < 1e-5,
-        "kiln infer vs PyTorch on the trained program: max |Δ| {diff}"
+        "the eval-mode export vs kiln infer: max |Δ| {diff}"
     );
 }
 
@@ -254,7 +318,8 @@ fn a_bf16_compiled_step_learns_as_eager_bf16_with_python_torch() {
     let args = ["--epochs", "40", "--set", "train.amp=bf16"];
     let o = train(&tmp.path().join("mlp_bf16.pt2"), &data, &runs, 256, &args);
     assert!(o.status.success(), "{}", stderr(&o));
-    let ours = step_losses(&only_run(&runs));
+    let run = only_run(&runs);
+    let ours = step_losses(&run);
     let theirs = floats(&case["losses"]);
     // bf16 gradients legitimately differ from eager's (Inductor rounds its fused kernels
     // otherwise): judged by learning, as the learning suite judges bf16.
@@ -264,6 +329,33 @@ fn a_bf16_compiled_step_learns_as_eager_bf16_with_python_torch() {
         "final loss: kiln {a} vs PyTorch eager bf16 {b}"
     );
     assert!(a < 0.6 * ours[0], "it learned: {ours:?}");
+    // And on held-out data (predicted in fp32 by both): accuracy within 2 points.
+    let held_out = &case["held_out"];
+    let ours = held_out_accuracy(tmp.path(), &checkpoint(&run, 40), held_out);
+    let theirs = held_out["accuracy"].as_f64().unwrap();
+    assert!(
+        (ours - theirs).abs() <= 0.02,
+        "held-out accuracy: kiln {ours} vs PyTorch eager bf16 {theirs}"
+    );
+}
+
+/// The share of `held_out` samples whose class `kiln infer` on `ckpt` (fp32) gets right.
+fn held_out_accuracy(dir: &Path, ckpt: &Path, held_out: &Value) -> f64 {
+    let out = kiln_infer(dir, ckpt, &held_out["x"]);
+    let bytes = std::fs::read(&out).unwrap();
+    let logits = kiln_data::NpyArray::parse(&bytes).unwrap();
+    let classes = logits.shape[1];
+    let labels = values_of(&held_out["y"]);
+    let right = logits
+        .to_f32()
+        .chunks(classes)
+        .zip(&labels)
+        .filter(|(row, y)| {
+            let best = (0..classes).max_by(|&i, &j| row[i].total_cmp(&row[j]));
+            best == Some(**y as usize)
+        })
+        .count();
+    right as f64 / labels.len() as f64
 }
 
 /// `kiln train` on `model` that must fail, naming each of `expected`; no run is left.
@@ -376,8 +468,32 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
         &data,
         &none,
         &[],
-        &["aux.weight", "aux.bias", "no gradient"],
+        &["aux.weight", "aux.bias", "no gradient", "model.freeze"],
     );
+    refused(
+        &path("unused.pt2"),
+        &data,
+        &none,
+        &["--set", "model.freeze=auxiliary"],
+        &[
+            "model.freeze = 'auxiliary'",
+            "fc.weight, fc.bias, aux.weight, aux.bias",
+        ],
+    );
+    // Frozen, the unused head keeps its exported values while the rest trains.
+    let frozen = runs.join("frozen");
+    let args = ["--epochs", "1", "--set", "model.freeze=aux"];
+    let o = train(&path("unused.pt2"), &data, &frozen, 16, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = only_run(&frozen);
+    let weights = |step: u64, name: &str| {
+        let bytes = std::fs::read(checkpoint(&run, step).join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensor(name).unwrap().data().to_vec()
+    };
+    assert_eq!(weights(1, "aux.weight"), weights(4, "aux.weight"));
+    assert_eq!(weights(1, "aux.bias"), weights(4, "aux.bias"));
+    assert_ne!(weights(1, "fc.weight"), weights(4, "fc.weight"));
     let text = path("notes.pt2");
     std::fs::write(&text, "not a model").unwrap();
     refused(
@@ -392,4 +508,82 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
             "torch.jit.script",
         ],
     );
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
+fn a_program_with_its_own_loss_trains_validates_and_predicts_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = make_programs(tmp.path());
+    let case = &reference["quantiles"];
+    let data = prepare(tmp.path(), "values", &case["x"], &case["y"], false);
+    let model = tmp.path().join("quantiles.pt2");
+    let own = [
+        "--set",
+        "train.loss=module",
+        "--set",
+        "model.output=prediction",
+    ];
+
+    // The pinball loss inside the program: 20 full-batch steps as PyTorch eager takes them.
+    let runs = tmp.path().join("runs");
+    let args = [&own[..], &["--epochs", "20"]].concat();
+    let o = train(&model, &data, &runs, 64, &args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = only_run(&runs);
+    assert_same_losses(&step_losses(&run), &case["losses"], 1e-4);
+    // Predicting needs no target: kiln infer gives what PyTorch's program does.
+    infers_as_pytorch(tmp.path(), &checkpoint(&run, 20), &case["x"]);
+
+    // Validation runs the program's own loss in eval mode.
+    let val = tmp.path().join("val");
+    let split = ["--epochs", "3", "--set", "data.val_fraction=0.25"];
+    let o = train(&model, &data, &val, 16, &[&own[..], &split[..]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let metrics = std::fs::read_to_string(only_run(&val).join("metrics.jsonl")).unwrap();
+    let val_losses: Vec<f64> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter_map(|v| v["val_loss"].as_f64())
+        .collect();
+    assert_eq!(val_losses.len(), 3, "{metrics}");
+    assert!(val_losses.iter().all(|l| l.is_finite() && *l > 0.0));
+
+    // The loss and the program must go together; a machine without a C++ compiler is told
+    // what to install (a cache of its own, so that nothing compiled before is found).
+    let none = tmp.path().join("no-runs");
+    refused(
+        &model,
+        &data,
+        &none,
+        &[],
+        &["quantiles.pt2", "train.loss = module"],
+    );
+    let mlp = prepare(
+        tmp.path(),
+        "classify",
+        &reference["mlp"]["x"],
+        &reference["mlp"]["y"],
+        true,
+    );
+    refused(
+        &tmp.path().join("mlp.pt2"),
+        &mlp,
+        &none,
+        &["--set", "train.loss=module"],
+        &["mlp.pt2", "forward(features, target)"],
+    );
+    let no_cxx = common::kiln_with_env(
+        &train_args(&model, &data, &none, &own[..]),
+        &[
+            ("CXX", "/nonexistent/c++"),
+            (
+                "KILN_COMPILE_CACHE",
+                tmp.path().join("cold").to_str().unwrap(),
+            ),
+        ],
+    );
+    assert!(!no_cxx.status.success());
+    let err = stderr(&no_cxx);
+    assert!(err.contains("C++ compiler") && err.contains("g++"), "{err}");
 }

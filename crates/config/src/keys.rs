@@ -96,6 +96,9 @@ config_keys! {
         /// The output the loss uses, for a program returning a dict (its key) or a tuple (an
         /// index).
         output: Option<String> => p.model.output;
+        /// Parameters of your program kept at their exported values (no gradient, not
+        /// trained): names or prefixes of dotted names, comma separated ("encoder,head.bias").
+        freeze: Option<String> => p.model.freeze;
         dropout: f64 = 0.1 => p.model.dropout,
             valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
         d_model: u64 = 256 => p.model.d_model, valid |v| *v >= 1 => "must be at least 1";
@@ -253,7 +256,7 @@ mod tests {
         assert_eq!(shown["serve.max_wait_ms"], "2");
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 74);
+        assert_eq!(KEYS.len(), 75);
     }
 
     #[test]

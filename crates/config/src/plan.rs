@@ -107,6 +107,8 @@ pub struct ModelPlan {
     pub script: Option<PathBuf>,
     /// The output the loss uses, for a program returning a dict or a tuple.
     pub output: Option<String>,
+    /// A program's parameters kept at their values (names or prefixes, comma separated).
+    pub freeze: Option<String>,
     pub dropout: f64,
     pub d_model: u64,
     pub heads: u64,
@@ -318,6 +320,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
         kind: v.name.kind,
         script: v.name.script,
         output: v.output,
+        freeze: v.freeze,
         dropout: v.dropout,
         d_model: v.d_model,
         heads: v.heads,

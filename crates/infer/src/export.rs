@@ -1,8 +1,9 @@
 //! `kiln export`: a model written as a TorchScript file that takes any batch size (a kiln
 //! checkpoint's model traced, a TorchScript module saved in eval mode), or as ONNX (that
 //! TorchScript file through PyTorch's exporter, in the provisioned Python), checked against
-//! kiln's own output at two batch sizes (ONNX in ONNX Runtime) before it is published; an
-//! existing file is never overwritten.
+//! kiln's own output at two batch sizes (ONNX in ONNX Runtime) before it is published; and an
+//! exported program's run as the program with its trained weights (`.pt2`, read back and
+//! compared tensor by tensor). An existing file is never overwritten.
 
 use std::path::{Path, PathBuf};
 
@@ -86,9 +87,9 @@ fn check_exportable(model: &LoadedModel, out: &Path) -> Result<(), InferError> {
     if model.is_program() {
         return Err(InferError::Model {
             model: model.description().to_owned(),
-            message: "kiln export does not write an exported program's run yet; its checkpoint \
-                      holds the program (model.pt2) and the trained weights under the program's \
-                      names (model.safetensors)"
+            message: "an exported program is written as a program (--format program, from \
+                      its run or checkpoint, with the trained weights), not as TorchScript or \
+                      ONNX"
                 .to_owned(),
         });
     }
@@ -273,3 +274,86 @@ fn check_onnx(
     }
     Ok((max_abs, CHECK_BATCHES.iter().sum(), engine.status()))
 }
+
+/// A trained program's checkpoint files (`model.pt2` and `model.safetensors`).
+#[derive(Debug, Clone, Copy)]
+pub struct ProgramFiles<'a> {
+    pub program: &'a Path,
+    pub weights: &'a Path,
+}
+
+/// Writes the trained program `files` to `out` as a `.pt2` ExportedProgram that PyTorch loads
+/// with `torch.export.load`, in `mode`; the file is read back and every tensor compared, bit
+/// for bit, with the checkpoint's before it is published. Returns how many tensors it holds.
+pub fn to_program(
+    files: ProgramFiles<'_>,
+    mode: kiln_train::program::export::ProgramMode,
+    out: &Path,
+) -> Result<usize, InferError> {
+    use kiln_train::program::export::{ExportFormat, ExportRequest};
+    check_target(out)?;
+    let staging = staging_with(out, ".pt2");
+    let request = ExportRequest {
+        program: files.program,
+        weights: files.weights,
+        out: &staging,
+        format: ExportFormat::Program,
+        mode,
+        meta: &[],
+        pythonpath: None,
+    };
+    let result = kiln_train::program::export::write(&request)
+        .map_err(InferError::from)
+        .and_then(|facts| {
+            publish(&staging, out)?;
+            Ok(facts["tensors"].as_u64().unwrap_or(0) as usize)
+        });
+    let _ = std::fs::remove_file(&staging);
+    result
+}
+
+/// Writes the trained program `files` in eval mode to `out` as ONNX, through PyTorch's
+/// exporter for exported programs, then checks it in ONNX Runtime against `model` (the
+/// program's compiled eval forward with the same weights) as [`to_onnx`] does.
+pub fn program_to_onnx(
+    model: &LoadedModel,
+    files: ProgramFiles<'_>,
+    sample_shape: &[usize],
+    out: &Path,
+    meta: &[(String, String)],
+) -> Result<Exported, InferError> {
+    use kiln_train::program::export::{ExportFormat, ExportRequest, ProgramMode};
+    check_target(out)?;
+    let staging = staging_path(out);
+    let pythonpath = crate::onnx::python::export_packages();
+    let request = ExportRequest {
+        program: files.program,
+        weights: files.weights,
+        out: &staging,
+        format: ExportFormat::Onnx {
+            opset: PROGRAM_OPSET,
+        },
+        mode: ProgramMode::Eval,
+        meta,
+        pythonpath: pythonpath.as_deref(),
+    };
+    let result = (|| -> Result<_, InferError> {
+        kiln_train::program::export::write(&request)?;
+        let (max_abs, samples, runtime) = check_onnx(model, sample_shape, &staging)?;
+        Ok((max_abs, samples, runtime, publish(&staging, out)?))
+    })();
+    let _ = std::fs::remove_file(&staging);
+    let (max_abs, samples_checked, runtime, bytes) = result?;
+    Ok(Exported {
+        path: out.to_owned(),
+        format: format!("ONNX opset {PROGRAM_OPSET}"),
+        checked_in: runtime,
+        bytes,
+        sample_shape: sample_shape.to_vec(),
+        max_abs,
+        samples_checked,
+    })
+}
+
+/// The ONNX opset of programs (PyTorch's exporter for exported programs starts at 18).
+pub const PROGRAM_OPSET: u32 = 18;

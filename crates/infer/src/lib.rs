@@ -15,6 +15,7 @@ pub mod model;
 pub mod offline;
 pub mod onnx;
 pub mod profile;
+mod pyscript;
 pub mod serve;
 
 pub use engine::{Engine, EngineOptions, GraphStatus, Runner};

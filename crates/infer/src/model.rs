@@ -262,6 +262,7 @@ impl LoadedModel {
             loss: kiln_train::loss::Loss::CrossEntropy,
             precision,
             output,
+            freeze: None,
             threads: kiln_torch_ext::memory::num_threads()?.0,
         };
         let vs = nn::VarStore::new(device);

@@ -16,6 +16,11 @@ batch dimension where the program has one, exported again and compiled by AOTInd
 ops fall back to eager kernels (torch._inductor.config.fallback_random), so dropout draws what
 eager PyTorch draws from the same generator state.
 
+`compile_program.py export ...` writes a trained program instead (kiln export): the program
+with a checkpoint's weights put in by name, in eval mode (dropout off, batch norm on its running
+statistics; re-exported with its dynamic batch) or as it was exported, as a .pt2 read back and
+compared tensor by tensor, or in eval mode as ONNX (PyTorch's exporter for exported programs).
+
 Prints one JSON line on stdout: the manifest, or {"error": {"kind": ..., "message": ...}} with
 exit status 2 for a problem with the user's program or settings. Progress goes to stderr.
 """
@@ -36,7 +41,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-LOSSES = ("cross_entropy", "mse", "l1", "huber", "bce_with_logits")
+LOSSES = ("cross_entropy", "mse", "l1", "huber", "bce_with_logits", "module")
 DTYPES = {"float32": torch.float32, "int64": torch.int64}
 AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,6 +72,8 @@ def parse_args(argv=None):
     p.add_argument("--target-dtype", choices=tuple(DTYPES), default="int64")
     p.add_argument("--classes", type=int, default=None)
     p.add_argument("--output", default=None, help="the output the loss uses (dict key or index)")
+    p.add_argument("--freeze", default="", help="parameters kept at their values (names or "
+                   "prefixes, comma separated): no gradient, not trained")
     p.add_argument("--what", choices=("train", "eval", "both"), default="both")
     p.add_argument("--log", default=None, help="where an Inductor failure's traceback goes "
                    "(default: OUT/compile.log)")
@@ -92,23 +99,28 @@ def first_line(e):
     return text[0] if text else type(e).__name__
 
 
-def user_input(ep):
-    """The program's one tensor input: its example's shape (with symbols) and dtype."""
+def user_inputs(ep):
+    """The program's tensor inputs (features, and targets for a program computing its own
+    loss): their examples' shapes (with symbols) and dtypes."""
     from torch.export.graph_signature import InputKind
 
     user = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    if len(user) != 1:
+    if len(user) not in (1, 2):
         names = [s.arg.name for s in user]
         raise UserError(
             "inputs",
             f"the program takes {len(user)} inputs ({', '.join(names)}); kiln feeds it one "
-            "tensor of features: export a module whose forward takes one batch tensor",
+            "tensor of features (or features and targets, for train.loss = module): export a "
+            "module whose forward takes those",
         )
-    node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == user[0].arg.name)
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        raise UserError("inputs", "the program's input is not a tensor")
-    return val
+    vals = []
+    for spec in user:
+        node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise UserError("inputs", f"the program's input {spec.arg.name} is not a tensor")
+        vals.append(val)
+    return vals
 
 
 def batch_dim(val):
@@ -227,6 +239,45 @@ def kiln_loss(kind, out, target):
     return F.binary_cross_entropy_with_logits(out, target)
 
 
+OWN_LOSS_FORM = ("a program with train.loss = module returns its mean loss: a 0-dim tensor, a "
+                 "dict with an entry \"loss\", or a tuple whose first entry is the loss")
+
+
+def own_loss(out, name):
+    """An own-loss program's (loss, prediction): the loss as OWN_LOSS_FORM says, the prediction
+    the entry `name` (model.output) names, or None."""
+    if isinstance(out, torch.Tensor):
+        loss, pred = out, None
+    elif isinstance(out, dict):
+        if "loss" not in out:
+            raise UserError("output", f"{OWN_LOSS_FORM}; it returns a dict of "
+                            f"{', '.join(map(str, out))}")
+        loss = out["loss"]
+        pred = None if name is None else pick_output(out, name)
+    elif isinstance(out, (tuple, list)) and out:
+        loss = out[0]
+        pred = None if name is None else pick_output(out, name)
+    else:
+        raise UserError("output", f"{OWN_LOSS_FORM}; it returns a {type(out).__name__}")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise UserError("output", f"{OWN_LOSS_FORM}; its loss is {shape}, not one value")
+    return loss.reshape(()).float(), pred
+
+
+def check_target(val, a):
+    """An own-loss program's target input against the dataset's targets."""
+    want, dtype = shape_of(a.target_shape), DTYPES[a.target_dtype]
+    per_sample = [int(d) for d in val.shape[1:]]
+    if per_sample != want or val.dtype != dtype:
+        raise UserError(
+            "input_mismatch",
+            f"the program takes targets of [batch, {', '.join(map(str, per_sample))}] "
+            f"({str(val.dtype).replace('torch.', '')}); the dataset's targets are {want} "
+            f"({str(dtype).replace('torch.', '')})",
+        )
+
+
 def check_loss_shapes(kind, out, target, classes):
     o, t = list(out.shape), list(target.shape)
     if kind != "cross_entropy" and len(o) == len(t) + 1 and o[-1] == 1:
@@ -276,6 +327,64 @@ class Step(EvalStep):
         return (loss * scale, loss.detach(), out.detach())
 
 
+class OwnLossStep(EvalStep):
+    """A program that takes the target and computes its own loss (train.loss = module)."""
+
+    def losses(self, x, y):
+        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
+                            enabled=self.amp is not None):
+            loss, pred = own_loss(self.model(x, y), self.output)
+        return loss, (loss if pred is None else pred)
+
+    def forward(self, x, y, scale):
+        loss, pred = self.losses(x, y)
+        return (loss * scale, loss.detach(), pred.detach())
+
+
+class OwnLossEval(OwnLossStep):
+    """Its validation: the loss and the prediction, the program in eval mode."""
+
+    def forward(self, x, y):
+        return self.losses(x, y)
+
+
+class Predict(EvalStep):
+    """An own-loss program's prediction alone (inference): the program fed a target of zeros
+    (`check_predict` shows the prediction does not read it)."""
+
+    def __init__(self, model, a, device_type, target):
+        super().__init__(model, a, device_type)
+        self.target_shape, self.target_dtype = [int(d) for d in target.shape[1:]], target.dtype
+
+    def zeros(self, x):
+        return torch.zeros([x.shape[0]] + self.target_shape, dtype=self.target_dtype,
+                           device=x.device)
+
+    def forward(self, x, y=None):
+        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
+                            enabled=self.amp is not None):
+            out = self.model(x, self.zeros(x) if y is None else y)
+        if self.output is None:
+            raise UserError("output", "the program takes the target and computes its own loss; "
+                            "to predict, name the entry of its output that holds the prediction "
+                            "with model.output")
+        return pick_output(out, self.output)
+
+
+def check_predict(step, x):
+    """An own-loss program's prediction must not read the target: the eval-mode prediction
+    with a target of zeros and with a random one must be equal."""
+    zeros = step.zeros(x)
+    other = (torch.randint_like(zeros, 0, 2) if not zeros.is_floating_point()
+             else torch.randn_like(zeros))
+    with torch.no_grad():
+        same = torch.equal(step(x, zeros), step(x, other))
+    if not same:
+        raise UserError("output", f"model.output = {step.output!r} depends on the target the "
+                        "program takes, so kiln cannot predict without one: return a "
+                        "prediction computed from the features alone")
+
+
 def example(a, batch, device):
     shape = shape_of(a.sample_shape)
     gen = torch.Generator().manual_seed(0)
@@ -293,15 +402,36 @@ def example(a, batch, device):
 
 def dry_run(step, x, y, a):
     """One eager step: the output fits the loss, and every parameter gets a gradient."""
-    out = step.predict(x)
-    check_loss_shapes(a.loss, out, y, a.classes)
-    loss = kiln_loss(a.loss, out, y)
-    params = dict(step.model.named_parameters())
+    if isinstance(step, OwnLossStep):
+        loss, _ = step.losses(x, y)
+    else:
+        out = step.predict(x)
+        check_loss_shapes(a.loss, out, y, a.classes)
+        loss = kiln_loss(a.loss, out, y)
+    params = {n: p for n, p in step.model.named_parameters() if p.requires_grad}
     grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     unused = [n for n, g in zip(params, grads) if g is None]
     if unused:
         raise UserError("unused_parameters", f"{len(unused)} parameter(s) get no gradient in "
                         f"the step: {', '.join(unused)}")
+
+
+def freeze(model, patterns):
+    """Keeps the parameters `patterns` names (a name, or a prefix of dotted names) at their
+    values: they get no gradient in the step. Returns their names."""
+    wanted = [p.strip() for p in patterns.split(",") if p.strip()]
+    names = [n for n, _ in model.named_parameters()]
+    frozen = []
+    for pattern in wanted:
+        hits = [n for n in names if n == pattern or n.startswith(pattern + ".")]
+        if not hits:
+            raise UserError("freeze", f"model.freeze = {pattern!r} names no parameter of the "
+                            f"program (its parameters: {', '.join(names)})")
+        frozen += hits
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
+    return sorted(set(frozen))
 
 
 def symbolic(fake_mode, t, dynamic):
@@ -362,7 +492,8 @@ def export_and_compile(module, args, dynamic_at, path, dynamic):
 def compile_train(ep, a, device, dynamic, fixed):
     device_type = device.type
     gm = ep.module().to(device)
-    step = Step(gm, a, device_type)
+    frozen = freeze(gm, a.freeze)
+    step = (OwnLossStep if a.loss == "module" else Step)(gm, a, device_type)
     x, y = example(a, fixed or 3, device)
     scale = torch.ones((), device=device)
     dry_run(step, x, y, a)
@@ -382,18 +513,54 @@ def compile_train(ep, a, device, dynamic, fixed):
         "buffers": [n[strip:] for n in sig.buffers],
         "mutated_buffers": [sig.buffers_to_mutate[o][strip:] for o in outputs[:n_mut]],
         "gradients": [n[strip:] for n in grads],
+        "frozen": frozen,
     }
 
 
-def compile_eval(ep, a, device, dynamic, fixed, manifest):
+def compile_eval(ep, a, device, dynamic, fixed, manifest, target):
+    """The eval forward: features to the prediction; for an own-loss program in training,
+    features and targets to (loss, prediction); for one in inference, its prediction alone."""
     gm = to_eval(ep.module().to(device))
-    step = EvalStep(gm, a, device.type)
+    x, y = example(a, fixed or 3, device)
+    if target is None:
+        step, extra, manifest["eval_outputs"] = EvalStep(gm, a, device.type), (), 1
+    elif a.loss == "module":
+        step, extra, manifest["eval_outputs"] = OwnLossEval(gm, a, device.type), (y,), 2
+        manifest["eval_takes_target"] = True
+    else:
+        step, extra, manifest["eval_outputs"] = Predict(gm, a, device.type, target), (), 1
+        check_predict(step, x)
     names = ["model." + n for n in manifest["parameters"] + manifest["buffers"]]
     state = state_of(step)
-    x, _ = example(a, fixed or 3, device)
-    args = tuple(state[n].detach() for n in names) + (x,)
+    args = tuple(state[n].detach() for n in names) + (x,) + extra
     path = os.path.join(a.out, "eval.pt2")
-    export_and_compile(Functional(step, names), args, (len(names),), path, dynamic)
+    dynamic_at = tuple(range(len(names), len(names) + 1 + len(extra)))
+    export_and_compile(Functional(step, names), args, dynamic_at, path, dynamic)
+
+
+def check_loss_inputs(a, target):
+    """train.loss = module goes with a program that takes the target, and only with one."""
+    if a.loss == "module" and target is None:
+        raise UserError("loss", f"train.loss = module: {OWN_LOSS_FORM}, and takes (features, "
+                        "target); this program takes the features alone: export a module whose "
+                        "forward(features, target) returns the loss, or use a loss of kiln's")
+    if a.loss not in (None, "module") and target is not None:
+        raise UserError("loss", f"the program takes the target as well as the features, so it "
+                        f"computes its own loss: set train.loss = module (not {a.loss})")
+
+
+def check_compiler():
+    """AOTInductor compiles C++: a machine without a compiler is told what to install."""
+    from torch._inductor import cpp_builder, exc
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except exc.InvalidCxxCompiler:
+        wanted = [c for c in torch._inductor.config.cpp.cxx if c] or ["g++"]
+        raise UserError("no_compiler", "compiling a program needs a C++ compiler, and none was "
+                        f"found (tried {', '.join(wanted)}): install one (Debian/Ubuntu: apt "
+                        "install g++; Fedora: dnf install gcc-c++; macOS: xcode-select "
+                        "--install) or point CXX at one") from None
 
 
 def compile_all(a):
@@ -406,8 +573,13 @@ def compile_all(a):
     # The weights as saved, before any dry run: ep.module() shares the program's tensors, so a
     # train-mode forward would move batch-norm statistics in them.
     initial = {n: t.detach().clone() for n, t in state_of(ep.module()).items()}
-    val = user_input(ep)
+    check_compiler()
+    val, *rest = user_inputs(ep)
+    target = rest[0] if rest else None
     check_input(val, shape_of(a.sample_shape), DTYPES[a.feature_dtype])
+    check_loss_inputs(a, target)
+    if target is not None and a.loss is not None:
+        check_target(target, a)
     fixed = batch_dim(val)
     dynamic = fixed is None
     train_ops, frozen_ops = eval_mode_ops(ep.module())
@@ -421,6 +593,8 @@ def compile_all(a):
         "output": a.output,
         "eval_mode_ops": frozen_ops,
         "train_mode_ops": train_ops,
+        "own_loss": a.loss == "module",
+        "predicts": target is None or a.output is not None,
     }
     os.makedirs(a.out, exist_ok=True)
     if a.what in ("train", "both"):
@@ -434,7 +608,7 @@ def compile_all(a):
             manifest["parameters"] = [n for n, _ in gm.named_parameters()]
             manifest["buffers"] = [n for n, _ in gm.named_buffers()]
         log("compiling the eval forward…")
-        compile_eval(ep, a, device, dynamic, fixed, manifest)
+        compile_eval(ep, a, device, dynamic, fixed, manifest, target)
     names = manifest["parameters"] + manifest["buffers"]
     write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
     manifest["compile_s"] = time.time() - started
@@ -483,19 +657,138 @@ def sha256_of(path):
     return h.hexdigest()
 
 
-def main():
-    a = parse_args()
+# --- export (kiln export) -------------------------------------------------------------------
+
+
+def parse_export_args(argv):
+    p = argparse.ArgumentParser(description="writes a trained program (kiln export)")
+    p.add_argument("--program", required=True, help="the checkpoint's model.pt2")
+    p.add_argument("--weights", required=True, help="the checkpoint's model.safetensors")
+    p.add_argument("--out", required=True)
+    p.add_argument("--format", choices=("program", "onnx"), default="program")
+    p.add_argument("--mode", choices=("eval", "train"), default="eval")
+    p.add_argument("--opset", type=int, default=18)
+    p.add_argument("--meta", action="append", default=[], help="KEY=VALUE for ONNX metadata")
+    p.add_argument("--log", default=None)
+    return p.parse_args(argv)
+
+
+SAFETENSORS_TORCH = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+
+
+def read_safetensors(path):
+    """A safetensors file's tensors (read here: no numpy or safetensors package needed)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = memoryview(data)[8 + n:]
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = meta["data_offsets"]
+        dtype = SAFETENSORS_TORCH[meta["dtype"]]
+        t = (torch.frombuffer(bytearray(body[start:end]), dtype=dtype) if end > start
+             else torch.empty(0, dtype=dtype))
+        out[name] = t.reshape(meta["shape"])
+    return out
+
+
+def put_weights(ep, weights):
+    """The program's parameters and buffers replaced by `weights`, by name: every one must be
+    there in its shape and dtype, and nothing else."""
+    module = ep.module()
+    names = list(state_of(module))
+    missing = [n for n in names if n not in weights]
+    extra = [n for n in weights if n not in names]
+    if missing or extra:
+        raise UserError("weights", f"the checkpoint's weights do not fit the program: missing "
+                        f"{missing}, not in the program {extra}")
+    for name in names:
+        new, table = weights[name], ep.state_dict if name in ep.state_dict else ep.constants
+        old = table[name]
+        if old.shape != new.shape or old.dtype != new.dtype:
+            raise UserError("weights", f"{name}: the program has {list(old.shape)} {old.dtype}, "
+                            f"the checkpoint {list(new.shape)} {new.dtype}")
+        table[name] = (torch.nn.Parameter(new, requires_grad=old.requires_grad)
+                       if isinstance(old, torch.nn.Parameter) else new)
+
+
+def eval_program(ep):
+    """The program in eval mode, exported again with its inputs' dynamic batch."""
+    from torch.export import Dim
+
+    vals = user_inputs(ep)
+    fixed = batch_dim(vals[0])
+    args = tuple(torch.zeros([fixed or 2] + [int(d) for d in v.shape[1:]], dtype=v.dtype)
+                 for v in vals)
+    batch = Dim("batch")
+    shapes = None if fixed else tuple({0: batch} for _ in vals)
+    return torch.export.export(to_eval(ep.module()), args, dynamic_shapes=shapes)
+
+
+def check_written(path, weights):
+    """The written program read back: every tensor equal to the checkpoint's, bit for bit."""
+    state = state_of(torch.export.load(path).module())
+    for name, want in weights.items():
+        got = state[name].detach()
+        if got.dtype != want.dtype or not torch.equal(got, want):
+            raise UserError("weights", f"{name} read back from {path} differs from the "
+                            "checkpoint's")
+
+
+def to_onnx(ep, a):
+    """The eval-mode program as ONNX through PyTorch's exporter for exported programs."""
     try:
-        result = compile_all(a)
+        import onnx
+    except ImportError as e:
+        raise UserError("onnx_packages", f"the onnx package is missing ({e})") from None
+    if len(ep.graph_signature.user_inputs) != 1:
+        raise UserError("inputs", "a program that takes the target (its own loss) is not "
+                        "written as ONNX: export its prediction alone as a program")
+    torch.onnx.export(ep, f=a.out, dynamo=True, opset_version=a.opset, verbose=False)
+    model = onnx.load(a.out)
+    for kv in a.meta:
+        key, value = kv.split("=", 1)
+        model.metadata_props.add(key=key, value=value)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.save(model, a.out)
+    return {"opset": model.opset_import[0].version, "nodes": len(model.graph.node)}
+
+
+def export_all(a):
+    started = time.time()
+    ep = load_program(a.program)
+    weights = read_safetensors(a.weights)
+    put_weights(ep, weights)
+    if a.mode == "eval" or a.format == "onnx":
+        ep = eval_program(ep)
+    if a.format == "onnx":
+        facts = to_onnx(ep, a)
+    else:
+        torch.export.save(ep, a.out)
+        check_written(a.out, weights)
+        facts = {}
+    return facts | {"tensors": len(weights), "mode": a.mode, "torch": torch.__version__,
+                    "seconds": round(time.time() - started, 2)}
+
+
+def main():
+    exporting = sys.argv[1:2] == ["export"]
+    a = parse_export_args(sys.argv[2:]) if exporting else parse_args()
+    try:
+        result = export_all(a) if exporting else compile_all(a)
         code = 0
     except UserError as e:
         result, code = {"error": {"kind": e.kind, "message": str(e)}}, 2
     except Exception as e:  # noqa: BLE001 - Inductor's own failures: first lines and the log
-        log_path = a.log or os.path.join(a.out, "compile.log")
+        log_path = a.log or (a.out + ".log" if exporting else os.path.join(a.out, "compile.log"))
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
         with open(log_path, "w") as f:
             traceback.print_exc(file=f)
-        result = {"error": {"kind": "compile", "message": first_line(e), "log": log_path}}
+        kind = "export" if exporting else "compile"
+        result = {"error": {"kind": kind, "message": first_line(e), "log": log_path}}
         code = 1
     print(json.dumps(result), flush=True)
     sys.exit(code)

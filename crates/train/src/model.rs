@@ -32,6 +32,13 @@ pub trait Model {
         false
     }
 
+    /// Whether the output that goes with the loss is a prediction the metrics can read (a
+    /// program computing its own loss may return the loss alone: then its run reports the
+    /// loss only).
+    fn predicts(&self) -> bool {
+        true
+    }
+
     /// Writes the model as TorchScript to `path`, where it can (a TorchScript model can);
     /// returns whether it did. Checkpoints call it to include `model.pt`.
     fn save_torchscript(&self, _path: &std::path::Path) -> Result<bool, TrainError> {
@@ -76,6 +83,17 @@ pub trait CompiledStep {
         weight: f64,
         scale: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor), TrainError>;
+
+    /// The mean loss and the output of one batch in eval mode, for a model whose loss is
+    /// inside its compiled code (it takes the targets); `None` where validation goes through
+    /// `forward` and kiln's loss.
+    fn evaluate(
+        &self,
+        _features: &Tensor,
+        _targets: &Tensor,
+    ) -> Result<Option<(Tensor, Tensor)>, TrainError> {
+        Ok(None)
+    }
 }
 
 /// The generator positions of a list of dropout layers.

@@ -413,6 +413,7 @@ fn program_model(
         loss: crate::loss::Loss::resolve(plan.train.loss, &target)?,
         precision: plan.train.amp,
         output: plan.model.output.clone(),
+        freeze: plan.model.freeze.clone(),
         threads: kiln_torch_ext::memory::num_threads()?.0,
     };
     Ok(Box::new(crate::program::ProgramModel::load(

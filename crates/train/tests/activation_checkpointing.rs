@@ -20,6 +20,7 @@ fn plan(checkpointing: bool, layers: u64, dropout: f64) -> ModelPlan {
         activation_checkpointing: checkpointing,
         script: None,
         output: None,
+        freeze: None,
     }
 }
 

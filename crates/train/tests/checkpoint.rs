@@ -98,15 +98,7 @@ fn learning_curve(run: &Path) -> Vec<Value> {
 fn uninterrupted_curve() -> Vec<Value> {
     let reference = tempfile::tempdir().unwrap();
     let plan = cpu_plan(reference.path(), &[]);
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    train(&plan, Device::Cpu, None, RunControl::default(), &mut Silent).unwrap();
     learning_curve(&only_run(reference.path()))
 }
 
@@ -121,7 +113,6 @@ fn crash_at(plan: &kiln_config::RunPlan, resume: Option<Resume>, step: u64) {
             ..RunControl::default()
         },
         &mut StopAt { step, flag: None },
-        &mut |_, _| {},
     )
     .unwrap_err();
     assert!(err.to_string().contains("the run dies here"), "{err}");
@@ -138,7 +129,6 @@ fn resume_to_end(plan: &kiln_config::RunPlan, resume: Resume) {
             ..RunControl::default()
         },
         &mut Silent,
-        &mut |_, _| {},
     )
     .unwrap();
 }
@@ -267,7 +257,6 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
             step: 17,
             flag: Some(flag),
         },
-        &mut |_, _| {},
     )
     .unwrap_err();
     assert!(
@@ -296,7 +285,6 @@ fn stopped_or_killed_runs_resume_bit_exactly() {
             ..RunControl::default()
         },
         &mut Silent,
-        &mut |_, _| {},
     )
     .unwrap();
     assert_eq!(

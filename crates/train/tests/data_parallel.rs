@@ -202,15 +202,7 @@ fn run_on(groups: Vec<SharedGroup>, plan: &kiln_config::RunPlan) -> Vec<RankRun>
                     group: Some(group),
                     ..RunControl::default()
                 };
-                let outcome = train(
-                    &plan,
-                    Device::Cpu,
-                    None,
-                    control,
-                    &mut losses,
-                    &mut |_, _| {},
-                )
-                .unwrap();
+                let outcome = train(&plan, Device::Cpu, None, control, &mut losses).unwrap();
                 let s = outcome.summary;
                 (losses.0, outcome.run_dir, s.final_val_loss, s.samples)
             })
@@ -306,15 +298,7 @@ fn ranks_that_run_different_jobs_are_refused_naming_the_difference() {
                     group: Some(group),
                     ..RunControl::default()
                 };
-                train(
-                    &plan,
-                    Device::Cpu,
-                    None,
-                    control,
-                    &mut Losses::default(),
-                    &mut |_, _| {},
-                )
-                .map(|_| ())
+                train(&plan, Device::Cpu, None, control, &mut Losses::default()).map(|_| ())
             })
         })
         .collect();
@@ -350,14 +334,7 @@ fn run_pair(
                     resume: resume.then_some(Resume::Latest),
                     ..RunControl::default()
                 };
-                let r = train(
-                    &plan,
-                    Device::Cpu,
-                    None,
-                    control,
-                    &mut losses,
-                    &mut |_, _| {},
-                );
+                let r = train(&plan, Device::Cpu, None, control, &mut losses);
                 (losses.0, r.map(|_| ()).map_err(|e| e.to_string()))
             })
         })
@@ -398,16 +375,9 @@ fn resume_alone(plan: &kiln_config::RunPlan) -> Result<Vec<f64>, String> {
         resume: Some(Resume::Latest),
         ..RunControl::default()
     };
-    train(
-        plan,
-        Device::Cpu,
-        None,
-        control,
-        &mut losses,
-        &mut |_, _| {},
-    )
-    .map(|_| losses.0)
-    .map_err(|e| e.to_string())
+    train(plan, Device::Cpu, None, control, &mut losses)
+        .map(|_| losses.0)
+        .map_err(|e| e.to_string())
 }
 
 #[test]

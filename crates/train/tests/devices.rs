@@ -36,15 +36,7 @@ fn first_losses(device: Device) -> Vec<f64> {
         .unwrap()
         .plan;
     let mut losses = Losses::default();
-    train(
-        &plan,
-        device,
-        None,
-        RunControl::default(),
-        &mut losses,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    train(&plan, device, None, RunControl::default(), &mut losses).unwrap();
     losses.0
 }
 

@@ -25,15 +25,7 @@ fn cpu_plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
 }
 
 fn run(plan: &kiln_config::RunPlan) -> RunOutcome {
-    train(
-        plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap()
+    train(plan, Device::Cpu, None, RunControl::default(), &mut Silent).unwrap()
 }
 
 fn traces(out: &Path) -> Vec<PathBuf> {

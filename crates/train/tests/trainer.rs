@@ -309,6 +309,7 @@ fn plan(kind: ModelKind) -> ModelPlan {
         activation_checkpointing: false,
         script: None,
         output: None,
+        freeze: None,
     }
 }
 

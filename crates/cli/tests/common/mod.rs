@@ -16,11 +16,17 @@ pub fn kiln_exe() -> PathBuf {
 
 /// Runs `kiln args…` with no library path, log filter or device request from this environment.
 pub fn kiln(args: &[&str]) -> Output {
+    kiln_with_env(args, &[])
+}
+
+/// [`kiln`] with `env` set for it.
+pub fn kiln_with_env<S: AsRef<std::ffi::OsStr>>(args: &[S], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(args)
         .env_remove("LD_LIBRARY_PATH")
         .env_remove("RUST_LOG")
         .env_remove("KILN_DEVICE__REQUEST")
+        .envs(env.iter().copied())
         .output()
         .expect("the kiln binary runs")
 }

@@ -8,7 +8,7 @@ use std::process::Output;
 use kiln_data::{DType, npy_f32_bytes, write_npy};
 use serde_json::Value;
 
-use super::{kiln, stderr};
+use super::{kiln, kiln_with_env, stderr};
 
 pub fn shape_of(t: &Value) -> Vec<usize> {
     t["shape"]
@@ -64,8 +64,19 @@ pub fn prepare(dir: &Path, name: &str, x: &Value, y: &Value, classes: bool) -> P
 /// `runs`; full batches of `batch` samples, no validation split, constant lr 1e-2, weight
 /// decay 0.01, no clipping, a log line and a checkpoint every step.
 pub fn train(model: &Path, data: &Path, runs: &Path, batch: usize, extra: &[&str]) -> Output {
+    let mut args = vec!["--set".to_owned(), format!("train.batch_size={batch}")];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    kiln_with_env(&train_args(model, data, runs, &args), &[])
+}
+
+/// The arguments of [`train`], its fixed settings then `extra` (the batch size among them).
+pub fn train_args<S: AsRef<str>>(
+    model: &Path,
+    data: &Path,
+    runs: &Path,
+    extra: &[S],
+) -> Vec<String> {
     let sets = [
-        format!("train.batch_size={batch}"),
         "data.val_fraction=0".to_owned(),
         "data.num_workers=0".to_owned(),
         "train.amp=none".to_owned(),
@@ -79,20 +90,15 @@ pub fn train(model: &Path, data: &Path, runs: &Path, batch: usize, extra: &[&str
         "checkpoint.keep_last=100".to_owned(),
         format!("run.output_dir={}", runs.display()),
     ];
-    let mut args = vec![
-        "train",
-        "--model",
-        model.to_str().unwrap(),
-        "--data",
-        data.to_str().unwrap(),
-        "--device",
-        "cpu",
-    ];
+    let mut args: Vec<String> = ["train", "--model"].map(String::from).to_vec();
+    args.push(model.display().to_string());
+    args.extend(["--data".to_owned(), data.display().to_string()]);
+    args.extend(["--device", "cpu"].map(String::from));
     for s in &sets {
-        args.extend(["--set", s.as_str()]);
+        args.extend(["--set".to_owned(), s.clone()]);
     }
-    args.extend(extra);
-    kiln(&args)
+    args.extend(extra.iter().map(|s| s.as_ref().to_owned()));
+    args
 }
 
 pub fn checkpoint(run: &Path, step: u64) -> PathBuf {

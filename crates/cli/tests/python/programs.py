@@ -4,7 +4,9 @@
     programs.py make OUT     .pt2 programs, data (JSON) and reference.json in OUT
     programs.py run PROGRAM WEIGHTS X.json OUT.json
                              the program's outputs on inputs, with the weights of a kiln
-                             checkpoint (model.safetensors) put in by name
+                             checkpoint (model.safetensors) put in by name, or its own for
+                             WEIGHTS "-" (for a program
+                             that takes the target, its "prediction" with a target of zeros)
 
 JSON, not .npy: the provisioned venv has no numpy. Python floats print float32 values exactly.
 """
@@ -93,6 +95,24 @@ class Unused(nn.Module):
         return self.fc(x)
 
 
+class Quantiles(nn.Module):
+    """A forecaster's head with a loss of its own, which kiln does not have: the 0.1, 0.5 and
+    0.9 quantiles of a value, trained by the pinball loss. It takes the target and returns
+    the loss and the prediction (train.loss = module, model.output = prediction)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(10, 16)
+        self.fc2 = nn.Linear(16, 3)
+        self.register_buffer("q", torch.tensor([0.1, 0.5, 0.9]))
+
+    def forward(self, x, target):
+        pred = self.fc2(torch.tanh(self.fc1(x)))
+        err = target.unsqueeze(-1) - pred
+        return {"loss": torch.maximum(self.q * err, (self.q - 1) * err).mean(),
+                "prediction": pred}
+
+
 def flat(t):
     return {"shape": list(t.shape), "values": t.flatten().tolist()}
 
@@ -114,7 +134,15 @@ def gradients(model, x, y):
     return grads, buffers
 
 
-def eager_losses(model, x, y, steps, lr=1e-2, amp=None):
+def cross_entropy(model, x, y):
+    return F.cross_entropy(model(x).float(), y)
+
+
+def own_loss(model, x, y):
+    return model(x, y)["loss"]
+
+
+def eager_losses(model, x, y, steps, lr=1e-2, amp=None, loss_of=cross_entropy):
     """Full-batch training as kiln runs it: fused AdamW, weight decay 0.01 on parameters of
     rank 2 and up, none on the rest; the loss of each step before its update."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -126,8 +154,7 @@ def eager_losses(model, x, y, steps, lr=1e-2, amp=None):
     for _ in range(steps):
         opt.zero_grad()
         with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
-            out = model(x)
-        loss = F.cross_entropy(out.float(), y)
+            loss = loss_of(model, x, y)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -172,6 +199,20 @@ def make(out):
     export(bf16, xb, f"{out}/mlp_bf16.pt2")
     ref["bf16"] = {"x": flat(xb), "y": flat(yb),
                    "losses": eager_losses(bf16, xb, yb, 40, amp=torch.bfloat16)}
+    xh, yh = classify_data(512, g)
+    with torch.no_grad():
+        accuracy = (bf16(xh).argmax(1) == yh).float().mean().item()
+    ref["bf16"]["held_out"] = {"x": flat(xh), "y": flat(yh), "accuracy": accuracy}
+
+    # A loss of the program's own: it takes the target (dynamic batch on both inputs).
+    xq = torch.randn(64, 10, generator=g)
+    yq = xq[:, 0] + 0.5 * xq[:, 1] * torch.randn(64, generator=g)
+    quantiles = Quantiles().train()
+    batch = Dim("batch")
+    program = torch.export.export(quantiles, (xq, yq), dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(program, f"{out}/quantiles.pt2")
+    ref["quantiles"] = {"x": flat(xq), "y": flat(yq),
+                        "losses": eager_losses(quantiles, xq, yq, 20, loss_of=own_loss)}
 
     export(Mlp(p=0.2), x, f"{out}/dropout.pt2")
     export(DictNet(), x, f"{out}/dict.pt2")
@@ -211,13 +252,16 @@ def read_safetensors(path):
 
 def run(program, weights, inputs, out):
     module = torch.export.load(program).module()
-    state = read_safetensors(weights)
+    state = read_safetensors(weights) if weights != "-" else None
     with torch.no_grad():
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
-            t.copy_(state[name])
+            if state is not None:
+                t.copy_(state[name])
         with open(inputs) as f:
             x = json.load(f)
-        y = module(torch.tensor(x["values"], dtype=torch.float32).reshape(x["shape"]))
+        x = torch.tensor(x["values"], dtype=torch.float32).reshape(x["shape"])
+        takes_target = len(torch.export.load(program).graph_signature.user_inputs) == 2
+        y = module(x, torch.zeros(x.shape[0]))["prediction"] if takes_target else module(x)
     with open(out, "w") as f:
         json.dump(flat(y), f)
 

@@ -2,10 +2,11 @@
 //! export packages (`onnx` and its closure, installed by `cargo xtask export`), and running the
 //! embedded exporter script.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::InferError;
+use crate::pyscript::ScriptError;
 
 /// The exporter script, written to a temporary file when it runs.
 const SCRIPT: &str = include_str!("../../python/export_onnx.py");
@@ -23,6 +24,11 @@ fn python_and_path() -> (PathBuf, Option<PathBuf>) {
     (kiln_train::python::python(), path)
 }
 
+/// Where the onnx export packages are, if anywhere (see `python_and_path`).
+pub(crate) fn export_packages() -> Option<PathBuf> {
+    python_and_path().1
+}
+
 /// Exports the TorchScript file `script` to ONNX at `out`; returns the exporter's JSON line.
 pub(crate) fn export(
     script: &Path,
@@ -31,58 +37,40 @@ pub(crate) fn export(
     opset: u32,
     meta: &[(String, String)],
 ) -> Result<String, InferError> {
-    let (python, path) = python_and_path();
-    let file = std::env::temp_dir().join(format!("kiln-export-onnx-{}.py", std::process::id()));
-    std::fs::write(&file, SCRIPT).map_err(|e| InferError::file(&file, e))?;
+    let (_, path) = python_and_path();
     let shape: Vec<String> = sample_shape.iter().map(usize::to_string).collect();
-    let mut cmd = Command::new(&python);
-    cmd.arg(&file)
-        .arg("--script")
-        .arg(script)
-        .arg("--out")
-        .arg(out)
-        .args(["--sample-shape", &shape.join(",")])
-        .args(["--opset", &opset.to_string()]);
+    let mut args: Vec<OsString> = vec!["--script".into(), script.into(), "--out".into()];
+    args.extend([out.into(), "--sample-shape".into(), shape.join(",").into()]);
+    args.extend(["--opset".into(), opset.to_string().into()]);
     for (k, v) in meta {
-        cmd.arg("--meta").arg(format!("{k}={v}"));
+        args.extend(["--meta".into(), format!("{k}={v}").into()]);
     }
-    if let Some(path) = &path {
-        cmd.env("PYTHONPATH", path);
-    }
-    let output = cmd.output();
-    let _ = std::fs::remove_file(&file);
-    let output = output.map_err(|e| InferError::Model {
-        model: script.display().to_string(),
-        message: format!(
-            "ONNX export needs the provisioned torch's Python, and {} cannot run ({e}); {HOW}",
-            python.display()
-        ),
-    })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let last = stderr
-            .lines()
-            .rev()
-            .find(|l| !l.trim().is_empty())
-            .unwrap_or("no message")
-            .trim();
-        let hint = if last.contains("onnx package is missing") || last.contains("No module") {
-            format!(
-                "; the export packages (onnx 1.21 and its closure) were not found{}: {HOW}",
-                path.as_ref()
-                    .map_or_else(String::new, |p| format!(" in {}", p.display()))
-            )
-        } else {
-            String::new()
-        };
-        return Err(InferError::Model {
-            model: script.display().to_string(),
+    let model = script.display().to_string();
+    crate::pyscript::run("export-onnx", SCRIPT, &args, path.as_deref()).map_err(|e| match e {
+        ScriptError::CannotRun { python, why } => InferError::Model {
+            model,
             message: format!(
-                "the ONNX export ({}) failed: {}{hint}",
-                python.display(),
-                last.trim_start_matches("kiln-export: ")
+                "ONNX export needs the provisioned torch's Python, and {} cannot run ({why});                  {HOW}",
+                python.display()
             ),
-        });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        },
+        ScriptError::Failed { python, last } => {
+            let hint = if last.contains("onnx package is missing") || last.contains("No module") {
+                format!(
+                    "; the export packages (onnx 1.21 and its closure) were not found{}: {HOW}",
+                    path.as_ref()
+                        .map_or_else(String::new, |p| format!(" in {}", p.display()))
+                )
+            } else {
+                String::new()
+            };
+            InferError::Model {
+                model,
+                message: format!(
+                    "the ONNX export ({}) failed: {last}{hint}",
+                    python.display()
+                ),
+            }
+        }
+    })
 }

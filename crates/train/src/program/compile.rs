@@ -2,6 +2,7 @@
 //! provisioned Python: its train step and eval forward as AOTInductor packages) and caching the
 //! packages under `<kiln cache>/compiled/<key>/` by everything that makes two compiles differ.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -57,6 +58,8 @@ pub struct CompileKey {
     pub precision: String,
     /// The output the loss uses, for a program with several.
     pub output: Option<String>,
+    /// The parameters kept at their values (`model.freeze`), for the train step.
+    pub freeze: Option<String>,
     pub sample_shape: Vec<usize>,
     /// float32 or int64 (token ids).
     pub feature_dtype: String,
@@ -106,6 +109,27 @@ pub struct Manifest {
     /// Dropout and batch-norm ops exported in eval mode (frozen in the program).
     #[serde(default)]
     pub eval_mode_ops: u64,
+    /// The program computes its own loss (`train.loss = module`: it takes the target).
+    #[serde(default)]
+    pub own_loss: bool,
+    /// The step's output is a prediction (false where an own-loss program names none: then
+    /// it is the loss).
+    #[serde(default = "yes")]
+    pub predicts: bool,
+    /// How many outputs the eval package has: the prediction, or (loss, prediction).
+    #[serde(default = "one")]
+    pub eval_outputs: usize,
+    /// The eval package takes the targets too (an own-loss program's validation).
+    #[serde(default)]
+    pub eval_takes_target: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn one() -> usize {
+    1
 }
 
 /// Packages ready to load.
@@ -230,41 +254,61 @@ fn run_compiler(
     device: &str,
     out: &Path,
 ) -> Result<(), TrainError> {
-    let script = out.join("compile_program.py");
-    std::fs::write(&script, SCRIPT).map_err(|e| file_error(&script, &e))?;
-    let python = crate::python::python();
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-    let mut cmd = Command::new(&python);
-    cmd.arg(&script)
-        .arg("--program")
-        .arg(program)
-        .arg("--out")
-        .arg(out)
-        .args(["--device", device, "--threads", &key.threads.to_string()])
-        .args(["--precision", &key.precision])
-        .args(["--sample-shape", &list(&key.sample_shape)])
-        .args(["--feature-dtype", &key.feature_dtype])
-        .args(["--what", key.packages.flag()]);
+    let mut args: Vec<OsString> = vec!["--program".into(), program.into(), "--out".into()];
+    args.push(out.into());
+    let mut flag = |name: &str, value: String| args.extend([name.into(), value.into()]);
+    flag("--device", device.to_owned());
+    flag("--threads", key.threads.to_string());
+    flag("--precision", key.precision.clone());
+    flag("--sample-shape", list(&key.sample_shape));
+    flag("--feature-dtype", key.feature_dtype.clone());
+    flag("--what", key.packages.flag().to_owned());
     if key.packages == Packages::TrainAndEval {
-        cmd.args(["--loss", &key.loss])
-            .arg(format!("--target-shape={}", list(&key.target_shape)))
-            .args(["--target-dtype", &key.target_dtype]);
+        flag("--loss", key.loss.clone());
+        flag("--target-dtype", key.target_dtype.clone());
+        args.push(format!("--target-shape={}", list(&key.target_shape)).into());
     }
     if let Some(c) = key.classes {
-        cmd.args(["--classes", &c.to_string()]);
+        args.extend(["--classes".into(), c.to_string().into()]);
     }
     if let Some(o) = &key.output {
-        cmd.args(["--output", o]);
+        args.extend(["--output".into(), o.into()]);
+    }
+    if let Some(f) = &key.freeze {
+        args.extend(["--freeze".into(), f.into()]);
     }
     // Inductor's own caches (precompiled headers, compiled kernels) beside kiln's, and a
     // failure's whole log beside the cache entry (the unfinished entry is removed).
+    let mut env = vec![];
     if let Some(cache) = out.parent() {
-        cmd.env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"));
-        cmd.arg("--log")
-            .arg(cache.join(format!("{}.log", key.digest())));
+        env.push(("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor").into()));
+        args.push("--log".into());
+        args.push(cache.join(format!("{}.log", key.digest())).into());
+    }
+    let script = out.join("compile_program.py");
+    let line = run_script(program, &script, &args, &env)?;
+    let manifest = out.join("manifest.json");
+    std::fs::write(&manifest, line).map_err(|e| file_error(&manifest, &e))
+}
+
+/// Writes the compiler script to `script` and runs it with `args` (and `env`) in the
+/// provisioned Python; returns its JSON line, or the error it reports about `program`.
+pub(crate) fn run_script(
+    program: &Path,
+    script: &Path,
+    args: &[OsString],
+    env: &[(&str, OsString)],
+) -> Result<String, TrainError> {
+    std::fs::write(script, SCRIPT).map_err(|e| file_error(script, &e))?;
+    let python = crate::python::python();
+    let mut cmd = Command::new(&python);
+    cmd.arg(script).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
     }
     let output = cmd.output().map_err(|e| TrainError::Model {
-        what: format!("compiling {}", program.display()),
+        what: format!("running {} on {}", script.display(), program.display()),
         message: format!(
             "it needs the Python of kiln's torch, and {} cannot run ({e}); {}",
             python.display(),
@@ -282,8 +326,7 @@ fn run_compiler(
     if let Some(err) = json.get("error") {
         return Err(compile_error(program, err));
     }
-    let manifest = out.join("manifest.json");
-    std::fs::write(&manifest, line.unwrap_or_default()).map_err(|e| file_error(&manifest, &e))
+    Ok(line.unwrap_or_default().to_owned())
 }
 
 /// The compiler died without its JSON line (Python missing torch, killed, …).
@@ -325,8 +368,16 @@ fn compile_error(program: &Path, err: &serde_json::Value) -> TrainError {
         "unused_parameters" => TrainError::Model {
             what,
             message: format!(
-                "{message}; kiln trains every parameter of a program: remove them from the \
-                 model (or use them) and export it again"
+                "{message}; keep them at their exported values with --set model.freeze=NAMES \
+                 (names or prefixes, comma separated: they are then not trained), or remove \
+                 them from the model (or use them) and export it again"
+            ),
+        },
+        "export" => TrainError::Model {
+            what: format!("PyTorch could not write {}", program.display()),
+            message: format!(
+                "{message}; the whole log is {}",
+                err["log"].as_str().unwrap_or("(none)")
             ),
         },
         _ => TrainError::Model { what, message },
@@ -354,6 +405,7 @@ mod tests {
             loss: "cross_entropy".into(),
             precision: "fp32".into(),
             output: None,
+            freeze: None,
             sample_shape: vec![16],
             feature_dtype: "float32".into(),
             target_shape: vec![],

@@ -105,6 +105,9 @@ pub struct ProgramInput {
     pub sample_shape: Vec<usize>,
     /// The input's dtype, as PyTorch names it (`float32`, `int64`, …).
     pub dtype: String,
+    /// A second input's per-sample shape and dtype: the targets, for a program that computes
+    /// its own loss (`train.loss = module`).
+    pub target: Option<(Vec<usize>, String)>,
     /// The torch version that saved it.
     pub torch_version: String,
 }
@@ -127,7 +130,7 @@ fn dtype_name(code: Option<u64>) -> String {
     name.to_owned()
 }
 
-/// Reads the program's one tensor input from `models/*.json` in the archive at `path`.
+/// Reads the program's tensor inputs (features, and targets where it takes them) from `models/*.json` in the archive at `path`.
 pub fn inspect(path: &Path) -> Result<ProgramInput, TrainError> {
     let model = model_json(path)?;
     let bad = |what: &str| {
@@ -143,17 +146,42 @@ pub fn inspect(path: &Path) -> Result<ProgramInput, TrainError> {
         .iter()
         .filter_map(|s| s["user_input"]["arg"]["as_tensor"]["name"].as_str())
         .collect();
-    let [name] = inputs.as_slice() else {
-        return Err(file_error(
-            path,
-            format!(
-                "the program takes {} tensor inputs; kiln feeds it one batch of features: \
-                 export a module whose forward takes one tensor",
-                inputs.len()
-            ),
-        ));
+    let (features, target) = match inputs.as_slice() {
+        [x] => (*x, None),
+        [x, y] => (*x, Some(*y)),
+        _ => {
+            return Err(file_error(
+                path,
+                format!(
+                    "the program takes {} tensor inputs; kiln feeds it one batch of features                      (or features and targets, for a program that computes its own loss with                      train.loss = module): export a module whose forward takes those",
+                    inputs.len()
+                ),
+            ));
+        }
     };
-    let value = &graph["graph"]["tensor_values"][*name];
+    let tensor = |name: &str| tensor_input(&graph["graph"]["tensor_values"][name], &bad);
+    let (fixed_batch, sample_shape, dtype) = tensor(features)?;
+    let target = match target {
+        Some(name) => {
+            let (_, shape, dtype) = tensor(name)?;
+            Some((shape, dtype))
+        }
+        None => None,
+    };
+    Ok(ProgramInput {
+        fixed_batch,
+        sample_shape,
+        dtype,
+        target,
+        torch_version: model["torch_version"].as_str().unwrap_or("?").to_owned(),
+    })
+}
+
+/// One tensor input's batch size (where fixed), per-sample shape and dtype.
+fn tensor_input(
+    value: &Value,
+    bad: &dyn Fn(&str) -> TrainError,
+) -> Result<(Option<usize>, Vec<usize>, String), TrainError> {
     let sizes = value["sizes"]
         .as_array()
         .ok_or_else(|| bad("no input sizes"))?;
@@ -163,12 +191,11 @@ pub fn inspect(path: &Path) -> Result<ProgramInput, TrainError> {
         .iter()
         .map(|d| fixed(d).ok_or_else(|| bad("a symbolic dimension after the batch")))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(ProgramInput {
-        fixed_batch: fixed(first),
+    Ok((
+        fixed(first),
         sample_shape,
-        dtype: dtype_name(value["dtype"].as_u64()),
-        torch_version: model["torch_version"].as_str().unwrap_or("?").to_owned(),
-    })
+        dtype_name(value["dtype"].as_u64()),
+    ))
 }
 
 /// The program's `models/<name>.json`.

@@ -7,6 +7,7 @@
 //! model. Validation runs a second package, the program in eval mode.
 
 pub mod compile;
+pub mod export;
 pub mod file;
 
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ pub struct ProgramSpec<'a> {
     pub precision: AmpDtype,
     /// The output the loss uses, for a program returning a dict or tuple (`model.output`).
     pub output: Option<String>,
+    /// Parameters kept at their values (`model.freeze`: names or prefixes, comma separated).
+    pub freeze: Option<String>,
     pub threads: usize,
 }
 
@@ -96,6 +99,7 @@ fn key_of(
         loss: if eval { "-" } else { spec.loss.name() }.to_owned(),
         precision: crate::trainer::precision_name(spec.precision).to_owned(),
         output: spec.output.clone(),
+        freeze: if eval { None } else { spec.freeze.clone() },
         sample_shape: input.sample_shape.clone(),
         feature_dtype: program.dtype.clone(),
         target_shape: if eval {
@@ -218,10 +222,12 @@ impl ProgramModel {
                 .into_iter()
                 .collect();
         let add = |name: &str, trainable: bool| register(vs, &state, name, trainable);
+        // A frozen parameter (`model.freeze`) is an input of the step without a gradient:
+        // not trainable, so the optimizer never sees it.
         let params = m
             .parameters
             .iter()
-            .map(|n| add(n, true))
+            .map(|n| add(n, m.gradients.is_empty() || m.gradients.contains(n)))
             .collect::<Result<Vec<_>, _>>()?;
         let buffers = m
             .buffers
@@ -253,7 +259,7 @@ impl ProgramModel {
             )?)),
             Packages::Eval => None,
         };
-        let eval = Package::load(&compiled.eval_package(), device, 1)?;
+        let eval = Package::load(&compiled.eval_package(), device, m.eval_outputs)?;
         Ok(Self {
             path: path.to_owned(),
             compiled,
@@ -275,6 +281,13 @@ impl ProgramModel {
     /// The compiled packages.
     pub fn compiled(&self) -> &Compiled {
         &self.compiled
+    }
+
+    fn error(&self, message: String) -> TrainError {
+        TrainError::Model {
+            what: self.path.display().to_string(),
+            message,
+        }
     }
 
     fn state_inputs(&self) -> Vec<Tensor> {
@@ -317,20 +330,30 @@ fn register(
 
 impl Model for ProgramModel {
     fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
-        if train {
-            return Err(TrainError::Model {
-                what: self.path.display().to_string(),
-                message: "a compiled program trains through its compiled step, not forward"
-                    .to_owned(),
-            });
+        let refused = if train {
+            Some("a compiled program trains through its compiled step, not forward")
+        } else if self.compiled.manifest.eval_takes_target {
+            Some("its eval forward takes the targets too (it computes its own loss)")
+        } else {
+            None
+        };
+        if let Some(message) = refused {
+            return Err(self.error(message.to_owned()));
         }
         let mut inputs = self.state_inputs();
         inputs.push(features.shallow_clone());
         let mut outputs = lock(&self.eval).run(&inputs)?;
-        outputs.pop().ok_or_else(|| TrainError::Model {
-            what: self.path.display().to_string(),
-            message: "the compiled eval forward returned nothing".to_owned(),
-        })
+        outputs
+            .pop()
+            .ok_or_else(|| self.error("the compiled eval forward returned nothing".to_owned()))
+    }
+
+    fn has_own_loss(&self) -> bool {
+        self.compiled.manifest.own_loss
+    }
+
+    fn predicts(&self) -> bool {
+        self.compiled.manifest.predicts
     }
 
     fn compiled_step(&self) -> Option<&dyn CompiledStep> {
@@ -351,6 +374,26 @@ fn lock(p: &Mutex<Package>) -> std::sync::MutexGuard<'_, Package> {
 }
 
 impl CompiledStep for ProgramModel {
+    fn evaluate(
+        &self,
+        features: &Tensor,
+        targets: &Tensor,
+    ) -> Result<Option<(Tensor, Tensor)>, TrainError> {
+        if !self.compiled.manifest.eval_takes_target {
+            return Ok(None);
+        }
+        let mut inputs = self.state_inputs();
+        inputs.extend([features.shallow_clone(), targets.shallow_clone()]);
+        let outputs = lock(&self.eval).run(&inputs)?;
+        match outputs.as_slice() {
+            [loss, output] => Ok(Some((loss.shallow_clone(), output.shallow_clone()))),
+            _ => Err(self.error(format!(
+                "its eval forward returned {} outputs, expected the loss and the prediction",
+                outputs.len()
+            ))),
+        }
+    }
+
     fn step(
         &self,
         features: &Tensor,

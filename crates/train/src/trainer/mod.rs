@@ -368,7 +368,10 @@ impl<'m> Trainer<'m> {
             });
         }
         self.loss = loss;
-        self.metric = loss.metric(target);
+        self.metric = match self.model.predicts() {
+            true => loss.metric(target),
+            false => crate::loss::MetricKind::LossOnly,
+        };
         self.classes = target.classes();
         Ok(())
     }
@@ -607,10 +610,20 @@ impl<'m> Trainer<'m> {
             Some((device, dtype)) => Some(AutocastGuard::new(device, dtype)?),
             None => None,
         };
-        let output = self.model.forward(features, train)?;
-        let loss = self
-            .loss
-            .compute(self.model, &output, targets, self.classes)?;
+        let own = match self.model.compiled_step().filter(|_| !train) {
+            Some(step) => step.evaluate(features, targets)?,
+            None => None,
+        };
+        let (loss, output) = match own {
+            Some(pair) => pair,
+            None => {
+                let output = self.model.forward(features, train)?;
+                let loss = self
+                    .loss
+                    .compute(self.model, &output, targets, self.classes)?;
+                (loss, output)
+            }
+        };
         if loss.numel() != 1 {
             return Err(TrainError::ShapeMismatch {
                 what: format!("train.loss = {}", self.loss.name()),
