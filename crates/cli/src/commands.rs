@@ -151,39 +151,6 @@ pub fn apply_backend(r: &Resolution) {
     kiln_train::run::apply_backend(&r.plan, r.selection.device);
 }
 
-/// The ranks a launcher started, joined (`None` without launcher variables). On CUDA, where
-/// NCCL is not wired yet, more than one rank is refused.
-/// Joins the ranks a launcher started (none: `None`). On CUDA each rank trains on GPU
-/// `LOCAL_RANK` with NCCL (so `r`'s device becomes that GPU); on the CPU, Gloo.
-fn join_ranks(r: &mut Resolution) -> anyhow::Result<Option<kiln_train::distributed::SharedGroup>> {
-    let cuda = matches!(r.selection.device, kiln_device::Device::Cuda(_));
-    let timeout = r.plan.distributed.timeout;
-    let Some((group, rdv)) = kiln_train::distributed::connect_from_env(timeout, cuda)
-        .context("cannot join the other ranks")?
-    else {
-        return Ok(None);
-    };
-    if cuda {
-        r.selection.device = kiln_device::Device::Cuda(rdv.local_rank);
-    }
-    let (backend, each) = if cuda {
-        ("NCCL", "its own GPU (cuda:LOCAL_RANK)".to_owned())
-    } else {
-        ("Gloo", r.selection.device.to_string())
-    };
-    if rdv.rank == 0 {
-        eprintln!(
-            "data-parallel: {} ranks on c10d/{backend} (rendezvous {}:{}), each on {each}; \
-             global batch {}",
-            rdv.world_size,
-            rdv.master_addr,
-            rdv.master_port,
-            r.plan.train.batch_size * r.plan.train.grad_accum_steps * rdv.world_size as u64
-        );
-    }
-    Ok(Some(group))
-}
-
 /// The start-of-run lines: device, profile adjustments, settings.
 fn announce(r: &Resolution) {
     eprintln!(
@@ -209,23 +176,7 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     }
     let mut request_flags = args.flags();
     request_flags.extend(train.flags());
-    let mut r = load_with_flags(args, request_flags).context("cannot start the run")?;
-    let group = join_ranks(&mut r)?;
-    // Other ranks than 0 only report errors.
-    let place = group.as_ref().map(|g| {
-        let g = kiln_train::distributed::lock(g);
-        (g.rank(), g.world_size())
-    });
-    let lead = place.is_none_or(|(rank, _)| rank == 0);
-    // Every rank's errors say which rank failed.
-    let failed = match place {
-        Some((rank, world)) => format!("rank {rank} of {world}: training failed"),
-        None => "training failed".to_owned(),
-    };
-    if lead {
-        announce(&r);
-    }
-    apply_backend(&r);
+    let r = load_with_flags(args, request_flags).context("cannot start the run")?;
     // SIGINT/SIGTERM: finish the step, checkpoint, stop. A second one stops at once.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -233,29 +184,32 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
             .and_then(|_| signal_hook::flag::register(signal, stop.clone()))
             .context("cannot install the signal handlers")?;
     }
-    let control = kiln_train::run::RunControl {
-        resume: train.resume.as_ref().map(|p| match p {
+    let mut builder = kiln_train::learner::Learner::builder()
+        .resolution(r)
+        .stop_flag(stop)
+        .cache_batch_sizes(true)
+        .join_launched_ranks(true);
+    if let Some(resume) = &train.resume {
+        builder = builder.resume(match resume {
             Some(path) => kiln_train::run::Resume::From(path.clone()),
             None => kiln_train::run::Resume::Latest,
-        }),
-        stop: Some(stop),
-        cache_dir: kiln_train::batch_search::cache_dir(),
-        group,
+        });
+    }
+    let learner = builder.build().context("cannot join the other ranks")?;
+    // Other ranks than 0 only report errors, and every rank's errors say which rank failed.
+    let (rank, world) = learner.rank();
+    let lead = rank == 0;
+    let failed = match world {
+        1 => "training failed".to_owned(),
+        _ => format!("rank {rank} of {world}: training failed"),
     };
+    if lead {
+        announce(learner.resolution());
+    }
     let mut view = ProgressView::new();
     let mut quiet = kiln_train::record::Silent;
     let observer: &mut dyn kiln_train::record::Observer = if lead { &mut view } else { &mut quiet };
-    let result = kiln_train::run::train(
-        &r.plan,
-        r.selection.device,
-        train.data.as_deref(),
-        control,
-        observer,
-        &mut |dir, data| {
-            eprintln!("data: {data}");
-            eprintln!("run directory: {}", dir.display());
-        },
-    );
+    let result = learner.fit_plan(train.data.as_deref(), observer);
     let outcome = match result {
         Err(e @ kiln_train::TrainError::Stopped { .. }) => {
             eprintln!("kiln train: {e}");

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_train::TrainError;
-use kiln_train::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
+use kiln_train::record::{
+    EpochRecord, Observer, Progress, RunReady, RunStart, StepRecord, Summary,
+};
 
 fn mib(bytes: u64) -> String {
     format!("{:.0} MiB", bytes as f64 / (1024.0 * 1024.0))
@@ -41,6 +43,12 @@ impl ProgressView {
 }
 
 impl Observer for ProgressView {
+    fn on_ready(&mut self, r: &RunReady) -> Result<(), TrainError> {
+        eprintln!("data: {}", r.data);
+        eprintln!("run directory: {}", r.run_dir.display());
+        Ok(())
+    }
+
     fn on_start(&mut self, s: &RunStart) -> Result<(), TrainError> {
         self.total_steps = s.total_steps;
         eprintln!(

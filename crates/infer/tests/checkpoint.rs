@@ -50,7 +50,6 @@ fn trained_run(out: &std::path::Path) -> std::path::PathBuf {
         None,
         kiln_train::run::RunControl::default(),
         &mut kiln_train::record::Silent,
-        &mut |_, _| {},
     )
     .unwrap();
     outcome.run_dir

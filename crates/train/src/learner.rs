@@ -1,8 +1,12 @@
-//! The library's front door, like Lightning's `Trainer.fit`: train your own tch module (or a
-//! TorchScript file) on your own [`Dataset`] with everything `kiln train` does — hardware
-//! detection and the tuned profile, layered settings with provenance, backend flags, the
-//! automatic batch size, AMP, fused AdamW, checkpoints and resume, the profiler, the monitor
-//! and a run directory — without CLI code or configuration layers.
+//! The front door, like Lightning's `Trainer.fit`, and the one `kiln train` itself goes
+//! through: train a built-in model, your own model file (a `torch.export` program, or a
+//! TorchScript module) or your own tch module on your own [`Dataset`] or a prepared dataset,
+//! with everything `kiln train` does — hardware detection and the tuned profile, layered
+//! settings with provenance, backend flags, joining launched ranks, the automatic batch size,
+//! AMP, fused AdamW, checkpoints and resume, the profiler, the monitor and a run directory.
+//! [`Learner::fit_plan`] trains what the settings name (the CLI's path), [`Learner::fit_file`]
+//! a model file, [`Learner::fit`]/[`Learner::fit_with`] a Rust factory; all of them end in
+//! `run::drive`.
 //!
 //! ```no_run
 //! use kiln_train::prelude::*;
@@ -56,6 +60,7 @@ use crate::run::{self, Resume, RunControl, RunData, RunOutcome};
 pub struct LearnerBuilder {
     file: Option<PathBuf>,
     sets: Vec<String>,
+    resolution: Option<Resolution>,
     resume: Option<Resume>,
     stop: Option<Arc<AtomicBool>>,
     cache_batch_sizes: bool,
@@ -81,6 +86,13 @@ impl LearnerBuilder {
     pub fn output_dir(self, dir: impl AsRef<Path>) -> Self {
         let dir = dir.as_ref().display().to_string();
         self.set(keys::run::output_dir, dir)
+    }
+
+    /// Settings already resolved (with layers of the caller's own, as `kiln train`'s flags
+    /// are): used as they are, in place of [`Self::set`] and [`Self::config_file`].
+    pub fn resolution(mut self, resolution: Resolution) -> Self {
+        self.resolution = Some(resolution);
+        self
     }
 
     /// Continues a run: its newest good checkpoint, or one named.
@@ -115,10 +127,15 @@ impl LearnerBuilder {
     /// Detects the machine, picks the device and profile, and resolves the settings (and
     /// joins the launched ranks, see [`Self::join_launched_ranks`]).
     pub fn build(self) -> Result<Learner, TrainError> {
-        let mut req = ConfigRequest::new(Machine::Probed(kiln_device::probe::probe()?));
-        req.file = self.file;
-        req.sets = self.sets;
-        let mut resolution = kiln_config::load(&req)?;
+        let mut resolution = match self.resolution {
+            Some(r) => r,
+            None => {
+                let mut req = ConfigRequest::new(Machine::Probed(kiln_device::probe::probe()?));
+                req.file = self.file;
+                req.sets = self.sets;
+                kiln_config::load(&req)?
+            }
+        };
         let group = if self.join_ranks {
             join(&mut resolution)?
         } else {
@@ -153,6 +170,22 @@ fn join(
     if cuda {
         resolution.selection.device = kiln_device::Device::Cuda(rdv.local_rank);
     }
+    if rdv.rank == 0 {
+        let plan = &resolution.plan;
+        let (backend, each) = if cuda {
+            ("NCCL", "its own GPU (cuda:LOCAL_RANK)".to_owned())
+        } else {
+            ("Gloo", resolution.selection.device.to_string())
+        };
+        tracing::info!(
+            "data-parallel: {} ranks on c10d/{backend} (rendezvous {}:{}), each on {each}; \
+             global batch {}",
+            rdv.world_size,
+            rdv.master_addr,
+            rdv.master_port,
+            plan.train.batch_size * plan.train.grad_accum_steps * rdv.world_size as u64
+        );
+    }
     Ok(Some(group))
 }
 
@@ -180,6 +213,12 @@ impl Learner {
     /// A learner with kiln's defaults and this machine's profile.
     pub fn new() -> Result<Self, TrainError> {
         Self::builder().build()
+    }
+
+    /// The whole resolution: the settings, the device chosen and why, the profile and its
+    /// adjustments.
+    pub fn resolution(&self) -> &Resolution {
+        &self.resolution
     }
 
     /// The resolved settings, each with its provenance in `plan().provenance`.
@@ -251,15 +290,33 @@ impl Learner {
     ) -> Result<RunOutcome, TrainError> {
         let device = self.resolution.selection.device;
         run::apply_backend(plan, device);
-        run::drive(
+        let job = run::RunJob {
             plan,
             device,
             recipe,
             data,
             resume,
+            control: self.control.clone(),
+        };
+        run::drive(job, observer)
+    }
+
+    /// Trains the model the settings name (`model.name`: a built-in model, or your own model
+    /// file, told apart by content) on the prepared dataset in `data_dir`, or on the built-in
+    /// model's synthetic data without one, as `kiln train` does (which is this).
+    pub fn fit_plan(
+        &self,
+        data_dir: Option<&Path>,
+        observer: &mut dyn Observer,
+    ) -> Result<RunOutcome, TrainError> {
+        let device = self.resolution.selection.device;
+        run::apply_backend(self.plan(), device);
+        run::train(
+            self.plan(),
+            device,
+            data_dir,
             self.control.clone(),
             observer,
-            &mut |_, _| {},
         )
     }
 

@@ -34,6 +34,15 @@ pub struct RunStart {
     pub batch_size_search: Option<String>,
 }
 
+/// A run about to train: its directory (rank 0's; empty on other ranks, which write none) and
+/// where its data comes from. Told before the trainer's own start.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReady {
+    pub run_dir: std::path::PathBuf,
+    /// The data, in words ("12,000 samples in data/", "synthetic …").
+    pub data: String,
+}
+
 /// Cheap per-step progress (no host synchronisation).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Progress {
@@ -126,6 +135,9 @@ pub struct Summary {
 
 /// Receives a run's reports. Every method has a do-nothing default; an error stops the run.
 pub trait Observer {
+    fn on_ready(&mut self, _ready: &RunReady) -> Result<(), TrainError> {
+        Ok(())
+    }
     fn on_start(&mut self, _start: &RunStart) -> Result<(), TrainError> {
         Ok(())
     }
@@ -160,6 +172,9 @@ impl std::fmt::Debug for Observers<'_> {
 }
 
 impl Observer for Observers<'_> {
+    fn on_ready(&mut self, ready: &RunReady) -> Result<(), TrainError> {
+        self.0.iter_mut().try_for_each(|o| o.on_ready(ready))
+    }
     fn on_start(&mut self, start: &RunStart) -> Result<(), TrainError> {
         self.0.iter_mut().try_for_each(|o| o.on_start(start))
     }

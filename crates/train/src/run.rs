@@ -20,7 +20,7 @@ use crate::TrainError;
 use crate::checkpoint;
 use crate::feed::{loader_config, tch_device};
 use crate::models::{InputSpec, ModelRecipe, build};
-use crate::record::{Observer, Observers, Summary};
+use crate::record::{Observer, Observers, RunReady, Summary};
 use crate::rundir::RunDir;
 use crate::trainer::{
     CheckpointOptions, FitData, FitOptions, ProfilingOptions, TrainSettings, Trainer,
@@ -421,16 +421,16 @@ fn program_model(
     )?))
 }
 
-/// Trains `plan.model` on `device` over `data_dir` (a prepared dataset) or the model's synthetic
-/// dataset, recording into a new run directory under `plan.run.output_dir`, and reporting to
-/// `observer` as it goes. `on_ready` is told the run directory and data before training starts.
+/// Trains `plan.model` (a built-in model, or the model file `model.name` gives) on `device`
+/// over `data_dir` (a prepared dataset) or the model's synthetic dataset, recording into a new
+/// run directory under `plan.run.output_dir`, and reporting to `observer` as it goes (its
+/// `on_ready` first, with the run directory and the data).
 pub fn train(
     plan: &RunPlan,
     device: kiln_device::Device,
     data_dir: Option<&Path>,
     control: RunControl,
     observer: &mut dyn Observer,
-    on_ready: &mut dyn FnMut(&Path, &str),
 ) -> Result<RunOutcome, TrainError> {
     // Find and verify the checkpoint first: a bad --resume fails before anything else.
     let resume = find_resume(plan, &control)?;
@@ -439,16 +439,15 @@ pub fn train(
         let data = RunData::of_plan(file.plan(), data_dir)?;
         let build = |vs: &nn::VarStore, input: &InputSpec| file.build(vs, input);
         let recipe = file.recipe(&build);
-        return drive(
-            file.plan(),
+        let job = RunJob {
+            plan: file.plan(),
             device,
-            &recipe,
+            recipe: &recipe,
             data,
             resume,
             control,
-            observer,
-            on_ready,
-        );
+        };
+        return drive(job, observer);
     }
     let data = RunData::of_plan(plan, data_dir)?;
     let (channels_last, seed) = (
@@ -464,9 +463,15 @@ pub fn train(
         warmup_steps: 1,
         init_on_cpu: true,
     };
-    drive(
-        plan, device, &recipe, data, resume, control, observer, on_ready,
-    )
+    let job = RunJob {
+        plan,
+        device,
+        recipe: &recipe,
+        data,
+        resume,
+        control,
+    };
+    drive(job, observer)
 }
 
 /// The batch size `train.batch_size = "auto"` resolves to: a resumed run keeps the size it
@@ -507,20 +512,30 @@ fn auto_batch_size(
     Ok((chosen, Some(note)))
 }
 
-/// Trains the model `recipe` builds on `data`, as [`train`] does: the automatic batch size,
-/// the trainer with every setting of `plan`, checkpoints and resume from `resume`, the
-/// profiler, and a run directory (new, or the resumed run's).
-#[allow(clippy::too_many_arguments)]
-pub fn drive(
-    plan: &RunPlan,
-    device: kiln_device::Device,
-    recipe: &ModelRecipe<'_>,
-    data: RunData,
-    resume: Option<checkpoint::Checkpoint>,
-    control: RunControl,
-    observer: &mut dyn Observer,
-    on_ready: &mut dyn FnMut(&Path, &str),
-) -> Result<RunOutcome, TrainError> {
+/// One run to train: the model `recipe` builds on `data` with the settings of `plan`, on
+/// `device`, continuing `resume` where given.
+#[derive(Debug)]
+pub struct RunJob<'a> {
+    pub plan: &'a RunPlan,
+    pub device: kiln_device::Device,
+    pub recipe: &'a ModelRecipe<'a>,
+    pub data: RunData,
+    pub resume: Option<checkpoint::Checkpoint>,
+    pub control: RunControl,
+}
+
+/// Trains `job`, as [`train`] does: the automatic batch size, the trainer with every setting
+/// of the plan, checkpoints and resume, the profiler, and a run directory (new, or the resumed
+/// run's); `observer` hears of it from `on_ready` on.
+pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome, TrainError> {
+    let RunJob {
+        plan,
+        device,
+        recipe,
+        data,
+        resume,
+        control,
+    } = job;
     let seed = plan.performance.backend.seed;
     let mut input = InputSpec::of(data.train.sample_shape(), &data.train.target());
     input.integer_features = data.train.integer_features();
@@ -579,6 +594,10 @@ pub fn drive(
     };
     if rank > 0 {
         // Only rank 0 writes: the run directory, metrics, checkpoints and traces.
+        observer.on_ready(&RunReady {
+            run_dir: PathBuf::new(),
+            data: data.description.clone(),
+        })?;
         let summary = trainer.fit(fit_data, observer, options)?;
         return Ok(RunOutcome {
             summary,
@@ -588,7 +607,10 @@ pub fn drive(
     }
     let mut run_dir = open_run_dir(&plan, options.resume.as_ref())?;
     let run_path = run_dir.path().to_owned();
-    on_ready(&run_path, &data.description);
+    observer.on_ready(&RunReady {
+        run_dir: run_path.clone(),
+        data: data.description.clone(),
+    })?;
     options.checkpoints = Some(CheckpointOptions {
         dir: run_path.join("checkpoints"),
         plan: plan.checkpoint,

@@ -46,15 +46,7 @@ fn auto_batch_size_searches_once_then_uses_the_cache() {
         ..RunControl::default()
     };
     let mut first = Start::default();
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        control(),
-        &mut first,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    train(&plan, Device::Cpu, None, control(), &mut first).unwrap();
     let first = first.0.unwrap();
     let note = first.batch_size_search.clone().unwrap();
     assert!(note.contains("trials"), "{note}");
@@ -79,15 +71,7 @@ fn auto_batch_size_searches_once_then_uses_the_cache() {
 
     // Same model, hardware and precision: the cache answers, no trials.
     let mut second = Start::default();
-    train(
-        &plan,
-        Device::Cpu,
-        None,
-        control(),
-        &mut second,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    train(&plan, Device::Cpu, None, control(), &mut second).unwrap();
     let second = second.0.unwrap();
     assert_eq!(second.batch_size, first.batch_size);
     assert!(second.batch_size_search.unwrap().contains("cached"));
@@ -99,15 +83,7 @@ fn auto_batch_size_searches_once_then_uses_the_cache() {
     ))
     .unwrap()
     .plan;
-    train(
-        &bf16,
-        Device::Cpu,
-        None,
-        control(),
-        &mut Silent,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    train(&bf16, Device::Cpu, None, control(), &mut Silent).unwrap();
     let cached: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(cache.path().join("batch-size.json")).unwrap(),
     )

@@ -14,9 +14,15 @@ fn cpu_plan(sets: &[String]) -> kiln_config::RunPlan {
 }
 
 #[derive(Default)]
-struct Collect(Vec<StepRecord>);
+struct Collect(Vec<StepRecord>, Option<kiln_train::record::RunReady>);
 
 impl Observer for Collect {
+    fn on_ready(&mut self, r: &kiln_train::record::RunReady) -> Result<(), kiln_train::TrainError> {
+        assert!(self.0.is_empty(), "told before the first step");
+        self.1 = Some(r.clone());
+        Ok(())
+    }
+
     fn on_log(&mut self, r: &StepRecord) -> Result<(), kiln_train::TrainError> {
         self.0.push(r.clone());
         Ok(())
@@ -37,19 +43,9 @@ fn a_short_mlp_run_learns_and_records_everything() {
         format!("run.output_dir={}", out.path().display()),
     ]);
     let mut seen = Collect::default();
-    let mut ready = None;
-    let outcome = train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut seen,
-        &mut |dir, data| {
-            ready = Some((dir.to_owned(), data.to_owned()));
-        },
-    )
-    .unwrap();
-    let (dir, data) = ready.unwrap();
+    let outcome = train(&plan, Device::Cpu, None, RunControl::default(), &mut seen).unwrap();
+    let ready = seen.1.clone().unwrap();
+    let (dir, data) = (ready.run_dir, ready.data);
     assert_eq!(dir, outcome.run_dir);
     assert!(data.contains("synthetic mlp data"), "{data}");
 
@@ -126,7 +122,6 @@ fn a_missing_dataset_is_named_in_the_error() {
         Some(&missing),
         RunControl::default(),
         &mut Silent,
-        &mut |_, _| {},
     )
     .unwrap_err()
     .to_string();

@@ -89,7 +89,7 @@ pub fn train(
         _ => kiln_device::Device::Cuda(0),
     };
     kiln_train::run::apply_backend(plan, device);
-    kiln_train::run::train(plan, device, None, control, record, &mut |_, _| {})
+    kiln_train::run::train(plan, device, None, control, record)
 }
 
 /// Trains `sets` on the step's device with runs under `dir`, and returns what it recorded.
