@@ -13,6 +13,12 @@
 //! value (shape, lr, AdamW's weight decay, warmup + cosine, clipping, buckets, seed) is the one
 //! kiln resolves for the job.
 //!
+//! kiln also trains the model's PyTorch twin exported by torch.export (`ddp_step.py
+//! --export-program`, the same initial weights) through its compiled step, on the same samples
+//! prepared by `kiln data prepare`, on 1 and 2 ranks: the step returns the gradients, so they
+//! are all-reduced in one coalesced call after it, with nothing to overlap; its rows show what
+//! that lost overlap costs against the built-in model's Reducer.
+//!
 //! Figures: kiln's samples/s over all ranks and mean step time on 2 ranks against 1 (goals
 //! ≥ 1.8× and ≤ 1.1×: the all-reduce hidden behind backward), kiln's mean step time against
 //! DDP's (goal ≤ 1.0×), and the final train loss of every side (they learn alike); the
@@ -224,13 +230,76 @@ struct Bench<'a> {
     threads: usize,
     plan: &'a RunPlan,
     data: &'a Data,
+    program: ProgramJob,
+}
+
+/// The model's PyTorch twin exported by torch.export (`ddp_step.py --export-program`), and the
+/// same samples as prepared datasets for 1 and 2 ranks.
+struct ProgramJob {
+    file: PathBuf,
+    data: [PathBuf; 2],
 }
 
 impl Bench<'_> {
-    /// One `kiln train` on `world` ranks: the figures of rank 0's `summary.json` (its samples
-    /// and samples/s count every rank's).
-    fn kiln_run(&self, world: usize) -> Result<Value> {
-        let runs = self.work.join(format!("kiln-runs-{world}"));
+    /// Exports the twin and prepares its datasets (`kiln data prepare` of the raw files' first
+    /// samples of a 1- and a 2-rank run).
+    fn program_job(&self) -> Result<ProgramJob> {
+        let file = self.work.join("transformer.pt2");
+        let mut cmd = Command::new(self.python);
+        cmd.arg(bench_root().join("python/ddp_step.py"))
+            .arg("--features-file")
+            .arg(&self.data.features_file)
+            .arg("--labels-file")
+            .arg(&self.data.labels_file)
+            .arg("--export-program")
+            .arg(&file);
+        for (name, v) in self.torch_args(1) {
+            cmd.args([name, &v]);
+        }
+        run(cmd)?;
+        let data = [1, 2].map(|world| self.work.join(format!("prepared-{world}")));
+        for (world, dir) in [1, 2].iter().zip(&data) {
+            self.prepare(self.size.samples(*world), dir)?;
+        }
+        Ok(ProgramJob { file, data })
+    }
+
+    /// The first `samples` of the raw files as `.npy`, prepared by `kiln data prepare` in `dir`.
+    fn prepare(&self, samples: usize, dir: &Path) -> Result<()> {
+        let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
+        let numel: usize = self.data.sample_shape.iter().product();
+        let x = read(&self.data.features_file)?;
+        let values: Vec<f32> = x[..samples * numel * 4]
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let mut shape = vec![samples];
+        shape.extend(&self.data.sample_shape);
+        let (fx, fy) = (dir.with_extension("x.npy"), dir.with_extension("y.npy"));
+        let bytes = kiln_data::npy_f32_bytes(&shape, &values).map_err(|e| e.to_string())?;
+        std::fs::write(&fx, bytes).map_err(|e| format!("{}: {e}", fx.display()))?;
+        let y = read(&self.data.labels_file)?;
+        kiln_data::write_npy(&fy, kiln_data::DType::I64, &[samples], &y[..samples * 8])
+            .map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(&self.kiln);
+        cmd.args(["data", "prepare", "--features"])
+            .arg(&fx)
+            .arg("--labels")
+            .arg(&fy)
+            .arg("--out")
+            .arg(dir);
+        run(cmd).map(|_| ())
+    }
+}
+
+impl Bench<'_> {
+    /// One `kiln train` on `world` ranks, of the built-in model or (`program`) of its PyTorch
+    /// twin exported by torch.export: the figures of rank 0's `summary.json` (its samples and
+    /// samples/s count every rank's).
+    fn kiln_run(&self, world: usize, program: bool) -> Result<Value> {
+        let runs = self
+            .work
+            .join(format!("kiln-runs-{world}-{}", u8::from(program)));
         if runs.exists() {
             std::fs::remove_dir_all(&runs).map_err(|e| format!("{}: {e}", runs.display()))?;
         }
@@ -239,8 +308,18 @@ impl Bench<'_> {
         if world > 1 {
             cmd.args(["--nproc-per-node", &world.to_string()]);
         }
+        // A program brings its own model (dropout 0, as exported) and the prepared data.
+        let own = ["model.name=", "model.dropout=", "data.synthetic_samples="];
         for s in kiln_sets(&self.size, world, self.threads, &runs) {
-            cmd.args(["--set", &s]);
+            if !(program && own.iter().any(|o| s.starts_with(o))) {
+                cmd.args(["--set", &s]);
+            }
+        }
+        if program {
+            let p = &self.program;
+            cmd.arg("--set")
+                .arg(format!("model.name={}", p.file.display()));
+            cmd.arg("--data").arg(&p.data[world - 1]);
         }
         let (_, wall) = run(cmd)?;
         let s = read_summary(&runs)?;
@@ -345,8 +424,15 @@ fn read_summary(runs: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The four sides, in the order they run.
-const SIDES: [(&str, usize); 4] = [("kiln", 1), ("kiln", 2), ("pytorch", 1), ("pytorch", 2)];
+/// The sides, in the order they run.
+const SIDES: [(&str, usize); 6] = [
+    ("kiln", 1),
+    ("kiln", 2),
+    ("pytorch", 1),
+    ("pytorch", 2),
+    ("program", 1),
+    ("program", 2),
+];
 
 /// Every run of one side.
 #[derive(Default)]
@@ -366,15 +452,16 @@ impl Runs {
 
 /// Runs the sides `repeats` times, the order reversed on odd repeats; checks each run took the
 /// steps asked for.
-fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 4]> {
-    let mut runs: [Runs; 4] = Default::default();
+fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 6]> {
+    let mut runs: [Runs; 6] = Default::default();
     for r in 0..repeats {
         for k in 0..SIDES.len() {
             let i = if r % 2 == 0 { k } else { SIDES.len() - 1 - k };
             let (who, world) = SIDES[i];
             eprintln!("ddp: repeat {r}: {who}, {world} rank(s)");
             let v = match who {
-                "kiln" => bench.kiln_run(world)?,
+                "kiln" => bench.kiln_run(world, false)?,
+                "program" => bench.kiln_run(world, true)?,
                 _ => bench.torch_run(world)?,
             };
             if v["steps"].as_u64() != Some(bench.size.steps() as u64) {
@@ -412,7 +499,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let plan = resolve(&kiln_sets(&size, 2, threads, &work))?;
     let data = write_data(&work, &plan, size.samples(2))?;
-    let bench = Bench {
+    let mut bench = Bench {
         kiln: kiln_exe()?,
         python: &a.python,
         work: &work,
@@ -420,7 +507,12 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         threads,
         plan: &plan,
         data: &data,
+        program: ProgramJob {
+            file: PathBuf::new(),
+            data: Default::default(),
+        },
     };
+    bench.program = bench.program_job()?;
     let runs = measure(&bench, repeats)?;
     let mut out = report(&bench, a.quick, &runs);
     out.details = json!({
@@ -435,6 +527,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         "cpu": cpu_model(), "logical_cpus": logical_cpus(),
         "kiln_1_rank": runs[0].0, "kiln_2_ranks": runs[1].0,
         "pytorch_1_rank": runs[2].0, "pytorch_ddp_2_ranks": runs[3].0,
+        "kiln_program_1_rank": runs[4].0, "kiln_program_2_ranks": runs[5].0,
     });
     out.write(&a.out_or("ddp"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
@@ -465,7 +558,7 @@ fn logical_cpus() -> usize {
 }
 
 /// The suite's description: what each side runs, on which CPU.
-fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> String {
+fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 6]) -> String {
     let (s, p, d) = (&bench.size, bench.plan, bench.data);
     let t = bench.threads;
     let params = runs[0].median("parameters");
@@ -497,7 +590,10 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> String {
          × {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
          (train_step.py's twin of the model), torch.nn.parallel.DistributedDataParallel on 2 \
          ranks × {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), \
-         on the same samples, sliced from memory. A 2-rank run has twice the samples, so every \
+         on the same samples, sliced from memory; and kiln training the PyTorch twin exported by \
+         torch.export through its compiled step (`kiln train --model transformer.pt2`, the \
+         samples prepared by `kiln data prepare`; gradients all-reduced in one coalesced call \
+         after the step). A 2-rank run has twice the samples, so every \
          run takes the same steps. Step time is each side's own mean over every step (batch to \
          optimizer step); samples/s counts all ranks; median of {} run(s) per side. {} {}",
         if quick {
@@ -547,7 +643,7 @@ fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
 
 /// kiln's time between steps, outside the step time (its fit time less its steps' time, per
 /// step): on 2 ranks it holds the one-value all-reduce by which the ranks agree whether to stop.
-fn between_steps(runs: &[Runs; 4]) -> String {
+fn between_steps(runs: &[Runs; 6]) -> String {
     let (one, two) = (
         runs[0].median("between_steps_ms"),
         runs[1].median("between_steps_ms"),
@@ -564,9 +660,9 @@ const DDP_2: &str = "PyTorch DistributedDataParallel, Gloo, 2 ranks × 1 thread"
 const TORCH_1: &str = "PyTorch plain loop, 1 process × 1 thread (no DDP)";
 
 /// The suite's rows: kiln's scaling, kiln against DDP, and the 1-rank reference.
-fn report(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> SuiteOutput {
+fn report(bench: &Bench<'_>, quick: bool, runs: &[Runs; 6]) -> SuiteOutput {
     let mut out = SuiteOutput::new("ddp", &describe(bench, quick, runs));
-    let [k1, k2, _, t2] = runs;
+    let [k1, k2, _, t2, ..] = runs;
     let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
         Comparison::new("ddp", group, name, unit, better, figures, base)
     };
@@ -606,13 +702,46 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &[Runs; 4]) -> SuiteOutput {
         .at_most(1.0),
     );
     push_learning_and_reference(&mut out, runs);
+    push_program(&mut out, runs);
     out
+}
+
+/// The rows of the exported program: its compiled step returns the gradients, so no autograd
+/// hook can start their all-reduce while backward runs; what that lost overlap costs is its
+/// 2-rank step time over its 1-rank one, against the built-in model's (the Reducer overlapping).
+fn push_program(out: &mut SuiteOutput, runs: &[Runs; 6]) {
+    let [k1, k2, _, _, p1, p2] = runs;
+    let ms = |r: &Runs| 1e3 * r.median("mean_step_time_s");
+    let group = "exported program (all-reduce after the compiled step)";
+    out.push(Comparison::new(
+        "ddp",
+        group,
+        "program 2 ranks vs 1 rank: mean step time",
+        "ms/step",
+        Better::Lower,
+        (ms(p2), ms(p1)),
+        "the program on 1 rank × 1 thread, same per-rank batch and steps",
+    ));
+    out.push(
+        Comparison::new(
+            "ddp",
+            group,
+            "the lost overlap: 2-rank / 1-rank step time, program vs built-in",
+            "×",
+            Better::Lower,
+            (ms(p2) / ms(p1), ms(k2) / ms(k1)),
+            "the built-in transformer's 2-rank / 1-rank step time (c10d Reducer, all-reduce \
+             during backward)",
+        )
+        .detail("program_2_ranks_ms", json!(ms(p2)))
+        .detail("builtin_2_ranks_ms", json!(ms(k2))),
+    );
 }
 
 /// The rows without goals: throughput and scaling against PyTorch's, the final train losses
 /// (that the sides learn alike), and the 1-rank reference.
-fn push_learning_and_reference(out: &mut SuiteOutput, runs: &[Runs; 4]) {
-    let [k1, k2, t1, t2] = runs;
+fn push_learning_and_reference(out: &mut SuiteOutput, runs: &[Runs; 6]) {
+    let [k1, k2, t1, t2, ..] = runs;
     let (sps, loss) = ("samples_per_s", "final_train_loss");
     let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
         Comparison::new("ddp", group, name, unit, better, figures, base)

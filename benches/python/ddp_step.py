@@ -25,6 +25,10 @@ with time.perf_counter from before taking the batch to after the schedule step; 
 time is over every step, as kiln's summary counts it. At the end of each epoch the epoch's mean
 train loss is averaged over the ranks (kiln's final train loss).
 
+With --export-program PATH it trains nothing: it saves the model (as built, in train mode) as a
+torch.export program with a dynamic batch dimension, as a user ships it, for the suite's rows of
+kiln training that program through its compiled step.
+
 After training, a DDP run times a bare Gloo all-reduce of as many float32 values as the model has
 parameters (what a step must communicate). Rank 0 prints one JSON line on stdout: steps, mean step
 time, global samples/s (all ranks' samples over rank 0's step time), the final train loss, that
@@ -141,6 +145,17 @@ def train(a, world, rank, model, features, labels):
     return steps, step_seconds, final_loss
 
 
+def export_program(a):
+    """The model, as built, exported in train mode with a dynamic batch and saved."""
+    sample = (a.features,) if a.model == "mlp" else (a.seq, a.features)
+    model = build(a).train()
+    shapes = ({0: torch.export.Dim("batch")},)
+    ep = torch.export.export(model, (torch.zeros(2, *sample),), dynamic_shapes=shapes)
+    torch.export.save(ep, a.export_program)
+    print(json.dumps({"exported": a.export_program,
+                      "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
+
+
 def allreduce_ms(numel, repeats=50):
     """The mean time of one Gloo all-reduce of `numel` float32 values (the gradient's size),
     after a few untimed ones: the communication a DDP step cannot do without."""
@@ -179,7 +194,11 @@ def main():
     p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=1, help="intra- and inter-op, per rank")
+    p.add_argument("--export-program", metavar="PATH", default=None,
+                   help="save the model as a torch.export program and exit")
     a = p.parse_args()
+    if a.export_program:
+        return export_program(a)
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(a.threads)
     world = int(os.environ.get("WORLD_SIZE", "1"))
