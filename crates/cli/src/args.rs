@@ -368,7 +368,7 @@ pub struct ModelArgs {
     /// auto, on or off (= --set infer.cuda_graphs=…).
     #[arg(long, value_name = "MODE")]
     pub cuda_graphs: Option<String>,
-    /// auto, libtorch or onnxruntime (= --set infer.engine=…).
+    /// auto, libtorch, compiled (an exported program) or onnxruntime (= --set infer.engine=…).
     #[arg(long, value_name = "ENGINE")]
     pub engine: Option<String>,
     /// A configuration file (TOML, YAML or JSON).

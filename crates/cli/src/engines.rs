@@ -53,9 +53,39 @@ fn setting(value: InferEngineKind, expected: String) -> InferError {
 }
 
 impl EngineRequest {
+    /// Whether the model is an exported program (a `.pt2`, or a checkpoint holding one): it runs
+    /// compiled, never in libtorch's eager form.
+    fn is_program(&self) -> bool {
+        matches!(self.source, ModelSource::Program(_))
+            || self
+                .checkpoint
+                .as_ref()
+                .is_some_and(|c| c.meta.files.contains_key(kiln_train::program::PROGRAM_FILE))
+    }
+
+    /// `infer.engine = libtorch` for a program, or `compiled` for a model that is none.
+    fn check_compiled(&self, kind: InferEngineKind) -> Result<(), InferError> {
+        match (kind, self.is_program()) {
+            (InferEngineKind::Libtorch, true) => Err(setting(
+                kind,
+                "compiled (or auto) for an exported program: libtorch has no eager form of \
+                 one, kiln runs its eval forward compiled by AOTInductor"
+                    .to_owned(),
+            )),
+            (InferEngineKind::Compiled, false) => Err(setting(
+                kind,
+                "libtorch, onnxruntime or auto: compiled runs an exported program (a .pt2, or a \
+                 run or checkpoint of one, or an .onnx kiln exported from such a checkpoint)"
+                    .to_owned(),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Builds the engine `infer.engine` asks for, or says why it cannot be.
     pub fn build(&self) -> Result<Built, InferError> {
         let kind = self.plan.infer.engine;
+        self.check_compiled(kind)?;
         let ModelSource::Onnx(path) = &self.source else {
             if kind == InferEngineKind::Onnxruntime {
                 return Err(setting(
@@ -68,16 +98,16 @@ impl EngineRequest {
             return self.libtorch(None);
         };
         match (kind, &self.checkpoint) {
-            (InferEngineKind::Libtorch, None) => Err(setting(
+            (InferEngineKind::Libtorch | InferEngineKind::Compiled, None) => Err(setting(
                 kind,
                 format!(
-                    "libtorch runs an .onnx file only from the checkpoint kiln exported it from, \
+                    "{kind} runs an .onnx file only from the checkpoint kiln exported it from, \
                      and {} has none: {} (use auto or onnxruntime)",
                     path.display(),
                     self.onnx_only.as_deref().unwrap_or("unknown")
                 ),
             )),
-            (InferEngineKind::Libtorch, Some(_)) => self.libtorch(None),
+            (InferEngineKind::Libtorch | InferEngineKind::Compiled, Some(_)) => self.libtorch(None),
             (InferEngineKind::Onnxruntime, _) => self.onnx(path, None),
             (InferEngineKind::Auto, None) => {
                 let why = self.onnx_only.as_deref().unwrap_or("unknown");

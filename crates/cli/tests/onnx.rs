@@ -132,6 +132,11 @@ fn wrong_engines_files_and_precisions_are_named() {
     );
     let err = infer(&fixture("tiny_mlp.pt"), &["--engine", "onnxruntime"]);
     assert!(err.contains("kiln export"), "{err}");
+    let err = infer(&fixture("tiny_mlp.pt"), &["--engine", "compiled"]);
+    assert!(
+        err.contains("infer.engine") && err.contains("compiled runs an exported program"),
+        "{err}"
+    );
     let damaged = tmp.path().join("damaged.onnx");
     let bytes = std::fs::read(&onnx).unwrap();
     std::fs::write(&damaged, &bytes[..bytes.len() / 2]).unwrap();

@@ -282,6 +282,7 @@ fn exports_the_trained_program(dir: &Path, ckpt: &Path) {
         "{}",
         stderr(&o)
     );
+    engines_of_a_program(dir, ckpt, &onnx);
 
     let out = dir.join("trained.pt2");
     let before = std::fs::read(&out).unwrap();
@@ -292,6 +293,43 @@ fn exports_the_trained_program(dir: &Path, ckpt: &Path) {
     let o = export(ckpt, &["--out", script.to_str().unwrap()]);
     assert!(!o.status.success() && stderr(&o).contains("--format program"));
     assert!(!script.exists());
+}
+
+/// `kiln infer` of the program checkpoint `ckpt` and its ONNX export `onnx`: `auto` measures
+/// the compiled eval forward against ONNX Runtime, `compiled` runs the checkpoint, and
+/// `libtorch` is refused for a program.
+fn engines_of_a_program(dir: &Path, ckpt: &Path, onnx: &Path) {
+    let infer = |model: &Path, engine: &str| {
+        let out = dir.join(format!("engine-{engine}.npy"));
+        let _ = std::fs::remove_file(&out);
+        common::kiln(&[
+            "infer",
+            "--model",
+            model.to_str().unwrap(),
+            "--inputs",
+            dir.join("x.npy").to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--engine",
+            engine,
+        ])
+    };
+    let o = infer(onnx, "auto");
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("onnxruntime vs compiled"),
+        "{}",
+        stderr(&o)
+    );
+    let o = infer(onnx, "compiled");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = infer(ckpt, "libtorch");
+    assert!(!o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("compiled (or auto)"), "{}", stderr(&o));
 }
 
 /// A program with dropout exported in eval mode: PyTorch's output is kiln's eval forward's.

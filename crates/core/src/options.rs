@@ -166,6 +166,9 @@ option_enum! {
         Auto = "auto",
         Libtorch = "libtorch" | "torch",
         Onnxruntime = "onnxruntime" | "ort" | "onnx",
+        /// An exported program's eval forward compiled by AOTInductor (a `.pt2`, or a run or
+        /// checkpoint of one): the engine such a model runs in, where libtorch has none.
+        Compiled = "compiled" | "aoti",
     }
 }
 

@@ -24,8 +24,14 @@ pub enum EngineKind {
 
 impl EngineKind {
     pub fn as_str(self) -> &'static str {
+        self.name("libtorch")
+    }
+
+    /// Its name, the libtorch side named `torch` (`compiled` for an exported program's
+    /// compiled eval forward, which is what runs on that side for one).
+    pub fn name(self, torch: &'static str) -> &'static str {
         match self {
-            EngineKind::Libtorch => "libtorch",
+            EngineKind::Libtorch => torch,
             EngineKind::Onnxruntime => "onnxruntime",
         }
     }
@@ -68,8 +74,8 @@ pub fn buckets(max: usize) -> Vec<usize> {
     out
 }
 
-/// "onnxruntime for batches of 1–8, libtorch for 16–64".
-pub fn describe(pick: &BTreeMap<usize, EngineKind>) -> String {
+/// "onnxruntime for batches of 1–8, libtorch for 16–64" (`torch` names the libtorch side).
+pub fn describe(pick: &BTreeMap<usize, EngineKind>, torch: &'static str) -> String {
     let mut runs: Vec<(EngineKind, usize, usize)> = Vec::new();
     for (&b, &k) in pick {
         match runs.last_mut() {
@@ -81,9 +87,9 @@ pub fn describe(pick: &BTreeMap<usize, EngineKind>) -> String {
         .iter()
         .map(|&(k, first, last)| {
             if first == last {
-                format!("{} for batches of {first}", k.as_str())
+                format!("{} for batches of {first}", k.name(torch))
             } else {
-                format!("{} for batches of {first}–{last}", k.as_str())
+                format!("{} for batches of {first}–{last}", k.name(torch))
             }
         })
         .collect();
@@ -205,7 +211,8 @@ impl AutoEngine {
             }
         };
         let pick = choose(&timings);
-        let note = note(&pick, &timings, &how, store.as_ref().map(|c| c.path()));
+        let cache = store.as_ref().map(|c| c.path());
+        let note = note(&pick, &timings, &how, cache, torch.kind_name());
         Ok(Self {
             torch,
             onnx,
@@ -240,6 +247,7 @@ fn note(
     timings: &[Timing],
     how: &str,
     cache: Option<&Path>,
+    torch: &'static str,
 ) -> String {
     let figures: Vec<String> = timings
         .iter()
@@ -257,9 +265,9 @@ fn note(
         )
     });
     format!(
-        "engine auto: {} ({how}: onnxruntime vs libtorch per batch, {}; a pick needs onnxruntime \
+        "engine auto: {} ({how}: onnxruntime vs {torch} per batch, {}; a pick needs onnxruntime \
          {:.0} % faster{cached})",
-        describe(pick),
+        describe(pick, torch),
         figures.join(", "),
         TIE * 100.0
     )
@@ -294,7 +302,12 @@ impl Runner for AutoEngine {
         self.onnx.description().to_owned()
     }
     fn engine(&self) -> String {
-        format!("auto: {} ({})", describe(&self.pick), self.onnx.status())
+        let torch = self.torch.kind_name();
+        format!(
+            "auto: {} ({})",
+            describe(&self.pick, torch),
+            self.onnx.status()
+        )
     }
     fn cuda_graphs(&self) -> String {
         self.torch.graph_status().to_string()
@@ -354,7 +367,7 @@ mod tests {
         ]
         .into();
         assert_eq!(
-            describe(&pick),
+            describe(&pick, "libtorch"),
             "onnxruntime for batches of 1–2, libtorch for batches of 4–8"
         );
     }

@@ -176,6 +176,16 @@ impl Engine {
         &self.graph_status
     }
 
+    /// `compiled` for an exported program (its eval forward compiled by AOTInductor), else
+    /// `libtorch`: the engine's name in `infer.engine`'s terms.
+    pub fn kind_name(&self) -> &'static str {
+        if self.model.is_program() {
+            "compiled"
+        } else {
+            "libtorch"
+        }
+    }
+
     /// Runs `n` samples (`inputs` holds `n × sample numel` values) and returns the outputs as
     /// f32 values with the shape of one sample's output.
     pub fn run(&mut self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, Vec<usize>), InferError> {
@@ -294,7 +304,10 @@ impl Runner for Engine {
         self.model.description().to_owned()
     }
     fn engine(&self) -> String {
-        "libtorch".to_owned()
+        match self.kind_name() {
+            "compiled" => "compiled (the program's eval forward, AOTInductor)".to_owned(),
+            name => name.to_owned(),
+        }
     }
     fn cuda_graphs(&self) -> String {
         self.graph_status.to_string()
