@@ -417,9 +417,7 @@ fn refused(model: &Path, data: &Path, runs: &Path, extra: &[&str], expected: &[&
 
 /// An AOTInductor package kiln compiled (any, from its cache).
 fn a_package() -> PathBuf {
-    let cache = kiln_train::batch_search::cache_dir()
-        .unwrap()
-        .join("compiled");
+    let cache = kiln_train::program::compile::cache_root().unwrap();
     std::fs::read_dir(&cache)
         .unwrap()
         .flatten()
