@@ -169,6 +169,30 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
     assert_eq!(names, case["gradients"].as_object().unwrap().len());
     infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
     exports_the_trained_program(tmp.path(), &ckpt);
+    // The checkpoint's compiled step, timed as profile-model times a train step.
+    let o = common::kiln(&[
+        "profile-model",
+        "--model",
+        ckpt.to_str().unwrap(),
+        "--mode",
+        "train",
+        "--precision",
+        "fp32",
+        "--batch-size",
+        "16",
+        "--iterations",
+        "3",
+        "--warmup",
+        "1",
+        "--device",
+        "cpu",
+    ]);
+    let text = format!("{}{}", common::stdout(&o), stderr(&o));
+    assert!(o.status.success(), "{text}");
+    assert!(
+        text.contains("exported-program checkpoint") && text.contains("train (forward, loss"),
+        "{text}"
+    );
 
     // With dropout on: resumed from step 10, the same step-20 weights and losses, bit for bit.
     let runs = tmp.path().join("dropout-runs");

@@ -77,7 +77,8 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint, InferError> {
 }
 
 /// The `model.*` settings a checkpoint was trained with, as (key, value) text, for the
-/// configuration's checkpoint layer.
+/// configuration's checkpoint layer. An optional key the run left unset (`(none)`, as the
+/// checkpoint's `config.json` shows it: `model.output`, `model.freeze`) stays unset.
 pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
     let Some(entries) = ckpt.meta.config.as_array() else {
         return vec![];
@@ -87,11 +88,14 @@ pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
         .filter_map(|e| {
             let key = e.get("key")?.as_str()?;
             let value = e.get("value")?.as_str()?;
-            key.starts_with("model.")
+            (key.starts_with("model.") && value != UNSET)
                 .then(|| (key.to_owned(), value.to_owned()))
         })
         .collect()
 }
+
+/// How `config.json` shows an optional key without a value.
+const UNSET: &str = "(none)";
 
 /// Rebuilds the checkpoint's model from `plan` (the settings it was trained with, see
 /// [`model_settings`]) in a new `VarStore` on `device` and copies its weights in, in fp32 and
@@ -115,7 +119,7 @@ pub fn rebuild(
 }
 
 /// Copies the checkpoint's weights into `vs`'s variables, by name and shape.
-fn copy_weights(ckpt: &Checkpoint, vs: &nn::VarStore) -> Result<(), InferError> {
+pub(crate) fn copy_weights(ckpt: &Checkpoint, vs: &nn::VarStore) -> Result<(), InferError> {
     let mut current: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     current.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(ckpt.copy_weights_into(&current)?)

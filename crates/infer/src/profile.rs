@@ -383,6 +383,44 @@ impl TrainableModel {
         ))
     }
 
+    /// An exported program's checkpoint with its train step compiled for `precision` and the
+    /// loss `loss` names on `device` (or found in kiln's cache: the run's own when they are the
+    /// run's), and the checkpoint's weights.
+    pub fn program(
+        ckpt: &Checkpoint,
+        plan: &ModelPlan,
+        loss: kiln_config::LossKind,
+        precision: AmpDtype,
+        device: Device,
+    ) -> Result<Self, InferError> {
+        let input = ckpt.meta.input.clone().ok_or_else(|| InferError::Model {
+            model: ckpt.dir.display().to_string(),
+            message: "the checkpoint does not record its input shape".to_owned(),
+        })?;
+        let target = input
+            .target
+            .clone()
+            .unwrap_or(kiln_data::TargetSpec::label(input.classes));
+        let path = ckpt.dir.join(kiln_train::program::PROGRAM_FILE);
+        let spec = kiln_train::program::ProgramSpec {
+            path: &path,
+            loss: kiln_train::loss::Loss::resolve(loss, &target)?,
+            precision,
+            output: plan.output.clone(),
+            freeze: plan.freeze.clone(),
+            threads: kiln_torch_ext::memory::num_threads()?.0,
+        };
+        let vs = nn::VarStore::new(device);
+        let model = kiln_train::program::ProgramModel::load(&spec, &input, &vs)?;
+        crate::model::copy_weights(ckpt, &vs)?;
+        let description = format!(
+            "kiln exported-program checkpoint {} (step {})",
+            ckpt.dir.display(),
+            ckpt.meta.step
+        );
+        Ok(Self::new(vs, Box::new(model), input, description))
+    }
+
     /// The model for inference: eval mode, weights converted to `precision` and frozen.
     pub fn into_inference(self, precision: AmpDtype) -> LoadedModel {
         LoadedModel::from_kiln(
