@@ -118,7 +118,7 @@ fn a_checkpoint_exports_to_torchscript_that_infers_as_it_and_is_never_overwritte
     assert!(!tmp.path().join("again.pt").exists());
     let unnamed = export(&run, &tmp.path().join("model.bin"));
     assert!(
-        stderr(&unnamed).contains("--format onnx or --format torchscript"),
+        stderr(&unnamed).contains("--format onnx, torchscript or program"),
         "{}",
         stderr(&unnamed)
     );
