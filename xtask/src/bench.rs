@@ -103,7 +103,7 @@ const RUN_THE_CLI: [&str; 2] = ["job", "ddp"];
 const EXPORT_ONNX: [&str; 2] = ["infer", "serve"];
 
 /// Options passed through to the suites, with whether they take a value.
-const PASSED: [(&str, bool); 12] = [
+const PASSED: [(&str, bool); 13] = [
     ("--quick", false),
     ("--seeds", true),
     ("--repeats", true),
@@ -116,12 +116,13 @@ const PASSED: [(&str, bool); 12] = [
     ("--max-batch", true),
     ("--max-wait-ms", true),
     ("--batch-sizes", true),
+    ("--filter", true),
 ];
 
 pub fn usage_text() -> String {
     let mut text = String::from(
         "  bench [--suite NAME]… [--quick] [--out DIR] [--batch-sizes N N …] [--compare-opts]\n\
-         \x20       [--repeats N] [--threads N] [--device cpu|cuda] [--seeds N]\n\
+         \x20       [--repeats N] [--threads N] [--device cpu|cuda] [--seeds N] [--filter TEXT]\n\
          \x20                   side-by-side benchmarks; writes runs/bench-<time>/report.json,\n\
          \x20                   report.md and plots/ (--out DIR instead). Suites:\n",
     );
