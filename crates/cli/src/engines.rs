@@ -60,7 +60,7 @@ impl EngineRequest {
             || self
                 .checkpoint
                 .as_ref()
-                .is_some_and(|c| c.meta.files.contains_key(kiln_train::program::PROGRAM_FILE))
+                .is_some_and(|c| c.program().is_some())
     }
 
     /// `infer.engine = libtorch` for a program, or `compiled` for a model that is none.

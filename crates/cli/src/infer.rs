@@ -406,12 +406,11 @@ fn export_program(
     setup: &Setup,
     format: ExportFormat,
 ) -> anyhow::Result<Option<()>> {
-    let program = kiln_train::program::PROGRAM_FILE;
-    let ckpt = setup
+    let found = setup
         .checkpoint
         .as_ref()
-        .filter(|c| c.meta.files.contains_key(program));
-    let Some(ckpt) = ckpt else {
+        .and_then(|c| Some((c, c.program()?)));
+    let Some((ckpt, program)) = found else {
         return match (format, a.mode) {
             (ExportFormat::Program, _) => anyhow::bail!(
                 "--format program: {} is not the run of an exported program (a .pt2 given to \
@@ -431,7 +430,7 @@ fn export_program(
     };
     let weights = ckpt.dir.join(kiln_train::checkpoint::MODEL_FILE);
     let files = ProgramFiles {
-        program: &ckpt.dir.join(program),
+        program: &program,
         weights: &weights,
     };
     match format {

@@ -314,18 +314,15 @@ impl Run<'_> {
     }
 
     fn train_step(&self, target: &Target) -> anyhow::Result<Profiled> {
-        let program = kiln_train::program::PROGRAM_FILE;
         let model = match target {
             Target::BuiltIn(kind) => self.reference(*kind)?,
-            Target::Source(_, Some(ckpt)) if ckpt.meta.files.contains_key(program) => {
-                TrainableModel::program(
-                    ckpt,
-                    &self.plan.model,
-                    self.plan.train.loss,
-                    self.precision,
-                    kiln_train::feed::tch_device(self.device),
-                )?
-            }
+            Target::Source(_, Some(ckpt)) if ckpt.program().is_some() => TrainableModel::program(
+                ckpt,
+                &self.plan.model,
+                self.plan.train.loss,
+                self.precision,
+                kiln_train::feed::tch_device(self.device),
+            )?,
             Target::Source(ModelSource::Program(path), None) => anyhow::bail!(
                 "--mode train: give a run or checkpoint of {} (it knows the data's targets and \
                  the loss the step is compiled with); the program alone profiles in --mode infer",

@@ -239,8 +239,16 @@ fn kiln_infer(dir: &Path, model: &Path, x: &Value) -> PathBuf {
     let bytes = kiln_data::npy_f32_bytes(&shape_of(x), &xs).unwrap();
     std::fs::write(&inputs, bytes).unwrap();
     std::fs::write(&x_json, x.to_string()).unwrap();
-    let _ = std::fs::remove_file(&out);
-    let o = common::kiln(&[
+    let o = infer_fp32(model, &inputs, &out, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+/// `kiln infer` of `model` on the CPU in fp32 over `inputs` into `out` (removed first), with
+/// `extra` arguments.
+fn infer_fp32(model: &Path, inputs: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let _ = std::fs::remove_file(out);
+    let mut args = vec![
         "infer",
         "--model",
         model.to_str().unwrap(),
@@ -252,9 +260,9 @@ fn kiln_infer(dir: &Path, model: &Path, x: &Value) -> PathBuf {
         "fp32",
         "--device",
         "cpu",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    out
+    ];
+    args.extend(extra);
+    common::kiln(&args)
 }
 
 /// `programs.py run` on `program` with `weights` (a safetensors file, or "-" for the
@@ -325,22 +333,7 @@ fn exports_the_trained_program(dir: &Path, ckpt: &Path) {
 fn engines_of_a_program(dir: &Path, ckpt: &Path, onnx: &Path) {
     let infer = |model: &Path, engine: &str| {
         let out = dir.join(format!("engine-{engine}.npy"));
-        let _ = std::fs::remove_file(&out);
-        common::kiln(&[
-            "infer",
-            "--model",
-            model.to_str().unwrap(),
-            "--inputs",
-            dir.join("x.npy").to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--precision",
-            "fp32",
-            "--device",
-            "cpu",
-            "--engine",
-            engine,
-        ])
+        infer_fp32(model, &dir.join("x.npy"), &out, &["--engine", engine])
     };
     let o = infer(onnx, "auto");
     assert!(o.status.success(), "{}", stderr(&o));

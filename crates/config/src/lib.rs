@@ -27,3 +27,4 @@ pub use plan::{
     RunPlan, ScheduleKind, ServePlan, TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};
+pub use setting::UNSET;

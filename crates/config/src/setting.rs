@@ -295,10 +295,12 @@ impl Show for PathBuf {
     }
 }
 
+/// How an optional key without a value is shown (and written into a run's `config.json`).
+pub const UNSET: &str = "(none)";
+
 impl<T: Show> Show for Option<T> {
     fn show(&self) -> String {
-        self.as_ref()
-            .map_or_else(|| "(none)".to_owned(), Show::show)
+        self.as_ref().map_or_else(|| UNSET.to_owned(), Show::show)
     }
 }
 
@@ -349,7 +351,7 @@ impl<'a> Checker<'a> {
     ) -> Result<(T, String), ConfigError> {
         let Some(raw) = raw else {
             return T::absent()
-                .map(|v| (v, "(none)".to_owned()))
+                .map(|v| (v, UNSET.to_owned()))
                 .ok_or_else(|| ConfigError::Other(format!("`{key}` has no value in any layer")));
         };
         let text = T::raw_text(&raw);

@@ -197,18 +197,28 @@ pub fn to_onnx(
     let result = (|| -> Result<_, InferError> {
         model.save_torchscript(&script, &batch(TRACE_BATCH, sample_shape)?)?;
         let facts = crate::onnx::python::export(&script, &staging, sample_shape, OPSET, meta)?;
-        let (max_abs, samples, runtime) = check_onnx(model, sample_shape, &staging)?;
-        let bytes = publish(&staging, out)?;
         tracing::debug!("exporter: {facts}");
-        Ok((max_abs, samples, runtime, bytes))
+        publish_checked_onnx(model, sample_shape, &staging, out, OPSET)
     })();
     let _ = std::fs::remove_file(&script);
     let _ = std::fs::remove_file(&staging);
-    let (max_abs, samples_checked, runtime, bytes) = result?;
+    result
+}
+
+/// Checks the ONNX file `staging` against `model` ([`check_onnx`]) and publishes it as `out`.
+fn publish_checked_onnx(
+    model: &LoadedModel,
+    sample_shape: &[usize],
+    staging: &Path,
+    out: &Path,
+    opset: u32,
+) -> Result<Exported, InferError> {
+    let (max_abs, samples_checked, checked_in) = check_onnx(model, sample_shape, staging)?;
+    let bytes = publish(staging, out)?;
     Ok(Exported {
         path: out.to_owned(),
-        format: format!("ONNX opset {OPSET}"),
-        checked_in: runtime,
+        format: format!("ONNX opset {opset}"),
+        checked_in,
         bytes,
         sample_shape: sample_shape.to_vec(),
         max_abs,
@@ -337,22 +347,11 @@ pub fn program_to_onnx(
         meta,
         pythonpath: pythonpath.as_deref(),
     };
-    let result = (|| -> Result<_, InferError> {
-        kiln_train::program::export::write(&request)?;
-        let (max_abs, samples, runtime) = check_onnx(model, sample_shape, &staging)?;
-        Ok((max_abs, samples, runtime, publish(&staging, out)?))
-    })();
+    let result = kiln_train::program::export::write(&request)
+        .map_err(InferError::from)
+        .and_then(|_| publish_checked_onnx(model, sample_shape, &staging, out, PROGRAM_OPSET));
     let _ = std::fs::remove_file(&staging);
-    let (max_abs, samples_checked, runtime, bytes) = result?;
-    Ok(Exported {
-        path: out.to_owned(),
-        format: format!("ONNX opset {PROGRAM_OPSET}"),
-        checked_in: runtime,
-        bytes,
-        sample_shape: sample_shape.to_vec(),
-        max_abs,
-        samples_checked,
-    })
+    result
 }
 
 /// The ONNX opset of programs (PyTorch's exporter for exported programs starts at 18).

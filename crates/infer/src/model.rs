@@ -77,8 +77,9 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint, InferError> {
 }
 
 /// The `model.*` settings a checkpoint was trained with, as (key, value) text, for the
-/// configuration's checkpoint layer. An optional key the run left unset (`(none)`, as the
-/// checkpoint's `config.json` shows it: `model.output`, `model.freeze`) stays unset.
+/// configuration's checkpoint layer. An optional key the run left unset (shown as
+/// [`kiln_config::UNSET`] in the checkpoint's `config.json`: `model.output`, `model.freeze`)
+/// stays unset.
 pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
     let Some(entries) = ckpt.meta.config.as_array() else {
         return vec![];
@@ -88,14 +89,11 @@ pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
         .filter_map(|e| {
             let key = e.get("key")?.as_str()?;
             let value = e.get("value")?.as_str()?;
-            (key.starts_with("model.") && value != UNSET)
+            (key.starts_with("model.") && value != kiln_config::UNSET)
                 .then(|| (key.to_owned(), value.to_owned()))
         })
         .collect()
 }
-
-/// How `config.json` shows an optional key without a value.
-const UNSET: &str = "(none)";
 
 /// Rebuilds the checkpoint's model from `plan` (the settings it was trained with, see
 /// [`model_settings`]) in a new `VarStore` on `device` and copies its weights in, in fp32 and
@@ -185,12 +183,7 @@ impl LoadedModel {
         device: Device,
         precision: AmpDtype,
     ) -> Result<Self, InferError> {
-        if ckpt
-            .meta
-            .files
-            .contains_key(kiln_train::program::PROGRAM_FILE)
-        {
-            let path = ckpt.dir.join(kiln_train::program::PROGRAM_FILE);
+        if let Some(path) = ckpt.program() {
             return Self::program(&path, Some(ckpt), plan.output.clone(), device, precision);
         }
         if ckpt.meta.files.contains_key(checkpoint::SCRIPT_FILE) {

@@ -401,7 +401,10 @@ impl TrainableModel {
             .target
             .clone()
             .unwrap_or(kiln_data::TargetSpec::label(input.classes));
-        let path = ckpt.dir.join(kiln_train::program::PROGRAM_FILE);
+        let path = ckpt.program().ok_or_else(|| InferError::Model {
+            model: ckpt.dir.display().to_string(),
+            message: "the checkpoint holds no exported program (model.pt2)".to_owned(),
+        })?;
         let spec = kiln_train::program::ProgramSpec {
             path: &path,
             loss: kiln_train::loss::Loss::resolve(loss, &target)?,

@@ -129,14 +129,16 @@ def batch_dim(val):
     return None if isinstance(d, torch.SymInt) else int(d)
 
 
-def check_input(val, sample_shape, feature_dtype):
+def check_per_sample(val, want, dtype, what):
+    """One of the program's inputs against the dataset's `what` (samples or targets): the same
+    shape after the batch dimension, and the same dtype."""
     per_sample = [int(d) for d in val.shape[1:]]
-    if per_sample != sample_shape or val.dtype != feature_dtype:
+    if per_sample != want or val.dtype != dtype:
         raise UserError(
             "input_mismatch",
-            f"the program takes batches of [batch, {', '.join(map(str, per_sample))}] "
-            f"({str(val.dtype).replace('torch.', '')}); the dataset's samples are "
-            f"{sample_shape} ({str(feature_dtype).replace('torch.', '')})",
+            f"the program takes {what} of [batch, {', '.join(map(str, per_sample))}] "
+            f"({str(val.dtype).replace('torch.', '')}); the dataset's {what} are {want} "
+            f"({str(dtype).replace('torch.', '')})",
         )
 
 
@@ -263,19 +265,6 @@ def own_loss(out, name):
         shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise UserError("output", f"{OWN_LOSS_FORM}; its loss is {shape}, not one value")
     return loss.reshape(()).float(), pred
-
-
-def check_target(val, a):
-    """An own-loss program's target input against the dataset's targets."""
-    want, dtype = shape_of(a.target_shape), DTYPES[a.target_dtype]
-    per_sample = [int(d) for d in val.shape[1:]]
-    if per_sample != want or val.dtype != dtype:
-        raise UserError(
-            "input_mismatch",
-            f"the program takes targets of [batch, {', '.join(map(str, per_sample))}] "
-            f"({str(val.dtype).replace('torch.', '')}); the dataset's targets are {want} "
-            f"({str(dtype).replace('torch.', '')})",
-        )
 
 
 def check_loss_shapes(kind, out, target, classes):
@@ -523,12 +512,12 @@ def compile_eval(ep, a, device, dynamic, fixed, manifest, target):
     gm = to_eval(ep.module().to(device))
     x, y = example(a, fixed or 3, device)
     if target is None:
-        step, extra, manifest["eval_outputs"] = EvalStep(gm, a, device.type), (), 1
+        step, extra = EvalStep(gm, a, device.type), ()
     elif a.loss == "module":
-        step, extra, manifest["eval_outputs"] = OwnLossEval(gm, a, device.type), (y,), 2
+        step, extra = OwnLossEval(gm, a, device.type), (y,)
         manifest["eval_takes_target"] = True
     else:
-        step, extra, manifest["eval_outputs"] = Predict(gm, a, device.type, target), (), 1
+        step, extra = Predict(gm, a, device.type, target), ()
         check_predict(step, x)
     names = ["model." + n for n in manifest["parameters"] + manifest["buffers"]]
     state = state_of(step)
@@ -576,10 +565,10 @@ def compile_all(a):
     check_compiler()
     val, *rest = user_inputs(ep)
     target = rest[0] if rest else None
-    check_input(val, shape_of(a.sample_shape), DTYPES[a.feature_dtype])
+    check_per_sample(val, shape_of(a.sample_shape), DTYPES[a.feature_dtype], "samples")
     check_loss_inputs(a, target)
     if target is not None and a.loss is not None:
-        check_target(target, a)
+        check_per_sample(target, shape_of(a.target_shape), DTYPES[a.target_dtype], "targets")
     fixed = batch_dim(val)
     dynamic = fixed is None
     train_ops, frozen_ops = eval_mode_ops(ep.module())

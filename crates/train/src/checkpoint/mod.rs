@@ -543,6 +543,15 @@ fn safetensors_lengths(path: &Path) -> Result<(u64, u64), TrainError> {
 }
 
 impl Checkpoint {
+    /// The exported program a program run's checkpoint holds (`model.pt2`), if it holds one.
+    pub fn program(&self) -> Option<PathBuf> {
+        let file = crate::program::PROGRAM_FILE;
+        self.meta
+            .files
+            .contains_key(file)
+            .then(|| self.dir.join(file))
+    }
+
     /// Copies the saved weights into `model` (a model's tensors, in name order) by name. The
     /// names and shapes must match; the error names the first tensor at fault.
     pub fn copy_weights_into(&self, model: &[(String, Tensor)]) -> Result<(), TrainError> {

@@ -116,20 +116,14 @@ pub struct Manifest {
     /// it is the loss).
     #[serde(default = "yes")]
     pub predicts: bool,
-    /// How many outputs the eval package has: the prediction, or (loss, prediction).
-    #[serde(default = "one")]
-    pub eval_outputs: usize,
-    /// The eval package takes the targets too (an own-loss program's validation).
+    /// The eval package takes the targets too (an own-loss program's validation) and returns
+    /// (loss, prediction); otherwise it returns the prediction alone.
     #[serde(default)]
     pub eval_takes_target: bool,
 }
 
 fn yes() -> bool {
     true
-}
-
-fn one() -> usize {
-    1
 }
 
 /// Packages ready to load.

@@ -259,7 +259,8 @@ impl ProgramModel {
             )?)),
             Packages::Eval => None,
         };
-        let eval = Package::load(&compiled.eval_package(), device, m.eval_outputs)?;
+        let eval_outputs = if m.eval_takes_target { 2 } else { 1 };
+        let eval = Package::load(&compiled.eval_package(), device, eval_outputs)?;
         Ok(Self {
             path: path.to_owned(),
             compiled,
