@@ -115,6 +115,35 @@ fn training_resume_profiler_and_serving_steps_pass_on_this_device() {
 }
 
 #[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
+fn the_compiled_train_step_passes_on_this_device_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    let o = kiln(&[
+        "gpu-check",
+        "--out",
+        out.to_str().unwrap(),
+        "--steps",
+        "compiled-train",
+    ]);
+    let r = report(&out);
+    let compiled = step(&r, "compiled-train");
+    assert_eq!(compiled["status"], "pass", "{r}");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let f = &compiled["figures"];
+    assert!(
+        f["gradient_max_relative_error"].as_f64().unwrap() <= 1e-5,
+        "{f}"
+    );
+    let (ours, eager) = (
+        f["bf16_losses"].as_array().unwrap(),
+        f["eager_bf16_losses"].as_array().unwrap(),
+    );
+    assert_eq!((ours.len(), eager.len()), (30, 30), "{f}");
+    assert!(f["compile_fp32_s"].as_f64().unwrap() > 0.0, "{f}");
+}
+
+#[test]
 fn an_unknown_step_is_named_with_the_valid_ones() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("r");

@@ -3,6 +3,7 @@
 //! Without a GPU the CPU-capable steps run on the CPU and every CUDA step says "not run".
 
 mod benches;
+mod compiled;
 mod distributed;
 mod feeder;
 mod report;
@@ -73,6 +74,7 @@ const STEPS: &[Step] = &[
     step("cuda-graphs", Needs::Cuda, 120, serving::cuda_graphs),
     step("serve", Needs::Any, 120, serving::serve),
     step("profile-model", Needs::Any, 120, serving::profile_model),
+    step("compiled-train", Needs::Any, 420, compiled::compiled_train),
     step("onnxruntime", Needs::Any, 60, serving::onnxruntime),
     step("nccl", Needs::Cuda, 180, distributed::nccl),
     step("bench-train", Needs::Cuda, 240, benches::train),

@@ -1,0 +1,267 @@
+//! The gpu-check step `compiled-train`: a `torch.export`ed transformer (SDPA attention) saved by
+//! PyTorch on this machine, trained through kiln's compiled step (AOTInductor, compiled here for
+//! the device): its fp32 gradients against PyTorch eager's per parameter, a bf16 run's losses
+//! against eager bf16 autocast on the same module, and the compile time on the device.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::Context;
+use kiln_device::settings::AmpDtype;
+use kiln_train::loss::Loss;
+use kiln_train::models::InputSpec;
+use kiln_train::program::{ProgramModel, ProgramSpec};
+use kiln_train::run::RunControl;
+use serde_json::{Value, json};
+use tch::{Kind, Tensor, nn};
+
+use super::training::{Record, plan};
+use super::{Ctx, Outcome};
+
+/// PyTorch's side: the program, its data and eager's reference values.
+const SCRIPT: &str = include_str!("compiled_train.py");
+
+/// Full-batch bf16 steps of the learning comparison.
+const STEPS: usize = 30;
+
+/// The largest relative gradient error per parameter (fp32, TF32 off), as on the CPU.
+const GRADIENT_TOLERANCE: f64 = 1e-5;
+
+/// The final bf16 loss against eager's, in nats (the `learning` suite's bf16 criterion).
+const LOSS_TOLERANCE: f64 = 0.02;
+
+pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
+    let reference = make_reference(ctx)?;
+    let program = ctx.dir.join("model.pt2");
+    let (grad_err, worst, fp32) = check_gradients(ctx, &program, &reference)?;
+    let bf16_compile = load(ctx, &program, AmpDtype::Bf16, &input(&reference)?)?;
+    let (losses, samples_per_s) = train_bf16(ctx, &program, &reference)?;
+    let eager: Vec<f64> = serde_json::from_value(reference["losses"].clone())?;
+    let (Some(&last), Some(&eager_last)) = (losses.last(), eager.last()) else {
+        anyhow::bail!("no steps were logged");
+    };
+    let final_diff = (last - eager_last).abs();
+    let learned = last < 0.8 * losses[0];
+    let pass = grad_err <= GRADIENT_TOLERANCE
+        && losses.len() == STEPS
+        && final_diff <= LOSS_TOLERANCE
+        && learned;
+    Ok(Outcome::new(
+        pass,
+        format!(
+            "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ {GRADIENT_TOLERANCE:e}); \
+             bf16, {STEPS} full-batch steps: loss {:.3} → {last:.4} vs eager {eager_last:.4} \
+             (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, {:.1} s bf16, \
+             cache hit {:.2} s",
+            losses[0], fp32.compile_s, bf16_compile.compile_s, fp32.hit_s
+        ),
+    )
+    .figure("params", reference["params"].clone())
+    .figure("gradient_max_relative_error", grad_err)
+    .figure("gradient_worst_parameter", worst)
+    .figure("bf16_losses", json!(losses))
+    .figure("eager_bf16_losses", json!(eager))
+    .figure("bf16_final_loss_abs_diff", final_diff)
+    .figure("bf16_samples_per_s", samples_per_s)
+    .figure("compile_fp32_s", fp32.compile_s)
+    .figure("compile_bf16_s", bf16_compile.compile_s)
+    .figure("compiled_now", fp32.compiled_now && bf16_compile.compiled_now)
+    .figure("cache_hit_load_s", fp32.hit_s)
+    .figure("torch_python", reference["torch"].clone()))
+}
+
+/// Runs `compiled_train.py` in the provisioned Python (`KILN_PYTHON` on a GPU machine).
+fn make_reference(ctx: &Ctx) -> anyhow::Result<Value> {
+    let script = ctx.dir.join("compiled_train.py");
+    std::fs::write(&script, SCRIPT)?;
+    let python = kiln_train::python::python();
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(&ctx.dir)
+        .arg(ctx.device_key())
+        .arg(STEPS.to_string())
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{} compiled_train.py failed: {}",
+        python.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(ctx.dir.join("reference.json"))?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// A tensor from `{"shape": [...], "values": [...]}`.
+fn tensor(v: &Value, kind: Kind, device: tch::Device) -> anyhow::Result<Tensor> {
+    let shape: Vec<i64> = serde_json::from_value(v["shape"].clone())?;
+    let values: Vec<f64> = serde_json::from_value(v["values"].clone())?;
+    Ok(Tensor::from_slice(&values)
+        .reshape(shape.as_slice())
+        .to_kind(kind)
+        .to_device(device))
+}
+
+/// The per-sample input of the program's data: [32, 16] features, 4 classes.
+fn input(reference: &Value) -> anyhow::Result<InputSpec> {
+    let shape: Vec<usize> = serde_json::from_value(reference["x"]["shape"].clone())?;
+    Ok(InputSpec {
+        sample_shape: shape[1..].to_vec(),
+        classes: 4,
+        target: Some(kiln_data::TargetSpec::label(4)),
+        integer_features: false,
+    })
+}
+
+/// How long a program took to get ready.
+struct Loaded {
+    /// The compile's own time (now, or when it was cached).
+    compile_s: f64,
+    /// Whether this load compiled it (else the cache had it).
+    compiled_now: bool,
+    /// A second load's time, from the cache.
+    hit_s: f64,
+}
+
+/// Loads the program for cross-entropy at `precision` on the device twice: the first load
+/// compiles it (unless cached), the second is timed as a cache hit.
+fn load(
+    ctx: &Ctx,
+    program: &Path,
+    precision: AmpDtype,
+    input: &InputSpec,
+) -> anyhow::Result<Loaded> {
+    let spec = spec(program, precision)?;
+    let started = Instant::now();
+    let model = ProgramModel::load(&spec, input, &nn::VarStore::new(ctx.device))?;
+    let first_s = started.elapsed().as_secs_f64();
+    let compile_s = model.compiled().manifest.compile_s;
+    let started = Instant::now();
+    ProgramModel::load(&spec, input, &nn::VarStore::new(ctx.device))?;
+    Ok(Loaded {
+        compile_s,
+        compiled_now: first_s >= compile_s,
+        hit_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn spec(program: &Path, precision: AmpDtype) -> anyhow::Result<ProgramSpec<'_>> {
+    Ok(ProgramSpec {
+        path: program,
+        loss: Loss::CrossEntropy,
+        precision,
+        output: None,
+        freeze: None,
+        threads: kiln_torch_ext::memory::num_threads()?.0,
+    })
+}
+
+/// One fp32 compiled step on the reference's first batch: the largest relative gradient error
+/// over the parameters, and which parameter had it.
+fn check_gradients(
+    ctx: &Ctx,
+    program: &Path,
+    reference: &Value,
+) -> anyhow::Result<(f64, String, Loaded)> {
+    let input = input(reference)?;
+    let loaded = load(ctx, program, AmpDtype::None, &input)?;
+    let n = reference["grad_batch"].as_i64().context("grad_batch")?;
+    let x = tensor(&reference["x"], Kind::Float, ctx.device)?.narrow(0, 0, n);
+    let y = tensor(&reference["y"], Kind::Int64, ctx.device)?.narrow(0, 0, n);
+    let vs = nn::VarStore::new(ctx.device);
+    let model = ProgramModel::load(&spec(program, AmpDtype::None)?, &input, &vs)?;
+    let step = kiln_train::model::Model::compiled_step(&model).context("no compiled step")?;
+    let (_loss, _output) = step.step(&x, &y, 1.0, None)?;
+    let vars = vs.variables();
+    let grads = reference["gradients"].as_object().context("no gradients")?;
+    anyhow::ensure!(
+        grads.len() == vs.trainable_variables().len(),
+        "kiln has {} parameters, PyTorch {}",
+        vs.trainable_variables().len(),
+        grads.len()
+    );
+    let mut worst = (0.0, String::new());
+    for (name, want) in grads {
+        let ours = vars
+            .get(name)
+            .with_context(|| format!("no parameter {name}"))?;
+        let err = relative(&ours.grad(), &tensor(want, Kind::Float, ctx.device)?);
+        if err > worst.0 || err.is_nan() {
+            worst = (err, name.clone());
+        }
+    }
+    Ok((worst.0, worst.1, loaded))
+}
+
+/// ‖a − b‖ / ‖b‖ (the absolute error where ‖b‖ is tiny).
+fn relative(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.to_kind(Kind::Double);
+    let b = b.to_kind(Kind::Double);
+    let diff = (&a - &b).norm().double_value(&[]);
+    let norm = b.norm().double_value(&[]);
+    if norm < 1e-8 { diff } else { diff / norm }
+}
+
+/// `STEPS` full-batch bf16 steps of `kiln train` on the reference's data, as PyTorch's loop
+/// runs them; the logged losses and the run's samples/s.
+fn train_bf16(ctx: &Ctx, program: &Path, reference: &Value) -> anyhow::Result<(Vec<f64>, f64)> {
+    let data = write_data(&ctx.dir, reference)?;
+    let samples = reference["x"]["shape"][0].as_u64().context("x shape")?;
+    let model = format!("model.name={}", program.display());
+    let batch = format!("train.batch_size={samples}");
+    let epochs = format!("train.epochs={STEPS}");
+    let sets = [
+        model.as_str(),
+        batch.as_str(),
+        epochs.as_str(),
+        "train.amp=bf16",
+        "train.lr=0.003",
+        "train.weight_decay=0.01",
+        "train.schedule=constant",
+        "train.warmup_steps=0",
+        "train.clip_grad_norm=0",
+        "train.log_interval=1",
+        "data.val_fraction=0",
+        "data.num_workers=0",
+        "checkpoint.enabled=false",
+    ];
+    let plan = plan(ctx.device_key(), &ctx.dir.join("runs"), &sets)?;
+    let device = match ctx.device {
+        tch::Device::Cuda(i) => kiln_device::Device::Cuda(i),
+        _ => kiln_device::Device::Cpu,
+    };
+    kiln_train::run::apply_backend(&plan, device);
+    let mut record = Record::default();
+    kiln_train::run::train(
+        &plan,
+        device,
+        Some(&data),
+        RunControl::default(),
+        &mut record,
+    )?;
+    let losses = record.steps.iter().map(|s| s.loss).collect();
+    let summary = record.summary.context("no summary")?;
+    Ok((losses, summary.samples_per_s))
+}
+
+/// The reference's samples as a prepared dataset (`.npy` files, then `kiln data prepare`).
+fn write_data(dir: &Path, reference: &Value) -> anyhow::Result<PathBuf> {
+    let shape: Vec<usize> = serde_json::from_value(reference["x"]["shape"].clone())?;
+    let xs: Vec<f32> = serde_json::from_value(reference["x"]["values"].clone())?;
+    let ys: Vec<f64> = serde_json::from_value(reference["y"]["values"].clone())?;
+    let (fx, fy) = (dir.join("x.npy"), dir.join("y.npy"));
+    std::fs::write(
+        &fx,
+        kiln_data::npy_f32_bytes(&shape, &xs).map_err(anyhow::Error::msg)?,
+    )?;
+    let labels: Vec<u8> = ys.iter().flat_map(|&v| (v as i64).to_le_bytes()).collect();
+    kiln_data::write_npy(&fy, kiln_data::DType::I64, &[ys.len()], &labels)?;
+    let out = dir.join("data");
+    let source = kiln_data::PrepareSource::Npy {
+        features: fx,
+        labels: fy,
+    };
+    kiln_data::prepare(&source, &out, &kiln_data::PrepareOptions::default())?;
+    Ok(out)
+}
