@@ -28,7 +28,8 @@ use kiln_data::{
 };
 use kiln_device::settings::AmpDtype;
 use kiln_train::feed::DeviceBatch;
-use kiln_train::models::{InputSpec, build};
+use kiln_train::model::InputSpec;
+use kiln_train::source::build;
 use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};

@@ -49,8 +49,9 @@ use kiln_infer::onnx::{OnnxEngine, OnnxOptions};
 use kiln_infer::serve::loadgen::{self, LoadReport};
 use kiln_infer::serve::{BatchRunner, RunnerFactory, ServeConfig, Server};
 use kiln_infer::{Engine, EngineOptions, LoadedModel, Runner};
+use kiln_train::model::InputSpec;
 use kiln_train::model::Model;
-use kiln_train::models::{InputSpec, build};
+use kiln_train::source::build;
 use serde_json::{Value, json};
 use tch::{Device, nn};
 

@@ -10,9 +10,10 @@ use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
 use kiln_benches::{SuiteArgs, device_name, median, median_of};
 use kiln_config::ModelKind;
-use kiln_train::models::{InputSpec, build, parameter_count};
+use kiln_train::model::{InputSpec, parameter_count};
 use kiln_train::optim::{Optimizer, Rule, param_groups};
 use kiln_train::run::synthetic_shape;
+use kiln_train::source::build;
 use serde_json::json;
 use tch::{Device, Kind, Tensor, nn};
 

@@ -128,6 +128,150 @@ fn crates_use_only_the_crates_below_them() {
     }
 }
 
+/// The train crate's modules in layers, from the bottom (docs/ARCHITECTURE.md, "Inside
+/// kiln-train"): a module uses modules of its own layer or below, never above.
+const TRAIN_LAYERS: &[(&str, &[&str])] = &[
+    (
+        "foundation",
+        &[
+            "error",
+            "feed",
+            "init",
+            "monitor",
+            "optim",
+            "plot",
+            "profiling",
+            "python",
+            "record",
+            "rundir",
+            "scaler",
+            "schedule",
+            "weights",
+        ],
+    ),
+    ("the model contract", &["model"]),
+    ("losses and metrics", &["distributed", "loss", "tally"]),
+    ("model sources", &["models", "program", "script", "source"]),
+    ("checkpoints", &["checkpoint"]),
+    ("the step and the fit loop", &["trainer"]),
+    ("the run", &["batch_search", "learner", "run"]),
+];
+
+/// A source file's text without comments (line comments and doc lines), up to its unit tests.
+fn code_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap();
+    let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level modules of the crate at `src` that each top-level module names through
+/// `crate::` (in `use` lines, `use crate::{…}` groups and paths), itself excluded.
+fn module_imports(src: &Path) -> Vec<(String, Vec<String>)> {
+    let module_of = |p: &Path| {
+        let rel = p.strip_prefix(src).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        first.trim_end_matches(".rs").to_owned()
+    };
+    let all: Vec<PathBuf> = files(src, &[".rs"]);
+    let names: Vec<String> = all.iter().map(|p| module_of(p)).collect();
+    let mut out: Vec<(String, Vec<String>)> = vec![];
+    for (path, module) in all.iter().zip(&names) {
+        let code = code_of(path);
+        let mut used = vec![];
+        for piece in code.split("crate::").skip(1) {
+            let group = piece
+                .strip_prefix('{')
+                .map(|g| g.split('}').next().unwrap_or_default());
+            let heads: Vec<&str> = match group {
+                Some(g) => g
+                    .split(',')
+                    .map(|t| t.trim().split("::").next().unwrap_or(""))
+                    .collect(),
+                None => vec![
+                    piece
+                        .split(|c: char| !c.is_alphanumeric() && c != '_')
+                        .next()
+                        .unwrap_or(""),
+                ],
+            };
+            for head in heads {
+                if head != module && names.iter().any(|n| n == head) {
+                    used.push(head.to_owned());
+                }
+            }
+        }
+        match out.iter_mut().find(|(m, _)| m == module) {
+            Some((_, u)) => u.extend(used),
+            None => out.push((module.clone(), used)),
+        }
+    }
+    for (_, used) in &mut out {
+        used.sort();
+        used.dedup();
+    }
+    out
+}
+
+#[test]
+fn train_modules_use_only_their_layer_and_below_and_form_no_circle() {
+    let src = root().join("crates/train/src");
+    let layer_of = |m: &str| TRAIN_LAYERS.iter().position(|(_, ms)| ms.contains(&m));
+    let imports = module_imports(&src);
+    for (module, used) in &imports {
+        if module == "lib" {
+            continue;
+        }
+        let Some(own) = layer_of(module) else {
+            panic!(
+                "crates/train/src/{module} is in no layer: add it to TRAIN_LAYERS and docs/ARCHITECTURE.md"
+            );
+        };
+        for u in used {
+            let theirs = layer_of(u).unwrap_or(usize::MAX);
+            assert!(
+                theirs <= own,
+                "train's `{module}` ({}) uses `{u}` ({}), a layer above it",
+                TRAIN_LAYERS[own].0,
+                TRAIN_LAYERS.get(theirs).map_or("no layer", |l| l.0)
+            );
+        }
+    }
+    // No circle within a layer either: walk each module's imports depth first.
+    fn reaches(
+        imports: &[(String, Vec<String>)],
+        from: &str,
+        to: &str,
+        seen: &mut Vec<String>,
+    ) -> bool {
+        let used = imports
+            .iter()
+            .find(|(m, _)| m == from)
+            .map(|(_, u)| u.as_slice())
+            .unwrap_or(&[]);
+        used.iter().any(|u| {
+            u == to
+                || (!seen.contains(u) && {
+                    seen.push(u.clone());
+                    reaches(imports, u, to, seen)
+                })
+        })
+    }
+    for (module, _) in imports.iter().filter(|(m, _)| m != "lib") {
+        assert!(
+            !reaches(&imports, module, module, &mut vec![]),
+            "train's `{module}` imports itself through a circle of modules"
+        );
+    }
+}
+
 #[test]
 fn only_torch_ext_contains_cpp() {
     let root = root();

@@ -232,7 +232,7 @@ impl EngineRequest {
             Err(e) => return Err(e),
         };
         let key = self.cache_key(path, &onnx)?;
-        let cache = kiln_train::batch_search::cache_dir();
+        let cache = kiln_device::measured::cache_dir();
         let auto = AutoEngine::new(torch, onnx, &key, cache.as_deref())?;
         let note = auto.note().to_owned();
         Ok(Built {
@@ -245,7 +245,7 @@ impl EngineRequest {
     /// Everything the choice depends on: the ONNX file and the weights, the sample shape, the
     /// hardware and threads, the batch limit, the engines' versions and kiln's.
     fn cache_key(&self, path: &std::path::Path, onnx: &OnnxEngine) -> Result<String, InferError> {
-        let hardware = kiln_train::batch_search::hardware_key(self.device)?;
+        let hardware = kiln_device::measured::hardware_key(self.device)?;
         let weights = self
             .checkpoint
             .as_ref()

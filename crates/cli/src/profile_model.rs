@@ -13,7 +13,7 @@ use kiln_infer::InferError;
 use kiln_infer::model::{self, ModelSource};
 use kiln_infer::profile::{self, Iterations, Measurement, Mode, Report, TrainableModel};
 use kiln_train::checkpoint::Checkpoint;
-use kiln_train::models::InputSpec;
+use kiln_train::model::InputSpec;
 use kiln_train::trainer::{TrainSettings, precision_name};
 
 use crate::args::{Format, PrecisionArg, ProfileMode, ProfileModelArgs};

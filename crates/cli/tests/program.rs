@@ -16,7 +16,7 @@ use common::own_data::{
 };
 use common::{only_run, python, stderr, step_losses};
 use kiln_train::loss::Loss;
-use kiln_train::models::InputSpec;
+use kiln_train::model::InputSpec;
 use kiln_train::program::{ProgramModel, ProgramSpec};
 use serde_json::Value;
 use tch::{Kind, Tensor, nn};

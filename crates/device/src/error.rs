@@ -10,4 +10,10 @@ pub enum DeviceError {
     /// A call into libtorch through the native extension failed.
     #[error(transparent)]
     Native(#[from] kiln_torch_ext::Error),
+    /// A file of kiln's cache could not be written.
+    #[error("{}: {message}", path.display())]
+    File {
+        path: std::path::PathBuf,
+        message: String,
+    },
 }

@@ -8,6 +8,7 @@
 
 mod error;
 pub mod libtorch;
+pub mod measured;
 pub mod memory;
 pub mod probe;
 pub mod settings;

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use kiln_train::batch_search::MeasuredCache;
+use kiln_device::measured::MeasuredCache;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Runner, bucket};

@@ -11,6 +11,8 @@ pub enum InferError {
     #[error(transparent)]
     Train(#[from] kiln_train::TrainError),
     #[error(transparent)]
+    Device(#[from] kiln_device::DeviceError),
+    #[error(transparent)]
     Torch(#[from] kiln_torch_ext::Error),
     #[error("libtorch: {0}")]
     Tch(#[from] tch::TchError),

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use kiln_config::ModelPlan;
 use kiln_device::settings::AmpDtype;
 use kiln_train::checkpoint::{self, Checkpoint};
+use kiln_train::model::InputSpec;
 use kiln_train::model::Model;
-use kiln_train::models::InputSpec;
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::InferError;
@@ -111,7 +111,7 @@ pub fn rebuild(
             .to_owned(),
     })?;
     let vs = nn::VarStore::new(device);
-    let model = kiln_train::models::build(plan, &input, &vs, channels_last, 0)?;
+    let model = kiln_train::source::build(plan, &input, &vs, channels_last, 0)?;
     copy_weights(ckpt, &vs)?;
     Ok((vs, model, input))
 }
@@ -342,7 +342,7 @@ impl LoadedModel {
     /// not parameters), a TorchScript module's `named_parameters`.
     pub fn parameters(&self) -> Result<usize, InferError> {
         Ok(match &self.inner {
-            Inner::Kiln { vs, .. } => kiln_train::models::parameter_count(vs),
+            Inner::Kiln { vs, .. } => kiln_train::model::parameter_count(vs),
             Inner::Script(module) => module
                 .named_parameters()?
                 .iter()

@@ -9,8 +9,8 @@ use kiln_config::{ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
 use kiln_train::checkpoint::Checkpoint;
 use kiln_train::feed::DeviceBatch;
+use kiln_train::model::InputSpec;
 use kiln_train::model::Model;
-use kiln_train::models::InputSpec;
 use kiln_train::trainer::{TrainSettings, Trainer};
 use serde::Serialize;
 use tch::{Device, Kind, Tensor, nn};
@@ -362,7 +362,7 @@ impl TrainableModel {
         device: Device,
     ) -> Result<Self, InferError> {
         let vs = nn::VarStore::new(device);
-        let model = kiln_train::models::build(plan, &input, &vs, channels_last, seed)?;
+        let model = kiln_train::source::build(plan, &input, &vs, channels_last, seed)?;
         Ok(Self::new(vs, model, input, reference_description(plan)))
     }
 
@@ -449,7 +449,7 @@ impl TrainableModel {
 
     /// The number of trainable parameters.
     pub fn parameters(&self) -> usize {
-        kiln_train::models::parameter_count(&self.vs)
+        kiln_train::model::parameter_count(&self.vs)
     }
 }
 

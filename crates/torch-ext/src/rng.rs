@@ -5,8 +5,9 @@ use crate::error::Result;
 use crate::ffi;
 
 /// Guards libtorch's default CPU generator, which is process-wide: code that seeds it and then
-/// draws a sequence from it (a run's initial weights) or restores its state holds this lock, so
-/// another thread's seeding cannot land in the middle.
+/// draws a sequence from it (a run's initial weights, the batch-size search) or restores its
+/// state (a resume) holds this lock, so the draws of runs in one process (a library user's
+/// threads, tests) never interleave.
 static CPU_GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Takes [`CPU_GENERATOR`] (poisoning is ignored: whoever holds it next seeds or restores the

@@ -12,8 +12,7 @@
 //! The answer is cached per (model, hardware, precision) in `batch-size.json` under kiln's
 //! cache directory, so later runs skip the search.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,8 +24,9 @@ use tch::nn;
 
 use crate::TrainError;
 use crate::feed::DeviceFeeder;
-use crate::models::{InputSpec, ModelRecipe};
+use crate::model::{InputSpec, ModelRecipe};
 use crate::trainer::{TrainSettings, Trainer};
+use kiln_device::measured::{MeasuredCache, hardware_key};
 
 /// What one trial measured.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -315,7 +315,7 @@ pub fn resolve_auto<D: Dataset>(
         _ => None,
     };
     let key = cache_key(plan, &recipe.identity, input, &hardware);
-    let mut store = cache.map(BatchSizeCache::open);
+    let mut store = cache.map(open_batch_size_cache);
     if let Some(hit) = store.as_ref().and_then(|c| c.get(&key)) {
         let note = format!(
             "auto: {} (cached from {} trials in {}; delete the entry to measure again)",
@@ -467,19 +467,6 @@ impl<D: Dataset> TrialRunner for StepTrials<'_, D> {
     }
 }
 
-/// kiln's cache directory (the one `cargo xtask setup` keeps libtorch in): `$KILN_CACHE_DIR`,
-/// else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`.
-pub fn cache_dir() -> Option<PathBuf> {
-    let set = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(dir) = set("KILN_CACHE_DIR") {
-        return Some(PathBuf::from(dir));
-    }
-    if let Some(dir) = set("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(dir).join("kiln"));
-    }
-    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache").join("kiln"))
-}
-
 /// One cached answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CachedAnswer {
@@ -492,88 +479,9 @@ pub struct CachedAnswer {
 /// Answers by (model, hardware, precision) key, in `<dir>/batch-size.json`.
 pub type BatchSizeCache = MeasuredCache<CachedAnswer>;
 
-impl BatchSizeCache {
-    /// Opens the batch-size cache in `dir`.
-    pub fn open(dir: &Path) -> Self {
-        MeasuredCache::open_file(dir, "batch-size.json", "batch-size cache")
-    }
-}
-
-/// Measured answers by key, in one JSON file of kiln's cache directory: the automatic batch
-/// size's, and the inference engine choice's. A missing or unreadable file is an empty cache
-/// (a damaged one is reported and replaced on the next store).
-#[derive(Debug)]
-pub struct MeasuredCache<T> {
-    path: PathBuf,
-    what: &'static str,
-    entries: BTreeMap<String, T>,
-}
-
-impl<T: Serialize + serde::de::DeserializeOwned> MeasuredCache<T> {
-    /// Opens `<dir>/<file>`; `what` names it in messages ("batch-size cache").
-    pub fn open_file(dir: &Path, file: &str, what: &'static str) -> Self {
-        let path = dir.join(file);
-        let entries = match std::fs::read_to_string(&path) {
-            Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| {
-                tracing::warn!(
-                    "ignoring the {what} {}: {e}; it will be rewritten",
-                    path.display()
-                );
-                BTreeMap::new()
-            }),
-            Err(_) => BTreeMap::new(),
-        };
-        Self {
-            path,
-            what,
-            entries,
-        }
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn get(&self, key: &str) -> Option<&T> {
-        self.entries.get(key)
-    }
-
-    /// Records an answer and rewrites the file atomically (temporary file, then rename).
-    pub fn store(&mut self, key: &str, answer: T) -> Result<(), TrainError> {
-        self.entries.insert(key.to_owned(), answer);
-        let fail = |e: &dyn std::fmt::Display| TrainError::File {
-            path: self.path.clone(),
-            message: format!("could not write the {}: {e}", self.what),
-        };
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| fail(&e))?;
-        }
-        let tmp = self.path.with_extension("json.tmp");
-        let text = serde_json::to_string_pretty(&self.entries).map_err(|e| fail(&e))?;
-        std::fs::write(&tmp, text).map_err(|e| fail(&e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| fail(&e))?;
-        Ok(())
-    }
-}
-
-/// The hardware part of a cache key: the GPU and its memory, or the CPU model and the threads
-/// libtorch uses.
-pub fn hardware_key(device: tch::Device) -> Result<String, TrainError> {
-    Ok(match device {
-        tch::Device::Cuda(i) => {
-            let props = kiln_torch_ext::cuda::device_properties(i)?;
-            format!(
-                "{} ({:.0} GiB)",
-                props.name,
-                props.total_memory_bytes as f64 / f64::from(1u32 << 30)
-            )
-        }
-        _ => format!(
-            "{} × {} threads",
-            kiln_device::probe::probe_cpu().model,
-            tch::get_num_threads()
-        ),
-    })
+/// Opens the batch-size cache in `dir`.
+pub fn open_batch_size_cache(dir: &Path) -> BatchSizeCache {
+    MeasuredCache::open_file(dir, "batch-size.json", "batch-size cache")
 }
 
 /// The cache key: everything the answer depends on.
@@ -801,7 +709,7 @@ mod tests {
     #[test]
     fn the_cache_round_trips_and_survives_damage() {
         let dir = tempfile::tempdir().unwrap();
-        let mut cache = BatchSizeCache::open(dir.path());
+        let mut cache = open_batch_size_cache(dir.path());
         assert!(cache.get("k").is_none());
         let answer = CachedAnswer {
             batch_size: 96,
@@ -809,11 +717,11 @@ mod tests {
             measured_at: 1,
         };
         cache.store("k", answer.clone()).unwrap();
-        assert_eq!(BatchSizeCache::open(dir.path()).get("k"), Some(&answer));
+        assert_eq!(open_batch_size_cache(dir.path()).get("k"), Some(&answer));
         std::fs::write(cache.path(), "{ not json").unwrap();
-        let mut damaged = BatchSizeCache::open(dir.path());
+        let mut damaged = open_batch_size_cache(dir.path());
         assert!(damaged.get("k").is_none());
         damaged.store("k2", answer.clone()).unwrap();
-        assert_eq!(BatchSizeCache::open(dir.path()).get("k2"), Some(&answer));
+        assert_eq!(open_batch_size_cache(dir.path()).get("k2"), Some(&answer));
     }
 }

@@ -106,6 +106,11 @@ impl From<TrainError> for kiln_torch_ext::CallbackError {
     }
 }
 
+/// The first line of an error text, trimmed.
+pub(crate) fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().trim().to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -49,7 +49,7 @@ use tch::nn;
 
 use crate::TrainError;
 use crate::model::Model;
-use crate::models::{InputSpec, ModelFactory, ModelRecipe};
+use crate::model::{InputSpec, ModelFactory, ModelRecipe};
 use crate::record::{Observer, Silent};
 use crate::run::{self, Resume, RunControl, RunData, RunOutcome};
 
@@ -147,7 +147,7 @@ impl LearnerBuilder {
                 resume: self.resume,
                 stop: self.stop,
                 cache_dir: if self.cache_batch_sizes {
-                    crate::batch_search::cache_dir()
+                    kiln_device::measured::cache_dir()
                 } else {
                     None
                 },

@@ -30,8 +30,10 @@ pub mod rundir;
 pub mod scaler;
 pub mod schedule;
 pub mod script;
+pub mod source;
 pub mod tally;
 pub mod trainer;
+pub mod weights;
 
 pub use error::TrainError;
 
@@ -40,8 +42,8 @@ pub use error::TrainError;
 pub mod prelude {
     pub use crate::TrainError;
     pub use crate::learner::{Learner, LearnerBuilder};
+    pub use crate::model::InputSpec;
     pub use crate::model::{Model, TchModule};
-    pub use crate::models::InputSpec;
     pub use crate::record::{EpochRecord, Observer, Silent, StepRecord, Summary};
     pub use crate::run::{Resume, RunData, RunOutcome};
     pub use crate::script::ScriptModel;

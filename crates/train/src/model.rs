@@ -1,5 +1,7 @@
-//! The small trait the trainer drives (forward, an optional loss of its own, checkpoint
-//! hooks), an adapter for any tch module, and the dropout the reference models share.
+//! The model contract, the bottom of the train crate: the small trait the trainer drives
+//! (forward, an optional loss of its own, a compiled step, checkpoint hooks), what the data
+//! looks like ([`InputSpec`]), how a run gets its model ([`ModelRecipe`]), an adapter for any
+//! tch module, and the dropout the reference models share. It never knows a model source.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -214,4 +216,74 @@ mod tests {
         // What `seed + stream` gave: run 1's first stream was run 0's second.
         assert_ne!(dropout_seed(1, 0), dropout_seed(0, 1));
     }
+}
+
+/// What the data looks like: the shape of one sample, the number of outputs per sample (the
+/// classes of a classifier, the values of a regression), and the target. Stored in
+/// checkpoints, so that inference can rebuild the model without the training data.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    pub sample_shape: Vec<usize>,
+    pub classes: usize,
+    /// The dataset's target (absent in checkpoints from before other targets: a class label).
+    #[serde(default)]
+    pub target: Option<kiln_data::TargetSpec>,
+    /// Features are integer token ids (fed as int64), not float32 values.
+    #[serde(default)]
+    pub integer_features: bool,
+}
+
+impl InputSpec {
+    /// The input of a dataset: a built-in model predicts one class label (`classes` outputs)
+    /// or a vector of values (one output per value); a class map or a value tensor of more
+    /// than one dimension needs a model of the user's own.
+    pub fn of(sample_shape: &[usize], target: &kiln_data::TargetSpec) -> Self {
+        let classes = match target {
+            kiln_data::TargetSpec::Classes { classes, .. } => *classes,
+            kiln_data::TargetSpec::Values { shape } => shape.iter().product::<usize>().max(1),
+        };
+        Self {
+            sample_shape: sample_shape.to_vec(),
+            classes,
+            target: Some(target.clone()),
+            integer_features: false,
+        }
+    }
+}
+
+/// Builds a model's layers under a `VarStore` for data of an [`InputSpec`].
+pub type ModelFactory<'a> =
+    &'a dyn Fn(&nn::VarStore, &InputSpec) -> Result<Box<dyn Model>, TrainError>;
+
+/// How a run gets its model: a name for reports, what identifies it for the batch-size cache,
+/// and the factory (called once for training and once per batch-size trial).
+pub struct ModelRecipe<'a> {
+    pub name: String,
+    /// The model's kind and sizes, or its file: a changed model must not reuse a cached
+    /// batch size.
+    pub identity: String,
+    pub build: ModelFactory<'a>,
+    /// Untimed steps before a batch-size trial is timed: 1, or
+    /// [`crate::script::WARMUP_STEPS`] for TorchScript.
+    pub warmup_steps: usize,
+    /// Draw the initial weights on the CPU and then move them to the device, as a PyTorch
+    /// module built before `.to(device)` does: one seed gives the same weights on every device
+    /// (kiln's own models). Off where the factory may make tensors outside the `VarStore` on
+    /// `vs.device()` (a library user's model, a TorchScript module's buffers).
+    pub init_on_cpu: bool,
+}
+
+impl std::fmt::Debug for ModelRecipe<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelRecipe")
+            .field("name", &self.name)
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+/// The number of trainable parameters in `vs`.
+pub fn parameter_count(vs: &nn::VarStore) -> usize {
+    vs.trainable_variables().iter().map(|t| t.numel()).sum()
 }

@@ -13,126 +13,7 @@ use tch::{Kind, Tensor, nn};
 
 use crate::TrainError;
 use crate::init;
-use crate::model::{Dropout, Model, dropout_seed, dropout_state, set_dropout_state};
-
-/// What the data looks like: the shape of one sample, the number of outputs per sample (the
-/// classes of a classifier, the values of a regression), and the target. Stored in
-/// checkpoints, so that inference can rebuild the model without the training data.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InputSpec {
-    pub sample_shape: Vec<usize>,
-    pub classes: usize,
-    /// The dataset's target (absent in checkpoints from before other targets: a class label).
-    #[serde(default)]
-    pub target: Option<kiln_data::TargetSpec>,
-    /// Features are integer token ids (fed as int64), not float32 values.
-    #[serde(default)]
-    pub integer_features: bool,
-}
-
-impl InputSpec {
-    /// The input of a dataset: a built-in model predicts one class label (`classes` outputs)
-    /// or a vector of values (one output per value); a class map or a value tensor of more
-    /// than one dimension needs a model of the user's own.
-    pub fn of(sample_shape: &[usize], target: &kiln_data::TargetSpec) -> Self {
-        let classes = match target {
-            kiln_data::TargetSpec::Classes { classes, .. } => *classes,
-            kiln_data::TargetSpec::Values { shape } => shape.iter().product::<usize>().max(1),
-        };
-        Self {
-            sample_shape: sample_shape.to_vec(),
-            classes,
-            target: Some(target.clone()),
-            integer_features: false,
-        }
-    }
-}
-
-/// Builds a model's layers under a `VarStore` for data of an [`InputSpec`].
-pub type ModelFactory<'a> =
-    &'a dyn Fn(&nn::VarStore, &InputSpec) -> Result<Box<dyn Model>, TrainError>;
-
-/// How a run gets its model: a name for reports, what identifies it for the batch-size cache,
-/// and the factory (called once for training and once per batch-size trial).
-pub struct ModelRecipe<'a> {
-    pub name: String,
-    /// The model's kind and sizes, or its file: a changed model must not reuse a cached
-    /// batch size.
-    pub identity: String,
-    pub build: ModelFactory<'a>,
-    /// Untimed steps before a batch-size trial is timed: 1, or
-    /// [`crate::script::WARMUP_STEPS`] for TorchScript.
-    pub warmup_steps: usize,
-    /// Draw the initial weights on the CPU and then move them to the device, as a PyTorch
-    /// module built before `.to(device)` does: one seed gives the same weights on every device
-    /// (kiln's own models). Off where the factory may make tensors outside the `VarStore` on
-    /// `vs.device()` (a library user's model, a TorchScript module's buffers).
-    pub init_on_cpu: bool,
-}
-
-impl std::fmt::Debug for ModelRecipe<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelRecipe")
-            .field("name", &self.name)
-            .field("identity", &self.identity)
-            .finish()
-    }
-}
-
-/// What identifies the plan's model for the batch-size cache: its kind and sizes, or for a
-/// TorchScript file its path, size and modification time.
-pub fn identity(plan: &kiln_config::RunPlan) -> String {
-    let m = &plan.model;
-    let flag = |on: bool, text: &'static str| if on { text } else { "" };
-    let dims = match m.kind {
-        ModelKind::Transformer => format!(
-            "d{} h{} l{} ff{}{}",
-            m.d_model,
-            m.heads,
-            m.layers,
-            m.ff,
-            flag(m.activation_checkpointing, " ckpt")
-        ),
-        ModelKind::Mlp => format!("hidden {:?}", m.hidden),
-        ModelKind::ConvNet => format!(
-            "channels {:?}{}",
-            m.channels,
-            flag(plan.performance.channels_last, " nhwc")
-        ),
-        ModelKind::TorchScript | ModelKind::Program => script_identity(m.script.as_deref()),
-    };
-    format!("{} ({dims})", m.kind)
-}
-
-/// A TorchScript file for the batch-size cache: its path, size and modification time.
-pub fn script_identity(path: Option<&std::path::Path>) -> String {
-    let Some(path) = path else {
-        return "no file".to_owned();
-    };
-    let meta = std::fs::metadata(path).ok();
-    let modified = meta
-        .as_ref()
-        .and_then(|m| m.modified().ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_secs());
-    format!(
-        "{} {} bytes mtime {modified}",
-        path.display(),
-        meta.map_or(0, |m| m.len())
-    )
-}
-
-/// The name reports give the plan's model: the built-in's, or the TorchScript file's.
-pub fn display_name(plan: &ModelPlan) -> String {
-    match &plan.script {
-        Some(path) => path.file_name().map_or_else(
-            || path.display().to_string(),
-            |n| n.to_string_lossy().into_owned(),
-        ),
-        None => plan.kind.to_string(),
-    }
-}
+use crate::model::{Dropout, InputSpec, Model, dropout_seed, dropout_state, set_dropout_state};
 
 fn invalid(key: &'static str, value: String, expected: String) -> TrainError {
     TrainError::InvalidPlan {
@@ -146,38 +27,16 @@ fn dim(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The user's TorchScript module (`model.name` = its path), its parameters in `vs`.
-fn script(plan: &ModelPlan, vs: &nn::VarStore) -> Result<Box<dyn Model>, TrainError> {
-    if plan.activation_checkpointing {
-        return Err(invalid(
-            keys::model::activation_checkpointing,
-            "true".to_owned(),
-            "false for a TorchScript model: kiln recomputes activations only inside its built-in \
-             transformer, not inside a foreign module (use torch.utils.checkpoint in the module)"
-                .to_owned(),
-        ));
-    }
-    let path = plan.script.as_ref().ok_or_else(|| {
-        invalid(
-            keys::model::name,
-            "torchscript".to_owned(),
-            "the path of a TorchScript file".to_owned(),
-        )
-    })?;
-    Ok(Box::new(crate::script::ScriptModel::load(path, vs)?))
-}
-
-/// Builds the plan's model under `vs`'s root for data of `input`'s shape. `seed` seeds dropout.
-pub fn build(
+/// Builds the plan's reference model under `vs`'s root for data of `input`'s shape. `seed`
+/// seeds dropout. A model file (TorchScript, an exported program) is built by
+/// [`crate::source::build`].
+pub fn build_reference(
     plan: &ModelPlan,
     input: &InputSpec,
     vs: &nn::VarStore,
     channels_last: bool,
     seed: u64,
 ) -> Result<Box<dyn Model>, TrainError> {
-    if plan.kind == ModelKind::TorchScript {
-        return script(plan, vs);
-    }
     let shape = &input.sample_shape;
     let classes = input.classes as i64;
     let target = input
@@ -217,13 +76,12 @@ pub fn build(
     }
     let root = vs.root();
     Ok(match plan.kind {
-        ModelKind::TorchScript => return script(plan, vs),
-        ModelKind::Program => {
+        ModelKind::TorchScript | ModelKind::Program => {
             return Err(invalid(
                 keys::model::name,
-                "program".to_owned(),
-                "a run's loss and precision to compile it for: train an exported program \
-                 through run::train or the Learner"
+                plan.kind.to_string(),
+                "a reference model (mlp, transformer, convnet): a model file is built by \
+                 source::build"
                     .to_owned(),
             ));
         }
@@ -273,11 +131,6 @@ pub fn build(
             )?)
         }
     })
-}
-
-/// The number of trainable parameters in `vs`.
-pub fn parameter_count(vs: &nn::VarStore) -> usize {
-    vs.trainable_variables().iter().map(|t| t.numel()).sum()
 }
 
 /// Multi-layer perceptron: Linear → ReLU → Dropout per hidden width, then a Linear head.

@@ -13,7 +13,7 @@ fn env_path(name: &str) -> Option<PathBuf> {
 
 /// A path recorded under `key` in the JSON file `name` of kiln's cache directory.
 pub fn recorded(name: &str, key: &str) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(crate::batch_search::cache_dir()?.join(name)).ok()?;
+    let text = std::fs::read_to_string(kiln_device::measured::cache_dir()?.join(name)).ok()?;
     let record: serde_json::Value = serde_json::from_str(&text).ok()?;
     record.get(key)?.as_str().map(PathBuf::from)
 }
@@ -24,7 +24,7 @@ pub fn python() -> PathBuf {
     env_path("KILN_PYTHON")
         .or_else(|| recorded("onnx-export.json", "python"))
         .or_else(|| {
-            let venv = crate::batch_search::cache_dir()?.join("torch-2.11.0/bin/python");
+            let venv = kiln_device::measured::cache_dir()?.join("torch-2.11.0/bin/python");
             venv.is_file().then_some(venv)
         })
         .unwrap_or_else(|| PathBuf::from("python3"))

@@ -5,8 +5,8 @@
 //! same run for any model and data (see [`crate::learner`] for the library's front door).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, MutexGuard};
 
 use kiln_config::keys;
 use kiln_config::{ModelKind, RunPlan};
@@ -19,9 +19,10 @@ use tch::nn;
 use crate::TrainError;
 use crate::checkpoint;
 use crate::feed::{loader_config, tch_device};
-use crate::models::{InputSpec, ModelRecipe, build};
+use crate::model::{InputSpec, ModelRecipe};
 use crate::record::{Observer, Observers, RunReady, Summary};
 use crate::rundir::RunDir;
+use crate::source::build;
 use crate::trainer::{
     CheckpointOptions, FitData, FitOptions, ProfilingOptions, TrainSettings, Trainer,
 };
@@ -63,14 +64,6 @@ pub fn synthetic_dataset(
         )?),
         ModelKind::TorchScript | ModelKind::Program => return Err(no_synthetic()),
     })
-}
-
-/// Takes the process-wide lock on libtorch's default CPU generator
-/// ([`kiln_torch_ext::rng::cpu_generator_lock`]): a run holds it while it seeds the generator and
-/// draws from it (the initial weights, the batch-size search) or restores it (a resume), so the
-/// draws of runs in one process (a library user's threads, tests) never interleave.
-pub(crate) fn cpu_generator() -> MutexGuard<'static, ()> {
-    kiln_torch_ext::rng::cpu_generator_lock()
 }
 
 /// Which checkpoint to continue from.
@@ -371,11 +364,11 @@ impl FileModel {
     }
 
     /// The recipe of a run whose factory is `build` (this file model's [`Self::build`]).
-    pub fn recipe<'a>(&self, build: crate::models::ModelFactory<'a>) -> ModelRecipe<'a> {
+    pub fn recipe<'a>(&self, build: crate::model::ModelFactory<'a>) -> ModelRecipe<'a> {
         let script = self.plan.model.kind == ModelKind::TorchScript;
         ModelRecipe {
-            name: crate::models::display_name(&self.plan.model),
-            identity: crate::models::identity(&self.plan),
+            name: crate::source::display_name(&self.plan.model),
+            identity: crate::source::identity(&self.plan),
             build,
             warmup_steps: if script {
                 crate::script::WARMUP_STEPS
@@ -457,8 +450,8 @@ pub fn train(
     let factory =
         |vs: &nn::VarStore, input: &InputSpec| build(&plan.model, input, vs, channels_last, seed);
     let recipe = ModelRecipe {
-        name: crate::models::display_name(&plan.model),
-        identity: crate::models::identity(plan),
+        name: crate::source::display_name(&plan.model),
+        identity: crate::source::identity(plan),
         build: &factory,
         warmup_steps: 1,
         init_on_cpu: true,
@@ -492,7 +485,7 @@ fn auto_batch_size(
     let (size, note) = match resume.and_then(|c| c.meta.batch_size) {
         Some(size) => (size, format!("auto: {size}, as the resumed run chose")),
         None => {
-            let _generator = cpu_generator();
+            let _generator = kiln_torch_ext::rng::cpu_generator_lock();
             let rng = kiln_torch_ext::rng::cpu_rng_state()?;
             let found = crate::batch_search::resolve_auto(
                 plan,
@@ -550,7 +543,7 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         control.cache_dir.as_deref(),
     )?;
     let (plan, batch_note) = agree_on_batch_size(plan, batch_note, control.group.as_ref())?;
-    let generator = cpu_generator();
+    let generator = kiln_torch_ext::rng::cpu_generator_lock();
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
     let mut vs = nn::VarStore::new(if recipe.init_on_cpu {
         tch::Device::Cpu

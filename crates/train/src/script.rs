@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use tch::{Tensor, TrainableCModule, nn};
 
 use crate::TrainError;
+use crate::error::first_line;
 use crate::model::Model;
-use crate::trainer::first_line;
 use kiln_config::keys;
 
 /// Untimed steps before a TorchScript module's batch-size trial is timed: its profiling

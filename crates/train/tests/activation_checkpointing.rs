@@ -3,8 +3,9 @@
 
 use kiln_config::{ModelKind, ModelPlan};
 use kiln_torch_ext::profiler::{self, ProfilerOptions};
+use kiln_train::model::InputSpec;
 use kiln_train::model::Model;
-use kiln_train::models::{InputSpec, build};
+use kiln_train::source::build;
 use tch::{Device, Kind, Tensor, nn};
 
 fn plan(checkpointing: bool, layers: u64, dropout: f64) -> ModelPlan {

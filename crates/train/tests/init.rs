@@ -11,7 +11,8 @@ mod common;
 
 use kiln_config::{ModelKind, load};
 use kiln_train::init;
-use kiln_train::models::{InputSpec, build};
+use kiln_train::model::InputSpec;
+use kiln_train::source::build;
 use serde_json::Value;
 use tch::{Device, Kind, Tensor, nn};
 
@@ -250,7 +251,7 @@ fn reference_models_start_from_their_pytorch_twins_weights_with_python_torch() {
             let file = tmp.path().join(format!("{kind}-{seed}.safetensors"));
             let bytes = std::fs::read(&file).unwrap();
             let theirs: BTreeMap<String, Tensor> =
-                kiln_train::checkpoint::from_safetensors(&bytes, &file)
+                kiln_train::weights::from_safetensors(&bytes, &file)
                     .unwrap()
                     .into_iter()
                     .collect();

@@ -9,8 +9,10 @@ use kiln_config::{LossKind, LossScalePlan, ModelKind, ModelPlan, OptimizerKind, 
 use kiln_device::settings::AmpDtype;
 use kiln_train::TrainError;
 use kiln_train::feed::DeviceBatch;
+use kiln_train::model::{InputSpec, parameter_count};
 use kiln_train::model::{Model, TchModule};
-use kiln_train::models::{InputSpec, TransformerShape, build, parameter_count};
+use kiln_train::models::TransformerShape;
+use kiln_train::source::build;
 use kiln_train::trainer::{TrainSettings, Trainer};
 use tch::{Device, Kind, Tensor, nn};
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::Context;
 use kiln_device::settings::AmpDtype;
 use kiln_train::loss::Loss;
-use kiln_train::models::InputSpec;
+use kiln_train::model::InputSpec;
 use kiln_train::program::{ProgramModel, ProgramSpec};
 use kiln_train::run::RunControl;
 use serde_json::{Value, json};

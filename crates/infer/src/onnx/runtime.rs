@@ -155,7 +155,7 @@ fn library_at(path: &Path) -> Option<PathBuf> {
 
 /// The library named in `<kiln cache>/onnxruntime.json`, written by `cargo xtask setup`.
 fn recorded_library() -> Result<PathBuf, String> {
-    let Some(dir) = kiln_train::batch_search::cache_dir() else {
+    let Some(dir) = kiln_device::measured::cache_dir() else {
         return Err("no cache directory (HOME unset)".to_owned());
     };
     let record = dir.join("onnxruntime.json");

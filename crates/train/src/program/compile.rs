@@ -205,7 +205,7 @@ pub fn cache_root() -> Result<PathBuf, TrainError> {
     if let Some(dir) = std::env::var_os("KILN_COMPILE_CACHE").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(dir));
     }
-    crate::batch_search::cache_dir()
+    kiln_device::measured::cache_dir()
         .map(|d| d.join("compiled"))
         .ok_or_else(|| TrainError::File {
             path: PathBuf::from("~/.cache/kiln"),

@@ -20,8 +20,8 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::TrainError;
 use crate::loss::Loss;
+use crate::model::InputSpec;
 use crate::model::{CompiledStep, Model};
-use crate::models::InputSpec;
 use compile::{CompileKey, Compiled, Packages};
 pub use file::{FileKind, ProgramInput, detect, inspect};
 
@@ -97,7 +97,7 @@ fn key_of(
         packages,
         program_sha256: compile::sha256_file(spec.path)?,
         loss: if eval { "-" } else { spec.loss.name() }.to_owned(),
-        precision: crate::trainer::precision_name(spec.precision).to_owned(),
+        precision: spec.precision.as_str().to_owned(),
         output: spec.output.clone(),
         freeze: if eval { None } else { spec.freeze.clone() },
         sample_shape: input.sample_shape.clone(),
@@ -218,7 +218,7 @@ impl ProgramModel {
             message: e.to_string(),
         })?;
         let state: std::collections::HashMap<String, Tensor> =
-            crate::checkpoint::from_safetensors(&initial, &compiled.initial_weights())?
+            crate::weights::from_safetensors(&initial, &compiled.initial_weights())?
                 .into_iter()
                 .collect();
         let add = |name: &str, trainable: bool| register(vs, &state, name, trainable);

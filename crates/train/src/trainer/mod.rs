@@ -169,7 +169,7 @@ pub struct CheckpointOptions {
     /// The resolved configuration, stored in each checkpoint.
     pub config: serde_json::Value,
     /// The model's input, stored in each checkpoint for inference.
-    pub input: Option<crate::models::InputSpec>,
+    pub input: Option<crate::model::InputSpec>,
 }
 
 /// Checkpointing, resuming and stopping for [`Trainer::fit`].
@@ -274,11 +274,6 @@ fn autocast_for(
     Ok(Some((device_type, dtype)))
 }
 
-/// The first line of an error text, trimmed.
-pub(crate) fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or_default().trim().to_owned()
-}
-
 fn scalar(t: &Tensor) -> Result<f64, TrainError> {
     Ok(t.f_double_value(&[])?)
 }
@@ -326,7 +321,7 @@ impl<'m> Trainer<'m> {
             bad_run: zero()?,
             skipped_total: zero()?,
             model_name: model_name.to_owned(),
-            parameters: crate::models::parameter_count(vs),
+            parameters: crate::model::parameter_count(vs),
             loss: Loss::before_target(settings.loss),
             metric: Loss::before_target(settings.loss).metric(&TargetSpec::label(2)),
             classes: None,
@@ -690,7 +685,7 @@ impl<'m> Trainer<'m> {
                             step: self.steps_done + 1,
                             batch_size: largest,
                             micro_batch: micro,
-                            message: first_line(&e.to_string()),
+                            message: crate::error::first_line(&e.to_string()),
                         });
                     }
                     self.split *= 2;
@@ -968,7 +963,7 @@ impl<'m> Trainer<'m> {
         ckpt.copy_weights_into(&self.model_tensors())?;
         self.optimizer.load_state(&ckpt.state, ckpt.meta.step)?;
         if let Some((_, rng)) = ckpt.state.iter().find(|(n, _)| n == "rng.cpu") {
-            let _generator = crate::run::cpu_generator();
+            let _generator = kiln_torch_ext::rng::cpu_generator_lock();
             kiln_torch_ext::rng::set_cpu_rng_state(rng)?;
         }
         // A checkpoint taken on a GPU continues its CUDA draws; one taken on the CPU has none,
