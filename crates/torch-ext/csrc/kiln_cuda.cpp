@@ -140,8 +140,12 @@ extern "C" {
 // Captures `f(input)` as a CUDA graph, as torch.cuda.graphs does: a static copy of `example`
 // is the graph's input; `warmup` eager calls on a side stream first (lazy initialisation, the
 // allocator's caches), then one call under capture on that stream. `*out_graph` replays it.
+// `relaxed` captures in cudaStreamCaptureModeRelaxed (torch.cuda.graph's
+// capture_error_mode="relaxed"): other threads (a batch feeder) keep working, and host-side
+// queries the captured code makes (an AOTInductor package asking whether its previous run has
+// finished) are allowed.
 char* kiln_cuda_graph_capture(const at::Tensor* example, GraphCall call, void* ctx, int warmup,
-                              void** out_graph) {
+                              bool relaxed, void** out_graph) {
   KILN_TRY
   TORCH_CHECK_VALUE(example->is_cuda(), "CUDA graphs need a CUDA input; this one is on ",
                     example->device());
@@ -156,7 +160,8 @@ char* kiln_cuda_graph_capture(const at::Tensor* example, GraphCall call, void* c
       (void)call_rust(call, ctx, g->input);
     }
     side.synchronize();
-    g->graph.capture_begin();
+    g->graph.capture_begin({0, 0}, relaxed ? cudaStreamCaptureModeRelaxed
+                                           : cudaStreamCaptureModeGlobal);
     try {
       g->output = call_rust(call, ctx, g->input);
     } catch (...) {

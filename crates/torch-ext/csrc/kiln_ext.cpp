@@ -188,7 +188,7 @@ char* kiln_fused_adamw(const at::Tensor* const* params, const at::Tensor* const*
                        const at::Tensor* const* state_steps, size_t n, double lr,
                        double beta1, double beta2, double weight_decay, double eps,
                        bool amsgrad, bool maximize, const at::Tensor* grad_scale,
-                       const at::Tensor* found_inf) {
+                       const at::Tensor* found_inf, const at::Tensor* lr_tensor) {
   KILN_TRY
   std::optional<at::Tensor> scale;
   if (grad_scale != nullptr) scale = *grad_scale;
@@ -201,8 +201,15 @@ char* kiln_fused_adamw(const at::Tensor* const* params, const at::Tensor* const*
   auto vmax = kiln::tensor_list(max_exp_avg_sqs, n_max);
   auto steps = kiln::tensor_list(state_steps, n);
   at::NoGradGuard no_grad;
-  at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
-                    maximize, scale, inf);
+  if (lr_tensor != nullptr) {
+    // The learning rate read from the device: a CUDA graph replays the step with its current
+    // value (the overload torch.optim.AdamW(capturable=True) uses).
+    at::_fused_adamw_(p, g, m, v, vmax, steps, *lr_tensor, beta1, beta2, weight_decay, eps,
+                      amsgrad, maximize, scale, inf);
+  } else {
+    at::_fused_adamw_(p, g, m, v, vmax, steps, lr, beta1, beta2, weight_decay, eps, amsgrad,
+                      maximize, scale, inf);
+  }
   KILN_CATCH
 }
 

@@ -78,6 +78,7 @@ unsafe extern "C" {
         maximize: bool,
         grad_scale: *const std::ffi::c_void,
         found_inf: *const std::ffi::c_void,
+        lr_tensor: *const std::ffi::c_void,
     ) -> *mut c_char;
 
     pub fn kiln_amp_unscale(
@@ -301,6 +302,7 @@ unsafe extern "C" {
         call: BlockCall,
         ctx: *mut std::ffi::c_void,
         warmup: c_int,
+        relaxed: bool,
         out: *mut *mut std::ffi::c_void,
     ) -> *mut c_char;
     pub fn kiln_cuda_graph_replay(

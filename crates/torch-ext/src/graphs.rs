@@ -31,6 +31,24 @@ impl CudaGraph {
     where
         F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError>,
     {
+        Self::capture_in(example, warmup, false, f)
+    }
+
+    /// [`CudaGraph::capture`] in CUDA's relaxed capture mode: other threads (a batch feeder)
+    /// keep working during the capture, and the host-side queries the captured code makes are
+    /// allowed (an AOTInductor package asks whether its previous run finished). For a train
+    /// step, captured after eager warm-up steps (`warmup` 0: a call under capture runs nothing).
+    pub fn capture_relaxed<F>(example: &tch::Tensor, warmup: usize, f: F) -> Result<Self>
+    where
+        F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError>,
+    {
+        Self::capture_in(example, warmup, true, f)
+    }
+
+    fn capture_in<F>(example: &tch::Tensor, warmup: usize, relaxed: bool, f: F) -> Result<Self>
+    where
+        F: Fn(&tch::Tensor) -> std::result::Result<tch::Tensor, CallbackError>,
+    {
         #[cfg(kiln_cuda)]
         {
             let f: &GraphFn<'_> = &f;
@@ -45,6 +63,7 @@ impl CudaGraph {
                     call_graph_fn,
                     ctx,
                     warmup,
+                    relaxed,
                     &mut out,
                 )
             })?;
@@ -60,7 +79,7 @@ impl CudaGraph {
         }
         #[cfg(not(kiln_cuda))]
         {
-            let _ = (example, warmup, &f);
+            let _ = (example, warmup, relaxed, &f);
             Err(Error::Unavailable {
                 op: "cuda graph capture",
                 reason: "this kiln was built against a libtorch without CUDA (or without CUDA \

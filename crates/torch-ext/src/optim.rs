@@ -100,6 +100,39 @@ pub fn fused_adamw_step(
     grad_scale: Option<&tch::Tensor>,
     found_inf: Option<&tch::Tensor>,
 ) -> Result<()> {
+    fused_adamw(tensors, config, None, grad_scale, found_inf)
+}
+
+/// [`fused_adamw_step`] with the learning rate read from `lr` (a scalar float32 tensor on the
+/// parameters' device; `config.lr` is not used), so that a step captured in a CUDA graph
+/// replays with the rate of the moment.
+pub fn fused_adamw_step_lr_tensor(
+    tensors: AdamWTensors<'_>,
+    config: &AdamWConfig,
+    lr: &tch::Tensor,
+    grad_scale: Option<&tch::Tensor>,
+    found_inf: Option<&tch::Tensor>,
+) -> Result<()> {
+    if lr.numel() != 1 || lr.kind() != tch::Kind::Float {
+        return Err(Error::InvalidArgument {
+            op: "fused AdamW",
+            message: format!(
+                "the learning-rate tensor must be one float32 value, got {:?} {:?}",
+                lr.size(),
+                lr.kind()
+            ),
+        });
+    }
+    fused_adamw(tensors, config, Some(lr), grad_scale, found_inf)
+}
+
+fn fused_adamw(
+    tensors: AdamWTensors<'_>,
+    config: &AdamWConfig,
+    lr_tensor: Option<&tch::Tensor>,
+    grad_scale: Option<&tch::Tensor>,
+    found_inf: Option<&tch::Tensor>,
+) -> Result<()> {
     config.validate()?;
     let n = tensors.params.len();
     for (name, len) in [
@@ -192,6 +225,7 @@ pub fn fused_adamw_step(
             config.maximize,
             opt(grad_scale),
             opt(found_inf),
+            opt(lr_tensor),
         )
     })
 }

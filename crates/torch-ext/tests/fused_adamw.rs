@@ -1,7 +1,9 @@
 //! The fused AdamW kernel against AdamW written out by hand, over many steps.
 
 use kiln_torch_ext::Error;
-use kiln_torch_ext::optim::{AdamWConfig, AdamWTensors, fused_adamw_step};
+use kiln_torch_ext::optim::{
+    AdamWConfig, AdamWTensors, fused_adamw_step, fused_adamw_step_lr_tensor,
+};
 use tch::{Device, Kind, Tensor};
 
 /// AdamW exactly as the paper and `torch.optim.AdamW` define it, in f64.
@@ -312,4 +314,71 @@ fn bad_arguments_are_errors_not_panics() {
         "{err}"
     );
     eprintln!("libtorch's own error came back as: {err}");
+}
+
+/// The learning rate read from a tensor (what a step captured in a CUDA graph uses) updates
+/// exactly as the rate passed as a number, at every step of a changing schedule.
+#[test]
+fn a_learning_rate_tensor_updates_as_the_number_does() {
+    let shapes: [&[i64]; 2] = [&[6, 4], &[4]];
+    let init: Vec<Vec<f64>> = (0..2)
+        .map(|i| values(i, 24 / (i as usize * 5 + 1)))
+        .collect();
+    let mut by_number = Fused::new(&init, &shapes, false);
+    let mut by_tensor = Fused::new(&init, &shapes, false);
+    let lr = Tensor::zeros([], (Kind::Float, Device::Cpu));
+    for step in 0..5u64 {
+        let grads: Vec<Tensor> = by_number
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                Tensor::from_slice(&values(100 + step * 7 + i as u64, p.numel()))
+                    .to_kind(Kind::Float)
+                    .reshape(p.size())
+            })
+            .collect();
+        let rate = 1e-2 / (step + 1) as f64;
+        let config = AdamWConfig {
+            lr: rate,
+            weight_decay: 0.1,
+            ..AdamWConfig::default()
+        };
+        by_number.step(&grads, &config, None, None);
+        let _ = lr.shallow_clone().fill_(rate as f32 as f64);
+        for s in &mut by_tensor.steps {
+            let _ = s.f_add_scalar_(1.0).unwrap();
+        }
+        let tensors = AdamWTensors {
+            params: &by_tensor.params,
+            grads: &grads,
+            exp_avgs: &by_tensor.m,
+            exp_avg_sqs: &by_tensor.v,
+            max_exp_avg_sqs: &[],
+            state_steps: &by_tensor.steps,
+        };
+        let wrong = AdamWConfig {
+            lr: 123.0,
+            ..config
+        };
+        fused_adamw_step_lr_tensor(tensors, &wrong, &lr, None, None).unwrap();
+        for (a, b) in by_number.params.iter().zip(&by_tensor.params) {
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(
+                diff <= 1e-7,
+                "step {step}: the tensor rate moved the weights differently by {diff}"
+            );
+        }
+    }
+    let tensors = AdamWTensors {
+        params: &by_tensor.params,
+        grads: &by_tensor.params,
+        exp_avgs: &by_tensor.m,
+        exp_avg_sqs: &by_tensor.v,
+        max_exp_avg_sqs: &[],
+        state_steps: &by_tensor.steps,
+    };
+    let two = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    let err = fused_adamw_step_lr_tensor(tensors, &AdamWConfig::default(), &two, None, None);
+    assert!(err.unwrap_err().to_string().contains("one float32 value"));
 }
