@@ -62,6 +62,10 @@ pub struct ProbeArgs {
     /// through kiln's compiled step (compiled here, or found in kiln's cache).
     #[arg(long, value_name = "MODEL.pt2", conflicts_with = "script")]
     program: Option<String>,
+    /// With --program on CUDA: the whole step (compiled step and fused AdamW) replayed as one
+    /// CUDA graph (`train.cuda_graphs = on`).
+    #[arg(long, requires = "program")]
+    cuda_graphs: bool,
     /// The transformer's size (default: the reference SignTransformer).
     #[command(flatten)]
     shape: ShapeArgs,
@@ -167,6 +171,7 @@ fn settings(precision: AmpDtype) -> TrainSettings {
         empty_cache_interval: 0,
         max_bad_steps: 10,
         loss: kiln_config::LossKind::Auto,
+        cuda_graphs: kiln_config::CudaGraphs::Off,
     }
 }
 
@@ -234,14 +239,13 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         .map_err(|e| e.to_string())?,
     };
     let load_s = loading.elapsed().as_secs_f64();
-    let mut trainer = Trainer::new(
-        model.as_ref(),
-        kind.as_str(),
-        &vs,
-        settings(precision),
-        device,
-    )
-    .map_err(|e| e.to_string())?;
+    let mut train_settings = settings(precision);
+    if a.cuda_graphs {
+        train_settings.cuda_graphs = kiln_config::CudaGraphs::On;
+    }
+    let mut trainer = Trainer::new(model.as_ref(), kind.as_str(), &vs, train_settings, device)
+        .map_err(|e| e.to_string())?;
+    trainer.plan_cuda_graph().map_err(|e| e.to_string())?;
     let mut dims = vec![batch as i64];
     dims.extend(shape.iter().map(|&d| d as i64));
     let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
@@ -259,6 +263,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             "model": kind.as_str(),
             "torchscript": a.script,
             "program": a.program,
+            "cuda_graphs": a.cuda_graphs,
             "load_s": load_s,
             "precision": precision_name(precision),
             "precision_requested": a.precision,

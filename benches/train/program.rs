@@ -30,10 +30,14 @@ fn export(o: &Opts, dir: &Path) -> Result<(String, String, Value)> {
     Ok((program, script, exported))
 }
 
-/// Runs the four sides alternating: kiln's compiled step (its compile cache empty at the first
-/// run: a cold compile, warm after), PyTorch eager, kiln's TorchScript path, and (not in
-/// `--quick`) `torch.compile` with its inductor cache empty at its first run.
-fn sides(o: &Opts, n: &StepCounts, dir: &Path) -> Result<(Vec<Vec<Value>>, Value)> {
+/// The sides' runs by name: kiln's compiled step (`kiln`; its compile cache empty at the first
+/// run: a cold compile, warm after), PyTorch eager (`eager`), kiln's TorchScript path
+/// (`torchscript`), on CUDA the compiled step replayed as one CUDA graph (`graph`), and (not in
+/// `--quick`) `torch.compile` in default mode (`compile`, its inductor cache empty at its first
+/// run) and on CUDA in reduce-overhead mode (`reduce-overhead`).
+type Sides = Vec<(&'static str, Vec<Value>)>;
+
+fn sides(o: &Opts, n: &StepCounts, dir: &Path) -> Result<(Sides, Value)> {
     let (program, script, exported) = export(o, dir)?;
     let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
     let common = |c: &mut Command| {
@@ -46,17 +50,24 @@ fn sides(o: &Opts, n: &StepCounts, dir: &Path) -> Result<(Vec<Vec<Value>>, Value
     let torch_cache = dir.join("inductor");
     std::fs::create_dir_all(torch_cache.join("tmp"))
         .map_err(|e| format!("{}: {e}", torch_cache.display()))?;
-    let compiled = || {
+    let compiled = |graphs: bool| {
         let mut c = o.kiln("probe");
         common(&mut c);
         c.args(["--program", &program])
             .env("KILN_COMPILE_CACHE", &kiln_cache)
             .env("KILN_PYTHON", &o.python);
+        if graphs {
+            c.arg("--cuda-graphs");
+        }
         c
     };
-    let eager = || {
+    let torch = |mode: Option<&str>| {
         let mut c = o.torch();
         common(&mut c);
+        if let Some(mode) = mode {
+            compile_env(&mut c, &torch_cache);
+            c.args(["--compile-mode", mode]);
+        }
         c
     };
     let scripted = || {
@@ -65,45 +76,67 @@ fn sides(o: &Opts, n: &StepCounts, dir: &Path) -> Result<(Vec<Vec<Value>>, Value
         c.args(["--script", &script]);
         c
     };
-    let torch_compiled = || {
-        let mut c = o.torch();
-        common(&mut c);
-        compile_env(&mut c, &torch_cache);
-        c
-    };
-    let mut cmds: Vec<&dyn Fn() -> Command> = vec![&compiled, &eager, &scripted];
-    if !o.quick {
-        cmds.push(&torch_compiled);
+    let (kiln, graph) = (|| compiled(false), || compiled(true));
+    let (eager, default, overhead) = (
+        || torch(None),
+        || torch(Some("default")),
+        || torch(Some("reduce-overhead")),
+    );
+    let mut named: Vec<(&'static str, &dyn Fn() -> Command)> = vec![
+        ("kiln", &kiln),
+        ("eager", &eager),
+        ("torchscript", &scripted),
+    ];
+    if o.device.is_cuda() {
+        named.push(("graph", &graph));
     }
-    let sides = o.interleaved(&cmds)?;
-    if sides.iter().any(|s| s[0]["params"] != exported["params"]) {
+    if !o.quick {
+        named.push(("compile", &default));
+        if o.device.is_cuda() {
+            named.push(("reduce-overhead", &overhead));
+        }
+    }
+    let cmds: Vec<&dyn Fn() -> Command> = named.iter().map(|(_, c)| *c).collect();
+    let runs = o.interleaved(&cmds)?;
+    if runs.iter().any(|s| s[0]["params"] != exported["params"]) {
         return Err(format!(
             "exported-program case: the sides trained different models ({} exported parameters)",
             exported["params"]
         ));
     }
+    let sides = named.iter().map(|(name, _)| *name).zip(runs).collect();
     Ok((sides, exported))
 }
 
 /// The exported-program rows (step time against eager, `torch.compile` and kiln's TorchScript
-/// path; compile time) and their runs.
+/// path; on CUDA the step in one CUDA graph; compile time) and their runs.
 pub fn program_case(o: &Opts, n: &StepCounts) -> Result<(Vec<Comparison>, Value)> {
     let dir = std::env::temp_dir().join(format!("kiln-bench-program-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = sides(o, n, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     let (sides, _) = result?;
-    let k = &sides[0];
-    let precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
-    let row = |runs: &[Value], baseline: &str, goal: Option<f64>| {
+    let side = |name: &str| {
+        sides
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, r)| r.as_slice())
+    };
+    let k = side("kiln").unwrap_or_default();
+    let precision = k
+        .first()
+        .and_then(|r| r["precision"].as_str())
+        .unwrap_or("?")
+        .to_owned();
+    let row = |ours: &[Value], what: &str, runs: &[Value], baseline: &str, goal: Option<f64>| {
         let c = Comparison::new(
             "train",
             "step time",
-            format!("{PROGRAM_ROWS} {precision} step vs {baseline}"),
+            format!("{PROGRAM_ROWS} {precision} {what} vs {baseline}"),
             "ms/step",
             Better::Lower,
             (
-                median_of(k, "step_s_median") * 1e3,
+                median_of(ours, "step_s_median") * 1e3,
                 median_of(runs, "step_s_median") * 1e3,
             ),
             format!("{baseline}, training the same Python module (fused AdamW)"),
@@ -112,7 +145,7 @@ pub fn program_case(o: &Opts, n: &StepCounts) -> Result<(Vec<Comparison>, Value)
         .detail("dropout", json!(0.0))
         .detail(
             "breakdown",
-            json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
+            json!({"kiln": ours.last().map(|r| r["breakdown"].clone()),
                    "baseline": runs.last().map(|r| r["breakdown"].clone())}),
         );
         match goal {
@@ -120,17 +153,56 @@ pub fn program_case(o: &Opts, n: &StepCounts) -> Result<(Vec<Comparison>, Value)
             None => c,
         }
     };
-    let mut rows = vec![
-        row(&sides[1], "PyTorch eager", Some(0.95)),
-        row(&sides[2], "kiln's TorchScript path", None),
-    ];
-    if let Some(compiled) = sides.get(3) {
-        rows.push(row(compiled, "torch.compile (default mode)", Some(1.0)));
+    let step = "step";
+    let mut rows = vec![];
+    if let Some(eager) = side("eager") {
+        rows.push(row(k, step, eager, "PyTorch eager", Some(0.95)));
+    }
+    if let Some(script) = side("torchscript") {
+        rows.push(row(k, step, script, "kiln's TorchScript path", None));
+    }
+    if let Some(compiled) = side("compile") {
+        rows.push(row(
+            k,
+            step,
+            compiled,
+            "torch.compile (default mode)",
+            Some(1.0),
+        ));
         rows.push(compile_row(k, compiled, &precision));
     }
-    let run = json!({"case": "exported-program transformer", "kiln": k, "torch": sides[1],
-                     "kiln_torchscript": sides[2], "torch_compile": sides.get(3)});
-    Ok((rows, run))
+    if let Some(graph) = side("graph") {
+        let what = "step in one CUDA graph";
+        if let Some(eager) = side("eager") {
+            rows.push(row(graph, what, eager, "PyTorch eager", None));
+        }
+        if let Some(compiled) = side("compile") {
+            rows.push(row(
+                graph,
+                what,
+                compiled,
+                "torch.compile (default mode)",
+                Some(0.8),
+            ));
+        }
+        if let Some(overhead) = side("reduce-overhead") {
+            rows.push(row(
+                graph,
+                what,
+                overhead,
+                "torch.compile (reduce-overhead)",
+                None,
+            ));
+        }
+    }
+    let run: serde_json::Map<String, Value> = sides
+        .iter()
+        .map(|(n, r)| ((*n).to_owned(), json!(r)))
+        .collect();
+    Ok((
+        rows,
+        json!({"case": "exported-program transformer", "sides": run}),
+    ))
 }
 
 /// kiln's compile (its cache empty: the first run's load) beside `torch.compile`'s first step

@@ -338,6 +338,27 @@ fn train_rejects_bad_input_naming_what_is_wrong() {
         "{err}"
     );
     assert!(!path.exists(), "nothing was created");
+    // A step in one CUDA graph where it cannot be: refused before any run directory exists.
+    let runs = missing.path().join("runs");
+    let out = kiln(&[
+        "train",
+        "--device",
+        "cpu",
+        "--set",
+        "train.cuda_graphs=on",
+        "--set",
+        &format!("run.output_dir={}", runs.display()),
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("train.cuda_graphs") && err.contains("not on a CUDA device"),
+        "{err}"
+    );
+    assert!(
+        !runs.exists(),
+        "no run directory for a run that never started"
+    );
 }
 
 #[test]

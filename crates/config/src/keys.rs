@@ -152,6 +152,9 @@ config_keys! {
             valid |v| *v >= 1 => "must be at least 1";
         /// auto, cross_entropy, mse, l1, huber, bce_with_logits or module.
         loss: LossKind = "auto" => p.train.loss;
+        /// off, auto or on: replay an exported program's whole train step (its compiled step
+        /// and fused AdamW) as one CUDA graph (auto: where it applies; on: an error where not).
+        cuda_graphs: CudaGraphs = "off" => p.train.cuda_graphs;
     }
 
     /// When and how many checkpoints a run keeps.
@@ -256,7 +259,7 @@ mod tests {
         assert_eq!(shown["serve.max_wait_ms"], "2");
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 75);
+        assert_eq!(KEYS.len(), 76);
     }
 
     #[test]

@@ -171,6 +171,8 @@ pub struct TrainPlan {
     pub log_interval: u64,
     pub max_bad_steps: u64,
     pub loss: LossKind,
+    /// Whether a compiled train step is replayed as one CUDA graph.
+    pub cuda_graphs: CudaGraphs,
 }
 
 /// When and how many checkpoints a run keeps.
@@ -344,6 +346,36 @@ fn train_plan(
             format!("must not exceed {} ({})", keys::train::lr, v.lr),
         ));
     }
+    if v.cuda_graphs == CudaGraphs::On {
+        let clash = if v.amp == AmpDtype::Fp16 {
+            Some((
+                keys::train::amp,
+                "fp16",
+                "bf16 or fp32: fp16's loss scaler decides on the host",
+            ))
+        } else if v.optimizer == OptimizerKind::Sgd {
+            Some((
+                keys::train::optimizer,
+                "sgd",
+                "adamw: only AdamW reads its learning rate from the device",
+            ))
+        } else if v.grad_accum_steps > 1 {
+            Some((
+                keys::train::grad_accum_steps,
+                "more than 1",
+                "1: a step of several micro-batches is not one graph",
+            ))
+        } else {
+            None
+        };
+        if let Some((key, value, expected)) = clash {
+            return Err(check.invalid(
+                key,
+                value.to_owned(),
+                format!("{expected} ({} = on)", keys::train::cuda_graphs),
+            ));
+        }
+    }
     let (batch_size, batch_size_auto) = match v.batch_size {
         BatchSize::Fixed(n) => (n, false),
         BatchSize::Auto => (auto_batch_start.max(1), true),
@@ -371,6 +403,7 @@ fn train_plan(
         log_interval: v.log_interval,
         max_bad_steps: v.max_bad_steps,
         loss: v.loss,
+        cuda_graphs: v.cuda_graphs,
     })
 }
 

@@ -374,3 +374,40 @@ fn a_checkpoint_layer_sits_over_the_profile_and_under_the_user() {
         Ok(())
     });
 }
+
+#[test]
+fn cuda_graphs_on_refuses_what_cannot_be_one_graph_naming_the_clashing_key() {
+    let cases: &[(&[&str], &[&str])] = &[
+        (
+            &["train.amp=fp16"],
+            &[
+                "`train.amp` = fp16",
+                "bf16 or fp32",
+                "train.cuda_graphs = on",
+            ],
+        ),
+        (
+            &["train.optimizer=sgd"],
+            &["`train.optimizer` = sgd", "adamw"],
+        ),
+        (
+            &["train.grad_accum_steps=4"],
+            &["`train.grad_accum_steps`", "1: a step of several"],
+        ),
+    ];
+    for (sets, expected) in cases {
+        let mut req = request(None, 8);
+        req.sets = sets.iter().map(|s| (*s).to_owned()).collect();
+        req.sets.push("train.cuda_graphs=on".to_owned());
+        let err = load(&req).unwrap_err().to_string();
+        for e in *expected {
+            assert!(err.contains(e), "{sets:?}: `{e}` not in: {err}");
+        }
+        // `auto` leaves the step eager where it cannot apply, without an error.
+        let mut auto = request(None, 8);
+        auto.sets = sets.iter().map(|s| (*s).to_owned()).collect();
+        auto.sets.push("train.cuda_graphs=auto".to_owned());
+        let plan = load(&auto).unwrap().plan;
+        assert_eq!(plan.train.cuda_graphs, kiln_config::CudaGraphs::Auto);
+    }
+}

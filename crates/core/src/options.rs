@@ -147,7 +147,8 @@ option_enum! {
 }
 
 option_enum! {
-    /// `infer.cuda_graphs`: whether inference captures and replays CUDA graphs.
+    /// `infer.cuda_graphs` and `train.cuda_graphs`: whether inference (a train step) is
+    /// captured and replayed as a CUDA graph.
     pub enum CudaGraphs ("a CUDA graphs mode") {
         /// On CUDA with static shapes; otherwise eager, with a log line saying why.
         Auto = "auto",

@@ -4,7 +4,7 @@
 
 use kiln_torch_ext::optim::{
     AdamWConfig, AdamWTensors, SgdConfig, clear_grads, foreach_add_, fused_adamw_step,
-    fused_sgd_step,
+    fused_adamw_step_lr_tensor, fused_sgd_step,
 };
 use tch::{Kind, Tensor, nn};
 
@@ -90,6 +90,9 @@ pub struct Optimizer {
     groups: Vec<ParamGroup>,
     state: Vec<GroupState>,
     lr: f64,
+    /// The learning rate on the device, read by AdamW's kernel instead of `lr` (for a step
+    /// captured in a CUDA graph, which must not bake the rate of its capture in).
+    lr_tensor: Option<Tensor>,
 }
 
 impl Optimizer {
@@ -133,11 +136,33 @@ impl Optimizer {
             groups,
             state,
             lr,
+            lr_tensor: None,
         })
     }
 
-    pub fn set_lr(&mut self, lr: f64) {
+    /// From now on AdamW reads the learning rate from a tensor on `device`, which
+    /// [`Optimizer::set_lr`] fills (outside any captured graph). SGD is refused.
+    pub fn read_lr_from_device(&mut self, device: tch::Device) -> Result<(), TrainError> {
+        if !matches!(self.rule, Rule::AdamW(_)) {
+            return Err(TrainError::InvalidPlan {
+                key: kiln_config::keys::train::optimizer,
+                value: "sgd".to_owned(),
+                expected: "adamw: only AdamW reads its learning rate from the device (for a \
+                           step in a CUDA graph)"
+                    .to_owned(),
+            });
+        }
+        self.lr_tensor = Some(Tensor::f_full([], self.lr, (Kind::Float, device))?);
+        Ok(())
+    }
+
+    pub fn set_lr(&mut self, lr: f64) -> Result<(), TrainError> {
         self.lr = lr;
+        if let Some(t) = &self.lr_tensor {
+            // A fill, queued on the device like the step itself: no synchronisation.
+            let _ = t.shallow_clone().f_fill_(lr)?;
+        }
+        Ok(())
     }
 
     pub fn lr(&self) -> f64 {
@@ -196,23 +221,25 @@ impl Optimizer {
                         None => Tensor::f_ones([], (Kind::Float, params[0].device()))?,
                     };
                     foreach_add_(&steps, &increment)?;
-                    fused_adamw_step(
-                        AdamWTensors {
-                            params: &params,
-                            grads: &grads,
-                            exp_avgs: &pick(&state.exp_avgs),
-                            exp_avg_sqs: &pick(&state.exp_avg_sqs),
-                            max_exp_avg_sqs: &[],
-                            state_steps: &steps,
-                        },
-                        &AdamWConfig {
-                            lr: self.lr,
-                            weight_decay: group.weight_decay,
-                            ..config
-                        },
-                        grad_scale,
-                        found_inf,
-                    )?;
+                    let tensors = AdamWTensors {
+                        params: &params,
+                        grads: &grads,
+                        exp_avgs: &pick(&state.exp_avgs),
+                        exp_avg_sqs: &pick(&state.exp_avg_sqs),
+                        max_exp_avg_sqs: &[],
+                        state_steps: &steps,
+                    };
+                    let config = AdamWConfig {
+                        lr: self.lr,
+                        weight_decay: group.weight_decay,
+                        ..config
+                    };
+                    match &self.lr_tensor {
+                        Some(lr) => {
+                            fused_adamw_step_lr_tensor(tensors, &config, lr, grad_scale, found_inf)?
+                        }
+                        None => fused_adamw_step(tensors, &config, grad_scale, found_inf)?,
+                    }
                 }
                 Rule::Sgd(config) => {
                     let momentum = if state.momentum.is_empty() {

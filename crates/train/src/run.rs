@@ -566,6 +566,8 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         }
         None => (0, 1),
     };
+    // Refused here, before the run directory exists, where it cannot apply.
+    trainer.plan_cuda_graph()?;
     let sampler = SamplerConfig {
         shuffle: true,
         seed,

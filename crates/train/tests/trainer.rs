@@ -39,6 +39,7 @@ fn settings(optimizer: OptimizerKind, precision: AmpDtype) -> TrainSettings {
         empty_cache_interval: 0,
         max_bad_steps: 3,
         loss: LossKind::Auto,
+        cuda_graphs: kiln_config::CudaGraphs::Off,
     }
 }
 
@@ -671,4 +672,39 @@ fn phase_timing_counts_every_phase_of_every_step_and_only_while_on() {
     trainer.set_phase_timing(false);
     step(&mut trainer, &[(0, 8)]);
     assert_eq!(trainer.phase_times(), None);
+}
+
+#[test]
+fn cuda_graphs_auto_on_the_cpu_trains_eagerly_and_on_is_refused() {
+    tch::manual_seed(5);
+    let x = Tensor::randn([8, 6], (Kind::Float, Device::Cpu));
+    let y = Tensor::randint(3, [8], (Kind::Int64, Device::Cpu));
+    let (vs_off, net_off) = mlp_store(13);
+    let (mut vs_auto, net_auto) = mlp_store(13);
+    vs_auto.copy(&vs_off).unwrap();
+    let (off, auto) = (TchModule(net_off), TchModule(net_auto));
+    let mut s = settings(OptimizerKind::AdamW, AmpDtype::None);
+    let mut t_off = Trainer::new(&off, "mlp", &vs_off, s.clone(), Device::Cpu).unwrap();
+    s.cuda_graphs = kiln_config::CudaGraphs::Auto;
+    let mut t_auto = Trainer::new(&auto, "mlp", &vs_auto, s.clone(), Device::Cpu).unwrap();
+    t_off.plan_cuda_graph().unwrap();
+    t_auto.plan_cuda_graph().unwrap();
+    for _ in 0..5 {
+        t_off
+            .train_step(&[batch(x.shallow_clone(), y.shallow_clone())], 0.05)
+            .unwrap();
+        t_auto
+            .train_step(&[batch(x.shallow_clone(), y.shallow_clone())], 0.05)
+            .unwrap();
+    }
+    assert_eq!(flat_params(&vs_off), flat_params(&vs_auto));
+    s.cuda_graphs = kiln_config::CudaGraphs::On;
+    let (vs_on, net_on) = mlp_store(13);
+    let on = TchModule(net_on);
+    let mut t_on = Trainer::new(&on, "mlp", &vs_on, s, Device::Cpu).unwrap();
+    let err = t_on.plan_cuda_graph().unwrap_err().to_string();
+    assert!(
+        err.contains("train.cuda_graphs") && err.contains("not on a CUDA device"),
+        "{err}"
+    );
 }

@@ -36,27 +36,47 @@ pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let program = ctx.dir.join("model.pt2");
     let (grad_err, worst, fp32) = check_gradients(ctx, &program, &reference)?;
     let bf16_compile = load(ctx, &program, AmpDtype::Bf16, &input(&reference)?)?;
-    let (losses, samples_per_s) = train_bf16(ctx, &program, &reference)?;
+    let (losses, samples_per_s) = train_bf16(ctx, &program, &reference, false)?;
     let eager: Vec<f64> = serde_json::from_value(reference["losses"].clone())?;
+    let graphed = match ctx.cuda() {
+        true => Some(train_bf16(ctx, &program, &reference, true)?),
+        false => None,
+    };
     let (Some(&last), Some(&eager_last)) = (losses.last(), eager.last()) else {
         anyhow::bail!("no steps were logged");
     };
     let final_diff = (last - eager_last).abs();
     let learned = last < 0.8 * losses[0];
+    let graph_diff = graphed.as_ref().map(|(g, _)| match g.last() {
+        Some(l) if g.len() == STEPS => (l - last).abs(),
+        _ => f64::INFINITY,
+    });
     let pass = grad_err <= GRADIENT_TOLERANCE
         && losses.len() == STEPS
         && final_diff <= LOSS_TOLERANCE
-        && learned;
+        && learned
+        && graph_diff.is_none_or(|d| d <= LOSS_TOLERANCE);
+    let graph_text = match (&graphed, graph_diff) {
+        (Some((_, graph_rate)), Some(d)) => format!(
+            "; in one CUDA graph (train.cuda_graphs = on): final loss |Δ| {d:.4} from the \
+             eager step, {:.2}× its samples/s",
+            graph_rate / samples_per_s
+        ),
+        _ => String::new(),
+    };
     Ok(Outcome::new(
         pass,
         format!(
             "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ {GRADIENT_TOLERANCE:e}); \
              bf16, {STEPS} full-batch steps: loss {:.3} → {last:.4} vs eager {eager_last:.4} \
              (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, {:.1} s bf16, \
-             cache hit {:.2} s",
+             cache hit {:.2} s{graph_text}",
             losses[0], fp32.compile_s, bf16_compile.compile_s, fp32.hit_s
         ),
     )
+    .figure("graph_bf16_losses", json!(graphed.as_ref().map(|g| &g.0)))
+    .figure("graph_samples_per_s", json!(graphed.as_ref().map(|g| g.1)))
+    .figure("graph_final_loss_abs_diff", json!(graph_diff))
     .figure("params", reference["params"].clone())
     .figure("gradient_max_relative_error", grad_err)
     .figure("gradient_worst_parameter", worst)
@@ -204,9 +224,18 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
 }
 
 /// `STEPS` full-batch bf16 steps of `kiln train` on the reference's data, as PyTorch's loop
-/// runs them; the logged losses and the run's samples/s.
-fn train_bf16(ctx: &Ctx, program: &Path, reference: &Value) -> anyhow::Result<(Vec<f64>, f64)> {
-    let data = write_data(&ctx.dir, reference)?;
+/// runs them (`graphs`: the step replayed as one CUDA graph); the logged losses and the run's
+/// samples/s.
+fn train_bf16(
+    ctx: &Ctx,
+    program: &Path,
+    reference: &Value,
+    graphs: bool,
+) -> anyhow::Result<(Vec<f64>, f64)> {
+    let data = ctx.dir.join("data");
+    if !data.is_dir() {
+        write_data(&ctx.dir, reference)?;
+    }
     let samples = reference["x"]["shape"][0].as_u64().context("x shape")?;
     let model = format!("model.name={}", program.display());
     let batch = format!("train.batch_size={samples}");
@@ -225,8 +254,14 @@ fn train_bf16(ctx: &Ctx, program: &Path, reference: &Value) -> anyhow::Result<(V
         "data.val_fraction=0",
         "data.num_workers=0",
         "checkpoint.enabled=false",
+        if graphs {
+            "train.cuda_graphs=on"
+        } else {
+            "train.cuda_graphs=off"
+        },
     ];
-    let plan = plan(ctx.device_key(), &ctx.dir.join("runs"), &sets)?;
+    let runs = ctx.dir.join(if graphs { "graph-runs" } else { "runs" });
+    let plan = plan(ctx.device_key(), &runs, &sets)?;
     let device = match ctx.device {
         tch::Device::Cuda(i) => kiln_device::Device::Cuda(i),
         _ => kiln_device::Device::Cpu,

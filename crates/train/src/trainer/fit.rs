@@ -89,6 +89,7 @@ impl Trainer<'_> {
     ) -> Result<(Loaders<D, V>, Run), TrainError> {
         let target = data.train.target();
         self.set_target(&target)?;
+        self.plan_cuda_graph()?;
         let train_samples = data.train.len();
         let val_samples = data.val.as_ref().map_or(0, |v| v.len());
         let train = Loader::new(data.train, data.loader)?;

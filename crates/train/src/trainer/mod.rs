@@ -4,13 +4,15 @@
 //! over epochs and steps that drives it is in [`fit`](self::fit).
 
 mod fit;
+mod graph;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_config::keys;
 use kiln_config::{
-    CheckpointPlan, LossKind, LossScalePlan, OptimizerKind, ProfilingPlan, ScheduleKind, TrainPlan,
+    CheckpointPlan, CudaGraphs, LossKind, LossScalePlan, OptimizerKind, ProfilingPlan,
+    ScheduleKind, TrainPlan,
 };
 use kiln_data::{Dataset, LoaderConfig, TargetSpec};
 use kiln_device::settings::AmpDtype;
@@ -52,6 +54,8 @@ pub struct TrainSettings {
     pub max_bad_steps: u64,
     /// The loss (`Auto`: from the dataset's target).
     pub loss: LossKind,
+    /// Replay a compiled step as one CUDA graph ([`Trainer::plan_cuda_graph`]).
+    pub cuda_graphs: CudaGraphs,
 }
 
 impl Default for TrainSettings {
@@ -81,6 +85,7 @@ impl Default for TrainSettings {
             empty_cache_interval: 0,
             max_bad_steps: 10,
             loss: LossKind::Auto,
+            cuda_graphs: CudaGraphs::Off,
         }
     }
 }
@@ -104,6 +109,7 @@ impl TrainSettings {
             empty_cache_interval,
             max_bad_steps: plan.max_bad_steps.max(1),
             loss: plan.loss,
+            cuda_graphs: plan.cuda_graphs,
         }
     }
 }
@@ -236,6 +242,8 @@ pub struct Trainer<'m> {
     place: Option<(usize, usize)>,
     /// The ranks' vote on stopping started after the previous step.
     stop_vote: Option<Box<dyn distributed::StopVote>>,
+    /// The step as one CUDA graph, where it is used.
+    graph: graph::GraphState,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -341,6 +349,7 @@ impl<'m> Trainer<'m> {
             batch_size: 0,
             ranges: false,
             phase_times: None,
+            graph: graph::GraphState::Unplanned,
         })
     }
 
@@ -651,6 +660,9 @@ impl<'m> Trainer<'m> {
                 expected: "a step needs at least one sample".to_owned(),
             });
         }
+        if let Some(outcome) = self.graphed_step(batches, lr)? {
+            return Ok(outcome);
+        }
         let largest = batches
             .iter()
             .map(|b| b.targets.size()[0])
@@ -809,7 +821,16 @@ impl<'m> Trainer<'m> {
     /// hold an inf or NaN changes nothing (with fp16 the scale also backs off); such steps are
     /// counted on the device, without a host synchronisation.
     fn apply_step(&mut self, lr: f64) -> Result<Option<Tensor>, TrainError> {
-        self.optimizer.set_lr(lr);
+        self.optimizer.set_lr(lr)?;
+        let grad_norm = self.update_on_device()?;
+        self.count_step()?;
+        Ok(grad_norm)
+    }
+
+    /// The device side of [`Trainer::apply_step`], at the learning rate already set: every
+    /// tensor it keeps is updated in place and nothing waits for the host, so a CUDA graph can
+    /// capture it. Returns the gradient norm where clipping computed one.
+    fn update_on_device(&mut self) -> Result<Option<Tensor>, TrainError> {
         let clip = self.settings.clip_grad_norm > 0.0;
         let grads = self.optimizer.grads();
         let mut grad_norm = None;
@@ -841,10 +862,15 @@ impl<'m> Trainer<'m> {
         // With fp16 the scaler's back-off is the remedy (a run often skips a few steps while
         // the scale settles); only without one do bad steps in a row stop the run.
         if self.scaler.is_none() {
-            self.bad_run = self.bad_run.f_add(&bad)?.f_mul(&bad)?;
+            let _ = self.bad_run.f_add_(&bad)?.f_mul_(&bad)?;
         }
-        self.skipped_total = self.skipped_total.f_add(&bad)?;
+        let _ = self.skipped_total.f_add_(&bad)?;
         self.optimizer.zero_grad()?;
+        Ok(grad_norm)
+    }
+
+    /// The host side of a finished step: its count, and the cache emptied on schedule.
+    fn count_step(&mut self) -> Result<(), TrainError> {
         self.steps_done += 1;
         if self.settings.empty_cache_interval > 0
             && self
@@ -854,7 +880,7 @@ impl<'m> Trainer<'m> {
         {
             kiln_torch_ext::memory::empty_cache()?;
         }
-        Ok(grad_norm)
+        Ok(())
     }
 
     /// Steps skipped so far for non-finite gradients (synchronises).
