@@ -21,7 +21,7 @@ use kiln_core::options::{
 };
 
 use crate::plan::{ModelPlan, TrainPlan};
-use crate::setting::{BatchSize, ModelChoice, Port, Widths, config_keys};
+use crate::setting::{BatchSize, KeepBest, ModelChoice, Port, Widths, config_keys};
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
 fn model_name(model: &ModelPlan) -> String {
@@ -164,8 +164,9 @@ config_keys! {
         every_steps: u64 = 0 => p.checkpoint.every_steps;
         /// How many of the most recent checkpoints to keep.
         keep_last: u64 = 2 => p.checkpoint.keep_last, valid |v| *v >= 1 => "must be at least 1";
-        /// Also keep the checkpoint with the best validation accuracy.
-        keep_best: bool = true => p.checkpoint.keep_best;
+        /// Also keep the best checkpoint: true (by the task's metric: validation accuracy, or
+        /// the validation loss without one), false, or a metric's name (val_loss, val_mae, …).
+        keep_best: KeepBest = true => p.checkpoint.keep_best;
     }
 
     /// Inference.

@@ -22,9 +22,9 @@ mod setting;
 pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
-    CheckpointPlan, CudaGraphs, DistributedPlan, InferEngineKind, InferPlan, LossKind,
-    LossScalePlan, ModelKind, ModelPlan, OptimizerKind, ProfileUnit, ProfilingPlan, Provenance,
-    RunPlan, ScheduleKind, ServePlan, TrainPlan,
+    CheckpointPlan, CudaGraphs, DistributedPlan, InferEngineKind, InferPlan, KeepBest, LossKind,
+    LossScalePlan, MetricName, ModelKind, ModelPlan, OptimizerKind, ProfileUnit, ProfilingPlan,
+    Provenance, RunPlan, ScheduleKind, ServePlan, TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};
 pub use setting::UNSET;

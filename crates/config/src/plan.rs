@@ -11,7 +11,7 @@ use kiln_core::settings::{AmpDtype, BackendSettings};
 use serde::Serialize;
 
 pub use kiln_core::options::{
-    CudaGraphs, InferEngineKind, LossKind, OptimizerKind, ProfileUnit, ScheduleKind,
+    CudaGraphs, InferEngineKind, LossKind, MetricName, OptimizerKind, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
@@ -20,6 +20,7 @@ use crate::keys::{
     PerformanceValues, ProfilingValues, RawConfig, ServeValues, TrainValues, Values,
 };
 use crate::layers::Layer;
+pub use crate::setting::KeepBest;
 use crate::setting::{BatchSize, Checker};
 
 /// Which layer set a value, and where exactly (file path, variable name, flag).
@@ -182,7 +183,7 @@ pub struct CheckpointPlan {
     /// Also every N optimizer steps; 0 = only at the end of each epoch.
     pub every_steps: u64,
     pub keep_last: u64,
-    pub keep_best: bool,
+    pub keep_best: KeepBest,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -56,6 +56,33 @@ impl<'de> Deserialize<'de> for RawBatchSize {
     }
 }
 
+/// `checkpoint.keep_best` as written: true or false, or a metric's name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum RawKeepBest {
+    Flag(bool),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawKeepBest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Flag(bool),
+            Text(String),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::Flag(b) => RawKeepBest::Flag(b),
+            Either::Text(s) => match s.trim().to_ascii_lowercase().as_str() {
+                "true" => RawKeepBest::Flag(true),
+                "false" => RawKeepBest::Flag(false),
+                _ => RawKeepBest::Text(s),
+            },
+        })
+    }
+}
+
 /// A list of widths as written: "256,128", or one width as a number (`--set model.hidden=64`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(transparent)]

@@ -13,13 +13,13 @@ use std::path::PathBuf;
 use kiln_core::DeviceRequest;
 use kiln_core::OptionError;
 use kiln_core::options::{
-    AmpDtype, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision, OptimizerKind,
-    ProfileUnit, ScheduleKind,
+    AmpDtype, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision, MetricName,
+    OptimizerKind, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
 use crate::plan::{ModelKind, Provenance};
-use crate::raw::{Num, RawBatchSize, RawWidths};
+use crate::raw::{Num, RawBatchSize, RawKeepBest, RawWidths};
 
 /// A key's value type: what the raw layer holds for it and how that becomes the value.
 pub trait Setting: Sized {
@@ -232,6 +232,48 @@ impl Setting for BatchSize {
     }
 }
 
+/// `checkpoint.keep_best`: besides the newest checkpoints, keep the best one by a metric —
+/// `true`: the task's own (validation accuracy where there is one, else the validation loss),
+/// or a metric named ([`MetricName`]); `false`: none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepBest {
+    Off,
+    TaskDefault,
+    By(MetricName),
+}
+
+impl std::fmt::Display for KeepBest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeepBest::Off => f.write_str("false"),
+            KeepBest::TaskDefault => f.write_str("true"),
+            KeepBest::By(m) => write!(f, "{m}"),
+        }
+    }
+}
+
+impl Setting for KeepBest {
+    type Raw = RawKeepBest;
+    fn parse(raw: RawKeepBest) -> Result<Self, String> {
+        match raw {
+            RawKeepBest::Flag(true) => Ok(KeepBest::TaskDefault),
+            RawKeepBest::Flag(false) => Ok(KeepBest::Off),
+            RawKeepBest::Text(text) => text.parse().map(KeepBest::By).map_err(|_| {
+                format!(
+                    "use true (the task's metric), false, or a metric: {}",
+                    MetricName::NAMES.join(", ")
+                )
+            }),
+        }
+    }
+    fn raw_text(raw: &RawKeepBest) -> String {
+        match raw {
+            RawKeepBest::Flag(b) => b.to_string(),
+            RawKeepBest::Text(text) => format!("{text:?}"),
+        }
+    }
+}
+
 /// `model.name`: a built-in model, or the path of the user's own model: a `torch.export`
 /// program (`.pt2`) or a TorchScript file (`.pt`, `.pth`, `.ts`, or any other existing file;
 /// the file's content decides when it loads).
@@ -287,7 +329,7 @@ macro_rules! show_by_display {
     )*};
 }
 
-show_by_display!(bool, u16, u64, f64, String, IpAddr, DeviceRequest);
+show_by_display!(bool, u16, u64, f64, String, IpAddr, DeviceRequest, KeepBest);
 
 impl Show for PathBuf {
     fn show(&self) -> String {

@@ -411,3 +411,44 @@ fn cuda_graphs_on_refuses_what_cannot_be_one_graph_naming_the_clashing_key() {
         assert_eq!(plan.train.cuda_graphs, kiln_config::CudaGraphs::Auto);
     }
 }
+
+#[test]
+fn keep_best_takes_a_flag_or_a_metric_from_one_vocabulary() {
+    use kiln_config::{KeepBest, MetricName};
+    let cases = [
+        ("true", KeepBest::TaskDefault),
+        ("false", KeepBest::Off),
+        ("val_mae", KeepBest::By(MetricName::Mae)),
+        ("loss", KeepBest::By(MetricName::Loss)),
+    ];
+    for (value, expected) in cases {
+        let mut req = request(None, 8);
+        req.sets = vec![format!("checkpoint.keep_best={value}")];
+        assert_eq!(
+            load(&req).unwrap().plan.checkpoint.keep_best,
+            expected,
+            "{value}"
+        );
+    }
+    // The default: the task's own metric, as `keep_best = true` always meant.
+    let plan = load(&request(None, 8)).unwrap().plan;
+    assert_eq!(plan.checkpoint.keep_best, KeepBest::TaskDefault);
+    let mut req = request(None, 8);
+    req.sets = vec!["checkpoint.keep_best=f1".to_owned()];
+    let err = load(&req).unwrap_err().to_string();
+    for e in [
+        "`checkpoint.keep_best`",
+        "\"f1\"",
+        "val_loss, val_accuracy, val_mae, val_rmse",
+    ] {
+        assert!(err.contains(e), "`{e}` not in: {err}");
+    }
+    Jail::expect_with(|jail| {
+        jail.create_file("kiln.toml", "[checkpoint]\nkeep_best = false\n")?;
+        let mut req = request(None, 8);
+        req.file = Some("kiln.toml".into());
+        let plan = load(&req).map_err(jail_err)?.plan;
+        assert_eq!(plan.checkpoint.keep_best, KeepBest::Off);
+        Ok(())
+    });
+}

@@ -147,6 +147,28 @@ option_enum! {
 }
 
 option_enum! {
+    /// A metric by name: one vocabulary for every setting that names one
+    /// (`checkpoint.keep_best`; early stopping later). Each is the validation value of a run.
+    pub enum MetricName ("a metric name") {
+        /// The mean validation loss per sample (lower is better).
+        Loss = "val_loss" | "loss",
+        /// The share of validation targets right (higher is better).
+        Accuracy = "val_accuracy" | "accuracy",
+        /// The mean absolute error per target element (lower is better).
+        Mae = "val_mae" | "mae",
+        /// The root-mean-square error per target element (lower is better).
+        Rmse = "val_rmse" | "rmse",
+    }
+}
+
+impl MetricName {
+    /// Whether a larger value is better.
+    pub const fn higher_is_better(self) -> bool {
+        matches!(self, Self::Accuracy)
+    }
+}
+
+option_enum! {
     /// `infer.cuda_graphs` and `train.cuda_graphs`: whether inference (a train step) is
     /// captured and replayed as a CUDA graph.
     pub enum CudaGraphs ("a CUDA graphs mode") {

@@ -21,6 +21,23 @@ pub struct Metrics {
     pub rmse: Option<f64>,
 }
 
+impl Metrics {
+    /// The values by metric name (`val_loss`, `val_accuracy`, `val_mae`, `val_rmse`; those the
+    /// task has), as checkpoints record them.
+    pub fn named(&self) -> std::collections::BTreeMap<String, f64> {
+        use kiln_config::MetricName as M;
+        [
+            (M::Loss, Some(self.loss)),
+            (M::Accuracy, self.accuracy),
+            (M::Mae, self.mae),
+            (M::Rmse, self.rmse),
+        ]
+        .into_iter()
+        .filter_map(|(name, v)| Some((name.as_str().to_owned(), v?)))
+        .collect()
+    }
+}
+
 /// The sums behind [`Metrics`], as plain numbers (for checkpoints).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Saved {

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 mod common;
 
+use kiln_config::KeepBest;
 use kiln_config::load;
 use kiln_device::Device;
 use kiln_train::TrainError;
-use kiln_train::checkpoint::{self, Contents};
+use kiln_train::checkpoint::{self, Contents, Retention};
 use kiln_train::record::{Observer, Progress, Silent};
 use kiln_train::run::{Resume, RunControl, train};
 use serde_json::Value;
@@ -354,6 +355,7 @@ fn small_meta(step: u64) -> checkpoint::Meta {
         model_rng: vec![step],
         val_accuracy: Some(step as f64 / 100.0),
         val_loss: None,
+        val_metrics: Default::default(),
         sums: Default::default(),
         config: Value::Null,
         input: None,
@@ -521,11 +523,11 @@ fn pruning_keeps_the_last_k_and_the_best() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("checkpoints");
     five_with_step_2_best(&dir);
-    let pruned = checkpoint::prune(&dir, 2, true).unwrap();
+    let pruned = checkpoint::prune(&dir, &Retention::new(2, KeepBest::TaskDefault)).unwrap();
     assert_eq!(pruned.removed.len(), 2);
     assert!(pruned.moved.is_empty());
     assert_eq!(steps(&dir), [2, 4, 5]);
-    checkpoint::prune(&dir, 1, false).unwrap();
+    checkpoint::prune(&dir, &Retention::new(1, KeepBest::Off)).unwrap();
     assert_eq!(steps(&dir), [5]);
 }
 
@@ -579,7 +581,7 @@ fn pruning_moves_damaged_checkpoints_aside_and_counts_only_good_ones() {
     )
     .unwrap();
 
-    let pruned = checkpoint::prune(&dir, 2, true).unwrap();
+    let pruned = checkpoint::prune(&dir, &Retention::new(2, KeepBest::TaskDefault)).unwrap();
     let moved: Vec<&Path> = pruned.moved.iter().map(|m| m.from.as_path()).collect();
     assert_eq!(
         moved,
@@ -603,7 +605,7 @@ fn pruning_moves_damaged_checkpoints_aside_and_counts_only_good_ones() {
     );
     assert!(aside[0].join(checkpoint::MOVED_NOTE).is_file());
     // A second prune finds nothing more to move, and never counts the moved-aside ones.
-    let again = checkpoint::prune(&dir, 1, false).unwrap();
+    let again = checkpoint::prune(&dir, &Retention::new(1, KeepBest::Off)).unwrap();
     assert!(again.moved.is_empty());
     assert_eq!(again.removed, [dir.join(checkpoint::dir_name(3))]);
     assert_eq!(entries_starting(&dir, "step-").len(), 3);
@@ -627,7 +629,7 @@ fn a_newer_format_stops_the_search_instead_of_being_passed_over() {
             && err.to_string().contains("version 2"),
         "{err}"
     );
-    let err = checkpoint::prune(&dir, 1, false).unwrap_err();
+    let err = checkpoint::prune(&dir, &Retention::new(1, KeepBest::Off)).unwrap_err();
     assert!(err.to_string().contains("version 2"), "{err}");
     assert_eq!(checkpoint::list(&dir).unwrap().len(), 2, "nothing moved");
 }

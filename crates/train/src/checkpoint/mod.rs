@@ -8,7 +8,10 @@
 //! ones are pruned only after the new one is complete. A checkpoint that fails its checks is
 //! [`TrainError::DamagedCheckpoint`]; [`store`] passes over such ones and moves them aside.
 
+pub mod retention;
 mod store;
+
+pub use retention::Retention;
 
 pub use store::{
     MOVED_NOTE, MovedAside, Pruned, latest_good, list, move_aside, prepare_to_continue, prune,
@@ -170,6 +173,10 @@ pub struct Meta {
     /// Validation loss of the epoch this checkpoint ends, if it ends one.
     #[serde(default)]
     pub val_loss: Option<f64>,
+    /// Every validation value of the epoch this checkpoint ends, by metric name (`val_loss`,
+    /// `val_accuracy`, `val_mae`, `val_rmse`); absent from checkpoints of earlier versions.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub val_metrics: BTreeMap<String, f64>,
     pub sums: RunningSums,
     /// The resolved configuration with provenance.
     pub config: serde_json::Value,

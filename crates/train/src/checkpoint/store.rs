@@ -7,7 +7,9 @@
 use std::fs::DirEntry;
 use std::path::{Path, PathBuf};
 
-use super::{Checkpoint, META_FILE, TMP_PREFIX, check_quick, file_error, load, sync_dir};
+use super::{
+    Checkpoint, META_FILE, Retention, TMP_PREFIX, check_quick, file_error, load, sync_dir,
+};
 use crate::TrainError;
 use crate::rundir::timestamp_now;
 
@@ -197,20 +199,15 @@ pub struct Pruned {
     pub moved: Vec<MovedAside>,
 }
 
-/// Keeps the newest `keep_last` good checkpoints, and with `keep_best` the one with the best
-/// validation accuracy (for regression, the lowest validation loss); removes the other good
-/// ones. Every checkpoint gets the quick check ([`check_quick`]) first: a damaged one is moved
-/// aside (not removed, not counted).
-pub fn prune(checkpoints: &Path, keep_last: usize, keep_best: bool) -> Result<Pruned, TrainError> {
+/// Removes the good checkpoints `retention` does not keep (the newest `keep_last`, and the
+/// best by its metric). Every checkpoint gets the quick check ([`check_quick`]) first: a
+/// damaged one is moved aside (not removed, not counted).
+pub fn prune(checkpoints: &Path, retention: &Retention) -> Result<Pruned, TrainError> {
     let mut pruned = Pruned::default();
     let mut good = vec![];
     for (_, dir) in list(checkpoints)? {
         match check_quick(&dir) {
-            Ok(meta) => {
-                // Best: the highest accuracy, or for regression the lowest loss.
-                let score = meta.val_accuracy.or(meta.val_loss.map(|l| -l));
-                good.push((dir, score))
-            }
+            Ok(meta) => good.push((dir, meta)),
             Err(e @ TrainError::DamagedCheckpoint { .. }) => {
                 pruned
                     .moved
@@ -219,18 +216,9 @@ pub fn prune(checkpoints: &Path, keep_last: usize, keep_best: bool) -> Result<Pr
             Err(e) => return Err(e),
         }
     }
-    let keep_from = good.len().saturating_sub(keep_last.max(1));
-    let best = good
-        .iter()
-        .filter(|_| keep_best)
-        .filter_map(|(dir, acc)| Some((acc.as_ref()?, dir)))
-        .max_by(|a, b| a.0.total_cmp(b.0))
-        .map(|(_, dir)| dir.clone());
-    for (dir, _) in &good[..keep_from] {
-        if Some(dir) != best.as_ref() {
-            remove_checkpoint(dir)?;
-            pruned.removed.push(dir.clone());
-        }
+    for dir in retention.to_remove(&good) {
+        remove_checkpoint(dir)?;
+        pruned.removed.push(dir.to_owned());
     }
     Ok(pruned)
 }

@@ -375,13 +375,9 @@ impl Trainer<'_> {
             ..run.sums.clone()
         }
         .with_tallies(run.epoch.saved()?, run.interval.saved()?);
-        Ok(Some(self.save_checkpoint(
-            ckpt,
-            place.epoch,
-            place.consumed,
-            sums,
-            None,
-        )?))
+        let dir = self.save_checkpoint(ckpt, place.epoch, place.consumed, sums, None)?;
+        checkpoint::prune(&ckpt.dir, &checkpoint::Retention::of(&ckpt.plan))?;
+        Ok(Some(dir))
     }
 
     /// Reports the epoch with its validation, starts the next epoch's sums, and checkpoints.
@@ -415,6 +411,7 @@ impl Trainer<'_> {
             if !at_this_step.exists() {
                 let sums = run.sums.clone();
                 self.save_checkpoint(ckpt, place.epoch + 1, 0, sums, val.map(|v| v.metrics))?;
+                checkpoint::prune(&ckpt.dir, &checkpoint::Retention::of(&ckpt.plan))?;
             }
         }
         Ok(())

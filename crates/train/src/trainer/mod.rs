@@ -964,6 +964,7 @@ impl<'m> Trainer<'m> {
                     model_rng: self.model.rng_state(),
                     val_accuracy: val.and_then(|v| v.accuracy),
                     val_loss: val.map(|v| v.loss),
+                    val_metrics: val.map(|v| v.named()).unwrap_or_default(),
                     sums,
                     config: options.config.clone(),
                     input: options.input.clone(),
@@ -974,11 +975,6 @@ impl<'m> Trainer<'m> {
                 script: Some(&|path: &std::path::Path| self.model.save_torchscript(path)),
                 program: Some(&|path: &std::path::Path| self.model.save_program(path)),
             },
-        )?;
-        checkpoint::prune(
-            &options.dir,
-            usize::try_from(options.plan.keep_last).unwrap_or(usize::MAX),
-            options.plan.keep_best,
         )?;
         Ok(dir)
     }
