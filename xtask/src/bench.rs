@@ -123,8 +123,11 @@ pub fn usage_text() -> String {
     let mut text = String::from(
         "  bench [--suite NAME]… [--quick] [--out DIR] [--batch-sizes N N …] [--compare-opts]\n\
          \x20       [--repeats N] [--threads N] [--device cpu|cuda] [--seeds N] [--filter TEXT]\n\
+         \x20       [--write-docs [--from REPORT_DIR]]\n\
          \x20                   side-by-side benchmarks; writes runs/bench-<time>/report.json,\n\
-         \x20                   report.md and plots/ (--out DIR instead). Suites:\n",
+         \x20                   report.md and plots/ (--out DIR instead); --write-docs puts a\n\
+         \x20                   full run's tables into docs/benchmarks.md (--from: an existing\n\
+         \x20                   report's, without running). Suites:\n",
     );
     for s in &SUITES {
         text.push_str(&format!(
@@ -147,6 +150,10 @@ struct Request {
     quick: bool,
     /// Options for the suites' binaries, `--batch-sizes` joined with commas.
     passed: Vec<String>,
+    /// Put the run's tables into docs/benchmarks.md (`--write-docs`).
+    write_docs: bool,
+    /// With `--write-docs`: an existing report to take them from, instead of running.
+    from: Option<PathBuf>,
 }
 
 fn suite_named(name: &str) -> Result<&'static Suite> {
@@ -165,6 +172,8 @@ fn parse(args: &[String]) -> Result<Request> {
         out: None,
         quick: false,
         passed: vec![],
+        write_docs: false,
+        from: None,
     };
     let mut compare_opts = false;
     let mut i = 0;
@@ -189,6 +198,14 @@ fn parse(args: &[String]) -> Result<Request> {
             "--compare-opts" => {
                 compare_opts = true;
                 i += 1;
+            }
+            "--write-docs" => {
+                req.write_docs = true;
+                i += 1;
+            }
+            "--from" => {
+                req.from = Some(PathBuf::from(value("a report directory")?));
+                i += 2;
             }
             "--batch-sizes" => {
                 let mut sizes = vec![];
@@ -218,7 +235,7 @@ fn parse(args: &[String]) -> Result<Request> {
                     let known: Vec<&str> = PASSED.iter().map(|(n, _)| *n).collect();
                     bail!(
                         "`{arg}` is not an option of `cargo xtask bench`; the options are \
-                         --suite, --out, --batch-sizes, --compare-opts, {}",
+                         --suite, --out, --batch-sizes, --compare-opts, --write-docs, --from, {}",
                         known.join(", ")
                     );
                 };
@@ -236,6 +253,15 @@ fn parse(args: &[String]) -> Result<Request> {
                 i += 1;
             }
         }
+    }
+    if req.write_docs && req.quick {
+        bail!(
+            "--write-docs takes a full run's figures: --quick is CI-sized and never written \
+             into docs/benchmarks.md"
+        );
+    }
+    if req.from.is_some() && !req.write_docs {
+        bail!("--from DIR goes with --write-docs (it rewrites docs/benchmarks.md from DIR)");
     }
     if req.suites.is_empty() {
         req.suites = DEFAULT.to_vec();
@@ -299,6 +325,14 @@ pub fn run(
         return Ok(ExitCode::SUCCESS);
     }
     let req = parse(args)?;
+    if let Some(from) = &req.from {
+        crate::bench_docs::write(root, from)?;
+        util::info(&format!(
+            "docs/benchmarks.md rewritten from {}",
+            from.display()
+        ));
+        return Ok(ExitCode::SUCCESS);
+    }
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -407,6 +441,10 @@ pub fn run(
         "benchmark report: {}/report.json, report.md and plots/",
         dir.display()
     ));
+    if req.write_docs {
+        crate::bench_docs::write(root, &dir)?;
+        util::info("docs/benchmarks.md rewritten from this run");
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -438,6 +476,17 @@ mod tests {
         assert_eq!(r.suites, vec!["train", "serve"]);
         assert_eq!(r.out, Some(PathBuf::from("/tmp/x")));
         assert_eq!(r.passed, args("--batch-sizes 1,2,4,8 --repeats 5"));
+    }
+
+    #[test]
+    fn write_docs_takes_a_full_run_or_an_existing_report() {
+        let r = parse(&args("--suite train --write-docs")).unwrap();
+        assert!(r.write_docs && r.from.is_none());
+        let r = parse(&args("--write-docs --from runs/bench-1")).unwrap();
+        assert_eq!(r.from, Some(PathBuf::from("runs/bench-1")));
+        let err = |a: &str| parse(&args(a)).unwrap_err().0;
+        assert!(err("--write-docs --quick").contains("--quick is CI-sized"));
+        assert!(err("--from runs/bench-1").contains("goes with --write-docs"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! that is what lets it install libtorch in the first place.
 
 mod bench;
+mod bench_docs;
 mod checks;
 mod cuda_tests;
 mod gpu_check;
