@@ -377,73 +377,75 @@ fn a_checkpoint_layer_sits_over_the_profile_and_under_the_user() {
 
 #[test]
 fn cuda_graphs_on_refuses_what_cannot_be_one_graph_naming_the_clashing_key() {
-    let cases: &[(&[&str], &[&str])] = &[
-        (
-            &["train.amp=fp16"],
-            &[
-                "`train.amp` = fp16",
-                "bf16 or fp32",
-                "train.cuda_graphs = on",
-            ],
-        ),
-        (
-            &["train.optimizer=sgd"],
-            &["`train.optimizer` = sgd", "adamw"],
-        ),
-        (
-            &["train.grad_accum_steps=4"],
-            &["`train.grad_accum_steps`", "1: a step of several"],
-        ),
-    ];
-    for (sets, expected) in cases {
-        let mut req = request(None, 8);
-        req.sets = sets.iter().map(|s| (*s).to_owned()).collect();
-        req.sets.push("train.cuda_graphs=on".to_owned());
-        let err = load(&req).unwrap_err().to_string();
-        for e in *expected {
-            assert!(err.contains(e), "{sets:?}: `{e}` not in: {err}");
+    // In a jail: other tests set KILN_* variables while they run.
+    Jail::expect_with(|_| {
+        let cases: &[(&[&str], &[&str])] = &[
+            (
+                &["train.amp=fp16"],
+                &[
+                    "`train.amp` = fp16",
+                    "bf16 or fp32",
+                    "train.cuda_graphs = on",
+                ],
+            ),
+            (
+                &["train.optimizer=sgd"],
+                &["`train.optimizer` = sgd", "adamw"],
+            ),
+            (
+                &["train.grad_accum_steps=4"],
+                &["`train.grad_accum_steps`", "1: a step of several"],
+            ),
+        ];
+        for (sets, expected) in cases {
+            let mut req = request(None, 8);
+            req.sets = sets.iter().map(|s| (*s).to_owned()).collect();
+            req.sets.push("train.cuda_graphs=on".to_owned());
+            let err = load(&req).unwrap_err().to_string();
+            for e in *expected {
+                assert!(err.contains(e), "{sets:?}: `{e}` not in: {err}");
+            }
+            // `auto` leaves the step eager where it cannot apply, without an error.
+            let mut auto = request(None, 8);
+            auto.sets = sets.iter().map(|s| (*s).to_owned()).collect();
+            auto.sets.push("train.cuda_graphs=auto".to_owned());
+            let plan = load(&auto).map_err(jail_err)?.plan;
+            assert_eq!(plan.train.cuda_graphs, kiln_config::CudaGraphs::Auto);
         }
-        // `auto` leaves the step eager where it cannot apply, without an error.
-        let mut auto = request(None, 8);
-        auto.sets = sets.iter().map(|s| (*s).to_owned()).collect();
-        auto.sets.push("train.cuda_graphs=auto".to_owned());
-        let plan = load(&auto).unwrap().plan;
-        assert_eq!(plan.train.cuda_graphs, kiln_config::CudaGraphs::Auto);
-    }
+        Ok(())
+    });
 }
 
 #[test]
 fn keep_best_takes_a_flag_or_a_metric_from_one_vocabulary() {
     use kiln_config::{KeepBest, MetricName};
-    let cases = [
-        ("true", KeepBest::TaskDefault),
-        ("false", KeepBest::Off),
-        ("val_mae", KeepBest::By(MetricName::Mae)),
-        ("loss", KeepBest::By(MetricName::Loss)),
-    ];
-    for (value, expected) in cases {
-        let mut req = request(None, 8);
-        req.sets = vec![format!("checkpoint.keep_best={value}")];
-        assert_eq!(
-            load(&req).unwrap().plan.checkpoint.keep_best,
-            expected,
-            "{value}"
-        );
-    }
-    // The default: the task's own metric, as `keep_best = true` always meant.
-    let plan = load(&request(None, 8)).unwrap().plan;
-    assert_eq!(plan.checkpoint.keep_best, KeepBest::TaskDefault);
-    let mut req = request(None, 8);
-    req.sets = vec!["checkpoint.keep_best=f1".to_owned()];
-    let err = load(&req).unwrap_err().to_string();
-    for e in [
-        "`checkpoint.keep_best`",
-        "\"f1\"",
-        "val_loss, val_accuracy, val_mae, val_rmse",
-    ] {
-        assert!(err.contains(e), "`{e}` not in: {err}");
-    }
+    // In a jail: other tests set KILN_* variables while they run.
     Jail::expect_with(|jail| {
+        let cases = [
+            ("true", KeepBest::TaskDefault),
+            ("false", KeepBest::Off),
+            ("val_mae", KeepBest::By(MetricName::Mae)),
+            ("loss", KeepBest::By(MetricName::Loss)),
+        ];
+        for (value, expected) in cases {
+            let mut req = request(None, 8);
+            req.sets = vec![format!("checkpoint.keep_best={value}")];
+            let plan = load(&req).map_err(jail_err)?.plan;
+            assert_eq!(plan.checkpoint.keep_best, expected, "{value}");
+        }
+        // The default: the task's own metric, as `keep_best = true` always meant.
+        let plan = load(&request(None, 8)).map_err(jail_err)?.plan;
+        assert_eq!(plan.checkpoint.keep_best, KeepBest::TaskDefault);
+        let mut req = request(None, 8);
+        req.sets = vec!["checkpoint.keep_best=f1".to_owned()];
+        let err = load(&req).unwrap_err().to_string();
+        for e in [
+            "`checkpoint.keep_best`",
+            "\"f1\"",
+            "val_loss, val_accuracy, val_mae, val_rmse",
+        ] {
+            assert!(err.contains(e), "`{e}` not in: {err}");
+        }
         jail.create_file("kiln.toml", "[checkpoint]\nkeep_best = false\n")?;
         let mut req = request(None, 8);
         req.file = Some("kiln.toml".into());

@@ -2,16 +2,9 @@
 //! knows about training or tensors.
 
 use crate::DataError;
+use crate::error::out_of_range;
 use crate::rng::SplitMix64;
 use crate::target::{TargetSlot, TargetSpec, Targets};
-
-/// The error for reading sample `index` of a dataset of `len` samples.
-pub(crate) fn out_of_range(index: usize, len: usize) -> DataError {
-    DataError::Sample {
-        index,
-        message: format!("out of range (the dataset has {len} samples)"),
-    }
-}
 
 /// A dataset of float feature arrays with a target per sample, readable by index from any
 /// thread.
@@ -303,7 +296,7 @@ impl InMemory {
     /// feature must be a whole number within ±2^24 (exact in `f32`).
     pub fn with_integer_features(mut self) -> Result<Self, DataError> {
         let numel = self.shape.iter().product::<usize>();
-        let limit = crate::shards::MAX_EXACT_ID as f32;
+        let limit = crate::target::MAX_EXACT_ID as f32;
         if let Some(i) = self
             .features
             .iter()
@@ -389,7 +382,7 @@ fn check_target_values(target: &TargetSpec, targets: &Targets) -> Result<(), Dat
             index: i / per,
             message: format!(
                 "{what} (target element {:?})",
-                crate::shards::unravel(i % per, target.shape())
+                crate::target::unravel(i % per, target.shape())
             ),
         }),
         None => Ok(()),
@@ -407,7 +400,7 @@ impl Dataset for InMemory {
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
         if !self.target.shape().is_empty() || self.target.classes().is_none() {
-            return Err(crate::shards::not_labels(index, &self.target));
+            return Err(crate::target::not_labels(index, &self.target));
         }
         let mut label = [0i64];
         self.read_sample(index, out, TargetSlot::Classes(&mut label))?;
@@ -443,7 +436,7 @@ impl Dataset for InMemory {
             (TargetSlot::Values(out), Targets::Values(v)) if out.len() == per => {
                 out.copy_from_slice(&v[index * per..(index + 1) * per]);
             }
-            (other, _) => return Err(crate::shards::slot_mismatch(index, &other, &self.target)),
+            (other, _) => return Err(crate::target::slot_mismatch(index, &other, &self.target)),
         }
         if numel != self.sample_numel() {
             return Err(DataError::Sample {

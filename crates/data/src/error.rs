@@ -44,3 +44,11 @@ impl DataError {
         }
     }
 }
+
+/// The error for reading sample `index` of a dataset of `len` samples.
+pub(crate) fn out_of_range(index: usize, len: usize) -> DataError {
+    DataError::Sample {
+        index,
+        message: format!("out of range (the dataset has {len} samples)"),
+    }
+}

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
+use crate::target::{not_labels, slot_mismatch, unravel};
 use crate::{DType, DataError, Dataset, TargetSlot, TargetSpec, npy};
 
 /// The manifest's file name inside a dataset directory.
@@ -31,8 +32,7 @@ pub const FEATURES_TENSOR: &str = "features";
 pub const TARGETS_TENSOR: &str = "targets";
 /// The labels' tensor name in a safetensors shard of a version-1 dataset.
 pub const LABELS_TENSOR: &str = "labels";
-/// The largest integer id every smaller one of which `f32` holds exactly: 2^24.
-pub const MAX_EXACT_ID: i64 = 1 << 24;
+pub use crate::target::MAX_EXACT_ID;
 
 /// A dataset directory's description of itself.
 ///
@@ -752,16 +752,6 @@ fn check_array(
     Ok(())
 }
 
-/// Element `j` of a sample of `shape`, as a multi-index (`[]` for a scalar).
-pub(crate) fn unravel(mut j: usize, shape: &[usize]) -> Vec<usize> {
-    let mut at = vec![0; shape.len()];
-    for (a, &d) in at.iter_mut().zip(shape).rev() {
-        *a = j % d;
-        j /= d;
-    }
-    at
-}
-
 /// " at [r, c]" for element `j` of a non-scalar sample shape, "" for a scalar.
 fn position(j: usize, shape: &[usize]) -> String {
     if shape.is_empty() {
@@ -861,29 +851,6 @@ pub(crate) fn check_ids(path: &Path, array: &MappedArray) -> Result<(), DataErro
     Ok(())
 }
 
-/// The error for a target slot that does not fit a dataset's targets.
-pub(crate) fn slot_mismatch(index: usize, slot: &TargetSlot<'_>, spec: &TargetSpec) -> DataError {
-    let holds = match slot {
-        TargetSlot::Classes(s) => format!("{} class values", s.len()),
-        TargetSlot::Values(s) => format!("{} f32 values", s.len()),
-    };
-    DataError::Sample {
-        index,
-        message: format!("the target slot holds {holds}, but the dataset's targets are {spec}"),
-    }
-}
-
-/// The error for reading a non-label dataset with [`Dataset::read`].
-pub(crate) fn not_labels(index: usize, spec: &TargetSpec) -> DataError {
-    DataError::Sample {
-        index,
-        message: format!(
-            "this dataset's targets are {spec}, not single class labels: read it with \
-             `read_sample`"
-        ),
-    }
-}
-
 impl Dataset for ShardedDataset {
     fn len(&self) -> usize {
         self.manifest.samples
@@ -922,7 +889,7 @@ impl Dataset for ShardedDataset {
     ) -> Result<(), DataError> {
         let (shard, i) = self
             .locate(index)
-            .ok_or_else(|| crate::dataset::out_of_range(index, self.len()))?;
+            .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
         if features.len() != self.sample_numel() {
             return Err(DataError::Sample {
                 index,

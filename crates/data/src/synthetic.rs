@@ -4,7 +4,8 @@
 //! reads the same from any worker.
 
 use crate::DataError;
-use crate::dataset::{Dataset, out_of_range};
+use crate::dataset::Dataset;
+use crate::error::out_of_range;
 use crate::rng::SplitMix64;
 
 /// Uniform noise in [-√3, √3): unit variance, one generator draw per value.

@@ -148,3 +148,39 @@ impl Targets {
         }
     }
 }
+
+/// The largest integer id every smaller one of which `f32` holds exactly: 2^24.
+pub const MAX_EXACT_ID: i64 = 1 << 24;
+
+/// Element `j` of a sample of `shape`, as a multi-index (`[]` for a scalar).
+pub(crate) fn unravel(mut j: usize, shape: &[usize]) -> Vec<usize> {
+    let mut at = vec![0; shape.len()];
+    for (a, &d) in at.iter_mut().zip(shape).rev() {
+        *a = j % d;
+        j /= d;
+    }
+    at
+}
+
+/// The error for a target slot that does not fit a dataset's targets.
+pub(crate) fn slot_mismatch(index: usize, slot: &TargetSlot<'_>, spec: &TargetSpec) -> DataError {
+    let holds = match slot {
+        TargetSlot::Classes(s) => format!("{} class values", s.len()),
+        TargetSlot::Values(s) => format!("{} f32 values", s.len()),
+    };
+    DataError::Sample {
+        index,
+        message: format!("the target slot holds {holds}, but the dataset's targets are {spec}"),
+    }
+}
+
+/// The error for reading a non-label dataset with [`crate::Dataset::read`].
+pub(crate) fn not_labels(index: usize, spec: &TargetSpec) -> DataError {
+    DataError::Sample {
+        index,
+        message: format!(
+            "this dataset's targets are {spec}, not single class labels: read it with \
+             `read_sample`"
+        ),
+    }
+}

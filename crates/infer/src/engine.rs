@@ -12,6 +12,7 @@ use kiln_torch_ext::CallbackError;
 use kiln_torch_ext::graphs::CudaGraph;
 use tch::{Device, Kind, Tensor};
 
+use crate::io::check_batch;
 use crate::{InferError, LoadedModel};
 
 /// How an engine runs.
@@ -62,31 +63,6 @@ fn device_name(device: Device) -> String {
         Device::Mps => "MPS".to_owned(),
         Device::Vulkan => "Vulkan".to_owned(),
     }
-}
-
-/// Checks that `inputs` holds `n` samples of `sample_shape`, 1 ≤ `n` ≤ `max` (`limit` says what
-/// sets the maximum); returns one sample's number of values.
-pub(crate) fn check_batch(
-    inputs: &[f32],
-    n: usize,
-    sample_shape: &[usize],
-    max: usize,
-    limit: &str,
-) -> Result<usize, InferError> {
-    let numel: usize = sample_shape.iter().product();
-    if n == 0 || n > max {
-        return Err(InferError::Input(format!(
-            "{n} samples in one batch; 1 to {max} fit ({limit})"
-        )));
-    }
-    if inputs.len() != n * numel {
-        return Err(InferError::Input(format!(
-            "{} values for {n} samples of shape {sample_shape:?} ({} expected)",
-            inputs.len(),
-            n * numel
-        )));
-    }
-    Ok(numel)
 }
 
 /// The bucket a batch of `n` samples is padded to: the next power of two, at most `max`.

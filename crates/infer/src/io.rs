@@ -3,7 +3,8 @@
 //! `[samples, …]`, or a CSV file with a header row (every column numeric; a `label` column, if there, is kept as
 //! labels, not fed to the model). Outputs: `.npy`, `.safetensors` (one tensor, `outputs`) or
 //! `.csv`, chosen by the file's extension, written to a temporary file and renamed into place;
-//! an existing file is never overwritten.
+//! an existing file is never overwritten. And the check every engine makes of a batch's values
+//! against its sample shape.
 
 use std::io::Write;
 use std::path::Path;
@@ -280,4 +281,29 @@ pub fn write_outputs(path: &Path, shape: &[usize], values: &[f32]) -> Result<(),
         ));
     }
     std::fs::rename(&tmp, path).map_err(|e| InferError::file(path, format!("cannot write: {e}")))
+}
+
+/// Checks that `inputs` holds `n` samples of `sample_shape`, 1 ≤ `n` ≤ `max` (`limit` says what
+/// sets the maximum); returns one sample's number of values.
+pub(crate) fn check_batch(
+    inputs: &[f32],
+    n: usize,
+    sample_shape: &[usize],
+    max: usize,
+    limit: &str,
+) -> Result<usize, InferError> {
+    let numel: usize = sample_shape.iter().product();
+    if n == 0 || n > max {
+        return Err(InferError::Input(format!(
+            "{n} samples in one batch; 1 to {max} fit ({limit})"
+        )));
+    }
+    if inputs.len() != n * numel {
+        return Err(InferError::Input(format!(
+            "{} values for {n} samples of shape {sample_shape:?} ({} expected)",
+            inputs.len(),
+            n * numel
+        )));
+    }
+    Ok(numel)
 }

@@ -140,8 +140,7 @@ impl OnnxEngine {
         } else {
             "infer.batch_size"
         };
-        let numel =
-            crate::engine::check_batch(inputs, n, &self.sample_shape, self.max_batch, limit)?;
+        let numel = crate::io::check_batch(inputs, n, &self.sample_shape, self.max_batch, limit)?;
         let rows = self.fixed_batch.unwrap_or(n);
         let mut shape: Vec<i64> = Vec::with_capacity(self.sample_shape.len() + 1);
         shape.push(rows as i64);
