@@ -39,16 +39,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [model, data, sets @ ..] = args.as_slice() else {
         return Err("usage: own_model MODEL.pt2 DATA_DIR [key=value …]".into());
     };
-    let mut builder = Learner::builder();
-    for set in sets {
-        let (key, value) = set
-            .split_once('=')
-            .ok_or_else(|| format!("`{set}`: expected key=value"))?;
-        builder = builder.set(key, value);
-    }
-    let learner = builder.build()?;
+    let sets: Vec<(&str, &str)> = sets
+        .iter()
+        .map(|set| {
+            set.split_once('=')
+                .ok_or_else(|| format!("`{set}`: expected key=value"))
+        })
+        .collect::<Result<_, _>>()?;
     let dataset = kiln_train::prelude::ShardedDataset::open(data)?;
-    let outcome = learner.fit_file(model.as_ref(), dataset, &mut Printer)?;
+    let outcome = train(model.as_ref(), dataset, &sets)?;
     println!(
         "done: {} ({}, loss {}) · final val loss {:?} · run directory {}",
         outcome.summary.model,
@@ -58,4 +57,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         outcome.run_dir.display()
     );
     Ok(())
+}
+
+/// Trains the model file `model` on `data` with the settings `sets` (`("train.epochs", "5")`,
+/// …), printing its progress. (`tests/examples.rs` runs it on a program PyTorch exported.)
+pub fn train<D: Dataset>(
+    model: &std::path::Path,
+    data: D,
+    sets: &[(&str, &str)],
+) -> Result<RunOutcome, Box<dyn std::error::Error>> {
+    let mut builder = Learner::builder();
+    for (key, value) in sets {
+        builder = builder.set(key, value);
+    }
+    let learner = builder.build()?;
+    Ok(learner.fit_file(model, data, &mut Printer)?)
 }

@@ -16,3 +16,78 @@ fn the_regression_example_learns_and_leaves_a_run_directory() {
     assert_eq!(outcome.summary.task, "regression");
     assert!(outcome.summary.final_val_mae.unwrap() < 0.2);
 }
+
+#[allow(dead_code)] // its `main` is the example's, not the test's
+#[path = "../own_model.rs"]
+mod own_model;
+
+/// A classifier exported as a user exports one: `torch.export.save(torch.export.export(
+/// model.train(), (batch,), dynamic_shapes=…), path)`.
+const EXPORT: &str = r#"
+import sys, torch
+from torch import nn
+from torch.export import Dim
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 32), nn.GELU(), nn.Linear(32, 3)).train()
+batch = torch.randn(8, 4)
+torch.export.save(torch.export.export(model, (batch,), dynamic_shapes=({0: Dim("batch")},)), sys.argv[1])
+"#;
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
+fn the_own_model_example_trains_an_exported_program_with_python_torch() {
+    use kiln_train::prelude::{InMemory, TargetSpec, Targets};
+    let out = tempfile::tempdir().unwrap();
+    let program = out.path().join("model.pt2");
+    let python = kiln_train::python::python();
+    let status = std::process::Command::new(&python)
+        .args(["-c", EXPORT])
+        .arg(&program)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{} could not export the program", python.display());
+    // Three classes decided by the features' signs: learnable in a few epochs.
+    let (mut xs, mut ys) = (vec![], vec![]);
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..1024 {
+        let mut v = [0f32; 4];
+        for x in &mut v {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *x = (state >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0;
+        }
+        ys.push(i64::from(v[0] > 0.0) + i64::from(v[1] > 0.3));
+        xs.extend(v);
+    }
+    let data =
+        InMemory::with_targets(xs, vec![4], TargetSpec::label(3), Targets::Classes(ys)).unwrap();
+    let runs = out.path().join("runs");
+    let runs_text = runs.display().to_string();
+    let sets = [
+        ("train.epochs", "6"),
+        ("train.lr", "0.01"),
+        ("train.batch_size", "64"),
+        ("train.amp", "fp32"),
+        ("device.request", "cpu"),
+        ("run.output_dir", runs_text.as_str()),
+    ];
+    let outcome = own_model::train(&program, data, &sets).unwrap();
+    assert!(outcome.run_dir.starts_with(&runs));
+    let accuracy = outcome.summary.final_val_accuracy.unwrap();
+    assert!(
+        accuracy > 0.8,
+        "the program learned: val accuracy {accuracy}"
+    );
+    let checkpoints = outcome.run_dir.join("checkpoints");
+    let newest = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .unwrap();
+    assert!(
+        newest.join("model.pt2").is_file(),
+        "the checkpoint holds the program"
+    );
+}
