@@ -45,7 +45,11 @@ fn the_own_model_example_trains_an_exported_program_with_python_torch() {
         .arg(&program)
         .status()
         .unwrap();
-    assert!(status.success(), "{} could not export the program", python.display());
+    assert!(
+        status.success(),
+        "{} could not export the program",
+        python.display()
+    );
     // Three classes decided by the features' signs: learnable in a few epochs.
     let (mut xs, mut ys) = (vec![], vec![]);
     let mut state = 0x2545_F491_4F6C_DD1Du64;

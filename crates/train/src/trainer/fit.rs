@@ -200,7 +200,7 @@ impl Trainer<'_> {
         options: &FitOptions,
     ) -> Result<(), TrainError> {
         if let Some(p) = run.profiler.as_mut() {
-            self.ranges = p.begin(ProfileUnit::Epochs, epoch)?;
+            self.timing.ranges = p.begin(ProfileUnit::Epochs, epoch)?;
         }
         let first_batch = if epoch == run.start_epoch {
             run.start_batch
@@ -276,9 +276,9 @@ impl Trainer<'_> {
         I: Iterator<Item = Result<kiln_data::Batch, kiln_data::DataError>>,
     {
         if let Some(p) = run.profiler.as_mut() {
-            self.ranges = p.begin(ProfileUnit::Steps, self.steps_done)?;
+            self.timing.ranges = p.begin(ProfileUnit::Steps, self.steps_done)?;
         }
-        let step_range = if self.ranges {
+        let step_range = if self.timing.ranges {
             Some(Range::new(&format!("kiln/step#{}", self.steps_done + 1))?)
         } else {
             None
@@ -454,14 +454,14 @@ impl Trainer<'_> {
     /// Closes the profiler and reports the summary.
     fn finish(&mut self, run: Run, observer: &mut dyn Observer) -> Result<Summary, TrainError> {
         // The last step's stop vote: every rank counts it before leaving.
-        if let Some(vote) = self.stop_vote.take() {
+        if let Some(vote) = self.ranks.stop_vote.take() {
             vote.wait()?;
         }
         let profiler_traces = match run.profiler {
             Some(p) => p.finish()?,
             None => vec![],
         };
-        self.ranges = false;
+        self.timing.ranges = false;
         let total = run.monitor.total();
         let last = run.last_epoch.as_ref();
         let summary = Summary {
@@ -491,7 +491,7 @@ impl Trainer<'_> {
                 .filter(|_| self.metric == crate::loss::MetricKind::Accuracy)
                 .map(|c| 1.0 / c.max(1) as f64),
             memory: MemorySample::read(self.device),
-            oom_retries: self.oom_retries,
+            oom_retries: self.oom.retries,
             profiler_traces,
         };
         observer.on_finish(&summary)?;

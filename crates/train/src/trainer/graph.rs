@@ -95,7 +95,7 @@ impl Trainer<'_> {
             "only AdamW reads its learning rate from the device"
         } else if self.settings.grad_accum_steps > 1 {
             "a step of several micro-batches (train.grad_accum_steps > 1) is not one graph"
-        } else if self.group.is_some() {
+        } else if self.ranks.group.is_some() {
             "data-parallel ranks all-reduce between the step's parts"
         } else {
             return None;
@@ -113,7 +113,7 @@ impl Trainer<'_> {
         let [batch] = batches else {
             return Ok(None);
         };
-        if self.split > 1 {
+        if self.oom.split > 1 {
             return Ok(None);
         }
         match &mut self.graph {

@@ -217,33 +217,49 @@ pub struct Trainer<'m> {
     scaler: Option<LossScaler>,
     autocast: Option<(DeviceType, AutocastDtype)>,
     steps_done: u64,
-    /// Non-zero when this step's gradients held an inf or NaN (without a loss scaler).
-    found_inf: Tensor,
-    unit: Tensor,
-    /// Consecutive bad steps so far, and bad (skipped) steps in all, on the device.
-    bad_run: Tensor,
-    skipped_total: Tensor,
-    /// Each batch of a step is split into this many micro-batches (doubled after an
-    /// out-of-memory error), and how many times a step was retried that way.
-    split: u64,
-    oom_retries: u64,
-    retry_oom: bool,
+    health: StepHealth,
+    oom: OomRetry,
     /// The loader's batch size in `fit` (recorded in checkpoints).
     batch_size: u64,
-    /// Open named ranges for the profiler (only while it records).
-    ranges: bool,
-    /// Per-phase wall times, while phase timing is on.
-    phase_times: Option<std::cell::Cell<PhaseTimes>>,
-    /// The other ranks of a data-parallel run, if any, and how gradients are averaged over
-    /// them (none with one rank).
-    group: Option<SharedGroup>,
-    gradient_sync: Option<Box<dyn distributed::GradientSync>>,
-    /// This rank and the world size (with a group).
-    place: Option<(usize, usize)>,
-    /// The ranks' vote on stopping started after the previous step.
-    stop_vote: Option<Box<dyn distributed::StopVote>>,
+    timing: Timing,
+    ranks: Ranks,
     /// The step as one CUDA graph, where it is used.
     graph: graph::GraphState,
+}
+
+/// The steps' health, on the device: whether this step's gradients held an inf or NaN
+/// (without a loss scaler), and the bad steps in a row and in all.
+struct StepHealth {
+    found_inf: Tensor,
+    unit: Tensor,
+    bad_run: Tensor,
+    skipped_total: Tensor,
+}
+
+/// Out-of-memory retries: each batch of a step is split into `split` micro-batches (doubled
+/// after an out-of-memory error), and how many times a step was retried that way.
+struct OomRetry {
+    split: u64,
+    retries: u64,
+    enabled: bool,
+}
+
+/// What the profiler and phase timing see: named ranges (only while the profiler records) and
+/// per-phase wall times (while phase timing is on).
+struct Timing {
+    ranges: bool,
+    phase_times: Option<std::cell::Cell<PhaseTimes>>,
+}
+
+/// The other ranks of a data-parallel run, if any: the group, how gradients are averaged over
+/// it, this rank and the world size, and the ranks' vote on stopping started after the
+/// previous step (all none with one rank).
+#[derive(Default)]
+struct Ranks {
+    group: Option<SharedGroup>,
+    gradient_sync: Option<Box<dyn distributed::GradientSync>>,
+    place: Option<(usize, usize)>,
+    stop_vote: Option<Box<dyn distributed::StopVote>>,
 }
 
 impl std::fmt::Debug for Trainer<'_> {
@@ -324,10 +340,12 @@ impl<'m> Trainer<'m> {
         Ok(Self {
             model,
             vs,
-            found_inf: zero()?,
-            unit: Tensor::f_ones([1], (Kind::Float, device))?,
-            bad_run: zero()?,
-            skipped_total: zero()?,
+            health: StepHealth {
+                found_inf: zero()?,
+                unit: Tensor::f_ones([1], (Kind::Float, device))?,
+                bad_run: zero()?,
+                skipped_total: zero()?,
+            },
             model_name: model_name.to_owned(),
             parameters: crate::model::parameter_count(vs),
             loss: Loss::before_target(settings.loss),
@@ -339,16 +357,17 @@ impl<'m> Trainer<'m> {
             scaler,
             settings,
             steps_done: 0,
-            split: 1,
-            oom_retries: 0,
-            retry_oom: true,
-            group: None,
-            gradient_sync: None,
-            place: None,
-            stop_vote: None,
+            oom: OomRetry {
+                split: 1,
+                retries: 0,
+                enabled: true,
+            },
+            ranks: Ranks::default(),
             batch_size: 0,
-            ranges: false,
-            phase_times: None,
+            timing: Timing {
+                ranges: false,
+                phase_times: None,
+            },
             graph: graph::GraphState::Unplanned,
         })
     }
@@ -392,18 +411,18 @@ impl<'m> Trainer<'m> {
 
     /// Turns per-phase timing on (from zero) or off; see [`PhaseTimes`].
     pub fn set_phase_timing(&mut self, on: bool) {
-        self.phase_times = on.then(|| std::cell::Cell::new(PhaseTimes::default()));
+        self.timing.phase_times = on.then(|| std::cell::Cell::new(PhaseTimes::default()));
     }
 
     /// The phase times so far, while timing is on.
     pub fn phase_times(&self) -> Option<PhaseTimes> {
-        self.phase_times.as_ref().map(std::cell::Cell::get)
+        self.timing.phase_times.as_ref().map(std::cell::Cell::get)
     }
 
     /// The start of a timed phase (after the device finished earlier work); `None` when
     /// timing is off.
     fn phase_start(&self) -> Result<Option<Instant>, TrainError> {
-        if self.phase_times.is_none() {
+        if self.timing.phase_times.is_none() {
             return Ok(None);
         }
         kiln_torch_ext::cuda::synchronize(self.device)?;
@@ -412,7 +431,7 @@ impl<'m> Trainer<'m> {
 
     /// Ends a phase begun by [`Self::phase_start`], adding its time.
     fn phase_end(&self, phase: Phase, start: Option<Instant>) -> Result<(), TrainError> {
-        let (Some(cell), Some(start)) = (&self.phase_times, start) else {
+        let (Some(cell), Some(start)) = (&self.timing.phase_times, start) else {
             return Ok(());
         };
         kiln_torch_ext::cuda::synchronize(self.device)?;
@@ -432,7 +451,7 @@ impl<'m> Trainer<'m> {
 
     /// A named range for the profiler's trace, when it is recording.
     fn range(&self, name: &str) -> Result<Option<Range>, TrainError> {
-        Ok(if self.ranges {
+        Ok(if self.timing.ranges {
             Some(Range::new(name)?)
         } else {
             None
@@ -460,32 +479,32 @@ impl<'m> Trainer<'m> {
         if g.world_size() > 1 {
             // A compiled step returns its gradients as outputs, so autograd hooks (c10d's
             // Reducer) never fire: its gradients are averaged after the step instead.
-            self.gradient_sync = Some(if self.model.compiled_step().is_some() {
+            self.ranks.gradient_sync = Some(if self.model.compiled_step().is_some() {
                 Box::new(distributed::AfterBackward)
             } else {
                 g.gradient_sync(&trainable, buckets)?
             });
-            self.retry_oom = false;
+            self.oom.enabled = false;
         }
-        self.place = Some((g.rank(), g.world_size()));
+        self.ranks.place = Some((g.rank(), g.world_size()));
         drop(g);
-        self.group = Some(group);
+        self.ranks.group = Some(group);
         Ok(())
     }
 
     /// The number of ranks training together (1 outside data-parallel training).
     pub fn world(&self) -> usize {
-        self.place.map_or(1, |(_, world)| world)
+        self.ranks.place.map_or(1, |(_, world)| world)
     }
 
     /// This process's rank (0 outside data-parallel training).
     pub fn rank(&self) -> usize {
-        self.place.map_or(0, |(rank, _)| rank)
+        self.ranks.place.map_or(0, |(rank, _)| rank)
     }
 
     /// The mean of `m` over the ranks (`m` itself outside data-parallel training).
     pub(crate) fn across_ranks(&self, m: Metrics) -> Result<Metrics, TrainError> {
-        match &self.group {
+        match &self.ranks.group {
             Some(g) => distributed::average_metrics(g, m)
                 .map_err(|e| self.in_ranks("averaging the logged metrics", false, e)),
             None => Ok(m),
@@ -500,7 +519,7 @@ impl<'m> Trainer<'m> {
         ckpt: &crate::checkpoint::Checkpoint,
     ) -> Result<(), TrainError> {
         let saved = ckpt.meta.world_size.unwrap_or(1);
-        let world = self.place.map_or(1, |(_, world)| world as u64);
+        let world = self.ranks.place.map_or(1, |(_, world)| world as u64);
         if saved == world || ckpt.meta.batch == 0 {
             return Ok(());
         }
@@ -525,15 +544,15 @@ impl<'m> Trainer<'m> {
     /// step and count the votes while the next one runs: a stop asked during step k ends the
     /// run after step k + 1 on every rank.
     pub(crate) fn stop_together(&mut self, asked: bool) -> Result<bool, TrainError> {
-        let Some(group) = &self.group else {
+        let Some(group) = &self.ranks.group else {
             return Ok(asked);
         };
-        if self.gradient_sync.is_none() {
+        if self.ranks.gradient_sync.is_none() {
             return Ok(asked);
         }
         let started = distributed::lock(group).start_stop_vote(asked);
         let vote = started.map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
-        let Some(previous) = self.stop_vote.replace(vote) else {
+        let Some(previous) = self.ranks.stop_vote.replace(vote) else {
             return Ok(false);
         };
         previous
@@ -544,7 +563,7 @@ impl<'m> Trainer<'m> {
     /// `e` named as a failed collective of this rank (see [`distributed::collective_error`]);
     /// outside data-parallel training, `e` itself.
     fn in_ranks(&self, what: &str, backward: bool, e: TrainError) -> TrainError {
-        match self.place {
+        match self.ranks.place {
             Some((rank, world)) => distributed::collective_error(rank, world, what, e, backward),
             None => e,
         }
@@ -552,7 +571,8 @@ impl<'m> Trainer<'m> {
 
     /// Averages this step's gradients over the ranks, where that was not done during backward.
     fn sync_gradients(&mut self) -> Result<(), TrainError> {
-        let (Some(group), Some(sync)) = (&self.group, self.gradient_sync.as_mut()) else {
+        let (Some(group), Some(sync)) = (&self.ranks.group, self.ranks.gradient_sync.as_mut())
+        else {
             return Ok(());
         };
         let grads: Vec<Tensor> = self
@@ -568,17 +588,17 @@ impl<'m> Trainer<'m> {
     /// Whether a step that runs out of memory is retried in micro-batches (on by default;
     /// the batch-size search turns it off to see the failure).
     pub fn set_retry_out_of_memory(&mut self, retry: bool) {
-        self.retry_oom = retry;
+        self.oom.enabled = retry;
     }
 
     /// Steps retried in smaller micro-batches after running out of memory.
     pub fn oom_retries(&self) -> u64 {
-        self.oom_retries
+        self.oom.retries
     }
 
     /// How many micro-batches each batch is split into (1 until memory ran out).
     pub fn micro_batch_split(&self) -> u64 {
-        self.split
+        self.oom.split
     }
 
     pub fn settings(&self) -> &TrainSettings {
@@ -686,12 +706,12 @@ impl<'m> Trainer<'m> {
                         grad_norm,
                     });
                 }
-                Err(e) if self.retry_oom && e.is_out_of_memory() => {
+                Err(e) if self.oom.enabled && e.is_out_of_memory() => {
                     self.optimizer.zero_grad()?;
                     if self.device.is_cuda() {
                         kiln_torch_ext::memory::empty_cache()?;
                     }
-                    let micro = largest.div_ceil(self.split);
+                    let micro = largest.div_ceil(self.oom.split);
                     if micro <= 1 {
                         return Err(TrainError::OutOfMemory {
                             step: self.steps_done + 1,
@@ -700,13 +720,13 @@ impl<'m> Trainer<'m> {
                             message: crate::error::first_line(&e.to_string()),
                         });
                     }
-                    self.split *= 2;
-                    self.oom_retries += 1;
+                    self.oom.split *= 2;
+                    self.oom.retries += 1;
                     tracing::warn!(
                         "out of memory at step {} in micro-batches of {micro}; freed cached memory, \
                          retrying in micro-batches of {} (same effective batch)",
                         self.steps_done + 1,
-                        largest.div_ceil(self.split)
+                        largest.div_ceil(self.oom.split)
                     );
                 }
                 Err(e) => return Err(e),
@@ -714,13 +734,13 @@ impl<'m> Trainer<'m> {
         }
     }
 
-    /// Forward and backward over every batch (each split into `self.split` micro-batches),
+    /// Forward and backward over every batch (each split into `self.oom.split` micro-batches),
     /// accumulating gradients; returns the step's metric sums.
     fn accumulate(&mut self, batches: &[DeviceBatch], total: i64) -> Result<BatchSums, TrainError> {
         let mut sums: Option<BatchSums> = None;
         for (b, batch) in batches.iter().enumerate() {
             let rows = batch.targets.size()[0];
-            let chunk = (rows as u64).div_ceil(self.split).max(1) as i64;
+            let chunk = (rows as u64).div_ceil(self.oom.split).max(1) as i64;
             let pieces = if chunk >= rows {
                 vec![(
                     batch.features.shallow_clone(),
@@ -739,7 +759,7 @@ impl<'m> Trainer<'m> {
                 let n = targets.size()[0];
                 // Only the step's last micro-batch all-reduces (PyTorch's `no_sync` before it).
                 let last = b + 1 == batches.len() && i + 1 == count;
-                if let Some(sync) = self.gradient_sync.as_mut() {
+                if let Some(sync) = self.ranks.gradient_sync.as_mut() {
                     let r = sync.before_forward(last);
                     r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
                 }
@@ -784,13 +804,13 @@ impl<'m> Trainer<'m> {
             Some(s) => s.scale_loss(&weighted)?,
             None => weighted,
         };
-        if let (true, Some(sync)) = (last, self.gradient_sync.as_mut()) {
+        if let (true, Some(sync)) = (last, self.ranks.gradient_sync.as_mut()) {
             let r = sync.before_backward(&to_backward);
             r.map_err(|e| self.in_ranks("the gradient reducer", false, e))?;
         }
         let _range = self.range("kiln/backward")?;
         let start = self.phase_start()?;
-        let synced = last && self.gradient_sync.is_some();
+        let synced = last && self.ranks.gradient_sync.is_some();
         to_backward.f_backward().map_err(|e| {
             let what = "backward (its gradients are all-reduced as it runs)";
             self.in_ranks(what, synced, e.into())
@@ -849,22 +869,26 @@ impl<'m> Trainer<'m> {
                 found_inf
             }
             None => {
-                let _ = self.found_inf.f_zero_()?;
-                kiln_torch_ext::optim::amp_unscale(&grads, &self.found_inf, &self.unit)?;
+                let _ = self.health.found_inf.f_zero_()?;
+                kiln_torch_ext::optim::amp_unscale(
+                    &grads,
+                    &self.health.found_inf,
+                    &self.health.unit,
+                )?;
                 if clip && !grads.is_empty() {
                     grad_norm = Some(clip_grad_norm(&grads, self.settings.clip_grad_norm)?);
                 }
-                self.optimizer.step(None, Some(&self.found_inf))?;
-                self.found_inf.shallow_clone()
+                self.optimizer.step(None, Some(&self.health.found_inf))?;
+                self.health.found_inf.shallow_clone()
             }
         };
         let bad = found_inf.f_ne(0.0)?.f_to_kind(Kind::Float)?;
         // With fp16 the scaler's back-off is the remedy (a run often skips a few steps while
         // the scale settles); only without one do bad steps in a row stop the run.
         if self.scaler.is_none() {
-            let _ = self.bad_run.f_add_(&bad)?.f_mul_(&bad)?;
+            let _ = self.health.bad_run.f_add_(&bad)?.f_mul_(&bad)?;
         }
-        let _ = self.skipped_total.f_add_(&bad)?;
+        let _ = self.health.skipped_total.f_add_(&bad)?;
         self.optimizer.zero_grad()?;
         Ok(grad_norm)
     }
@@ -885,12 +909,12 @@ impl<'m> Trainer<'m> {
 
     /// Steps skipped so far for non-finite gradients (synchronises).
     pub fn skipped_steps(&self) -> Result<u64, TrainError> {
-        Ok(scalar(&self.skipped_total)? as u64)
+        Ok(scalar(&self.health.skipped_total)? as u64)
     }
 
     /// Fails once `max_bad_steps` consecutive steps were bad (synchronises).
     fn check_bad_run(&self) -> Result<(), TrainError> {
-        let run = scalar(&self.bad_run)? as u64;
+        let run = scalar(&self.health.bad_run)? as u64;
         if run >= self.settings.max_bad_steps {
             return Err(TrainError::NonFinite {
                 steps: run,
@@ -958,7 +982,7 @@ impl<'m> Trainer<'m> {
                     epoch,
                     batch,
                     batch_size: Some(self.batch_size),
-                    world_size: Some(self.place.map_or(1, |(_, world)| world as u64)),
+                    world_size: Some(self.ranks.place.map_or(1, |(_, world)| world as u64)),
                     loss_scale,
                     loss_scale_growth_tracker: tracker,
                     model_rng: self.model.rng_state(),
@@ -1006,6 +1030,7 @@ impl<'m> Trainer<'m> {
         self.model.set_rng_state(&ckpt.meta.model_rng)?;
         self.steps_done = ckpt.meta.step;
         let _ = self
+            .health
             .skipped_total
             .f_fill_(ckpt.meta.sums.skipped_steps as f64)?;
         Ok(())
