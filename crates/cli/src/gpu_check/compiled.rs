@@ -35,7 +35,8 @@ pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let reference = make_reference(ctx)?;
     let program = ctx.dir.join("model.pt2");
     let (grad_err, worst, fp32) = check_gradients(ctx, &program, &reference)?;
-    let bf16_compile = load(ctx, &program, AmpDtype::Bf16, &input(&reference)?)?;
+    let bf16_vs = nn::VarStore::new(ctx.device);
+    let (bf16_compile, _) = load(&program, AmpDtype::Bf16, &input(&reference)?, &bf16_vs)?;
     let (losses, samples_per_s) = train_bf16(ctx, &program, &reference, false)?;
     let eager: Vec<f64> = serde_json::from_value(reference["losses"].clone())?;
     let graphed = match ctx.cuda() {
@@ -145,25 +146,26 @@ struct Loaded {
 }
 
 /// Loads the program for cross-entropy at `precision` on the device twice: the first load
-/// compiles it (unless cached), the second is timed as a cache hit.
+/// compiles it (unless cached), the second, into `vs`, is timed as a cache hit and returned.
 fn load(
-    ctx: &Ctx,
     program: &Path,
     precision: AmpDtype,
     input: &InputSpec,
-) -> anyhow::Result<Loaded> {
+    vs: &nn::VarStore,
+) -> anyhow::Result<(Loaded, ProgramModel)> {
     let spec = spec(program, precision)?;
     let started = Instant::now();
-    let model = ProgramModel::load(&spec, input, &nn::VarStore::new(ctx.device))?;
+    let first = ProgramModel::load(&spec, input, &nn::VarStore::new(vs.device()))?;
     let first_s = started.elapsed().as_secs_f64();
-    let compile_s = model.compiled().manifest.compile_s;
+    let compile_s = first.compiled().manifest.compile_s;
     let started = Instant::now();
-    ProgramModel::load(&spec, input, &nn::VarStore::new(ctx.device))?;
-    Ok(Loaded {
+    let model = ProgramModel::load(&spec, input, vs)?;
+    let loaded = Loaded {
         compile_s,
         compiled_now: first_s >= compile_s,
         hit_s: started.elapsed().as_secs_f64(),
-    })
+    };
+    Ok((loaded, model))
 }
 
 fn spec(program: &Path, precision: AmpDtype) -> anyhow::Result<ProgramSpec<'_>> {
@@ -184,13 +186,11 @@ fn check_gradients(
     program: &Path,
     reference: &Value,
 ) -> anyhow::Result<(f64, String, Loaded)> {
-    let input = input(reference)?;
-    let loaded = load(ctx, program, AmpDtype::None, &input)?;
+    let vs = nn::VarStore::new(ctx.device);
+    let (loaded, model) = load(program, AmpDtype::None, &input(reference)?, &vs)?;
     let n = reference["grad_batch"].as_i64().context("grad_batch")?;
     let x = tensor(&reference["x"], Kind::Float, ctx.device)?.narrow(0, 0, n);
     let y = tensor(&reference["y"], Kind::Int64, ctx.device)?.narrow(0, 0, n);
-    let vs = nn::VarStore::new(ctx.device);
-    let model = ProgramModel::load(&spec(program, AmpDtype::None)?, &input, &vs)?;
     let step = kiln_train::model::Model::compiled_step(&model).context("no compiled step")?;
     let (_loss, _output) = step.step(&x, &y, 1.0, None)?;
     let vars = vs.variables();

@@ -45,7 +45,6 @@ pub(super) struct Captured {
     graph: CudaGraph,
     targets: Tensor,
     judged: u64,
-    sums_len: i64,
     norm: bool,
 }
 
@@ -137,10 +136,12 @@ impl Trainer<'_> {
         };
         c.targets.shallow_clone().f_copy_(&batch.targets)?;
         let out = c.graph.replay(&batch.features)?;
-        let values = out.f_narrow(0, 0, c.sums_len)?;
-        let grad_norm = match c.norm {
-            true => Some(out.f_narrow(0, c.sums_len, 1)?.f_view([])?),
-            false => None,
+        let sums_len = crate::loss::sums_len(self.metric);
+        let values = out.f_narrow(0, 0, sums_len)?;
+        let grad_norm = if c.norm {
+            Some(out.f_narrow(0, sums_len, 1)?.f_view([])?)
+        } else {
+            None
         };
         let sums = BatchSums {
             values,
@@ -166,7 +167,6 @@ impl Trainer<'_> {
         targets.f_copy_(&batch.targets)?;
         let judged = Cell::new(0);
         let norm = Cell::new(false);
-        let sums_len = crate::loss::sums_len(self.metric);
         let this = RefCell::new(&mut *self);
         let graph = CudaGraph::capture_relaxed(&batch.features, 0, |x| {
             let mut t = this.borrow_mut();
@@ -179,7 +179,6 @@ impl Trainer<'_> {
             graph,
             targets,
             judged: judged.get(),
-            sums_len,
             norm: norm.get(),
         })
     }
