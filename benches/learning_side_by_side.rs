@@ -381,8 +381,8 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
             "precision": precision_name(precision),
             "threads": tch::get_num_threads(),
             "losses": losses,
-            "held_out_loss": eval.metrics.loss,
-            "held_out_accuracy": eval.metrics.accuracy,
+            "held_out_loss": eval.metrics.loss(),
+            "held_out_accuracy": eval.metrics.get("accuracy"),
             "seconds": start.elapsed().as_secs_f64(),
         })
     );

@@ -216,7 +216,7 @@ struct Epochs(Vec<Value>);
 impl Observer for Epochs {
     fn on_epoch(&mut self, r: &EpochRecord) -> std::result::Result<(), kiln_train::TrainError> {
         self.0.push(json!({
-            "epoch": r.epoch, "val_loss": r.val_loss, "val_accuracy": r.val_accuracy
+            "epoch": r.epoch, "val_loss": r.val.get("loss"), "val_accuracy": r.val.get("accuracy")
         }));
         Ok(())
     }
@@ -278,8 +278,8 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
             "steps": s.steps,
             "threads": tch::get_num_threads(),
             "precision": s.precision,
-            "final_val_loss": s.final_val_loss,
-            "final_val_accuracy": s.final_val_accuracy,
+            "final_val_loss": s.final_val.get("loss"),
+            "final_val_accuracy": s.final_val.get("accuracy"),
             "epochs": epochs.0,
             "seconds": start.elapsed().as_secs_f64(),
         })

@@ -15,7 +15,7 @@ struct Printer;
 
 impl Observer for Printer {
     fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
-        println!("step {} · loss {:.4}", r.step, r.loss);
+        println!("step {} · loss {:.4}", r.step, r.metrics.loss());
         Ok(())
     }
 
@@ -23,8 +23,10 @@ impl Observer for Printer {
         println!(
             "epoch {} · train loss {:.4} · val loss {}",
             e.epoch + 1,
-            e.train_loss,
-            e.val_loss.map_or("-".to_owned(), |l| format!("{l:.4}"))
+            e.train.loss(),
+            e.val
+                .get("loss")
+                .map_or("-".to_owned(), |l| format!("{l:.4}"))
         );
         Ok(())
     }
@@ -53,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         outcome.summary.model,
         outcome.summary.task,
         outcome.summary.loss,
-        outcome.summary.final_val_loss,
+        outcome.summary.final_val.get("loss"),
         outcome.run_dir.display()
     );
     Ok(())

@@ -13,8 +13,35 @@ fn the_regression_example_learns_and_leaves_a_run_directory() {
     for file in ["config.json", "metrics.jsonl", "summary.json", "curves.png"] {
         assert!(outcome.run_dir.join(file).is_file(), "{file}");
     }
-    assert_eq!(outcome.summary.task, "regression");
-    assert!(outcome.summary.final_val_mae.unwrap() < 0.2);
+    let s = &outcome.summary;
+    assert_eq!(s.task, "regression");
+    assert!(s.final_val.get("mae").unwrap() < 0.2);
+    // The example's own metric is reported beside the task's: in the summary, every record of
+    // metrics.jsonl, and the checkpoints' validation values and best values.
+    let within = s.final_val.get("within_0.1").unwrap();
+    assert!((0.0..=1.0).contains(&within), "{within}");
+    assert!(s.best_val.get("within_0.1").unwrap() >= within);
+    let jsonl = std::fs::read_to_string(outcome.run_dir.join("metrics.jsonl")).unwrap();
+    for line in jsonl.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let key = match v["kind"].as_str().unwrap() {
+            "step" => "within_0.1",
+            "epoch" => "val_within_0.1",
+            _ => continue,
+        };
+        assert!(v[key].is_f64(), "{key} missing: {line}");
+    }
+    let ckpts = outcome.run_dir.join("checkpoints");
+    let last = std::fs::read_dir(&ckpts)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .max()
+        .unwrap();
+    let meta = std::fs::read_to_string(last.join("checkpoint.json")).unwrap();
+    let meta: serde_json::Value = serde_json::from_str(&meta).unwrap();
+    assert!(meta["val_metrics"]["val_within_0.1"].is_f64(), "{meta}");
+    assert!(meta["sums"]["best_val"]["within_0.1"].is_f64(), "{meta}");
 }
 
 #[allow(dead_code)] // its `main` is the example's, not the test's
@@ -78,7 +105,7 @@ fn the_own_model_example_trains_an_exported_program_with_python_torch() {
     ];
     let outcome = own_model::train(&program, data, &sets).unwrap();
     assert!(outcome.run_dir.starts_with(&runs));
-    let accuracy = outcome.summary.final_val_accuracy.unwrap();
+    let accuracy = outcome.summary.final_val.get("accuracy").unwrap();
     assert!(
         accuracy > 0.8,
         "the program learned: val accuracy {accuracy}"

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_train::TrainError;
+use kiln_train::metrics::MetricValues;
+use kiln_train::plot::label;
 use kiln_train::record::{
     EpochRecord, Observer, Progress, RunReady, RunStart, StepRecord, Summary,
 };
@@ -102,12 +104,12 @@ impl Observer for ProgressView {
         let scale = r
             .loss_scale
             .map_or(String::new(), |s| format!(" · scale {s}"));
-        let metric = metric_text("", r.accuracy, r.mae, r.rmse);
+        let metric = metric_text("", &r.metrics);
         match &self.bar {
             Some(bar) => bar.set_message(format!(
                 "epoch {} · loss {:.4}{metric} · {:.0} samples/s{scale}",
                 r.epoch + 1,
-                r.loss,
+                r.metrics.loss(),
                 r.samples_per_s
             )),
             None => eprintln!(
@@ -115,7 +117,7 @@ impl Observer for ProgressView {
                 r.step,
                 self.total_steps,
                 r.epoch + 1,
-                r.loss,
+                r.metrics.loss(),
                 r.lr,
                 r.step_time_s * 1e3,
                 r.samples_per_s,
@@ -130,18 +132,15 @@ impl Observer for ProgressView {
     }
 
     fn on_epoch(&mut self, e: &EpochRecord) -> Result<(), TrainError> {
-        let val = match e.val_loss {
-            Some(l) => format!(
-                " · val loss {l:.4}{}",
-                metric_text("val ", e.val_accuracy, e.val_mae, e.val_rmse)
-            ),
+        let val = match e.val.get("loss") {
+            Some(l) => format!(" · val loss {l:.4}{}", metric_text("val ", &e.val)),
             None => String::new(),
         };
-        let train = metric_text("train ", e.train_accuracy, e.train_mae, e.train_rmse);
+        let train = metric_text("train ", &e.train);
         self.line(&format!(
             "epoch {} · train loss {:.4}{train}{val} · {:.1} s · {:.0} samples/s · data wait {}",
             e.epoch + 1,
-            e.train_loss,
+            e.train.loss(),
             e.seconds,
             e.samples_per_s,
             pct(e.data_wait_share),
@@ -153,7 +152,13 @@ impl Observer for ProgressView {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
-        let val = match (s.final_val_accuracy, s.best_val_accuracy, s.final_val_mae) {
+        let (val, best) = (&s.final_val, &s.best_val);
+        let others: Vec<String> = val
+            .iter()
+            .filter(|(n, _)| *n != "loss")
+            .map(|(n, v)| format!("val {} {v:.4}", label(n)))
+            .collect();
+        let val = match (val.get("accuracy"), best.get("accuracy"), val.get("loss")) {
             (Some(f), Some(b), _) => format!(
                 "val accuracy {} (best {}{})",
                 pct(f),
@@ -161,14 +166,9 @@ impl Observer for ProgressView {
                 s.chance_accuracy
                     .map_or(String::new(), |c| format!(", chance {}", pct(c)))
             ),
-            (_, _, Some(mae)) => format!(
-                "val MAE {mae:.4} · val RMSE {:.4}",
-                s.final_val_rmse.unwrap_or(f64::NAN)
-            ),
-            _ => match s.final_val_loss {
-                Some(l) => format!("val loss {l:.4}"),
-                None => "no validation set".to_owned(),
-            },
+            _ if !others.is_empty() => others.join(" · "),
+            (_, _, Some(l)) => format!("val loss {l:.4}"),
+            _ => "no validation set".to_owned(),
         };
         eprintln!(
             "done: {} steps in {:.1} s · {:.1} ms/step · {:.0} samples/s · data wait {} · final train loss {:.4} · {val}{}{}",
@@ -177,7 +177,7 @@ impl Observer for ProgressView {
             s.mean_step_time_s * 1e3,
             s.samples_per_s,
             pct(s.data_wait_share),
-            s.final_train_loss,
+            s.final_train.loss(),
             if s.skipped_steps > 0 {
                 format!(" · {} fp16 steps skipped", s.skipped_steps)
             } else {
@@ -191,12 +191,16 @@ impl Observer for ProgressView {
     }
 }
 
-/// " · acc 93.1 %" for classification, " · MAE 0.1234 · RMSE 0.2345" for regression, nothing
-/// for a loss alone; `prefix` is "", "train " or "val ".
-fn metric_text(prefix: &str, accuracy: Option<f64>, mae: Option<f64>, rmse: Option<f64>) -> String {
-    match (accuracy, mae, rmse) {
-        (Some(a), _, _) => format!(" · {prefix}acc {}", pct(a)),
-        (None, Some(m), Some(r)) => format!(" · {prefix}MAE {m:.4} · {prefix}RMSE {r:.4}"),
-        _ => String::new(),
-    }
+/// The metrics besides the loss: " · acc 93.1 %" for classification, " · MAE 0.1234 ·
+/// RMSE 0.2345" for regression, " · <name> <value>" for any other, nothing for a loss alone;
+/// `prefix` is "", "train " or "val ".
+fn metric_text(prefix: &str, values: &MetricValues) -> String {
+    values
+        .iter()
+        .filter(|(n, _)| *n != "loss")
+        .map(|(n, v)| match n {
+            "accuracy" => format!(" · {prefix}acc {}", pct(v)),
+            other => format!(" · {prefix}{} {v:.4}", label(other)),
+        })
+        .collect()
 }

@@ -200,3 +200,111 @@ fn resume_with_every_checkpoint_damaged_names_them_and_moves_nothing() {
     after.sort();
     assert_eq!(after, names, "nothing was moved, removed or added");
 }
+
+/// Copies the directory tree `from` to `to`.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A checkpoint of format version 1 (running sums as fixed fields, before metrics were named)
+/// resumes. `tests/fixtures/v1-run` is a run the kiln of that format wrote (an fp32 MLP on
+/// the CPU, checkpointing every 5 steps); it is resumed from step 10, in the middle of its
+/// second epoch, and logs what that kiln logged uninterrupted: the open log interval's and the
+/// epoch's sums and the best validation accuracy carry over from the old checkpoint. (Within
+/// 1e-4: the fixture was written on another CPU.)
+#[test]
+fn a_version_1_checkpoint_resumes_and_logs_what_its_own_run_logged() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-run");
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("v1-20261126-145741");
+    copy_tree(&fixture, &run);
+    let ckpt = run.join("checkpoints/step-000000010");
+    let out = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--precision",
+        "fp32",
+        "--workers",
+        "1",
+        "--batch-size",
+        "32",
+        "--run-name",
+        "v1",
+        "--set",
+        "model.hidden=8",
+        "--set",
+        "data.synthetic_samples=256",
+        "--set",
+        "checkpoint.every_steps=5",
+        "--set",
+        "checkpoint.keep_last=10",
+        "--set",
+        "train.log_interval=4",
+        "--set",
+        &format!("run.output_dir={}", tmp.path().display()),
+        "--resume",
+        ckpt.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let after_step_10 = |run: &Path| -> Vec<Value> {
+        std::fs::read_to_string(run.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|v| match v["kind"].as_str() {
+                Some("step") => v["step"].as_u64().is_some_and(|s| s > 10),
+                Some("epoch") => v["epoch"] == 1,
+                _ => false,
+            })
+            .collect()
+    };
+    let (theirs, ours) = (after_step_10(&fixture), after_step_10(&run));
+    assert_eq!(theirs.len(), 3, "steps 12 and 14, then epoch 2: {theirs:?}");
+    assert_eq!(ours.len(), theirs.len(), "{ours:?}");
+    for (a, b) in theirs.iter().zip(&ours) {
+        let keys = [
+            "loss",
+            "accuracy",
+            "train_loss",
+            "train_accuracy",
+            "val_loss",
+        ];
+        for key in keys.into_iter().chain(["val_accuracy"]) {
+            match (a[key].as_f64(), b[key].as_f64()) {
+                (Some(x), Some(y)) => assert!(
+                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                    "{key}: {x} logged uninterrupted, {y} resumed\n{a}\n{b}"
+                ),
+                (x, y) => assert_eq!(x, y, "{key}\n{a}\n{b}"),
+            }
+        }
+    }
+    let summary = |dir: &Path| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap()).unwrap()
+    };
+    let (theirs, ours) = (summary(&fixture), summary(&run));
+    for key in [
+        "final_train_loss",
+        "best_val_accuracy",
+        "final_val_accuracy",
+    ] {
+        let (x, y) = (theirs[key].as_f64().unwrap(), ours[key].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+            "{key}: {x} vs {y}"
+        );
+    }
+}

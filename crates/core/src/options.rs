@@ -166,6 +166,12 @@ impl MetricName {
     pub const fn higher_is_better(self) -> bool {
         matches!(self, Self::Accuracy)
     }
+
+    /// The metric's own name, as records carry it (`accuracy`; its validation value is
+    /// `val_accuracy`).
+    pub fn key(self) -> &'static str {
+        self.as_str().trim_start_matches("val_")
+    }
 }
 
 option_enum! {

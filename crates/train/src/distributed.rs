@@ -12,7 +12,6 @@ pub use kiln_torch_ext::dist::Buckets;
 use kiln_torch_ext::dist::Reducer;
 
 use crate::TrainError;
-use crate::tally::Metrics;
 
 /// A process group as the trainer uses it (torch-ext's c10d group implements it; tests use an
 /// in-process one).
@@ -192,25 +191,25 @@ pub fn collective_error(
     }
 }
 
-/// `m` averaged over the ranks (each rank's interval holds as many samples, so the mean of the
-/// means is the mean over every sample). A metric one rank lacks is lacking everywhere.
-pub fn average_metrics(group: &SharedGroup, m: Metrics) -> Result<Metrics, TrainError> {
+/// `sums` and `samples` added up over the ranks (every rank holds the same metrics, so the
+/// sums line up); their own with one rank.
+pub fn sum_over_ranks(
+    group: &SharedGroup,
+    sums: Vec<f64>,
+    samples: u64,
+) -> Result<(Vec<f64>, u64), TrainError> {
     let mut g = lock(group);
-    if g.world_size() == 1 {
-        return Ok(m);
+    let world = g.world_size();
+    if world == 1 {
+        return Ok((sums, samples));
     }
-    let or0 = |v: Option<f64>| v.unwrap_or(0.0);
-    // RMSE is averaged as its square (the mean squared error), then rooted.
-    let values = [m.loss, or0(m.accuracy), or0(m.mae), or0(m.rmse).powi(2)];
+    let mut values = sums;
+    values.push(samples as f64);
     let t = Tensor::f_from_slice(&values)?.f_to_kind(Kind::Double)?;
     g.all_reduce_mean(std::slice::from_ref(&t))?;
-    let v: Vec<f64> = Vec::<f64>::try_from(&t)?;
-    Ok(Metrics {
-        loss: v[0],
-        accuracy: m.accuracy.map(|_| v[1]),
-        mae: m.mae.map(|_| v[2]),
-        rmse: m.rmse.map(|_| v[3].sqrt()),
-    })
+    let mut total: Vec<f64> = Vec::<f64>::try_from(&t.f_mul_scalar(world as f64)?)?;
+    let samples = total.pop().unwrap_or_default().round() as u64;
+    Ok((total, samples))
 }
 
 /// The smallest of every rank's `value` (each rank posts its value in its own slot; the

@@ -34,7 +34,7 @@
 //!     },
 //!     data,
 //! )?;
-//! println!("val MAE {:?} in {}", outcome.summary.final_val_mae, outcome.run_dir.display());
+//! println!("val MAE {:?} in {}", outcome.summary.final_val.get("mae"), outcome.run_dir.display());
 //! # Ok(()) }
 //! ```
 
@@ -65,6 +65,7 @@ pub struct LearnerBuilder {
     stop: Option<Arc<AtomicBool>>,
     cache_batch_sizes: bool,
     join_ranks: bool,
+    metrics: Vec<Arc<dyn crate::metrics::Metric>>,
 }
 
 impl LearnerBuilder {
@@ -124,6 +125,14 @@ impl LearnerBuilder {
         self
     }
 
+    /// Reports `metric` besides the task's (the loss, and accuracy or MAE and RMSE): in the
+    /// records, the summary, `metrics.jsonl` and checkpoints, by its name. A metric is a type
+    /// implementing [`crate::metrics::Metric`]: sums per batch on the device, a value from them.
+    pub fn metric(mut self, metric: Arc<dyn crate::metrics::Metric>) -> Self {
+        self.metrics.push(metric);
+        self
+    }
+
     /// Detects the machine, picks the device and profile, and resolves the settings (and
     /// joins the launched ranks, see [`Self::join_launched_ranks`]).
     pub fn build(self) -> Result<Learner, TrainError> {
@@ -152,6 +161,7 @@ impl LearnerBuilder {
                     None
                 },
                 group,
+                metrics: self.metrics,
             },
         })
     }

@@ -16,6 +16,7 @@ pub mod feed;
 pub mod init;
 pub mod learner;
 pub mod loss;
+pub mod metrics;
 pub mod model;
 pub mod models;
 pub mod monitor;
@@ -31,7 +32,6 @@ pub mod scaler;
 pub mod schedule;
 pub mod script;
 pub mod source;
-pub mod tally;
 pub mod trainer;
 pub mod weights;
 
@@ -42,12 +42,12 @@ pub use error::TrainError;
 pub mod prelude {
     pub use crate::TrainError;
     pub use crate::learner::{Learner, LearnerBuilder};
+    pub use crate::metrics::{BatchOutput, Metric, MetricValues};
     pub use crate::model::InputSpec;
     pub use crate::model::{Model, TchModule};
     pub use crate::record::{EpochRecord, Observer, Silent, StepRecord, Summary};
     pub use crate::run::{Resume, RunData, RunOutcome};
     pub use crate::script::ScriptModel;
-    pub use crate::tally::Metrics;
     pub use kiln_data::{Dataset, InMemory, ShardedDataset, TargetSlot, TargetSpec, Targets};
     pub use tch::{self, Device, Kind, Tensor, nn};
 }

@@ -1,7 +1,6 @@
 //! The loss a run minimises (cross-entropy, MSE, L1, Huber, BCE with logits, or the model's
-//! own) and the metrics that follow the task (accuracy per element for classes and
-//! multi-label targets, MAE and RMSE for regression), summed on the device without a host
-//! synchronisation.
+//! own), and which of [`crate::metrics`]' sets the task reports (accuracy per element for
+//! classes and multi-label targets, MAE and RMSE for regression).
 
 use kiln_config::LossKind;
 use kiln_config::keys;
@@ -9,6 +8,7 @@ use kiln_data::TargetSpec;
 use tch::{Kind, Reduction, Tensor};
 
 use crate::TrainError;
+use crate::metrics::{MetricKind, one_value_per_sample};
 use crate::model::Model;
 
 /// A resolved loss (never `auto`).
@@ -21,18 +21,6 @@ pub enum Loss {
     BceWithLogits,
     /// The model's own [`Model::loss`].
     Module,
-}
-
-/// What a run reports besides its loss.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetricKind {
-    /// Share of elements right: arg-max over dimension 1 (classes) or logit > 0 (multi-label).
-    Accuracy,
-    /// Mean absolute and root-mean-square error.
-    Regression,
-    /// The loss alone (a module's own loss on value targets: its output need not be shaped
-    /// like the target, e.g. quantiles).
-    LossOnly,
 }
 
 impl Loss {
@@ -129,7 +117,7 @@ impl Loss {
         if self == Loss::Module {
             return model.loss(output, target);
         }
-        let output = &one_value_per_sample(self, output, target)?;
+        let output = &per_sample_for(self, output, target)?;
         check_shapes(self, output, target)?;
         if let Some(c) =
             classes.filter(|&c| self == Loss::CrossEntropy && output.size()[1] < c as i64)
@@ -160,16 +148,12 @@ impl Loss {
 }
 
 /// An output `[B, 1]` for targets `[B]` (one value per sample) as `[B]`; others as they are.
-fn one_value_per_sample(
-    loss: Loss,
-    output: &Tensor,
-    target: &Tensor,
-) -> Result<Tensor, TrainError> {
-    let (out, tgt) = (output.size(), target.size());
-    if loss != Loss::CrossEntropy && out.len() == tgt.len() + 1 && out.last() == Some(&1) {
-        return Ok(output.f_squeeze_dim(-1)?);
+/// (Cross-entropy's `[B, 1]` is one class score per sample and stays as it is.)
+fn per_sample_for(loss: Loss, output: &Tensor, target: &Tensor) -> Result<Tensor, TrainError> {
+    match loss {
+        Loss::CrossEntropy => Ok(output.shallow_clone()),
+        _ => one_value_per_sample(output, target),
     }
-    Ok(output.shallow_clone())
 }
 
 /// The output shape a loss needs for a target of `target` shape, or an error naming both.
@@ -209,90 +193,6 @@ fn check_shapes(loss: Loss, output: &Tensor, target: &Tensor) -> Result<(), Trai
         expected,
         got: format!("the model's output has shape {out:?}"),
     })
-}
-
-/// One batch's metric sums: on the device, as few values as the metric needs (f32; a tally
-/// adds them up in f64), and on the host the number of target elements they judged.
-#[derive(Debug)]
-pub struct BatchSums {
-    /// `[loss × samples, right]` (accuracy), `[loss × samples, |error|, error²]` (regression),
-    /// `[loss × samples]` (the loss alone).
-    pub values: Tensor,
-    /// Target elements an accuracy or error was measured on (0 when the output's layout does
-    /// not allow it, e.g. a module's own loss on quantiles).
-    pub judged: u64,
-}
-
-impl BatchSums {
-    /// Adds `other` (another micro-batch of the same step).
-    pub fn add(&mut self, other: &BatchSums) -> Result<(), TrainError> {
-        self.values = self.values.f_add(&other.values)?;
-        self.judged += other.judged;
-        Ok(())
-    }
-}
-
-/// How many values [`BatchSums::values`] holds for `metric`.
-pub fn sums_len(metric: MetricKind) -> i64 {
-    match metric {
-        MetricKind::Accuracy => 2,
-        MetricKind::Regression => 3,
-        MetricKind::LossOnly => 1,
-    }
-}
-
-/// Per-batch sums of a run's metrics (see [`BatchSums`]), with no host synchronisation.
-pub fn batch_sums(
-    metric: MetricKind,
-    loss: &Tensor,
-    output: &Tensor,
-    target: &Tensor,
-) -> Result<BatchSums, TrainError> {
-    let n = target.size().first().copied().unwrap_or(0) as f64;
-    let weighted = loss.f_detach()?.f_mul_scalar(n)?.f_to_kind(Kind::Float)?;
-    let output = one_value_per_sample(Loss::Mse, &output.f_detach()?, target)?;
-    let (out, tgt) = (output.size(), target.size());
-    let numel = target.numel() as u64;
-    let (values, judged) = match metric {
-        MetricKind::Accuracy => match correct(&output, target)? {
-            Some(right) => (Tensor::f_stack(&[weighted, right], 0)?, numel),
-            None => {
-                let zero = Tensor::f_zeros([1], (Kind::Float, output.device()))?;
-                (Tensor::f_cat(&[weighted.f_view([1])?, zero], 0)?, 0)
-            }
-        },
-        MetricKind::Regression if out == tgt => {
-            let err = output.f_to_kind(Kind::Float)?.f_sub(target)?;
-            let abs = err.f_abs()?.f_sum(Kind::Float)?;
-            let sq = err.f_square()?.f_sum(Kind::Float)?;
-            (Tensor::f_stack(&[weighted, abs, sq], 0)?, numel)
-        }
-        MetricKind::Regression => {
-            let zero = Tensor::f_zeros([2], (Kind::Float, output.device()))?;
-            (Tensor::f_cat(&[weighted.f_view([1])?, zero], 0)?, 0)
-        }
-        MetricKind::LossOnly => (weighted.f_view([1])?, 0),
-    };
-    Ok(BatchSums { values, judged })
-}
-
-/// Right elements: class targets by arg-max over dimension 1, value targets (multi-label) by
-/// the sign of the logit against a 0.5 threshold; `None` for an output that cannot be judged
-/// that way (a module's own loss on another layout).
-fn correct(output: &Tensor, target: &Tensor) -> Result<Option<Tensor>, TrainError> {
-    let (out, tgt) = (output.size(), target.size());
-    let right = if target.is_floating_point() && out == tgt {
-        output.f_gt(0.0)?.f_eq_tensor(&target.f_gt(0.5)?)?
-    } else if !target.is_floating_point()
-        && out.len() == tgt.len() + 1
-        && out[0] == tgt[0]
-        && out[2..] == tgt[1..]
-    {
-        output.f_argmax(1, false)?.f_eq_tensor(target)?
-    } else {
-        return Ok(None);
-    };
-    Ok(Some(right.f_sum(Kind::Float)?))
 }
 
 #[cfg(test)]
@@ -359,50 +259,5 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("5 class scores"), "{e}");
-    }
-
-    #[test]
-    fn metric_sums_judge_what_they_can() {
-        let zero = Tensor::from(0.0f32);
-        // Per-pixel accuracy: 3 of 4 pixels right.
-        let logits = values(&[1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0], &[1, 2, 2, 2]);
-        let mask = Tensor::from_slice(&[0i64, 0, 1, 0]).view([1, 2, 2]);
-        let sums = batch_sums(MetricKind::Accuracy, &zero, &logits, &mask).unwrap();
-        assert_eq!(Vec::<f32>::try_from(&sums.values).unwrap(), [0.0, 3.0]);
-        assert_eq!(sums.judged, 4);
-        // Multi-label: logit sign against 0/1 labels.
-        let sums = batch_sums(
-            MetricKind::Accuracy,
-            &zero,
-            &values(&[2.0, -1.0, 0.5], &[1, 3]),
-            &values(&[1.0, 0.0, 0.0], &[1, 3]),
-        )
-        .unwrap();
-        assert_eq!(Vec::<f32>::try_from(&sums.values).unwrap(), [0.0, 2.0]);
-        assert_eq!(sums.judged, 3);
-        // Regression: |e| and e² over every element.
-        let sums = batch_sums(
-            MetricKind::Regression,
-            &Tensor::from(2.0f32),
-            &values(&[1.0, 2.0], &[2, 1]),
-            &values(&[0.0, 4.0], &[2]),
-        )
-        .unwrap();
-        assert_eq!(Vec::<f32>::try_from(&sums.values).unwrap(), [4.0, 3.0, 5.0]);
-        assert_eq!(sums.judged, 2);
-        // An output of another layout (a module's own loss) is not judged: no accuracy at all.
-        let sums = batch_sums(
-            MetricKind::Accuracy,
-            &zero,
-            &values(&[1.0, 2.0, 3.0], &[1, 3]),
-            &Tensor::from_slice(&[0i64, 1]).view([1, 2]),
-        )
-        .unwrap();
-        assert_eq!(sums.judged, 0);
-        let saved = crate::tally::Saved {
-            samples: 1,
-            ..Default::default()
-        };
-        assert_eq!(saved.metrics(MetricKind::Accuracy).accuracy, None);
     }
 }

@@ -41,23 +41,15 @@ pub struct Series {
 }
 
 /// What to draw: a title, the loss curves (left panel) and the metric curves (right panel:
-/// accuracy, or an error such as MAE for regression).
+/// accuracy, an error such as MAE for regression, or any metric the run reports).
 #[derive(Debug, Clone, Copy)]
 pub struct PlotSpec<'a> {
     pub title: &'a str,
     pub loss: &'a [Series],
     pub accuracy: &'a [Series],
-    /// What the right panel's curves are.
-    pub metric: Metric,
-}
-
-/// The right panel's metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Metric {
-    /// A fraction in [0, 1].
-    Accuracy,
-    /// Mean absolute error, scaled to its values.
-    Mae,
+    /// The name of the right panel's metric (`accuracy`, a fraction in [0, 1]; any other is
+    /// scaled to its values).
+    pub metric: &'a str,
 }
 
 /// What can go wrong while writing a plot; every variant names the file at fault.
@@ -146,10 +138,18 @@ fn render(rgb: &mut [u8], spec: &PlotSpec<'_>) -> Result<(), String> {
     let (left, right) = body.split_horizontally(PLOT_WIDTH / 2);
     draw_panel(&left, "loss", spec.loss, Panel::Loss)?;
     match spec.metric {
-        Metric::Accuracy => draw_panel(&right, "accuracy", spec.accuracy, Panel::Accuracy)?,
-        Metric::Mae => draw_panel(&right, "MAE", spec.accuracy, Panel::Loss)?,
+        "accuracy" => draw_panel(&right, "accuracy", spec.accuracy, Panel::Accuracy)?,
+        other => draw_panel(&right, &label(other), spec.accuracy, Panel::Loss)?,
     }
     root.present().map_err(|e| e.to_string())
+}
+
+/// A metric's name as a panel shows it (`mae` as MAE).
+pub fn label(metric: &str) -> String {
+    match metric {
+        "mae" | "rmse" => metric.to_uppercase(),
+        other => other.to_owned(),
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -443,7 +443,7 @@ mod tests {
             title: "run 42: resnet18 on cifar10",
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         let (_dir, bytes) = write(&spec);
         let (w, h, pixels) = decode(&bytes);
@@ -460,7 +460,7 @@ mod tests {
             title: "first title",
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         let b = PlotSpec {
             title: "a rather different title",
@@ -489,7 +489,7 @@ mod tests {
             title: "nothing yet",
             loss: &[],
             accuracy: &[],
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         let (_dir, bytes) = write(&spec);
         assert_eq!(decode(&bytes).0, PLOT_WIDTH);
@@ -500,7 +500,7 @@ mod tests {
             title: "empty series",
             loss: &empty,
             accuracy: &empty,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         let (_dir, bytes) = write(&spec);
         assert_eq!(decode(&bytes).1, PLOT_HEIGHT);
@@ -514,7 +514,7 @@ mod tests {
             title: "one epoch",
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         sample("single", &spec);
         let (_dir, bytes) = write(&spec);
@@ -542,7 +542,7 @@ mod tests {
             title: "diverged",
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         sample("nonfinite", &spec);
         let (_dir, bytes) = write(&spec);
@@ -557,7 +557,7 @@ mod tests {
             title: "edge cases",
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         sample("edge", &spec);
         let (_dir, bytes) = write(&spec);
@@ -578,7 +578,7 @@ mod tests {
             title: "extreme",
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         sample("extreme", &spec);
         let (_dir, bytes) = write(&spec);
@@ -605,7 +605,7 @@ mod tests {
                 title: "awkward",
                 loss: &loss,
                 accuracy: &accuracy,
-                metric: Metric::Accuracy,
+                metric: "accuracy",
             };
             write_training_plot(&path, &spec).expect("plot written");
         }
@@ -620,7 +620,7 @@ mod tests {
             title: &format!("ünïcödé ✓ 日本語 🚀 {long}"),
             loss: &loss,
             accuracy: &accuracy,
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         sample("text", &spec);
         let (_dir, bytes) = write(&spec);
@@ -635,7 +635,7 @@ mod tests {
             title: "t",
             loss: &[],
             accuracy: &[],
-            metric: Metric::Accuracy,
+            metric: "accuracy",
         };
         let err = write_training_plot(&path, &spec).expect_err("must fail");
         assert!(matches!(err, PlotError::Write { .. }), "{err:?}");

@@ -4,6 +4,7 @@
 use serde::Serialize;
 
 use crate::TrainError;
+use crate::metrics::MetricValues;
 use crate::monitor::MemorySample;
 
 /// Facts fixed at the start of a run.
@@ -14,6 +15,8 @@ pub struct RunStart {
     pub task: String,
     /// The loss minimised (cross_entropy, mse, …, or module).
     pub loss: String,
+    /// The metrics reported, by name (`loss` first; see [`crate::metrics`]).
+    pub metrics: Vec<String>,
     pub parameters: usize,
     pub device: String,
     /// fp32, fp16 or bf16.
@@ -60,13 +63,10 @@ pub struct StepRecord {
     pub step: u64,
     /// Fractional epoch at the end of the interval (for plots).
     pub epoch_progress: f64,
-    /// Mean training loss over the interval.
-    pub loss: f64,
-    /// Share of target elements right (classification tasks).
-    pub accuracy: Option<f64>,
-    /// Mean absolute and root-mean-square error per target element (regression).
-    pub mae: Option<f64>,
-    pub rmse: Option<f64>,
+    /// The training metrics over the interval by name (`loss`, and `accuracy` or `mae` and
+    /// `rmse`, as the task has them; see [`crate::metrics`]).
+    #[serde(flatten)]
+    pub metrics: MetricValues,
     pub lr: f64,
     /// The loss scale (fp16 only).
     pub loss_scale: Option<f64>,
@@ -85,14 +85,12 @@ pub struct StepRecord {
 pub struct EpochRecord {
     pub kind: &'static str,
     pub epoch: u64,
-    pub train_loss: f64,
-    pub train_accuracy: Option<f64>,
-    pub train_mae: Option<f64>,
-    pub train_rmse: Option<f64>,
-    pub val_loss: Option<f64>,
-    pub val_accuracy: Option<f64>,
-    pub val_mae: Option<f64>,
-    pub val_rmse: Option<f64>,
+    /// The epoch's training metrics by name, written `train_loss`, `train_accuracy`, ….
+    #[serde(flatten, serialize_with = "train_")]
+    pub train: MetricValues,
+    /// The validation metrics by name, written `val_loss`, … (none without validation data).
+    #[serde(flatten, serialize_with = "val_")]
+    pub val: MetricValues,
     pub seconds: f64,
     pub samples_per_s: f64,
     pub data_wait_share: f64,
@@ -118,12 +116,16 @@ pub struct Summary {
     pub samples_per_s: f64,
     pub data_wait_share: f64,
     pub skipped_steps: u64,
-    pub final_train_loss: f64,
-    pub final_val_loss: Option<f64>,
-    pub final_val_accuracy: Option<f64>,
-    pub best_val_accuracy: Option<f64>,
-    pub final_val_mae: Option<f64>,
-    pub final_val_rmse: Option<f64>,
+    /// The last epoch's training metrics, written `final_train_loss`, ….
+    #[serde(flatten, serialize_with = "final_train_")]
+    pub final_train: MetricValues,
+    /// The last validation, written `final_val_loss`, `final_val_accuracy`, ….
+    #[serde(flatten, serialize_with = "final_val_")]
+    pub final_val: MetricValues,
+    /// The best validation value of each metric over the run (the highest accuracy, the lowest
+    /// loss, …), written `best_val_accuracy`, ….
+    #[serde(flatten, serialize_with = "best_val_")]
+    pub best_val: MetricValues,
     /// Accuracy a model guessing uniformly would get (classification).
     pub chance_accuracy: Option<f64>,
     pub memory: MemorySample,
@@ -132,6 +134,18 @@ pub struct Summary {
     /// The profiler traces written (`runs/<run>/profiler_traces/…`).
     pub profiler_traces: Vec<std::path::PathBuf>,
 }
+
+/// Metric values written behind their prefix in records (`train_loss`, `val_accuracy`, …).
+macro_rules! under {
+    ($($f:ident => $prefix:literal),+) => {$(
+        fn $f<S: serde::Serializer>(v: &MetricValues, s: S) -> Result<S::Ok, S::Error> {
+            v.serialize_under($prefix, s)
+        }
+    )+};
+}
+
+under!(train_ => "train_", val_ => "val_", final_train_ => "final_train_",
+    final_val_ => "final_val_", best_val_ => "best_val_");
 
 /// Receives a run's reports. Every method has a do-nothing default; an error stops the run.
 pub trait Observer {

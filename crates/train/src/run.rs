@@ -86,6 +86,8 @@ pub struct RunControl {
     /// The ranks of a data-parallel run (`None`: this process trains alone). Rank 0 alone
     /// writes the run directory, metrics and checkpoints.
     pub group: Option<crate::distributed::SharedGroup>,
+    /// Metrics reported besides the task's (see [`crate::metrics::Metric`]).
+    pub metrics: Vec<Arc<dyn crate::metrics::Metric>>,
 }
 
 /// The newest run directory named `<name>-…` under `output_dir` that has checkpoints.
@@ -557,6 +559,9 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
     drop(generator);
     let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
     let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
+    for metric in &control.metrics {
+        trainer.add_metric(metric.clone())?;
+    }
     let (rank, world_size) = match &control.group {
         Some(group) => {
             crate::distributed::check_same_setup(group, &setup_of(&plan, &vs, data.train.len()))?;

@@ -12,7 +12,7 @@ use kiln_config::{Layer, RunPlan};
 use serde::Serialize;
 
 use crate::TrainError;
-use crate::plot::{Metric, PlotSpec, Series, write_training_plot};
+use crate::plot::{PlotSpec, Series, label, write_training_plot};
 use crate::record::{EpochRecord, Observer, RunStart, StepRecord, Summary};
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
@@ -67,24 +67,35 @@ struct ConfigEntry<'a> {
 pub struct RunDir {
     path: PathBuf,
     metrics: BufWriter<File>,
-    /// (epoch progress, loss, accuracy or MAE) of each logged step.
+    /// (epoch progress, loss, the panel's metric) of each logged step.
     steps: Vec<(f64, f64, f64)>,
-    /// (epoch, val loss, val accuracy or MAE) of each epoch.
+    /// (epoch, val loss, the panel's val metric) of each epoch.
     epochs: Vec<(u64, Option<f64>, Option<f64>)>,
     title: String,
-    /// What the curves' right panel shows: accuracy, or MAE for regression.
-    metric: Metric,
+    /// What the curves' right panel shows: the run's first metric after the loss (accuracy,
+    /// MAE for regression, …).
+    metric: String,
 }
 
-/// The right-panel value of a logged step or epoch (`prefix` is "" or "val_"): its accuracy,
-/// else its MAE, and which it was.
-fn panel_value(v: &serde_json::Value, prefix: &str) -> (Option<f64>, Metric) {
-    match v[format!("{prefix}accuracy")].as_f64() {
-        Some(a) => (Some(a), Metric::Accuracy),
-        None => match v[format!("{prefix}mae")].as_f64() {
-            Some(m) => (Some(m), Metric::Mae),
-            None => (None, Metric::Accuracy),
-        },
+/// The right panel's metric of a run whose `metrics.jsonl` starts with `start`: the first
+/// after the loss that the start record names; files from before named metrics name none, and
+/// show accuracy, or MAE where their first step has one.
+fn panel_metric(
+    start: Option<&serde_json::Value>,
+    first_step: Option<&serde_json::Value>,
+) -> String {
+    let named = start
+        .and_then(|s| s["metrics"].as_array())
+        .and_then(|names| {
+            names
+                .iter()
+                .filter_map(|n| n.as_str())
+                .find(|n| *n != "loss")
+        });
+    match (named, first_step) {
+        (Some(n), _) => n.to_owned(),
+        (None, Some(v)) if v["accuracy"].is_null() && v["mae"].is_f64() => "mae".to_owned(),
+        _ => "accuracy".to_owned(),
     }
 }
 
@@ -138,7 +149,7 @@ impl RunDir {
             steps: vec![],
             epochs: vec![],
             title: name.to_owned(),
-            metric: Metric::Accuracy,
+            metric: String::new(),
         })
     }
 
@@ -156,22 +167,22 @@ impl RunDir {
             std::fs::read_to_string(&metrics_path).map_err(|e| file_error(&metrics_path, e))?;
         let mut kept = String::new();
         let (mut steps, mut epochs) = (vec![], vec![]);
-        let mut metric = Metric::Accuracy;
-        for line in text.lines() {
-            // A line cut short by a crash is dropped.
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-                continue;
-            };
+        // A line cut short by a crash is dropped.
+        let records: Vec<(&str, serde_json::Value)> = text
+            .lines()
+            .filter_map(|l| Some((l, serde_json::from_str::<serde_json::Value>(l).ok()?)))
+            .collect();
+        let of_kind = |k: &str| records.iter().map(|r| &r.1).find(|v| v["kind"] == k);
+        let metric = panel_metric(of_kind("start"), of_kind("step"));
+        for (line, v) in &records {
             let keep = match v["kind"].as_str() {
                 Some("step") => {
                     let ok = v["step"].as_u64().is_some_and(|s| s <= step);
                     if ok {
-                        let (value, kind) = panel_value(&v, "");
-                        metric = if value.is_some() { kind } else { metric };
                         steps.push((
                             v["epoch_progress"].as_f64().unwrap_or(0.0),
                             v["loss"].as_f64().unwrap_or(f64::NAN),
-                            value.unwrap_or(f64::NAN),
+                            v[&metric].as_f64().unwrap_or(f64::NAN),
                         ));
                     }
                     ok
@@ -182,7 +193,7 @@ impl RunDir {
                         epochs.push((
                             v["epoch"].as_u64().unwrap_or(0),
                             v["val_loss"].as_f64(),
-                            panel_value(&v, "val_").0,
+                            v[format!("val_{metric}")].as_f64(),
                         ));
                     }
                     ok
@@ -237,10 +248,7 @@ impl RunDir {
                     .collect(),
             ),
         ];
-        let name = match self.metric {
-            Metric::Accuracy => "accuracy",
-            Metric::Mae => "MAE",
-        };
+        let name = label(&self.metric);
         let accuracy = [
             series(
                 &format!("train {name}"),
@@ -260,7 +268,7 @@ impl RunDir {
                 title: &self.title,
                 loss: &loss,
                 accuracy: &accuracy,
-                metric: self.metric,
+                metric: &self.metric,
             },
         )
         .map_err(|e| file_error(path, e))
@@ -269,6 +277,11 @@ impl RunDir {
 
 impl Observer for RunDir {
     fn on_start(&mut self, start: &RunStart) -> Result<(), TrainError> {
+        if let Some(m) = start.metrics.iter().find(|m| *m != "loss") {
+            self.metric.clone_from(m);
+        } else if self.metric.is_empty() {
+            self.metric = "accuracy".to_owned();
+        }
         self.title = format!(
             "{} · {} · {} on {}",
             self.title, start.model, start.precision, start.device
@@ -286,19 +299,17 @@ impl Observer for RunDir {
     }
 
     fn on_log(&mut self, record: &StepRecord) -> Result<(), TrainError> {
-        if record.accuracy.is_none() && record.mae.is_some() {
-            self.metric = Metric::Mae;
-        }
-        let value = record.accuracy.or(record.mae).unwrap_or(f64::NAN);
-        self.steps.push((record.epoch_progress, record.loss, value));
+        let value = record.metrics.get(&self.metric).unwrap_or(f64::NAN);
+        self.steps
+            .push((record.epoch_progress, record.metrics.loss(), value));
         self.append(record)
     }
 
     fn on_epoch(&mut self, record: &EpochRecord) -> Result<(), TrainError> {
         self.epochs.push((
             record.epoch,
-            record.val_loss,
-            record.val_accuracy.or(record.val_mae),
+            record.val.get("loss"),
+            record.val.get(&self.metric),
         ));
         self.append(record)
     }

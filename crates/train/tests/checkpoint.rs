@@ -316,8 +316,11 @@ fn small_checkpoint(dir: &Path, step: u64) -> PathBuf {
     small_checkpoint_with(dir, step, Default::default())
 }
 
-fn small_checkpoint_with(dir: &Path, step: u64, sums: checkpoint::RunningSums) -> PathBuf {
+fn small_checkpoint_with(dir: &Path, step: u64, sums: checkpoint::SavedSums) -> PathBuf {
     let mut meta = small_meta(step);
+    if matches!(sums, checkpoint::SavedSums::Legacy(_)) {
+        meta.version = 1;
+    }
     meta.sums = sums;
     save_small(dir, meta)
 }
@@ -373,16 +376,33 @@ fn running_sums_of_any_value_survive_the_checksum() {
     let dir = tmp.path().join("checkpoints");
     for step in 1..=300u64 {
         let x = (step as f64).ln() / 7.0 + (step as f64).sqrt() * 1e-9;
+        let named = |pairs: [(&str, f64); 2]| pairs.map(|(n, v)| (n.to_owned(), v)).into();
         let sums = checkpoint::RunningSums {
+            epoch: kiln_train::metrics::SavedTally {
+                samples: step,
+                sums: named([("loss.sum", x * 1234.567), ("accuracy.right", 1.0 / x)]),
+            },
+            interval: kiln_train::metrics::SavedTally {
+                samples: 1,
+                sums: named([("loss.sum", x.exp() * 1e-7), ("accuracy.judged", x)]),
+            },
+            best_val: named([("accuracy", x.sin().abs()), ("loss", x.cos())]),
+            ..Default::default()
+        };
+        // Version 1's fixed fields, read back as written.
+        let legacy = checkpoint::LegacySums {
             epoch_loss: x * 1234.567,
             epoch_correct: 1.0 / x,
             interval_loss: x.exp() * 1e-7,
             best_val_accuracy: Some(x.sin().abs()),
             ..Default::default()
         };
-        let path = small_checkpoint_with(&dir, step, sums.clone());
-        let back = checkpoint::load(&path).unwrap_or_else(|e| panic!("step {step}: {e}"));
-        assert_eq!(back.meta.sums, sums);
+        for saved in [sums.clone().into(), checkpoint::SavedSums::Legacy(legacy)] {
+            let path = small_checkpoint_with(&dir, step, saved.clone());
+            let back = checkpoint::load(&path).unwrap_or_else(|e| panic!("step {step}: {e}"));
+            assert_eq!(back.meta.sums, saved);
+            std::fs::remove_dir_all(&path).unwrap();
+        }
     }
 }
 
@@ -622,14 +642,20 @@ fn a_newer_format_stops_the_search_instead_of_being_passed_over() {
         .join(checkpoint::dir_name(20))
         .join(checkpoint::META_FILE);
     let text = std::fs::read_to_string(&meta).unwrap();
-    std::fs::write(&meta, text.replace("\"version\": 1,", "\"version\": 2,")).unwrap();
+    let (ours, newer) = (checkpoint::VERSION, checkpoint::VERSION + 1);
+    let newer_text = text.replace(
+        &format!("\"version\": {ours},"),
+        &format!("\"version\": {newer},"),
+    );
+    assert_ne!(newer_text, text);
+    std::fs::write(&meta, newer_text).unwrap();
     let err = checkpoint::latest_good(&dir).unwrap_err();
+    let named = format!("version {newer}");
     assert!(
-        !matches!(err, TrainError::DamagedCheckpoint { .. })
-            && err.to_string().contains("version 2"),
+        !matches!(err, TrainError::DamagedCheckpoint { .. }) && err.to_string().contains(&named),
         "{err}"
     );
     let err = checkpoint::prune(&dir, &Retention::new(1, KeepBest::Off)).unwrap_err();
-    assert!(err.to_string().contains("version 2"), "{err}");
+    assert!(err.to_string().contains(&named), "{err}");
     assert_eq!(checkpoint::list(&dir).unwrap().len(), 2, "nothing moved");
 }

@@ -154,7 +154,7 @@ impl Observer for Losses {
         Ok(())
     }
     fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
-        self.0.push(r.loss);
+        self.0.push(r.metrics.loss());
         Ok(())
     }
 }
@@ -204,7 +204,12 @@ fn run_on(groups: Vec<SharedGroup>, plan: &kiln_config::RunPlan) -> Vec<RankRun>
                 };
                 let outcome = train(&plan, Device::Cpu, None, control, &mut losses).unwrap();
                 let s = outcome.summary;
-                (losses.0, outcome.run_dir, s.final_val_loss, s.samples)
+                (
+                    losses.0,
+                    outcome.run_dir,
+                    s.final_val.get("loss"),
+                    s.samples,
+                )
             })
         })
         .collect();

@@ -14,7 +14,7 @@ struct Losses(Vec<f64>);
 
 impl Observer for Losses {
     fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
-        self.0.push(r.loss);
+        self.0.push(r.metrics.loss());
         Ok(())
     }
 }

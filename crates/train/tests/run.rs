@@ -51,14 +51,14 @@ fn a_short_mlp_run_learns_and_records_everything() {
 
     // It learned: the first logged loss is far above the last, and validation accuracy is
     // far above chance (10 classes).
-    let first = seen.0.first().unwrap().loss;
+    let first = seen.0.first().unwrap().metrics.loss();
     let s = &outcome.summary;
     assert!(
-        first > 1.5 * s.final_train_loss,
+        first > 1.5 * s.final_train.loss(),
         "loss {first} → {}",
-        s.final_train_loss
+        s.final_train.loss()
     );
-    let val = s.final_val_accuracy.unwrap();
+    let val = s.final_val.get("accuracy").unwrap();
     assert!(val > 4.0 * s.chance_accuracy.unwrap(), "val accuracy {val}");
     assert_eq!(s.steps, 3 * (2700 / plan.train.batch_size));
     assert!(s.samples_per_s > 0.0 && s.mean_step_time_s > 0.0);

@@ -275,7 +275,7 @@ fn train_bf16(
         RunControl::default(),
         &mut record,
     )?;
-    let losses = record.steps.iter().map(|s| s.loss).collect();
+    let losses = record.steps.iter().map(|s| s.metrics.loss()).collect();
     let summary = record.summary.context("no summary")?;
     Ok((losses, summary.samples_per_s))
 }

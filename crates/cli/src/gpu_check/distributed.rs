@@ -104,7 +104,9 @@ pub fn nccl(ctx: &Ctx) -> anyhow::Result<Outcome> {
         .steps
         .iter()
         .zip(&joined.steps)
-        .map(|(a, b)| (a.loss - b.loss).abs() / a.loss.abs().max(1e-12))
+        .map(|(a, b)| {
+            (a.metrics.loss() - b.metrics.loss()).abs() / a.metrics.loss().abs().max(1e-12)
+        })
         .fold(0.0, f64::max);
     let same_length = alone.steps.len() == joined.steps.len() && !alone.steps.is_empty();
     let pass = gap < 1e-5 && same_length && worst <= 1e-5;

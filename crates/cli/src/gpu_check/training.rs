@@ -134,9 +134,11 @@ fn train_precision(ctx: &Ctx, amp: &str) -> anyhow::Result<Outcome> {
     let mut run = Record::default();
     let dev_plan = plan(ctx.device_key(), &ctx.dir.join(amp), &sets)?;
     train(&dev_plan, &mut run, RunControl::default())?;
-    let losses: Vec<f64> = run.steps.iter().map(|s| s.loss).collect();
-    let (Some(first), Some(first_ref)) = (losses.first(), reference.steps.first().map(|s| s.loss))
-    else {
+    let losses: Vec<f64> = run.steps.iter().map(|s| s.metrics.loss()).collect();
+    let (Some(first), Some(first_ref)) = (
+        losses.first(),
+        reference.steps.first().map(|s| s.metrics.loss()),
+    ) else {
         anyhow::bail!("no steps were logged");
     };
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
@@ -179,7 +181,7 @@ fn train_precision(ctx: &Ctx, amp: &str) -> anyhow::Result<Outcome> {
 
 /// The logged losses of a run, by step.
 fn curve(r: &Record) -> Vec<(u64, f64)> {
-    r.steps.iter().map(|s| (s.step, s.loss)).collect()
+    r.steps.iter().map(|s| (s.step, s.metrics.loss())).collect()
 }
 
 /// A run stopped at step 30 (checkpoint on stop) and resumed follows the uninterrupted run.
@@ -275,7 +277,7 @@ pub fn batch_size_auto(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let trials = trials_in(&search);
     let pass = (1..=8).contains(&trials)
         && summary.oom_retries == 0
-        && summary.final_train_loss.is_finite();
+        && summary.final_train.loss().is_finite();
     Ok(Outcome::new(
         pass,
         format!(
@@ -324,7 +326,7 @@ pub fn oom_retry(ctx: &Ctx) -> anyhow::Result<Outcome> {
     ];
     let r = run_on(ctx, &ctx.dir, &sets)?;
     let summary = r.summary.context("no summary")?;
-    let finite = r.steps.iter().all(|s| s.loss.is_finite());
+    let finite = r.steps.iter().all(|s| s.metrics.loss().is_finite());
     let pass = summary.oom_retries > 0 && finite && summary.steps > 0;
     Ok(Outcome::new(
         pass,

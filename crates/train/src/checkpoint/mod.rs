@@ -10,8 +10,10 @@
 
 pub mod retention;
 mod store;
+mod sums;
 
 pub use retention::Retention;
+pub use sums::{LegacySums, RunningSums, SavedSums};
 
 pub use store::{
     MOVED_NOTE, MovedAside, Pruned, latest_good, list, move_aside, prepare_to_continue, prune,
@@ -31,7 +33,11 @@ use crate::TrainError;
 pub use crate::weights::{from_safetensors, to_safetensors};
 
 pub const FORMAT: &str = "kiln-checkpoint";
-pub const VERSION: u32 = 1;
+/// The version this kiln writes. Version 1 (running sums as fixed fields, before metrics were
+/// named) is still read.
+pub const VERSION: u32 = 2;
+/// The oldest version this kiln reads.
+pub const OLDEST_VERSION: u32 = 1;
 pub const MODEL_FILE: &str = "model.safetensors";
 pub const STATE_FILE: &str = "state.safetensors";
 pub const META_FILE: &str = "checkpoint.json";
@@ -68,83 +74,6 @@ fn read_part(path: &Path) -> Result<Vec<u8>, TrainError> {
     std::fs::read(path).map_err(|e| part_error(path, e))
 }
 
-/// Training sums that span steps, so that metrics after a resume equal an uninterrupted run's.
-// Unknown fields are refused (here and in `Meta`): the checksum covers the fields as read, so a
-// damaged key that serde skipped, its field left at its default, would otherwise pass it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunningSums {
-    pub epoch_loss: f64,
-    pub epoch_correct: f64,
-    pub epoch_samples: u64,
-    pub interval_loss: f64,
-    pub interval_correct: f64,
-    pub interval_samples: u64,
-    pub skipped_steps: u64,
-    pub best_val_accuracy: Option<f64>,
-    /// Regression error sums and judged target elements (absent in checkpoints from before
-    /// targets other than class labels, which judged one element per sample).
-    #[serde(default)]
-    pub epoch_abs_err: f64,
-    #[serde(default)]
-    pub epoch_sq_err: f64,
-    #[serde(default)]
-    pub epoch_judged: Option<f64>,
-    #[serde(default)]
-    pub interval_abs_err: f64,
-    #[serde(default)]
-    pub interval_sq_err: f64,
-    #[serde(default)]
-    pub interval_judged: Option<f64>,
-    /// The lowest validation loss so far (what `keep_best` keeps for regression).
-    #[serde(default)]
-    pub best_val_loss: Option<f64>,
-}
-
-impl RunningSums {
-    /// The epoch's and the open log interval's sums.
-    pub fn tallies(&self) -> (crate::tally::Saved, crate::tally::Saved) {
-        let judged = |j: Option<f64>, samples: u64| j.unwrap_or(samples as f64);
-        (
-            crate::tally::Saved {
-                loss: self.epoch_loss,
-                correct: self.epoch_correct,
-                judged: judged(self.epoch_judged, self.epoch_samples),
-                abs_err: self.epoch_abs_err,
-                sq_err: self.epoch_sq_err,
-                samples: self.epoch_samples,
-            },
-            crate::tally::Saved {
-                loss: self.interval_loss,
-                correct: self.interval_correct,
-                judged: judged(self.interval_judged, self.interval_samples),
-                abs_err: self.interval_abs_err,
-                sq_err: self.interval_sq_err,
-                samples: self.interval_samples,
-            },
-        )
-    }
-
-    /// Sums from the epoch's and the interval's tallies, keeping the rest.
-    pub fn with_tallies(&self, epoch: crate::tally::Saved, interval: crate::tally::Saved) -> Self {
-        Self {
-            epoch_loss: epoch.loss,
-            epoch_correct: epoch.correct,
-            epoch_abs_err: epoch.abs_err,
-            epoch_sq_err: epoch.sq_err,
-            epoch_samples: epoch.samples,
-            epoch_judged: Some(epoch.judged),
-            interval_loss: interval.loss,
-            interval_correct: interval.correct,
-            interval_abs_err: interval.abs_err,
-            interval_sq_err: interval.sq_err,
-            interval_samples: interval.samples,
-            interval_judged: Some(interval.judged),
-            ..self.clone()
-        }
-    }
-}
-
 /// `checkpoint.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -177,7 +106,8 @@ pub struct Meta {
     /// `val_accuracy`, `val_mae`, `val_rmse`); absent from checkpoints of earlier versions.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub val_metrics: BTreeMap<String, f64>,
-    pub sums: RunningSums,
+    /// Training sums that span steps (by metric name; fixed fields in version 1).
+    pub sums: SavedSums,
     /// The resolved configuration with provenance.
     pub config: serde_json::Value,
     /// The shape of the model's input and its classes (absent in checkpoints from before
@@ -322,13 +252,14 @@ pub fn read_meta(dir: &Path) -> Result<Meta, TrainError> {
     })?;
     let version = value.get("version").and_then(serde_json::Value::as_u64);
     if value.get("format").and_then(serde_json::Value::as_str) == Some(FORMAT)
-        && let Some(version) = version.filter(|&v| v != u64::from(VERSION))
+        && let Some(version) =
+            version.filter(|v| !(u64::from(OLDEST_VERSION)..=u64::from(VERSION)).contains(v))
     {
         return Err(file_error(
             &path,
             format!(
-                "{FORMAT} version {version}, but this kiln reads version {VERSION}; \
-                 resume it with the kiln that wrote it"
+                "{FORMAT} version {version}, but this kiln reads versions \
+                 {OLDEST_VERSION} to {VERSION}; resume it with the kiln that wrote it"
             ),
         ));
     }

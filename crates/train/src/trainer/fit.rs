@@ -19,11 +19,11 @@ use super::{
 use crate::TrainError;
 use crate::checkpoint::{self, RunningSums};
 use crate::feed::DeviceFeeder;
+use crate::metrics::{MetricKind, MetricValues, Tally};
 use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::schedule::LrSchedule;
-use crate::tally::Tally;
 
 /// A run's loaders.
 struct Loaders<D: Dataset, V: Dataset> {
@@ -117,11 +117,10 @@ impl Trainer<'_> {
                 if let Some(c) = enabled(&options.checkpoints) {
                     checkpoint::prepare_to_continue(&c.dir, ckpt.meta.step)?;
                 }
-                (ckpt.meta.epoch, ckpt.meta.batch, ckpt.meta.sums.clone())
+                (ckpt.meta.epoch, ckpt.meta.batch, ckpt.meta.sums.running())
             }
             None => (0, 0, RunningSums::default()),
         };
-        let (epoch_sums, interval_sums) = sums.tallies();
         let loaders = Loaders { train, val };
         let run = Run {
             target,
@@ -139,9 +138,9 @@ impl Trainer<'_> {
             },
             start_epoch,
             start_batch,
+            epoch: Tally::restore(&self.metrics, &sums.epoch, self.device)?,
+            interval: Tally::restore(&self.metrics, &sums.interval, self.device)?,
             sums,
-            epoch: Tally::restore(epoch_sums, self.metric, self.device)?,
-            interval: Tally::restore(interval_sums, self.metric, self.device)?,
             profiler: options
                 .profiling
                 .as_ref()
@@ -160,6 +159,7 @@ impl Trainer<'_> {
             model: self.model_name.clone(),
             task: self.loss.task(&run.target).to_owned(),
             loss: self.loss.name().to_owned(),
+            metrics: self.metrics.names().map(str::to_owned).collect(),
             parameters: self.parameters,
             device: format!("{:?}", self.device).to_lowercase(),
             precision: precision_name(self.settings.precision).to_owned(),
@@ -323,17 +323,14 @@ impl Trainer<'_> {
     ) -> Result<(), TrainError> {
         self.check_bad_run()?;
         let timing = run.monitor.take_interval();
-        let metrics = self.across_ranks(run.interval.read()?)?;
+        let metrics = self.across_ranks(&run.interval)?;
         let record = StepRecord {
             kind: "step",
             epoch: place.epoch,
             step: self.steps_done,
             epoch_progress: place.epoch as f64
                 + place.consumed as f64 / run.batches_per_epoch as f64,
-            loss: metrics.loss,
-            accuracy: metrics.accuracy,
-            mae: metrics.mae,
-            rmse: metrics.rmse,
+            metrics,
             lr,
             loss_scale: match &self.scaler {
                 Some(s) => Some(s.scale()?),
@@ -371,10 +368,11 @@ impl Trainer<'_> {
             return Ok(None);
         }
         let sums = RunningSums {
+            epoch: run.epoch.saved()?,
+            interval: run.interval.saved()?,
             skipped_steps: self.skipped_steps()?,
-            ..run.sums.clone()
-        }
-        .with_tallies(run.epoch.saved()?, run.interval.saved()?);
+            best_val: run.sums.best_val.clone(),
+        };
         let dir = self.save_checkpoint(ckpt, place.epoch, place.consumed, sums, None)?;
         checkpoint::prune(&ckpt.dir, &checkpoint::Retention::of(&ckpt.plan))?;
         Ok(Some(dir))
@@ -390,7 +388,13 @@ impl Trainer<'_> {
         options: &FitOptions,
     ) -> Result<(), TrainError> {
         if let Some(v) = &val {
-            remember_best(&mut run.sums, v);
+            for (name, value) in v.metrics.iter() {
+                let best = run.sums.best_val.entry(name.to_owned()).or_insert(value);
+                *best = match self.metrics.higher_is_better(name) {
+                    true => best.max(value),
+                    false => best.min(value),
+                };
+            }
         }
         let record = self.epoch_record(run, place, val.as_ref())?;
         observer.on_epoch(&record)?;
@@ -400,12 +404,11 @@ impl Trainer<'_> {
         }
         run.sums = RunningSums {
             skipped_steps: self.skipped_steps()?,
-            best_val_accuracy: run.sums.best_val_accuracy,
-            best_val_loss: run.sums.best_val_loss,
+            best_val: std::mem::take(&mut run.sums.best_val),
             ..RunningSums::default()
         };
-        run.epoch = Tally::new(self.metric, self.device)?;
-        run.interval = Tally::new(self.metric, self.device)?;
+        run.epoch = Tally::new(&self.metrics, self.device)?;
+        run.interval = Tally::new(&self.metrics, self.device)?;
         if let Some(ckpt) = enabled(&options.checkpoints) {
             let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
             if !at_this_step.exists() {
@@ -424,22 +427,15 @@ impl Trainer<'_> {
         place: &EpochPlace,
         val: Option<&Evaluation>,
     ) -> Result<EpochRecord, TrainError> {
-        let train = self.across_ranks(run.epoch.read()?)?;
+        let train = self.across_ranks(&run.epoch)?;
         let t = run.monitor.total();
         let seconds = t.seconds - place.timing_before.seconds;
         let per_second = |x: f64| if seconds > 0.0 { x / seconds } else { 0.0 };
-        let v = val.map(|v| v.metrics);
         Ok(EpochRecord {
             kind: "epoch",
             epoch: place.epoch,
-            train_loss: train.loss,
-            train_accuracy: train.accuracy,
-            train_mae: train.mae,
-            train_rmse: train.rmse,
-            val_loss: v.map(|v| v.loss),
-            val_accuracy: v.and_then(|v| v.accuracy),
-            val_mae: v.and_then(|v| v.mae),
-            val_rmse: v.and_then(|v| v.rmse),
+            train,
+            val: val.map(|v| v.metrics.clone()).unwrap_or_default(),
             seconds: place.started.elapsed().as_secs_f64(),
             samples_per_s: per_second((t.samples - place.timing_before.samples) as f64)
                 * self.world() as f64,
@@ -449,6 +445,17 @@ impl Trainer<'_> {
             .clamp(0.0, 1.0),
             memory: MemorySample::read(self.device),
         })
+    }
+
+    /// The best validation values so far, in the metric set's order.
+    fn best_values(&self, sums: &RunningSums) -> MetricValues {
+        let mut best = MetricValues::default();
+        for name in self.metrics.names() {
+            if let Some(&v) = sums.best_val.get(name) {
+                best.push(name, v);
+            }
+        }
+        best
     }
 
     /// Closes the profiler and reports the summary.
@@ -479,16 +486,13 @@ impl Trainer<'_> {
             samples_per_s: total.samples_per_second() * self.world() as f64,
             data_wait_share: total.data_wait_share(),
             skipped_steps: self.skipped_steps()?,
-            final_train_loss: last.map_or(f64::NAN, |e| e.train_loss),
-            final_val_loss: last.and_then(|e| e.val_loss),
-            final_val_accuracy: last.and_then(|e| e.val_accuracy),
-            best_val_accuracy: run.sums.best_val_accuracy,
-            final_val_mae: last.and_then(|e| e.val_mae),
-            final_val_rmse: last.and_then(|e| e.val_rmse),
+            final_train: last.map(|e| e.train.clone()).unwrap_or_default(),
+            final_val: last.map(|e| e.val.clone()).unwrap_or_default(),
+            best_val: self.best_values(&run.sums),
             chance_accuracy: run
                 .target
                 .classes()
-                .filter(|_| self.metric == crate::loss::MetricKind::Accuracy)
+                .filter(|_| self.metrics.kind() == MetricKind::Accuracy)
                 .map(|c| 1.0 / c.max(1) as f64),
             memory: MemorySample::read(self.device),
             oom_retries: self.oom.retries,
@@ -518,13 +522,4 @@ fn validation_loader(train: LoaderConfig) -> LoaderConfig {
 /// The checkpoint options, when checkpoints are on.
 fn enabled(options: &Option<CheckpointOptions>) -> Option<&CheckpointOptions> {
     options.as_ref().filter(|c| c.plan.enabled)
-}
-
-/// Keeps the best validation accuracy (classification) and lowest validation loss.
-fn remember_best(sums: &mut RunningSums, val: &Evaluation) {
-    if let Some(acc) = val.metrics.accuracy {
-        sums.best_val_accuracy = Some(sums.best_val_accuracy.map_or(acc, |b| b.max(acc)));
-    }
-    let loss = val.metrics.loss;
-    sums.best_val_loss = Some(sums.best_val_loss.map_or(loss, |b| b.min(loss)));
 }

@@ -19,7 +19,7 @@ use tch::{Kind, Tensor};
 use super::{StepOutcome, Trainer};
 use crate::TrainError;
 use crate::feed::DeviceBatch;
-use crate::loss::BatchSums;
+use crate::metrics::BatchSums;
 use crate::model::CompiledStep;
 
 /// Eager steps before the capture.
@@ -44,7 +44,6 @@ pub(super) enum GraphState {
 pub(super) struct Captured {
     graph: CudaGraph,
     targets: Tensor,
-    judged: u64,
     norm: bool,
 }
 
@@ -136,17 +135,14 @@ impl Trainer<'_> {
         };
         c.targets.shallow_clone().f_copy_(&batch.targets)?;
         let out = c.graph.replay(&batch.features)?;
-        let sums_len = crate::loss::sums_len(self.metric);
+        let sums_len = self.metrics.sums_len() as i64;
         let values = out.f_narrow(0, 0, sums_len)?;
         let grad_norm = if c.norm {
             Some(out.f_narrow(0, sums_len, 1)?.f_view([])?)
         } else {
             None
         };
-        let sums = BatchSums {
-            values,
-            judged: c.judged,
-        };
+        let sums = BatchSums { values };
         self.count_step()?;
         Ok(Some(StepOutcome {
             sums,
@@ -165,20 +161,17 @@ impl Trainer<'_> {
         })?;
         let mut targets = Tensor::f_empty_like(&batch.targets)?;
         targets.f_copy_(&batch.targets)?;
-        let judged = Cell::new(0);
         let norm = Cell::new(false);
         let this = RefCell::new(&mut *self);
         let graph = CudaGraph::capture_relaxed(&batch.features, 0, |x| {
             let mut t = this.borrow_mut();
             let (sums, grad_norm) = t.step_on_device(step, x, &targets)?;
-            judged.set(sums.judged);
             norm.set(grad_norm.is_some());
             packed(&sums, grad_norm.as_ref()).map_err(CallbackError::from)
         })?;
         Ok(Captured {
             graph,
             targets,
-            judged: judged.get(),
             norm: norm.get(),
         })
     }
@@ -192,7 +185,7 @@ impl Trainer<'_> {
         targets: &Tensor,
     ) -> Result<(BatchSums, Option<Tensor>), TrainError> {
         let (loss, output) = step.step(features, targets, 1.0, None)?;
-        let sums = crate::loss::batch_sums(self.metric, &loss, &output, targets)?;
+        let sums = self.metrics.batch_sums(&loss, &output, targets)?;
         let grad_norm = self.update_on_device()?;
         Ok((sums, grad_norm))
     }

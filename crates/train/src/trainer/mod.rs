@@ -25,11 +25,11 @@ use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint, RunningSums};
 use crate::distributed::{self, SharedGroup};
 use crate::feed::DeviceBatch;
-use crate::loss::{BatchSums, Loss, MetricKind};
+use crate::loss::Loss;
+use crate::metrics::{BatchSums, MetricKind, MetricSet, MetricValues, Tally};
 use crate::model::{CompiledStep, Model};
 use crate::optim::{Optimizer, Rule, param_groups};
 use crate::scaler::LossScaler;
-use crate::tally::{Metrics, Tally};
 
 /// How to train, independent of where the values came from.
 #[derive(Debug, Clone, PartialEq)]
@@ -152,9 +152,9 @@ enum Phase {
 }
 
 /// Validation results.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Evaluation {
-    pub metrics: Metrics,
+    pub metrics: MetricValues,
     pub samples: u64,
 }
 
@@ -208,7 +208,7 @@ pub struct Trainer<'m> {
     /// The loss and the metrics that go with it (set from the dataset's target by `fit`, or
     /// by [`Trainer::set_target`]).
     loss: Loss,
-    metric: MetricKind,
+    metrics: MetricSet,
     /// The classes of class targets, where known (checked against a cross-entropy output).
     classes: Option<usize>,
     device: Device,
@@ -349,7 +349,9 @@ impl<'m> Trainer<'m> {
             model_name: model_name.to_owned(),
             parameters: crate::model::parameter_count(vs),
             loss: Loss::before_target(settings.loss),
-            metric: Loss::before_target(settings.loss).metric(&TargetSpec::label(2)),
+            metrics: MetricSet::for_task(
+                Loss::before_target(settings.loss).metric(&TargetSpec::label(2)),
+            ),
             classes: None,
             device,
             autocast: autocast_for(device, settings.precision)?,
@@ -391,10 +393,10 @@ impl<'m> Trainer<'m> {
             });
         }
         self.loss = loss;
-        self.metric = match self.model.predicts() {
+        self.metrics = self.metrics.for_other_task(match self.model.predicts() {
             true => loss.metric(target),
-            false => crate::loss::MetricKind::LossOnly,
-        };
+            false => MetricKind::LossOnly,
+        })?;
         self.classes = target.classes();
         Ok(())
     }
@@ -404,9 +406,24 @@ impl<'m> Trainer<'m> {
         self.loss
     }
 
-    /// The metrics reported with the loss.
+    /// The task's metrics reported with the loss.
     pub fn metric(&self) -> MetricKind {
-        self.metric
+        self.metrics.kind()
+    }
+
+    /// The metrics the run reports.
+    pub fn metrics(&self) -> &MetricSet {
+        &self.metrics
+    }
+
+    /// Reports `metric` too, after the task's (see [`crate::metrics::Metric`]); a name taken
+    /// already is an error.
+    pub fn add_metric(
+        &mut self,
+        metric: std::sync::Arc<dyn crate::metrics::Metric>,
+    ) -> Result<(), TrainError> {
+        self.metrics = self.metrics.clone().with(metric)?;
+        Ok(())
     }
 
     /// Turns per-phase timing on (from zero) or off; see [`PhaseTimes`].
@@ -502,13 +519,15 @@ impl<'m> Trainer<'m> {
         self.ranks.place.map_or(0, |(rank, _)| rank)
     }
 
-    /// The mean of `m` over the ranks (`m` itself outside data-parallel training).
-    pub(crate) fn across_ranks(&self, m: Metrics) -> Result<Metrics, TrainError> {
-        match &self.ranks.group {
-            Some(g) => distributed::average_metrics(g, m)
-                .map_err(|e| self.in_ranks("averaging the logged metrics", false, e)),
-            None => Ok(m),
-        }
+    /// The metrics of `tally`'s sums over every rank (its own outside data-parallel training;
+    /// one host synchronisation).
+    pub(crate) fn across_ranks(&self, tally: &Tally) -> Result<MetricValues, TrainError> {
+        let (sums, samples) = match &self.ranks.group {
+            Some(g) => distributed::sum_over_ranks(g, tally.sums()?, tally.samples())
+                .map_err(|e| self.in_ranks("summing the logged metrics", false, e))?,
+            None => (tally.sums()?, tally.samples()),
+        };
+        Ok(self.metrics.values(&sums, samples))
     }
 
     /// Refuses to continue `ckpt` in the middle of an epoch with another number of ranks than
@@ -655,7 +674,7 @@ impl<'m> Trainer<'m> {
                 got: format!("the loss has shape {:?}", loss.size()),
             });
         }
-        let sums = crate::loss::batch_sums(self.metric, &loss, &output, targets)?;
+        let sums = self.metrics.batch_sums(&loss, &output, targets)?;
         Ok((loss.f_view([])?, sums))
     }
 
@@ -834,7 +853,7 @@ impl<'m> Trainer<'m> {
         let scale = self.scaler.as_ref().map(LossScaler::scale_tensor);
         let (loss, output) = step.step(features, targets, n as f64 / total as f64, scale)?;
         self.phase_end(Phase::Backward, start)?;
-        crate::loss::batch_sums(self.metric, &loss, &output, targets)
+        self.metrics.batch_sums(&loss, &output, targets)
     }
 
     /// Unscale/check, clip, step, update the scale, clear gradients. A step whose gradients
@@ -939,7 +958,7 @@ impl<'m> Trainer<'m> {
         epoch: u64,
         batch: usize,
         sums: RunningSums,
-        val: Option<Metrics>,
+        val: Option<MetricValues>,
     ) -> Result<std::path::PathBuf, TrainError> {
         let model = self.model_tensors();
         for (name, t) in &model {
@@ -986,10 +1005,10 @@ impl<'m> Trainer<'m> {
                     loss_scale,
                     loss_scale_growth_tracker: tracker,
                     model_rng: self.model.rng_state(),
-                    val_accuracy: val.and_then(|v| v.accuracy),
-                    val_loss: val.map(|v| v.loss),
-                    val_metrics: val.map(|v| v.named()).unwrap_or_default(),
-                    sums,
+                    val_accuracy: val.as_ref().and_then(|v| v.get("accuracy")),
+                    val_loss: val.as_ref().and_then(|v| v.get("loss")),
+                    val_metrics: val.map(|v| v.named("val_")).unwrap_or_default(),
+                    sums: sums.into(),
                     config: options.config.clone(),
                     input: options.input.clone(),
                     files: Default::default(),
@@ -1032,7 +1051,7 @@ impl<'m> Trainer<'m> {
         let _ = self
             .health
             .skipped_total
-            .f_fill_(ckpt.meta.sums.skipped_steps as f64)?;
+            .f_fill_(ckpt.meta.sums.running().skipped_steps as f64)?;
         Ok(())
     }
 
@@ -1042,7 +1061,7 @@ impl<'m> Trainer<'m> {
         I: Iterator<Item = Result<DeviceBatch, TrainError>>,
     {
         let _no_grad = tch::no_grad_guard();
-        let mut tally = Tally::new(self.metric, self.device)?;
+        let mut tally = Tally::new(&self.metrics, self.device)?;
         for batch in batches {
             let batch = batch?;
             let (_, sums) = self.forward_loss(&batch.features, &batch.targets, false)?;

@@ -1,0 +1,35 @@
+//! MAE: the mean absolute error per target element (value targets).
+
+use tch::{Kind, Tensor};
+
+use super::{BatchOutput, Metric};
+use crate::TrainError;
+
+/// The mean absolute error per target element; not reported where the output is not shaped
+/// like the target.
+#[derive(Debug, Clone, Copy)]
+pub struct Mae;
+
+impl Metric for Mae {
+    fn name(&self) -> &'static str {
+        "mae"
+    }
+
+    fn sums(&self) -> &'static [&'static str] {
+        &["abs_err", "judged"]
+    }
+
+    fn batch(&self, batch: &BatchOutput<'_>) -> Result<Vec<Tensor>, TrainError> {
+        Ok(match batch.error()? {
+            Some(err) => vec![
+                err.f_abs()?.f_sum(Kind::Float)?,
+                batch.constant(err.numel() as f64)?,
+            ],
+            None => vec![batch.constant(0.0)?, batch.constant(0.0)?],
+        })
+    }
+
+    fn value(&self, sums: &[f64], _samples: u64) -> Option<f64> {
+        (sums[1] > 0.0).then(|| sums[0] / sums[1])
+    }
+}
