@@ -1,6 +1,7 @@
-//! kiln's criterion benchmarks of the hot pieces; the code is in the `[[bench]]` targets beside
-//! this file (`cargo bench -p kiln-benches`). End-to-end comparisons against PyTorch belong to
-//! `cargo xtask bench`.
+//! kiln's side-by-side benchmark suites (`cargo xtask bench`): the shared pieces of the
+//! `kiln-bench-*` binaries beside this file, which measure kiln against PyTorch eager,
+//! `torch.compile`, Lightning and LitServe in isolated processes. Criterion benches of single
+//! pieces live in the crates they time (`crates/data/benches`, `crates/train/benches`).
 
 pub mod args;
 pub mod peers;
