@@ -67,7 +67,7 @@ const ALL_LIBRARIES: &[&str] = &[
     "kiln-train",
 ];
 
-/// Which kiln crates each crate may use (docs/ARCHITECTURE.md, "Layering").
+/// Which kiln crates each crate may use (docs/ARCHITECTURE.md, "Crates").
 const LAYERS: &[(&str, &[&str])] = &[
     ("crates/core", &[]),
     ("crates/torch-ext", &["kiln-core"]),
@@ -128,8 +128,8 @@ fn crates_use_only_the_crates_below_them() {
     }
 }
 
-/// The train crate's modules in layers, from the bottom (docs/ARCHITECTURE.md, "Inside
-/// kiln-train"): a module uses modules of its own layer or below, never above.
+/// The train crate's modules in layers, from the bottom (docs/ARCHITECTURE.md, "`crates/train`"):
+/// a module uses modules of its own layer or below, never above.
 const TRAIN_LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation",
@@ -482,4 +482,64 @@ fn every_rust_file_starts_with_a_doc_line() {
         missing.is_empty(),
         "files without a leading //! line: {missing:?}"
     );
+}
+
+/// The rows of the markdown table in `doc` whose header row starts with `header`: each row's
+/// cells, trimmed.
+fn doc_table(doc: &str, header: &str) -> Vec<Vec<String>> {
+    let mut lines = doc.lines().skip_while(|l| !l.starts_with(header));
+    assert!(
+        lines.next().is_some(),
+        "docs/ARCHITECTURE.md has no table `{header}`"
+    );
+    lines
+        .skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// The names in backticks in a table cell (`a`, `b`), sorted.
+fn ticked(cell: &str) -> Vec<String> {
+    let mut names: Vec<String> = cell
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names
+}
+
+/// What docs/ARCHITECTURE.md says about layering is what the tidy tests hold: its crate table
+/// is `LAYERS`, its table of train's layers is `TRAIN_LAYERS`, row for row.
+#[test]
+fn the_architecture_doc_states_the_layering_the_tidy_tests_hold() {
+    let doc = std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).unwrap();
+    let crates = doc_table(&doc, "| crate | uses |");
+    let dirs: Vec<String> = crates.iter().map(|r| ticked(&r[0]).concat()).collect();
+    let expected: Vec<&str> = LAYERS.iter().map(|(d, _)| *d).collect();
+    assert_eq!(dirs, expected, "the doc's crate table, in LAYERS' order");
+    for (row, (dir, uses)) in crates.iter().zip(LAYERS) {
+        let mut uses: Vec<String> = uses.iter().map(|u| (*u).to_owned()).collect();
+        uses.sort();
+        assert_eq!(ticked(&row[1]), uses, "what the doc says {dir} uses");
+    }
+    let layers = doc_table(&doc, "| layer | modules |");
+    assert_eq!(layers.len(), TRAIN_LAYERS.len(), "the doc's train layers");
+    for (row, (name, modules)) in layers.iter().zip(TRAIN_LAYERS) {
+        assert_eq!(row[0], *name, "train's layers, bottom first");
+        let mut modules: Vec<String> = modules.iter().map(|m| (*m).to_owned()).collect();
+        modules.sort();
+        assert_eq!(
+            ticked(&row[1]),
+            modules,
+            "the modules of train's layer `{name}`"
+        );
+    }
 }

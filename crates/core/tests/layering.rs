@@ -50,7 +50,7 @@ fn core_profiles_and_config_do_not_depend_on_libtorch() {
         assert!(
             found.is_empty(),
             "{package} must build and test without libtorch, but depends on {found:?} \
-             (see docs/ARCHITECTURE.md, Layering)"
+             (see docs/ARCHITECTURE.md, Crates)"
         );
     }
 }
