@@ -3,7 +3,7 @@
 //! f32, normalize each feature), reporting throughput, first-batch latency and peak memory of
 //! the whole process tree (PSS and RSS, polled from /proc) as ratios, and writing a JSON report.
 //!
-//! `kiln-bench-data probe …` is the kiln side of one run, in its own process so that its memory
+//! `kiln-bench data probe …` is the kiln side of one run, in its own process so that its memory
 //! is measured the way the Python side's is.
 
 use std::path::{Path, PathBuf};
@@ -29,10 +29,10 @@ const PREFETCH: usize = 2;
 /// Batches timed inline for the per-batch breakdown (as on the Python side).
 const BREAKDOWN_BATCHES: usize = 8;
 
-/// `kiln-bench-data`: the data suite (kiln's loader vs `torch.utils.data.DataLoader`), and
+/// `kiln-bench data`: the data suite (kiln's loader vs `torch.utils.data.DataLoader`), and
 /// its kiln probe.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-data", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench data", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -66,8 +66,9 @@ struct ProbeArgs {
     idle: bool,
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         Some(Sub::Probe(a)) => probe(&a),
         None => compare(&cli.suite),
@@ -523,7 +524,7 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     let command = |side: Side, workers: usize| {
         let mut cmd = if side == Side::Kiln {
             let mut c = Command::new(&me);
-            c.arg("probe");
+            c.args(["data", "probe"]);
             c
         } else {
             let mut c = Command::new(&python);

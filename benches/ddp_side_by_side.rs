@@ -37,9 +37,9 @@ use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
 
-/// `kiln-bench-ddp`: the ddp suite.
+/// `kiln-bench ddp`: the ddp suite.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-ddp", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench ddp", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -54,8 +54,9 @@ enum Sub {
     Ddp(SuiteArgs),
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let args = match cli.command {
         Some(Sub::Ddp(a)) => a,
         None => cli.suite,

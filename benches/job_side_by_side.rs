@@ -34,9 +34,9 @@ use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
 
-/// `kiln-bench-job`: the job suite.
+/// `kiln-bench job`: the job suite.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-job", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench job", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -51,8 +51,9 @@ enum Sub {
     Job(SuiteArgs),
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let args = match cli.command {
         Some(Sub::Job(a)) => a,
         None => cli.suite,

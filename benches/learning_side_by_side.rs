@@ -54,9 +54,9 @@ const WEIGHT_DECAY: f64 = 0.01;
 const MODELS: [ModelKind; 3] = [ModelKind::Transformer, ModelKind::Mlp, ModelKind::ConvNet];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
 
-/// `kiln-bench-learning`: the learning suite, and its kiln runs.
+/// `kiln-bench learning`: the learning suite, and its kiln runs.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-learning", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench learning", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -102,8 +102,9 @@ struct KilnRunArgs {
     threads: usize,
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         None => suite(&cli.suite),
         Some(Sub::Learning(a)) => suite(&a),
@@ -436,7 +437,8 @@ fn suite(args: &LearningArgs) -> Result<()> {
                 job.steps
             );
             let mut k = Command::new(&exe);
-            k.args(["kiln-run", "--model", kind.as_str(), "--precision", name])
+            k.args(["learning", "kiln-run", "--model", kind.as_str()])
+                .args(["--precision", name])
                 .arg("--dir")
                 .arg(&work)
                 .args(["--threads", &threads]);

@@ -1,5 +1,5 @@
 //! kiln's side-by-side benchmark suites (`cargo xtask bench`): the shared pieces of the
-//! `kiln-bench-*` binaries beside this file, which measure kiln against PyTorch eager,
+//! `kiln-bench` binary's groups beside this file, which measure kiln against PyTorch eager,
 //! `torch.compile`, Lightning and LitServe in isolated processes. Criterion benches of single
 //! pieces live in the crates they time (`crates/data/benches`, `crates/train/benches`).
 

@@ -83,9 +83,9 @@ fn job(quick: bool) -> Job {
 const DATA_SEED: u64 = 1234;
 const VAL_FRACTION: f64 = 0.1;
 
-/// `kiln-bench-quality`: the quality suite, and its pieces for runs by hand.
+/// `kiln-bench quality`: the quality suite, and its pieces for runs by hand.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-quality", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench quality", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -138,8 +138,9 @@ struct KilnRunArgs {
     sets: Vec<String>,
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         None => suite(&cli.suite),
         Some(Sub::Quality(a)) => suite(&a),
@@ -345,7 +346,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         let (seed, threads) = (seed.to_string(), threads.to_string());
         let kiln = |extra: &[&str]| {
             let mut k = Command::new(&exe);
-            k.args(["kiln-run", "--data"]).arg(&work);
+            k.args(["quality", "kiln-run", "--data"]).arg(&work);
             k.args(["--seed", &seed, "--threads", &threads]).args(extra);
             if quick {
                 k.arg("--quick");

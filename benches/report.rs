@@ -1,6 +1,6 @@
 //! The benchmark report: each suite's comparisons (a kiln figure beside its baseline's, with
 //! the unit, which way is better, the ratio and the goal), how suites write them, and how
-//! `kiln-bench-report` merges them into `report.json`, checks its shape and renders Markdown.
+//! `kiln-bench report` merges them into `report.json`, checks its shape and renders Markdown.
 
 use std::path::Path;
 
@@ -246,7 +246,7 @@ pub struct SuiteSummary {
     pub details: Value,
 }
 
-/// The machine a report was measured on, as `kiln-bench-report` describes it.
+/// The machine a report was measured on, as `kiln-bench report` describes it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
     #[serde(default)]
@@ -818,7 +818,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    /// `testdata/report/`: a small report in the format `kiln-bench-report` writes, and the
+    /// `testdata/report/`: a small report in the format `kiln-bench report` writes, and the
     /// suites' outputs it was assembled from.
     fn fixture() -> std::path::PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/report")

@@ -1,9 +1,9 @@
-//! `kiln-bench-report`: merges the suites' outputs of one `cargo xtask bench` run into
+//! `kiln-bench report`: merges the suites' outputs of one `cargo xtask bench` run into
 //! `report.json`, `report.md` and plots, and checks the report's shape (never its speed).
 //!
 //! ```text
-//! kiln-bench-report DIR --suites train,serve [--quick] [--created TIME]   assemble
-//! kiln-bench-report --check DIR --suites train,serve                      check only
+//! kiln-bench report DIR --suites train,serve [--quick] [--created TIME]   assemble
+//! kiln-bench report --check DIR --suites train,serve                      check only
 //! ```
 //! The suites' outputs are read from `DIR/suites/<suite>.json`.
 
@@ -17,9 +17,9 @@ use serde_json::{Value, json};
 
 type Result<T> = std::result::Result<T, String>;
 
-/// `kiln-bench-report`: assembles the suites' outputs under DIR, or checks a report.
+/// `kiln-bench report`: assembles the suites' outputs under DIR, or checks a report.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-report")]
+#[command(name = "kiln-bench report")]
 struct Cli {
     /// The run's directory (suites' outputs under DIR/suites): assemble the report there.
     #[arg(required_unless_present = "check", conflicts_with = "check")]
@@ -38,8 +38,9 @@ struct Cli {
     created: String,
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let suites: Vec<String> = cli
         .suites
         .iter()

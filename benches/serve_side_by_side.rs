@@ -61,9 +61,9 @@ const FEATURES: usize = 784;
 /// The bench model, for descriptions.
 const MODEL: &str = "mlp 784-1024-1024-10";
 
-/// `kiln-bench-serve`: the serve and infer suites, and the engine's probe.
+/// `kiln-bench serve`: the serve and infer suites, and the engine's probe.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-serve", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench serve", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -128,8 +128,9 @@ fn parse_graphs(v: &str) -> Result<CudaGraphs> {
     }
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         None => compare(&cli.suite),
         Some(Sub::Serve(a)) => compare(&a),
@@ -796,7 +797,7 @@ impl TorchSide {
 impl InferOpts {
     fn kiln(&self, precision: &str, batch: usize) -> Command {
         let mut c = Command::new(&self.me);
-        c.arg("infer-probe")
+        c.args(["serve", "infer-probe"])
             .args(["--precision", precision, "--batch", &batch.to_string()])
             .args(["--warmup", self.warmup, "--batches", self.batches])
             .args(["--threads", &self.threads, "--device", &self.dev])
@@ -807,7 +808,7 @@ impl InferOpts {
     /// The ONNX Runtime probe: the same timing as [`InferOpts::kiln`] at fp32 over `onnx`.
     fn onnxruntime(&self, onnx: &Path, batch: usize) -> Command {
         let mut c = Command::new(&self.me);
-        c.arg("infer-probe")
+        c.args(["serve", "infer-probe"])
             .args(["--engine", "onnxruntime", "--onnx"])
             .arg(onnx)
             .args(["--precision", "fp32", "--batch", &batch.to_string()])

@@ -4,7 +4,7 @@ Trains the PyTorch twin of one of kiln's reference models (the modules of train_
 0) from kiln's initial weights on kiln's data, as kiln's side does, and prints the per-step
 losses and the held-out loss and accuracy as one JSON line.
 
---job JOB.json (written by kiln-bench-learning) names the model and its sizes, the safetensors
+--job JOB.json (written by kiln-bench learning) names the model and its sizes, the safetensors
 files of the initial weights (kiln's variable names) and of the data (train_x, train_y, held_x,
 held_y), the steps, the batch size and AdamW's settings. Step i trains on rows
 [i*batch mod pool, +batch) of train_x; fused AdamW with weight decay on tensors of rank >= 2 and
@@ -168,7 +168,7 @@ def held_out(model, x, y, batch, autocast):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--job", required=True, help="the job file kiln-bench-learning wrote")
+    p.add_argument("--job", required=True, help="the job file kiln-bench learning wrote")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--threads", type=int)
     a = p.parse_args()

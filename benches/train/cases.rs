@@ -8,8 +8,8 @@ use kiln_benches::report::{Better, Comparison};
 use kiln_benches::{median, median_of, run_json};
 use serde_json::{Value, json};
 
-use crate::suite::peak_for;
-use crate::{Opts, Result, f};
+use super::suite::peak_for;
+use super::{Opts, Result, f};
 
 /// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 pub struct Case {
@@ -353,14 +353,14 @@ pub struct Outcome {
 fn case_batch(o: &Opts, case: &Case) -> Result<usize> {
     match case.batch {
         CaseBatch::Fixed(b) => Ok(b),
-        CaseBatch::Profile => usize::try_from(crate::resolved(o.device)?.plan.train.batch_size)
+        CaseBatch::Profile => usize::try_from(super::resolved(o.device)?.plan.train.batch_size)
             .map_err(|e| e.to_string()),
     }
 }
 
 /// The row name `case` will have on the suite's device (kiln's `auto` as the profile chooses).
 pub fn planned_name(o: &Opts, case: &Case) -> Result<String> {
-    let auto = crate::resolved(o.device)?.plan.train.amp;
+    let auto = super::resolved(o.device)?.plan.train.amp;
     let precision = kiln_train::trainer::precision_name(auto);
     Ok(case_name(case, precision, case_batch(o, case)?))
 }

@@ -39,9 +39,9 @@ use tch::Device;
 
 type Result<T> = std::result::Result<T, String>;
 
-/// `kiln-bench-train`: the train-step suites against PyTorch, and their kiln probes.
+/// `kiln-bench train`: the train-step suites against PyTorch, and their kiln probes.
 #[derive(Debug, Parser)]
-#[command(name = "kiln-bench-train", args_conflicts_with_subcommands = true)]
+#[command(name = "kiln-bench train", args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Sub>,
@@ -68,8 +68,9 @@ enum Sub {
     OptimProbe(optimizer::OptimProbeArgs),
 }
 
-fn main() {
-    let cli = Cli::parse();
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
         None => suite::train_suite(&cli.suite),
         Some(Sub::Train(a)) => suite::train_suite(&a),
@@ -151,7 +152,7 @@ impl Opts {
 
     fn kiln(&self, mode: &str) -> Command {
         let mut c = Command::new(&self.me);
-        c.arg(mode)
+        c.args(["train", mode])
             .args(["--threads", &self.threads])
             .args(["--device", &device_name(self.device)]);
         c

@@ -17,7 +17,7 @@ use kiln_train::source::build;
 use serde_json::json;
 use tch::{Device, Kind, Tensor, nn};
 
-use crate::{Opts, Result, model_plan};
+use super::{Opts, Result, model_plan};
 
 /// `optim-probe`'s options.
 #[derive(Debug, Args)]
@@ -47,7 +47,7 @@ pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
         integer_features: false,
     };
     build(
-        &model_plan(ModelKind::Transformer, 0.0, &crate::REFERENCE),
+        &model_plan(ModelKind::Transformer, 0.0, &super::REFERENCE),
         &input,
         &vs,
         false,

@@ -11,7 +11,7 @@ use kiln_benches::{SuiteArgs, device_name, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
 
-use crate::{Opts, Result};
+use super::{Opts, Result};
 
 const NO_GPU: &str = "needs a CUDA GPU; this machine has none";
 
@@ -217,12 +217,12 @@ fn loader_workers(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
 
 /// CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
 fn cuda_graphs(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
-    let serve = o.me.with_file_name("kiln-bench-serve");
+    let serve = o.me.clone();
     let graphs = |mode: &'static str| {
         let serve = &serve;
         move || {
             let mut c = Command::new(serve);
-            c.args(["infer-probe", "--graphs", mode, "--batch", "1"])
+            c.args(["serve", "infer-probe", "--graphs", mode, "--batch", "1"])
                 .args(["--device", &device_name(o.device)]);
             c
         }

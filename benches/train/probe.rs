@@ -20,7 +20,7 @@ use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
-use crate::{Result, model_plan, resolved};
+use super::{Result, model_plan, resolved};
 
 /// `probe`'s options.
 #[derive(Debug, Args)]

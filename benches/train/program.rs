@@ -10,8 +10,8 @@ use kiln_benches::report::{Better, Comparison};
 use kiln_benches::{median, median_of, run_json};
 use serde_json::{Value, json};
 
-use crate::cases::{StepCounts, compile_env, compile_summary};
-use crate::{Opts, Result};
+use super::cases::{StepCounts, compile_env, compile_summary};
+use super::{Opts, Result};
 
 /// What the exported-program rows' names begin with.
 pub const PROGRAM_ROWS: &str = "your own model (transformer as an exported program)";

@@ -5,9 +5,9 @@ use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{SuiteArgs, device_name, median_of, run_json};
 use serde_json::{Value, json};
 
-use crate::cases::{SCRIPT_ROWS, StepCounts, cases_for, planned_name, run_case, script_case};
-use crate::program::{PROGRAM_ROWS, program_case};
-use crate::{Opts, Result, f};
+use super::cases::{SCRIPT_ROWS, StepCounts, cases_for, planned_name, run_case, script_case};
+use super::program::{PROGRAM_ROWS, program_case};
+use super::{Opts, Result, f};
 
 /// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
 /// fp32, TF32, bf16 and fp16 on a GPU.

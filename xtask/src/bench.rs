@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: builds the benchmark suites (binaries of `kiln-benches`) in release
 //! mode, runs each against its baseline with the provisioned torch's Python, and has
-//! `kiln-bench-report` merge their outputs into `report.json`, `report.md` and plots under
+//! `kiln-bench report` merge their outputs into `report.json`, `report.md` and plots under
 //! `runs/bench-<timestamp>/` (or `--out DIR`), checking the report's shape.
 
 use std::path::{Path, PathBuf};
@@ -12,10 +12,10 @@ use crate::libtorch::{Libtorch, Settings};
 use crate::util::{self, Error, Result, bail};
 use crate::{onnx, peers};
 
-/// A suite: its name, the binary that runs it, and that binary's subcommand.
+/// A suite: its name, and the `kiln-bench` group and subcommand that run it.
 struct Suite {
     name: &'static str,
-    bin: &'static str,
+    group: &'static str,
     sub: &'static str,
     what: &'static str,
 }
@@ -23,61 +23,61 @@ struct Suite {
 const SUITES: [Suite; 10] = [
     Suite {
         name: "quality",
-        bin: "kiln-bench-quality",
+        group: "quality",
         sub: "quality",
         what: "learning vs a PyTorch loop: same job, data, split, init; val accuracy/loss, 2+ seeds",
     },
     Suite {
         name: "train",
-        bin: "kiln-bench-train",
+        group: "train",
         sub: "train",
         what: "train step vs PyTorch eager (MFU, step breakdown; --batch-sizes sweep)",
     },
     Suite {
         name: "optimizer",
-        bin: "kiln-bench-train",
+        group: "train",
         sub: "optimizer",
         what: "fused AdamW vs per-tensor ops and torch.optim.AdamW",
     },
     Suite {
         name: "data",
-        bin: "kiln-bench-data",
+        group: "data",
         sub: "",
         what: "loader vs torch.utils.data.DataLoader",
     },
     Suite {
         name: "infer",
-        bin: "kiln-bench-serve",
+        group: "serve",
         sub: "infer",
         what: "offline inference vs PyTorch inference_mode (--batch-sizes sweep)",
     },
     Suite {
         name: "serve",
-        bin: "kiln-bench-serve",
+        group: "serve",
         sub: "serve",
         what: "dynamic batching vs batch-size-1 serving",
     },
     Suite {
         name: "opts",
-        bin: "kiln-bench-train",
+        group: "train",
         sub: "opts",
         what: "one optimization at a time (also: --compare-opts)",
     },
     Suite {
         name: "job",
-        bin: "kiln-bench-job",
+        group: "job",
         sub: "job",
         what: "the default job end to end: kiln train vs Lightning Trainer.fit and a plain loop",
     },
     Suite {
         name: "learning",
-        bin: "kiln-bench-learning",
+        group: "learning",
         sub: "learning",
         what: "same learning as PyTorch from kiln's initial weights: fp32 per step, bf16 final",
     },
     Suite {
         name: "ddp",
-        bin: "kiln-bench-ddp",
+        group: "ddp",
         sub: "ddp",
         what: "kiln train on 2 CPU ranks (Gloo) vs 1 rank and vs PyTorch DistributedDataParallel",
     },
@@ -295,15 +295,20 @@ fn timestamps(secs: u64) -> (String, String) {
     )
 }
 
-/// `cargo build --release -p kiln-benches --bin …` for `bins`.
-pub fn build(root: &Path, settings: &Settings, bins: &[&str]) -> Result<()> {
+/// The one binary every suite runs in (`kiln-bench GROUP …`).
+pub const BENCH_BIN: &str = "kiln-bench";
+
+/// `cargo build --release -p kiln-benches --bin kiln-bench`.
+pub fn build(root: &Path, settings: &Settings) -> Result<()> {
     let mut build = Command::new(util::cargo());
-    build
-        .current_dir(root)
-        .args(["build", "--release", "--package", "kiln-benches"]);
-    for bin in bins {
-        build.args(["--bin", bin]);
-    }
+    build.current_dir(root).args([
+        "build",
+        "--release",
+        "--package",
+        "kiln-benches",
+        "--bin",
+        BENCH_BIN,
+    ]);
     apply_env(&mut build, settings);
     let status = util::status_of(&mut build)?;
     if !status.success() {
@@ -358,12 +363,8 @@ pub fn run(
         .iter()
         .map(|n| suite_named(n))
         .collect::<Result<_>>()?;
-    let mut bins: Vec<&str> = chosen.iter().map(|s| s.bin).collect();
-    bins.push("kiln-bench-report");
-    bins.sort_unstable();
-    bins.dedup();
-    util::step(&format!("building the benchmarks ({})", bins.join(", ")));
-    build(root, settings, &bins)?;
+    util::step(&format!("building the benchmarks ({BENCH_BIN})"));
+    build(root, settings)?;
     if req.suites.iter().any(|s| RUN_THE_CLI.contains(s)) {
         // These suites run `kiln train`: the CLI as `cargo xtask train` builds it.
         crate::kiln::build_cli(root, settings)?;
@@ -394,7 +395,8 @@ pub fn run(
     };
     for suite in &chosen {
         util::step(&format!("benchmark suite `{}`", suite.name));
-        let mut run = Command::new(release.join(suite.bin));
+        let mut run = Command::new(release.join(BENCH_BIN));
+        run.arg(suite.group);
         if !suite.sub.is_empty() {
             run.arg(suite.sub);
         }
@@ -422,8 +424,9 @@ pub fn run(
         }
     }
     util::step("report");
-    let mut report = Command::new(release.join("kiln-bench-report"));
+    let mut report = Command::new(release.join(BENCH_BIN));
     report
+        .arg("report")
         .arg(&dir)
         .args(["--suites", &req.suites.join(","), "--created", &created]);
     if req.quick {

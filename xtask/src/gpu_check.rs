@@ -1,4 +1,4 @@
-//! `cargo xtask gpu-check`: builds the release `kiln` and the train/infer benchmark binaries,
+//! `cargo xtask gpu-check`: builds the release `kiln` and the benchmark binary (`kiln-bench`),
 //! then runs `kiln gpu-check` here; with `--pack DIR`, writes instead a bundle (stripped
 //! binaries, the benchmarks' Python scripts, `run-gpu-check.sh`) to copy to a GPU machine that
 //! has torch 2.11 in its python3 (docs/gpu.md).
@@ -10,8 +10,7 @@ use crate::kiln::{apply_env, python_of, target_dir};
 use crate::libtorch::{Libtorch, Settings};
 use crate::util::{self, Error, Result, bail};
 
-/// The benchmark binaries gpu-check's bench steps and `run-gpu-bench.sh` run.
-const BENCH_BINS: [&str; 3] = ["kiln-bench-train", "kiln-bench-serve", "kiln-bench-report"];
+use crate::bench::BENCH_BIN;
 
 /// What the command was asked to do.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -69,7 +68,7 @@ pub fn run(
     let req = parse(args)?;
     util::step("building release kiln and the benchmark binaries");
     crate::kiln::build_cli(root, settings)?;
-    crate::bench::build(root, settings, &BENCH_BINS)?;
+    crate::bench::build(root, settings)?;
     let release = target_dir(root).join("release");
     if let Some(dir) = &req.pack {
         pack(root, &release, dir)?;
@@ -116,7 +115,7 @@ fn pack(root: &Path, release: &Path, dir: &Path) -> Result<()> {
     let io = |what: &Path, e: std::io::Error| Error(format!("{}: {e}", what.display()));
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).map_err(|e| io(&bin, e))?;
-    for name in std::iter::once("kiln").chain(BENCH_BINS) {
+    for name in ["kiln", BENCH_BIN] {
         let to = bin.join(name);
         std::fs::copy(release.join(name), &to).map_err(|e| io(&to, e))?;
         strip(&to);
@@ -235,16 +234,16 @@ created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 rc=0
 for suite in $(echo "$suites" | tr ',' ' '); do
     case "$suite" in
-        train) bin=kiln-bench-train ;;
-        infer) bin=kiln-bench-serve ;;
+        train) group=train ;;
+        infer) group=serve ;;
         *) echo "run-gpu-bench.sh: --suites: $suite is not train or infer" >&2; exit 2 ;;
     esac
     echo "== $suite" >&2
     # shellcheck disable=SC2086
-    "$here/bin/$bin" "$suite" --device cuda $quick $repeats ${filter:+--filter "$filter"} \
+    "$here/bin/kiln-bench" "$group" "$suite" --device cuda $quick $repeats ${filter:+--filter "$filter"} \
         --out "$out/suites/$suite.json" || rc=1
 done
-"$here/bin/kiln-bench-report" "$out" --suites "$suites" $quick --created "$created" || rc=1
+"$here/bin/kiln-bench" report "$out" --suites "$suites" $quick --created "$created" || rc=1
 exit $rc
 "#;
 
@@ -292,7 +291,7 @@ mod tests {
         }
         assert!(RUN_SCRIPT.contains("--bench-dir \"$here/bin\""));
         assert!(
-            BENCH_SCRIPT.contains("--device cuda") && BENCH_SCRIPT.contains("kiln-bench-report")
+            BENCH_SCRIPT.contains("--device cuda") && BENCH_SCRIPT.contains("kiln-bench\" report")
         );
     }
 }

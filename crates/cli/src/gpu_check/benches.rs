@@ -11,17 +11,17 @@ use serde_json::Value;
 use super::{Ctx, Outcome};
 
 pub fn train(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    suite(ctx, "kiln-bench-train", "train")
+    suite(ctx, "train", "train")
 }
 
 pub fn infer(ctx: &Ctx) -> anyhow::Result<Outcome> {
-    suite(ctx, "kiln-bench-serve", "infer")
+    suite(ctx, "serve", "infer")
 }
 
-/// Runs `bin sub --quick --device cuda --out DIR/sub.json` and summarises its rows.
-fn suite(ctx: &Ctx, bin: &str, sub: &str) -> anyhow::Result<Outcome> {
+/// Runs `kiln-bench group sub --quick --device cuda --out DIR/sub.json` and summarises its rows.
+fn suite(ctx: &Ctx, group: &str, sub: &str) -> anyhow::Result<Outcome> {
     let dir = ctx.bench_dir.as_deref().context("no --bench-dir")?;
-    let exe = dir.join(bin);
+    let exe = dir.join("kiln-bench");
     anyhow::ensure!(
         exe.is_file(),
         "{} is missing: build the suites (`cargo xtask gpu-check` does) or pass --bench-dir",
@@ -29,13 +29,13 @@ fn suite(ctx: &Ctx, bin: &str, sub: &str) -> anyhow::Result<Outcome> {
     );
     let out = ctx.dir.join(format!("{sub}.json"));
     let status = Command::new(&exe)
-        .args([sub, "--quick", "--device", ctx.device_key(), "--out"])
+        .args([group, sub, "--quick", "--device", ctx.device_key(), "--out"])
         .arg(&out)
         .status()
         .with_context(|| format!("cannot run {}", exe.display()))?;
     anyhow::ensure!(
         status.success(),
-        "{bin} {sub} ended with {status} (see the step's log)"
+        "kiln-bench {group} {sub} ended with {status} (see the step's log)"
     );
     summarise(&out)
 }

@@ -106,7 +106,7 @@ pub struct Ctx {
     pub device: tch::Device,
     /// This `kiln` binary, for steps that run its commands.
     pub exe: PathBuf,
-    /// Where the benchmark binaries are (`kiln-bench-train`, …).
+    /// Where the benchmark binary is (`kiln-bench`).
     pub bench_dir: Option<PathBuf>,
 }
 
