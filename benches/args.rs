@@ -100,7 +100,7 @@ impl SuiteArgs {
 pub struct Sizes(pub Vec<usize>);
 
 /// Parses `1,2,4` (empty items skipped) into [`Sizes`].
-pub fn parse_sizes(v: &str) -> Result<Sizes, String> {
+pub fn parse_sizes(v: &str) -> crate::Result<Sizes> {
     v.split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|s| match s.trim().parse::<usize>() {
@@ -114,7 +114,7 @@ pub fn parse_sizes(v: &str) -> Result<Sizes, String> {
 }
 
 /// `cpu`, `cuda` (the first GPU) or `cuda:N`.
-pub fn parse_device(v: &str) -> Result<tch::Device, String> {
+pub fn parse_device(v: &str) -> crate::Result<tch::Device> {
     match v {
         "cpu" => Ok(tch::Device::Cpu),
         "cuda" => Ok(tch::Device::Cuda(0)),
@@ -127,7 +127,7 @@ pub fn parse_device(v: &str) -> Result<tch::Device, String> {
 }
 
 /// `on` or `off`.
-pub fn parse_on_off(v: &str) -> Result<bool, String> {
+pub fn parse_on_off(v: &str) -> crate::Result<bool> {
     match v {
         "on" => Ok(true),
         "off" => Ok(false),
@@ -146,7 +146,7 @@ mod tests {
         suite: SuiteArgs,
     }
 
-    fn parse(line: &str) -> Result<SuiteArgs, String> {
+    fn parse(line: &str) -> crate::Result<SuiteArgs> {
         Cli::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
             .map(|c| c.suite)
             .map_err(|e| e.to_string())

@@ -79,7 +79,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     }
 }
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 type Data = Transformed<ShardedDataset, Normalize>;
 

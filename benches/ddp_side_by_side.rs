@@ -32,10 +32,10 @@ use std::time::Instant;
 use clap::{Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{SuiteArgs, bench_root, median};
-use kiln_config::{ConfigRequest, Machine, ModelKind, RunPlan};
+use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// `kiln-bench ddp`: the ddp suite.
 #[derive(Debug, Parser)]
@@ -141,10 +141,7 @@ fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<Stri
 
 /// The plan `kiln train` resolves for these settings (what the PyTorch side is told).
 fn resolve(sets: &[String]) -> Result<RunPlan> {
-    let facts = kiln_device::probe::probe().map_err(|e| e.to_string())?;
-    let mut req = ConfigRequest::new(Machine::Probed(facts));
-    req.sets = sets.to_vec();
-    Ok(kiln_config::load(&req).map_err(|e| e.to_string())?.plan)
+    Ok(kiln_benches::resolve(sets)?.plan)
 }
 
 /// Writes the model's synthetic dataset of `samples`, as `kiln train` makes it, as raw

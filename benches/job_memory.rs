@@ -11,7 +11,7 @@ use kiln_benches::proc_memory::{Peak, tree_memory};
 use serde::Serialize;
 use serde_json::Value;
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// One run: its JSON result, wall time and peak memory.
 #[derive(Debug, Clone, Serialize)]

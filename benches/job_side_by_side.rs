@@ -26,13 +26,13 @@ use clap::{Parser, Subcommand};
 use job_memory::{Measured, measured};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{SuiteArgs, bench_root, median, peers};
-use kiln_config::{ConfigRequest, Machine, RunPlan};
+use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
 use kiln_device::settings::AmpDtype;
 use serde_json::{Value, json};
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// `kiln-bench job`: the job suite.
 #[derive(Debug, Parser)]
@@ -88,11 +88,7 @@ fn job_sets(quick: bool, threads: usize, runs: &Path) -> Vec<String> {
 
 /// The plan `kiln train` resolves for these settings (what the PyTorch sides are told).
 fn resolve(sets: &[String]) -> Result<(RunPlan, kiln_device::Device)> {
-    let mut req = ConfigRequest::new(Machine::Probed(
-        kiln_device::probe::probe().map_err(|e| e.to_string())?,
-    ));
-    req.sets = sets.to_vec();
-    let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
+    let resolution = kiln_benches::resolve(sets)?;
     Ok((resolution.plan, resolution.selection.device))
 }
 

@@ -21,7 +21,7 @@ use std::process::Command;
 
 use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, run_json};
+use kiln_benches::{SuiteArgs, bench_root, figure, run_json};
 use kiln_config::{ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
 use kiln_data::{
     Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
@@ -34,7 +34,7 @@ use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// Largest allowed |kiln − PyTorch| of any step's fp32 training loss, in nats.
 pub const FP32_STEP_TOLERANCE: f64 = 1e-4;
@@ -471,13 +471,6 @@ fn losses(run: &Value) -> Result<Vec<f64>> {
         .and_then(|l| l.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
         .filter(|l| !l.is_empty() && l.iter().all(|v| v.is_finite()))
         .ok_or_else(|| format!("a run reported no finite per-step losses: {run}"))
-}
-
-fn figure(run: &Value, key: &str) -> Result<f64> {
-    run[key]
-        .as_f64()
-        .filter(|v| v.is_finite())
-        .ok_or_else(|| format!("a run reported no finite {key}: {run}"))
 }
 
 /// The step with the largest |a − b| and that difference (NaN-free inputs of equal length).

@@ -14,6 +14,26 @@ use std::path::{Path, PathBuf};
 
 pub use args::SuiteArgs;
 
+/// What a suite's steps return: on failure, a message naming what failed and why (the suite
+/// prints it and exits non-zero).
+pub type Result<T> = std::result::Result<T, String>;
+
+/// This machine's resolution of `sets` (`key=value` settings), as `kiln train` resolves them.
+pub fn resolve(sets: &[String]) -> Result<kiln_config::Resolution> {
+    let facts = kiln_device::probe::probe().map_err(|e| e.to_string())?;
+    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probed(facts));
+    req.sets = sets.to_vec();
+    kiln_config::load(&req).map_err(|e| e.to_string())
+}
+
+/// `key`'s value in a run's JSON, which must be a finite number.
+pub fn figure(run: &serde_json::Value, key: &str) -> Result<f64> {
+    run[key]
+        .as_f64()
+        .filter(|v| v.is_finite())
+        .ok_or_else(|| format!("a run reported no finite {key}: {run}"))
+}
+
 /// The median (upper middle for an even count).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -62,7 +82,7 @@ pub fn peak_memory_mib(device: tch::Device) -> (f64, &'static str) {
 
 /// Runs `cmd` and parses the last line of its stdout that starts with `{` (the probes print one
 /// JSON object; human text goes to stderr).
-pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value, String> {
+pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
@@ -85,7 +105,7 @@ pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value, Str
 pub fn interleaved(
     repeats: usize,
     cmds: &[&dyn Fn() -> std::process::Command],
-) -> Result<Vec<Vec<serde_json::Value>>, String> {
+) -> Result<Vec<Vec<serde_json::Value>>> {
     let mut runs = vec![vec![]; cmds.len()];
     for r in 0..repeats {
         for i in 0..cmds.len() {

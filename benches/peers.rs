@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The installed peers' directory, or why there is none (the text of a "not run" row).
-pub fn dir() -> Result<PathBuf, String> {
+pub fn dir() -> crate::Result<PathBuf> {
     if let Some(dir) = std::env::var_os("KILN_BENCH_PEERS").filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(dir));
     }

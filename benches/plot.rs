@@ -44,7 +44,7 @@ const SWEEP_STEM: &str = "batch-sweep";
 /// written: `<suite>.png` and `<suite>.svg` per suite with comparisons outside [`SWEEP_GROUP`],
 /// and `<suite>-batch-sweep.png`/`.svg` per suite with comparisons in it. File stems are slugs of
 /// the suite names (`[a-z0-9-]`, made unique). A report without comparisons writes nothing.
-pub fn write_plots(report: &Report, dir: &Path) -> Result<Vec<PathBuf>, String> {
+pub fn write_plots(report: &Report, dir: &Path) -> crate::Result<Vec<PathBuf>> {
     let rows = &report.comparisons;
     if rows.is_empty() {
         return Ok(Vec::new());

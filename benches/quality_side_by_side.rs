@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, run_json};
+use kiln_benches::{SuiteArgs, bench_root, figure, run_json};
 use kiln_config::{ConfigRequest, Machine};
 use kiln_data::{
     DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset, SyntheticSequences,
@@ -30,7 +30,7 @@ use kiln_train::record::{EpochRecord, Observer};
 use kiln_train::run::{RunControl, train};
 use serde_json::{Value, json};
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// The job: sizes of the data and the model, and the training budget.
 #[derive(Debug, Clone, Copy)]
@@ -295,13 +295,6 @@ fn tempfile_dir(path: &Path) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(path.to_owned())
-}
-
-fn figure(run: &Value, key: &str) -> Result<f64> {
-    run[key]
-        .as_f64()
-        .filter(|v| v.is_finite())
-        .ok_or_else(|| format!("a run reported no finite {key}: {run}"))
 }
 
 fn mean(v: &[f64]) -> f64 {

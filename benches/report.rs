@@ -217,7 +217,7 @@ impl SuiteOutput {
     }
 
     /// Writes the suite's JSON to `path`, creating its directory.
-    pub fn write(&self, path: &Path) -> Result<(), String> {
+    pub fn write(&self, path: &Path) -> crate::Result<()> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
@@ -228,7 +228,7 @@ impl SuiteOutput {
     }
 
     /// Reads a suite's JSON.
-    pub fn read(path: &Path) -> Result<Self, String> {
+    pub fn read(path: &Path) -> crate::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         serde_json::from_str(&text)
             .map_err(|e| format!("{} is not a suite report: {e}", path.display()))
@@ -282,12 +282,12 @@ pub struct Report {
 
 impl Report {
     /// The typed report of an assembled one.
-    pub fn from_value(report: &Value) -> Result<Self, String> {
+    pub fn from_value(report: &Value) -> crate::Result<Self> {
         Self::deserialize(report).map_err(|e| format!("not a {SCHEMA} report: {e}"))
     }
 
     /// Reads `report.json`.
-    pub fn read(path: &Path) -> Result<Self, String> {
+    pub fn read(path: &Path) -> crate::Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         serde_json::from_str(&text)
             .map_err(|e| format!("{} is not a {SCHEMA} report: {e}", path.display()))
@@ -371,7 +371,7 @@ pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
 /// Checks `report.json`'s shape (not its speed): every field a reader relies on is there and
 /// well-formed, every expected suite is present with at least one comparison. Lists every
 /// problem found.
-pub fn validate(report: &Value, expected_suites: &[&str]) -> Result<(), String> {
+pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     let mut problems = vec![];
     if report["schema"] != SCHEMA {
         problems.push(format!(

@@ -15,7 +15,7 @@ use kiln_benches::report::{
 };
 use serde_json::{Value, json};
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// `kiln-bench report`: assembles the suites' outputs under DIR, or checks a report.
 #[derive(Debug, Parser)]

@@ -55,7 +55,7 @@ use kiln_train::source::build;
 use serde_json::{Value, json};
 use tch::{Device, nn};
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 const FEATURES: usize = 784;
 /// The bench model, for descriptions.

@@ -48,7 +48,7 @@ pub const SERIES_COLORS: [RGBColor; 6] = [
 /// A chart drawable on any plotters backend.
 pub trait Chart {
     fn height(&self) -> u32;
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String>;
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()>;
 }
 
 /// Draws `chart` into `<dir>/<stem>.png` and `<dir>/<stem>.svg` and appends both paths.
@@ -57,7 +57,7 @@ pub fn write_chart(
     stem: &str,
     chart: &impl Chart,
     written: &mut Vec<PathBuf>,
-) -> Result<(), String> {
+) -> crate::Result<()> {
     let height = chart.height();
     let png_path = dir.join(format!("{stem}.png"));
     let mut rgb = vec![255u8; WIDTH as usize * height as usize * 3];
@@ -88,7 +88,7 @@ pub fn write_chart(
 }
 
 /// Draws `chart` on `backend` and presents it; errors name `path`, the file it is for.
-fn render<DB: DrawingBackend>(chart: &impl Chart, backend: DB, path: &Path) -> Result<(), String> {
+fn render<DB: DrawingBackend>(chart: &impl Chart, backend: DB, path: &Path) -> crate::Result<()> {
     let root = backend.into_drawing_area();
     chart
         .draw(&root)
@@ -96,7 +96,7 @@ fn render<DB: DrawingBackend>(chart: &impl Chart, backend: DB, path: &Path) -> R
         .map_err(|e| format!("plot {}: drawing failed: {e}", path.display()))
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_file(path: &Path, bytes: &[u8]) -> crate::Result<()> {
     std::fs::write(path, bytes).map_err(|e| format!("plot {}: cannot write: {e}", path.display()))
 }
 
@@ -111,7 +111,7 @@ pub fn header<DB: DrawingBackend>(
     title: &str,
     subtitle: &str,
     band: u32,
-) -> Result<DrawingArea<DB, Shift>, String> {
+) -> crate::Result<DrawingArea<DB, Shift>> {
     root.fill(&WHITE).map_err(draw_err)?;
     let title_style = TextStyle::from((FONT, 24, FontStyle::Bold).into_font())
         .color(&INK)
@@ -147,7 +147,7 @@ pub fn legend<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     y: i32,
     entries: &[(Glyph, String)],
-) -> Result<(), String> {
+) -> crate::Result<()> {
     let style = TextStyle::from((FONT, 14).into_font())
         .color(&INK)
         .pos(Pos::new(HPos::Left, VPos::Center));
@@ -204,7 +204,7 @@ pub fn panel<'a, DB: DrawingBackend>(
     caption: &str,
     x: Range<f64>,
     y: Range<f64>,
-) -> Result<Panel<'a, DB>, String> {
+) -> crate::Result<Panel<'a, DB>> {
     ChartBuilder::on(area)
         .caption(caption, (FONT, 18))
         .margin(14)
@@ -220,7 +220,7 @@ pub fn series_legend<'a, DB: DrawingBackend + 'a>(
     chart: &mut Panel<'a, DB>,
     position: SeriesLabelPosition,
     label_style: TextStyle<'a>,
-) -> Result<(), String> {
+) -> crate::Result<()> {
     chart
         .configure_series_labels()
         .position(position)

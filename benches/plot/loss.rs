@@ -117,7 +117,7 @@ impl Chart for LossChart {
         SWEEP_HEADER + PANEL_HEIGHT + PANEL_HEIGHT * 2 / 3
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
         let body = header(root, &self.title, &self.subtitle, SWEEP_HEADER)?;
         let (top, bottom) = body.split_vertically(PANEL_HEIGHT);
         let last = self
@@ -162,7 +162,7 @@ fn step_mesh<'a, DB: DrawingBackend + 'a>(
     chart: &mut Panel<'a, DB>,
     y_desc: &str,
     y_span: f64,
-) -> Result<(), String> {
+) -> crate::Result<()> {
     chart
         .configure_mesh()
         .x_desc("step")
@@ -182,7 +182,7 @@ impl LossChart {
         &self,
         area: &DrawingArea<DB, Shift>,
         last: f64,
-    ) -> Result<(), String> {
+    ) -> crate::Result<()> {
         let (lo, hi) = value_range(self.difference.iter().map(|p| p.1).chain([0.0]));
         let caption = if self.difference.iter().all(|p| p.1 == 0.0) {
             "kiln − baseline (nats): 0 at every step"

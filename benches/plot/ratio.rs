@@ -105,7 +105,7 @@ impl Chart for RatioChart {
             .clamp(320, 20_000)
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
         let body = header(root, &self.title, &self.subtitle, HEADER)?;
         let mut entries = Vec::new();
         for verdict in [Verdict::Met, Verdict::Missed, Verdict::NoGoal] {

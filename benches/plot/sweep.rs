@@ -123,7 +123,7 @@ impl Chart for SweepChart {
             .min(20_000)
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> Result<(), String> {
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
         // The panels' legends tell kiln (solid, filled dots) from the baseline (dashed, open).
         let body = header(root, &self.title, &self.subtitle, SWEEP_HEADER)?;
         let areas = body.split_evenly(self.grid());
@@ -172,7 +172,7 @@ fn panel_ranges(panel: &SweepPanel) -> ((f64, f64), (f64, f64)) {
 fn draw_sweep_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
     panel_data: &SweepPanel,
-) -> Result<(), String> {
+) -> crate::Result<()> {
     let unit = if panel_data.unit.is_empty() {
         "(no unit)"
     } else {
@@ -237,7 +237,7 @@ fn draw_series<'a, DB: DrawingBackend + 'a>(
     series: &SweepSeries,
     color: RGBColor,
     (kiln_label, base_label): (String, String),
-) -> Result<bool, String> {
+) -> crate::Result<bool> {
     if !series.kiln.is_empty() {
         chart
             .draw_series(LineSeries::new(

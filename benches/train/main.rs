@@ -37,7 +37,7 @@ use kiln_train::models::TransformerShape;
 use serde_json::Value;
 use tch::Device;
 
-type Result<T> = std::result::Result<T, String>;
+use kiln_benches::Result;
 
 /// `kiln-bench train`: the train-step suites against PyTorch, and their kiln probes.
 #[derive(Debug, Parser)]
