@@ -31,7 +31,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, median};
+use kiln_benches::{SuiteArgs, alternating, bench_root, median};
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
 
@@ -451,36 +451,34 @@ impl Runs {
 /// Runs the sides `repeats` times, the order reversed on odd repeats; checks each run took the
 /// steps asked for.
 fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 6]> {
-    let mut runs: [Runs; 6] = Default::default();
-    for r in 0..repeats {
-        for k in 0..SIDES.len() {
-            let i = if r % 2 == 0 { k } else { SIDES.len() - 1 - k };
-            let (who, world) = SIDES[i];
-            eprintln!("ddp: repeat {r}: {who}, {world} rank(s)");
-            let v = match who {
-                "kiln" => bench.kiln_run(world, false)?,
-                "program" => bench.kiln_run(world, true)?,
-                _ => bench.torch_run(world)?,
-            };
-            if v["steps"].as_u64() != Some(bench.size.steps() as u64) {
-                return Err(format!(
-                    "{who} on {world} rank(s) took {} steps, expected {}",
-                    v["steps"],
-                    bench.size.steps()
-                ));
-            }
-            let first = runs.iter().flat_map(|r| r.0.first()).next();
-            if let Some(f) = first.filter(|f| f["parameters"] != v["parameters"]) {
-                return Err(format!(
-                    "{who} on {world} rank(s) trains {} parameters, {} {} rank(s) {}: not the \
-                     same model",
-                    v["parameters"], f["framework"], f["world_size"], f["parameters"]
-                ));
-            }
-            runs[i].0.push(v);
+    let mut seen: Option<Value> = None;
+    let runs = alternating(repeats, &SIDES, |r, (who, world)| {
+        eprintln!("ddp: repeat {r}: {who}, {world} rank(s)");
+        let v = match who {
+            "kiln" => bench.kiln_run(world, false)?,
+            "program" => bench.kiln_run(world, true)?,
+            _ => bench.torch_run(world)?,
+        };
+        if v["steps"].as_u64() != Some(bench.size.steps() as u64) {
+            return Err(format!(
+                "{who} on {world} rank(s) took {} steps, expected {}",
+                v["steps"],
+                bench.size.steps()
+            ));
         }
-    }
-    Ok(runs)
+        let first = seen.get_or_insert_with(|| v.clone());
+        if first["parameters"] != v["parameters"] {
+            return Err(format!(
+                "{who} on {world} rank(s) trains {} parameters, {} {} rank(s) {}: not the \
+                 same model",
+                v["parameters"], first["framework"], first["world_size"], first["parameters"]
+            ));
+        }
+        Ok(Some(v))
+    })?;
+    let runs: Vec<Runs> = runs.into_iter().map(Runs).collect();
+    runs.try_into()
+        .map_err(|_| "the ddp suite has six sides".to_owned())
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {

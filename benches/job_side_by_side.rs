@@ -25,7 +25,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use job_memory::{Measured, measured};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, median, peers};
+use kiln_benches::{SuiteArgs, alternating, bench_root, median, peers};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
@@ -293,30 +293,25 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         split: &split,
     };
     let lightning = peers::dir();
-    let (mut kiln, mut light, mut plain) = (Side::default(), Side::default(), Side::default());
-    for r in 0..repeats {
-        let mut order = ["kiln", "lightning", "plain"];
-        if r % 2 == 1 {
-            order.reverse();
+    let sides = alternating(repeats, &["kiln", "lightning", "plain"], |r, who| {
+        let log = work.join(format!("{who}-{r}.log"));
+        let out = work.join(format!("{who}-{r}"));
+        let cmd = match (who, &lightning) {
+            ("kiln", _) => None,
+            ("plain", _) => Some(torch.command("plain", &out, None)),
+            (_, Ok(dir)) => Some(torch.command("lightning", &out, Some(dir))),
+            (_, Err(_)) => return Ok(None),
+        };
+        eprintln!("job: repeat {r}: {who} (log: {})", log.display());
+        match cmd {
+            None => kiln_run(&data, &sets, &runs, &log).map(Some),
+            Some(cmd) => measured(cmd, &log).map(Some),
         }
-        for who in order {
-            let log = work.join(format!("{who}-{r}.log"));
-            eprintln!("job: repeat {r}: {who} (log: {})", log.display());
-            let out = work.join(format!("{who}-{r}"));
-            match who {
-                "kiln" => kiln.0.push(kiln_run(&data, &sets, &runs, &log)?),
-                "plain" => plain
-                    .0
-                    .push(measured(torch.command("plain", &out, None), &log)?),
-                _ => {
-                    if let Ok(dir) = &lightning {
-                        let cmd = torch.command("lightning", &out, Some(dir));
-                        light.0.push(measured(cmd, &log)?);
-                    }
-                }
-            }
-        }
-    }
+    })?;
+    let [kiln, light, plain]: [Vec<Measured>; 3] = sides
+        .try_into()
+        .map_err(|_| "the job suite has three sides".to_owned())?;
+    let (kiln, light, plain) = (Side(kiln), Side(light), Side(plain));
     let mut out = report(quick, &torch, &kiln, &plain)?;
     match &lightning {
         Ok(_) => lightning_rows(&mut out, &kiln, &light),

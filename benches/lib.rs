@@ -100,20 +100,33 @@ pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value> {
     serde_json::from_str(line).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
 }
 
-/// Runs each command `repeats` times, alternating between them (the order reversed on odd
-/// repeats) so drift on a busy machine hits all alike; returns every run's JSON per command.
+/// Runs each of `sides` `repeats` times, alternating between them (the order reversed on odd
+/// repeats) so drift on a busy machine hits all alike: `run(repeat, side)` measures one run,
+/// `None` where that side is not measured. Returns every side's runs, in `sides`' order.
+pub fn alternating<S: Copy, T>(
+    repeats: usize,
+    sides: &[S],
+    mut run: impl FnMut(usize, S) -> Result<Option<T>>,
+) -> Result<Vec<Vec<T>>> {
+    let mut runs: Vec<Vec<T>> = sides.iter().map(|_| vec![]).collect();
+    for r in 0..repeats {
+        for k in 0..sides.len() {
+            let i = if r % 2 == 0 { k } else { sides.len() - 1 - k };
+            if let Some(v) = run(r, sides[i])? {
+                runs[i].push(v);
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// Runs each command `repeats` times, [`alternating`]; returns every run's JSON per command.
 pub fn interleaved(
     repeats: usize,
     cmds: &[&dyn Fn() -> std::process::Command],
 ) -> Result<Vec<Vec<serde_json::Value>>> {
-    let mut runs = vec![vec![]; cmds.len()];
-    for r in 0..repeats {
-        for i in 0..cmds.len() {
-            let i = if r % 2 == 0 { i } else { cmds.len() - 1 - i };
-            runs[i].push(run_json(cmds[i]())?);
-        }
-    }
-    Ok(runs)
+    let order: Vec<usize> = (0..cmds.len()).collect();
+    alternating(repeats, &order, |_, i| run_json(cmds[i]()).map(Some))
 }
 
 /// The median over runs of the number at `key` (NaN where a run lacks it).

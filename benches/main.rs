@@ -16,7 +16,7 @@ mod learning;
 mod quality;
 #[path = "report_main.rs"]
 mod report;
-#[path = "serve_side_by_side.rs"]
+#[path = "serve/main.rs"]
 mod serve;
 #[path = "train/main.rs"]
 mod train;

@@ -1,0 +1,384 @@
+//! Two `cargo xtask bench` suites over kiln's inference.
+//!
+//! `infer`: kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs out, under
+//! `no_grad`) against PyTorch (`python/infer_step.py`) on the same model, batch, threads and
+//! device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's automatic
+//! precision (bf16 weights where the hardware computes bf16 fast), each against the same
+//! computation in PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's
+//! default (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with
+//! its compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a
+//! sweep of throughput and peak memory.
+//! At fp32 and batches 1 and 64 it also runs the same model exported to ONNX (once per suite
+//! run, into the suite's output directory, through `kiln_infer::export::to_onnx`) in ONNX Runtime,
+//! against the same PyTorch eager computation, with the libtorch engine's figure beside it and
+//! the largest |Δ| between the two engines' outputs; without Python's export packages or the
+//! onnxruntime library those rows are skipped with the reason.
+//! `infer-probe` is the kiln side of one such measurement, in its own process (`--engine
+//! onnxruntime --onnx FILE` for the ONNX Runtime side).
+//!
+//! `serve` (the default): kiln's inference server with dynamic batching against the same
+//! server answering one request at a time (`infer.batch_size = 1`), on the same model, under the
+//! same closed-loop load (`--clients` concurrent keep-alive clients each sending one `.npy`
+//! sample at a time). Reports throughput and p50/p95/p99 latency of both, their ratios, and
+//! writes its suite output. Goal on a CPU: at least 2× the throughput at no worse
+//! p95. A third side serves with `infer.engine = auto` (libtorch and the model's ONNX export,
+//! the faster per batch-size bucket, measured when the server starts) against dynamic batching
+//! on libtorch.
+//!
+//! The model is an MLP on 784 features (1024, 1024 hidden, 10 classes, fp32, random weights):
+//! at batch 1 each request reads all 4 MB of weights for a handful of multiply-adds per weight,
+//! which is what batching amortises.
+
+mod dynamic;
+mod infer;
+mod peer;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use kiln_benches::args::parse_device;
+use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
+use kiln_benches::{
+    SuiteArgs, alternating, bench_root, device_name, interleaved, median, median_of,
+    peak_memory_mib,
+};
+use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
+use kiln_device::settings::AmpDtype;
+use kiln_infer::choose::AutoEngine;
+use kiln_infer::onnx::{OnnxEngine, OnnxOptions};
+use kiln_infer::serve::loadgen::{self, LoadReport};
+use kiln_infer::serve::{BatchRunner, RunnerFactory, ServeConfig, Server};
+use kiln_infer::{Engine, EngineOptions, LoadedModel, Runner};
+use kiln_train::model::InputSpec;
+use kiln_train::model::Model;
+use kiln_train::source::build;
+use serde_json::{Value, json};
+use tch::{Device, nn};
+
+use kiln_benches::Result;
+
+const FEATURES: usize = 784;
+/// The bench model, for descriptions.
+const MODEL: &str = "mlp 784-1024-1024-10";
+
+/// `kiln-bench serve`: the serve and infer suites, and the engine's probe.
+#[derive(Debug, Parser)]
+#[command(name = "kiln-bench serve", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Sub>,
+    /// Without a subcommand: the `serve` suite.
+    #[command(flatten)]
+    suite: SuiteArgs,
+}
+
+// Parsed once per process: the size of a variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+enum Sub {
+    /// Dynamic batching vs batch-size-1 serving, and vs LitServe.
+    Serve(SuiteArgs),
+    /// Offline inference vs PyTorch (eager, inference_mode, torch.compile; batch-size sweep).
+    Infer(SuiteArgs),
+    /// Times kiln's engine over batches of random host inputs; prints one JSON line.
+    InferProbe(InferProbeArgs),
+}
+
+/// `infer-probe`'s options.
+#[derive(Debug, Args)]
+struct InferProbeArgs {
+    /// fp32, bf16 or fp16.
+    #[arg(long, default_value = "fp32")]
+    precision: AmpDtype,
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    #[arg(long, default_value_t = 200)]
+    batches: usize,
+    #[arg(long, default_value_t = 20)]
+    warmup: usize,
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
+    #[arg(long, value_parser = parse_device)]
+    device: Option<Device>,
+    /// CUDA graphs: on, off or auto.
+    #[arg(long, default_value = "off", value_parser = parse_graphs)]
+    graphs: CudaGraphs,
+    /// The engine timed: kiln's libtorch engine, or ONNX Runtime over `--onnx` (fp32 only).
+    #[arg(long, value_enum, default_value = "libtorch")]
+    engine: ProbeEngine,
+    /// The bench model exported to ONNX (for `--engine onnxruntime`).
+    #[arg(long, value_name = "FILE")]
+    onnx: Option<PathBuf>,
+}
+
+/// `infer-probe --engine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ProbeEngine {
+    Libtorch,
+    Onnxruntime,
+}
+
+fn parse_graphs(v: &str) -> Result<CudaGraphs> {
+    match v {
+        "on" => Ok(CudaGraphs::On),
+        "off" => Ok(CudaGraphs::Off),
+        "auto" => Ok(CudaGraphs::Auto),
+        other => Err(format!("`{other}`: expected on, off or auto")),
+    }
+}
+
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+pub fn main(args: Vec<std::ffi::OsString>) {
+    let cli = Cli::parse_from(args);
+    let result = match cli.command {
+        None => dynamic::compare(&cli.suite),
+        Some(Sub::Serve(a)) => dynamic::compare(&a),
+        Some(Sub::Infer(a)) => infer::infer_suite(&a),
+        Some(Sub::InferProbe(a)) => infer::infer_probe(&a),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// A factory for the benchmark's model behind an engine of `max_batch` on the CPU.
+fn factory(max_batch: usize) -> RunnerFactory {
+    Box::new(move || {
+        let engine = engine(Device::Cpu, AmpDtype::None, max_batch, CudaGraphs::Off)?;
+        Ok(Box::new(engine) as Box<dyn BatchRunner>)
+    })
+}
+
+/// The benchmark's model, an MLP on [`FEATURES`] features (1024, 1024 hidden, 10 classes), with
+/// random weights from seed 0: the engine serves it, and the serving peer gets its weights.
+fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let plan = ModelPlan {
+        kind: ModelKind::Mlp,
+        dropout: 0.0,
+        d_model: 256,
+        heads: 8,
+        layers: 4,
+        ff: 1024,
+        hidden: vec![1024, 1024],
+        channels: vec![32, 64, 128],
+        activation_checkpointing: false,
+        script: None,
+        output: None,
+        freeze: None,
+    };
+    let input = InputSpec {
+        sample_shape: vec![FEATURES],
+        classes: 10,
+        target: None,
+        integer_features: false,
+    };
+    let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
+    Ok((vs, model))
+}
+
+/// The benchmark's model (random weights, seed 0) behind an engine, warmed up at full batch.
+fn engine(
+    device: Device,
+    precision: AmpDtype,
+    max_batch: usize,
+    cuda_graphs: CudaGraphs,
+) -> Result<Engine> {
+    let (vs, model) = mlp(device)?;
+    let model = LoadedModel::from_kiln(vs, model, MODEL, vec![FEATURES], precision);
+    let mut engine = Engine::new(
+        model,
+        vec![FEATURES],
+        EngineOptions {
+            max_batch,
+            cuda_graphs,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    engine
+        .run(&vec![0.0; FEATURES * max_batch], max_batch)
+        .map_err(|e| e.to_string())?;
+    Ok(engine)
+}
+
+/// The bench model exported to ONNX and checked against the libtorch engine: what the
+/// onnxruntime rows and the `engine = auto` side run.
+#[derive(Debug, Clone)]
+struct OnnxModel {
+    path: PathBuf,
+    /// ONNX Runtime and its provider, e.g. "onnxruntime 1.31.1 (CPU build), CPU provider, 2
+    /// threads".
+    status: String,
+    /// The largest |Δ| between ONNX Runtime's and the libtorch engine's fp32 outputs on one
+    /// batch of `check_batch` random samples.
+    max_abs: f64,
+    check_batch: usize,
+    /// The exporter's own check (against kiln's output at two other batch sizes).
+    export_max_abs: f64,
+    export_s: f64,
+}
+
+impl OnnxModel {
+    /// For the rows' and the suite's details.
+    fn details(&self) -> Value {
+        json!({
+            "file": self.path.display().to_string(),
+            "runtime": self.status,
+            "exported_by": "kiln_infer::export::to_onnx (traced TorchScript, PyTorch's ONNX \
+                            exporter, checked in onnxruntime)",
+            "export_s": self.export_s,
+            "same_function": {
+                "max_abs_diff_onnxruntime_vs_libtorch": self.max_abs,
+                "batch": self.check_batch,
+                "export_check_max_abs": self.export_max_abs,
+                "tolerance": kiln_infer::export::TOLERANCE,
+            },
+        })
+    }
+}
+
+/// Exports the bench model (fp32, on the CPU, random weights from seed 0) to
+/// `<out's directory>/<suite>-mlp.onnx` (replacing an earlier run's file there), opens it in
+/// ONNX Runtime on `device` with `threads` threads, and compares one batch of `batch` samples
+/// with the libtorch engine's outputs. Any failure (no Python, no export packages, no
+/// onnxruntime, a device the runtime cannot use) is the onnxruntime rows' reason to skip.
+fn export_onnx(
+    out: &Path,
+    suite: &str,
+    device: Device,
+    threads: usize,
+    batch: usize,
+) -> Result<OnnxModel> {
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let path = dir.join(format!("{suite}-mlp.onnx"));
+    if path.exists() {
+        std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let started = Instant::now();
+    let (vs, model) = mlp(Device::Cpu)?;
+    let model = LoadedModel::from_kiln(vs, model, MODEL, vec![FEATURES], AmpDtype::None);
+    let exported = kiln_infer::export::to_onnx(&model, &[FEATURES], &path, &[])
+        .map_err(|e| format!("exporting the bench model to ONNX failed: {e}"))?;
+    let export_s = started.elapsed().as_secs_f64();
+    let mut onnx = onnx_engine(&path, device, batch, threads)?;
+    let mut torch = engine(device, AmpDtype::None, batch, CudaGraphs::Off)?;
+    let inputs = probe_inputs(batch)?;
+    let (ours, _) = onnx.run(&inputs, batch).map_err(|e| e.to_string())?;
+    let max_abs = max_abs_vs(&mut torch, &inputs, batch, &ours)?;
+    Ok(OnnxModel {
+        path,
+        status: onnx.status(),
+        max_abs,
+        check_batch: batch,
+        export_max_abs: exported.max_abs,
+        export_s,
+    })
+}
+
+/// The bench model's ONNX file in ONNX Runtime, warmed up at full batch.
+fn onnx_engine(
+    path: &Path,
+    device: Device,
+    max_batch: usize,
+    threads: usize,
+) -> Result<OnnxEngine> {
+    let options = OnnxOptions {
+        max_batch,
+        threads,
+        device,
+        input_shape: Some(vec![FEATURES]),
+    };
+    let mut engine = OnnxEngine::open(path, &options).map_err(|e| e.to_string())?;
+    engine
+        .run(&vec![0.0; FEATURES * max_batch], max_batch)
+        .map_err(|e| e.to_string())?;
+    Ok(engine)
+}
+
+/// `batch` samples of N(0, 1) inputs from seed 1, as host values.
+fn probe_inputs(batch: usize) -> Result<Vec<f32>> {
+    tch::manual_seed(1);
+    Vec::<f32>::try_from(tch::Tensor::randn(
+        [(batch * FEATURES) as i64],
+        (tch::Kind::Float, Device::Cpu),
+    ))
+    .map_err(|e| e.to_string())
+}
+
+/// The largest |Δ| between `outputs` and what `reference` computes on the same inputs.
+fn max_abs_vs(
+    reference: &mut dyn Runner,
+    inputs: &[f32],
+    batch: usize,
+    outputs: &[f32],
+) -> Result<f64> {
+    let (theirs, _) = reference.run(inputs, batch).map_err(|e| e.to_string())?;
+    if theirs.len() != outputs.len() {
+        return Err(format!(
+            "the engines disagree on the output size: {} values against {}",
+            outputs.len(),
+            theirs.len()
+        ));
+    }
+    Ok(outputs
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| f64::from((a - b).abs()))
+        .fold(0.0, |m, d| {
+            if d.is_nan() || m.is_nan() {
+                f64::NAN
+            } else {
+                m.max(d)
+            }
+        }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_lines_xtask_and_the_opts_suite_use_parse() {
+        Cli::command().debug_assert();
+        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace());
+        let cli = parse("kiln-bench-serve infer --quick --device cpu --out F --threads 3").unwrap();
+        let Some(Sub::Infer(a)) = cli.command else {
+            panic!("not the infer suite: {cli:?}");
+        };
+        assert_eq!((a.device(), a.threads_or(2)), (Device::Cpu, 3));
+        let cli =
+            parse("kiln-bench-serve infer-probe --graphs on --batch 1 --device cuda").unwrap();
+        let Some(Sub::InferProbe(p)) = cli.command else {
+            panic!("not the probe: {cli:?}");
+        };
+        assert_eq!((p.graphs, p.batch), (CudaGraphs::On, 1));
+        assert_eq!((p.engine, p.onnx), (ProbeEngine::Libtorch, None));
+        let cli = parse("kiln-bench-serve infer-probe --engine onnxruntime --onnx m.onnx").unwrap();
+        let Some(Sub::InferProbe(p)) = cli.command else {
+            panic!("not the probe: {cli:?}");
+        };
+        assert_eq!(p.engine, ProbeEngine::Onnxruntime);
+        assert_eq!(p.onnx.as_deref(), Some(Path::new("m.onnx")));
+        assert!(parse("kiln-bench-serve infer-probe --engine tensorrt").is_err());
+        let cli = parse("kiln-bench-serve --clients 8 --max-wait-ms 1.5").unwrap();
+        assert_eq!(
+            (cli.suite.clients, cli.suite.max_wait_ms),
+            (Some(8), Some(1.5))
+        );
+        let err = parse("kiln-bench-serve serve --clint 8")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--clint"), "{err}");
+    }
+}
