@@ -30,7 +30,7 @@ use kiln_device::settings::AmpDtype;
 use kiln_train::feed::DeviceBatch;
 use kiln_train::model::InputSpec;
 use kiln_train::source::build;
-use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
+use kiln_train::trainer::{TrainSettings, Trainer};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};
 
@@ -379,7 +379,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         json!({
             "framework": "kiln",
             "model": kind.as_str(),
-            "precision": precision_name(precision),
+            "precision": precision.as_str(),
             "threads": tch::get_num_threads(),
             "losses": losses,
             "held_out_loss": eval.metrics.loss(),
@@ -431,7 +431,7 @@ fn suite(args: &LearningArgs) -> Result<()> {
         let job = job(kind, quick);
         let job_file = prepare(&work, kind, &job)?;
         for precision in PRECISIONS {
-            let name = precision_name(precision);
+            let name = precision.as_str();
             eprintln!(
                 "learning: {kind} {name}, {} steps: kiln, then PyTorch",
                 job.steps
@@ -538,7 +538,7 @@ fn measure(p: &Pair) -> Result<Measured> {
         return Err(format!(
             "{} {}: kiln ran {} steps, PyTorch {}",
             p.kind,
-            precision_name(p.precision),
+            p.precision.as_str(),
             kiln.len(),
             torch.len()
         ));
@@ -560,7 +560,7 @@ fn measure(p: &Pair) -> Result<Measured> {
 fn details(p: &Pair, m: &Measured) -> Value {
     json!({
         "model": p.kind.as_str(),
-        "precision": precision_name(p.precision),
+        "precision": p.precision.as_str(),
         "steps": m.kiln.len(), "batch_size": p.job.batch, "pool": p.job.pool,
         "sample_shape": p.job.sample_shape, "classes": p.job.classes,
         "held_out": p.job.held_out, "tail": p.job.tail,
@@ -596,7 +596,7 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
     let what = format!(
         "{} {}, {} steps of batch {}{quick_note}",
         p.kind,
-        precision_name(p.precision),
+        p.precision.as_str(),
         m.kiln.len(),
         p.job.batch
     );
@@ -672,7 +672,7 @@ fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
                        "bf16_held_out_accuracy_points": BF16_ACCURACY_TOLERANCE},
         "quick": quick,
         "runs": pairs.iter().map(|p| json!({"model": p.kind.as_str(),
-            "precision": precision_name(p.precision), "kiln": p.kiln, "pytorch": p.torch}))
+            "precision": p.precision.as_str(), "kiln": p.kiln, "pytorch": p.torch}))
             .collect::<Vec<_>>(),
     });
     Ok(out)

@@ -26,8 +26,8 @@ use kiln_config::{ConfigRequest, Machine};
 use kiln_data::{
     DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset, SyntheticSequences,
 };
+use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer};
-use kiln_train::run::{RunControl, train};
 use serde_json::{Value, json};
 
 use kiln_benches::Result;
@@ -259,17 +259,15 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
     req.sets.extend(a.sets.iter().cloned());
     let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
-    let device = resolution.selection.device;
-    kiln_device::settings::apply(&resolution.plan.performance.backend, device);
+    // As `kiln train --data` runs it: the library's front door with these settings.
+    let learner = Learner::builder()
+        .resolution(resolution)
+        .build()
+        .map_err(|e| e.to_string())?;
     let mut epochs = Epochs::default();
-    let outcome = train(
-        &resolution.plan,
-        device,
-        Some(&data.join("kiln")),
-        RunControl::default(),
-        &mut epochs,
-    )
-    .map_err(|e| e.to_string())?;
+    let outcome = learner
+        .fit_plan(Some(&data.join("kiln")), &mut epochs)
+        .map_err(|e| e.to_string())?;
     let s = &outcome.summary;
     println!(
         "{}",

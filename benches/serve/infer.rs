@@ -79,7 +79,7 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
             "engine": runner.engine(),
             "max_abs_vs_libtorch": max_abs,
             "device": device_name(device),
-            "precision": kiln_train::trainer::precision_name(precision),
+            "precision": precision.as_str(),
             "batch": batch,
             "batches": batches,
             "threads": threads,
@@ -388,7 +388,7 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
         graphs: if device.is_cuda() { "on" } else { "off" },
         onnx: None,
     };
-    let auto = kiln_train::trainer::precision_name(auto_precision(device)?);
+    let auto = auto_precision(device)?.as_str();
     let mut out = SuiteOutput::new(
         "infer",
         &format!(

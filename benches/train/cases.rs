@@ -361,7 +361,7 @@ fn case_batch(o: &Opts, case: &Case) -> Result<usize> {
 /// The row name `case` will have on the suite's device (kiln's `auto` as the profile chooses).
 pub fn planned_name(o: &Opts, case: &Case) -> Result<String> {
     let auto = super::resolved(o.device)?.plan.train.amp;
-    let precision = kiln_train::trainer::precision_name(auto);
+    let precision = auto.as_str();
     Ok(case_name(case, precision, case_batch(o, case)?))
 }
 

@@ -16,7 +16,7 @@ use kiln_train::models::TransformerShape;
 use kiln_train::run::synthetic_shape;
 use kiln_train::script::ScriptModel;
 use kiln_train::source::build;
-use kiln_train::trainer::{TrainSettings, Trainer, precision_name};
+use kiln_train::trainer::{TrainSettings, Trainer};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
@@ -265,7 +265,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             "program": a.program,
             "cuda_graphs": a.cuda_graphs,
             "load_s": load_s,
-            "precision": precision_name(precision),
+            "precision": precision.as_str(),
             "precision_requested": a.precision,
             "tf32": tf32,
             "batch": batch,

@@ -122,7 +122,7 @@ pub fn precision_name(p: AmpDtype) -> &'static str {
 /// What one optimizer step did.
 #[derive(Debug)]
 pub struct StepOutcome {
-    /// The step's metric sums (see [`crate::loss::BatchSums`]; the first value on the device
+    /// The step's metric sums (see [`crate::metrics::BatchSums`]; the first value on the device
     /// is the loss × samples).
     pub sums: BatchSums,
     pub samples: u64,
