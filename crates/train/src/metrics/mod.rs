@@ -227,7 +227,12 @@ impl MetricSet {
             let sums = m.batch(&batch)?;
             debug_assert_eq!(sums.len(), m.sums().len(), "{}", m.name());
             for s in sums {
-                parts.push(s.f_to_kind(Kind::Float)?.f_reshape([])?);
+                // (Most sums are 0-dim f32 already: checked on the host, no op dispatched.)
+                let s = match s.kind() == Kind::Float && s.dim() == 0 {
+                    true => s,
+                    false => s.f_to_kind(Kind::Float)?.f_reshape([])?,
+                };
+                parts.push(s);
             }
         }
         Ok(BatchSums {
