@@ -296,17 +296,14 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let sides = alternating(repeats, &["kiln", "lightning", "plain"], |r, who| {
         let log = work.join(format!("{who}-{r}.log"));
         let out = work.join(format!("{who}-{r}"));
-        let cmd = match (who, &lightning) {
-            ("kiln", _) => None,
-            ("plain", _) => Some(torch.command("plain", &out, None)),
-            (_, Ok(dir)) => Some(torch.command("lightning", &out, Some(dir))),
+        eprintln!("job: repeat {r}: {who} (log: {})", log.display());
+        let run = match (who, &lightning) {
+            ("kiln", _) => kiln_run(&data, &sets, &runs, &log)?,
+            ("plain", _) => measured(torch.command("plain", &out, None), &log)?,
+            (_, Ok(dir)) => measured(torch.command("lightning", &out, Some(dir)), &log)?,
             (_, Err(_)) => return Ok(None),
         };
-        eprintln!("job: repeat {r}: {who} (log: {})", log.display());
-        match cmd {
-            None => kiln_run(&data, &sets, &runs, &log).map(Some),
-            Some(cmd) => measured(cmd, &log).map(Some),
-        }
+        Ok(Some(run))
     })?;
     let [kiln, light, plain]: [Vec<Measured>; 3] = sides
         .try_into()

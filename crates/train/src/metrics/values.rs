@@ -36,10 +36,6 @@ impl MetricValues {
         self.items.iter().copied()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-
     /// The values by their names behind `prefix` (`val_loss`, …), as checkpoints record them.
     pub fn named(&self, prefix: &str) -> BTreeMap<String, f64> {
         self.iter()

@@ -406,11 +406,6 @@ impl<'m> Trainer<'m> {
         self.loss
     }
 
-    /// The task's metrics reported with the loss.
-    pub fn metric(&self) -> MetricKind {
-        self.metrics.kind()
-    }
-
     /// The metrics the run reports.
     pub fn metrics(&self) -> &MetricSet {
         &self.metrics
