@@ -26,6 +26,7 @@ exit status 2 for a problem with the user's program or settings. Progress goes t
 """
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -478,6 +479,20 @@ def export_and_compile(module, args, dynamic_at, path, dynamic):
     torch._inductor.aoti_compile_and_package(ep, package_path=path)
 
 
+def attention_backends(device):
+    """The attention kernels a trace may pick on `device`. On CUDA, cuDNN attention is left
+    out: on an H100 (torch 2.11.0+cu130) eager PyTorch picks it for bf16, and the joint graph
+    holding it is exact when run eagerly, but its AOTInductor package computed another loss
+    from the first step (1.39996 against eager's 1.42120) and the run did not learn. Flash,
+    memory-efficient and math attention stay, in PyTorch's order of preference."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                        SDPBackend.MATH])
+
+
 def compile_train(ep, a, device, dynamic, fixed):
     device_type = device.type
     gm = ep.module().to(device)
@@ -590,14 +605,16 @@ def compile_all(a):
         if a.loss is None:
             raise UserError("loss", "the train step needs --loss")
         log("compiling the train step (forward, loss and backward) with AOTInductor…")
-        manifest.update(compile_train(ep, a, device, dynamic, fixed))
+        with attention_backends(device):
+            manifest.update(compile_train(ep, a, device, dynamic, fixed))
     if a.what in ("eval", "both"):
         if "parameters" not in manifest:
             gm = ep.module()
             manifest["parameters"] = [n for n, _ in gm.named_parameters()]
             manifest["buffers"] = [n for n, _ in gm.named_buffers()]
         log("compiling the eval forward…")
-        compile_eval(ep, a, device, dynamic, fixed, manifest, target)
+        with attention_backends(device):
+            compile_eval(ep, a, device, dynamic, fixed, manifest, target)
     names = manifest["parameters"] + manifest["buffers"]
     write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
     manifest["compile_s"] = time.time() - started

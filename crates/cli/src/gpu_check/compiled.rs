@@ -69,10 +69,10 @@ pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
         pass,
         format!(
             "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ {GRADIENT_TOLERANCE:e}); \
-             bf16, {STEPS} full-batch steps: loss {:.3} → {last:.4} vs eager {eager_last:.4} \
-             (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, {:.1} s bf16, \
-             cache hit {:.2} s{graph_text}",
-            losses[0], fp32.compile_s, bf16_compile.compile_s, fp32.hit_s
+             bf16, {STEPS} full-batch steps: loss {:.4} → {last:.4} vs eager {:.4} → \
+             {eager_last:.4} (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, \
+             {:.1} s bf16, cache hit {:.2} s{graph_text}",
+            losses[0], eager[0], fp32.compile_s, bf16_compile.compile_s, fp32.hit_s
         ),
     )
     .figure("graph_bf16_losses", json!(graphed.as_ref().map(|g| &g.0)))
