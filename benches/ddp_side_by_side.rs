@@ -149,7 +149,7 @@ fn resolve(sets: &[String]) -> Result<RunPlan> {
 /// their paths, the sample's shape and the classes.
 fn write_data(dir: &Path, plan: &RunPlan, samples: usize) -> Result<Data> {
     let seed = plan.performance.backend.seed;
-    let data = kiln_train::run::synthetic_dataset(plan.model.kind, samples, seed)
+    let data = kiln_train::models::synthetic_dataset(plan.model.kind, samples, seed)
         .map_err(|e| e.to_string())?;
     let numel = data.sample_numel();
     let classes = data

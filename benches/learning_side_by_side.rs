@@ -22,15 +22,14 @@ use std::process::Command;
 use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{SuiteArgs, bench_root, figure, run_json};
-use kiln_config::{ModelKind, ModelPlan, OptimizerKind, ScheduleKind};
+use kiln_config::{ModelKind, ModelPlan};
 use kiln_data::{
     Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
 };
 use kiln_device::settings::AmpDtype;
-use kiln_train::feed::DeviceBatch;
 use kiln_train::model::InputSpec;
 use kiln_train::source::build;
-use kiln_train::trainer::{TrainSettings, Trainer};
+use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};
 
@@ -278,19 +277,12 @@ fn prepare(dir: &Path, kind: ModelKind, job: &Job) -> Result<PathBuf> {
     Ok(job_path)
 }
 
-/// The train suite's settings (fused AdamW, constant lr, no clipping) at `precision`.
-fn settings(precision: AmpDtype) -> TrainSettings {
-    TrainSettings {
-        epochs: 1,
-        precision,
+/// The train suite's step (fused AdamW, constant lr, no clipping) at `precision`.
+fn options(precision: AmpDtype) -> StepOptions {
+    StepOptions {
         lr: LR,
         weight_decay: WEIGHT_DECAY,
-        clip_grad_norm: 0.0,
-        schedule: ScheduleKind::Constant,
-        warmup_steps: 0,
-        optimizer: OptimizerKind::AdamW,
-        log_interval: 1,
-        ..TrainSettings::default()
+        ..StepOptions::new(precision)
     }
 }
 
@@ -301,14 +293,12 @@ fn named<'a>(data: &'a [(String, Tensor)], name: &str, path: &Path) -> Result<&'
         .ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
 }
 
-fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize, number: usize) -> Result<DeviceBatch> {
+fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
     let (s, n) = (start as i64, len as i64);
-    Ok(DeviceBatch {
-        features: x.f_narrow(0, s, n).map_err(|e| e.to_string())?,
-        targets: y.f_narrow(0, s, n).map_err(|e| e.to_string())?,
-        indices: vec![],
-        number,
-    })
+    Ok((
+        x.f_narrow(0, s, n).map_err(|e| e.to_string())?,
+        y.f_narrow(0, s, n).map_err(|e| e.to_string())?,
+    ))
 }
 
 /// One kiln run: loads the initial weights and data `prepare` wrote into `--dir`, trains
@@ -332,29 +322,22 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         named(&data, "train_x", &path)?,
         named(&data, "train_y", &path)?,
     );
-    let mut trainer = Trainer::new(
+    let mut stepper = Stepper::new(
         model.as_ref(),
         kind.as_str(),
         &vs,
-        settings(precision),
+        &options(precision),
         Device::Cpu,
     )
     .map_err(|e| e.to_string())?;
-    trainer
+    stepper
         .set_target(&TargetSpec::label(job.classes))
         .map_err(|e| e.to_string())?;
     let mut losses = Vec::with_capacity(job.steps);
     for step in 0..job.steps {
         let first = step * job.batch % job.pool;
-        let out = trainer
-            .train_step(&[batch(x, y, first, job.batch, step)?], LR)
-            .map_err(|e| e.to_string())?;
-        let loss_sum = out
-            .sums
-            .values
-            .f_double_value(&[0])
-            .map_err(|e| e.to_string())?;
-        let loss = loss_sum / job.batch as f64;
+        let (bx, by) = batch(x, y, first, job.batch)?;
+        let loss = stepper.step(&bx, &by).map_err(|e| e.to_string())?;
         if !loss.is_finite() {
             return Err(format!(
                 "{kind}: non-finite loss at step {step}: {losses:?}"
@@ -368,12 +351,9 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     );
     let batches = (0..job.held_out)
         .step_by(EVAL_BATCH)
-        .enumerate()
-        .map(|(i, s)| batch(hx, hy, s, EVAL_BATCH.min(job.held_out - s), i))
+        .map(|s| batch(hx, hy, s, EVAL_BATCH.min(job.held_out - s)))
         .collect::<Result<Vec<_>>>()?;
-    let eval = trainer
-        .evaluate(batches.into_iter().map(Ok))
-        .map_err(|e| e.to_string())?;
+    let eval = stepper.evaluate(batches).map_err(|e| e.to_string())?;
     println!(
         "{}",
         json!({
@@ -382,8 +362,8 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
             "precision": precision.as_str(),
             "threads": tch::get_num_threads(),
             "losses": losses,
-            "held_out_loss": eval.metrics.loss(),
-            "held_out_accuracy": eval.metrics.get("accuracy"),
+            "held_out_loss": eval.loss(),
+            "held_out_accuracy": eval.get("accuracy"),
             "seconds": start.elapsed().as_secs_f64(),
         })
     );

@@ -6,17 +6,16 @@ use std::time::Instant;
 use clap::Args;
 use kiln_benches::args::{parse_device, parse_on_off};
 use kiln_benches::{device_name, median, peak_memory_mib};
-use kiln_config::{ModelKind, OptimizerKind, ScheduleKind};
+use kiln_config::ModelKind;
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::flags::{self, Flag};
-use kiln_train::feed::DeviceBatch;
 use kiln_train::model::Model;
 use kiln_train::model::{InputSpec, parameter_count};
 use kiln_train::models::TransformerShape;
-use kiln_train::run::synthetic_shape;
+use kiln_train::models::synthetic_shape;
 use kiln_train::script::ScriptModel;
 use kiln_train::source::build;
-use kiln_train::trainer::{TrainSettings, Trainer};
+use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
@@ -148,33 +147,6 @@ fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
     Ok(device.is_cuda() && flags::flag(Flag::Tf32CuBlas).unwrap_or(false))
 }
 
-fn settings(precision: AmpDtype) -> TrainSettings {
-    TrainSettings {
-        epochs: 1,
-        precision,
-        optimizer: OptimizerKind::AdamW,
-        lr: 1e-3,
-        weight_decay: 0.01,
-        momentum: 0.0,
-        grad_accum_steps: 1,
-        clip_grad_norm: 0.0,
-        schedule: ScheduleKind::Constant,
-        warmup_steps: 0,
-        min_lr: 0.0,
-        loss_scale: kiln_config::LossScalePlan {
-            init: 65536.0,
-            growth: 2.0,
-            backoff: 0.5,
-            growth_interval: 2000,
-        },
-        log_interval: 1,
-        empty_cache_interval: 0,
-        max_bad_steps: 10,
-        loss: kiln_config::LossKind::Auto,
-        cuda_graphs: kiln_config::CudaGraphs::Off,
-    }
-}
-
 /// What the probe's steps gave: the timed steps' seconds, every step's loss, the first step's
 /// seconds and the phase breakdown of the breakdown steps.
 struct Steps {
@@ -239,18 +211,17 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         .map_err(|e| e.to_string())?,
     };
     let load_s = loading.elapsed().as_secs_f64();
-    let mut train_settings = settings(precision);
-    if a.cuda_graphs {
-        train_settings.cuda_graphs = kiln_config::CudaGraphs::On;
-    }
-    let mut trainer = Trainer::new(model.as_ref(), kind.as_str(), &vs, train_settings, device)
+    let options = StepOptions {
+        cuda_graphs: a.cuda_graphs,
+        ..StepOptions::new(precision)
+    };
+    let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, device)
         .map_err(|e| e.to_string())?;
-    trainer.plan_cuda_graph().map_err(|e| e.to_string())?;
     let mut dims = vec![batch as i64];
     dims.extend(shape.iter().map(|&d| d as i64));
     let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
     let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, device));
-    let s = run_steps(a, &mut trainer, (&features, &labels))?;
+    let s = run_steps(a, &mut stepper, (&features, &labels))?;
     let median = median(s.times.clone());
     let flops = flops_per_step(kind, &size, batch);
     let (memory, memory_kind) = peak_memory_mib(device);
@@ -313,40 +284,26 @@ fn program_model(
 /// The warm-up, timed and breakdown steps on one resident batch.
 fn run_steps(
     a: &ProbeArgs,
-    trainer: &mut Trainer<'_>,
+    stepper: &mut Stepper<'_>,
     (features, labels): (&Tensor, &Tensor),
 ) -> Result<Steps> {
     let (warmup, steps, breakdown_steps) = (a.warmup, a.steps.max(1), a.breakdown_steps);
-    let batch = a.batch.max(1);
     let mut times = Vec::with_capacity(steps);
     let mut losses = vec![];
     let mut data_wait = 0.0;
     let mut first_step = f64::NAN;
     for i in 0..warmup + steps + breakdown_steps {
         if i == warmup + steps {
-            trainer.set_phase_timing(true);
+            stepper.time_phases(true);
         }
         let start = Instant::now();
         // One resident batch, as on the Python side: the data wait is fetching it.
-        let batch_in = DeviceBatch {
-            features: features.shallow_clone(),
-            targets: labels.shallow_clone(),
-            indices: vec![],
-            number: i,
-        };
+        let (x, y) = (features.shallow_clone(), labels.shallow_clone());
         if i >= warmup + steps {
             data_wait += start.elapsed().as_secs_f64();
         }
-        let out = trainer
-            .train_step(&[batch_in], 1e-3)
-            .map_err(|e| e.to_string())?;
-        // Read the loss each step, as a training loop that logs does (loss.item()).
-        let loss = out
-            .sums
-            .values
-            .f_double_value(&[0])
-            .map_err(|e| e.to_string())?
-            / batch as f64;
+        // The loss is read each step, as a training loop that logs does (loss.item()).
+        let loss = stepper.step(&x, &y).map_err(|e| e.to_string())?;
         if (warmup..warmup + steps).contains(&i) {
             times.push(start.elapsed().as_secs_f64());
         }
@@ -358,7 +315,7 @@ fn run_steps(
     if losses.iter().any(|l| !l.is_finite()) {
         return Err(format!("non-finite loss during training: {losses:?}"));
     }
-    let breakdown = trainer.phase_times().map(|t| {
+    let breakdown = stepper.phase_times().map(|t| {
         let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / breakdown_steps as f64;
         json!({
             "data_wait_ms": data_wait * 1e3 / breakdown_steps as f64,

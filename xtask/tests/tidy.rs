@@ -157,7 +157,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
     ),
     ("model sources", &["models", "program", "script", "source"]),
     ("checkpoints", &["checkpoint"]),
-    ("the step and the fit loop", &["trainer"]),
+    ("the step and the fit loop", &["stepper", "trainer"]),
     ("the run", &["batch_search", "learner", "run"]),
 ];
 
@@ -250,6 +250,71 @@ fn train_modules_use_only_their_layer_and_below_and_form_no_circle() {
     }
     // No circle within a layer either.
     assert_no_circle("crates/train", &imports);
+}
+
+/// The modules of `kiln_train` the benchmarks may name (docs/ARCHITECTURE.md, "Public library
+/// API"): the building blocks, never the run's own machinery (`trainer`, `feed`, `run`, …).
+const PUBLIC_TRAIN_MODULES: &[&str] = &[
+    "prelude",
+    "model",
+    "models",
+    "source",
+    "script",
+    "program",
+    "loss",
+    "optim",
+    "stepper",
+    "metrics",
+    "record",
+    "learner",
+    "plot",
+    "TrainError",
+];
+
+/// The names that follow `kiln_train::` in `code`, a `{…}` group's first-level names included.
+fn train_names(code: &str) -> Vec<String> {
+    let mut names = vec![];
+    for (i, _) in code.match_indices("kiln_train::") {
+        let rest = &code[i + "kiln_train::".len()..];
+        let group = rest
+            .strip_prefix('{')
+            .map(|g| &g[..g.find('}').unwrap_or(g.len())]);
+        let heads: Vec<&str> = match group {
+            Some(g) => g.split(',').collect(),
+            None => vec![rest],
+        };
+        for head in heads {
+            let name: String = head
+                .trim()
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                names.push(name);
+            }
+        }
+    }
+    names
+}
+
+/// The benchmarks drive kiln through its public library API, so a change inside the trainer
+/// never breaks them.
+#[test]
+fn benches_use_only_the_public_train_modules() {
+    let root = root();
+    let mut found = vec![];
+    for file in files(&root.join("benches"), &["rs"]) {
+        for name in train_names(&code_of(&file)) {
+            if !PUBLIC_TRAIN_MODULES.contains(&name.as_str()) {
+                found.push(format!("{}: kiln_train::{name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "benches name kiln_train's internals (use the Learner, the Stepper or a module \
+         docs/ARCHITECTURE.md lists as public): {found:#?}"
+    );
 }
 
 /// Every crate's modules import each other without a circle, but config's key table: its

@@ -73,7 +73,7 @@ fn check_builtin_shape(kind: ModelKind, shape: &[usize]) -> anyhow::Result<()> {
         ModelKind::TorchScript | ModelKind::Program => return Ok(()),
     };
     if shape.len() != dims {
-        let default = kiln_train::run::synthetic_shape(kind).map_or(vec![], |s| s.0);
+        let default = kiln_train::models::synthetic_shape(kind).map_or(vec![], |s| s.0);
         anyhow::bail!(
             "--input-shape {}: the {kind} takes samples of shape {expected} ({dims} dimensions), \
              e.g. --input-shape {} (its default)",
@@ -404,7 +404,7 @@ impl Run<'_> {
 /// What a built-in model is built for: `--input-shape` or its synthetic data's shape, and its
 /// synthetic data's classes.
 fn builtin_input(kind: ModelKind, given_shape: Option<&[usize]>) -> InputSpec {
-    let (default_shape, classes) = kiln_train::run::synthetic_shape(kind).unwrap_or_default();
+    let (default_shape, classes) = kiln_train::models::synthetic_shape(kind).unwrap_or_default();
     InputSpec {
         sample_shape: given_shape.map_or(default_shape, <[usize]>::to_vec),
         classes,

@@ -32,6 +32,7 @@ pub mod scaler;
 pub mod schedule;
 pub mod script;
 pub mod source;
+pub mod stepper;
 pub mod trainer;
 pub mod weights;
 
@@ -48,6 +49,7 @@ pub mod prelude {
     pub use crate::record::{EpochRecord, Observer, Silent, StepRecord, Summary};
     pub use crate::run::{Resume, RunData, RunOutcome};
     pub use crate::script::ScriptModel;
+    pub use crate::stepper::{StepOptions, Stepper};
     pub use kiln_data::{Dataset, InMemory, ShardedDataset, TargetSlot, TargetSpec, Targets};
     pub use tch::{self, Device, Kind, Tensor, nn};
 }

@@ -7,6 +7,7 @@
 
 use kiln_config::keys;
 use kiln_config::{ModelKind, ModelPlan};
+use kiln_data::{Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences};
 use std::sync::Arc;
 
 use tch::{Kind, Tensor, nn};
@@ -525,4 +526,43 @@ impl Model for ConvNet {
         let pooled = x.f_mean_dim(&[-2i64, -1][..], false, None::<Kind>)?;
         linear(&pooled, &self.head)
     }
+}
+
+/// The synthetic dataset each reference model trains on by default: (sample shape, classes);
+/// none for a TorchScript model (it needs the user's data).
+pub fn synthetic_shape(kind: ModelKind) -> Option<(Vec<usize>, usize)> {
+    match kind {
+        ModelKind::Transformer => Some((vec![64, 469], 100)),
+        ModelKind::Mlp => Some((vec![64], 10)),
+        ModelKind::ConvNet => Some((vec![3, 32, 32], 10)),
+        ModelKind::TorchScript | ModelKind::Program => None,
+    }
+}
+
+/// The built-in synthetic dataset for `kind`, `samples` long.
+pub fn synthetic_dataset(
+    kind: ModelKind,
+    samples: usize,
+    seed: u64,
+) -> Result<Box<dyn Dataset>, TrainError> {
+    let no_synthetic = || TrainError::InvalidPlan {
+        key: keys::model::name,
+        value: kind.to_string(),
+        expected: "a dataset: a model of your own trains on your data (kiln train --data DIR, \
+                   made by kiln data prepare)"
+            .to_owned(),
+    };
+    let (shape, classes) = synthetic_shape(kind).ok_or_else(no_synthetic)?;
+    Ok(match kind {
+        ModelKind::Transformer => Box::new(SyntheticSequences::new(
+            samples, shape[0], shape[1], classes, seed,
+        )?),
+        ModelKind::Mlp => Box::new(SyntheticClassification::new(
+            samples, shape, classes, seed, 3.0,
+        )?),
+        ModelKind::ConvNet => Box::new(SyntheticImages::new(
+            samples, shape[0], shape[1], classes, seed,
+        )?),
+        ModelKind::TorchScript | ModelKind::Program => return Err(no_synthetic()),
+    })
 }

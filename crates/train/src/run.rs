@@ -10,61 +10,20 @@ use std::sync::atomic::AtomicBool;
 
 use kiln_config::keys;
 use kiln_config::{ModelKind, RunPlan};
-use kiln_data::{
-    Dataset, SamplerConfig, ShardedDataset, Subset, SyntheticClassification, SyntheticImages,
-    SyntheticSequences,
-};
+use kiln_data::{Dataset, SamplerConfig, ShardedDataset, Subset};
 use tch::nn;
 
 use crate::TrainError;
 use crate::checkpoint;
 use crate::feed::{loader_config, tch_device};
 use crate::model::{InputSpec, ModelRecipe};
+use crate::models::synthetic_dataset;
 use crate::record::{Observer, Observers, RunReady, Summary};
 use crate::rundir::RunDir;
 use crate::source::build;
 use crate::trainer::{
     CheckpointOptions, FitData, FitOptions, ProfilingOptions, TrainSettings, Trainer,
 };
-
-/// The synthetic dataset each reference model trains on by default: (sample shape, classes);
-/// none for a TorchScript model (it needs the user's data).
-pub fn synthetic_shape(kind: ModelKind) -> Option<(Vec<usize>, usize)> {
-    match kind {
-        ModelKind::Transformer => Some((vec![64, 469], 100)),
-        ModelKind::Mlp => Some((vec![64], 10)),
-        ModelKind::ConvNet => Some((vec![3, 32, 32], 10)),
-        ModelKind::TorchScript | ModelKind::Program => None,
-    }
-}
-
-/// The built-in synthetic dataset for `kind`, `samples` long.
-pub fn synthetic_dataset(
-    kind: ModelKind,
-    samples: usize,
-    seed: u64,
-) -> Result<Box<dyn Dataset>, TrainError> {
-    let no_synthetic = || TrainError::InvalidPlan {
-        key: keys::model::name,
-        value: kind.to_string(),
-        expected: "a dataset: a model of your own trains on your data (kiln train --data DIR, \
-                   made by kiln data prepare)"
-            .to_owned(),
-    };
-    let (shape, classes) = synthetic_shape(kind).ok_or_else(no_synthetic)?;
-    Ok(match kind {
-        ModelKind::Transformer => Box::new(SyntheticSequences::new(
-            samples, shape[0], shape[1], classes, seed,
-        )?),
-        ModelKind::Mlp => Box::new(SyntheticClassification::new(
-            samples, shape, classes, seed, 3.0,
-        )?),
-        ModelKind::ConvNet => Box::new(SyntheticImages::new(
-            samples, shape[0], shape[1], classes, seed,
-        )?),
-        ModelKind::TorchScript | ModelKind::Program => return Err(no_synthetic()),
-    })
-}
 
 /// Which checkpoint to continue from.
 #[derive(Debug, Clone, PartialEq, Eq)]

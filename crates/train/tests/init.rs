@@ -160,7 +160,7 @@ fn tch_defaults_are_not_pytorchs_which_is_why_kiln_has_its_own() {
 fn reference_plan(kind: ModelKind) -> (kiln_config::ModelPlan, InputSpec) {
     let set = format!("model.name={kind}");
     let plan = load(&common::cpu_request(&[set])).unwrap().plan;
-    let (sample_shape, classes) = kiln_train::run::synthetic_shape(kind).unwrap();
+    let (sample_shape, classes) = kiln_train::models::synthetic_shape(kind).unwrap();
     (
         plan.model,
         InputSpec {
