@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Parser, Subcommand};
 use kiln_benches::proc_memory::{Peak, tree_memory};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, median, report_path};
+use kiln_benches::{SuiteArgs, alternating, bench_root, median, report_path};
 use kiln_data::{
     DType, Dataset, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
     ShardFormat, ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
@@ -567,27 +567,23 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     for workers in [0usize, 1, 2] {
         let mut m = vec![Measured::default(); Side::ALL.len()];
         // The first round measures memory (and, when quick, times too); the timing rounds
-        // follow, unpolled, the sides alternating (in reverse order every other round) so drift
-        // hits all alike.
-        for round in 0..=repeats {
-            let mut order: Vec<usize> = (0..Side::ALL.len()).collect();
-            if round % 2 == 0 {
-                order.reverse();
+        // follow, unpolled, the sides alternating (the last side first in the first round) so
+        // drift hits all alike.
+        let sides: Vec<usize> = (0..Side::ALL.len()).rev().collect();
+        alternating(repeats + 1, &sides, |round, i| {
+            let (value, peak) = measured(command(Side::ALL[i], workers), round == 0)?;
+            if round == 0 {
+                m[i].peak = peak;
+                runs.push(json!({"side": Side::ALL[i].key(), "memory_run": value,
+                                 "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
             }
-            for i in order {
-                let (value, peak) = measured(command(Side::ALL[i], workers), round == 0)?;
-                if round == 0 {
-                    m[i].peak = peak;
-                    runs.push(json!({"side": Side::ALL[i].key(), "memory_run": value,
-                                     "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
-                }
-                if round > 0 || repeats == 0 {
-                    m[i].add_timing(&value);
-                    runs.push(json!({"side": Side::ALL[i].key(), "timing_run": value}));
-                }
-                m[i].last = value;
+            if round > 0 || repeats == 0 {
+                m[i].add_timing(&value);
+                runs.push(json!({"side": Side::ALL[i].key(), "timing_run": value}));
             }
-        }
+            m[i].last = value;
+            Ok(None::<()>)
+        })?;
         check_same_data(workers, &m)?;
         rows.push(push_rows(&mut suite, workers, &m, &idle));
     }

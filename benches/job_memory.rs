@@ -1,8 +1,6 @@
 //! The job suite's measurements: a process run with its wall time and the peak memory of its
-//! whole process tree (PSS and RSS from `/proc/<pid>/smaps_rollup`, polled), and a streaming
-//! `.npy` writer for the job's data (a gigabyte of features never sits in memory at once).
+//! whole process tree (PSS and RSS from `/proc/<pid>/smaps_rollup`, polled).
 
-use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -68,40 +66,4 @@ pub fn measured(mut cmd: Command, log: &Path) -> Result<Measured> {
         peak_pss_mib: mib(peak.pss),
         peak_rss_mib: mib(peak.rss),
     })
-}
-
-/// Writes an f32 `.npy` array of `shape` sample by sample: `fill(i, out)` writes sample `i`
-/// and returns its label. Returns the labels.
-pub fn write_f32_npy(
-    path: &Path,
-    shape: &[usize],
-    mut fill: impl FnMut(usize, &mut [f32]) -> Result<i64>,
-) -> Result<Vec<i64>> {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}",
-        dims.join(", ")
-    );
-    let unpadded = 10 + header.len() + 1;
-    header.extend(std::iter::repeat_n(
-        ' ',
-        unpadded.next_multiple_of(64) - unpadded,
-    ));
-    header.push('\n');
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
-    w.write_all(b"\x93NUMPY\x01\x00").map_err(err)?;
-    let len = u16::try_from(header.len()).map_err(|_| "npy header too long".to_owned())?;
-    w.write_all(&len.to_le_bytes()).map_err(err)?;
-    w.write_all(header.as_bytes()).map_err(err)?;
-    let numel: usize = shape[1..].iter().product();
-    let mut sample = vec![0f32; numel];
-    let mut labels = Vec::with_capacity(shape[0]);
-    for i in 0..shape[0] {
-        labels.push(fill(i, &mut sample)?);
-        let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.write_all(&bytes).map_err(err)?;
-    }
-    w.flush().map_err(err)?;
-    Ok(labels)
 }

@@ -20,15 +20,13 @@ mod job_memory;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use job_memory::{Measured, measured};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, alternating, bench_root, median, peers};
+use kiln_benches::{SuiteArgs, alternating, bench_root, datasets, median, peers};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
-use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
 use kiln_device::settings::AmpDtype;
 use serde_json::{Value, json};
 
@@ -101,43 +99,18 @@ fn data_shape(quick: bool) -> (usize, usize, usize, usize) {
     }
 }
 
-/// Writes kiln's synthetic sequences (seeded as `kiln train` seeds them) as `.npy`, prepares
-/// kiln's sharded dataset from them in `dir/data`, removes the `.npy` files, and writes kiln's
-/// train/validation split as `dir/split.json`. Returns the dataset and split paths.
+/// kiln's synthetic sequences (seeded as `kiln train` seeds them), prepared as kiln's sharded
+/// dataset in `dir/data`, and kiln's train/validation split as `dir/split.json`. Returns the
+/// dataset and split paths.
 fn write_data(dir: &Path, quick: bool, plan: &RunPlan) -> Result<(PathBuf, PathBuf)> {
     let (samples, seq, features, classes) = data_shape(quick);
     let seed = plan.performance.backend.seed;
     let data = SyntheticSequences::new(samples, seq, features, classes, seed)
         .map_err(|e| e.to_string())?;
-    let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
-    let labels = job_memory::write_f32_npy(&fpath, &[samples, seq, features], |i, out| {
-        data.read(i, out).map_err(|e| e.to_string())
-    })?;
-    let labels: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
-    kiln_data::write_npy(&lpath, DType::I64, &[samples], &labels).map_err(|e| e.to_string())?;
-    let source = PrepareSource::Npy {
-        features: fpath.clone(),
-        labels: lpath.clone(),
-    };
-    let options = PrepareOptions {
-        shard_samples: 2048,
-        ..PrepareOptions::default()
-    };
-    let out = dir.join("data");
-    kiln_data::prepare(&source, &out, &options).map_err(|e| e.to_string())?;
-    for p in [&fpath, &lpath] {
-        std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?;
-    }
-    let prepared = Arc::new(ShardedDataset::open(&out).map_err(|e| e.to_string())?);
-    let classes = prepared
-        .classes()
-        .ok_or("the prepared dataset has no classes")?;
-    let (train, val) =
-        Subset::split(prepared, plan.data.val_fraction, seed).map_err(|e| e.to_string())?;
+    let prepared = datasets::write_prepared(dir, "data", &data, Some(2048), false)?;
     let split = dir.join("split.json");
-    let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
-    std::fs::write(&split, text.to_string()).map_err(|e| format!("{}: {e}", split.display()))?;
-    Ok((out, split))
+    datasets::write_split(&split, &prepared, plan.data.val_fraction, seed)?;
+    Ok((dir.join("data"), split))
 }
 
 /// One `kiln train` run: the figures of its `summary.json`, with the measured wall time.

@@ -4,6 +4,7 @@
 //! pieces live in the crates they time (`crates/data/benches`, `crates/train/benches`).
 
 pub mod args;
+pub mod datasets;
 pub mod peers;
 pub mod plot;
 pub mod proc_memory;

@@ -21,11 +21,9 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, figure, run_json};
+use kiln_benches::{SuiteArgs, bench_root, datasets, figure, run_json};
 use kiln_config::{ConfigRequest, Machine};
-use kiln_data::{
-    DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset, SyntheticSequences,
-};
+use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer};
 use serde_json::{Value, json};
@@ -153,32 +151,12 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     }
 }
 
-/// Writes the job's dataset as `features.npy`/`labels.npy` in `dir`, prepares kiln's dataset
-/// from them in `dir/kiln`, and returns it opened.
+/// Writes the job's dataset as `features.npy`/`labels.npy` in `dir` (the PyTorch side reads
+/// them), prepares kiln's dataset from them in `dir/kiln`, and returns it opened.
 fn write_data(dir: &Path, job: &Job) -> Result<Arc<ShardedDataset>> {
     let data = SyntheticSequences::new(job.samples, job.seq, job.features, job.classes, DATA_SEED)
         .map_err(|e| e.to_string())?;
-    let numel = data.sample_numel();
-    let mut features = vec![0f32; job.samples * numel];
-    let mut labels = Vec::with_capacity(job.samples);
-    for (i, out) in features.chunks_exact_mut(numel).enumerate() {
-        labels.push(data.read(i, out).map_err(|e| e.to_string())?);
-    }
-    let bytes: Vec<u8> = features.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let shape = [job.samples, job.seq, job.features];
-    kiln_data::write_npy(&dir.join("features.npy"), DType::F32, &shape, &bytes)
-        .map_err(|e| e.to_string())?;
-    let bytes: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
-    kiln_data::write_npy(&dir.join("labels.npy"), DType::I64, &[job.samples], &bytes)
-        .map_err(|e| e.to_string())?;
-    let source = PrepareSource::Npy {
-        features: dir.join("features.npy"),
-        labels: dir.join("labels.npy"),
-    };
-    kiln_data::prepare(&source, &dir.join("kiln"), &PrepareOptions::default())
-        .map_err(|e| e.to_string())?;
-    let prepared = ShardedDataset::open(dir.join("kiln")).map_err(|e| e.to_string())?;
-    Ok(Arc::new(prepared))
+    datasets::write_prepared(dir, "kiln", &data, None, true)
 }
 
 /// `data DIR [--quick] [--seeds N]`: only writes the job's data and splits into DIR (for runs
@@ -196,18 +174,10 @@ fn data_only(a: &DataArgs) -> Result<()> {
     Ok(())
 }
 
-/// kiln's train/validation split of `prepared` for `seed`, as `dir/split-<seed>.json`, with the
-/// number of classes.
+/// kiln's train/validation split of `prepared` for `seed`, as `dir/split-<seed>.json`.
 fn write_split(dir: &Path, prepared: &Arc<ShardedDataset>, seed: u64) -> Result<PathBuf> {
-    let classes = prepared
-        .classes()
-        .ok_or_else(|| "the prepared dataset does not know its classes".to_owned())?;
-    let (train, val) =
-        Subset::split(Arc::clone(prepared), VAL_FRACTION, seed).map_err(|e| e.to_string())?;
     let path = dir.join(format!("split-{seed}.json"));
-    let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
-    std::fs::write(&path, text.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path)
+    datasets::write_split(&path, prepared, VAL_FRACTION, seed)
 }
 
 /// The validation figures of each epoch.

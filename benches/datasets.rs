@@ -1,0 +1,105 @@
+//! Datasets the suites write for both sides: a kiln dataset as `features.npy`/`labels.npy`
+//! (streamed: a gigabyte of features never sits in memory at once), kiln's sharded dataset
+//! prepared from them, and kiln's train/validation split as JSON.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
+use serde_json::json;
+
+use crate::Result;
+
+/// Writes an f32 `.npy` array of `shape` sample by sample: `fill(i, out)` writes sample `i`
+/// and returns its label. Returns the labels.
+fn write_f32_npy(
+    path: &Path,
+    shape: &[usize],
+    mut fill: impl FnMut(usize, &mut [f32]) -> Result<i64>,
+) -> Result<Vec<i64>> {
+    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}",
+        dims.join(", ")
+    );
+    let unpadded = 10 + header.len() + 1;
+    header.extend(std::iter::repeat_n(
+        ' ',
+        unpadded.next_multiple_of(64) - unpadded,
+    ));
+    header.push('\n');
+    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
+    w.write_all(b"\x93NUMPY\x01\x00").map_err(err)?;
+    let len = u16::try_from(header.len()).map_err(|_| "npy header too long".to_owned())?;
+    w.write_all(&len.to_le_bytes()).map_err(err)?;
+    w.write_all(header.as_bytes()).map_err(err)?;
+    let numel: usize = shape[1..].iter().product();
+    let mut sample = vec![0f32; numel];
+    let mut labels = Vec::with_capacity(shape[0]);
+    for i in 0..shape[0] {
+        labels.push(fill(i, &mut sample)?);
+        let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.write_all(&bytes).map_err(err)?;
+    }
+    w.flush().map_err(err)?;
+    Ok(labels)
+}
+
+/// Writes `data` as `dir/features.npy` and `dir/labels.npy`, prepares kiln's dataset from them
+/// in `dir/name` (`shard_samples` a shard, else kiln's default), removes the `.npy` files unless
+/// `keep_npy` (a PyTorch side that reads them), and returns the prepared dataset opened.
+pub fn write_prepared(
+    dir: &Path,
+    name: &str,
+    data: &dyn Dataset,
+    shard_samples: Option<usize>,
+    keep_npy: bool,
+) -> Result<Arc<ShardedDataset>> {
+    let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
+    let mut shape = vec![data.len()];
+    shape.extend(data.sample_shape());
+    let labels = write_f32_npy(&fpath, &shape, |i, out| {
+        data.read(i, out).map_err(|e| e.to_string())
+    })?;
+    let labels: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    kiln_data::write_npy(&lpath, DType::I64, &[data.len()], &labels).map_err(|e| e.to_string())?;
+    let source = PrepareSource::Npy {
+        features: fpath.clone(),
+        labels: lpath.clone(),
+    };
+    let defaults = PrepareOptions::default();
+    let options = PrepareOptions {
+        shard_samples: shard_samples.unwrap_or(defaults.shard_samples),
+        ..defaults
+    };
+    let out = dir.join(name);
+    kiln_data::prepare(&source, &out, &options).map_err(|e| e.to_string())?;
+    if !keep_npy {
+        for p in [&fpath, &lpath] {
+            std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+    }
+    Ok(Arc::new(
+        ShardedDataset::open(&out).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// kiln's train/validation split of `prepared` (`val_fraction`, `seed`) as JSON at `path`:
+/// `{"train": [...], "val": [...], "classes": N}`, which the PyTorch sides read.
+pub fn write_split(
+    path: &Path,
+    prepared: &Arc<ShardedDataset>,
+    val_fraction: f64,
+    seed: u64,
+) -> Result<PathBuf> {
+    let classes = prepared
+        .classes()
+        .ok_or("the prepared dataset does not know its classes")?;
+    let (train, val) =
+        Subset::split(Arc::clone(prepared), val_fraction, seed).map_err(|e| e.to_string())?;
+    let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
+    std::fs::write(path, text.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(path.to_owned())
+}
