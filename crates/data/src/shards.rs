@@ -6,8 +6,9 @@
 //! only, under `labels`) are still read. Opening a dataset checks every shard against the
 //! manifest (present, complete, same element type and sample shape, classes in range, values
 //! finite, integer ids exact in `f32`) and names the file and sample at fault; reading a sample
-//! then converts its bytes straight from the mapped file into the batch buffer, with no
-//! intermediate copy.
+//! then copies its bytes from the page cache with positioned reads (`f32` rows straight into
+//! the batch buffer, other types converted on the way), so an epoch's reads never pile up in
+//! the process's resident memory.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -420,6 +421,8 @@ impl Manifest {
 #[derive(Debug, Clone)]
 pub(crate) struct MappedArray {
     map: Arc<Mmap>,
+    /// The mapped file, for positioned reads of rows ([`MappedArray::read_row`]).
+    file: Option<Arc<File>>,
     offset: usize,
     pub dtype: DType,
     /// Full shape, the sample dimension first.
@@ -445,10 +448,7 @@ impl MappedArray {
 
     /// Row `i`'s elements as integers, into `out` (`-1` for a floating-point array).
     pub fn row_integers(&self, i: usize, out: &mut [i64]) {
-        let size = self.dtype.size();
-        for (o, b) in out.iter_mut().zip(self.row(i).chunks_exact(size)) {
-            *o = self.dtype.to_i64(b).unwrap_or(-1);
-        }
+        integers_into(self.dtype, self.row(i), out);
     }
 
     /// Every element as an integer, in order (`-1` for a floating-point array, which no valid
@@ -461,33 +461,32 @@ impl MappedArray {
             .map(|b| self.dtype.to_i64(b).unwrap_or(-1))
     }
 
-    /// Unmaps the pages of row `i` from this process (they stay in the page cache, and are
-    /// faulted back in from there if read again), so data read once per epoch does not pile
-    /// up in the process's resident memory.
-    pub fn release_row(&self, i: usize) {
+    /// Opens `path`, the mapped file, for [`MappedArray::read_row`].
+    fn with_file(mut self, path: &Path) -> Result<Self, DataError> {
+        let file =
+            File::open(path).map_err(|e| DataError::file(path, format!("cannot open: {e}")))?;
+        self.file = Some(Arc::new(file));
+        Ok(self)
+    }
+
+    /// Copies row `i`'s bytes into `out` with one positioned read of the file (from the page
+    /// cache): none of its pages is mapped into the process, so an epoch's reads neither pile
+    /// up in resident memory nor cost unmapping afterwards. Without the file, from the map.
+    pub fn read_row(&self, i: usize, out: &mut [u8]) -> std::io::Result<()> {
         #[cfg(unix)]
-        {
-            let start = self.offset + i * self.row_bytes;
-            // SAFETY: the map is a read-only shared mapping of a file, and nothing holds a
-            // reference into these pages across this call's return except through `row`,
-            // which re-reads them: after MADV_DONTNEED a read-only file mapping faults the same
-            // file contents back in. The kernel rounds the start down to a page boundary.
-            let _ = unsafe {
-                self.map.unchecked_advise_range(
-                    memmap2::UncheckedAdvice::DontNeed,
-                    start,
-                    self.row_bytes,
-                )
-            };
+        if let Some(file) = &self.file {
+            use std::os::unix::fs::FileExt;
+            return file.read_exact_at(out, (self.offset + i * self.row_bytes) as u64);
         }
-        #[cfg(not(unix))]
-        let _ = i;
+        out.copy_from_slice(self.row(i));
+        Ok(())
     }
 
     fn new(map: Arc<Mmap>, offset: usize, dtype: DType, shape: Vec<usize>) -> Self {
         let row_bytes = shape.iter().skip(1).product::<usize>() * dtype.size();
         Self {
             map,
+            file: None,
             offset,
             dtype,
             shape,
@@ -662,10 +661,11 @@ impl ShardedDataset {
         })
     }
 
-    /// Whether a sample's mapped pages are released from the process right after it is read
-    /// (the default): resident memory stays at the batches in flight instead of growing to the
-    /// whole dataset over an epoch, at the cost of re-mapping pages from the page cache when a
-    /// sample is read again next epoch. Turn it off for small datasets read many times.
+    /// Whether reading keeps the dataset out of the process's resident memory (the default):
+    /// each sample is copied from the page cache with positioned reads, never mapped, so
+    /// resident memory stays at the batches in flight instead of growing to the whole dataset
+    /// over an epoch. Off, samples are read through the memory map, whose pages stay resident
+    /// once touched.
     pub fn with_release_pages(mut self, release: bool) -> Self {
         self.release_pages = release;
         self
@@ -698,8 +698,8 @@ fn open_shard(
 ) -> Result<Shard, DataError> {
     let fpath = dir.join(&entry.features);
     let tpath = dir.join(&entry.targets);
-    let features = open_array(&fpath, FEATURES_TENSOR, maps)?;
-    let targets = open_array(&tpath, manifest.targets_tensor(), maps)?;
+    let features = open_array(&fpath, FEATURES_TENSOR, maps)?.with_file(&fpath)?;
+    let targets = open_array(&tpath, manifest.targets_tensor(), maps)?.with_file(&tpath)?;
     let mut want = vec![entry.samples];
     want.extend_from_slice(&manifest.features.shape);
     check_array(
@@ -902,20 +902,63 @@ impl Dataset for ShardedDataset {
         }
         let per = self.spec.numel();
         // Classes were checked to be integers in range, values finite, when the dataset opened.
+        let fits = match &target {
+            TargetSlot::Classes(out) => self.spec.classes().is_some() && out.len() == per,
+            TargetSlot::Values(out) => self.spec.classes().is_none() && out.len() == per,
+        };
+        if !fits {
+            return Err(slot_mismatch(index, &target, &self.spec));
+        }
+        if self.release_pages {
+            return read_unmapped(shard, i, features, target).map_err(|e| DataError::Sample {
+                index,
+                message: format!("cannot read it from its shard: {e}"),
+            });
+        }
         match target {
-            TargetSlot::Classes(out) if self.spec.classes().is_some() && out.len() == per => {
-                shard.targets.row_integers(i, out);
-            }
-            TargetSlot::Values(out) if self.spec.classes().is_none() && out.len() == per => {
-                shard.targets.dtype.to_f32(shard.targets.row(i), out);
-            }
-            other => return Err(slot_mismatch(index, &other, &self.spec)),
+            TargetSlot::Classes(out) => shard.targets.row_integers(i, out),
+            TargetSlot::Values(out) => shard.targets.dtype.to_f32(shard.targets.row(i), out),
         }
         shard.features.dtype.to_f32(shard.features.row(i), features);
-        if self.release_pages {
-            shard.features.release_row(i);
-            shard.targets.release_row(i);
-        }
         Ok(())
+    }
+}
+
+thread_local! {
+    /// A row's bytes on their way to a conversion (one buffer per loader thread).
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Row `i` of `shard` read with positioned reads, never mapped: the target into `target`, the
+/// features into `features` (f32 rows straight into it, other types through a scratch buffer).
+fn read_unmapped(
+    shard: &Shard,
+    i: usize,
+    features: &mut [f32],
+    target: TargetSlot<'_>,
+) -> std::io::Result<()> {
+    SCRATCH.with_borrow_mut(|buf| {
+        let t = &shard.targets;
+        buf.resize(t.row_bytes, 0);
+        t.read_row(i, buf)?;
+        match target {
+            TargetSlot::Classes(out) => integers_into(t.dtype, buf, out),
+            TargetSlot::Values(out) => t.dtype.to_f32(buf, out),
+        }
+        let f = &shard.features;
+        if f.dtype == DType::F32 && cfg!(target_endian = "little") {
+            return f.read_row(i, bytemuck::cast_slice_mut(features));
+        }
+        buf.resize(f.row_bytes, 0);
+        f.read_row(i, buf)?;
+        f.dtype.to_f32(buf, features);
+        Ok(())
+    })
+}
+
+/// `bytes`' elements of type `dtype` as integers, into `out` (`-1` for a floating-point type).
+fn integers_into(dtype: DType, bytes: &[u8], out: &mut [i64]) {
+    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(dtype.size())) {
+        *o = dtype.to_i64(b).unwrap_or(-1);
     }
 }

@@ -657,3 +657,61 @@ fn in_memory_tensor_targets_are_validated_and_read_back() {
         .to_string();
     assert!(e.contains("sample 0") && e.contains("2.5"), "{e}");
 }
+
+/// Every sample reads the same with positioned reads (the default: f32 features straight
+/// into the buffer, u8 class maps and f32 horizons through a scratch buffer) as through the
+/// memory map, in both shard formats.
+#[test]
+fn positioned_reads_and_mapped_reads_give_the_same_samples() {
+    for format in [ShardFormat::Safetensors, ShardFormat::Npy] {
+        let tmp = tempfile::tempdir().unwrap();
+        let masks = tmp.path().join("masks.npy");
+        write_masks(&masks, None);
+        let horizons = tmp.path().join("horizons.npy");
+        let values: Vec<f32> = (0..N * 4).map(|k| horizon(k / 4, k % 4)).collect();
+        write_npy(&horizons, DType::F32, &[N, 4], &f32_le(&values)).unwrap();
+        let bytes = tmp.path().join("x8.npy");
+        let pixels: Vec<u8> = (0..N * 3).map(|k| (k * 7 + 1) as u8).collect();
+        write_npy(&bytes, DType::U8, &[N, 3], &pixels).unwrap();
+        let f32s = features_npy(tmp.path());
+        let cases = [
+            ("maps", &f32s, &masks),
+            ("values", &f32s, &horizons),
+            ("u8 features", &bytes, &masks),
+        ];
+        for (name, features, targets) in cases {
+            let out = tmp.path().join(name);
+            prepare(
+                &source(features.clone(), targets.clone(), None),
+                &out,
+                &options(format),
+            )
+            .unwrap();
+            let (read, mapped) = (
+                ShardedDataset::open(&out).unwrap(),
+                ShardedDataset::open(&out)
+                    .unwrap()
+                    .with_release_pages(false),
+            );
+            for i in 0..read.len() {
+                let (a, b) = (sample(&read, i), sample(&mapped, i));
+                assert_eq!(a, b, "{name} sample {i} ({format:?})");
+                assert!(a.0.iter().any(|&v| v != 0.0), "sample {i} was read");
+            }
+        }
+    }
+}
+
+/// Sample `i`'s features and target (classes as floats) through `read_sample`.
+fn sample(ds: &ShardedDataset, i: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut features = vec![f32::NAN; ds.sample_numel()];
+    let spec = ds.target();
+    let mut targets = spec.batch(1);
+    ds.read_sample(i, &mut features, targets.slot(0, spec.numel()))
+        .unwrap();
+    let target = match targets {
+        Targets::Classes(v) => v.iter().map(|&c| c as f32).collect(),
+        Targets::Values(v) => v,
+    };
+    (features, target)
+}
