@@ -461,12 +461,15 @@ impl MappedArray {
             .map(|b| self.dtype.to_i64(b).unwrap_or(-1))
     }
 
-    /// Opens `path`, the mapped file, for [`MappedArray::read_row`].
-    fn with_file(mut self, path: &Path) -> Result<Self, DataError> {
-        let file =
-            File::open(path).map_err(|e| DataError::file(path, format!("cannot open: {e}")))?;
-        self.file = Some(Arc::new(file));
-        Ok(self)
+    /// Opens `path`, the mapped file, for [`MappedArray::read_row`] (once per file: `files`
+    /// holds those already open). Where it cannot be opened (the process may open no more
+    /// files: a dataset of very many shards), its rows are read through the map instead.
+    fn with_file(mut self, path: &Path, files: &mut HashMap<PathBuf, Option<Arc<File>>>) -> Self {
+        let file = files
+            .entry(path.to_owned())
+            .or_insert_with(|| File::open(path).ok().map(Arc::new));
+        self.file = file.clone();
+        self
     }
 
     /// Copies row `i`'s bytes into `out` with one positioned read of the file (from the page
@@ -642,12 +645,12 @@ impl ShardedDataset {
     pub fn open(dir: impl AsRef<Path>) -> Result<Self, DataError> {
         let dir = dir.as_ref().to_owned();
         let manifest = Manifest::read(&dir)?;
-        let mut maps = HashMap::new();
+        let (mut maps, mut files) = (HashMap::new(), HashMap::new());
         let mut shards = Vec::with_capacity(manifest.shards.len());
         let mut starts = Vec::with_capacity(manifest.shards.len());
         let mut start = 0;
         for entry in &manifest.shards {
-            shards.push(open_shard(&dir, &manifest, entry, &mut maps)?);
+            shards.push(open_shard(&dir, &manifest, entry, &mut maps, &mut files)?);
             starts.push(start);
             start += entry.samples;
         }
@@ -695,11 +698,12 @@ fn open_shard(
     manifest: &Manifest,
     entry: &ShardEntry,
     maps: &mut HashMap<PathBuf, Arc<Mmap>>,
+    files: &mut HashMap<PathBuf, Option<Arc<File>>>,
 ) -> Result<Shard, DataError> {
     let fpath = dir.join(&entry.features);
     let tpath = dir.join(&entry.targets);
-    let features = open_array(&fpath, FEATURES_TENSOR, maps)?.with_file(&fpath)?;
-    let targets = open_array(&tpath, manifest.targets_tensor(), maps)?.with_file(&tpath)?;
+    let features = open_array(&fpath, FEATURES_TENSOR, maps)?.with_file(&fpath, files);
+    let targets = open_array(&tpath, manifest.targets_tensor(), maps)?.with_file(&tpath, files);
     let mut want = vec![entry.samples];
     want.extend_from_slice(&manifest.features.shape);
     check_array(
