@@ -80,8 +80,9 @@ pub fn run(
             crate::cuda_tests::RUN_SCRIPT,
         )?;
         util::info(&format!(
-            "wrote {} ({}): copy it to the GPU machine; there run-gpu-check.sh, \
-             run-gpu-bench.sh and run-cuda-tests.sh (docs/gpu.md)",
+            "wrote {} ({}): copy it to the GPU machine; there run-gpu-all.sh (everything, \
+             within a time budget), or run-gpu-check.sh, run-gpu-bench.sh and \
+             run-cuda-tests.sh (docs/gpu.md)",
             dir.display(),
             util::human_bytes(walk_size(dir)),
         ));
@@ -134,7 +135,8 @@ fn pack(root: &Path, release: &Path, dir: &Path) -> Result<()> {
         }
     }
     write_script(&dir.join("run-gpu-check.sh"), RUN_SCRIPT)?;
-    write_script(&dir.join("run-gpu-bench.sh"), BENCH_SCRIPT)
+    write_script(&dir.join("run-gpu-bench.sh"), BENCH_SCRIPT)?;
+    write_script(&dir.join("run-gpu-all.sh"), ALL_SCRIPT)
 }
 
 fn write_script(path: &Path, text: &str) -> Result<()> {
@@ -196,6 +198,46 @@ lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__fil
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py" KILN_PYTHON="$py"
 exec "$here/bin/kiln" gpu-check --bench-dir "$here/bin" "$@"
+"#;
+
+/// Everything a short GPU lease should run, the most important first, within a budget of
+/// seconds; each stage's output in one directory, a summary last.
+const ALL_SCRIPT: &str = r#"#!/bin/bash
+# kiln on this machine's GPU, the most important first, within a budget of seconds:
+#   1. gpu-check's compiled-train step (exported programs through kiln's compiled step)
+#   2. the exported-program rows of the train suite (against eager and torch.compile)
+#   3. every other gpu-check step but the two bench steps
+#   4. the CUDA tests
+#   5. the train and infer suites, --quick
+# usage: run-gpu-all.sh OUT [BUDGET_S]   (OUT must not exist; BUDGET_S default 540)
+# OUT/summary.txt says how each stage ended; each stage's log and report are beside it.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: run-gpu-all.sh OUT [BUDGET_S]}
+budget=${2:-540}
+if [ -e "$out" ]; then echo "run-gpu-all.sh: $out exists; give a new directory" >&2; exit 2; fi
+mkdir -p "$out" || exit 2
+end=$(( $(date +%s) + budget ))
+# stage NAME CAP COMMAND…: COMMAND for at most CAP seconds, less where the budget is shorter;
+# whatever it left running is stopped before the next stage.
+stage() {
+    name=$1; cap=$2; shift 2
+    left=$(( end - $(date +%s) - 5 ))
+    [ "$left" -lt "$cap" ] && cap=$left
+    if [ "$cap" -lt 30 ]; then echo "$name: not run (the budget is spent)" >> "$out/summary.txt"; return; fi
+    start=$(date +%s)
+    timeout -k 5 "$cap" "$@" > "$out/$name.log" 2>&1
+    rc=$?
+    pkill -f "$here/bin/"; pkill -f "$here/python/"; pkill -f compile_program.py
+    echo "$name: exit $rc after $(( $(date +%s) - start )) s (at most $cap s)" >> "$out/summary.txt"
+}
+stage compiled-train 240 "$here/run-gpu-check.sh" --out "$out/compiled" --require-gpu --steps compiled-train
+stage program-rows 360 "$here/run-gpu-bench.sh" --out "$out/program" --suites train --repeats 2 --filter "exported program"
+stage gpu-check 180 "$here/run-gpu-check.sh" --out "$out/check" --require-gpu --skip compiled-train,bench-train,bench-infer
+stage cuda-tests 60 "$here/run-cuda-tests.sh"
+stage bench-quick 240 "$here/run-gpu-bench.sh" --out "$out/bench" --quick
+grep -hE "^[a-z0-9-]+ +(pass|FAIL|not run) " "$out"/compiled.log "$out"/gpu-check.log >> "$out/summary.txt" 2>/dev/null
+cat "$out/summary.txt"
 "#;
 
 /// The train and infer suites on this machine's GPU against python3's torch 2.11 (eager and
@@ -290,6 +332,14 @@ mod tests {
             assert!(script.contains("2.11.*") && script.contains("LD_LIBRARY_PATH"));
         }
         assert!(RUN_SCRIPT.contains("--bench-dir \"$here/bin\""));
+        for stage in ["run-gpu-check.sh", "run-gpu-bench.sh", "run-cuda-tests.sh"] {
+            assert!(
+                ALL_SCRIPT.contains(&format!("\"$here/{stage}\"")),
+                "{stage}"
+            );
+        }
+        assert!(ALL_SCRIPT.contains("--steps compiled-train"));
+        assert!(ALL_SCRIPT.contains("--skip compiled-train,bench-train,bench-infer"));
         assert!(
             BENCH_SCRIPT.contains("--device cuda") && BENCH_SCRIPT.contains("kiln-bench\" report")
         );

@@ -168,6 +168,9 @@ pub struct GpuCheckArgs {
     /// Only these steps (comma-separated; default all).
     #[arg(long, value_name = "STEP,…", value_delimiter = ',')]
     pub steps: Option<Vec<String>>,
+    /// All steps (or those `--steps` names) but these (comma-separated).
+    #[arg(long, value_name = "STEP,…", value_delimiter = ',')]
+    pub skip: Vec<String>,
     /// Where the benchmark binaries are (default: beside this binary).
     #[arg(long, value_name = "DIR")]
     pub bench_dir: Option<PathBuf>,
@@ -187,7 +190,7 @@ pub fn run(args: &GpuCheckArgs) -> anyhow::Result<ExitCode> {
         let dir = args.out.clone().context("--step needs --out")?;
         return run_step(name, dir, exe, bench_dir);
     }
-    let chosen = chosen_steps(args.steps.as_deref())?;
+    let chosen = chosen_steps(args.steps.as_deref(), &args.skip)?;
     let out = out_dir(args.out.as_deref())?;
     let cuda = kiln_device::libtorch::libtorch_info()
         .map(|i| i.cuda_device_count > 0)
@@ -230,26 +233,27 @@ fn exit_code(report: &Report, cuda: bool, require_gpu: bool) -> ExitCode {
 }
 
 /// The step names chosen with `--steps` (validated), or all of them.
-fn chosen_steps(wanted: Option<&[String]>) -> anyhow::Result<Vec<&'static str>> {
+fn chosen_steps(
+    wanted: Option<&[String]>,
+    skipped: &[String],
+) -> anyhow::Result<Vec<&'static str>> {
     let all: Vec<&'static str> = STEPS
         .iter()
         .map(|s| s.name)
         .chain(NOT_YET.iter().map(|(n, _)| *n))
         .collect();
-    let Some(wanted) = wanted else {
-        return Ok(all);
-    };
-    for w in wanted {
-        if !all.contains(&w.as_str()) {
+    for (flag, names) in [("--steps", wanted.unwrap_or_default()), ("--skip", skipped)] {
+        if let Some(w) = names.iter().find(|w| !all.contains(&w.as_str())) {
             anyhow::bail!(
-                "--steps: `{w}` is not a gpu-check step; the steps are: {}",
+                "{flag}: `{w}` is not a gpu-check step; the steps are: {}",
                 all.join(", ")
             );
         }
     }
     Ok(all
         .into_iter()
-        .filter(|n| wanted.iter().any(|w| w == n))
+        .filter(|n| wanted.is_none_or(|w| w.iter().any(|w| w == n)))
+        .filter(|n| !skipped.iter().any(|s| s == n))
         .collect())
 }
 
@@ -443,21 +447,29 @@ mod tests {
 
     #[test]
     fn steps_are_named_once_and_chosen_by_name() {
-        let all = chosen_steps(None).unwrap();
+        let all = chosen_steps(None, &[]).unwrap();
         let mut unique = all.clone();
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), all.len());
-        let some = chosen_steps(Some(&["serve".to_owned(), "doctor".to_owned()])).unwrap();
+        let some = chosen_steps(Some(&["serve".to_owned(), "doctor".to_owned()]), &[]).unwrap();
         assert_eq!(
             some,
             vec!["doctor", "serve"],
             "report order is the steps' order"
         );
-        let err = chosen_steps(Some(&["nope".to_owned()]))
+        let err = chosen_steps(Some(&["nope".to_owned()]), &[])
             .unwrap_err()
             .to_string();
         assert!(err.contains("`nope` is not a gpu-check step") && err.contains("cuda-graphs"));
+        let skipped = ["bench-train".to_owned(), "doctor".to_owned()];
+        let rest = chosen_steps(None, &skipped).unwrap();
+        assert_eq!(rest.len(), all.len() - 2);
+        assert!(!rest.contains(&"doctor") && rest.contains(&"serve"));
+        let err = chosen_steps(None, &["nope".to_owned()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("--skip: `nope`"), "{err}");
     }
 
     #[test]
