@@ -18,23 +18,10 @@ fn write_f32_npy(
     shape: &[usize],
     mut fill: impl FnMut(usize, &mut [f32]) -> Result<i64>,
 ) -> Result<Vec<i64>> {
-    let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
-    let mut header = format!(
-        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({}), }}",
-        dims.join(", ")
-    );
-    let unpadded = 10 + header.len() + 1;
-    header.extend(std::iter::repeat_n(
-        ' ',
-        unpadded.next_multiple_of(64) - unpadded,
-    ));
-    header.push('\n');
+    let header = kiln_data::npy_header(DType::F32, shape)?;
     let err = |e: std::io::Error| format!("{}: {e}", path.display());
     let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
-    w.write_all(b"\x93NUMPY\x01\x00").map_err(err)?;
-    let len = u16::try_from(header.len()).map_err(|_| "npy header too long".to_owned())?;
-    w.write_all(&len.to_le_bytes()).map_err(err)?;
-    w.write_all(header.as_bytes()).map_err(err)?;
+    w.write_all(&header).map_err(err)?;
     let numel: usize = shape[1..].iter().product();
     let mut sample = vec![0f32; numel];
     let mut labels = Vec::with_capacity(shape[0]);

@@ -171,6 +171,25 @@ fn code_of(path: &Path) -> String {
         .join("\n")
 }
 
+/// The names right after each `prefix` in `code` (`prefix::{a, b::c}` gives `a` and `b`).
+fn heads_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
+    let head = |t: &'a str| {
+        let t = t.trim_start();
+        &t[..t
+            .find(|c: char| !c.is_alphanumeric() && c != '_')
+            .unwrap_or(t.len())]
+    };
+    let mut heads = vec![];
+    for piece in code.split(prefix).skip(1) {
+        match piece.strip_prefix('{') {
+            Some(g) => heads.extend(g.split('}').next().unwrap_or_default().split(',').map(head)),
+            None => heads.push(head(piece)),
+        }
+    }
+    heads.retain(|h| !h.is_empty());
+    heads
+}
+
 /// The top-level modules of the crate at `src` that each top-level module names through
 /// `crate::` (in `use` lines, `use crate::{…}` groups and paths), itself excluded.
 fn module_imports(src: &Path) -> Vec<(String, Vec<String>)> {
@@ -190,26 +209,9 @@ fn module_imports(src: &Path) -> Vec<(String, Vec<String>)> {
     for (path, module) in all.iter().zip(&names) {
         let code = code_of(path);
         let mut used = vec![];
-        for piece in code.split("crate::").skip(1) {
-            let group = piece
-                .strip_prefix('{')
-                .map(|g| g.split('}').next().unwrap_or_default());
-            let heads: Vec<&str> = match group {
-                Some(g) => g
-                    .split(',')
-                    .map(|t| t.trim().split("::").next().unwrap_or(""))
-                    .collect(),
-                None => vec![
-                    piece
-                        .split(|c: char| !c.is_alphanumeric() && c != '_')
-                        .next()
-                        .unwrap_or(""),
-                ],
-            };
-            for head in heads {
-                if head != module && names.iter().any(|n| n == head) {
-                    used.push(head.to_owned());
-                }
+        for head in heads_after(&code, "crate::") {
+            if head != module && names.iter().any(|n| n == head) {
+                used.push(head.to_owned());
             }
         }
         match out.iter_mut().find(|(m, _)| m == module) {
@@ -271,32 +273,6 @@ const PUBLIC_TRAIN_MODULES: &[&str] = &[
     "TrainError",
 ];
 
-/// The names that follow `kiln_train::` in `code`, a `{…}` group's first-level names included.
-fn train_names(code: &str) -> Vec<String> {
-    let mut names = vec![];
-    for (i, _) in code.match_indices("kiln_train::") {
-        let rest = &code[i + "kiln_train::".len()..];
-        let group = rest
-            .strip_prefix('{')
-            .map(|g| &g[..g.find('}').unwrap_or(g.len())]);
-        let heads: Vec<&str> = match group {
-            Some(g) => g.split(',').collect(),
-            None => vec![rest],
-        };
-        for head in heads {
-            let name: String = head
-                .trim()
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            if !name.is_empty() {
-                names.push(name);
-            }
-        }
-    }
-    names
-}
-
 /// The benchmarks drive kiln through its public library API, so a change inside the trainer
 /// never breaks them.
 #[test]
@@ -304,8 +280,8 @@ fn benches_use_only_the_public_train_modules() {
     let root = root();
     let mut found = vec![];
     for file in files(&root.join("benches"), &["rs"]) {
-        for name in train_names(&code_of(&file)) {
-            if !PUBLIC_TRAIN_MODULES.contains(&name.as_str()) {
+        for name in heads_after(&code_of(&file), "kiln_train::") {
+            if !PUBLIC_TRAIN_MODULES.contains(&name) {
                 found.push(format!("{}: kiln_train::{name}", file.display()));
             }
         }

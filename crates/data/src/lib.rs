@@ -26,7 +26,7 @@ pub use dataset::{Dataset, InMemory, Subset, SyntheticClassification};
 pub use dtype::DType;
 pub use error::DataError;
 pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
-pub use npy::{NpyArray, npy_f32_bytes};
+pub use npy::{NpyArray, header as npy_header, npy_f32_bytes};
 pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
 pub use shards::{

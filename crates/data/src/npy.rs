@@ -89,7 +89,7 @@ fn value_of<'a>(header: &'a str, key: &str) -> Result<&'a str, String> {
 
 /// A version-1 header for a C-order array of `dtype` and `shape`, padded so the data starts at
 /// a multiple of 64 bytes.
-pub(crate) fn header(dtype: DType, shape: &[usize]) -> Result<Vec<u8>, String> {
+pub fn header(dtype: DType, shape: &[usize]) -> Result<Vec<u8>, String> {
     let descr = dtype
         .to_npy()
         .ok_or_else(|| format!("numpy has no {dtype} type; write safetensors shards instead"))?;

@@ -567,6 +567,23 @@ def check_compiler():
                         "--install) or point CXX at one") from None
 
 
+def compile_packages(ep, a, device, batch, manifest, target):
+    """The train step and the eval forward, as `a.what` asks; the manifest gains their names."""
+    dynamic, fixed = batch
+    if a.what in ("train", "both"):
+        if a.loss is None:
+            raise UserError("loss", "the train step needs --loss")
+        log("compiling the train step (forward, loss and backward) with AOTInductor…")
+        manifest.update(compile_train(ep, a, device, dynamic, fixed))
+    if a.what in ("eval", "both"):
+        if "parameters" not in manifest:
+            gm = ep.module()
+            manifest["parameters"] = [n for n, _ in gm.named_parameters()]
+            manifest["buffers"] = [n for n, _ in gm.named_buffers()]
+        log("compiling the eval forward…")
+        compile_eval(ep, a, device, dynamic, fixed, manifest, target)
+
+
 def compile_all(a):
     started = time.time()
     device = torch.device(a.device)
@@ -601,20 +618,8 @@ def compile_all(a):
         "predicts": target is None or a.output is not None,
     }
     os.makedirs(a.out, exist_ok=True)
-    if a.what in ("train", "both"):
-        if a.loss is None:
-            raise UserError("loss", "the train step needs --loss")
-        log("compiling the train step (forward, loss and backward) with AOTInductor…")
-        with attention_backends(device):
-            manifest.update(compile_train(ep, a, device, dynamic, fixed))
-    if a.what in ("eval", "both"):
-        if "parameters" not in manifest:
-            gm = ep.module()
-            manifest["parameters"] = [n for n, _ in gm.named_parameters()]
-            manifest["buffers"] = [n for n, _ in gm.named_buffers()]
-        log("compiling the eval forward…")
-        with attention_backends(device):
-            compile_eval(ep, a, device, dynamic, fixed, manifest, target)
+    with attention_backends(device):
+        compile_packages(ep, a, device, (dynamic, fixed), manifest, target)
     names = manifest["parameters"] + manifest["buffers"]
     write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
     manifest["compile_s"] = time.time() - started
