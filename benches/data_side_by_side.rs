@@ -11,15 +11,17 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand};
-use kiln_benches::proc_memory::{Peak, tree_memory};
+use clap::{Args, Subcommand};
+use kiln_benches::proc_memory::{Peak, mib, peak_until_exit, tree_memory};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, alternating, bench_root, median, report_path};
+use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median, report_path};
 use kiln_data::{
-    DType, Dataset, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
-    ShardFormat, ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
+    DataError, Dataset, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset,
+    SyntheticClassification, Transformed,
 };
 use serde_json::{Value, json};
+
+use crate::run_cli::{Cli, exit_on_error};
 
 const SHAPE: [usize; 2] = [64, 128];
 const CLASSES: usize = 10;
@@ -28,17 +30,6 @@ const SEED: u64 = 7;
 const PREFETCH: usize = 2;
 /// Batches timed inline for the per-batch breakdown (as on the Python side).
 const BREAKDOWN_BATCHES: usize = 8;
-
-/// `kiln-bench data`: the data suite (kiln's loader vs `torch.utils.data.DataLoader`), and
-/// its kiln probe.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench data", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    #[command(flatten)]
-    suite: SuiteArgs,
-}
 
 #[derive(Debug, Subcommand)]
 enum Sub {
@@ -66,44 +57,29 @@ struct ProbeArgs {
     idle: bool,
 }
 
-/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+/// Runs the data suite's command line (kiln's loader vs `torch.utils.data.DataLoader`), or its
+/// kiln probe (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let result = match cli.command {
+    let about = "`kiln-bench data`: the data suite (kiln's loader vs \
+                 `torch.utils.data.DataLoader`), and its kiln probe";
+    let cli = Cli::parse_with(args, about);
+    exit_on_error(match cli.command {
         Some(Sub::Probe(a)) => probe(&a),
         None => compare(&cli.suite),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    });
 }
-
-use kiln_benches::Result;
 
 type Data = Transformed<ShardedDataset, Normalize>;
 
 /// The shards at `--dir` with the normalization of `--norm`, as the probe reads them.
 fn probe_dataset(dir: &str, norm: &str) -> Result<Arc<Data>> {
-    let stats: Value =
-        serde_json::from_str(&std::fs::read_to_string(norm).map_err(|e| format!("{norm}: {e}"))?)
-            .map_err(|e| format!("{norm}: {e}"))?;
-    let floats = |key: &str| -> Vec<f32> {
-        stats[key]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(Value::as_f64)
-                    .map(|v| v as f32)
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
+    let text = std::fs::read_to_string(norm).map_err(|e| format!("{norm}: {e}"))?;
+    let stats: Value = serde_json::from_str(&text).map_err(|e| format!("{norm}: {e}"))?;
+    let floats = |key: &str| serde_json::from_value(stats[key].clone()).unwrap_or_default();
     let normalize = Normalize::new(floats("mean"), floats("std")).map_err(|e| e.to_string())?;
     let dataset = ShardedDataset::open(dir).map_err(|e| format!("{dir}: {e}"))?;
     Ok(Arc::new(Transformed::new(dataset, normalize)))
 }
-
 fn loader_config(batch_size: usize, workers: usize) -> LoaderConfig {
     LoaderConfig {
         batch_size,
@@ -138,9 +114,7 @@ fn probe(a: &ProbeArgs) -> Result<()> {
         .map_err(|e| e.to_string())?;
     let mut run = EpochRun::default();
     for epoch in 0..epochs {
-        let epoch_start = if epoch == 0 { start } else { Instant::now() };
-        run.epoch(&mut loader, epoch as u64, start)?;
-        run.epoch_seconds.push(epoch_start.elapsed().as_secs_f64());
+        run.epoch(&mut loader, epoch, start)?;
     }
     let stats = loader.stats();
     drop(loader);
@@ -173,10 +147,12 @@ struct EpochRun {
 }
 
 impl EpochRun {
-    /// One epoch; `start` is when the loader was built (for the first batch's latency).
-    fn epoch(&mut self, loader: &mut Loader<Data>, epoch: u64, start: Instant) -> Result<()> {
+    /// One epoch; `start` is when the loader was built (for the first batch's latency, and the
+    /// first epoch's time).
+    fn epoch(&mut self, loader: &mut Loader<Data>, epoch: usize, start: Instant) -> Result<()> {
+        let epoch_start = if epoch == 0 { start } else { Instant::now() };
         let mut wait = Duration::ZERO;
-        let mut batches = loader.epoch(epoch);
+        let mut batches = loader.epoch(epoch as u64);
         loop {
             let t0 = Instant::now();
             let Some(batch) = batches.next() else { break };
@@ -187,6 +163,7 @@ impl EpochRun {
             self.consume(batch)?;
         }
         self.wait_seconds.push(wait.as_secs_f64());
+        self.epoch_seconds.push(epoch_start.elapsed().as_secs_f64());
         Ok(())
     }
 
@@ -194,9 +171,8 @@ impl EpochRun {
         let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
         self.samples += batch.indices.len();
         self.batches += 1;
-        let labels = match batch.targets {
-            kiln_data::Targets::Classes(v) => v,
-            kiln_data::Targets::Values(_) => return Err("class labels expected".to_owned()),
+        let kiln_data::Targets::Classes(labels) = batch.targets else {
+            return Err("class labels expected".to_owned());
         };
         // The batch's buffers become the tensors, as in the trainer's CPU feeder: no copy.
         let x = kiln_torch_ext::transfer::tensor_from_vec_f32(batch.features, &shape)
@@ -231,10 +207,28 @@ fn read_ms_per_batch(dataset: Arc<Data>, batch_size: usize) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64() * 1e3 / n.max(1) as f64)
 }
 
+/// kiln's synthetic samples, scaled and offset so the normalization does real work.
+struct Offset(SyntheticClassification);
+
+impl Dataset for Offset {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn sample_shape(&self) -> &[usize] {
+        self.0.sample_shape()
+    }
+    fn read(&self, index: usize, out: &mut [f32]) -> std::result::Result<i64, DataError> {
+        let label = self.0.read(index, out)?;
+        out.iter_mut().for_each(|v| *v = *v * 3.0 + 1.5);
+        Ok(label)
+    }
+}
+
 /// The benchmark dataset: `samples` synthetic f32 samples of [`SHAPE`] in safetensors shards,
 /// made once and kept under `work`; plus per-feature normalization statistics.
 fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
-    let dir = work.join(format!("shards-{samples}x{}x{}", SHAPE[0], SHAPE[1]));
+    let name = format!("shards-{samples}x{}x{}", SHAPE[0], SHAPE[1]);
+    let dir = work.join(&name);
     let norm = dir.join("norm.json");
     if dir.join(kiln_data::MANIFEST_FILE).exists() && norm.exists() {
         return Ok((dir, norm));
@@ -242,41 +236,9 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
     let synth = SyntheticClassification::new(samples, SHAPE.to_vec(), CLASSES, SEED, 1.0)
         .map_err(|e| e.to_string())?;
-    let numel = synth.sample_numel();
-    let mut features = Vec::with_capacity(samples * numel * 4);
-    let mut labels = Vec::with_capacity(samples * 8);
-    let mut buf = vec![0f32; numel];
-    for i in 0..samples {
-        // Scale and offset so the normalization does real work.
-        let label = synth.read(i, &mut buf).map_err(|e| e.to_string())?;
-        features.extend(buf.iter().flat_map(|v| (v * 3.0 + 1.5).to_le_bytes()));
-        labels.extend(label.to_le_bytes());
-    }
-    let (fpath, lpath) = (work.join("features.npy"), work.join("labels.npy"));
-    write_npy(
-        &fpath,
-        DType::F32,
-        &[samples, SHAPE[0], SHAPE[1]],
-        &features,
-    )
-    .map_err(|e| e.to_string())?;
-    write_npy(&lpath, DType::I64, &[samples], &labels).map_err(|e| e.to_string())?;
-    drop((features, labels));
     let _ = std::fs::remove_dir_all(&dir); // an incomplete earlier attempt
-    let source = PrepareSource::Npy {
-        features: fpath.clone(),
-        labels: lpath.clone(),
-    };
-    let options = PrepareOptions {
-        shard_samples: 2048,
-        format: ShardFormat::Safetensors,
-        ..PrepareOptions::default()
-    };
-    prepare(&source, &dir, &options).map_err(|e| e.to_string())?;
-    let _ = std::fs::remove_file(fpath);
-    let _ = std::fs::remove_file(lpath);
-    let opened = ShardedDataset::open(&dir).map_err(|e| e.to_string())?;
-    let fitted = Normalize::fit(&opened, 512).map_err(|e| e.to_string())?;
+    let opened = datasets::write_prepared(work, &name, &Offset(synth), Some(2048), false)?;
+    let fitted = Normalize::fit(&*opened, 512).map_err(|e| e.to_string())?;
     let (mean, std) = fitted.stats();
     std::fs::write(&norm, json!({"mean": mean, "std": std}).to_string())
         .map_err(|e| format!("{}: {e}", norm.display()))?;
@@ -291,16 +253,11 @@ fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let mut peak = Peak::default();
-    if poll {
-        loop {
-            peak = peak.max(tree_memory(child.id()));
-            if child.try_wait().map_err(|e| e.to_string())?.is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
+    let peak = if poll {
+        peak_until_exit(&mut child, Duration::from_millis(10))?.1
+    } else {
+        Peak::default()
+    };
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
     if !out.status.success() {
         return Err(format!(
@@ -317,7 +274,7 @@ fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
 }
 
 /// Memory of a process that reports ready on stdout and then waits for stdin to close.
-fn idle_memory(mut cmd: Command) -> Result<Peak> {
+fn idle_memory(cmd: &mut Command) -> Result<Peak> {
     use std::io::BufRead;
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -407,6 +364,15 @@ impl Side {
     }
 }
 
+/// The number at `v`, NaN where there is none.
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn med(v: &[f64]) -> f64 {
+    median(v.to_vec())
+}
+
 /// One side's runs at one worker count.
 #[derive(Debug, Default, Clone)]
 struct Measured {
@@ -423,30 +389,23 @@ struct Measured {
 
 impl Measured {
     fn add_timing(&mut self, value: &Value) {
-        let epoch = |i: usize| value["epoch_seconds"][i].as_f64().unwrap_or(f64::NAN);
-        let samples = value["samples_per_epoch"].as_f64().unwrap_or(f64::NAN);
-        self.steady.push(samples / epoch(1));
-        self.first_epoch.push(samples / epoch(0));
-        self.first_batch
-            .push(value["first_batch_seconds"].as_f64().unwrap_or(f64::NAN));
+        let samples = num(&value["samples_per_epoch"]);
+        self.steady.push(samples / num(&value["epoch_seconds"][1]));
+        self.first_epoch
+            .push(samples / num(&value["epoch_seconds"][0]));
+        self.first_batch.push(num(&value["first_batch_seconds"]));
     }
 
     /// Where the time goes, per batch, from the medians and the last run's inline breakdown.
     fn breakdown(&self, workers: usize) -> Value {
         let v = &self.last;
-        let batches =
-            v["batches"].as_f64().unwrap_or(f64::NAN) / v["epochs"].as_f64().unwrap_or(f64::NAN);
-        let samples = v["samples_per_epoch"].as_f64().unwrap_or(f64::NAN);
-        let steady_ms = samples / median(self.steady.clone()) / batches * 1e3;
-        let fetch = v["breakdown"]["fetch_ms_per_batch"]
-            .as_f64()
-            .unwrap_or(f64::NAN);
-        let collate = v["breakdown"]["collate_ms_per_batch"]
-            .as_f64()
-            .unwrap_or(f64::NAN);
-        let wait = v["wait_seconds"][1].as_f64().unwrap_or(f64::NAN);
-        let epoch = v["epoch_seconds"][1].as_f64().unwrap_or(f64::NAN);
+        let batches = num(&v["batches"]) / num(&v["epochs"]);
+        let steady_ms = num(&v["samples_per_epoch"]) / med(&self.steady) / batches * 1e3;
+        let fetch = num(&v["breakdown"]["fetch_ms_per_batch"]);
+        let collate = num(&v["breakdown"]["collate_ms_per_batch"]);
+        let (wait, epoch) = (num(&v["wait_seconds"][1]), num(&v["epoch_seconds"][1]));
         let work_share = (fetch + collate) / workers.max(1) as f64;
+        let first_batch_ms = med(&self.first_batch) * 1e3;
         json!({
             "steady_ms_per_batch": steady_ms,
             "read_ms_per_batch_inline": fetch,
@@ -456,33 +415,27 @@ impl Measured {
             "consumer_wait_share_epoch2": wait / epoch,
             // The consumer's own time per batch (its checksums, freeing the last batch).
             "consumer_ms_per_batch_epoch2": (epoch - wait) / batches * 1e3,
-            "first_batch_ms": median(self.first_batch.clone()) * 1e3,
-            "start_up_ms_beyond_one_batch": median(self.first_batch.clone()) * 1e3
-                - (fetch + collate),
-            "first_epoch_samples_per_s": median(self.first_epoch.clone()),
+            "first_batch_ms": first_batch_ms,
+            "start_up_ms_beyond_one_batch": first_batch_ms - (fetch + collate),
+            "first_epoch_samples_per_s": med(&self.first_epoch),
         })
     }
 }
-
 /// Errors unless every side saw the same data, and batched fetch read each batch in one call.
 fn check_same_data(workers: usize, m: &[Measured]) -> Result<()> {
     let kiln = &m[0].last;
+    let feature_sum = |v: &Value| v["feature_sum"].as_f64().unwrap_or(0.0);
     for (side, other) in Side::ALL.iter().zip(m).skip(1) {
-        let o = &other.last;
+        let (o, side) = (&other.last, side.key());
         if kiln["samples"] != o["samples"] || kiln["label_sum"] != o["label_sum"] {
             return Err(format!(
-                "kiln and {} did not see the same data at {workers} workers: {kiln} vs {o}",
-                side.key()
+                "kiln and {side} did not see the same data at {workers} workers: {kiln} vs {o}"
             ));
         }
-        let (fk, ft) = (
-            kiln["feature_sum"].as_f64().unwrap_or(0.0),
-            o["feature_sum"].as_f64().unwrap_or(0.0),
-        );
+        let (fk, ft) = (feature_sum(kiln), feature_sum(o));
         if (fk - ft).abs() > 1e-3 * ft.abs().max(1.0) {
             return Err(format!(
-                "feature sums differ at {workers} workers: kiln {fk} vs {} {ft}",
-                side.key()
+                "feature sums differ at {workers} workers: kiln {fk} vs {side} {ft}"
             ));
         }
     }
@@ -502,10 +455,8 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     // rather than adding unpolled timing rounds; so does `--repeats 0`.
     let repeats = a.repeats_or(if quick { 0 } else { 3 });
     let samples = if quick { 1024 } else { 8192 };
-    let python = a.python.clone();
     let script = bench_root().join("python/torch_loader.py");
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
-    let out = a.out_or("data");
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
 
     eprintln!(
@@ -522,19 +473,14 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     }
     // One run of `side` at `workers` workers: two epochs.
     let command = |side: Side, workers: usize| {
-        let mut cmd = if side == Side::Kiln {
-            let mut c = Command::new(&me);
-            c.args(["data", "probe"]);
-            c
-        } else {
-            let mut c = Command::new(&python);
-            let fetch = if side == Side::TorchBatch {
-                "batch"
-            } else {
-                "item"
-            };
-            c.arg(&script).args(["--fetch", fetch]);
-            c
+        let mut cmd = match side {
+            Side::Kiln => Command::new(&me),
+            _ => Command::new(&a.python),
+        };
+        match side {
+            Side::Kiln => cmd.args(["data", "probe"]),
+            Side::TorchItem => cmd.arg(&script).args(["--fetch", "item"]),
+            Side::TorchBatch => cmd.arg(&script).args(["--fetch", "batch"]),
         };
         cmd.args(["--dir", dir.to_str().unwrap_or_default()])
             .args(["--norm", norm.to_str().unwrap_or_default()])
@@ -546,12 +492,10 @@ fn compare(a: &SuiteArgs) -> Result<()> {
 
     // Each side's memory with its libraries loaded and the dataset opened, before any loading:
     // the peaks minus these are what the loaders themselves cost.
-    let mut idle = Vec::new();
-    for side in [Side::Kiln, Side::TorchItem] {
-        let mut cmd = command(side, 0);
-        cmd.arg("--idle");
-        idle.push(idle_memory(cmd)?);
-    }
+    let idle = [
+        idle_memory(command(Side::Kiln, 0).arg("--idle"))?,
+        idle_memory(command(Side::TorchItem, 0).arg("--idle"))?,
+    ];
     let mut runs = Vec::new();
     let mut rows = Vec::new();
     let mut suite = SuiteOutput::new(
@@ -572,14 +516,15 @@ fn compare(a: &SuiteArgs) -> Result<()> {
         let sides: Vec<usize> = (0..Side::ALL.len()).rev().collect();
         alternating(repeats + 1, &sides, |round, i| {
             let (value, peak) = measured(command(Side::ALL[i], workers), round == 0)?;
+            let side = Side::ALL[i].key();
             if round == 0 {
                 m[i].peak = peak;
-                runs.push(json!({"side": Side::ALL[i].key(), "memory_run": value,
+                runs.push(json!({"side": side, "memory_run": value,
                                  "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
             }
             if round > 0 || repeats == 0 {
                 m[i].add_timing(&value);
-                runs.push(json!({"side": Side::ALL[i].key(), "timing_run": value}));
+                runs.push(json!({"side": side, "timing_run": value}));
             }
             m[i].last = value;
             Ok(None::<()>)
@@ -588,7 +533,6 @@ fn compare(a: &SuiteArgs) -> Result<()> {
         rows.push(push_rows(&mut suite, workers, &m, &idle));
     }
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let mib = |b: u64| b as f64 / 1048576.0;
     suite.details = json!({
         "dataset": {"dir": dir, "samples": samples, "sample_shape": SHAPE, "dtype": "f32",
                     "batch_size": BATCH},
@@ -602,42 +546,34 @@ fn compare(a: &SuiteArgs) -> Result<()> {
         "results": rows,
         "runs": runs,
     });
-    suite.write(&out)
+    suite.write(&a.out_or("data"))
 }
 
 /// The rows at one worker count (kiln against each DataLoader variant); returns the figures.
 fn push_rows(suite: &mut SuiteOutput, workers: usize, m: &[Measured], idle: &[Peak]) -> Value {
-    let mib = |b: u64| b as f64 / 1048576.0;
-    let med = |v: &Vec<f64>| median(v.clone());
     let breakdown: Vec<Value> = m.iter().map(|s| s.breakdown(workers)).collect();
-    let setup = |side: Side| {
-        json!({"kiln_runs": Side::Kiln.runs(workers), "baseline_runs": side.runs(workers),
-               "steady_state": STEADY})
-    };
-    for (i, side) in [(1, Side::TorchItem), (2, Side::TorchBatch)] {
-        let (label, suffix) = match side {
-            Side::TorchItem => ("PyTorch default (DataLoader, per-item __getitem__)", ""),
-            _ => (
-                "DataLoader with batched fetch (__getitems__)",
-                ", vs batched fetch",
-            ),
+    let row = |name: String, unit: &str, better, figures, side: Side| {
+        let label = match side {
+            Side::TorchBatch => "DataLoader with batched fetch (__getitems__)",
+            _ => "PyTorch default (DataLoader, per-item __getitem__)",
         };
+        let setup = json!({"kiln_runs": Side::Kiln.runs(workers),
+                           "baseline_runs": side.runs(workers), "steady_state": STEADY});
         let baseline = format!("{label}, {workers} workers");
-        let steady = Comparison::new(
-            "data",
-            "loader",
-            format!("loader steady state (epoch 2), {workers} workers{suffix}"),
-            "samples/s",
-            Better::Higher,
-            (med(&m[0].steady), med(&m[i].steady)),
-            baseline.clone(),
-        )
-        .detail("workers", json!(workers))
-        .detail("setup", setup(side))
-        .detail(
-            "where_the_time_goes",
-            json!({"kiln": breakdown[0], "baseline": breakdown[i]}),
-        );
+        Comparison::new("data", "loader", name, unit, better, figures, baseline)
+            .detail("workers", json!(workers))
+            .detail("setup", setup)
+    };
+    for (side, suffix) in [
+        (Side::TorchItem, ""),
+        (Side::TorchBatch, ", vs batched fetch"),
+    ] {
+        let i = side as usize;
+        let name = format!("loader steady state (epoch 2), {workers} workers{suffix}");
+        let steady = (med(&m[0].steady), med(&m[i].steady));
+        let time = json!({"kiln": breakdown[0], "baseline": breakdown[i]});
+        let steady = row(name, "samples/s", Better::Higher, steady, side)
+            .detail("where_the_time_goes", time);
         // The goals: >= 2x the PyTorch default at every worker count (as before), and
         // >= 2x batched fetch at 2 workers (issue 20, item 8).
         let steady = match side {
@@ -645,47 +581,28 @@ fn push_rows(suite: &mut SuiteOutput, workers: usize, m: &[Measured], idle: &[Pe
             _ => steady.at_least(2.0),
         };
         suite.push(steady);
-        suite.push(
-            Comparison::new(
-                "data",
-                "loader",
-                format!("loader start-up (first batch), {workers} workers{suffix}"),
-                "ms",
-                Better::Lower,
-                (med(&m[0].first_batch) * 1e3, med(&m[i].first_batch) * 1e3),
-                baseline,
-            )
-            .detail("workers", json!(workers))
-            .detail("setup", setup(side)),
-        );
+        let name = format!("loader start-up (first batch), {workers} workers{suffix}");
+        let first = (med(&m[0].first_batch) * 1e3, med(&m[i].first_batch) * 1e3);
+        suite.push(row(name, "ms", Better::Lower, first, side));
     }
     let (k, t, b) = (&m[0].peak, &m[1].peak, &m[2].peak);
+    let name = format!("loader peak memory (PSS), {workers} workers");
+    let above_idle = json!({"kiln": mib(k.pss.saturating_sub(idle[0].pss)),
+                            "baseline": mib(t.pss.saturating_sub(idle[1].pss))});
+    let batched = json!({"peak_pss": mib(b.pss), "peak_rss": mib(b.rss),
+                         "above_idle_pss": mib(b.pss.saturating_sub(idle[1].pss))});
+    let rss = json!({"kiln": mib(k.rss), "baseline": mib(t.rss)});
     suite.push(
-        Comparison::new(
-            "data",
-            "loader",
-            format!("loader peak memory (PSS), {workers} workers"),
+        row(
+            name,
             "MiB",
             Better::Lower,
             (mib(k.pss), mib(t.pss)),
-            format!("PyTorch default (DataLoader, per-item __getitem__), {workers} workers"),
+            Side::TorchItem,
         )
-        .detail("workers", json!(workers))
-        .detail("setup", setup(Side::TorchItem))
-        .detail(
-            "above_idle_mib",
-            json!({"kiln": mib(k.pss.saturating_sub(idle[0].pss)),
-                   "baseline": mib(t.pss.saturating_sub(idle[1].pss))}),
-        )
-        .detail(
-            "batched_fetch_mib",
-            json!({"peak_pss": mib(b.pss), "peak_rss": mib(b.rss),
-                   "above_idle_pss": mib(b.pss.saturating_sub(idle[1].pss))}),
-        )
-        .detail(
-            "peak_rss_mib",
-            json!({"kiln": mib(k.rss), "baseline": mib(t.rss)}),
-        ),
+        .detail("above_idle_mib", above_idle)
+        .detail("batched_fetch_mib", batched)
+        .detail("peak_rss_mib", rss),
     );
     let mut row = json!({"workers": workers});
     for (side, s) in Side::ALL.iter().zip(m) {

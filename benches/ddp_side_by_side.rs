@@ -2,22 +2,16 @@
 //! one run side by side. The real CLI trains kiln's `transformer` reference model (its default
 //! shape, 3.3 M parameters; fp32, dropout 0, one data worker, `--threads` libtorch threads per
 //! rank, default 1) on its synthetic sequences: `kiln train` alone (1 rank) and `kiln train
-//! --nproc-per-node 2` (2 ranks, c10d Reducer), each rank taking the same batch and the same
-//! number of steps (the 2-rank run gets twice the samples): a job whose compute per step
-//! (~140 ms on one core) outweighs its communication (12.7 MiB of gradients, in the default
-//! buckets of both sides: a first of 1 MiB, all-reduced while backward goes on, then the rest),
-//! as a real one's does. PyTorch trains the same transformer (train_step.py's twin)
-//! on the same samples in `python/ddp_step.py`: wrapped in
-//! `torch.nn.parallel.DistributedDataParallel` on 2 ranks launched by `python -m
-//! torch.distributed.run`, and alone as a plain loop (the 1-rank reference). Every training
-//! value (shape, lr, AdamW's weight decay, warmup + cosine, clipping, buckets, seed) is the one
-//! kiln resolves for the job.
-//!
-//! kiln also trains the model's PyTorch twin exported by torch.export (`ddp_step.py
-//! --export-program`, the same initial weights) through its compiled step, on the same samples
-//! prepared by `kiln data prepare`, on 1 and 2 ranks: the step returns the gradients, so they
-//! are all-reduced in one coalesced call after it, with nothing to overlap; its rows show what
-//! that lost overlap costs against the built-in model's Reducer.
+//! --nproc-per-node 2` (2 ranks, c10d Reducer), every rank taking the same batch and steps (the
+//! 2-rank run gets twice the samples): ~140 ms of compute per step on one core outweighs the
+//! communication (12.7 MiB of gradients in both sides' default buckets: a first of 1 MiB,
+//! all-reduced while backward goes on, then the rest), as in a real job. PyTorch trains the
+//! same transformer (train_step.py's twin) on the same samples in `python/ddp_step.py`, with
+//! every value kiln resolves (shape, lr, weight decay, schedule, clipping, buckets, seed): in
+//! `DistributedDataParallel` on 2 ranks under `torch.distributed.run`, and alone as a plain
+//! loop (the 1-rank reference). kiln also trains the twin exported by torch.export (the same
+//! initial weights) through its compiled step on 1 and 2 ranks: the step returns the gradients,
+//! all-reduced in one call after it, and its rows show what that lost overlap costs.
 //!
 //! Figures: kiln's samples/s over all ranks and mean step time on 2 ranks against 1 (goals
 //! ≥ 1.8× and ≤ 1.1×: the all-reduce hidden behind backward), kiln's mean step time against
@@ -26,27 +20,16 @@
 //! a few steps of each to check the suite's shape.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::Instant;
+use std::process::Command;
 
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, alternating, bench_root, median};
+use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median_of};
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
 
-use kiln_benches::Result;
-
-/// `kiln-bench ddp`: the ddp suite.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench ddp", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    /// Without a subcommand: the `ddp` suite.
-    #[command(flatten)]
-    suite: SuiteArgs,
-}
+use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, kiln_exe, plan_args, read_summary};
+use crate::run_cli::{remove_dir, run};
 
 #[derive(Debug, Subcommand)]
 enum Sub {
@@ -56,22 +39,17 @@ enum Sub {
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let args = match cli.command {
-        Some(Sub::Ddp(a)) => a,
-        None => cli.suite,
-    };
-    if let Err(e) = suite(&args) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    let cli = Cli::parse_with(args, "`kiln-bench ddp`: the ddp suite");
+    exit_on_error(suite(&cli.command.map_or(cli.suite, |Sub::Ddp(a)| a)));
 }
+
+/// The model every side trains.
+const MODEL: ModelKind = ModelKind::Transformer;
 
 /// The job; every side and rank count trains the same model on the same steps of the same
 /// per-rank batch, with the same gradient buckets.
 #[derive(Debug, Clone, Copy)]
 struct Size {
-    model: ModelKind,
     batch: usize,
     steps_per_epoch: usize,
     epochs: usize,
@@ -81,22 +59,13 @@ struct Size {
 
 impl Size {
     fn of(quick: bool) -> Self {
-        if quick {
-            Self {
-                model: ModelKind::Transformer,
-                batch: 4,
-                steps_per_epoch: 8,
-                epochs: 1,
-                warmup: 2,
-            }
-        } else {
-            Self {
-                model: ModelKind::Transformer,
-                batch: 8,
-                steps_per_epoch: 30,
-                epochs: 2,
-                warmup: 10,
-            }
+        let (batch, steps_per_epoch, epochs, warmup) =
+            if quick { (4, 8, 1, 2) } else { (8, 30, 2, 10) };
+        Self {
+            batch,
+            steps_per_epoch,
+            epochs,
+            warmup,
         }
     }
 
@@ -110,7 +79,8 @@ impl Size {
     }
 }
 
-/// `kiln train`'s settings for a run on `world` ranks (its rank count comes from the launcher).
+/// `kiln train`'s settings for a run on `world` ranks (its rank count comes from the launcher);
+/// the plan they resolve to is what the PyTorch side is told.
 fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<String> {
     let mut sets: Vec<String> = [
         "device.request=cpu",
@@ -127,7 +97,7 @@ fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<Stri
     .map(str::to_owned)
     .to_vec();
     sets.extend([
-        format!("model.name={}", size.model),
+        format!("model.name={MODEL}"),
         format!("train.warmup_steps={}", size.warmup),
         format!("performance.intra_op_threads={threads}"),
         format!("performance.inter_op_threads={threads}"),
@@ -139,84 +109,34 @@ fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<Stri
     sets
 }
 
-/// The plan `kiln train` resolves for these settings (what the PyTorch side is told).
-fn resolve(sets: &[String]) -> Result<RunPlan> {
-    Ok(kiln_benches::resolve(sets)?.plan)
-}
-
-/// Writes the model's synthetic dataset of `samples`, as `kiln train` makes it, as raw
-/// little-endian files: float32 features `[samples, ..sample_shape]` and int64 labels. Returns
-/// their paths, the sample's shape and the classes.
-fn write_data(dir: &Path, plan: &RunPlan, samples: usize) -> Result<Data> {
+/// The model's synthetic samples of a 1- and a 2-rank run, as `kiln train` makes them,
+/// prepared by kiln's data prepare as the datasets `prepared-<ranks>` under `dir` (what the
+/// exported program trains on); the 2-rank ones also as `features.npy` and `labels.npy`, which
+/// the PyTorch side reads (a 1-rank run their first samples).
+fn write_data(dir: &Path, plan: &RunPlan, size: &Size) -> Result<Data> {
     let seed = plan.performance.backend.seed;
-    let data = kiln_train::models::synthetic_dataset(plan.model.kind, samples, seed)
-        .map_err(|e| e.to_string())?;
-    let numel = data.sample_numel();
-    let classes = data
-        .classes()
-        .ok_or_else(|| format!("the {}'s synthetic data have no classes", plan.model.kind))?;
-    let (mut x, mut y) = (Vec::with_capacity(samples * numel * 4), vec![]);
-    let mut sample = vec![0f32; numel];
-    for i in 0..samples {
-        let label = data.read(i, &mut sample).map_err(|e| e.to_string())?;
-        x.extend(sample.iter().flat_map(|v| v.to_le_bytes()));
-        y.extend(label.to_le_bytes());
-    }
-    let out = Data {
-        features_file: dir.join("features.f32"),
-        labels_file: dir.join("labels.i64"),
-        sample_shape: data.sample_shape().to_vec(),
-        classes,
-    };
-    for (path, bytes) in [(&out.features_file, x), (&out.labels_file, y)] {
-        std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Data::default();
+    for world in [1, 2] {
+        let data = kiln_train::models::synthetic_dataset(MODEL, size.samples(world), seed)
+            .map_err(|e| e.to_string())?;
+        let classes = data
+            .classes()
+            .ok_or_else(|| format!("the {MODEL}'s synthetic data have no classes"))?;
+        let name = format!("prepared-{world}");
+        datasets::write_prepared(dir, &name, &*data, None, world == 2)?;
+        out = Data {
+            sample_shape: data.sample_shape().to_vec(),
+            classes,
+        };
     }
     Ok(out)
 }
 
-/// The raw data files the PyTorch side reads.
+/// The samples' shape (`[sequence, features]`) and classes.
+#[derive(Debug, Default)]
 struct Data {
-    features_file: PathBuf,
-    labels_file: PathBuf,
-    /// `[features]` (mlp) or `[sequence, features]` (transformer).
     sample_shape: Vec<usize>,
     classes: usize,
-}
-
-impl Data {
-    /// The features per sample (mlp) or per position (transformer).
-    fn features(&self) -> usize {
-        self.sample_shape.last().copied().unwrap_or(0)
-    }
-}
-
-/// Runs `cmd`; its output, or an error with the end of its stderr.
-fn run(mut cmd: Command) -> Result<(Output, f64)> {
-    let started = Instant::now();
-    let out = cmd
-        .output()
-        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let seconds = started.elapsed().as_secs_f64();
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(20).collect();
-        return Err(format!(
-            "{cmd:?} failed ({}):\n{}",
-            out.status,
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        ));
-    }
-    Ok((out, seconds))
-}
-
-/// A port on 127.0.0.1 free right now, for torch.distributed.run's rendezvous.
-fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| format!("cannot find a free port for the PyTorch ranks: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
 }
 
 /// What every run of the suite shares.
@@ -228,69 +148,20 @@ struct Bench<'a> {
     threads: usize,
     plan: &'a RunPlan,
     data: &'a Data,
-    program: ProgramJob,
 }
 
-/// The model's PyTorch twin exported by torch.export (`ddp_step.py --export-program`), and the
-/// same samples as prepared datasets for 1 and 2 ranks.
-struct ProgramJob {
-    file: PathBuf,
-    data: [PathBuf; 2],
-}
+/// The model's PyTorch twin exported by torch.export (`ddp_step.py --export-program`), in the
+/// work directory beside its datasets `prepared-<ranks>`.
+const PROGRAM: &str = "transformer.pt2";
 
 impl Bench<'_> {
-    /// Exports the twin and prepares its datasets (`kiln data prepare` of the raw files' first
-    /// samples of a 1- and a 2-rank run).
-    fn program_job(&self) -> Result<ProgramJob> {
-        let file = self.work.join("transformer.pt2");
-        let mut cmd = Command::new(self.python);
-        cmd.arg(bench_root().join("python/ddp_step.py"))
-            .arg("--features-file")
-            .arg(&self.data.features_file)
-            .arg("--labels-file")
-            .arg(&self.data.labels_file)
-            .arg("--export-program")
-            .arg(&file);
-        for (name, v) in self.torch_args(1) {
-            cmd.args([name, &v]);
-        }
-        run(cmd)?;
-        let data = [1, 2].map(|world| self.work.join(format!("prepared-{world}")));
-        for (world, dir) in [1, 2].iter().zip(&data) {
-            self.prepare(self.size.samples(*world), dir)?;
-        }
-        Ok(ProgramJob { file, data })
-    }
-
-    /// The first `samples` of the raw files as `.npy`, prepared by `kiln data prepare` in `dir`.
-    fn prepare(&self, samples: usize, dir: &Path) -> Result<()> {
-        let read = |p: &Path| std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()));
-        let numel: usize = self.data.sample_shape.iter().product();
-        let x = read(&self.data.features_file)?;
-        let values: Vec<f32> = x[..samples * numel * 4]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        let mut shape = vec![samples];
-        shape.extend(&self.data.sample_shape);
-        let (fx, fy) = (dir.with_extension("x.npy"), dir.with_extension("y.npy"));
-        let bytes = kiln_data::npy_f32_bytes(&shape, &values).map_err(|e| e.to_string())?;
-        std::fs::write(&fx, bytes).map_err(|e| format!("{}: {e}", fx.display()))?;
-        let y = read(&self.data.labels_file)?;
-        kiln_data::write_npy(&fy, kiln_data::DType::I64, &[samples], &y[..samples * 8])
-            .map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(&self.kiln);
-        cmd.args(["data", "prepare", "--features"])
-            .arg(&fx)
-            .arg("--labels")
-            .arg(&fy)
-            .arg("--out")
-            .arg(dir);
+    /// Exports the twin (`ddp_step.py --export-program`, the same initial weights).
+    fn export_program(&self) -> Result<()> {
+        let mut cmd = self.ddp_step(Command::new(self.python), 1);
+        cmd.arg("--export-program").arg(self.work.join(PROGRAM));
         run(cmd).map(|_| ())
     }
-}
 
-impl Bench<'_> {
     /// One `kiln train` on `world` ranks, of the built-in model or (`program`) of its PyTorch
     /// twin exported by torch.export: the figures of rank 0's `summary.json` (its samples and
     /// samples/s count every rank's).
@@ -298,9 +169,7 @@ impl Bench<'_> {
         let runs = self
             .work
             .join(format!("kiln-runs-{world}-{}", u8::from(program)));
-        if runs.exists() {
-            std::fs::remove_dir_all(&runs).map_err(|e| format!("{}: {e}", runs.display()))?;
-        }
+        remove_dir(&runs)?;
         let mut cmd = Command::new(&self.kiln);
         cmd.arg("train");
         if world > 1 {
@@ -314,13 +183,14 @@ impl Bench<'_> {
             }
         }
         if program {
-            let p = &self.program;
+            let file = self.work.join(PROGRAM);
             cmd.arg("--set")
-                .arg(format!("model.name={}", p.file.display()));
-            cmd.arg("--data").arg(&p.data[world - 1]);
+                .arg(format!("model.name={}", file.display()));
+            cmd.arg("--data")
+                .arg(self.work.join(format!("prepared-{world}")));
         }
         let (_, wall) = run(cmd)?;
-        let s = read_summary(&runs)?;
+        let (_, s) = read_summary(&runs)?;
         let num = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
         let all_ranks = (self.size.steps() * self.size.batch * world) as f64;
         if num("samples") != all_ranks {
@@ -345,20 +215,17 @@ impl Bench<'_> {
     fn torch_run(&self, world: usize) -> Result<Value> {
         let mut cmd = Command::new(self.python);
         if world > 1 {
+            // A port on 127.0.0.1 free right now, for torch.distributed.run's rendezvous.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("cannot find a free port for the PyTorch ranks: {e}"))?
+                .port();
             cmd.args(["-m", "torch.distributed.run", "--nproc-per-node"])
                 .arg(world.to_string())
                 .args(["--master-addr", "127.0.0.1", "--master-port"])
-                .arg(free_port()?.to_string());
+                .arg(port.to_string());
         }
-        cmd.arg(bench_root().join("python/ddp_step.py"))
-            .arg("--features-file")
-            .arg(&self.data.features_file)
-            .arg("--labels-file")
-            .arg(&self.data.labels_file);
-        for (name, v) in self.torch_args(world) {
-            cmd.args([name, &v]);
-        }
-        let (out, wall) = run(cmd)?;
+        let (out, wall) = run(self.ddp_step(cmd, world))?;
         let text = String::from_utf8_lossy(&out.stdout);
         let line = text.lines().rev().find(|l| l.starts_with('{'));
         let mut v: Value = line
@@ -368,58 +235,28 @@ impl Bench<'_> {
         Ok(v)
     }
 
-    /// `ddp_step.py`'s options: the plan's values.
-    fn torch_args(&self, world: usize) -> Vec<(&'static str, String)> {
-        let (p, t, m) = (self.plan, &self.plan.train, &self.plan.model);
-        let mut args = vec![
-            ("--model", m.kind.to_string()),
+    /// `cmd` (Python, and its launcher's arguments) running `ddp_step.py` on the raw files, with
+    /// the plan's values for `world` ranks.
+    fn ddp_step(&self, mut cmd: Command, world: usize) -> Command {
+        let (d, shape) = (&self.plan.distributed, &self.data.sample_shape);
+        cmd.arg(bench_root().join("python/ddp_step.py"))
+            .arg("--features-file")
+            .arg(self.work.join("features.npy"))
+            .arg("--labels-file")
+            .arg(self.work.join("labels.npy"));
+        for (name, v) in [
             ("--samples", self.size.samples(world).to_string()),
-            ("--features", self.data.features().to_string()),
+            ("--seq", shape[0].to_string()),
+            ("--features", shape[1].to_string()),
             ("--classes", self.data.classes.to_string()),
-        ];
-        if m.kind == ModelKind::Transformer {
-            args.extend([
-                ("--seq", self.data.sample_shape[0].to_string()),
-                ("--d-model", m.d_model.to_string()),
-                ("--heads", m.heads.to_string()),
-                ("--layers", m.layers.to_string()),
-                ("--ff", m.ff.to_string()),
-            ]);
-        } else {
-            let hidden: Vec<String> = m.hidden.iter().map(u64::to_string).collect();
-            args.push(("--hidden", hidden.join(",")));
+            ("--bucket-cap-mb", d.bucket_cap_mb.to_string()),
+            ("--first-bucket-mb", d.first_bucket_mb.to_string()),
+        ] {
+            cmd.args([name, &v]);
         }
-        args.extend([
-            ("--bucket-cap-mb", p.distributed.bucket_cap_mb.to_string()),
-            (
-                "--first-bucket-mb",
-                p.distributed.first_bucket_mb.to_string(),
-            ),
-            ("--batch", self.size.batch.to_string()),
-            ("--epochs", self.size.epochs.to_string()),
-            ("--seed", p.performance.backend.seed.to_string()),
-            ("--lr", t.lr.to_string()),
-            ("--weight-decay", t.weight_decay.to_string()),
-            ("--warmup", t.warmup_steps.to_string()),
-            ("--clip", t.clip_grad_norm.to_string()),
-            ("--dropout", p.model.dropout.to_string()),
-            ("--threads", self.threads.to_string()),
-        ]);
-        args
+        plan_args(&mut cmd, self.plan, self.threads);
+        cmd
     }
-}
-
-/// The `summary.json` of the run under `runs`.
-fn read_summary(runs: &Path) -> Result<Value> {
-    let dir = std::fs::read_dir(runs)
-        .map_err(|e| format!("{}: {e}", runs.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.join("summary.json").is_file())
-        .ok_or_else(|| format!("kiln train wrote no summary.json under {}", runs.display()))?;
-    let path = dir.join("summary.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The sides, in the order they run.
@@ -432,25 +269,12 @@ const SIDES: [(&str, usize); 6] = [
     ("program", 2),
 ];
 
-/// Every run of one side.
-#[derive(Default)]
-struct Runs(Vec<Value>);
-
-impl Runs {
-    /// The median over runs of `key`.
-    fn median(&self, key: &str) -> f64 {
-        median(
-            self.0
-                .iter()
-                .map(|r| r[key].as_f64().unwrap_or(f64::NAN))
-                .collect(),
-        )
-    }
-}
+/// Every run of each side, in [`SIDES`]' order.
+type Runs = [Vec<Value>; 6];
 
 /// Runs the sides `repeats` times, the order reversed on odd repeats; checks each run took the
 /// steps asked for.
-fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 6]> {
+fn measure(bench: &Bench<'_>, repeats: usize) -> Result<Runs> {
     let mut seen: Option<Value> = None;
     let runs = alternating(repeats, &SIDES, |r, (who, world)| {
         eprintln!("ddp: repeat {r}: {who}, {world} rank(s)");
@@ -476,7 +300,6 @@ fn measure(bench: &Bench<'_>, repeats: usize) -> Result<[Runs; 6]> {
         }
         Ok(Some(v))
     })?;
-    let runs: Vec<Runs> = runs.into_iter().map(Runs).collect();
     runs.try_into()
         .map_err(|_| "the ddp suite has six sides".to_owned())
 }
@@ -485,30 +308,19 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let size = Size::of(a.quick);
     let repeats = a.repeats_or(if a.quick { 1 } else { 3 }).max(1);
     let threads = a.threads_or(1).max(1);
-    let work = a.work_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("kiln-bench-ddp-{}", std::process::id()))
-    });
-    let work = work.join("ddp");
-    if work.exists() {
-        std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    }
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let plan = resolve(&kiln_sets(&size, 2, threads, &work))?;
-    let data = write_data(&work, &plan, size.samples(2))?;
-    let mut bench = Bench {
-        kiln: kiln_exe()?,
+    let work = fresh_work_dir(a, "ddp")?;
+    let plan = kiln_benches::resolve(&kiln_sets(&size, 2, threads, &work))?.plan;
+    let data = write_data(&work, &plan, &size)?;
+    let bench = Bench {
+        kiln: kiln_exe("ddp")?,
         python: &a.python,
         work: &work,
         size,
         threads,
         plan: &plan,
         data: &data,
-        program: ProgramJob {
-            file: PathBuf::new(),
-            data: Default::default(),
-        },
     };
-    bench.program = bench.program_job()?;
+    bench.export_program()?;
     let runs = measure(&bench, repeats)?;
     let mut out = report(&bench, a.quick, &runs);
     out.details = json!({
@@ -521,28 +333,12 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         "heads": plan.model.heads, "ff": plan.model.ff, "sample_shape": data.sample_shape,
         "classes": data.classes,
         "cpu": cpu_model(), "logical_cpus": logical_cpus(),
-        "kiln_1_rank": runs[0].0, "kiln_2_ranks": runs[1].0,
-        "pytorch_1_rank": runs[2].0, "pytorch_ddp_2_ranks": runs[3].0,
-        "kiln_program_1_rank": runs[4].0, "kiln_program_2_ranks": runs[5].0,
+        "kiln_1_rank": runs[0], "kiln_2_ranks": runs[1],
+        "pytorch_1_rank": runs[2], "pytorch_ddp_2_ranks": runs[3],
+        "kiln_program_1_rank": runs[4], "kiln_program_2_ranks": runs[5],
     });
     out.write(&a.out_or("ddp"))?;
-    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
-}
-
-/// The release CLI beside this binary.
-fn kiln_exe() -> Result<PathBuf> {
-    let exe = std::env::current_exe()
-        .map_err(|e| e.to_string())?
-        .with_file_name("kiln");
-    if exe.is_file() {
-        Ok(exe)
-    } else {
-        Err(format!(
-            "{} is missing: the ddp suite runs the release CLI (cargo xtask bench builds it; by \
-             hand: cargo build --release -p kiln-cli)",
-            exe.display()
-        ))
-    }
+    remove_dir(&work)
 }
 
 fn cpu_model() -> String {
@@ -552,35 +348,15 @@ fn cpu_model() -> String {
 fn logical_cpus() -> usize {
     std::thread::available_parallelism().map_or(0, |n| n.get())
 }
-
 /// The suite's description: what each side runs, on which CPU.
-fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 6]) -> String {
+fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
     let (s, p, d) = (&bench.size, bench.plan, bench.data);
     let t = bench.threads;
-    let params = runs[0].median("parameters");
-    let model = match p.model.kind {
-        ModelKind::Transformer => format!(
-            "`transformer` (sequence {} × {} features → d_model {}, {} layers, {} heads, ff {} → \
-             {} classes",
-            d.sample_shape[0],
-            d.features(),
-            p.model.d_model,
-            p.model.layers,
-            p.model.heads,
-            p.model.ff,
-            d.classes
-        ),
-        _ => format!(
-            "`{}` ({} → {:?} → {}",
-            p.model.kind,
-            d.features(),
-            p.model.hidden,
-            d.classes
-        ),
-    };
+    let params = median_of(&runs[0], "parameters");
     format!(
         "{}data-parallel training on the CPU ({}, {} logical cores), Gloo over 127.0.0.1: \
-         kiln's {model}, {params} parameters, fp32, dropout 0) on its synthetic data, {} steps \
+         kiln's `transformer` (sequence {} × {} features → d_model {}, {} layers, {} heads, ff \
+         {} → {} classes, {params} parameters, fp32, dropout 0) on its synthetic data, {} steps \
          of batch {} per rank, AdamW (lr {}, weight decay {}), warmup {} + cosine, clipping {}. \
          kiln: `kiln train` (1 rank × {t} thread) and `kiln train --nproc-per-node 2` (2 ranks \
          × {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
@@ -599,14 +375,21 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &[Runs; 6]) -> String {
         },
         cpu_model(),
         logical_cpus(),
+        d.sample_shape[0],
+        d.sample_shape[1],
+        p.model.d_model,
+        p.model.layers,
+        p.model.heads,
+        p.model.ff,
+        d.classes,
         s.steps(),
         s.batch,
         p.train.lr,
         p.train.weight_decay,
         p.train.warmup_steps,
         p.train.clip_grad_norm,
-        runs[0].0.len(),
-        communication(p, params, runs[3].median("gradient_allreduce_ms")),
+        runs[0].len(),
+        communication(p, params, median_of(&runs[3], "gradient_allreduce_ms")),
         between_steps(runs),
     )
 }
@@ -639,10 +422,10 @@ fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
 
 /// kiln's time between steps, outside the step time (its fit time less its steps' time, per
 /// step): on 2 ranks it holds the one-value all-reduce by which the ranks agree whether to stop.
-fn between_steps(runs: &[Runs; 6]) -> String {
+fn between_steps(runs: &Runs) -> String {
     let (one, two) = (
-        runs[0].median("between_steps_ms"),
-        runs[1].median("between_steps_ms"),
+        median_of(&runs[0], "between_steps_ms"),
+        median_of(&runs[1], "between_steps_ms"),
     );
     format!(
         "kiln spends {two:.2} ms per step between steps on 2 ranks ({one:.2} ms on 1: the \
@@ -655,145 +438,60 @@ const KILN_1: &str = "kiln 1 rank × 1 thread, same per-rank batch and steps";
 const DDP_2: &str = "PyTorch DistributedDataParallel, Gloo, 2 ranks × 1 thread";
 const TORCH_1: &str = "PyTorch plain loop, 1 process × 1 thread (no DDP)";
 
-/// The suite's rows: kiln's scaling, kiln against DDP, and the 1-rank reference.
-fn report(bench: &Bench<'_>, quick: bool, runs: &[Runs; 6]) -> SuiteOutput {
+/// The suite's rows: kiln's scaling, kiln against DDP, the 1-rank reference and the exported
+/// program's; those without goals show throughput and scaling against PyTorch's and the final
+/// train losses (that the sides learn alike).
+fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let mut out = SuiteOutput::new("ddp", &describe(bench, quick, runs));
-    let [k1, k2, _, t2, ..] = runs;
+    let [k1, k2, t1, t2, p1, p2] = runs;
     let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
         Comparison::new("ddp", group, name, unit, better, figures, base)
     };
-    let sps = "samples_per_s";
-    let ms = |r: &Runs| 1e3 * r.median("mean_step_time_s");
-    out.push(
-        row(
-            "kiln scaling",
-            "kiln 2 ranks vs 1 rank: samples/s (all ranks)",
-            "samples/s",
-            Better::Higher,
-            (k2.median(sps), k1.median(sps)),
-            KILN_1,
-        )
-        .at_least(1.8),
-    );
-    out.push(
-        row(
-            "kiln scaling",
-            "kiln 2 ranks vs 1 rank: mean step time",
-            "ms/step",
-            Better::Lower,
-            (ms(k2), ms(k1)),
-            KILN_1,
-        )
-        .at_most(1.1),
-    );
-    out.push(
-        row(
-            "vs PyTorch DDP",
-            "2 ranks: mean step time vs DDP",
-            "ms/step",
-            Better::Lower,
-            (ms(k2), ms(t2)),
-            DDP_2,
-        )
-        .at_most(1.0),
-    );
-    push_learning_and_reference(&mut out, runs);
-    push_program(&mut out, runs);
-    out
-}
-
-/// The rows of the exported program: its compiled step returns the gradients, so no autograd
-/// hook can start their all-reduce while backward runs; what that lost overlap costs is its
-/// 2-rank step time over its 1-rank one, against the built-in model's (the Reducer overlapping).
-fn push_program(out: &mut SuiteOutput, runs: &[Runs; 6]) {
-    let [k1, k2, _, _, p1, p2] = runs;
-    let ms = |r: &Runs| 1e3 * r.median("mean_step_time_s");
+    let sps = |r: &Vec<Value>| median_of(r, "samples_per_s");
+    let ms = |r: &Vec<Value>| 1e3 * median_of(r, "mean_step_time_s");
+    let loss = |r: &Vec<Value>| median_of(r, "final_train_loss");
+    let rate = |g, n, a, b, base| row(g, n, "samples/s", Better::Higher, (sps(a), sps(b)), base);
+    let step = |g, n, a, b, base| row(g, n, "ms/step", Better::Lower, (ms(a), ms(b)), base);
+    let learn = |g, n, a, b, base| {
+        row(g, n, "nats", Better::Lower, (loss(a), loss(b)), base)
+            .detail("difference", json!(loss(a) - loss(b)))
+    };
+    let (scaling, ddp, one) = ("kiln scaling", "vs PyTorch DDP", "1-rank reference");
+    let name = "kiln 2 ranks vs 1 rank: samples/s (all ranks)";
+    out.push(rate(scaling, name, k2, k1, KILN_1).at_least(1.8));
+    let name = "kiln 2 ranks vs 1 rank: mean step time";
+    out.push(step(scaling, name, k2, k1, KILN_1).at_most(1.1));
+    let name = "2 ranks: mean step time vs DDP";
+    out.push(step(ddp, name, k2, t2, DDP_2).at_most(1.0));
+    let name = "2 ranks: samples/s (all ranks) vs DDP";
+    out.push(rate(ddp, name, k2, t2, DDP_2));
+    let name = "scaling 2 ranks / 1 rank (samples/s): kiln vs PyTorch";
+    let scalings = (sps(k2) / sps(k1), sps(t2) / sps(t1));
+    let base = "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank";
+    out.push(row(ddp, name, "×", Better::Higher, scalings, base));
+    let name = "2 ranks: final train loss vs DDP (learn alike)";
+    out.push(learn(ddp, name, k2, t2, DDP_2));
+    let name = "1 rank: mean step time vs PyTorch";
+    out.push(step(one, name, k1, t1, TORCH_1));
+    let name = "1 rank: final train loss vs PyTorch (learn alike)";
+    out.push(learn(one, name, k1, t1, TORCH_1));
+    // The exported program's compiled step returns the gradients, so no autograd hook can
+    // start their all-reduce while backward runs; what that lost overlap costs is its 2-rank
+    // step time over its 1-rank one, against the built-in model's (the Reducer overlapping).
     let group = "exported program (all-reduce after the compiled step)";
-    out.push(Comparison::new(
-        "ddp",
-        group,
-        "program 2 ranks vs 1 rank: mean step time",
-        "ms/step",
-        Better::Lower,
-        (ms(p2), ms(p1)),
-        "the program on 1 rank × 1 thread, same per-rank batch and steps",
-    ));
+    let base = "the program on 1 rank × 1 thread, same per-rank batch and steps";
+    let name = "program 2 ranks vs 1 rank: mean step time";
+    out.push(step(group, name, p2, p1, base));
+    let name = "the lost overlap: 2-rank / 1-rank step time, program vs built-in";
+    let base = "the built-in transformer's 2-rank / 1-rank step time (c10d Reducer, all-reduce \
+                during backward)";
+    let overlap = (ms(p2) / ms(p1), ms(k2) / ms(k1));
     out.push(
-        Comparison::new(
-            "ddp",
-            group,
-            "the lost overlap: 2-rank / 1-rank step time, program vs built-in",
-            "×",
-            Better::Lower,
-            (ms(p2) / ms(p1), ms(k2) / ms(k1)),
-            "the built-in transformer's 2-rank / 1-rank step time (c10d Reducer, all-reduce \
-             during backward)",
-        )
-        .detail("program_2_ranks_ms", json!(ms(p2)))
-        .detail("builtin_2_ranks_ms", json!(ms(k2))),
+        row(group, name, "×", Better::Lower, overlap, base)
+            .detail("program_2_ranks_ms", json!(ms(p2)))
+            .detail("builtin_2_ranks_ms", json!(ms(k2))),
     );
-}
-
-/// The rows without goals: throughput and scaling against PyTorch's, the final train losses
-/// (that the sides learn alike), and the 1-rank reference.
-fn push_learning_and_reference(out: &mut SuiteOutput, runs: &[Runs; 6]) {
-    let [k1, k2, t1, t2, ..] = runs;
-    let (sps, loss) = ("samples_per_s", "final_train_loss");
-    let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
-        Comparison::new("ddp", group, name, unit, better, figures, base)
-    };
-    out.push(row(
-        "vs PyTorch DDP",
-        "2 ranks: samples/s (all ranks) vs DDP",
-        "samples/s",
-        Better::Higher,
-        (k2.median(sps), t2.median(sps)),
-        DDP_2,
-    ));
-    out.push(row(
-        "vs PyTorch DDP",
-        "scaling 2 ranks / 1 rank (samples/s): kiln vs PyTorch",
-        "×",
-        Better::Higher,
-        (
-            k2.median(sps) / k1.median(sps),
-            t2.median(sps) / t1.median(sps),
-        ),
-        "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank",
-    ));
-    out.push(
-        row(
-            "vs PyTorch DDP",
-            "2 ranks: final train loss vs DDP (learn alike)",
-            "nats",
-            Better::Lower,
-            (k2.median(loss), t2.median(loss)),
-            DDP_2,
-        )
-        .detail("difference", json!(k2.median(loss) - t2.median(loss))),
-    );
-    out.push(row(
-        "1-rank reference",
-        "1 rank: mean step time vs PyTorch",
-        "ms/step",
-        Better::Lower,
-        (
-            1e3 * k1.median("mean_step_time_s"),
-            1e3 * t1.median("mean_step_time_s"),
-        ),
-        TORCH_1,
-    ));
-    out.push(
-        row(
-            "1-rank reference",
-            "1 rank: final train loss vs PyTorch (learn alike)",
-            "nats",
-            Better::Lower,
-            (k1.median(loss), t1.median(loss)),
-            TORCH_1,
-        )
-        .detail("difference", json!(k1.median(loss) - t1.median(loss))),
-    );
+    out
 }
 
 #[cfg(test)]
@@ -812,9 +510,9 @@ mod tests {
     #[test]
     fn kilns_settings_are_keys_it_knows() {
         let sets = kiln_sets(&Size::of(true), 2, 1, Path::new("/tmp/runs"));
-        let plan = resolve(&sets).unwrap();
+        let plan = kiln_benches::resolve(&sets).unwrap().plan;
         let size = Size::of(true);
-        assert_eq!(plan.model.kind, size.model);
+        assert_eq!(plan.model.kind, MODEL);
         assert_eq!(
             plan.data.synthetic_samples as usize,
             2 * size.batch * size.steps_per_epoch
@@ -829,7 +527,8 @@ mod tests {
 
     #[test]
     fn the_communication_note_says_when_nothing_can_overlap() {
-        let plan = resolve(&kiln_sets(&Size::of(true), 1, 1, Path::new("/r"))).unwrap();
+        let sets = kiln_sets(&Size::of(true), 1, 1, Path::new("/r"));
+        let plan = kiln_benches::resolve(&sets).unwrap().plan;
         let small = communication(&plan, 85_002.0, 1.25);
         assert!(
             small.contains("0.32 MiB") && small.contains("nothing overlaps"),

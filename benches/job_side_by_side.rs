@@ -16,32 +16,19 @@
 //! without them its rows say "not run" and why. `--quick` (CI) runs a tiny job on every side
 //! to check the suite's shape.
 
-mod job_memory;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use clap::{Parser, Subcommand};
-use job_memory::{Measured, measured};
+use clap::Subcommand;
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, alternating, bench_root, datasets, median, peers};
+use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median, peers};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
 use serde_json::{Value, json};
 
-use kiln_benches::Result;
-
-/// `kiln-bench job`: the job suite.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench job", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    /// Without a subcommand: the `job` suite.
-    #[command(flatten)]
-    suite: SuiteArgs,
-}
+use crate::run_cli::{Cli, Measured, exit_on_error, fresh_work_dir, kiln_exe, measured};
+use crate::run_cli::{plan_args, read_summary, remove_dir};
 
 #[derive(Debug, Subcommand)]
 enum Sub {
@@ -51,15 +38,8 @@ enum Sub {
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let args = match cli.command {
-        Some(Sub::Job(a)) => a,
-        None => cli.suite,
-    };
-    if let Err(e) = suite(&args) {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    let cli = Cli::parse_with(args, "`kiln-bench job`: the job suite");
+    exit_on_error(suite(&cli.command.map_or(cli.suite, |Sub::Job(a)| a)));
 }
 
 /// `kiln train`'s settings for the job, beyond its defaults: the threads and where runs go;
@@ -71,23 +51,11 @@ fn job_sets(quick: bool, threads: usize, runs: &Path) -> Vec<String> {
         "run.name=job".to_owned(),
     ];
     if quick {
-        for s in [
-            "model.d_model=64",
-            "model.layers=1",
-            "model.ff=128",
-            "train.epochs=1",
-            "train.warmup_steps=5",
-        ] {
-            sets.push(s.to_owned());
-        }
+        let model = ["model.d_model=64", "model.layers=1", "model.ff=128"];
+        let train = ["train.epochs=1", "train.warmup_steps=5"];
+        sets.extend(model.into_iter().chain(train).map(str::to_owned));
     }
     sets
-}
-
-/// The plan `kiln train` resolves for these settings (what the PyTorch sides are told).
-fn resolve(sets: &[String]) -> Result<(RunPlan, kiln_device::Device)> {
-    let resolution = kiln_benches::resolve(sets)?;
-    Ok((resolution.plan, resolution.selection.device))
 }
 
 /// Samples, sequence length, features and classes of the job's data.
@@ -115,34 +83,15 @@ fn write_data(dir: &Path, quick: bool, plan: &RunPlan) -> Result<(PathBuf, PathB
 
 /// One `kiln train` run: the figures of its `summary.json`, with the measured wall time.
 fn kiln_run(data: &Path, sets: &[String], runs: &Path, log: &Path) -> Result<Measured> {
-    let exe = std::env::current_exe()
-        .map_err(|e| e.to_string())?
-        .with_file_name("kiln");
-    if !exe.is_file() {
-        return Err(format!(
-            "{} is missing: the job suite runs the release CLI (cargo xtask bench builds it; by \
-             hand: cargo build --release -p kiln-cli)",
-            exe.display()
-        ));
-    }
-    if runs.exists() {
-        std::fs::remove_dir_all(runs).map_err(|e| format!("{}: {e}", runs.display()))?;
-    }
+    let exe = kiln_exe("job")?;
+    remove_dir(runs)?;
     let mut cmd = Command::new(&exe);
     cmd.arg("train").arg("--data").arg(data);
     for s in sets {
         cmd.args(["--set", s]);
     }
     let mut m = measured(cmd, log)?;
-    let run_dir = std::fs::read_dir(runs)
-        .map_err(|e| format!("{}: {e}", runs.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.join("summary.json").is_file())
-        .ok_or_else(|| format!("kiln train wrote no summary.json under {}", runs.display()))?;
-    let path = run_dir.join("summary.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let s: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (run_dir, s) = read_summary(runs)?;
     m.result = json!({
         "framework": "kiln", "precision": s["precision"], "steps": s["steps"],
         "samples": s["samples"], "final_val_loss": s["final_val_loss"],
@@ -154,7 +103,7 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path, log: &Path) -> Result<Mea
 
 /// What the PyTorch sides run: `lightning_job.py` with the plan's values.
 struct Torch<'a> {
-    python: String,
+    python: &'a str,
     plan: &'a RunPlan,
     cpu: bool,
     threads: usize,
@@ -181,8 +130,7 @@ impl Torch<'_> {
     }
 
     fn command(&self, trainer: &str, out: &Path, peers_dir: Option<&Path>) -> Command {
-        let (p, t, m) = (self.plan, &self.plan.train, &self.plan.model);
-        let mut c = Command::new(&self.python);
+        let mut c = Command::new(self.python);
         c.arg(bench_root().join("python/lightning_job.py"))
             .args(["--trainer", trainer, "--precision", self.precision()])
             .args(["--attention", self.attention()])
@@ -192,25 +140,9 @@ impl Torch<'_> {
             .arg("--split")
             .arg(self.split)
             .arg("--out")
-            .arg(out);
-        for (name, v) in [
-            ("--seed", p.performance.backend.seed.to_string()),
-            ("--epochs", t.epochs.to_string()),
-            ("--batch", t.batch_size.to_string()),
-            ("--workers", p.data.num_workers.to_string()),
-            ("--lr", t.lr.to_string()),
-            ("--weight-decay", t.weight_decay.to_string()),
-            ("--warmup", t.warmup_steps.to_string()),
-            ("--clip", t.clip_grad_norm.to_string()),
-            ("--dropout", m.dropout.to_string()),
-            ("--d-model", m.d_model.to_string()),
-            ("--heads", m.heads.to_string()),
-            ("--layers", m.layers.to_string()),
-            ("--ff", m.ff.to_string()),
-            ("--threads", self.threads.to_string()),
-        ] {
-            c.args([name, &v]);
-        }
+            .arg(out)
+            .args(["--workers", &self.plan.data.num_workers.to_string()]);
+        plan_args(&mut c, self.plan, self.threads);
         if let Some(dir) = peers_dir {
             peers::put_first_on_path(&mut c, dir);
         }
@@ -219,12 +151,15 @@ impl Torch<'_> {
 }
 
 /// The runs of one side.
-#[derive(Default)]
 struct Side(Vec<Measured>);
 
 impl Side {
     fn median(&self, f: impl Fn(&Measured) -> f64) -> f64 {
         median(self.0.iter().map(f).collect())
+    }
+    /// The median of the number at `key` in the runs' results.
+    fn figure(&self, key: &str) -> f64 {
+        self.median(|m| m.result[key].as_f64().unwrap_or(f64::NAN))
     }
     fn seconds(&self) -> f64 {
         self.median(|m| m.seconds)
@@ -235,32 +170,23 @@ impl Side {
     fn accuracy(&self) -> f64 {
         self.median(|m| 100.0 * m.result["final_val_accuracy"].as_f64().unwrap_or(f64::NAN))
     }
-    fn runs(&self) -> Value {
-        json!(self.0)
-    }
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {
     let quick = a.quick;
     let repeats = a.repeats_or(1).max(1);
     let threads = a.threads_or(2).max(1);
-    let work = a.work_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("kiln-bench-job-{}", std::process::id()))
-    });
-    let work = work.join("job");
-    if work.exists() {
-        std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    }
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let work = fresh_work_dir(a, "job")?;
     let runs = work.join("kiln-runs");
     let sets = job_sets(quick, threads, &runs);
-    let (plan, device) = resolve(&sets)?;
+    let resolution = kiln_benches::resolve(&sets)?;
+    let plan = resolution.plan;
     eprintln!("job: preparing the data under {}", work.display());
     let (data, split) = write_data(&work, quick, &plan)?;
     let torch = Torch {
-        python: a.python.clone(),
+        python: &a.python,
         plan: &plan,
-        cpu: device == kiln_device::Device::Cpu,
+        cpu: resolution.selection.device == kiln_device::Device::Cpu,
         threads,
         data: &data,
         split: &split,
@@ -282,24 +208,27 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         .try_into()
         .map_err(|_| "the job suite has three sides".to_owned())?;
     let (kiln, light, plain) = (Side(kiln), Side(light), Side(plain));
-    let mut out = report(quick, &torch, &kiln, &plain)?;
+    let mut out = report(quick, &torch, &kiln, &plain);
     match &lightning {
         Ok(_) => lightning_rows(&mut out, &kiln, &light),
-        Err(why) => lightning_skipped(&mut out, why),
+        Err(why) => {
+            for name in LIGHTNING_ROWS {
+                out.skip(&format!("{name} vs Lightning"), &format!("not run: {why}"));
+            }
+        }
     }
     out.details = json!({
         "quick": quick, "repeats": repeats, "threads": threads,
         "precision": torch.precision(), "attention": torch.attention(),
         "workers": plan.data.num_workers, "batch": plan.train.batch_size,
         "epochs": plan.train.epochs, "data_shape": data_shape(quick),
-        "kiln": kiln.runs(), "lightning": light.runs(), "pytorch_loop": plain.runs(),
+        "kiln": kiln.0, "lightning": light.0, "pytorch_loop": plain.0,
     });
     out.write(&a.out_or("job"))?;
-    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+    remove_dir(&work)
 }
-
 /// The suite's description and the rows against the plain PyTorch loop.
-fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> Result<SuiteOutput> {
+fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOutput {
     let (samples, seq, features, classes) = data_shape(quick);
     let (p, m) = (torch.plan, &torch.plan.model);
     let mut out = SuiteOutput::new(
@@ -330,115 +259,64 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> Result<S
             torch.threads
         ),
     );
-    let base = "plain PyTorch loop, same job (no Lightning)";
-    out.push(Comparison::new(
-        "job",
-        "end to end",
-        "default job wall time vs a plain PyTorch loop",
+    let row = |name: &str, unit: &str, better, figures| {
+        let base = "plain PyTorch loop, same job (no Lightning)";
+        Comparison::new("job", "end to end", name, unit, better, figures, base)
+    };
+    let name = "default job wall time vs a plain PyTorch loop";
+    out.push(row(
+        name,
         "s",
         Better::Lower,
         (kiln.seconds(), plain.seconds()),
-        base,
     ));
-    out.push(Comparison::new(
-        "job",
-        "end to end",
-        "final val accuracy vs a plain PyTorch loop",
+    let name = "final val accuracy vs a plain PyTorch loop";
+    out.push(row(
+        name,
         "%",
         Better::Higher,
         (kiln.accuracy(), plain.accuracy()),
-        base,
     ));
-    Ok(out)
+    out
 }
 
-const LIGHTNING: &str = "PyTorch Lightning Trainer.fit, same job";
+/// The rows against Lightning, by name; where Lightning did not run, each is skipped as
+/// "… vs Lightning".
+const LIGHTNING_ROWS: [&str; 6] = [
+    "default job wall time",
+    "default job samples/s (training samples / wall time)",
+    "final val accuracy",
+    "final val accuracy vs Lightning − 1 point",
+    "peak memory, PSS of the process tree",
+    "peak RSS of the process tree (shared pages once per process)",
+];
 
 fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side) {
     let version = light
         .0
         .first()
         .map_or(Value::Null, |m| m.result["lightning_version"].clone());
-    let base = format!(
-        "{LIGHTNING} (lightning {})",
-        version.as_str().unwrap_or("?")
-    );
+    let version = version.as_str().unwrap_or("?");
+    let base = format!("PyTorch Lightning Trainer.fit, same job (lightning {version})");
     let row = |name: &str, unit: &str, better, figures| {
-        Comparison::new(
-            "job",
-            "end to end",
-            name,
-            unit,
-            better,
-            figures,
-            base.clone(),
-        )
+        Comparison::new("job", "end to end", name, unit, better, figures, &base)
     };
+    let [wall, rate, accuracy, accuracy_goal, pss, rss] = LIGHTNING_ROWS;
+    let fit = json!({"kiln": kiln.figure("fit_seconds"), "lightning": light.figure("fit_seconds")});
+    let seconds = (kiln.seconds(), light.seconds());
     out.push(
-        row(
-            "default job wall time",
-            "s",
-            Better::Lower,
-            (kiln.seconds(), light.seconds()),
-        )
-        .at_most(0.7)
-        .detail(
-            "fit_seconds",
-            json!({
-                "kiln": kiln.median(|m| m.result["fit_seconds"].as_f64().unwrap_or(f64::NAN)),
-                "lightning": light.median(|m| m.result["fit_seconds"].as_f64().unwrap_or(f64::NAN)),
-            }),
-        ),
+        row(wall, "s", Better::Lower, seconds)
+            .at_most(0.7)
+            .detail("fit_seconds", fit),
     );
-    out.push(row(
-        "default job samples/s (training samples / wall time)",
-        "samples/s",
-        Better::Higher,
-        (kiln.samples_per_s(), light.samples_per_s()),
-    ));
+    let rates = (kiln.samples_per_s(), light.samples_per_s());
+    out.push(row(rate, "samples/s", Better::Higher, rates));
     let (ka, la) = (kiln.accuracy(), light.accuracy());
     out.push(
-        row("final val accuracy", "%", Better::Higher, (ka, la))
-            .detail("difference_points", json!(ka - la)),
+        row(accuracy, "%", Better::Higher, (ka, la)).detail("difference_points", json!(ka - la)),
     );
-    out.push(
-        row(
-            "final val accuracy vs Lightning − 1 point",
-            "%",
-            Better::Higher,
-            (ka, la - 1.0),
-        )
-        .at_least(1.0),
-    );
-    out.push(row(
-        "peak memory, PSS of the process tree",
-        "MiB",
-        Better::Lower,
-        (
-            kiln.median(|m| m.peak_pss_mib),
-            light.median(|m| m.peak_pss_mib),
-        ),
-    ));
-    out.push(row(
-        "peak RSS of the process tree (shared pages once per process)",
-        "MiB",
-        Better::Lower,
-        (
-            kiln.median(|m| m.peak_rss_mib),
-            light.median(|m| m.peak_rss_mib),
-        ),
-    ));
-}
-
-fn lightning_skipped(out: &mut SuiteOutput, why: &str) {
-    for name in [
-        "default job wall time",
-        "default job samples/s (training samples / wall time)",
-        "final val accuracy",
-        "final val accuracy vs Lightning − 1 point",
-        "peak memory, PSS of the process tree",
-        "peak RSS of the process tree (shared pages once per process)",
-    ] {
-        out.skip(&format!("{name} vs Lightning"), &format!("not run: {why}"));
-    }
+    out.push(row(accuracy_goal, "%", Better::Higher, (ka, la - 1.0)).at_least(1.0));
+    let memory = |f: fn(&Measured) -> f64| (kiln.median(f), light.median(f));
+    out.push(row(pss, "MiB", Better::Lower, memory(|m| m.peak_pss_mib)));
+    out.push(row(rss, "MiB", Better::Lower, memory(|m| m.peak_rss_mib)));
 }

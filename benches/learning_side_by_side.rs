@@ -16,24 +16,25 @@
 //! the goal is a ratio of at most 1; details hold both loss curves (plotted by the report).
 //! `kiln-run` is the kiln side of one run, in its own process like the Python side.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::{Args, Parser, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, figure, run_json};
+use kiln_benches::{Result, SuiteArgs, bench_root, figure, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use kiln_data::{
     Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
 };
 use kiln_device::settings::AmpDtype;
-use kiln_train::model::InputSpec;
+use kiln_train::model::{InputSpec, Model};
 use kiln_train::source::build;
 use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};
 
-use kiln_benches::Result;
+use crate::run_cli::exit_on_error;
 
 /// Largest allowed |kiln − PyTorch| of any step's fp32 training loss, in nats.
 pub const FP32_STEP_TOLERANCE: f64 = 1e-4;
@@ -50,6 +51,9 @@ const LR: f64 = 1e-3;
 /// Held-out samples per evaluation batch (both sides).
 const EVAL_BATCH: usize = 64;
 const WEIGHT_DECAY: f64 = 0.01;
+/// Every model's classes (the train suite's transformer has 100, which learn too little in 100
+/// steps for the held-out accuracy to say anything).
+const CLASSES: usize = 10;
 const MODELS: [ModelKind; 3] = [ModelKind::Transformer, ModelKind::Mlp, ModelKind::ConvNet];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
 
@@ -74,7 +78,6 @@ enum Sub {
     KilnRun(KilnRunArgs),
 }
 
-/// The suite's options.
 #[derive(Debug, Args)]
 struct LearningArgs {
     #[command(flatten)]
@@ -84,7 +87,6 @@ struct LearningArgs {
     models: Vec<ModelKind>,
 }
 
-/// `kiln-run`'s options.
 #[derive(Debug, Args)]
 struct KilnRunArgs {
     #[arg(long)]
@@ -104,15 +106,11 @@ struct KilnRunArgs {
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
     let cli = Cli::parse_from(args);
-    let result = match cli.command {
+    exit_on_error(match cli.command {
         None => suite(&cli.suite),
         Some(Sub::Learning(a)) => suite(&a),
         Some(Sub::KilnRun(a)) => kiln_run(&a),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    });
 }
 
 /// One model's check: the model, its data and the training budget.
@@ -120,7 +118,6 @@ pub fn main(args: Vec<std::ffi::OsString>) {
 struct Job {
     plan: ModelPlan,
     sample_shape: Vec<usize>,
-    classes: usize,
     batch: usize,
     steps: usize,
     /// Samples in the train pool (batches are taken from it in order, cycling).
@@ -130,8 +127,21 @@ struct Job {
     tail: usize,
 }
 
-fn plan(kind: ModelKind, d_model: u64, heads: u64, layers: u64, ff: u64) -> ModelPlan {
-    ModelPlan {
+/// The full check: the train suite's models and data shapes, 100+ steps. `--quick` (CI) keeps
+/// the suite's shape with a smaller transformer, smaller images and 20 steps.
+fn job(kind: ModelKind, quick: bool) -> Job {
+    let steps = if quick { 20 } else { 100 };
+    let ((d_model, heads, layers, ff), sample_shape, batch) = match (kind, quick) {
+        // The train suite's transformer, with a head of [`CLASSES`].
+        (ModelKind::Transformer, false) => ((256, 8, 4, 1024), vec![64, 469], 8),
+        (ModelKind::Transformer, true) => ((64, 4, 1, 128), vec![16, 32], 8),
+        // 16×16 images rather than the train suite's 32×32: bf16 convolutions are slow on a
+        // CPU without bf16 units, and the check is about agreement, not size.
+        (ModelKind::ConvNet, false) => ((0, 0, 0, 0), vec![3, 16, 16], 16),
+        (ModelKind::ConvNet, true) => ((0, 0, 0, 0), vec![3, 8, 8], 8),
+        _ => ((0, 0, 0, 0), vec![64], 32),
+    };
+    let plan = ModelPlan {
         kind,
         dropout: 0.0,
         d_model,
@@ -144,28 +154,10 @@ fn plan(kind: ModelKind, d_model: u64, heads: u64, layers: u64, ff: u64) -> Mode
         script: None,
         output: None,
         freeze: None,
-    }
-}
-
-/// The full check: the train suite's models and data shapes, 100+ steps. `--quick` (CI) keeps
-/// the suite's shape with a smaller transformer, smaller images and 20 steps.
-fn job(kind: ModelKind, quick: bool) -> Job {
-    let steps = if quick { 20 } else { 100 };
-    let (plan, sample_shape, classes, batch) = match (kind, quick) {
-        // The train suite's transformer with a 10-class head (its 100 classes learn too little
-        // in 100 steps for the held-out accuracy to say anything).
-        (ModelKind::Transformer, false) => (plan(kind, 256, 8, 4, 1024), vec![64, 469], 10, 8),
-        (ModelKind::Transformer, true) => (plan(kind, 64, 4, 1, 128), vec![16, 32], 10, 8),
-        // 16×16 images rather than the train suite's 32×32: bf16 convolutions are slow on a
-        // CPU without bf16 units, and the check is about agreement, not size.
-        (ModelKind::ConvNet, false) => (plan(kind, 0, 0, 0, 0), vec![3, 16, 16], 10, 16),
-        (ModelKind::ConvNet, true) => (plan(kind, 0, 0, 0, 0), vec![3, 8, 8], 10, 8),
-        _ => (plan(kind, 0, 0, 0, 0), vec![64], 10, 32),
     };
     Job {
         plan,
         sample_shape,
-        classes,
         batch,
         steps,
         pool: batch * steps.div_ceil(2),
@@ -175,9 +167,9 @@ fn job(kind: ModelKind, quick: bool) -> Job {
 }
 
 /// kiln's synthetic dataset for the job's model, `len` samples.
-fn dataset(kind: ModelKind, job: &Job, len: usize) -> Result<Box<dyn Dataset>> {
-    let (s, c) = (&job.sample_shape, job.classes);
-    let data: Box<dyn Dataset> = match kind {
+fn dataset(job: &Job, len: usize) -> Result<Box<dyn Dataset>> {
+    let (s, c) = (&job.sample_shape, CLASSES);
+    Ok(match job.plan.kind {
         ModelKind::Transformer => Box::new(
             SyntheticSequences::new(len, s[0], s[1], c, DATA_SEED).map_err(|e| e.to_string())?,
         ),
@@ -188,8 +180,7 @@ fn dataset(kind: ModelKind, job: &Job, len: usize) -> Result<Box<dyn Dataset>> {
             SyntheticClassification::new(len, s.clone(), c, DATA_SEED, 3.0)
                 .map_err(|e| e.to_string())?,
         ),
-    };
-    Ok(data)
+    })
 }
 
 /// Samples `range` of `data` as a features tensor `[n, shape…]` and a labels tensor `[n]`.
@@ -209,45 +200,37 @@ fn tensors(data: &dyn Dataset, range: std::ops::Range<usize>) -> Result<(Tensor,
     Ok((features, labels))
 }
 
-fn init_path(dir: &Path, kind: ModelKind) -> PathBuf {
-    dir.join(format!("{kind}-init.safetensors"))
-}
-
-fn data_path(dir: &Path, kind: ModelKind) -> PathBuf {
-    dir.join(format!("{kind}-data.safetensors"))
+/// `dir/<model>-<what>.safetensors`: the initial weights (`init`) or the data (`data`).
+fn file(dir: &Path, kind: ModelKind, what: &str) -> PathBuf {
+    dir.join(format!("{kind}-{what}.safetensors"))
 }
 
 /// kiln's model for the job, built with [`MODEL_SEED`] on the CPU.
-fn model(
-    kind: ModelKind,
-    job: &Job,
-    vs: &nn::VarStore,
-) -> Result<Box<dyn kiln_train::model::Model>> {
+fn model(job: &Job, vs: &nn::VarStore) -> Result<Box<dyn Model>> {
     tch::manual_seed(MODEL_SEED);
     let input = InputSpec {
         sample_shape: job.sample_shape.clone(),
-        classes: job.classes,
+        classes: CLASSES,
         target: None,
         integer_features: false,
     };
-    let mut plan = job.plan.clone();
-    plan.kind = kind;
-    build(&plan, &input, vs, false, 0).map_err(|e| e.to_string())
+    build(&job.plan, &input, vs, false, 0).map_err(|e| e.to_string())
 }
 
 /// Writes the job's initial weights, data (`train_x`, `train_y`, `held_x`, `held_y`) and
 /// `<model>-job.json` (what the PyTorch side needs to build and train the twin) into `dir`;
 /// returns the job file.
-fn prepare(dir: &Path, kind: ModelKind, job: &Job) -> Result<PathBuf> {
+fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
+    let kind = job.plan.kind;
     let vs = nn::VarStore::new(Device::Cpu);
-    model(kind, job, &vs)?;
-    let init = init_path(dir, kind);
+    model(job, &vs)?;
+    let init = file(dir, kind, "init");
     vs.save(&init)
         .map_err(|e| format!("{}: {e}", init.display()))?;
-    let data = dataset(kind, job, job.pool + job.held_out)?;
+    let data = dataset(job, job.pool + job.held_out)?;
     let (train_x, train_y) = tensors(data.as_ref(), 0..job.pool)?;
     let (held_x, held_y) = tensors(data.as_ref(), job.pool..job.pool + job.held_out)?;
-    let path = data_path(dir, kind);
+    let path = file(dir, kind, "data");
     let named = [
         ("train_x", train_x),
         ("train_y", train_y),
@@ -255,16 +238,14 @@ fn prepare(dir: &Path, kind: ModelKind, job: &Job) -> Result<PathBuf> {
         ("held_y", held_y),
     ];
     Tensor::write_safetensors(&named, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let (s, p) = (&job.sample_shape, &job.plan);
     let twin = match kind {
         ModelKind::Transformer => json!({
-            "seq": job.sample_shape[0], "features": job.sample_shape[1],
-            "d_model": job.plan.d_model, "heads": job.plan.heads, "layers": job.plan.layers,
-            "ff": job.plan.ff, "classes": job.classes}),
+            "seq": s[0], "features": s[1], "d_model": p.d_model, "heads": p.heads,
+            "layers": p.layers, "ff": p.ff, "classes": CLASSES}),
         ModelKind::ConvNet => json!({
-            "in_channels": job.sample_shape[0], "channels": job.plan.channels,
-            "classes": job.classes}),
-        _ => json!({"features": job.sample_shape[0], "hidden": job.plan.hidden,
-                    "classes": job.classes}),
+            "in_channels": s[0], "channels": p.channels, "classes": CLASSES}),
+        _ => json!({"features": s[0], "hidden": p.hidden, "classes": CLASSES}),
     };
     let text = json!({
         "model": kind.as_str(), "twin": twin, "init": init, "data": path,
@@ -277,66 +258,48 @@ fn prepare(dir: &Path, kind: ModelKind, job: &Job) -> Result<PathBuf> {
     Ok(job_path)
 }
 
-/// The train suite's step (fused AdamW, constant lr, no clipping) at `precision`.
-fn options(precision: AmpDtype) -> StepOptions {
-    StepOptions {
-        lr: LR,
-        weight_decay: WEIGHT_DECAY,
-        ..StepOptions::new(precision)
-    }
-}
-
-fn named<'a>(data: &'a [(String, Tensor)], name: &str, path: &Path) -> Result<&'a Tensor> {
-    data.iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, t)| t)
-        .ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
-}
-
+/// Rows `[start, start + len)` of `x` and `y`.
 fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
     let (s, n) = (start as i64, len as i64);
-    Ok((
-        x.f_narrow(0, s, n).map_err(|e| e.to_string())?,
-        y.f_narrow(0, s, n).map_err(|e| e.to_string())?,
-    ))
+    let rows = |t: &Tensor| t.f_narrow(0, s, n).map_err(|e| e.to_string());
+    Ok((rows(x)?, rows(y)?))
 }
 
 /// One kiln run: loads the initial weights and data `prepare` wrote into `--dir`, trains
-/// `steps` steps at `--precision`, evaluates the held-out set; prints JSON.
+/// `steps` steps at `--precision` with the train suite's step (fused AdamW, constant lr, no
+/// clipping), evaluates the held-out set; prints JSON.
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = std::time::Instant::now();
-    let kind = a.model;
-    let job = job(kind, a.quick);
-    let dir = &a.dir;
-    let precision = a.precision;
-    let threads = a.threads.max(1);
-    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let (kind, job) = (a.model, job(a.model, a.quick));
+    kiln_torch_ext::memory::set_num_threads(a.threads.max(1)).map_err(|e| e.to_string())?;
     let mut vs = nn::VarStore::new(Device::Cpu);
-    let model = model(kind, &job, &vs)?;
-    let init = init_path(dir, kind);
+    let model = model(&job, &vs)?;
+    let init = file(&a.dir, kind, "init");
     vs.load(&init)
         .map_err(|e| format!("{}: {e}", init.display()))?;
-    let path = data_path(dir, kind);
-    let data = Tensor::read_safetensors(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (x, y) = (
-        named(&data, "train_x", &path)?,
-        named(&data, "train_y", &path)?,
-    );
-    let mut stepper = Stepper::new(
-        model.as_ref(),
-        kind.as_str(),
-        &vs,
-        &options(precision),
-        Device::Cpu,
-    )
-    .map_err(|e| e.to_string())?;
+    let path = file(&a.dir, kind, "data");
+    let data: HashMap<String, Tensor> = Tensor::read_safetensors(&path)
+        .map_err(|e| format!("{}: {e}", path.display()))?
+        .into_iter()
+        .collect();
+    let named = |name: &str| {
+        data.get(name)
+            .ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
+    };
+    let (x, y) = (named("train_x")?, named("train_y")?);
+    let options = StepOptions {
+        lr: LR,
+        weight_decay: WEIGHT_DECAY,
+        ..StepOptions::new(a.precision)
+    };
+    let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, Device::Cpu)
+        .map_err(|e| e.to_string())?;
     stepper
-        .set_target(&TargetSpec::label(job.classes))
+        .set_target(&TargetSpec::label(CLASSES))
         .map_err(|e| e.to_string())?;
     let mut losses = Vec::with_capacity(job.steps);
     for step in 0..job.steps {
-        let first = step * job.batch % job.pool;
-        let (bx, by) = batch(x, y, first, job.batch)?;
+        let (bx, by) = batch(x, y, step * job.batch % job.pool, job.batch)?;
         let loss = stepper.step(&bx, &by).map_err(|e| e.to_string())?;
         if !loss.is_finite() {
             return Err(format!(
@@ -345,10 +308,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         }
         losses.push(loss);
     }
-    let (hx, hy) = (
-        named(&data, "held_x", &path)?,
-        named(&data, "held_y", &path)?,
-    );
+    let (hx, hy) = (named("held_x")?, named("held_y")?);
     let batches = (0..job.held_out)
         .step_by(EVAL_BATCH)
         .map(|s| batch(hx, hy, s, EVAL_BATCH.min(job.held_out - s)))
@@ -357,13 +317,9 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     println!(
         "{}",
         json!({
-            "framework": "kiln",
-            "model": kind.as_str(),
-            "precision": precision.as_str(),
-            "threads": tch::get_num_threads(),
-            "losses": losses,
-            "held_out_loss": eval.loss(),
-            "held_out_accuracy": eval.get("accuracy"),
+            "framework": "kiln", "model": kind.as_str(), "precision": a.precision.as_str(),
+            "threads": tch::get_num_threads(), "losses": losses,
+            "held_out_loss": eval.loss(), "held_out_accuracy": eval.get("accuracy"),
             "seconds": start.elapsed().as_secs_f64(),
         })
     );
@@ -371,7 +327,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
 }
 
 /// `path`, created empty (an earlier run's leftovers are removed: it is the bench's own scratch).
-fn fresh_dir(path: &Path) -> Result<PathBuf> {
+pub(crate) fn fresh_dir(path: &Path) -> Result<PathBuf> {
     if path.exists() {
         std::fs::remove_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -390,46 +346,36 @@ struct Pair {
 
 fn suite(args: &LearningArgs) -> Result<()> {
     let a = &args.suite;
-    let quick = a.quick;
     // Two threads a side by default, as in the other suites.
     let threads = a.threads_or(2).max(1).to_string();
     // The bench's own scratch directory, removed at the end.
-    let work = a.work_dir.as_ref().map_or_else(
+    let work = fresh_dir(&a.work_dir.as_ref().map_or_else(
         || std::env::temp_dir().join(format!("kiln-bench-learning-{}", std::process::id())),
         |dir| dir.join("learning"),
-    );
-    let work = fresh_dir(&work)?;
+    ))?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     // `--models a,b` (for runs by hand), else [`MODELS`].
     let models = if args.models.is_empty() {
-        MODELS.to_vec()
+        &MODELS[..]
     } else {
-        args.models.clone()
+        &args.models
     };
     let mut pairs = vec![];
-    for kind in models {
-        let job = job(kind, quick);
-        let job_file = prepare(&work, kind, &job)?;
+    for &kind in models {
+        let job = job(kind, a.quick);
+        let job_file = prepare(&work, &job)?;
         for precision in PRECISIONS {
-            let name = precision.as_str();
-            eprintln!(
-                "learning: {kind} {name}, {} steps: kiln, then PyTorch",
-                job.steps
-            );
+            let (name, steps) = (precision.as_str(), job.steps);
+            eprintln!("learning: {kind} {name}, {steps} steps: kiln, then PyTorch");
             let mut k = Command::new(&exe);
-            k.args(["learning", "kiln-run", "--model", kind.as_str()])
-                .args(["--precision", name])
-                .arg("--dir")
-                .arg(&work)
-                .args(["--threads", &threads]);
-            if quick {
-                k.arg("--quick");
-            }
+            k.args(["learning", "kiln-run", "--model", kind.as_str()]);
+            k.args(["--precision", name, "--dir"]).arg(&work);
+            k.args(["--threads", &threads]);
+            k.args(a.quick.then_some("--quick"));
             let mut t = Command::new(&a.python);
-            t.arg(bench_root().join("python/same_learning.py"))
-                .arg("--job")
-                .arg(&job_file)
-                .args(["--precision", name, "--threads", &threads]);
+            t.arg(bench_root().join("python/same_learning.py"));
+            t.arg("--job").arg(&job_file);
+            t.args(["--precision", name, "--threads", &threads]);
             let (kiln, torch) = (run_json(k)?, run_json(t)?);
             pairs.push(Pair {
                 kind,
@@ -440,8 +386,7 @@ fn suite(args: &LearningArgs) -> Result<()> {
             });
         }
     }
-    let out = report(quick, &threads, &pairs)?;
-    out.write(&a.out_or("learning"))?;
+    report(a.quick, &threads, &pairs)?.write(&a.out_or("learning"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
 }
 
@@ -455,14 +400,11 @@ fn losses(run: &Value) -> Result<Vec<f64>> {
 
 /// The step with the largest |a − b| and that difference (NaN-free inputs of equal length).
 fn largest_difference(a: &[f64], b: &[f64]) -> (usize, f64) {
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .enumerate()
-        .fold(
-            (0, 0.0),
-            |best, (i, d)| if d > best.1 { (i, d) } else { best },
-        )
+    let differences = a.iter().zip(b).map(|(x, y)| (x - y).abs());
+    differences.enumerate().fold(
+        (0, 0.0),
+        |best, (i, d)| if d > best.1 { (i, d) } else { best },
+    )
 }
 
 fn tail_mean(v: &[f64], tail: usize) -> f64 {
@@ -471,15 +413,12 @@ fn tail_mean(v: &[f64], tail: usize) -> f64 {
 }
 
 /// What the PyTorch side runs, for the rows' baseline names and the plots.
-fn twin_text(kind: ModelKind, precision: AmpDtype) -> String {
-    let attention = kind == ModelKind::Transformer;
-    match precision {
-        AmpDtype::None if attention => "PyTorch twin fp32 (SDPA, as kiln in fp32)".to_owned(),
-        AmpDtype::None => "PyTorch twin fp32".to_owned(),
-        _ if attention => {
-            "PyTorch twin, torch.autocast(cpu, bf16), kiln's matmul-softmax attention".to_owned()
-        }
-        _ => "PyTorch twin, torch.autocast(cpu, bf16)".to_owned(),
+fn twin_text(kind: ModelKind, precision: AmpDtype) -> &'static str {
+    match (precision, kind == ModelKind::Transformer) {
+        (AmpDtype::None, true) => "PyTorch twin fp32 (SDPA, as kiln in fp32)",
+        (AmpDtype::None, false) => "PyTorch twin fp32",
+        (_, true) => "PyTorch twin, torch.autocast(cpu, bf16), kiln's matmul-softmax attention",
+        (_, false) => "PyTorch twin, torch.autocast(cpu, bf16)",
     }
 }
 
@@ -497,60 +436,50 @@ fn row(name: String, unit: &str, difference: f64, tolerance: f64, baseline: Stri
     .at_most(1.0)
 }
 
-/// What one pair of runs shows.
+/// What one pair of runs shows, each figure as (kiln, PyTorch).
 struct Measured {
-    kiln: Vec<f64>,
-    torch: Vec<f64>,
+    losses: (Vec<f64>, Vec<f64>),
     /// The step with the largest |Δloss|, and that difference.
-    step: usize,
-    largest: f64,
+    largest: (usize, f64),
     /// Held-out accuracy in percent.
-    kiln_accuracy: f64,
-    torch_accuracy: f64,
+    accuracy: (f64, f64),
     /// Mean loss of the last `tail` steps.
-    kiln_final: f64,
-    torch_final: f64,
+    final_loss: (f64, f64),
 }
 
 fn measure(p: &Pair) -> Result<Measured> {
     let (kiln, torch) = (losses(&p.kiln)?, losses(&p.torch)?);
     if kiln.len() != torch.len() {
+        let (kind, precision, k, t) = (p.kind, p.precision.as_str(), kiln.len(), torch.len());
         return Err(format!(
-            "{} {}: kiln ran {} steps, PyTorch {}",
-            p.kind,
-            p.precision.as_str(),
-            kiln.len(),
-            torch.len()
+            "{kind} {precision}: kiln ran {k} steps, PyTorch {t}"
         ));
     }
-    let (step, largest) = largest_difference(&kiln, &torch);
+    let accuracy = |run: &Value| figure(run, "held_out_accuracy").map(|a| 100.0 * a);
     Ok(Measured {
-        step,
-        largest,
-        kiln_accuracy: 100.0 * figure(&p.kiln, "held_out_accuracy")?,
-        torch_accuracy: 100.0 * figure(&p.torch, "held_out_accuracy")?,
-        kiln_final: tail_mean(&kiln, p.job.tail),
-        torch_final: tail_mean(&torch, p.job.tail),
-        kiln,
-        torch,
+        largest: largest_difference(&kiln, &torch),
+        accuracy: (accuracy(&p.kiln)?, accuracy(&p.torch)?),
+        final_loss: (tail_mean(&kiln, p.job.tail), tail_mean(&torch, p.job.tail)),
+        losses: (kiln, torch),
     })
 }
 
 /// Every row's details: the job, both sides' figures and loss curves.
 fn details(p: &Pair, m: &Measured) -> Value {
+    let (j, (kiln, torch)) = (&p.job, &m.losses);
     json!({
         "model": p.kind.as_str(),
         "precision": p.precision.as_str(),
-        "steps": m.kiln.len(), "batch_size": p.job.batch, "pool": p.job.pool,
-        "sample_shape": p.job.sample_shape, "classes": p.job.classes,
-        "held_out": p.job.held_out, "tail": p.job.tail,
-        "largest_step_difference": m.largest, "largest_at_step": m.step,
-        "kiln_final_loss": m.kiln_final, "pytorch_final_loss": m.torch_final,
-        "kiln_held_out_accuracy": m.kiln_accuracy,
-        "pytorch_held_out_accuracy": m.torch_accuracy,
+        "steps": kiln.len(), "batch_size": j.batch, "pool": j.pool,
+        "sample_shape": j.sample_shape, "classes": CLASSES,
+        "held_out": j.held_out, "tail": j.tail,
+        "largest_step_difference": m.largest.1, "largest_at_step": m.largest.0,
+        "kiln_final_loss": m.final_loss.0, "pytorch_final_loss": m.final_loss.1,
+        "kiln_held_out_accuracy": m.accuracy.0,
+        "pytorch_held_out_accuracy": m.accuracy.1,
         "kiln_held_out_loss": p.kiln["held_out_loss"],
         "pytorch_held_out_loss": p.torch["held_out_loss"],
-        "loss_curves": {"kiln": m.kiln, "baseline": m.torch,
+        "loss_curves": {"kiln": kiln, "baseline": torch,
                         "baseline_name": twin_text(p.kind, p.precision)},
         "seconds": {"kiln": p.kiln["seconds"], "pytorch": p.torch["seconds"]},
     })
@@ -561,42 +490,33 @@ fn details(p: &Pair, m: &Measured) -> Value {
 fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
     let m = measure(p)?;
     let details = details(p, &m);
-    let with = |c: Comparison| {
-        details
-            .as_object()
-            .into_iter()
-            .flatten()
-            .fold(c, |c, (key, v)| c.detail(key, v.clone()))
+    let with = |mut c: Comparison| {
+        c.details = details.clone();
+        c
     };
-    let quick_note = if quick {
-        " (quick: not the 100-step check)"
-    } else {
-        ""
-    };
+    let quick_note = quick.then_some(" (quick: not the 100-step check)");
+    let (kind, precision, steps) = (p.kind, p.precision.as_str(), m.losses.0.len());
     let what = format!(
-        "{} {}, {} steps of batch {}{quick_note}",
-        p.kind,
-        p.precision.as_str(),
-        m.kiln.len(),
-        p.job.batch
+        "{kind} {precision}, {steps} steps of batch {}{}",
+        p.job.batch,
+        quick_note.unwrap_or_default()
     );
     let twin = twin_text(p.kind, p.precision);
-    let (kf, tf) = (m.kiln_final, m.torch_final);
+    let ((kf, tf), (ka, ta), (step, largest)) = (m.final_loss, m.accuracy, m.largest);
     if p.precision == AmpDtype::None {
-        let at = if m.largest == 0.0 {
+        let at = if largest == 0.0 {
             "identical at every step".to_owned()
         } else {
-            format!("largest at step {}", m.step)
+            format!("largest at step {step}")
         };
         let baseline = format!(
             "tolerance {FP32_STEP_TOLERANCE:e} nats ({twin}; {at}; final loss kiln {kf:.4}, \
              PyTorch {tf:.4})"
         );
         let name = format!("{what}: largest per-step |Δloss|");
-        let fp32 = row(name, "nats", m.largest, FP32_STEP_TOLERANCE, baseline);
+        let fp32 = row(name, "nats", largest, FP32_STEP_TOLERANCE, baseline);
         return Ok(vec![with(fp32)]);
     }
-    let (ka, ta) = (m.kiln_accuracy, m.torch_accuracy);
     let loss = row(
         format!("{what}: final loss |Δ| (mean of last {} steps)", p.job.tail),
         "nats",
@@ -615,13 +535,13 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
             p.job.held_out
         ),
     );
-    Ok(vec![
-        with(loss),
-        with(accuracy).detail("loss_curves", Value::Null),
-    ])
+    let accuracy = with(accuracy).detail("loss_curves", Value::Null);
+    Ok(vec![with(loss), accuracy])
 }
 
 fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
+    let quick_note =
+        quick.then_some(". QUICK RUN: 20 steps on smaller models, not the 100-step check");
     let mut out = SuiteOutput::new(
         "learning",
         &format!(
@@ -634,11 +554,7 @@ fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
              bf16 autocast (PyTorch with kiln's attention): final loss within \
              {BF16_LOSS_TOLERANCE} nats and held-out accuracy within \
              {BF16_ACCURACY_TOLERANCE} points{}",
-            if quick {
-                ". QUICK RUN: 20 steps on smaller models, not the 100-step check"
-            } else {
-                ""
-            }
+            quick_note.unwrap_or_default()
         ),
     );
     for p in pairs {
@@ -662,26 +578,31 @@ fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
 mod tests {
     use super::*;
 
-    fn pair(precision: AmpDtype, kiln: &[f64], torch: &[f64], accuracy: (f64, f64)) -> Pair {
+    /// The rows of a transformer pair with these losses and held-out accuracies.
+    fn rows_of(
+        precision: AmpDtype,
+        (kiln, torch): (&[f64], &[f64]),
+        accuracy: (f64, f64),
+        quick: bool,
+    ) -> Result<Vec<Comparison>> {
         let run = |losses: &[f64], acc: f64| {
             json!({"losses": losses, "held_out_accuracy": acc, "held_out_loss": 1.0,
                    "seconds": 1.0})
         };
-        Pair {
+        let pair = Pair {
             kind: ModelKind::Transformer,
             precision,
             job: job(ModelKind::Transformer, false),
             kiln: run(kiln, accuracy.0),
             torch: run(torch, accuracy.1),
-        }
+        };
+        rows(&pair, quick)
     }
 
     #[test]
     fn the_largest_difference_and_its_step() {
-        assert_eq!(
-            largest_difference(&[1.0, 2.0, 3.0], &[1.0, 2.5, 2.9]),
-            (1, 0.5)
-        );
+        let difference = largest_difference(&[1.0, 2.0, 3.0], &[1.0, 2.5, 2.9]);
+        assert_eq!(difference, (1, 0.5));
         assert_eq!(largest_difference(&[1.0, 2.0], &[1.0, 2.0]), (0, 0.0));
         assert_eq!(tail_mean(&[5.0, 1.0, 2.0, 3.0], 3), 2.0);
         assert_eq!(tail_mean(&[4.0], 10), 4.0);
@@ -689,17 +610,14 @@ mod tests {
 
     #[test]
     fn fp32_fails_past_the_tolerance_at_any_step() {
-        let same = rows(
-            &pair(AmpDtype::None, &[2.3, 2.0], &[2.3, 2.0], (0.5, 0.5)),
-            false,
-        );
-        let same = same.unwrap();
+        let losses = [2.3, 2.0];
+        let same = rows_of(AmpDtype::None, (&losses, &losses), (0.5, 0.5), false).unwrap();
         assert_eq!(same.len(), 1);
         assert_eq!(same[0].meets_goal, Some(true));
         assert!(same[0].baseline_name.contains("identical at every step"));
         assert_eq!(same[0].details["model"], "transformer");
         let apart = [2.3, 2.0 + 2.0 * FP32_STEP_TOLERANCE];
-        let off = rows(&pair(AmpDtype::None, &[2.3, 2.0], &apart, (0.5, 0.5)), true).unwrap();
+        let off = rows_of(AmpDtype::None, (&losses, &apart), (0.5, 0.5), true).unwrap();
         assert_eq!(off[0].meets_goal, Some(false));
         assert!(off[0].name.contains("quick: not the 100-step check"));
         assert!(off[0].baseline_name.contains("largest at step 1"));
@@ -707,31 +625,28 @@ mod tests {
 
     #[test]
     fn bf16_judges_the_final_loss_and_the_held_out_accuracy() {
+        let bf16 = |kiln: &[f64], torch: &[f64], accuracy| {
+            rows_of(AmpDtype::Bf16, (kiln, torch), accuracy, false)
+        };
         let mut kiln = vec![3.0; 20];
         let torch = kiln.clone();
         // Early steps may differ; the last 10 decide.
         kiln[0] = 2.0;
-        let r = rows(&pair(AmpDtype::Bf16, &kiln, &torch, (0.80, 0.79)), false).unwrap();
+        let r = bf16(&kiln, &torch, (0.80, 0.79)).unwrap();
         assert_eq!(r.len(), 2);
         assert_eq!(r[0].meets_goal, Some(true));
         assert!(r[0].details["loss_curves"]["kiln"].is_array());
         assert_eq!(r[1].meets_goal, Some(true));
         assert!((r[1].kiln - 1.0).abs() < 1e-9, "{}", r[1].kiln);
         assert!(r[1].details["loss_curves"].is_null());
-        let r = rows(&pair(AmpDtype::Bf16, &kiln, &torch, (0.80, 0.70)), false).unwrap();
+        let r = bf16(&kiln, &torch, (0.80, 0.70)).unwrap();
         assert_eq!(r[1].meets_goal, Some(false));
         let lower: Vec<f64> = torch
             .iter()
             .map(|l| l - 2.0 * BF16_LOSS_TOLERANCE)
             .collect();
-        let r = rows(&pair(AmpDtype::Bf16, &lower, &torch, (0.8, 0.8)), false).unwrap();
+        let r = bf16(&lower, &torch, (0.8, 0.8)).unwrap();
         assert_eq!(r[0].meets_goal, Some(false));
-        assert!(
-            rows(
-                &pair(AmpDtype::Bf16, &[1.0], &[1.0, 2.0], (0.8, 0.8)),
-                false
-            )
-            .is_err()
-        );
+        assert!(bf16(&[1.0], &[1.0, 2.0], (0.8, 0.8)).is_err());
     }
 }

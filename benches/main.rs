@@ -16,6 +16,7 @@ mod learning;
 mod quality;
 #[path = "report_main.rs"]
 mod report;
+mod run_cli;
 #[path = "serve/main.rs"]
 mod serve;
 #[path = "train/main.rs"]

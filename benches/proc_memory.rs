@@ -1,6 +1,9 @@
 //! Memory of a process tree on Linux: PSS and RSS summed over a process and all its
 //! descendants, read from `/proc/<pid>/smaps_rollup` (zero where unreadable, e.g. not Linux).
 
+use std::process::{Child, ExitStatus};
+use std::time::Duration;
+
 /// Memory of a process tree, in bytes.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Peak {
@@ -18,18 +21,9 @@ impl Peak {
     }
 }
 
-/// `pid` and its descendants (through every thread's `children`), depth first.
-fn tree(pid: u32, out: &mut Vec<u32>) {
-    out.push(pid);
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return;
-    };
-    for task in tasks.flatten() {
-        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-            tree(child, out);
-        }
-    }
+/// Bytes in MiB.
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
 }
 
 /// PSS and RSS of one process.
@@ -47,16 +41,33 @@ fn rollup(pid: u32) -> Peak {
     }
 }
 
-/// Current PSS and RSS of process `pid` and all its descendants, summed.
+/// Current PSS and RSS of process `pid` and all its descendants (through every thread's
+/// `children`), summed.
 pub fn tree_memory(pid: u32) -> Peak {
-    let mut pids = Vec::new();
-    tree(pid, &mut pids);
-    pids.iter()
-        .map(|&p| rollup(p))
-        .fold(Peak::default(), |a, b| Peak {
-            pss: a.pss + b.pss,
-            rss: a.rss + b.rss,
-        })
+    let mut sum = rollup(pid);
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    for task in tasks.into_iter().flatten().flatten() {
+        let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            let below = tree_memory(child);
+            sum.pss += below.pss;
+            sum.rss += below.rss;
+        }
+    }
+    sum
+}
+
+/// Waits for `child` to exit, sampling its tree's memory `every` so long: its exit status and
+/// the tree's peak.
+pub fn peak_until_exit(child: &mut Child, every: Duration) -> crate::Result<(ExitStatus, Peak)> {
+    let mut peak = Peak::default();
+    loop {
+        peak = peak.max(tree_memory(child.id()));
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            return Ok((status, peak));
+        }
+        std::thread::sleep(every);
+    }
 }
 
 #[cfg(test)]

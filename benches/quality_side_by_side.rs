@@ -19,16 +19,16 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{SuiteArgs, bench_root, datasets, figure, run_json};
-use kiln_config::{ConfigRequest, Machine};
+use kiln_benches::{Result, SuiteArgs, bench_root, datasets, figure, resolve, run_json};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer};
 use serde_json::{Value, json};
 
-use kiln_benches::Result;
+use crate::learning::fresh_dir;
+use crate::run_cli::{Cli, exit_on_error, fresh_work_dir};
 
 /// The job: sizes of the data and the model, and the training budget.
 #[derive(Debug, Clone, Copy)]
@@ -81,17 +81,6 @@ fn job(quick: bool) -> Job {
 const DATA_SEED: u64 = 1234;
 const VAL_FRACTION: f64 = 0.1;
 
-/// `kiln-bench quality`: the quality suite, and its pieces for runs by hand.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench quality", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    /// Without a subcommand: the `quality` suite.
-    #[command(flatten)]
-    suite: SuiteArgs,
-}
-
 // Parsed once per process: the size of a variant does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
@@ -104,7 +93,6 @@ enum Sub {
     KilnRun(KilnRunArgs),
 }
 
-/// `data`'s options.
 #[derive(Debug, Args)]
 struct DataArgs {
     /// A new directory.
@@ -115,7 +103,6 @@ struct DataArgs {
     seeds: u64,
 }
 
-/// `kiln-run`'s options.
 #[derive(Debug, Args)]
 struct KilnRunArgs {
     /// The directory `data` (or the suite) wrote.
@@ -138,17 +125,14 @@ struct KilnRunArgs {
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let result = match cli.command {
+    let about = "`kiln-bench quality`: the quality suite, and its pieces for runs by hand";
+    let cli = Cli::parse_with(args, about);
+    exit_on_error(match cli.command {
         None => suite(&cli.suite),
         Some(Sub::Quality(a)) => suite(&a),
         Some(Sub::Data(a)) => data_only(&a),
         Some(Sub::KilnRun(a)) => kiln_run(&a),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    });
 }
 
 /// Writes the job's dataset as `features.npy`/`labels.npy` in `dir` (the PyTorch side reads
@@ -196,14 +180,9 @@ impl Observer for Epochs {
 /// One kiln run of the job on the prepared data in `--data`, seeded with `--seed`; prints JSON.
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = Instant::now();
-    let job = job(a.quick);
-    let data = &a.data;
-    let seed = a.seed;
-    let runs = tempfile_dir(&data.join(format!("runs-{seed}")))?;
-    let mut req = ConfigRequest::new(Machine::Probed(
-        kiln_device::probe::probe().map_err(|e| e.to_string())?,
-    ));
-    req.sets = [
+    let (job, seed) = (job(a.quick), a.seed);
+    let runs = fresh_dir(&a.data.join(format!("runs-{seed}")))?;
+    let mut sets = vec![
         "device.request=cpu".to_owned(),
         "model.name=transformer".to_owned(),
         format!("model.d_model={}", job.d_model),
@@ -219,86 +198,62 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         format!("performance.intra_op_threads={}", a.threads),
         "checkpoint.enabled=false".to_owned(),
         format!("run.output_dir={}", runs.display()),
-    ]
-    .to_vec();
+    ];
     // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
     // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
     if !a.auto_precision {
-        req.sets.push("train.amp=fp32".to_owned());
+        sets.push("train.amp=fp32".to_owned());
     }
     // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
-    req.sets.extend(a.sets.iter().cloned());
-    let resolution = kiln_config::load(&req).map_err(|e| e.to_string())?;
+    sets.extend(a.sets.iter().cloned());
     // As `kiln train --data` runs it: the library's front door with these settings.
     let learner = Learner::builder()
-        .resolution(resolution)
+        .resolution(resolve(&sets)?)
         .build()
         .map_err(|e| e.to_string())?;
     let mut epochs = Epochs::default();
     let outcome = learner
-        .fit_plan(Some(&data.join("kiln")), &mut epochs)
+        .fit_plan(Some(&a.data.join("kiln")), &mut epochs)
         .map_err(|e| e.to_string())?;
     let s = &outcome.summary;
     println!(
         "{}",
         json!({
-            "framework": "kiln",
-            "seed": seed,
-            "steps": s.steps,
-            "threads": tch::get_num_threads(),
-            "precision": s.precision,
+            "framework": "kiln", "seed": seed, "steps": s.steps,
+            "threads": tch::get_num_threads(), "precision": s.precision,
             "final_val_loss": s.final_val.get("loss"),
             "final_val_accuracy": s.final_val.get("accuracy"),
-            "epochs": epochs.0,
-            "seconds": start.elapsed().as_secs_f64(),
+            "epochs": epochs.0, "seconds": start.elapsed().as_secs_f64(),
         })
     );
     Ok(())
-}
-
-/// `path`, created empty (an earlier run's leftovers are removed: it is the bench's own scratch).
-fn tempfile_dir(path: &Path) -> Result<PathBuf> {
-    if path.exists() {
-        std::fs::remove_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path.to_owned())
 }
 
 fn mean(v: &[f64]) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
-/// The runs of one side, one per seed.
-#[derive(Default)]
-struct Side(Vec<Value>);
-
-impl Side {
-    fn of(&self, key: &str) -> Result<Vec<f64>> {
-        self.0.iter().map(|r| figure(r, key)).collect()
-    }
+/// `key` of each of one side's runs.
+fn of(runs: &[Value], key: &str) -> Result<Vec<f64>> {
+    runs.iter().map(|r| figure(r, key)).collect()
 }
 
-/// Everything one suite run trains: kiln in fp32 and at the precision it picks by itself, and
-/// PyTorch with kiln's settings and as a user writes it by default.
+/// Everything one suite run trains, one run per seed a side: kiln in fp32 and at the precision
+/// it picks by itself, and PyTorch with kiln's settings and as a user writes it by default.
 #[derive(Default)]
 struct Sides {
-    kiln: Side,
-    kiln_auto: Side,
-    torch: Side,
-    torch_plain: Side,
+    kiln: Vec<Value>,
+    kiln_auto: Vec<Value>,
+    torch: Vec<Value>,
+    torch_plain: Vec<Value>,
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {
-    let quick = a.quick;
-    let job = job(quick);
+    let job = job(a.quick);
     let seeds = a.seeds.unwrap_or(2).max(2) as u64;
     // Two threads a side by default, as in the other suites.
     let threads = a.threads_or(2);
-    let work = a.work_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("kiln-bench-quality-{}", std::process::id()))
-    });
-    let work = tempfile_dir(&work.join("quality"))?;
+    let work = fresh_work_dir(a, "quality")?;
     let prepared = write_data(&work, &job)?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut sides = Sides::default();
@@ -309,10 +264,8 @@ fn suite(a: &SuiteArgs) -> Result<()> {
             let mut k = Command::new(&exe);
             k.args(["quality", "kiln-run", "--data"]).arg(&work);
             k.args(["--seed", &seed, "--threads", &threads]).args(extra);
-            if quick {
-                k.arg("--quick");
-            }
-            k
+            k.args(a.quick.then_some("--quick"));
+            run_json(k)
         };
         let torch = |extra: &[&str]| {
             let mut t = Command::new(&a.python);
@@ -331,73 +284,64 @@ fn suite(a: &SuiteArgs) -> Result<()> {
             }
             // Last, so that a variant's options win.
             t.args(extra);
-            t
+            run_json(t)
         };
         eprintln!(
             "quality: seed {seed}: kiln fp32, kiln automatic precision, PyTorch, PyTorch plain"
         );
-        sides.kiln.0.push(run_json(kiln(&[]))?);
-        sides
-            .kiln_auto
-            .0
-            .push(run_json(kiln(&["--auto-precision"]))?);
-        sides.torch.0.push(run_json(torch(&[]))?);
+        sides.kiln.push(kiln(&[])?);
+        sides.kiln_auto.push(kiln(&["--auto-precision"])?);
+        sides.torch.push(torch(&[])?);
         let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
-        sides.torch_plain.0.push(run_json(torch(&plain))?);
+        sides.torch_plain.push(torch(&plain)?);
     }
-    let out = report(&job, threads, &sides)?;
-    out.write(&a.out_or("quality"))?;
+    report(&job, threads, &sides)?.write(&a.out_or("quality"))?;
     std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
 
+/// `c` with both sides' figures per seed and PyTorch's mean.
+fn per_seed(c: Comparison, kiln: &[f64], torch: &[f64]) -> Comparison {
+    c.detail("kiln_per_seed", json!(kiln))
+        .detail("pytorch_per_seed", json!(torch))
+        .detail("pytorch_mean", json!(mean(torch)))
+}
+
 /// Two rows with goals: `side`'s mean accuracy against PyTorch's worst seed less 1 point, and
 /// its mean loss against PyTorch's worst seed.
-fn against_range(out: &mut SuiteOutput, what: &str, side: &Side, torch: &Side) -> Result<()> {
-    let (ka, ta) = (
-        side.of("final_val_accuracy")?,
-        torch.of("final_val_accuracy")?,
-    );
-    let (kl, tl) = (side.of("final_val_loss")?, torch.of("final_val_loss")?);
+fn against_range(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) -> Result<()> {
+    let ka = of(side, "final_val_accuracy")?;
+    let ta = of(torch, "final_val_accuracy")?;
+    let (kl, tl) = (of(side, "final_val_loss")?, of(torch, "final_val_loss")?);
     let worst_acc = ta.iter().copied().fold(f64::INFINITY, f64::min);
     let worst_loss = tl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    out.push(
-        Comparison::new(
-            "quality",
-            "learning",
-            format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point"),
-            "%",
-            Better::Higher,
-            (100.0 * mean(&ka), 100.0 * worst_acc - 1.0),
-            format!("{BASELINE} (lowest of {} seeds, less 1 point)", ta.len()),
-        )
-        .at_least(1.0)
-        .detail("kiln_per_seed", json!(ka))
-        .detail("pytorch_per_seed", json!(ta))
-        .detail("pytorch_mean", json!(mean(&ta))),
+    let accuracy = Comparison::new(
+        "quality",
+        "learning",
+        format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point"),
+        "%",
+        Better::Higher,
+        (100.0 * mean(&ka), 100.0 * worst_acc - 1.0),
+        format!("{BASELINE} (lowest of {} seeds, less 1 point)", ta.len()),
     );
-    out.push(
-        Comparison::new(
-            "quality",
-            "learning",
-            format!("val loss: {what} mean vs PyTorch worst seed"),
-            "nats",
-            Better::Lower,
-            (mean(&kl), worst_loss),
-            format!("{BASELINE} (highest of {} seeds)", tl.len()),
-        )
-        .at_most(1.02)
-        .detail("kiln_per_seed", json!(kl))
-        .detail("pytorch_per_seed", json!(tl))
-        .detail("pytorch_mean", json!(mean(&tl))),
+    out.push(per_seed(accuracy.at_least(1.0), &ka, &ta));
+    let loss = Comparison::new(
+        "quality",
+        "learning",
+        format!("val loss: {what} mean vs PyTorch worst seed"),
+        "nats",
+        Better::Lower,
+        (mean(&kl), worst_loss),
+        format!("{BASELINE} (highest of {} seeds)", tl.len()),
     );
+    out.push(per_seed(loss.at_most(1.02), &kl, &tl));
     Ok(())
 }
 
 /// The time per run of `side` against PyTorch's.
-fn time_row(what: &str, side: &Side, torch: &Side) -> Result<Comparison> {
-    let (ks, ts) = (side.of("seconds")?, torch.of("seconds")?);
+fn time_row(what: &str, side: &[Value], torch: &[Value]) -> Result<Comparison> {
+    let (ks, ts) = (of(side, "seconds")?, of(torch, "seconds")?);
     Ok(Comparison::new(
         "quality",
         "time per run",
@@ -415,10 +359,7 @@ fn time_row(what: &str, side: &Side, torch: &Side) -> Result<Comparison> {
 
 /// The suite's rows from all sides' runs.
 fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
-    let precision = sides.kiln_auto.0[0]["precision"]
-        .as_str()
-        .unwrap_or("?")
-        .to_owned();
+    let precision = sides.kiln_auto[0]["precision"].as_str().unwrap_or("?");
     let mut out = SuiteOutput::new(
         "quality",
         &format!(
@@ -434,19 +375,17 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
             job.classes,
             job.epochs,
             job.batch,
-            sides.kiln.0.len()
+            sides.kiln.len()
         ),
     );
     against_range(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
     let auto = format!("kiln automatic precision ({precision})");
     against_range(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
-    let (ka, ta) = (
-        sides.kiln.of("final_val_accuracy")?,
-        sides.torch.of("final_val_accuracy")?,
-    );
+    let ka = of(&sides.kiln, "final_val_accuracy")?;
+    let ta = of(&sides.torch, "final_val_accuracy")?;
     let runs = json!({
-        "kiln": sides.kiln.0, "kiln_auto": sides.kiln_auto.0,
-        "pytorch": sides.torch.0, "pytorch_plain": sides.torch_plain.0,
+        "kiln": sides.kiln, "kiln_auto": sides.kiln_auto,
+        "pytorch": sides.torch, "pytorch_plain": sides.torch_plain,
     });
     out.push(
         Comparison::new(
@@ -460,7 +399,7 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
         )
         .detail("runs", runs),
     );
-    let plain = sides.torch_plain.of("final_val_accuracy")?;
+    let plain = of(&sides.torch_plain, "final_val_accuracy")?;
     out.push(Comparison::new(
         "quality",
         "learning",

@@ -44,23 +44,15 @@ impl UnfusedAdamW {
         self.step += 1;
         let bc1 = 1.0 - self.beta1.powi(self.step);
         let bc2_sqrt = (1.0 - self.beta2.powi(self.step)).sqrt();
-        for i in 0..params.len() {
-            let (p, g) = (&params[i], &grads[i]);
-            let (m, v) = (&self.exp_avg[i], &self.exp_avg_sq[i]);
-            let _ = p
-                .shallow_clone()
-                .f_mul_scalar_(1.0 - self.lr * self.weight_decay[i])?;
-            let _ = m
-                .shallow_clone()
-                .f_lerp_(g, tch::Scalar::float(1.0 - self.beta1))?;
-            let _ = v.shallow_clone().f_mul_scalar_(self.beta2)?;
-            let _ = v
-                .shallow_clone()
-                .f_add_(&g.f_mul(g)?.f_mul_scalar(1.0 - self.beta2)?)?;
+        for (i, (p, g)) in params.iter().zip(grads).enumerate() {
+            let (mut p, mut m) = (p.shallow_clone(), self.exp_avg[i].shallow_clone());
+            let mut v = self.exp_avg_sq[i].shallow_clone();
+            let _ = p.f_mul_scalar_(1.0 - self.lr * self.weight_decay[i])?;
+            let _ = m.f_lerp_(g, tch::Scalar::float(1.0 - self.beta1))?;
+            let _ = v.f_mul_scalar_(self.beta2)?;
+            let _ = v.f_add_(&g.f_mul(g)?.f_mul_scalar(1.0 - self.beta2)?)?;
             let denom = v.f_sqrt()?.f_div_scalar(bc2_sqrt)?.f_add_scalar(self.eps)?;
-            let _ = p
-                .shallow_clone()
-                .f_sub_(&m.f_div(&denom)?.f_mul_scalar(self.lr / bc1)?)?;
+            let _ = p.f_sub_(&m.f_div(&denom)?.f_mul_scalar(self.lr / bc1)?)?;
         }
         Ok(())
     }

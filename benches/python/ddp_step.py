@@ -1,21 +1,18 @@
 """PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`).
 
-Trains one of kiln's reference models (--model; the modules are train_step.py's twins of
-kiln's, imported from there), in fp32 on the CPU, the way a PyTorch user writes it: launched by
-`python -m torch.distributed.run --nproc-per-node 2 ...`, each rank joins a Gloo process group
-and wraps the model in `torch.nn.parallel.DistributedDataParallel` with kiln's gradient buckets
-(--bucket-cap-mb, --first-bucket-mb: DDP's defaults, 25 and 1 MiB, or one size for both, what
-DDP's bucket_cap_mb gives); run as plain `python ddp_step.py ...` (no WORLD_SIZE), the same loop
-trains alone without DDP, the 1-rank reference.
+Trains kiln's transformer reference model (train_step.py's SignTransformer, kiln's twin:
+[B, S, F], --seq, --d-model, --heads, --layers, --ff; SDPA attention) in fp32 on the CPU, the
+way a PyTorch user writes it: launched by `python -m torch.distributed.run --nproc-per-node 2
+...`, each rank joins a Gloo process group and wraps the model in
+`torch.nn.parallel.DistributedDataParallel` with kiln's gradient buckets (--bucket-cap-mb,
+--first-bucket-mb: DDP's defaults, 25 and 1 MiB, or one size for both, what DDP's bucket_cap_mb
+gives); run as plain `python ddp_step.py ...` (no WORLD_SIZE), the same loop trains alone
+without DDP, the 1-rank reference.
 
-  mlp          [B, F] -> Linear(F, h1) -> ReLU -> Dropout -> ... -> Linear(h_last, C)  (--hidden)
-  transformer  [B, S, F] -> train_step.py's SignTransformer (--seq, --d-model, --heads,
-               --layers, --ff), SDPA attention as kiln's in fp32
-
-The data are kiln's own synthetic samples, written by the suite as raw little-endian files
-(float32 features [N, F] or [N, S, F], int64 labels [N]) and held in memory. Each epoch a
-`DistributedSampler` (shuffled, seeded, drop_last) deals every rank its share, cut into batches
-of --batch by indexing the in-memory tensors (no DataLoader workers).
+The data are kiln's own synthetic samples, written by the suite as .npy files (float32 features
+[N, S, F], int64 labels [N]) and held in memory. Each epoch a `DistributedSampler` (shuffled,
+seeded, drop_last) deals every rank its share, cut into batches of --batch by indexing the
+in-memory tensors (no DataLoader workers).
 
 One step, as kiln's trainer does it: take the batch, forward, cross-entropy (mean), zero_grad,
 backward (DDP averages the gradients over the ranks during it), clip the global gradient norm
@@ -50,21 +47,14 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
-# kiln's reference models in PyTorch, as the train-step suite defines them (this directory is
-# on sys.path: the script's own, under plain python and torch.distributed.run alike).
-from train_step import MLP, SignTransformer  # noqa: E402
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
+# kiln's transformer in PyTorch, as the train-step suite defines it (this directory is on
+# sys.path: the script's own, under plain python and torch.distributed.run alike).
+from train_step import SignTransformer  # noqa: E402
 
 
 def build(a):
-    """The model of --model, initialised from --seed (kiln's models initialise as these do)."""
+    """The transformer, initialised from --seed (kiln's models initialise as these do)."""
     torch.manual_seed(a.seed)
-    if a.model == "mlp":
-        hidden = [int(h) for h in a.hidden.split(",") if h]
-        return MLP(a.features, hidden, a.classes, a.dropout)
     return SignTransformer(a.features, a.seq, a.d_model, a.heads, a.layers, a.ff, a.classes,
                            a.dropout)
 
@@ -89,12 +79,14 @@ def lr_factor(step, warmup, total):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def read_raw(path, dtype, shape):
-    """The first prod(shape) values of a raw little-endian file (kiln's synthetic samples do
-    not depend on the dataset's length, so a shorter run reads a prefix of a longer one's)."""
+def read_npy(path, dtype, shape):
+    """The first prod(shape) values of a little-endian .npy file as kiln writes it, version 1
+    (kiln's synthetic samples do not depend on the dataset's length, so a shorter run reads a
+    prefix of a longer one's)."""
     with open(path, "rb") as f:
         data = bytearray(f.read())
-    tensor = torch.frombuffer(data, dtype=dtype)
+    header = 10 + int.from_bytes(data[8:10], "little")  # magic, version, length, the dict
+    tensor = torch.frombuffer(data, dtype=dtype, offset=header)
     if tensor.numel() < math.prod(shape):
         raise SystemExit(f"error: {path} holds {tensor.numel()} values, fewer than {shape}")
     return tensor[:math.prod(shape)].view(*shape)
@@ -107,6 +99,17 @@ def optimizer(model, a, total_steps):
                              {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup, total_steps))
     return opt, sched
+
+
+def add_training_args(p):
+    """The options this script and lightning_job.py share: the transformer's shape, the seed,
+    and kiln's optimizer, schedule and clipping."""
+    for name, default in (("--d-model", 256), ("--heads", 8), ("--layers", 4), ("--ff", 1024),
+                          ("--seed", 0), ("--warmup", 50)):
+        p.add_argument(name, type=int, default=default)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
 
 
 def train(a, world, rank, model, features, labels):
@@ -141,16 +144,16 @@ def train(a, world, rank, model, features, labels):
             dist.all_reduce(mean)
             mean /= world
         final_loss = mean.item()
-        log(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}")
+        print(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}",
+              file=sys.stderr, flush=True)
     return steps, step_seconds, final_loss
 
 
 def export_program(a):
     """The model, as built, exported in train mode with a dynamic batch and saved."""
-    sample = (a.features,) if a.model == "mlp" else (a.seq, a.features)
     model = build(a).train()
     shapes = ({0: torch.export.Dim("batch")},)
-    ep = torch.export.export(model, (torch.zeros(2, *sample),), dynamic_shapes=shapes)
+    ep = torch.export.export(model, (torch.zeros(2, a.seq, a.features),), dynamic_shapes=shapes)
     torch.export.save(ep, a.export_program)
     print(json.dumps({"exported": a.export_program,
                       "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
@@ -171,27 +174,17 @@ def allreduce_ms(numel, repeats=50):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--features-file", required=True, help="float32 [N, F], little-endian")
-    p.add_argument("--labels-file", required=True, help="int64 [N], little-endian")
+    p.add_argument("--features-file", required=True, help="float32 [N, S, F] .npy")
+    p.add_argument("--labels-file", required=True, help="int64 [N] .npy")
     p.add_argument("--samples", type=int, required=True, help="the first N samples of the files")
-    p.add_argument("--model", choices=("mlp", "transformer"), default="mlp")
-    p.add_argument("--features", type=int, required=True, help="per sample, or per position")
+    p.add_argument("--features", type=int, required=True, help="per position")
     p.add_argument("--classes", type=int, required=True)
-    p.add_argument("--hidden", default="256,256", help="mlp: hidden widths, comma separated")
-    p.add_argument("--seq", type=int, default=64, help="transformer: sequence length")
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
+    p.add_argument("--seq", type=int, default=64, help="sequence length")
+    add_training_args(p)
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient buckets")
     p.add_argument("--first-bucket-mb", type=float, default=1.0)
     p.add_argument("--batch", type=int, required=True, help="per rank")
     p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--threads", type=int, default=1, help="intra- and inter-op, per rank")
     p.add_argument("--export-program", metavar="PATH", default=None,
@@ -205,9 +198,8 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
         dist.init_process_group("gloo")
-    sample = (a.features,) if a.model == "mlp" else (a.seq, a.features)
-    features = read_raw(a.features_file, torch.float32, (a.samples, *sample))
-    labels = read_raw(a.labels_file, torch.int64, (a.samples,))
+    features = read_npy(a.features_file, torch.float32, (a.samples, a.seq, a.features))
+    labels = read_npy(a.labels_file, torch.int64, (a.samples,))
     model = build(a)
     if world > 1:
         model = wrap(model, a)
@@ -220,7 +212,7 @@ def main():
         print(json.dumps({
             "framework": "pytorch-ddp" if world > 1 else "pytorch",
             "torch_version": torch.__version__, "world_size": world,
-            "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "model": a.model,
+            "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "model": "transformer",
             "bucket_cap_mb": a.bucket_cap_mb, "first_bucket_mb": a.first_bucket_mb,
             "epochs": a.epochs, "steps": steps, "samples": steps * a.batch * world,
             "mean_step_time_s": step_seconds / max(1, steps),

@@ -15,8 +15,8 @@ activations all in that type).
 compiles: its wall time is "first_batch_s" and "compile_s" (the first batch less one steady
 batch), apart from the steady figures. Inductor caches in $TORCHINDUCTOR_CACHE_DIR and its
 precompiled headers under $TMPDIR; "inductor_cache" says whether both were empty (cold, a user's
-first compile on the machine) or not. Where compile
-cannot run (no C++ compiler, no Python headers, an inductor error) the JSON says so in "not_run".
+first compile on the machine) or not. Where compile cannot run (no C++ compiler, no Python
+headers, an inductor error) the JSON says so in "not_run".
 
 Prints one JSON line on stdout (throughput, per-batch latency percentiles, peak memory); human
 text goes to stderr.
@@ -34,11 +34,6 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def percentile(sorted_values, q):
@@ -101,6 +96,7 @@ def run(a, forward, device, dtype):
     """Every batch's wall time (warm-up first), host input to fp32 host output."""
     host = torch.randn(a.batch, 784)
     grad_mode = torch.inference_mode if a.grad_mode == "inference_mode" else torch.no_grad
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
     times = []
     with grad_mode():
         for _ in range(a.warmup + a.batches):
@@ -135,7 +131,6 @@ def main():
         print(json.dumps(not_run(a, e)), flush=True)
         return
     times = all_times[a.warmup:]
-    total = sum(times)
     ordered = sorted(times)
     if device.type == "cuda":
         memory, memory_kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda allocator peak"
@@ -158,7 +153,7 @@ def main():
         "compile": {"mode": "default", "what": "torch.compile(model)",
                     "first_batch_s": all_times[0], "compile_s": max(0.0, all_times[0] - p50),
                     "inductor_cache": cache} if a.compile else None,
-        "samples_per_s": a.batch * a.batches / total,
+        "samples_per_s": a.batch * a.batches / sum(times),
         "p50_ms": p50 * 1e3,
         "p95_ms": percentile(ordered, 95) * 1e3,
         "p99_ms": percentile(ordered, 99) * 1e3,

@@ -24,9 +24,7 @@ Prints one JSON line on stdout: the final validation loss and accuracy, steps, s
 time inside `fit` (or the loop); human text (Lightning's progress bar) goes to stderr.
 """
 import argparse
-import importlib.util
 import json
-import math
 import os
 import sys
 import time
@@ -36,82 +34,38 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, Dataset, Subset  # noqa: E402
+from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def sibling(name):
-    """Imports benches/python/<name>.py (the model twins, the shard reader)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The siblings in this directory (the script's own, first on sys.path): the model twins, the
+# shard reader, kiln's optimizer and schedule as the ddp suite builds them.
+from ddp_step import add_training_args, optimizer  # noqa: E402
+from torch_loader import ShardDataset  # noqa: E402
+from train_step import SelfAttention, SignTransformer  # noqa: E402
 
 
-class Shards(Dataset):
-    """kiln's prepared dataset, one (float32 features, label) sample per `__getitem__`."""
+class Shards(ShardDataset):
+    """kiln's prepared dataset, one (float32 features, label) sample per `__getitem__`, not
+    normalized."""
 
-    def __init__(self, root, open_safetensors):
-        with open(os.path.join(root, "kiln-dataset.json")) as f:
-            self.manifest = json.load(f)
-        self.root, self.open_safetensors = root, open_safetensors
-        self.starts, total = [], 0
-        for shard in self.manifest["shards"]:
-            self.starts.append(total)
-            total += shard["samples"]
-        self.len = total
-        self.shards = None  # mapped lazily, once per worker process
-
-    def __len__(self):
-        return self.len
+    def __init__(self, root):
+        super().__init__(root, 0.0, 1.0)
 
     def __getitem__(self, i):
-        if self.shards is None:
-            self.shards = []
-            for shard in self.manifest["shards"]:
-                t = self.open_safetensors(os.path.join(self.root, shard["features"]))
-                self.shards.append((t["features"], t["targets"] if "targets" in t else t["labels"]))
-        s = next(k for k in range(len(self.starts) - 1, -1, -1) if self.starts[k] <= i)
-        feats, labels = self.shards[s]
-        j = i - self.starts[s]
-        return feats[j].to(torch.float32), int(labels[j])
-
-
-def lr_factor(step, warmup, total):
-    """kiln's schedule as a factor of the base lr: (s+1)/W while warming up, then cosine to 0 at
-    `total` optimizer steps."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
+        x, y = self.sample(i)
+        return x.to(torch.float32), y
 
 
 def build_model(a, features, seq, classes):
     torch.manual_seed(a.seed)
-    twins = sibling("train_step")
-    model = twins.SignTransformer(features, seq, a.d_model, a.heads, a.layers, a.ff, classes,
-                                  a.dropout)
+    model = SignTransformer(features, seq, a.d_model, a.heads, a.layers, a.ff, classes, a.dropout)
     for m in model.modules():
-        if isinstance(m, twins.SelfAttention):
+        if isinstance(m, SelfAttention):
             m.math = a.attention == "math"
     return model
 
 
-def optimizer_and_schedule(model, a, total_steps):
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        plain = param.dim() >= 2 and not name.endswith("bias") and "ln" not in name
-        (decay if plain else no_decay).append(param)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, a.warmup, total_steps))
-    return opt, sched
-
-
 def loaders(a):
-    shards = Shards(a.data, sibling("torch_loader").open_safetensors)
+    shards = Shards(a.data)
     with open(a.split) as f:
         split = json.load(f)
     common = {"batch_size": a.batch, "num_workers": a.workers,
@@ -119,8 +73,7 @@ def loaders(a):
     train = DataLoader(Subset(shards, split["train"]), shuffle=True, drop_last=True,
                        generator=torch.Generator().manual_seed(a.seed), **common)
     val = DataLoader(Subset(shards, split["val"]), shuffle=False, **common)
-    features_shape = shards.manifest.get("sample_shape") or shards.manifest.get("shape")
-    return train, val, int(split["classes"]), features_shape
+    return train, val, int(split["classes"])
 
 
 def autocast(a):
@@ -171,7 +124,7 @@ def lightning_fit(a, model, train, val):
                 torch.nn.utils.clip_grad_norm_(self.parameters(), a.clip)
 
         def configure_optimizers(self):
-            opt, sched = optimizer_and_schedule(self.model, a, total)
+            opt, sched = optimizer(self.model, a, total)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     job = Job()
@@ -204,7 +157,7 @@ def evaluate(model, val, a):
 
 def plain_fit(a, model, train, val):
     total = len(train) * a.epochs
-    opt, sched = optimizer_and_schedule(model, a, total)
+    opt, sched = optimizer(model, a, total)
     os.makedirs(os.path.join(a.out, "checkpoints"), exist_ok=True)
     start, step = time.perf_counter(), 0
     model.train()
@@ -236,7 +189,6 @@ def main():
     p.add_argument("--data", required=True, help="kiln's prepared dataset directory")
     p.add_argument("--split", required=True, help="split.json: train and val indices, classes")
     p.add_argument("--out", required=True, help="directory for checkpoints and logs")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--workers", type=int, default=2)
@@ -244,22 +196,15 @@ def main():
                    default="bf16-mixed")
     p.add_argument("--attention", choices=["math", "sdpa"], default="math")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
+    add_training_args(p)
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
     p.add_argument("--threads", type=int)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.device == "cuda" and a.trainer == "plain":
         raise SystemExit("error: --trainer plain runs on the CPU only")
-    train, val, classes, _ = loaders(a)
+    train, val, classes = loaders(a)
     x0, _ = train.dataset[0]
     model = build_model(a, x0.shape[-1], x0.shape[0], classes)
     fit = lightning_fit if a.trainer == "lightning" else plain_fit

@@ -10,8 +10,8 @@ LitAPI(max_batch_size=--max-batch, batch_timeout=--batch-timeout-ms / 1000) at P
 kiln does, `{"outputs": [10 floats], "shape": [10]}`. GET /health says when it is ready.
 """
 import argparse
-import importlib.util
 import os
+import sys
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -19,41 +19,25 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import litserve as ls  # noqa: E402
 import torch  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_loader import open_safetensors  # noqa: E402
 
 
 def load_mlp(path):
-    """The MLP of kiln's safetensors file: [(weight, bias)] of fc0, fc1, ..., then head."""
-    spec = importlib.util.spec_from_file_location("torch_loader", os.path.join(HERE, "torch_loader.py"))
-    reader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(reader)
-    tensors = {k: v.clone() for k, v in reader.open_safetensors(path).items()}
+    """The MLP of kiln's safetensors file: Linear layers fc0, fc1, ..., head, ReLU between."""
+    tensors = open_safetensors(path)
 
-    def layer(prefix):
+    def linear(prefix):
         [w] = [v for k, v in tensors.items() if k.endswith(prefix + ".weight")]
         [b] = [v for k, v in tensors.items() if k.endswith(prefix + ".bias")]
-        return w, b
+        lin = torch.nn.Linear(w.shape[1], w.shape[0])
+        lin.load_state_dict({"weight": w, "bias": b})  # copies out of the mapped file
+        return lin
 
     hidden = sorted({k.rsplit(".", 2)[-2] for k in tensors if ".fc" in "." + k},
                     key=lambda name: int(name[2:]))
-    return [layer(h) for h in hidden] + [layer("head")]
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, layers):
-        super().__init__()
-        self.linears = torch.nn.ModuleList()
-        for w, b in layers:
-            lin = torch.nn.Linear(w.shape[1], w.shape[0])
-            with torch.no_grad():
-                lin.weight.copy_(w)
-                lin.bias.copy_(b)
-            self.linears.append(lin)
-
-    def forward(self, x):
-        for lin in self.linears[:-1]:
-            x = torch.relu(lin(x))
-        return self.linears[-1](x)
+    layers = [m for h in hidden for m in (linear(h), torch.nn.ReLU())]
+    return torch.nn.Sequential(*layers, linear("head"))
 
 
 class MlpAPI(ls.LitAPI):
@@ -63,7 +47,7 @@ class MlpAPI(ls.LitAPI):
 
     def setup(self, device):
         torch.set_num_threads(self.threads)
-        self.model = MLP(load_mlp(self.weights)).eval()
+        self.model = load_mlp(self.weights).eval()
 
     def decode_request(self, request):
         return torch.tensor(request["inputs"], dtype=torch.float32)

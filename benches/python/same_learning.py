@@ -15,9 +15,7 @@ matmul-softmax product); fp32 uses SDPA, as kiln does in fp32.
 Nothing beyond torch is needed: safetensors files are parsed here.
 """
 import argparse
-import importlib.util
 import json
-import os
 import re
 import struct
 import sys
@@ -29,16 +27,11 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+# The twins of kiln's models, beside this script (so on sys.path).
+import train_step as twins  # noqa: E402
+
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
-
-
-def twins():
-    spec = importlib.util.spec_from_file_location("train_step", os.path.join(HERE, "train_step.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def read_safetensors(path):
@@ -96,8 +89,7 @@ def kiln_name(kind, model, name):
             stage, role = divmod(int(m.group(1)), 3)
             if role in (0, 1):
                 return f"{['conv', 'bn'][role]}{stage}.{m.group(2)}"
-        m = re.fullmatch(r"head\.(weight|bias)", name)
-        if m:
+        if re.fullmatch(r"head\.(weight|bias)", name):
             return name
     raise SystemExit(f"error: {kind} twin tensor `{name}` has no kiln name in the map")
 
@@ -131,21 +123,20 @@ def load_kiln_weights(kind, model, path):
 
 
 def build(job, math_attention):
-    m, c = twins(), job["twin"]
-    kind = job["model"]
+    c, kind = job["twin"], job["model"]
     if kind == "transformer":
-        model = m.SignTransformer(c["features"], c["seq"], c["d_model"], c["heads"], c["layers"],
-                                  c["ff"], c["classes"], 0.0)
+        model = twins.SignTransformer(c["features"], c["seq"], c["d_model"], c["heads"],
+                                      c["layers"], c["ff"], c["classes"], 0.0)
         for layer in model.modules():
-            if isinstance(layer, m.SelfAttention):
+            if isinstance(layer, twins.SelfAttention):
                 layer.math = math_attention
     elif kind == "mlp":
-        model = m.MLP(c["features"], c["hidden"], c["classes"], 0.0)
+        model = twins.MLP(c["features"], c["hidden"], c["classes"], 0.0)
     elif kind == "convnet":
-        if tuple(c["channels"]) != tuple(m.CONV_CHANNELS):
-            raise SystemExit(f"error: the convnet twin has channels {m.CONV_CHANNELS}, kiln's "
+        if tuple(c["channels"]) != tuple(twins.CONV_CHANNELS):
+            raise SystemExit(f"error: the convnet twin has channels {twins.CONV_CHANNELS}, kiln's "
                              f"{c['channels']}")
-        model = m.ConvNet(c["in_channels"], c["classes"])
+        model = twins.ConvNet(c["in_channels"], c["classes"])
     else:
         raise SystemExit(f"error: {kind} has no twin here")
     return model

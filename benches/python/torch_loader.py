@@ -19,7 +19,10 @@ can show where the time goes. Prints one JSON line.
 """
 
 import argparse
+import bisect
+import itertools
 import json
+import math
 import mmap
 import os
 import struct
@@ -63,12 +66,9 @@ class ShardDataset(Dataset):
         with open(os.path.join(root, "kiln-dataset.json")) as f:
             self.manifest = json.load(f)
         self.root = root
-        self.starts = []
-        s = 0
-        for shard in self.manifest["shards"]:
-            self.starts.append(s)
-            s += shard["samples"]
-        self.len = s
+        counts = [shard["samples"] for shard in self.manifest["shards"]]
+        self.starts = [0, *itertools.accumulate(counts)][:-1]
+        self.len = sum(counts)
         self.mean = torch.tensor(mean, dtype=torch.float32)
         self.std = torch.tensor(std, dtype=torch.float32)
         self.shards = None  # opened lazily, once per worker process
@@ -83,20 +83,17 @@ class ShardDataset(Dataset):
             # Manifest version 2 names the tensor `targets`; version 1 named it `labels`.
             self.shards.append((t["features"], t["targets"] if "targets" in t else t["labels"]))
 
-    def __getitem__(self, i):
+    def sample(self, i):
+        """Sample i as stored: a view of its features in the mapped shard, and its label."""
         if self.shards is None:
             self._open()
-        lo, hi = 0, len(self.starts)
-        while hi - lo > 1:  # the shard holding sample i
-            mid = (lo + hi) // 2
-            if self.starts[mid] <= i:
-                lo = mid
-            else:
-                hi = mid
-        feats, labels = self.shards[lo]
-        j = i - self.starts[lo]
-        x = (feats[j].to(torch.float32) - self.mean) / self.std
-        return x, int(labels[j])
+        s = bisect.bisect_right(self.starts, i) - 1  # the shard holding sample i
+        feats, labels = self.shards[s]
+        return feats[i - self.starts[s]], int(labels[i - self.starts[s]])
+
+    def __getitem__(self, i):
+        x, y = self.sample(i)
+        return (x.to(torch.float32) - self.mean) / self.std, y
 
 
 class BatchedShardDataset(ShardDataset):
@@ -149,10 +146,7 @@ def batch_tensor(shape, dtype):
     (torch/utils/data/_utils/collate.py), so that sending it to the main process copies nothing."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
-    numel = 1
-    for d in shape:
-        numel *= d
-    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(numel)
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
     return torch.empty(0, dtype=dtype).new(storage).view(shape)
 
 
@@ -165,9 +159,7 @@ def breakdown(ds, batch_size, seed):
     """Per-batch work timed inline in this process over a few shuffled batches, in ms."""
     if ds.shards is None:
         ds._open()
-    g = torch.Generator()
-    g.manual_seed(seed + 1)
-    perm = torch.randperm(len(ds), generator=g).tolist()
+    perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed + 1)).tolist()
     batches = [perm[k * batch_size:(k + 1) * batch_size] for k in range(BREAKDOWN_BATCHES)]
     batches = [b for b in batches if b]
     fetch = collate = 0.0
@@ -237,8 +229,7 @@ def main():
         print(json.dumps({"impl": "torch", "idle": True}), flush=True)
         sys.stdin.read()
         return
-    g = torch.Generator()
-    g.manual_seed(a.seed)
+    g = torch.Generator().manual_seed(a.seed)
     kwargs = {"collate_fn": identity} if batched else {}
     if a.workers > 0:
         kwargs.update(persistent_workers=True, prefetch_factor=a.prefetch_factor)

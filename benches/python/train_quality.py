@@ -11,7 +11,6 @@ epoch. Prints one JSON line: the final validation loss and accuracy, each epoch'
 wall time.
 """
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -22,17 +21,11 @@ import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
-import torch
-import torch.nn.functional as F
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def twins():
-    spec = importlib.util.spec_from_file_location("train_step", os.path.join(HERE, "train_step.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The twins of kiln's models, beside this script (so on sys.path).
+import train_step as twins  # noqa: E402
 
 
 def read_npy(path):
@@ -87,10 +80,8 @@ def main():
     p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
+    for name, default in (("--d-model", 256), ("--heads", 8), ("--layers", 4), ("--ff", 1024)):
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--threads", type=int)
     a = p.parse_args()
     if a.threads:
@@ -105,8 +96,8 @@ def main():
     classes = int(split["classes"])
 
     torch.manual_seed(a.seed)
-    model = twins().SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
-                                    classes, a.dropout)
+    model = twins.SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
+                                  classes, a.dropout)
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         plain = param.dim() >= 2 and not name.endswith("bias") and "ln" not in name

@@ -34,11 +34,8 @@ first step compiles the forward and backward graphs: its wall time is reported a
 "first_step_s" and "compile_s" (the first step less one steady step), apart from the steady
 step times. Inductor caches in $TORCHINDUCTOR_CACHE_DIR and its precompiled headers under
 $TMPDIR; "inductor_cache" says whether both were empty (a cold compile, a user's first on the
-machine) or not. Where compile cannot run (no C++
-compiler, no Python headers, an inductor error) the JSON says so in "not_run".
-
---gemm instead measures this machine's GEMM peak (fp32, or bf16 with --precision bf16) as the best
-GFLOP/s over a few large shapes.
+machine) or not. Where compile cannot run (no C++ compiler, no Python headers, an inductor
+error) the JSON says so in "not_run".
 
 Prints one JSON line on stdout; human text goes to stderr.
 """
@@ -181,12 +178,10 @@ def transformer_flops(a):
 
 
 def convnet_flops(a):
-    total = 0
-    c, h, w = a.in_channels, a.image_size, a.image_size
+    total, c, h = 0, a.in_channels, a.image_size  # square images
     for out, stride in zip(CONV_CHANNELS, CONV_STRIDES):
         h = (h + 2 - 3) // stride + 1
-        w = (w + 2 - 3) // stride + 1
-        total += 2 * out * h * w * c * 9
+        total += 2 * out * h * h * c * 9
         c = out
     return total + 2 * c * a.classes
 
@@ -206,28 +201,26 @@ def peak_memory(device):
 def build(a):
     """Returns (model, x, y, forward FLOPs per sample)."""
     if a.model == "mlp":
-        model = MLP(a.features, a.hidden, a.classes, a.dropout)
-        x = torch.randn(a.batch, a.features)
-        flops = mlp_flops(a)
+        model, sample = MLP(a.features, a.hidden, a.classes, a.dropout), (a.features,)
     elif a.model == "transformer":
         model = SignTransformer(a.features, a.seq, a.d_model, a.heads, a.layers, a.ff,
                                 a.classes, a.dropout)
-        x = torch.randn(a.batch, a.seq, a.features)
-        flops = transformer_flops(a)
+        sample = (a.seq, a.features)
     else:
         model = ConvNet(a.in_channels, a.classes)
-        x = torch.randn(a.batch, a.in_channels, a.image_size, a.image_size)
-        flops = convnet_flops(a)
-        if a.channels_last:
-            model = model.to(memory_format=torch.channels_last)
-            x = x.contiguous(memory_format=torch.channels_last)
+        sample = (a.in_channels, a.image_size, a.image_size)
+    x = torch.randn(a.batch, *sample)
+    flops = {"mlp": mlp_flops, "transformer": transformer_flops, "convnet": convnet_flops}[a.model]
+    if a.channels_last:  # the convnet's (parse_args checks)
+        model = model.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,))
     device = torch.device(a.device)
     if use_math_attention(a):
         for m in model.modules():
             if isinstance(m, SelfAttention):
                 m.math = True
-    return model.to(device), x.to(device), y.to(device), flops
+    return model.to(device), x.to(device), y.to(device), flops(a)
 
 
 def use_math_attention(a):
@@ -238,6 +231,23 @@ def use_math_attention(a):
 
 
 # --- benchmarks -------------------------------------------------------------------------------
+
+def adamw_groups(params):
+    """AdamW's parameter groups: weight decay 0.01 on parameters with dim >= 2, 0 otherwise."""
+    groups = ({"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0})
+    return [g for g in groups if g["params"]]
+
+
+def timed(n, step, losses):
+    """Seconds of each of n calls of step, whose losses go to `losses`."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        losses.append(step())
+        times.append(time.perf_counter() - t0)
+    return times
+
 
 def train_bench(a):
     torch.manual_seed(a.seed)
@@ -250,13 +260,8 @@ def train_bench(a):
             # The choice kiln makes for TorchScript training on the CPU.
             torch._C._set_graph_executor_optimize(False)
     params = sum(p.numel() for p in model.parameters())
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [g for g in ({"params": decay, "weight_decay": 0.01},
-                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
-    opt = torch.optim.AdamW(groups, lr=1e-3, fused=True)
-    forward = model
-    cache = None
+    opt = torch.optim.AdamW(adamw_groups(list(model.parameters())), lr=1e-3, fused=True)
+    forward, cache = model, None
     if a.compile:
         cache = inductor_cache()
         # default mode, as a user writes it; or --compile-mode reduce-overhead (CUDA graphs)
@@ -293,21 +298,13 @@ def train_bench(a):
     log(f"{a.model} {a.precision}: {params} parameters, batch {a.batch}, "
         f"{torch.get_num_threads()} threads; {a.warmup} warmup + {a.steps} timed steps")
     losses = []
-    warmup_times = []
     try:
-        for _ in range(a.warmup):
-            t0 = time.perf_counter()
-            losses.append(step())
-            warmup_times.append(time.perf_counter() - t0)
+        warmup_times = timed(a.warmup, step, losses)
     except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
         if not a.compile:
             raise
         return not_run(a, e)
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        losses.append(step())
-        times.append(time.perf_counter() - t0)
+    times = timed(a.steps, step, losses)
     phases = {"data_wait_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
     for _ in range(a.breakdown_steps):
         t0 = time.perf_counter()
@@ -324,33 +321,18 @@ def train_bench(a):
     flops_per_step = 3 * fwd_flops * a.batch
     result = {
         "framework": "pytorch-compile" if a.compile else "pytorch-eager",
-        "torch_version": torch.__version__,
-        "python": sys.version.split()[0],
-        "device": a.device,
-        "model": a.model,
-        "precision": a.precision,
+        "torch_version": torch.__version__, "python": sys.version.split()[0],
+        "device": a.device, "model": a.model, "precision": a.precision,
         "compile": compile_info(a, cache, warmup_times, median),
-        "batch": a.batch,
-        "threads": torch.get_num_threads(),
-        "config": model_config(a),
-        "params": params,
-        "forward_flops_per_sample": fwd_flops,
-        "flops_per_step": flops_per_step,
-        "warmup": a.warmup,
-        "steps": a.steps,
-        "first_step_s": warmup_times[0] if warmup_times else None,
-        "warmup_step_s": warmup_times,
-        "step_s_median": median,
-        "step_s_mean": statistics.fmean(times),
-        "step_s_min": min(times),
-        "step_s_max": max(times),
-        "samples_per_s": a.batch / median,
-        "gflops": flops_per_step / median / 1e9,
-        "loss_first": losses[0],
-        "loss_last": losses[-1],
-        "breakdown": breakdown,
-        "peak_memory_mib": memory,
-        "peak_memory_kind": memory_kind,
+        "batch": a.batch, "threads": torch.get_num_threads(), "config": model_config(a),
+        "params": params, "forward_flops_per_sample": fwd_flops, "flops_per_step": flops_per_step,
+        "warmup": a.warmup, "steps": a.steps,
+        "first_step_s": warmup_times[0] if warmup_times else None, "warmup_step_s": warmup_times,
+        "step_s_median": median, "step_s_mean": statistics.fmean(times),
+        "step_s_min": min(times), "step_s_max": max(times),
+        "samples_per_s": a.batch / median, "gflops": flops_per_step / median / 1e9,
+        "loss_first": losses[0], "loss_last": losses[-1], "breakdown": breakdown,
+        "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
     }
     log(f"median {median * 1e3:.2f} ms/step, {result['samples_per_s']:.1f} samples/s, "
         f"{result['gflops']:.1f} GFLOP/s")
@@ -396,26 +378,19 @@ def not_run(a, error):
             "config": model_config(a), "not_run": f"torch.compile failed: {reason}"}
 
 
-def export_script(a):
-    """Saves the model kiln's `probe --script` trains: built as `train_bench` builds it (same
-    seed, so the same initial weights), scripted in train mode."""
-    torch.manual_seed(a.seed)
-    model, _, _, _ = build(a)
-    torch.jit.script(model.train()).save(a.export_script)
-    return {"exported": a.export_script, "model": a.model,
-            "params": sum(p.numel() for p in model.parameters()), "config": model_config(a)}
-
-
-def export_program(a):
-    """Saves the model kiln's `probe --program` trains: built as `train_bench` builds it (same
-    seed, so the same initial weights), exported in train mode with a dynamic batch dimension
-    by torch.export, as a user ships it."""
+def export(a):
+    """Saves the model kiln's `probe --script` (or `--program`) trains: built as `train_bench`
+    builds it (same seed, so the same initial weights), in train mode, scripted (or exported by
+    torch.export with a dynamic batch dimension, as a user ships it)."""
     torch.manual_seed(a.seed)
     model, x, _, _ = build(a)
-    shapes = ({0: torch.export.Dim("batch")},)
-    ep = torch.export.export(model.train(), (x[:2],), dynamic_shapes=shapes)
-    torch.export.save(ep, a.export_program)
-    return {"exported": a.export_program, "model": a.model,
+    path = a.export_script or a.export_program
+    if a.export_script:
+        torch.jit.script(model.train()).save(path)
+    else:
+        shapes = ({0: torch.export.Dim("batch")},)
+        torch.export.save(torch.export.export(model.train(), (x[:2],), dynamic_shapes=shapes), path)
+    return {"exported": path, "model": a.model,
             "params": sum(p.numel() for p in model.parameters()), "config": model_config(a)}
 
 
@@ -432,44 +407,6 @@ def model_config(a):
             "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
 
 
-def gemm_bench(a):
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision, torch.float32)
-    device = torch.device(a.device)
-    torch.manual_seed(a.seed)
-    shapes = []
-    for m, k, n in a.gemm_shapes:
-        lhs = torch.randn(m, k, device=device).to(dtype)
-        rhs = torch.randn(k, n, device=device).to(dtype)
-        out = torch.empty(m, n, dtype=dtype, device=device)
-        for _ in range(a.gemm_warmup):
-            torch.mm(lhs, rhs, out=out)
-        times = []
-        for _ in range(a.gemm_iters):
-            sync(device)
-            t0 = time.perf_counter()
-            torch.mm(lhs, rhs, out=out)
-            sync(device)
-            times.append(time.perf_counter() - t0)
-        best = min(times)
-        gflops = 2 * m * k * n / best / 1e9
-        log(f"gemm {a.precision} {m}x{k}x{n}: best {best * 1e3:.2f} ms, {gflops:.1f} GFLOP/s")
-        shapes.append({"m": m, "k": k, "n": n, "s_min": best,
-                       "s_median": statistics.median(times), "gflops": gflops})
-    return {
-        "framework": "pytorch-eager",
-        "torch_version": torch.__version__,
-        "python": sys.version.split()[0],
-        "device": a.device,
-        "mode": "gemm",
-        "precision": a.precision,
-        "threads": torch.get_num_threads(),
-        "warmup": a.gemm_warmup,
-        "iters": a.gemm_iters,
-        "gemm_gflops": max(s["gflops"] for s in shapes),
-        "shapes": shapes,
-    }
-
-
 def optimizer_bench(a):
     """AdamW.step() alone, one implementation, over parameters of the given shapes."""
     device = torch.device(a.device)
@@ -477,13 +414,9 @@ def optimizer_bench(a):
     params = [torch.nn.Parameter(torch.randn(*s, device=device)) for s in a.shapes]
     for p in params:
         p.grad = torch.randn_like(p)
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [g for g in ({"params": decay, "weight_decay": 0.01},
-                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
     flags = {"fused": {"fused": True}, "foreach": {"foreach": True},
              "single": {"foreach": False, "fused": False}}[a.optimizer]
-    opt = torch.optim.AdamW(groups, lr=1e-3, **flags)
+    opt = torch.optim.AdamW(adamw_groups(params), lr=1e-3, **flags)
     for _ in range(a.warmup):
         opt.step()
     sync(device)
@@ -493,22 +426,12 @@ def optimizer_bench(a):
         opt.step()
         sync(device)
         times.append(time.perf_counter() - t0)
-    n = sum(p.numel() for p in params)
-    median = statistics.median(times)
+    n, median = sum(p.numel() for p in params), statistics.median(times)
     log(f"AdamW ({a.optimizer}) over {len(params)} tensors, {n} parameters: "
         f"median {median * 1e3:.3f} ms/step")
-    return {
-        "framework": "pytorch-eager",
-        "torch_version": torch.__version__,
-        "device": a.device,
-        "mode": "optimizer",
-        "impl": a.optimizer,
-        "tensors": len(params),
-        "params": n,
-        "threads": torch.get_num_threads(),
-        "step_s_median": median,
-        "step_s_min": min(times),
-    }
+    return {"framework": "pytorch-eager", "torch_version": torch.__version__, "device": a.device,
+            "mode": "optimizer", "impl": a.optimizer, "tensors": len(params), "params": n,
+            "threads": torch.get_num_threads(), "step_s_median": median, "step_s_min": min(times)}
 
 
 # --- command line -----------------------------------------------------------------------------
@@ -536,27 +459,12 @@ def shape_list(text):
     return shapes
 
 
-def gemm_shape_list(text):
-    shapes = []
-    for item in text.split(","):
-        parts = item.strip().lower().split("x")
-        try:
-            dims = tuple(int(v) for v in parts)
-        except ValueError:
-            dims = ()
-        if len(dims) != 3 or any(v <= 0 for v in dims):
-            raise argparse.ArgumentTypeError(f"expected MxKxN[,MxKxN...], got {item!r}")
-        shapes.append(dims)
-    return shapes
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=MODELS, default="transformer")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--steps", type=int, default=30)
+    for name, default in (("--batch", 32), ("--warmup", 5), ("--steps", 30)):
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads(N); default: leave torch's choice")
     p.add_argument("--seed", type=int, default=0)
@@ -567,13 +475,9 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--hidden", type=int_list, default=[256, 256],
                    help="mlp hidden widths, comma-separated (default 256,256)")
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--ff", type=int, default=1024)
-    p.add_argument("--image-size", type=int, default=32)
-    p.add_argument("--in-channels", type=int, default=3)
+    for name, default in (("--seq", 64), ("--d-model", 256), ("--heads", 8), ("--layers", 4),
+                          ("--ff", 1024), ("--image-size", 32), ("--in-channels", 3)):
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--channels-last", action="store_true",
                    help="convnet: model and input in torch.channels_last")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
@@ -599,21 +503,13 @@ def parse_args(argv=None):
                    help="train torch.compile(model) (default mode); compile time reported apart")
     p.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
                    help="--compile: torch.compile's mode (reduce-overhead replays CUDA graphs)")
-    p.add_argument("--gemm", action="store_true",
-                   help="measure GEMM peak (fp32, or bf16 with --precision bf16) instead")
-    p.add_argument("--gemm-shapes", type=gemm_shape_list,
-                   default=[(2048, 1024, 1024), (4096, 4096, 4096)],
-                   help="MxKxN,... (default 2048x1024x1024,4096x4096x4096)")
-    p.add_argument("--gemm-warmup", type=int, default=3)
-    p.add_argument("--gemm-iters", type=int, default=10)
     a = p.parse_args(argv)
 
-    positive = ["batch", "steps", "seq", "d_model", "heads", "layers", "ff", "image_size",
-                "in_channels", "gemm_iters"]
-    for name in positive:
+    for name in ("batch", "steps", "seq", "d_model", "heads", "layers", "ff", "image_size",
+                 "in_channels"):
         if getattr(a, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
-    for name in ("warmup", "gemm_warmup", "breakdown_steps"):
+    for name in ("warmup", "breakdown_steps"):
         if getattr(a, name) < 0:
             p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
     if a.threads is not None and a.threads <= 0:
@@ -628,7 +524,7 @@ def parse_args(argv=None):
         p.error("--compile needs --warmup >= 1 (the first step compiles) and no --script")
     if a.optimizer is not None and not a.shapes:
         p.error("--optimizer needs --shapes")
-    if a.gemm or a.optimizer is not None:
+    if a.optimizer is not None:
         return a
     if a.features is None:
         a.features = DEFAULT_FEATURES.get(a.model)
@@ -651,12 +547,8 @@ def main():
     a = parse_args()
     if a.threads is not None:
         torch.set_num_threads(a.threads)
-    if a.export_script:
-        result = export_script(a)
-    elif a.export_program:
-        result = export_program(a)
-    elif a.gemm:
-        result = gemm_bench(a)
+    if a.export_script or a.export_program:
+        result = export(a)
     elif a.optimizer is not None:
         result = optimizer_bench(a)
     else:

@@ -3,15 +3,123 @@
 
 use super::*;
 
+/// The load a server gets (the suite's settings): its batching limits, the closed-loop
+/// clients and requests, the runs per side, and the libtorch threads.
+#[derive(Debug, Clone)]
+pub(super) struct Load {
+    pub python: String,
+    pub max_batch: usize,
+    pub max_wait: Duration,
+    pub clients: usize,
+    pub requests: usize,
+    pub repeats: usize,
+    pub threads: usize,
+}
+
+/// A request body and its content type.
+pub(super) type Body = (Vec<u8>, &'static str);
+
+/// The one sample every request carries.
+pub(super) fn sample() -> Vec<f32> {
+    (0..FEATURES)
+        .map(|i| (i % 17) as f32 / 17.0 - 0.5)
+        .collect()
+}
+
+/// One measured run: a fresh server built by `factory` with `load`'s batching limits, then
+/// [`drive`].
+pub(super) fn measure(factory: RunnerFactory, load: &Load, body: &Body) -> Result<LoadReport> {
+    let config = ServeConfig {
+        port: 0,
+        max_batch: load.max_batch,
+        max_wait: load.max_wait,
+        ..ServeConfig::default()
+    };
+    let server = Server::start(config, factory).map_err(|e| e.to_string())?;
+    server.wait_ready().map_err(|e| e.to_string())?;
+    let report = drive(server.local_addr(), load, body);
+    server.shutdown().map_err(|e| e.to_string())?;
+    report
+}
+
+/// A warm-up, then the measured load, against `addr`.
+pub(super) fn drive(addr: SocketAddr, load: &Load, (body, kind): &Body) -> Result<LoadReport> {
+    let warm = (load.requests / 10).max(load.clients);
+    let run = |n| loadgen::run(addr, body.clone(), kind, load.clients, n);
+    run(warm).map_err(|e| e.to_string())?;
+    let report = run(load.requests).map_err(|e| e.to_string())?;
+    if report.errors > 0 {
+        return Err(format!(
+            "{} of {} requests to {addr} failed: {}",
+            report.errors,
+            report.requests,
+            report.first_error.unwrap_or_default()
+        ));
+    }
+    Ok(report)
+}
+
+/// Prints one run's figures.
+pub(super) fn print_run(side: &str, r: &LoadReport) {
+    eprintln!(
+        "  {side:<28} {:>8.0} req/s  p50 {:>7.2} ms  p95 {:>7.2} ms  p99 {:>7.2} ms",
+        r.throughput_rps, r.p50_ms, r.p95_ms, r.p99_ms
+    );
+}
+
+/// The medians of runs' figures, and the runs.
+pub(super) fn summary(reports: &[LoadReport]) -> Value {
+    let pick = |f: fn(&LoadReport) -> f64| median(reports.iter().map(f).collect());
+    json!({
+        "throughput_rps": pick(|r| r.throughput_rps),
+        "p50_ms": pick(|r| r.p50_ms),
+        "p95_ms": pick(|r| r.p95_ms),
+        "p99_ms": pick(|r| r.p99_ms),
+        "runs": reports,
+    })
+}
+
+/// A summary's figure at `key` (NaN where there is none).
+fn fig(summary: &Value, key: &str) -> f64 {
+    summary[key].as_f64().unwrap_or(f64::NAN)
+}
+
+/// The serving rows' figures: the summary's key and the row's metric.
+pub(super) const FIGURES: [(&str, &str); 4] = [
+    ("throughput_rps", "throughput"),
+    ("p50_ms", "p50 latency"),
+    ("p95_ms", "p95 latency"),
+    ("p99_ms", "p99 latency"),
+];
+
+/// Dynamic batching's throughput (goal: `at_least`× the baseline's) and p50/p95/p99 latency
+/// (goal: p95 at most 1.0×), summary `k` against `b`; the rows' names end in `suffix`.
+pub(super) fn load_rows(
+    group: &str,
+    suffix: &str,
+    baseline: &str,
+    (k, b): (&Value, &Value),
+    at_least: f64,
+) -> Vec<Comparison> {
+    let row = |(key, metric): (&str, &str)| {
+        let name = format!("dynamic batching {metric}{suffix}");
+        let figures = (fig(k, key), fig(b, key));
+        let row =
+            |unit, better| Comparison::new("serve", group, name, unit, better, figures, baseline);
+        match key {
+            "throughput_rps" => row("req/s", Better::Higher).at_least(at_least),
+            "p95_ms" => row("ms", Better::Lower).at_most(1.0),
+            _ => row("ms", Better::Lower),
+        }
+    };
+    FIGURES.into_iter().map(row).collect()
+}
+
 /// A factory for a server with `infer.engine = auto` over the bench model: the libtorch engine
 /// and ONNX Runtime over `onnx`, each batch-size bucket measured when the server starts (not
 /// cached); the choice's note goes to `note`.
-fn auto_factory(
-    max_batch: usize,
-    onnx: PathBuf,
-    threads: usize,
-    note: Arc<Mutex<Option<String>>>,
-) -> RunnerFactory {
+fn auto_factory(load: &Load, onnx: PathBuf, note: Arc<Mutex<Option<String>>>) -> RunnerFactory {
+    let (max_batch, threads) = (load.max_batch, load.threads);
     Box::new(move || {
         let torch = engine(Device::Cpu, AmpDtype::None, max_batch, CudaGraphs::Off)?;
         let onnx = onnx_engine(&onnx, Device::Cpu, max_batch, threads)?;
@@ -24,75 +132,26 @@ fn auto_factory(
     })
 }
 
-/// One measured run: a fresh server built by `factory`, a warm-up, then the load.
-fn measure(
-    factory: RunnerFactory,
-    max_batch: usize,
-    max_wait: Duration,
-    clients: usize,
-    requests: usize,
-) -> Result<LoadReport> {
-    let config = ServeConfig {
-        port: 0,
-        max_batch,
-        max_wait,
-        ..ServeConfig::default()
-    };
-    let server = Server::start(config, factory).map_err(|e| e.to_string())?;
-    server.wait_ready().map_err(|e| e.to_string())?;
-    let sample: Vec<f32> = (0..FEATURES)
-        .map(|i| (i % 17) as f32 / 17.0 - 0.5)
-        .collect();
-    let body = kiln_data::npy_f32_bytes(&[FEATURES], &sample)?;
-    let addr = server.local_addr();
-    loadgen::run(
-        addr,
-        body.clone(),
-        "application/x-npy",
-        clients,
-        (requests / 10).max(clients),
-    )
-    .map_err(|e| e.to_string())?;
-    let report = loadgen::run(addr, body, "application/x-npy", clients, requests)
-        .map_err(|e| e.to_string())?;
-    server.shutdown().map_err(|e| e.to_string())?;
-    if report.errors > 0 {
-        return Err(format!(
-            "{} of {} requests failed: {}",
-            report.errors,
-            report.requests,
-            report.first_error.unwrap_or_default()
-        ));
-    }
-    Ok(report)
-}
-
-fn summary(reports: &[LoadReport]) -> Value {
-    let pick = |f: fn(&LoadReport) -> f64| median(reports.iter().map(f).collect());
-    json!({
-        "throughput_rps": pick(|r| r.throughput_rps),
-        "p50_ms": pick(|r| r.p50_ms),
-        "p95_ms": pick(|r| r.p95_ms),
-        "p99_ms": pick(|r| r.p99_ms),
-        "runs": reports,
-    })
-}
-
 pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     let quick = a.quick;
-    let repeats = a.repeats_or(if quick { 1 } else { 3 }).max(1);
     let clients = a.clients.unwrap_or(32).max(1);
-    let requests = a
-        .requests
-        .unwrap_or(if quick { 2_000 } else { 6_000 })
-        .max(clients);
-    let max_batch = a.max_batch.unwrap_or(64).max(1);
     let max_wait_ms = a.max_wait_ms.unwrap_or(2.0);
-    let threads = a.threads_or(1).max(1);
+    let load = Load {
+        python: a.python.clone(),
+        max_batch: a.max_batch.unwrap_or(64).max(1),
+        max_wait: Duration::from_secs_f64(max_wait_ms / 1e3),
+        clients,
+        requests: a
+            .requests
+            .unwrap_or(if quick { 2_000 } else { 6_000 })
+            .max(clients),
+        repeats: a.repeats_or(if quick { 1 } else { 3 }).max(1),
+        threads: a.threads_or(1).max(1),
+    };
+    let (max_batch, requests, repeats, threads) =
+        (load.max_batch, load.requests, load.repeats, load.threads);
     let out_path = a.out_or("serve");
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
-    let max_wait = Duration::from_secs_f64(max_wait_ms / 1e3);
-
     eprintln!(
         "serve: mlp 784-1024-1024-10 fp32 on the CPU ({threads} libtorch thread(s)), {clients} \
          clients, {requests} requests of one .npy sample, {repeats} repeat(s)"
@@ -111,44 +170,29 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     }
     let onnx = exported.as_ref().ok();
     let auto_note = Arc::new(Mutex::new(None::<String>));
-    let sides = [Side::Dynamic, Side::Single, Side::Auto];
-    let mut runs = alternating(repeats, &sides, |_, side| {
-        let report = match (side, onnx) {
-            (Side::Dynamic, _) => {
-                measure(factory(max_batch), max_batch, max_wait, clients, requests)?
-            }
-            (Side::Single, _) => measure(factory(1), 1, Duration::ZERO, clients, requests)?,
-            (Side::Auto, Some(m)) => measure(
-                auto_factory(max_batch, m.path.clone(), threads, auto_note.clone()),
-                max_batch,
-                max_wait,
-                clients,
-                requests,
-            )?,
-            (Side::Auto, None) => return Ok(None),
+    let npy = kiln_data::npy_f32_bytes(&[FEATURES], &sample())?;
+    let body = (npy, "application/x-npy");
+    let single = Load {
+        max_batch: 1,
+        max_wait: Duration::ZERO,
+        ..load.clone()
+    };
+    // The measured sides: dynamic batching and one request at a time on the libtorch engine,
+    // and dynamic batching with `infer.engine = auto` where the model's ONNX export is here.
+    let dynamic = format!("dynamic batching (≤{max_batch}, {max_wait_ms} ms)");
+    let mut sides = vec![(dynamic.as_str(), &load, None)];
+    sides.push(("batch size 1", &single, None));
+    sides.extend(onnx.map(|m| ("engine = auto, dynamic batching", &load, Some(m))));
+    let runs = alternating(repeats, &sides, |_, (name, load, onnx)| {
+        let factory = match onnx {
+            Some(m) => auto_factory(load, m.path.clone(), auto_note.clone()),
+            None => factory(load.max_batch),
         };
-        eprintln!(
-            "  {:<28} {:>8.0} req/s  p50 {:>7.2} ms  p95 {:>7.2} ms  p99 {:>7.2} ms",
-            match side {
-                Side::Dynamic => format!("dynamic batching (≤{max_batch}, {max_wait_ms} ms)"),
-                Side::Single => "batch size 1".to_owned(),
-                Side::Auto => "engine = auto, dynamic batching".to_owned(),
-            },
-            report.throughput_rps,
-            report.p50_ms,
-            report.p95_ms,
-            report.p99_ms
-        );
+        let report = measure(factory, load, &body)?;
+        print_run(name, &report);
         Ok(Some(report))
     })?;
-    let (auto, single, dynamic) = (
-        runs.pop().unwrap_or_default(),
-        runs.pop().unwrap_or_default(),
-        runs.pop().unwrap_or_default(),
-    );
-    let d = summary(&dynamic);
-    let s = summary(&single);
-    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let (d, s) = (summary(&runs[0]), summary(&runs[1]));
     let mut out = SuiteOutput::new(
         "serve",
         &format!(
@@ -161,32 +205,8 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
         ),
     );
     let baseline = "kiln serving at batch size 1";
-    out.push(
-        Comparison::new(
-            "serve",
-            "serving",
-            "dynamic batching throughput",
-            "req/s",
-            Better::Higher,
-            (f(&d, "throughput_rps"), f(&s, "throughput_rps")),
-            baseline,
-        )
-        .at_least(2.0),
-    );
-    for (key, goal) in [("p50_ms", None), ("p95_ms", Some(1.0)), ("p99_ms", None)] {
-        let c = Comparison::new(
-            "serve",
-            "serving",
-            format!("dynamic batching {} latency", key.trim_end_matches("_ms")),
-            "ms",
-            Better::Lower,
-            (f(&d, key), f(&s, key)),
-            baseline,
-        );
-        out.push(match goal {
-            Some(g) => c.at_most(g),
-            None => c,
-        });
+    for row in load_rows("serving", "", baseline, (&d, &s), 2.0) {
+        out.push(row);
     }
     let auto_note = auto_note.lock().ok().and_then(|n| n.clone());
     if let Some(note) = &auto_note {
@@ -194,8 +214,11 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     }
     let auto_summary = match &exported {
         Ok(m) => {
-            let x = summary(&auto);
-            push_auto_rows(&mut out, &x, &d, m, auto_note.as_deref());
+            let x = summary(&runs[2]);
+            let note = auto_note
+                .as_deref()
+                .unwrap_or("the server did not report its choice");
+            push_auto_rows(&mut out, (&x, &d), m, &json!(note));
             x
         }
         Err(why) => {
@@ -204,15 +227,6 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
         }
     };
     // The serving peer: LitServe on the same model, limits and load (JSON requests).
-    let load = super::peer::Load {
-        python: a.python.clone(),
-        max_batch,
-        max_wait,
-        clients,
-        requests,
-        repeats,
-        threads,
-    };
     super::peer::compare(&mut out, &load)?;
     out.details = json!({
         "model": "mlp 784-1024-1024-10 fp32, cpu",
@@ -231,59 +245,29 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     out.write(&out_path)
 }
 
-/// One of the serve suite's measured sides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    /// Dynamic batching on the libtorch engine.
-    Dynamic,
-    /// One request at a time on the libtorch engine.
-    Single,
-    /// Dynamic batching with `infer.engine = auto` (libtorch or ONNX Runtime per bucket).
-    Auto,
-}
-
 /// The `engine = auto` rows' name (throughput; the p95 row adds its metric).
 const AUTO_ROW: &str = "serve engine=auto vs dynamic batching (libtorch)";
 
 /// `engine = auto` (summary `x`) against dynamic batching on libtorch (`d`): throughput and p95,
 /// with the automatic choice's note.
-fn push_auto_rows(
-    out: &mut SuiteOutput,
-    x: &Value,
-    d: &Value,
-    onnx: &OnnxModel,
-    note: Option<&str>,
-) {
-    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+fn push_auto_rows(out: &mut SuiteOutput, (x, d): (&Value, &Value), onnx: &OnnxModel, note: &Value) {
     let baseline = "kiln serving with dynamic batching, libtorch engine";
-    let note = json!(note.unwrap_or("the server did not report its choice"));
-    let both = |key: &str| json!({"auto": f(x, key), "libtorch": f(d, key)});
-    out.push(
-        Comparison::new(
-            "serve",
-            "serving",
-            AUTO_ROW,
-            "req/s",
-            Better::Higher,
-            (f(x, "throughput_rps"), f(d, "throughput_rps")),
-            baseline,
-        )
-        .detail("engine_auto", note.clone())
-        .detail("p95_ms", both("p95_ms"))
-        .detail("p50_ms", both("p50_ms"))
-        .detail("onnx", onnx.details()),
-    );
-    out.push(
-        Comparison::new(
-            "serve",
-            "serving",
-            format!("{AUTO_ROW} p95 latency"),
-            "ms",
-            Better::Lower,
-            (f(x, "p95_ms"), f(d, "p95_ms")),
-            baseline,
-        )
-        .detail("engine_auto", note)
-        .detail("throughput_rps", both("throughput_rps")),
-    );
+    let both = |key: &str| json!({"auto": fig(x, key), "libtorch": fig(d, key)});
+    let rows = [
+        ("", "throughput_rps", "req/s", Better::Higher),
+        (" p95 latency", "p95_ms", "ms", Better::Lower),
+    ];
+    for (metric, key, unit, better) in rows {
+        let name = format!("{AUTO_ROW}{metric}");
+        let figures = (fig(x, key), fig(d, key));
+        let row = Comparison::new("serve", "serving", name, unit, better, figures, baseline)
+            .detail("engine_auto", note.clone());
+        out.push(match key {
+            "throughput_rps" => row
+                .detail("p95_ms", both("p95_ms"))
+                .detail("p50_ms", both("p50_ms"))
+                .detail("onnx", onnx.details()),
+            _ => row.detail("throughput_rps", both("throughput_rps")),
+        });
+    }
 }

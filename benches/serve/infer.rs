@@ -7,29 +7,22 @@ use super::*;
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
 pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     let device = a.device.unwrap_or_else(Device::cuda_if_available);
-    let precision = a.precision;
-    let batch = a.batch.max(1);
-    let batches = a.batches.max(1);
-    let warmup = a.warmup;
-    let threads = a.threads.max(1);
-    let graphs = a.graphs;
+    let (batch, batches, threads) = (a.batch.max(1), a.batches.max(1), a.threads.max(1));
     kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
     // The engine is ready once it has run its first (warm-up) batch.
     let start = Instant::now();
     let (mut runner, graphs): (Box<dyn Runner>, String) = match a.engine {
         ProbeEngine::Libtorch => {
-            let engine = engine(device, precision, batch, graphs)?;
+            let engine = engine(device, a.precision, batch, a.graphs)?;
             let graphs = format!("{:?}", engine.graph_status());
             (Box::new(engine), graphs)
         }
         ProbeEngine::Onnxruntime => {
-            if precision != AmpDtype::None {
+            if a.precision != AmpDtype::None {
                 return Err("--engine onnxruntime runs the ONNX file in fp32 only".to_owned());
             }
-            let path = a
-                .onnx
-                .as_deref()
-                .ok_or("--engine onnxruntime needs --onnx FILE")?;
+            let path = a.onnx.as_deref();
+            let path = path.ok_or("--engine onnxruntime needs --onnx FILE")?;
             let engine = onnx_engine(path, device, batch, threads)?;
             let graphs = engine.cuda_graphs();
             (Box::new(engine), graphs)
@@ -37,14 +30,13 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     };
     let first_batch = start.elapsed().as_secs_f64();
     let inputs = probe_inputs(batch)?;
-    let mut times = vec![];
-    let mut last = vec![];
-    for i in 0..warmup + batches {
+    let (mut times, mut last) = (vec![], vec![]);
+    for i in 0..a.warmup + batches {
         let start = Instant::now();
         // `run` returns host outputs, so it has waited for the device.
         let (outputs, shape) =
             Runner::run(&mut runner, &inputs, batch).map_err(|e| e.to_string())?;
-        if i >= warmup {
+        if i >= a.warmup {
             times.push(start.elapsed().as_secs_f64());
         }
         if shape != [10] || outputs.len() != batch * 10 || outputs.iter().any(|v| !v.is_finite()) {
@@ -72,45 +64,26 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
             json!(max_abs_vs(&mut torch, &inputs, batch, &last)?)
         }
     };
-    println!(
-        "{}",
-        json!({
-            "framework": "kiln",
-            "engine": runner.engine(),
-            "max_abs_vs_libtorch": max_abs,
-            "device": device_name(device),
-            "precision": precision.as_str(),
-            "batch": batch,
-            "batches": batches,
-            "threads": threads,
-            "graphs": graphs,
-            "first_batch_s": first_batch,
-            "samples_per_s": (batch * batches) as f64 / total,
-            "p50_ms": median(times.clone()) * 1e3,
-            "p95_ms": pct(95.0),
-            "p99_ms": pct(99.0),
-            "peak_memory_mib": memory,
-            "peak_memory_kind": memory_kind,
-        })
-    );
+    let run = json!({
+        "framework": "kiln",
+        "engine": runner.engine(),
+        "max_abs_vs_libtorch": max_abs,
+        "device": device_name(device),
+        "precision": a.precision.as_str(),
+        "batch": batch,
+        "batches": batches,
+        "threads": threads,
+        "graphs": graphs,
+        "first_batch_s": first_batch,
+        "samples_per_s": (batch * batches) as f64 / total,
+        "p50_ms": median(times) * 1e3,
+        "p95_ms": pct(95.0),
+        "p99_ms": pct(99.0),
+        "peak_memory_mib": memory,
+        "peak_memory_kind": memory_kind,
+    });
+    println!("{run}");
     Ok(())
-}
-
-/// kiln's inference precision on `device` when the user sets none (`infer.precision` from the
-/// hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
-fn auto_precision(device: Device) -> Result<AmpDtype> {
-    let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probed(
-        kiln_device::probe::probe().map_err(|e| e.to_string())?,
-    ));
-    req.sets = vec![format!(
-        "device.request={}",
-        if device.is_cuda() { "cuda" } else { "cpu" }
-    )];
-    Ok(kiln_config::load(&req)
-        .map_err(|e| e.to_string())?
-        .plan
-        .infer
-        .precision)
 }
 
 /// The infer suite's settings, as the probes' command-line values.
@@ -120,10 +93,12 @@ struct InferOpts {
     threads: String,
     dev: String,
     python: String,
-    me: std::path::PathBuf,
+    me: PathBuf,
     warmup: &'static str,
     batches: &'static str,
     graphs: &'static str,
+    /// kiln's automatic precision here (fp32 or bf16).
+    auto: &'static str,
     /// The bench model's ONNX export, where it could be made and run here.
     onnx: Option<OnnxModel>,
 }
@@ -137,58 +112,60 @@ struct TorchSide {
 }
 
 impl TorchSide {
+    /// PyTorch eager at `precision`, under `no_grad` or (PyTorch's default) `inference_mode`.
+    fn eager(precision: &'static str, no_grad: bool) -> Self {
+        Self {
+            precision,
+            no_grad,
+            compile: false,
+        }
+    }
+
     /// What it runs, for the row's baseline name.
     fn describe(self) -> String {
-        let weights = if self.precision == "fp32" {
-            "fp32".to_owned()
-        } else {
-            format!("{} weights (model.to, no autocast)", self.precision)
+        let weights = match self.precision {
+            "fp32" => "fp32".to_owned(),
+            p => format!("{p} weights (model.to, no autocast)"),
         };
-        format!(
-            "{} {weights}, {}",
-            if self.compile {
-                "torch.compile(model), default mode,"
-            } else {
-                "PyTorch eager"
-            },
-            if self.no_grad {
-                "no_grad"
-            } else {
-                "inference_mode"
-            }
-        )
+        let how = match self.compile {
+            true => "torch.compile(model), default mode,",
+            false => "PyTorch eager",
+        };
+        let grad = match self.no_grad {
+            true => "no_grad",
+            false => "inference_mode",
+        };
+        format!("{how} {weights}, {grad}")
     }
 }
 
+/// One probe of an infer measurement: kiln's engine (ONNX Runtime over the file where there is
+/// one) or a PyTorch side.
+#[derive(Clone, Copy)]
+enum Probe<'a> {
+    Kiln(Option<&'a Path>),
+    Torch(TorchSide),
+}
+
 impl InferOpts {
-    fn kiln(&self, precision: &str, batch: usize) -> Command {
+    /// kiln's probe at `precision`, or with `onnx` the ONNX Runtime probe at fp32.
+    fn kiln(&self, precision: &str, batch: usize, onnx: Option<&Path>) -> Command {
         let mut c = Command::new(&self.me);
-        c.args(["serve", "infer-probe"])
-            .args(["--precision", precision, "--batch", &batch.to_string()])
-            .args(["--warmup", self.warmup, "--batches", self.batches])
-            .args(["--threads", &self.threads, "--device", &self.dev])
-            .args(["--graphs", self.graphs]);
+        c.args(["serve", "infer-probe"]);
+        if let Some(onnx) = onnx {
+            c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx);
+        }
+        self.settings(&mut c, precision, batch);
+        if onnx.is_none() {
+            c.args(["--graphs", self.graphs]);
+        }
         c
     }
 
-    /// The ONNX Runtime probe: the same timing as [`InferOpts::kiln`] at fp32 over `onnx`.
-    fn onnxruntime(&self, onnx: &Path, batch: usize) -> Command {
-        let mut c = Command::new(&self.me);
-        c.args(["serve", "infer-probe"])
-            .args(["--engine", "onnxruntime", "--onnx"])
-            .arg(onnx)
-            .args(["--precision", "fp32", "--batch", &batch.to_string()])
-            .args(["--warmup", self.warmup, "--batches", self.batches])
-            .args(["--threads", &self.threads, "--device", &self.dev]);
-        c
-    }
-
-    fn torch(&self, side: TorchSide, batch: usize, cache: &std::path::Path) -> Command {
+    fn torch(&self, side: TorchSide, batch: usize, cache: &Path) -> Command {
         let mut c = Command::new(&self.python);
-        c.arg(bench_root().join("python/infer_step.py"))
-            .args(["--precision", side.precision, "--batch", &batch.to_string()])
-            .args(["--warmup", self.warmup, "--batches", self.batches])
-            .args(["--threads", &self.threads, "--device", &self.dev]);
+        c.arg(bench_root().join("python/infer_step.py"));
+        self.settings(&mut c, side.precision, batch);
         if side.no_grad {
             c.args(["--grad-mode", "no_grad"]);
         }
@@ -199,6 +176,13 @@ impl InferOpts {
                 .env("TMPDIR", cache.join("tmp"));
         }
         c
+    }
+
+    /// The options every probe gets.
+    fn settings(&self, c: &mut Command, precision: &str, batch: usize) {
+        c.args(["--precision", precision, "--batch", &batch.to_string()])
+            .args(["--warmup", self.warmup, "--batches", self.batches])
+            .args(["--threads", &self.threads, "--device", &self.dev]);
     }
 
     /// kiln at `precision`, each PyTorch side at `batch` and, with `onnx`, the ONNX Runtime
@@ -219,21 +203,16 @@ impl InferOpts {
             std::fs::create_dir_all(cache.join("tmp"))
                 .map_err(|e| format!("{}: {e}", cache.display()))?;
         }
-        let kiln = || self.kiln(precision, batch);
-        let torch: Vec<Box<dyn Fn() -> Command + '_>> = sides
-            .iter()
-            .map(|&s| {
-                let cache = cache.clone();
-                Box::new(move || self.torch(s, batch, &cache)) as Box<dyn Fn() -> Command>
-            })
-            .collect();
-        let ort = onnx.map(|path| move || self.onnxruntime(path, batch));
-        let mut cmds: Vec<&dyn Fn() -> Command> = vec![&kiln];
-        cmds.extend(torch.iter().map(|c| c.as_ref() as &dyn Fn() -> Command));
-        if let Some(ort) = &ort {
-            cmds.push(ort);
-        }
-        let runs = interleaved(self.repeats, &cmds);
+        let mut probes = vec![Probe::Kiln(None)];
+        probes.extend(sides.iter().map(|&s| Probe::Torch(s)));
+        probes.extend(onnx.map(|path| Probe::Kiln(Some(path))));
+        let runs = alternating(self.repeats, &probes, |_, probe| {
+            let cmd = match probe {
+                Probe::Kiln(onnx) => self.kiln(precision, batch, onnx),
+                Probe::Torch(side) => self.torch(side, batch, &cache),
+            };
+            run_json(cmd).map(Some)
+        });
         let _ = std::fs::remove_dir_all(&cache);
         runs
     }
@@ -248,104 +227,53 @@ fn headline(batch: usize) -> (&'static str, &'static str, &'static str, Better) 
     }
 }
 
+/// Both sides' medians at `key`, for details.
+fn both(key: &str, (k, t): (&[Value], &[Value])) -> Value {
+    json!({"kiln": median_of(k, key), "baseline": median_of(t, key)})
+}
+
 /// One infer row: kiln's runs `k` against PyTorch's `t`, each side's settings in details.
 fn infer_row(
     name: String,
     batch: usize,
     (k, t): (&[Value], &[Value]),
-    side: TorchSide,
-    what: &str,
+    (side, what): Side,
 ) -> Comparison {
     let (_, key, unit, better) = headline(batch);
-    let other = if key == "p50_ms" {
-        "samples_per_s"
-    } else {
-        "p50_ms"
+    let other = match key {
+        "p50_ms" => "samples_per_s",
+        _ => "p50_ms",
     };
-    Comparison::new(
-        "infer",
-        "inference",
-        name,
-        unit,
-        better,
-        (median_of(k, key), median_of(t, key)),
-        format!("{} ({what})", side.describe()),
-    )
-    .detail("batch_size", json!(batch))
-    .detail(
-        "kiln",
-        json!({"precision": k[0]["precision"], "path": kiln_path(&k[0]),
-               "grad_mode": "no_grad", "threads": k[0]["threads"], "graphs": k[0]["graphs"]}),
-    )
-    .detail(
-        "baseline",
-        json!({"runs": side.describe(), "precision": side.precision,
-               "grad_mode": t[0]["grad_mode"], "threads": t[0]["threads"]}),
-    )
-    .detail(
-        other,
-        json!({"kiln": median_of(k, other), "baseline": median_of(t, other)}),
-    )
-    .detail(
-        "p95_ms",
-        json!({"kiln": median_of(k, "p95_ms"), "baseline": median_of(t, "p95_ms")}),
-    )
-}
-
-/// How kiln's engine computes at the precision of probe run `k`.
-fn kiln_path(k: &Value) -> String {
-    match k["precision"].as_str() {
+    let precision = k[0]["precision"].as_str();
+    let path = match precision {
         Some("fp32") | None => "fp32 weights and inputs".to_owned(),
         Some(p) => format!("weights converted to {p} once, inputs cast, no autocast"),
-    }
-}
-
-/// kiln's first batch (building the engine: model, weights in precision, one warm-up batch)
-/// against `torch.compile`'s (compiling the forward), from an empty inductor cache.
-fn compile_time_row(name: &str, batch: usize, (k, t): (&[Value], &[Value])) -> Comparison {
-    let cold: Vec<f64> = t
-        .iter()
-        .filter(|r| r["compile"]["inductor_cache"] == "cold")
-        .filter_map(|r| r["compile"]["first_batch_s"].as_f64())
-        .collect();
-    let warm: Vec<f64> = t
-        .iter()
-        .filter(|r| r["compile"]["inductor_cache"] == "warm")
-        .filter_map(|r| r["compile"]["first_batch_s"].as_f64())
-        .collect();
-    let first = if cold.is_empty() {
-        median_of(t, "first_batch_s")
-    } else {
-        median(cold.clone())
     };
-    Comparison::new(
-        "infer",
-        "compile time",
-        name.replacen(headline(batch).0, "first batch (compile time)", 1),
-        "s",
-        Better::Lower,
-        (median_of(k, "first_batch_s"), first),
-        format!(
-            "torch.compile first batch, {}",
-            if cold.is_empty() {
-                "inductor's caches warm"
-            } else {
-                "inductor's caches empty (a user's first compile here)"
-            }
-        ),
-    )
-    .detail("batch_size", json!(batch))
-    .detail(
-        "compile",
-        json!({"mode": "default", "cold_first_batch_s": cold, "warm_first_batch_s": warm,
-               "compile_s": t.iter().map(|r| r["compile"]["compile_s"].clone())
-                   .collect::<Vec<_>>(),
-               "kiln_first_batch": "building the engine (model, weights, a warm-up batch)"}),
-    )
+    let figures = (median_of(k, key), median_of(t, key));
+    let baseline = format!("{} ({what})", side.describe());
+    Comparison::new("infer", "inference", name, unit, better, figures, baseline)
+        .detail("batch_size", json!(batch))
+        .detail(
+            "kiln",
+            json!({"precision": k[0]["precision"], "path": path, "grad_mode": "no_grad",
+                   "threads": k[0]["threads"], "graphs": k[0]["graphs"]}),
+        )
+        .detail(
+            "baseline",
+            json!({"runs": side.describe(), "precision": side.precision,
+                   "grad_mode": t[0]["grad_mode"], "threads": t[0]["threads"]}),
+        )
+        .detail(other, both(other, (k, t)))
+        .detail("p95_ms", both("p95_ms", (k, t)))
 }
 
-/// The `torch.compile` rows of `label` at `batch` (its step row and its compile-time row), or
-/// why compile could not run here.
+/// A PyTorch side and what it is to kiln's, for a row's baseline name.
+type Side = (TorchSide, &'static str);
+
+/// The `torch.compile` rows of `label` at `batch`, or why compile could not run here: its
+/// step row, and kiln's first batch (building the engine: model, weights in precision, one
+/// warm-up batch) against `torch.compile`'s (compiling the forward), from an empty inductor
+/// cache.
 fn push_compile_rows(
     out: &mut SuiteOutput,
     label: &str,
@@ -353,22 +281,42 @@ fn push_compile_rows(
     (k, t): (&[Value], &[Value]),
     side: TorchSide,
 ) {
-    let name = format!(
-        "{label} vs torch.compile {}, same computation",
-        side.precision
-    );
+    let p = side.precision;
+    let name = format!("{label} vs torch.compile {p}, same computation");
     if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
         out.skip(&name, &format!("not run: {reason}"));
         return;
     }
-    out.push(infer_row(
-        name.clone(),
-        batch,
-        (k, t),
-        side,
-        "kiln's precision and no_grad",
+    let what = "kiln's precision and no_grad";
+    out.push(infer_row(name.clone(), batch, (k, t), (side, what)));
+    let firsts = |cache: &str| -> Vec<f64> {
+        let runs = t.iter().filter(|r| r["compile"]["inductor_cache"] == cache);
+        runs.filter_map(|r| r["compile"]["first_batch_s"].as_f64())
+            .collect()
+    };
+    let (cold, warm) = (firsts("cold"), firsts("warm"));
+    let (first, caches) = if cold.is_empty() {
+        (median_of(t, "first_batch_s"), "inductor's caches warm")
+    } else {
+        let empty = "inductor's caches empty (a user's first compile here)";
+        (median(cold.clone()), empty)
+    };
+    let compile_s: Vec<&Value> = t.iter().map(|r| &r["compile"]["compile_s"]).collect();
+    let row = Comparison::new(
+        "infer",
+        "compile time",
+        name.replacen(headline(batch).0, "first batch (compile time)", 1),
+        "s",
+        Better::Lower,
+        (median_of(k, "first_batch_s"), first),
+        format!("torch.compile first batch, {caches}"),
+    );
+    out.push(row.detail("batch_size", json!(batch)).detail(
+        "compile",
+        json!({"mode": "default", "cold_first_batch_s": cold, "warm_first_batch_s": warm,
+               "compile_s": compile_s,
+               "kiln_first_batch": "building the engine (model, weights, a warm-up batch)"}),
     ));
-    out.push(compile_time_row(&name, batch, (k, t)));
 }
 
 pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
@@ -376,6 +324,11 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     let device = a.device();
     let out_path = a.out_or("infer");
     let threads = a.threads_or(2).max(1);
+    // kiln's inference precision here when the user sets none (`infer.precision` from the
+    // hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
+    let request = if device.is_cuda() { "cuda" } else { "cpu" };
+    let resolved = resolve(&[format!("device.request={request}")])?;
+    let auto = resolved.plan.infer.precision.as_str();
     let mut o = InferOpts {
         quick,
         repeats: a.repeats_or(if quick { 1 } else { 3 }).max(1),
@@ -386,9 +339,9 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
         warmup: if quick { "5" } else { "20" },
         batches: if quick { "30" } else { "200" },
         graphs: if device.is_cuda() { "on" } else { "off" },
+        auto,
         onnx: None,
     };
-    let auto = auto_precision(device)?.as_str();
     let mut out = SuiteOutput::new(
         "infer",
         &format!(
@@ -418,19 +371,15 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     }
     let mut runs = vec![];
     for batch in [64, 1] {
-        runs.extend(infer_batch(&o, &mut out, auto, batch)?);
+        runs.extend(infer_batch(&o, &mut out, batch)?);
     }
     if !device.is_cuda() {
-        out.skip(
-            "CUDA-graph latency",
-            "needs a CUDA GPU; this machine has none",
-        );
+        let why = "needs a CUDA GPU; this machine has none";
+        out.skip("CUDA-graph latency", why);
     }
     if quick {
-        out.skip(
-            "torch.compile rows",
-            "left out of --quick: compiling takes minutes",
-        );
+        let why = "left out of --quick: compiling takes minutes";
+        out.skip("torch.compile rows", why);
     }
     runs.extend(infer_sweep(&o, &mut out, a.batch_sizes())?);
     out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
@@ -442,91 +391,57 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
 /// The rows at one batch size: kiln fp32 and kiln at its automatic precision `auto`, each
 /// against the same computation in PyTorch, PyTorch's default, and (not `--quick`)
 /// `torch.compile` at kiln's automatic precision.
-fn infer_batch(
-    o: &InferOpts,
-    out: &mut SuiteOutput,
-    auto: &'static str,
-    batch: usize,
-) -> Result<Vec<Value>> {
+fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec<Value>> {
+    let auto = o.auto;
     let (metric, ..) = headline(batch);
-    let graphs = if o.graphs == "on" {
-        ", CUDA graphs"
-    } else {
-        ""
+    let graphs = match o.graphs {
+        "on" => ", CUDA graphs",
+        _ => "",
     };
     let same = "the same computation as kiln's engine";
-    let eager = |precision, no_grad| TorchSide {
-        precision,
-        no_grad,
-        compile: false,
-    };
+    let default = TorchSide::eager("fp32", false);
     let compiled = TorchSide {
         compile: true,
-        ..eager(auto, true)
+        ..TorchSide::eager(auto, true)
     };
-    let fp32_default = eager("fp32", false);
-    let mut fp32_sides = vec![eager("fp32", true), fp32_default];
-    if auto == "fp32" && !o.quick {
-        fp32_sides.push(compiled);
-    }
+    let compile = (!o.quick).then_some(compiled);
+    let fp32_same = TorchSide::eager("fp32", true);
+    let mut fp32_sides = vec![fp32_same, default];
+    fp32_sides.extend(compile.filter(|_| auto == "fp32"));
     let onnx = o.onnx.as_ref().filter(|_| ONNX_BATCHES.contains(&batch));
     let mut r = o.runs("fp32", batch, &fp32_sides, onnx.map(|m| m.path.as_path()))?;
-    let ort = if onnx.is_some() { r.pop() } else { None };
+    let ort = onnx.and_then(|_| r.pop());
     let fp32 = format!("mlp fp32 b={batch} {metric}{graphs}");
-    out.push(infer_row(
-        format!("{fp32}, same computation"),
-        batch,
-        (&r[0], &r[1]),
-        fp32_sides[0],
-        same,
-    ));
+    let name = format!("{fp32}, same computation");
+    out.push(infer_row(name, batch, (&r[0], &r[1]), (fp32_same, same)));
     if let (Some(m), Some(ort)) = (onnx, &ort) {
-        out.push(onnx_row(batch, (ort, &r[0], &r[1]), fp32_sides[0], m));
+        out.push(onnx_row(batch, (ort, &r[0], &r[1]), fp32_same, m));
     }
-    out.push(infer_row(
-        format!("{fp32} (PyTorch default: inference_mode)"),
-        batch,
-        (&r[0], &r[2]),
-        fp32_default,
-        "PyTorch default",
-    ));
+    let name = format!("{fp32} (PyTorch default: inference_mode)");
+    let side = (default, "PyTorch default");
+    out.push(infer_row(name, batch, (&r[0], &r[2]), side));
+    let mut runs = vec![json!({"precision": "fp32", "batch": batch, "kiln": r[0],
+                               "torch": &r[1..], "onnxruntime": ort})];
     if auto == "fp32" {
         if let Some(t) = r.get(3) {
             push_compile_rows(out, &fp32, batch, (&r[0], t), compiled);
         }
-        return Ok(vec![
-            json!({"precision": "fp32", "batch": batch, "kiln": r[0], "torch": &r[1..],
-                   "onnxruntime": ort}),
-        ]);
+        return Ok(runs);
     }
-    let mut auto_sides = vec![eager(auto, true)];
-    if !o.quick {
-        auto_sides.push(compiled);
-    }
+    let auto_same = TorchSide::eager(auto, true);
+    let auto_sides: Vec<TorchSide> = std::iter::once(auto_same).chain(compile).collect();
     let a = o.runs(auto, batch, &auto_sides, None)?;
     let label = format!("mlp auto ({auto}) b={batch} {metric}{graphs}");
-    out.push(infer_row(
-        format!("{label} vs PyTorch {auto}, same computation"),
-        batch,
-        (&a[0], &a[1]),
-        auto_sides[0],
-        same,
-    ));
-    out.push(infer_row(
-        format!("{label} vs PyTorch fp32 (PyTorch default: fp32, inference_mode)"),
-        batch,
-        (&a[0], &r[2]),
-        fp32_default,
-        "PyTorch default: fp32 unless the user converts the model",
-    ));
+    let name = format!("{label} vs PyTorch {auto}, same computation");
+    out.push(infer_row(name, batch, (&a[0], &a[1]), (auto_same, same)));
+    let name = format!("{label} vs PyTorch fp32 (PyTorch default: fp32, inference_mode)");
+    let what = "PyTorch default: fp32 unless the user converts the model";
+    out.push(infer_row(name, batch, (&a[0], &r[2]), (default, what)));
     if let Some(t) = a.get(2) {
         push_compile_rows(out, &label, batch, (&a[0], t), compiled);
     }
-    Ok(vec![
-        json!({"precision": "fp32", "batch": batch, "kiln": r[0], "torch": &r[1..],
-               "onnxruntime": ort}),
-        json!({"precision": auto, "batch": batch, "kiln": a[0], "torch": &a[1..]}),
-    ])
+    runs.push(json!({"precision": auto, "batch": batch, "kiln": a[0], "torch": &a[1..]}));
+    Ok(runs)
 }
 
 /// The batch sizes with an onnxruntime row.
@@ -542,92 +457,61 @@ fn onnx_row(
     onnx: &OnnxModel,
 ) -> Comparison {
     let (metric, key, ..) = headline(batch);
-    let libtorch = median_of(k, key);
-    let max_abs = ort
-        .iter()
-        .map(|r| r["max_abs_vs_libtorch"].as_f64().unwrap_or(f64::NAN))
-        .fold(0.0_f64, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(d)
-            }
-        });
-    let row = infer_row(
-        format!("mlp fp32 b={batch} {metric}, onnxruntime"),
-        batch,
-        (ort, t),
-        side,
-        "the same computation as the ONNX model",
-    )
-    .detail(
-        "kiln",
-        json!({"engine": ort[0]["engine"], "precision": "fp32",
-               "path": "kiln's MLP exported to ONNX (opset 17), run by kiln's ONNX engine",
-               "threads": ort[0]["threads"], "graphs": ort[0]["graphs"]}),
-    )
-    .detail(
-        "libtorch",
-        json!({key: libtorch, "onnxruntime_over_libtorch": median_of(ort, key) / libtorch,
-               "runs": "kiln's libtorch engine, fp32, the same batches (its own row above)"}),
-    )
-    .detail(
-        "same_function",
-        json!({"max_abs_diff_vs_libtorch": max_abs, "batch": batch,
-               "what": "ONNX Runtime's outputs against kiln's libtorch engine on the timed \
-                        batch (the same weights); PyTorch eager runs the same MLP architecture \
-                        in fp32 under no_grad"}),
-    )
-    .detail("onnx", onnx.details());
+    let (libtorch, ratio) = (median_of(k, key), median_of(ort, key) / median_of(k, key));
+    let diffs = ort.iter().map(|r| r["max_abs_vs_libtorch"].as_f64());
+    let max_abs = nan_max(diffs.map(|d| d.unwrap_or(f64::NAN)));
+    let name = format!("mlp fp32 b={batch} {metric}, onnxruntime");
+    let side = (side, "the same computation as the ONNX model");
+    let row = infer_row(name, batch, (ort, t), side)
+        .detail(
+            "kiln",
+            json!({"engine": ort[0]["engine"], "precision": "fp32",
+                   "path": "kiln's MLP exported to ONNX (opset 17), run by kiln's ONNX engine",
+                   "threads": ort[0]["threads"], "graphs": ort[0]["graphs"]}),
+        )
+        .detail(
+            "libtorch",
+            json!({key: libtorch, "onnxruntime_over_libtorch": ratio,
+                   "runs": "kiln's libtorch engine, fp32, the same batches (its own row above)"}),
+        )
+        .detail(
+            "same_function",
+            json!({"max_abs_diff_vs_libtorch": max_abs, "batch": batch,
+                   "what": "ONNX Runtime's outputs against kiln's libtorch engine on the timed \
+                            batch (the same weights); PyTorch eager runs the same MLP \
+                            architecture in fp32 under no_grad"}),
+        )
+        .detail("onnx", onnx.details());
     eprintln!(
-        "  onnxruntime b={batch}: libtorch {} {libtorch:.4}, onnxruntime/libtorch {:.2}×, \
-         max |Δ| vs libtorch {max_abs:.2e}",
-        key,
-        median_of(ort, key) / libtorch
+        "  onnxruntime b={batch}: libtorch {key} {libtorch:.4}, onnxruntime/libtorch \
+         {ratio:.2}×, max |Δ| vs libtorch {max_abs:.2e}"
     );
     row
 }
 
-/// `--batch-sizes`: kiln fp32 against PyTorch's default (eager fp32, inference_mode).
+/// `--batch-sizes`: kiln fp32 against PyTorch's default (eager fp32, inference_mode):
+/// throughput and peak memory.
 fn infer_sweep(o: &InferOpts, out: &mut SuiteOutput, sizes: &[usize]) -> Result<Vec<Value>> {
-    let side = TorchSide {
-        precision: "fp32",
-        no_grad: false,
-        compile: false,
-    };
+    let side = TorchSide::eager("fp32", false);
+    let base = side.describe();
     let mut runs = vec![];
     for &b in sizes {
         let r = o.runs("fp32", b, &[side], None)?;
         let (k, t) = (&r[0], &r[1]);
-        let baseline = side.describe();
-        out.push(
-            Comparison::new(
-                "infer",
-                SWEEP_GROUP,
-                format!("mlp fp32 b={b} throughput"),
-                "samples/s",
-                Better::Higher,
-                (median_of(k, "samples_per_s"), median_of(t, "samples_per_s")),
-                baseline.clone(),
-            )
-            .detail("batch_size", json!(b)),
-        );
-        out.push(
-            Comparison::new(
-                "infer",
-                SWEEP_GROUP,
-                format!("mlp fp32 b={b} peak memory"),
-                "MiB",
-                Better::Lower,
-                (
-                    median_of(k, "peak_memory_mib"),
-                    median_of(t, "peak_memory_mib"),
-                ),
-                baseline,
-            )
-            .detail("batch_size", json!(b))
-            .detail("memory", k[0]["peak_memory_kind"].clone()),
-        );
+        let figures = [
+            ("throughput", "samples_per_s", "samples/s", Better::Higher),
+            ("peak memory", "peak_memory_mib", "MiB", Better::Lower),
+        ];
+        for (what, key, unit, better) in figures {
+            let name = format!("mlp fp32 b={b} {what}");
+            let medians = (median_of(k, key), median_of(t, key));
+            let row = Comparison::new("infer", SWEEP_GROUP, name, unit, better, medians, &base)
+                .detail("batch_size", json!(b));
+            out.push(match key {
+                "peak_memory_mib" => row.detail("memory", k[0]["peak_memory_kind"].clone()),
+                _ => row,
+            });
+        }
         runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
     }
     Ok(runs)

@@ -2,28 +2,26 @@
 //!
 //! `infer`: kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs out, under
 //! `no_grad`) against PyTorch (`python/infer_step.py`) on the same model, batch, threads and
-//! device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's automatic
-//! precision (bf16 weights where the hardware computes bf16 fast), each against the same
-//! computation in PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's
-//! default (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with
-//! its compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a
-//! sweep of throughput and peak memory.
-//! At fp32 and batches 1 and 64 it also runs the same model exported to ONNX (once per suite
-//! run, into the suite's output directory, through `kiln_infer::export::to_onnx`) in ONNX Runtime,
-//! against the same PyTorch eager computation, with the libtorch engine's figure beside it and
-//! the largest |Δ| between the two engines' outputs; without Python's export packages or the
-//! onnxruntime library those rows are skipped with the reason.
-//! `infer-probe` is the kiln side of one such measurement, in its own process (`--engine
-//! onnxruntime --onnx FILE` for the ONNX Runtime side).
+//! device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's automatic precision
+//! (bf16 weights where the hardware computes bf16 fast), each against the same computation in
+//! PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's default
+//! (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with its
+//! compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a sweep
+//! of throughput and peak memory. At fp32 and batches 1 and 64 it also runs the same model
+//! exported to ONNX (once per suite run, into the suite's output directory, through
+//! `kiln_infer::export::to_onnx`) in ONNX Runtime, against the same PyTorch eager computation,
+//! with the libtorch engine's figure beside it and the largest |Δ| between the two engines'
+//! outputs; without Python's export packages or the onnxruntime library those rows are skipped
+//! with the reason. `infer-probe` is the kiln side of one such measurement, in its own process
+//! (`--engine onnxruntime --onnx FILE` for the ONNX Runtime side).
 //!
-//! `serve` (the default): kiln's inference server with dynamic batching against the same
-//! server answering one request at a time (`infer.batch_size = 1`), on the same model, under the
-//! same closed-loop load (`--clients` concurrent keep-alive clients each sending one `.npy`
-//! sample at a time). Reports throughput and p50/p95/p99 latency of both, their ratios, and
-//! writes its suite output. Goal on a CPU: at least 2× the throughput at no worse
-//! p95. A third side serves with `infer.engine = auto` (libtorch and the model's ONNX export,
-//! the faster per batch-size bucket, measured when the server starts) against dynamic batching
-//! on libtorch.
+//! `serve` (the default): kiln's inference server with dynamic batching against the same server
+//! answering one request at a time (`infer.batch_size = 1`), on the same model, under the same
+//! closed-loop load (`--clients` concurrent keep-alive clients each sending one `.npy` sample at
+//! a time). Reports throughput and p50/p95/p99 latency of both, their ratios, and writes its
+//! suite output. Goal on a CPU: at least 2× the throughput at no worse p95. A third side serves
+//! with `infer.engine = auto` (libtorch and the model's ONNX export, the faster per batch-size
+//! bucket, measured when the server starts) against dynamic batching on libtorch.
 //!
 //! The model is an MLP on 784 features (1024, 1024 hidden, 10 classes, fp32, random weights):
 //! at batch 1 each request reads all 4 MB of weights for a handful of multiply-adds per weight,
@@ -33,6 +31,7 @@ mod dynamic;
 mod infer;
 mod peer;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -42,8 +41,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use kiln_benches::args::parse_device;
 use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{
-    SuiteArgs, alternating, bench_root, device_name, interleaved, median, median_of,
-    peak_memory_mib,
+    Result, SuiteArgs, alternating, bench_root, device_name, median, median_of, peak_memory_mib,
+    resolve, run_json,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
@@ -52,13 +51,10 @@ use kiln_infer::onnx::{OnnxEngine, OnnxOptions};
 use kiln_infer::serve::loadgen::{self, LoadReport};
 use kiln_infer::serve::{BatchRunner, RunnerFactory, ServeConfig, Server};
 use kiln_infer::{Engine, EngineOptions, LoadedModel, Runner};
-use kiln_train::model::InputSpec;
-use kiln_train::model::Model;
+use kiln_train::model::{InputSpec, Model};
 use kiln_train::source::build;
 use serde_json::{Value, json};
 use tch::{Device, nn};
-
-use kiln_benches::Result;
 
 const FEATURES: usize = 784;
 /// The bench model, for descriptions.
@@ -192,19 +188,37 @@ fn engine(
 ) -> Result<Engine> {
     let (vs, model) = mlp(device)?;
     let model = LoadedModel::from_kiln(vs, model, MODEL, vec![FEATURES], precision);
-    let mut engine = Engine::new(
-        model,
-        vec![FEATURES],
-        EngineOptions {
-            max_batch,
-            cuda_graphs,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-    engine
-        .run(&vec![0.0; FEATURES * max_batch], max_batch)
+    let options = EngineOptions {
+        max_batch,
+        cuda_graphs,
+    };
+    let engine = Engine::new(model, vec![FEATURES], options).map_err(|e| e.to_string())?;
+    warm_up(engine, max_batch)
+}
+
+/// The bench model's ONNX file in ONNX Runtime, warmed up at full batch.
+fn onnx_engine(
+    path: &Path,
+    device: Device,
+    max_batch: usize,
+    threads: usize,
+) -> Result<OnnxEngine> {
+    let options = OnnxOptions {
+        max_batch,
+        threads,
+        device,
+        input_shape: Some(vec![FEATURES]),
+    };
+    let engine = OnnxEngine::open(path, &options).map_err(|e| e.to_string())?;
+    warm_up(engine, max_batch)
+}
+
+/// `runner` after one batch of `batch` zero samples.
+fn warm_up<R: Runner>(mut runner: R, batch: usize) -> Result<R> {
+    runner
+        .run(&vec![0.0; FEATURES * batch], batch)
         .map_err(|e| e.to_string())?;
-    Ok(engine)
+    Ok(runner)
 }
 
 /// The bench model exported to ONNX and checked against the libtorch engine: what the
@@ -285,34 +299,12 @@ fn export_onnx(
     })
 }
 
-/// The bench model's ONNX file in ONNX Runtime, warmed up at full batch.
-fn onnx_engine(
-    path: &Path,
-    device: Device,
-    max_batch: usize,
-    threads: usize,
-) -> Result<OnnxEngine> {
-    let options = OnnxOptions {
-        max_batch,
-        threads,
-        device,
-        input_shape: Some(vec![FEATURES]),
-    };
-    let mut engine = OnnxEngine::open(path, &options).map_err(|e| e.to_string())?;
-    engine
-        .run(&vec![0.0; FEATURES * max_batch], max_batch)
-        .map_err(|e| e.to_string())?;
-    Ok(engine)
-}
-
 /// `batch` samples of N(0, 1) inputs from seed 1, as host values.
 fn probe_inputs(batch: usize) -> Result<Vec<f32>> {
     tch::manual_seed(1);
-    Vec::<f32>::try_from(tch::Tensor::randn(
-        [(batch * FEATURES) as i64],
-        (tch::Kind::Float, Device::Cpu),
-    ))
-    .map_err(|e| e.to_string())
+    let shape = [(batch * FEATURES) as i64];
+    Vec::<f32>::try_from(tch::Tensor::randn(shape, (tch::Kind::Float, Device::Cpu)))
+        .map_err(|e| e.to_string())
 }
 
 /// The largest |Δ| between `outputs` and what `reference` computes on the same inputs.
@@ -330,17 +322,14 @@ fn max_abs_vs(
             theirs.len()
         ));
     }
-    Ok(outputs
-        .iter()
-        .zip(&theirs)
-        .map(|(a, b)| f64::from((a - b).abs()))
-        .fold(0.0, |m, d| {
-            if d.is_nan() || m.is_nan() {
-                f64::NAN
-            } else {
-                m.max(d)
-            }
-        }))
+    let diffs = outputs.iter().zip(&theirs);
+    Ok(nan_max(diffs.map(|(a, b)| f64::from((a - b).abs()))))
+}
+
+/// The largest of `diffs` (0 for none), NaN where one is NaN: |Δ| ≥ 0, and a positive NaN is
+/// above every number in `total_cmp`'s order.
+fn nan_max(diffs: impl Iterator<Item = f64>) -> f64 {
+    diffs.fold(0.0, |m, d| std::cmp::max_by(m, d, f64::total_cmp))
 }
 
 #[cfg(test)]

@@ -1,15 +1,16 @@
 //! The train suite's rows: each [`Case`] (a kiln precision against a PyTorch eager or
 //! `torch.compile` baseline), how one runs, and the rows it gives (step time, machine limit,
-//! compile time); and the user's-own-model rows (a TorchScript twin).
+//! compile time).
 
+use std::path::Path;
 use std::process::Command;
 
-use kiln_benches::report::{Better, Comparison};
-use kiln_benches::{median, median_of, run_json};
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{median, median_of};
 use serde_json::{Value, json};
 
 use super::suite::peak_for;
-use super::{Opts, Result, f};
+use super::{Opts, Result, f, in_temp_dir, resolved, strings};
 
 /// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 pub struct Case {
@@ -25,38 +26,48 @@ pub struct Case {
     label: &'static str,
     /// The PyTorch side is `torch.compile(model)` (default mode) rather than eager.
     pub compile: bool,
-    /// The batch both sides train on.
-    batch: CaseBatch,
-}
-
-/// A case's batch size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CaseBatch {
-    Fixed(usize),
-    /// The train batch size of the device's hardware profile (512 on an H200).
-    Profile,
+    /// Both sides train on the train batch size of the device's hardware profile (512 on an
+    /// H200) rather than 32.
+    profile_batch: bool,
 }
 
 impl Case {
-    /// A row against PyTorch eager.
-    const fn eager(
+    /// kiln at precision `kiln` against PyTorch eager at `torch`, batch 32.
+    const fn new(
         model: &'static str,
-        (kiln, torch): (&'static str, &'static str),
+        kiln: &'static str,
+        torch: &'static str,
         goal: Option<f64>,
-        (extra, torch_extra): (&'static [&'static str], &'static [&'static str]),
-        label: &'static str,
     ) -> Self {
         Self {
             model,
             kiln,
             torch,
             goal,
-            extra,
-            torch_extra,
-            label,
+            extra: &[],
+            torch_extra: &[],
+            label: "",
             compile: false,
-            batch: CaseBatch::Fixed(32),
+            profile_batch: false,
         }
+    }
+
+    /// The same row with `extra` arguments for both sides.
+    const fn extra(self, extra: &'static [&'static str]) -> Self {
+        Self { extra, ..self }
+    }
+
+    /// The same row with `torch_extra` arguments for the PyTorch side.
+    const fn torch_extra(self, torch_extra: &'static [&'static str]) -> Self {
+        Self {
+            torch_extra,
+            ..self
+        }
+    }
+
+    /// The same row, its name ending in `label`.
+    const fn label(self, label: &'static str) -> Self {
+        Self { label, ..self }
     }
 
     /// The same row against `torch.compile`.
@@ -67,9 +78,12 @@ impl Case {
         }
     }
 
-    /// The same row at another batch size.
-    const fn at_batch(self, batch: CaseBatch) -> Self {
-        Self { batch, ..self }
+    /// The same row at the profile's batch size.
+    const fn at_profile_batch(self) -> Self {
+        Self {
+            profile_batch: true,
+            ..self
+        }
     }
 }
 
@@ -78,74 +92,45 @@ impl Case {
 const KILN_ATTENTION: &[&str] = &["--attention", "kiln"];
 const NO_DROPOUT: &[&str] = &["--dropout", "0"];
 
+/// kiln's automatic precision (bf16) against PyTorch bf16 as a user writes it: on both devices.
+const AUTO_SDPA: Case =
+    Case::new("transformer", "auto", "bf16", Some(1.0)).label(" (PyTorch default: SDPA)");
+/// The convnet in channels-last: on both devices.
+const CONVNET: Case = Case::new("convnet", "fp32", "fp32", None)
+    .extra(&["--channels-last"])
+    .label(" channels-last");
+
 /// The train rows. Baselines are PyTorch as a user writes it (SDPA, `nn.Dropout`) unless the
 /// row says "same computation": then the PyTorch twin makes kiln's per-precision choices too
 /// (the explicit matmul–softmax attention kiln uses on the CPU in bf16), or both sides run
 /// without dropout, so that the difference between two rows is what kiln's choice is worth.
 /// The `torch.compile` rows (left out of `--quick`) compile the same twin, default mode.
 pub const CASES: [Case; 11] = [
-    Case::eager("mlp", ("fp32", "fp32"), Some(0.7), (&[], &[]), ""),
-    Case::eager("transformer", ("fp32", "fp32"), Some(1.0), (&[], &[]), ""),
-    Case::eager(
-        "transformer",
-        ("fp32", "fp32"),
-        Some(1.0),
-        (NO_DROPOUT, &[]),
-        ", dropout 0 on both sides",
-    ),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(1.0),
-        (&[], &[]),
-        " (PyTorch default: SDPA)",
-    ),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(0.9),
-        (&[], KILN_ATTENTION),
-        ", same computation (PyTorch with kiln's attention choice)",
-    ),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(0.9),
-        (NO_DROPOUT, KILN_ATTENTION),
-        ", same computation, dropout 0 on both sides",
-    ),
-    Case::eager("transformer", ("auto", "fp32"), Some(0.5), (&[], &[]), ""),
-    Case::eager(
-        "convnet",
-        ("fp32", "fp32"),
-        None,
-        (&["--channels-last"], &[]),
-        " channels-last",
-    ),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(1.0),
-        (&[], KILN_ATTENTION),
-        ", same computation (kiln's attention choice)",
-    )
-    .compiled(),
-    Case::eager(
-        "transformer",
-        ("fp32", "fp32"),
-        Some(1.0),
-        (&[], &[]),
-        " vs torch.compile fp32, same computation (SDPA, kiln's fp32 choice)",
-    )
-    .compiled(),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        None,
-        (&[], &[]),
-        " (PyTorch default: SDPA, nn.Dropout)",
-    )
-    .compiled(),
+    Case::new("mlp", "fp32", "fp32", Some(0.7)),
+    Case::new("transformer", "fp32", "fp32", Some(1.0)),
+    Case::new("transformer", "fp32", "fp32", Some(1.0))
+        .extra(NO_DROPOUT)
+        .label(", dropout 0 on both sides"),
+    AUTO_SDPA,
+    Case::new("transformer", "auto", "bf16", Some(0.9))
+        .torch_extra(KILN_ATTENTION)
+        .label(", same computation (PyTorch with kiln's attention choice)"),
+    Case::new("transformer", "auto", "bf16", Some(0.9))
+        .extra(NO_DROPOUT)
+        .torch_extra(KILN_ATTENTION)
+        .label(", same computation, dropout 0 on both sides"),
+    Case::new("transformer", "auto", "fp32", Some(0.5)),
+    CONVNET,
+    Case::new("transformer", "auto", "bf16", Some(1.0))
+        .torch_extra(KILN_ATTENTION)
+        .label(", same computation (kiln's attention choice)")
+        .compiled(),
+    Case::new("transformer", "fp32", "fp32", Some(1.0))
+        .label(" vs torch.compile fp32, same computation (SDPA, kiln's fp32 choice)")
+        .compiled(),
+    Case::new("transformer", "auto", "bf16", None)
+        .label(" (PyTorch default: SDPA, nn.Dropout)")
+        .compiled(),
 ];
 
 /// The large transformer of the GPU rows: d_model 1024, 16 heads, 24 layers, ff 4096 (GPT-2
@@ -171,54 +156,24 @@ pub const LARGE: &[&str] = &[
 /// hardware profile's batch size, and the large transformer; each against eager and
 /// `torch.compile` (default mode). The MLP and the convnet keep their CPU rows' shapes.
 pub const GPU_CASES: [Case; 8] = [
-    Case::eager("mlp", ("fp32", "fp32"), Some(1.0), (&[], &[]), ""),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(1.0),
-        (&[], &[]),
-        " (PyTorch default: SDPA)",
-    ),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(1.0),
-        (&[], &[]),
-        " at the profile's batch size",
-    )
-    .at_batch(CaseBatch::Profile),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        None,
-        (&[], &[]),
-        " at the profile's batch size",
-    )
-    .at_batch(CaseBatch::Profile)
-    .compiled(),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        Some(1.0),
-        (LARGE, &[]),
-        ", large (303 M parameters, seq 512)",
-    ),
-    Case::eager(
-        "transformer",
-        ("auto", "bf16"),
-        None,
-        (LARGE, &[]),
-        ", large (303 M parameters, seq 512)",
-    )
-    .compiled(),
-    Case::eager(
-        "convnet",
-        ("fp32", "fp32"),
-        None,
-        (&["--channels-last"], &[]),
-        " channels-last",
-    ),
-    Case::eager("transformer", ("fp32", "fp32"), None, (&[], &[]), ""),
+    Case::new("mlp", "fp32", "fp32", Some(1.0)),
+    AUTO_SDPA,
+    Case::new("transformer", "auto", "bf16", Some(1.0))
+        .label(" at the profile's batch size")
+        .at_profile_batch(),
+    Case::new("transformer", "auto", "bf16", None)
+        .label(" at the profile's batch size")
+        .at_profile_batch()
+        .compiled(),
+    Case::new("transformer", "auto", "bf16", Some(1.0))
+        .extra(LARGE)
+        .label(", large (303 M parameters, seq 512)"),
+    Case::new("transformer", "auto", "bf16", None)
+        .extra(LARGE)
+        .label(", large (303 M parameters, seq 512)")
+        .compiled(),
+    CONVNET,
+    Case::new("transformer", "fp32", "fp32", None),
 ];
 
 /// The cases of the train suite on `device`.
@@ -226,255 +181,93 @@ pub fn cases_for(device: tch::Device) -> &'static [Case] {
     if device.is_cuda() { &GPU_CASES } else { &CASES }
 }
 
-/// What the user's-own-model rows' names begin with.
-pub const SCRIPT_ROWS: &str = "your own model (transformer as TorchScript)";
-
-/// The user's-own-model rows: kiln training the reference transformer's TorchScript twin
-/// (scripted by `train_step.py --export-script` from the same Python module, dropout 0, same
-/// seed and so the same initial weights) against PyTorch eager training that module, as a user
-/// writes it (goal: at most 1.05× its step), and against PyTorch training the same TorchScript
-/// file, as by default and with the graph optimization off that kiln turns off on the CPU;
-/// fp32, batch 32.
-pub fn script_case(
-    o: &Opts,
-    warm: &str,
-    timed: &str,
-    split: &str,
-) -> Result<(Vec<Comparison>, Value)> {
-    let dir = std::env::temp_dir().join(format!("kiln-bench-script-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let path = dir.join("transformer.pt");
-    let path_text = path.to_string_lossy().into_owned();
-    let mut export = o.torch();
-    export
-        .args(["--model", "transformer", "--dropout", "0"])
-        .args(["--export-script", &path_text]);
-    let common = |c: &mut Command| {
-        c.args([
-            "--model",
-            "transformer",
-            "--precision",
-            "fp32",
-            "--dropout",
-            "0",
-        ])
-        .args(["--batch", "32", "--warmup", warm, "--steps", timed])
-        .args(["--breakdown-steps", split]);
-    };
-    let kiln_cmd = || {
-        let mut c = o.kiln("probe");
-        common(&mut c);
-        c.args(["--script", &path_text]);
-        c
-    };
-    let torch_cmd = || {
-        let mut c = o.torch();
-        common(&mut c);
-        c
-    };
-    let torch_script_cmd = || {
-        let mut c = torch_cmd();
-        c.args(["--script", &path_text]);
-        c
-    };
-    let torch_script_plain_cmd = || {
-        let mut c = torch_script_cmd();
-        c.args(["--jit-optimize", "off"]);
-        c
-    };
-    let cmds: [&dyn Fn() -> Command; 4] = [
-        &kiln_cmd,
-        &torch_cmd,
-        &torch_script_cmd,
-        &torch_script_plain_cmd,
-    ];
-    let sides = run_json(export).and_then(|e| Ok((e, o.interleaved(&cmds)?)));
-    let _ = std::fs::remove_dir_all(&dir);
-    let (export, sides) = sides?;
-    if sides
-        .iter()
-        .any(|side| side[0]["params"] != export["params"])
-    {
-        return Err(format!(
-            "TorchScript case: the sides trained different models ({} exported parameters)",
-            export["params"]
-        ));
-    }
-    let k = &sides[0];
-    let ks = median_of(k, "step_s_median");
-    let row = |baseline_runs: &[Value], baseline: &str| {
-        Comparison::new(
-            "train",
-            "step time",
-            format!("{SCRIPT_ROWS} fp32 step vs {baseline}"),
-            "ms/step",
-            Better::Lower,
-            (ks * 1e3, median_of(baseline_runs, "step_s_median") * 1e3),
-            format!("{baseline}, training the same Python module (fused AdamW)"),
-        )
-        .at_most(1.05)
-        .detail("batch_size", json!(32))
-        .detail("dropout", json!(0.0))
-        .detail(
-            "breakdown",
-            json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
-                   "baseline": baseline_runs.last().map(|r| r["breakdown"].clone())}),
-        )
-    };
-    let rows = vec![
-        row(&sides[1], "PyTorch eager"),
-        row(&sides[2], "PyTorch running the TorchScript file"),
-        row(
-            &sides[3],
-            "PyTorch running the TorchScript file, graph optimization off (kiln's CPU choice)",
-        ),
-    ];
-    let run = json!({"case": "torchscript transformer", "kiln": k, "torch": sides[1],
-                     "torch_script": sides[2], "torch_script_optimize_off": sides[3]});
-    Ok((rows, run))
-}
-
-/// The step counts of a suite run, as the probes' command-line values.
-pub struct StepCounts {
-    pub warm: String,
-    pub timed: String,
-    pub split: String,
-}
-
-/// What one case gave: its rows, or why its PyTorch side could not run here; and its runs.
-pub struct Outcome {
-    pub name: String,
-    pub rows: Vec<Comparison>,
-    pub not_run: Option<String>,
-    pub run: Value,
-}
-
 /// The batch size `case` runs at on the suite's device.
 fn case_batch(o: &Opts, case: &Case) -> Result<usize> {
-    match case.batch {
-        CaseBatch::Fixed(b) => Ok(b),
-        CaseBatch::Profile => usize::try_from(super::resolved(o.device)?.plan.train.batch_size)
-            .map_err(|e| e.to_string()),
+    if !case.profile_batch {
+        return Ok(32);
     }
+    usize::try_from(resolved(o.device)?.plan.train.batch_size).map_err(|e| e.to_string())
 }
 
 /// The row name `case` will have on the suite's device (kiln's `auto` as the profile chooses).
 pub fn planned_name(o: &Opts, case: &Case) -> Result<String> {
-    let auto = super::resolved(o.device)?.plan.train.amp;
-    let precision = auto.as_str();
-    Ok(case_name(case, precision, case_batch(o, case)?))
+    let auto = resolved(o.device)?.plan.train.amp;
+    Ok(case_name(case, auto.as_str(), case_batch(o, case)?))
 }
 
 /// The row name of `case` (kiln's `auto` resolved to `kiln_precision`) at `batch`.
 fn case_name(case: &Case, kiln_precision: &str, batch: usize) -> String {
-    let name = case_name_of(case, kiln_precision);
-    match case.batch {
-        CaseBatch::Fixed(32) => name,
-        _ => name.replacen(" step", &format!(" b={batch} step"), 1),
-    }
-}
-
-fn case_name_of(case: &Case, kiln_precision: &str) -> String {
     let who = if case.compile {
         "torch.compile"
     } else {
         "PyTorch"
     };
-    match case.kiln {
-        "auto" => format!(
-            "{} auto ({kiln_precision}) step vs {who} {}{}",
-            case.model, case.torch, case.label
-        ),
-        p => format!("{} {p} step{}", case.model, case.label),
+    let (model, torch, label) = (case.model, case.torch, case.label);
+    let name = match case.kiln {
+        "auto" => format!("{model} auto ({kiln_precision}) step vs {who} {torch}{label}"),
+        p => format!("{model} {p} step{label}"),
+    };
+    if case.profile_batch {
+        name.replacen(" step", &format!(" b={batch} step"), 1)
+    } else {
+        name
     }
 }
 
 /// What the baseline of `case` runs, from its first run's JSON `t`.
 fn baseline_name(case: &Case, t: &Value) -> String {
+    let (who, eager) = if case.compile {
+        ("torch.compile(model), default mode,", " eager")
+    } else {
+        ("PyTorch eager", "")
+    };
+    let autocast = if case.torch == "fp32" {
+        ""
+    } else {
+        " autocast"
+    };
+    let attention = t["config"]["attention"].as_str().unwrap_or("-");
+    let dropout = &t["config"]["dropout"];
+    let torch = case.torch;
     format!(
-        "{} {}{} (fused AdamW{}; attention: {}; dropout {})",
-        if case.compile {
-            "torch.compile(model), default mode,"
-        } else {
-            "PyTorch eager"
-        },
-        case.torch,
-        if case.torch == "fp32" {
-            ""
-        } else {
-            " autocast"
-        },
-        if case.compile { " eager" } else { "" },
-        t["config"]["attention"].as_str().unwrap_or("-"),
-        t["config"]["dropout"]
+        "{who} {torch}{autocast} (fused AdamW{eager}; attention: {attention}; dropout {dropout})"
     )
 }
 
 /// `--compile` with inductor's caches under `cache` (which holds an empty `tmp`): its cache
 /// directory, and `TMPDIR` for the C++ headers it precompiles once per machine.
-pub(crate) fn compile_env(c: &mut Command, cache: &std::path::Path) {
+pub(crate) fn compile_env(c: &mut Command, cache: &Path) {
     c.arg("--compile")
         .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
         .env("TMPDIR", cache.join("tmp"));
 }
 
-/// Runs one case, kiln and PyTorch alternating; a `torch.compile` case in its own inductor
-/// cache, empty at its first run (a cold compile) and reused by the later ones (warm).
-pub fn run_case(
-    o: &Opts,
-    (i, case): (usize, &Case),
-    n: &StepCounts,
-    peaks: &Value,
-) -> Result<Outcome> {
+/// Runs one case, kiln and PyTorch alternating, and adds its rows to `out` (or, where its
+/// PyTorch side could not run here, why); returns its runs. A `torch.compile` case runs in its
+/// own inductor cache, empty at its first run (a cold compile) and reused by the later ones.
+pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> Result<Value> {
     let batch = case_batch(o, case)?;
-    let batch_text = batch.to_string();
-    let common = |c: &mut Command, precision: &str| {
-        c.args(["--model", case.model, "--precision", precision])
-            .args([
-                "--batch",
-                &batch_text,
-                "--warmup",
-                &n.warm,
-                "--steps",
-                &n.timed,
-            ])
-            .args(["--breakdown-steps", &n.split])
-            .args(case.extra);
+    let args = |precision, extra: &[&str]| {
+        let step = o.step_args(case.model, precision, batch, o.steps.2);
+        [step, strings(case.extra), strings(extra)].concat()
     };
-    let cache =
-        std::env::temp_dir().join(format!("kiln-bench-inductor-{}-{i}", std::process::id()));
-    let kiln_cmd = || {
-        let mut c = o.kiln("probe");
-        common(&mut c, case.kiln);
-        c
-    };
-    let torch_cmd = || {
-        let mut c = o.torch();
-        common(&mut c, case.torch);
-        c.args(case.torch_extra);
-        if case.compile {
-            compile_env(&mut c, &cache);
-        }
-        c
-    };
-    if case.compile {
-        std::fs::create_dir_all(cache.join("tmp"))
-            .map_err(|e| format!("{}: {e}", cache.display()))?;
-    }
-    let sides = o.interleaved(&[&kiln_cmd, &torch_cmd]);
-    let _ = std::fs::remove_dir_all(&cache);
-    let sides = sides?;
+    let (kiln_args, torch_args) = (args(case.kiln, &[]), args(case.torch, case.torch_extra));
+    let sides = in_temp_dir(&format!("inductor-{i}"), |cache| {
+        let torch_cmd = || {
+            let mut c = o.torch(&torch_args);
+            if case.compile {
+                compile_env(&mut c, cache);
+            }
+            c
+        };
+        o.interleaved(&[&|| o.kiln("probe", &kiln_args), &torch_cmd])
+    })?;
     let (k, t) = (&sides[0], &sides[1]);
-    let kiln_precision = k[0]["precision"].as_str().unwrap_or("?").to_owned();
-    let name = case_name(case, &kiln_precision, batch);
+    let name = case_name(case, k[0]["precision"].as_str().unwrap_or("?"), batch);
     let run = json!({"case": name, "kiln": k, "torch": t});
     if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
-        return Ok(Outcome {
-            name,
-            rows: vec![],
-            not_run: Some(reason.to_owned()),
-            run,
-        });
+        out.skip(&name, &format!("not run: {reason}"));
+        return Ok(run);
     }
     if k[0]["params"] != t[0]["params"] {
         return Err(format!(
@@ -482,42 +275,34 @@ pub fn run_case(
             case.model, k[0]["params"], t[0]["params"]
         ));
     }
-    let mut rows = vec![step_row(case, &name, (k, t), peaks, batch)];
-    if case.model == "transformer" && case.kiln == "fp32" && case.extra.is_empty() && !case.compile
-    {
-        rows.push(machine_limit_row(&name, (k, t), peaks));
+    for row in case_rows(case, &name, (k, t), &out.peaks, batch) {
+        out.push(row);
     }
-    if case.compile {
-        rows.push(compile_time_row(case, &name, (k, t)));
-    }
-    Ok(Outcome {
-        name,
-        rows,
-        not_run: None,
-        run,
-    })
+    Ok(run)
 }
 
-fn breakdowns(k: &[Value], t: &[Value]) -> Value {
+/// The kiln and baseline breakdowns of the last runs.
+pub(crate) fn breakdowns(k: &[Value], t: &[Value]) -> Value {
     json!({"kiln": k.last().map(|r| r["breakdown"].clone()),
            "baseline": t.last().map(|r| r["breakdown"].clone())})
 }
 
-/// The step-time row of a case.
-fn step_row(
+/// The rows of a case that ran: its step time; for kiln's fp32 transformer against eager, its
+/// step against this machine's GEMM peak; against `torch.compile`, the time to the first step.
+fn case_rows(
     case: &Case,
     name: &str,
     (k, t): (&[Value], &[Value]),
     peaks: &Value,
     batch: usize,
-) -> Comparison {
-    let samples = batch as f64;
+) -> Vec<Comparison> {
     let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
     let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
     let flops = f(&k[0], "flops_per_step");
     let (peak, peak_name) = peak_for(peaks, kiln_precision, k[0]["tf32"] == true);
     let (torch_peak, _) = peak_for(peaks, case.torch, false);
-    let mut c = Comparison::new(
+    let samples = batch as f64;
+    let step = Comparison::new(
         "train",
         "step time",
         name,
@@ -536,32 +321,37 @@ fn step_row(
     .detail("baseline_samples_per_s", json!(samples / ts))
     .detail("breakdown", breakdowns(k, t));
     if case.compile {
-        c = c.detail("compile", compile_summary(t));
+        let step = step.detail("compile", compile_summary(t));
+        return vec![
+            at_most(step, case.goal),
+            compile_time_row(case, name, (k, t)),
+        ];
     }
-    match case.goal {
-        Some(goal) => c.at_most(goal),
-        None => c,
+    let mut rows = vec![at_most(step, case.goal)];
+    if case.model == "transformer" && case.kiln == "fp32" && case.extra.is_empty() {
+        // kiln's fp32 transformer step against this machine's GEMM peak.
+        let limit = Comparison::new(
+            "train",
+            "machine limit",
+            format!("{name}: achieved vs {peak_name} peak"),
+            "GFLOP/s",
+            Better::Higher,
+            (flops / ks / 1e9, peak),
+            format!("measured {peak_name} peak"),
+        );
+        rows.push(
+            limit
+                .at_least(0.7)
+                .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
+                .detail("breakdown", breakdowns(k, t)),
+        );
     }
+    rows
 }
 
-/// kiln's fp32 transformer step against this machine's GEMM peak.
-fn machine_limit_row(name: &str, (k, t): (&[Value], &[Value]), peaks: &Value) -> Comparison {
-    let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
-    let flops = f(&k[0], "flops_per_step");
-    let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
-    let (peak, peak_name) = peak_for(peaks, kiln_precision, k[0]["tf32"] == true);
-    Comparison::new(
-        "train",
-        "machine limit",
-        format!("{name}: achieved vs {peak_name} peak"),
-        "GFLOP/s",
-        Better::Higher,
-        (flops / ks / 1e9, peak),
-        format!("measured {peak_name} peak"),
-    )
-    .at_least(0.7)
-    .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
-    .detail("breakdown", breakdowns(k, t))
+/// `c` with the goal `ratio <= goal`, where there is one.
+pub(crate) fn at_most(c: Comparison, goal: Option<f64>) -> Comparison {
+    goal.into_iter().fold(c, Comparison::at_most)
 }
 
 /// The compile figures of `torch.compile` runs: the cold run's (inductor cache empty) and the
@@ -575,11 +365,7 @@ pub(crate) fn compile_summary(t: &[Value]) -> Value {
             .iter()
             .filter_map(|r| r["compile"][key].as_f64())
             .collect();
-        if v.is_empty() {
-            Value::Null
-        } else {
-            json!(median(v))
-        }
+        json!((!v.is_empty()).then(|| median(v)))
     };
     json!({
         "mode": "default",
@@ -603,23 +389,22 @@ fn compile_time_name(step_row: &str) -> String {
 fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Comparison {
     let summary = compile_summary(t);
     let cold = summary["cold_first_step_s"].as_f64();
-    let first = cold.unwrap_or_else(|| median_of(t, "first_step_s"));
+    let caches = if cold.is_some() {
+        "inductor's caches empty (a user's first compile here)"
+    } else {
+        "inductor's caches warm"
+    };
     Comparison::new(
         "train",
         "compile time",
         compile_time_name(name),
         "s",
         Better::Lower,
-        (median_of(k, "first_step_s"), first),
-        format!(
-            "torch.compile {} first step, {}",
-            case.torch,
-            if cold.is_some() {
-                "inductor's caches empty (a user's first compile here)"
-            } else {
-                "inductor's caches warm"
-            }
+        (
+            median_of(k, "first_step_s"),
+            cold.unwrap_or_else(|| median_of(t, "first_step_s")),
         ),
+        format!("torch.compile {} first step, {caches}", case.torch),
     )
     .detail("compile", summary)
 }
@@ -631,28 +416,18 @@ mod tests {
     #[test]
     fn case_names_are_unique_and_name_their_baseline() {
         for cases in [&CASES[..], &GPU_CASES[..]] {
-            names_are_unique_and_name_their_baseline(cases);
-        }
-    }
-
-    fn names_are_unique_and_name_their_baseline(cases: &[Case]) {
-        let names: Vec<String> = cases.iter().map(|c| case_name(c, "bf16", 512)).collect();
-        for (i, name) in names.iter().enumerate() {
-            assert!(!names[..i].contains(name), "`{name}` names two rows");
-        }
-        for (case, name) in cases.iter().zip(&names) {
-            assert_eq!(
-                case.batch == CaseBatch::Profile,
-                name.contains(" b=512 "),
-                "{name}"
-            );
-            assert_eq!(case.compile, name.contains("vs torch.compile"), "{name}");
-            if case.compile {
-                let first = compile_time_name(name);
-                assert!(
-                    first.contains(" first step (compile time) vs torch.compile "),
-                    "{first}"
-                );
+            let names: Vec<String> = cases.iter().map(|c| case_name(c, "bf16", 512)).collect();
+            for (i, name) in names.iter().enumerate() {
+                assert!(!names[..i].contains(name), "`{name}` names two rows");
+            }
+            for (case, name) in cases.iter().zip(&names) {
+                assert_eq!(case.profile_batch, name.contains(" b=512 "), "{name}");
+                assert_eq!(case.compile, name.contains("vs torch.compile"), "{name}");
+                if case.compile {
+                    let first = compile_time_name(name);
+                    let expected = " first step (compile time) vs torch.compile ";
+                    assert!(first.contains(expected), "{first}");
+                }
             }
         }
     }

@@ -18,8 +18,8 @@
 //!
 //! The suite is split by topic: `probe` (the kiln side of a train step, and the GEMM peak),
 //! `optimizer` (its probe and suite), `cases` (the train suite's rows), `suite` (the train
-//! suite), `program` (the exported-program rows: kiln's compiled step), `opts` (the
-//! one-optimization-at-a-time suite).
+//! suite), `program` (the your-own-model rows: TorchScript, and kiln's compiled step), `opts`
+//! (the one-optimization-at-a-time suite).
 
 mod cases;
 mod optimizer;
@@ -28,16 +28,18 @@ mod probe;
 mod program;
 mod suite;
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::process::Command;
 
 use clap::{Parser, Subcommand};
 use kiln_benches::{SuiteArgs, bench_root, device_name, interleaved};
-use kiln_config::{ConfigRequest, Machine, ModelKind, ModelPlan};
-use kiln_train::models::TransformerShape;
+use kiln_config::{ModelKind, ModelPlan};
 use serde_json::Value;
 use tch::Device;
 
 use kiln_benches::Result;
+use probe::ShapeArgs;
 
 /// `kiln-bench train`: the train-step suites against PyTorch, and their kiln probes.
 #[derive(Debug, Parser)]
@@ -86,27 +88,24 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     }
 }
 
-/// The reference SignTransformer: `[64, 469]` samples, 100 classes.
-const REFERENCE: TransformerShape = TransformerShape {
-    seq_len: 64,
-    features: 469,
+/// The reference SignTransformer's size (over `[64, 469]` samples, 100 classes).
+const REFERENCE: ShapeArgs = ShapeArgs {
+    seq: 64,
     d_model: 256,
     heads: 8,
     layers: 4,
     ff: 1024,
-    classes: 100,
 };
 
 /// kiln's plan for `kind`, the transformer of `shape`'s size.
-fn model_plan(kind: ModelKind, dropout: f64, shape: &TransformerShape) -> ModelPlan {
-    let dim = |v: i64| u64::try_from(v).unwrap_or(0);
+fn model_plan(kind: ModelKind, dropout: f64, shape: &ShapeArgs) -> ModelPlan {
     ModelPlan {
         kind,
         dropout,
-        d_model: dim(shape.d_model),
-        heads: dim(shape.heads),
-        layers: dim(shape.layers),
-        ff: dim(shape.ff),
+        d_model: shape.d_model.into(),
+        heads: shape.heads.into(),
+        layers: shape.layers.into(),
+        ff: shape.ff.into(),
         hidden: vec![256, 256],
         channels: vec![32, 64, 128],
         activation_checkpointing: false,
@@ -118,14 +117,8 @@ fn model_plan(kind: ModelKind, dropout: f64, shape: &TransformerShape) -> ModelP
 
 /// kiln's configuration resolved for `device` (its hardware profile, no user settings).
 fn resolved(device: Device) -> Result<kiln_config::Resolution> {
-    let mut req = ConfigRequest::new(Machine::Probed(
-        kiln_device::probe::probe().map_err(|e| e.to_string())?,
-    ));
-    req.sets = vec![format!(
-        "device.request={}",
-        if device.is_cuda() { "cuda" } else { "cpu" }
-    )];
-    kiln_config::load(&req).map_err(|e| e.to_string())
+    let request = if device.is_cuda() { "cuda" } else { "cpu" };
+    kiln_benches::resolve(&[format!("device.request={request}")])
 }
 
 /// Common options of the suites.
@@ -136,6 +129,8 @@ struct Opts {
     device: Device,
     python: String,
     me: std::path::PathBuf,
+    /// A train-step run's warm-up, timed and breakdown steps.
+    steps: (usize, usize, usize),
 }
 
 impl Opts {
@@ -147,28 +142,60 @@ impl Opts {
             device: a.device(),
             python: a.python.clone(),
             me: std::env::current_exe().map_err(|e| e.to_string())?,
+            steps: if a.quick { (2, 5, 3) } else { (5, 20, 10) },
         })
     }
 
-    fn kiln(&self, mode: &str) -> Command {
+    /// `kiln-bench train MODE` on the suite's threads and device, then `args`.
+    fn kiln<S: AsRef<OsStr>>(&self, mode: &str, args: &[S]) -> Command {
         let mut c = Command::new(&self.me);
-        c.args(["train", mode])
-            .args(["--threads", &self.threads])
-            .args(["--device", &device_name(self.device)]);
+        c.args(["train", mode, "--threads", &self.threads])
+            .args(["--device", &device_name(self.device)])
+            .args(args);
         c
     }
 
-    fn torch(&self) -> Command {
+    /// `train_step.py` on the suite's threads and device, then `args`.
+    fn torch<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
         let mut c = Command::new(&self.python);
         c.arg(bench_root().join("python/train_step.py"))
             .args(["--threads", &self.threads])
-            .args(["--device", &device_name(self.device)]);
+            .args(["--device", &device_name(self.device)])
+            .args(args);
         c
+    }
+
+    /// A train-step run's arguments, as both sides take them: `model` at `precision`, a batch
+    /// of `batch`, the suite's warm-up and timed steps, and `split` steps timed phase by phase.
+    fn step_args(&self, model: &str, precision: &str, batch: usize, split: usize) -> Vec<String> {
+        let (warmup, steps, _) = self.steps;
+        let flags = ["--batch", "--warmup", "--steps", "--breakdown-steps"];
+        let counts = [batch, warmup, steps, split].map(|n| n.to_string());
+        let mut args = strings(&["--model", model, "--precision", precision]);
+        for (flag, n) in flags.into_iter().zip(counts) {
+            args.extend([flag.to_owned(), n]);
+        }
+        args
     }
 
     fn interleaved(&self, cmds: &[&dyn Fn() -> Command]) -> Result<Vec<Vec<Value>>> {
         interleaved(self.repeats, cmds)
     }
+}
+
+/// `args` as owned strings.
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// Runs `f` in a fresh directory `kiln-bench-NAME-PID` (holding an empty `tmp`) under the
+/// system's temporary directory, removed afterwards.
+fn in_temp_dir<T>(name: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let dir = std::env::temp_dir().join(format!("kiln-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("tmp")).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = f(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 fn f(v: &Value, key: &str) -> f64 {

@@ -2,10 +2,9 @@
 //! fused kernel (`optim-probe`, in its own process) against the per-tensor update and against
 //! `torch.optim.AdamW` fused, foreach and single-tensor.
 
-use std::time::Instant;
+use std::collections::BTreeMap;
 
 use clap::Args;
-use kiln_benches::args::parse_device;
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
 use kiln_benches::{SuiteArgs, device_name, median, median_of};
@@ -17,7 +16,8 @@ use kiln_train::source::build;
 use serde_json::json;
 use tch::{Device, Kind, Tensor, nn};
 
-use super::{Opts, Result, model_plan};
+use super::probe::{Place, time_calls};
+use super::{Opts, Result, model_plan, strings};
 
 /// `optim-probe`'s options.
 #[derive(Debug, Args)]
@@ -25,11 +25,8 @@ pub struct OptimProbeArgs {
     /// fused (kiln's optimizer) or unfused (the per-tensor update).
     #[arg(long = "impl", default_value = "fused")]
     imp: String,
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
-    #[arg(long, value_parser = parse_device)]
-    device: Option<Device>,
+    #[command(flatten)]
+    place: Place,
     #[arg(long, default_value_t = 5)]
     warmup: usize,
     #[arg(long, default_value_t = 50)]
@@ -46,55 +43,40 @@ pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
         target: None,
         integer_features: false,
     };
-    build(
-        &model_plan(ModelKind::Transformer, 0.0, &super::REFERENCE),
-        &input,
-        &vs,
-        false,
-        0,
-    )
-    .map_err(|e| e.to_string())?;
+    let plan = model_plan(ModelKind::Transformer, 0.0, &super::REFERENCE);
+    build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
     Ok(vs)
 }
 
-fn shapes_arg(vs: &nn::VarStore) -> String {
-    let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-    vars.sort_by(|a, b| a.0.cmp(&b.0));
-    vars.iter()
-        .map(|(_, t)| {
-            t.size()
-                .iter()
-                .map(i64::to_string)
-                .collect::<Vec<_>>()
-                .join("x")
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+/// The optimizer runs' warm-up and timed steps (fewer in `--quick`).
+fn optim_steps(o: &Opts) -> (usize, usize) {
+    if o.quick { (3, 10) } else { (10, 100) }
+}
+
+/// An optimizer run's arguments: `FLAG IMP`, the implementation it times, and the step counts.
+pub fn optim_args(o: &Opts, (flag, imp): (&str, &str)) -> Vec<String> {
+    let (warmup, steps) = optim_steps(o);
+    let (warmup, steps) = (warmup.to_string(), steps.to_string());
+    strings(&[flag, imp, "--warmup", &warmup, "--steps", &steps])
 }
 
 /// Times one AdamW step over the transformer's parameters: kiln's optimizer (the fused kernel,
 /// one call per parameter group) or the per-tensor update.
 pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
-    let device = a.device.unwrap_or_else(Device::cuda_if_available);
-    let threads = a.threads.max(1);
-    let (warmup, steps) = (a.warmup, a.steps.max(1));
+    let device = a.place.device();
     let fused = match a.imp.as_str() {
         "fused" => true,
         "unfused" => false,
         other => return Err(format!("--impl `{other}`: expected fused or unfused")),
     };
-    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let threads = a.place.set_threads()?;
     tch::manual_seed(0);
     let vs = optimizer_store(device)?;
     let groups = param_groups(&vs, 0.01);
-    let params: Vec<Tensor> = groups
+    let (params, decays): (Vec<Tensor>, Vec<f64>) = groups
         .iter()
-        .flat_map(|g| g.params.iter().map(Tensor::shallow_clone))
-        .collect();
-    let decays: Vec<f64> = groups
-        .iter()
-        .flat_map(|g| g.params.iter().map(|_| g.weight_decay))
-        .collect();
+        .flat_map(|g| g.params.iter().map(|p| (p.shallow_clone(), g.weight_decay)))
+        .unzip();
     // Fixed random gradients, set through autograd (d/dp Σ p·g = g).
     let grads: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
     let mut total = Tensor::f_zeros([], (Kind::Float, device)).map_err(|e| e.to_string())?;
@@ -106,7 +88,7 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
         total = total.f_add(&term).map_err(|e| e.to_string())?;
     }
     total.f_backward().map_err(|e| e.to_string())?;
-    let mut step: Box<dyn FnMut() -> Result<()>> = if fused {
+    let step: Box<dyn FnMut() -> Result<()>> = if fused {
         let config = kiln_torch_ext::optim::AdamWConfig {
             lr: 1e-3,
             weight_decay: 0.01,
@@ -118,27 +100,13 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
         let mut opt = UnfusedAdamW::new(&params, decays, 1e-3).map_err(|e| e.to_string())?;
         Box::new(move || opt.step(&params, &grads).map_err(|e| e.to_string()))
     };
-    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
-    for _ in 0..warmup {
-        step()?;
-    }
-    sync()?;
-    let mut times = vec![];
-    for _ in 0..steps {
-        let start = Instant::now();
-        step()?;
-        sync()?;
-        times.push(start.elapsed().as_secs_f64());
-    }
+    let times = time_calls(device, (a.warmup, a.steps.max(1)), step)?;
     println!(
         "{}",
         json!({
-            "framework": "kiln",
-            "impl": if fused { "fused" } else { "unfused" },
-            "device": device_name(device),
-            "threads": threads,
-            "tensors": vs.variables().len(),
-            "params": parameter_count(&vs),
+            "framework": "kiln", "impl": if fused { "fused" } else { "unfused" },
+            "device": device_name(device), "threads": threads,
+            "tensors": vs.variables().len(), "params": parameter_count(&vs),
             "step_s_median": median(times.clone()),
             "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
         })
@@ -146,45 +114,41 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
     Ok(())
 }
 
+/// The transformer's parameter shapes as `train_step.py --shapes` takes them, in name order.
+fn shapes_arg() -> Result<String> {
+    let vars: BTreeMap<_, _> = optimizer_store(Device::Cpu)?
+        .variables()
+        .into_iter()
+        .collect();
+    let dims = |t: &Tensor| t.size().iter().map(i64::to_string).collect::<Vec<_>>();
+    let shapes: Vec<String> = vars.values().map(|t| dims(t).join("x")).collect();
+    Ok(shapes.join(","))
+}
+
 pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
     let o = &Opts::new(a)?;
-    let (warmup, steps) = if o.quick { (3, 10) } else { (10, 100) };
-    let (warm, timed) = (warmup.to_string(), steps.to_string());
-    let shapes = shapes_arg(&optimizer_store(Device::Cpu)?);
-    let kiln_cmd = |imp: &'static str| {
-        let (warm, timed) = (&warm, &timed);
-        move || {
-            let mut c = o.kiln("optim-probe");
-            c.args(["--impl", imp, "--warmup", warm, "--steps", timed]);
-            c
-        }
-    };
-    let torch_cmd = |imp: &'static str| {
-        let (warm, timed, shapes) = (&warm, &timed, &shapes);
-        move || {
-            let mut c = o.torch();
-            c.args(["--optimizer", imp, "--shapes", shapes])
-                .args(["--warmup", warm, "--steps", timed]);
-            c
-        }
-    };
-    let (kf, ku) = (kiln_cmd("fused"), kiln_cmd("unfused"));
-    let (tf, te, ts) = (
-        torch_cmd("fused"),
-        torch_cmd("foreach"),
-        torch_cmd("single"),
-    );
-    let runs = o.interleaved(&[&kf, &ku, &tf, &te, &ts])?;
+    let shapes = ["--shapes".to_owned(), shapes_arg()?];
+    let torch_args = |imp| [optim_args(o, ("--optimizer", imp)), shapes.to_vec()];
+    let args = [
+        optim_args(o, ("--impl", "fused")),
+        optim_args(o, ("--impl", "unfused")),
+        torch_args("fused").concat(),
+        torch_args("foreach").concat(),
+        torch_args("single").concat(),
+    ];
+    let runs = o.interleaved(&[
+        &|| o.kiln("optim-probe", &args[0]),
+        &|| o.kiln("optim-probe", &args[1]),
+        &|| o.torch(&args[2]),
+        &|| o.torch(&args[3]),
+        &|| o.torch(&args[4]),
+    ])?;
     if runs[0][0]["params"] != runs[2][0]["params"] {
         return Err(format!(
             "the two sides updated different parameter counts ({} vs {})",
             runs[0][0]["params"], runs[2][0]["params"]
         ));
     }
-    let ms: Vec<f64> = runs
-        .iter()
-        .map(|r| median_of(r, "step_s_median") * 1e3)
-        .collect();
     let mut out = SuiteOutput::new(
         "optimizer",
         &format!(
@@ -195,6 +159,10 @@ pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
             device_name(o.device)
         ),
     );
+    let ms: Vec<f64> = runs
+        .iter()
+        .map(|r| median_of(r, "step_s_median") * 1e3)
+        .collect();
     let c = |name: &str, other: usize, baseline: &str| {
         Comparison::new(
             "optimizer",
@@ -235,6 +203,7 @@ pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
         4,
         "torch.optim.AdamW(foreach=False)",
     ));
+    let (warmup, steps) = optim_steps(o);
     out.details = json!({"warmup_steps": warmup, "timed_steps": steps, "repeats": o.repeats,
                          "runs": {"kiln_fused": runs[0], "kiln_unfused": runs[1],
                                   "torch_fused": runs[2], "torch_foreach": runs[3],

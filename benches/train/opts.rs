@@ -11,7 +11,8 @@ use kiln_benches::{SuiteArgs, device_name, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
 
-use super::{Opts, Result};
+use super::optimizer::optim_args;
+use super::{Opts, Result, strings};
 
 const NO_GPU: &str = "needs a CUDA GPU; this machine has none";
 
@@ -30,22 +31,18 @@ fn loader_epoch_s(workers: usize, samples: usize) -> Result<f64> {
     };
     let mut loader = Loader::new(dataset, config).map_err(|e| e.to_string())?;
     // A first epoch starts the workers; the second is timed.
-    let mut count = 0;
+    let mut start = Instant::now();
     for epoch in 0..2 {
-        let start = Instant::now();
+        start = Instant::now();
         for batch in loader.epoch(epoch) {
-            count += batch.map_err(|e| e.to_string())?.indices.len();
-        }
-        if epoch == 1 {
-            return Ok(start.elapsed().as_secs_f64());
+            batch.map_err(|e| e.to_string())?;
         }
     }
-    Err(format!("the loader produced {count} samples"))
+    Ok(start.elapsed().as_secs_f64())
 }
 
 pub fn opts_suite(a: &SuiteArgs) -> Result<()> {
     let o = &Opts::new(a)?;
-    let (warmup, steps) = if o.quick { (2, 5) } else { (5, 20) };
     let mut out = SuiteOutput::new(
         "opts",
         &format!(
@@ -55,14 +52,47 @@ pub fn opts_suite(a: &SuiteArgs) -> Result<()> {
             device_name(o.device)
         ),
     );
-    let mut runs = step_toggles(o, &mut out, (warmup, steps))?;
-    runs.push(fused_adamw(o, &mut out)?);
+    let mut runs = step_toggles(o, &mut out)?;
+    // Fused AdamW: the optimizer step alone.
+    let optim = |imp| optim_args(o, ("--impl", imp));
+    runs.push(toggle(
+        (o, &mut out),
+        ("fused AdamW", "fused AdamW (optimizer step)", STEP_MS),
+        (
+            &|args| o.kiln("optim-probe", args),
+            optim("fused"),
+            optim("unfused"),
+        ),
+        "kiln AdamW as per-tensor ops",
+    )?);
     runs.push(loader_workers(o, &mut out)?);
     if o.device.is_cuda() {
-        runs.push(cuda_graphs(o, &mut out)?);
+        // CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
+        let serve = |args: &[String]| {
+            let mut c = Command::new(&o.me);
+            c.args(["serve", "infer-probe", "--batch", "1"])
+                .args(["--device", &device_name(o.device)])
+                .args(args);
+            c
+        };
+        runs.push(toggle(
+            (o, &mut out),
+            (
+                "cuda graphs",
+                "CUDA graphs (inference, batch 1, p50)",
+                ("p50_ms", 1.0, "ms"),
+            ),
+            (
+                &serve,
+                strings(&["--graphs", "on"]),
+                strings(&["--graphs", "off"]),
+            ),
+            "kiln inference without graphs",
+        )?);
     } else {
         out.skip("CUDA graphs", NO_GPU);
     }
+    let (warmup, steps, _) = o.steps;
     out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
                          "runs": runs});
     out.write(&a.out_or("opts"))
@@ -92,102 +122,78 @@ fn row(
     .detail("speedup", json!(speedup))
 }
 
+/// A run's figure: the JSON key, the factor to the row's unit, the unit.
+type Figure = (&'static str, f64, &'static str);
+
+/// The median step time in ms.
+const STEP_MS: Figure = ("step_s_median", 1e3, "ms/step");
+
+/// A toggle's command, and its arguments with the optimization on and off.
+type Sides<'a> = (&'a dyn Fn(&[String]) -> Command, Vec<String>, Vec<String>);
+
+/// Runs kiln with an optimization and without it (`cmd` with the arguments `on`, then `off`),
+/// alternating; adds the row `name` of the two medians of `figure` and returns their runs, as
+/// `toggle`.
+fn toggle(
+    (o, out): (&Opts, &mut SuiteOutput),
+    (toggle, name, (key, scale, unit)): (&str, &str, Figure),
+    (cmd, on, off): Sides<'_>,
+    baseline: &str,
+) -> Result<Value> {
+    let r = o.interleaved(&[&|| cmd(&on), &|| cmd(&off)])?;
+    let (on, off) = (median_of(&r[0], key) * scale, median_of(&r[1], key) * scale);
+    out.push(row(name, unit, Better::Lower, (on, off), baseline));
+    Ok(json!({"toggle": toggle, "on": r[0], "off": r[1]}))
+}
+
 /// The train-step toggles: precision, TF32 and cuDNN benchmark (on a GPU), channels-last.
-fn step_toggles(
-    o: &Opts,
-    out: &mut SuiteOutput,
-    (warmup, steps): (usize, usize),
-) -> Result<Vec<Value>> {
-    let (warm, timed) = (warmup.to_string(), steps.to_string());
+fn step_toggles(o: &Opts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
     let cuda = o.device.is_cuda();
-    let step_cmd = |model: &'static str, extra: Vec<&'static str>| {
-        let (warm, timed) = (&warm, &timed);
-        move || {
-            let mut c = o.kiln("probe");
-            c.args(["--model", model, "--batch", "32"])
-                .args(["--warmup", warm, "--steps", timed])
-                .args(&extra);
-            c
-        }
-    };
     let mut runs = vec![];
-    let mut toggle = |name: &str,
-                      model: &'static str,
-                      on: Vec<&'static str>,
-                      off: Vec<&'static str>|
-     -> Result<()> {
-        let (a, b) = (step_cmd(model, on), step_cmd(model, off));
-        let r = o.interleaved(&[&a, &b])?;
-        let ms = |i: usize| median_of(&r[i], "step_s_median") * 1e3;
+    // Each side of a toggle: its precision and further arguments.
+    let mut run = |name: &str, model: &str, on: (&str, &[&str]), off: (&str, &[&str])| {
+        let args = |(precision, extra): (&str, &[&str])| {
+            [o.step_args(model, precision, 32, 0), strings(extra)].concat()
+        };
+        let probe = |args: &[String]| o.kiln("probe", args);
         let baseline = format!("kiln {model} step without it");
-        out.push(row(
-            name,
-            "ms/step",
-            Better::Lower,
-            (ms(0), ms(1)),
-            &baseline,
-        ));
-        runs.push(json!({"toggle": name, "on": r[0], "off": r[1]}));
-        Ok(())
+        let sides = (&probe as _, args(on), args(off));
+        runs.push(toggle((o, out), (name, name, STEP_MS), sides, &baseline)?);
+        Ok::<_, String>(())
     };
-    let mixed = if cuda { "bf16" } else { "auto" };
-    toggle(
-        &format!(
-            "precision: {} instead of fp32 (transformer)",
-            if cuda { "bf16" } else { "automatic" }
-        ),
-        "transformer",
-        vec!["--precision", mixed],
-        vec!["--precision", "fp32"],
-    )?;
+    let (mixed, what) = if cuda {
+        ("bf16", "bf16")
+    } else {
+        ("auto", "automatic")
+    };
+    let precision = format!("precision: {what} instead of fp32 (transformer)");
+    run(&precision, "transformer", (mixed, &[]), ("fp32", &[]))?;
     if cuda {
-        toggle(
+        run(
             "TF32 matmuls (transformer fp32)",
             "transformer",
-            vec!["--precision", "fp32", "--tf32", "on"],
-            vec!["--precision", "fp32", "--tf32", "off"],
+            ("fp32", &["--tf32", "on"]),
+            ("fp32", &["--tf32", "off"]),
         )?;
-        toggle(
+        run(
             "cuDNN benchmark (convnet)",
             "convnet",
-            vec!["--cudnn-benchmark", "on"],
-            vec!["--cudnn-benchmark", "off"],
+            ("fp32", &["--cudnn-benchmark", "on"]),
+            ("fp32", &["--cudnn-benchmark", "off"]),
         )?;
     }
-    toggle(
+    let channels_last = ("fp32", &["--channels-last"][..]);
+    run(
         "channels-last (convnet)",
         "convnet",
-        vec!["--channels-last"],
-        vec![],
+        channels_last,
+        ("fp32", &[]),
     )?;
     if !cuda {
         out.skip("TF32 matmuls", NO_GPU);
         out.skip("cuDNN benchmark", NO_GPU);
     }
     Ok(runs)
-}
-
-/// Fused AdamW: the optimizer step alone.
-fn fused_adamw(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
-    let (warm_o, timed_o) = if o.quick { ("3", "10") } else { ("10", "100") };
-    let optim = |imp: &'static str| {
-        move || {
-            let mut c = o.kiln("optim-probe");
-            c.args(["--impl", imp, "--warmup", warm_o, "--steps", timed_o]);
-            c
-        }
-    };
-    let (fa, fb) = (optim("fused"), optim("unfused"));
-    let r = o.interleaved(&[&fa, &fb])?;
-    let ms = |i: usize| median_of(&r[i], "step_s_median") * 1e3;
-    out.push(row(
-        "fused AdamW (optimizer step)",
-        "ms/step",
-        Better::Lower,
-        (ms(0), ms(1)),
-        "kiln AdamW as per-tensor ops",
-    ));
-    Ok(json!({"toggle": "fused AdamW", "on": r[0], "off": r[1]}))
 }
 
 /// Loader workers: in this process, interleaved.
@@ -213,29 +219,4 @@ fn loader_workers(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
         "kiln loader in the training thread",
     ));
     Ok(json!({"toggle": "workers", "on_s": with, "off_s": without}))
-}
-
-/// CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
-fn cuda_graphs(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
-    let serve = o.me.clone();
-    let graphs = |mode: &'static str| {
-        let serve = &serve;
-        move || {
-            let mut c = Command::new(serve);
-            c.args(["serve", "infer-probe", "--graphs", mode, "--batch", "1"])
-                .args(["--device", &device_name(o.device)]);
-            c
-        }
-    };
-    let (ga, gb) = (graphs("on"), graphs("off"));
-    let r = o.interleaved(&[&ga, &gb])?;
-    let (on_ms, off_ms) = (median_of(&r[0], "p50_ms"), median_of(&r[1], "p50_ms"));
-    out.push(row(
-        "CUDA graphs (inference, batch 1, p50)",
-        "ms",
-        Better::Lower,
-        (on_ms, off_ms),
-        "kiln inference without graphs",
-    ));
-    Ok(json!({"toggle": "cuda graphs", "on": r[0], "off": r[1]}))
 }

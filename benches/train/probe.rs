@@ -1,6 +1,7 @@
 //! The kiln side of a train-step measurement (`probe`: kiln's trainer on one resident batch)
 //! and of the machine limit (`gemm`: the GEMM peak through libtorch at one precision).
 
+use std::path::Path;
 use std::time::Instant;
 
 use clap::Args;
@@ -9,17 +10,17 @@ use kiln_benches::{device_name, median, peak_memory_mib};
 use kiln_config::ModelKind;
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::flags::{self, Flag};
-use kiln_train::model::Model;
-use kiln_train::model::{InputSpec, parameter_count};
-use kiln_train::models::TransformerShape;
-use kiln_train::models::synthetic_shape;
+use kiln_train::loss::Loss;
+use kiln_train::model::{InputSpec, Model, parameter_count};
+use kiln_train::models::{TransformerShape, synthetic_shape};
+use kiln_train::program::{ProgramModel, ProgramSpec};
 use kiln_train::script::ScriptModel;
 use kiln_train::source::build;
 use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
-use super::{Result, model_plan, resolved};
+use super::{REFERENCE, Result, model_plan, resolved};
 
 /// `probe`'s options.
 #[derive(Debug, Args)]
@@ -32,11 +33,8 @@ pub struct ProbeArgs {
     precision: String,
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
-    #[arg(long, value_parser = parse_device)]
-    device: Option<Device>,
+    #[command(flatten)]
+    place: Place,
     #[arg(long, default_value_t = 5)]
     warmup: usize,
     #[arg(long, default_value_t = 30)]
@@ -75,16 +73,21 @@ pub struct ProbeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ShapeArgs {
     /// Sequence length (the sample is `[seq, 469]`).
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.seq, value_parser = dim())]
     pub seq: u32,
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.d_model, value_parser = dim())]
     pub d_model: u32,
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.heads, value_parser = dim())]
     pub heads: u32,
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.layers, value_parser = dim())]
     pub layers: u32,
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.ff, value_parser = dim())]
     pub ff: u32,
+}
+
+/// A dimension's parser: a positive integer.
+fn dim() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(1..)
 }
 
 impl ShapeArgs {
@@ -103,12 +106,9 @@ impl ShapeArgs {
     }
 }
 
-/// `gemm`'s options.
+/// Where a probe runs: its thread count and device.
 #[derive(Debug, Args)]
-pub struct GemmArgs {
-    /// fp32, tf32, bf16 or fp16.
-    #[arg(long, default_value = "fp32")]
-    precision: String,
+pub struct Place {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
@@ -116,16 +116,61 @@ pub struct GemmArgs {
     device: Option<Device>,
 }
 
+impl Place {
+    /// The device (the first CUDA GPU by default, else the CPU).
+    pub fn device(&self) -> Device {
+        self.device.unwrap_or_else(Device::cuda_if_available)
+    }
+
+    /// Sets libtorch's thread count (at least 1); returns it.
+    pub fn set_threads(&self) -> Result<usize> {
+        let threads = self.threads.max(1);
+        kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+        Ok(threads)
+    }
+}
+
+/// `gemm`'s options.
+#[derive(Debug, Args)]
+pub struct GemmArgs {
+    /// fp32, tf32, bf16 or fp16.
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    #[command(flatten)]
+    place: Place,
+}
+
+/// Seconds of each of `n` calls of `f` after `warmup` untimed ones, the device synchronised
+/// before and after each timed call.
+pub fn time_calls(
+    device: Device,
+    (warmup, n): (usize, usize),
+    mut f: impl FnMut() -> Result<()>,
+) -> Result<Vec<f64>> {
+    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
+    for _ in 0..warmup {
+        f()?;
+    }
+    (0..n)
+        .map(|_| {
+            sync()?;
+            let start = Instant::now();
+            f()?;
+            sync()?;
+            Ok(start.elapsed().as_secs_f64())
+        })
+        .collect()
+}
+
 /// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
 fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f64 {
     let forward = match kind {
         ModelKind::Mlp => 2.0 * (64.0 * 256.0 + 256.0 * 256.0 + 256.0 * 10.0),
-        ModelKind::Transformer => shape.forward_flops_per_sample() as f64,
-        ModelKind::ConvNet => 20_646_400.0,
-        // The benchmarked TorchScript module is the transformer's twin.
-        ModelKind::TorchScript | ModelKind::Program => {
-            return flops_per_step(ModelKind::Transformer, shape, batch);
+        // The benchmarked TorchScript module and program are the transformer's twin.
+        ModelKind::Transformer | ModelKind::TorchScript | ModelKind::Program => {
+            shape.forward_flops_per_sample() as f64
         }
+        ModelKind::ConvNet => 20_646_400.0,
     };
     3.0 * forward * batch as f64
 }
@@ -147,19 +192,10 @@ fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
     Ok(device.is_cuda() && flags::flag(Flag::Tf32CuBlas).unwrap_or(false))
 }
 
-/// What the probe's steps gave: the timed steps' seconds, every step's loss, the first step's
-/// seconds and the phase breakdown of the breakdown steps.
-struct Steps {
-    times: Vec<f64>,
-    losses: Vec<f64>,
-    first_step: f64,
-    breakdown: Option<Value>,
-}
-
 /// Times kiln's train step for one case; prints one JSON line.
 pub fn probe(a: &ProbeArgs) -> Result<()> {
     let kind = a.model;
-    let device = a.device.unwrap_or_else(Device::cuda_if_available);
+    let device = a.place.device();
     let precision = if a.precision == "auto" {
         resolved(device)?.plan.train.amp
     } else {
@@ -168,8 +204,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             .map_err(|e| format!("--precision: {e}"))?
     };
     let batch = a.batch.max(1);
-    let threads = a.threads.max(1);
-    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let threads = a.place.set_threads()?;
     let tf32 = backend(a, device)?;
     tch::manual_seed(0);
 
@@ -195,20 +230,25 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     };
     // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`;
     // `--program PATH`: its exported program, compiled (the load's time is the compile's).
+    let plan = model_plan(kind, a.dropout, &a.shape);
     let loading = Instant::now();
     let model: Box<dyn Model> = match (&a.script, &a.program) {
         (Some(path), _) => {
-            Box::new(ScriptModel::load(std::path::Path::new(path), &vs).map_err(|e| e.to_string())?)
+            Box::new(ScriptModel::load(Path::new(path), &vs).map_err(|e| e.to_string())?)
         }
-        (_, Some(path)) => program_model(path, precision, threads, &input, &vs)?,
-        _ => build(
-            &model_plan(kind, a.dropout, &size),
-            &input,
-            &vs,
-            a.channels_last,
-            0,
-        )
-        .map_err(|e| e.to_string())?,
+        (_, Some(path)) => {
+            // Compiled for this machine, for cross-entropy at `precision`.
+            let spec = ProgramSpec {
+                path: Path::new(path),
+                loss: Loss::CrossEntropy,
+                precision,
+                output: None,
+                freeze: None,
+                threads,
+            };
+            Box::new(ProgramModel::load(&spec, &input, &vs).map_err(|e| e.to_string())?)
+        }
+        _ => build(&plan, &input, &vs, a.channels_last, 0).map_err(|e| e.to_string())?,
     };
     let load_s = loading.elapsed().as_secs_f64();
     let options = StepOptions {
@@ -221,72 +261,39 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     dims.extend(shape.iter().map(|&d| d as i64));
     let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
     let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, device));
-    let s = run_steps(a, &mut stepper, (&features, &labels))?;
-    let median = median(s.times.clone());
+    let (times, losses, first_step, breakdown) = run_steps(a, &mut stepper, (&features, &labels))?;
+    let median = median(times.clone());
     let flops = flops_per_step(kind, &size, batch);
     let (memory, memory_kind) = peak_memory_mib(device);
     println!(
         "{}",
         json!({
-            "framework": "kiln",
-            "torch_version": kiln_torch_ext::runtime::torch_version(),
-            "device": device_name(device),
-            "model": kind.as_str(),
-            "torchscript": a.script,
-            "program": a.program,
-            "cuda_graphs": a.cuda_graphs,
+            "framework": "kiln", "torch_version": kiln_torch_ext::runtime::torch_version(),
+            "device": device_name(device), "model": kind.as_str(),
+            "torchscript": a.script, "program": a.program, "cuda_graphs": a.cuda_graphs,
             "load_s": load_s,
-            "precision": precision.as_str(),
-            "precision_requested": a.precision,
-            "tf32": tf32,
-            "batch": batch,
-            "threads": threads,
-            "params": parameter_count(&vs),
+            "precision": precision.as_str(), "precision_requested": a.precision, "tf32": tf32,
+            "batch": batch, "threads": threads, "params": parameter_count(&vs),
             "config": {"seq": size.seq_len, "d_model": size.d_model, "heads": size.heads,
                        "layers": size.layers, "ff": size.ff},
             "flops_per_step": flops,
             "step_s_median": median,
-            "step_s_min": s.times.iter().copied().fold(f64::INFINITY, f64::min),
-            "samples_per_s": batch as f64 / median,
-            "gflops": flops / median / 1e9,
-            "first_step_s": s.first_step,
-            "loss_first": s.losses.first(),
-            "loss_last": s.losses.last(),
-            "breakdown": s.breakdown,
-            "peak_memory_mib": memory,
-            "peak_memory_kind": memory_kind,
+            "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
+            "samples_per_s": batch as f64 / median, "gflops": flops / median / 1e9,
+            "first_step_s": first_step, "loss_first": losses.first(), "loss_last": losses.last(),
+            "breakdown": breakdown,
+            "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
         })
     );
     Ok(())
 }
 
-/// The exported program at `path` for cross-entropy at `precision`, compiled for this machine.
-fn program_model(
-    path: &str,
-    precision: AmpDtype,
-    threads: usize,
-    input: &InputSpec,
-    vs: &nn::VarStore,
-) -> Result<Box<dyn Model>> {
-    let path = std::path::Path::new(path);
-    let spec = kiln_train::program::ProgramSpec {
-        path,
-        loss: kiln_train::loss::Loss::CrossEntropy,
-        precision,
-        output: None,
-        freeze: None,
-        threads,
-    };
-    let model = kiln_train::program::ProgramModel::load(&spec, input, vs);
-    Ok(Box::new(model.map_err(|e| e.to_string())?))
-}
+/// What the probe's steps gave: the timed steps' seconds, every step's loss, the first step's
+/// seconds and the breakdown steps' phase times.
+type Steps = (Vec<f64>, Vec<f64>, f64, Option<Value>);
 
 /// The warm-up, timed and breakdown steps on one resident batch.
-fn run_steps(
-    a: &ProbeArgs,
-    stepper: &mut Stepper<'_>,
-    (features, labels): (&Tensor, &Tensor),
-) -> Result<Steps> {
+fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)) -> Result<Steps> {
     let (warmup, steps, breakdown_steps) = (a.warmup, a.steps.max(1), a.breakdown_steps);
     let mut times = Vec::with_capacity(steps);
     let mut losses = vec![];
@@ -298,7 +305,7 @@ fn run_steps(
         }
         let start = Instant::now();
         // One resident batch, as on the Python side: the data wait is fetching it.
-        let (x, y) = (features.shallow_clone(), labels.shallow_clone());
+        let (x, y) = (batch.0.shallow_clone(), batch.1.shallow_clone());
         if i >= warmup + steps {
             data_wait += start.elapsed().as_secs_f64();
         }
@@ -324,19 +331,13 @@ fn run_steps(
             "optimizer_ms": per(t.optimizer),
         })
     });
-    Ok(Steps {
-        times,
-        losses,
-        first_step,
-        breakdown,
-    })
+    Ok((times, losses, first_step, breakdown))
 }
 
 /// This machine's GEMM peak through libtorch at one precision (best GFLOP/s over large
 /// shapes), the device synchronised around each timed call.
 pub fn gemm(a: &GemmArgs) -> Result<()> {
-    let threads = a.threads.max(1);
-    let device = a.device.unwrap_or_else(Device::cuda_if_available);
+    let device = a.place.device();
     let precision = a.precision.as_str();
     let kind = match precision {
         "fp32" | "tf32" => Kind::Float,
@@ -348,37 +349,28 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
             ));
         }
     };
-    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let threads = a.place.set_threads()?;
     if device.is_cuda() {
         flags::set_flag(Flag::Tf32CuBlas, precision == "tf32").map_err(|e| e.to_string())?;
     }
-    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
-    let mut best: f64 = 0.0;
-    let mut shapes = vec![];
     let sizes: &[(i64, i64, i64)] = if device.is_cuda() {
         &[(8192, 8192, 8192), (4096, 4096, 4096)]
     } else {
         &[(2048, 1024, 1024), (4096, 4096, 4096), (2048, 256, 1024)]
     };
+    let (mut best, mut shapes): (f64, _) = (0.0, vec![]);
     for &(m, k, n) in sizes {
         let a = Tensor::randn([m, k], (kind, device));
         let b = Tensor::randn([k, n], (kind, device));
-        for _ in 0..3 {
-            let _ = a.f_matmul(&b).map_err(|e| e.to_string())?;
-        }
         let iters = if device.is_cuda() || m * k * n <= 1 << 32 {
             10
         } else {
             3
         };
-        let mut fastest = f64::INFINITY;
-        for _ in 0..iters {
-            sync()?;
-            let start = Instant::now();
-            let _ = a.f_matmul(&b).map_err(|e| e.to_string())?;
-            sync()?;
-            fastest = fastest.min(start.elapsed().as_secs_f64());
-        }
+        let times = time_calls(device, (3, iters), || {
+            a.f_matmul(&b).map(drop).map_err(|e| e.to_string())
+        })?;
+        let fastest = times.into_iter().fold(f64::INFINITY, f64::min);
         let gflops = 2.0 * (m * k * n) as f64 / fastest / 1e9;
         shapes.push(json!({"shape": [m, k, n], "gflops": gflops}));
         best = best.max(gflops);

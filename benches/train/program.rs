@@ -1,208 +1,200 @@
-//! The train suite's exported-program rows: the reference transformer's PyTorch twin, exported
-//! by `torch.export` and trained through kiln's compiled step (AOTInductor), against the same
-//! module in PyTorch eager, under `torch.compile` (default mode) and through kiln's TorchScript
-//! path; and kiln's compile time beside `torch.compile`'s first step.
+//! The train suite's your-own-model rows: the reference transformer's PyTorch twin trained by
+//! kiln as TorchScript and as a `torch.export` program through kiln's compiled step
+//! (AOTInductor), against the same module in PyTorch eager, as TorchScript and under
+//! `torch.compile` (default mode); and kiln's compile time beside `torch.compile`'s first step.
 
 use std::path::Path;
 use std::process::Command;
 
-use kiln_benches::report::{Better, Comparison};
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{median, median_of, run_json};
 use serde_json::{Value, json};
 
-use super::cases::{StepCounts, compile_env, compile_summary};
-use super::{Opts, Result};
+use super::cases::{at_most, breakdowns, compile_env, compile_summary};
+use super::{Opts, Result, in_temp_dir, strings};
+
+/// What the TorchScript rows' names begin with.
+pub const SCRIPT_ROWS: &str = "your own model (transformer as TorchScript)";
 
 /// What the exported-program rows' names begin with.
 pub const PROGRAM_ROWS: &str = "your own model (transformer as an exported program)";
 
-/// The program and the TorchScript twin of the reference transformer (dropout 0, the same seed
-/// and so the same initial weights), written into `dir` by `train_step.py`.
-fn export(o: &Opts, dir: &Path) -> Result<(String, String, Value)> {
-    let program = dir.join("transformer.pt2").to_string_lossy().into_owned();
-    let script = dir.join("transformer.pt").to_string_lossy().into_owned();
-    let mut exported = json!(null);
-    for (flag, path) in [("--export-program", &program), ("--export-script", &script)] {
-        let mut c = o.torch();
-        c.args(["--model", "transformer", "--dropout", "0", flag, path]);
-        exported = run_json(c)?;
-    }
-    Ok((program, script, exported))
-}
-
-/// The sides' runs by name: kiln's compiled step (`kiln`; its compile cache empty at the first
-/// run: a cold compile, warm after), PyTorch eager (`eager`), kiln's TorchScript path
-/// (`torchscript`), on CUDA the compiled step replayed as one CUDA graph (`graph`), and (not in
-/// `--quick`) `torch.compile` in default mode (`compile`, its inductor cache empty at its first
-/// run) and on CUDA in reduce-overhead mode (`reduce-overhead`).
+/// The runs of each side, by name.
 type Sides = Vec<(&'static str, Vec<Value>)>;
 
-fn sides(o: &Opts, n: &StepCounts, dir: &Path) -> Result<(Sides, Value)> {
-    let (program, script, exported) = export(o, dir)?;
-    let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
-    let common = |c: &mut Command| {
-        c.args(["--model", "transformer", "--precision", precision])
-            .args(["--dropout", "0", "--batch", "32"])
-            .args(["--warmup", &n.warm, "--steps", &n.timed])
-            .args(["--breakdown-steps", &n.split]);
-    };
-    let kiln_cache = dir.join("kiln-cache");
-    let torch_cache = dir.join("inductor");
-    std::fs::create_dir_all(torch_cache.join("tmp"))
-        .map_err(|e| format!("{}: {e}", torch_cache.display()))?;
-    let compiled = |graphs: bool| {
-        let mut c = o.kiln("probe");
-        common(&mut c);
-        c.args(["--program", &program])
-            .env("KILN_COMPILE_CACHE", &kiln_cache)
-            .env("KILN_PYTHON", &o.python);
-        if graphs {
-            c.arg("--cuda-graphs");
-        }
-        c
-    };
-    let torch = |mode: Option<&str>| {
-        let mut c = o.torch();
-        common(&mut c);
-        if let Some(mode) = mode {
-            compile_env(&mut c, &torch_cache);
-            c.args(["--compile-mode", mode]);
-        }
-        c
-    };
-    let scripted = || {
-        let mut c = o.kiln("probe");
-        common(&mut c);
-        c.args(["--script", &script]);
-        c
-    };
-    let (kiln, graph) = (|| compiled(false), || compiled(true));
-    let (eager, default, overhead) = (
-        || torch(None),
-        || torch(Some("default")),
-        || torch(Some("reduce-overhead")),
-    );
-    let mut named: Vec<(&'static str, &dyn Fn() -> Command)> = vec![
-        ("kiln", &kiln),
-        ("eager", &eager),
-        ("torchscript", &scripted),
-    ];
-    if o.device.is_cuda() {
-        named.push(("graph", &graph));
-    }
-    if !o.quick {
-        named.push(("compile", &default));
-        if o.device.is_cuda() {
-            named.push(("reduce-overhead", &overhead));
-        }
-    }
+/// `file` in `dir`, the reference transformer's twin (dropout 0, the same seed and so the same
+/// initial weights) written there by `train_step.py FLAG`; and that export's JSON.
+fn export(o: &Opts, dir: &Path, flag: &str, file: &str) -> Result<(String, Value)> {
+    let path = dir.join(file).to_string_lossy().into_owned();
+    let exported = run_json(o.torch(&["--model", "transformer", "--dropout", "0", flag, &path]))?;
+    Ok((path, exported))
+}
+
+/// Both sides' arguments: the reference transformer at `precision`, dropout 0, batch 32.
+fn own_args(o: &Opts, precision: &str) -> Vec<String> {
+    let step = o.step_args("transformer", precision, 32, o.steps.2);
+    [step, strings(&["--dropout", "0"])].concat()
+}
+
+/// Runs the `named` sides alternating; each must have trained the model of `exported`.
+fn run_sides(
+    o: &Opts,
+    case: &str,
+    exported: &Value,
+    named: &[(&'static str, &dyn Fn() -> Command)],
+) -> Result<Sides> {
     let cmds: Vec<&dyn Fn() -> Command> = named.iter().map(|(_, c)| *c).collect();
     let runs = o.interleaved(&cmds)?;
     if runs.iter().any(|s| s[0]["params"] != exported["params"]) {
         return Err(format!(
-            "exported-program case: the sides trained different models ({} exported parameters)",
+            "{case} case: the sides trained different models ({} exported parameters)",
             exported["params"]
         ));
     }
-    let sides = named.iter().map(|(name, _)| *name).zip(runs).collect();
-    Ok((sides, exported))
+    Ok(named.iter().map(|(name, _)| *name).zip(runs).collect())
+}
+
+/// The sides' runs as one JSON object, by name.
+fn by_name(sides: &Sides) -> Value {
+    Value::Object(
+        sides
+            .iter()
+            .map(|(n, r)| (n.to_string(), json!(r)))
+            .collect(),
+    )
+}
+
+/// `{what} vs {baseline}`: kiln's runs `ours` against the `runs` of `baseline`, which trains
+/// the same Python module; batch 32, dropout 0.
+fn module_row(what: &str, ours: &[Value], (baseline, runs): (&str, &[Value])) -> Comparison {
+    let ms = |r: &[Value]| median_of(r, "step_s_median") * 1e3;
+    Comparison::new(
+        "train",
+        "step time",
+        format!("{what} vs {baseline}"),
+        "ms/step",
+        Better::Lower,
+        (ms(ours), ms(runs)),
+        format!("{baseline}, training the same Python module (fused AdamW)"),
+    )
+    .detail("batch_size", json!(32))
+    .detail("dropout", json!(0.0))
+    .detail("breakdown", breakdowns(ours, runs))
+}
+
+/// The TorchScript rows: kiln training the reference transformer's TorchScript twin (scripted
+/// by `train_step.py --export-script` from the same Python module) against PyTorch eager
+/// training that module, as a user writes it (goal: at most 1.05× its step), and against
+/// PyTorch training the same TorchScript file, as by default and with the graph optimization
+/// off that kiln turns off on the CPU; fp32, batch 32. Returns their runs.
+pub fn script_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
+    let sides = in_temp_dir("script", |dir| {
+        let (path, exported) = export(o, dir, "--export-script", "transformer.pt")?;
+        let args = own_args(o, "fp32");
+        let script = [args.clone(), strings(&["--script", &path])].concat();
+        let plain = [script.clone(), strings(&["--jit-optimize", "off"])].concat();
+        let named: [(&str, &dyn Fn() -> Command); 4] = [
+            ("kiln", &|| o.kiln("probe", &script)),
+            ("torch", &|| o.torch(&args)),
+            ("torch_script", &|| o.torch(&script)),
+            ("torch_script_optimize_off", &|| o.torch(&plain)),
+        ];
+        run_sides(o, "TorchScript", &exported, &named)
+    })?;
+    let baselines = [
+        "PyTorch eager",
+        "PyTorch running the TorchScript file",
+        "PyTorch running the TorchScript file, graph optimization off (kiln's CPU choice)",
+    ];
+    for ((_, runs), baseline) in sides[1..].iter().zip(baselines) {
+        let what = format!("{SCRIPT_ROWS} fp32 step");
+        out.push(module_row(&what, &sides[0].1, (baseline, runs)).at_most(1.05));
+    }
+    let mut run = by_name(&sides);
+    run["case"] = json!("torchscript transformer");
+    Ok(run)
+}
+
+/// The sides of the exported-program rows, by name: kiln's compiled step (`kiln`; its compile
+/// cache empty at the first run: a cold compile, warm after), PyTorch eager (`eager`), kiln's
+/// TorchScript path (`torchscript`), on CUDA the compiled step replayed as one CUDA graph
+/// (`graph`), and (not in `--quick`) `torch.compile` in default mode (`compile`, its inductor
+/// cache empty at its first run) and on CUDA in reduce-overhead mode (`reduce-overhead`).
+fn program_sides(o: &Opts, dir: &Path) -> Result<Sides> {
+    let (program, _) = export(o, dir, "--export-program", "transformer.pt2")?;
+    let (script, exported) = export(o, dir, "--export-script", "transformer.pt")?;
+    let args = own_args(o, if o.device.is_cuda() { "bf16" } else { "fp32" });
+    let with = |extra: &[&str]| [args.clone(), strings(extra)].concat();
+    let compiled = with(&["--program", &program]);
+    let graphs = with(&["--program", &program, "--cuda-graphs"]);
+    let scripted = with(&["--script", &script]);
+    let (default, overhead) = (
+        with(&["--compile-mode", "default"]),
+        with(&["--compile-mode", "reduce-overhead"]),
+    );
+    let kiln = |args: &[String]| {
+        let mut c = o.kiln("probe", args);
+        c.env("KILN_COMPILE_CACHE", dir.join("kiln-cache"))
+            .env("KILN_PYTHON", &o.python);
+        c
+    };
+    let compiling = |args: &[String]| {
+        let mut c = o.torch(args);
+        compile_env(&mut c, dir);
+        c
+    };
+    let (cuda, slow) = (o.device.is_cuda(), !o.quick);
+    let all: [(&str, bool, &dyn Fn() -> Command); 6] = [
+        ("kiln", true, &|| kiln(&compiled)),
+        ("eager", true, &|| o.torch(&args)),
+        ("torchscript", true, &|| o.kiln("probe", &scripted)),
+        ("graph", cuda, &|| kiln(&graphs)),
+        ("compile", slow, &|| compiling(&default)),
+        ("reduce-overhead", cuda && slow, &|| compiling(&overhead)),
+    ];
+    let named: Vec<_> = all.into_iter().filter(|s| s.1).collect();
+    let named: Vec<_> = named.into_iter().map(|(n, _, c)| (n, c)).collect();
+    run_sides(o, "exported-program", &exported, &named)
 }
 
 /// The exported-program rows (step time against eager, `torch.compile` and kiln's TorchScript
-/// path; on CUDA the step in one CUDA graph; compile time) and their runs.
-pub fn program_case(o: &Opts, n: &StepCounts) -> Result<(Vec<Comparison>, Value)> {
-    let dir = std::env::temp_dir().join(format!("kiln-bench-program-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = sides(o, n, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    let (sides, _) = result?;
-    let side = |name: &str| {
-        sides
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, r)| r.as_slice())
-    };
-    let k = side("kiln").unwrap_or_default();
-    let precision = k
-        .first()
+/// path; on CUDA the step in one CUDA graph; compile time); returns their runs.
+pub fn program_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
+    let sides = in_temp_dir("program", |dir| program_sides(o, dir))?;
+    let side = |name: &str| sides.iter().find(|(n, _)| *n == name).map(|(_, r)| &r[..]);
+    let precision = side("kiln")
+        .and_then(|k| k.first())
         .and_then(|r| r["precision"].as_str())
-        .unwrap_or("?")
-        .to_owned();
-    let row = |ours: &[Value], what: &str, runs: &[Value], baseline: &str, goal: Option<f64>| {
-        let c = Comparison::new(
-            "train",
-            "step time",
-            format!("{PROGRAM_ROWS} {precision} {what} vs {baseline}"),
-            "ms/step",
-            Better::Lower,
-            (
-                median_of(ours, "step_s_median") * 1e3,
-                median_of(runs, "step_s_median") * 1e3,
-            ),
-            format!("{baseline}, training the same Python module (fused AdamW)"),
-        )
-        .detail("batch_size", json!(32))
-        .detail("dropout", json!(0.0))
-        .detail(
-            "breakdown",
-            json!({"kiln": ours.last().map(|r| r["breakdown"].clone()),
-                   "baseline": runs.last().map(|r| r["breakdown"].clone())}),
-        );
-        match goal {
-            Some(g) => c.at_most(g),
-            None => c,
-        }
-    };
-    let step = "step";
-    let mut rows = vec![];
-    if let Some(eager) = side("eager") {
-        rows.push(row(k, step, eager, "PyTorch eager", Some(0.95)));
-    }
-    if let Some(script) = side("torchscript") {
-        rows.push(row(k, step, script, "kiln's TorchScript path", None));
-    }
-    if let Some(compiled) = side("compile") {
-        rows.push(row(
-            k,
-            step,
-            compiled,
-            "torch.compile (default mode)",
-            Some(1.0),
-        ));
-        rows.push(compile_row(k, compiled, &precision));
-    }
-    if let Some(graph) = side("graph") {
-        let what = "step in one CUDA graph";
-        if let Some(eager) = side("eager") {
-            rows.push(row(graph, what, eager, "PyTorch eager", None));
-        }
-        if let Some(compiled) = side("compile") {
-            rows.push(row(
-                graph,
-                what,
-                compiled,
-                "torch.compile (default mode)",
-                Some(0.8),
-            ));
-        }
-        if let Some(overhead) = side("reduce-overhead") {
-            rows.push(row(
-                graph,
-                what,
-                overhead,
-                "torch.compile (reduce-overhead)",
-                None,
-            ));
+        .unwrap_or("?");
+    // kiln's compiled step, and on CUDA its replay as one CUDA graph, against each baseline.
+    let pairs = [
+        ("kiln", "eager", Some(0.95)),
+        ("kiln", "torchscript", None),
+        ("kiln", "compile", Some(1.0)),
+        ("graph", "eager", None),
+        ("graph", "compile", Some(0.8)),
+        ("graph", "reduce-overhead", None),
+    ];
+    for (ours, theirs, goal) in pairs {
+        let (Some(k), Some(runs)) = (side(ours), side(theirs)) else {
+            continue;
+        };
+        let what = match ours {
+            "graph" => format!("{PROGRAM_ROWS} {precision} step in one CUDA graph"),
+            _ => format!("{PROGRAM_ROWS} {precision} step"),
+        };
+        let baseline = match theirs {
+            "eager" => "PyTorch eager",
+            "torchscript" => "kiln's TorchScript path",
+            "compile" => "torch.compile (default mode)",
+            _ => "torch.compile (reduce-overhead)",
+        };
+        out.push(at_most(module_row(&what, k, (baseline, runs)), goal));
+        if (ours, theirs) == ("kiln", "compile") {
+            out.push(compile_row(k, runs, precision));
         }
     }
-    let run: serde_json::Map<String, Value> = sides
-        .iter()
-        .map(|(n, r)| ((*n).to_owned(), json!(r)))
-        .collect();
-    Ok((
-        rows,
-        json!({"case": "exported-program transformer", "sides": run}),
-    ))
+    Ok(json!({"case": "exported-program transformer", "sides": by_name(&sides)}))
 }
 
 /// kiln's compile (its cache empty: the first run's load) beside `torch.compile`'s first step

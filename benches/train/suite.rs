@@ -1,17 +1,18 @@
 //! The `train` suite: the GEMM peaks, every case of [`CASES`] kiln against PyTorch, the
-//! TorchScript rows, and with `--batch-sizes` the throughput and peak-memory sweep.
+//! your-own-model rows (TorchScript, exported program), and with `--batch-sizes` the
+//! throughput and peak-memory sweep.
 
 use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{SuiteArgs, device_name, median_of, run_json};
 use serde_json::{Value, json};
 
-use super::cases::{SCRIPT_ROWS, StepCounts, cases_for, planned_name, run_case, script_case};
-use super::program::{PROGRAM_ROWS, program_case};
+use super::cases::{cases_for, planned_name, run_case};
+use super::program::{PROGRAM_ROWS, SCRIPT_ROWS, program_case, script_case};
 use super::{Opts, Result, f};
 
 /// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
 /// fp32, TF32, bf16 and fp16 on a GPU.
-pub fn peaks(o: &Opts) -> Result<Value> {
+fn peaks(o: &Opts) -> Result<Value> {
     let precisions: &[&str] = if o.device.is_cuda() {
         &["fp32", "tf32", "bf16", "fp16"]
     } else {
@@ -19,9 +20,7 @@ pub fn peaks(o: &Opts) -> Result<Value> {
     };
     let mut peaks = serde_json::Map::new();
     for p in precisions {
-        let mut c = o.kiln("gemm");
-        c.args(["--precision", p]);
-        let v = run_json(c)?;
+        let v = run_json(o.kiln("gemm", &["--precision", p]))?;
         eprintln!(
             "{p} GEMM peak through libtorch on {}: {:.0} GFLOP/s",
             device_name(o.device),
@@ -47,7 +46,6 @@ pub fn peak_for(peaks: &Value, precision: &str, tf32: bool) -> (f64, String) {
 
 pub fn train_suite(a: &SuiteArgs) -> Result<()> {
     let o = Opts::new(a)?;
-    let (warmup, steps, breakdown) = if o.quick { (2, 5, 3) } else { (5, 20, 10) };
     let mut out = SuiteOutput::new(
         "train",
         &format!(
@@ -59,12 +57,6 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
         ),
     );
     out.peaks = peaks(&o)?;
-    let n = StepCounts {
-        warm: warmup.to_string(),
-        timed: steps.to_string(),
-        split: breakdown.to_string(),
-    };
-    let (warm, timed, split) = (&n.warm, &n.timed, &n.split);
     let mut runs = vec![];
     for (i, case) in cases_for(o.device).iter().enumerate() {
         // The row's name (which resolves the configuration) only where a filter reads it.
@@ -72,12 +64,7 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
         if (case.compile && o.quick) || filtered {
             continue;
         }
-        let outcome = run_case(&o, (i, case), &n, &out.peaks)?;
-        match outcome.not_run {
-            Some(reason) => out.skip(&outcome.name, &format!("not run: {reason}")),
-            None => outcome.rows.into_iter().for_each(|c| out.push(c)),
-        }
-        runs.push(outcome.run);
+        runs.push(run_case(&o, &mut out, (i, case))?);
     }
     if o.quick {
         out.skip(
@@ -86,22 +73,15 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
         );
     }
     if a.selects(SCRIPT_ROWS) {
-        let (comparisons, run) = script_case(&o, warm, timed, split)?;
-        for c in comparisons {
-            out.push(c);
-        }
-        runs.push(run);
+        runs.push(script_case(&o, &mut out)?);
     }
     if a.selects(PROGRAM_ROWS) {
-        let (comparisons, run) = program_case(&o, &n)?;
-        for c in comparisons {
-            out.push(c);
-        }
-        runs.push(run);
+        runs.push(program_case(&o, &mut out)?);
     }
     for &b in a.batch_sizes() {
-        runs.push(sweep_rows(&o, &mut out, b, &n)?);
+        runs.push(sweep_rows(&o, &mut out, b)?);
     }
+    let (warmup, steps, breakdown) = o.steps;
     out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
                          "breakdown_steps": breakdown, "runs": runs});
     out.write(&a.out_or("train"))
@@ -109,52 +89,32 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
 
 /// The batch-size sweep's two rows at batch size `b` (throughput and peak memory); returns
 /// their runs.
-fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize, n: &StepCounts) -> Result<Value> {
-    let (warm, timed) = (&n.warm, &n.timed);
-    let batch = b.to_string();
+fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize) -> Result<Value> {
     let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
-    let kiln_cmd = || {
-        let mut c = o.kiln("probe");
-        c.args(["--model", "transformer", "--precision", precision])
-            .args(["--batch", &batch, "--warmup", warm, "--steps", timed]);
-        c
-    };
-    let torch_cmd = || {
-        let mut c = o.torch();
-        c.args(["--model", "transformer", "--precision", precision])
-            .args(["--batch", &batch, "--warmup", warm, "--steps", timed]);
-        c
-    };
-    let sides = o.interleaved(&[&kiln_cmd, &torch_cmd])?;
+    let args = o.step_args("transformer", precision, b, 0);
+    let sides = o.interleaved(&[&|| o.kiln("probe", &args), &|| o.torch(&args)])?;
     let (k, t) = (&sides[0], &sides[1]);
-    let baseline = format!("PyTorch eager {precision}");
-    out.push(
+    let row = |what: &str, unit: &str, better: Better, key: &str| {
         Comparison::new(
             "train",
             SWEEP_GROUP,
-            format!("transformer {precision} b={b} throughput"),
-            "samples/s",
-            Better::Higher,
-            (median_of(k, "samples_per_s"), median_of(t, "samples_per_s")),
-            baseline.clone(),
-        )
-        .detail("batch_size", json!(b)),
-    );
-    out.push(
-        Comparison::new(
-            "train",
-            SWEEP_GROUP,
-            format!("transformer {precision} b={b} peak memory"),
-            "MiB",
-            Better::Lower,
-            (
-                median_of(k, "peak_memory_mib"),
-                median_of(t, "peak_memory_mib"),
-            ),
-            baseline,
+            format!("transformer {precision} b={b} {what}"),
+            unit,
+            better,
+            (median_of(k, key), median_of(t, key)),
+            format!("PyTorch eager {precision}"),
         )
         .detail("batch_size", json!(b))
-        .detail("memory", k[0]["peak_memory_kind"].clone()),
+    };
+    out.push(row(
+        "throughput",
+        "samples/s",
+        Better::Higher,
+        "samples_per_s",
+    ));
+    out.push(
+        row("peak memory", "MiB", Better::Lower, "peak_memory_mib")
+            .detail("memory", k[0]["peak_memory_kind"].clone()),
     );
     Ok(json!({"sweep_batch": b, "kiln": k, "torch": t}))
 }
