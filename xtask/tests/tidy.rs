@@ -148,6 +148,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
             "scaler",
             "schedule",
             "weights",
+            "workers",
         ],
     ),
     ("the model contract", &["model"]),

@@ -518,7 +518,7 @@ pub struct ConfigArgs {
     /// Training batch size (= --set train.batch_size=…).
     #[arg(long, value_name = "N")]
     pub batch_size: Option<String>,
-    /// Data-loader workers (= --set data.num_workers=…).
+    /// Data-loader workers, or auto (= --set data.num_workers=…).
     #[arg(long, value_name = "N")]
     pub workers: Option<String>,
     /// Mixed precision: fp32, fp16 or bf16 (= --set train.amp=…).

@@ -127,7 +127,11 @@ pub fn start_line(r: &Resolution) -> String {
         src("train.batch_size"),
         plan.train.amp,
         src("train.amp"),
-        plan.data.num_workers,
+        if plan.data.num_workers_auto {
+            format!("auto (0 to {})", plan.data.num_workers)
+        } else {
+            plan.data.num_workers.to_string()
+        },
         src("data.num_workers"),
         plan.performance.backend.tf32,
         src("performance.tf32"),

@@ -221,7 +221,7 @@ fn config_explain_shows_each_value_with_its_layer() {
         "{text}"
     );
     assert!(
-        line("data.num_workers").contains("= 16")
+        line("data.num_workers").contains("= auto (measures 0 to 16 on the first steps)")
             && line("data.num_workers")
                 .contains("profile said 32; this machine has 16 CPU core(s)"),
         "{text}"

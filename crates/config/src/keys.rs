@@ -20,8 +20,8 @@ use kiln_core::options::{
     ProfileUnit, ScheduleKind,
 };
 
-use crate::plan::{ModelPlan, TrainPlan};
-use crate::setting::{BatchSize, KeepBest, ModelChoice, Port, Widths, config_keys};
+use crate::plan::{DataPlan, ModelPlan, TrainPlan};
+use crate::setting::{BatchSize, KeepBest, ModelChoice, Port, Widths, Workers, config_keys};
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
 fn model_name(model: &ModelPlan) -> String {
@@ -37,6 +37,18 @@ fn batch_size_text(train: &TrainPlan) -> String {
         format!("auto (search starts at {})", train.batch_size)
     } else {
         train.batch_size.to_string()
+    }
+}
+
+/// `data.num_workers` as shown: the number, or the measurement and its ceiling.
+fn workers_text(data: &DataPlan) -> String {
+    if data.num_workers_auto {
+        format!(
+            "auto (measures 0 to {} on the first steps)",
+            data.num_workers
+        )
+    } else {
+        data.num_workers.to_string()
     }
 }
 
@@ -77,7 +89,10 @@ config_keys! {
 
     /// The loader and the data split.
     data (RawData, DataValues) {
-        num_workers: u64 = 4 => p.data.num_workers;
+        /// Loader threads: a number (0 reads batches on the training thread), or "auto" to
+        /// measure whole training steps at 0, 1, 2, 4, … up to the profile's count (capped by
+        /// the cores) on the first steps and keep the fastest.
+        num_workers: Workers = "auto" => workers_text(&p.data);
         prefetch_factor: u64 = 2 => p.data.prefetch_factor,
             valid |v| *v >= 1 => "must be at least 1";
         /// Share of the dataset held out for validation, in [0, 1).
@@ -250,7 +265,15 @@ mod tests {
     fn the_table_gives_every_key_a_default_an_entry_and_a_constant() {
         let layer = defaults();
         let raw: RawConfig = Figment::from(layer).extract().unwrap();
-        let plan = crate::plan::validate(raw, BTreeMap::new(), 48).unwrap();
+        let plan = crate::plan::validate(
+            raw,
+            BTreeMap::new(),
+            crate::plan::ProfileStarts {
+                batch_size: 48,
+                workers: 4,
+            },
+        )
+        .unwrap();
         let entries: Vec<&str> = plan.entries().into_iter().map(|(k, _)| k).collect();
         assert_eq!(entries, KEYS);
         let shown: BTreeMap<_, _> = plan.entries().into_iter().collect();
@@ -267,7 +290,15 @@ mod tests {
     fn only_optional_keys_may_be_left_without_a_value() {
         // Without the defaults layer, the first required key is reported missing.
         let raw = RawConfig::default();
-        let err = crate::plan::validate(raw, BTreeMap::new(), 48).unwrap_err();
+        let err = crate::plan::validate(
+            raw,
+            BTreeMap::new(),
+            crate::plan::ProfileStarts {
+                batch_size: 48,
+                workers: 4,
+            },
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "configuration: `device.request` has no value in any layer"

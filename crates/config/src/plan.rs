@@ -21,7 +21,7 @@ use crate::keys::{
 };
 use crate::layers::Layer;
 pub use crate::setting::KeepBest;
-use crate::setting::{BatchSize, Checker};
+use crate::setting::{BatchSize, Checker, Workers};
 
 /// Which layer set a value, and where exactly (file path, variable name, flag).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -45,7 +45,11 @@ pub struct PerformancePlan {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct DataPlan {
+    /// Loader threads; with `num_workers_auto`, the most the measurement tries (the profile's
+    /// count, capped by the machine's cores).
     pub num_workers: u64,
+    /// `data.num_workers = auto`: the trainer measures the count on the first steps.
+    pub num_workers_auto: bool,
     pub prefetch_factor: u64,
     /// Share of the samples held out for validation, in [0, 1).
     pub val_fraction: f64,
@@ -250,25 +254,34 @@ impl RunPlan {
     }
 }
 
+/// What the profile gives the keys set to `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProfileStarts {
+    /// Where a `train.batch_size = "auto"` search starts.
+    pub batch_size: u64,
+    /// The most loader threads `data.num_workers = "auto"` tries.
+    pub workers: u64,
+}
+
 /// Validates layered raw values: each key on its own (the key table), then each section's
-/// relations between keys as it is placed in the plan. `auto_batch_start` is the profile's batch
-/// size, where an `"auto"` search starts.
+/// relations between keys as it is placed in the plan, the profile's values standing in for
+/// `"auto"` ([`ProfileStarts`]).
 pub(crate) fn validate(
     raw: RawConfig,
     provenance: BTreeMap<String, Provenance>,
-    auto_batch_start: u64,
+    starts: ProfileStarts,
 ) -> Result<RunPlan, ConfigError> {
     let check = Checker::new(&provenance);
     let v = Values::read(raw, &check)?;
     let model = model_plan(v.model, &check)?;
-    let train = train_plan(v.train, auto_batch_start, &check)?;
+    let train = train_plan(v.train, starts.batch_size, &check)?;
     let d = v.device;
     Ok(RunPlan {
         device_request: d.request,
         forced_profile: d.profile,
         profiles_dir: d.profiles_dir,
         performance: performance_plan(v.performance),
-        data: data_plan(v.data),
+        data: data_plan(v.data, starts.workers),
         model,
         train,
         checkpoint: checkpoint_plan(v.checkpoint),
@@ -302,9 +315,14 @@ fn performance_plan(v: PerformanceValues) -> PerformancePlan {
     }
 }
 
-fn data_plan(v: DataValues) -> DataPlan {
+fn data_plan(v: DataValues, worker_ceiling: u64) -> DataPlan {
+    let (num_workers, num_workers_auto) = match v.num_workers {
+        Workers::Fixed(n) => (n, false),
+        Workers::Auto => (worker_ceiling, true),
+    };
     DataPlan {
-        num_workers: v.num_workers,
+        num_workers,
+        num_workers_auto,
         prefetch_factor: v.prefetch_factor,
         val_fraction: v.val_fraction,
         synthetic_samples: v.synthetic_samples,

@@ -36,21 +36,22 @@ where
     }
 }
 
-/// `train.batch_size` as written: a number, or a word ("auto") checked in validation.
+/// A count as written (`train.batch_size`, `data.num_workers`): a number, or a word ("auto")
+/// checked in validation.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
-pub enum RawBatchSize {
+pub enum RawCount {
     Number(u64),
     Text(String),
 }
 
-impl<'de> Deserialize<'de> for RawBatchSize {
+impl<'de> Deserialize<'de> for RawCount {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(match NumOrString::<u64>::deserialize(d)? {
-            NumOrString::Num(n) => RawBatchSize::Number(n),
+            NumOrString::Num(n) => RawCount::Number(n),
             NumOrString::Str(s) => match s.trim().parse::<u64>() {
-                Ok(n) => RawBatchSize::Number(n),
-                Err(_) => RawBatchSize::Text(s),
+                Ok(n) => RawCount::Number(n),
+                Err(_) => RawCount::Text(s),
             },
         })
     }

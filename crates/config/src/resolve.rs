@@ -17,7 +17,7 @@ use kiln_profiles::{ProfileSet, Resolved, edit_distance, resolve};
 use crate::ConfigError;
 use crate::keys::{self, KEYS, RawConfig, defaults};
 use crate::layers::{Layer, NamedLayer, parse_set_value};
-use crate::plan::{Provenance, RunPlan, validate};
+use crate::plan::{ProfileStarts, Provenance, RunPlan, validate};
 use crate::setting::Checker;
 
 /// The machine a configuration is for. This crate does not link libtorch, so it cannot probe:
@@ -76,7 +76,8 @@ pub struct Resolution {
 }
 
 /// The config keys a profile sets: (key, the profile field it comes from, value). The one list
-/// both the profile layer and the adjustment notes read.
+/// both the profile layer and the adjustment notes read. (The profile's `num_workers` sets no
+/// key: it is the ceiling of `data.num_workers = auto`, see [`workers_note`].)
 fn profile_values(p: &kiln_profiles::Profile) -> Vec<(&'static str, &'static str, Value)> {
     let amp = p.amp_dtype.to_string();
     vec![
@@ -90,7 +91,6 @@ fn profile_values(p: &kiln_profiles::Profile) -> Vec<(&'static str, &'static str
             "infer_batch_size",
             p.infer_batch_size.into(),
         ),
-        (keys::data::num_workers, "num_workers", p.num_workers.into()),
         (
             keys::performance::memory_fraction,
             "memory_fraction",
@@ -336,7 +336,16 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         }
         provenance.insert((*key).to_owned(), p);
     }
-    let plan = validate(raw, provenance, u64::from(profile.profile.train_batch_size))?;
+    let starts = ProfileStarts {
+        batch_size: u64::from(profile.profile.train_batch_size),
+        workers: u64::from(profile.profile.num_workers),
+    };
+    let mut plan = validate(raw, provenance, starts)?;
+    if plan.data.num_workers_auto
+        && let Some(p) = plan.provenance.get_mut(keys::data::num_workers)
+    {
+        p.note = Some(workers_note(&profile));
+    }
     warn_about_hardware(&plan, &selection);
     Ok(Resolution {
         facts,
@@ -345,6 +354,19 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         profile,
         plan,
     })
+}
+
+/// Where `data.num_workers = auto`'s ceiling comes from: the profile's count, and why it was
+/// lowered for this machine if it was.
+fn workers_note(profile: &Resolved) -> String {
+    let name = &profile.profile.name;
+    match profile.adjustments.iter().find(|a| a.key == "num_workers") {
+        Some(a) => format!(
+            "the most it tries is profile {name}'s num_workers: profile said {}; {}",
+            a.from, a.reason
+        ),
+        None => format!("the most it tries is profile {name}'s num_workers"),
+    }
 }
 
 /// A user-set precision the GPU cannot do natively is the user's call, but it is logged.

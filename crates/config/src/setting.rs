@@ -19,7 +19,7 @@ use kiln_core::options::{
 
 use crate::ConfigError;
 use crate::plan::{ModelKind, Provenance};
-use crate::raw::{Num, RawBatchSize, RawKeepBest, RawWidths};
+use crate::raw::{Num, RawCount, RawKeepBest, RawWidths};
 
 /// A key's value type: what the raw layer holds for it and how that becomes the value.
 pub trait Setting: Sized {
@@ -210,25 +210,47 @@ pub enum BatchSize {
 }
 
 impl Setting for BatchSize {
-    type Raw = RawBatchSize;
-    fn parse(raw: RawBatchSize) -> Result<Self, String> {
+    type Raw = RawCount;
+    fn parse(raw: RawCount) -> Result<Self, String> {
         match raw {
-            RawBatchSize::Number(n) if n >= 1 => Ok(BatchSize::Fixed(n)),
-            RawBatchSize::Number(_) => Err("must be at least 1".to_owned()),
-            RawBatchSize::Text(text) if text.trim().eq_ignore_ascii_case("auto") => {
-                Ok(BatchSize::Auto)
-            }
-            RawBatchSize::Text(_) => Err(
+            RawCount::Number(n) if n >= 1 => Ok(BatchSize::Fixed(n)),
+            RawCount::Number(_) => Err("must be at least 1".to_owned()),
+            RawCount::Text(text) if text.trim().eq_ignore_ascii_case("auto") => Ok(BatchSize::Auto),
+            RawCount::Text(_) => Err(
                 "use a whole number of at least 1, or \"auto\" to search this machine for one"
                     .to_owned(),
             ),
         }
     }
-    fn raw_text(raw: &RawBatchSize) -> String {
+    fn raw_text(raw: &RawCount) -> String {
         match raw {
-            RawBatchSize::Number(n) => n.to_string(),
-            RawBatchSize::Text(text) => format!("{text:?}"),
+            RawCount::Number(n) => n.to_string(),
+            RawCount::Text(text) => format!("{text:?}"),
         }
+    }
+}
+
+/// `data.num_workers`: a fixed number of loader threads (0 reads on the training thread), or
+/// `auto`: measured on the first training steps, the profile's count the ceiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workers {
+    Fixed(u64),
+    Auto,
+}
+
+impl Setting for Workers {
+    type Raw = RawCount;
+    fn parse(raw: RawCount) -> Result<Self, String> {
+        match raw {
+            RawCount::Number(n) => Ok(Workers::Fixed(n)),
+            RawCount::Text(text) if text.trim().eq_ignore_ascii_case("auto") => Ok(Workers::Auto),
+            RawCount::Text(_) => Err("use a whole number (0 reads batches on the training \
+                 thread), or \"auto\" to measure the fastest count on the first steps"
+                .to_owned()),
+        }
+    }
+    fn raw_text(raw: &RawCount) -> String {
+        BatchSize::raw_text(raw)
     }
 }
 

@@ -156,6 +156,14 @@ fn device_request_in_config_selects_the_device_and_its_profile() {
             "{note}"
         );
         assert_eq!(r.plan.data.num_workers, 2, "capped at the 2 cores");
+        // The profile's count is the ceiling of the default `auto`; a number is taken as it is.
+        assert!(r.plan.data.num_workers_auto);
+        jail.set_env("KILN_DATA__NUM_WORKERS", "0");
+        let plan = load(&request(None, 2)).map_err(jail_err)?.plan;
+        assert_eq!(
+            (plan.data.num_workers, plan.data.num_workers_auto),
+            (0, false)
+        );
         Ok(())
     });
 }
@@ -257,6 +265,11 @@ fn bad_values_name_the_key_the_value_what_is_valid_and_the_layer() {
                 "KILN_SERVE__MAX_WAIT_MS",
                 "-1",
                 &["`serve.max_wait_ms`", "[0, 10000] milliseconds"],
+            ),
+            (
+                "KILN_DATA__NUM_WORKERS",
+                "many",
+                &["`data.num_workers`", "a whole number", "\"auto\""],
             ),
         ];
         for (var, value, wanted) in cases {

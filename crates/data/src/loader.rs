@@ -196,16 +196,34 @@ impl<D: Dataset> Loader<D> {
             });
         }
         let sampler = Sampler::new(dataset.len(), config.sampler)?;
-        let (job_tx, job_rx) = channel::unbounded::<Job>();
-        let (reply_tx, reply_rx) = channel::unbounded::<Reply>();
-        let generation = Arc::new(AtomicU64::new(0));
-        let mut workers = Vec::with_capacity(config.num_workers);
-        for id in 0..config.num_workers {
+        let (jobs, replies) = (channel::unbounded::<Job>(), channel::unbounded::<Reply>());
+        let mut loader = Self {
+            dataset,
+            config,
+            sampler,
+            jobs: Some(jobs.0),
+            replies: replies.1,
+            workers: vec![],
+            generation: Arc::new(AtomicU64::new(0)),
+            stats: LoaderStats::default(),
+            started: None,
+        };
+        loader.start_workers(&jobs.1, &replies.0)?;
+        Ok(loader)
+    }
+
+    /// Starts `config.num_workers` threads serving `jobs` into `replies`.
+    fn start_workers(
+        &mut self,
+        jobs: &Receiver<Job>,
+        replies: &Sender<Reply>,
+    ) -> Result<(), DataError> {
+        for id in 0..self.config.num_workers {
             let (dataset, jobs, replies, generation) = (
-                Arc::clone(&dataset),
-                job_rx.clone(),
-                reply_tx.clone(),
-                Arc::clone(&generation),
+                Arc::clone(&self.dataset),
+                jobs.clone(),
+                replies.clone(),
+                Arc::clone(&self.generation),
             );
             let handle = std::thread::Builder::new()
                 .name(format!("kiln-data-{id}"))
@@ -222,22 +240,40 @@ impl<D: Dataset> Loader<D> {
                 })
                 .map_err(|e| DataError::InvalidConfig {
                     key: "num_workers",
-                    value: config.num_workers.to_string(),
+                    value: self.config.num_workers.to_string(),
                     expected: format!("a number of threads this system can start ({e})"),
                 })?;
-            workers.push(handle);
+            self.workers.push(handle);
         }
-        Ok(Self {
-            dataset,
-            config,
-            sampler,
-            jobs: Some(job_tx),
-            replies: reply_rx,
-            workers,
-            generation,
-            stats: LoaderStats::default(),
-            started: None,
-        })
+        Ok(())
+    }
+
+    /// Abandons queued jobs, closes the queue and joins the workers (each finishes its batch).
+    fn stop_workers(&mut self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.jobs.take();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+
+    /// Serves the next epochs (or the next [`Loader::resume`]) with `workers` threads instead:
+    /// the current ones finish their batch and stop, and an epoch in progress must be resumed.
+    /// The batches are the same whatever the count; only who reads them changes.
+    pub fn set_workers(&mut self, workers: usize) -> Result<(), DataError> {
+        if workers > 0 && self.config.prefetch_factor == 0 {
+            return Err(DataError::InvalidConfig {
+                key: "prefetch_factor",
+                value: "0".to_owned(),
+                expected: "at least 1 when num_workers > 0".to_owned(),
+            });
+        }
+        self.stop_workers();
+        let (jobs, replies) = (channel::unbounded::<Job>(), channel::unbounded::<Reply>());
+        self.jobs = Some(jobs.0);
+        self.replies = replies.1;
+        self.config.num_workers = workers;
+        self.start_workers(&jobs.1, &replies.0)
     }
 
     pub fn config(&self) -> &LoaderConfig {
@@ -292,12 +328,7 @@ impl<D: Dataset> Loader<D> {
 
 impl<D: Dataset> Drop for Loader<D> {
     fn drop(&mut self) {
-        // Abandon any queued jobs, close the queue, and wait for each worker's current batch.
-        self.generation.fetch_add(1, Ordering::AcqRel);
-        self.jobs.take();
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
-        }
+        self.stop_workers();
     }
 }
 

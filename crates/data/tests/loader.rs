@@ -1,6 +1,6 @@
 //! The loader's promises: every sample exactly once per epoch (shuffled or not, across ranks),
-//! reproducible seeded orders, resume, the same batches whatever the worker count, errors and
-//! panics that name the sample, and bad settings refused.
+//! reproducible seeded orders, resume, the same batches whatever the worker count (changed
+//! mid-epoch too), errors and panics that name the sample, and bad settings refused.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -127,6 +127,43 @@ fn resuming_gives_the_remaining_sequence_of_an_uninterrupted_epoch() {
     assert_eq!(rest, full[4..]);
     // The loader that was interrupted serves a whole next epoch correctly too.
     assert_eq!(epoch_indices(&mut loader, 4).len(), 64);
+}
+
+#[test]
+fn changing_the_worker_count_mid_epoch_keeps_the_batches() {
+    let mut reference = Loader::new(numbered(64), config(5, 2, true)).unwrap();
+    let full: Vec<Vec<usize>> = reference.epoch(1).map(|b| b.unwrap().indices).collect();
+    let mut loader = Loader::new(numbered(64), config(5, 0, true)).unwrap();
+    let mut seen = vec![];
+    // 0 workers, then 3, then 1, then 0 again: each change mid-epoch, batches still in flight.
+    for (workers, from, to) in [(3, 3, 7), (1, 7, 8), (0, 8, full.len())] {
+        if seen.is_empty() {
+            seen.extend(loader.epoch(1).take(from).map(|b| b.unwrap().indices));
+        }
+        loader.set_workers(workers).unwrap();
+        assert_eq!(loader.config().num_workers, workers);
+        let position = Position {
+            epoch: 1,
+            batch: from,
+        };
+        seen.extend(
+            loader
+                .resume(position)
+                .take(to - from)
+                .map(|b| b.unwrap().indices),
+        );
+    }
+    assert_eq!(seen, full);
+    // The next epoch is whole and right with the last count.
+    assert_eq!(
+        epoch_indices(&mut loader, 2),
+        epoch_indices(&mut reference, 2)
+    );
+    let mut cfg = config(5, 0, true);
+    cfg.prefetch_factor = 0;
+    let mut inline = Loader::new(numbered(8), cfg).unwrap();
+    let err = inline.set_workers(2).unwrap_err().to_string();
+    assert!(err.contains("prefetch_factor"), "{err}");
 }
 
 #[test]

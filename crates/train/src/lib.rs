@@ -35,6 +35,7 @@ pub mod source;
 pub mod stepper;
 pub mod trainer;
 pub mod weights;
+pub mod workers;
 
 pub use error::TrainError;
 

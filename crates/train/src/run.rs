@@ -543,6 +543,7 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         train: data.train,
         val: data.val,
         loader,
+        workers_auto: plan.data.num_workers_auto,
     };
     let mut options = FitOptions {
         checkpoints: None,

@@ -146,3 +146,71 @@ fn train_settings_default_to_kilns_configured_defaults() {
     );
     assert_eq!(kiln_train::trainer::TrainSettings::default(), from_config);
 }
+
+#[derive(Default)]
+struct Losses(Vec<f64>);
+
+impl Observer for Losses {
+    fn on_log(&mut self, r: &StepRecord) -> Result<(), kiln_train::TrainError> {
+        self.0.push(r.metrics.loss());
+        Ok(())
+    }
+}
+
+/// One short MLP run logging every step, with `workers` as `data.num_workers`.
+fn mlp_run(out: &std::path::Path, workers: &str) -> (kiln_train::run::RunOutcome, Vec<f64>) {
+    let plan = cpu_plan(&[
+        "model.name=mlp".into(),
+        "model.dropout=0.2".into(),
+        "data.synthetic_samples=1200".into(),
+        format!("data.num_workers={workers}"),
+        "train.epochs=2".into(),
+        "train.log_interval=1".into(),
+        format!("run.output_dir={}", out.display()),
+    ]);
+    let mut losses = Losses::default();
+    let outcome = train(&plan, Device::Cpu, None, RunControl::default(), &mut losses).unwrap();
+    (outcome, losses.0)
+}
+
+#[test]
+fn automatic_workers_measure_whole_steps_and_change_nothing_learned() {
+    let out = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(&[]);
+    assert!(plan.data.num_workers_auto, "auto is the default");
+    assert_eq!(
+        plan.data.num_workers, 2,
+        "the profile's 4, capped by the 2 cores"
+    );
+    let note = plan.source_of("data.num_workers").unwrap().note.clone();
+    assert!(
+        note.as_deref()
+            .is_some_and(|n| n.contains("generic-cpu's num_workers: profile said 4; this machine")),
+        "{note:?}"
+    );
+
+    let (auto, auto_losses) = mlp_run(out.path(), "auto");
+    let (fixed, fixed_losses) = mlp_run(out.path(), "0");
+    // The worker count changed mid-epoch (0, 1, 2, then the one kept): the same batches in
+    // the same order, so the same losses to the last bit, dropout included.
+    assert_eq!(auto_losses, fixed_losses);
+    assert!(fixed.summary.num_workers_auto.is_none());
+    let choice = auto
+        .summary
+        .num_workers_auto
+        .clone()
+        .expect("a measurement");
+    let tried: Vec<usize> = choice.measured.iter().map(|m| m.0).collect();
+    assert_eq!(tried[..2], [0, 1], "{choice:?}");
+    assert!(tried.contains(&choice.chosen), "{choice:?}");
+    assert!(choice.measured.iter().all(|m| m.1 > 0.0));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(auto.run_dir.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(summary["num_workers_auto"]["chosen"], choice.chosen);
+    let config = std::fs::read_to_string(auto.run_dir.join("config.json")).unwrap();
+    assert!(
+        config.contains("auto (measures 0 to 2 on the first steps)"),
+        "{config}"
+    );
+}

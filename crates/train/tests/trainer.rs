@@ -475,6 +475,7 @@ fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
                 train: data(),
                 val: None,
                 loader,
+                workers_auto: false,
             },
             &mut Silent,
             FitOptions::default(),

@@ -24,6 +24,7 @@ use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::schedule::LrSchedule;
+use crate::workers::{WorkerChoice, WorkerTuner};
 
 /// A run's loaders.
 struct Loaders<D: Dataset, V: Dataset> {
@@ -50,6 +51,10 @@ struct Run {
     monitor: PerfMonitor,
     started: Instant,
     last_epoch: Option<EpochRecord>,
+    /// `data.num_workers = auto`'s measurement, until the count is kept…
+    workers: Option<WorkerTuner>,
+    /// …and then what it measured and kept.
+    workers_kept: Option<WorkerChoice>,
 }
 
 /// Where an epoch is: its start, the batches consumed, the last gradient norm.
@@ -92,7 +97,16 @@ impl Trainer<'_> {
         self.plan_cuda_graph()?;
         let train_samples = data.train.len();
         let val_samples = data.val.as_ref().map_or(0, |v| v.len());
-        let train = Loader::new(data.train, data.loader)?;
+        let workers = data
+            .workers_auto
+            .then(|| WorkerTuner::new(data.loader.num_workers));
+        let first = LoaderConfig {
+            num_workers: workers
+                .as_ref()
+                .map_or(data.loader.num_workers, WorkerTuner::first),
+            ..data.loader
+        };
+        let train = Loader::new(data.train, first)?;
         let val = match data.val.filter(|v| !v.is_empty()) {
             Some(v) => Some(Loader::new(v, validation_loader(data.loader))?),
             None => None,
@@ -149,6 +163,8 @@ impl Trainer<'_> {
             monitor: PerfMonitor::new(),
             started: Instant::now(),
             last_epoch: None,
+            workers,
+            workers_kept: None,
         };
         Ok((loaders, run))
     }
@@ -222,9 +238,20 @@ impl Trainer<'_> {
             self.device,
         );
         while place.consumed < run.batches_per_epoch {
+            let began = Instant::now();
             let Some((outcome, lr)) = self.next_step(run, &mut feeder, &mut place)? else {
                 break;
             };
+            if let Some(workers) = self.measure_workers(run, began)? {
+                // The staged batch goes with the feeder; the resumed epoch reads it again.
+                drop(feeder);
+                loaders.train.set_workers(workers)?;
+                let at = Position {
+                    epoch,
+                    batch: place.consumed,
+                };
+                feeder = DeviceFeeder::new(loaders.train.resume(at), self.device);
+            }
             run.interval.add(&outcome.sums, outcome.samples)?;
             place.last_norm = outcome.grad_norm.or(place.last_norm.take());
             observer.on_step(&Progress {
@@ -257,6 +284,11 @@ impl Trainer<'_> {
         drop(feeder);
         let val = match &mut loaders.val {
             Some(loader) => {
+                if let Some(kept) = run.workers_kept.as_ref().map(|c| c.chosen)
+                    && loader.config().num_workers != kept
+                {
+                    loader.set_workers(kept)?;
+                }
                 let _range = self.range("kiln/validation")?;
                 Some(self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?)
             }
@@ -311,6 +343,22 @@ impl Trainer<'_> {
             p.end(ProfileUnit::Steps)?;
         }
         Ok(Some((outcome, lr)))
+    }
+
+    /// Times the step begun at `began` for `data.num_workers = auto` (waiting for the device
+    /// first, while measuring); returns the worker count to switch to, if it changes.
+    fn measure_workers(&self, run: &mut Run, began: Instant) -> Result<Option<usize>, TrainError> {
+        let Some(tuner) = run.workers.as_mut() else {
+            return Ok(None);
+        };
+        kiln_torch_ext::cuda::synchronize(self.device)?;
+        let next = tuner.record(began.elapsed());
+        if let Some(choice) = tuner.choice().cloned() {
+            tracing::info!("data.num_workers = auto: {}", choice.describe());
+            run.workers_kept = Some(choice);
+            run.workers = None;
+        }
+        Ok(next)
     }
 
     /// Reports the interval's metrics (one host synchronisation) and folds it into the epoch.
@@ -469,6 +517,12 @@ impl Trainer<'_> {
             None => vec![],
         };
         self.timing.ranges = false;
+        let workers = match (run.workers_kept, run.workers) {
+            (Some(kept), _) => Some(kept),
+            // A run shorter than the measurement: the choice from what it measured.
+            (None, Some(mut tuner)) => tuner.finish(usize::MAX).cloned(),
+            (None, None) => None,
+        };
         let total = run.monitor.total();
         let last = run.last_epoch.as_ref();
         let summary = Summary {
@@ -497,6 +551,7 @@ impl Trainer<'_> {
             memory: MemorySample::read(self.device),
             oom_retries: self.oom.retries,
             profiler_traces,
+            num_workers_auto: workers,
         };
         observer.on_finish(&summary)?;
         Ok(summary)

@@ -163,7 +163,10 @@ pub struct Evaluation {
 pub struct FitData<D: Dataset, V: Dataset> {
     pub train: Arc<D>,
     pub val: Option<Arc<V>>,
+    /// With `workers_auto`, `loader.num_workers` is the most the measurement tries.
     pub loader: LoaderConfig,
+    /// `data.num_workers = auto`: measure the worker count on the first steps.
+    pub workers_auto: bool,
 }
 
 /// Where and how a run writes checkpoints.
