@@ -96,7 +96,7 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path, log: &Path) -> Result<Mea
         "framework": "kiln", "precision": s["precision"], "steps": s["steps"],
         "samples": s["samples"], "final_val_loss": s["final_val_loss"],
         "final_val_accuracy": s["final_val_accuracy"], "fit_seconds": s["seconds"],
-        "run_dir": run_dir,
+        "num_workers_auto": s["num_workers_auto"], "run_dir": run_dir,
     });
     Ok(m)
 }
@@ -220,13 +220,26 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     out.details = json!({
         "quick": quick, "repeats": repeats, "threads": threads,
         "precision": torch.precision(), "attention": torch.attention(),
-        "workers": plan.data.num_workers, "batch": plan.train.batch_size,
+        "workers": plan.data.num_workers, "workers_auto": plan.data.num_workers_auto,
+        "batch": plan.train.batch_size,
         "epochs": plan.train.epochs, "data_shape": data_shape(quick),
         "kiln": kiln.0, "lightning": light.0, "pytorch_loop": plain.0,
     });
     out.write(&a.out_or("job"))?;
     remove_dir(&work)
 }
+
+/// The job's data workers: kiln's `data.num_workers` as it resolves (by default `auto`, which
+/// measures up to the profile's count), and the PyTorch sides' fixed count, that ceiling.
+fn workers_text(plan: &RunPlan) -> String {
+    let n = plan.data.num_workers;
+    if plan.data.num_workers_auto {
+        format!("data workers: kiln's default auto (measured, 0 to {n}), PyTorch's DataLoader {n}")
+    } else {
+        format!("{n} data workers")
+    }
+}
+
 /// The suite's description and the rows against the plain PyTorch loop.
 fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOutput {
     let (samples, seq, features, classes) = data_shape(quick);
@@ -239,7 +252,7 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOut
              samples of {seq}×{features}, {classes} classes, read through a torch Dataset), \
              split, transformer (d_model {}, {} layers, dropout {}) and initial weights; {} \
              epochs of batch {}, {} ({} attention), fused AdamW, warmup {} + cosine, clipping \
-             {}, validation and a checkpoint every epoch, {} data workers, {} threads; wall \
+             {}, validation and a checkpoint every epoch, {}, {} threads; wall \
              time is process start to exit",
             if quick {
                 "QUICK (a tiny job, shape check only): "
@@ -255,7 +268,7 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOut
             torch.attention(),
             p.train.warmup_steps,
             p.train.clip_grad_norm,
-            p.data.num_workers,
+            workers_text(p),
             torch.threads
         ),
     );
