@@ -261,19 +261,17 @@ mod tests {
 
     use super::*;
 
+    /// What a profile would give the `"auto"` keys.
+    const STARTS: crate::plan::ProfileStarts = crate::plan::ProfileStarts {
+        batch_size: 48,
+        workers: 4,
+    };
+
     #[test]
     fn the_table_gives_every_key_a_default_an_entry_and_a_constant() {
         let layer = defaults();
         let raw: RawConfig = Figment::from(layer).extract().unwrap();
-        let plan = crate::plan::validate(
-            raw,
-            BTreeMap::new(),
-            crate::plan::ProfileStarts {
-                batch_size: 48,
-                workers: 4,
-            },
-        )
-        .unwrap();
+        let plan = crate::plan::validate(raw, BTreeMap::new(), STARTS).unwrap();
         let entries: Vec<&str> = plan.entries().into_iter().map(|(k, _)| k).collect();
         assert_eq!(entries, KEYS);
         let shown: BTreeMap<_, _> = plan.entries().into_iter().collect();
@@ -281,6 +279,10 @@ mod tests {
         assert_eq!(shown["device.profile"], "(none)");
         assert_eq!(shown["model.hidden"], "256,256");
         assert_eq!(shown["serve.max_wait_ms"], "2");
+        assert_eq!(
+            shown["data.num_workers"],
+            "auto (measures 0 to 4 on the first steps)"
+        );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
         assert_eq!(KEYS.len(), 76);
@@ -290,15 +292,7 @@ mod tests {
     fn only_optional_keys_may_be_left_without_a_value() {
         // Without the defaults layer, the first required key is reported missing.
         let raw = RawConfig::default();
-        let err = crate::plan::validate(
-            raw,
-            BTreeMap::new(),
-            crate::plan::ProfileStarts {
-                batch_size: 48,
-                workers: 4,
-            },
-        )
-        .unwrap_err();
+        let err = crate::plan::validate(raw, BTreeMap::new(), STARTS).unwrap_err();
         assert_eq!(
             err.to_string(),
             "configuration: `device.request` has no value in any layer"
