@@ -45,6 +45,12 @@ pub struct WorkerChoice {
 impl WorkerChoice {
     /// "0 → 12.1 ms, 1 → 9.8 ms, 2 → 10.0 ms per step; kept 1".
     pub fn describe(&self) -> String {
+        if self.measured.is_empty() {
+            return format!(
+                "a ceiling of 0 leaves nothing to measure; kept {}",
+                self.chosen
+            );
+        }
         let tried: Vec<String> = self
             .measured
             .iter()
@@ -231,6 +237,10 @@ mod tests {
     fn a_ceiling_of_zero_measures_nothing_and_a_short_run_decides_on_what_it_saw() {
         let mut t = WorkerTuner::new(0);
         assert_eq!(t.choice().unwrap().chosen, 0);
+        assert_eq!(
+            t.choice().unwrap().describe(),
+            "a ceiling of 0 leaves nothing to measure; kept 0"
+        );
         assert_eq!(t.record(ms(1.0)), None);
         let mut t = WorkerTuner::new(4);
         for _ in 0..SKIPPED + MEASURED {
