@@ -45,6 +45,21 @@ pub enum RawCount {
     Text(String),
 }
 
+impl RawCount {
+    /// Whether it is the word "auto" (any case, surrounding spaces ignored).
+    pub fn is_auto(&self) -> bool {
+        matches!(self, RawCount::Text(t) if t.trim().eq_ignore_ascii_case("auto"))
+    }
+
+    /// As written, for error messages: the number, or the quoted word.
+    pub fn text(&self) -> String {
+        match self {
+            RawCount::Number(n) => n.to_string(),
+            RawCount::Text(text) => format!("{text:?}"),
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for RawCount {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Ok(match NumOrString::<u64>::deserialize(d)? {

@@ -215,7 +215,7 @@ impl Setting for BatchSize {
         match raw {
             RawCount::Number(n) if n >= 1 => Ok(BatchSize::Fixed(n)),
             RawCount::Number(_) => Err("must be at least 1".to_owned()),
-            RawCount::Text(text) if text.trim().eq_ignore_ascii_case("auto") => Ok(BatchSize::Auto),
+            auto if auto.is_auto() => Ok(BatchSize::Auto),
             RawCount::Text(_) => Err(
                 "use a whole number of at least 1, or \"auto\" to search this machine for one"
                     .to_owned(),
@@ -223,10 +223,7 @@ impl Setting for BatchSize {
         }
     }
     fn raw_text(raw: &RawCount) -> String {
-        match raw {
-            RawCount::Number(n) => n.to_string(),
-            RawCount::Text(text) => format!("{text:?}"),
-        }
+        raw.text()
     }
 }
 
@@ -243,14 +240,14 @@ impl Setting for Workers {
     fn parse(raw: RawCount) -> Result<Self, String> {
         match raw {
             RawCount::Number(n) => Ok(Workers::Fixed(n)),
-            RawCount::Text(text) if text.trim().eq_ignore_ascii_case("auto") => Ok(Workers::Auto),
+            auto if auto.is_auto() => Ok(Workers::Auto),
             RawCount::Text(_) => Err("use a whole number (0 reads batches on the training \
                  thread), or \"auto\" to measure the fastest count on the first steps"
                 .to_owned()),
         }
     }
     fn raw_text(raw: &RawCount) -> String {
-        BatchSize::raw_text(raw)
+        raw.text()
     }
 }
 

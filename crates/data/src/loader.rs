@@ -154,6 +154,18 @@ fn build_batch<D: Dataset>(
     })
 }
 
+/// Workers need at least one batch in flight each.
+fn check_prefetch(workers: usize, prefetch_factor: usize) -> Result<(), DataError> {
+    if workers > 0 && prefetch_factor == 0 {
+        return Err(DataError::InvalidConfig {
+            key: "prefetch_factor",
+            value: "0".to_owned(),
+            expected: "at least 1 when num_workers > 0".to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// A multi-worker prefetching loader over one dataset; workers persist across epochs.
 pub struct Loader<D: Dataset> {
     dataset: Arc<D>,
@@ -188,41 +200,34 @@ impl<D: Dataset> Loader<D> {
                 expected: "at least 1".to_owned(),
             });
         }
-        if config.num_workers > 0 && config.prefetch_factor == 0 {
-            return Err(DataError::InvalidConfig {
-                key: "prefetch_factor",
-                value: "0".to_owned(),
-                expected: "at least 1 when num_workers > 0".to_owned(),
-            });
-        }
+        check_prefetch(config.num_workers, config.prefetch_factor)?;
         let sampler = Sampler::new(dataset.len(), config.sampler)?;
-        let (jobs, replies) = (channel::unbounded::<Job>(), channel::unbounded::<Reply>());
         let mut loader = Self {
             dataset,
             config,
             sampler,
-            jobs: Some(jobs.0),
-            replies: replies.1,
+            jobs: None,
+            replies: channel::never(),
             workers: vec![],
             generation: Arc::new(AtomicU64::new(0)),
             stats: LoaderStats::default(),
             started: None,
         };
-        loader.start_workers(&jobs.1, &replies.0)?;
+        loader.start_workers()?;
         Ok(loader)
     }
 
-    /// Starts `config.num_workers` threads serving `jobs` into `replies`.
-    fn start_workers(
-        &mut self,
-        jobs: &Receiver<Job>,
-        replies: &Sender<Reply>,
-    ) -> Result<(), DataError> {
+    /// Starts `config.num_workers` threads on a fresh job queue and reply channel.
+    fn start_workers(&mut self) -> Result<(), DataError> {
+        let (job_tx, job_rx) = channel::unbounded::<Job>();
+        let (reply_tx, reply_rx) = channel::unbounded::<Reply>();
+        self.jobs = Some(job_tx);
+        self.replies = reply_rx;
         for id in 0..self.config.num_workers {
             let (dataset, jobs, replies, generation) = (
                 Arc::clone(&self.dataset),
-                jobs.clone(),
-                replies.clone(),
+                job_rx.clone(),
+                reply_tx.clone(),
                 Arc::clone(&self.generation),
             );
             let handle = std::thread::Builder::new()
@@ -261,19 +266,10 @@ impl<D: Dataset> Loader<D> {
     /// the current ones finish their batch and stop, and an epoch in progress must be resumed.
     /// The batches are the same whatever the count; only who reads them changes.
     pub fn set_workers(&mut self, workers: usize) -> Result<(), DataError> {
-        if workers > 0 && self.config.prefetch_factor == 0 {
-            return Err(DataError::InvalidConfig {
-                key: "prefetch_factor",
-                value: "0".to_owned(),
-                expected: "at least 1 when num_workers > 0".to_owned(),
-            });
-        }
+        check_prefetch(workers, self.config.prefetch_factor)?;
         self.stop_workers();
-        let (jobs, replies) = (channel::unbounded::<Job>(), channel::unbounded::<Reply>());
-        self.jobs = Some(jobs.0);
-        self.replies = replies.1;
         self.config.num_workers = workers;
-        self.start_workers(&jobs.1, &replies.0)
+        self.start_workers()
     }
 
     pub fn config(&self) -> &LoaderConfig {

@@ -122,15 +122,16 @@ impl WorkerTuner {
         let best = self.fastest();
         let clearly_slower = self.measured.last().is_some_and(|m| m.1 > SLOWER * best);
         if self.at == self.candidates.len() || clearly_slower {
-            return self.decide(workers);
+            let chosen = self.decide();
+            return (chosen != workers).then_some(chosen);
         }
         Some(self.candidates[self.at])
     }
 
     /// The measurement ends when the run stops early: the choice from what was measured.
-    pub fn finish(&mut self, current: usize) -> Option<&WorkerChoice> {
+    pub fn finish(&mut self) -> Option<&WorkerChoice> {
         if self.choice.is_none() && !self.measured.is_empty() {
-            self.decide(current);
+            self.decide();
         }
         self.choice.as_ref()
     }
@@ -142,9 +143,8 @@ impl WorkerTuner {
             .fold(f64::INFINITY, f64::min)
     }
 
-    /// Keeps the fewest workers within [`CLOSE`] of the fastest; returns it if it differs from
-    /// `current`.
-    fn decide(&mut self, current: usize) -> Option<usize> {
+    /// Keeps the fewest workers measured within [`CLOSE`] of the fastest, and returns it.
+    fn decide(&mut self) -> usize {
         let best = self.fastest();
         let chosen = self
             .measured
@@ -152,12 +152,12 @@ impl WorkerTuner {
             .filter(|m| m.1 <= CLOSE * best)
             .map(|m| m.0)
             .min()
-            .unwrap_or(current);
+            .unwrap_or_default();
         self.choice = Some(WorkerChoice {
             measured: self.measured.clone(),
             chosen,
         });
-        (chosen != current).then_some(chosen)
+        chosen
     }
 }
 
@@ -247,7 +247,7 @@ mod tests {
             t.record(ms(8.0));
         }
         t.record(ms(80.0)); // the first step with 1 worker, then the run ends
-        assert_eq!(t.finish(1).unwrap().chosen, 0);
-        assert!(WorkerTuner::new(4).finish(0).is_none(), "nothing measured");
+        assert_eq!(t.finish().unwrap().chosen, 0);
+        assert!(WorkerTuner::new(4).finish().is_none(), "nothing measured");
     }
 }

@@ -24,7 +24,7 @@ use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::schedule::LrSchedule;
-use crate::workers::{WorkerChoice, WorkerTuner};
+use crate::workers::WorkerTuner;
 
 /// A run's loaders.
 struct Loaders<D: Dataset, V: Dataset> {
@@ -51,10 +51,8 @@ struct Run {
     monitor: PerfMonitor,
     started: Instant,
     last_epoch: Option<EpochRecord>,
-    /// `data.num_workers = auto`'s measurement, until the count is kept…
+    /// `data.num_workers = auto`'s measurement, and once made its choice.
     workers: Option<WorkerTuner>,
-    /// …and then what it measured and kept.
-    workers_kept: Option<WorkerChoice>,
 }
 
 /// Where an epoch is: its start, the batches consumed, the last gradient norm.
@@ -164,7 +162,6 @@ impl Trainer<'_> {
             started: Instant::now(),
             last_epoch: None,
             workers,
-            workers_kept: None,
         };
         Ok((loaders, run))
     }
@@ -284,7 +281,11 @@ impl Trainer<'_> {
         drop(feeder);
         let val = match &mut loaders.val {
             Some(loader) => {
-                if let Some(kept) = run.workers_kept.as_ref().map(|c| c.chosen)
+                if let Some(kept) = run
+                    .workers
+                    .as_ref()
+                    .and_then(|t| t.choice())
+                    .map(|c| c.chosen)
                     && loader.config().num_workers != kept
                 {
                     loader.set_workers(kept)?;
@@ -348,15 +349,13 @@ impl Trainer<'_> {
     /// Times the step begun at `began` for `data.num_workers = auto` (waiting for the device
     /// first, while measuring); returns the worker count to switch to, if it changes.
     fn measure_workers(&self, run: &mut Run, began: Instant) -> Result<Option<usize>, TrainError> {
-        let Some(tuner) = run.workers.as_mut() else {
+        let Some(tuner) = run.workers.as_mut().filter(|t| t.choice().is_none()) else {
             return Ok(None);
         };
         kiln_torch_ext::cuda::synchronize(self.device)?;
         let next = tuner.record(began.elapsed());
-        if let Some(choice) = tuner.choice().cloned() {
+        if let Some(choice) = tuner.choice() {
             tracing::info!("data.num_workers = auto: {}", choice.describe());
-            run.workers_kept = Some(choice);
-            run.workers = None;
         }
         Ok(next)
     }
@@ -517,12 +516,8 @@ impl Trainer<'_> {
             None => vec![],
         };
         self.timing.ranges = false;
-        let workers = match (run.workers_kept, run.workers) {
-            (Some(kept), _) => Some(kept),
-            // A run shorter than the measurement: the choice from what it measured.
-            (None, Some(mut tuner)) => tuner.finish(usize::MAX).cloned(),
-            (None, None) => None,
-        };
+        // A run shorter than the measurement keeps the choice from what it measured.
+        let workers = run.workers.and_then(|mut t| t.finish().cloned());
         let total = run.monitor.total();
         let last = run.last_epoch.as_ref();
         let summary = Summary {
