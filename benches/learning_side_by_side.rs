@@ -142,18 +142,11 @@ fn job(kind: ModelKind, quick: bool) -> Job {
         _ => ((0, 0, 0, 0), vec![64], 32),
     };
     let plan = ModelPlan {
-        kind,
-        dropout: 0.0,
         d_model,
         heads,
         layers,
         ff,
-        hidden: vec![256, 256],
-        channels: vec![32, 64, 128],
-        activation_checkpointing: false,
-        script: None,
-        output: None,
-        freeze: None,
+        ..ModelPlan::builtin(kind)
     };
     Job {
         plan,

@@ -156,18 +156,8 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
     let plan = ModelPlan {
-        kind: ModelKind::Mlp,
-        dropout: 0.0,
-        d_model: 256,
-        heads: 8,
-        layers: 4,
-        ff: 1024,
         hidden: vec![1024, 1024],
-        channels: vec![32, 64, 128],
-        activation_checkpointing: false,
-        script: None,
-        output: None,
-        freeze: None,
+        ..ModelPlan::builtin(ModelKind::Mlp)
     };
     let input = InputSpec {
         sample_shape: vec![FEATURES],

@@ -100,18 +100,12 @@ const REFERENCE: ShapeArgs = ShapeArgs {
 /// kiln's plan for `kind`, the transformer of `shape`'s size.
 fn model_plan(kind: ModelKind, dropout: f64, shape: &ShapeArgs) -> ModelPlan {
     ModelPlan {
-        kind,
         dropout,
         d_model: shape.d_model.into(),
         heads: shape.heads.into(),
         layers: shape.layers.into(),
         ff: shape.ff.into(),
-        hidden: vec![256, 256],
-        channels: vec![32, 64, 128],
-        activation_checkpointing: false,
-        script: None,
-        output: None,
-        freeze: None,
+        ..ModelPlan::builtin(kind)
     }
 }
 

@@ -125,6 +125,28 @@ pub struct ModelPlan {
     pub activation_checkpointing: bool,
 }
 
+impl ModelPlan {
+    /// The built-in model `kind` at the key table's default sizes, without dropout, a model
+    /// file or activation checkpointing: what benches and tests start from, changing the sizes
+    /// they need with struct update syntax.
+    pub fn builtin(kind: ModelKind) -> Self {
+        Self {
+            kind,
+            script: None,
+            output: None,
+            freeze: None,
+            dropout: 0.0,
+            d_model: 256,
+            heads: 8,
+            layers: 4,
+            ff: 1024,
+            hidden: vec![256, 256],
+            channels: vec![32, 64, 128],
+            activation_checkpointing: false,
+        }
+    }
+}
+
 /// The dynamic loss scaler's settings (fp16 only).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LossScalePlan {

@@ -59,6 +59,14 @@ fn the_profile_fills_what_the_user_did_not_set() {
             plan.source_of("train.epochs").unwrap().layer,
             Layer::Default
         );
+        let builtin = kiln_config::ModelPlan::builtin(kiln_config::ModelKind::Transformer);
+        assert_eq!(
+            plan.model,
+            kiln_config::ModelPlan {
+                dropout: 0.1,
+                ..builtin
+            }
+        );
         Ok(())
     });
 }

@@ -10,7 +10,6 @@ use tch::{Device, Kind, Tensor, nn};
 
 fn plan(checkpointing: bool, layers: u64, dropout: f64) -> ModelPlan {
     ModelPlan {
-        kind: ModelKind::Transformer,
         dropout,
         d_model: 64,
         heads: 4,
@@ -19,9 +18,7 @@ fn plan(checkpointing: bool, layers: u64, dropout: f64) -> ModelPlan {
         hidden: vec![16],
         channels: vec![8],
         activation_checkpointing: checkpointing,
-        script: None,
-        output: None,
-        freeze: None,
+        ..ModelPlan::builtin(ModelKind::Transformer)
     }
 }
 

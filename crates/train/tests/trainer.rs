@@ -301,18 +301,8 @@ fn adamw_decays_weights_but_not_biases_or_norms() {
 
 fn plan(kind: ModelKind) -> ModelPlan {
     ModelPlan {
-        kind,
         dropout: 0.1,
-        d_model: 256,
-        heads: 8,
-        layers: 4,
-        ff: 1024,
-        hidden: vec![256, 256],
-        channels: vec![32, 64, 128],
-        activation_checkpointing: false,
-        script: None,
-        output: None,
-        freeze: None,
+        ..ModelPlan::builtin(kind)
     }
 }
 
