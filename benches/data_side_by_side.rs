@@ -16,7 +16,7 @@ use kiln_benches::proc_memory::{Peak, mib, peak_until_exit, tree_memory};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median, report_path};
 use kiln_data::{
-    DataError, Dataset, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset,
+    DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset,
     SyntheticClassification, Transformed,
 };
 use serde_json::{Value, json};
@@ -80,6 +80,7 @@ fn probe_dataset(dir: &str, norm: &str) -> Result<Arc<Data>> {
     let dataset = ShardedDataset::open(dir).map_err(|e| format!("{dir}: {e}"))?;
     Ok(Arc::new(Transformed::new(dataset, normalize)))
 }
+
 fn loader_config(batch_size: usize, workers: usize) -> LoaderConfig {
     LoaderConfig {
         batch_size,
@@ -119,18 +120,16 @@ fn probe(a: &ProbeArgs) -> Result<()> {
     let stats = loader.stats();
     drop(loader);
     let read_ms = read_ms_per_batch(dataset, batch_size)?;
-    println!(
-        "{}",
-        json!({
-            "impl": "kiln", "workers": workers, "epochs": epochs,
-            "samples": run.samples, "samples_per_epoch": run.samples / epochs,
-            "batches": run.batches, "epoch_seconds": run.epoch_seconds,
-            "wait_seconds": run.wait_seconds, "first_batch_seconds": run.first,
-            "label_sum": run.label_sum, "feature_sum": run.feature_sum,
-            "consumer_wait_share": stats.wait_share(),
-            "breakdown": {"fetch_ms_per_batch": read_ms, "collate_ms_per_batch": 0.0},
-        })
-    );
+    let result = json!({
+        "impl": "kiln", "workers": workers, "epochs": epochs,
+        "samples": run.samples, "samples_per_epoch": run.samples / epochs,
+        "batches": run.batches, "epoch_seconds": run.epoch_seconds,
+        "wait_seconds": run.wait_seconds, "first_batch_seconds": run.first,
+        "label_sum": run.label_sum, "feature_sum": run.feature_sum,
+        "consumer_wait_share": stats.wait_share(),
+        "breakdown": {"fetch_ms_per_batch": read_ms, "collate_ms_per_batch": 0.0},
+    });
+    println!("{result}");
     Ok(())
 }
 
@@ -207,23 +206,6 @@ fn read_ms_per_batch(dataset: Arc<Data>, batch_size: usize) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64() * 1e3 / n.max(1) as f64)
 }
 
-/// kiln's synthetic samples, scaled and offset so the normalization does real work.
-struct Offset(SyntheticClassification);
-
-impl Dataset for Offset {
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn sample_shape(&self) -> &[usize] {
-        self.0.sample_shape()
-    }
-    fn read(&self, index: usize, out: &mut [f32]) -> std::result::Result<i64, DataError> {
-        let label = self.0.read(index, out)?;
-        out.iter_mut().for_each(|v| *v = *v * 3.0 + 1.5);
-        Ok(label)
-    }
-}
-
 /// The benchmark dataset: `samples` synthetic f32 samples of [`SHAPE`] in safetensors shards,
 /// made once and kept under `work`; plus per-feature normalization statistics.
 fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
@@ -236,8 +218,14 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
     let synth = SyntheticClassification::new(samples, SHAPE.to_vec(), CLASSES, SEED, 1.0)
         .map_err(|e| e.to_string())?;
+    // Scaled and offset so the normalization does real work.
+    let offset = |_: usize, x: &mut [f32]| {
+        x.iter_mut().for_each(|v| *v = *v * 3.0 + 1.5);
+        Ok::<_, DataError>(())
+    };
     let _ = std::fs::remove_dir_all(&dir); // an incomplete earlier attempt
-    let opened = datasets::write_prepared(work, &name, &Offset(synth), Some(2048), false)?;
+    let data = Transformed::new(synth, offset);
+    let opened = datasets::write_prepared(work, &name, &data, Some(2048), false)?;
     let fitted = Normalize::fit(&*opened, 512).map_err(|e| e.to_string())?;
     let (mean, std) = fitted.stats();
     std::fs::write(&norm, json!({"mean": mean, "std": std}).to_string())
@@ -459,16 +447,12 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
 
-    eprintln!(
-        "preparing {samples} samples of {SHAPE:?} f32 under {}",
-        work.display()
-    );
+    let at = work.display();
+    eprintln!("preparing {samples} samples of {SHAPE:?} f32 under {at}");
     let (dir, norm) = dataset(&work, samples)?;
     // Warm the page cache so neither side pays for the first read from disk.
-    for entry in std::fs::read_dir(&dir)
-        .map_err(|e| e.to_string())?
-        .flatten()
-    {
+    let entries = std::fs::read_dir(&dir).map_err(|e| e.to_string())?;
+    for entry in entries.flatten() {
         let _ = std::fs::read(entry.path());
     }
     // One run of `side` at `workers` workers: two epochs.
@@ -498,16 +482,14 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     ];
     let mut runs = Vec::new();
     let mut rows = Vec::new();
-    let mut suite = SuiteOutput::new(
-        "data",
-        &format!(
-            "kiln's Loader against torch.utils.data.DataLoader (the PyTorch default: per-item \
-             __getitem__; and batched fetch: __getitems__) over the same {samples} samples of \
-             {SHAPE:?} f32 in safetensors shards: batch {BATCH}, shuffle, 0/1/2 workers, the \
-             same per-sample work (f32 + per-feature normalize); {STEADY}; memory is the \
-             process tree's peak PSS"
-        ),
+    let what = format!(
+        "kiln's Loader against torch.utils.data.DataLoader (the PyTorch default: per-item \
+         __getitem__; and batched fetch: __getitems__) over the same {samples} samples of \
+         {SHAPE:?} f32 in safetensors shards: batch {BATCH}, shuffle, 0/1/2 workers, the same \
+         per-sample work (f32 + per-feature normalize); {STEADY}; memory is the process tree's \
+         peak PSS"
     );
+    let mut suite = SuiteOutput::new("data", &what);
     for workers in [0usize, 1, 2] {
         let mut m = vec![Measured::default(); Side::ALL.len()];
         // The first round measures memory (and, when quick, times too); the timing rounds
@@ -592,17 +574,12 @@ fn push_rows(suite: &mut SuiteOutput, workers: usize, m: &[Measured], idle: &[Pe
     let batched = json!({"peak_pss": mib(b.pss), "peak_rss": mib(b.rss),
                          "above_idle_pss": mib(b.pss.saturating_sub(idle[1].pss))});
     let rss = json!({"kiln": mib(k.rss), "baseline": mib(t.rss)});
+    let pss = (mib(k.pss), mib(t.pss));
     suite.push(
-        row(
-            name,
-            "MiB",
-            Better::Lower,
-            (mib(k.pss), mib(t.pss)),
-            Side::TorchItem,
-        )
-        .detail("above_idle_mib", above_idle)
-        .detail("batched_fetch_mib", batched)
-        .detail("peak_rss_mib", rss),
+        row(name, "MiB", Better::Lower, pss, Side::TorchItem)
+            .detail("above_idle_mib", above_idle)
+            .detail("batched_fetch_mib", batched)
+            .detail("peak_rss_mib", rss),
     );
     let mut row = json!({"workers": workers});
     for (side, s) in Side::ALL.iter().zip(m) {

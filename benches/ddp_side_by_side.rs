@@ -148,6 +148,8 @@ struct Bench<'a> {
     threads: usize,
     plan: &'a RunPlan,
     data: &'a Data,
+    /// This machine's CPU model and logical cores.
+    cpu: (String, usize),
 }
 
 /// The model's PyTorch twin exported by torch.export (`ddp_step.py --export-program`), in the
@@ -166,28 +168,25 @@ impl Bench<'_> {
     /// twin exported by torch.export: the figures of rank 0's `summary.json` (its samples and
     /// samples/s count every rank's).
     fn kiln_run(&self, world: usize, program: bool) -> Result<Value> {
-        let runs = self
-            .work
-            .join(format!("kiln-runs-{world}-{}", u8::from(program)));
+        let runs = format!("kiln-runs-{world}-{}", u8::from(program));
+        let runs = self.work.join(runs);
         remove_dir(&runs)?;
         let mut cmd = Command::new(&self.kiln);
         cmd.arg("train");
         if world > 1 {
             cmd.args(["--nproc-per-node", &world.to_string()]);
         }
-        // A program brings its own model (dropout 0, as exported) and the prepared data.
-        let own = ["model.name=", "model.dropout=", "data.synthetic_samples="];
-        for s in kiln_sets(&self.size, world, self.threads, &runs) {
-            if !(program && own.iter().any(|o| s.starts_with(o))) {
-                cmd.args(["--set", &s]);
-            }
-        }
+        let mut sets = kiln_sets(&self.size, world, self.threads, &runs);
         if program {
-            let file = self.work.join(PROGRAM);
-            cmd.arg("--set")
-                .arg(format!("model.name={}", file.display()));
+            // A program brings its own model (dropout 0, as exported) and the prepared data.
+            let own = ["model.name=", "model.dropout=", "data.synthetic_samples="];
+            sets.retain(|s| !own.iter().any(|o| s.starts_with(o)));
+            sets.push(format!("model.name={}", self.work.join(PROGRAM).display()));
             cmd.arg("--data")
                 .arg(self.work.join(format!("prepared-{world}")));
+        }
+        for s in &sets {
+            cmd.args(["--set", s]);
         }
         let (_, wall) = run(cmd)?;
         let (_, s) = read_summary(&runs)?;
@@ -319,6 +318,10 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         threads,
         plan: &plan,
         data: &data,
+        cpu: (
+            kiln_device::probe::probe().map_or_else(|_| "unknown CPU".to_owned(), |f| f.cpu.model),
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+        ),
     };
     bench.export_program()?;
     let runs = measure(&bench, repeats)?;
@@ -332,7 +335,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         "hidden": plan.model.hidden, "d_model": plan.model.d_model, "layers": plan.model.layers,
         "heads": plan.model.heads, "ff": plan.model.ff, "sample_shape": data.sample_shape,
         "classes": data.classes,
-        "cpu": cpu_model(), "logical_cpus": logical_cpus(),
+        "cpu": bench.cpu.0, "logical_cpus": bench.cpu.1,
         "kiln_1_rank": runs[0], "kiln_2_ranks": runs[1],
         "pytorch_1_rank": runs[2], "pytorch_ddp_2_ranks": runs[3],
         "kiln_program_1_rank": runs[4], "kiln_program_2_ranks": runs[5],
@@ -341,56 +344,40 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     remove_dir(&work)
 }
 
-fn cpu_model() -> String {
-    kiln_device::probe::probe().map_or_else(|_| "unknown CPU".to_owned(), |f| f.cpu.model)
-}
-
-fn logical_cpus() -> usize {
-    std::thread::available_parallelism().map_or(0, |n| n.get())
-}
 /// The suite's description: what each side runs, on which CPU.
 fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
-    let (s, p, d) = (&bench.size, bench.plan, bench.data);
-    let t = bench.threads;
+    let (m, tp) = (&bench.plan.model, &bench.plan.train);
+    let (d_model, layers, heads, ff) = (m.d_model, m.layers, m.heads, m.ff);
+    let (lr, decay, warmup, clip) = (tp.lr, tp.weight_decay, tp.warmup_steps, tp.clip_grad_norm);
+    let (shape, classes) = (&bench.data.sample_shape, bench.data.classes);
+    let (seq, features) = (shape[0], shape[1]);
+    let (steps, batch, t) = (bench.size.steps(), bench.size.batch, bench.threads);
+    let ((cpu, cpus), repeats) = (&bench.cpu, runs[0].len());
     let params = median_of(&runs[0], "parameters");
+    let quick = if quick {
+        "QUICK (a few steps, shape check only): "
+    } else {
+        ""
+    };
+    let allreduce = median_of(&runs[3], "gradient_allreduce_ms");
+    let comm = communication(bench.plan, params, allreduce);
+    let between = between_steps(runs);
     format!(
-        "{}data-parallel training on the CPU ({}, {} logical cores), Gloo over 127.0.0.1: \
-         kiln's `transformer` (sequence {} × {} features → d_model {}, {} layers, {} heads, ff \
-         {} → {} classes, {params} parameters, fp32, dropout 0) on its synthetic data, {} steps \
-         of batch {} per rank, AdamW (lr {}, weight decay {}), warmup {} + cosine, clipping {}. \
-         kiln: `kiln train` (1 rank × {t} thread) and `kiln train --nproc-per-node 2` (2 ranks \
-         × {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
+        "{quick}data-parallel training on the CPU ({cpu}, {cpus} logical cores), Gloo over \
+         127.0.0.1: kiln's `transformer` (sequence {seq} × {features} features → d_model \
+         {d_model}, {layers} layers, {heads} heads, ff {ff} → {classes} classes, {params} \
+         parameters, fp32, dropout 0) on its synthetic data, {steps} steps of batch {batch} per \
+         rank, AdamW (lr {lr}, weight decay {decay}), warmup {warmup} + cosine, clipping {clip}. \
+         kiln: `kiln train` (1 rank × {t} thread) and `kiln train --nproc-per-node 2` (2 ranks × \
+         {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
          (train_step.py's twin of the model), torch.nn.parallel.DistributedDataParallel on 2 \
          ranks × {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), \
          on the same samples, sliced from memory; and kiln training the PyTorch twin exported by \
          torch.export through its compiled step (`kiln train --model transformer.pt2`, the \
          samples prepared by `kiln data prepare`; gradients all-reduced in one coalesced call \
-         after the step). A 2-rank run has twice the samples, so every \
-         run takes the same steps. Step time is each side's own mean over every step (batch to \
-         optimizer step); samples/s counts all ranks; median of {} run(s) per side. {} {}",
-        if quick {
-            "QUICK (a few steps, shape check only): "
-        } else {
-            ""
-        },
-        cpu_model(),
-        logical_cpus(),
-        d.sample_shape[0],
-        d.sample_shape[1],
-        p.model.d_model,
-        p.model.layers,
-        p.model.heads,
-        p.model.ff,
-        d.classes,
-        s.steps(),
-        s.batch,
-        p.train.lr,
-        p.train.weight_decay,
-        p.train.warmup_steps,
-        p.train.clip_grad_norm,
-        runs[0].len(),
-        communication(p, params, median_of(&runs[3], "gradient_allreduce_ms")),
-        between_steps(runs),
+         after the step). A 2-rank run has twice the samples, so every run takes the same steps. \
+         Step time is each side's own mean over every step (batch to optimizer step); samples/s \
+         counts all ranks; median of {repeats} run(s) per side. {comm} {between}"
     )
 }
 
@@ -398,10 +385,8 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
 /// backward on either side), and a bare all-reduce's time.
 fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
     let mib = params * 4.0 / 1048576.0;
-    let (first, cap) = (
-        plan.distributed.first_bucket_mb,
-        plan.distributed.bucket_cap_mb,
-    );
+    let d = &plan.distributed;
+    let (first, cap) = (d.first_bucket_mb, d.bucket_cap_mb);
     let buckets = if mib <= first {
         format!(
             ", within the first {first} MiB bucket (both sides), so its one all-reduce starts \
@@ -423,10 +408,7 @@ fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
 /// kiln's time between steps, outside the step time (its fit time less its steps' time, per
 /// step): on 2 ranks it holds the one-value all-reduce by which the ranks agree whether to stop.
 fn between_steps(runs: &Runs) -> String {
-    let (one, two) = (
-        median_of(&runs[0], "between_steps_ms"),
-        median_of(&runs[1], "between_steps_ms"),
-    );
+    let [one, two] = [&runs[0], &runs[1]].map(|r| median_of(r, "between_steps_ms"));
     format!(
         "kiln spends {two:.2} ms per step between steps on 2 ranks ({one:.2} ms on 1: the \
          difference is the ranks' vote on stopping, a one-value all-reduce counted while the \

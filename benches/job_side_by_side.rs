@@ -25,7 +25,7 @@ use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median,
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::run_cli::{Cli, Measured, exit_on_error, fresh_work_dir, kiln_exe, measured};
 use crate::run_cli::{plan_args, read_summary, remove_dir};
@@ -168,7 +168,7 @@ impl Side {
         self.median(|m| m.result["samples"].as_f64().unwrap_or(f64::NAN) / m.seconds)
     }
     fn accuracy(&self) -> f64 {
-        self.median(|m| 100.0 * m.result["final_val_accuracy"].as_f64().unwrap_or(f64::NAN))
+        100.0 * self.figure("final_val_accuracy")
     }
 }
 
@@ -243,53 +243,36 @@ fn workers_text(plan: &RunPlan) -> String {
 /// The suite's description and the rows against the plain PyTorch loop.
 fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOutput {
     let (samples, seq, features, classes) = data_shape(quick);
-    let (p, m) = (torch.plan, &torch.plan.model);
-    let mut out = SuiteOutput::new(
-        "job",
-        &format!(
-            "{}the default job end to end: `kiln train --data` against PyTorch Lightning \
-             Trainer.fit and a plain PyTorch loop on the same prepared shards ({samples} \
-             samples of {seq}×{features}, {classes} classes, read through a torch Dataset), \
-             split, transformer (d_model {}, {} layers, dropout {}) and initial weights; {} \
-             epochs of batch {}, {} ({} attention), fused AdamW, warmup {} + cosine, clipping \
-             {}, validation and a checkpoint every epoch, {}, {} threads; wall \
-             time is process start to exit",
-            if quick {
-                "QUICK (a tiny job, shape check only): "
-            } else {
-                ""
-            },
-            m.d_model,
-            m.layers,
-            m.dropout,
-            p.train.epochs,
-            p.train.batch_size,
-            torch.precision(),
-            torch.attention(),
-            p.train.warmup_steps,
-            p.train.clip_grad_norm,
-            workers_text(p),
-            torch.threads
-        ),
+    let (m, t) = (&torch.plan.model, &torch.plan.train);
+    let (d_model, layers, dropout) = (m.d_model, m.layers, m.dropout);
+    let (epochs, batch, warmup, clip) = (t.epochs, t.batch_size, t.warmup_steps, t.clip_grad_norm);
+    let (precision, attention) = (torch.precision(), torch.attention());
+    let (workers, threads) = (workers_text(torch.plan), torch.threads);
+    let quick = if quick {
+        "QUICK (a tiny job, shape check only): "
+    } else {
+        ""
+    };
+    let what = format!(
+        "{quick}the default job end to end: `kiln train --data` against PyTorch Lightning \
+         Trainer.fit and a plain PyTorch loop on the same prepared shards ({samples} samples of \
+         {seq}×{features}, {classes} classes, read through a torch Dataset), split, transformer \
+         (d_model {d_model}, {layers} layers, dropout {dropout}) and initial weights; {epochs} \
+         epochs of batch {batch}, {precision} ({attention} attention), fused AdamW, warmup \
+         {warmup} + cosine, clipping {clip}, validation and a checkpoint every epoch, {workers}, \
+         {threads} threads; wall time is process start to exit"
     );
+    let mut out = SuiteOutput::new("job", &what);
     let row = |name: &str, unit: &str, better, figures| {
         let base = "plain PyTorch loop, same job (no Lightning)";
         Comparison::new("job", "end to end", name, unit, better, figures, base)
     };
     let name = "default job wall time vs a plain PyTorch loop";
-    out.push(row(
-        name,
-        "s",
-        Better::Lower,
-        (kiln.seconds(), plain.seconds()),
-    ));
+    let seconds = (kiln.seconds(), plain.seconds());
+    out.push(row(name, "s", Better::Lower, seconds));
     let name = "final val accuracy vs a plain PyTorch loop";
-    out.push(row(
-        name,
-        "%",
-        Better::Higher,
-        (kiln.accuracy(), plain.accuracy()),
-    ));
+    let accuracy = (kiln.accuracy(), plain.accuracy());
+    out.push(row(name, "%", Better::Higher, accuracy));
     out
 }
 
@@ -305,10 +288,7 @@ const LIGHTNING_ROWS: [&str; 6] = [
 ];
 
 fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side) {
-    let version = light
-        .0
-        .first()
-        .map_or(Value::Null, |m| m.result["lightning_version"].clone());
+    let version = &light.0[0].result["lightning_version"];
     let version = version.as_str().unwrap_or("?");
     let base = format!("PyTorch Lightning Trainer.fit, same job (lightning {version})");
     let row = |name: &str, unit: &str, better, figures| {

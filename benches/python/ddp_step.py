@@ -105,10 +105,9 @@ def add_training_args(p):
     """The options this script and lightning_job.py share: the transformer's shape, the seed,
     and kiln's optimizer, schedule and clipping."""
     for name, default in (("--d-model", 256), ("--heads", 8), ("--layers", 4), ("--ff", 1024),
-                          ("--seed", 0), ("--warmup", 50)):
-        p.add_argument(name, type=int, default=default)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
+                          ("--seed", 0), ("--warmup", 50), ("--lr", 1e-3),
+                          ("--weight-decay", 0.01)):
+        p.add_argument(name, type=type(default), default=default)
     p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
 
 
@@ -176,17 +175,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--features-file", required=True, help="float32 [N, S, F] .npy")
     p.add_argument("--labels-file", required=True, help="int64 [N] .npy")
-    p.add_argument("--samples", type=int, required=True, help="the first N samples of the files")
-    p.add_argument("--features", type=int, required=True, help="per position")
-    p.add_argument("--classes", type=int, required=True)
-    p.add_argument("--seq", type=int, default=64, help="sequence length")
+    for name, help in (("--samples", "the first N samples of the files"), ("--classes", None),
+                       ("--features", "per position"), ("--batch", "per rank")):
+        p.add_argument(name, type=int, required=True, help=help)
+    for name, default, help in (("--seq", 64, "sequence length"), ("--epochs", 1, None),
+                                ("--bucket-cap-mb", 25.0, "DDP's gradient buckets"),
+                                ("--first-bucket-mb", 1.0, None), ("--dropout", 0.0, None),
+                                ("--threads", 1, "intra- and inter-op, per rank")):
+        p.add_argument(name, type=type(default), default=default, help=help)
     add_training_args(p)
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's gradient buckets")
-    p.add_argument("--first-bucket-mb", type=float, default=1.0)
-    p.add_argument("--batch", type=int, required=True, help="per rank")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--threads", type=int, default=1, help="intra- and inter-op, per rank")
     p.add_argument("--export-program", metavar="PATH", default=None,
                    help="save the model as a torch.export program and exit")
     a = p.parse_args()
@@ -200,9 +197,7 @@ def main():
         dist.init_process_group("gloo")
     features = read_npy(a.features_file, torch.float32, (a.samples, a.seq, a.features))
     labels = read_npy(a.labels_file, torch.int64, (a.samples,))
-    model = build(a)
-    if world > 1:
-        model = wrap(model, a)
+    model = wrap(build(a), a) if world > 1 else build(a)
     started = time.perf_counter()
     steps, step_seconds, final_loss = train(a, world, rank, model, features, labels)
     fit_seconds = time.perf_counter() - started

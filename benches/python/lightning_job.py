@@ -68,12 +68,19 @@ def loaders(a):
     shards = Shards(a.data)
     with open(a.split) as f:
         split = json.load(f)
-    common = {"batch_size": a.batch, "num_workers": a.workers,
-              "persistent_workers": a.workers > 0}
+    common = dict(batch_size=a.batch, num_workers=a.workers, persistent_workers=a.workers > 0)
     train = DataLoader(Subset(shards, split["train"]), shuffle=True, drop_last=True,
                        generator=torch.Generator().manual_seed(a.seed), **common)
     val = DataLoader(Subset(shards, split["val"]), shuffle=False, **common)
     return train, val, int(split["classes"])
+
+
+def add_scores(sums, model, x, y):
+    """Adds a validation batch's summed loss, right answers and samples to `sums`."""
+    out = model(x).float()
+    sums[0] += F.cross_entropy(out, y, reduction="sum").item()
+    sums[1] += (out.argmax(-1) == y).sum().item()
+    sums[2] += len(y)
 
 
 def autocast(a):
@@ -103,11 +110,7 @@ def lightning_fit(a, model, train, val):
             self.sums = [0.0, 0, 0]
 
         def validation_step(self, batch, _):
-            x, y = batch
-            out = self.model(x).float()
-            self.sums[0] += F.cross_entropy(out, y, reduction="sum").item()
-            self.sums[1] += (out.argmax(-1) == y).sum().item()
-            self.sums[2] += len(y)
+            add_scores(self.sums, self.model, *batch)
 
         def on_validation_epoch_end(self):
             n = max(1, self.sums[2])
@@ -144,15 +147,12 @@ def lightning_fit(a, model, train, val):
 
 def evaluate(model, val, a):
     model.eval()
-    loss, right, n = 0.0, 0, 0
+    sums = [0.0, 0, 0]
     with torch.no_grad(), autocast(a):
         for x, y in val:
-            out = model(x).float()
-            loss += F.cross_entropy(out, y, reduction="sum").item()
-            right += (out.argmax(-1) == y).sum().item()
-            n += len(y)
+            add_scores(sums, model, x, y)
     model.train()
-    return loss / max(1, n), right / max(1, n)
+    return sums[0] / max(1, sums[2]), sums[1] / max(1, sums[2])
 
 
 def plain_fit(a, model, train, val):
@@ -185,13 +185,12 @@ def plain_fit(a, model, train, val):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trainer", choices=["lightning", "plain"], default="lightning")
     p.add_argument("--data", required=True, help="kiln's prepared dataset directory")
     p.add_argument("--split", required=True, help="split.json: train and val indices, classes")
     p.add_argument("--out", required=True, help="directory for checkpoints and logs")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--workers", type=int, default=2)
+    for name, default in (("--epochs", 3), ("--batch", 16), ("--workers", 2)):
+        p.add_argument(name, type=int, default=default)
+    p.add_argument("--trainer", choices=["lightning", "plain"], default="lightning")
     p.add_argument("--precision", choices=["32-true", "bf16-mixed", "16-mixed"],
                    default="bf16-mixed")
     p.add_argument("--attention", choices=["math", "sdpa"], default="math")

@@ -76,17 +76,20 @@ class ShardDataset(Dataset):
     def __len__(self):
         return self.len
 
-    def _open(self):
-        self.shards = []
-        for shard in self.manifest["shards"]:
-            t = open_safetensors(os.path.join(self.root, shard["features"]))
-            # Manifest version 2 names the tensor `targets`; version 1 named it `labels`.
-            self.shards.append((t["features"], t["targets"] if "targets" in t else t["labels"]))
+    def opened(self):
+        """Each shard's (features, labels), mapped on first use."""
+        if self.shards is None:
+            self.shards = []
+            for shard in self.manifest["shards"]:
+                t = open_safetensors(os.path.join(self.root, shard["features"]))
+                # Manifest version 2 names the tensor `targets`; version 1 named it `labels`.
+                self.shards.append((t["features"], t["targets"] if "targets" in t else t["labels"]))
+        return self.shards
 
     def sample(self, i):
         """Sample i as stored: a view of its features in the mapped shard, and its label."""
         if self.shards is None:
-            self._open()
+            self.opened()
         s = bisect.bisect_right(self.starts, i) - 1  # the shard holding sample i
         feats, labels = self.shards[s]
         return feats[i - self.starts[s]], int(labels[i - self.starts[s]])
@@ -114,20 +117,19 @@ class BatchedShardDataset(ShardDataset):
         raise RuntimeError("batched fetch must go through __getitems__")
 
     def __getitems__(self, indices):
-        if self.shards is None:
-            self._open()
+        shards = self.opened()
         self.calls += 1
         idx = torch.as_tensor(indices, dtype=torch.int64)
         shard = torch.searchsorted(self.starts_t, idx, right=True) - 1
         shard, order = torch.sort(shard, stable=True)
         idx = idx[order]
-        sample_shape = self.shards[0][0].shape[1:]
+        sample_shape = shards[0][0].shape[1:]
         x = batch_tensor((len(indices), *sample_shape), torch.float32)
         y = batch_tensor((len(indices),), torch.int64)
         ids, counts = torch.unique_consecutive(shard, return_counts=True)
         at = 0
         for s, n in zip(ids.tolist(), counts.tolist()):
-            feats, labels = self.shards[s]
+            feats, labels = shards[s]
             local = idx[at:at + n] - self.starts[s]
             first = int(local[0])
             if n == 1 or bool((local[1:] - local[:-1] == 1).all()):  # a contiguous run
@@ -157,8 +159,7 @@ def identity(batch):
 
 def breakdown(ds, batch_size, seed):
     """Per-batch work timed inline in this process over a few shuffled batches, in ms."""
-    if ds.shards is None:
-        ds._open()
+    ds.opened()  # map the shards before timing (with workers, this process has not yet)
     perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed + 1)).tolist()
     batches = [perm[k * batch_size:(k + 1) * batch_size] for k in range(BREAKDOWN_BATCHES)]
     batches = [b for b in batches if b]
@@ -188,9 +189,8 @@ def run_epochs(loader, epochs, batched):
         it = iter(loader)
         while True:
             t0 = time.perf_counter()
-            try:
-                item = next(it)
-            except StopIteration:
+            item = next(it, None)
+            if item is None:
                 break
             wait += time.perf_counter() - t0
             if out["first_batch_seconds"] is None:
@@ -212,12 +212,10 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", required=True)
     p.add_argument("--norm", required=True)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--prefetch-factor", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=2)
+    for name, default in (("--workers", 0), ("--batch-size", 64), ("--prefetch-factor", 2),
+                          ("--epochs", 2), ("--seed", 0)):
+        p.add_argument(name, type=int, default=default)
     p.add_argument("--fetch", choices=["item", "batch"], default="item")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--idle", action="store_true", help="load everything but iterate nothing")
     a = p.parse_args()
     torch.set_num_threads(1)  # as on kiln's side: the consumer's work is one small sum
