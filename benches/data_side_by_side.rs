@@ -92,6 +92,7 @@ fn loader_config(batch_size: usize, workers: usize) -> LoaderConfig {
             seed: SEED,
             ..SamplerConfig::default()
         },
+        inline_threads: 1,
     }
 }
 

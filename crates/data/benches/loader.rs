@@ -1,5 +1,8 @@
 //! The loader alone: one epoch of SignTransformer-shaped samples (64 × 469 floats, batch 32) from
-//! the synthetic dataset, at 0, 1 and 2 workers. The per-sample work is generating the sample.
+//! the synthetic dataset, at 0, 1 and 2 workers (the per-sample work is generating the sample);
+//! and one shuffled epoch of the `data` suite's shards (1024 samples of 64 × 128 f32, batch 64,
+//! normalized) without workers, read by 1 or 2 inline threads, through positioned reads or the
+//! map.
 //!
 //! Host-side only, on any machine: the loader's batches are plain host memory and nothing is
 //! queued on a device, so there is no device to synchronise before reading the clock. The copy
@@ -8,7 +11,10 @@
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
+use kiln_data::{
+    DType, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
+    ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
+};
 
 const SAMPLES: usize = 512;
 
@@ -41,5 +47,62 @@ fn bench_loader(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_loader);
+/// The data suite's shards in `dir`: 1024 samples of `[64, 128]` f32, labels in 0..10.
+fn shards(dir: &std::path::Path) -> std::path::PathBuf {
+    let (n, numel) = (1024usize, 64 * 128);
+    let features: Vec<u8> = (0..n * numel)
+        .flat_map(|i| ((i % 977) as f32 * 0.01).to_le_bytes())
+        .collect();
+    let labels: Vec<u8> = (0..n as i64).flat_map(|i| (i % 10).to_le_bytes()).collect();
+    let (f, l) = (dir.join("f.npy"), dir.join("l.npy"));
+    write_npy(&f, DType::F32, &[n, 64, 128], &features).expect("features written");
+    write_npy(&l, DType::I64, &[n], &labels).expect("labels written");
+    let out = dir.join("ds");
+    let source = PrepareSource::Npy {
+        features: f,
+        labels: l,
+    };
+    prepare(&source, &out, &PrepareOptions::default()).expect("shards prepared");
+    out
+}
+
+fn bench_shards(c: &mut Criterion) {
+    let tmp = tempfile::tempdir().expect("temporary directory");
+    let dir = shards(tmp.path());
+    let mut group = c.benchmark_group("shards_epoch");
+    group.throughput(Throughput::Elements(1024));
+    group.sample_size(10);
+    for (release, inline_threads) in [(true, 1), (true, 2), (false, 1), (false, 2)] {
+        let ds = ShardedDataset::open(&dir)
+            .expect("shards open")
+            .with_release_pages(release);
+        let norm = Normalize::new(vec![4.0; 128], vec![2.5; 128]).expect("statistics");
+        let config = LoaderConfig {
+            batch_size: 64,
+            sampler: SamplerConfig {
+                shuffle: true,
+                ..SamplerConfig::default()
+            },
+            inline_threads,
+            ..LoaderConfig::default()
+        };
+        let mut loader =
+            Loader::new(Arc::new(Transformed::new(ds, norm)), config).expect("loader starts");
+        let reads = if release { "pread" } else { "mapped" };
+        let id = BenchmarkId::new(reads, format!("{inline_threads} inline threads"));
+        let mut epoch = 0;
+        group.bench_function(id, |b| {
+            b.iter(|| {
+                epoch += 1;
+                loader
+                    .epoch(epoch)
+                    .map(|batch| batch.expect("batch").indices.len())
+                    .sum::<usize>()
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_loader, bench_shards);
 criterion_main!(benches);

@@ -71,6 +71,47 @@ pub trait Dataset: Send + Sync + 'static {
         let label = self.read(index, features)?;
         target.set_label(index, label)
     }
+
+    /// Writes the samples at `indices` into `features` (sample after sample,
+    /// `indices.len() × sample_numel` values) and their targets into `targets` (as many
+    /// elements per sample as [`TargetSpec::numel`]). Default: one [`Dataset::read_sample`] per
+    /// index. A dataset that can read several samples at once (a contiguous run of a shard in
+    /// one read) overrides it; the result must be the same.
+    fn read_batch(
+        &self,
+        indices: &[usize],
+        features: &mut [f32],
+        mut targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let (numel, per) = (self.sample_numel(), self.target().numel());
+        check_batch_slots(indices.len(), (numel, features.len()), (per, targets.len()))?;
+        for (k, &index) in indices.iter().enumerate() {
+            let slot = &mut features[k * numel..(k + 1) * numel];
+            self.read_sample(index, slot, targets.part(k * per, per))?;
+        }
+        Ok(())
+    }
+}
+
+/// The error for batch slots that do not hold `samples` samples of `(per-sample, given)`
+/// feature and target elements.
+pub(crate) fn check_batch_slots(
+    samples: usize,
+    (numel, features): (usize, usize),
+    (per, targets): (usize, usize),
+) -> Result<(), DataError> {
+    if features == samples * numel && targets == samples * per {
+        return Ok(());
+    }
+    Err(DataError::Shape {
+        what: "batch slots".to_owned(),
+        expected: format!(
+            "{} feature and {} target elements for {samples} samples",
+            samples * numel,
+            samples * per
+        ),
+        got: format!("{features} and {targets}"),
+    })
 }
 
 impl Dataset for Box<dyn Dataset> {
@@ -105,6 +146,15 @@ impl Dataset for Box<dyn Dataset> {
         target: TargetSlot<'_>,
     ) -> Result<(), DataError> {
         (**self).read_sample(index, features, target)
+    }
+
+    fn read_batch(
+        &self,
+        indices: &[usize],
+        features: &mut [f32],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        (**self).read_batch(indices, features, targets)
     }
 }
 
@@ -218,6 +268,19 @@ impl<D: Dataset> Dataset for Subset<D> {
     ) -> Result<(), DataError> {
         self.inner
             .read_sample(self.inner_index(index)?, features, target)
+    }
+
+    fn read_batch(
+        &self,
+        indices: &[usize],
+        features: &mut [f32],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let inner: Vec<usize> = indices
+            .iter()
+            .map(|&i| self.inner_index(i))
+            .collect::<Result<_, _>>()?;
+        self.inner.read_batch(&inner, features, targets)
     }
 }
 

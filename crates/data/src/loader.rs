@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, Receiver, Sender};
 
-use crate::{DataError, Dataset, Position, Sampler, SamplerConfig, Targets};
+use crate::{DataError, Dataset, Position, Sampler, SamplerConfig, TargetSlot, Targets};
 
 /// How to batch and feed a dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +29,10 @@ pub struct LoaderConfig {
     /// Drop the last, incomplete batch of an epoch.
     pub drop_last: bool,
     pub sampler: SamplerConfig,
+    /// Threads that read a batch together when `num_workers = 0` (each a part of it), e.g. the
+    /// trainer's compute threads, idle while it waits for the batch; 0 or 1: the consumer's
+    /// thread alone.
+    pub inline_threads: usize,
 }
 
 impl Default for LoaderConfig {
@@ -39,6 +43,7 @@ impl Default for LoaderConfig {
             prefetch_factor: 2,
             drop_last: false,
             sampler: SamplerConfig::default(),
+            inline_threads: 1,
         }
     }
 }
@@ -110,34 +115,24 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic payload".to_owned())
 }
 
-/// Reads the samples of one batch into a single buffer; a panic is caught and named.
+/// Reads the samples of one batch into a single buffer, in parts on `pool`'s threads where
+/// there is one; a panic is caught and named.
 fn build_batch<D: Dataset>(
     dataset: &D,
     number: usize,
     indices: Vec<usize>,
+    pool: Option<&rayon::ThreadPool>,
 ) -> Result<Batch, DataError> {
-    let numel = dataset.sample_numel();
     let spec = dataset.target();
-    let per = spec.numel();
-    let mut features = vec![0f32; numel * indices.len()];
+    let mut features = vec![0f32; dataset.sample_numel() * indices.len()];
     let mut targets = spec.batch(indices.len());
-    let mut current = indices.first().copied().unwrap_or(0);
     let read = catch_unwind(AssertUnwindSafe(|| {
-        for (k, (slot, &index)) in features.chunks_exact_mut(numel).zip(&indices).enumerate() {
-            current = index;
-            dataset.read_sample(index, slot, targets.slot(k, per))?;
-        }
-        Ok::<(), DataError>(())
+        read_parts(dataset, &indices, &mut features, targets.all(), pool)
     }));
     match read {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
-        Err(payload) => {
-            return Err(DataError::WorkerPanic {
-                index: current,
-                message: panic_message(payload.as_ref()),
-            });
-        }
+        Err(payload) => return Err(name_panic(dataset, &indices, payload.as_ref())),
     }
     let mut shape = vec![indices.len()];
     shape.extend_from_slice(dataset.sample_shape());
@@ -152,6 +147,57 @@ fn build_batch<D: Dataset>(
         indices,
         number,
     })
+}
+
+/// [`Dataset::read_batch`] of `indices`, split into one contiguous part per thread of `pool`
+/// (the whole batch on this thread without one); the first failing part's error.
+fn read_parts<D: Dataset>(
+    dataset: &D,
+    indices: &[usize],
+    features: &mut [f32],
+    targets: TargetSlot<'_>,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<(), DataError> {
+    let Some(pool) = pool.filter(|p| indices.len() > 1 && p.current_num_threads() > 1) else {
+        return dataset.read_batch(indices, features, targets);
+    };
+    let (numel, per) = (dataset.sample_numel(), dataset.target().numel());
+    let size = indices.len().div_ceil(pool.current_num_threads());
+    let (mut rest_f, mut rest_t) = (features, targets);
+    let mut parts = vec![];
+    for chunk in indices.chunks(size) {
+        let (f, next_f) = rest_f.split_at_mut(chunk.len() * numel);
+        let (t, next_t) = rest_t.split_at(chunk.len() * per);
+        parts.push((chunk, f, t, Ok(())));
+        (rest_f, rest_t) = (next_f, next_t);
+    }
+    pool.scope(|scope| {
+        for (chunk, f, t, result) in &mut parts {
+            scope.spawn(move |_| *result = dataset.read_batch(chunk, f, t.part(0, t.len())));
+        }
+    });
+    parts.into_iter().map(|(.., result)| result).collect()
+}
+
+/// The error for a panic while reading `indices`: the batch is read again sample by sample to
+/// find the sample at fault (the batch's first where none panics again).
+fn name_panic<D: Dataset>(
+    dataset: &D,
+    indices: &[usize],
+    payload: &(dyn std::any::Any + Send),
+) -> DataError {
+    let spec = dataset.target();
+    let (mut features, mut target) = (vec![0f32; dataset.sample_numel()], spec.batch(1));
+    let culprit = indices.iter().copied().find(|&index| {
+        catch_unwind(AssertUnwindSafe(|| {
+            dataset.read_sample(index, &mut features, target.slot(0, spec.numel()))
+        }))
+        .is_err()
+    });
+    DataError::WorkerPanic {
+        index: culprit.or(indices.first().copied()).unwrap_or(0),
+        message: panic_message(payload),
+    }
 }
 
 /// Workers need at least one batch in flight each.
@@ -174,6 +220,8 @@ pub struct Loader<D: Dataset> {
     jobs: Option<Sender<Job>>,
     replies: Receiver<Reply>,
     workers: Vec<JoinHandle<()>>,
+    /// The threads reading inline batches in parts (`inline_threads` > 1, no workers).
+    inline_pool: Option<rayon::ThreadPool>,
     /// The epoch being served; workers skip jobs of an abandoned one.
     generation: Arc<AtomicU64>,
     stats: LoaderStats,
@@ -209,6 +257,7 @@ impl<D: Dataset> Loader<D> {
             jobs: None,
             replies: channel::never(),
             workers: vec![],
+            inline_pool: None,
             generation: Arc::new(AtomicU64::new(0)),
             stats: LoaderStats::default(),
             started: None,
@@ -217,8 +266,22 @@ impl<D: Dataset> Loader<D> {
         Ok(loader)
     }
 
-    /// Starts `config.num_workers` threads on a fresh job queue and reply channel.
+    /// Starts `config.num_workers` threads on a fresh job queue and reply channel, or without
+    /// workers the inline readers' pool (once).
     fn start_workers(&mut self) -> Result<(), DataError> {
+        let inline = self.config.inline_threads;
+        if self.config.num_workers == 0 && inline > 1 && self.inline_pool.is_none() {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(inline)
+                .thread_name(|i| format!("kiln-read-{i}"))
+                .build()
+                .map_err(|e| DataError::InvalidConfig {
+                    key: "inline_threads",
+                    value: inline.to_string(),
+                    expected: format!("a number of threads this system can start ({e})"),
+                })?;
+            self.inline_pool = Some(pool);
+        }
         let (job_tx, job_rx) = channel::unbounded::<Job>();
         let (reply_tx, reply_rx) = channel::unbounded::<Reply>();
         self.jobs = Some(job_tx);
@@ -237,7 +300,7 @@ impl<D: Dataset> Loader<D> {
                         if job.generation != generation.load(Ordering::Acquire) {
                             continue; // an abandoned epoch's job
                         }
-                        let batch = build_batch(&*dataset, job.number, job.indices);
+                        let batch = build_batch(&*dataset, job.number, job.indices, None);
                         if replies.send((job.generation, job.number, batch)).is_err() {
                             break;
                         }
@@ -372,7 +435,8 @@ impl<D: Dataset> EpochIter<'_, D> {
         if self.loader.config.num_workers == 0 {
             let number = self.next_yield;
             let indices = std::mem::take(&mut self.batches[number]);
-            return build_batch(&*self.loader.dataset, number, indices);
+            let pool = self.loader.inline_pool.as_ref();
+            return build_batch(&*self.loader.dataset, number, indices, pool);
         }
         self.submit()?;
         loop {

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
+use crate::dataset::check_batch_slots;
 use crate::target::{not_labels, slot_mismatch, unravel};
 use crate::{DType, DataError, Dataset, TargetSlot, TargetSpec, npy};
 
@@ -446,11 +447,6 @@ impl MappedArray {
         self.shape[0]
     }
 
-    /// Row `i`'s elements as integers, into `out` (`-1` for a floating-point array).
-    pub fn row_integers(&self, i: usize, out: &mut [i64]) {
-        integers_into(self.dtype, self.row(i), out);
-    }
-
     /// Every element as an integer, in order (`-1` for a floating-point array, which no valid
     /// label is).
     pub fn integers(&self) -> impl Iterator<Item = i64> + '_ {
@@ -472,16 +468,17 @@ impl MappedArray {
         self
     }
 
-    /// Copies row `i`'s bytes into `out` with one positioned read of the file (from the page
-    /// cache): none of its pages is mapped into the process, so an epoch's reads neither pile
-    /// up in resident memory nor cost unmapping afterwards. Without the file, from the map.
-    pub fn read_row(&self, i: usize, out: &mut [u8]) -> std::io::Result<()> {
+    /// Copies the bytes of rows `start..end` into `out` with one positioned read of the file
+    /// (from the page cache): none of its pages is mapped into the process, so an epoch's
+    /// reads neither pile up in resident memory nor cost unmapping afterwards. Without the
+    /// file, from the map.
+    pub fn read_rows(&self, start: usize, end: usize, out: &mut [u8]) -> std::io::Result<()> {
         #[cfg(unix)]
         if let Some(file) = &self.file {
             use std::os::unix::fs::FileExt;
-            return file.read_exact_at(out, (self.offset + i * self.row_bytes) as u64);
+            return file.read_exact_at(out, (self.offset + start * self.row_bytes) as u64);
         }
-        out.copy_from_slice(self.row(i));
+        out.copy_from_slice(self.rows(start, end));
         Ok(())
     }
 
@@ -904,57 +901,114 @@ impl Dataset for ShardedDataset {
                 ),
             });
         }
-        let per = self.spec.numel();
-        // Classes were checked to be integers in range, values finite, when the dataset opened.
-        let fits = match &target {
-            TargetSlot::Classes(out) => self.spec.classes().is_some() && out.len() == per,
-            TargetSlot::Values(out) => self.spec.classes().is_none() && out.len() == per,
-        };
-        if !fits {
-            return Err(slot_mismatch(index, &target, &self.spec));
-        }
-        if self.release_pages {
-            return read_unmapped(shard, i, features, target).map_err(|e| DataError::Sample {
+        self.check_slot(index, &target)?;
+        read_run(shard, (i, i + 1), self.release_pages, features, target).map_err(|e| {
+            DataError::Sample {
                 index,
                 message: format!("cannot read it from its shard: {e}"),
-            });
+            }
+        })
+    }
+
+    /// Reads each run of consecutive indices within a shard with one read (or one copy from
+    /// the map) per array, converting the run's elements in one pass.
+    fn read_batch(
+        &self,
+        indices: &[usize],
+        features: &mut [f32],
+        mut targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let (numel, per) = (self.sample_numel(), self.spec.numel());
+        check_batch_slots(indices.len(), (numel, features.len()), (per, targets.len()))?;
+        if let Some(&first) = indices.first() {
+            self.check_slot(first, &targets.part(0, per))?;
         }
-        match target {
-            TargetSlot::Classes(out) => shard.targets.row_integers(i, out),
-            TargetSlot::Values(out) => shard.targets.dtype.to_f32(shard.targets.row(i), out),
+        let mut k = 0;
+        while k < indices.len() {
+            let index = indices[k];
+            let (shard, i) = self
+                .locate(index)
+                .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
+            let run = indices[k..]
+                .iter()
+                .enumerate()
+                .take_while(|&(n, &j)| j == index + n && i + n < shard.features.samples())
+                .count();
+            let feature_slot = &mut features[k * numel..(k + run) * numel];
+            let target_slot = targets.part(k * per, run * per);
+            read_run(
+                shard,
+                (i, i + run),
+                self.release_pages,
+                feature_slot,
+                target_slot,
+            )
+            .map_err(|e| DataError::Sample {
+                index,
+                message: format!(
+                    "cannot read it (and the {} after it) from its shard: {e}",
+                    run - 1
+                ),
+            })?;
+            k += run;
         }
-        shard.features.dtype.to_f32(shard.features.row(i), features);
         Ok(())
     }
 }
 
+impl ShardedDataset {
+    /// An error unless `target` is one sample's slot of this dataset's kind and size.
+    fn check_slot(&self, index: usize, target: &TargetSlot<'_>) -> Result<(), DataError> {
+        let per = self.spec.numel();
+        // Classes were checked to be integers in range, values finite, when the dataset opened.
+        let fits = match target {
+            TargetSlot::Classes(out) => self.spec.classes().is_some() && out.len() == per,
+            TargetSlot::Values(out) => self.spec.classes().is_none() && out.len() == per,
+        };
+        if fits {
+            Ok(())
+        } else {
+            Err(slot_mismatch(index, target, &self.spec))
+        }
+    }
+}
+
 thread_local! {
-    /// A row's bytes on their way to a conversion (one buffer per loader thread).
+    /// A run's bytes on their way to a conversion (one buffer per loader thread).
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Row `i` of `shard` read with positioned reads, never mapped: the target into `target`, the
-/// features into `features` (f32 rows straight into it, other types through a scratch buffer).
-fn read_unmapped(
+/// Rows `start..end` of `shard`: the targets into `target`, the features into `features`.
+/// `unmapped`: with positioned reads, never mapped (f32 rows straight into `features`, other
+/// types through a scratch buffer); else converted straight from the map.
+fn read_run(
     shard: &Shard,
-    i: usize,
+    (start, end): (usize, usize),
+    unmapped: bool,
     features: &mut [f32],
     target: TargetSlot<'_>,
 ) -> std::io::Result<()> {
+    let (t, f) = (&shard.targets, &shard.features);
+    if !unmapped {
+        match target {
+            TargetSlot::Classes(out) => integers_into(t.dtype, t.rows(start, end), out),
+            TargetSlot::Values(out) => t.dtype.to_f32(t.rows(start, end), out),
+        }
+        f.dtype.to_f32(f.rows(start, end), features);
+        return Ok(());
+    }
     SCRATCH.with_borrow_mut(|buf| {
-        let t = &shard.targets;
-        buf.resize(t.row_bytes, 0);
-        t.read_row(i, buf)?;
+        buf.resize(t.row_bytes * (end - start), 0);
+        t.read_rows(start, end, buf)?;
         match target {
             TargetSlot::Classes(out) => integers_into(t.dtype, buf, out),
             TargetSlot::Values(out) => t.dtype.to_f32(buf, out),
         }
-        let f = &shard.features;
         if f.dtype == DType::F32 && cfg!(target_endian = "little") {
-            return f.read_row(i, bytemuck::cast_slice_mut(features));
+            return f.read_rows(start, end, bytemuck::cast_slice_mut(features));
         }
-        buf.resize(f.row_bytes, 0);
-        f.read_row(i, buf)?;
+        buf.resize(f.row_bytes * (end - start), 0);
+        f.read_rows(start, end, buf)?;
         f.dtype.to_f32(buf, features);
         Ok(())
     })

@@ -78,8 +78,9 @@ impl std::fmt::Display for TargetSpec {
     }
 }
 
-/// Where [`crate::Dataset::read_sample`] writes one sample's target: exactly
-/// [`TargetSpec::numel`] elements of the dataset's kind.
+/// Where [`crate::Dataset::read_sample`] writes one sample's target (exactly
+/// [`TargetSpec::numel`] elements of the dataset's kind), or [`crate::Dataset::read_batch`]
+/// several samples' targets, back to back.
 #[derive(Debug)]
 pub enum TargetSlot<'a> {
     Classes(&'a mut [i64]),
@@ -101,6 +102,40 @@ impl TargetSlot<'_> {
                     other.describe()
                 ),
             }),
+        }
+    }
+
+    /// Elements `start..start + len` of this slot: one sample's part of a batch's slot.
+    pub fn part(&mut self, start: usize, len: usize) -> TargetSlot<'_> {
+        match self {
+            TargetSlot::Classes(s) => TargetSlot::Classes(&mut s[start..start + len]),
+            TargetSlot::Values(s) => TargetSlot::Values(&mut s[start..start + len]),
+        }
+    }
+
+    /// Elements in the slot.
+    pub fn len(&self) -> usize {
+        match self {
+            TargetSlot::Classes(s) => s.len(),
+            TargetSlot::Values(s) => s.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Splits the slot at element `mid` (a batch's slot into the parts threads fill).
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        match self {
+            TargetSlot::Classes(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (TargetSlot::Classes(a), TargetSlot::Classes(b))
+            }
+            TargetSlot::Values(s) => {
+                let (a, b) = s.split_at_mut(mid);
+                (TargetSlot::Values(a), TargetSlot::Values(b))
+            }
         }
     }
 
@@ -145,6 +180,14 @@ impl Targets {
         match self {
             Targets::Classes(v) => TargetSlot::Classes(&mut v[k * per..(k + 1) * per]),
             Targets::Values(v) => TargetSlot::Values(&mut v[k * per..(k + 1) * per]),
+        }
+    }
+
+    /// The slot of every sample, back to back.
+    pub fn all(&mut self) -> TargetSlot<'_> {
+        match self {
+            Targets::Classes(v) => TargetSlot::Classes(v),
+            Targets::Values(v) => TargetSlot::Values(v),
         }
     }
 }

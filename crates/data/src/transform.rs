@@ -165,6 +165,21 @@ impl<D: Dataset, T: Transform> Dataset for Transformed<D, T> {
         self.inner.read_sample(index, features, target)?;
         self.transform.apply(index, features)
     }
+
+    fn read_batch(
+        &self,
+        indices: &[usize],
+        features: &mut [f32],
+        targets: crate::TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.inner.read_batch(indices, features, targets)?;
+        let numel = self.sample_numel();
+        for (k, &index) in indices.iter().enumerate() {
+            self.transform
+                .apply(index, &mut features[k * numel..(k + 1) * numel])?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

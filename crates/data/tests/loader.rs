@@ -27,6 +27,7 @@ fn config(batch_size: usize, num_workers: usize, shuffle: bool) -> LoaderConfig 
             seed: 7,
             ..SamplerConfig::default()
         },
+        inline_threads: 1,
     }
 }
 
@@ -167,6 +168,25 @@ fn changing_the_worker_count_mid_epoch_keeps_the_batches() {
 }
 
 #[test]
+fn inline_batches_read_in_parts_by_several_threads_are_the_same_batches() {
+    let batches = |inline_threads| {
+        let config = LoaderConfig {
+            inline_threads,
+            ..config(10, 0, true)
+        };
+        let mut loader = Loader::new(numbered(103), config).unwrap();
+        (0..2)
+            .flat_map(|epoch| loader.epoch(epoch).map(Result::unwrap).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    let one = batches(1);
+    assert_eq!(one.len(), 22);
+    for threads in [2, 3, 16] {
+        assert_eq!(batches(threads), one, "{threads} threads");
+    }
+}
+
+#[test]
 fn drop_last_drops_only_the_incomplete_batch() {
     let mut cfg = config(10, 2, false);
     cfg.drop_last = true;
@@ -207,9 +227,13 @@ impl Dataset for Faulty {
 #[test]
 fn a_failing_or_panicking_sample_ends_the_epoch_with_an_error_naming_it() {
     for panic in [false, true] {
-        for workers in [0, 2] {
+        for (workers, inline_threads) in [(0, 1), (0, 3), (2, 1)] {
             let dataset = Arc::new(Faulty { bad: 57, panic });
-            let mut loader = Loader::new(dataset, config(8, workers, false)).unwrap();
+            let config = LoaderConfig {
+                inline_threads,
+                ..config(8, workers, false)
+            };
+            let mut loader = Loader::new(dataset, config).unwrap();
             let results: Vec<_> = loader.epoch(0).collect();
             let err = results
                 .iter()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use kiln_data::{
     CsvOptions, DType, DataError, Dataset, Loader, LoaderConfig, MANIFEST_FILE, PrepareOptions,
-    PrepareSource, SamplerConfig, ShardFormat, ShardedDataset, prepare, write_npy,
+    PrepareSource, SamplerConfig, ShardFormat, ShardedDataset, TargetSlot, prepare, write_npy,
 };
 
 const SAMPLES: usize = 10;
@@ -91,6 +91,52 @@ fn prepared_shards_read_back_exactly_in_both_formats() {
         }
         let e = error_text(ds.read(SAMPLES, &mut out).unwrap_err());
         assert!(e.contains("sample 10") && e.contains("out of range"), "{e}");
+    }
+}
+
+#[test]
+fn a_batch_read_by_runs_equals_its_samples_read_one_by_one() {
+    // Runs inside a shard and across shard boundaries (shards of 4), repeats, a descending
+    // order, one sample, none.
+    let batches = [
+        (0..SAMPLES).collect::<Vec<_>>(),
+        vec![3, 4, 5, 9, 8, 2, 2, 0],
+        vec![7],
+        vec![],
+    ];
+    for format in [ShardFormat::Safetensors, ShardFormat::Npy] {
+        let (_tmp, dir) = prepared(format);
+        for release in [true, false] {
+            let ds = ShardedDataset::open(&dir)
+                .unwrap()
+                .with_release_pages(release);
+            for indices in &batches {
+                let n = indices.len();
+                let (mut features, mut labels) = (vec![f32::NAN; n * 12], vec![-5i64; n]);
+                ds.read_batch(indices, &mut features, TargetSlot::Classes(&mut labels))
+                    .unwrap();
+                for (k, &i) in indices.iter().enumerate() {
+                    let want: Vec<f32> = (0..12).map(|j| value(i, j)).collect();
+                    assert_eq!(features[k * 12..(k + 1) * 12], want[..], "{indices:?}");
+                    assert_eq!(labels[k], (i % 3) as i64, "{indices:?}");
+                }
+            }
+            let mut labels = [0i64; 2];
+            let e = ds
+                .read_batch(&[0, 1], &mut [0f32; 12], TargetSlot::Classes(&mut labels))
+                .unwrap_err();
+            assert!(error_text(e).contains("24 feature and 2 target elements"));
+            let e = ds
+                .read_batch(&[9, 10], &mut [0f32; 24], TargetSlot::Classes(&mut labels))
+                .unwrap_err();
+            let e = error_text(e);
+            assert!(e.contains("sample 10") && e.contains("out of range"), "{e}");
+            let mut values = [0f32; 2];
+            let e = ds
+                .read_batch(&[0, 1], &mut [0f32; 24], TargetSlot::Values(&mut values))
+                .unwrap_err();
+            assert!(error_text(e).contains("target slot holds"));
+        }
     }
 }
 

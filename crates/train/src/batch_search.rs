@@ -400,6 +400,7 @@ impl<D: Dataset> StepTrials<'_, D> {
                     shuffle: false,
                     ..SamplerConfig::default()
                 },
+                inline_threads: 1,
             },
         )?;
         let batch = match DeviceFeeder::new(loader.epoch(0), self.device).next() {

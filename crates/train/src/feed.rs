@@ -36,6 +36,8 @@ pub fn loader_config(
         prefetch_factor: usize_of(keys::data::prefetch_factor, plan.data.prefetch_factor)?,
         drop_last,
         sampler,
+        // Without workers, the compute threads read each batch, in parts: they wait for it.
+        inline_threads: usize::try_from(tch::get_num_threads()).unwrap_or(1),
     })
 }
 
