@@ -213,12 +213,12 @@ def main():
     p.add_argument("--dir", required=True)
     p.add_argument("--norm", required=True)
     for name, default in (("--workers", 0), ("--batch-size", 64), ("--prefetch-factor", 2),
-                          ("--epochs", 2), ("--seed", 0)):
+                          ("--epochs", 2), ("--seed", 0), ("--threads", 1)):
         p.add_argument(name, type=int, default=default)
     p.add_argument("--fetch", choices=["item", "batch"], default="item")
     p.add_argument("--idle", action="store_true", help="load everything but iterate nothing")
     a = p.parse_args()
-    torch.set_num_threads(1)  # as on kiln's side: the consumer's work is one small sum
+    torch.set_num_threads(a.threads)  # this process's ops (kiln's side: the same count)
     with open(a.norm) as f:
         norm = json.load(f)
     batched = a.fetch == "batch"

@@ -1,0 +1,141 @@
+//! The data suite's `data.num_workers = auto` row: `kiln train` over the suite's shards, whole
+//! training steps of a fixed model (the MLP), with each worker count the measurement would try
+//! (0, 1, 2, 4, … up to the profile's count, capped by the cores) fixed, and with `auto`. The
+//! row compares `auto`'s steady state (the last epoch's samples/s, after its measurement on the
+//! first steps) with the best fixed count's; the details keep every run's figures and the
+//! counts `auto` kept.
+
+use std::path::Path;
+use std::process::Command;
+
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{Result, alternating, median};
+use serde_json::{Value, json};
+
+use crate::run_cli::{kiln_exe, read_summary, remove_dir, run};
+
+/// The goal: `auto` keeps at least this share of the best fixed count's samples/s.
+const GOAL: f64 = 0.95;
+
+/// One `kiln train` configuration: a fixed worker count or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Workers {
+    Fixed(usize),
+    Auto,
+}
+
+impl Workers {
+    fn value(self) -> String {
+        match self {
+            Workers::Fixed(n) => n.to_string(),
+            Workers::Auto => "auto".to_owned(),
+        }
+    }
+}
+
+/// The settings of every run: the MLP on the shards, `epochs` epochs of batch 64 (the
+/// measurement's steps all fall in the first two), no validation, no checkpoints.
+fn sets(threads: usize, epochs: u64, runs: &Path, workers: Workers) -> Vec<String> {
+    vec![
+        "model.name=mlp".to_owned(),
+        "train.batch_size=64".to_owned(),
+        format!("train.epochs={epochs}"),
+        "data.val_fraction=0".to_owned(),
+        "checkpoint.enabled=false".to_owned(),
+        format!("performance.intra_op_threads={threads}"),
+        format!("run.output_dir={}", runs.display()),
+        "run.name=auto".to_owned(),
+        format!("data.num_workers={}", workers.value()),
+    ]
+}
+
+/// One run: its last epoch's samples/s and what `auto` kept (null for a fixed count).
+fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
+    remove_dir(runs)?;
+    let mut cmd = Command::new(kiln_exe("data")?);
+    cmd.arg("train").arg("--data").arg(data);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    run(cmd)?;
+    let (run_dir, summary) = read_summary(runs)?;
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .map_err(|e| format!("{}: {e}", run_dir.display()))?;
+    let last_epoch = metrics
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|r| r["kind"] == "epoch")
+        .last()
+        .ok_or_else(|| format!("{}: no epoch record", run_dir.display()))?;
+    Ok(json!({
+        "samples_per_s": last_epoch["samples_per_s"],
+        "run_samples_per_s": summary["samples_per_s"],
+        "num_workers_auto": summary["num_workers_auto"],
+    }))
+}
+
+/// Measures every fixed count and `auto`, alternating, and pushes the row.
+pub fn auto_row(
+    out: &mut SuiteOutput,
+    data: &Path,
+    work: &Path,
+    (repeats, threads, quick): (usize, usize, bool),
+) -> Result<()> {
+    let ceiling = kiln_benches::resolve(&[])?.plan.data.num_workers;
+    let ceiling = usize::try_from(ceiling).map_err(|e| e.to_string())?;
+    let mut sides: Vec<Workers> = kiln_train::workers::candidates(ceiling)
+        .into_iter()
+        .map(Workers::Fixed)
+        .collect();
+    sides.push(Workers::Auto);
+    let epochs = if quick { 3 } else { 6 };
+    let runs_dir = work.join("auto-runs");
+    let runs = alternating(repeats, &sides, |_, w| {
+        kiln_run(data, &sets(threads, epochs, &runs_dir, w), &runs_dir).map(Some)
+    })?;
+    let steady = |runs: &[Value]| {
+        median(
+            runs.iter()
+                .map(|r| r["samples_per_s"].as_f64().unwrap_or(f64::NAN))
+                .collect(),
+        )
+    };
+    let fixed: Vec<f64> = runs[..runs.len() - 1].iter().map(|r| steady(r)).collect();
+    let (best, best_rate) = fixed
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, &r)| (sides[i], r))
+        .ok_or("no worker count was measured")?;
+    let per_count: Value = sides
+        .iter()
+        .zip(&runs)
+        .map(|(w, r)| (w.value(), json!(r)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let name = "training samples/s, data.num_workers = auto vs the best fixed count";
+    let baseline = format!(
+        "kiln, data.num_workers = {} (the best fixed count)",
+        best.value()
+    );
+    let figures = (steady(&runs[runs.len() - 1]), best_rate);
+    let row = Comparison::new(
+        "data",
+        "auto",
+        name,
+        "samples/s",
+        Better::Higher,
+        figures,
+        baseline,
+    )
+    .at_least(GOAL)
+    .detail(
+        "counts",
+        json!(sides.iter().map(|w| w.value()).collect::<Vec<_>>()),
+    )
+    .detail("runs", per_count)
+    .detail("epochs", json!(epochs))
+    .detail("steady_state", json!("the last epoch's samples/s"));
+    out.push(row);
+    Ok(())
+}
