@@ -176,7 +176,7 @@ fn read_parts<D: Dataset>(
             scope.spawn(move |_| *result = dataset.read_batch(chunk, f, t.part(0, t.len())));
         }
     });
-    parts.into_iter().map(|(.., result)| result).collect()
+    parts.into_iter().try_for_each(|(.., result)| result)
 }
 
 /// The error for a panic while reading `indices`: the batch is read again sample by sample to
