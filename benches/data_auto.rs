@@ -64,8 +64,7 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     let last_epoch = metrics
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|r| r["kind"] == "epoch")
-        .last()
+        .rfind(|r| r["kind"] == "epoch")
         .ok_or_else(|| format!("{}: no epoch record", run_dir.display()))?;
     Ok(json!({
         "samples_per_s": last_epoch["samples_per_s"],
