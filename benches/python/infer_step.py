@@ -3,18 +3,18 @@
 Times what an ML engineer writes in plain PyTorch eager mode to run a trained classifier over
 batches: model.eval(), torch.inference_mode(), each batch copied from host memory to the device
 (and cast to the model's precision), the forward pass, and the outputs copied back to host
-memory as fp32. The model is kiln's reference MLP: Linear(784,1024) -> ReLU -> Dropout ->
-Linear(1024,1024) -> ReLU -> Dropout -> Linear(1024,10) with random weights; --precision bf16
-or fp16 converts the weights once, as kiln's engine does (no autocast: weights, inputs and
-activations all in that type).
+memory as fp32. The model is kiln's reference MLP (train_step.py's): Linear(784,1024) -> ReLU ->
+Dropout -> Linear(1024,1024) -> ReLU -> Dropout -> Linear(1024,10) with random weights;
+--precision bf16 or fp16 converts the weights once, as kiln's engine does (no autocast: weights,
+inputs and activations all in that type).
 
 --grad-mode: torch.inference_mode() (the default, what PyTorch's docs advise) or torch.no_grad()
 (what kiln's engine runs under: the same computation).
 
 --compile runs torch.compile(model) (default mode) instead of the eager module. The first batch
 compiles: its wall time is "first_batch_s" and "compile_s" (the first batch less one steady
-batch), apart from the steady figures. Inductor caches in $TORCHINDUCTOR_CACHE_DIR and its
-precompiled headers under $TMPDIR; "inductor_cache" says whether both were empty (cold, a user's
+batch), apart from the steady figures. "inductor_cache" says whether inductor's caches
+($TORCHINDUCTOR_CACHE_DIR, and its precompiled headers under $TMPDIR) were empty (cold, a user's
 first compile on the machine) or not. Where compile cannot run (no C++ compiler, no Python
 headers, an inductor error) the JSON says so in "not_run".
 
@@ -24,16 +24,16 @@ text goes to stderr.
 
 import argparse
 import json
-import os
-import resource
 import statistics
-import sys
 import time
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
+
+# kiln's reference MLP and the helpers of the train-step suite's script (this directory is on
+# sys.path: the script's own).
+from train_step import MLP, inductor_cache, log, peak_memory, sync  # noqa: E402
 
 
 def percentile(sorted_values, q):
@@ -65,28 +65,11 @@ def parse_args():
     return a
 
 
-def inductor_cache():
-    """Whether inductor's caches were empty at the start: $TORCHINDUCTOR_CACHE_DIR and the
-    precompiled C++ headers (under $TMPDIR, shared by every compile on the machine). "cold" is
-    a user's first compile on this machine; "warm" a later one."""
-    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not path:
-        return "inductor's default directory (may be warm)"
-    dirs = [path]
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        dirs.append(os.path.join(default_cache_dir(), "precompiled_headers"))
-    except ImportError:  # another torch layout: judge by the cache directory alone
-        pass
-    cold = all(not os.path.isdir(p) or not os.listdir(p) for p in dirs)
-    return "cold" if cold else "warm"
-
-
 def not_run(a, error):
     """The JSON of a --compile run that could not compile here, with the reason."""
     text = f"{type(error).__name__}: {error}".strip().splitlines()
     reason = (text[0] if text else type(error).__name__)[:300]
-    print(f"torch.compile did not run: {reason}", file=sys.stderr)
+    log(f"torch.compile did not run: {reason}")
     return {"framework": "pytorch-compile", "torch_version": torch.__version__,
             "device": a.device, "precision": a.precision, "batch": a.batch,
             "not_run": f"torch.compile failed: {reason}"}
@@ -95,10 +78,8 @@ def not_run(a, error):
 def run(a, forward, device, dtype):
     """Every batch's wall time (warm-up first), host input to fp32 host output."""
     host = torch.randn(a.batch, 784)
-    grad_mode = torch.inference_mode if a.grad_mode == "inference_mode" else torch.no_grad
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
     times = []
-    with grad_mode():
+    with getattr(torch, a.grad_mode)():  # torch.inference_mode or torch.no_grad
         for _ in range(a.warmup + a.batches):
             sync(device)
             t0 = time.perf_counter()
@@ -116,13 +97,9 @@ def main():
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision, torch.float32)
-    model = nn.Sequential(
-        nn.Linear(784, 1024), nn.ReLU(), nn.Dropout(0.0),
-        nn.Linear(1024, 1024), nn.ReLU(), nn.Dropout(0.0),
-        nn.Linear(1024, 10),
-    ).to(device=device, dtype=dtype).eval()
+    model = MLP(784, [1024, 1024], 10, dropout=0.0).to(device=device, dtype=dtype).eval()
     params = sum(p.numel() for p in model.parameters())
-    cache = inductor_cache() if a.compile else None
+    cache = inductor_cache()["state"] if a.compile else None
     try:
         all_times = run(a, torch.compile(model) if a.compile else model, device, dtype)
     except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
@@ -132,11 +109,7 @@ def main():
         return
     times = all_times[a.warmup:]
     ordered = sorted(times)
-    if device.type == "cuda":
-        memory, memory_kind = torch.cuda.max_memory_allocated(device) / 2**20, "cuda allocator peak"
-    else:
-        memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        memory_kind = "process peak RSS"
+    memory, memory_kind = peak_memory(device)
     p50 = statistics.median(times)
     result = {
         "framework": "pytorch-compile" if a.compile else "pytorch-eager",
@@ -160,9 +133,8 @@ def main():
         "peak_memory_mib": memory,
         "peak_memory_kind": memory_kind,
     }
-    print(f"{result['framework']} {a.precision} batch {a.batch} ({a.grad_mode}): "
-          f"{result['samples_per_s']:.0f} samples/s, p50 {result['p50_ms']:.3f} ms",
-          file=sys.stderr)
+    log(f"{result['framework']} {a.precision} batch {a.batch} ({a.grad_mode}): "
+        f"{result['samples_per_s']:.0f} samples/s, p50 {result['p50_ms']:.3f} ms")
     print(json.dumps(result), flush=True)
 
 

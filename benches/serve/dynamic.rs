@@ -153,18 +153,16 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     let out_path = a.out_or("serve");
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     eprintln!(
-        "serve: mlp 784-1024-1024-10 fp32 on the CPU ({threads} libtorch thread(s)), {clients} \
-         clients, {requests} requests of one .npy sample, {repeats} repeat(s)"
+        "serve: {MODEL} fp32 on the CPU ({threads} libtorch thread(s)), {clients} clients, \
+         {requests} requests of one .npy sample, {repeats} repeat(s)"
     );
     // The `engine = auto` side needs the model's ONNX export; without it that side is skipped.
     let exported = export_onnx(&out_path, "serve", Device::Cpu, threads, max_batch);
     match &exported {
         Ok(m) => eprintln!(
-            "  exported {} for engine = auto ({}; max |Δ| vs libtorch at batch {}: {:.2e})",
+            "  exported {} for engine = auto ({})",
             m.path.display(),
-            m.status,
-            m.check_batch,
-            m.max_abs
+            m.check
         ),
         Err(why) => eprintln!("  engine = auto is not measured: {why}"),
     }
@@ -200,8 +198,8 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
              against the same server one request at a time, and with infer.engine = auto \
              (libtorch or the model's ONNX export in ONNX Runtime per batch-size bucket) against \
              dynamic batching on libtorch; {clients} closed-loop clients, {requests} requests of \
-             one .npy sample; mlp 784-1024-1024-10 fp32 on the CPU, {threads} libtorch (and \
-             onnxruntime) thread(s)"
+             one .npy sample; {MODEL} fp32 on the CPU, {threads} libtorch (and onnxruntime) \
+             thread(s)"
         ),
     );
     let baseline = "kiln serving at batch size 1";
@@ -229,7 +227,7 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     // The serving peer: LitServe on the same model, limits and load (JSON requests).
     super::peer::compare(&mut out, &load)?;
     out.details = json!({
-        "model": "mlp 784-1024-1024-10 fp32, cpu",
+        "model": format!("{MODEL} fp32, cpu"),
         "threads": threads,
         "clients": clients,
         "requests": requests,
@@ -240,7 +238,7 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
         "batch_size_1": s,
         "engine_auto": auto_summary,
         "engine_auto_note": auto_note,
-        "onnx": onnx.map(OnnxModel::details),
+        "onnx": onnx.map(|m| &m.details),
     });
     out.write(&out_path)
 }
@@ -266,7 +264,7 @@ fn push_auto_rows(out: &mut SuiteOutput, (x, d): (&Value, &Value), onnx: &OnnxMo
             "throughput_rps" => row
                 .detail("p95_ms", both("p95_ms"))
                 .detail("p50_ms", both("p50_ms"))
-                .detail("onnx", onnx.details()),
+                .detail("onnx", onnx.details.clone()),
             _ => row.detail("throughput_rps", both("throughput_rps")),
         });
     }

@@ -1,6 +1,5 @@
-//! The `infer` suite: kiln's engine against PyTorch eager, its default and `torch.compile` on
-//! the same model, batch, threads and device, ONNX Runtime beside; and `infer-probe`, the kiln
-//! side of one measurement in its own process.
+//! The `infer` suite (the group's docs say what it measures) and `infer-probe`, the kiln side
+//! of one measurement in its own process.
 
 use super::*;
 
@@ -17,10 +16,10 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
             let graphs = format!("{:?}", engine.graph_status());
             (Box::new(engine), graphs)
         }
+        ProbeEngine::Onnxruntime if a.precision != AmpDtype::None => {
+            return Err("--engine onnxruntime runs the ONNX file in fp32 only".to_owned());
+        }
         ProbeEngine::Onnxruntime => {
-            if a.precision != AmpDtype::None {
-                return Err("--engine onnxruntime runs the ONNX file in fp32 only".to_owned());
-            }
             let path = a.onnx.as_deref();
             let path = path.ok_or("--engine onnxruntime needs --onnx FILE")?;
             let engine = onnx_engine(path, device, batch, threads)?;
@@ -48,12 +47,8 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
         last = outputs;
     }
     let total: f64 = times.iter().sum();
-    let mut ordered = times.clone();
-    ordered.sort_by(f64::total_cmp);
-    let pct = |q: f64| {
-        let rank = ((q / 100.0 * ordered.len() as f64).ceil() as usize).clamp(1, ordered.len());
-        ordered[rank - 1] * 1e3
-    };
+    let ms: Vec<f64> = times.iter().map(|t| t * 1e3).collect();
+    let tail = kiln_infer::offline::Percentiles::of(&ms);
     let (memory, memory_kind) = peak_memory_mib(device);
     // ONNX Runtime's outputs against the libtorch engine's on the same batch (after the
     // timing and the memory figure): both compute the same function.
@@ -77,8 +72,8 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
         "first_batch_s": first_batch,
         "samples_per_s": (batch * batches) as f64 / total,
         "p50_ms": median(times) * 1e3,
-        "p95_ms": pct(95.0),
-        "p99_ms": pct(99.0),
+        "p95_ms": tail.p95,
+        "p99_ms": tail.p99,
         "peak_memory_mib": memory,
         "peak_memory_kind": memory_kind,
     });
@@ -244,8 +239,7 @@ fn infer_row(
         "p50_ms" => "samples_per_s",
         _ => "p50_ms",
     };
-    let precision = k[0]["precision"].as_str();
-    let path = match precision {
+    let path = match k[0]["precision"].as_str() {
         Some("fp32") | None => "fp32 weights and inputs".to_owned(),
         Some(p) => format!("weights converted to {p} once, inputs cast, no autocast"),
     };
@@ -320,9 +314,7 @@ fn push_compile_rows(
 }
 
 pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
-    let quick = a.quick;
-    let device = a.device();
-    let out_path = a.out_or("infer");
+    let (quick, device, out_path) = (a.quick, a.device(), a.out_or("infer"));
     let threads = a.threads_or(2).max(1);
     // kiln's inference precision here when the user sets none (`infer.precision` from the
     // hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
@@ -357,14 +349,8 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     // The onnxruntime rows' model: exported once, before the batches.
     match export_onnx(&out_path, "infer", device, threads, 64) {
         Ok(m) => {
-            eprintln!(
-                "infer: exported {} in {:.1} s ({}; max |Δ| vs libtorch at batch {}: {:.2e})",
-                m.path.display(),
-                m.export_s,
-                m.status,
-                m.check_batch,
-                m.max_abs
-            );
+            let (path, s) = (m.path.display(), m.export_s);
+            eprintln!("infer: exported {path} in {s:.1} s ({})", m.check);
             o.onnx = Some(m);
         }
         Err(why) => out.skip("onnxruntime rows", &format!("not run: {why}")),
@@ -384,7 +370,7 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     runs.extend(infer_sweep(&o, &mut out, a.batch_sizes())?);
     out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
                          "timed_batches": o.batches, "auto_precision": auto, "runs": runs,
-                         "onnx": o.onnx.as_ref().map(OnnxModel::details)});
+                         "onnx": o.onnx.as_ref().map(|m| &m.details)});
     out.write(&out_path)
 }
 
@@ -481,7 +467,7 @@ fn onnx_row(
                             batch (the same weights); PyTorch eager runs the same MLP \
                             architecture in fp32 under no_grad"}),
         )
-        .detail("onnx", onnx.details());
+        .detail("onnx", onnx.details.clone());
     eprintln!(
         "  onnxruntime b={batch}: libtorch {key} {libtorch:.4}, onnxruntime/libtorch \
          {ratio:.2}×, max |Δ| vs libtorch {max_abs:.2e}"

@@ -1,31 +1,28 @@
-//! Two `cargo xtask bench` suites over kiln's inference.
+//! Two `cargo xtask bench` suites over kiln's inference, on one model: an MLP on 784 features
+//! (1024, 1024 hidden, 10 classes, fp32, random weights). At batch 1 each request reads all 4 MB
+//! of weights for a handful of multiply-adds per weight, which is what batching amortises.
 //!
-//! `infer`: kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs out, under
-//! `no_grad`) against PyTorch (`python/infer_step.py`) on the same model, batch, threads and
-//! device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's automatic precision
-//! (bf16 weights where the hardware computes bf16 fast), each against the same computation in
-//! PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's default
-//! (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with its
-//! compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a sweep
-//! of throughput and peak memory. At fp32 and batches 1 and 64 it also runs the same model
-//! exported to ONNX (once per suite run, into the suite's output directory, through
-//! `kiln_infer::export::to_onnx`) in ONNX Runtime, against the same PyTorch eager computation,
-//! with the libtorch engine's figure beside it and the largest |Δ| between the two engines'
-//! outputs; without Python's export packages or the onnxruntime library those rows are skipped
-//! with the reason. `infer-probe` is the kiln side of one such measurement, in its own process
-//! (`--engine onnxruntime --onnx FILE` for the ONNX Runtime side).
+//! `infer` ([`infer`]): kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs
+//! out, under `no_grad`) against PyTorch (`python/infer_step.py`) on the same model, batch,
+//! threads and device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's
+//! automatic precision (bf16 weights where the hardware computes bf16 fast), each against the
+//! same computation in PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's
+//! default (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with
+//! its compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a
+//! sweep of throughput and peak memory. At fp32 and batches 1 and 64 the model exported to ONNX
+//! (once per run, beside the suite's output, by `kiln_infer::export::to_onnx`) runs in ONNX
+//! Runtime against the same PyTorch eager computation, with the libtorch engine's figure and the
+//! largest |Δ| between the two engines' outputs beside it; without Python's export packages or
+//! the onnxruntime library those rows are skipped with the reason. `infer-probe` is the kiln side
+//! of one measurement, in its own process (`--engine onnxruntime --onnx FILE` for ONNX Runtime).
 //!
-//! `serve` (the default): kiln's inference server with dynamic batching against the same server
-//! answering one request at a time (`infer.batch_size = 1`), on the same model, under the same
+//! `serve` (the default, [`dynamic`]): kiln's inference server with dynamic batching against the
+//! same server answering one request at a time (`infer.batch_size = 1`) under the same
 //! closed-loop load (`--clients` concurrent keep-alive clients each sending one `.npy` sample at
-//! a time). Reports throughput and p50/p95/p99 latency of both, their ratios, and writes its
-//! suite output. Goal on a CPU: at least 2× the throughput at no worse p95. A third side serves
-//! with `infer.engine = auto` (libtorch and the model's ONNX export, the faster per batch-size
-//! bucket, measured when the server starts) against dynamic batching on libtorch.
-//!
-//! The model is an MLP on 784 features (1024, 1024 hidden, 10 classes, fp32, random weights):
-//! at batch 1 each request reads all 4 MB of weights for a handful of multiply-adds per weight,
-//! which is what batching amortises.
+//! a time): throughput and p50/p95/p99 latency, goal on a CPU at least 2× the throughput at no
+//! worse p95. A third side serves with `infer.engine = auto` (libtorch or the model's ONNX
+//! export, the faster per batch-size bucket, measured when the server starts) against dynamic
+//! batching on libtorch; [`peer`] adds LitServe.
 
 mod dynamic;
 mod infer;
@@ -37,7 +34,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use crate::run_cli::{Cli, exit_on_error};
+use clap::{Args, Subcommand, ValueEnum};
 use kiln_benches::args::parse_device;
 use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
 use kiln_benches::{
@@ -59,17 +57,6 @@ use tch::{Device, nn};
 const FEATURES: usize = 784;
 /// The bench model, for descriptions.
 const MODEL: &str = "mlp 784-1024-1024-10";
-
-/// `kiln-bench serve`: the serve and infer suites, and the engine's probe.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench serve", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    /// Without a subcommand: the `serve` suite.
-    #[command(flatten)]
-    suite: SuiteArgs,
-}
 
 // Parsed once per process: the size of a variant does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -127,19 +114,17 @@ fn parse_graphs(v: &str) -> Result<CudaGraphs> {
     }
 }
 
-/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name); without
+/// a subcommand, the `serve` suite.
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let result = match cli.command {
+    let about = "`kiln-bench serve`: the serve and infer suites, and the engine's probe";
+    let cli = Cli::<Sub>::parse_with(args, about);
+    exit_on_error(match cli.command {
         None => dynamic::compare(&cli.suite),
         Some(Sub::Serve(a)) => dynamic::compare(&a),
         Some(Sub::Infer(a)) => infer::infer_suite(&a),
         Some(Sub::InferProbe(a)) => infer::infer_probe(&a),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    });
 }
 
 /// A factory for the benchmark's model behind an engine of `max_batch` on the CPU.
@@ -216,41 +201,17 @@ fn warm_up<R: Runner>(mut runner: R, batch: usize) -> Result<R> {
 #[derive(Debug, Clone)]
 struct OnnxModel {
     path: PathBuf,
-    /// ONNX Runtime and its provider, e.g. "onnxruntime 1.31.1 (CPU build), CPU provider, 2
-    /// threads".
-    status: String,
-    /// The largest |Δ| between ONNX Runtime's and the libtorch engine's fp32 outputs on one
-    /// batch of `check_batch` random samples.
-    max_abs: f64,
-    check_batch: usize,
-    /// The exporter's own check (against kiln's output at two other batch sizes).
-    export_max_abs: f64,
     export_s: f64,
-}
-
-impl OnnxModel {
-    /// For the rows' and the suite's details.
-    fn details(&self) -> Value {
-        json!({
-            "file": self.path.display().to_string(),
-            "runtime": self.status,
-            "exported_by": "kiln_infer::export::to_onnx (traced TorchScript, PyTorch's ONNX \
-                            exporter, checked in onnxruntime)",
-            "export_s": self.export_s,
-            "same_function": {
-                "max_abs_diff_onnxruntime_vs_libtorch": self.max_abs,
-                "batch": self.check_batch,
-                "export_check_max_abs": self.export_max_abs,
-                "tolerance": kiln_infer::export::TOLERANCE,
-            },
-        })
-    }
+    /// ONNX Runtime, its provider and the check against the libtorch engine, for the log.
+    check: String,
+    /// The export and the checks, for the rows' and the suite's details.
+    details: Value,
 }
 
 /// Exports the bench model (fp32, on the CPU, random weights from seed 0) to
 /// `<out's directory>/<suite>-mlp.onnx` (replacing an earlier run's file there), opens it in
-/// ONNX Runtime on `device` with `threads` threads, and compares one batch of `batch` samples
-/// with the libtorch engine's outputs. Any failure (no Python, no export packages, no
+/// ONNX Runtime on `device` with `threads` threads, and compares one batch of `batch` random
+/// samples with the libtorch engine's outputs. Any failure (no Python, no export packages, no
 /// onnxruntime, a device the runtime cannot use) is the onnxruntime rows' reason to skip.
 fn export_onnx(
     out: &Path,
@@ -279,13 +240,28 @@ fn export_onnx(
     let inputs = probe_inputs(batch)?;
     let (ours, _) = onnx.run(&inputs, batch).map_err(|e| e.to_string())?;
     let max_abs = max_abs_vs(&mut torch, &inputs, batch, &ours)?;
+    // e.g. "onnxruntime 1.31.1 (CPU build), CPU provider, 2 threads"
+    let status = onnx.status();
+    let check = format!("{status}; max |Δ| vs libtorch at batch {batch}: {max_abs:.2e}");
+    let details = json!({
+        "file": path.display().to_string(),
+        "runtime": status,
+        "exported_by": "kiln_infer::export::to_onnx (traced TorchScript, PyTorch's ONNX \
+                        exporter, checked in onnxruntime)",
+        "export_s": export_s,
+        "same_function": {
+            "max_abs_diff_onnxruntime_vs_libtorch": max_abs,
+            "batch": batch,
+            // The exporter's own check (against kiln's output at two other batch sizes).
+            "export_check_max_abs": exported.max_abs,
+            "tolerance": kiln_infer::export::TOLERANCE,
+        },
+    });
     Ok(OnnxModel {
         path,
-        status: onnx.status(),
-        max_abs,
-        check_batch: batch,
-        export_max_abs: exported.max_abs,
         export_s,
+        check,
+        details,
     })
 }
 
@@ -325,12 +301,12 @@ fn nan_max(diffs: impl Iterator<Item = f64>) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
 
     #[test]
     fn the_command_lines_xtask_and_the_opts_suite_use_parse() {
-        Cli::command().debug_assert();
-        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace());
+        Cli::<Sub>::command().debug_assert();
+        let parse = |line: &str| Cli::<Sub>::try_parse_from(line.split_whitespace());
         let cli = parse("kiln-bench-serve infer --quick --device cpu --out F --threads 3").unwrap();
         let Some(Sub::Infer(a)) = cli.command else {
             panic!("not the infer suite: {cli:?}");

@@ -12,58 +12,52 @@ use std::process::{Child, Stdio};
 
 use super::dynamic::{Body, FIGURES, Load, drive, load_rows, measure, print_run, sample, summary};
 use super::*;
+use crate::run_cli::remove_dir;
 use kiln_benches::peers;
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
 pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
-    let peers = match peers::dir() {
-        Ok(dir) => dir,
-        Err(why) => {
-            skip_all(out, &why);
-            return Ok(());
+    let runs = match peers::dir() {
+        Ok(peers) => {
+            let work = std::env::temp_dir();
+            let work = work.join(format!("kiln-bench-litserve-{}", std::process::id()));
+            std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+            let runs = measure_both(&work, &peers, load);
+            remove_dir(&work)?;
+            runs
         }
+        Err(why) => Err(why),
     };
-    let work = std::env::temp_dir().join(format!("kiln-bench-litserve-{}", std::process::id()));
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let result = measure_both(&work, &peers, load);
-    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-    match result {
+    match runs {
         Ok(runs) => push_rows(out, load, &runs),
-        Err(why) => skip_all(out, &why),
+        Err(why) => {
+            for (_, metric) in FIGURES {
+                let name = format!("dynamic batching {metric} vs LitServe");
+                out.skip(&name, &format!("not run: {why}"));
+            }
+        }
     }
     Ok(())
-}
-
-fn skip_all(out: &mut SuiteOutput, why: &str) {
-    for (_, metric) in FIGURES {
-        let name = format!("dynamic batching {metric} vs LitServe");
-        out.skip(&name, &format!("not run: {why}"));
-    }
 }
 
 /// The suite's model's weights, under the run's work directory.
 const WEIGHTS: &str = "mlp.safetensors";
 
-/// The JSON request both servers get: one sample, as the suite's `.npy` one.
-fn json_body() -> Body {
-    let body = json!({ "inputs": sample() }).to_string().into_bytes();
-    (body, "application/json")
-}
-
-/// Alternating runs of kiln's server with dynamic batching and LitServe on the same JSON load:
-/// kiln's, then LitServe's.
+/// Alternating runs of kiln's server with dynamic batching and LitServe on the same JSON load
+/// (one sample, as the suite's `.npy` one): kiln's, then LitServe's.
 fn measure_both(work: &Path, peers: &Path, load: &Load) -> Result<Vec<Vec<LoadReport>>> {
     // The suite's model (seed 0, as `engine` builds it: [`mlp`]) as safetensors.
     let weights = work.join(WEIGHTS);
     let (vs, _model) = mlp(Device::Cpu)?;
     vs.save(&weights)
         .map_err(|e| format!("{}: {e}", weights.display()))?;
-    let body = json_body();
+    let json = json!({ "inputs": sample() }).to_string().into_bytes();
+    let body = (json, "application/json");
     alternating(load.repeats, &[true, false], |r, kiln| {
         let (side, report) = if kiln {
             ("kiln, JSON", measure(factory(load.max_batch), load, &body)?)
         } else {
-            ("LitServe, JSON", litserve(work, peers, load, r)?)
+            ("LitServe, JSON", litserve(work, peers, load, r, &body)?)
         };
         print_run(side, &report);
         Ok(Some(report))
@@ -74,6 +68,17 @@ fn measure_both(work: &Path, peers: &Path, load: &Load) -> Result<Vec<Vec<LoadRe
 struct LitServe {
     child: Child,
     log: PathBuf,
+}
+
+impl LitServe {
+    /// `e` with the last lines of the server's log.
+    fn fail(&self, e: impl std::fmt::Display) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let last = &lines[lines.len().saturating_sub(8)..];
+        let log = self.log.display();
+        format!("{e}; the end of its log {log}: {}", last.join(" | "))
+    }
 }
 
 impl Drop for LitServe {
@@ -94,8 +99,8 @@ impl Drop for LitServe {
 }
 
 /// One LitServe run: started, `GET /health` awaited (at most two minutes), its outputs checked
-/// against kiln's, then [`drive`]n.
-fn litserve(work: &Path, peers: &Path, load: &Load, r: usize) -> Result<LoadReport> {
+/// against kiln's, then [`drive`]n with `body`.
+fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Result<LoadReport> {
     let weights = work.join(WEIGHTS);
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -123,60 +128,46 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize) -> Result<LoadRepo
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
     let mut server = LitServe { child, log };
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    let health = format!("GET /health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     let start = Instant::now();
     loop {
         if let Ok(Some(status)) = server.child.try_wait() {
-            let log = tail(&server.log);
-            return Err(format!(
-                "LitServe exited ({status}) before it was ready; {log}"
-            ));
+            return Err(server.fail(format!("LitServe exited ({status}) before it was ready")));
         }
-        let answer = http(addr, health.as_bytes(), (1, 2));
+        let answer = http(addr, "GET /health", &[], (1, 2));
         if answer.is_ok_and(|a| a.starts_with("HTTP/1.1 200")) {
             break;
         }
         if start.elapsed() >= Duration::from_secs(120) {
-            let log = tail(&server.log);
-            return Err(format!("LitServe was not ready after 120 s; {log}"));
+            return Err(server.fail("LitServe was not ready after 120 s"));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    let diff = same_outputs(addr).map_err(|e| format!("{e}; {}", tail(&server.log)))?;
+    let diff = same_outputs(addr, &body.0).map_err(|e| server.fail(e))?;
     eprintln!("  LitServe's outputs match kiln's engine (largest difference {diff:.1e})");
-    drive(addr, load, &json_body()).map_err(|e| format!("{e}; {}", tail(&server.log)))
+    drive(addr, load, body).map_err(|e| server.fail(e))
 }
 
-/// `request` on a fresh connection to `addr` (connecting and reading for at most the seconds
-/// `wait` gives); the whole answer.
-fn http(addr: SocketAddr, request: &[u8], wait: (u64, u64)) -> std::io::Result<String> {
+/// `request` (`METHOD /path`, with a JSON `body`) on a fresh connection to `addr`, connecting
+/// and reading for at most the seconds `wait` gives; the whole answer.
+fn http(addr: SocketAddr, request: &str, body: &[u8], wait: (u64, u64)) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(wait.0))?;
     s.set_read_timeout(Some(Duration::from_secs(wait.1)))?;
-    s.write_all(request)?;
+    let head = format!(
+        "{request} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(&[head.as_bytes(), body].concat())?;
     let mut answer = String::new();
     s.read_to_string(&mut answer)?;
     Ok(answer)
 }
 
-/// The last lines of `log`, for an error message.
-fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    let last = &lines[lines.len().saturating_sub(8)..];
-    format!("the end of its log {}: {}", log.display(), last.join(" | "))
-}
-
-/// The largest difference between LitServe's outputs for the suite's sample and kiln's engine's
-/// (fp32 on both sides: it must be rounding only), from `POST /v1/predict`.
-fn same_outputs(addr: SocketAddr) -> Result<f64> {
-    let (body, _) = json_body();
-    let head = format!(
-        "POST /v1/predict HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let request = [head.into_bytes(), body].concat();
-    let answer = http(addr, &request, (5, 30)).map_err(|e| format!("{addr}: {e}"))?;
+/// The largest difference between LitServe's outputs for the suite's sample (`body`) and kiln's
+/// engine's (fp32 on both sides: it must be rounding only), from `POST /v1/predict`.
+fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
+    let answer =
+        http(addr, "POST /v1/predict", body, (5, 30)).map_err(|e| format!("{addr}: {e}"))?;
     let (_, json) = answer
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("{addr} answered no HTTP body: {answer}"))?;
@@ -190,8 +181,9 @@ fn same_outputs(addr: SocketAddr) -> Result<f64> {
     let (ours, _) = engine.run(&sample(), 1).map_err(|e| e.to_string())?;
     if theirs.len() != ours.len() {
         let n = ours.len();
-        let why = format!("LitServe answered {parsed}; kiln gives {n} outputs");
-        return Err(why);
+        return Err(format!(
+            "LitServe answered {parsed}; kiln gives {n} outputs"
+        ));
     }
     let pairs = ours.iter().zip(&theirs);
     let diff = pairs.fold(0.0_f64, |m, (&a, &b)| m.max((f64::from(a) - b).abs()));
@@ -206,10 +198,16 @@ fn same_outputs(addr: SocketAddr) -> Result<f64> {
 
 /// kiln's runs (`runs[0]`) against LitServe's (`runs[1]`).
 fn push_rows(out: &mut SuiteOutput, load: &Load, runs: &[Vec<LoadReport>]) {
+    // The pinned LitServe version, from the pinned list.
+    let pins = std::fs::read_to_string(bench_root().join("python/peers-requirements.txt"))
+        .unwrap_or_default();
+    let version = pins
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("litserve=="));
     let base = format!(
         "LitServe {} (one inference worker, {} torch thread(s), LitAPI max_batch_size {}, \
          batch_timeout {} ms), same JSON requests",
-        litserve_version(),
+        version.unwrap_or("?"),
         load.threads,
         load.max_batch,
         load.max_wait.as_secs_f64() * 1e3
@@ -220,14 +218,4 @@ fn push_rows(out: &mut SuiteOutput, load: &Load, runs: &[Vec<LoadReport>]) {
     for row in rows {
         out.push(row);
     }
-}
-
-/// The pinned LitServe version, from the pinned list.
-fn litserve_version() -> String {
-    let pins = std::fs::read_to_string(bench_root().join("python/peers-requirements.txt"))
-        .unwrap_or_default();
-    pins.lines()
-        .find_map(|l| l.trim().strip_prefix("litserve=="))
-        .unwrap_or("?")
-        .to_owned()
 }
