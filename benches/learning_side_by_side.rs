@@ -16,16 +16,15 @@
 //! the goal is a ratio of at most 1; details hold both loss curves (plotted by the report).
 //! `kiln-run` is the kiln side of one run, in its own process like the Python side.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Subcommand};
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{Result, SuiteArgs, bench_root, figure, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use kiln_data::{
-    Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
+    DataError, Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
 };
 use kiln_device::settings::AmpDtype;
 use kiln_train::model::{InputSpec, Model};
@@ -34,7 +33,7 @@ use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};
 
-use crate::run_cli::exit_on_error;
+use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
 
 /// Largest allowed |kiln − PyTorch| of any step's fp32 training loss, in nats.
 pub const FP32_STEP_TOLERANCE: f64 = 1e-4;
@@ -56,17 +55,6 @@ const WEIGHT_DECAY: f64 = 0.01;
 const CLASSES: usize = 10;
 const MODELS: [ModelKind; 3] = [ModelKind::Transformer, ModelKind::Mlp, ModelKind::ConvNet];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
-
-/// `kiln-bench learning`: the learning suite, and its kiln runs.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench learning", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    /// Without a subcommand: the `learning` suite.
-    #[command(flatten)]
-    suite: LearningArgs,
-}
 
 // Parsed once per process: the size of a variant does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -105,10 +93,11 @@ struct KilnRunArgs {
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
+    let about = "`kiln-bench learning`: the learning suite, and its kiln runs";
+    let cli = Cli::parse_with(args, about);
     exit_on_error(match cli.command {
-        None => suite(&cli.suite),
-        Some(Sub::Learning(a)) => suite(&a),
+        None => suite(&cli.suite, &[]),
+        Some(Sub::Learning(a)) => suite(&a.suite, &a.models),
         Some(Sub::KilnRun(a)) => kiln_run(&a),
     });
 }
@@ -159,38 +148,21 @@ fn job(kind: ModelKind, quick: bool) -> Job {
     }
 }
 
-/// kiln's synthetic dataset for the job's model, `len` samples.
-fn dataset(job: &Job, len: usize) -> Result<Box<dyn Dataset>> {
-    let (s, c) = (&job.sample_shape, CLASSES);
-    Ok(match job.plan.kind {
-        ModelKind::Transformer => Box::new(
-            SyntheticSequences::new(len, s[0], s[1], c, DATA_SEED).map_err(|e| e.to_string())?,
-        ),
-        ModelKind::ConvNet => Box::new(
-            SyntheticImages::new(len, s[0], s[1], c, DATA_SEED).map_err(|e| e.to_string())?,
-        ),
-        _ => Box::new(
-            SyntheticClassification::new(len, s.clone(), c, DATA_SEED, 3.0)
-                .map_err(|e| e.to_string())?,
-        ),
-    })
-}
-
-/// Samples `range` of `data` as a features tensor `[n, shape…]` and a labels tensor `[n]`.
-fn tensors(data: &dyn Dataset, range: std::ops::Range<usize>) -> Result<(Tensor, Tensor)> {
+/// Every sample of `data` (kiln's synthetic dataset for a model) as a features tensor
+/// `[n, shape…]` and a labels tensor `[n]`.
+fn tensors(data: std::result::Result<impl Dataset, DataError>) -> Result<(Tensor, Tensor)> {
+    let data = data.map_err(|e| e.to_string())?;
     let numel = data.sample_numel();
-    let mut features = vec![0f32; range.len() * numel];
-    let mut labels = Vec::with_capacity(range.len());
-    for (i, out) in range.clone().zip(features.chunks_exact_mut(numel)) {
-        labels.push(data.read(i, out).map_err(|e| e.to_string())?);
-    }
-    let mut dims = vec![range.len() as i64];
+    let mut features = vec![0f32; data.len() * numel];
+    let labels = (features.chunks_exact_mut(numel).enumerate())
+        .map(|(i, out)| data.read(i, out).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<i64>>>()?;
+    let mut dims = vec![data.len() as i64];
     dims.extend(data.sample_shape().iter().map(|&d| d as i64));
-    let features = Tensor::f_from_slice(&features)
-        .and_then(|t| t.f_view(dims.as_slice()))
-        .map_err(|e| e.to_string())?;
-    let labels = Tensor::f_from_slice(&labels).map_err(|e| e.to_string())?;
-    Ok((features, labels))
+    let err = |e: tch::TchError| e.to_string();
+    let features = Tensor::f_from_slice(&features).and_then(|t| t.f_view(dims.as_slice()));
+    let labels = Tensor::f_from_slice(&labels).map_err(err)?;
+    Ok((features.map_err(err)?, labels))
 }
 
 /// `dir/<model>-<what>.safetensors`: the initial weights (`init`) or the data (`data`).
@@ -201,12 +173,7 @@ fn file(dir: &Path, kind: ModelKind, what: &str) -> PathBuf {
 /// kiln's model for the job, built with [`MODEL_SEED`] on the CPU.
 fn model(job: &Job, vs: &nn::VarStore) -> Result<Box<dyn Model>> {
     tch::manual_seed(MODEL_SEED);
-    let input = InputSpec {
-        sample_shape: job.sample_shape.clone(),
-        classes: CLASSES,
-        target: None,
-        integer_features: false,
-    };
+    let input = InputSpec::of(&job.sample_shape, &TargetSpec::label(CLASSES));
     build(&job.plan, &input, vs, false, 0).map_err(|e| e.to_string())
 }
 
@@ -220,18 +187,28 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     let init = file(dir, kind, "init");
     vs.save(&init)
         .map_err(|e| format!("{}: {e}", init.display()))?;
-    let data = dataset(job, job.pool + job.held_out)?;
-    let (train_x, train_y) = tensors(data.as_ref(), 0..job.pool)?;
-    let (held_x, held_y) = tensors(data.as_ref(), job.pool..job.pool + job.held_out)?;
+    // The train pool, then the held-out set, from one dataset.
+    let (s, c, len, seed) = (
+        &job.sample_shape,
+        CLASSES,
+        job.pool + job.held_out,
+        DATA_SEED,
+    );
+    let (x, y) = match kind {
+        ModelKind::Transformer => tensors(SyntheticSequences::new(len, s[0], s[1], c, seed)),
+        ModelKind::ConvNet => tensors(SyntheticImages::new(len, s[0], s[1], c, seed)),
+        _ => tensors(SyntheticClassification::new(len, s.clone(), c, seed, 3.0)),
+    }?;
+    let (pool, held) = (job.pool as i64, job.held_out as i64);
     let path = file(dir, kind, "data");
     let named = [
-        ("train_x", train_x),
-        ("train_y", train_y),
-        ("held_x", held_x),
-        ("held_y", held_y),
+        ("train_x", x.narrow(0, 0, pool)),
+        ("train_y", y.narrow(0, 0, pool)),
+        ("held_x", x.narrow(0, pool, held)),
+        ("held_y", y.narrow(0, pool, held)),
     ];
     Tensor::write_safetensors(&named, &path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let (s, p) = (&job.sample_shape, &job.plan);
+    let p = &job.plan;
     let twin = match kind {
         ModelKind::Transformer => json!({
             "seq": s[0], "features": s[1], "d_model": p.d_model, "heads": p.heads,
@@ -271,13 +248,10 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     vs.load(&init)
         .map_err(|e| format!("{}: {e}", init.display()))?;
     let path = file(&a.dir, kind, "data");
-    let data: HashMap<String, Tensor> = Tensor::read_safetensors(&path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
-        .into_iter()
-        .collect();
+    let data = Tensor::read_safetensors(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let named = |name: &str| {
-        data.get(name)
-            .ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
+        let found = data.iter().find(|(n, _)| n == name).map(|(_, t)| t);
+        found.ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
     };
     let (x, y) = (named("train_x")?, named("train_y")?);
     let options = StepOptions {
@@ -319,15 +293,6 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     Ok(())
 }
 
-/// `path`, created empty (an earlier run's leftovers are removed: it is the bench's own scratch).
-pub(crate) fn fresh_dir(path: &Path) -> Result<PathBuf> {
-    if path.exists() {
-        std::fs::remove_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    }
-    std::fs::create_dir_all(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    Ok(path.to_owned())
-}
-
 /// Both sides' runs of one model at one precision.
 struct Pair {
     kind: ModelKind,
@@ -337,22 +302,14 @@ struct Pair {
     torch: Value,
 }
 
-fn suite(args: &LearningArgs) -> Result<()> {
-    let a = &args.suite;
+/// The suite, over `models` (`--models a,b`, for runs by hand; none: [`MODELS`]).
+fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
     // Two threads a side by default, as in the other suites.
     let threads = a.threads_or(2).max(1).to_string();
     // The bench's own scratch directory, removed at the end.
-    let work = fresh_dir(&a.work_dir.as_ref().map_or_else(
-        || std::env::temp_dir().join(format!("kiln-bench-learning-{}", std::process::id())),
-        |dir| dir.join("learning"),
-    ))?;
+    let work = fresh_work_dir(a, "learning")?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    // `--models a,b` (for runs by hand), else [`MODELS`].
-    let models = if args.models.is_empty() {
-        &MODELS[..]
-    } else {
-        &args.models
-    };
+    let models: &[ModelKind] = if models.is_empty() { &MODELS } else { models };
     let mut pairs = vec![];
     for &kind in models {
         let job = job(kind, a.quick);
@@ -380,7 +337,9 @@ fn suite(args: &LearningArgs) -> Result<()> {
         }
     }
     report(a.quick, &threads, &pairs)?.write(&a.out_or("learning"))?;
-    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+    // Without `--work-dir` the directory above `work` is this process's own: removed too.
+    let own = a.work_dir.is_none().then(|| work.parent()).flatten();
+    remove_dir(own.unwrap_or(&work))
 }
 
 fn losses(run: &Value) -> Result<Vec<f64>> {
@@ -413,20 +372,6 @@ fn twin_text(kind: ModelKind, precision: AmpDtype) -> &'static str {
         (_, true) => "PyTorch twin, torch.autocast(cpu, bf16), kiln's matmul-softmax attention",
         (_, false) => "PyTorch twin, torch.autocast(cpu, bf16)",
     }
-}
-
-/// One row: `kiln` is the largest difference found, the baseline the tolerance (goal ≤ 1).
-fn row(name: String, unit: &str, difference: f64, tolerance: f64, baseline: String) -> Comparison {
-    Comparison::new(
-        "learning",
-        "same learning",
-        name,
-        unit,
-        Better::Lower,
-        (difference, tolerance),
-        baseline,
-    )
-    .at_most(1.0)
 }
 
 /// What one pair of runs shows, each figure as (kiln, PyTorch).
@@ -479,14 +424,11 @@ fn details(p: &Pair, m: &Measured) -> Value {
 }
 
 /// The rows of one model at one precision: fp32, the largest per-step difference; bf16, the
-/// final loss and the held-out accuracy (the loss curves on the first row only).
+/// final loss and the held-out accuracy (the loss curves on the first row only). Each row's kiln
+/// figure is the largest difference found, its baseline the tolerance (goal ≤ 1).
 fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
     let m = measure(p)?;
     let details = details(p, &m);
-    let with = |mut c: Comparison| {
-        c.details = details.clone();
-        c
-    };
     let quick_note = quick.then_some(" (quick: not the 100-step check)");
     let (kind, precision, steps) = (p.kind, p.precision.as_str(), m.losses.0.len());
     let what = format!(
@@ -494,6 +436,21 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         p.job.batch,
         quick_note.unwrap_or_default()
     );
+    let row = |name: &str, unit: &str, figures, base: String| {
+        let (suite, name) = ("learning", format!("{what}: {name}"));
+        let c = Comparison::new(
+            suite,
+            "same learning",
+            name,
+            unit,
+            Better::Lower,
+            figures,
+            base,
+        );
+        let mut c = c.at_most(1.0);
+        c.details = details.clone();
+        c
+    };
     let twin = twin_text(p.kind, p.precision);
     let ((kf, tf), (ka, ta), (step, largest)) = (m.final_loss, m.accuracy, m.largest);
     if p.precision == AmpDtype::None {
@@ -506,30 +463,27 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
             "tolerance {FP32_STEP_TOLERANCE:e} nats ({twin}; {at}; final loss kiln {kf:.4}, \
              PyTorch {tf:.4})"
         );
-        let name = format!("{what}: largest per-step |Δloss|");
-        let fp32 = row(name, "nats", largest, FP32_STEP_TOLERANCE, baseline);
-        return Ok(vec![with(fp32)]);
+        let figures = (largest, FP32_STEP_TOLERANCE);
+        let fp32 = row("largest per-step |Δloss|", "nats", figures, baseline);
+        return Ok(vec![fp32]);
     }
     let loss = row(
-        format!("{what}: final loss |Δ| (mean of last {} steps)", p.job.tail),
+        &format!("final loss |Δ| (mean of last {} steps)", p.job.tail),
         "nats",
-        (kf - tf).abs(),
-        BF16_LOSS_TOLERANCE,
+        ((kf - tf).abs(), BF16_LOSS_TOLERANCE),
         format!("tolerance {BF16_LOSS_TOLERANCE} nats ({twin}; kiln {kf:.4}, PyTorch {tf:.4})"),
     );
     let accuracy = row(
-        format!("{what}: held-out accuracy |Δ|"),
+        "held-out accuracy |Δ|",
         "points",
-        (ka - ta).abs(),
-        BF16_ACCURACY_TOLERANCE,
+        ((ka - ta).abs(), BF16_ACCURACY_TOLERANCE),
         format!(
             "tolerance {BF16_ACCURACY_TOLERANCE} points ({twin}; {} held-out samples; kiln \
              {ka:.1}%, PyTorch {ta:.1}%)",
             p.job.held_out
         ),
     );
-    let accuracy = with(accuracy).detail("loss_curves", Value::Null);
-    Ok(vec![with(loss), accuracy])
+    Ok(vec![loss, accuracy.detail("loss_curves", Value::Null)])
 }
 
 fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
@@ -551,9 +505,7 @@ fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
         ),
     );
     for p in pairs {
-        for c in rows(p, quick)? {
-            out.push(c);
-        }
+        rows(p, quick)?.into_iter().for_each(|c| out.push(c));
     }
     out.details = json!({
         "tolerances": {"fp32_step_nats": FP32_STEP_TOLERANCE,

@@ -27,8 +27,7 @@ use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer};
 use serde_json::{Value, json};
 
-use crate::learning::fresh_dir;
-use crate::run_cli::{Cli, exit_on_error, fresh_work_dir};
+use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
 
 /// The job: sizes of the data and the model, and the training budget.
 #[derive(Debug, Clone, Copy)]
@@ -181,7 +180,9 @@ impl Observer for Epochs {
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = Instant::now();
     let (job, seed) = (job(a.quick), a.seed);
-    let runs = fresh_dir(&a.data.join(format!("runs-{seed}")))?;
+    // kiln makes the directory; an earlier run's leftovers are removed.
+    let runs = a.data.join(format!("runs-{seed}"));
+    remove_dir(&runs)?;
     let mut sets = vec![
         "device.request=cpu".to_owned(),
         "model.name=transformer".to_owned(),
@@ -296,10 +297,11 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         sides.torch_plain.push(torch(&plain)?);
     }
     report(&job, threads, &sides)?.write(&a.out_or("quality"))?;
-    std::fs::remove_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))
+    remove_dir(&work)
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
+const ACCURACY: &str = "final_val_accuracy";
 
 /// `c` with both sides' figures per seed and PyTorch's mean.
 fn per_seed(c: Comparison, kiln: &[f64], torch: &[f64]) -> Comparison {
@@ -311,8 +313,7 @@ fn per_seed(c: Comparison, kiln: &[f64], torch: &[f64]) -> Comparison {
 /// Two rows with goals: `side`'s mean accuracy against PyTorch's worst seed less 1 point, and
 /// its mean loss against PyTorch's worst seed.
 fn against_range(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) -> Result<()> {
-    let ka = of(side, "final_val_accuracy")?;
-    let ta = of(torch, "final_val_accuracy")?;
+    let (ka, ta) = (of(side, ACCURACY)?, of(torch, ACCURACY)?);
     let (kl, tl) = (of(side, "final_val_loss")?, of(torch, "final_val_loss")?);
     let worst_acc = ta.iter().copied().fold(f64::INFINITY, f64::min);
     let worst_loss = tl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -378,11 +379,10 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
             sides.kiln.len()
         ),
     );
-    against_range(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
     let auto = format!("kiln automatic precision ({precision})");
+    against_range(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
     against_range(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
-    let ka = of(&sides.kiln, "final_val_accuracy")?;
-    let ta = of(&sides.torch, "final_val_accuracy")?;
+    let (ka, ta) = (of(&sides.kiln, ACCURACY)?, of(&sides.torch, ACCURACY)?);
     let runs = json!({
         "kiln": sides.kiln, "kiln_auto": sides.kiln_auto,
         "pytorch": sides.torch, "pytorch_plain": sides.torch_plain,
@@ -399,7 +399,7 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
         )
         .detail("runs", runs),
     );
-    let plain = of(&sides.torch_plain, "final_val_accuracy")?;
+    let plain = of(&sides.torch_plain, ACCURACY)?;
     out.push(Comparison::new(
         "quality",
         "learning",

@@ -15,6 +15,8 @@ matmul-softmax product); fp32 uses SDPA, as kiln does in fp32.
 Nothing beyond torch is needed: safetensors files are parsed here.
 """
 import argparse
+import contextlib
+import functools
 import json
 import re
 import struct
@@ -38,37 +40,33 @@ def read_safetensors(path):
     """{name: tensor} of a safetensors file (8-byte little-endian header length, JSON header,
     data), each tensor a copy."""
     with open(path, "rb") as f:
-        data = bytearray(f.read())
+        data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
     out = {}
-    for name, info in header.items():
+    for name, info in json.loads(data[8:8 + n]).items():
         if name == "__metadata__":
             continue
         if info["dtype"] not in DTYPES:
             raise SystemExit(f"error: {path}: tensor {name} has dtype {info['dtype']}, "
                              f"which this reader does not know")
         dtype = DTYPES[info["dtype"]]
-        start, end = info["data_offsets"]
-        count = (end - start) // torch.empty((), dtype=dtype).element_size()
-        flat = (torch.frombuffer(data, dtype=dtype, count=count, offset=8 + n + start)
-                if count else torch.empty(0, dtype=dtype))
-        out[name] = flat.reshape(info["shape"]).clone()
+        start, end = (8 + n + offset for offset in info["data_offsets"])
+        raw = bytearray(data[start:end])  # the copy; frombuffer cannot take an empty buffer
+        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+        out[name] = flat.reshape(info["shape"])
     return out
 
 
-# kiln's names of the twins' tensors: (pattern on the twin's name, kiln's name).
+# kiln's names of the transformer twin's tensors: (pattern on the twin's name, kiln's name); an
+# encoder layer's tensors by (twin's module, kiln's) name.
+LAYER_NAMES = (("ln1", "norm1"), (r"attn\.qkv", "qkv"), (r"attn\.out_proj", "out"),
+               ("ln2", "norm2"), ("linear1", "ff1"), ("linear2", "ff2"))
 TRANSFORMER_NAMES = [
-    (r"embed\.(weight|bias)", r"embed.\1"),
+    (r"(embed|head)\.(weight|bias)", r"\1.\2"),
     (r"pos", "positions"),
-    (r"layers\.(\d+)\.ln1\.(weight|bias)", r"layer\1.norm1.\2"),
-    (r"layers\.(\d+)\.attn\.qkv\.(weight|bias)", r"layer\1.qkv.\2"),
-    (r"layers\.(\d+)\.attn\.out_proj\.(weight|bias)", r"layer\1.out.\2"),
-    (r"layers\.(\d+)\.ln2\.(weight|bias)", r"layer\1.norm2.\2"),
-    (r"layers\.(\d+)\.linear1\.(weight|bias)", r"layer\1.ff1.\2"),
-    (r"layers\.(\d+)\.linear2\.(weight|bias)", r"layer\1.ff2.\2"),
     (r"ln\.(weight|bias)", r"norm.\1"),
-    (r"head\.(weight|bias)", r"head.\1"),
+    *((rf"layers\.(\d+)\.{twin}\.(weight|bias)", rf"layer\1.{kiln}.\2")
+      for twin, kiln in LAYER_NAMES),
 ]
 
 
@@ -142,7 +140,7 @@ def build(job, math_attention):
     return model
 
 
-def held_out(model, x, y, batch, autocast):
+def held_out(model, x, y, batch, autocast=contextlib.nullcontext):
     """Mean loss and accuracy over the held-out set, in eval mode, under the training's
     autocast."""
     model.eval()
@@ -151,7 +149,7 @@ def held_out(model, x, y, batch, autocast):
         for i in range(0, len(y), batch):
             out = model(x[i:i + batch])
             target = y[i:i + batch]
-            loss += F.cross_entropy(out, target).item() * len(target)
+            loss += F.cross_entropy(out, target, reduction="sum").item()
             correct += (out.argmax(-1) == target).sum().item()
     model.train()
     return loss / len(y), correct / len(y)
@@ -173,16 +171,12 @@ def main():
     loaded = load_kiln_weights(job["model"], model, job["init"])
     data = read_safetensors(job["data"])
     x, y = data["train_x"], data["train_y"]
-    decay = [q for q in model.parameters() if q.dim() >= 2]
-    no_decay = [q for q in model.parameters() if q.dim() < 2]
-    groups = [g for g in ({"params": decay, "weight_decay": job["weight_decay"]},
-                          {"params": no_decay, "weight_decay": 0.0}) if g["params"]]
+    groups = twins.adamw_groups(list(model.parameters()))
+    for g in groups:  # the job's decay where adamw_groups decays
+        g["weight_decay"] = job["weight_decay"] if g["weight_decay"] else 0.0
     opt = torch.optim.AdamW(groups, lr=job["lr"], betas=tuple(job["betas"]), eps=job["eps"],
                             fused=True)
-
-    def autocast():
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
-
+    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
     batch, pool = job["batch"], len(y)
     losses = []
     model.train()
@@ -196,16 +190,11 @@ def main():
         losses.append(loss.item())
     loss, accuracy = held_out(model, data["held_x"], data["held_y"], job["eval_batch"], autocast)
     print(json.dumps({
-        "framework": "pytorch",
-        "torch_version": torch.__version__,
-        "model": job["model"],
+        "framework": "pytorch", "torch_version": torch.__version__, "model": job["model"],
         "precision": a.precision,
         "attention": "math" if bf16 and job["model"] == "transformer" else "sdpa",
-        "threads": torch.get_num_threads(),
-        "tensors_loaded": loaded,
-        "losses": losses,
-        "held_out_loss": loss,
-        "held_out_accuracy": accuracy,
+        "threads": torch.get_num_threads(), "tensors_loaded": loaded, "losses": losses,
+        "held_out_loss": loss, "held_out_accuracy": accuracy,
         "seconds": time.perf_counter() - start,
     }), flush=True)
 

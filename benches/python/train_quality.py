@@ -14,7 +14,6 @@ import argparse
 import json
 import math
 import os
-import struct
 import sys
 import time
 import warnings
@@ -24,8 +23,9 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-# The twins of kiln's models, beside this script (so on sys.path).
+# The twins of kiln's models and their held-out evaluation, beside this script (so on sys.path).
 import train_step as twins  # noqa: E402
+from same_learning import held_out  # noqa: E402
 
 
 def read_npy(path):
@@ -34,9 +34,8 @@ def read_npy(path):
         data = f.read()
     if data[:6] != b"\x93NUMPY":
         raise SystemExit(f"error: {path} is not a .npy file")
-    major = data[6]
-    (header_len,), start = (struct.unpack("<H", data[8:10]), 10) if major == 1 else \
-        (struct.unpack("<I", data[8:12]), 12)
+    start = 10 if data[6] == 1 else 12  # the header's length takes 2 bytes in version 1, else 4
+    header_len = int.from_bytes(data[8:start], "little")
     header = eval(data[start:start + header_len].decode("latin1"))  # a Python dict literal
     if header["fortran_order"]:
         raise SystemExit(f"error: {path} is in Fortran order")
@@ -56,33 +55,18 @@ def lr_at(step, base, warmup, total, schedule):
     return base * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def evaluate(model, x, y, batch):
-    model.eval()
-    loss, correct = 0.0, 0
-    with torch.no_grad():
-        for i in range(0, len(y), batch):
-            out = model(x[i:i + batch])
-            loss += F.cross_entropy(out, y[i:i + batch], reduction="sum").item()
-            correct += (out.argmax(-1) == y[i:i + batch]).sum().item()
-    model.train()
-    return loss / len(y), correct / len(y)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="directory with features.npy, labels.npy")
     p.add_argument("--split", required=True, help="split.json: train and val indices")
     p.add_argument("--seed", type=int, required=True)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
-    p.add_argument("--dropout", type=float, default=0.1)
-    for name, default in (("--d-model", 256), ("--heads", 8), ("--layers", 4), ("--ff", 1024)):
-        p.add_argument(name, type=int, default=default)
-    p.add_argument("--threads", type=int)
+    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
+    for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16), ("--lr", float, 1e-3),
+                                ("--warmup", int, 50), ("--dropout", float, 0.1),
+                                ("--d-model", int, 256), ("--heads", int, 8), ("--layers", int, 4),
+                                ("--ff", int, 1024), ("--threads", int, None)):
+        p.add_argument(name, type=kind, default=default)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -98,12 +82,7 @@ def main():
     torch.manual_seed(a.seed)
     model = twins.SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
                                   classes, a.dropout)
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        plain = param.dim() >= 2 and not name.endswith("bias") and "ln" not in name
-        (decay if plain else no_decay).append(param)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, fused=True)
+    opt = torch.optim.AdamW(twins.adamw_groups(list(model.parameters())), lr=a.lr, fused=True)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(xt, yt), batch_size=a.batch, shuffle=True,
         drop_last=True, generator=torch.Generator().manual_seed(a.seed))
@@ -121,18 +100,14 @@ def main():
                 torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
             opt.step()
             step += 1
-        val_loss, val_acc = evaluate(model, xv, yv, 256)
+        val_loss, val_acc = held_out(model, xv, yv, 256)
         epochs.append({"epoch": epoch, "val_loss": val_loss, "val_accuracy": val_acc})
     print(json.dumps({
-        "framework": "pytorch",
-        "torch_version": torch.__version__,
-        "seed": a.seed,
-        "steps": step,
-        "threads": torch.get_num_threads(),
+        "framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
+        "steps": step, "threads": torch.get_num_threads(),
         "final_val_loss": epochs[-1]["val_loss"],
         "final_val_accuracy": epochs[-1]["val_accuracy"],
-        "epochs": epochs,
-        "seconds": time.perf_counter() - start,
+        "epochs": epochs, "seconds": time.perf_counter() - start,
     }), flush=True)
 
 
