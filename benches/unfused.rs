@@ -3,13 +3,15 @@
 
 use tch::{TchError, Tensor};
 
+// AdamW's betas and epsilon: PyTorch's defaults.
+const BETA1: f64 = 0.9;
+const BETA2: f64 = 0.999;
+const EPS: f64 = 1e-8;
+
 /// AdamW's state for the per-tensor update.
 #[derive(Debug)]
 pub struct UnfusedAdamW {
-    pub lr: f64,
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
+    lr: f64,
     /// Per parameter: its weight decay.
     weight_decay: Vec<f64>,
     exp_avg: Vec<Tensor>,
@@ -28,9 +30,6 @@ impl UnfusedAdamW {
         };
         Ok(Self {
             lr,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             weight_decay,
             exp_avg: zeros()?,
             exp_avg_sq: zeros()?,
@@ -42,16 +41,16 @@ impl UnfusedAdamW {
     pub fn step(&mut self, params: &[Tensor], grads: &[Tensor]) -> Result<(), TchError> {
         let _guard = tch::no_grad_guard();
         self.step += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.step);
-        let bc2_sqrt = (1.0 - self.beta2.powi(self.step)).sqrt();
+        let bc1 = 1.0 - BETA1.powi(self.step);
+        let bc2_sqrt = (1.0 - BETA2.powi(self.step)).sqrt();
         for (i, (p, g)) in params.iter().zip(grads).enumerate() {
             let (mut p, mut m) = (p.shallow_clone(), self.exp_avg[i].shallow_clone());
             let mut v = self.exp_avg_sq[i].shallow_clone();
             let _ = p.f_mul_scalar_(1.0 - self.lr * self.weight_decay[i])?;
-            let _ = m.f_lerp_(g, tch::Scalar::float(1.0 - self.beta1))?;
-            let _ = v.f_mul_scalar_(self.beta2)?;
-            let _ = v.f_add_(&g.f_mul(g)?.f_mul_scalar(1.0 - self.beta2)?)?;
-            let denom = v.f_sqrt()?.f_div_scalar(bc2_sqrt)?.f_add_scalar(self.eps)?;
+            let _ = m.f_lerp_(g, tch::Scalar::float(1.0 - BETA1))?;
+            let _ = v.f_mul_scalar_(BETA2)?;
+            let _ = v.f_add_(&g.f_mul(g)?.f_mul_scalar(1.0 - BETA2)?)?;
+            let denom = v.f_sqrt()?.f_div_scalar(bc2_sqrt)?.f_add_scalar(EPS)?;
             let _ = p.f_sub_(&m.f_div(&denom)?.f_mul_scalar(self.lr / bc1)?)?;
         }
         Ok(())

@@ -93,10 +93,8 @@ class SelfAttention(nn.Module):
 
     def forward(self, x):
         b, s, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=-1)
-        q = q.view(b, s, self.heads, d // self.heads).transpose(1, 2)
-        k = k.view(b, s, self.heads, d // self.heads).transpose(1, 2)
-        v = v.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        q, k, v = (t.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(d, dim=-1))
         if self.math:
             scale = 1.0 / math.sqrt(d // self.heads)
             a = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v
@@ -199,7 +197,8 @@ def peak_memory(device):
 
 
 def build(a):
-    """Returns (model, x, y, forward FLOPs per sample)."""
+    """Returns (model, x, y, forward FLOPs per sample), seeded with --seed."""
+    torch.manual_seed(a.seed)
     if a.model == "mlp":
         model, sample = MLP(a.features, a.hidden, a.classes, a.dropout), (a.features,)
     elif a.model == "transformer":
@@ -210,7 +209,6 @@ def build(a):
         model = ConvNet(a.in_channels, a.classes)
         sample = (a.in_channels, a.image_size, a.image_size)
     x = torch.randn(a.batch, *sample)
-    flops = {"mlp": mlp_flops, "transformer": transformer_flops, "convnet": convnet_flops}[a.model]
     if a.channels_last:  # the convnet's (parse_args checks)
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
@@ -220,7 +218,8 @@ def build(a):
         for m in model.modules():
             if isinstance(m, SelfAttention):
                 m.math = True
-    return model.to(device), x.to(device), y.to(device), flops(a)
+    flops = {"mlp": mlp_flops, "transformer": transformer_flops, "convnet": convnet_flops}
+    return model.to(device), x.to(device), y.to(device), flops[a.model](a)
 
 
 def use_math_attention(a):
@@ -239,18 +238,17 @@ def adamw_groups(params):
     return [g for g in groups if g["params"]]
 
 
-def timed(n, step, losses):
-    """Seconds of each of n calls of step, whose losses go to `losses`."""
+def timed(n, step, results):
+    """Seconds of each of n calls of step, whose results go to `results`."""
     times = []
     for _ in range(n):
         t0 = time.perf_counter()
-        losses.append(step())
+        results.append(step())
         times.append(time.perf_counter() - t0)
     return times
 
 
 def train_bench(a):
-    torch.manual_seed(a.seed)
     model, x, y, fwd_flops = build(a)
     if a.script:
         # The same module as TorchScript (from --export-script), as kiln's `probe --script`
@@ -275,8 +273,7 @@ def train_bench(a):
     def step(phases=None):
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            out = forward(x)
-            loss = F.cross_entropy(out, y)
+            loss = F.cross_entropy(forward(x), y)
         if phases is not None:
             sync(device)
             t1 = time.perf_counter()
@@ -382,7 +379,6 @@ def export(a):
     """Saves the model kiln's `probe --script` (or `--program`) trains: built as `train_bench`
     builds it (same seed, so the same initial weights), in train mode, scripted (or exported by
     torch.export with a dynamic batch dimension, as a user ships it)."""
-    torch.manual_seed(a.seed)
     model, x, _, _ = build(a)
     path = a.export_script or a.export_program
     if a.export_script:
@@ -420,12 +416,12 @@ def optimizer_bench(a):
     for _ in range(a.warmup):
         opt.step()
     sync(device)
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
+
+    def step():
         opt.step()
         sync(device)
-        times.append(time.perf_counter() - t0)
+
+    times = timed(a.steps, step, [])
     n, median = sum(p.numel() for p in params), statistics.median(times)
     log(f"AdamW ({a.optimizer}) over {len(params)} tensors, {n} parameters: "
         f"median {median * 1e3:.3f} ms/step")
@@ -457,6 +453,12 @@ def shape_list(text):
             raise argparse.ArgumentTypeError(f"expected shapes like 256x469,256, got {item!r}")
         shapes.append(dims)
     return shapes
+
+
+# Integer options and the least each takes (an absent --threads is torch's choice).
+BOUNDS = (*((name, 1) for name in ("batch", "steps", "seq", "d_model", "heads", "layers", "ff",
+                                    "image_size", "in_channels")),
+          ("warmup", 0), ("breakdown_steps", 0), ("threads", 1))
 
 
 def parse_args(argv=None):
@@ -505,15 +507,11 @@ def parse_args(argv=None):
                    help="--compile: torch.compile's mode (reduce-overhead replays CUDA graphs)")
     a = p.parse_args(argv)
 
-    for name in ("batch", "steps", "seq", "d_model", "heads", "layers", "ff", "image_size",
-                 "in_channels"):
-        if getattr(a, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
-    for name in ("warmup", "breakdown_steps"):
-        if getattr(a, name) < 0:
-            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(a, name)}")
-    if a.threads is not None and a.threads <= 0:
-        p.error(f"--threads must be positive, got {a.threads}")
+    for name, least in BOUNDS:
+        value = getattr(a, name)
+        if value is not None and value < least:
+            need = "positive" if least else ">= 0"
+            p.error(f"--{name.replace('_', '-')} must be {need}, got {value}")
     if not 0.0 <= a.dropout < 1.0:
         p.error(f"--dropout must be in [0, 1), got {a.dropout}")
     if a.device != "cpu" and not a.device.startswith("cuda"):

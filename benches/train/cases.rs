@@ -10,7 +10,7 @@ use kiln_benches::{median, median_of};
 use serde_json::{Value, json};
 
 use super::suite::peak_for;
-use super::{Opts, Result, f, in_temp_dir, resolved, strings};
+use super::{Opts, Result, at_most, f, in_temp_dir, resolved, words};
 
 /// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 pub struct Case {
@@ -18,10 +18,9 @@ pub struct Case {
     kiln: &'static str,
     torch: &'static str,
     goal: Option<f64>,
-    /// Extra arguments for both sides.
-    extra: &'static [&'static str],
-    /// Extra arguments for the PyTorch side alone (a same-computation baseline).
-    torch_extra: &'static [&'static str],
+    /// Extra arguments for both sides, and for the PyTorch side alone (a same-computation
+    /// baseline); each a command line's words.
+    args: (&'static str, &'static str),
     /// What the row's name adds (`""`: nothing).
     label: &'static str,
     /// The PyTorch side is `torch.compile(model)` (default mode) rather than eager.
@@ -44,25 +43,17 @@ impl Case {
             kiln,
             torch,
             goal,
-            extra: &[],
-            torch_extra: &[],
+            args: ("", ""),
             label: "",
             compile: false,
             profile_batch: false,
         }
     }
 
-    /// The same row with `extra` arguments for both sides.
-    const fn extra(self, extra: &'static [&'static str]) -> Self {
-        Self { extra, ..self }
-    }
-
-    /// The same row with `torch_extra` arguments for the PyTorch side.
-    const fn torch_extra(self, torch_extra: &'static [&'static str]) -> Self {
-        Self {
-            torch_extra,
-            ..self
-        }
+    /// The same row with extra arguments for both sides, then for the PyTorch side.
+    const fn args(mut self, both: &'static str, torch: &'static str) -> Self {
+        self.args = (both, torch);
+        self
     }
 
     /// The same row, its name ending in `label`.
@@ -71,33 +62,28 @@ impl Case {
     }
 
     /// The same row against `torch.compile`.
-    const fn compiled(self) -> Self {
-        Self {
-            compile: true,
-            ..self
-        }
+    const fn compiled(mut self) -> Self {
+        self.compile = true;
+        self
     }
 
     /// The same row at the profile's batch size.
-    const fn at_profile_batch(self) -> Self {
-        Self {
-            profile_batch: true,
-            ..self
-        }
+    const fn at_profile_batch(mut self) -> Self {
+        self.profile_batch = true;
+        self
     }
 }
 
 /// PyTorch given kiln's attention choice (the explicit matmul–softmax product on the CPU in
 /// bf16, SDPA elsewhere).
-const KILN_ATTENTION: &[&str] = &["--attention", "kiln"];
-const NO_DROPOUT: &[&str] = &["--dropout", "0"];
+const KILN_ATTENTION: &str = "--attention kiln";
 
 /// kiln's automatic precision (bf16) against PyTorch bf16 as a user writes it: on both devices.
 const AUTO_SDPA: Case =
     Case::new("transformer", "auto", "bf16", Some(1.0)).label(" (PyTorch default: SDPA)");
 /// The convnet in channels-last: on both devices.
 const CONVNET: Case = Case::new("convnet", "fp32", "fp32", None)
-    .extra(&["--channels-last"])
+    .args("--channels-last", "")
     .label(" channels-last");
 
 /// The train rows. Baselines are PyTorch as a user writes it (SDPA, `nn.Dropout`) unless the
@@ -109,20 +95,19 @@ pub const CASES: [Case; 11] = [
     Case::new("mlp", "fp32", "fp32", Some(0.7)),
     Case::new("transformer", "fp32", "fp32", Some(1.0)),
     Case::new("transformer", "fp32", "fp32", Some(1.0))
-        .extra(NO_DROPOUT)
+        .args("--dropout 0", "")
         .label(", dropout 0 on both sides"),
     AUTO_SDPA,
     Case::new("transformer", "auto", "bf16", Some(0.9))
-        .torch_extra(KILN_ATTENTION)
+        .args("", KILN_ATTENTION)
         .label(", same computation (PyTorch with kiln's attention choice)"),
     Case::new("transformer", "auto", "bf16", Some(0.9))
-        .extra(NO_DROPOUT)
-        .torch_extra(KILN_ATTENTION)
+        .args("--dropout 0", KILN_ATTENTION)
         .label(", same computation, dropout 0 on both sides"),
     Case::new("transformer", "auto", "fp32", Some(0.5)),
     CONVNET,
     Case::new("transformer", "auto", "bf16", Some(1.0))
-        .torch_extra(KILN_ATTENTION)
+        .args("", KILN_ATTENTION)
         .label(", same computation (kiln's attention choice)")
         .compiled(),
     Case::new("transformer", "fp32", "fp32", Some(1.0))
@@ -138,18 +123,7 @@ pub const CASES: [Case; 11] = [
 /// batch 32, K and N 1024 to 4096) are big enough to keep a GPU's tensor cores busy, so its
 /// model FLOP utilization says how close a step comes to the card's limit; the reference
 /// transformer's (3.4 M parameters) mostly says how long kernel launches take.
-pub const LARGE: &[&str] = &[
-    "--seq",
-    "512",
-    "--d-model",
-    "1024",
-    "--heads",
-    "16",
-    "--layers",
-    "24",
-    "--ff",
-    "4096",
-];
+pub const LARGE: &str = "--seq 512 --d-model 1024 --heads 16 --layers 24 --ff 4096";
 
 /// The train rows on a CUDA GPU, all at bf16 (kiln's choice there) against PyTorch as a user
 /// writes it (SDPA, `nn.Dropout` 0.1): the reference transformer at batch 32 and at the
@@ -166,10 +140,10 @@ pub const GPU_CASES: [Case; 8] = [
         .at_profile_batch()
         .compiled(),
     Case::new("transformer", "auto", "bf16", Some(1.0))
-        .extra(LARGE)
+        .args(LARGE, "")
         .label(", large (303 M parameters, seq 512)"),
     Case::new("transformer", "auto", "bf16", None)
-        .extra(LARGE)
+        .args(LARGE, "")
         .label(", large (303 M parameters, seq 512)")
         .compiled(),
     CONVNET,
@@ -247,11 +221,11 @@ pub(crate) fn compile_env(c: &mut Command, cache: &Path) {
 /// own inductor cache, empty at its first run (a cold compile) and reused by the later ones.
 pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> Result<Value> {
     let batch = case_batch(o, case)?;
-    let args = |precision, extra: &[&str]| {
+    let args = |precision, extra: &str| {
         let step = o.step_args(case.model, precision, batch, o.steps.2);
-        [step, strings(case.extra), strings(extra)].concat()
+        [step, words(case.args.0), words(extra)].concat()
     };
-    let (kiln_args, torch_args) = (args(case.kiln, &[]), args(case.torch, case.torch_extra));
+    let (kiln_args, torch_args) = (args(case.kiln, ""), args(case.torch, case.args.1));
     let sides = in_temp_dir(&format!("inductor-{i}"), |cache| {
         let torch_cmd = || {
             let mut c = o.torch(&torch_args);
@@ -275,9 +249,7 @@ pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> R
             case.model, k[0]["params"], t[0]["params"]
         ));
     }
-    for row in case_rows(case, &name, (k, t), &out.peaks, batch) {
-        out.push(row);
-    }
+    case_rows(case, &name, (k, t), out);
     Ok(run)
 }
 
@@ -287,22 +259,16 @@ pub(crate) fn breakdowns(k: &[Value], t: &[Value]) -> Value {
            "baseline": t.last().map(|r| r["breakdown"].clone())})
 }
 
-/// The rows of a case that ran: its step time; for kiln's fp32 transformer against eager, its
-/// step against this machine's GEMM peak; against `torch.compile`, the time to the first step.
-fn case_rows(
-    case: &Case,
-    name: &str,
-    (k, t): (&[Value], &[Value]),
-    peaks: &Value,
-    batch: usize,
-) -> Vec<Comparison> {
+/// Adds the rows of a case that ran to `out`: its step time; for kiln's fp32 transformer
+/// against eager, its step against this machine's GEMM peak; against `torch.compile`, the time
+/// to the first step.
+fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut SuiteOutput) {
     let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
     let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
-    let flops = f(&k[0], "flops_per_step");
-    let (peak, peak_name) = peak_for(peaks, kiln_precision, k[0]["tf32"] == true);
-    let (torch_peak, _) = peak_for(peaks, case.torch, false);
-    let samples = batch as f64;
-    let step = Comparison::new(
+    let (flops, batch) = (f(&k[0], "flops_per_step"), f(&k[0], "batch"));
+    let (peak, peak_name) = peak_for(&out.peaks, kiln_precision, k[0]["tf32"] == true);
+    let (torch_peak, _) = peak_for(&out.peaks, case.torch, false);
+    let mut step = Comparison::new(
         "train",
         "step time",
         name,
@@ -310,25 +276,23 @@ fn case_rows(
         Better::Lower,
         (ks * 1e3, ts * 1e3),
         baseline_name(case, &t[0]),
-    )
-    .detail("mfu", json!(flops / ks / 1e9 / peak))
-    .detail("baseline_mfu", json!(flops / ts / 1e9 / torch_peak))
-    .detail("peak", json!(peak_name))
-    .detail("kiln_precision", json!(kiln_precision))
-    .detail("batch_size", json!(batch))
-    .detail("params", k[0]["params"].clone())
-    .detail("samples_per_s", json!(samples / ks))
-    .detail("baseline_samples_per_s", json!(samples / ts))
-    .detail("breakdown", breakdowns(k, t));
+    );
+    step.details = json!({
+        "mfu": flops / ks / 1e9 / peak, "baseline_mfu": flops / ts / 1e9 / torch_peak,
+        "peak": peak_name, "kiln_precision": kiln_precision, "batch_size": k[0]["batch"],
+        "params": k[0]["params"], "samples_per_s": batch / ks,
+        "baseline_samples_per_s": batch / ts, "breakdown": breakdowns(k, t),
+    });
     if case.compile {
-        let step = step.detail("compile", compile_summary(t));
-        return vec![
-            at_most(step, case.goal),
-            compile_time_row(case, name, (k, t)),
-        ];
+        out.push(at_most(
+            step.detail("compile", compile_summary(t)),
+            case.goal,
+        ));
+        out.push(compile_time_row(case, name, (k, t)));
+        return;
     }
-    let mut rows = vec![at_most(step, case.goal)];
-    if case.model == "transformer" && case.kiln == "fp32" && case.extra.is_empty() {
+    out.push(at_most(step, case.goal));
+    if case.model == "transformer" && case.kiln == "fp32" && case.args.0.is_empty() {
         // kiln's fp32 transformer step against this machine's GEMM peak.
         let limit = Comparison::new(
             "train",
@@ -339,19 +303,13 @@ fn case_rows(
             (flops / ks / 1e9, peak),
             format!("measured {peak_name} peak"),
         );
-        rows.push(
+        out.push(
             limit
                 .at_least(0.7)
                 .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
                 .detail("breakdown", breakdowns(k, t)),
         );
     }
-    rows
-}
-
-/// `c` with the goal `ratio <= goal`, where there is one.
-pub(crate) fn at_most(c: Comparison, goal: Option<f64>) -> Comparison {
-    goal.into_iter().fold(c, Comparison::at_most)
 }
 
 /// The compile figures of `torch.compile` runs: the cold run's (inductor cache empty) and the

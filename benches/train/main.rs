@@ -15,11 +15,6 @@
 //!
 //! `probe`, `gemm` and `optim-probe` are the kiln side of one measurement, each in its own
 //! process like the Python side, so neither inherits the other's threads, caches or flags.
-//!
-//! The suite is split by topic: `probe` (the kiln side of a train step, and the GEMM peak),
-//! `optimizer` (its probe and suite), `cases` (the train suite's rows), `suite` (the train
-//! suite), `program` (the your-own-model rows: TorchScript, and kiln's compiled step), `opts`
-//! (the one-optimization-at-a-time suite).
 
 mod cases;
 mod optimizer;
@@ -28,29 +23,21 @@ mod probe;
 mod program;
 mod suite;
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::path::Path;
 use std::process::Command;
 
-use clap::{Parser, Subcommand};
-use kiln_benches::{SuiteArgs, bench_root, device_name, interleaved};
+use clap::Subcommand;
+use kiln_benches::report::Comparison;
+use kiln_benches::{
+    Result, SuiteArgs, alternating, bench_root, device_name, interleaved, run_json,
+};
 use kiln_config::{ModelKind, ModelPlan};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tch::Device;
 
-use kiln_benches::Result;
+use crate::run_cli::{Cli, exit_on_error};
 use probe::ShapeArgs;
-
-/// `kiln-bench train`: the train-step suites against PyTorch, and their kiln probes.
-#[derive(Debug, Parser)]
-#[command(name = "kiln-bench train", args_conflicts_with_subcommands = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Sub>,
-    /// Without a subcommand: the `train` suite.
-    #[command(flatten)]
-    suite: SuiteArgs,
-}
 
 // Parsed once per process: the size of a variant does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -70,10 +57,12 @@ enum Sub {
     OptimProbe(optimizer::OptimProbeArgs),
 }
 
-/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
-pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let result = match cli.command {
+/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name); without
+/// a subcommand, the `train` suite.
+pub fn main(args: Vec<OsString>) {
+    let about = "`kiln-bench train`: the train-step suites against PyTorch, and their kiln probes";
+    let cli = Cli::<Sub>::parse_with(args, about);
+    exit_on_error(match cli.command {
         None => suite::train_suite(&cli.suite),
         Some(Sub::Train(a)) => suite::train_suite(&a),
         Some(Sub::Optimizer(a)) => optimizer::optimizer_suite(&a),
@@ -81,11 +70,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
         Some(Sub::Probe(a)) => probe::probe(&a),
         Some(Sub::Gemm(a)) => probe::gemm(&a),
         Some(Sub::OptimProbe(a)) => optimizer::optim_probe(&a),
-    };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    });
 }
 
 /// The reference SignTransformer's size (over `[64, 469]` samples, 100 classes).
@@ -163,23 +148,42 @@ impl Opts {
     /// of `batch`, the suite's warm-up and timed steps, and `split` steps timed phase by phase.
     fn step_args(&self, model: &str, precision: &str, batch: usize, split: usize) -> Vec<String> {
         let (warmup, steps, _) = self.steps;
-        let flags = ["--batch", "--warmup", "--steps", "--breakdown-steps"];
-        let counts = [batch, warmup, steps, split].map(|n| n.to_string());
-        let mut args = strings(&["--model", model, "--precision", precision]);
-        for (flag, n) in flags.into_iter().zip(counts) {
-            args.extend([flag.to_owned(), n]);
-        }
-        args
+        words(&format!(
+            "--model {model} --precision {precision} --batch {batch} --warmup {warmup} \
+             --steps {steps} --breakdown-steps {split}"
+        ))
     }
 
     fn interleaved(&self, cmds: &[&dyn Fn() -> Command]) -> Result<Vec<Vec<Value>>> {
         interleaved(self.repeats, cmds)
     }
+
+    /// The runs of `n` commands, `cmd(i)` the `i`th, [`interleaved`].
+    fn runs(&self, n: usize, cmd: impl Fn(usize) -> Command) -> Result<Vec<Vec<Value>>> {
+        let order: Vec<usize> = (0..n).collect();
+        alternating(self.repeats, &order, |_, i| run_json(cmd(i)).map(Some))
+    }
+}
+
+/// Each side's runs as one JSON object, by the side's name.
+fn by_name<'a>(sides: impl IntoIterator<Item = (&'a str, &'a Vec<Value>)>) -> Value {
+    let entries = sides.into_iter().map(|(n, r)| (n.to_owned(), json!(r)));
+    Value::Object(entries.collect())
+}
+
+/// `c` with the goal `ratio <= goal`, where there is one.
+fn at_most(c: Comparison, goal: Option<f64>) -> Comparison {
+    goal.into_iter().fold(c, Comparison::at_most)
 }
 
 /// `args` as owned strings.
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
+}
+
+/// The words of `line`, arguments without spaces in them, as owned strings.
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_owned).collect()
 }
 
 /// Runs `f` in a fresh directory `kiln-bench-NAME-PID` (holding an empty `tmp`) under the
@@ -199,15 +203,15 @@ fn f(v: &Value, key: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
 
-    fn parse(line: &str) -> std::result::Result<Cli, String> {
+    fn parse(line: &str) -> std::result::Result<Cli<Sub>, String> {
         Cli::try_parse_from(line.split_whitespace()).map_err(|e| e.to_string())
     }
 
     #[test]
     fn the_command_lines_xtask_and_the_suites_use_parse() {
-        Cli::command().debug_assert();
+        Cli::<Sub>::command().debug_assert();
         let cli =
             parse("kiln-bench-train train --quick --device cuda:0 --out F --python PY").unwrap();
         let Some(Sub::Train(a)) = cli.command else {

@@ -9,15 +9,14 @@ use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
 use kiln_benches::{SuiteArgs, device_name, median, median_of};
 use kiln_config::ModelKind;
-use kiln_train::model::{InputSpec, parameter_count};
-use kiln_train::models::synthetic_shape;
+use kiln_train::model::parameter_count;
 use kiln_train::optim::{Optimizer, Rule, param_groups};
 use kiln_train::source::build;
 use serde_json::json;
 use tch::{Device, Kind, Tensor, nn};
 
-use super::probe::{Place, time_calls};
-use super::{Opts, Result, model_plan, strings};
+use super::probe::{Place, synthetic_input, time_calls};
+use super::{Opts, Result, at_most, by_name, model_plan, words};
 
 /// `optim-probe`'s options.
 #[derive(Debug, Args)]
@@ -36,13 +35,7 @@ pub struct OptimProbeArgs {
 /// The parameters (shapes) the optimizer benchmarks update: the reference transformer's.
 pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
     let vs = nn::VarStore::new(device);
-    let (shape, classes) = synthetic_shape(ModelKind::Transformer).ok_or("no synthetic data")?;
-    let input = InputSpec {
-        sample_shape: shape,
-        classes,
-        target: None,
-        integer_features: false,
-    };
+    let input = synthetic_input(ModelKind::Transformer, super::REFERENCE.seq)?;
     let plan = model_plan(ModelKind::Transformer, 0.0, &super::REFERENCE);
     build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
     Ok(vs)
@@ -56,8 +49,7 @@ fn optim_steps(o: &Opts) -> (usize, usize) {
 /// An optimizer run's arguments: `FLAG IMP`, the implementation it times, and the step counts.
 pub fn optim_args(o: &Opts, (flag, imp): (&str, &str)) -> Vec<String> {
     let (warmup, steps) = optim_steps(o);
-    let (warmup, steps) = (warmup.to_string(), steps.to_string());
-    strings(&[flag, imp, "--warmup", &warmup, "--steps", &steps])
+    words(&format!("{flag} {imp} --warmup {warmup} --steps {steps}"))
 }
 
 /// Times one AdamW step over the transformer's parameters: kiln's optimizer (the fused kernel,
@@ -125,24 +117,55 @@ fn shapes_arg() -> Result<String> {
     Ok(shapes.join(","))
 }
 
+/// The optimizer suite's sides: each one's name in the details, and the implementation it
+/// times (`optim-probe --impl` for kiln's, `train_step.py --optimizer` for PyTorch's).
+const SIDES: [(&str, &str); 5] = [
+    ("kiln_fused", "fused"),
+    ("kiln_unfused", "unfused"),
+    ("torch_fused", "fused"),
+    ("torch_foreach", "foreach"),
+    ("torch_single", "single"),
+];
+
+/// Each row's name, the side kiln's fused step is set against, what that side is, the goal.
+/// The headline: the same kernel as `AdamW(fused=True)` (kiln must add nothing around it), and
+/// PyTorch's default implementation (foreach). The per-tensor rows are the ablation.
+const ROWS: [(&str, usize, &str, Option<f64>); 4] = [
+    (
+        "AdamW kiln fused vs PyTorch fused (the same kernel)",
+        2,
+        "torch.optim.AdamW(fused=True)",
+        Some(1.05),
+    ),
+    (
+        "AdamW kiln fused vs PyTorch default (foreach)",
+        3,
+        "torch.optim.AdamW() (foreach, its default)",
+        Some(0.6),
+    ),
+    (
+        "ablation: AdamW kiln fused vs kiln unfused",
+        1,
+        "kiln AdamW as per-tensor ops",
+        None,
+    ),
+    (
+        "ablation: AdamW kiln fused vs PyTorch single-tensor",
+        4,
+        "torch.optim.AdamW(foreach=False)",
+        None,
+    ),
+];
+
 pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
     let o = &Opts::new(a)?;
     let shapes = ["--shapes".to_owned(), shapes_arg()?];
-    let torch_args = |imp| [optim_args(o, ("--optimizer", imp)), shapes.to_vec()];
-    let args = [
-        optim_args(o, ("--impl", "fused")),
-        optim_args(o, ("--impl", "unfused")),
-        torch_args("fused").concat(),
-        torch_args("foreach").concat(),
-        torch_args("single").concat(),
-    ];
-    let runs = o.interleaved(&[
-        &|| o.kiln("optim-probe", &args[0]),
-        &|| o.kiln("optim-probe", &args[1]),
-        &|| o.torch(&args[2]),
-        &|| o.torch(&args[3]),
-        &|| o.torch(&args[4]),
-    ])?;
+    let runs = o.runs(SIDES.len(), |i| match SIDES[i] {
+        (side, imp) if side.starts_with("kiln") => {
+            o.kiln("optim-probe", &optim_args(o, ("--impl", imp)))
+        }
+        (_, imp) => o.torch(&[optim_args(o, ("--optimizer", imp)), shapes.to_vec()].concat()),
+    })?;
     if runs[0][0]["params"] != runs[2][0]["params"] {
         return Err(format!(
             "the two sides updated different parameter counts ({} vs {})",
@@ -159,54 +182,23 @@ pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
             device_name(o.device)
         ),
     );
-    let ms: Vec<f64> = runs
-        .iter()
-        .map(|r| median_of(r, "step_s_median") * 1e3)
-        .collect();
-    let c = |name: &str, other: usize, baseline: &str| {
-        Comparison::new(
+    let ms = |i: usize| median_of(&runs[i], "step_s_median") * 1e3;
+    for (name, other, baseline, goal) in ROWS {
+        let (kiln, theirs) = (ms(0), ms(other));
+        let c = Comparison::new(
             "optimizer",
             "optimizer step",
             name,
             "ms/step",
             Better::Lower,
-            (ms[0], ms[other]),
+            (kiln, theirs),
             baseline,
-        )
-        .detail("speedup", json!(ms[other] / ms[0]))
-    };
-    // The headline: the same kernel as `AdamW(fused=True)` (kiln must add nothing around it),
-    // and PyTorch's default implementation (foreach). The per-tensor rows are the ablation.
-    out.push(
-        c(
-            "AdamW kiln fused vs PyTorch fused (the same kernel)",
-            2,
-            "torch.optim.AdamW(fused=True)",
-        )
-        .at_most(1.05),
-    );
-    out.push(
-        c(
-            "AdamW kiln fused vs PyTorch default (foreach)",
-            3,
-            "torch.optim.AdamW() (foreach, its default)",
-        )
-        .at_most(0.6),
-    );
-    out.push(c(
-        "ablation: AdamW kiln fused vs kiln unfused",
-        1,
-        "kiln AdamW as per-tensor ops",
-    ));
-    out.push(c(
-        "ablation: AdamW kiln fused vs PyTorch single-tensor",
-        4,
-        "torch.optim.AdamW(foreach=False)",
-    ));
+        );
+        out.push(at_most(c.detail("speedup", json!(theirs / kiln)), goal));
+    }
     let (warmup, steps) = optim_steps(o);
+    let runs = by_name(SIDES.iter().map(|s| s.0).zip(&runs));
     out.details = json!({"warmup_steps": warmup, "timed_steps": steps, "repeats": o.repeats,
-                         "runs": {"kiln_fused": runs[0], "kiln_unfused": runs[1],
-                                  "torch_fused": runs[2], "torch_foreach": runs[3],
-                                  "torch_single": runs[4]}});
+                         "runs": runs});
     out.write(&a.out_or("optimizer"))
 }

@@ -12,7 +12,7 @@ use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
 
 use super::optimizer::optim_args;
-use super::{Opts, Result, strings};
+use super::{Opts, Result, words};
 
 const NO_GPU: &str = "needs a CUDA GPU; this machine has none";
 
@@ -54,40 +54,31 @@ pub fn opts_suite(a: &SuiteArgs) -> Result<()> {
     );
     let mut runs = step_toggles(o, &mut out)?;
     // Fused AdamW: the optimizer step alone.
-    let optim = |imp| optim_args(o, ("--impl", imp));
+    let optim = ["fused", "unfused"].map(|imp| optim_args(o, ("--impl", imp)));
     runs.push(toggle(
         (o, &mut out),
         ("fused AdamW", "fused AdamW (optimizer step)", STEP_MS),
-        (
-            &|args| o.kiln("optim-probe", args),
-            optim("fused"),
-            optim("unfused"),
-        ),
+        |i| o.kiln("optim-probe", &optim[i]),
         "kiln AdamW as per-tensor ops",
     )?);
     runs.push(loader_workers(o, &mut out)?);
     if o.device.is_cuda() {
         // CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
-        let serve = |args: &[String]| {
+        let serve = |i: usize| {
             let mut c = Command::new(&o.me);
             c.args(["serve", "infer-probe", "--batch", "1"])
                 .args(["--device", &device_name(o.device)])
-                .args(args);
+                .args(["--graphs", ["on", "off"][i]]);
             c
         };
+        let figure = ("p50_ms", 1.0, "ms");
+        let name = "CUDA graphs (inference, batch 1, p50)";
+        let baseline = "kiln inference without graphs";
         runs.push(toggle(
             (o, &mut out),
-            (
-                "cuda graphs",
-                "CUDA graphs (inference, batch 1, p50)",
-                ("p50_ms", 1.0, "ms"),
-            ),
-            (
-                &serve,
-                strings(&["--graphs", "on"]),
-                strings(&["--graphs", "off"]),
-            ),
-            "kiln inference without graphs",
+            ("cuda graphs", name, figure),
+            serve,
+            baseline,
         )?);
     } else {
         out.skip("CUDA graphs", NO_GPU);
@@ -128,19 +119,15 @@ type Figure = (&'static str, f64, &'static str);
 /// The median step time in ms.
 const STEP_MS: Figure = ("step_s_median", 1e3, "ms/step");
 
-/// A toggle's command, and its arguments with the optimization on and off.
-type Sides<'a> = (&'a dyn Fn(&[String]) -> Command, Vec<String>, Vec<String>);
-
-/// Runs kiln with an optimization and without it (`cmd` with the arguments `on`, then `off`),
-/// alternating; adds the row `name` of the two medians of `figure` and returns their runs, as
-/// `toggle`.
+/// Runs kiln with an optimization and without it (`cmd(0)`, then `cmd(1)`), alternating; adds
+/// the row `name` of the two medians of `figure` and returns their runs, as `toggle`.
 fn toggle(
     (o, out): (&Opts, &mut SuiteOutput),
     (toggle, name, (key, scale, unit)): (&str, &str, Figure),
-    (cmd, on, off): Sides<'_>,
+    cmd: impl Fn(usize) -> Command,
     baseline: &str,
 ) -> Result<Value> {
-    let r = o.interleaved(&[&|| cmd(&on), &|| cmd(&off)])?;
+    let r = o.runs(2, cmd)?;
     let (on, off) = (median_of(&r[0], key) * scale, median_of(&r[1], key) * scale);
     out.push(row(name, unit, Better::Lower, (on, off), baseline));
     Ok(json!({"toggle": toggle, "on": r[0], "off": r[1]}))
@@ -150,15 +137,12 @@ fn toggle(
 fn step_toggles(o: &Opts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
     let cuda = o.device.is_cuda();
     let mut runs = vec![];
-    // Each side of a toggle: its precision and further arguments.
-    let mut run = |name: &str, model: &str, on: (&str, &[&str]), off: (&str, &[&str])| {
-        let args = |(precision, extra): (&str, &[&str])| {
-            [o.step_args(model, precision, 32, 0), strings(extra)].concat()
-        };
-        let probe = |args: &[String]| o.kiln("probe", args);
+    // A toggle: its row, model, and each side's (on, then off) precision and further arguments.
+    let mut run = |name: &str, model: &str, sides: [(&str, &str); 2]| {
+        let args = sides.map(|(p, extra)| [o.step_args(model, p, 32, 0), words(extra)].concat());
         let baseline = format!("kiln {model} step without it");
-        let sides = (&probe as _, args(on), args(off));
-        runs.push(toggle((o, out), (name, name, STEP_MS), sides, &baseline)?);
+        let probe = |i: usize| o.kiln("probe", &args[i]);
+        runs.push(toggle((o, out), (name, name, STEP_MS), probe, &baseline)?);
         Ok::<_, String>(())
     };
     let (mixed, what) = if cuda {
@@ -167,28 +151,18 @@ fn step_toggles(o: &Opts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
         ("auto", "automatic")
     };
     let precision = format!("precision: {what} instead of fp32 (transformer)");
-    run(&precision, "transformer", (mixed, &[]), ("fp32", &[]))?;
+    run(&precision, "transformer", [(mixed, ""), ("fp32", "")])?;
     if cuda {
-        run(
-            "TF32 matmuls (transformer fp32)",
-            "transformer",
-            ("fp32", &["--tf32", "on"]),
-            ("fp32", &["--tf32", "off"]),
-        )?;
-        run(
-            "cuDNN benchmark (convnet)",
-            "convnet",
-            ("fp32", &["--cudnn-benchmark", "on"]),
-            ("fp32", &["--cudnn-benchmark", "off"]),
-        )?;
+        let tf32 = [("fp32", "--tf32 on"), ("fp32", "--tf32 off")];
+        run("TF32 matmuls (transformer fp32)", "transformer", tf32)?;
+        let benchmark = [
+            ("fp32", "--cudnn-benchmark on"),
+            ("fp32", "--cudnn-benchmark off"),
+        ];
+        run("cuDNN benchmark (convnet)", "convnet", benchmark)?;
     }
-    let channels_last = ("fp32", &["--channels-last"][..]);
-    run(
-        "channels-last (convnet)",
-        "convnet",
-        channels_last,
-        ("fp32", &[]),
-    )?;
+    let channels_last = [("fp32", "--channels-last"), ("fp32", "")];
+    run("channels-last (convnet)", "convnet", channels_last)?;
     if !cuda {
         out.skip("TF32 matmuls", NO_GPU);
         out.skip("cuDNN benchmark", NO_GPU);

@@ -162,6 +162,21 @@ pub fn time_calls(
         .collect()
 }
 
+/// The input of `kind`'s synthetic data, the transformer's over sequences of `seq`.
+pub fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
+    let (mut sample_shape, classes) =
+        synthetic_shape(kind).ok_or("no synthetic data for this model")?;
+    if kind == ModelKind::Transformer {
+        sample_shape[0] = seq as usize;
+    }
+    Ok(InputSpec {
+        sample_shape,
+        classes,
+        target: None,
+        integer_features: false,
+    })
+}
+
 /// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
 fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f64 {
     let forward = match kind {
@@ -208,26 +223,16 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let tf32 = backend(a, device)?;
     tch::manual_seed(0);
 
-    let (mut shape, classes) = synthetic_shape(kind).ok_or("no synthetic data for this model")?;
-    let size = a
-        .shape
-        .transformer(shape.last().copied().unwrap_or(0), classes);
-    if kind == ModelKind::Transformer {
-        shape[0] = a.shape.seq as usize;
-        if !a.shape.d_model.is_multiple_of(a.shape.heads) {
-            return Err(format!(
-                "--d-model ({}) must be divisible by --heads ({})",
-                a.shape.d_model, a.shape.heads
-            ));
-        }
+    let input = synthetic_input(kind, a.shape.seq)?;
+    let (shape, classes) = (&input.sample_shape, input.classes);
+    let size = a.shape.transformer(*shape.last().unwrap_or(&0), classes);
+    if kind == ModelKind::Transformer && !a.shape.d_model.is_multiple_of(a.shape.heads) {
+        return Err(format!(
+            "--d-model ({}) must be divisible by --heads ({})",
+            a.shape.d_model, a.shape.heads
+        ));
     }
     let vs = nn::VarStore::new(device);
-    let input = InputSpec {
-        sample_shape: shape.clone(),
-        classes,
-        target: None,
-        integer_features: false,
-    };
     // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`;
     // `--program PATH`: its exported program, compiled (the load's time is the compile's).
     let plan = model_plan(kind, a.dropout, &a.shape);
@@ -343,11 +348,9 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
         "fp32" | "tf32" => Kind::Float,
         "bf16" => Kind::BFloat16,
         "fp16" => Kind::Half,
-        other => {
-            return Err(format!(
-                "--precision `{other}`: expected fp32, tf32, bf16 or fp16"
-            ));
-        }
+        other => Err(format!(
+            "--precision `{other}`: expected fp32, tf32, bf16 or fp16"
+        ))?,
     };
     let threads = a.place.set_threads()?;
     if device.is_cuda() {

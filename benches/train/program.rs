@@ -10,8 +10,8 @@ use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{median, median_of, run_json};
 use serde_json::{Value, json};
 
-use super::cases::{at_most, breakdowns, compile_env, compile_summary};
-use super::{Opts, Result, in_temp_dir, strings};
+use super::cases::{breakdowns, compile_env, compile_summary};
+use super::{Opts, Result, at_most, by_name, f, in_temp_dir, strings};
 
 /// What the TorchScript rows' names begin with.
 pub const SCRIPT_ROWS: &str = "your own model (transformer as TorchScript)";
@@ -43,8 +43,7 @@ fn run_sides(
     exported: &Value,
     named: &[(&'static str, &dyn Fn() -> Command)],
 ) -> Result<Sides> {
-    let cmds: Vec<&dyn Fn() -> Command> = named.iter().map(|(_, c)| *c).collect();
-    let runs = o.interleaved(&cmds)?;
+    let runs = o.runs(named.len(), |i| named[i].1())?;
     if runs.iter().any(|s| s[0]["params"] != exported["params"]) {
         return Err(format!(
             "{case} case: the sides trained different models ({} exported parameters)",
@@ -52,16 +51,6 @@ fn run_sides(
         ));
     }
     Ok(named.iter().map(|(name, _)| *name).zip(runs).collect())
-}
-
-/// The sides' runs as one JSON object, by name.
-fn by_name(sides: &Sides) -> Value {
-    Value::Object(
-        sides
-            .iter()
-            .map(|(n, r)| (n.to_string(), json!(r)))
-            .collect(),
-    )
 }
 
 /// `{what} vs {baseline}`: kiln's runs `ours` against the `runs` of `baseline`, which trains
@@ -110,7 +99,7 @@ pub fn script_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
         let what = format!("{SCRIPT_ROWS} fp32 step");
         out.push(module_row(&what, &sides[0].1, (baseline, runs)).at_most(1.05));
     }
-    let mut run = by_name(&sides);
+    let mut run = by_name(sides.iter().map(|(n, r)| (*n, r)));
     run["case"] = json!("torchscript transformer");
     Ok(run)
 }
@@ -194,16 +183,15 @@ pub fn program_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
             out.push(compile_row(k, runs, precision));
         }
     }
-    Ok(json!({"case": "exported-program transformer", "sides": by_name(&sides)}))
+    let sides = by_name(sides.iter().map(|(n, r)| (*n, r)));
+    Ok(json!({"case": "exported-program transformer", "sides": sides}))
 }
 
 /// kiln's compile (its cache empty: the first run's load) beside `torch.compile`'s first step
 /// (its inductor cache empty); the warm figures in the details.
 fn compile_row(k: &[Value], compiled: &[Value], precision: &str) -> Comparison {
     let summary = compile_summary(compiled);
-    let cold = k
-        .first()
-        .map_or(f64::NAN, |r| r["load_s"].as_f64().unwrap_or(f64::NAN));
+    let cold = f(&k[0], "load_s");
     let warm: Vec<f64> = k[1..].iter().filter_map(|r| r["load_s"].as_f64()).collect();
     Comparison::new(
         "train",

@@ -38,10 +38,8 @@ pub fn peak_for(peaks: &Value, precision: &str, tf32: bool) -> (f64, String) {
     } else {
         precision
     };
-    (
-        f(peaks, &format!("{key}_gemm_gflops")),
-        format!("{key} GEMM"),
-    )
+    let peak = f(peaks, &format!("{key}_gemm_gflops"));
+    (peak, format!("{key} GEMM"))
 }
 
 pub fn train_suite(a: &SuiteArgs) -> Result<()> {
@@ -106,15 +104,9 @@ fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize) -> Result<Value> {
         )
         .detail("batch_size", json!(b))
     };
-    out.push(row(
-        "throughput",
-        "samples/s",
-        Better::Higher,
-        "samples_per_s",
-    ));
-    out.push(
-        row("peak memory", "MiB", Better::Lower, "peak_memory_mib")
-            .detail("memory", k[0]["peak_memory_kind"].clone()),
-    );
+    let throughput = row("throughput", "samples/s", Better::Higher, "samples_per_s");
+    out.push(throughput);
+    let memory = row("peak memory", "MiB", Better::Lower, "peak_memory_mib");
+    out.push(memory.detail("memory", k[0]["peak_memory_kind"].clone()));
     Ok(json!({"sweep_batch": b, "kiln": k, "torch": t}))
 }
