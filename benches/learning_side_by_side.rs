@@ -337,9 +337,7 @@ fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
         }
     }
     report(a.quick, &threads, &pairs)?.write(&a.out_or("learning"))?;
-    // Without `--work-dir` the directory above `work` is this process's own: removed too.
-    let own = a.work_dir.is_none().then(|| work.parent()).flatten();
-    remove_dir(own.unwrap_or(&work))
+    remove_dir(&work)
 }
 
 fn losses(run: &Value) -> Result<Vec<f64>> {

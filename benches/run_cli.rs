@@ -49,13 +49,13 @@ pub fn remove_dir(dir: &Path) -> Result<()> {
     std::fs::remove_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
 }
 
-/// The suite's scratch directory, empty: `<--work-dir>/<suite>`, by default under a temporary
-/// directory of this process.
+/// The suite's scratch directory, empty: `<--work-dir>/<suite>`, by default a temporary
+/// directory of this process's own (so removing it at the end leaves nothing behind).
 pub fn fresh_work_dir(a: &SuiteArgs, suite: &str) -> Result<PathBuf> {
-    let work = a.work_dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("kiln-bench-{suite}-{}", std::process::id()))
-    });
-    let work = work.join(suite);
+    let work = a.work_dir.as_ref().map_or_else(
+        || std::env::temp_dir().join(format!("kiln-bench-{suite}-{}", std::process::id())),
+        |dir| dir.join(suite),
+    );
     remove_dir(&work)?;
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     Ok(work)
