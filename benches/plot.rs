@@ -66,8 +66,7 @@ pub fn write_plots(report: &Report, dir: &Path) -> crate::Result<Vec<PathBuf>> {
             subtitle: joined(&[RATIO_NOTE, subtitle.as_str()]),
             bars: members.iter().map(|r| Bar::of(r)).collect(),
         };
-        let stem = unique(slug(suite), &mut stems);
-        write_chart(dir, &stem, &chart, &mut written)?;
+        write_chart(dir, &unique(slug(suite), &mut stems), &chart, &mut written)?;
     }
     for (suite, members) in by_suite(&sweep) {
         let chart = SweepChart {
@@ -79,8 +78,7 @@ pub fn write_plots(report: &Report, dir: &Path) -> crate::Result<Vec<PathBuf>> {
         write_chart(dir, &stem, &chart, &mut written)?;
     }
     for (stem, chart) in loss::loss_charts(rows, &subtitle) {
-        let stem = unique(stem, &mut stems);
-        write_chart(dir, &stem, &chart, &mut written)?;
+        write_chart(dir, &unique(stem, &mut stems), &chart, &mut written)?;
     }
     Ok(written)
 }
@@ -92,64 +90,60 @@ fn number(v: f64) -> Option<f64> {
 
 /// The non-empty texts of `parts`, joined by ` · `.
 fn joined(parts: &[&str]) -> String {
-    parts
-        .iter()
-        .filter(|s| !s.is_empty())
-        .copied()
-        .collect::<Vec<_>>()
-        .join(" · ")
+    let parts: Vec<&str> = parts.iter().copied().filter(|s| !s.is_empty()).collect();
+    parts.join(" · ")
 }
 
 /// Comparisons grouped by suite, suites and members in report order.
 fn by_suite<'a>(rows: &[&'a Comparison]) -> Vec<(&'a str, Vec<&'a Comparison>)> {
-    let mut out: Vec<(&str, Vec<&Comparison>)> = Vec::new();
-    for row in rows {
-        let suite = if row.suite.is_empty() {
-            "unnamed suite"
-        } else {
-            row.suite.as_str()
-        };
-        match out.iter_mut().find(|(s, _)| *s == suite) {
-            Some((_, members)) => members.push(row),
-            None => out.push((suite, vec![row])),
+    grouped(rows, |r| match r.suite.as_str() {
+        "" => "unnamed suite",
+        suite => suite,
+    })
+}
+
+/// `items` grouped by `key`: the groups in the order of their first items, the items in order.
+fn grouped<'a, T, K: PartialEq>(items: &[&'a T], key: impl Fn(&'a T) -> K) -> Vec<(K, Vec<&'a T>)> {
+    let mut out: Vec<(K, Vec<&T>)> = Vec::new();
+    for &item in items {
+        let k = key(item);
+        match out.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, members)) => members.push(item),
+            None => out.push((k, vec![item])),
         }
     }
     out
 }
 
-/// What the report says about where and when it was measured, for the charts' second line.
-fn subtitle(report: &Report) -> String {
-    let mut parts = Vec::new();
-    if !report.created.is_empty() {
-        parts.push(report.created.clone());
-    }
-    if let Some(device) = &report.machine.device {
-        parts.push(format!("device {device}"));
-    }
-    if let Some(cpus) = report.machine.cpus {
-        parts.push(format!("{cpus} CPUs"));
-    }
-    if report.quick {
-        parts.push("quick run".to_owned());
-    }
-    parts.join(" · ")
+/// The smallest and largest of `values`, if there are any.
+fn min_max(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    values.fold(None, |acc, v| {
+        Some(acc.map_or((v, v), |(lo, hi): (f64, f64)| (lo.min(v), hi.max(v))))
+    })
 }
 
-/// `s` lowercased with every run of other characters than `[a-z0-9]` turned into one `-`.
+/// What the report says about where and when it was measured, for the charts' second line.
+fn subtitle(report: &Report) -> String {
+    let machine = &report.machine;
+    let device = machine.device.as_ref().map(|d| format!("device {d}"));
+    let cpus = machine.cpus.map(|n| format!("{n} CPUs"));
+    let quick = if report.quick { "quick run" } else { "" };
+    let (device, cpus) = (device.unwrap_or_default(), cpus.unwrap_or_default());
+    joined(&[&report.created, &device, &cpus, quick])
+}
+
+/// `s` lowercased with every run of other characters than `[a-z0-9]` turned into one `-`
+/// (none at either end).
 fn slug(s: &str) -> String {
-    let mut out = String::new();
-    for c in s.chars().flat_map(char::to_lowercase) {
-        if c.is_ascii_lowercase() || c.is_ascii_digit() {
-            out.push(c);
-        } else if !out.is_empty() && !out.ends_with('-') {
-            out.push('-');
-        }
-    }
-    let out = out.trim_end_matches('-');
-    if out.is_empty() {
+    let lower = s.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit()))
+        .filter(|w| !w.is_empty())
+        .collect();
+    if words.is_empty() {
         "suite".to_owned()
     } else {
-        out.to_owned()
+        words.join("-")
     }
 }
 

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -34,19 +35,13 @@ pub enum GoalOp {
     AtLeast,
 }
 
-impl GoalOp {
-    /// `<=` or `>=`, as the report writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::AtMost => "<=",
-            Self::AtLeast => ">=",
-        }
-    }
-}
-
+/// `<=` or `>=`, as the report writes it.
 impl std::fmt::Display for GoalOp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(match self {
+            Self::AtMost => "<=",
+            Self::AtLeast => ">=",
+        })
     }
 }
 
@@ -153,14 +148,20 @@ impl Comparison {
 
     /// One human line: figures, ratio, goal.
     pub fn line(&self) -> String {
+        let goal = match (&self.goal, self.meets_goal) {
+            (Some(g), Some(met)) => {
+                let verdict = if met { "met" } else { "MISSED" };
+                format!("  goal {} {}: {verdict}", g.op, g.value)
+            }
+            _ => String::new(),
+        };
         format!(
-            "{:<44} kiln {:>10} vs {:>10} {:<10} ratio {:>6.2}×{}",
+            "{:<44} kiln {:>10} vs {:>10} {:<10} ratio {:>6.2}×{goal}",
             self.name,
             figure(self.kiln),
             figure(self.baseline),
             self.unit,
             self.ratio,
-            goal_text(self)
         )
     }
 }
@@ -221,18 +222,27 @@ impl SuiteOutput {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        write_json(path, self)?;
         eprintln!("{}: wrote {}", self.suite, path.display());
         Ok(())
     }
 
     /// Reads a suite's JSON.
     pub fn read(path: &Path) -> crate::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not a suite report: {e}", path.display()))
+        read_json(path, "a suite report")
     }
+}
+
+/// Reads `path` as JSON of a `T`; `what` names a `T` in the error (e.g. "a suite report").
+pub fn read_json<T: DeserializeOwned>(path: &Path, what: &str) -> crate::Result<T> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{} is not {what}: {e}", path.display()))
+}
+
+/// Writes `value` to `path` as pretty JSON.
+pub fn write_json(path: &Path, value: &impl Serialize) -> crate::Result<()> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// One suite's entry in `report.json` (its comparisons are in the report's list).
@@ -248,14 +258,14 @@ pub struct SuiteSummary {
 
 /// The machine a report was measured on, as `kiln-bench report` describes it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Machine {
-    #[serde(default)]
     pub description: String,
     /// Logical CPUs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u64>,
     /// `cpu` or `cuda`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
     /// The rest (CPU model and features, GPUs, versions), as written.
     #[serde(flatten)]
@@ -288,9 +298,7 @@ impl Report {
 
     /// Reads `report.json`.
     pub fn read(path: &Path) -> crate::Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text)
-            .map_err(|e| format!("{} is not a {SCHEMA} report: {e}", path.display()))
+        read_json(path, &format!("a {SCHEMA} report"))
     }
 }
 
@@ -345,12 +353,11 @@ pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
 /// The whole report: `meta` (created, quick, machine) and the suites' outputs merged, with all
 /// comparisons in one list and the machine limits in `peaks`.
 pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
-    let mut peaks = serde_json::Map::new();
-    for s in suites {
-        if let Value::Object(p) = &s.peaks {
-            peaks.extend(p.clone());
-        }
-    }
+    let peaks: serde_json::Map<String, Value> = suites
+        .iter()
+        .filter_map(|s| s.peaks.as_object())
+        .flat_map(Clone::clone)
+        .collect();
     let mut report = json!({
         "schema": SCHEMA,
         "suites": suites.iter().map(|s| json!({
@@ -368,16 +375,17 @@ pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
     report
 }
 
+/// The fields of a comparison that must be non-empty strings.
+const TEXT_FIELDS: [&str; 5] = ["suite", "name", "group", "unit", "baseline_name"];
+
 /// Checks `report.json`'s shape (not its speed): every field a reader relies on is there and
 /// well-formed, every expected suite is present with at least one comparison. Lists every
 /// problem found.
 pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     let mut problems = vec![];
-    if report["schema"] != SCHEMA {
-        problems.push(format!(
-            "`schema` is {}, expected \"{SCHEMA}\"",
-            report["schema"]
-        ));
+    let schema = &report["schema"];
+    if *schema != SCHEMA {
+        problems.push(format!("`schema` is {schema}, expected \"{SCHEMA}\""));
     }
     for key in ["created", "machine", "peaks"] {
         if report.get(key).is_none() {
@@ -394,49 +402,8 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     let comparisons = comparisons.map_or(&[][..], Vec::as_slice);
     for (i, c) in comparisons.iter().enumerate() {
         let at = format!("comparisons[{i}] ({})", c["name"]);
-        for key in ["suite", "name", "group", "unit", "baseline_name"] {
-            if c[key].as_str().is_none_or(str::is_empty) {
-                problems.push(format!("{at}: `{key}` is not a non-empty string"));
-            }
-        }
-        let numbers: Vec<Option<f64>> = ["kiln", "baseline", "ratio"]
-            .iter()
-            .map(|k| c[*k].as_f64().filter(|v| v.is_finite()))
-            .collect();
-        for (key, n) in ["kiln", "baseline", "ratio"].iter().zip(&numbers) {
-            if n.is_none() {
-                problems.push(format!("{at}: `{key}` is not a finite number"));
-            }
-        }
-        if let [Some(k), Some(b), Some(r)] = numbers[..]
-            && b != 0.0
-            && (k / b - r).abs() > 1e-9 * r.abs().max(1.0)
-        {
-            problems.push(format!(
-                "{at}: `ratio` {r} is not kiln / baseline ({})",
-                k / b
-            ));
-        }
-        if !matches!(c["better"].as_str(), Some("lower" | "higher")) {
-            problems.push(format!("{at}: `better` is not \"lower\" or \"higher\""));
-        }
-        match (&c["goal"], &c["meets_goal"]) {
-            (Value::Null, Value::Null) => {}
-            (goal, Value::Bool(met)) => match serde_json::from_value::<Goal>(goal.clone()) {
-                Ok(g) => {
-                    let overruled = !*met && c["details"][FAILS_BECAUSE].is_string();
-                    if let Some(r) = numbers[2]
-                        && g.met_by(r) != *met
-                        && !overruled
-                    {
-                        problems.push(format!("{at}: `meets_goal` contradicts the ratio"));
-                    }
-                }
-                Err(_) => problems.push(format!("{at}: `goal` is not {{op: <= or >=, value}}")),
-            },
-            _ => problems.push(format!(
-                "{at}: `goal` and `meets_goal` must both be null or both be set"
-            )),
+        for problem in comparison_problems(c) {
+            problems.push(format!("{at}: {problem}"));
         }
     }
     let suites: Vec<&str> = report["suites"]
@@ -457,6 +424,46 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     }
 }
 
+/// What is wrong with one comparison of `report.json`, in the order [`validate`] lists it.
+fn comparison_problems(c: &Value) -> Vec<String> {
+    let mut problems = vec![];
+    for key in TEXT_FIELDS {
+        if c[key].as_str().is_none_or(str::is_empty) {
+            problems.push(format!("`{key}` is not a non-empty string"));
+        }
+    }
+    let [kiln, baseline, ratio] = ["kiln", "baseline", "ratio"].map(|key| {
+        let n = c[key].as_f64().filter(|v| v.is_finite());
+        if n.is_none() {
+            problems.push(format!("`{key}` is not a finite number"));
+        }
+        n
+    });
+    if let (Some(k), Some(b), Some(r)) = (kiln, baseline, ratio)
+        && b != 0.0
+        && (k / b - r).abs() > 1e-9 * r.abs().max(1.0)
+    {
+        problems.push(format!("`ratio` {r} is not kiln / baseline ({})", k / b));
+    }
+    if !matches!(c["better"].as_str(), Some("lower" | "higher")) {
+        problems.push("`better` is not \"lower\" or \"higher\"".to_owned());
+    }
+    match (&c["goal"], &c["meets_goal"]) {
+        (Value::Null, Value::Null) => {}
+        (goal, Value::Bool(met)) => match Goal::deserialize(goal) {
+            Ok(g) => {
+                let overruled = !*met && c["details"][FAILS_BECAUSE].is_string();
+                if ratio.is_some_and(|r| g.met_by(r) != *met) && !overruled {
+                    problems.push("`meets_goal` contradicts the ratio".to_owned());
+                }
+            }
+            Err(_) => problems.push("`goal` is not {op: <= or >=, value}".to_owned()),
+        },
+        _ => problems.push("`goal` and `meets_goal` must both be null or both be set".to_owned()),
+    }
+    problems
+}
+
 /// A figure with about four significant digits.
 fn figure(v: f64) -> String {
     if !v.is_finite() {
@@ -474,125 +481,123 @@ fn figure(v: f64) -> String {
     }
 }
 
-fn goal_text(c: &Comparison) -> String {
-    match (&c.goal, c.meets_goal) {
-        (Some(g), Some(met)) => format!(
-            "  goal {} {}: {}",
-            g.op,
-            g.value,
-            if met { "met" } else { "MISSED" }
-        ),
-        _ => String::new(),
-    }
+/// A string of the report, `?` where there is none.
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or("?").to_owned()
 }
 
-fn md_cell(text: &str) -> String {
-    text.replace('|', "\\|").replace('\n', " ")
+/// A string of the report as Markdown text: `|` escaped, line breaks as spaces.
+fn md_cell(v: &Value) -> String {
+    text(v).replace('|', "\\|").replace('\n', " ")
 }
+
+/// A number of the report, NaN where there is none.
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// A column of a Markdown table: header, alignment and the cell of a row.
+type Column = (&'static str, &'static str, fn(&Value) -> String);
+
+/// The columns of a suite's table of comparisons.
+const COLUMNS: [Column; 7] = [
+    ("comparison", "---", |c| md_cell(&c["name"])),
+    ("kiln", "---:", |c| figure(num(&c["kiln"]))),
+    ("baseline", "---:", |c| {
+        let name = md_cell(&c["baseline_name"]);
+        format!("{} ({name})", figure(num(&c["baseline"])))
+    }),
+    ("unit", "---", |c| md_cell(&c["unit"])),
+    ("better", "---", |c| text(&c["better"])),
+    ("ratio", "---:", |c| format!("{:.2}×", num(&c["ratio"]))),
+    ("goal", "---", |c| match (&c["goal"], &c["meets_goal"]) {
+        (g, Value::Bool(met)) if g.is_object() => {
+            let verdict = if *met { "✅ met" } else { "❌ missed" };
+            format!("{} {} {verdict}", text(&g["op"]), g["value"])
+        }
+        _ => "—".to_owned(),
+    }),
+];
+
+/// `rows` as a Markdown table of `columns`.
+fn md_table(columns: &[Column], rows: &[&Value]) -> String {
+    let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
+    let mut out = line(columns.iter().map(|c| c.0.to_owned()).collect());
+    out += &line(columns.iter().map(|c| c.1.to_owned()).collect());
+    for row in rows {
+        out += &line(columns.iter().map(|c| (c.2)(row)).collect());
+    }
+    out
+}
+
+/// The notes under a suite's table, each kind in turn for every row it applies to: MFU, where
+/// the time of a missed goal goes, and why a row fails whatever its figures.
+const NOTES: [fn(&Value) -> Option<String>; 3] = [
+    |c| {
+        let (mfu, peak) = (c["details"]["mfu"].as_f64()?, text(&c["details"]["peak"]));
+        let name = md_cell(&c["name"]);
+        Some(format!(
+            "{name}: model FLOP utilization {:.1}% of the measured {peak} peak",
+            100.0 * mfu
+        ))
+    },
+    |c| {
+        let breakdown = Some(&c["details"]["breakdown"]).filter(|b| b.is_object())?;
+        (c["meets_goal"] == false).then(|| {
+            let (name, text) = (md_cell(&c["name"]), breakdown_text(breakdown));
+            format!("where the time goes in **{name}** (missed): {text}")
+        })
+    },
+    |c| {
+        let why = Some(&c["details"][FAILS_BECAUSE]).filter(|w| w.is_string())?;
+        let (name, why) = (md_cell(&c["name"]), md_cell(why));
+        Some(format!("**{name}** fails whatever its figures: {why}"))
+    },
+];
 
 /// The report as Markdown: the machine and peaks, then one table per suite (figures, ratio,
 /// goal), the step breakdowns of missed goals, and the rows that could not be measured.
 pub fn markdown(report: &Value) -> String {
-    let mut out = String::new();
-    let s = |v: &Value| v.as_str().unwrap_or("?").to_owned();
-    out.push_str(&format!(
-        "# kiln benchmark report\n\n{}{} · kiln {} · torch {}\n\n",
-        s(&report["created"]),
-        if report["quick"] == true {
-            " · **quick run (CI-sized; not for judging speed)**"
-        } else {
-            ""
-        },
-        s(&report["machine"]["kiln_version"]),
-        s(&report["machine"]["torch_version"]),
-    ));
-    out.push_str(&format!(
-        "Machine: {}\n\n",
-        md_cell(&s(&report["machine"]["description"]))
-    ));
-    if let Some(peaks) = report["peaks"].as_object().filter(|p| !p.is_empty()) {
-        out.push_str("Measured limits:");
-        for (k, v) in peaks {
-            out.push_str(&format!(
-                " {k} = {};",
-                figure(v.as_f64().unwrap_or(f64::NAN))
-            ));
-        }
-        out.push_str("\n\n");
-    }
-    out.push_str(
-        "Ratios are kiln / baseline; the unit's \"better\" says which way wins \
-         (for times below 1 is faster, for throughputs above 1 is faster).\n\n",
+    let machine = &report["machine"];
+    let quick = if report["quick"] == true {
+        " · **quick run (CI-sized; not for judging speed)**"
+    } else {
+        ""
+    };
+    let mut out = format!(
+        "# kiln benchmark report\n\n{}{quick} · kiln {} · torch {}\n\nMachine: {}\n\n",
+        text(&report["created"]),
+        text(&machine["kiln_version"]),
+        text(&machine["torch_version"]),
+        md_cell(&machine["description"]),
     );
+    if let Some(peaks) = report["peaks"].as_object().filter(|p| !p.is_empty()) {
+        let peaks: String = peaks
+            .iter()
+            .map(|(k, v)| format!(" {k} = {};", figure(num(v))))
+            .collect();
+        out += &format!("Measured limits:{peaks}\n\n");
+    }
+    out += "Ratios are kiln / baseline; the unit's \"better\" says which way wins \
+            (for times below 1 is faster, for throughputs above 1 is faster).\n\n";
     let empty = vec![];
     let comparisons = report["comparisons"].as_array().unwrap_or(&empty);
     for suite in report["suites"].as_array().unwrap_or(&empty) {
-        let name = s(&suite["suite"]);
-        out.push_str(&format!("## {name}\n\n{}\n\n", md_cell(&s(&suite["what"]))));
+        let name = text(&suite["suite"]);
+        out += &format!("## {name}\n\n{}\n\n", md_cell(&suite["what"]));
         let rows: Vec<&Value> = comparisons.iter().filter(|c| c["suite"] == *name).collect();
         if !rows.is_empty() {
-            out.push_str(
-                "| comparison | kiln | baseline | unit | better | ratio | goal |\n\
-                 | --- | ---: | ---: | --- | --- | ---: | --- |\n",
-            );
-            for c in &rows {
-                let goal = match (&c["goal"], &c["meets_goal"]) {
-                    (g, Value::Bool(met)) if g.is_object() => format!(
-                        "{} {} {}",
-                        s(&g["op"]),
-                        g["value"],
-                        if *met { "✅ met" } else { "❌ missed" }
-                    ),
-                    _ => "—".to_owned(),
-                };
-                out.push_str(&format!(
-                    "| {} | {} | {} ({}) | {} | {} | {:.2}× | {} |\n",
-                    md_cell(&s(&c["name"])),
-                    figure(c["kiln"].as_f64().unwrap_or(f64::NAN)),
-                    figure(c["baseline"].as_f64().unwrap_or(f64::NAN)),
-                    md_cell(&s(&c["baseline_name"])),
-                    md_cell(&s(&c["unit"])),
-                    s(&c["better"]),
-                    c["ratio"].as_f64().unwrap_or(f64::NAN),
-                    goal
-                ));
-            }
+            out += &md_table(&COLUMNS, &rows);
             out.push('\n');
         }
-        for c in rows.iter().filter(|c| c["details"]["mfu"].is_number()) {
-            out.push_str(&format!(
-                "- {}: model FLOP utilization {:.1}% of the measured {} peak\n",
-                md_cell(&s(&c["name"])),
-                100.0 * c["details"]["mfu"].as_f64().unwrap_or(f64::NAN),
-                s(&c["details"]["peak"]),
-            ));
-        }
-        for c in rows
-            .iter()
-            .filter(|c| c["meets_goal"] == false && c["details"]["breakdown"].is_object())
-        {
-            out.push_str(&format!(
-                "- where the time goes in **{}** (missed): {}\n",
-                md_cell(&s(&c["name"])),
-                breakdown_text(&c["details"]["breakdown"])
-            ));
-        }
-        for c in rows
-            .iter()
-            .filter(|c| c["details"][FAILS_BECAUSE].is_string())
-        {
-            out.push_str(&format!(
-                "- **{}** fails whatever its figures: {}\n",
-                md_cell(&s(&c["name"])),
-                md_cell(&s(&c["details"][FAILS_BECAUSE]))
-            ));
+        for note in NOTES {
+            for line in rows.iter().filter_map(|c| note(c)) {
+                out += &format!("- {line}\n");
+            }
         }
         for skipped in suite["skipped"].as_array().unwrap_or(&empty) {
-            out.push_str(&format!(
-                "- not measured here: {} ({})\n",
-                md_cell(&s(&skipped["name"])),
-                md_cell(&s(&skipped["reason"]))
-            ));
+            let (name, reason) = (md_cell(&skipped["name"]), md_cell(&skipped["reason"]));
+            out += &format!("- not measured here: {name} ({reason})\n");
         }
         out.push('\n');
     }
@@ -615,20 +620,14 @@ pub fn breakdown_text(b: &Value) -> String {
         keys.into_iter()
             .filter_map(|k| map[k].as_f64().map(|v| (k, v)))
             .map(|(k, v)| {
-                format!(
-                    "{} {v:.2} ms ({:.0}%)",
-                    k.trim_end_matches("_ms").replace('_', " "),
-                    100.0 * v / total
-                )
+                let phase = k.trim_end_matches("_ms").replace('_', " ");
+                format!("{phase} {v:.2} ms ({:.0}%)", 100.0 * v / total)
             })
             .collect::<Vec<_>>()
             .join(", ")
     };
-    format!(
-        "kiln: {}; baseline: {}",
-        side(&b["kiln"]),
-        side(&b["baseline"])
-    )
+    let (kiln, baseline) = (side(&b["kiln"]), side(&b["baseline"]));
+    format!("kiln: {kiln}; baseline: {baseline}")
 }
 
 #[cfg(test)]
@@ -637,35 +636,19 @@ mod tests {
 
     fn suite() -> SuiteOutput {
         let mut s = SuiteOutput::new("train", "train step against PyTorch");
+        let (group, eager) = ("step time", "PyTorch eager fp32");
+        let step =
+            |name, kb| Comparison::new("train", group, name, "ms/step", Better::Lower, kb, eager);
+        s.push(step("mlp fp32 step", (2.0, 4.0)).at_most(0.7));
         s.push(
-            Comparison::new(
-                "train",
-                "step time",
-                "mlp fp32 step",
-                "ms/step",
-                Better::Lower,
-                (2.0, 4.0),
-                "PyTorch eager fp32",
-            )
-            .at_most(0.7),
-        );
-        s.push(
-            Comparison::new(
-                "train",
-                "step time",
-                "transformer fp32 step",
-                "ms/step",
-                Better::Lower,
-                (12.0, 10.0),
-                "PyTorch eager fp32",
-            )
-            .at_most(1.0)
-            .detail("mfu", json!(0.5))
-            .detail("peak", json!("fp32 GEMM"))
-            .detail(
-                "breakdown",
-                json!({"kiln": {"forward_ms": 4.0, "backward_ms": 6.0}, "baseline": null}),
-            ),
+            step("transformer fp32 step", (12.0, 10.0))
+                .at_most(1.0)
+                .detail("mfu", json!(0.5))
+                .detail("peak", json!("fp32 GEMM"))
+                .detail(
+                    "breakdown",
+                    json!({"kiln": {"forward_ms": 4.0, "backward_ms": 6.0}, "baseline": null}),
+                ),
         );
         s.skip("tf32", "needs a CUDA GPU");
         s.peaks = json!({"fp32_gemm_gflops": 100.0});
@@ -697,19 +680,10 @@ mod tests {
 
     fn learning(model: &str, difference: f64) -> SuiteOutput {
         let mut s = SuiteOutput::new(LEARNING_SUITE, "same learning");
-        s.push(
-            Comparison::new(
-                LEARNING_SUITE,
-                "same learning",
-                format!("{model} fp32, 100 steps: largest per-step |Δloss|"),
-                "nats",
-                Better::Lower,
-                (difference, 1e-4),
-                "tolerance",
-            )
-            .at_most(1.0)
-            .detail("model", json!(model)),
-        );
+        let name = format!("{model} fp32, 100 steps: largest per-step |Δloss|");
+        let (group, kb, tol) = ("same learning", (difference, 1e-4), "tolerance");
+        let row = Comparison::new(LEARNING_SUITE, group, name, "nats", Better::Lower, kb, tol);
+        s.push(row.at_most(1.0).detail("model", json!(model)));
         s
     }
 

@@ -10,12 +10,13 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
+use kiln_benches::Result;
+use kiln_benches::plot::write_plots;
 use kiln_benches::report::{
-    Report, SuiteOutput, apply_learning_check, assemble, markdown, validate,
+    Report, SWEEP_GROUP, SuiteOutput, apply_learning_check, assemble, markdown, read_json,
+    validate, write_json,
 };
 use serde_json::{Value, json};
-
-use kiln_benches::Result;
 
 /// `kiln-bench report`: assembles the suites' outputs under DIR, or checks a report.
 #[derive(Debug, Parser)]
@@ -40,16 +41,11 @@ struct Cli {
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
 pub fn main(args: Vec<std::ffi::OsString>) {
-    let cli = Cli::parse_from(args);
-    let suites: Vec<String> = cli
-        .suites
-        .iter()
-        .filter(|s| !s.is_empty())
-        .cloned()
-        .collect();
+    let mut cli = Cli::parse_from(args);
+    cli.suites.retain(|s| !s.is_empty());
     let result = match (&cli.check, &cli.dir) {
-        (Some(dir), _) => check(dir, &suites),
-        (None, Some(dir)) => build(dir, &suites, &cli),
+        (Some(dir), _) => check(dir, &cli.suites),
+        (None, Some(dir)) => build(dir, &cli),
         (None, None) => Err("give DIR or --check DIR".to_owned()),
     };
     if let Err(e) = result {
@@ -79,12 +75,9 @@ fn machine() -> Value {
         None => format!("CPU only: {cpu_model}, {cpus} logical cores"),
     };
     let features = cpu_features(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
-    let description = format!(
-        "{description} · precision features: {}",
-        features_text(&features)
-    );
+    let features_text = features_text(&features);
     json!({
-        "description": description,
+        "description": format!("{description} · precision features: {features_text}"),
         "cpus": cpus,
         "cpu_model": cpu_model,
         "cpu_features": features,
@@ -125,28 +118,21 @@ fn features_text(features: &serde_json::Map<String, Value>) -> String {
         .map(|(_, name)| *name)
         .filter(|name| features.get(*name) == Some(&json!(true)))
         .collect();
-    let mut text = if has.is_empty() {
-        "none of AVX2/AVX-512/AMX".to_owned()
-    } else {
-        has.join(", ")
-    };
-    if !has.is_empty() && !has.contains(&"AMX") {
-        text.push_str(" (no AMX)");
+    match has.as_slice() {
+        [] => "none of AVX2/AVX-512/AMX".to_owned(),
+        _ if has.contains(&"AMX") => has.join(", "),
+        _ => format!("{} (no AMX)", has.join(", ")),
     }
-    text
 }
 
-fn build(dir: &Path, suites: &[String], cli: &Cli) -> Result<()> {
+fn build(dir: &Path, cli: &Cli) -> Result<()> {
     let mut outputs = vec![];
-    for suite in suites {
+    for suite in &cli.suites {
         let path = dir.join("suites").join(format!("{suite}.json"));
         let out = SuiteOutput::read(&path)?;
         if out.suite != *suite {
-            return Err(format!(
-                "{} holds suite `{}`, expected `{suite}`",
-                path.display(),
-                out.suite
-            ));
+            let (path, found) = (path.display(), &out.suite);
+            return Err(format!("{path} holds suite `{found}`, expected `{suite}`"));
         }
         outputs.push(out);
     }
@@ -154,51 +140,49 @@ fn build(dir: &Path, suites: &[String], cli: &Cli) -> Result<()> {
     if failed > 0 {
         eprintln!("report: {failed} train row(s) fail: their model's sides did not learn the same");
     }
-    let meta = json!({
-        "created": cli.created,
-        "quick": cli.quick,
-        "machine": machine(),
-    });
+    let meta = json!({"created": cli.created, "quick": cli.quick, "machine": machine()});
     let report = assemble(meta, &outputs);
-    let names: Vec<&str> = suites.iter().map(String::as_str).collect();
-    validate(&report, &names).map_err(|e| format!("the assembled report is malformed:\n{e}"))?;
-    let json_path = dir.join("report.json");
-    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-    std::fs::write(&json_path, text).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    validate(&report, &names(&cli.suites))
+        .map_err(|e| format!("the assembled report is malformed:\n{e}"))?;
+    let (json_path, md_path, plots) = (
+        dir.join("report.json"),
+        dir.join("report.md"),
+        dir.join("plots"),
+    );
+    write_json(&json_path, &report)?;
     let md = markdown(&report);
-    let md_path = dir.join("report.md");
     std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
-    let typed = Report::from_value(&report)?;
-    let plots = kiln_benches::plot::write_plots(&typed, &dir.join("plots"))?;
+    let written = write_plots(&Report::from_value(&report)?, &plots)?;
     println!("{md}");
     eprintln!(
         "report: {} and {}, {} plot file(s) under {}",
         json_path.display(),
         md_path.display(),
-        plots.len(),
-        dir.join("plots").display()
+        written.len(),
+        plots.display()
     );
-    check(dir, suites)
+    check(dir, &cli.suites)
+}
+
+fn names(suites: &[String]) -> Vec<&str> {
+    suites.iter().map(String::as_str).collect()
 }
 
 /// Checks DIR's report.json (shape, expected suites), report.md (a row per comparison) and the
 /// plots (one PNG and one SVG per suite with comparisons).
 fn check(dir: &Path, suites: &[String]) -> Result<()> {
     let json_path = dir.join("report.json");
-    let text =
-        std::fs::read_to_string(&json_path).map_err(|e| format!("{}: {e}", json_path.display()))?;
-    let report: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not JSON: {e}", json_path.display()))?;
-    let names: Vec<&str> = suites.iter().map(String::as_str).collect();
-    let mut problems: Vec<String> = validate(&report, &names)
+    let report: Value = read_json(&json_path, "JSON")?;
+    let mut problems: Vec<String> = validate(&report, &names(suites))
         .err()
-        .into_iter()
-        .flat_map(|e| e.lines().map(str::to_owned).collect::<Vec<_>>())
-        .collect();
+        .map_or(vec![], |e| e.lines().map(str::to_owned).collect());
+    let comparisons = report["comparisons"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
     let md_path = dir.join("report.md");
     match std::fs::read_to_string(&md_path) {
         Ok(md) => {
-            for c in report["comparisons"].as_array().into_iter().flatten() {
+            for c in comparisons {
                 let name = c["name"].as_str().unwrap_or_default().replace('|', "\\|");
                 if !md.contains(&format!("| {name} |")) {
                     problems.push(format!("report.md has no row for `{name}`"));
@@ -208,36 +192,29 @@ fn check(dir: &Path, suites: &[String]) -> Result<()> {
         Err(e) => problems.push(format!("{}: {e}", md_path.display())),
     }
     for suite in suites {
-        let has_bars = report["comparisons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["suite"] == **suite && c["group"] != kiln_benches::report::SWEEP_GROUP);
-        if !has_bars {
-            continue;
-        }
-        for ext in ["png", "svg"] {
-            let plot: PathBuf = dir.join("plots").join(format!("{suite}.{ext}"));
+        let has_bars = comparisons
+            .iter()
+            .any(|c| c["suite"] == **suite && c["group"] != SWEEP_GROUP);
+        for ext in ["png", "svg"].into_iter().filter(|_| has_bars) {
+            let plot = dir.join("plots").join(format!("{suite}.{ext}"));
             if std::fs::metadata(&plot).map_or(0, |m| m.len()) == 0 {
                 problems.push(format!("plot {} is missing or empty", plot.display()));
             }
         }
     }
-    if problems.is_empty() {
-        eprintln!(
-            "report check: {} is well-formed ({} comparisons over {} suite(s))",
-            json_path.display(),
-            report["comparisons"].as_array().map_or(0, Vec::len),
-            suites.len()
-        );
-        Ok(())
-    } else {
-        Err(format!(
-            "the report under {} is malformed:\n  {}",
-            dir.display(),
-            problems.join("\n  ")
-        ))
+    if !problems.is_empty() {
+        let (dir, problems) = (dir.display(), problems.join("\n  "));
+        return Err(format!(
+            "the report under {dir} is malformed:\n  {problems}"
+        ));
     }
+    eprintln!(
+        "report check: {} is well-formed ({} comparisons over {} suite(s))",
+        json_path.display(),
+        comparisons.len(),
+        suites.len()
+    );
+    Ok(())
 }
 
 #[cfg(test)]

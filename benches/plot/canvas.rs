@@ -1,11 +1,12 @@
 //! What every chart shares: the canvas (size, colours, font), writing a chart as PNG and SVG,
-//! the title band, the one-line legend, and the panels of the line charts (axes, mesh and
-//! series legend).
+//! the title band, the one-line legend, and the panels of the line charts (axes, mesh, lines
+//! and series legend).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use kiln_train::plot::{FONT, clip, encode_png, fits};
+use plotters::chart::{MeshStyle, SeriesAnno};
 use plotters::coord::Shift;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
@@ -14,13 +15,11 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// Width of every chart, in pixels.
 pub const WIDTH: u32 = 1200;
-/// Height of the title, subtitle and legend band of a ratio chart.
+/// Heights: the title, subtitle and legend band of a ratio chart; the title and subtitle band
+/// of the line charts; one bar's row of a ratio chart; one row of line-chart panels.
 pub const HEADER: u32 = 96;
-/// Height of the title and subtitle band of the sweep chart.
 pub const SWEEP_HEADER: u32 = 70;
-/// Height of one bar's row in a ratio chart.
 pub const ROW_HEIGHT: u32 = 36;
-/// Height of one row of panels in the sweep chart.
 pub const PANEL_HEIGHT: u32 = 480;
 
 /// Bar labels take at most this share of the chart's width; longer ones are cut short.
@@ -35,6 +34,9 @@ pub const MISSED: RGBColor = RGBColor(214, 39, 40);
 pub const NO_GOAL: RGBColor = RGBColor(140, 150, 165);
 pub const INK: RGBColor = RGBColor(30, 30, 30);
 pub const FAINT: RGBColor = RGBColor(110, 110, 110);
+/// The mesh's light and bold lines.
+pub const LIGHT_LINE: RGBColor = RGBColor(240, 240, 240);
+pub const BOLD_LINE: RGBColor = RGBColor(215, 215, 215);
 
 pub const SERIES_COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
@@ -58,32 +60,22 @@ pub fn write_chart(
     chart: &impl Chart,
     written: &mut Vec<PathBuf>,
 ) -> crate::Result<()> {
-    let height = chart.height();
-    let png_path = dir.join(format!("{stem}.png"));
-    let mut rgb = vec![255u8; WIDTH as usize * height as usize * 3];
-    render(
-        chart,
-        BitMapBackend::with_buffer(&mut rgb, (WIDTH, height)),
-        &png_path,
-    )?;
-    let png = encode_png(&rgb, WIDTH, height)
+    let size = (WIDTH, chart.height());
+    let path = |ext: &str| dir.join(format!("{stem}.{ext}"));
+    let (png_path, svg_path) = (path("png"), path("svg"));
+    let mut rgb = vec![255u8; size.0 as usize * size.1 as usize * 3];
+    render(chart, BitMapBackend::with_buffer(&mut rgb, size), &png_path)?;
+    let png = encode_png(&rgb, size.0, size.1)
         .map_err(|e| format!("plot {}: PNG encoding failed: {e}", png_path.display()))?;
     write_file(&png_path, &png)?;
-    written.push(png_path);
-
-    let svg_path = dir.join(format!("{stem}.svg"));
     let mut svg = String::new();
-    render(
-        chart,
-        SVGBackend::with_string(&mut svg, (WIDTH, height)),
-        &svg_path,
-    )?;
+    render(chart, SVGBackend::with_string(&mut svg, size), &svg_path)?;
     let svg = svg.replace(
         &format!("font-family=\"{FONT}\""),
         &format!("font-family=\"{SVG_FONT_FAMILY}\""),
     );
     write_file(&svg_path, svg.as_bytes())?;
-    written.push(svg_path);
+    written.extend([png_path, svg_path]);
     Ok(())
 }
 
@@ -104,6 +96,18 @@ pub fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) 
     e.to_string()
 }
 
+/// `font` (of the embedded family) in `color`, anchored at `h`, `v`.
+pub fn text_style<'a>(
+    font: impl IntoFont<'a>,
+    color: &'a RGBColor,
+    h: HPos,
+    v: VPos,
+) -> TextStyle<'a> {
+    TextStyle::from(font.into_font())
+        .color(color)
+        .pos(Pos::new(h, v))
+}
+
 /// Draws the white background, the title and the subtitle; returns the area below the top
 /// `band` pixels.
 pub fn header<DB: DrawingBackend>(
@@ -113,23 +117,17 @@ pub fn header<DB: DrawingBackend>(
     band: u32,
 ) -> crate::Result<DrawingArea<DB, Shift>> {
     root.fill(&WHITE).map_err(draw_err)?;
-    let title_style = TextStyle::from((FONT, 24, FontStyle::Bold).into_font())
-        .color(&INK)
-        .pos(Pos::new(HPos::Center, VPos::Top));
-    let sub_style = TextStyle::from((FONT, 15).into_font())
-        .color(&FAINT)
-        .pos(Pos::new(HPos::Center, VPos::Top));
+    let title_style = text_style((FONT, 24, FontStyle::Bold), &INK, HPos::Center, VPos::Top);
+    let sub_style = text_style((FONT, 15), &FAINT, HPos::Center, VPos::Top);
     let centre = WIDTH as i32 / 2;
-    let title = clip(title, 160, |t| {
-        fits(root, t, &title_style, MAX_TITLE_PIXELS)
-    });
-    root.draw_text(&title, &title_style, (centre, 10))
-        .map_err(draw_err)?;
-    let subtitle = clip(subtitle, 200, |t| {
-        fits(root, t, &sub_style, MAX_TITLE_PIXELS)
-    });
-    root.draw_text(&subtitle, &sub_style, (centre, 42))
-        .map_err(draw_err)?;
+    for (text, style, max_chars, y) in [
+        (title, title_style, 160, 10),
+        (subtitle, sub_style, 200, 42),
+    ] {
+        let text = clip(text, max_chars, |t| fits(root, t, &style, MAX_TITLE_PIXELS));
+        root.draw_text(&text, &style, (centre, y))
+            .map_err(draw_err)?;
+    }
     Ok(root.margin(band, 0, 0, 0))
 }
 
@@ -148,11 +146,8 @@ pub fn legend<DB: DrawingBackend>(
     y: i32,
     entries: &[(Glyph, String)],
 ) -> crate::Result<()> {
-    let style = TextStyle::from((FONT, 14).into_font())
-        .color(&INK)
-        .pos(Pos::new(HPos::Left, VPos::Center));
-    let glyph_w = 18;
-    let gap = 30;
+    let style = text_style((FONT, 14), &INK, HPos::Left, VPos::Center);
+    let (glyph_w, gap) = (18, 30);
     let widths: Vec<i32> = entries
         .iter()
         .map(|(_, text)| {
@@ -164,29 +159,19 @@ pub fn legend<DB: DrawingBackend>(
         + gap * (entries.len() as i32 - 1).max(0);
     let mut x = (WIDTH as i32 - total).max(0) / 2;
     for ((glyph, text), w) in entries.iter().zip(&widths) {
+        let mid = x + glyph_w / 2;
+        let line = |dy: i32, len: i32| vec![(mid, y + dy), (mid, y + dy + len)];
         match *glyph {
-            Glyph::Swatch(color) => root
-                .draw(&Rectangle::new(
-                    [(x, y - 7), (x + glyph_w, y + 7)],
-                    color.filled(),
-                ))
-                .map_err(draw_err)?,
-            Glyph::Tick => root
-                .draw(&PathElement::new(
-                    vec![(x + glyph_w / 2, y - 9), (x + glyph_w / 2, y + 9)],
-                    INK.stroke_width(3),
-                ))
-                .map_err(draw_err)?,
-            Glyph::Dashed => {
-                for dy in [-9, -2, 5] {
-                    root.draw(&PathElement::new(
-                        vec![(x + glyph_w / 2, y + dy), (x + glyph_w / 2, y + dy + 4)],
-                        FAINT.stroke_width(2),
-                    ))
-                    .map_err(draw_err)?;
-                }
-            }
+            Glyph::Swatch(color) => root.draw(&Rectangle::new(
+                [(x, y - 7), (x + glyph_w, y + 7)],
+                color.filled(),
+            )),
+            Glyph::Tick => root.draw(&PathElement::new(line(-9, 18), INK.stroke_width(3))),
+            Glyph::Dashed => [-9, -2, 5].into_iter().try_for_each(|dy| {
+                root.draw(&PathElement::new(line(dy, 4), FAINT.stroke_width(2)))
+            }),
         }
+        .map_err(draw_err)?;
         root.draw_text(text, &style, (x + glyph_w + 6, y))
             .map_err(draw_err)?;
         x += glyph_w + 6 + w + gap;
@@ -213,6 +198,43 @@ pub fn panel<'a, DB: DrawingBackend>(
         .y_label_area_size(72)
         .build_cartesian_2d(x, y)
         .map_err(draw_err)
+}
+
+/// The mesh of a line chart's panel: its axes' descriptions and the look all panels share
+/// (the caller adds the rest and draws it).
+pub fn mesh<'a, 'b, DB: DrawingBackend>(
+    chart: &'b mut Panel<'a, DB>,
+    x_desc: &str,
+    y_desc: &str,
+) -> MeshStyle<'a, 'b, RangedCoordf64, RangedCoordf64, DB> {
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_desc)
+        .y_desc(y_desc)
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 15))
+        .light_line_style(LIGHT_LINE);
+    mesh
+}
+
+/// Draws `points` as a line of `style`, dashed (`on`, `off` pixels) if `dash` says so; returns
+/// its series, to label.
+pub fn line<'a, 'c, DB: DrawingBackend + 'a>(
+    chart: &'c mut Panel<'a, DB>,
+    points: &[(f64, f64)],
+    style: ShapeStyle,
+    dash: Option<(u32, u32)>,
+) -> crate::Result<&'c mut SeriesAnno<'a, DB>> {
+    let points = points.iter().copied();
+    match dash {
+        Some((on, off)) => chart.draw_series(DashedLineSeries::new(points, on, off, style)),
+        None => chart.draw_series(LineSeries::new(points, style)),
+    }
+    .map_err(draw_err)
+}
+
+/// A series legend's glyph: a solid line in `color`, 20 pixels long.
+pub fn solid_glyph(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
 }
 
 /// Draws the series' legend box of `chart` at `position`.

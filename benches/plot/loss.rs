@@ -7,10 +7,10 @@ use plotters::prelude::*;
 use serde::Deserialize;
 
 use super::canvas::{
-    Chart, FAINT, PANEL_HEIGHT, Panel, SERIES_COLORS, SWEEP_HEADER, draw_err, header, panel,
-    series_legend,
+    Chart, FAINT, PANEL_HEIGHT, Panel, SERIES_COLORS, SWEEP_HEADER, draw_err, header, line, mesh,
+    panel, series_legend, solid_glyph,
 };
-use super::{joined, number, slug};
+use super::{joined, min_max, number, slug};
 use crate::report::Comparison;
 
 /// Both sides' loss per training step and the difference, for a comparison whose details hold
@@ -29,19 +29,11 @@ pub struct LossChart {
 /// A row's `details.loss_curves`: each side's loss per step (`null` where a step had none) and
 /// optionally the baseline's name.
 #[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 struct LossCurves {
-    #[serde(default)]
     kiln: Vec<Option<f64>>,
-    #[serde(default)]
     baseline: Vec<Option<f64>>,
     baseline_name: Option<String>,
-}
-
-/// The row's loss curves, where its details hold well-formed ones.
-fn loss_curves(c: &Comparison) -> Option<LossCurves> {
-    c.details
-        .get("loss_curves")
-        .and_then(|v| LossCurves::deserialize(v).ok())
 }
 
 /// Points `(step, loss)` of a curve, unusable values left out.
@@ -52,12 +44,13 @@ fn curve(v: &[Option<f64>]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// One chart per comparison with loss curves, each with its file stem:
+/// One chart per comparison with (well-formed) loss curves, each with its file stem:
 /// `<suite>-loss-<model>-<precision>` (or the row's name when the details do not say).
 pub fn loss_charts(comparisons: &[Comparison], subtitle: &str) -> Vec<(String, LossChart)> {
     let mut out = vec![];
     for c in comparisons {
-        let Some(curves) = loss_curves(c) else {
+        let curves = c.details.get("loss_curves").map(LossCurves::deserialize);
+        let Some(Ok(curves)) = curves else {
             continue;
         };
         let (kiln, baseline) = (curve(&curves.kiln), curve(&curves.baseline));
@@ -100,16 +93,26 @@ fn step_label(v: f64) -> String {
 
 /// `(lo, hi)` of the values in `points` with a little room, never an empty range.
 fn value_range(points: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = points.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-        (lo.min(v), hi.max(v))
-    });
-    if !lo.is_finite() {
+    let Some((lo, hi)) = min_max(points) else {
         return (0.0, 1.0);
-    }
+    };
     let pad = ((hi - lo) * 0.08)
         .max(hi.abs().max(lo.abs()) * 1e-6)
         .max(1e-12);
     (lo - pad, hi + pad)
+}
+
+/// The mesh of a panel over training steps: whole steps labelled on x, `y_desc` on y.
+fn step_mesh<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Panel<'a, DB>,
+    y_desc: &str,
+    y_span: f64,
+) -> crate::Result<()> {
+    mesh(chart, "step", y_desc)
+        .x_label_formatter(&|v| step_label(*v))
+        .y_label_formatter(&|v| tick_label(*v, y_span))
+        .draw()
+        .map_err(draw_err)
 }
 
 impl Chart for LossChart {
@@ -120,89 +123,46 @@ impl Chart for LossChart {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
         let body = header(root, &self.title, &self.subtitle, SWEEP_HEADER)?;
         let (top, bottom) = body.split_vertically(PANEL_HEIGHT);
-        let last = self
-            .kiln
-            .iter()
-            .chain(&self.baseline)
-            .map(|p| p.0)
-            .fold(1.0, f64::max);
-        let (lo, hi) = value_range(self.kiln.iter().chain(&self.baseline).map(|p| p.1));
+        let both = || self.kiln.iter().chain(&self.baseline);
+        let last = both().map(|p| p.0).fold(1.0, f64::max);
+        let (lo, hi) = value_range(both().map(|p| p.1));
         let mut chart = panel(&top, "loss (nats)", 0.0..last, lo..hi)?;
         step_mesh(&mut chart, "loss", hi - lo)?;
+        // Both sides' legend entries are solid lines, the baseline's curve dashed.
         let (kc, bc) = (SERIES_COLORS[0], SERIES_COLORS[1]);
-        chart
-            .draw_series(LineSeries::new(
-                self.kiln.iter().copied(),
-                kc.stroke_width(2),
-            ))
-            .map_err(draw_err)?
+        line(&mut chart, &self.kiln, kc.stroke_width(2), None)?
             .label("kiln")
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], kc.stroke_width(2)));
+            .legend(solid_glyph(kc));
         let label_style = TextStyle::from((FONT, 13).into_font());
         let base = clip(&self.baseline_name, 90, |t| {
             fits(&top, t, &label_style, 700)
         });
-        chart
-            .draw_series(DashedLineSeries::new(
-                self.baseline.iter().copied(),
-                7,
-                5,
-                bc.stroke_width(2),
-            ))
-            .map_err(draw_err)?
+        line(&mut chart, &self.baseline, bc.stroke_width(2), Some((7, 5)))?
             .label(base)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], bc.stroke_width(2)));
+            .legend(solid_glyph(bc));
         series_legend(&mut chart, SeriesLabelPosition::UpperRight, label_style)?;
-        self.draw_difference(&bottom, last)
-    }
-}
 
-/// The mesh of a panel over training steps: whole steps labelled on x, `y_desc` on y.
-fn step_mesh<'a, DB: DrawingBackend + 'a>(
-    chart: &mut Panel<'a, DB>,
-    y_desc: &str,
-    y_span: f64,
-) -> crate::Result<()> {
-    chart
-        .configure_mesh()
-        .x_desc("step")
-        .y_desc(y_desc)
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 15))
-        .light_line_style(RGBColor(240, 240, 240))
-        .x_label_formatter(&|v| step_label(*v))
-        .y_label_formatter(&|v| tick_label(*v, y_span))
-        .draw()
-        .map_err(draw_err)
-}
-
-impl LossChart {
-    /// The lower panel: kiln − baseline per step, with the zero line.
-    fn draw_difference<DB: DrawingBackend>(
-        &self,
-        area: &DrawingArea<DB, Shift>,
-        last: f64,
-    ) -> crate::Result<()> {
+        // Below: kiln − baseline per step, with the zero line.
         let (lo, hi) = value_range(self.difference.iter().map(|p| p.1).chain([0.0]));
         let caption = if self.difference.iter().all(|p| p.1 == 0.0) {
             "kiln − baseline (nats): 0 at every step"
         } else {
             "kiln − baseline (nats)"
         };
-        let mut chart = panel(area, caption, 0.0..last, lo..hi)?;
+        let mut chart = panel(&bottom, caption, 0.0..last, lo..hi)?;
         step_mesh(&mut chart, "difference", hi - lo)?;
-        chart
-            .draw_series(LineSeries::new(
-                [(0.0, 0.0), (last, 0.0)],
-                FAINT.stroke_width(1),
-            ))
-            .map_err(draw_err)?;
-        chart
-            .draw_series(LineSeries::new(
-                self.difference.iter().copied(),
-                SERIES_COLORS[3].stroke_width(2),
-            ))
-            .map_err(draw_err)?;
+        line(
+            &mut chart,
+            &[(0.0, 0.0), (last, 0.0)],
+            FAINT.stroke_width(1),
+            None,
+        )?;
+        line(
+            &mut chart,
+            &self.difference,
+            SERIES_COLORS[3].stroke_width(2),
+            None,
+        )?;
         Ok(())
     }
 }

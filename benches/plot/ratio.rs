@@ -4,76 +4,50 @@
 use kiln_train::plot::{FONT, clip, fits, tick_label, usable};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::text_anchor::{HPos, VPos};
 
 use super::canvas::{
-    Chart, FAINT, Glyph, HEADER, INK, MAX_LABEL_SHARE, MET, MISSED, NO_GOAL, ROW_HEIGHT, WIDTH,
-    draw_err, header, legend, short,
+    BOLD_LINE, Chart, FAINT, Glyph, HEADER, INK, LIGHT_LINE, MAX_LABEL_SHARE, MET, MISSED, NO_GOAL,
+    ROW_HEIGHT, WIDTH, draw_err, header, legend, line, short, text_style,
 };
 use super::number;
 use crate::report::{Better, Comparison, GoalOp};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Met,
-    Missed,
-    /// No goal, or no verdict on it.
-    NoGoal,
-}
+/// Each verdict on a goal (`meets_goal`: met, missed, or none: no goal, or no verdict on it)
+/// with its bars' colour and its words in the legend, in the legend's order.
+const VERDICTS: [(Option<bool>, RGBColor, &str); 3] = [
+    (Some(true), MET, "goal met"),
+    (Some(false), MISSED, "goal missed"),
+    (None, NO_GOAL, "no goal"),
+];
 
-impl Verdict {
-    /// A comparison's verdict on its goal.
-    fn of(c: &Comparison) -> Self {
-        match c.meets_goal {
-            Some(true) => Self::Met,
-            Some(false) => Self::Missed,
-            None => Self::NoGoal,
-        }
-    }
-
-    fn color(self) -> RGBColor {
-        match self {
-            Self::Met => MET,
-            Self::Missed => MISSED,
-            Self::NoGoal => NO_GOAL,
-        }
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Self::Met => "goal met",
-            Self::Missed => "goal missed",
-            Self::NoGoal => "no goal",
-        }
-    }
-}
-
-/// One bar: its label, ratio, goal and colour.
+/// One bar: its label, ratio, goal and verdict.
 #[derive(Debug, Clone)]
 pub struct Bar {
     label: String,
     ratio: Option<f64>,
     goal: Option<(GoalOp, f64)>,
-    verdict: Verdict,
+    verdict: Option<bool>,
 }
 
 impl Bar {
     pub fn of(c: &Comparison) -> Self {
-        let name = if c.name.is_empty() {
-            "(unnamed)"
-        } else {
-            c.name.as_str()
-        };
-        let label = match c.better {
-            Better::Lower => format!("{name} (lower is better)"),
-            Better::Higher => format!("{name} (higher is better)"),
+        let name = Some(c.name.as_str()).filter(|n| !n.is_empty());
+        let better = match c.better {
+            Better::Lower => "lower",
+            Better::Higher => "higher",
         };
         Self {
-            label,
+            label: format!("{} ({better} is better)", name.unwrap_or("(unnamed)")),
             ratio: ratio_of(c),
             goal: c.goal.as_ref().and_then(|g| Some((g.op, number(g.value)?))),
-            verdict: Verdict::of(c),
+            verdict: c.meets_goal,
         }
+    }
+
+    fn color(&self) -> RGBColor {
+        let verdict = VERDICTS.iter().find(|(v, ..)| *v == self.verdict);
+        verdict.map_or(NO_GOAL, |(_, color, _)| *color)
     }
 
     /// The text at the end of the bar: the ratio, and the goal if there is one.
@@ -82,8 +56,10 @@ impl Bar {
             return "no value".to_owned();
         };
         match self.goal {
-            Some((GoalOp::AtMost, g)) => format!("{} (goal ≤ {})", short(ratio), short(g)),
-            Some((GoalOp::AtLeast, g)) => format!("{} (goal ≥ {})", short(ratio), short(g)),
+            Some((op, g)) => {
+                let op = if op == GoalOp::AtMost { "≤" } else { "≥" };
+                format!("{} (goal {op} {})", short(ratio), short(g))
+            }
             None => short(ratio),
         }
     }
@@ -94,6 +70,26 @@ pub struct RatioChart {
     pub title: String,
     pub subtitle: String,
     pub bars: Vec<Bar>,
+}
+
+impl RatioChart {
+    /// The legend: the verdicts drawn, the goal's tick if any bar has a goal, parity.
+    fn legend(&self) -> Vec<(Glyph, String)> {
+        let mut entries: Vec<(Glyph, String)> = VERDICTS
+            .iter()
+            .filter(|(v, ..)| {
+                self.bars
+                    .iter()
+                    .any(|b| b.ratio.is_some() && b.verdict == *v)
+            })
+            .map(|(_, color, label)| (Glyph::Swatch(*color), (*label).to_owned()))
+            .collect();
+        if self.bars.iter().any(|b| b.goal.is_some()) {
+            entries.push((Glyph::Tick, "goal".to_owned()));
+        }
+        entries.push((Glyph::Dashed, "parity (1.0)".to_owned()));
+        entries
+    }
 }
 
 impl Chart for RatioChart {
@@ -107,24 +103,9 @@ impl Chart for RatioChart {
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
         let body = header(root, &self.title, &self.subtitle, HEADER)?;
-        let mut entries = Vec::new();
-        for verdict in [Verdict::Met, Verdict::Missed, Verdict::NoGoal] {
-            if self
-                .bars
-                .iter()
-                .any(|b| b.ratio.is_some() && b.verdict == verdict)
-            {
-                entries.push((Glyph::Swatch(verdict.color()), verdict.label().to_owned()));
-            }
-        }
-        if self.bars.iter().any(|b| b.goal.is_some()) {
-            entries.push((Glyph::Tick, "goal".to_owned()));
-        }
-        entries.push((Glyph::Dashed, "parity (1.0)".to_owned()));
-        legend(root, 74, &entries)?;
-
-        let n = self.bars.len();
-        let label_style = TextStyle::from((FONT, 14).into_font());
+        legend(root, 74, &self.legend())?;
+        // The bars' labels, cut to fit and right-aligned left of the y axis.
+        let label_style = text_style((FONT, 14), &INK, HPos::Right, VPos::Center);
         let max_label = (f64::from(WIDTH) * MAX_LABEL_SHARE) as u32;
         let labels: Vec<String> = self
             .bars
@@ -139,15 +120,13 @@ impl Chart for RatioChart {
             .unwrap_or(0)
             .clamp(40, max_label)
             + 16;
-
         let values = self
             .bars
             .iter()
-            .flat_map(|b| [b.ratio, b.goal.map(|g| g.1)])
-            .flatten();
-        let (x_lo, x_hi) = ratio_range(values);
+            .flat_map(|b| [b.ratio, b.goal.map(|g| g.1)]);
+        let (x_lo, x_hi) = ratio_range(values.flatten());
         // Bar `i` is centred at y = rows - i - 0.5, so the report's first comparison is on top.
-        let rows = n as f64;
+        let rows = self.bars.len() as f64;
         let centre = |i: usize| rows - i as f64 - 0.5;
         let mut chart = ChartBuilder::on(&body)
             .margin(12)
@@ -166,67 +145,48 @@ impl Chart for RatioChart {
             .x_desc("kiln / baseline")
             .label_style((FONT, 14))
             .axis_desc_style((FONT, 15))
-            .light_line_style(RGBColor(240, 240, 240))
-            .bold_line_style(RGBColor(215, 215, 215))
+            .light_line_style(LIGHT_LINE)
+            .bold_line_style(BOLD_LINE)
             .draw()
             .map_err(draw_err)?;
-        // The bars' labels, right-aligned left of the y axis.
-        let label_style = label_style
-            .color(&INK)
-            .pos(Pos::new(HPos::Right, VPos::Center));
         for (i, label) in labels.iter().enumerate() {
             let (x, y) = chart.backend_coord(&(x_lo, centre(i)));
             root.draw_text(label, &label_style, (x - 8, y))
                 .map_err(draw_err)?;
         }
-
         let zero = 0f64.clamp(x_lo, x_hi);
-        chart
-            .draw_series(self.bars.iter().enumerate().filter_map(|(i, b)| {
-                let r = b.ratio?;
-                let c = centre(i);
-                Some(Rectangle::new(
-                    [(zero, c - 0.31), (r, c + 0.31)],
-                    b.verdict.color().filled(),
-                ))
-            }))
-            .map_err(draw_err)?;
+        let bars = self.bars.iter().enumerate().filter_map(|(i, b)| {
+            let (r, c) = (b.ratio?, centre(i));
+            Some(Rectangle::new(
+                [(zero, c - 0.31), (r, c + 0.31)],
+                b.color().filled(),
+            ))
+        });
+        chart.draw_series(bars).map_err(draw_err)?;
         if (x_lo..=x_hi).contains(&1.0) {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    [(1.0, 0.0), (1.0, rows)],
-                    6,
-                    5,
-                    FAINT.stroke_width(2),
-                ))
-                .map_err(draw_err)?;
+            let parity = [(1.0, 0.0), (1.0, rows)];
+            line(&mut chart, &parity, FAINT.stroke_width(2), Some((6, 5)))?;
         }
-        chart
-            .draw_series(self.bars.iter().enumerate().filter_map(|(i, b)| {
-                let (_, g) = b.goal?;
-                let c = centre(i);
-                Some(PathElement::new(
-                    vec![(g, c - 0.42), (g, c + 0.42)],
-                    INK.stroke_width(3),
-                ))
-            }))
-            .map_err(draw_err)?;
-        let value_style = TextStyle::from((FONT, 13).into_font())
-            .color(&INK)
-            .pos(Pos::new(HPos::Left, VPos::Center));
-        chart
-            .draw_series(self.bars.iter().enumerate().map(|(i, b)| {
-                // After the bar, or after the goal's tick if that is further right.
-                let end = match (b.ratio, b.goal) {
-                    (Some(r), Some((_, g))) => r.max(g),
-                    (Some(r), None) => r,
-                    (None, _) => zero,
-                }
-                .max(zero);
-                EmptyElement::at((end, centre(i)))
-                    + Text::new(b.value_text(), (8, 0), value_style.clone())
-            }))
-            .map_err(draw_err)?;
+        let ticks = self.bars.iter().enumerate().filter_map(|(i, b)| {
+            let (g, c) = (b.goal?.1, centre(i));
+            Some(PathElement::new(
+                vec![(g, c - 0.42), (g, c + 0.42)],
+                INK.stroke_width(3),
+            ))
+        });
+        chart.draw_series(ticks).map_err(draw_err)?;
+        let value_style = text_style((FONT, 13), &INK, HPos::Left, VPos::Center);
+        let texts = self.bars.iter().enumerate().map(|(i, b)| {
+            // After the bar, or after the goal's tick if that is further right.
+            let end = match (b.ratio, b.goal) {
+                (Some(r), Some((_, g))) => r.max(g),
+                (Some(r), None) => r,
+                (None, _) => zero,
+            };
+            EmptyElement::at((end.max(zero), centre(i)))
+                + Text::new(b.value_text(), (8, 0), value_style.clone())
+        });
+        chart.draw_series(texts).map_err(draw_err)?;
         Ok(())
     }
 }

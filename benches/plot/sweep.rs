@@ -5,13 +5,13 @@
 use kiln_train::plot::{FONT, clip, fits, tick_label, usable};
 use plotters::coord::Shift;
 use plotters::prelude::*;
-use plotters::style::text_anchor::{HPos, Pos, VPos};
+use plotters::style::text_anchor::{HPos, VPos};
 
 use super::canvas::{
-    Chart, FAINT, PANEL_HEIGHT, Panel, SERIES_COLORS, SWEEP_HEADER, draw_err, header, panel,
-    series_legend,
+    BOLD_LINE, Chart, FAINT, PANEL_HEIGHT, SERIES_COLORS, SWEEP_HEADER, draw_err, header, line,
+    mesh, panel, series_legend, solid_glyph, text_style,
 };
-use super::number;
+use super::{grouped, min_max, number};
 use crate::report::Comparison;
 
 /// The `N` of a `b=N` token in `name`.
@@ -33,7 +33,7 @@ pub fn series_key(name: &str) -> String {
 }
 
 /// One series of a sweep: points `(log2 batch size, value)` for kiln and the baseline.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct SweepSeries {
     key: String,
     baseline_name: String,
@@ -41,61 +41,50 @@ struct SweepSeries {
     baseline: Vec<(f64, f64)>,
 }
 
+impl SweepSeries {
+    /// The series `key` of `rows`: the first baseline name given, and the points sorted by
+    /// batch size, those without a usable batch size or value left out.
+    fn of(key: String, rows: &[&Comparison]) -> Self {
+        let points = |value: fn(&Comparison) -> f64| {
+            let mut points: Vec<(f64, f64)> = rows
+                .iter()
+                .filter_map(|r| {
+                    let x = batch_size(r).map(f64::log2).filter(|x| usable(*x))?;
+                    Some((x, number(value(r))?))
+                })
+                .collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            points
+        };
+        let name = rows
+            .iter()
+            .map(|r| &r.baseline_name)
+            .find(|n| !n.is_empty());
+        Self {
+            key,
+            baseline_name: name.map_or("baseline", String::as_str).to_owned(),
+            kiln: points(|r| r.kiln),
+            baseline: points(|r| r.baseline),
+        }
+    }
+}
+
 /// The sweep's series of one unit.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct SweepPanel {
     unit: String,
     series: Vec<SweepSeries>,
 }
 
-/// Groups the sweep comparisons by unit, then by name without `b=N`, in report order; points
-/// are sorted by batch size, those without a usable batch size or value left out.
+/// Groups the sweep comparisons by unit, then by name without `b=N`, in report order.
 pub fn sweep_panels(rows: &[&Comparison]) -> Vec<SweepPanel> {
-    let mut panels: Vec<SweepPanel> = Vec::new();
-    for row in rows {
-        let p = panels
-            .iter()
-            .position(|p| p.unit == row.unit)
-            .unwrap_or_else(|| {
-                panels.push(SweepPanel {
-                    unit: row.unit.clone(),
-                    series: Vec::new(),
-                });
-                panels.len() - 1
-            });
-        let panel = &mut panels[p];
-        let key = series_key(&row.name);
-        let s = panel
-            .series
-            .iter()
-            .position(|s| s.key == key)
-            .unwrap_or_else(|| {
-                panel.series.push(SweepSeries {
-                    key,
-                    ..SweepSeries::default()
-                });
-                panel.series.len() - 1
-            });
-        let series = &mut panel.series[s];
-        if series.baseline_name.is_empty() {
-            series.baseline_name.clone_from(&row.baseline_name);
-        }
-        let Some(x) = batch_size(row).map(f64::log2).filter(|x| usable(*x)) else {
-            continue;
-        };
-        if let Some(k) = number(row.kiln) {
-            series.kiln.push((x, k));
-        }
-        if let Some(b) = number(row.baseline) {
-            series.baseline.push((x, b));
-        }
-    }
-    for series in panels.iter_mut().flat_map(|p| p.series.iter_mut()) {
-        series.kiln.sort_by(|a, b| a.0.total_cmp(&b.0));
-        series.baseline.sort_by(|a, b| a.0.total_cmp(&b.0));
-        if series.baseline_name.is_empty() {
-            series.baseline_name = "baseline".to_owned();
-        }
+    let mut panels = vec![];
+    for (unit, rows) in grouped(rows, |r| r.unit.clone()) {
+        let series = grouped(&rows, |r| series_key(&r.name)).into_iter();
+        let series = series
+            .map(|(key, rows)| SweepSeries::of(key, &rows))
+            .collect();
+        panels.push(SweepPanel { unit, series });
     }
     panels
 }
@@ -146,49 +135,32 @@ fn batch_size(c: &Comparison) -> Option<f64> {
 /// The x range (log2 batch sizes, a little wider) and y range (from 0, or below the smallest
 /// value when negative, to above the largest) of a panel's points.
 fn panel_ranges(panel: &SweepPanel) -> ((f64, f64), (f64, f64)) {
-    let all = || {
-        panel
-            .series
-            .iter()
-            .flat_map(|s| s.kiln.iter().chain(&s.baseline).copied())
-    };
-    let x = match all().map(|p| p.0).fold(None, |acc: Option<(f64, f64)>, x| {
-        Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
-    }) {
-        Some((lo, hi)) => (lo - 0.3, hi + 0.3),
-        None => (0.0, 1.0),
-    };
-    let (y_min, y_max) = all()
-        .map(|p| p.1)
-        .fold((0f64, 0f64), |(lo, hi), y| (lo.min(y), hi.max(y)));
+    let points: Vec<(f64, f64)> = panel
+        .series
+        .iter()
+        .flat_map(|s| s.kiln.iter().chain(&s.baseline).copied())
+        .collect();
+    let x = min_max(points.iter().map(|p| p.0)).map_or((0.0, 1.0), |(lo, hi)| (lo - 0.3, hi + 0.3));
+    let (y_min, y_max) = points
+        .iter()
+        .fold((0f64, 0f64), |(lo, hi), p| (lo.min(p.1), hi.max(p.1)));
     let y_max = if y_max > y_min { y_max } else { y_min + 1.0 };
     let pad = (y_max - y_min) * 0.12;
-    (
-        x,
-        (if y_min < 0.0 { y_min - pad } else { 0.0 }, y_max + pad),
-    )
+    let y_lo = if y_min < 0.0 { y_min - pad } else { 0.0 };
+    (x, (y_lo, y_max + pad))
 }
 
 fn draw_sweep_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
-    panel_data: &SweepPanel,
+    data: &SweepPanel,
 ) -> crate::Result<()> {
-    let unit = if panel_data.unit.is_empty() {
-        "(no unit)"
-    } else {
-        panel_data.unit.as_str()
-    };
-    let ((x_lo, x_hi), (y_lo, y_hi)) = panel_ranges(panel_data);
+    let unit = Some(data.unit.as_str()).filter(|u| !u.is_empty());
+    let unit = unit.unwrap_or("(no unit)");
+    let ((x_lo, x_hi), (y_lo, y_hi)) = panel_ranges(data);
     let mut chart = panel(area, unit, x_lo..x_hi, y_lo..y_hi)?;
     let octaves = (x_hi - x_lo).ceil() as usize;
-    chart
-        .configure_mesh()
-        .x_desc("batch size (log2 scale)")
-        .y_desc(unit)
-        .label_style((FONT, 13))
-        .axis_desc_style((FONT, 15))
-        .light_line_style(RGBColor(240, 240, 240))
-        .bold_line_style(RGBColor(215, 215, 215))
+    mesh(&mut chart, "batch size (log2 scale)", unit)
+        .bold_line_style(BOLD_LINE)
         .x_labels(octaves.clamp(2, 16) + 1)
         .y_labels(8)
         .max_light_lines(4)
@@ -197,92 +169,51 @@ fn draw_sweep_panel<DB: DrawingBackend>(
         .draw()
         .map_err(draw_err)?;
 
-    let several = panel_data.series.len() > 1;
     let label_style = TextStyle::from((FONT, 13).into_font());
-    let mut any_points = false;
-    for (i, series) in panel_data.series.iter().enumerate() {
+    let fit = |t: &str| clip(t, 60, |t| fits(area, t, &label_style, 320));
+    for (i, series) in data.series.iter().enumerate() {
         let color = SERIES_COLORS[i % SERIES_COLORS.len()];
-        let (kiln_label, base_label) = if several {
+        let (kiln, base) = if data.series.len() > 1 {
+            let key = &series.key;
             (
-                format!("{} · kiln", series.key),
-                format!("{} · {}", series.key, series.baseline_name),
+                format!("{key} · kiln"),
+                format!("{key} · {}", series.baseline_name),
             )
         } else {
             ("kiln".to_owned(), series.baseline_name.clone())
         };
-        let fit = |t: &str| clip(t, 60, |t| fits(area, t, &label_style, 320));
-        any_points |= draw_series(
-            &mut chart,
-            series,
-            color,
-            (fit(&kiln_label), fit(&base_label)),
-        )?;
+        // kiln solid with filled dots, the baseline dashed with open ones.
+        let style = color.stroke_width(2);
+        let sides = [
+            (&series.kiln, None, kiln, color.filled()),
+            (&series.baseline, Some((7, 5)), base, style),
+        ];
+        for (points, dash, label, dot) in sides.into_iter().filter(|s| !s.0.is_empty()) {
+            let series = line(&mut chart, points, style, dash)?.label(fit(&label));
+            if dash.is_none() {
+                series.legend(solid_glyph(color));
+            } else {
+                series.legend(move |(x, y)| {
+                    let dash = |from, to| PathElement::new(vec![(from, 0), (to, 0)], style);
+                    EmptyElement::at((x, y)) + dash(0, 7) + dash(12, 20)
+                });
+            }
+            let dots = points.iter().map(|&p| Circle::new(p, 4, dot));
+            chart.draw_series(dots).map_err(draw_err)?;
+        }
     }
-    if any_points {
+    if data
+        .series
+        .iter()
+        .any(|s| !s.kiln.is_empty() || !s.baseline.is_empty())
+    {
         series_legend(&mut chart, SeriesLabelPosition::UpperLeft, label_style)
     } else {
         let (w, h) = area.dim_in_pixel();
-        let style = TextStyle::from((FONT, 16).into_font())
-            .color(&FAINT)
-            .pos(Pos::new(HPos::Center, VPos::Center));
+        let style = text_style((FONT, 16), &FAINT, HPos::Center, VPos::Center);
         area.draw_text("no data", &style, (w as i32 / 2, h as i32 / 2))
             .map_err(draw_err)
     }
-}
-
-/// Draws one series' kiln line (solid, filled dots) and baseline line (dashed, open dots) with
-/// their legend entries; returns whether it had any points.
-fn draw_series<'a, DB: DrawingBackend + 'a>(
-    chart: &mut Panel<'a, DB>,
-    series: &SweepSeries,
-    color: RGBColor,
-    (kiln_label, base_label): (String, String),
-) -> crate::Result<bool> {
-    if !series.kiln.is_empty() {
-        chart
-            .draw_series(LineSeries::new(
-                series.kiln.iter().copied(),
-                color.stroke_width(2),
-            ))
-            .map_err(draw_err)?
-            .label(kiln_label)
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                series
-                    .kiln
-                    .iter()
-                    .map(|&p| Circle::new(p, 4, color.filled())),
-            )
-            .map_err(draw_err)?;
-    }
-    if !series.baseline.is_empty() {
-        chart
-            .draw_series(DashedLineSeries::new(
-                series.baseline.iter().copied(),
-                7,
-                5,
-                color.stroke_width(2),
-            ))
-            .map_err(draw_err)?
-            .label(base_label)
-            .legend(move |(x, y)| {
-                EmptyElement::at((x, y))
-                    + PathElement::new(vec![(0, 0), (7, 0)], color.stroke_width(2))
-                    + PathElement::new(vec![(12, 0), (20, 0)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(
-                series
-                    .baseline
-                    .iter()
-                    .map(|&p| Circle::new(p, 4, color.stroke_width(2))),
-            )
-            .map_err(draw_err)?;
-    }
-    Ok(!series.kiln.is_empty() || !series.baseline.is_empty())
 }
 
 /// The batch size at log2 position `v` if `v` is a whole number, else nothing (so only powers
