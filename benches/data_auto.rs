@@ -10,6 +10,7 @@ use std::process::Command;
 
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{Result, alternating, median};
+use kiln_train::workers;
 use serde_json::{Value, json};
 
 use crate::run_cli::{kiln_exe, read_summary, remove_dir, run};
@@ -33,19 +34,22 @@ impl Workers {
     }
 }
 
-/// The settings of every run: the MLP on the shards, `epochs` epochs of batch 64 (the
-/// measurement's steps all fall in the first two), no validation, no checkpoints.
-fn sets(threads: usize, epochs: u64, runs: &Path, workers: Workers) -> Vec<String> {
+/// The batch size of every run.
+const BATCH: usize = 64;
+
+/// The settings of every run: the MLP on the shards, `epochs` epochs of batch [`BATCH`], no
+/// validation, no checkpoints.
+fn sets(threads: usize, epochs: u64, runs: &Path, count: Workers) -> Vec<String> {
     vec![
         "model.name=mlp".to_owned(),
-        "train.batch_size=64".to_owned(),
+        format!("train.batch_size={BATCH}"),
         format!("train.epochs={epochs}"),
         "data.val_fraction=0".to_owned(),
         "checkpoint.enabled=false".to_owned(),
         format!("performance.intra_op_threads={threads}"),
         format!("run.output_dir={}", runs.display()),
         "run.name=auto".to_owned(),
-        format!("data.num_workers={}", workers.value()),
+        format!("data.num_workers={}", count.value()),
     ]
 }
 
@@ -73,21 +77,24 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     }))
 }
 
-/// Measures every fixed count and `auto`, alternating, and pushes the row.
+/// Measures every fixed count and `auto` over the `samples` samples in `data`, alternating, and
+/// pushes the row.
 pub fn auto_row(
     out: &mut SuiteOutput,
-    data: &Path,
+    (data, samples): (&Path, usize),
     work: &Path,
-    (repeats, threads, quick): (usize, usize, bool),
+    (repeats, threads): (usize, usize),
 ) -> Result<()> {
     let ceiling = kiln_benches::resolve(&[])?.plan.data.num_workers;
     let ceiling = usize::try_from(ceiling).map_err(|e| e.to_string())?;
-    let mut sides: Vec<Workers> = kiln_train::workers::candidates(ceiling)
+    let mut sides: Vec<Workers> = workers::candidates(ceiling)
         .into_iter()
         .map(Workers::Fixed)
         .collect();
     sides.push(Workers::Auto);
-    let epochs = if quick { 3 } else { 6 };
+    // Enough epochs that the last one comes after the measurement's steps.
+    let measuring = (sides.len() - 1) * (workers::SKIPPED + workers::MEASURED);
+    let epochs = measuring.div_ceil((samples / BATCH).max(1)) as u64 + 1;
     let runs_dir = work.join("auto-runs");
     let runs = alternating(repeats, &sides, |_, w| {
         kiln_run(data, &sets(threads, epochs, &runs_dir, w), &runs_dir).map(Some)
@@ -136,5 +143,5 @@ pub fn auto_row(
     .detail("epochs", json!(epochs))
     .detail("steady_state", json!("the last epoch's samples/s"));
     out.push(row);
-    Ok(())
+    remove_dir(&runs_dir)
 }

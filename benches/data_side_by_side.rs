@@ -525,7 +525,7 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     }
     push_best_rows(&mut suite, &rows);
     let train_repeats = a.repeats_or(if quick { 1 } else { 3 }).max(1);
-    crate::data_auto::auto_row(&mut suite, &dir, &work, (train_repeats, threads, quick))?;
+    crate::data_auto::auto_row(&mut suite, (&dir, samples), &work, (train_repeats, threads))?;
     suite.details = json!({
         "dataset": {"dir": dir, "samples": samples, "sample_shape": SHAPE, "dtype": "f32",
                     "batch_size": BATCH},
