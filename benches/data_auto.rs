@@ -1,9 +1,9 @@
 //! The data suite's `data.num_workers = auto` row: `kiln train` over the suite's shards, whole
 //! training steps of a fixed model (the MLP), with each worker count the measurement would try
 //! (0, 1, 2, 4, … up to the profile's count, capped by the cores) fixed, and with `auto`. The
-//! row compares `auto`'s steady state (the last epoch's samples/s, after its measurement on the
-//! first steps) with the best fixed count's; the details keep every run's figures and the
-//! counts `auto` kept.
+//! row compares `auto`'s steady state (the median samples/s of the last epochs, after its
+//! measurement on the first steps) with the best fixed count's; the details keep every run's
+//! figures and the counts `auto` kept.
 
 use std::path::Path;
 use std::process::Command;
@@ -53,7 +53,14 @@ fn sets(threads: usize, epochs: u64, runs: &Path, count: Workers) -> Vec<String>
     ]
 }
 
-/// One run: its last epoch's samples/s and what `auto` kept (null for a fixed count).
+/// Epochs timed after those the measurement may reach; a run's figure is their median.
+const STEADY_EPOCHS: usize = 3;
+/// What the row's figures are.
+const STEADY: &str = "each run's median samples/s over its last 3 epochs (after auto's \
+    measurement), the median over runs";
+
+/// One run: the median samples/s of its last [`STEADY_EPOCHS`] epochs and what `auto` kept
+/// (null for a fixed count).
 fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     remove_dir(runs)?;
     let mut cmd = Command::new(kiln_exe("data")?);
@@ -65,13 +72,22 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     let (run_dir, summary) = read_summary(runs)?;
     let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .map_err(|e| format!("{}: {e}", run_dir.display()))?;
-    let last_epoch = metrics
+    let epochs: Vec<f64> = metrics
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .rfind(|r| r["kind"] == "epoch")
-        .ok_or_else(|| format!("{}: no epoch record", run_dir.display()))?;
+        .filter(|r| r["kind"] == "epoch")
+        .filter_map(|r| r["samples_per_s"].as_f64())
+        .collect();
+    if epochs.len() < STEADY_EPOCHS {
+        return Err(format!(
+            "{}: fewer than {STEADY_EPOCHS} epochs",
+            run_dir.display()
+        ));
+    }
+    let steady = epochs[epochs.len() - STEADY_EPOCHS..].to_vec();
     Ok(json!({
-        "samples_per_s": last_epoch["samples_per_s"],
+        "samples_per_s": median(steady.clone()),
+        "steady_epochs_samples_per_s": steady,
         "run_samples_per_s": summary["samples_per_s"],
         "num_workers_auto": summary["num_workers_auto"],
     }))
@@ -92,9 +108,9 @@ pub fn auto_row(
         .map(Workers::Fixed)
         .collect();
     sides.push(Workers::Auto);
-    // Enough epochs that the last one comes after the measurement's steps.
+    // Enough epochs that the last few come after the measurement's steps.
     let measuring = (sides.len() - 1) * (workers::SKIPPED + workers::MEASURED);
-    let epochs = measuring.div_ceil((samples / BATCH).max(1)) as u64 + 1;
+    let epochs = (measuring.div_ceil((samples / BATCH).max(1)) + STEADY_EPOCHS) as u64;
     let runs_dir = work.join("auto-runs");
     let runs = alternating(repeats, &sides, |_, w| {
         kiln_run(data, &sets(threads, epochs, &runs_dir, w), &runs_dir).map(Some)
@@ -141,7 +157,7 @@ pub fn auto_row(
     )
     .detail("runs", per_count)
     .detail("epochs", json!(epochs))
-    .detail("steady_state", json!("the last epoch's samples/s"));
+    .detail("steady_state", json!(STEADY));
     out.push(row);
     remove_dir(&runs_dir)
 }
