@@ -271,6 +271,7 @@ const PUBLIC_TRAIN_MODULES: &[&str] = &[
     "record",
     "learner",
     "plot",
+    "workers",
     "TrainError",
 ];
 
