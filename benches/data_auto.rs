@@ -6,14 +6,13 @@
 //! figures and the counts `auto` kept.
 
 use std::path::Path;
-use std::process::Command;
 
 use kiln_benches::report::{Better, Comparison, SuiteOutput};
 use kiln_benches::{Result, alternating, median};
 use kiln_train::workers;
 use serde_json::{Value, json};
 
-use crate::run_cli::{kiln_exe, read_summary, remove_dir, run};
+use crate::run_cli::{kiln_train, read_summary, remove_dir, run};
 
 /// The goal: `auto` keeps at least this share of the best fixed count's samples/s.
 const GOAL: f64 = 0.95;
@@ -63,12 +62,7 @@ const STEADY: &str = "each run's median samples/s over its last 3 epochs (after 
 /// (null for a fixed count).
 fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     remove_dir(runs)?;
-    let mut cmd = Command::new(kiln_exe("data")?);
-    cmd.arg("train").arg("--data").arg(data);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    run(cmd)?;
+    run(kiln_train("data", data, sets)?)?;
     let (run_dir, summary) = read_summary(runs)?;
     let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
         .map_err(|e| format!("{}: {e}", run_dir.display()))?;

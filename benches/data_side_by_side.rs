@@ -316,12 +316,28 @@ impl Side {
         }
     }
 
-    /// Exactly what this side runs at `workers` workers.
-    fn runs(self, workers: usize) -> String {
+    /// What the rows call this DataLoader (the per-item one for kiln's rows of memory).
+    fn label(self) -> &'static str {
+        match self {
+            Side::TorchBatch => "DataLoader with batched fetch (__getitems__)",
+            _ => "PyTorch default (DataLoader, per-item __getitem__)",
+        }
+    }
+
+    /// What the names of rows against this DataLoader end with.
+    fn suffix(self) -> &'static str {
+        match self {
+            Side::TorchBatch => ", vs batched fetch",
+            _ => "",
+        }
+    }
+
+    /// Exactly what this side runs at `workers` workers with `threads` intra-op threads.
+    fn runs(self, workers: usize, threads: usize) -> String {
         let common = format!(
             "batch {BATCH}, shuffle (a global permutation per epoch), samples {SHAPE:?} f32 \
-             converted to f32 and normalized per feature, no pinned memory (CPU), one intra-op \
-             thread in the consumer"
+             converted to f32 and normalized per feature, no pinned memory (CPU), {threads} \
+             intra-op threads in the consumer"
         );
         let torch_workers = if workers == 0 {
             "0 workers (read in the main process)".to_owned()
@@ -332,14 +348,15 @@ impl Side {
         };
         match self {
             Side::Kiln if workers == 0 => format!(
-                "kiln Loader, 0 workers (read inline on the consumer's thread): samples read \
-                 one by one into one buffer per batch, handed over as tensors without a copy; \
+                "kiln Loader, 0 workers (each batch read inline, in {threads} parts on as many \
+                 threads while the consumer waits): each run of consecutive samples of a shard \
+                 read at once into one buffer per batch, handed over as tensors without a copy; \
                  {common}"
             ),
             Side::Kiln => format!(
                 "kiln Loader, {workers} worker threads (persistent, prefetch_factor {PREFETCH} \
-                 batches each): samples read one by one into one buffer per batch, handed over \
-                 as tensors without a copy; {common}"
+                 batches each): each run of consecutive samples of a shard read at once into one \
+                 buffer per batch, handed over as tensors without a copy; {common}"
             ),
             Side::TorchItem => format!(
                 "PyTorch default: torch.utils.data.DataLoader, per-item __getitem__ on a \
@@ -521,7 +538,7 @@ fn compare(a: &SuiteArgs) -> Result<()> {
             Ok(None::<()>)
         })?;
         check_same_data(workers, &m)?;
-        rows.push(push_rows(&mut suite, workers, &m, &idle));
+        rows.push(push_rows(&mut suite, (workers, threads), &m, &idle));
     }
     push_best_rows(&mut suite, &rows);
     let train_repeats = a.repeats_or(if quick { 1 } else { 3 }).max(1);
@@ -556,26 +573,11 @@ fn push_best_rows(suite: &mut SuiteOutput, rows: &[Value]) {
             .unwrap_or((0, f64::NAN))
     };
     let kiln = best(Side::Kiln);
-    for (side, label, goal) in [
-        (
-            Side::TorchItem,
-            "PyTorch default (DataLoader, per-item __getitem__)",
-            2.0,
-        ),
-        (
-            Side::TorchBatch,
-            "DataLoader with batched fetch (__getitems__)",
-            1.5,
-        ),
-    ] {
+    for (side, goal) in [(Side::TorchItem, 2.0), (Side::TorchBatch, 1.5)] {
         let torch = best(side);
-        let suffix = if side == Side::TorchBatch {
-            ", vs batched fetch"
-        } else {
-            ""
-        };
+        let suffix = side.suffix();
         let name = format!("loader steady state, each at its best worker count{suffix}");
-        let baseline = format!("{label}, at its best: {} workers", torch.0);
+        let baseline = format!("{}, at its best: {} workers", side.label(), torch.0);
         let figures = (kiln.1, torch.1);
         let row = Comparison::new(
             "data",
@@ -595,25 +597,23 @@ fn push_best_rows(suite: &mut SuiteOutput, rows: &[Value]) {
 }
 
 /// The rows at one worker count (kiln against each DataLoader variant); returns the figures.
-fn push_rows(suite: &mut SuiteOutput, workers: usize, m: &[Measured], idle: &[Peak]) -> Value {
+fn push_rows(
+    suite: &mut SuiteOutput,
+    (workers, threads): (usize, usize),
+    m: &[Measured],
+    idle: &[Peak],
+) -> Value {
     let breakdown: Vec<Value> = m.iter().map(|s| s.breakdown(workers)).collect();
     let row = |name: String, unit: &str, better, figures, side: Side| {
-        let label = match side {
-            Side::TorchBatch => "DataLoader with batched fetch (__getitems__)",
-            _ => "PyTorch default (DataLoader, per-item __getitem__)",
-        };
-        let setup = json!({"kiln_runs": Side::Kiln.runs(workers),
-                           "baseline_runs": side.runs(workers), "steady_state": STEADY});
-        let baseline = format!("{label}, {workers} workers");
+        let setup = json!({"kiln_runs": Side::Kiln.runs(workers, threads),
+                           "baseline_runs": side.runs(workers, threads), "steady_state": STEADY});
+        let baseline = format!("{}, {workers} workers", side.label());
         Comparison::new("data", "loader", name, unit, better, figures, baseline)
             .detail("workers", json!(workers))
             .detail("setup", setup)
     };
-    for (side, suffix) in [
-        (Side::TorchItem, ""),
-        (Side::TorchBatch, ", vs batched fetch"),
-    ] {
-        let i = side as usize;
+    for side in [Side::TorchItem, Side::TorchBatch] {
+        let (i, suffix) = (side as usize, side.suffix());
         let name = format!("loader steady state (epoch 2), {workers} workers{suffix}");
         let steady = (med(&m[0].steady), med(&m[i].steady));
         let time = json!({"kiln": breakdown[0], "baseline": breakdown[i]});

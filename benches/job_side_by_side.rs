@@ -27,8 +27,8 @@ use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
 use serde_json::json;
 
-use crate::run_cli::{Cli, Measured, exit_on_error, fresh_work_dir, kiln_exe, measured};
-use crate::run_cli::{plan_args, read_summary, remove_dir};
+use crate::run_cli::{Cli, Measured, exit_on_error, fresh_work_dir, kiln_train};
+use crate::run_cli::{measured, plan_args, read_summary, remove_dir};
 
 #[derive(Debug, Subcommand)]
 enum Sub {
@@ -83,14 +83,8 @@ fn write_data(dir: &Path, quick: bool, plan: &RunPlan) -> Result<(PathBuf, PathB
 
 /// One `kiln train` run: the figures of its `summary.json`, with the measured wall time.
 fn kiln_run(data: &Path, sets: &[String], runs: &Path, log: &Path) -> Result<Measured> {
-    let exe = kiln_exe("job")?;
     remove_dir(runs)?;
-    let mut cmd = Command::new(&exe);
-    cmd.arg("train").arg("--data").arg(data);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
-    let mut m = measured(cmd, log)?;
+    let mut m = measured(kiln_train("job", data, sets)?, log)?;
     let (run_dir, s) = read_summary(runs)?;
     m.result = json!({
         "framework": "kiln", "precision": s["precision"], "steps": s["steps"],

@@ -76,6 +76,16 @@ pub fn kiln_exe(suite: &str) -> Result<PathBuf> {
     ))
 }
 
+/// `kiln train --data DATA --set S…` with the release CLI beside this binary, for `suite`.
+pub fn kiln_train(suite: &str, data: &Path, sets: &[String]) -> Result<Command> {
+    let mut cmd = Command::new(kiln_exe(suite)?);
+    cmd.arg("train").arg("--data").arg(data);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    Ok(cmd)
+}
+
 /// The directory of the `kiln train` run under `runs` and its `summary.json`.
 pub fn read_summary(runs: &Path) -> Result<(PathBuf, Value)> {
     let dir = std::fs::read_dir(runs)

@@ -10,13 +10,34 @@
 
 use std::sync::Arc;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use kiln_data::{
-    DType, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
+    DType, Dataset, Loader, LoaderConfig, Normalize, PrepareOptions, PrepareSource, SamplerConfig,
     ShardedDataset, SyntheticClassification, Transformed, prepare, write_npy,
 };
 
 const SAMPLES: usize = 512;
+
+/// Times whole epochs of `loader`, a new epoch each iteration.
+fn bench_epochs<D: Dataset>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: BenchmarkId,
+    mut loader: Loader<D>,
+) {
+    let mut epoch = 0;
+    group.bench_function(id, |b| {
+        b.iter(|| {
+            epoch += 1;
+            loader
+                .epoch(epoch)
+                .map(|batch| batch.expect("batch").indices.len())
+                .sum::<usize>()
+        })
+    });
+}
 
 fn bench_loader(c: &mut Criterion) {
     let dataset = Arc::new(
@@ -32,17 +53,8 @@ fn bench_loader(c: &mut Criterion) {
             prefetch_factor: 2,
             ..LoaderConfig::default()
         };
-        let mut loader = Loader::new(Arc::clone(&dataset), config).expect("loader starts");
-        let mut epoch = 0;
-        group.bench_function(BenchmarkId::new("workers", workers), |b| {
-            b.iter(|| {
-                epoch += 1;
-                loader
-                    .epoch(epoch)
-                    .map(|batch| batch.expect("batch").indices.len())
-                    .sum::<usize>()
-            })
-        });
+        let loader = Loader::new(Arc::clone(&dataset), config).expect("loader starts");
+        bench_epochs(&mut group, BenchmarkId::new("workers", workers), loader);
     }
     group.finish();
 }
@@ -86,20 +98,11 @@ fn bench_shards(c: &mut Criterion) {
             inline_threads,
             ..LoaderConfig::default()
         };
-        let mut loader =
+        let loader =
             Loader::new(Arc::new(Transformed::new(ds, norm)), config).expect("loader starts");
         let reads = if release { "pread" } else { "mapped" };
         let id = BenchmarkId::new(reads, format!("{inline_threads} inline threads"));
-        let mut epoch = 0;
-        group.bench_function(id, |b| {
-            b.iter(|| {
-                epoch += 1;
-                loader
-                    .epoch(epoch)
-                    .map(|batch| batch.expect("batch").indices.len())
-                    .sum::<usize>()
-            })
-        });
+        bench_epochs(&mut group, id, loader);
     }
     group.finish();
 }

@@ -163,20 +163,17 @@ fn read_parts<D: Dataset>(
     };
     let (numel, per) = (dataset.sample_numel(), dataset.target().numel());
     let size = indices.len().div_ceil(pool.current_num_threads());
+    let mut results = vec![Ok(()); indices.len().div_ceil(size)];
     let (mut rest_f, mut rest_t) = (features, targets);
-    let mut parts = vec![];
-    for chunk in indices.chunks(size) {
-        let (f, next_f) = rest_f.split_at_mut(chunk.len() * numel);
-        let (t, next_t) = rest_t.split_at(chunk.len() * per);
-        parts.push((chunk, f, t, Ok(())));
-        (rest_f, rest_t) = (next_f, next_t);
-    }
     pool.scope(|scope| {
-        for (chunk, f, t, result) in &mut parts {
-            scope.spawn(move |_| *result = dataset.read_batch(chunk, f, t.part(0, t.len())));
+        for (chunk, result) in indices.chunks(size).zip(&mut results) {
+            let (f, next_f) = rest_f.split_at_mut(chunk.len() * numel);
+            let (t, next_t) = rest_t.split_at(chunk.len() * per);
+            (rest_f, rest_t) = (next_f, next_t);
+            scope.spawn(move |_| *result = dataset.read_batch(chunk, f, t));
         }
     });
-    parts.into_iter().try_for_each(|(.., result)| result)
+    results.into_iter().collect()
 }
 
 /// The error for a panic while reading `indices`: the batch is read again sample by sample to
@@ -186,11 +183,11 @@ fn name_panic<D: Dataset>(
     indices: &[usize],
     payload: &(dyn std::any::Any + Send),
 ) -> DataError {
-    let spec = dataset.target();
-    let (mut features, mut target) = (vec![0f32; dataset.sample_numel()], spec.batch(1));
+    let mut features = vec![0f32; dataset.sample_numel()];
+    let mut target = dataset.target().batch(1);
     let culprit = indices.iter().copied().find(|&index| {
         catch_unwind(AssertUnwindSafe(|| {
-            dataset.read_sample(index, &mut features, target.slot(0, spec.numel()))
+            dataset.read_sample(index, &mut features, target.all())
         }))
         .is_err()
     });
