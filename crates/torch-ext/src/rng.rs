@@ -10,12 +10,38 @@ use crate::ffi;
 /// threads, tests) never interleave.
 static CPU_GENERATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+thread_local! {
+    /// Whether this thread holds [`CPU_GENERATOR`].
+    static HOLDS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// [`CPU_GENERATOR`] held by this thread until dropped.
+#[derive(Debug)]
+#[must_use = "the generator is held only while the guard lives"]
+pub struct GeneratorGuard {
+    inner: Option<std::sync::MutexGuard<'static, ()>>,
+}
+
+impl Drop for GeneratorGuard {
+    fn drop(&mut self) {
+        if self.inner.take().is_some() {
+            HOLDS.set(false);
+        }
+    }
+}
+
 /// Takes [`CPU_GENERATOR`] (poisoning is ignored: whoever holds it next seeds or restores the
-/// generator anyway).
-pub fn cpu_generator_lock() -> std::sync::MutexGuard<'static, ()> {
-    CPU_GENERATOR
+/// generator anyway). Re-entrant per thread: where this thread holds it already (a run seeding
+/// its weights while its model, being built, checks a compiled program), the guard is a no-op.
+pub fn cpu_generator_lock() -> GeneratorGuard {
+    if HOLDS.get() {
+        return GeneratorGuard { inner: None };
+    }
+    let inner = CPU_GENERATOR
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    HOLDS.set(true);
+    GeneratorGuard { inner: Some(inner) }
 }
 
 /// The default CPU generator's state (a uint8 tensor).
@@ -65,4 +91,29 @@ pub fn set_cuda_rng_state(index: usize, state: &tch::Tensor) -> Result<()> {
     ffi::check("set CUDA RNG state", unsafe {
         ffi::kiln_set_cuda_rng_state(index, ffi::tensor_ptr(state))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether another thread could take the lock now.
+    fn free_elsewhere() -> bool {
+        std::thread::spawn(|| CPU_GENERATOR.try_lock().is_ok())
+            .join()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_generator_lock_is_reentrant_per_thread_and_exclusive_across_threads() {
+        let outer = cpu_generator_lock();
+        let inner = cpu_generator_lock(); // the same thread again: no deadlock
+        drop(inner);
+        assert!(!free_elsewhere(), "the outer guard still holds it");
+        drop(outer);
+        assert!(free_elsewhere());
+        let again = cpu_generator_lock();
+        assert!(!free_elsewhere());
+        drop(again);
+    }
 }
