@@ -394,6 +394,88 @@ fn a_bf16_compiled_step_learns_as_eager_bf16_with_python_torch() {
     );
 }
 
+/// The one cache entry under `cache`.
+fn only_entry(cache: &Path) -> PathBuf {
+    let entries: Vec<PathBuf> = std::fs::read_dir(cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("manifest.json").is_file())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    entries[0].clone()
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
+fn packages_that_compute_otherwise_than_pytorch_are_refused_with_python_torch() {
+    use kiln_train::program::check;
+    use kiln_train::program::compile::{Manifest, Packages};
+    let tmp = tempfile::tempdir().unwrap();
+    let reference = make_programs(tmp.path());
+    let case = &reference["mlp"];
+    let data = prepare(tmp.path(), "classify", &case["x"], &case["y"], true);
+    let (program, runs) = (tmp.path().join("mlp.pt2"), tmp.path().join("runs"));
+    let cache = tmp.path().join("cache");
+    let env = [("KILN_COMPILE_CACHE", cache.to_str().unwrap())];
+    let run = |runs: &Path| {
+        let args = train_args(&program, &data, runs, &["--set", "train.batch_size=16"]);
+        common::kiln_with_env(&args, &env)
+    };
+    let o = run(&runs);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The compile was checked against eager PyTorch, and passed with its figures.
+    let entry = only_entry(&cache);
+    let kept = check::kept(&entry).expect("a verdict beside the packages");
+    assert!(kept.passed, "{}", kept.summary);
+    for part in [
+        "on 8 samples",
+        "train step loss",
+        "gradients",
+        "eval outputs",
+    ] {
+        assert!(
+            kept.summary.contains(part),
+            "`{part}` not in {}",
+            kept.summary
+        );
+    }
+    // Eager's loss moved by 0.1: the same packages now fail the check, and kiln refuses them.
+    let file = entry.join(check::CHECK_FILE);
+    let mut tensors =
+        kiln_train::weights::from_safetensors(&std::fs::read(&file).unwrap(), &file).unwrap();
+    for (name, t) in tensors.iter_mut() {
+        if name == "train.loss" {
+            *t = &*t + 0.1;
+        }
+    }
+    std::fs::write(
+        &file,
+        kiln_train::weights::to_safetensors(&tensors).unwrap(),
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(entry.join("manifest.json")).unwrap();
+    let manifest: Manifest = serde_json::from_str(&text).unwrap();
+    let verdict =
+        check::verify(&entry, &manifest, Packages::TrainAndEval, tch::Device::Cpu).unwrap();
+    assert!(!verdict.passed, "{}", verdict.summary);
+    assert_eq!(check::kept(&entry).as_ref(), Some(&verdict));
+    let refused_runs = tmp.path().join("refused");
+    let o = run(&refused_runs);
+    let err = stderr(&o);
+    assert!(!o.status.success() && !err.contains("panicked"), "{err}");
+    for part in [
+        "do not compute what PyTorch computes",
+        "train step loss",
+        "mlp.pt2",
+    ] {
+        assert!(err.contains(part), "`{part}` not in: {err}");
+    }
+    assert!(err.contains(&entry.display().to_string()), "{err}");
+    let left = refused_runs.exists() && std::fs::read_dir(&refused_runs).unwrap().next().is_some();
+    assert!(!left, "a refused run left a run directory");
+}
+
 /// The share of `held_out` samples whose class `kiln infer` on `ckpt` (fp32) gets right.
 fn held_out_accuracy(dir: &Path, ckpt: &Path, held_out: &Value) -> f64 {
     let out = kiln_infer(dir, ckpt, &held_out["x"]);

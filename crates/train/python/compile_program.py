@@ -493,7 +493,7 @@ def attention_backends(device):
                         SDPBackend.MATH])
 
 
-def compile_train(ep, a, device, dynamic, fixed):
+def compile_train(ep, a, device, dynamic, fixed, checks):
     device_type = device.type
     gm = ep.module().to(device)
     frozen = freeze(gm, a.freeze)
@@ -512,6 +512,7 @@ def compile_train(ep, a, device, dynamic, fixed):
     n_state = len(sig.parameters) + len(sig.buffers)
     path = os.path.join(a.out, "train.pt2")
     export_and_compile(Flat(g), tuple(inputs), (n_state, n_state + 1), path, dynamic)
+    checks["train"] = lambda state, x, y: g(*state, x, y, scale)[n_mut + 1:]
     return {
         "parameters": [n[strip:] for n in sig.parameters],
         "buffers": [n[strip:] for n in sig.buffers],
@@ -521,7 +522,7 @@ def compile_train(ep, a, device, dynamic, fixed):
     }
 
 
-def compile_eval(ep, a, device, dynamic, fixed, manifest, target):
+def compile_eval(ep, a, device, dynamic, fixed, manifest, target, checks):
     """The eval forward: features to the prediction; for an own-loss program in training,
     features and targets to (loss, prediction); for one in inference, its prediction alone."""
     gm = to_eval(ep.module().to(device))
@@ -539,7 +540,9 @@ def compile_eval(ep, a, device, dynamic, fixed, manifest, target):
     args = tuple(state[n].detach() for n in names) + (x,) + extra
     path = os.path.join(a.out, "eval.pt2")
     dynamic_at = tuple(range(len(names), len(names) + 1 + len(extra)))
-    export_and_compile(Functional(step, names), args, dynamic_at, path, dynamic)
+    module = Functional(step, names)
+    export_and_compile(module, args, dynamic_at, path, dynamic)
+    checks["eval"] = lambda state, x, y: module(*state, x, *((y,) if extra else ()))
 
 
 def check_loss_inputs(a, target):
@@ -567,21 +570,22 @@ def check_compiler():
                         "--install) or point CXX at one") from None
 
 
-def compile_packages(ep, a, device, batch, manifest, target):
-    """The train step and the eval forward, as `a.what` asks; the manifest gains their names."""
+def compile_packages(ep, a, device, batch, manifest, target, checks):
+    """The train step and the eval forward, as `a.what` asks; the manifest gains their names,
+    `checks` their eager twins (for `write_check`)."""
     dynamic, fixed = batch
     if a.what in ("train", "both"):
         if a.loss is None:
             raise UserError("loss", "the train step needs --loss")
         log("compiling the train step (forward, loss and backward) with AOTInductor…")
-        manifest.update(compile_train(ep, a, device, dynamic, fixed))
+        manifest.update(compile_train(ep, a, device, dynamic, fixed, checks))
     if a.what in ("eval", "both"):
         if "parameters" not in manifest:
             gm = ep.module()
             manifest["parameters"] = [n for n, _ in gm.named_parameters()]
             manifest["buffers"] = [n for n, _ in gm.named_buffers()]
         log("compiling the eval forward…")
-        compile_eval(ep, a, device, dynamic, fixed, manifest, target)
+        compile_eval(ep, a, device, dynamic, fixed, manifest, target, checks)
 
 
 def compile_all(a):
@@ -618,12 +622,43 @@ def compile_all(a):
         "predicts": target is None or a.output is not None,
     }
     os.makedirs(a.out, exist_ok=True)
+    checks = {}
     with attention_backends(device):
-        compile_packages(ep, a, device, (dynamic, fixed), manifest, target)
+        compile_packages(ep, a, device, (dynamic, fixed), manifest, target, checks)
     names = manifest["parameters"] + manifest["buffers"]
     write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
+    with attention_backends(device):
+        manifest["check_batch"] = write_check(a, device, fixed or CHECK_BATCH,
+                                              [initial[n].to(device) for n in names], checks)
     manifest["compile_s"] = time.time() - started
     return manifest
+
+
+# The batch of the compiled packages' check, for a program with a dynamic batch: not the
+# trace's example batch (3), so the check runs the packages at another size.
+CHECK_BATCH = 8
+
+
+def write_check(a, device, batch, state, checks):
+    """What PyTorch eager computes from the initial weights on one batch, for kiln to check the
+    packages against before it trains with them (crates/train/src/program/check.rs): the
+    batch (`x`, `y`), the train step's loss and gradients (`train.loss`, `train.grad.N` in
+    the manifest's gradient order), the eval forward's outputs (`eval.N`). Random ops draw
+    from the generator seeded with 0, as kiln seeds it for the check. Returns the batch."""
+    x, y = example(a, batch, device)
+    out = {"x": x, "y": y}
+    with torch.no_grad():
+        for what, run in sorted(checks.items()):
+            torch.manual_seed(0)
+            values = run(state, x, y)
+            values = values if isinstance(values, (tuple, list)) else (values,)
+            if what == "train":
+                out["train.loss"] = values[0].detach().float().reshape(1)
+                values = values[2:]
+            for i, v in enumerate(values):
+                out[f"{what}.{i}" if what == "eval" else f"train.grad.{i}"] = v
+    write_safetensors(out, os.path.join(a.out, "check.safetensors"))
+    return batch
 
 
 def state_of(module):

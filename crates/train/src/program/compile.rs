@@ -10,6 +10,9 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use tch::Device;
+
+use super::check;
 use crate::TrainError;
 
 /// The compiler script, written next to the packages it makes when it runs.
@@ -28,8 +31,19 @@ pub enum Packages {
 impl Packages {
     fn files(self) -> &'static [&'static str] {
         match self {
-            Packages::TrainAndEval => &["train.pt2", "eval.pt2", "initial.safetensors"],
-            Packages::Eval => &["eval.pt2", "initial.safetensors"],
+            Packages::TrainAndEval => &[
+                "train.pt2",
+                "eval.pt2",
+                "initial.safetensors",
+                check::CHECK_FILE,
+                check::VERDICT_FILE,
+            ],
+            Packages::Eval => &[
+                "eval.pt2",
+                "initial.safetensors",
+                check::CHECK_FILE,
+                check::VERDICT_FILE,
+            ],
         }
     }
 
@@ -120,6 +134,12 @@ pub struct Manifest {
     /// (loss, prediction); otherwise it returns the prediction alone.
     #[serde(default)]
     pub eval_takes_target: bool,
+    /// The precision the packages compute in (`fp32`, `bf16`, `fp16`).
+    #[serde(default)]
+    pub precision: String,
+    /// The batch the packages were checked on against eager PyTorch ([`check`]).
+    #[serde(default)]
+    pub check_batch: u64,
 }
 
 fn yes() -> bool {
@@ -150,12 +170,18 @@ impl Compiled {
 }
 
 /// The packages for `program` and `key`: from the cache, or compiled now into it (with a line
-/// before and the time after). Only packages under kiln's own cache are ever loaded.
-pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compiled, TrainError> {
+/// before and the time after) and checked against eager PyTorch ([`check`]). Only packages
+/// under kiln's own cache are ever loaded; packages that failed their check are refused.
+pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Compiled, TrainError> {
     let root = cache_root()?;
     let dir = root.join(key.digest());
     let files = key.packages.files();
     if let Some(manifest) = read_manifest(&dir, files) {
+        match check::kept(&dir) {
+            Some(v) if v.passed => {}
+            Some(v) => return Err(refused(program, &manifest, &dir, &v)),
+            None => return Err(refused(program, &manifest, &dir, &unreadable_verdict())),
+        }
         tracing::info!(
             "compiled program: cached at {} (compiled in {:.1} s)",
             dir.display(),
@@ -171,33 +197,78 @@ pub fn compiled(program: &Path, key: &CompileKey, device: &str) -> Result<Compil
     let _ = std::fs::remove_dir_all(&partial);
     std::fs::create_dir_all(&partial).map_err(|e| file_error(&partial, &e))?;
     let started = Instant::now();
+    let device_arg = check::device_name(device);
     tracing::info!(
-        "compiling {} for {device} with AOTInductor ({}; tens of seconds, once per machine: \
+        "compiling {} for {device_arg} with AOTInductor ({}; tens of seconds, once per machine: \
          cached in {})",
         program.display(),
         key.packages.describe(),
         root.display()
     );
-    let result = run_compiler(program, key, device, &partial);
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&partial);
-        return Err(e);
-    }
+    let checked = run_compiler(program, key, &device_arg, &partial).and_then(|()| {
+        let manifest =
+            read_manifest(&partial, &["manifest.json"]).ok_or_else(|| TrainError::File {
+                path: partial.join("manifest.json"),
+                message: "the compiler left no readable manifest".to_owned(),
+            })?;
+        Ok((
+            check::verify(&partial, &manifest, key.packages, device)?,
+            manifest,
+        ))
+    });
+    let (verdict, manifest) = match checked {
+        Ok(pair) => pair,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&partial);
+            return Err(e);
+        }
+    };
     publish(&partial, &dir, files)?;
-    let manifest = read_manifest(&dir, files).ok_or_else(|| TrainError::File {
-        path: dir.join("manifest.json"),
-        message: "the compiler left no readable manifest".to_owned(),
-    })?;
     tracing::info!(
-        "compiled {} in {:.1} s",
+        "compiled {} in {:.1} s; checked {}",
         program.display(),
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        verdict.summary
     );
+    if !verdict.passed {
+        return Err(refused(program, &manifest, &dir, &verdict));
+    }
     Ok(Compiled {
         dir,
         manifest,
         packages: key.packages,
     })
+}
+
+/// What the error for refused packages says (callers that expect a refusal look for it).
+pub const REFUSED: &str = "do not compute what PyTorch computes";
+
+/// The error for packages that computed something else than eager PyTorch.
+fn refused(program: &Path, m: &Manifest, dir: &Path, verdict: &check::Verdict) -> TrainError {
+    let advice = match m.precision.as_str() {
+        "fp32" | "" => String::new(),
+        p => format!(
+            " Training in fp32 (train.amp = none instead of {p}) compiles and checks another \
+             step."
+        ),
+    };
+    TrainError::Model {
+        what: program.display().to_string(),
+        message: format!(
+            "its compiled packages {REFUSED} from it, so kiln will not use them: {}. This is a \
+             fault of the compiler (AOTInductor), not of the program.{advice} The packages and \
+             the verdict are kept in {}.",
+            verdict.summary,
+            dir.display()
+        ),
+    }
+}
+
+fn unreadable_verdict() -> check::Verdict {
+    check::Verdict {
+        passed: false,
+        summary: format!("its {} cannot be read", check::VERDICT_FILE),
+    }
 }
 
 /// Where compiled packages are cached: `KILN_COMPILE_CACHE`, else `<kiln cache>/compiled`.
@@ -448,9 +519,14 @@ mod tests {
         std::fs::write(dir.join("manifest.json"), manifest).unwrap();
         let train = Packages::TrainAndEval.files();
         assert!(read_manifest(dir, train).is_none(), "no packages yet");
-        for f in ["eval.pt2", "initial.safetensors"] {
+        for f in ["eval.pt2", "initial.safetensors", check::CHECK_FILE] {
             std::fs::write(dir.join(f), "x").unwrap();
         }
+        assert!(
+            read_manifest(dir, Packages::Eval.files()).is_none(),
+            "not checked yet"
+        );
+        std::fs::write(dir.join(check::VERDICT_FILE), "x").unwrap();
         assert!(read_manifest(dir, Packages::Eval.files()).is_some());
         assert!(read_manifest(dir, train).is_none(), "no train step yet");
         std::fs::write(dir.join("train.pt2"), "x").unwrap();

@@ -6,6 +6,7 @@
 //! copied back, and kiln's optimizer, scaler, clipping and checkpoints do the rest as for any
 //! model. Validation runs a second package, the program in eval mode.
 
+pub mod check;
 pub mod compile;
 pub mod export;
 pub mod file;
@@ -191,11 +192,7 @@ impl ProgramModel {
         check_input(spec.path, &program, input)?;
         let device = vs.device();
         let key = key_of(packages, spec, input, &program, device)?;
-        let device_arg = match device {
-            Device::Cuda(i) => format!("cuda:{i}"),
-            _ => "cpu".to_owned(),
-        };
-        let compiled = compile::compiled(spec.path, &key, &device_arg)?;
+        let compiled = compile::compiled(spec.path, &key, device)?;
         if compiled.manifest.eval_mode_ops > 0 {
             tracing::warn!(
                 "{} was exported in eval mode: {} dropout or batch-norm op(s) in it are frozen \
