@@ -146,6 +146,15 @@ impl Comparison {
         self
     }
 
+    /// Marks the row as failing its goal (if it has one) whatever its figures, saying `why`
+    /// (`details.fails_because`): its sides do not compute the same thing.
+    pub fn fails_because(mut self, why: String) -> Self {
+        if self.goal.is_some() {
+            self.meets_goal = Some(false);
+        }
+        self.detail(FAILS_BECAUSE, json!(why))
+    }
+
     /// One human line: figures, ratio, goal.
     pub fn line(&self) -> String {
         let goal = match (&self.goal, self.meets_goal) {
@@ -341,10 +350,7 @@ pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
             "kiln and PyTorch do not learn the same thing for the {first} (learning: {row} \
              missed its tolerance), so the speed comparison is not like for like"
         );
-        if c.goal.is_some() {
-            c.meets_goal = Some(false);
-        }
-        *c = c.clone().detail(FAILS_BECAUSE, json!(why));
+        *c = c.clone().fails_because(why);
         marked += 1;
     }
     marked

@@ -34,8 +34,25 @@ const LOSS_TOLERANCE: f64 = 0.02;
 pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let reference = make_reference(ctx)?;
     let program = ctx.dir.join("model.pt2");
-    let [fp32, bf16_compile] = compile_both(&program, &input(&reference)?, ctx.device)?;
+    let mut jobs = vec![
+        (program.clone(), AmpDtype::None),
+        (program.clone(), AmpDtype::Bf16),
+    ];
+    if ctx.cuda() {
+        jobs.push((ctx.dir.join("model_fixed.pt2"), AmpDtype::Bf16));
+    }
+    let mut compiled = compile_all(&jobs, &input(&reference)?, ctx.device).into_iter();
+    let fp32 = compiled.next().context("the fp32 compile")??;
+    let bf16 = compiled.next().context("the bf16 compile")?;
+    let fixed = compiled.next().map(|r| match r {
+        Ok(loaded) => format!("passed ({})", loaded.verdict),
+        Err(e) => format!("refused too: {e:#}"),
+    });
     let (grad_err, worst, hit_s) = check_gradients(ctx, &program, &reference)?;
+    let bf16_compile = match bf16 {
+        Ok(loaded) => loaded,
+        Err(e) => return Ok(refused_bf16(&e, grad_err, &worst, fixed)),
+    };
     let (losses, samples_per_s) = train_bf16(ctx, &program, &reference, false)?;
     let eager: Vec<f64> = serde_json::from_value(reference["losses"].clone())?;
     let graphed = match ctx.cuda() {
@@ -87,6 +104,8 @@ pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
     .figure("compile_fp32_s", fp32.compile_s)
     .figure("compile_bf16_s", bf16_compile.compile_s)
     .figure("compiled_now", fp32.compiled_now && bf16_compile.compiled_now)
+    .figure("bf16_check", json!(bf16_compile.verdict))
+    .figure("bf16_fixed_batch_check", json!(fixed))
     .figure("cache_hit_load_s", hit_s)
     .figure("torch_python", reference["torch"].clone()))
 }
@@ -140,38 +159,74 @@ struct Loaded {
     compile_s: f64,
     /// Whether this step compiled it (else the cache had it).
     compiled_now: bool,
+    /// kiln's check of the packages against eager PyTorch, in words.
+    verdict: String,
 }
 
-/// Compiles the program for cross-entropy in fp32 and in bf16 at once, in two compiler
-/// processes: on a GPU machine the two cold compiles are most of this step's time (75 s and
-/// 65 s one after the other on an H100's 16-core host). Returns them in that order.
-fn compile_both(
-    program: &Path,
+/// Compiles each (program, precision) of `jobs` for cross-entropy at once, in compiler
+/// processes of their own: on a GPU machine the cold compiles are most of this step's time
+/// (75 s and 65 s one after the other on an H100's 16-core host). Returns them in that order;
+/// a compile kiln refused (its check against eager PyTorch failed) is an error.
+fn compile_all(
+    jobs: &[(PathBuf, AmpDtype)],
     input: &InputSpec,
     device: tch::Device,
-) -> anyhow::Result<[Loaded; 2]> {
+) -> Vec<anyhow::Result<Loaded>> {
     std::thread::scope(|s| {
-        let jobs = [AmpDtype::None, AmpDtype::Bf16].map(|precision| {
-            s.spawn(move || -> anyhow::Result<Loaded> {
-                let started = Instant::now();
-                let spec = spec(program, precision)?;
-                let model = ProgramModel::load(&spec, input, &nn::VarStore::new(device))?;
-                let compile_s = model.compiled().manifest.compile_s;
-                Ok(Loaded {
-                    compile_s,
-                    compiled_now: started.elapsed().as_secs_f64() >= compile_s,
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|(program, precision)| {
+                s.spawn(move || -> anyhow::Result<Loaded> {
+                    let started = Instant::now();
+                    let spec = spec(program, *precision)?;
+                    let model = ProgramModel::load(&spec, input, &nn::VarStore::new(device))?;
+                    let compiled = model.compiled();
+                    let verdict = kiln_train::program::check::kept(&compiled.dir)
+                        .map(|v| v.summary)
+                        .unwrap_or_default();
+                    Ok(Loaded {
+                        compile_s: compiled.manifest.compile_s,
+                        compiled_now: started.elapsed().as_secs_f64()
+                            >= compiled.manifest.compile_s,
+                        verdict,
+                    })
                 })
             })
-        });
-        let mut loaded = vec![];
-        for job in jobs {
-            let result = job
-                .join()
-                .map_err(|_| anyhow::anyhow!("a compile thread panicked"))?;
-            loaded.push(result?);
-        }
-        <[Loaded; 2]>::try_from(loaded).map_err(|_| anyhow::anyhow!("two compiles expected"))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a compile thread panicked")))
+            })
+            .collect()
     })
+}
+
+/// The step's outcome where kiln refused the bf16 packages (`error`): the fp32 gradients, the
+/// refusal, and on CUDA what the same program with its batch fixed gave.
+fn refused_bf16(
+    error: &anyhow::Error,
+    grad_err: f64,
+    worst: &str,
+    fixed: Option<String>,
+) -> Outcome {
+    let fixed_text = fixed
+        .as_ref()
+        .map(|f| format!("; the program with its batch fixed (256): {f}"))
+        .unwrap_or_default();
+    Outcome::new(
+        false,
+        format!(
+            "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ \
+             {GRADIENT_TOLERANCE:e}); bf16 refused by kiln's check against eager PyTorch: \
+             {error:#}{fixed_text}"
+        ),
+    )
+    .figure("gradient_max_relative_error", grad_err)
+    .figure("gradient_worst_parameter", worst)
+    .figure("bf16_refused", error.to_string())
+    .figure("bf16_fixed_batch_check", json!(fixed))
 }
 
 /// Loads the program, already compiled, for cross-entropy at `precision` into `vs`: the load's

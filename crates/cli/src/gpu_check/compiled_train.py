@@ -5,7 +5,8 @@ device: each parameter's fp32 gradient of one step (TF32 off), and the per-step 
 full-batch bf16-autocast run with fused AdamW as kiln trains (learning rate 0.003, weight decay
 0.01 on parameters of rank 2 and up, none on the rest, constant schedule).
 
-    compiled_train.py OUT DEVICE STEPS    writes OUT/model.pt2 and OUT/reference.json
+    compiled_train.py OUT DEVICE STEPS    writes OUT/model.pt2 and OUT/reference.json (and on
+                                          CUDA OUT/model_fixed.pt2, its batch fixed)
 
 JSON, not .npy: the Python that runs this need not have numpy.
 """
@@ -93,6 +94,10 @@ def main(out, device, steps):
     model = Classifier().train()
     program = torch.export.export(model, (x[:8],), dynamic_shapes=({0: Dim("batch")},))
     torch.export.save(program, f"{out}/model.pt2")
+    if device.type == "cuda":
+        # The same program with its batch fixed (the whole data set): whether a miscompile of
+        # the dynamic one is about its symbolic batch.
+        torch.export.save(torch.export.export(model, (x,)), f"{out}/model_fixed.pt2")
     on_device = copy.deepcopy(model).to(device)
     xd, yd = x.to(device), y.to(device)
     ref = {
