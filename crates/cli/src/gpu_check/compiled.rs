@@ -34,80 +34,126 @@ const LOSS_TOLERANCE: f64 = 0.02;
 pub fn compiled_train(ctx: &Ctx) -> anyhow::Result<Outcome> {
     let reference = make_reference(ctx)?;
     let program = ctx.dir.join("model.pt2");
+    let compiles = compile_checked(ctx, &program, &reference)?;
+    let gradients = check_gradients(ctx, &program, &reference)?;
+    let bf16 = match compiles.bf16 {
+        Ok(loaded) => loaded,
+        Err(e) if refusal(&e) => return Ok(refused_bf16(&e, &gradients, compiles.fixed)),
+        Err(e) => return Err(e.context("the bf16 compile")),
+    };
+    let learning = learn_bf16(ctx, &program, &reference)?;
+    let loaded = (&compiles.fp32, &bf16, compiles.fixed);
+    outcome(&reference, loaded, &gradients, &learning)
+}
+
+/// The step's compiles: fp32 (which must pass), bf16, and on CUDA bf16 with the batch fixed
+/// (what that one gave, in words).
+struct Compiles {
+    fp32: Loaded,
+    bf16: anyhow::Result<Loaded>,
+    fixed: Option<String>,
+}
+
+fn compile_checked(ctx: &Ctx, program: &Path, reference: &Value) -> anyhow::Result<Compiles> {
     let mut jobs = vec![
-        (program.clone(), AmpDtype::None),
-        (program.clone(), AmpDtype::Bf16),
+        (program.to_owned(), AmpDtype::None),
+        (program.to_owned(), AmpDtype::Bf16),
     ];
     if ctx.cuda() {
         jobs.push((ctx.dir.join("model_fixed.pt2"), AmpDtype::Bf16));
     }
-    let mut compiled = compile_all(&jobs, &input(&reference)?, ctx.device).into_iter();
+    let mut compiled = compile_all(&jobs, &input(reference)?, ctx.device).into_iter();
     let fp32 = compiled.next().context("the fp32 compile")??;
     let bf16 = compiled.next().context("the bf16 compile")?;
     let fixed = compiled.next().map(|r| match r {
         Ok(loaded) => format!("passed ({})", loaded.verdict),
-        Err(e) => format!("refused too: {e:#}"),
+        Err(e) if refusal(&e) => format!("refused: {e:#}"),
+        Err(e) => format!("failed: {e:#}"),
     });
-    let (grad_err, worst, hit_s) = check_gradients(ctx, &program, &reference)?;
-    let bf16_compile = match bf16 {
-        Ok(loaded) => loaded,
-        Err(e) => return Ok(refused_bf16(&e, grad_err, &worst, fixed)),
-    };
-    let (losses, samples_per_s) = train_bf16(ctx, &program, &reference, false)?;
-    let eager: Vec<f64> = serde_json::from_value(reference["losses"].clone())?;
+    Ok(Compiles { fp32, bf16, fixed })
+}
+
+/// The fp32 gradient check: the largest relative error, its parameter, a cache hit's load time.
+type Gradients = (f64, String, f64);
+
+/// The bf16 runs against eager's losses (and on CUDA the run in one CUDA graph).
+struct Learning {
+    losses: Vec<f64>,
+    eager: Vec<f64>,
+    samples_per_s: f64,
+    graphed: Option<(Vec<f64>, f64)>,
+}
+
+fn learn_bf16(ctx: &Ctx, program: &Path, reference: &Value) -> anyhow::Result<Learning> {
+    let (losses, samples_per_s) = train_bf16(ctx, program, reference, false)?;
     let graphed = match ctx.cuda() {
-        true => Some(train_bf16(ctx, &program, &reference, true)?),
+        true => Some(train_bf16(ctx, program, reference, true)?),
         false => None,
     };
-    let (Some(&last), Some(&eager_last)) = (losses.last(), eager.last()) else {
+    Ok(Learning {
+        losses,
+        eager: serde_json::from_value(reference["losses"].clone())?,
+        samples_per_s,
+        graphed,
+    })
+}
+
+/// The step's verdict and figures from its compiles, gradients and bf16 runs.
+fn outcome(
+    reference: &Value,
+    (fp32, bf16, fixed): (&Loaded, &Loaded, Option<String>),
+    (grad_err, worst, hit_s): &Gradients,
+    l: &Learning,
+) -> anyhow::Result<Outcome> {
+    let (Some(&last), Some(&eager_last)) = (l.losses.last(), l.eager.last()) else {
         anyhow::bail!("no steps were logged");
     };
     let final_diff = (last - eager_last).abs();
-    let learned = last < 0.8 * losses[0];
-    let graph_diff = graphed.as_ref().map(|(g, _)| match g.last() {
-        Some(l) if g.len() == STEPS => (l - last).abs(),
+    let graph_diff = l.graphed.as_ref().map(|(g, _)| match g.last() {
+        Some(x) if g.len() == STEPS => (x - last).abs(),
         _ => f64::INFINITY,
     });
-    let pass = grad_err <= GRADIENT_TOLERANCE
-        && losses.len() == STEPS
+    let pass = *grad_err <= GRADIENT_TOLERANCE
+        && l.losses.len() == STEPS
         && final_diff <= LOSS_TOLERANCE
-        && learned
+        && last < 0.8 * l.losses[0]
         && graph_diff.is_none_or(|d| d <= LOSS_TOLERANCE);
-    let graph_text = match (&graphed, graph_diff) {
+    let graph_text = match (&l.graphed, graph_diff) {
         (Some((_, graph_rate)), Some(d)) => format!(
             "; in one CUDA graph (train.cuda_graphs = on): final loss |Δ| {d:.4} from the \
              eager step, {:.2}× its samples/s",
-            graph_rate / samples_per_s
+            graph_rate / l.samples_per_s
         ),
         _ => String::new(),
     };
-    Ok(Outcome::new(
-        pass,
-        format!(
-            "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ {GRADIENT_TOLERANCE:e}); \
-             bf16, {STEPS} full-batch steps: loss {:.4} → {last:.4} vs eager {:.4} → \
-             {eager_last:.4} (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, \
-             {:.1} s bf16, cache hit {:.2} s{graph_text}",
-            losses[0], eager[0], fp32.compile_s, bf16_compile.compile_s, hit_s
-        ),
-    )
-    .figure("graph_bf16_losses", json!(graphed.as_ref().map(|g| &g.0)))
-    .figure("graph_samples_per_s", json!(graphed.as_ref().map(|g| g.1)))
-    .figure("graph_final_loss_abs_diff", json!(graph_diff))
-    .figure("params", reference["params"].clone())
-    .figure("gradient_max_relative_error", grad_err)
-    .figure("gradient_worst_parameter", worst)
-    .figure("bf16_losses", json!(losses))
-    .figure("eager_bf16_losses", json!(eager))
-    .figure("bf16_final_loss_abs_diff", final_diff)
-    .figure("bf16_samples_per_s", samples_per_s)
-    .figure("compile_fp32_s", fp32.compile_s)
-    .figure("compile_bf16_s", bf16_compile.compile_s)
-    .figure("compiled_now", fp32.compiled_now && bf16_compile.compiled_now)
-    .figure("bf16_check", json!(bf16_compile.verdict))
-    .figure("bf16_fixed_batch_check", json!(fixed))
-    .figure("cache_hit_load_s", hit_s)
-    .figure("torch_python", reference["torch"].clone()))
+    let summary = format!(
+        "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ {GRADIENT_TOLERANCE:e}); \
+         bf16, {STEPS} full-batch steps: loss {:.4} → {last:.4} vs eager {:.4} → \
+         {eager_last:.4} (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, \
+         {:.1} s bf16, cache hit {hit_s:.2} s{graph_text}",
+        l.losses[0], l.eager[0], fp32.compile_s, bf16.compile_s
+    );
+    Ok(Outcome::new(pass, summary)
+        .figure("graph_bf16_losses", json!(l.graphed.as_ref().map(|g| &g.0)))
+        .figure(
+            "graph_samples_per_s",
+            json!(l.graphed.as_ref().map(|g| g.1)),
+        )
+        .figure("graph_final_loss_abs_diff", json!(graph_diff))
+        .figure("params", reference["params"].clone())
+        .figure("gradient_max_relative_error", *grad_err)
+        .figure("gradient_worst_parameter", worst.as_str())
+        .figure("bf16_losses", json!(l.losses))
+        .figure("eager_bf16_losses", json!(l.eager))
+        .figure("bf16_final_loss_abs_diff", final_diff)
+        .figure("bf16_samples_per_s", l.samples_per_s)
+        .figure("compile_fp32_s", fp32.compile_s)
+        .figure("compile_bf16_s", bf16.compile_s)
+        .figure("compiled_now", fp32.compiled_now && bf16.compiled_now)
+        .figure("bf16_check", json!(bf16.verdict))
+        .figure("bf16_fixed_batch_check", json!(fixed))
+        .figure("cache_hit_load_s", *hit_s)
+        .figure("torch_python", reference["torch"].clone()))
 }
 
 /// Runs `compiled_train.py` in the provisioned Python (`KILN_PYTHON` on a GPU machine).
@@ -203,14 +249,15 @@ fn compile_all(
     })
 }
 
+/// Whether `e` is kiln refusing packages that failed their check against eager PyTorch.
+fn refusal(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains(kiln_train::program::compile::REFUSED)
+}
+
 /// The step's outcome where kiln refused the bf16 packages (`error`): the fp32 gradients, the
 /// refusal, and on CUDA what the same program with its batch fixed gave.
-fn refused_bf16(
-    error: &anyhow::Error,
-    grad_err: f64,
-    worst: &str,
-    fixed: Option<String>,
-) -> Outcome {
+fn refused_bf16(error: &anyhow::Error, gradients: &Gradients, fixed: Option<String>) -> Outcome {
+    let (grad_err, worst, _) = gradients;
     let fixed_text = fixed
         .as_ref()
         .map(|f| format!("; the program with its batch fixed (256): {f}"))
@@ -223,9 +270,9 @@ fn refused_bf16(
              {error:#}{fixed_text}"
         ),
     )
-    .figure("gradient_max_relative_error", grad_err)
-    .figure("gradient_worst_parameter", worst)
-    .figure("bf16_refused", error.to_string())
+    .figure("gradient_max_relative_error", *grad_err)
+    .figure("gradient_worst_parameter", worst.as_str())
+    .figure("bf16_refused", format!("{error:#}"))
     .figure("bf16_fixed_batch_check", json!(fixed))
 }
 

@@ -36,14 +36,8 @@ impl Packages {
                 "eval.pt2",
                 "initial.safetensors",
                 check::CHECK_FILE,
-                check::VERDICT_FILE,
             ],
-            Packages::Eval => &[
-                "eval.pt2",
-                "initial.safetensors",
-                check::CHECK_FILE,
-                check::VERDICT_FILE,
-            ],
+            Packages::Eval => &["eval.pt2", "initial.safetensors", check::CHECK_FILE],
         }
     }
 
@@ -170,30 +164,66 @@ impl Compiled {
 }
 
 /// The packages for `program` and `key`: from the cache, or compiled now into it (with a line
-/// before and the time after) and checked against eager PyTorch ([`check`]). Only packages
-/// under kiln's own cache are ever loaded; packages that failed their check are refused.
+/// before and the time after), checked against eager PyTorch ([`check`]) before they are used.
+/// Only packages under kiln's own cache are ever loaded; packages that failed their check are
+/// refused.
 pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Compiled, TrainError> {
     let root = cache_root()?;
     let dir = root.join(key.digest());
     let files = key.packages.files();
-    if let Some(manifest) = read_manifest(&dir, files) {
-        match check::kept(&dir) {
-            Some(v) if v.passed => {}
-            Some(v) => return Err(refused(program, &manifest, &dir, &v)),
-            None => return Err(refused(program, &manifest, &dir, &unreadable_verdict())),
-        }
-        tracing::info!(
-            "compiled program: cached at {} (compiled in {:.1} s)",
-            dir.display(),
-            manifest.compile_s
-        );
-        return Ok(Compiled {
-            dir,
-            manifest,
-            packages: key.packages,
-        });
+    let cached = read_manifest(&dir, files);
+    if cached.is_none() {
+        compile_into(program, key, device, &root, &dir)?;
     }
-    let partial = root.join(format!("{}.partial-{}", key.digest(), std::process::id()));
+    // The entry as published (another process may have published it first: its packages and
+    // its verdict are the ones used).
+    let manifest = cached
+        .or_else(|| read_manifest(&dir, files))
+        .ok_or_else(|| {
+            file_message(
+                &dir.join("manifest.json"),
+                "the compiled entry has no readable manifest",
+            )
+        })?;
+    let verdict = match check::kept(&dir) {
+        Some(v) if v.version == check::VERSION => v,
+        // No verdict yet, or one by another check: check the packages (again).
+        _ => check::verify(&dir, &manifest, key.packages, device)?,
+    };
+    if !verdict.passed {
+        return Err(refused(program, key.packages, &manifest, &dir, &verdict));
+    }
+    tracing::info!(
+        "compiled program: cached at {} (compiled in {:.1} s; checked {})",
+        dir.display(),
+        manifest.compile_s,
+        verdict.summary
+    );
+    Ok(Compiled {
+        dir,
+        manifest,
+        packages: key.packages,
+    })
+}
+
+/// Tells a fresh partial directory's name apart from other compiles in this process.
+static PARTIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Compiles `program` for `key` in a partial directory under `root`, checks the packages and
+/// moves them to `dir` (where another compile that finished first wins).
+fn compile_into(
+    program: &Path,
+    key: &CompileKey,
+    device: Device,
+    root: &Path,
+    dir: &Path,
+) -> Result<(), TrainError> {
+    let n = PARTIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = root.join(format!(
+        "{}.partial-{}-{n}",
+        key.digest(),
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&partial);
     std::fs::create_dir_all(&partial).map_err(|e| file_error(&partial, &e))?;
     let started = Instant::now();
@@ -206,50 +236,51 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
         root.display()
     );
     let checked = run_compiler(program, key, &device_arg, &partial).and_then(|()| {
-        let manifest =
-            read_manifest(&partial, &["manifest.json"]).ok_or_else(|| TrainError::File {
-                path: partial.join("manifest.json"),
-                message: "the compiler left no readable manifest".to_owned(),
-            })?;
-        Ok((
-            check::verify(&partial, &manifest, key.packages, device)?,
-            manifest,
-        ))
+        let path = partial.join("manifest.json");
+        let manifest = read_manifest(&partial, &["manifest.json"])
+            .ok_or_else(|| file_message(&path, "the compiler left no readable manifest"))?;
+        check::verify(&partial, &manifest, key.packages, device)
     });
-    let (verdict, manifest) = match checked {
-        Ok(pair) => pair,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&partial);
-            return Err(e);
-        }
-    };
-    publish(&partial, &dir, files)?;
-    tracing::info!(
-        "compiled {} in {:.1} s; checked {}",
-        program.display(),
-        started.elapsed().as_secs_f64(),
-        verdict.summary
-    );
-    if !verdict.passed {
-        return Err(refused(program, &manifest, &dir, &verdict));
+    if let Err(e) = checked {
+        let _ = std::fs::remove_dir_all(&partial);
+        return Err(e);
     }
-    Ok(Compiled {
-        dir,
-        manifest,
-        packages: key.packages,
-    })
+    publish(&partial, dir, key.packages.files())?;
+    tracing::info!(
+        "compiled {} in {:.1} s",
+        program.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn file_message(path: &Path, message: &str) -> TrainError {
+    TrainError::File {
+        path: path.to_owned(),
+        message: message.to_owned(),
+    }
 }
 
 /// What the error for refused packages says (callers that expect a refusal look for it).
 pub const REFUSED: &str = "do not compute what PyTorch computes";
 
 /// The error for packages that computed something else than eager PyTorch.
-fn refused(program: &Path, m: &Manifest, dir: &Path, verdict: &check::Verdict) -> TrainError {
-    let advice = match m.precision.as_str() {
-        "fp32" | "" => String::new(),
-        p => format!(
+fn refused(
+    program: &Path,
+    packages: Packages,
+    m: &Manifest,
+    dir: &Path,
+    verdict: &check::Verdict,
+) -> TrainError {
+    let advice = match (m.precision.as_str(), packages) {
+        ("fp32" | "", _) => String::new(),
+        (p, Packages::TrainAndEval) => format!(
             " Training in fp32 (train.amp = none instead of {p}) compiles and checks another \
              step."
+        ),
+        (p, Packages::Eval) => format!(
+            " Predicting in fp32 (infer.precision = fp32 instead of {p}) compiles and checks \
+             another forward."
         ),
     };
     TrainError::Model {
@@ -261,13 +292,6 @@ fn refused(program: &Path, m: &Manifest, dir: &Path, verdict: &check::Verdict) -
             verdict.summary,
             dir.display()
         ),
-    }
-}
-
-fn unreadable_verdict() -> check::Verdict {
-    check::Verdict {
-        passed: false,
-        summary: format!("its {} cannot be read", check::VERDICT_FILE),
     }
 }
 
@@ -519,14 +543,14 @@ mod tests {
         std::fs::write(dir.join("manifest.json"), manifest).unwrap();
         let train = Packages::TrainAndEval.files();
         assert!(read_manifest(dir, train).is_none(), "no packages yet");
-        for f in ["eval.pt2", "initial.safetensors", check::CHECK_FILE] {
+        for f in ["eval.pt2", "initial.safetensors"] {
             std::fs::write(dir.join(f), "x").unwrap();
         }
         assert!(
             read_manifest(dir, Packages::Eval.files()).is_none(),
-            "not checked yet"
+            "no check data yet"
         );
-        std::fs::write(dir.join(check::VERDICT_FILE), "x").unwrap();
+        std::fs::write(dir.join(check::CHECK_FILE), "x").unwrap();
         assert!(read_manifest(dir, Packages::Eval.files()).is_some());
         assert!(read_manifest(dir, train).is_none(), "no train step yet");
         std::fs::write(dir.join("train.pt2"), "x").unwrap();
