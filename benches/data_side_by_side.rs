@@ -178,7 +178,7 @@ impl EpochRun {
             return Err("class labels expected".to_owned());
         };
         // The batch's buffers become the tensors, as in the trainer's CPU feeder: no copy.
-        let x = kiln_torch_ext::transfer::tensor_from_vec_f32(batch.features, &shape)
+        let x = kiln_torch_ext::transfer::tensor_from_vec_f32(batch.features.into_vec(), &shape)
             .map_err(|e| e.to_string())?;
         let y = kiln_torch_ext::transfer::tensor_from_vec_i64(labels, &shape[..1])
             .map_err(|e| e.to_string())?;

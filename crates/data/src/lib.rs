@@ -5,8 +5,10 @@
 //! class label or a tensor of classes or values of a fixed shape ([`TargetSpec`]).
 //!
 //! Layering: knows nothing of training, and nothing of tensors: a [`Batch`] is plain contiguous
-//! memory that the trainer turns into a tensor at its edge.
+//! memory (the trainer's own, through [`BatchBuffers`], where it provides some) that the trainer
+//! turns into a tensor at its edge.
 
+mod buffers;
 mod csv;
 mod dataset;
 mod dtype;
@@ -21,6 +23,7 @@ mod synthetic;
 mod target;
 mod transform;
 
+pub use buffers::{BatchBuffers, FeatureBuffer, HeapBuffers};
 pub use csv::{CsvDataset, CsvOptions};
 pub use dataset::{Dataset, InMemory, Subset, SyntheticClassification};
 pub use dtype::DType;

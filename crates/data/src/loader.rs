@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam::channel::{self, Receiver, Sender};
 
-use crate::{DataError, Dataset, Position, Sampler, SamplerConfig, TargetSlot, Targets};
+use crate::{
+    BatchBuffers, DataError, Dataset, FeatureBuffer, HeapBuffers, Position, Sampler, SamplerConfig,
+    TargetSlot, Targets,
+};
 
 /// How to batch and feed a dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,8 +56,9 @@ impl Default for LoaderConfig {
 pub struct Batch {
     /// `[batch, sample_shape…]`.
     pub shape: Vec<usize>,
-    /// `shape.iter().product()` values, sample after sample.
-    pub features: Vec<f32>,
+    /// `shape.iter().product()` values, sample after sample, in the memory the loader's
+    /// [`BatchBuffers`] gave.
+    pub features: FeatureBuffer,
     /// The features are integer ids (exact in `f32`) that the model takes as `int64`.
     pub integer_features: bool,
     /// The samples' targets, sample after sample.
@@ -119,12 +123,20 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// there is one; a panic is caught and named.
 fn build_batch<D: Dataset>(
     dataset: &D,
-    number: usize,
-    indices: Vec<usize>,
+    (number, indices): (usize, Vec<usize>),
+    buffers: &dyn BatchBuffers,
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<Batch, DataError> {
     let spec = dataset.target();
-    let mut features = vec![0f32; dataset.sample_numel() * indices.len()];
+    let len = dataset.sample_numel() * indices.len();
+    let mut features = buffers.features(len);
+    if features.len() != len {
+        return Err(DataError::InvalidConfig {
+            key: "buffers",
+            value: format!("a buffer of {} values", features.len()),
+            expected: format!("one of {len} values, as asked for"),
+        });
+    }
     let mut targets = spec.batch(indices.len());
     let read = catch_unwind(AssertUnwindSafe(|| {
         read_parts(dataset, &indices, &mut features, targets.all(), pool)
@@ -219,6 +231,8 @@ pub struct Loader<D: Dataset> {
     workers: Vec<JoinHandle<()>>,
     /// The threads reading inline batches in parts (`inline_threads` > 1, no workers).
     inline_pool: Option<rayon::ThreadPool>,
+    /// Where batches' features are written.
+    buffers: Arc<dyn BatchBuffers>,
     /// The epoch being served; workers skip jobs of an abandoned one.
     generation: Arc<AtomicU64>,
     stats: LoaderStats,
@@ -238,6 +252,15 @@ impl<D: Dataset> std::fmt::Debug for Loader<D> {
 impl<D: Dataset> Loader<D> {
     /// Starts the workers. Errors name the setting at fault.
     pub fn new(dataset: Arc<D>, config: LoaderConfig) -> Result<Self, DataError> {
+        Self::with_buffers(dataset, config, Arc::new(HeapBuffers))
+    }
+
+    /// Like [`Loader::new`], each batch's features written into memory from `buffers`.
+    pub fn with_buffers(
+        dataset: Arc<D>,
+        config: LoaderConfig,
+        buffers: Arc<dyn BatchBuffers>,
+    ) -> Result<Self, DataError> {
         if config.batch_size == 0 {
             return Err(DataError::InvalidConfig {
                 key: "batch_size",
@@ -255,6 +278,7 @@ impl<D: Dataset> Loader<D> {
             replies: channel::never(),
             workers: vec![],
             inline_pool: None,
+            buffers,
             generation: Arc::new(AtomicU64::new(0)),
             stats: LoaderStats::default(),
             started: None,
@@ -284,11 +308,12 @@ impl<D: Dataset> Loader<D> {
         self.jobs = Some(job_tx);
         self.replies = reply_rx;
         for id in 0..self.config.num_workers {
-            let (dataset, jobs, replies, generation) = (
+            let (dataset, jobs, replies, generation, buffers) = (
                 Arc::clone(&self.dataset),
                 job_rx.clone(),
                 reply_tx.clone(),
                 Arc::clone(&self.generation),
+                Arc::clone(&self.buffers),
             );
             let handle = std::thread::Builder::new()
                 .name(format!("kiln-data-{id}"))
@@ -297,7 +322,8 @@ impl<D: Dataset> Loader<D> {
                         if job.generation != generation.load(Ordering::Acquire) {
                             continue; // an abandoned epoch's job
                         }
-                        let batch = build_batch(&*dataset, job.number, job.indices, None);
+                        let job_batch = (job.number, job.indices);
+                        let batch = build_batch(&*dataset, job_batch, &*buffers, None);
                         if replies.send((job.generation, job.number, batch)).is_err() {
                             break;
                         }
@@ -432,8 +458,8 @@ impl<D: Dataset> EpochIter<'_, D> {
         if self.loader.config.num_workers == 0 {
             let number = self.next_yield;
             let indices = std::mem::take(&mut self.batches[number]);
-            let pool = self.loader.inline_pool.as_ref();
-            return build_batch(&*self.loader.dataset, number, indices, pool);
+            let (pool, buffers) = (self.loader.inline_pool.as_ref(), &*self.loader.buffers);
+            return build_batch(&*self.loader.dataset, (number, indices), buffers, pool);
         }
         self.submit()?;
         loop {

@@ -1,13 +1,14 @@
 //! The loader's promises: every sample exactly once per epoch (shuffled or not, across ranks),
 //! reproducible seeded orders, resume, the same batches whatever the worker count (changed
-//! mid-epoch too), errors and panics that name the sample, and bad settings refused.
+//! mid-epoch too), batches written into the memory the consumer provides, errors and panics
+//! that name the sample, and bad settings refused.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use kiln_data::{
-    DataError, Dataset, InMemory, Loader, LoaderConfig, Position, Sampler, SamplerConfig,
-    SyntheticClassification,
+    BatchBuffers, DataError, Dataset, FeatureBuffer, InMemory, Loader, LoaderConfig, Position,
+    Sampler, SamplerConfig, SyntheticClassification,
 };
 
 /// A dataset whose sample i is `[i, i + 0.5]` with label i, so batches show which samples they hold.
@@ -183,6 +184,57 @@ fn inline_batches_read_in_parts_by_several_threads_are_the_same_batches() {
     assert_eq!(one.len(), 22);
     for threads in [2, 3, 16] {
         assert_eq!(batches(threads), one, "{threads} threads");
+    }
+}
+
+/// Hands out memory of its own (a boxed slice of NaNs, not a `Vec`) and records the sizes asked.
+#[derive(Default)]
+struct Counting {
+    asked: Mutex<Vec<usize>>,
+}
+
+impl BatchBuffers for Counting {
+    fn features(&self, len: usize) -> FeatureBuffer {
+        self.asked.lock().unwrap().push(len);
+        let mut block = vec![f32::NAN; len].into_boxed_slice();
+        let ptr = block.as_mut_ptr();
+        // SAFETY: `ptr` points into `block`, which the buffer owns from here on.
+        unsafe { FeatureBuffer::from_raw_parts(ptr, len, Box::new(block)) }
+    }
+}
+
+#[test]
+fn batches_are_written_into_the_memory_the_consumer_provides() {
+    let batches = |workers, inline_threads, buffers: Option<Arc<Counting>>| {
+        let config = LoaderConfig {
+            inline_threads,
+            ..config(10, workers, true)
+        };
+        let mut loader = match buffers {
+            Some(b) => Loader::with_buffers(numbered(103), config, b).unwrap(),
+            None => Loader::new(numbered(103), config).unwrap(),
+        };
+        loader.epoch(0).map(Result::unwrap).collect::<Vec<_>>()
+    };
+    let plain = batches(0, 1, None);
+    for (workers, inline) in [(0, 1), (0, 3), (2, 1)] {
+        let counting = Arc::new(Counting::default());
+        let got = batches(workers, inline, Some(Arc::clone(&counting)));
+        assert_eq!(got, plain, "{workers} workers, {inline} inline threads");
+        let mut asked = counting.asked.lock().unwrap().clone();
+        asked.sort_unstable();
+        assert_eq!(
+            asked,
+            [[6].as_slice(), &[20; 10]].concat(),
+            "one buffer per batch"
+        );
+        for batch in got {
+            let owner = batch.features.into_owner();
+            assert!(
+                owner.downcast::<Box<[f32]>>().is_ok(),
+                "the provider's own memory"
+            );
+        }
     }
 }
 

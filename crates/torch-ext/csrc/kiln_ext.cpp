@@ -312,7 +312,8 @@ char* kiln_dlopen_global(const char* path) {
 // ---- host staging buffers --------------------------------------------------------------
 
 // A new CPU tensor of `shape` and dtype `kind` (0 = float32, 1 = int64) holding a copy of the
-// `bytes` bytes at `data`; in page-locked (pinned) memory when `pinned`, so a later
+// `bytes` bytes at `data` (uninitialized where `data` is null); in page-locked (pinned) memory
+// when `pinned`, so a later
 // non-blocking copy to a CUDA device is truly asynchronous. Pinned memory needs a CUDA device:
 // without one this returns libtorch's error, and the caller falls back to pageable memory.
 char* kiln_host_tensor(const void* data, size_t bytes, const int64_t* shape, size_t ndim,
@@ -324,7 +325,7 @@ char* kiln_host_tensor(const void* data, size_t bytes, const int64_t* shape, siz
   at::Tensor t = at::empty(at::IntArrayRef(shape, ndim), options);
   TORCH_CHECK_VALUE(t.nbytes() == bytes, "host tensor of ", t.nbytes(), " bytes for ", bytes,
                     " bytes of data");
-  if (bytes > 0) std::memcpy(t.data_ptr(), data, bytes);
+  if (bytes > 0 && data != nullptr) std::memcpy(t.data_ptr(), data, bytes);
   *out = new at::Tensor(std::move(t));
   KILN_CATCH
 }

@@ -24,6 +24,21 @@ pub fn host_tensor_f32(data: &[f32], shape: &[i64], pinned: bool) -> Result<Tens
     )
 }
 
+/// A new, uninitialized `f32` CPU tensor of `shape`, in pinned memory when `pinned` (which needs
+/// a CUDA device, as for [`host_tensor_f32`]): a buffer to fill before copying it to a device.
+pub fn host_empty_f32(shape: &[i64], pinned: bool) -> Result<Tensor> {
+    let elements = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(usize::try_from(d).ok()?));
+    let bytes = elements
+        .and_then(|n| n.checked_mul(std::mem::size_of::<f32>()))
+        .ok_or_else(|| Error::InvalidArgument {
+            op: "host_empty_f32",
+            message: format!("shape {shape:?} has a negative or too large dimension"),
+        })?;
+    host_tensor(std::ptr::null(), bytes, shape, 0, pinned)
+}
+
 /// Like [`host_tensor_f32`], for `i64` data (labels, token ids).
 pub fn host_tensor_i64(data: &[i64], shape: &[i64], pinned: bool) -> Result<Tensor> {
     host_tensor(
@@ -49,8 +64,9 @@ fn host_tensor(
         });
     }
     let mut out: *mut c_void = std::ptr::null_mut();
-    // SAFETY: `data` points to `bytes` readable bytes (a live slice) and `shape` to `ndim`
-    // values; the C side checks the sizes agree and writes a new heap tensor to `out`.
+    // SAFETY: `data` is null (nothing is read) or points to `bytes` readable bytes (a live
+    // slice), and `shape` to `ndim` values; the C side checks the sizes agree and writes a new
+    // heap tensor to `out`.
     ffi::check("host_tensor", unsafe {
         ffi::kiln_host_tensor(
             data,

@@ -2,7 +2,7 @@
 //! where a CUDA device is present (and its clean refusal where not), and the CUDA side-stream
 //! copy in an `#[ignore]`d test that `cargo xtask test --cuda` runs.
 
-use kiln_torch_ext::transfer::{copy_to_device, host_tensor_f32, host_tensor_i64};
+use kiln_torch_ext::transfer::{copy_to_device, host_empty_f32, host_tensor_f32, host_tensor_i64};
 use tch::{Device, Kind, Tensor};
 
 fn cuda_present() -> bool {
@@ -19,6 +19,17 @@ fn host_tensors_hold_a_copy_of_the_data_in_the_given_shape() {
     assert_eq!(back, data);
     let labels = host_tensor_i64(&[3, -1, 7], &[3], false).unwrap();
     assert_eq!(Vec::<i64>::try_from(labels).unwrap(), [3, -1, 7]);
+}
+
+#[test]
+fn an_empty_host_tensor_has_its_shape_and_refuses_a_bad_one() {
+    let mut t = host_empty_f32(&[2, 3], false).unwrap();
+    assert_eq!((t.size(), t.kind()), (vec![2, 3], Kind::Float));
+    let _ = t.fill_(1.5);
+    assert_eq!(t.sum(Kind::Double).double_value(&[]), 9.0);
+    assert_eq!(host_empty_f32(&[0], false).unwrap().numel(), 0);
+    let e = host_empty_f32(&[2, -3], false).unwrap_err().to_string();
+    assert!(e.contains("host_empty_f32") && e.contains("[2, -3]"), "{e}");
 }
 
 #[test]

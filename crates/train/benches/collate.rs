@@ -80,7 +80,7 @@ fn bench_to_device(c: &mut Criterion) {
         let host = collate(&mut loader, 1);
         let shape: Vec<i64> = host.shape.iter().map(|&d| d as i64).collect();
         group.throughput(Throughput::Bytes(
-            std::mem::size_of_val(host.features.as_slice()) as u64,
+            std::mem::size_of_val(&*host.features) as u64
         ));
         // The copy alone, from a batch already in pinned memory.
         let pinned = transfer::host_tensor_f32(&host.features, &shape, true).expect("pinned batch");

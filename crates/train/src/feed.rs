@@ -9,7 +9,9 @@
 
 use kiln_config::RunPlan;
 use kiln_config::keys;
-use kiln_data::{Batch, DataError, LoaderConfig, SamplerConfig, Targets};
+use kiln_data::{
+    Batch, BatchBuffers, DataError, FeatureBuffer, LoaderConfig, SamplerConfig, Targets,
+};
 use kiln_device::Device as KilnDevice;
 use kiln_torch_ext::transfer::{self, PendingCopy};
 use tch::{Device, Tensor};
@@ -47,6 +49,47 @@ pub fn tch_device(device: KilnDevice) -> Device {
         KilnDevice::Cpu => Device::Cpu,
         KilnDevice::Cuda(i) => Device::Cuda(i),
         KilnDevice::Mps => Device::Mps,
+    }
+}
+
+/// A block of pinned host memory that [`PinnedBuffers`] lent the loader.
+struct PinnedBlock(Tensor);
+
+/// Pinned host memory for the loader to write batches' features into, so that a CUDA copy
+/// starts from them without another copy on the host: a block from libtorch's caching host
+/// allocator per batch (reused once its copy is done). Where pinned memory cannot be had (no
+/// CUDA), ordinary heap memory, said once.
+#[derive(Debug, Default)]
+pub struct PinnedBuffers {
+    refused: std::sync::OnceLock<String>,
+}
+
+impl PinnedBuffers {
+    /// Why pinned memory was refused, if it was (batches then use heap memory).
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.get().map(String::as_str)
+    }
+}
+
+impl BatchBuffers for PinnedBuffers {
+    fn features(&self, len: usize) -> FeatureBuffer {
+        if self.refused.get().is_none() {
+            match transfer::host_empty_f32(&[len as i64], true) {
+                Ok(block) => {
+                    let ptr = block.data_ptr().cast::<f32>();
+                    // SAFETY: `block` is a new contiguous f32 tensor of `len` values that only
+                    // this buffer reaches; the buffer owns it, so the memory lives as long.
+                    return unsafe {
+                        FeatureBuffer::from_raw_parts(ptr, len, Box::new(PinnedBlock(block)))
+                    };
+                }
+                Err(e) => {
+                    tracing::warn!("pinned batch buffers unavailable, using heap memory: {e}");
+                    let _ = self.refused.set(e.to_string());
+                }
+            }
+        }
+        FeatureBuffer::from_vec(vec![0.0; len])
     }
 }
 
@@ -126,13 +169,19 @@ where
     fn host_tensors(&mut self, batch: &mut Batch) -> Result<(Tensor, Tensor), TrainError> {
         let dims = |d: &[usize]| d.iter().map(|&d| d as i64).collect::<Vec<i64>>();
         let (shape, target_shape) = (dims(&batch.shape), dims(&batch.target_shape));
+        let features = std::mem::take(&mut batch.features);
         if self.pin {
             let targets = || match &batch.targets {
                 Targets::Classes(v) => transfer::host_tensor_i64(v, &target_shape, true),
                 Targets::Values(v) => transfer::host_tensor_f32(v, &target_shape, true),
             };
-            let pinned = transfer::host_tensor_f32(&batch.features, &shape, true)
-                .and_then(|f| Ok((f, targets()?)));
+            // Features the loader wrote into pinned memory (`PinnedBuffers`) are used where they
+            // are (the view shares the block); others are copied into pinned memory.
+            let pinned = match features.owner().downcast_ref::<PinnedBlock>() {
+                Some(block) => block.0.f_view(shape.as_slice()).map_err(TrainError::from),
+                None => transfer::host_tensor_f32(&features, &shape, true).map_err(Into::into),
+            }
+            .and_then(|f| Ok((f, targets()?)));
             match pinned {
                 Ok(t) => return Ok(t),
                 Err(e) => {
@@ -147,7 +196,7 @@ where
             Targets::Values(v) => transfer::tensor_from_vec_f32(v, &target_shape)?,
         };
         Ok((
-            transfer::tensor_from_vec_f32(std::mem::take(&mut batch.features), &shape)?,
+            transfer::tensor_from_vec_f32(features.into_vec(), &shape)?,
             targets,
         ))
     }

@@ -7,7 +7,7 @@ use kiln_config::{ConfigRequest, Machine, load, simulated_machine};
 use kiln_data::{DataError, Dataset, Loader, SamplerConfig, SyntheticClassification};
 use kiln_device::CpuFacts;
 use kiln_profiles::ProfileSet;
-use kiln_train::feed::{DeviceFeeder, loader_config};
+use kiln_train::feed::{DeviceFeeder, PinnedBuffers, loader_config};
 use tch::{Device, Kind};
 
 fn cpu(cores: usize) -> CpuFacts {
@@ -99,7 +99,7 @@ fn the_cpu_feeder_yields_every_batch_in_order_with_its_data_one_ahead() {
 fn a_failing_batch_reaches_the_consumer_after_the_good_ones() {
     let good = |n: usize| kiln_data::Batch {
         shape: vec![1, 2],
-        features: vec![n as f32, 0.0],
+        features: vec![n as f32, 0.0].into(),
         integer_features: false,
         targets: kiln_data::Targets::Classes(vec![0]),
         target_shape: vec![1],
@@ -134,26 +134,74 @@ fn on_cuda_batches_arrive_pinned_and_intact() {
         num_workers: 2,
         ..kiln_data::LoaderConfig::default()
     };
-    let mut loader = Loader::new(Arc::clone(&ds), config).unwrap();
-    let mut feeder = DeviceFeeder::new(loader.epoch(0), Device::Cuda(0));
-    let mut buf = vec![0f32; 64 * 64];
-    let mut batches = 0;
-    for batch in feeder.by_ref() {
-        let batch = batch.unwrap();
-        assert_eq!(batch.features.device(), Device::Cuda(0));
-        let last = *batch.indices.last().unwrap();
-        ds.read(last, &mut buf).unwrap();
-        let k = batch.indices.len() as i64 - 1;
-        let want: f64 = buf.iter().map(|v| f64::from(*v)).sum();
-        let got = batch.features.get(k).sum(Kind::Double).double_value(&[]);
-        assert!(
-            (got - want).abs() < 1e-3 * want.abs().max(1.0),
-            "{got} vs {want}"
-        );
-        batches += 1;
+    // Batches in the loader's own memory (copied into pinned memory by the feeder), and
+    // batches the loader wrote into pinned memory in the first place.
+    let pinned = Arc::new(PinnedBuffers::default());
+    let loaders = [
+        Loader::new(Arc::clone(&ds), config).unwrap(),
+        Loader::with_buffers(Arc::clone(&ds), config, pinned.clone()).unwrap(),
+    ];
+    for mut loader in loaders {
+        let mut feeder = DeviceFeeder::new(loader.epoch(0), Device::Cuda(0));
+        let mut buf = vec![0f32; 64 * 64];
+        let mut batches = 0;
+        for batch in feeder.by_ref() {
+            let batch = batch.unwrap();
+            assert_eq!(batch.features.device(), Device::Cuda(0));
+            let last = *batch.indices.last().unwrap();
+            ds.read(last, &mut buf).unwrap();
+            let k = batch.indices.len() as i64 - 1;
+            let want: f64 = buf.iter().map(|v| f64::from(*v)).sum();
+            let got = batch.features.get(k).sum(Kind::Double).double_value(&[]);
+            assert!(
+                (got - want).abs() < 1e-3 * want.abs().max(1.0),
+                "{got} vs {want}"
+            );
+            batches += 1;
+        }
+        assert!(feeder.pinned(), "{:?}", feeder.unpinned_because());
+        assert_eq!(batches, 10);
     }
-    assert!(feeder.pinned(), "{:?}", feeder.unpinned_because());
-    assert_eq!(batches, 10);
+    assert_eq!(pinned.refused(), None, "pinned batch buffers were refused");
+}
+
+#[test]
+fn pinned_buffers_give_the_same_batches_and_without_cuda_say_why_they_are_heap_memory() {
+    let cuda = kiln_torch_ext::cuda::device_count().unwrap_or(0) > 0;
+    let ds = Arc::new(SyntheticClassification::new(50, vec![2, 3], 4, 7, 0.1).unwrap());
+    let config = kiln_data::LoaderConfig {
+        batch_size: 8,
+        ..kiln_data::LoaderConfig::default()
+    };
+    let pinned = Arc::new(PinnedBuffers::default());
+    let mut plain = Loader::new(Arc::clone(&ds), config).unwrap();
+    let mut with = Loader::with_buffers(Arc::clone(&ds), config, pinned.clone()).unwrap();
+    let a: Vec<_> = plain.epoch(0).map(Result::unwrap).collect();
+    let b: Vec<_> = with.epoch(0).map(Result::unwrap).collect();
+    assert_eq!(a, b);
+    assert_eq!(pinned.refused().is_some(), !cuda, "{:?}", pinned.refused());
+}
+
+#[test]
+fn on_the_cpu_a_batch_becomes_a_tensor_over_its_own_memory() {
+    let values = vec![1.0f32, 2.0, 3.0, 4.0];
+    let at = values.as_ptr() as usize;
+    let batch = kiln_data::Batch {
+        shape: vec![2, 2],
+        features: values.into(),
+        integer_features: false,
+        targets: kiln_data::Targets::Classes(vec![0, 1]),
+        target_shape: vec![2],
+        indices: vec![0, 1],
+        number: 0,
+    };
+    let mut feeder = DeviceFeeder::new(std::iter::once(Ok(batch)), Device::Cpu);
+    let fed = feeder.next().unwrap().unwrap();
+    assert_eq!(fed.features.data_ptr() as usize, at, "no copy on the CPU");
+    assert_eq!(
+        Vec::<f32>::try_from(fed.features.flatten(0, -1)).unwrap(),
+        [1.0, 2.0, 3.0, 4.0]
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@ fn batches() -> impl Iterator<Item = Result<Batch, DataError>> {
     (0..BATCHES).map(|number| {
         Ok(Batch {
             shape: vec![BATCH, FEATURES],
-            features: vec![0.5; BATCH * FEATURES],
+            features: vec![0.5; BATCH * FEATURES].into(),
             integer_features: false,
             targets: Targets::Classes(vec![1; BATCH]),
             target_shape: vec![BATCH],

@@ -3,6 +3,7 @@
 //! log every `log_interval` steps; checkpoint every `checkpoint.every_steps` or when asked to
 //! stop; validate and checkpoint at the end of the epoch; summarise.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -18,7 +19,7 @@ use super::{
 };
 use crate::TrainError;
 use crate::checkpoint::{self, RunningSums};
-use crate::feed::DeviceFeeder;
+use crate::feed::{DeviceFeeder, PinnedBuffers};
 use crate::metrics::{MetricKind, MetricValues, Tally};
 use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
@@ -104,7 +105,13 @@ impl Trainer<'_> {
                 .map_or(data.loader.num_workers, WorkerTuner::first),
             ..data.loader
         };
-        let train = Loader::new(data.train, first)?;
+        // On CUDA the loader writes each batch into pinned memory the copy starts from.
+        let train = match self.device {
+            Device::Cuda(_) => {
+                Loader::with_buffers(data.train, first, Arc::new(PinnedBuffers::default()))?
+            }
+            _ => Loader::new(data.train, first)?,
+        };
         let val = match data.val.filter(|v| !v.is_empty()) {
             Some(v) => Some(Loader::new(v, validation_loader(data.loader))?),
             None => None,
