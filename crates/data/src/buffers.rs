@@ -59,15 +59,11 @@ impl FeatureBuffer {
     /// The values as a `Vec`, without a copy where the buffer is one.
     pub fn into_vec(self) -> Vec<f32> {
         let Self { ptr, len, owner } = self;
-        // SAFETY: `ptr` is valid for `len` values while the owner lives, and it lives here.
-        let copy = |owner: &dyn Any| {
-            let _alive = owner;
-            unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) }.to_vec()
-        };
         match owner.downcast::<Vec<f32>>() {
             Ok(values) if values.as_ptr() == ptr.as_ptr() && values.len() == len => *values,
-            Ok(values) => copy(&values),
-            Err(owner) => copy(&owner),
+            // SAFETY: `ptr` is valid for `len` values while the owner lives, and `_owner`
+            // holds it until the copy is made.
+            _owner => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) }.to_vec(),
         }
     }
 }

@@ -123,7 +123,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// there is one; a panic is caught and named.
 fn build_batch<D: Dataset>(
     dataset: &D,
-    (number, indices): (usize, Vec<usize>),
+    number: usize,
+    indices: Vec<usize>,
     buffers: &dyn BatchBuffers,
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<Batch, DataError> {
@@ -322,8 +323,8 @@ impl<D: Dataset> Loader<D> {
                         if job.generation != generation.load(Ordering::Acquire) {
                             continue; // an abandoned epoch's job
                         }
-                        let job_batch = (job.number, job.indices);
-                        let batch = build_batch(&*dataset, job_batch, &*buffers, None);
+                        let batch =
+                            build_batch(&*dataset, job.number, job.indices, &*buffers, None);
                         if replies.send((job.generation, job.number, batch)).is_err() {
                             break;
                         }
@@ -459,7 +460,7 @@ impl<D: Dataset> EpochIter<'_, D> {
             let number = self.next_yield;
             let indices = std::mem::take(&mut self.batches[number]);
             let (pool, buffers) = (self.loader.inline_pool.as_ref(), &*self.loader.buffers);
-            return build_batch(&*self.loader.dataset, (number, indices), buffers, pool);
+            return build_batch(&*self.loader.dataset, number, indices, buffers, pool);
         }
         self.submit()?;
         loop {

@@ -652,11 +652,12 @@ def write_check(a, device, batch, state, checks):
             torch.manual_seed(0)
             values = run(state, x, y)
             values = values if isinstance(values, (tuple, list)) else (values,)
+            prefix = what
             if what == "train":
-                out["train.loss"] = values[0].detach().float().reshape(1)
-                values = values[2:]
+                out["train.loss"] = values[0].float().reshape(1)
+                values, prefix = values[2:], "train.grad"
             for i, v in enumerate(values):
-                out[f"{what}.{i}" if what == "eval" else f"train.grad.{i}"] = v
+                out[f"{prefix}.{i}"] = v
     write_safetensors(out, os.path.join(a.out, "check.safetensors"))
     return batch
 

@@ -10,7 +10,8 @@
 use kiln_config::RunPlan;
 use kiln_config::keys;
 use kiln_data::{
-    Batch, BatchBuffers, DataError, FeatureBuffer, LoaderConfig, SamplerConfig, Targets,
+    Batch, BatchBuffers, DataError, FeatureBuffer, HeapBuffers, LoaderConfig, SamplerConfig,
+    Targets,
 };
 use kiln_device::Device as KilnDevice;
 use kiln_torch_ext::transfer::{self, PendingCopy};
@@ -89,7 +90,7 @@ impl BatchBuffers for PinnedBuffers {
                 }
             }
         }
-        FeatureBuffer::from_vec(vec![0.0; len])
+        HeapBuffers.features(len)
     }
 }
 

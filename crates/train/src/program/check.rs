@@ -122,11 +122,10 @@ fn compare(
     let tol = Tolerance::for_precision(&manifest.precision);
     let mut findings = vec![];
     if packages == Packages::TrainAndEval {
-        let package = Package::load(&dir.join("train.pt2"), device, train_outputs(manifest))?;
+        let package = Package::load(&dir.join("train.pt2"), device, manifest.train_outputs())?;
         findings.extend(check_train(package, manifest, &state, &eager, tol)?);
     }
-    let outputs = if manifest.eval_takes_target { 2 } else { 1 };
-    let package = Package::load(&dir.join("eval.pt2"), device, outputs)?;
+    let package = Package::load(&dir.join("eval.pt2"), device, manifest.eval_outputs())?;
     findings.push(check_eval(package, manifest, &state, &eager, tol)?);
     Ok(findings)
 }
@@ -151,10 +150,6 @@ fn precision_name(precision: &str) -> &str {
     } else {
         precision
     }
-}
-
-fn train_outputs(m: &Manifest) -> usize {
-    3 + m.mutated_buffers.len() + m.parameters.len()
 }
 
 /// One package's comparison.

@@ -136,6 +136,20 @@ pub struct Manifest {
     pub check_batch: u64,
 }
 
+impl Manifest {
+    /// The train package's outputs: the mutated buffers, (scaled loss, loss, prediction), then
+    /// a gradient per parameter (fewer where parameters are frozen).
+    pub fn train_outputs(&self) -> usize {
+        3 + self.mutated_buffers.len() + self.parameters.len()
+    }
+
+    /// The eval package's outputs: (loss, prediction) where it takes the target, else the
+    /// prediction.
+    pub fn eval_outputs(&self) -> usize {
+        if self.eval_takes_target { 2 } else { 1 }
+    }
+}
+
 fn yes() -> bool {
     true
 }

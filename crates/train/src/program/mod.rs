@@ -247,17 +247,15 @@ impl ProgramModel {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let device = vs.device();
-        let outputs = 3 + mutated.len() + params.len();
         let train = match compiled.packages {
             Packages::TrainAndEval => Some(Mutex::new(Package::load(
                 &compiled.train_package(),
                 device,
-                outputs,
+                m.train_outputs(),
             )?)),
             Packages::Eval => None,
         };
-        let eval_outputs = if m.eval_takes_target { 2 } else { 1 };
-        let eval = Package::load(&compiled.eval_package(), device, eval_outputs)?;
+        let eval = Package::load(&compiled.eval_package(), device, m.eval_outputs())?;
         Ok(Self {
             path: path.to_owned(),
             compiled,
