@@ -155,7 +155,7 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum DataAction {
     /// Write CSV or .npy data as memory-mapped shards with a kiln-dataset.json manifest.
-    Prepare(PrepareArgs),
+    Prepare(Box<PrepareArgs>),
     /// Open a dataset directory, check every shard against its manifest, and summarize it.
     Inspect {
         /// The dataset directory (holds kiln-dataset.json).
@@ -167,7 +167,7 @@ pub enum DataAction {
 
 /// Where `kiln data prepare` reads from and what it writes.
 #[derive(Debug, Clone, Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["csv", "features"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["csv", "features", "target"])))]
 #[command(group(clap::ArgGroup::new("npy_target").args(["labels", "targets"])))]
 pub struct PrepareArgs {
     /// A CSV file with a header row: numeric feature columns and a label column (or target
@@ -206,8 +206,22 @@ pub struct PrepareArgs {
     /// (regression [H], multi-label [C] of 0/1).
     #[arg(long, value_name = "FILE", requires = "features")]
     pub targets: Option<PathBuf>,
-    /// The number of classes of integer --targets (default: the largest class + 1).
-    #[arg(long, value_name = "N", requires = "targets")]
+    /// A named input array, NAME=FILE.npy of [samples, …] (any per-sample shape, [samples] for
+    /// one value), kept in its element type; repeat it for each input, and give --target.
+    /// Names are letters, digits and _, and become the model's input names.
+    #[arg(
+        long = "array",
+        value_name = "NAME=FILE",
+        conflicts_with_all = ["csv", "features"],
+        requires = "target"
+    )]
+    pub arrays: Vec<String>,
+    /// The named target array with --array, NAME=FILE.npy: integer classes or real values, as
+    /// for --targets.
+    #[arg(long, value_name = "NAME=FILE", conflicts_with_all = ["csv", "features"])]
+    pub target: Option<String>,
+    /// The number of classes of integer --targets or --target (default: the largest class + 1).
+    #[arg(long, value_name = "N")]
     pub classes: Option<usize>,
     /// The --features are integer ids (token ids) that reach the model as int64; they must be
     /// an integer array with every value within ±2^24. Without it integer features (u8 pixels)

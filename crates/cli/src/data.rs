@@ -18,7 +18,11 @@ pub fn run(action: DataAction) -> anyhow::Result<ExitCode> {
 }
 
 fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
+    if args.classes.is_some() && args.targets.is_none() && args.target.is_none() {
+        anyhow::bail!("--classes counts the classes of --targets or --target; give one of them");
+    }
     let source = match (&args.csv, &args.features, &args.labels, &args.targets) {
+        _ if args.target.is_some() => arrays_source(args)?,
         (Some(csv), None, None, None) => csv_source(csv, args)?,
         (None, Some(features), Some(labels), None) => PrepareSource::Npy {
             features: features.clone(),
@@ -30,7 +34,8 @@ fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
             classes: args.classes,
         },
         _ => anyhow::bail!(
-            "give either --csv FILE, or --features FILE with --labels FILE or --targets FILE"
+            "give either --csv FILE, or --features FILE with --labels FILE or --targets FILE, or \
+             --array NAME=FILE (for each input) with --target NAME=FILE"
         ),
     };
     let options = PrepareOptions {
@@ -45,6 +50,39 @@ fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
         kiln_data::prepare(&source, &args.out, &options).context("kiln data prepare failed")?;
     report(&args.out, &manifest, args.format, "wrote")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--array NAME=FILE … --target NAME=FILE`.
+fn arrays_source(args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
+    let target = args.target.as_deref().unwrap_or_default();
+    if args.arrays.is_empty() {
+        anyhow::bail!(
+            "--target {target} needs the input arrays: give --array NAME=FILE for each input"
+        );
+    }
+    let inputs = args
+        .arrays
+        .iter()
+        .map(|a| named_file("--array", a))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(PrepareSource::Arrays {
+        inputs,
+        target: named_file("--target", target)?,
+        classes: args.classes,
+    })
+}
+
+/// `NAME=FILE` of option `flag`.
+fn named_file(flag: &str, value: &str) -> anyhow::Result<(String, std::path::PathBuf)> {
+    match value.split_once('=') {
+        Some((name, file)) if !name.is_empty() && !file.is_empty() => {
+            Ok((name.to_owned(), file.into()))
+        }
+        _ => anyhow::bail!(
+            "{flag} `{value}` is not NAME=FILE: give the array's name, `=`, and its .npy file \
+             (e.g. {flag} encoder_cont=encoder_cont.npy)"
+        ),
+    }
 }
 
 fn csv_source(csv: &Path, args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
@@ -93,7 +131,7 @@ fn report(dir: &Path, m: &Manifest, format: Format, verb: &str) -> anyhow::Resul
             let bytes: u64 = m
                 .shards
                 .iter()
-                .flat_map(|s| [&s.features, &s.targets])
+                .flat_map(|s| s.files.values())
                 .collect::<std::collections::BTreeSet<_>>()
                 .into_iter()
                 .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
@@ -101,11 +139,26 @@ fn report(dir: &Path, m: &Manifest, format: Format, verb: &str) -> anyhow::Resul
                 .sum();
             println!("{verb} {}", dir.display());
             println!("  samples   {}", m.samples);
-            let ids = if m.features.ids { " (integer ids)" } else { "" };
-            println!(
-                "  features  {} {:?} per sample{ids}",
-                m.features.dtype, m.features.shape
-            );
+            match &m.inputs[..] {
+                [f] if f.name == kiln_data::FEATURES_TENSOR => {
+                    let ids = if f.ids { " (integer ids)" } else { "" };
+                    println!("  features  {} {:?} per sample{ids}", f.dtype, f.shape);
+                }
+                inputs => {
+                    for a in inputs {
+                        let to = a.dtype.model();
+                        let reaches = if to == a.dtype {
+                            String::new()
+                        } else {
+                            format!(", reaching the model as {to}")
+                        };
+                        println!(
+                            "  input     {}: {} {:?} per sample{reaches}",
+                            a.name, a.dtype, a.shape
+                        );
+                    }
+                }
+            }
             println!("  target    {}", describe_target(&m.target));
             println!(
                 "  shards    {} ({:.1} MiB on disk)",
@@ -135,8 +188,12 @@ fn describe_target(t: &StoredTarget) -> String {
         }
         None => String::new(),
     };
+    let name = match t.name() {
+        kiln_data::TARGETS_TENSOR | kiln_data::LABELS_TENSOR => String::new(),
+        name => format!(" (array `{name}`)"),
+    };
     format!(
-        "{}: {}{shape}{classes}",
+        "{}{name}: {}{shape}{classes}",
         t.task.name().replace('_', " "),
         t.dtype
     )

@@ -17,11 +17,13 @@ pub enum DType {
     I16,
     I8,
     U8,
+    /// Booleans, one byte each (0 or 1): masks.
+    Bool,
 }
 
 impl DType {
     /// Every type, in the order error messages list them.
-    pub const ALL: [DType; 9] = [
+    pub const ALL: [DType; 10] = [
         DType::F32,
         DType::F16,
         DType::Bf16,
@@ -31,6 +33,7 @@ impl DType {
         DType::I16,
         DType::I32,
         DType::I64,
+        DType::Bool,
     ];
 
     /// Bytes per element.
@@ -39,7 +42,7 @@ impl DType {
             DType::F64 | DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::F16 | DType::Bf16 | DType::I16 => 2,
-            DType::I8 | DType::U8 => 1,
+            DType::I8 | DType::U8 | DType::Bool => 1,
         }
     }
 
@@ -55,6 +58,7 @@ impl DType {
             DType::I16 => "i16",
             DType::I8 => "i8",
             DType::U8 => "u8",
+            DType::Bool => "bool",
         }
     }
 
@@ -64,6 +68,45 @@ impl DType {
             self,
             DType::I64 | DType::I32 | DType::I16 | DType::I8 | DType::U8
         )
+    }
+
+    /// The type a named array of this type reaches the model as: floating types keep theirs
+    /// but `f64`, which becomes `f32`; integers become `i64` (ids, categories, lengths);
+    /// booleans stay booleans (masks).
+    pub fn model(self) -> DType {
+        match self {
+            DType::F64 => DType::F32,
+            d if d.is_integer() => DType::I64,
+            d => d,
+        }
+    }
+
+    /// Converts `bytes` (elements of this type, little-endian) into `out`, elements of
+    /// [`DType::model`] in the machine's byte order. `out.len()` must be
+    /// `bytes.len() / self.size() * self.model().size()`.
+    pub fn to_model(self, bytes: &[u8], out: &mut [u8]) {
+        let to = self.model();
+        debug_assert_eq!(out.len(), bytes.len() / self.size() * to.size());
+        match (self, to) {
+            (DType::Bool, _) => {
+                for (o, b) in out.iter_mut().zip(bytes) {
+                    *o = u8::from(*b != 0);
+                }
+            }
+            _ if self == to && cfg!(target_endian = "little") => out.copy_from_slice(bytes),
+            (_, DType::F32) => self.to_f32(bytes, bytemuck::cast_slice_mut(out)),
+            (_, DType::I64) => {
+                for (o, b) in out.chunks_exact_mut(8).zip(bytes.chunks_exact(self.size())) {
+                    o.copy_from_slice(&self.to_i64(b).unwrap_or(0).to_ne_bytes());
+                }
+            }
+            // f16 and bf16 on a big-endian machine: swap each element's two bytes.
+            _ => {
+                for (o, b) in out.chunks_exact_mut(2).zip(bytes.chunks_exact(2)) {
+                    o.copy_from_slice(&u16::from_le_bytes([b[0], b[1]]).to_ne_bytes());
+                }
+            }
+        }
     }
 
     /// The names of every type, for "expected one of" messages.
@@ -83,6 +126,7 @@ impl DType {
             S::I16 => DType::I16,
             S::I8 => DType::I8,
             S::U8 => DType::U8,
+            S::BOOL => DType::Bool,
             _ => return None,
         })
     }
@@ -99,6 +143,7 @@ impl DType {
             DType::I16 => S::I16,
             DType::I8 => S::I8,
             DType::U8 => S::U8,
+            DType::Bool => S::BOOL,
         }
     }
 
@@ -114,6 +159,7 @@ impl DType {
             "<i2" => DType::I16,
             "|i1" | "<i1" => DType::I8,
             "|u1" | "<u1" => DType::U8,
+            "|b1" => DType::Bool,
             _ => return None,
         })
     }
@@ -130,6 +176,7 @@ impl DType {
             DType::I16 => "<i2",
             DType::I8 => "|i1",
             DType::U8 => "|u1",
+            DType::Bool => "|b1",
         })
     }
 
@@ -158,6 +205,7 @@ impl DType {
             DType::I16 => conv(bytes, out, |a| f32::from(i16::from_le_bytes(a))),
             DType::I8 => conv(bytes, out, |a: [u8; 1]| f32::from(a[0] as i8)),
             DType::U8 => conv(bytes, out, |a: [u8; 1]| f32::from(a[0])),
+            DType::Bool => conv(bytes, out, |a: [u8; 1]| f32::from(u8::from(a[0] != 0))),
         }
     }
 
@@ -214,6 +262,40 @@ mod tests {
         assert_eq!(DType::I32.to_i64(&(-9i32).to_le_bytes()), Some(-9));
         assert_eq!(DType::U8.to_i64(&[200]), Some(200));
         assert_eq!(DType::F32.to_i64(&1f32.to_le_bytes()), None);
+    }
+
+    #[test]
+    fn arrays_reach_the_model_as_f32_f16_bf16_i64_or_bool() {
+        let model = |d: DType, bytes: &[u8]| {
+            let mut out = vec![0u8; bytes.len() / d.size() * d.model().size()];
+            d.to_model(bytes, &mut out);
+            (d.model(), out)
+        };
+        let halves: Vec<u8> = [f16::from_f32(0.5), f16::from_f32(-3.0)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(model(DType::F16, &halves), (DType::F16, halves.clone()));
+        let f64s: Vec<u8> = [1.5f64, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let (d, out) = model(DType::F64, &f64s);
+        assert_eq!(
+            (d, bytemuck::cast_slice::<u8, f32>(&out)),
+            (DType::F32, &[1.5f32, -2.0][..])
+        );
+        let (d, out) = model(DType::I16, &[0xff, 0xff, 7, 0]);
+        assert_eq!(
+            (d, bytemuck::pod_read_unaligned::<[i64; 2]>(&out)),
+            (DType::I64, [-1, 7])
+        );
+        let (d, out) = model(DType::U8, &[200]);
+        assert_eq!(
+            (d, bytemuck::pod_read_unaligned::<i64>(&out)),
+            (DType::I64, 200)
+        );
+        assert_eq!(model(DType::Bool, &[0, 1, 2]), (DType::Bool, vec![0, 1, 1]));
     }
 
     #[test]

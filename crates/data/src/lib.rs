@@ -14,6 +14,7 @@ mod dataset;
 mod dtype;
 mod error;
 mod loader;
+mod manifest;
 mod npy;
 mod prepare;
 mod rng;
@@ -29,13 +30,15 @@ pub use dataset::{Dataset, InMemory, Subset, SyntheticClassification};
 pub use dtype::DType;
 pub use error::DataError;
 pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
+pub use manifest::{
+    ArraySpec, FEATURES_TENSOR, LABELS_TENSOR, LabelSpec, MANIFEST_FILE, MANIFEST_VERSION,
+    Manifest, ShardEntry, StoredTarget, TARGETS_TENSOR, Task,
+};
 pub use npy::{NpyArray, header as npy_header, npy_f32_bytes};
 pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
-pub use shards::{
-    FeatureSpec, LabelSpec, MANIFEST_FILE, MANIFEST_VERSION, MAX_EXACT_ID, Manifest, ShardEntry,
-    ShardedDataset, StoredTarget, Task,
-};
+pub use shards::ShardedDataset;
 pub use synthetic::{SyntheticImages, SyntheticSequences};
+pub use target::MAX_EXACT_ID;
 pub use target::{TargetSlot, TargetSpec, Targets};
 pub use transform::{Normalize, Transform, Transformed};

@@ -41,7 +41,7 @@ pub(crate) fn parse_header(bytes: &[u8]) -> Result<NpyHeader, String> {
     let descr = descr.trim_matches(|c| c == '\'' || c == '"');
     let dtype = DType::from_npy(descr).ok_or_else(|| {
         format!(
-            "element type `{descr}` is not supported (little-endian f8, f4, f2, i8, i4, i2, i1, u1)"
+            "element type `{descr}` is not supported (little-endian f8, f4, f2, i8, i4, i2, i1, u1, b1)"
         )
     })?;
     if value_of(header, "fortran_order")? != "False" {

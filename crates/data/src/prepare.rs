@@ -1,5 +1,6 @@
 //! Turning CSV or `.npy` files into a sharded dataset directory with its manifest
-//! (`kiln data prepare`).
+//! (`kiln data prepare`): one features array and its labels or targets, or any number of named
+//! arrays and a named target.
 //!
 //! The output directory must not exist yet: everything is written into a hidden sibling
 //! directory and renamed into place at the end, so an interrupted or failed run leaves nothing
@@ -9,13 +10,13 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::shards::{
-    FEATURES_TENSOR, LABELS_TENSOR, MANIFEST_FORMAT, MANIFEST_VERSION, MappedArray, StoredTarget,
-    TARGETS_TENSOR, check_classes, check_finite, check_ids, open_array,
+use crate::manifest::{
+    FEATURES_TENSOR, LABELS_TENSOR, MANIFEST_FORMAT, MANIFEST_VERSION, TARGETS_TENSOR, name_problem,
 };
+use crate::shards::{MappedArray, check_classes, check_finite, check_ids, open_array};
 use crate::{
-    CsvDataset, CsvOptions, DType, DataError, Dataset, FeatureSpec, Manifest, ShardEntry,
-    ShardedDataset, TargetSpec, Targets, npy,
+    ArraySpec, CsvDataset, CsvOptions, DType, DataError, Dataset, Manifest, ShardEntry,
+    ShardedDataset, StoredTarget, TargetSpec, Targets, npy,
 };
 
 /// The file format of the shards written.
@@ -42,6 +43,18 @@ pub enum PrepareSource {
     NpyTargets {
         features: PathBuf,
         targets: PathBuf,
+        /// The class count of integer targets; an error for floating-point ones.
+        classes: Option<usize>,
+    },
+    /// Named `.npy` arrays `[samples, …]`, each kept in its element type and per-sample shape
+    /// (`[samples]` gives one value per sample), and a named target array as for
+    /// [`PrepareSource::NpyTargets`]. Every array holds the same number of samples; names are
+    /// letters, digits and `_`, unique.
+    Arrays {
+        /// Name and file of each input array, in the order the manifest lists them.
+        inputs: Vec<(String, PathBuf)>,
+        /// Name and file of the target array.
+        target: (String, PathBuf),
         /// The class count of integer targets; an error for floating-point ones.
         classes: Option<usize>,
     },
@@ -101,12 +114,30 @@ impl<'a> Part<'a> {
     }
 }
 
+/// One named input array of the source.
+struct Input<'a> {
+    name: String,
+    part: Part<'a>,
+    /// Integer ids read as `f32` features (a single features array only).
+    ids: bool,
+}
+
+impl<'a> Input<'a> {
+    fn features(part: Part<'a>) -> Self {
+        Input {
+            name: FEATURES_TENSOR.to_owned(),
+            part,
+            ids: false,
+        }
+    }
+}
+
 /// The source's data, ready to be cut into shards.
 struct Source<'a> {
     len: usize,
-    features: Part<'a>,
-    ids: bool,
+    inputs: Vec<Input<'a>>,
     targets: Part<'a>,
+    /// The target's record, with its array's name.
     target: StoredTarget,
 }
 
@@ -133,22 +164,22 @@ fn csv_source<'a>(csv: &'a CsvDataset) -> Source<'a> {
             Box::new(move |s, e| Cow::Owned(f32_bytes(&v[s * per..e * per]))),
         ),
     };
+    let class_names = csv.class_names().map(<[String]>::to_vec);
     Source {
         len: csv.len(),
-        features: Part {
+        inputs: vec![Input::features(Part {
             dtype: DType::F32,
             shape: vec![numel],
             rows: Box::new(move |s, e| {
                 Cow::Owned(f32_bytes(&data.features()[s * numel..e * numel]))
             }),
-        },
-        ids: false,
+        })],
         targets: Part {
             dtype,
             shape: spec.shape().to_vec(),
             rows,
         },
-        target: StoredTarget::new(&spec, dtype, csv.class_names().map(<[String]>::to_vec)),
+        target: StoredTarget::new(TARGETS_TENSOR, &spec, dtype, class_names),
     }
 }
 
@@ -166,22 +197,22 @@ fn check_features(path: &Path, features: &MappedArray) -> Result<(), DataError> 
     Ok(())
 }
 
-/// Checks that `targets` holds as many samples as `features`; `what` names its rows.
+/// Checks that `other` holds as many samples as `first`; `what` names its rows.
 fn check_count(
-    features_path: &Path,
-    features: &MappedArray,
-    targets_path: &Path,
-    targets: &MappedArray,
+    first_path: &Path,
+    first: &MappedArray,
+    other_path: &Path,
+    other: &MappedArray,
     what: &str,
 ) -> Result<(), DataError> {
-    if targets.samples() != features.samples() {
+    if other.samples() != first.samples() {
         return Err(DataError::file(
-            targets_path,
+            other_path,
             format!(
                 "holds {} {what} but {} holds {} samples: every sample needs exactly one",
-                targets.samples(),
-                features_path.display(),
-                features.samples()
+                other.samples(),
+                first_path.display(),
+                first.samples()
             ),
         ));
     }
@@ -221,14 +252,18 @@ fn npy_source<'a>(
     let classes = values.iter().max().map_or(0, |m| *m as usize + 1).max(2);
     Ok(Source {
         len: features.samples(),
-        features: Part::mapped(features),
-        ids: false,
+        inputs: vec![Input::features(Part::mapped(features))],
         targets: Part {
             dtype: DType::I64,
             shape: vec![],
             rows: Box::new(move |s, e| Cow::Owned(i64_bytes(&values[s..e]))),
         },
-        target: StoredTarget::new(&TargetSpec::label(classes), DType::I64, None),
+        target: StoredTarget::new(
+            TARGETS_TENSOR,
+            &TargetSpec::label(classes),
+            DType::I64,
+            None,
+        ),
     })
 }
 
@@ -241,6 +276,22 @@ fn npy_targets_source<'a>(
 ) -> Result<Source<'a>, DataError> {
     check_count(features_path, features, targets_path, targets, "targets")?;
     check_features(features_path, features)?;
+    Ok(Source {
+        len: features.samples(),
+        inputs: vec![Input::features(Part::mapped(features))],
+        targets: Part::mapped(targets),
+        target: stored_target(TARGETS_TENSOR, targets_path, targets, classes)?,
+    })
+}
+
+/// The record of target array `targets` (in `path`), named `name`: integer arrays are classes
+/// (checked within `classes`, by default the largest + 1 and at least 2), others finite values.
+fn stored_target(
+    name: &str,
+    targets_path: &Path,
+    targets: &MappedArray,
+    classes: Option<usize>,
+) -> Result<StoredTarget, DataError> {
     let shape = targets.shape[1..].to_vec();
     if shape.contains(&0) {
         return Err(DataError::file(
@@ -269,12 +320,60 @@ fn npy_targets_source<'a>(
         check_finite(targets_path, targets, &shape)?;
         TargetSpec::Values { shape }
     };
+    Ok(StoredTarget::new(name, &spec, targets.dtype, None))
+}
+
+/// Named input arrays and a named target, each opened from its file: the same sample count in
+/// every one, valid and unique names.
+fn arrays_source<'a>(
+    inputs: &[(String, PathBuf)],
+    arrays: &'a [MappedArray],
+    target_entry: &(String, PathBuf),
+    target: &'a MappedArray,
+    classes: Option<usize>,
+) -> Result<Source<'a>, DataError> {
+    let (first_path, first) = (&inputs[0].1, &arrays[0]);
+    let mut seen = std::collections::BTreeMap::new();
+    let (target_name, target_path) = target_entry;
+    let named = inputs.iter().chain([target_entry]);
+    for ((name, path), array) in named.zip(arrays.iter().chain([target])) {
+        if let Some(problem) = name_problem(name) {
+            return Err(DataError::file(
+                path,
+                format!("is given as `{name}`, which {problem}"),
+            ));
+        }
+        if let Some(other) = seen.insert(name.as_str(), path) {
+            return Err(DataError::file(
+                path,
+                format!(
+                    "is given as `{name}`, the name of {} too: array names are unique",
+                    other.display()
+                ),
+            ));
+        }
+        if array.shape[1..].contains(&0) {
+            return Err(DataError::file(
+                path,
+                format!("has shape {:?}, with an empty sample", array.shape),
+            ));
+        }
+        check_count(first_path, first, path, array, "samples")?;
+    }
+    let inputs = inputs
+        .iter()
+        .zip(arrays)
+        .map(|((name, _), array)| Input {
+            name: name.clone(),
+            part: Part::mapped(array),
+            ids: false,
+        })
+        .collect();
     Ok(Source {
-        len: features.samples(),
-        features: Part::mapped(features),
-        ids: false,
-        targets: Part::mapped(targets),
-        target: StoredTarget::new(&spec, targets.dtype, None),
+        len: first.samples(),
+        inputs,
+        targets: Part::mapped(target),
+        target: stored_target(target_name, target_path, target, classes)?,
     })
 }
 
@@ -284,6 +383,7 @@ fn mark_ids(
     path: &Path,
     features: Option<&MappedArray>,
 ) -> Result<(), DataError> {
+    let input = &mut source.inputs[0];
     match features {
         Some(array) if array.dtype.is_integer() => check_ids(path, array)?,
         _ => {
@@ -292,12 +392,12 @@ fn mark_ids(
                 format!(
                     "`integer_features` needs an integer features array (u8, i8, i16, i32, \
                      i64), but this file's features are {}",
-                    source.features.dtype
+                    input.part.dtype
                 ),
             ));
         }
     }
-    source.ids = true;
+    input.ids = true;
     Ok(())
 }
 
@@ -340,7 +440,8 @@ pub fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> Res
     std::fs::write(path, bytes).map_err(|e| DataError::file(path, format!("cannot write: {e}")))
 }
 
-/// Writes shard `k` (samples `start..end`) into `dir`.
+/// Writes shard `k` (samples `start..end`) into `dir`: every array in one safetensors file,
+/// as the tensor of its name, or one `.npy` file per array.
 fn write_shard(
     source: &Source<'_>,
     dir: &Path,
@@ -348,38 +449,35 @@ fn write_shard(
     k: usize,
     (start, end): (usize, usize),
 ) -> Result<ShardEntry, DataError> {
-    let features = source.features.view(start, end);
-    let targets = source.targets.view(start, end);
-    let samples = end - start;
+    let mut views: Vec<(&str, View<'_>)> = source
+        .inputs
+        .iter()
+        .map(|i| (i.name.as_str(), i.part.view(start, end)))
+        .collect();
+    views.push((source.target.name(), source.targets.view(start, end)));
+    let mut files = std::collections::BTreeMap::new();
     match format {
         ShardFormat::Safetensors => {
             let name = format!("shard-{k:05}.safetensors");
             let path = dir.join(&name);
-            safetensors::serialize_to_file(
-                [(FEATURES_TENSOR, &features), (TARGETS_TENSOR, &targets)],
-                None,
-                &path,
-            )
-            .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))?;
-            Ok(ShardEntry {
-                features: name.clone(),
-                targets: name,
-                samples,
-            })
+            safetensors::serialize_to_file(views.iter().map(|(n, v)| (*n, v)), None, &path)
+                .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))?;
+            for (array, _) in &views {
+                files.insert((*array).to_owned(), name.clone());
+            }
         }
         ShardFormat::Npy => {
-            let fname = format!("shard-{k:05}.features.npy");
-            let tname = format!("shard-{k:05}.targets.npy");
-            for (name, view) in [(&fname, &features), (&tname, &targets)] {
-                write_npy(&dir.join(name), view.dtype, &view.shape, &view.data)?;
+            for (array, view) in &views {
+                let name = format!("shard-{k:05}.{array}.npy");
+                write_npy(&dir.join(&name), view.dtype, &view.shape, &view.data)?;
+                files.insert((*array).to_owned(), name);
             }
-            Ok(ShardEntry {
-                features: fname,
-                targets: tname,
-                samples,
-            })
         }
     }
+    Ok(ShardEntry {
+        files,
+        samples: end - start,
+    })
 }
 
 fn write_shards(
@@ -400,18 +498,25 @@ fn write_shards(
         )?);
         start = end;
     }
-    let manifest = Manifest {
+    let inputs = source
+        .inputs
+        .iter()
+        .map(|i| ArraySpec {
+            name: i.name.clone(),
+            dtype: i.part.dtype,
+            shape: i.part.shape.clone(),
+            ids: i.ids,
+        })
+        .collect();
+    let mut manifest = Manifest {
         format: MANIFEST_FORMAT.to_owned(),
         version: MANIFEST_VERSION,
         samples: source.len,
-        features: FeatureSpec {
-            dtype: source.features.dtype,
-            shape: source.features.shape.clone(),
-            ids: source.ids,
-        },
+        inputs,
         target: source.target.clone(),
         shards,
     };
+    manifest.version = manifest.oldest_version();
     manifest.write(dir)?;
     Ok(manifest)
 }
@@ -454,7 +559,50 @@ fn write_source(
             }
             write_shards(&source, dir, options)
         }
+        PrepareSource::Arrays {
+            inputs,
+            target,
+            classes,
+        } => write_arrays(inputs, target, *classes, dir, options, &mut maps),
     }
+}
+
+/// [`PrepareSource::Arrays`] into `dir`.
+fn write_arrays(
+    inputs: &[(String, PathBuf)],
+    target: &(String, PathBuf),
+    classes: Option<usize>,
+    dir: &Path,
+    options: &PrepareOptions,
+    maps: &mut HashMap<PathBuf, std::sync::Arc<memmap2::Mmap>>,
+) -> Result<Manifest, DataError> {
+    if inputs.is_empty() {
+        return Err(DataError::file(
+            &target.1,
+            "is the target, but no input array was given: a sample needs at least one",
+        ));
+    }
+    let arrays = inputs
+        .iter()
+        .map(|(name, path)| open_array(path, name, maps))
+        .collect::<Result<Vec<_>, _>>()?;
+    let t = open_array(&target.1, &target.0, maps)?;
+    let mut source = arrays_source(inputs, &arrays, target, &t, classes)?;
+    if options.integer_features {
+        match &arrays[..] {
+            [one] => mark_ids(&mut source, &inputs[0].1, Some(one))?,
+            _ => {
+                return Err(DataError::InvalidConfig {
+                    key: "integer_features",
+                    value: format!("true with {} input arrays", inputs.len()),
+                    expected: "one features array: named integer arrays always reach the model \
+                               as int64"
+                        .to_owned(),
+                });
+            }
+        }
+    }
+    write_shards(&source, dir, options)
 }
 
 /// Writes `source` as a sharded dataset into `out`, which must not exist yet, and checks the

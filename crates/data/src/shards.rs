@@ -1,422 +1,27 @@
 //! Datasets stored on disk as shards: safetensors or `.npy` files, memory-mapped, described by
 //! a `kiln-dataset.json` manifest in the dataset's directory.
 //!
-//! A sample's target is a class label, a tensor of classes (a segmentation mask) or a tensor of
-//! real values (regression, multi-label), of one fixed shape; version-1 manifests (class labels
-//! only, under `labels`) are still read. Opening a dataset checks every shard against the
-//! manifest (present, complete, same element type and sample shape, classes in range, values
-//! finite, integer ids exact in `f32`) and names the file and sample at fault; reading a sample
-//! then copies its bytes from the page cache with positioned reads (`f32` rows straight into
-//! the batch buffer, other types converted on the way), so an epoch's reads never pile up in
-//! the process's resident memory.
+//! A sample is one or more named input arrays and a target: a class label, a tensor of classes
+//! (a segmentation mask) or a tensor of real values (regression, multi-label), each of one fixed
+//! shape. Opening a dataset checks every shard against the manifest (present, complete, same
+//! element type and sample shape, classes in range, values finite, integer ids exact in `f32`)
+//! and names the file and sample at fault; reading then copies each run of consecutive samples
+//! from the page cache with one positioned read per array (straight into the batch buffer where
+//! the stored type is the one delivered, converted on the way otherwise), so an epoch's reads
+//! never pile up in the process's resident memory. A dataset of one input is read as `f32`
+//! features through [`Dataset`]; every dataset is read by name with
+//! [`ShardedDataset::read_arrays`].
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use memmap2::Mmap;
-use serde::{Deserialize, Serialize};
-
 use crate::dataset::check_batch_slots;
-use crate::target::{not_labels, slot_mismatch, unravel};
+use crate::manifest::{ArraySpec, Manifest, ShardEntry, StoredTarget, Task};
+use crate::target::{MAX_EXACT_ID, not_labels, slot_mismatch, unravel};
 use crate::{DType, DataError, Dataset, TargetSlot, TargetSpec, npy};
-
-/// The manifest's file name inside a dataset directory.
-pub const MANIFEST_FILE: &str = "kiln-dataset.json";
-/// The manifest's `format` value.
-pub const MANIFEST_FORMAT: &str = "kiln-dataset";
-/// The manifest version this build writes; it reads every version from 1 up to this one.
-pub const MANIFEST_VERSION: u32 = 2;
-/// The features' tensor name in a safetensors shard.
-pub const FEATURES_TENSOR: &str = "features";
-/// The targets' tensor name in a safetensors shard (version 2 on).
-pub const TARGETS_TENSOR: &str = "targets";
-/// The labels' tensor name in a safetensors shard of a version-1 dataset.
-pub const LABELS_TENSOR: &str = "labels";
-pub use crate::target::MAX_EXACT_ID;
-
-/// A dataset directory's description of itself.
-///
-/// In the file (version 2): `format`, `version`, `samples`, `features`, `target`, `shards`
-/// (each `{features, targets, samples}`); a version-1 file has `labels` (`{dtype, classes,
-/// class_names}`) instead of `target`, and shards with `labels`, and is read as one class label
-/// per sample. A manifest is written back in the layout of its own version.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(try_from = "RawManifest", into = "RawManifest")]
-pub struct Manifest {
-    /// Always [`MANIFEST_FORMAT`].
-    pub format: String,
-    /// The file's version, 1 to [`MANIFEST_VERSION`].
-    pub version: u32,
-    /// Samples across all shards.
-    pub samples: usize,
-    pub features: FeatureSpec,
-    /// What each sample's target is.
-    pub target: StoredTarget,
-    pub shards: Vec<ShardEntry>,
-}
-
-/// Element type and per-sample shape of the features.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FeatureSpec {
-    pub dtype: DType,
-    /// Shape of one sample (without the leading sample dimension).
-    pub shape: Vec<usize>,
-    /// The features are integer ids (token ids) that reach the model as `int64`; needs an
-    /// integer `dtype`, and every value within ±[`MAX_EXACT_ID`]. Integer features without it
-    /// (`u8` pixels) are numbers, read as `f32`.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub ids: bool,
-}
-
-/// The kind of learning problem a dataset's target makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Task {
-    /// One class label per sample.
-    Classification,
-    /// A tensor of classes per sample (a segmentation mask).
-    DenseClassification,
-    /// A tensor of real values per sample (regression, multi-label).
-    Regression,
-}
-
-impl Task {
-    /// The task a target spec makes.
-    pub fn of(spec: &TargetSpec) -> Self {
-        match spec {
-            TargetSpec::Classes { shape, .. } if shape.is_empty() => Task::Classification,
-            TargetSpec::Classes { .. } => Task::DenseClassification,
-            TargetSpec::Values { .. } => Task::Regression,
-        }
-    }
-
-    /// The manifest's name for the task.
-    pub fn name(self) -> &'static str {
-        match self {
-            Task::Classification => "classification",
-            Task::DenseClassification => "dense_classification",
-            Task::Regression => "regression",
-        }
-    }
-}
-
-/// A dataset's target as the manifest records it: the task, the stored element type, the
-/// per-sample shape, and for class targets the class count (and names).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StoredTarget {
-    pub task: Task,
-    /// Integer for class targets, floating-point for values.
-    pub dtype: DType,
-    /// Shape of one sample's target: `[]` for one label or value.
-    #[serde(default)]
-    pub shape: Vec<usize>,
-    /// Class targets lie in `0..classes`; absent for values.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub classes: Option<usize>,
-    /// Names of the classes, when the source had named labels (index = class).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub class_names: Option<Vec<String>>,
-}
-
-impl StoredTarget {
-    /// The record of targets `spec` stored as `dtype`.
-    pub fn new(spec: &TargetSpec, dtype: DType, class_names: Option<Vec<String>>) -> Self {
-        Self {
-            task: Task::of(spec),
-            dtype,
-            shape: spec.shape().to_vec(),
-            classes: spec.classes(),
-            class_names,
-        }
-    }
-
-    /// What the loader reads: classes or `f32` values of [`StoredTarget::shape`].
-    pub fn spec(&self) -> TargetSpec {
-        match self.classes {
-            Some(classes) => TargetSpec::Classes {
-                classes,
-                shape: self.shape.clone(),
-            },
-            None => TargetSpec::Values {
-                shape: self.shape.clone(),
-            },
-        }
-    }
-
-    /// Elements per sample.
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
-    /// What is wrong with the record, if anything; `key` is its manifest key.
-    fn problem(&self, key: &str) -> Option<String> {
-        if self.shape.contains(&0) {
-            return Some(format!(
-                "`{key}.shape` {:?} has a zero dimension",
-                self.shape
-            ));
-        }
-        match self.classes {
-            Some(_) if !self.dtype.is_integer() => Some(format!(
-                "`{key}.dtype` is {}, but class targets need an integer type (u8, i8, i16, i32, \
-                 i64)",
-                self.dtype
-            )),
-            None if self.dtype.is_integer() => Some(format!(
-                "`{key}.dtype` is {} and there is no `{key}.classes`: class targets need \
-                 `classes`, value targets a floating-point type (f32, f16, bf16, f64)",
-                self.dtype
-            )),
-            Some(0) => Some(format!("`{key}.classes` is 0, expected at least 1")),
-            _ if self.task != Task::of(&self.spec()) => Some(format!(
-                "`{key}.task` is {}, but its classes and shape {:?} make it {}",
-                self.task.name(),
-                self.shape,
-                Task::of(&self.spec()).name()
-            )),
-            _ => self.names_problem(key),
-        }
-    }
-
-    fn names_problem(&self, key: &str) -> Option<String> {
-        let names = self.class_names.as_ref()?;
-        match self.classes {
-            Some(classes) if names.len() == classes => None,
-            Some(classes) => Some(format!(
-                "`{key}.class_names` has {} names but `{key}.classes` is {classes}",
-                names.len()
-            )),
-            None => Some(format!(
-                "`{key}.class_names` is given for value targets, which have no classes"
-            )),
-        }
-    }
-}
-
-/// A version-1 manifest's labels: element type and class count.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LabelSpec {
-    pub dtype: DType,
-    /// Labels lie in `0..classes`.
-    pub classes: usize,
-    /// Names of the classes, when the source had named labels (index = label).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub class_names: Option<Vec<String>>,
-}
-
-/// One shard: where its features and targets are (paths relative to the manifest; both may be
-/// the same safetensors file) and how many samples it holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ShardEntry {
-    pub features: String,
-    /// The targets' file (a version-1 manifest's `labels`).
-    pub targets: String,
-    pub samples: usize,
-}
-
-/// The manifest as the file holds it, in either version's layout.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawManifest {
-    format: String,
-    version: u32,
-    samples: usize,
-    features: FeatureSpec,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    labels: Option<LabelSpec>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    target: Option<StoredTarget>,
-    shards: Vec<RawShard>,
-}
-
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawShard {
-    features: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    labels: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    targets: Option<String>,
-    samples: usize,
-}
-
-impl TryFrom<RawManifest> for Manifest {
-    type Error = String;
-
-    fn try_from(raw: RawManifest) -> Result<Self, String> {
-        if raw.format != MANIFEST_FORMAT {
-            return Err(format!(
-                "`format` is \"{}\", expected \"{MANIFEST_FORMAT}\"",
-                raw.format
-            ));
-        }
-        let v1 = match raw.version {
-            1 => true,
-            v if (2..=MANIFEST_VERSION).contains(&v) => false,
-            v => {
-                return Err(format!(
-                    "`version` is {v}, this kiln reads versions 1 to {MANIFEST_VERSION}"
-                ));
-            }
-        };
-        let target = match (v1, raw.labels, raw.target) {
-            (true, Some(l), None) => StoredTarget {
-                task: Task::Classification,
-                dtype: l.dtype,
-                shape: vec![],
-                classes: Some(l.classes),
-                class_names: l.class_names,
-            },
-            (false, None, Some(t)) => t,
-            (true, ..) => return Err("a version-1 manifest has `labels` (and no `target`)".into()),
-            (false, ..) => return Err("a version-2 manifest has `target` (and no `labels`)".into()),
-        };
-        let key = if v1 { "labels" } else { "targets" };
-        let shards = raw
-            .shards
-            .into_iter()
-            .enumerate()
-            .map(|(k, s)| {
-                let (wanted, other) = if v1 {
-                    (s.labels, s.targets)
-                } else {
-                    (s.targets, s.labels)
-                };
-                match (wanted, other) {
-                    (Some(targets), None) => Ok(ShardEntry {
-                        features: s.features,
-                        targets,
-                        samples: s.samples,
-                    }),
-                    _ => Err(format!(
-                        "`shards[{k}]` needs `{key}` (and no other target file) besides \
-                         `features`"
-                    )),
-                }
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(Manifest {
-            format: raw.format,
-            version: raw.version,
-            samples: raw.samples,
-            features: raw.features,
-            target,
-            shards,
-        })
-    }
-}
-
-impl From<Manifest> for RawManifest {
-    fn from(m: Manifest) -> Self {
-        let v1 = m.version == 1 && m.target.task == Task::Classification;
-        let (labels, target) = match (v1, m.target.classes) {
-            (true, Some(classes)) => (
-                Some(LabelSpec {
-                    dtype: m.target.dtype,
-                    classes,
-                    class_names: m.target.class_names,
-                }),
-                None,
-            ),
-            _ => (None, Some(m.target)),
-        };
-        let shards = m
-            .shards
-            .into_iter()
-            .map(|s| RawShard {
-                features: s.features,
-                labels: v1.then(|| s.targets.clone()),
-                targets: (!v1).then_some(s.targets),
-                samples: s.samples,
-            })
-            .collect();
-        RawManifest {
-            format: m.format,
-            version: m.version,
-            samples: m.samples,
-            features: m.features,
-            labels,
-            target,
-            shards,
-        }
-    }
-}
-
-impl Manifest {
-    /// Reads and checks `dir/kiln-dataset.json` (not the shards).
-    pub fn read(dir: &Path) -> Result<Self, DataError> {
-        let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| {
-            let hint = if e.kind() == std::io::ErrorKind::NotFound {
-                " (a dataset directory holds a kiln-dataset.json manifest; `kiln data prepare` \
-                 writes one)"
-            } else {
-                ""
-            };
-            DataError::file(&path, format!("cannot read the manifest: {e}{hint}"))
-        })?;
-        let manifest: Manifest = serde_json::from_str(&text)
-            .map_err(|e| DataError::file(&path, format!("not a valid manifest: {e}")))?;
-        manifest.check().map_err(|m| DataError::file(&path, m))?;
-        Ok(manifest)
-    }
-
-    fn check(&self) -> Result<(), String> {
-        if self.features.shape.contains(&0) {
-            return Err(format!(
-                "`features.shape` {:?} has a zero dimension",
-                self.features.shape
-            ));
-        }
-        if self.features.ids && !self.features.dtype.is_integer() {
-            return Err(format!(
-                "`features.ids` is true but `features.dtype` is {}: integer ids need an \
-                 integer type (u8, i8, i16, i32, i64)",
-                self.features.dtype
-            ));
-        }
-        let key = if self.version == 1 {
-            "labels"
-        } else {
-            "target"
-        };
-        if let Some(problem) = self.target.problem(key) {
-            return Err(problem);
-        }
-        let total: usize = self.shards.iter().map(|s| s.samples).sum();
-        if total != self.samples {
-            return Err(format!(
-                "`samples` is {} but the shards hold {total} samples together",
-                self.samples
-            ));
-        }
-        Ok(())
-    }
-
-    /// The name of the targets' tensor in this version's safetensors shards.
-    pub fn targets_tensor(&self) -> &'static str {
-        if self.version == 1 {
-            LABELS_TENSOR
-        } else {
-            TARGETS_TENSOR
-        }
-    }
-
-    /// Writes the manifest as `dir/kiln-dataset.json`.
-    pub(crate) fn write(&self, dir: &Path) -> Result<(), DataError> {
-        let path = dir.join(MANIFEST_FILE);
-        let mut text = serde_json::to_string_pretty(self)
-            .map_err(|e| DataError::file(&path, format!("cannot encode the manifest: {e}")))?;
-        text.push('\n');
-        std::fs::write(&path, text)
-            .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))
-    }
-}
+use memmap2::Mmap;
 
 /// A C-order array inside a memory-mapped file.
 #[derive(Debug, Clone)]
@@ -619,8 +224,9 @@ pub(crate) fn open_array(
 
 #[derive(Debug)]
 struct Shard {
-    features: MappedArray,
-    targets: MappedArray,
+    /// One array per [`Manifest::inputs`], in order.
+    inputs: Vec<MappedArray>,
+    target: MappedArray,
 }
 
 /// A dataset of memory-mapped shards, opened from its directory's manifest.
@@ -679,6 +285,11 @@ impl ShardedDataset {
         &self.dir
     }
 
+    /// The input arrays a sample gives the model, in order.
+    pub fn inputs(&self) -> &[ArraySpec] {
+        &self.manifest.inputs
+    }
+
     /// Which shard holds global sample `index`, and where in it.
     fn locate(&self, index: usize) -> Option<(&Shard, usize)> {
         if index >= self.manifest.samples {
@@ -687,6 +298,123 @@ impl ShardedDataset {
         let s = self.starts.partition_point(|&start| start <= index) - 1;
         Some((&self.shards[s], index - self.starts[s]))
     }
+
+    /// Calls `read(shard, k, (start, end))` for each run of consecutive `indices` inside one
+    /// shard: samples `k..k + (end - start)` of the batch are rows `start..end` of `shard`.
+    fn for_each_run(
+        &self,
+        indices: &[usize],
+        mut read: impl FnMut(&Shard, usize, (usize, usize)) -> std::io::Result<()>,
+    ) -> Result<(), DataError> {
+        let mut k = 0;
+        while k < indices.len() {
+            let index = indices[k];
+            let (shard, i) = self
+                .locate(index)
+                .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
+            let rows = shard.target.samples();
+            let run = indices[k..]
+                .iter()
+                .enumerate()
+                .take_while(|&(n, &j)| j == index + n && i + n < rows)
+                .count();
+            read(shard, k, (i, i + run)).map_err(|e| DataError::Sample {
+                index,
+                message: format!(
+                    "cannot read it (and the {} after it) from its shard: {e}",
+                    run - 1
+                ),
+            })?;
+            k += run;
+        }
+        Ok(())
+    }
+
+    /// Reads the samples at `indices` by name: each input array into its buffer of `inputs`
+    /// (one per [`ShardedDataset::inputs`], in order, holding `indices.len()` samples of
+    /// elements of the array's [`DType::model`] type in the machine's byte order: floating
+    /// types kept but `f64` as `f32`, integers as `i64`, booleans as one byte of 0 or 1) and
+    /// the targets into `targets` (as [`Dataset::read_batch`] does). Each run of consecutive
+    /// indices inside a shard is one read per array.
+    pub fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        mut targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.check_array_slots(indices, inputs, &mut targets)?;
+        let sizes: Vec<usize> = self.inputs().iter().map(model_row_bytes).collect();
+        let (per, unmapped) = (self.spec.numel(), self.release_pages);
+        self.for_each_run(indices, |shard, k, (start, end)| {
+            for ((array, out), size) in shard.inputs.iter().zip(inputs.iter_mut()).zip(&sizes) {
+                read_model_rows(
+                    array,
+                    (start, end),
+                    unmapped,
+                    &mut out[k * size..][..(end - start) * size],
+                )?;
+            }
+            read_target(
+                &shard.target,
+                (start, end),
+                unmapped,
+                targets.part(k * per, (end - start) * per),
+            )
+        })
+    }
+
+    /// An error unless `inputs` and `targets` are the slots of the samples at `indices`.
+    fn check_array_slots(
+        &self,
+        indices: &[usize],
+        inputs: &[&mut [u8]],
+        targets: &mut TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let samples = indices.len();
+        let specs = self.inputs();
+        let want: Vec<usize> = specs.iter().map(|a| samples * model_row_bytes(a)).collect();
+        let have: Vec<usize> = inputs.iter().map(|b| b.len()).collect();
+        if want != have || targets.len() != samples * self.spec.numel() {
+            let names: Vec<&str> = specs.iter().map(|a| a.name.as_str()).collect();
+            return Err(DataError::Shape {
+                what: format!("batch slots of arrays {}", names.join(", ")),
+                expected: format!(
+                    "{want:?} bytes and {} target elements for {samples} samples",
+                    samples * self.spec.numel()
+                ),
+                got: format!("{have:?} and {}", targets.len()),
+            });
+        }
+        if let Some(&first) = indices.first() {
+            self.check_slot(first, &targets.part(0, self.spec.numel()))?;
+        }
+        Ok(())
+    }
+
+    /// The single input array read as `f32` features; an error naming the inputs where there
+    /// are several.
+    fn single_input(&self, index: usize) -> Result<(), DataError> {
+        match &self.manifest.inputs[..] {
+            [_] => Ok(()),
+            many => Err(DataError::Sample {
+                index,
+                message: format!(
+                    "this dataset's samples are {} named arrays ({}), not one features array: \
+                     read them by name (`ShardedDataset::read_arrays`)",
+                    many.len(),
+                    many.iter()
+                        .map(|a| a.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+        }
+    }
+}
+
+/// Bytes of one sample of `array` as the model receives it.
+fn model_row_bytes(array: &ArraySpec) -> usize {
+    array.numel() * array.dtype.model().size()
 }
 
 /// Opens one shard's arrays and checks them against the manifest.
@@ -697,41 +425,46 @@ fn open_shard(
     maps: &mut HashMap<PathBuf, Arc<Mmap>>,
     files: &mut HashMap<PathBuf, Option<Arc<File>>>,
 ) -> Result<Shard, DataError> {
-    let fpath = dir.join(&entry.features);
-    let tpath = dir.join(&entry.targets);
-    let features = open_array(&fpath, FEATURES_TENSOR, maps)?.with_file(&fpath, files);
-    let targets = open_array(&tpath, manifest.targets_tensor(), maps)?.with_file(&tpath, files);
-    let mut want = vec![entry.samples];
-    want.extend_from_slice(&manifest.features.shape);
-    check_array(
-        &fpath,
-        "features",
-        &features,
-        manifest.features.dtype,
-        &want,
-    )?;
-    let mut want = vec![entry.samples];
-    want.extend_from_slice(&manifest.target.shape);
-    let what = if manifest.version == 1 {
-        "labels"
-    } else {
-        "targets"
+    let mut open = |name: &str, dtype: DType, shape: &[usize]| {
+        // Present for every array: `Manifest::read` checked it.
+        let path = dir.join(entry.file(name).unwrap_or_default());
+        let array = open_array(&path, name, maps)?.with_file(&path, files);
+        let mut want = vec![entry.samples];
+        want.extend_from_slice(shape);
+        check_array(&path, name, &array, dtype, &want)?;
+        Ok::<_, DataError>((path, array))
     };
-    check_array(&tpath, what, &targets, manifest.target.dtype, &want)?;
-    check_targets(&tpath, &targets, &manifest.target)?;
-    if manifest.features.ids {
-        check_ids(&fpath, &features)?;
+    let mut inputs = Vec::with_capacity(manifest.inputs.len());
+    for spec in &manifest.inputs {
+        let (path, array) = open(&spec.name, spec.dtype, &spec.shape)?;
+        if spec.ids {
+            check_ids(&path, &array)?;
+        }
+        inputs.push(array);
     }
-    Ok(Shard { features, targets })
+    let t = &manifest.target;
+    let (path, target) = open(t.name(), t.dtype, &t.shape)?;
+    check_targets(&path, &target, t)?;
+    Ok(Shard { inputs, target })
+}
+
+/// "features are" / "the values of array `x` are": the subject of a sentence about array
+/// `name`'s stored values (the names of versions 1 and 2 as they always read).
+fn values_of(name: &str) -> String {
+    match name {
+        "features" | "targets" | "labels" => name.to_owned(),
+        _ => format!("the values of array `{name}`"),
+    }
 }
 
 fn check_array(
     path: &Path,
-    what: &str,
+    name: &str,
     array: &MappedArray,
     dtype: DType,
     shape: &[usize],
 ) -> Result<(), DataError> {
+    let what = values_of(name);
     if array.dtype != dtype {
         return Err(DataError::file(
             path,
@@ -858,7 +591,7 @@ impl Dataset for ShardedDataset {
     }
 
     fn sample_shape(&self) -> &[usize] {
-        &self.manifest.features.shape
+        &self.manifest.inputs[0].shape
     }
 
     fn read(&self, index: usize, out: &mut [f32]) -> Result<i64, DataError> {
@@ -879,7 +612,7 @@ impl Dataset for ShardedDataset {
     }
 
     fn integer_features(&self) -> bool {
-        self.manifest.features.ids
+        self.manifest.inputs[0].ids
     }
 
     fn read_sample(
@@ -888,8 +621,8 @@ impl Dataset for ShardedDataset {
         features: &mut [f32],
         target: TargetSlot<'_>,
     ) -> Result<(), DataError> {
-        let (shard, i) = self
-            .locate(index)
+        self.single_input(index)?;
+        self.locate(index)
             .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
         if features.len() != self.sample_numel() {
             return Err(DataError::Sample {
@@ -902,12 +635,7 @@ impl Dataset for ShardedDataset {
             });
         }
         self.check_slot(index, &target)?;
-        read_run(shard, (i, i + 1), self.release_pages, features, target).map_err(|e| {
-            DataError::Sample {
-                index,
-                message: format!("cannot read it from its shard: {e}"),
-            }
-        })
+        self.read_batch(&[index], features, target)
     }
 
     /// Reads each run of consecutive indices within a shard with one read (or one copy from
@@ -921,38 +649,21 @@ impl Dataset for ShardedDataset {
         let (numel, per) = (self.sample_numel(), self.spec.numel());
         check_batch_slots(indices.len(), (numel, features.len()), (per, targets.len()))?;
         if let Some(&first) = indices.first() {
+            self.single_input(first)?;
             self.check_slot(first, &targets.part(0, per))?;
         }
-        let mut k = 0;
-        while k < indices.len() {
-            let index = indices[k];
-            let (shard, i) = self
-                .locate(index)
-                .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
-            let run = indices[k..]
-                .iter()
-                .enumerate()
-                .take_while(|&(n, &j)| j == index + n && i + n < shard.features.samples())
-                .count();
-            let feature_slot = &mut features[k * numel..(k + run) * numel];
-            let target_slot = targets.part(k * per, run * per);
-            read_run(
-                shard,
-                (i, i + run),
-                self.release_pages,
-                feature_slot,
-                target_slot,
-            )
-            .map_err(|e| DataError::Sample {
-                index,
-                message: format!(
-                    "cannot read it (and the {} after it) from its shard: {e}",
-                    run - 1
-                ),
-            })?;
-            k += run;
-        }
-        Ok(())
+        let unmapped = self.release_pages;
+        self.for_each_run(indices, |shard, k, (start, end)| {
+            let n = end - start;
+            read_target(
+                &shard.target,
+                (start, end),
+                unmapped,
+                targets.part(k * per, n * per),
+            )?;
+            let slot = &mut features[k * numel..(k + n) * numel];
+            read_f32_rows(&shard.inputs[0], (start, end), unmapped, slot)
+        })
     }
 }
 
@@ -978,39 +689,70 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Rows `start..end` of `shard`: the targets into `target`, the features into `features`.
-/// `unmapped`: with positioned reads, never mapped (f32 rows straight into `features`, other
-/// types through a scratch buffer); else converted straight from the map.
-fn read_run(
-    shard: &Shard,
+/// Calls `convert` with the bytes of rows `start..end` of `array`: from the map, or
+/// (`unmapped`) read with a positioned read into a per-thread scratch buffer.
+fn with_rows<R>(
+    array: &MappedArray,
     (start, end): (usize, usize),
     unmapped: bool,
-    features: &mut [f32],
-    target: TargetSlot<'_>,
-) -> std::io::Result<()> {
-    let (t, f) = (&shard.targets, &shard.features);
+    convert: impl FnOnce(&[u8]) -> R,
+) -> std::io::Result<R> {
     if !unmapped {
-        match target {
-            TargetSlot::Classes(out) => integers_into(t.dtype, t.rows(start, end), out),
-            TargetSlot::Values(out) => t.dtype.to_f32(t.rows(start, end), out),
-        }
-        f.dtype.to_f32(f.rows(start, end), features);
-        return Ok(());
+        return Ok(convert(array.rows(start, end)));
     }
     SCRATCH.with_borrow_mut(|buf| {
-        buf.resize(t.row_bytes * (end - start), 0);
-        t.read_rows(start, end, buf)?;
-        match target {
-            TargetSlot::Classes(out) => integers_into(t.dtype, buf, out),
-            TargetSlot::Values(out) => t.dtype.to_f32(buf, out),
-        }
-        if f.dtype == DType::F32 && cfg!(target_endian = "little") {
-            return f.read_rows(start, end, bytemuck::cast_slice_mut(features));
-        }
-        buf.resize(f.row_bytes * (end - start), 0);
-        f.read_rows(start, end, buf)?;
-        f.dtype.to_f32(buf, features);
-        Ok(())
+        buf.resize(array.row_bytes * (end - start), 0);
+        array.read_rows(start, end, buf)?;
+        Ok(convert(buf))
+    })
+}
+
+/// Rows `start..end` of a target array into `target`: class ids or `f32` values.
+fn read_target(
+    t: &MappedArray,
+    rows: (usize, usize),
+    unmapped: bool,
+    target: TargetSlot<'_>,
+) -> std::io::Result<()> {
+    with_rows(t, rows, unmapped, |bytes| match target {
+        TargetSlot::Classes(out) => integers_into(t.dtype, bytes, out),
+        TargetSlot::Values(out) => t.dtype.to_f32(bytes, out),
+    })
+}
+
+/// Rows `start..end` of an input array as `f32` into `out` (little-endian `f32` rows read
+/// straight into it).
+fn read_f32_rows(
+    f: &MappedArray,
+    (start, end): (usize, usize),
+    unmapped: bool,
+    out: &mut [f32],
+) -> std::io::Result<()> {
+    if unmapped && f.dtype == DType::F32 && cfg!(target_endian = "little") {
+        return f.read_rows(start, end, bytemuck::cast_slice_mut(out));
+    }
+    with_rows(f, (start, end), unmapped, |bytes| {
+        f.dtype.to_f32(bytes, out)
+    })
+}
+
+/// Rows `start..end` of an input array as its [`DType::model`] type into `out` (rows whose
+/// stored type is the model's read straight into it).
+fn read_model_rows(
+    a: &MappedArray,
+    (start, end): (usize, usize),
+    unmapped: bool,
+    out: &mut [u8],
+) -> std::io::Result<()> {
+    if unmapped
+        && a.dtype.model() == a.dtype
+        && a.dtype != DType::Bool
+        && cfg!(target_endian = "little")
+    {
+        return a.read_rows(start, end, out);
+    }
+    with_rows(a, (start, end), unmapped, |bytes| {
+        a.dtype.to_model(bytes, out)
     })
 }
 

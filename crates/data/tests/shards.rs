@@ -78,7 +78,7 @@ fn prepared_shards_read_back_exactly_in_both_formats() {
             [4, 4, 2]
         );
         assert_eq!(
-            (m.features.dtype, &m.features.shape[..]),
+            (m.inputs[0].dtype, &m.inputs[0].shape[..]),
             (DType::F32, &SHAPE[..])
         );
         assert_eq!(m.target.classes, Some(3));
@@ -184,7 +184,7 @@ fn u8_features_keep_their_type_on_disk_and_read_as_floats() {
     };
     prepare(&source, &out, &PrepareOptions::default()).unwrap();
     let ds = ShardedDataset::open(&out).unwrap();
-    assert_eq!(ds.manifest().features.dtype, DType::U8);
+    assert_eq!(ds.manifest().inputs[0].dtype, DType::U8);
     assert_eq!(ds.manifest().target.classes, Some(5));
     assert!(!ds.integer_features(), "u8 pixels are numbers, not ids");
     let mut buf = [0f32; 3];

@@ -350,7 +350,7 @@ fn integer_features_become_ids_only_when_asked_and_must_be_exact() {
     };
     let out = tmp.path().join("ds");
     let m = prepare(&source(x.clone(), y.clone(), None), &out, &ids_options).unwrap();
-    assert!(m.features.ids && m.features.dtype == DType::I32);
+    assert!(m.inputs[0].ids && m.inputs[0].dtype == DType::I32);
     let ds = ShardedDataset::open(&out).unwrap();
     assert!(ds.integer_features());
     for batch in loader(ds).epoch(0) {
@@ -508,7 +508,12 @@ fn inconsistent_v2_manifests_are_named() {
             "\"task\": \"regression\", \"classes\": 2",
             "`target.dtype` is f32",
         ),
-        ("\"version\": 2", "\"version\": 3", "versions 1 to 2"),
+        ("\"version\": 2", "\"version\": 4", "versions 1 to 3"),
+        (
+            "\"version\": 2",
+            "\"version\": 3",
+            "a version-3 manifest has `inputs` and `target`",
+        ),
         (
             "\"targets\": \"shard-00000.targets.npy\"",
             "\"labels\": \"x.npy\"",

@@ -146,6 +146,19 @@ impl RunData {
         let (dataset, text): (Box<dyn Dataset>, String) = match data_dir {
             Some(dir) => {
                 let d = ShardedDataset::open(dir)?;
+                if let [_, _, ..] = d.inputs() {
+                    let names: Vec<&str> = d.inputs().iter().map(|a| a.name.as_str()).collect();
+                    return Err(TrainError::File {
+                        path: dir.join(kiln_data::MANIFEST_FILE),
+                        message: format!(
+                            "the dataset's samples are {} named arrays ({}); this kiln trains \
+                             a dataset of one input array (prepare it with --features, or one \
+                             --array); models taking several named inputs are not supported yet",
+                            names.len(),
+                            names.join(", ")
+                        ),
+                    });
+                }
                 let text = format!(
                     "{} ({} samples of {:?}; {})",
                     dir.display(),

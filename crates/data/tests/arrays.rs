@@ -1,0 +1,366 @@
+//! Datasets of several named arrays (manifest version 3): `prepare` keeps each array's type and
+//! per-sample shape, `read_arrays` delivers them by name in the model's types (floating kept but
+//! f64 as f32, integers as i64, booleans as bool) one read per run, and every inconsistency
+//! (sample counts, names, shard files) is an error naming the file or key at fault.
+
+use std::path::{Path, PathBuf};
+
+use half::f16;
+use kiln_data::{
+    DType, Dataset, MANIFEST_FILE, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset,
+    TargetSlot, prepare, write_npy,
+};
+
+const N: usize = 9;
+
+/// One named test array: its stored type, per-sample shape, and element `j` of sample `i` as
+/// an `f64` (exactly representable in every type used).
+struct Spec {
+    name: &'static str,
+    dtype: DType,
+    shape: &'static [usize],
+}
+
+const INPUTS: [Spec; 6] = [
+    Spec {
+        name: "x",
+        dtype: DType::F32,
+        shape: &[3],
+    },
+    Spec {
+        name: "cat",
+        dtype: DType::I16,
+        shape: &[2],
+    },
+    Spec {
+        name: "length",
+        dtype: DType::U8,
+        shape: &[],
+    },
+    Spec {
+        name: "mask",
+        dtype: DType::Bool,
+        shape: &[2, 2],
+    },
+    Spec {
+        name: "half",
+        dtype: DType::F16,
+        shape: &[2],
+    },
+    Spec {
+        name: "wide",
+        dtype: DType::F64,
+        shape: &[1],
+    },
+];
+
+fn value(name: &str, i: usize, j: usize) -> f64 {
+    let (i, j) = (i as f64, j as f64);
+    match name {
+        "x" => i * 3.0 + j * 0.5,
+        "cat" => i * 7.0 - 30.0 + j,
+        "length" => i + 200.0,
+        "mask" => ((i as usize + j as usize) % 2) as f64,
+        "half" => i * 0.25 - j,
+        "wide" => i * 1.5 - 4.0,
+        _ => i * 10.0 + j + 0.5, // the target
+    }
+}
+
+/// `value`'s elements of `name` for samples `indices`, as little-endian bytes of `dtype`.
+fn bytes(name: &str, dtype: DType, numel: usize, indices: &[usize]) -> Vec<u8> {
+    let values = indices
+        .iter()
+        .flat_map(|&i| (0..numel).map(move |j| value(name, i, j)));
+    values
+        .flat_map(|v| match dtype {
+            DType::F64 => v.to_le_bytes().to_vec(),
+            DType::F32 => (v as f32).to_le_bytes().to_vec(),
+            DType::F16 => f16::from_f64(v).to_le_bytes().to_vec(),
+            DType::I64 => (v as i64).to_le_bytes().to_vec(),
+            DType::I16 => (v as i16).to_le_bytes().to_vec(),
+            DType::U8 | DType::Bool => vec![v as u8],
+            other => unreachable!("{other} is not used here"),
+        })
+        .collect()
+}
+
+fn write(dir: &Path, name: &str, dtype: DType, shape: &[usize], samples: usize) -> PathBuf {
+    let path = dir.join(format!("{name}.npy"));
+    let numel = shape.iter().product();
+    let all: Vec<usize> = (0..samples).collect();
+    let mut full = vec![samples];
+    full.extend_from_slice(shape);
+    write_npy(&path, dtype, &full, &bytes(name, dtype, numel, &all)).unwrap();
+    path
+}
+
+/// The six inputs and a target `y` (f32 `[2]`) as `.npy` files in `dir`.
+fn arrays_source(dir: &Path) -> PrepareSource {
+    let inputs = INPUTS
+        .iter()
+        .map(|s| (s.name.to_owned(), write(dir, s.name, s.dtype, s.shape, N)))
+        .collect();
+    let target = ("y".to_owned(), write(dir, "y", DType::F32, &[2], N));
+    PrepareSource::Arrays {
+        inputs,
+        target,
+        classes: None,
+    }
+}
+
+fn options(format: ShardFormat) -> PrepareOptions {
+    PrepareOptions {
+        shard_samples: 4,
+        format,
+        ..PrepareOptions::default()
+    }
+}
+
+fn prepared(format: ShardFormat) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("ds");
+    prepare(&arrays_source(tmp.path()), &out, &options(format)).unwrap();
+    (tmp, out)
+}
+
+/// Reads `indices` by name: one buffer per input, and the targets.
+fn read(ds: &ShardedDataset, indices: &[usize]) -> (Vec<Vec<u8>>, Vec<f32>) {
+    let mut inputs: Vec<Vec<u8>> = ds
+        .inputs()
+        .iter()
+        .map(|a| vec![0xAA; indices.len() * a.numel() * a.dtype.model().size()])
+        .collect();
+    let mut targets = vec![f32::NAN; indices.len() * 2];
+    let mut slots: Vec<&mut [u8]> = inputs.iter_mut().map(Vec::as_mut_slice).collect();
+    ds.read_arrays(indices, &mut slots, TargetSlot::Values(&mut targets))
+        .unwrap();
+    (inputs, targets)
+}
+
+#[test]
+fn named_arrays_keep_their_types_and_shapes_and_reach_the_model_by_name() {
+    for format in [ShardFormat::Safetensors, ShardFormat::Npy] {
+        let (_tmp, dir) = prepared(format);
+        for release in [true, false] {
+            let ds = ShardedDataset::open(&dir)
+                .unwrap()
+                .with_release_pages(release);
+            let m = ds.manifest();
+            assert_eq!((m.version, m.samples, m.shards.len()), (3, N, 3));
+            assert_eq!(m.target.name(), "y");
+            for (a, s) in m.inputs.iter().zip(&INPUTS) {
+                assert_eq!(
+                    (a.name.as_str(), a.dtype, &a.shape[..]),
+                    (s.name, s.dtype, s.shape)
+                );
+            }
+            // Runs inside and across shards (of 4), a repeat, a descending order, one, none.
+            for indices in [vec![0, 1, 2, 3, 4, 5], vec![8, 7, 7, 2], vec![5], vec![]] {
+                let (inputs, targets) = read(&ds, &indices);
+                for (got, s) in inputs.iter().zip(&INPUTS) {
+                    let numel = s.shape.iter().product();
+                    let want = bytes(s.name, s.dtype.model(), numel, &indices);
+                    assert_eq!(got, &want, "{format:?} {} {indices:?}", s.name);
+                }
+                let want = bytes("y", DType::F32, 2, &indices);
+                assert_eq!(bytemuck::cast_slice::<f32, u8>(&targets), &want[..]);
+            }
+        }
+    }
+}
+
+#[test]
+fn model_types_are_f32_f16_i64_and_bool() {
+    let models: Vec<DType> = INPUTS.iter().map(|s| s.dtype.model()).collect();
+    assert_eq!(
+        models,
+        [
+            DType::F32,
+            DType::I64,
+            DType::I64,
+            DType::Bool,
+            DType::F16,
+            DType::F32
+        ]
+    );
+}
+
+#[test]
+fn one_features_array_and_its_targets_still_make_a_version_2_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let source = PrepareSource::Arrays {
+        inputs: vec![(
+            "features".into(),
+            write(tmp.path(), "x", DType::F32, &[3], N),
+        )],
+        target: (
+            "targets".into(),
+            write(tmp.path(), "y", DType::F32, &[2], N),
+        ),
+        classes: None,
+    };
+    let out = tmp.path().join("ds");
+    let m = prepare(&source, &out, &options(ShardFormat::Npy)).unwrap();
+    assert_eq!(m.version, 2);
+    let text = std::fs::read_to_string(out.join(MANIFEST_FILE)).unwrap();
+    assert!(
+        text.contains("\"features\": \"shard-00000.features.npy\"") && !text.contains("inputs"),
+        "{text}"
+    );
+    let ds = ShardedDataset::open(&out).unwrap();
+    let mut features = vec![0f32; 3];
+    let mut target = vec![0f32; 2];
+    ds.read_sample(4, &mut features, TargetSlot::Values(&mut target))
+        .unwrap();
+    assert_eq!(
+        bytemuck::cast_slice::<f32, u8>(&features),
+        bytes("x", DType::F32, 3, &[4])
+    );
+}
+
+#[test]
+fn a_dataset_of_several_arrays_is_not_read_as_one_features_array() {
+    let (_tmp, dir) = prepared(ShardFormat::Safetensors);
+    let ds = ShardedDataset::open(&dir).unwrap();
+    let mut features = vec![0f32; 3 * 2];
+    let mut target = vec![0f32; 2 * 2];
+    let e = ds
+        .read_batch(&[0, 1], &mut features, TargetSlot::Values(&mut target))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("6 named arrays (x, cat, length, mask, half, wide)")
+            && e.contains("read_arrays"),
+        "{e}"
+    );
+}
+
+#[test]
+fn slots_of_the_wrong_size_are_named() {
+    let (_tmp, dir) = prepared(ShardFormat::Safetensors);
+    let ds = ShardedDataset::open(&dir).unwrap();
+    let mut inputs: Vec<Vec<u8>> = ds.inputs().iter().map(|_| vec![0; 4]).collect();
+    let mut slots: Vec<&mut [u8]> = inputs.iter_mut().map(Vec::as_mut_slice).collect();
+    let mut targets = vec![0f32; 4];
+    let e = ds
+        .read_arrays(&[0, 1], &mut slots, TargetSlot::Values(&mut targets))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("x, cat, length") && e.contains("[24, 32, 16, 8, 8, 8]"),
+        "{e}"
+    );
+}
+
+fn prepare_err(source: &PrepareSource, dir: &Path) -> String {
+    let out = dir.join("bad");
+    let e = prepare(source, &out, &options(ShardFormat::Safetensors))
+        .unwrap_err()
+        .to_string();
+    assert!(!out.exists(), "a failed prepare leaves nothing: {e}");
+    e
+}
+
+#[test]
+fn arrays_of_different_sample_counts_bad_names_and_duplicates_are_refused_by_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let x = write(dir, "x", DType::F32, &[3], N);
+    let short = write(dir, "cat", DType::I16, &[2], N - 1);
+    let y = ("y".to_owned(), write(dir, "y", DType::F32, &[2], N));
+    let arrays = |inputs: Vec<(&str, &PathBuf)>, target| PrepareSource::Arrays {
+        inputs: inputs
+            .into_iter()
+            .map(|(n, p)| (n.to_owned(), p.clone()))
+            .collect(),
+        target,
+        classes: None,
+    };
+    let e = prepare_err(&arrays(vec![("x", &x), ("cat", &short)], y.clone()), dir);
+    assert!(
+        e.contains("cat.npy")
+            && e.contains(&format!("holds {} samples", N - 1))
+            && e.contains("x.npy holds 9"),
+        "{e}"
+    );
+    let e = prepare_err(&arrays(vec![("x", &x), ("2nd", &x)], y.clone()), dir);
+    assert!(
+        e.contains("`2nd`") && e.contains("not a valid array name"),
+        "{e}"
+    );
+    let e = prepare_err(&arrays(vec![("x", &x)], ("x".into(), y.1.clone())), dir);
+    assert!(
+        e.contains("y.npy") && e.contains("`x`") && e.contains("unique"),
+        "{e}"
+    );
+    let e = prepare_err(&arrays(vec![], y.clone()), dir);
+    assert!(e.contains("no input array"), "{e}");
+    let two = arrays(vec![("x", &x), ("w", &x)], y);
+    let e = prepare(
+        &two,
+        &dir.join("ids"),
+        &PrepareOptions {
+            integer_features: true,
+            ..options(ShardFormat::Npy)
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("integer_features") && e.contains("int64"), "{e}");
+}
+
+#[test]
+fn inconsistent_version_3_manifests_are_named() {
+    let (_tmp, dir) = prepared(ShardFormat::Npy);
+    let path = dir.join(MANIFEST_FILE);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cases = [
+        (
+            "\"cat\": \"shard-00001.cat.npy\",",
+            "",
+            "`shards[1].files` has no file for array `cat`",
+        ),
+        (
+            "\"cat\": \"shard-00001.cat.npy\"",
+            "\"dog\": \"shard-00001.cat.npy\", \"cat\": \"shard-00001.cat.npy\"",
+            "`shards[1].files` names `dog`",
+        ),
+        (
+            "\"name\": \"half\"",
+            "\"name\": \"x\"",
+            "`inputs[4].name` \"x\" is already the name of `inputs[0]`",
+        ),
+        (
+            "\"name\": \"y\"",
+            "\"name\": \"wide\"",
+            "`target.name` \"wide\" is already the name of `inputs[5]`",
+        ),
+        (
+            "\"name\": \"mask\"",
+            "\"name\": \"a mask\"",
+            "`inputs[3].name` \"a mask\" is not a valid array name",
+        ),
+        ("\"name\": \"y\",", "", "`target.name` is missing"),
+    ];
+    for (from, to, want) in cases {
+        assert!(text.contains(from), "{from} in {text}");
+        std::fs::write(&path, text.replace(from, to)).unwrap();
+        let e = ShardedDataset::open(&dir).unwrap_err().to_string();
+        assert!(e.contains(MANIFEST_FILE) && e.contains(want), "{want}: {e}");
+    }
+    // A shard whose array disagrees with the manifest names the file and the array.
+    std::fs::write(&path, &text).unwrap();
+    write_npy(
+        &dir.join("shard-00002.cat.npy"),
+        DType::I32,
+        &[1, 2],
+        &[0; 8],
+    )
+    .unwrap();
+    let e = ShardedDataset::open(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("shard-00002.cat.npy") && e.contains("the values of array `cat` are i32"),
+        "{e}"
+    );
+}
