@@ -96,6 +96,7 @@ fn loader_config(batch_size: usize, workers: usize, threads: usize) -> LoaderCon
             ..SamplerConfig::default()
         },
         inline_threads: threads,
+        by_name: false,
     }
 }
 

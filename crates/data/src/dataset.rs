@@ -1,10 +1,10 @@
 //! Random-access datasets: a length, a per-sample shape, and "write sample i here". Nothing here
 //! knows about training or tensors.
 
-use crate::DataError;
 use crate::error::out_of_range;
 use crate::rng::SplitMix64;
 use crate::target::{TargetSlot, TargetSpec, Targets};
+use crate::{ArraySpec, DType, DataError, FEATURES_TENSOR};
 
 /// A dataset of float feature arrays with a target per sample, readable by index from any
 /// thread.
@@ -91,6 +91,86 @@ pub trait Dataset: Send + Sync + 'static {
         }
         Ok(())
     }
+
+    /// The named arrays a sample gives a model that takes its inputs by name, in order: each
+    /// array's name, stored type and per-sample shape (it reaches the model as
+    /// [`DType::model`] of its type). Default: one array, `features`, of
+    /// [`Dataset::sample_shape`]: `f32`, or `i64` for integer ids.
+    fn inputs(&self) -> Vec<ArraySpec> {
+        let dtype = if self.integer_features() {
+            DType::I64
+        } else {
+            DType::F32
+        };
+        vec![ArraySpec {
+            name: FEATURES_TENSOR.to_owned(),
+            dtype,
+            shape: self.sample_shape().to_vec(),
+            ids: false,
+        }]
+    }
+
+    /// Reads the samples at `indices` by name: input array `k` of [`Dataset::inputs`] into
+    /// `inputs[k]` (`indices.len()` samples of its [`DType::model`] elements, in the machine's
+    /// byte order), the targets into `targets` as [`Dataset::read_batch`] does. Default: the
+    /// one `features` array through [`Dataset::read_batch`].
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        read_features_as_array(self, indices, inputs, targets)
+    }
+}
+
+/// [`Dataset::read_arrays`] of a dataset of one features array: read as `f32` by
+/// [`Dataset::read_batch`], delivered as `f32`, or `i64` for integer ids.
+pub(crate) fn read_features_as_array<D: Dataset + ?Sized>(
+    dataset: &D,
+    indices: &[usize],
+    inputs: &mut [&mut [u8]],
+    targets: TargetSlot<'_>,
+) -> Result<(), DataError> {
+    let n = indices.len() * dataset.sample_numel();
+    let ids = dataset.integer_features();
+    let size = if ids { 8 } else { 4 };
+    let [out] = inputs else {
+        return Err(array_slots_error(&dataset.inputs(), indices.len(), inputs));
+    };
+    if out.len() != n * size {
+        return Err(array_slots_error(&dataset.inputs(), indices.len(), inputs));
+    }
+    let mut features = vec![0f32; n];
+    dataset.read_batch(indices, &mut features, targets)?;
+    if ids {
+        for (o, v) in out.chunks_exact_mut(8).zip(&features) {
+            o.copy_from_slice(&(*v as i64).to_ne_bytes());
+        }
+    } else {
+        out.copy_from_slice(bytemuck::cast_slice(&features));
+    }
+    Ok(())
+}
+
+/// The error for `inputs`, slots that do not hold `samples` samples of each of `specs` in the
+/// type it reaches the model as.
+pub(crate) fn array_slots_error(
+    specs: &[ArraySpec],
+    samples: usize,
+    inputs: &[&mut [u8]],
+) -> DataError {
+    let want: Vec<usize> = specs
+        .iter()
+        .map(|a| samples * a.numel() * a.dtype.model().size())
+        .collect();
+    let have: Vec<usize> = inputs.iter().map(|b| b.len()).collect();
+    let names: Vec<&str> = specs.iter().map(|a| a.name.as_str()).collect();
+    DataError::Shape {
+        what: format!("batch slots of arrays {}", names.join(", ")),
+        expected: format!("{want:?} bytes for {samples} samples"),
+        got: format!("{have:?}"),
+    }
 }
 
 /// The error for batch slots that do not hold `samples` samples of `(per-sample, given)`
@@ -155,6 +235,19 @@ impl Dataset for Box<dyn Dataset> {
         targets: TargetSlot<'_>,
     ) -> Result<(), DataError> {
         (**self).read_batch(indices, features, targets)
+    }
+
+    fn inputs(&self) -> Vec<ArraySpec> {
+        (**self).inputs()
+    }
+
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        (**self).read_arrays(indices, inputs, targets)
     }
 }
 
@@ -221,6 +314,10 @@ impl<D: Dataset> Subset<D> {
 }
 
 impl<D: Dataset> Subset<D> {
+    fn inner_indices(&self, indices: &[usize]) -> Result<Vec<usize>, DataError> {
+        indices.iter().map(|&i| self.inner_index(i)).collect()
+    }
+
     fn inner_index(&self, index: usize) -> Result<usize, DataError> {
         self.indices
             .get(index)
@@ -276,11 +373,22 @@ impl<D: Dataset> Dataset for Subset<D> {
         features: &mut [f32],
         targets: TargetSlot<'_>,
     ) -> Result<(), DataError> {
-        let inner: Vec<usize> = indices
-            .iter()
-            .map(|&i| self.inner_index(i))
-            .collect::<Result<_, _>>()?;
-        self.inner.read_batch(&inner, features, targets)
+        self.inner
+            .read_batch(&self.inner_indices(indices)?, features, targets)
+    }
+
+    fn inputs(&self) -> Vec<ArraySpec> {
+        self.inner.inputs()
+    }
+
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.inner
+            .read_arrays(&self.inner_indices(indices)?, inputs, targets)
     }
 }
 

@@ -29,7 +29,7 @@ pub use csv::{CsvDataset, CsvOptions};
 pub use dataset::{Dataset, InMemory, Subset, SyntheticClassification};
 pub use dtype::DType;
 pub use error::DataError;
-pub use loader::{Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
+pub use loader::{ArrayBatch, Batch, EpochIter, Loader, LoaderConfig, LoaderStats};
 pub use manifest::{
     ArraySpec, FEATURES_TENSOR, LABELS_TENSOR, LabelSpec, MANIFEST_FILE, MANIFEST_VERSION,
     Manifest, ShardEntry, StoredTarget, TARGETS_TENSOR, Task,

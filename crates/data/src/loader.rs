@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use crossbeam::channel::{self, Receiver, Sender};
 
 use crate::{
-    BatchBuffers, DataError, Dataset, FeatureBuffer, HeapBuffers, Position, Sampler, SamplerConfig,
-    TargetSlot, Targets,
+    BatchBuffers, DType, DataError, Dataset, FeatureBuffer, HeapBuffers, Position, Sampler,
+    SamplerConfig, TargetSlot, Targets,
 };
 
 /// How to batch and feed a dataset.
@@ -36,6 +36,9 @@ pub struct LoaderConfig {
     /// trainer's compute threads, idle while it waits for the batch; 0 or 1: the consumer's
     /// thread alone.
     pub inline_threads: usize,
+    /// Read each batch by name, one buffer per input array of [`Dataset::inputs`] in the type
+    /// it reaches the model as ([`Batch::arrays`]), instead of as one `f32` features buffer.
+    pub by_name: bool,
 }
 
 impl Default for LoaderConfig {
@@ -47,18 +50,23 @@ impl Default for LoaderConfig {
             drop_last: false,
             sampler: SamplerConfig::default(),
             inline_threads: 1,
+            by_name: false,
         }
     }
 }
 
-/// One batch: features of every sample back to back, in one allocation.
+/// One batch: features of every sample back to back, in one allocation; or, read by name, one
+/// allocation per input array.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
-    /// `[batch, sample_shape…]`.
+    /// `[batch, sample_shape…]`; `[batch]` when read by name.
     pub shape: Vec<usize>,
     /// `shape.iter().product()` values, sample after sample, in the memory the loader's
-    /// [`BatchBuffers`] gave.
+    /// [`BatchBuffers`] gave; empty when read by name.
     pub features: FeatureBuffer,
+    /// Read by name ([`LoaderConfig::by_name`]): every input array, in [`Dataset::inputs`]
+    /// order; else empty.
+    pub arrays: Vec<ArrayBatch>,
     /// The features are integer ids (exact in `f32`) that the model takes as `int64`.
     pub integer_features: bool,
     /// The samples' targets, sample after sample.
@@ -69,6 +77,18 @@ pub struct Batch {
     pub indices: Vec<usize>,
     /// The batch's number within its epoch.
     pub number: usize,
+}
+
+/// One input array of a batch read by name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArrayBatch {
+    pub name: String,
+    /// The type the model takes it as ([`DType::model`] of the stored type).
+    pub dtype: DType,
+    /// `[batch, sample shape…]`.
+    pub shape: Vec<usize>,
+    /// `shape.iter().product()` elements of `dtype`, in the machine's byte order.
+    pub data: Vec<u8>,
 }
 
 /// Throughput of the loader and how long its consumer waited for data.
@@ -123,11 +143,13 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// there is one; a panic is caught and named.
 fn build_batch<D: Dataset>(
     dataset: &D,
-    number: usize,
-    indices: Vec<usize>,
+    (number, indices, by_name): (usize, Vec<usize>, bool),
     buffers: &dyn BatchBuffers,
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<Batch, DataError> {
+    if by_name {
+        return build_named(dataset, number, indices, pool);
+    }
     let spec = dataset.target();
     let len = dataset.sample_numel() * indices.len();
     let mut features = buffers.features(len);
@@ -154,6 +176,7 @@ fn build_batch<D: Dataset>(
     Ok(Batch {
         shape,
         features,
+        arrays: vec![],
         integer_features: dataset.integer_features(),
         targets,
         target_shape,
@@ -189,6 +212,94 @@ fn read_parts<D: Dataset>(
     results.into_iter().collect()
 }
 
+/// Reads the samples of one batch by name: one buffer per input array, in parts on `pool`'s
+/// threads where there is one; a panic is caught and named.
+fn build_named<D: Dataset>(
+    dataset: &D,
+    number: usize,
+    indices: Vec<usize>,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<Batch, DataError> {
+    let spec = dataset.target();
+    let n = indices.len();
+    let mut arrays: Vec<ArrayBatch> = dataset
+        .inputs()
+        .into_iter()
+        .map(|a| {
+            let dtype = a.dtype.model();
+            let mut shape = vec![n];
+            shape.extend_from_slice(&a.shape);
+            let data = vec![0u8; n * a.numel() * dtype.size()];
+            ArrayBatch {
+                name: a.name,
+                dtype,
+                shape,
+                data,
+            }
+        })
+        .collect();
+    let mut targets = spec.batch(n);
+    let read = catch_unwind(AssertUnwindSafe(|| {
+        let mut slots: Vec<&mut [u8]> = arrays.iter_mut().map(|a| &mut a.data[..]).collect();
+        read_named_parts(dataset, &indices, &mut slots, targets.all(), pool)
+    }));
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(e),
+        Err(payload) => return Err(name_named_panic(dataset, &indices, payload.as_ref())),
+    }
+    let mut target_shape = vec![n];
+    target_shape.extend_from_slice(spec.shape());
+    Ok(Batch {
+        shape: vec![n],
+        features: FeatureBuffer::from_vec(vec![]),
+        arrays,
+        integer_features: false,
+        targets,
+        target_shape,
+        indices,
+        number,
+    })
+}
+
+/// [`Dataset::read_arrays`] of `indices`, split into one contiguous part per thread of `pool`
+/// (the whole batch on this thread without one); the first failing part's error.
+fn read_named_parts<D: Dataset>(
+    dataset: &D,
+    indices: &[usize],
+    slots: &mut [&mut [u8]],
+    targets: TargetSlot<'_>,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<(), DataError> {
+    let Some(pool) = pool.filter(|p| indices.len() > 1 && p.current_num_threads() > 1) else {
+        return dataset.read_arrays(indices, slots, targets);
+    };
+    let n = indices.len();
+    let size = n.div_ceil(pool.current_num_threads());
+    let per = dataset.target().numel();
+    // Each part's share of every array: its rows' bytes, cut from the front of the rest.
+    let mut parts: Vec<Vec<&mut [u8]>> = indices.chunks(size).map(|_| vec![]).collect();
+    for slot in slots.iter_mut() {
+        let row = slot.len() / n;
+        let mut rest: &mut [u8] = slot;
+        for (chunk, part) in indices.chunks(size).zip(&mut parts) {
+            let (mine, next) = rest.split_at_mut(chunk.len() * row);
+            part.push(mine);
+            rest = next;
+        }
+    }
+    let mut results = vec![Ok(()); parts.len()];
+    let mut rest_t = targets;
+    pool.scope(|scope| {
+        for ((chunk, mut part), result) in indices.chunks(size).zip(parts).zip(&mut results) {
+            let (t, next_t) = rest_t.split_at(chunk.len() * per);
+            rest_t = next_t;
+            scope.spawn(move |_| *result = dataset.read_arrays(chunk, &mut part, t));
+        }
+    });
+    results.into_iter().collect()
+}
+
 /// The error for a panic while reading `indices`: the batch is read again sample by sample to
 /// find the sample at fault (the batch's first where none panics again).
 fn name_panic<D: Dataset>(
@@ -201,6 +312,31 @@ fn name_panic<D: Dataset>(
     let culprit = indices.iter().copied().find(|&index| {
         catch_unwind(AssertUnwindSafe(|| {
             dataset.read_sample(index, &mut features, target.all())
+        }))
+        .is_err()
+    });
+    DataError::WorkerPanic {
+        index: culprit.or(indices.first().copied()).unwrap_or(0),
+        message: panic_message(payload),
+    }
+}
+
+/// [`name_panic`] for a batch read by name: its samples read again one by one, by name.
+fn name_named_panic<D: Dataset>(
+    dataset: &D,
+    indices: &[usize],
+    payload: &(dyn std::any::Any + Send),
+) -> DataError {
+    let mut arrays: Vec<Vec<u8>> = dataset
+        .inputs()
+        .iter()
+        .map(|a| vec![0u8; a.numel() * a.dtype.model().size()])
+        .collect();
+    let mut target = dataset.target().batch(1);
+    let culprit = indices.iter().copied().find(|&index| {
+        let mut slots: Vec<&mut [u8]> = arrays.iter_mut().map(|a| &mut a[..]).collect();
+        catch_unwind(AssertUnwindSafe(|| {
+            dataset.read_arrays(&[index], &mut slots, target.all())
         }))
         .is_err()
     });
@@ -308,6 +444,7 @@ impl<D: Dataset> Loader<D> {
         let (reply_tx, reply_rx) = channel::unbounded::<Reply>();
         self.jobs = Some(job_tx);
         self.replies = reply_rx;
+        let by_name = self.config.by_name;
         for id in 0..self.config.num_workers {
             let (dataset, jobs, replies, generation, buffers) = (
                 Arc::clone(&self.dataset),
@@ -323,8 +460,8 @@ impl<D: Dataset> Loader<D> {
                         if job.generation != generation.load(Ordering::Acquire) {
                             continue; // an abandoned epoch's job
                         }
-                        let batch =
-                            build_batch(&*dataset, job.number, job.indices, &*buffers, None);
+                        let job_of = (job.number, job.indices, by_name);
+                        let batch = build_batch(&*dataset, job_of, &*buffers, None);
                         if replies.send((job.generation, job.number, batch)).is_err() {
                             break;
                         }
@@ -460,7 +597,8 @@ impl<D: Dataset> EpochIter<'_, D> {
             let number = self.next_yield;
             let indices = std::mem::take(&mut self.batches[number]);
             let (pool, buffers) = (self.loader.inline_pool.as_ref(), &*self.loader.buffers);
-            return build_batch(&*self.loader.dataset, number, indices, buffers, pool);
+            let job = (number, indices, self.loader.config.by_name);
+            return build_batch(&*self.loader.dataset, job, buffers, pool);
         }
         self.submit()?;
         loop {

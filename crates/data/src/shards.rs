@@ -17,7 +17,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::dataset::check_batch_slots;
+use crate::dataset::{array_slots_error, check_batch_slots};
 use crate::manifest::{ArraySpec, Manifest, ShardEntry, StoredTarget, Task};
 use crate::target::{MAX_EXACT_ID, not_labels, slot_mismatch, unravel};
 use crate::{DType, DataError, Dataset, TargetSlot, TargetSpec, npy};
@@ -285,11 +285,6 @@ impl ShardedDataset {
         &self.dir
     }
 
-    /// The input arrays a sample gives the model, in order.
-    pub fn inputs(&self) -> &[ArraySpec] {
-        &self.manifest.inputs
-    }
-
     /// Which shard holds global sample `index`, and where in it.
     fn locate(&self, index: usize) -> Option<(&Shard, usize)> {
         if index >= self.manifest.samples {
@@ -330,39 +325,6 @@ impl ShardedDataset {
         Ok(())
     }
 
-    /// Reads the samples at `indices` by name: each input array into its buffer of `inputs`
-    /// (one per [`ShardedDataset::inputs`], in order, holding `indices.len()` samples of
-    /// elements of the array's [`DType::model`] type in the machine's byte order: floating
-    /// types kept but `f64` as `f32`, integers as `i64`, booleans as one byte of 0 or 1) and
-    /// the targets into `targets` (as [`Dataset::read_batch`] does). Each run of consecutive
-    /// indices inside a shard is one read per array.
-    pub fn read_arrays(
-        &self,
-        indices: &[usize],
-        inputs: &mut [&mut [u8]],
-        mut targets: TargetSlot<'_>,
-    ) -> Result<(), DataError> {
-        self.check_array_slots(indices, inputs, &mut targets)?;
-        let sizes: Vec<usize> = self.inputs().iter().map(model_row_bytes).collect();
-        let (per, unmapped) = (self.spec.numel(), self.release_pages);
-        self.for_each_run(indices, |shard, k, (start, end)| {
-            for ((array, out), size) in shard.inputs.iter().zip(inputs.iter_mut()).zip(&sizes) {
-                read_model_rows(
-                    array,
-                    (start, end),
-                    unmapped,
-                    &mut out[k * size..][..(end - start) * size],
-                )?;
-            }
-            read_target(
-                &shard.target,
-                (start, end),
-                unmapped,
-                targets.part(k * per, (end - start) * per),
-            )
-        })
-    }
-
     /// An error unless `inputs` and `targets` are the slots of the samples at `indices`.
     fn check_array_slots(
         &self,
@@ -370,21 +332,16 @@ impl ShardedDataset {
         inputs: &[&mut [u8]],
         targets: &mut TargetSlot<'_>,
     ) -> Result<(), DataError> {
-        let samples = indices.len();
-        let specs = self.inputs();
-        let want: Vec<usize> = specs.iter().map(|a| samples * model_row_bytes(a)).collect();
-        let have: Vec<usize> = inputs.iter().map(|b| b.len()).collect();
-        if want != have || targets.len() != samples * self.spec.numel() {
-            let names: Vec<&str> = specs.iter().map(|a| a.name.as_str()).collect();
-            return Err(DataError::Shape {
-                what: format!("batch slots of arrays {}", names.join(", ")),
-                expected: format!(
-                    "{want:?} bytes and {} target elements for {samples} samples",
-                    samples * self.spec.numel()
-                ),
-                got: format!("{have:?} and {}", targets.len()),
-            });
+        let (samples, specs) = (indices.len(), &self.manifest.inputs);
+        let fits = specs.len() == inputs.len()
+            && specs
+                .iter()
+                .zip(inputs)
+                .all(|(a, b)| b.len() == samples * model_row_bytes(a));
+        if !fits {
+            return Err(array_slots_error(specs, samples, inputs));
         }
+        check_batch_slots(samples, (0, 0), (self.spec.numel(), targets.len()))?;
         if let Some(&first) = indices.first() {
             self.check_slot(first, &targets.part(0, self.spec.numel()))?;
         }
@@ -636,6 +593,40 @@ impl Dataset for ShardedDataset {
         }
         self.check_slot(index, &target)?;
         self.read_batch(&[index], features, target)
+    }
+
+    /// The manifest's input arrays.
+    fn inputs(&self) -> Vec<ArraySpec> {
+        self.manifest.inputs.clone()
+    }
+
+    /// Each run of consecutive indices inside a shard is one read per array, straight into
+    /// the slot where the stored type is the model's.
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        mut targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        self.check_array_slots(indices, inputs, &mut targets)?;
+        let sizes: Vec<usize> = self.manifest.inputs.iter().map(model_row_bytes).collect();
+        let (per, unmapped) = (self.spec.numel(), self.release_pages);
+        self.for_each_run(indices, |shard, k, (start, end)| {
+            for ((array, out), size) in shard.inputs.iter().zip(inputs.iter_mut()).zip(&sizes) {
+                read_model_rows(
+                    array,
+                    (start, end),
+                    unmapped,
+                    &mut out[k * size..][..(end - start) * size],
+                )?;
+            }
+            read_target(
+                &shard.target,
+                (start, end),
+                unmapped,
+                targets.part(k * per, (end - start) * per),
+            )
+        })
     }
 
     /// Reads each run of consecutive indices within a shard with one read (or one copy from

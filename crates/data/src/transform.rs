@@ -180,6 +180,42 @@ impl<D: Dataset, T: Transform> Dataset for Transformed<D, T> {
         }
         Ok(())
     }
+
+    /// The inner dataset's arrays; one array, transformed, is `f32` (ids stay `i64`).
+    fn inputs(&self) -> Vec<crate::ArraySpec> {
+        let mut inputs = self.inner.inputs();
+        if let [one] = &mut inputs[..]
+            && !self.integer_features()
+        {
+            one.dtype = crate::DType::F32;
+        }
+        inputs
+    }
+
+    /// One array: transformed, through [`Dataset::read_batch`]. Several: an error, since a
+    /// transform applies to one features array.
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        targets: crate::TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let arrays = self.inner.inputs();
+        if arrays.len() == 1 {
+            return crate::dataset::read_features_as_array(self, indices, inputs, targets);
+        }
+        let names: Vec<&str> = arrays.iter().map(|a| a.name.as_str()).collect();
+        Err(DataError::InvalidConfig {
+            key: "transform",
+            value: format!(
+                "a per-sample transform over {} named arrays ({})",
+                names.len(),
+                names.join(", ")
+            ),
+            expected: "a dataset of one features array: a transform applies to its f32 values"
+                .to_owned(),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,14 +1,18 @@
 //! Datasets of several named arrays (manifest version 3): `prepare` keeps each array's type and
 //! per-sample shape, `read_arrays` delivers them by name in the model's types (floating kept but
 //! f64 as f32, integers as i64, booleans as bool) one read per run, and every inconsistency
-//! (sample counts, names, shard files) is an error naming the file or key at fault.
+//! (sample counts, names, shard files) is an error naming the file or key at fault. The loader
+//! reads batches by name the same way, with and without workers, whole or in parts.
 
 use std::path::{Path, PathBuf};
 
 use half::f16;
+use std::sync::Arc;
+
 use kiln_data::{
-    DType, Dataset, MANIFEST_FILE, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset,
-    TargetSlot, prepare, write_npy,
+    DType, Dataset, InMemory, Loader, LoaderConfig, MANIFEST_FILE, Normalize, PrepareOptions,
+    PrepareSource, SamplerConfig, ShardFormat, ShardedDataset, Subset, TargetSlot, Transformed,
+    prepare, write_npy,
 };
 
 const N: usize = 9;
@@ -363,4 +367,174 @@ fn inconsistent_version_3_manifests_are_named() {
         e.contains("shard-00002.cat.npy") && e.contains("the values of array `cat` are i32"),
         "{e}"
     );
+}
+
+fn by_name(batch_size: usize, num_workers: usize, inline_threads: usize) -> LoaderConfig {
+    LoaderConfig {
+        batch_size,
+        num_workers,
+        sampler: SamplerConfig {
+            shuffle: true,
+            seed: 3,
+            ..SamplerConfig::default()
+        },
+        inline_threads,
+        by_name: true,
+        ..LoaderConfig::default()
+    }
+}
+
+#[test]
+fn the_loader_reads_batches_by_name_with_and_without_workers() {
+    let (_tmp, dir) = prepared(ShardFormat::Safetensors);
+    let ds = Arc::new(ShardedDataset::open(&dir).unwrap());
+    for (workers, inline) in [(0, 1), (0, 3), (2, 1)] {
+        let mut loader = Loader::new(Arc::clone(&ds), by_name(4, workers, inline)).unwrap();
+        let mut seen = vec![];
+        for batch in loader.epoch(1) {
+            let batch = batch.unwrap();
+            let n = batch.indices.len();
+            assert!(batch.features.is_empty() && batch.shape == [n]);
+            assert_eq!(batch.arrays.len(), INPUTS.len());
+            for (a, s) in batch.arrays.iter().zip(&INPUTS) {
+                assert_eq!((a.name.as_str(), a.dtype), (s.name, s.dtype.model()));
+                assert_eq!(a.shape, [&[n][..], s.shape].concat());
+                let numel = s.shape.iter().product();
+                let want = bytes(s.name, s.dtype.model(), numel, &batch.indices);
+                assert_eq!(
+                    a.data, want,
+                    "{workers} workers {inline} threads {}",
+                    s.name
+                );
+            }
+            let want = bytes("y", DType::F32, 2, &batch.indices);
+            let kiln_data::Targets::Values(got) = &batch.targets else {
+                panic!("value targets")
+            };
+            assert_eq!(bytemuck::cast_slice::<f32, u8>(got), &want[..]);
+            seen.extend(batch.indices);
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..N).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn a_split_of_named_arrays_reads_by_name_through_its_indices() {
+    let (_tmp, dir) = prepared(ShardFormat::Npy);
+    let ds = Arc::new(ShardedDataset::open(&dir).unwrap());
+    let (train, val) = Subset::split(ds, 0.3, 5).unwrap();
+    for part in [train, val] {
+        let want: Vec<usize> = part.indices().to_vec();
+        let mut loader = Loader::new(Arc::new(part), by_name(16, 0, 1)).unwrap();
+        let batch = loader.epoch(0).next().unwrap().unwrap();
+        let inner: Vec<usize> = batch.indices.iter().map(|&i| want[i]).collect();
+        assert_eq!(batch.arrays[1].data, bytes("cat", DType::I64, 2, &inner));
+    }
+}
+
+#[test]
+fn a_dataset_of_one_features_array_reads_by_name_as_f32_or_int64_ids() {
+    let features: Vec<f32> = (0..12).map(|v| v as f32 * 0.5).collect();
+    let data = InMemory::new(features.clone(), vec![0, 1, 0, 1], vec![3]).unwrap();
+    let mut loader = Loader::new(Arc::new(data.clone()), by_name(4, 0, 1)).unwrap();
+    let batch = loader.epoch(0).next().unwrap().unwrap();
+    let [a] = &batch.arrays[..] else {
+        panic!("one array: {:?}", batch.arrays)
+    };
+    assert_eq!(
+        (a.name.as_str(), a.dtype, &a.shape[..]),
+        ("features", DType::F32, &[4, 3][..])
+    );
+    let want: Vec<f32> = batch
+        .indices
+        .iter()
+        .flat_map(|&i| features[i * 3..i * 3 + 3].to_vec())
+        .collect();
+    assert_eq!(a.data, bytemuck::cast_slice::<f32, u8>(&want));
+
+    // Normalized: the transformed f32 values, under the inner array's name.
+    let norm = Normalize::fit(&data, 4).unwrap();
+    let normalized = Arc::new(Transformed::new(data, norm));
+    let mut plain = normalized.target().batch(2);
+    let mut values = vec![0f32; 6];
+    normalized
+        .read_batch(&[2, 0], &mut values, plain.all())
+        .unwrap();
+    let mut out = vec![0u8; 24];
+    let mut targets = normalized.target().batch(2);
+    normalized
+        .read_arrays(&[2, 0], &mut [&mut out[..]], targets.all())
+        .unwrap();
+    assert_eq!(out, bytemuck::cast_slice::<f32, u8>(&values));
+}
+
+#[test]
+fn a_transform_over_several_named_arrays_is_refused_by_name() {
+    let (_tmp, dir) = prepared(ShardFormat::Safetensors);
+    let ds = ShardedDataset::open(&dir).unwrap();
+    let numbers = InMemory::new(vec![0.0; 6], vec![0, 1], vec![3]).unwrap();
+    let transformed = Transformed::new(ds, Normalize::fit(&numbers, 2).unwrap());
+    let mut loader = Loader::new(Arc::new(transformed), by_name(4, 0, 1)).unwrap();
+    let e = loader.epoch(0).next().unwrap().unwrap_err().to_string();
+    assert!(
+        e.contains("transform") && e.contains("x, cat, length, mask, half, wide"),
+        "{e}"
+    );
+}
+
+/// Named arrays whose sample 5 cannot be read: reading it panics.
+struct Corrupt(ShardedDataset);
+
+impl Dataset for Corrupt {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn sample_shape(&self) -> &[usize] {
+        self.0.sample_shape()
+    }
+
+    fn target(&self) -> kiln_data::TargetSpec {
+        self.0.target()
+    }
+
+    fn inputs(&self) -> Vec<kiln_data::ArraySpec> {
+        self.0.inputs()
+    }
+
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), kiln_data::DataError> {
+        assert!(!indices.contains(&5), "corrupt record");
+        self.0.read_arrays(indices, inputs, targets)
+    }
+}
+
+#[test]
+fn a_panic_reading_by_name_names_the_sample() {
+    let (_tmp, dir) = prepared(ShardFormat::Safetensors);
+    for workers in [0, 2] {
+        let config = LoaderConfig {
+            sampler: SamplerConfig::default(),
+            ..by_name(4, workers, 1)
+        };
+        let mut loader = Loader::new(
+            Arc::new(Corrupt(ShardedDataset::open(&dir).unwrap())),
+            config,
+        )
+        .unwrap();
+        let e = loader
+            .epoch(0)
+            .find_map(Result::err)
+            .expect("the batch of sample 5 fails")
+            .to_string();
+        assert!(
+            e.contains("sample 5") && e.contains("corrupt record"),
+            "{e}"
+        );
+    }
 }

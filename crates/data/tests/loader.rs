@@ -29,6 +29,7 @@ fn config(batch_size: usize, num_workers: usize, shuffle: bool) -> LoaderConfig 
             ..SamplerConfig::default()
         },
         inline_threads: 1,
+        by_name: false,
     }
 }
 

@@ -401,6 +401,7 @@ impl<D: Dataset> StepTrials<'_, D> {
                     ..SamplerConfig::default()
                 },
                 inline_threads: 1,
+                by_name: false,
             },
         )?;
         let batch = match DeviceFeeder::new(loader.epoch(0), self.device).next() {

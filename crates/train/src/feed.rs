@@ -41,6 +41,7 @@ pub fn loader_config(
         sampler,
         // Without workers, the compute threads read each batch, in parts: they wait for it.
         inline_threads: usize::try_from(tch::get_num_threads()).unwrap_or(1),
+        by_name: false,
     })
 }
 

@@ -146,8 +146,9 @@ impl RunData {
         let (dataset, text): (Box<dyn Dataset>, String) = match data_dir {
             Some(dir) => {
                 let d = ShardedDataset::open(dir)?;
-                if let [_, _, ..] = d.inputs() {
-                    let names: Vec<&str> = d.inputs().iter().map(|a| a.name.as_str()).collect();
+                if let [_, _, ..] = &d.manifest().inputs[..] {
+                    let inputs = &d.manifest().inputs;
+                    let names: Vec<&str> = inputs.iter().map(|a| a.name.as_str()).collect();
                     return Err(TrainError::File {
                         path: dir.join(kiln_data::MANIFEST_FILE),
                         message: format!(

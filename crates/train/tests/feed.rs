@@ -100,6 +100,7 @@ fn a_failing_batch_reaches_the_consumer_after_the_good_ones() {
     let good = |n: usize| kiln_data::Batch {
         shape: vec![1, 2],
         features: vec![n as f32, 0.0].into(),
+        arrays: vec![],
         integer_features: false,
         targets: kiln_data::Targets::Classes(vec![0]),
         target_shape: vec![1],
@@ -189,6 +190,7 @@ fn on_the_cpu_a_batch_becomes_a_tensor_over_its_own_memory() {
     let batch = kiln_data::Batch {
         shape: vec![2, 2],
         features: values.into(),
+        arrays: vec![],
         integer_features: false,
         targets: kiln_data::Targets::Classes(vec![0, 1]),
         target_shape: vec![2],

@@ -459,6 +459,7 @@ fn non_finite_steps_are_skipped_and_too_many_in_a_row_stop_the_run() {
         drop_last: true,
         sampler: SamplerConfig::default(),
         inline_threads: 1,
+        by_name: false,
     };
     let fit = |trainer: &mut Trainer<'_>| {
         trainer.fit(

@@ -17,6 +17,7 @@ fn batches() -> impl Iterator<Item = Result<Batch, DataError>> {
         Ok(Batch {
             shape: vec![BATCH, FEATURES],
             features: vec![0.5; BATCH * FEATURES].into(),
+            arrays: vec![],
             integer_features: false,
             targets: Targets::Classes(vec![1; BATCH]),
             target_shape: vec![BATCH],
