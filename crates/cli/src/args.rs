@@ -167,7 +167,7 @@ pub enum DataAction {
 
 /// Where `kiln data prepare` reads from and what it writes.
 #[derive(Debug, Clone, Args)]
-#[command(group(clap::ArgGroup::new("source").required(true).args(["csv", "features", "target"])))]
+#[command(group(clap::ArgGroup::new("source").required(true).multiple(true).args(["csv", "features", "target"])))]
 #[command(group(clap::ArgGroup::new("npy_target").args(["labels", "targets"])))]
 pub struct PrepareArgs {
     /// A CSV file with a header row: numeric feature columns and a label column (or target
@@ -207,18 +207,23 @@ pub struct PrepareArgs {
     #[arg(long, value_name = "FILE", requires = "features")]
     pub targets: Option<PathBuf>,
     /// A named input array, NAME=FILE.npy of [samples, …] (any per-sample shape, [samples] for
-    /// one value), kept in its element type; repeat it for each input, and give --target.
-    /// Names are letters, digits and _, and become the model's input names.
+    /// one value), kept in its element type; with --csv, NAME=COLUMN,COLUMN… ([columns] per
+    /// row, i64 where every value is an integer, else f32). Repeat it for each input, and give
+    /// --target. Names are letters, digits and _, and become the model's input names.
     #[arg(
         long = "array",
         value_name = "NAME=FILE",
-        conflicts_with_all = ["csv", "features"],
+        conflicts_with_all = ["features", "target_columns", "feature_columns"],
         requires = "target"
     )]
     pub arrays: Vec<String>,
-    /// The named target array with --array, NAME=FILE.npy: integer classes or real values, as
-    /// for --targets.
-    #[arg(long, value_name = "NAME=FILE", conflicts_with_all = ["csv", "features"])]
+    /// The named target array with --array, NAME=FILE.npy, or with --csv NAME=COLUMN[,…]:
+    /// integer classes (or, in one CSV column, class names) or real values, as for --targets.
+    #[arg(
+        long,
+        value_name = "NAME=FILE",
+        conflicts_with_all = ["features", "target_columns", "feature_columns"]
+    )]
     pub target: Option<String>,
     /// The number of classes of integer --targets or --target (default: the largest class + 1).
     #[arg(long, value_name = "N")]

@@ -52,13 +52,36 @@ fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `--array NAME=FILE … --target NAME=FILE`.
+/// `--array NAME=FILE … --target NAME=FILE`, or with `--csv` `NAME=COLUMN,…`.
 fn arrays_source(args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
     let target = args.target.as_deref().unwrap_or_default();
     if args.arrays.is_empty() {
         anyhow::bail!(
             "--target {target} needs the input arrays: give --array NAME=FILE for each input"
         );
+    }
+    if let Some(csv) = &args.csv {
+        let group = |flag: &str, value: &str| {
+            let (name, columns) = named_file(flag, value)?;
+            let columns = columns.to_string_lossy();
+            let columns: Vec<String> = columns.split(',').map(|c| c.trim().to_owned()).collect();
+            if columns.iter().any(String::is_empty) {
+                anyhow::bail!("{flag} `{value}` names an empty column: give NAME=COLUMN,COLUMN…");
+            }
+            Ok(kiln_data::ColumnGroup { name, columns })
+        };
+        let inputs = args
+            .arrays
+            .iter()
+            .map(|a| group("--array", a))
+            .collect::<anyhow::Result<_>>()?;
+        return Ok(PrepareSource::CsvArrays {
+            path: csv.clone(),
+            inputs,
+            target: group("--target", target)?,
+            classes: args.classes,
+            delimiter: delimiter(args)?,
+        });
     }
     let inputs = args
         .arrays
@@ -80,13 +103,15 @@ fn named_file(flag: &str, value: &str) -> anyhow::Result<(String, std::path::Pat
         }
         _ => anyhow::bail!(
             "{flag} `{value}` is not NAME=FILE: give the array's name, `=`, and its .npy file \
-             (e.g. {flag} encoder_cont=encoder_cont.npy)"
+             (e.g. {flag} encoder_cont=encoder_cont.npy), or with --csv its columns (e.g. \
+             {flag} encoder_cont=temp,humidity)"
         ),
     }
 }
 
-fn csv_source(csv: &Path, args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
-    let delimiter = u8::try_from(args.delimiter)
+/// `--delimiter` as a byte.
+fn delimiter(args: &PrepareArgs) -> anyhow::Result<u8> {
+    u8::try_from(args.delimiter)
         .ok()
         .filter(u8::is_ascii)
         .with_context(|| {
@@ -94,7 +119,11 @@ fn csv_source(csv: &Path, args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
                 "--delimiter `{}` must be a single ASCII character",
                 args.delimiter
             )
-        })?;
+        })
+}
+
+fn csv_source(csv: &Path, args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
+    let delimiter = delimiter(args)?;
     if let Some(columns) = &args.target_columns
         && columns.iter().any(|c| c.trim().is_empty())
     {

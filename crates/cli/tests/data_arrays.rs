@@ -197,3 +197,45 @@ fn bad_array_options_are_named_and_nothing_is_written() {
     assert!(stderr(&o).contains("never overwrites"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(out.join("keep")).unwrap(), "mine");
 }
+
+#[test]
+fn csv_column_groups_are_prepared_as_named_arrays() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("sales.csv");
+    std::fs::write(
+        &csv,
+        "store,day,temp,humidity,kind\n3,1,20.5,0.25,cake\n1,2,18,0.5,bread\n2,3,-1.25,1,cake\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("ds");
+    let prepare = |arrays: &[&str]| {
+        let mut args = vec!["data", "prepare", "--csv", csv.to_str().unwrap()];
+        for a in arrays {
+            args.extend(["--array", a]);
+        }
+        args.extend(["--target", "kind=kind", "--out", out.to_str().unwrap()]);
+        kiln(&args)
+    };
+    let o = prepare(&["cat=store,day", "cont=temp, humidity"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for want in [
+        "input     cat: i64 [2] per sample",
+        "input     cont: f32 [2] per sample",
+        "target    classification (array `kind`): i64, 2 classes (bread, cake)",
+    ] {
+        assert!(text.contains(want), "{want}: {text}");
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+    let o = prepare(&["cat=store,", "cont=temp"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("`cat=store,` names an empty column"),
+        "{}",
+        stderr(&o)
+    );
+    let o = prepare(&["cat=store,weekday"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("no column `weekday`"), "{}", stderr(&o));
+    assert!(!out.exists());
+}

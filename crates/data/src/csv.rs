@@ -47,17 +47,7 @@ impl CsvDataset {
     /// Parses `path` (with a header row). Errors name the file, line and column at fault.
     pub fn open(path: impl AsRef<Path>, options: &CsvOptions) -> Result<Self, DataError> {
         let path = path.as_ref();
-        let mut reader = ::csv::ReaderBuilder::new()
-            .delimiter(options.delimiter)
-            .has_headers(true)
-            .from_path(path)
-            .map_err(|e| DataError::file(path, format!("cannot read: {e}")))?;
-        let headers: Vec<String> = reader
-            .headers()
-            .map_err(|e| DataError::file(path, format!("cannot read the header row: {e}")))?
-            .iter()
-            .map(|h| h.trim().to_owned())
-            .collect();
+        let (mut reader, headers) = open_reader(path, options.delimiter)?;
         let columns = Columns::find(path, &headers, options)?;
         let rows = read_rows(path, &mut reader, &headers, &columns)?;
         let (target, targets, class_names) = match rows.targets {
@@ -109,6 +99,25 @@ impl CsvDataset {
     pub(crate) fn in_memory(&self) -> &InMemory {
         &self.data
     }
+}
+
+/// A reader of the CSV file at `path`, past its header row, and the headers (trimmed).
+pub(crate) fn open_reader(
+    path: &Path,
+    delimiter: u8,
+) -> Result<(::csv::Reader<std::fs::File>, Vec<String>), DataError> {
+    let mut reader = ::csv::ReaderBuilder::new()
+        .delimiter(delimiter)
+        .has_headers(true)
+        .from_path(path)
+        .map_err(|e| DataError::file(path, format!("cannot read: {e}")))?;
+    let headers: Vec<String> = reader
+        .headers()
+        .map_err(|e| DataError::file(path, format!("cannot read the header row: {e}")))?
+        .iter()
+        .map(|h| h.trim().to_owned())
+        .collect();
+    Ok((reader, headers))
 }
 
 /// Which columns hold the target.
@@ -262,7 +271,7 @@ fn target_value(path: &Path, line: u64, column: &str, text: &str) -> Result<f32,
     Ok(value)
 }
 
-fn csv_error(e: &::csv::Error) -> String {
+pub(crate) fn csv_error(e: &::csv::Error) -> String {
     match e.kind() {
         ::csv::ErrorKind::UnequalLengths {
             pos,

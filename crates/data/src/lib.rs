@@ -10,6 +10,7 @@
 
 mod buffers;
 mod csv;
+mod csv_groups;
 mod dataset;
 mod dtype;
 mod error;
@@ -26,6 +27,7 @@ mod transform;
 
 pub use buffers::{BatchBuffers, FeatureBuffer, HeapBuffers};
 pub use csv::{CsvDataset, CsvOptions};
+pub use csv_groups::ColumnGroup;
 pub use dataset::{Dataset, InMemory, Subset, SyntheticClassification};
 pub use dtype::DType;
 pub use error::DataError;

@@ -15,8 +15,8 @@ use crate::manifest::{
 };
 use crate::shards::{MappedArray, check_classes, check_finite, check_ids, open_array};
 use crate::{
-    ArraySpec, CsvDataset, CsvOptions, DType, DataError, Dataset, Manifest, ShardEntry,
-    ShardedDataset, StoredTarget, TargetSpec, Targets, npy,
+    ArraySpec, ColumnGroup, CsvDataset, CsvOptions, DType, DataError, Dataset, Manifest,
+    ShardEntry, ShardedDataset, StoredTarget, TargetSpec, Targets, npy,
 };
 
 /// The file format of the shards written.
@@ -57,6 +57,18 @@ pub enum PrepareSource {
         target: (String, PathBuf),
         /// The class count of integer targets; an error for floating-point ones.
         classes: Option<usize>,
+    },
+    /// Named groups of a CSV file's columns: each input group one array `[columns]` per row,
+    /// `i64` where every value is an integer, else `f32`; the target group classes (integers,
+    /// or a single column of names numbered in sorted order) or finite values, `[]` per row
+    /// for one column.
+    CsvArrays {
+        path: PathBuf,
+        inputs: Vec<ColumnGroup>,
+        target: ColumnGroup,
+        /// The class count of integer targets; an error for real ones.
+        classes: Option<usize>,
+        delimiter: u8,
     },
 }
 
@@ -100,6 +112,17 @@ impl<'a> Part<'a> {
             dtype: array.dtype,
             shape: array.shape[1..].to_vec(),
             rows: Box::new(move |start, end| Cow::Borrowed(array.rows(start, end))),
+        }
+    }
+
+    /// The rows of an array read into memory.
+    fn owned(g: &'a crate::csv_groups::GroupArray) -> Self {
+        let row = g.shape.iter().product::<usize>() * g.dtype.size();
+        let bytes = &g.bytes;
+        Part {
+            dtype: g.dtype,
+            shape: g.shape.clone(),
+            rows: Box::new(move |s, e| Cow::Borrowed(&bytes[s * row..e * row])),
         }
     }
 
@@ -564,7 +587,67 @@ fn write_source(
             target,
             classes,
         } => write_arrays(inputs, target, *classes, dir, options, &mut maps),
+        PrepareSource::CsvArrays {
+            path,
+            inputs,
+            target,
+            classes,
+            delimiter,
+        } => {
+            let groups =
+                crate::csv_groups::read_groups(path, *delimiter, inputs, target, *classes)?;
+            write_csv_groups(path, &groups, dir, options)
+        }
     }
+}
+
+/// [`PrepareSource::CsvArrays`], read, into `dir`.
+fn write_csv_groups(
+    path: &Path,
+    groups: &crate::csv_groups::CsvGroups,
+    dir: &Path,
+    options: &PrepareOptions,
+) -> Result<Manifest, DataError> {
+    let mut names = std::collections::BTreeSet::new();
+    for name in groups
+        .inputs
+        .iter()
+        .chain([&groups.target])
+        .map(|g| &g.name)
+    {
+        if let Some(problem) = name_problem(name) {
+            return Err(DataError::file(path, format!("array `{name}` {problem}")));
+        }
+        if !names.insert(name) {
+            return Err(DataError::file(
+                path,
+                format!("array `{name}` is given twice: array names are unique"),
+            ));
+        }
+    }
+    if options.integer_features {
+        return Err(DataError::InvalidConfig {
+            key: "integer_features",
+            value: "true with CSV column groups".to_owned(),
+            expected: "false: integer columns are stored as i64 and reach the model as int64"
+                .to_owned(),
+        });
+    }
+    let source = Source {
+        len: groups.rows,
+        inputs: groups
+            .inputs
+            .iter()
+            .map(|g| Input {
+                name: g.name.clone(),
+                part: Part::owned(g),
+                ids: false,
+            })
+            .collect(),
+        targets: Part::owned(&groups.target),
+        target: groups.record.clone(),
+    };
+    write_shards(&source, dir, options)
 }
 
 /// [`PrepareSource::Arrays`] into `dir`.

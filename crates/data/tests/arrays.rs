@@ -538,3 +538,150 @@ fn a_panic_reading_by_name_names_the_sample() {
         );
     }
 }
+
+fn groups(spec: &[(&str, &[&str])]) -> Vec<kiln_data::ColumnGroup> {
+    spec.iter()
+        .map(|(name, columns)| kiln_data::ColumnGroup {
+            name: (*name).to_owned(),
+            columns: columns.iter().map(|c| (*c).to_owned()).collect(),
+        })
+        .collect()
+}
+
+fn csv_arrays(path: &Path, inputs: &[(&str, &[&str])], target: (&str, &[&str])) -> PrepareSource {
+    PrepareSource::CsvArrays {
+        path: path.to_owned(),
+        inputs: groups(inputs),
+        target: groups(&[target]).remove(0),
+        classes: None,
+        delimiter: b',',
+    }
+}
+
+fn with_classes(n: usize, mut source: PrepareSource) -> PrepareSource {
+    if let PrepareSource::CsvArrays { classes, .. } = &mut source {
+        *classes = Some(n);
+    }
+    source
+}
+
+const SALES: &str = "store,day,temp,humidity,kind,sold\n\
+                     3,1,20.5,0.25,cake,4\n\
+                     1,2,18,0.5,bread,7.5\n\
+                     2,3,-1.25,1,cake,0\n";
+
+#[test]
+fn csv_column_groups_become_named_arrays_of_integers_or_reals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("sales.csv");
+    std::fs::write(&csv, SALES).unwrap();
+    let out = tmp.path().join("ds");
+    let inputs: [(&str, &[&str]); 2] =
+        [("cat", &["store", "day"]), ("cont", &["temp", "humidity"])];
+    let m = prepare(
+        &csv_arrays(&csv, &inputs, ("kind", &["kind"])),
+        &out,
+        &options(ShardFormat::Npy),
+    )
+    .unwrap();
+    let specs: Vec<_> = m
+        .inputs
+        .iter()
+        .map(|a| (a.name.as_str(), a.dtype, a.shape.clone()))
+        .collect();
+    assert_eq!(
+        specs,
+        [("cat", DType::I64, vec![2]), ("cont", DType::F32, vec![2])]
+    );
+    assert_eq!((m.target.name(), m.target.classes), ("kind", Some(2)));
+    assert_eq!(
+        m.target.class_names,
+        Some(vec!["bread".to_owned(), "cake".to_owned()])
+    );
+    let ds = ShardedDataset::open(&out).unwrap();
+    let (mut cat, mut cont, mut kind) = (vec![0u8; 48], vec![0u8; 24], vec![0i64; 3]);
+    ds.read_arrays(
+        &[0, 1, 2],
+        &mut [&mut cat[..], &mut cont[..]],
+        TargetSlot::Classes(&mut kind),
+    )
+    .unwrap();
+    assert_eq!(
+        bytemuck::pod_read_unaligned::<[i64; 6]>(&cat),
+        [3, 1, 1, 2, 2, 3]
+    );
+    assert_eq!(
+        bytemuck::pod_read_unaligned::<[f32; 6]>(&cont),
+        [20.5, 0.25, 18.0, 0.5, -1.25, 1.0]
+    );
+    assert_eq!(kind, [1, 0, 1]);
+
+    // A real-valued target column is a regression value per row.
+    let out = tmp.path().join("sold");
+    let m = prepare(
+        &csv_arrays(&csv, &inputs, ("sold", &["sold"])),
+        &out,
+        &options(ShardFormat::Npy),
+    )
+    .unwrap();
+    assert_eq!(
+        (m.target.dtype, m.target.classes, &m.target.shape[..]),
+        (DType::F32, None, &[][..])
+    );
+}
+
+#[test]
+fn bad_csv_column_groups_are_named_by_file_line_and_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("sales.csv");
+    std::fs::write(&csv, SALES).unwrap();
+    let bad = tmp.path().join("bad.csv");
+    std::fs::write(&bad, "a,b,y\n1,x,0.5\n2,3,inf\n").unwrap();
+    let cont: (&str, &[&str]) = ("cont", &["temp"]);
+    let cases: Vec<(PrepareSource, &str)> = vec![
+        (
+            csv_arrays(&csv, &[("x", &["tmp"])], ("kind", &["kind"])),
+            "no column `tmp` (for array `x`; its columns: store, day",
+        ),
+        (
+            csv_arrays(
+                &csv,
+                &[("x", &["temp"]), ("w", &["temp"])],
+                ("kind", &["kind"]),
+            ),
+            "column `temp` is given to both `x` and `w`",
+        ),
+        (
+            csv_arrays(&csv, &[cont], ("cont2", &["kind", "day"])),
+            "class names need a single target column",
+        ),
+        (
+            csv_arrays(&csv, &[("x y", &["temp"])], ("kind", &["kind"])),
+            "array `x y` is not a valid array name",
+        ),
+        (
+            csv_arrays(&csv, &[cont], ("cont", &["kind"])),
+            "array `cont` is given twice",
+        ),
+        (
+            csv_arrays(&bad, &[("ab", &["a", "b"])], ("y", &["y"])),
+            "line 2, column `b`: `x` is not a number",
+        ),
+        (
+            csv_arrays(&bad, &[("a", &["a"])], ("y", &["y"])),
+            "line 3, column `y`: target `inf` is not a finite number",
+        ),
+        (
+            with_classes(3, csv_arrays(&csv, &[cont], ("sold", &["sold"]))),
+            "real values, which are regression targets, but a class count (3)",
+        ),
+        (
+            with_classes(2, csv_arrays(&csv, &[cont], ("store", &["store"]))),
+            "line 2, column `store`: class 3 is outside 0..2",
+        ),
+    ];
+    for (source, want) in cases {
+        let e = prepare_err(&source, tmp.path());
+        assert!(e.contains("csv") && e.contains(want), "{want}: {e}");
+    }
+}
