@@ -137,6 +137,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
             "error",
             "feed",
             "init",
+            "inputs",
             "metrics",
             "monitor",
             "optim",

@@ -1,6 +1,7 @@
 //! `kiln data prepare --array NAME=FILE … --target NAME=FILE`: named arrays of their own types
 //! and shapes, shown by `kiln data inspect`; bad names, counts and `NAME=FILE` values refused;
-//! a single named array trains as features.
+//! a single named array trains as features, several only with a model that takes them by name
+//! (tests/named_inputs.rs).
 
 mod common;
 
@@ -44,7 +45,7 @@ fn arrays(dir: &Path) -> (String, String, String) {
 }
 
 #[test]
-fn named_arrays_are_prepared_inspected_and_refused_by_training_for_now() {
+fn named_arrays_are_prepared_inspected_and_refused_by_a_model_of_one_input() {
     let tmp = tempfile::tempdir().unwrap();
     let (x, cat, y) = arrays(tmp.path());
     let out = tmp.path().join("ds");
@@ -87,13 +88,26 @@ fn named_arrays_are_prepared_inspected_and_refused_by_training_for_now() {
     );
     assert_eq!(m["shards"][2]["files"]["cat"], "shard-00002.safetensors");
 
-    let o = kiln(&["train", "--model", "mlp", "--data", out_s, "--epochs", "1"]);
+    // A built-in model takes one tensor: refused before a run directory exists.
+    let runs = tmp.path().join("runs");
+    let o = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        out_s,
+        "--epochs",
+        "1",
+        "--set",
+        &format!("run.output_dir={}", runs.display()),
+    ]);
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("2 named arrays (x, cat)") && err.contains("kiln-dataset.json"),
+        err.contains("one input array") && err.contains("2 named arrays (x, cat)"),
         "{err}"
     );
+    assert!(!runs.exists(), "nothing is written");
 }
 
 #[test]

@@ -114,6 +114,9 @@ config_keys! {
         /// Parameters of your program kept at their exported values (no gradient, not
         /// trained): names or prefixes of dotted names, comma separated ("encoder,head.bias").
         freeze: Option<String> => p.model.freeze;
+        /// The dataset arrays your TorchScript module's forward arguments get, in order, comma
+        /// separated ("x,cat"); by default each argument gets the array of its own name.
+        inputs: Option<String> => p.model.inputs;
         dropout: f64 = 0.1 => p.model.dropout,
             valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
         d_model: u64 = 256 => p.model.d_model, valid |v| *v >= 1 => "must be at least 1";
@@ -285,7 +288,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 76);
+        assert_eq!(KEYS.len(), 77);
     }
 
     #[test]

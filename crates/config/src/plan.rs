@@ -114,6 +114,9 @@ pub struct ModelPlan {
     pub output: Option<String>,
     /// A program's parameters kept at their values (names or prefixes, comma separated).
     pub freeze: Option<String>,
+    /// The dataset arrays a TorchScript module's forward arguments get, in order (comma
+    /// separated).
+    pub inputs: Option<String>,
     pub dropout: f64,
     pub d_model: u64,
     pub heads: u64,
@@ -135,6 +138,7 @@ impl ModelPlan {
             script: None,
             output: None,
             freeze: None,
+            inputs: None,
             dropout: 0.0,
             d_model: 256,
             heads: 8,
@@ -364,6 +368,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
         script: v.name.script,
         output: v.output,
         freeze: v.freeze,
+        inputs: v.inputs,
         dropout: v.dropout,
         d_model: v.d_model,
         heads: v.heads,

@@ -484,7 +484,7 @@ pub fn train_step(
     trainer.set_retry_out_of_memory(false);
     measure(device, iterations, |i| {
         let batches = [DeviceBatch {
-            features: features.shallow_clone(),
+            inputs: kiln_train::inputs::Inputs::features(features.shallow_clone()),
             targets: labels.shallow_clone(),
             indices: vec![],
             number: i,

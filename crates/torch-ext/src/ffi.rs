@@ -343,6 +343,7 @@ unsafe extern "C" {
         training: *mut bool,
         has_method: *mut bool,
         parameters: *mut i64,
+        forward_args: *mut *mut c_char,
     ) -> *mut c_char;
 }
 

@@ -385,6 +385,7 @@ impl<D: Dataset> StepTrials<'_, D> {
     fn measure(&self, batch_size: u64) -> Result<TrialOutcome, TrainError> {
         let vs = nn::VarStore::new(self.device);
         let model = (self.recipe.build)(&vs, self.input)?;
+        model.check_inputs(&self.data.inputs())?;
         let settings = TrainSettings::from_plan(&self.plan.train, 0);
         let mut trainer = Trainer::new(model.as_ref(), "trial", &vs, settings, self.device)?;
         trainer.set_retry_out_of_memory(false);
@@ -401,7 +402,7 @@ impl<D: Dataset> StepTrials<'_, D> {
                     ..SamplerConfig::default()
                 },
                 inline_threads: 1,
-                by_name: false,
+                by_name: model.reads_by_name(),
             },
         )?;
         let batch = match DeviceFeeder::new(loader.epoch(0), self.device).next() {

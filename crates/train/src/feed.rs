@@ -5,19 +5,21 @@
 //! For a CUDA target the feeder stages each batch in pinned host memory and starts its copy on
 //! a side stream as soon as the previous batch is handed out, so the copy of batch n+1 overlaps
 //! the compute on batch n; the compute stream waits for the copy only when batch n+1 is taken.
-//! On the CPU the batch's own buffer becomes the tensor, without a copy.
+//! On the CPU the batch's own buffer becomes the tensor, without a copy. A batch read by name
+//! becomes one tensor per array, of the array's type.
 
 use kiln_config::RunPlan;
 use kiln_config::keys;
 use kiln_data::{
-    Batch, BatchBuffers, DataError, FeatureBuffer, HeapBuffers, LoaderConfig, SamplerConfig,
-    Targets,
+    ArrayBatch, Batch, BatchBuffers, DType, DataError, FeatureBuffer, HeapBuffers, LoaderConfig,
+    SamplerConfig, Targets,
 };
 use kiln_device::Device as KilnDevice;
 use kiln_torch_ext::transfer::{self, PendingCopy};
 use tch::{Device, Tensor};
 
 use crate::TrainError;
+use crate::inputs::Inputs;
 
 /// The loader settings a run plan implies: `data.num_workers` (the profile's, capped by the
 /// machine's cores, unless the user set it), `data.prefetch_factor`, `train.batch_size`.
@@ -98,8 +100,9 @@ impl BatchBuffers for PinnedBuffers {
 /// One batch on the device.
 #[derive(Debug)]
 pub struct DeviceBatch {
-    /// `[batch, sample_shape…]`, `f32` (`i64` for integer-id features).
-    pub features: Tensor,
+    /// `features` of `[batch, sample_shape…]`, `f32` (`i64` for integer-id features); or, read
+    /// by name, one tensor per array.
+    pub inputs: Inputs,
     /// `[batch, target shape…]`: `i64` classes or `f32` values.
     pub targets: Tensor,
     /// Dataset indices of the samples, in batch order.
@@ -110,7 +113,8 @@ pub struct DeviceBatch {
 
 #[derive(Debug)]
 struct Staged {
-    features: PendingCopy,
+    /// The inputs' names and copies: `features` alone, or a batch's arrays read by name.
+    inputs: Vec<(String, PendingCopy)>,
     targets: PendingCopy,
     integer_features: bool,
     indices: Vec<usize>,
@@ -203,14 +207,77 @@ where
         ))
     }
 
+    /// A batch's targets as a host tensor (pinned for CUDA where it can be had).
+    fn host_targets(&mut self, batch: &mut Batch) -> Result<Tensor, TrainError> {
+        let shape: Vec<i64> = batch.target_shape.iter().map(|&d| d as i64).collect();
+        if self.pin {
+            let pinned = match &batch.targets {
+                Targets::Classes(v) => transfer::host_tensor_i64(v, &shape, true),
+                Targets::Values(v) => transfer::host_tensor_f32(v, &shape, true),
+            };
+            match pinned {
+                Ok(t) => return Ok(t),
+                Err(e) => {
+                    tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
+                    self.pin = false;
+                    self.unpinned_because = Some(e.to_string());
+                }
+            }
+        }
+        Ok(
+            match std::mem::replace(&mut batch.targets, Targets::Classes(vec![])) {
+                Targets::Classes(v) => transfer::tensor_from_vec_i64(v, &shape)?,
+                Targets::Values(v) => transfer::tensor_from_vec_f32(v, &shape)?,
+            },
+        )
+    }
+
+    /// A batch's arrays read by name as host tensors (pinned for CUDA where it can be had).
+    fn host_arrays(
+        &mut self,
+        arrays: Vec<ArrayBatch>,
+    ) -> Result<Vec<(String, Tensor)>, TrainError> {
+        let mut out = Vec::with_capacity(arrays.len());
+        for a in arrays {
+            let shape: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
+            let mut t = Tensor::f_from_data_size(&a.data, &shape, kind_of(a.dtype))?;
+            if self.pin {
+                match t.f_pin_memory(self.device) {
+                    Ok(pinned) => t = pinned,
+                    Err(e) => {
+                        tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
+                        self.pin = false;
+                        self.unpinned_because = Some(e.to_string());
+                    }
+                }
+            }
+            out.push((a.name, t));
+        }
+        Ok(out)
+    }
+
     /// Takes the next batch from the source and starts its copy.
     fn stage_next(&mut self) -> Result<Option<Staged>, TrainError> {
         let Some(mut batch) = self.source.next().transpose()? else {
             return Ok(None);
         };
-        let (features, targets) = self.host_tensors(&mut batch)?;
+        let arrays = std::mem::take(&mut batch.arrays);
+        let (host, targets) = if arrays.is_empty() {
+            let (features, targets) = self.host_tensors(&mut batch)?;
+            (
+                vec![(crate::inputs::FEATURES.to_owned(), features)],
+                targets,
+            )
+        } else {
+            let host = self.host_arrays(arrays)?;
+            (host, self.host_targets(&mut batch)?)
+        };
+        let mut inputs = Vec::with_capacity(host.len());
+        for (name, t) in host {
+            inputs.push((name, transfer::copy_to_device(&t, self.device)?));
+        }
         Ok(Some(Staged {
-            features: transfer::copy_to_device(&features, self.device)?,
+            inputs,
             targets: transfer::copy_to_device(&targets, self.device)?,
             integer_features: batch.integer_features,
             indices: batch.indices,
@@ -247,18 +314,11 @@ where
             Err(e) => self.deferred = Some(e),
         }
         let ids = current.integer_features;
-        let finished = current
-            .features
-            .finish()
-            .map_err(TrainError::from)
-            .and_then(|f| match ids {
-                true => Ok(f.f_to_kind(tch::Kind::Int64)?),
-                false => Ok(f),
-            })
-            .and_then(|f| Ok((f, current.targets.finish()?)));
+        let finished = finish_inputs(current.inputs, ids)
+            .and_then(|inputs| Ok((inputs, current.targets.finish()?)));
         Some(match finished {
-            Ok((features, targets)) => Ok(DeviceBatch {
-                features,
+            Ok((inputs, targets)) => Ok(DeviceBatch {
+                inputs,
                 targets,
                 indices: current.indices,
                 number: current.number,
@@ -269,4 +329,31 @@ where
             }
         })
     }
+}
+
+/// The tensor kind of an array delivered as `dtype` ([`DType::model`] types).
+fn kind_of(dtype: DType) -> tch::Kind {
+    match dtype {
+        DType::F16 => tch::Kind::Half,
+        DType::Bf16 => tch::Kind::BFloat16,
+        DType::Bool => tch::Kind::Bool,
+        DType::F64 => tch::Kind::Double,
+        d if d.is_integer() => tch::Kind::Int64,
+        _ => tch::Kind::Float,
+    }
+}
+
+/// Waits for the inputs' copies; integer-id features (held in `f32`) become `i64`.
+fn finish_inputs(inputs: Vec<(String, PendingCopy)>, ids: bool) -> Result<Inputs, TrainError> {
+    let mut out = Vec::with_capacity(inputs.len());
+    for (name, copy) in inputs {
+        let t = copy.finish()?;
+        let t = if ids {
+            t.f_to_kind(tch::Kind::Int64)?
+        } else {
+            t
+        };
+        out.push((name, t));
+    }
+    Ok(Inputs::named(out))
 }

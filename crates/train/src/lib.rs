@@ -14,6 +14,7 @@ pub mod distributed;
 mod error;
 pub mod feed;
 pub mod init;
+pub mod inputs;
 pub mod learner;
 pub mod loss;
 pub mod metrics;

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tch::{Device, Tensor, nn};
 
 use crate::TrainError;
+use crate::inputs::Inputs;
 use kiln_config::keys;
 
 /// What the trainer needs from a model. Parameters live in the `nn::VarStore` the model was
@@ -16,6 +17,26 @@ pub trait Model {
     /// The model's output for a batch of features (logits `[batch, classes]` for a classifier).
     /// `train` switches dropout and batch-norm statistics on.
     fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError>;
+
+    /// The model's output for a batch of inputs. Default: the one input through
+    /// [`Model::forward`] (an error naming the inputs where there are several). A model that
+    /// takes its inputs by name implements it, with [`Model::reads_by_name`].
+    fn forward_inputs(&self, inputs: &Inputs, train: bool) -> Result<Tensor, TrainError> {
+        self.forward(inputs.single()?, train)
+    }
+
+    /// Whether the model takes a batch's named arrays ([`Model::forward_inputs`] gets the
+    /// dataset's arrays by name) rather than one features tensor. Default: no.
+    fn reads_by_name(&self) -> bool {
+        false
+    }
+
+    /// An error unless the model can take samples of the dataset's input `arrays` (names,
+    /// stored types, per-sample shapes), naming every mismatch. Default: one array, whatever
+    /// its name.
+    fn check_inputs(&self, arrays: &[kiln_data::ArraySpec]) -> Result<(), TrainError> {
+        one_input(arrays)
+    }
 
     /// The model's own loss, a scalar (`train.loss = "module"`): for losses kiln does not
     /// have (a quantile loss, a Dice loss). Default: the model has none.
@@ -68,6 +89,29 @@ pub trait Model {
     /// Restores positions from [`Model::rng_state`].
     fn set_rng_state(&self, _state: &[u64]) -> Result<(), TrainError> {
         Ok(())
+    }
+}
+
+/// An error unless `arrays` is one array: what a model of one input tensor can take.
+pub fn one_input(arrays: &[kiln_data::ArraySpec]) -> Result<(), TrainError> {
+    match arrays {
+        [_] => Ok(()),
+        _ => Err(TrainError::ShapeMismatch {
+            what: "the dataset's inputs".to_owned(),
+            expected: "one input array: this model takes one tensor (a TorchScript module \
+                       whose forward takes a Dict[str, Tensor] or one argument per array takes \
+                       several)"
+                .to_owned(),
+            got: format!(
+                "{} named arrays ({})",
+                arrays.len(),
+                arrays
+                    .iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
     }
 }
 

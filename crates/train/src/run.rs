@@ -146,25 +146,18 @@ impl RunData {
         let (dataset, text): (Box<dyn Dataset>, String) = match data_dir {
             Some(dir) => {
                 let d = ShardedDataset::open(dir)?;
-                if let [_, _, ..] = &d.manifest().inputs[..] {
-                    let inputs = &d.manifest().inputs;
-                    let names: Vec<&str> = inputs.iter().map(|a| a.name.as_str()).collect();
-                    return Err(TrainError::File {
-                        path: dir.join(kiln_data::MANIFEST_FILE),
-                        message: format!(
-                            "the dataset's samples are {} named arrays ({}); this kiln trains \
-                             a dataset of one input array (prepare it with --features, or one \
-                             --array); models taking several named inputs are not supported yet",
-                            names.len(),
-                            names.join(", ")
-                        ),
-                    });
-                }
+                let shapes = match &d.manifest().inputs[..] {
+                    [one] => format!("{:?}", one.shape),
+                    many => many
+                        .iter()
+                        .map(|a| format!("{} {:?}", a.name, a.shape))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                };
                 let text = format!(
-                    "{} ({} samples of {:?}; {})",
+                    "{} ({} samples of {shapes}; {})",
                     dir.display(),
                     d.len(),
-                    d.sample_shape(),
                     d.target()
                 );
                 (Box::new(d), text)
@@ -526,6 +519,8 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         tch_device
     });
     let model = (recipe.build)(&vs, &input)?;
+    // Before the run directory exists: the dataset's arrays are what the model takes.
+    model.check_inputs(&data.train.inputs())?;
     if vs.device() != tch_device {
         vs.set_device(tch_device);
     }

@@ -3,14 +3,21 @@
 //! parameters join the run's `VarStore` (so fused AdamW, clipping, checkpoints and resume see
 //! them), train/eval mode follows the step, and its own `loss(output, target)` method can be
 //! the loss. Checkpoints also hold the trained module as TorchScript (`model.pt`).
+//!
+//! A module whose `forward` takes a `Dict[str, Tensor]` gets every array of a dataset of named
+//! arrays by name; one whose `forward` takes several tensors gets one array per argument, by
+//! the argument's name or in the order `model.inputs` gives.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use tch::{Tensor, TrainableCModule, nn};
+use kiln_data::ArraySpec;
+use kiln_torch_ext::script::ForwardArg;
+use tch::{IValue, Tensor, TrainableCModule, nn};
 
 use crate::TrainError;
 use crate::error::first_line;
+use crate::inputs::Inputs;
 use crate::model::Model;
 use kiln_config::keys;
 
@@ -28,6 +35,46 @@ pub struct ScriptModel {
     module: Mutex<(TrainableCModule, bool)>,
     path: PathBuf,
     has_loss: bool,
+    takes: Takes,
+    /// `model.inputs`: the arrays its positional arguments get, in order.
+    explicit: Option<Vec<String>>,
+    /// The arrays passed to a positional `forward`, in order, once checked against a dataset.
+    order: Mutex<Vec<String>>,
+}
+
+/// How the module's `forward` takes a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Takes {
+    /// One tensor.
+    One,
+    /// A `Dict[str, Tensor]` of every array, by name.
+    Dict,
+    /// One tensor per argument (`Tensor`, or `Optional[Tensor]` with a default).
+    Positional(Vec<ForwardArg>),
+}
+
+impl Takes {
+    /// What `args` (a forward's arguments after `self`) take, or why kiln cannot feed them.
+    fn of(args: &[ForwardArg]) -> Result<Self, String> {
+        let required: Vec<&ForwardArg> = args.iter().filter(|a| !a.has_default).collect();
+        let tensor = |a: &ForwardArg| a.type_name == "Tensor";
+        let optional = |a: &ForwardArg| a.has_default && a.type_name == "Optional[Tensor]";
+        match &required[..] {
+            [one] if one.type_name == "Dict[str, Tensor]" => Ok(Takes::Dict),
+            [one] if tensor(one) => Ok(Takes::One),
+            [_, _, ..] if args.iter().all(|a| tensor(a) || optional(a)) => {
+                Ok(Takes::Positional(args.to_vec()))
+            }
+            _ => Err(format!(
+                "its forward takes ({}); kiln passes one Tensor, a Dict[str, Tensor] of the \
+                 dataset's arrays, or one Tensor per argument",
+                args.iter()
+                    .map(|a| format!("{}: {}", a.name, a.type_name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
 }
 
 /// The line of a TorchScript error that says what went wrong (its last, after the traceback).
@@ -76,6 +123,7 @@ impl ScriptModel {
             // whole process; CUDA keeps libtorch's default.
             tch::jit::f_set_graph_executor_optimize(false)?;
         }
+        let takes = Takes::of(&facts.forward_args).map_err(not_script)?;
         let mut module =
             TrainableCModule::load(path, vs.root()).map_err(|e| not_script(reason(&e)))?;
         module.f_set_train()?;
@@ -83,7 +131,17 @@ impl ScriptModel {
             module: Mutex::new((module, true)),
             path: path.to_owned(),
             has_loss: facts.has_method,
+            takes,
+            explicit: None,
+            order: Mutex::new(vec![]),
         })
+    }
+
+    /// The dataset arrays a positional `forward` gets, in order (`model.inputs`), instead of
+    /// the arrays named as its arguments.
+    pub fn with_inputs(mut self, names: Option<Vec<String>>) -> Self {
+        self.explicit = names;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -110,8 +168,12 @@ fn model_error(e: tch::TchError, what: impl FnOnce() -> String) -> TrainError {
     }
 }
 
-impl Model for ScriptModel {
-    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+impl ScriptModel {
+    /// The module, in training mode when `train`.
+    fn in_mode(
+        &self,
+        train: bool,
+    ) -> Result<std::sync::MutexGuard<'_, (TrainableCModule, bool)>, TrainError> {
         let mut guard = self.lock();
         let (module, training) = &mut *guard;
         if *training != train {
@@ -122,6 +184,150 @@ impl Model for ScriptModel {
             }
             *training = train;
         }
+        Ok(guard)
+    }
+
+    /// The arrays a positional `forward` gets for a dataset of `arrays`: `model.inputs`, or
+    /// each argument's namesake (optional arguments while the dataset has them); an error
+    /// naming every argument or name without an array.
+    fn positional_order(
+        &self,
+        args: &[ForwardArg],
+        arrays: &[ArraySpec],
+    ) -> Result<Vec<String>, TrainError> {
+        let has = |n: &str| arrays.iter().any(|a| a.name == n);
+        let required = args.iter().filter(|a| !a.has_default).count();
+        let order: Vec<String> = match &self.explicit {
+            Some(names) => names.clone(),
+            None => args
+                .iter()
+                .take_while(|a| !a.has_default || has(&a.name))
+                .map(|a| a.name.clone())
+                .collect(),
+        };
+        let missing: Vec<&str> = order
+            .iter()
+            .map(String::as_str)
+            .filter(|n| !has(n))
+            .collect();
+        let count_ok = (required..=args.len()).contains(&order.len());
+        if missing.is_empty() && count_ok {
+            return Ok(order);
+        }
+        let names = |v: &[&str]| v.join(", ");
+        let arrays: Vec<&str> = arrays.iter().map(|a| a.name.as_str()).collect();
+        let what = match (&self.explicit, missing.is_empty()) {
+            (_, false) => format!("no dataset array is named {}", names(&missing)),
+            (Some(_), true) => format!(
+                "model.inputs gives {} arrays for {} to {} arguments",
+                order.len(),
+                required,
+                args.len()
+            ),
+            (None, true) => "the arguments and the arrays differ".to_owned(),
+        };
+        Err(TrainError::ShapeMismatch {
+            what: format!("{}: forward's inputs", self.path.display()),
+            expected: format!(
+                "an array per argument ({}) among the dataset's ({}); set model.inputs = \
+                 a,b,… to give the arrays in the arguments' order",
+                args.iter()
+                    .map(|a| a.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                names(&arrays)
+            ),
+            got: what,
+        })
+    }
+
+    fn forward_error(&self, e: tch::TchError, inputs: &Inputs) -> TrainError {
+        model_error(e, || {
+            let shapes: Vec<String> = inputs
+                .iter()
+                .map(|(n, t)| format!("{n} {:?} ({:?})", t.size(), t.kind()))
+                .collect();
+            format!("{}: forward on {}", self.path.display(), shapes.join(", "))
+        })
+    }
+}
+
+impl Model for ScriptModel {
+    fn reads_by_name(&self) -> bool {
+        self.takes != Takes::One
+    }
+
+    fn check_inputs(&self, arrays: &[ArraySpec]) -> Result<(), TrainError> {
+        match &self.takes {
+            Takes::One => crate::model::one_input(arrays),
+            Takes::Dict => Ok(()),
+            Takes::Positional(args) => {
+                let order = self.positional_order(args, arrays)?;
+                *self
+                    .order
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = order;
+                Ok(())
+            }
+        }
+    }
+
+    fn forward_inputs(&self, inputs: &Inputs, train: bool) -> Result<Tensor, TrainError> {
+        let out = match &self.takes {
+            Takes::One => return self.forward(inputs.single()?, train),
+            Takes::Dict => {
+                let dict: Vec<(IValue, IValue)> = inputs
+                    .iter()
+                    .map(|(n, t)| {
+                        (
+                            IValue::String(n.to_owned()),
+                            IValue::Tensor(t.shallow_clone()),
+                        )
+                    })
+                    .collect();
+                let guard = self.in_mode(train)?;
+                guard.0.forward_is(&[IValue::GenericDict(dict)])
+            }
+            Takes::Positional(_) => {
+                let order = self
+                    .order
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                let tensors = order
+                    .iter()
+                    .map(|n| {
+                        inputs.get(n).ok_or_else(|| TrainError::ShapeMismatch {
+                            what: format!("{}: forward's inputs", self.path.display()),
+                            expected: format!("an input named {n}"),
+                            got: format!("inputs {}", inputs.names().join(", ")),
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let guard = self.in_mode(train)?;
+                guard.0.forward_ts(&tensors).map(IValue::Tensor)
+            }
+        };
+        match out.map_err(|e| self.forward_error(e, inputs))? {
+            IValue::Tensor(t) => Ok(t),
+            other => Err(TrainError::Model {
+                what: format!("{}: forward", self.path.display()),
+                message: format!(
+                    "returned a {}, where kiln needs one Tensor (the output the loss takes)",
+                    match other {
+                        IValue::Tuple(_) => "tuple",
+                        IValue::GenericDict(_) => "dict",
+                        IValue::GenericList(_) | IValue::TensorList(_) => "list",
+                        _ => "value that is not a Tensor",
+                    }
+                ),
+            }),
+        }
+    }
+
+    fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        let mut guard = self.in_mode(train)?;
+        let (module, _) = &mut *guard;
         module.forward_ts(&[features]).map_err(|e| {
             model_error(e, || {
                 format!(

@@ -50,7 +50,16 @@ fn script(plan: &ModelPlan, vs: &nn::VarStore) -> Result<Box<dyn Model>, TrainEr
             value: "torchscript".to_owned(),
             expected: "the path of a TorchScript file".to_owned(),
         })?;
-    Ok(Box::new(crate::script::ScriptModel::load(path, vs)?))
+    let inputs = plan.inputs.as_ref().map(|names| {
+        names
+            .split(',')
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect()
+    });
+    Ok(Box::new(
+        crate::script::ScriptModel::load(path, vs)?.with_inputs(inputs),
+    ))
 }
 
 /// What identifies the plan's model for the batch-size cache: its kind and sizes, or for a

@@ -103,7 +103,7 @@ impl<'m> Stepper<'m> {
     /// loss, read back from the device as a logging loop reads it (one synchronisation).
     pub fn step(&mut self, features: &Tensor, targets: &Tensor) -> Result<f64, TrainError> {
         let batch = DeviceBatch {
-            features: features.shallow_clone(),
+            inputs: crate::inputs::Inputs::features(features.shallow_clone()),
             targets: targets.shallow_clone(),
             indices: vec![],
             number: self.steps,
@@ -132,7 +132,7 @@ impl<'m> Stepper<'m> {
     {
         let batches = batches.into_iter().enumerate().map(|(number, (f, t))| {
             Ok(DeviceBatch {
-                features: f,
+                inputs: crate::inputs::Inputs::features(f),
                 targets: t,
                 indices: vec![],
                 number,

@@ -81,13 +81,14 @@ fn the_cpu_feeder_yields_every_batch_in_order_with_its_data_one_ahead() {
             "batch {}",
             batch.number
         );
-        assert_eq!(batch.features.size()[1..], [2, 3]);
-        assert_eq!(batch.features.kind(), Kind::Float);
+        assert_eq!(batch.inputs.single().unwrap().size()[1..], [2, 3]);
+        assert_eq!(batch.inputs.single().unwrap().kind(), Kind::Float);
         assert_eq!(batch.targets.kind(), Kind::Int64);
         for (k, &i) in batch.indices.iter().enumerate() {
             let label = ds.read(i, &mut buf).unwrap();
             assert_eq!(batch.targets.int64_value(&[k as i64]), label);
-            let row: Vec<f32> = Vec::try_from(batch.features.get(k as i64).flatten(0, -1)).unwrap();
+            let row: Vec<f32> =
+                Vec::try_from(batch.inputs.single().unwrap().get(k as i64).flatten(0, -1)).unwrap();
             assert_eq!(row, buf);
         }
         numbers.push(batch.number);
@@ -148,12 +149,18 @@ fn on_cuda_batches_arrive_pinned_and_intact() {
         let mut batches = 0;
         for batch in feeder.by_ref() {
             let batch = batch.unwrap();
-            assert_eq!(batch.features.device(), Device::Cuda(0));
+            assert_eq!(batch.inputs.single().unwrap().device(), Device::Cuda(0));
             let last = *batch.indices.last().unwrap();
             ds.read(last, &mut buf).unwrap();
             let k = batch.indices.len() as i64 - 1;
             let want: f64 = buf.iter().map(|v| f64::from(*v)).sum();
-            let got = batch.features.get(k).sum(Kind::Double).double_value(&[]);
+            let got = batch
+                .inputs
+                .single()
+                .unwrap()
+                .get(k)
+                .sum(Kind::Double)
+                .double_value(&[]);
             assert!(
                 (got - want).abs() < 1e-3 * want.abs().max(1.0),
                 "{got} vs {want}"
@@ -199,9 +206,13 @@ fn on_the_cpu_a_batch_becomes_a_tensor_over_its_own_memory() {
     };
     let mut feeder = DeviceFeeder::new(std::iter::once(Ok(batch)), Device::Cpu);
     let fed = feeder.next().unwrap().unwrap();
-    assert_eq!(fed.features.data_ptr() as usize, at, "no copy on the CPU");
     assert_eq!(
-        Vec::<f32>::try_from(fed.features.flatten(0, -1)).unwrap(),
+        fed.inputs.single().unwrap().data_ptr() as usize,
+        at,
+        "no copy on the CPU"
+    );
+    assert_eq!(
+        Vec::<f32>::try_from(fed.inputs.single().unwrap().flatten(0, -1)).unwrap(),
         [1.0, 2.0, 3.0, 4.0]
     );
 }
@@ -231,9 +242,9 @@ fn token_ids_reach_the_model_as_int64_and_value_targets_as_f32() {
         .next()
         .unwrap()
         .unwrap();
-    assert_eq!(batch.features.kind(), Kind::Int64);
+    assert_eq!(batch.inputs.single().unwrap().kind(), Kind::Int64);
     assert_eq!(
-        Vec::<i64>::try_from(batch.features.flatten(0, -1)).unwrap(),
+        Vec::<i64>::try_from(batch.inputs.single().unwrap().flatten(0, -1)).unwrap(),
         [3, 70_000, 16_777_216, 0, 1, 2]
     );
     assert_eq!(batch.targets.kind(), Kind::Float);

@@ -51,7 +51,7 @@ fn own_loss(mut s: TrainSettings) -> TrainSettings {
 
 fn batch(features: Tensor, targets: Tensor) -> DeviceBatch {
     DeviceBatch {
-        features,
+        inputs: kiln_train::inputs::Inputs::features(features),
         targets,
         indices: vec![],
         number: 0,

@@ -44,7 +44,7 @@ fn feed(device: Device, w: &Tensor, rounds: usize) -> anyhow::Result<bool> {
     for batch in feeder.by_ref() {
         let b = batch?;
         if rounds > 0 {
-            keep.push(compute(&b.features, w, rounds)?.f_sum(Kind::Float)?);
+            keep.push(compute(b.inputs.single()?, w, rounds)?.f_sum(Kind::Float)?);
         }
     }
     Ok(feeder.pinned())

@@ -93,17 +93,23 @@ impl Trainer<'_> {
     ) -> Result<(Loaders<D, V>, Run), TrainError> {
         let target = data.train.target();
         self.set_target(&target)?;
+        self.model.check_inputs(&data.train.inputs())?;
+        // A model that takes its inputs by name gets batches read by name.
+        let loader = LoaderConfig {
+            by_name: self.model.reads_by_name(),
+            ..data.loader
+        };
         self.plan_cuda_graph()?;
         let train_samples = data.train.len();
         let val_samples = data.val.as_ref().map_or(0, |v| v.len());
         let workers = data
             .workers_auto
-            .then(|| WorkerTuner::new(data.loader.num_workers));
+            .then(|| WorkerTuner::new(loader.num_workers));
         let first = LoaderConfig {
             num_workers: workers
                 .as_ref()
-                .map_or(data.loader.num_workers, WorkerTuner::first),
-            ..data.loader
+                .map_or(loader.num_workers, WorkerTuner::first),
+            ..loader
         };
         // On CUDA the loader writes each batch into pinned memory the copy starts from.
         let train = match self.device {
@@ -113,7 +119,7 @@ impl Trainer<'_> {
             _ => Loader::new(data.train, first)?,
         };
         let val = match data.val.filter(|v| !v.is_empty()) {
-            Some(v) => Some(Loader::new(v, validation_loader(data.loader))?),
+            Some(v) => Some(Loader::new(v, validation_loader(loader))?),
             None => None,
         };
         let accum = self.settings.grad_accum_steps.max(1) as usize;

@@ -111,6 +111,10 @@ impl Trainer<'_> {
         let [batch] = batches else {
             return Ok(None);
         };
+        // One features tensor is what the graph's static input holds.
+        let Ok(features) = batch.inputs.single() else {
+            return Ok(None);
+        };
         if self.oom.split > 1 {
             return Ok(None);
         }
@@ -121,10 +125,10 @@ impl Trainer<'_> {
                 return Ok(None);
             }
             GraphState::WarmingUp(_) => {
-                self.graph = GraphState::Captured(self.capture(batch)?);
+                self.graph = GraphState::Captured(self.capture(features, &batch.targets)?);
                 tracing::info!("the train step is captured in one CUDA graph and replayed");
             }
-            GraphState::Captured(c) if c.graph.shape() != batch.features.size() => {
+            GraphState::Captured(c) if c.graph.shape() != features.size() => {
                 return Ok(None);
             }
             GraphState::Captured(_) => {}
@@ -134,7 +138,7 @@ impl Trainer<'_> {
             return Ok(None);
         };
         c.targets.shallow_clone().f_copy_(&batch.targets)?;
-        let out = c.graph.replay(&batch.features)?;
+        let out = c.graph.replay(features)?;
         let sums_len = self.metrics.sums_len() as i64;
         let values = out.f_narrow(0, 0, sums_len)?;
         let grad_norm = if c.norm {
@@ -153,17 +157,21 @@ impl Trainer<'_> {
 
     /// Captures the step for `batch`'s shapes. Capturing runs nothing: the caller replays it
     /// for this step.
-    fn capture(&mut self, batch: &DeviceBatch) -> Result<Captured, TrainError> {
+    fn capture(
+        &mut self,
+        features: &Tensor,
+        batch_targets: &Tensor,
+    ) -> Result<Captured, TrainError> {
         let model = self.model;
         let step = model.compiled_step().ok_or_else(|| TrainError::Model {
             what: self.model_name.clone(),
             message: "has no compiled step to capture".to_owned(),
         })?;
-        let mut targets = Tensor::f_empty_like(&batch.targets)?;
-        targets.f_copy_(&batch.targets)?;
+        let mut targets = Tensor::f_empty_like(batch_targets)?;
+        targets.f_copy_(batch_targets)?;
         let norm = Cell::new(false);
         let this = RefCell::new(&mut *self);
-        let graph = CudaGraph::capture_relaxed(&batch.features, 0, |x| {
+        let graph = CudaGraph::capture_relaxed(features, 0, |x| {
             let mut t = this.borrow_mut();
             let (sums, grad_norm) = t.step_on_device(step, x, &targets)?;
             norm.set(grad_norm.is_some());

@@ -25,6 +25,7 @@ use crate::TrainError;
 use crate::checkpoint::{self, Checkpoint, RunningSums};
 use crate::distributed::{self, SharedGroup};
 use crate::feed::DeviceBatch;
+use crate::inputs::Inputs;
 use crate::loss::Loss;
 use crate::metrics::{BatchSums, MetricKind, MetricSet, MetricValues, Tally};
 use crate::model::{CompiledStep, Model};
@@ -639,7 +640,7 @@ impl<'m> Trainer<'m> {
     /// the batch's metric sums.
     fn forward_loss(
         &self,
-        features: &Tensor,
+        inputs: &Inputs,
         targets: &Tensor,
         train: bool,
     ) -> Result<(Tensor, BatchSums), TrainError> {
@@ -652,13 +653,13 @@ impl<'m> Trainer<'m> {
             None => None,
         };
         let own = match self.model.compiled_step().filter(|_| !train) {
-            Some(step) => step.evaluate(features, targets)?,
+            Some(step) => step.evaluate(inputs.single()?, targets)?,
             None => None,
         };
         let (loss, output) = match own {
             Some(pair) => pair,
             None => {
-                let output = self.model.forward(features, train)?;
+                let output = self.model.forward_inputs(inputs, train)?;
                 let loss = self
                     .loss
                     .compute(self.model, &output, targets, self.classes)?;
@@ -758,15 +759,12 @@ impl<'m> Trainer<'m> {
         for (b, batch) in batches.iter().enumerate() {
             let rows = batch.targets.size()[0];
             let chunk = (rows as u64).div_ceil(self.oom.split).max(1) as i64;
-            let pieces = if chunk >= rows {
-                vec![(
-                    batch.features.shallow_clone(),
-                    batch.targets.shallow_clone(),
-                )]
+            let pieces: Vec<(Inputs, Tensor)> = if chunk >= rows {
+                vec![(batch.inputs.shallow_clone(), batch.targets.shallow_clone())]
             } else {
                 batch
-                    .features
-                    .f_split(chunk, 0)?
+                    .inputs
+                    .split(chunk)?
                     .into_iter()
                     .zip(batch.targets.f_split(chunk, 0)?)
                     .collect()
@@ -804,7 +802,7 @@ impl<'m> Trainer<'m> {
     /// gradient sync.
     fn autograd_piece(
         &mut self,
-        (features, targets): (&Tensor, &Tensor),
+        (inputs, targets): (&Inputs, &Tensor),
         n: i64,
         total: i64,
         last: bool,
@@ -812,7 +810,7 @@ impl<'m> Trainer<'m> {
         let (loss, piece_sums) = {
             let _range = self.range("kiln/forward")?;
             let start = self.phase_start()?;
-            let out = self.forward_loss(features, targets, true)?;
+            let out = self.forward_loss(inputs, targets, true)?;
             self.phase_end(Phase::Forward, start)?;
             out
         };
@@ -842,13 +840,14 @@ impl<'m> Trainer<'m> {
     fn compiled_piece(
         &self,
         step: &dyn CompiledStep,
-        (features, targets): (&Tensor, &Tensor),
+        (inputs, targets): (&Inputs, &Tensor),
         n: i64,
         total: i64,
     ) -> Result<BatchSums, TrainError> {
         let _range = self.range("kiln/compiled_step")?;
         let start = self.phase_start()?;
         let scale = self.scaler.as_ref().map(LossScaler::scale_tensor);
+        let features = inputs.single()?;
         let (loss, output) = step.step(features, targets, n as f64 / total as f64, scale)?;
         self.phase_end(Phase::Backward, start)?;
         self.metrics.batch_sums(&loss, &output, targets)
@@ -1062,7 +1061,7 @@ impl<'m> Trainer<'m> {
         let mut tally = Tally::new(&self.metrics, self.device)?;
         for batch in batches {
             let batch = batch?;
-            let (_, sums) = self.forward_loss(&batch.features, &batch.targets, false)?;
+            let (_, sums) = self.forward_loss(&batch.inputs, &batch.targets, false)?;
             tally.add(&sums, batch.targets.size()[0] as u64)?;
         }
         Ok(Evaluation {

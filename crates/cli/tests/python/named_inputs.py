@@ -1,0 +1,97 @@
+"""TorchScript models that take several named inputs, for kiln's named-array training tests
+(crates/cli/tests/named_inputs.rs), their data, and PyTorch eager's reference losses.
+
+    named_inputs.py make OUT     scripted models, data (JSON) and reference losses in OUT
+
+A sample is three arrays of different types: `x` (f32 [4]), `cat` (int64 category), `mask`
+(bool [4]); its target `y` is one of 2 classes. JSON, not .npy: the provisioned venv has no
+numpy. Python floats print float32 values exactly.
+"""
+
+import json
+import sys
+from typing import Dict
+
+import torch
+import torch.nn.functional as F
+
+
+class DictModel(torch.nn.Module):
+    """Takes every array by name, as one Dict[str, Tensor]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 16)
+        self.emb = torch.nn.Embedding(5, 16)
+        self.out = torch.nn.Linear(16, 2)
+
+    def forward(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        x = inputs["x"] * inputs["mask"].to(torch.float32)
+        return self.out(torch.relu(self.fc(x) + self.emb(inputs["cat"])))
+
+
+class ArgsModel(torch.nn.Module):
+    """Takes one tensor per argument: `x`, then `cat`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 16)
+        self.emb = torch.nn.Embedding(5, 16)
+        self.out = torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(x) + self.emb(cat)))
+
+
+def flat(t: torch.Tensor) -> dict:
+    return {"shape": list(t.shape), "values": t.flatten().tolist()}
+
+
+def eager_losses(step, params, steps: int) -> list:
+    """Full-batch training as kiln runs it: fused AdamW, lr 1e-2, weight decay 0.01 on
+    parameters of rank 2 and up, none on the rest; the loss of each step before its update."""
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=1e-2,
+        fused=True,
+    )
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = step()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def make(out: str) -> None:
+    torch.manual_seed(0)
+    n = 64
+    x = torch.randn(n, 4)
+    cat = torch.randint(0, 5, (n,))
+    mask = torch.rand(n, 4) > 0.25
+    y = ((x * mask).sum(1) + (cat % 2) * 1.5 > 0.75).long()
+    data = {"x": flat(x), "cat": flat(cat), "mask": flat(mask.long()), "y": flat(y)}
+
+    by_dict = DictModel()
+    torch.jit.script(by_dict.train()).save(f"{out}/dict.pt")
+    inputs = {"x": x, "cat": cat, "mask": mask}
+    dict_losses = eager_losses(
+        lambda: F.cross_entropy(by_dict(inputs), y), list(by_dict.parameters()), 20
+    )
+
+    by_args = ArgsModel()
+    torch.jit.script(by_args.train()).save(f"{out}/args.pt")
+    args_losses = eager_losses(
+        lambda: F.cross_entropy(by_args(x, cat), y), list(by_args.parameters()), 20
+    )
+
+    with open(f"{out}/reference.json", "w") as f:
+        json.dump({"data": data, "dict": dict_losses, "args": args_losses}, f)
+
+
+if __name__ == "__main__":
+    make(sys.argv[2])
