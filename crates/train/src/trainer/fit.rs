@@ -99,6 +99,9 @@ impl Trainer<'_> {
             by_name: self.model.reads_by_name(),
             ..data.loader
         };
+        if loader.by_name {
+            warn_narrowed(&data.train.inputs());
+        }
         self.plan_cuda_graph()?;
         let train_samples = data.train.len();
         let val_samples = data.val.as_ref().map_or(0, |v| v.len());
@@ -563,6 +566,16 @@ impl Trainer<'_> {
         };
         observer.on_finish(&summary)?;
         Ok(summary)
+    }
+}
+
+/// Warns of each array stored as `f64`: the model gets it as `f32`.
+fn warn_narrowed(arrays: &[kiln_data::ArraySpec]) {
+    for a in arrays.iter().filter(|a| a.dtype == kiln_data::DType::F64) {
+        tracing::warn!(
+            "array `{}` is stored as f64; the model gets it as f32 (store it as f32 to say so)",
+            a.name
+        );
     }
 }
 
