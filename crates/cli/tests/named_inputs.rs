@@ -55,10 +55,12 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = make_reference("named_inputs.py", tmp.path());
     let data = prepare_named(tmp.path(), &reference["data"]);
-    let cases: [(&str, &str, &[&str]); 3] = [
+    let cases: [(&str, &str, &[&str]); 4] = [
         ("dict", "dict", &[]),
         ("args", "args", &[]),
         ("args", "args", &["--set", "model.inputs=x, cat"]),
+        // x and the optional mask by name; cat goes unused.
+        ("masked", "masked", &[]),
     ];
     for (k, (model, losses, extra)) in cases.into_iter().enumerate() {
         let runs = tmp.path().join(format!("runs-{k}"));
@@ -72,6 +74,13 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
             &args,
         );
         assert!(o.status.success(), "{model} {extra:?}: {}", stderr(&o));
+        if model == "masked" {
+            assert!(
+                stderr(&o).contains("the dataset's cat go unused"),
+                "{}",
+                stderr(&o)
+            );
+        }
         let ours = step_losses(&only_run(&runs));
         assert_same_losses(&ours, &reference[losses], 1e-4);
         assert!(ours[19] < 0.7 * ours[0], "{model} learned: {ours:?}");
@@ -85,7 +94,7 @@ fn what_a_module_takes_and_the_arrays_differ_named_with_python_torch() {
     let reference = make_reference("named_inputs.py", tmp.path());
     let data = prepare_named(tmp.path(), &reference["data"]);
     let runs = tmp.path().join("runs");
-    let cases: [(&str, &[&str], &[&str]); 3] = [
+    let cases: [(&str, &[&str], &[&str]); 4] = [
         (
             "args",
             &["--set", "model.inputs=x,category"],
@@ -101,13 +110,12 @@ fn what_a_module_takes_and_the_arrays_differ_named_with_python_torch() {
             &["model.inputs gives 1 arrays for 2 to 2 arguments"],
         ),
         (
-            "mlp",
-            &[],
-            &["one input array", "3 named arrays (x, cat, mask)"],
+            "dict",
+            &["--set", "model.inputs=x,cat"],
+            &["model.inputs", "Dict[str, Tensor]"],
         ),
+        ("one", &[], &["no dataset array is named features"]),
     ];
-    // A module of one tensor: own_models.py's classifier.
-    make_reference("own_models.py", tmp.path());
     for (model, extra, wants) in cases {
         let path = tmp.path().join(format!("{model}.pt"));
         let mut args = vec!["--epochs", "1"];

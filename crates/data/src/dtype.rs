@@ -94,7 +94,14 @@ impl DType {
                 }
             }
             _ if self == to && cfg!(target_endian = "little") => out.copy_from_slice(bytes),
-            (_, DType::F32) => self.to_f32(bytes, bytemuck::cast_slice_mut(out)),
+            (_, DType::F32) => {
+                // Element by element: `out` need not be aligned for f32.
+                let mut values = vec![0f32; out.len() / 4];
+                self.to_f32(bytes, &mut values);
+                for (o, v) in out.chunks_exact_mut(4).zip(values) {
+                    o.copy_from_slice(&v.to_ne_bytes());
+                }
+            }
             (_, DType::I64) => {
                 for (o, b) in out.chunks_exact_mut(8).zip(bytes.chunks_exact(self.size())) {
                     o.copy_from_slice(&self.to_i64(b).unwrap_or(0).to_ne_bytes());
@@ -296,6 +303,11 @@ mod tests {
             (DType::I64, 200)
         );
         assert_eq!(model(DType::Bool, &[0, 1, 2]), (DType::Bool, vec![0, 1, 1]));
+        // Into a slot not aligned for f32.
+        let mut unaligned = [0u8; 9];
+        DType::F64.to_model(&f64s, &mut unaligned[1..]);
+        assert_eq!(unaligned[1..5], 1.5f32.to_ne_bytes());
+        assert_eq!(unaligned[5..], (-2.0f32).to_ne_bytes());
     }
 
     #[test]

@@ -514,8 +514,14 @@ impl Manifest {
     }
 
     /// The oldest version whose layout holds this dataset: 2 for one input named `features`
-    /// and a target named `targets`, 1 for those of a version-1 file, else 3.
+    /// and a target named `targets`, 1 for those of a version-1 file, else 3 (and 3 for any
+    /// `bool` array, which older versions do not know).
     pub fn oldest_version(&self) -> u32 {
+        let bools =
+            self.inputs.iter().any(|a| a.dtype == DType::Bool) || self.target.dtype == DType::Bool;
+        if bools {
+            return 3;
+        }
         match self.legacy_layout_for(self.version.min(2)) {
             Some(true) => 1,
             Some(false) => 2,
@@ -551,7 +557,7 @@ impl Manifest {
                 "`{inputs_key}` is empty: a sample needs at least one input array"
             ));
         }
-        let mut seen: BTreeMap<&str, String> = BTreeMap::new();
+        let mut seen: BTreeMap<String, String> = BTreeMap::new();
         for (k, a) in self.inputs.iter().enumerate() {
             let key = if legacy {
                 "features".to_owned()
@@ -570,19 +576,21 @@ impl Manifest {
         if let Some(problem) = self.target.problem(key) {
             return Err(problem);
         }
-        self.check_shards(&seen)
+        let names: Vec<&str> = self.inputs.iter().map(|a| a.name.as_str()).collect();
+        self.check_shards(&[&names[..], &[self.target.name()]].concat())
     }
 
-    fn check_shards(&self, names: &BTreeMap<&str, String>) -> Result<(), String> {
-        let all = names.keys().copied().collect::<Vec<_>>().join(", ");
+    /// Every shard names a file for each of `names` (every array), and for nothing else.
+    fn check_shards(&self, names: &[&str]) -> Result<(), String> {
+        let all = names.join(", ");
         for (k, shard) in self.shards.iter().enumerate() {
-            if let Some(name) = names.keys().find(|n| shard.file(n).is_none()) {
+            if let Some(name) = names.iter().find(|n| shard.file(n).is_none()) {
                 return Err(format!(
                     "`shards[{k}].files` has no file for array `{name}` (every shard holds \
                      every array: {all})"
                 ));
             }
-            if let Some(name) = shard.files.keys().find(|n| !names.contains_key(n.as_str())) {
+            if let Some(name) = shard.files.keys().find(|n| !names.contains(&n.as_str())) {
                 return Err(format!(
                     "`shards[{k}].files` names `{name}`, which is neither an input nor the \
                      target (the arrays: {all})"
@@ -627,20 +635,20 @@ fn check_input(key: &str, a: &ArraySpec) -> Result<(), String> {
 
 /// Records `name` as the name of the array at manifest key `key`: an error if it is not a
 /// valid array name or already names another array.
-fn claim_name<'a>(
-    seen: &mut BTreeMap<&'a str, String>,
-    name: &'a str,
-    key: String,
-) -> Result<(), String> {
+fn claim_name(seen: &mut BTreeMap<String, String>, name: &str, key: String) -> Result<(), String> {
     if let Some(problem) = name_problem(name) {
         return Err(format!("`{key}.name` \"{name}\" {problem}"));
     }
-    if let Some(other) = seen.get(name) {
+    // Unique ignoring case: `.npy` shards are named after their arrays, and some file systems
+    // do not tell `x` from `X`.
+    let folded = name.to_ascii_lowercase();
+    if let Some(other) = seen.get(folded.as_str()) {
         return Err(format!(
-            "`{key}.name` \"{name}\" is already the name of `{other}`: array names are unique"
+            "`{key}.name` \"{name}\" is already the name of `{other}`: array names are unique \
+             (ignoring case)"
         ));
     }
-    seen.insert(name, key);
+    seen.insert(folded, key);
     Ok(())
 }
 

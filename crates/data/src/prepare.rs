@@ -366,11 +366,12 @@ fn arrays_source<'a>(
                 format!("is given as `{name}`, which {problem}"),
             ));
         }
-        if let Some(other) = seen.insert(name.as_str(), path) {
+        if let Some(other) = seen.insert(name.to_ascii_lowercase(), path) {
             return Err(DataError::file(
                 path,
                 format!(
-                    "is given as `{name}`, the name of {} too: array names are unique",
+                    "is given as `{name}`, the name of {} too: array names are unique \
+                     (ignoring case)",
                     other.display()
                 ),
             ));
@@ -618,10 +619,10 @@ fn write_csv_groups(
         if let Some(problem) = name_problem(name) {
             return Err(DataError::file(path, format!("array `{name}` {problem}")));
         }
-        if !names.insert(name) {
+        if !names.insert(name.to_ascii_lowercase()) {
             return Err(DataError::file(
                 path,
-                format!("array `{name}` is given twice: array names are unique"),
+                format!("array `{name}` is given twice: array names are unique (ignoring case)"),
             ));
         }
     }

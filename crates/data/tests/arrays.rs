@@ -221,6 +221,26 @@ fn one_features_array_and_its_targets_still_make_a_version_2_dataset() {
         bytemuck::cast_slice::<f32, u8>(&features),
         bytes("x", DType::F32, 3, &[4])
     );
+
+    // A bool array is new in version 3: the same names with a mask make a version-3 dataset.
+    let source = PrepareSource::Arrays {
+        inputs: vec![(
+            "features".into(),
+            write(tmp.path(), "mask", DType::Bool, &[3], N),
+        )],
+        target: (
+            "targets".into(),
+            write(tmp.path(), "y", DType::F32, &[2], N),
+        ),
+        classes: None,
+    };
+    let m = prepare(
+        &source,
+        &tmp.path().join("bools"),
+        &options(ShardFormat::Npy),
+    )
+    .unwrap();
+    assert_eq!(m.version, 3);
 }
 
 #[test]
@@ -339,6 +359,11 @@ fn inconsistent_version_3_manifests_are_named() {
             "\"name\": \"y\"",
             "\"name\": \"wide\"",
             "`target.name` \"wide\" is already the name of `inputs[5]`",
+        ),
+        (
+            "\"name\": \"cat\"",
+            "\"name\": \"X\"",
+            "`inputs[1].name` \"X\" is already the name of `inputs[0]`",
         ),
         (
             "\"name\": \"mask\"",

@@ -1,5 +1,6 @@
 // kiln native extension: facts about a saved TorchScript module that tch does not expose
-// (whether it was saved in training mode, which methods it has).
+// (whether it was saved in training mode, which methods it has, its parameter count, and the
+// arguments its forward takes).
 
 #include <torch/script.h>
 

@@ -38,32 +38,37 @@ pub struct ScriptModel {
     takes: Takes,
     /// `model.inputs`: the arrays its positional arguments get, in order.
     explicit: Option<Vec<String>>,
-    /// The arrays passed to a positional `forward`, in order, once checked against a dataset.
-    order: Mutex<Vec<String>>,
+    /// The arrays a `forward` of tensors gets, in order, as [`Model::check_inputs`] decided for
+    /// the dataset; `None`: one tensor, a dataset's one array whatever its name.
+    order: Mutex<Option<Vec<String>>>,
 }
 
 /// How the module's `forward` takes a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Takes {
-    /// One tensor.
-    One,
     /// A `Dict[str, Tensor]` of every array, by name.
     Dict,
-    /// One tensor per argument (`Tensor`, or `Optional[Tensor]` with a default).
-    Positional(Vec<ForwardArg>),
+    /// One tensor per argument: its leading `Tensor` arguments (and `Optional[Tensor]` ones
+    /// with a default); any arguments after them keep their defaults.
+    Tensors(Vec<ForwardArg>),
 }
 
 impl Takes {
     /// What `args` (a forward's arguments after `self`) take, or why kiln cannot feed them.
     fn of(args: &[ForwardArg]) -> Result<Self, String> {
-        let required: Vec<&ForwardArg> = args.iter().filter(|a| !a.has_default).collect();
-        let tensor = |a: &ForwardArg| a.type_name == "Tensor";
-        let optional = |a: &ForwardArg| a.has_default && a.type_name == "Optional[Tensor]";
-        match &required[..] {
-            [one] if one.type_name == "Dict[str, Tensor]" => Ok(Takes::Dict),
-            [one] if tensor(one) => Ok(Takes::One),
-            [_, _, ..] if args.iter().all(|a| tensor(a) || optional(a)) => {
-                Ok(Takes::Positional(args.to_vec()))
+        let tensor = |a: &ForwardArg| {
+            a.type_name == "Tensor" || (a.has_default && a.type_name == "Optional[Tensor]")
+        };
+        let leading = args.iter().take_while(|a| tensor(a)).count();
+        let rest_defaults = args[leading..].iter().all(|a| a.has_default);
+        match args {
+            [one, rest @ ..]
+                if one.type_name == "Dict[str, Tensor]" && rest.iter().all(|a| a.has_default) =>
+            {
+                Ok(Takes::Dict)
+            }
+            _ if leading > 0 && rest_defaults && !args[0].has_default => {
+                Ok(Takes::Tensors(args[..leading].to_vec()))
             }
             _ => Err(format!(
                 "its forward takes ({}); kiln passes one Tensor, a Dict[str, Tensor] of the \
@@ -133,7 +138,7 @@ impl ScriptModel {
             has_loss: facts.has_method,
             takes,
             explicit: None,
-            order: Mutex::new(vec![]),
+            order: Mutex::new(None),
         })
     }
 
@@ -193,9 +198,9 @@ impl ScriptModel {
     fn positional_order(
         &self,
         args: &[ForwardArg],
-        arrays: &[ArraySpec],
+        arrays: &[&str],
     ) -> Result<Vec<String>, TrainError> {
-        let has = |n: &str| arrays.iter().any(|a| a.name == n);
+        let has = |n: &str| arrays.contains(&n);
         let required = args.iter().filter(|a| !a.has_default).count();
         let order: Vec<String> = match &self.explicit {
             Some(names) => names.clone(),
@@ -215,7 +220,6 @@ impl ScriptModel {
             return Ok(order);
         }
         let names = |v: &[&str]| v.join(", ");
-        let arrays: Vec<&str> = arrays.iter().map(|a| a.name.as_str()).collect();
         let what = match (&self.explicit, missing.is_empty()) {
             (_, false) => format!("no dataset array is named {}", names(&missing)),
             (Some(_), true) => format!(
@@ -235,7 +239,7 @@ impl ScriptModel {
                     .map(|a| a.name.as_str())
                     .collect::<Vec<_>>()
                     .join(", "),
-                names(&arrays)
+                names(arrays)
             ),
             got: what,
         })
@@ -252,29 +256,69 @@ impl ScriptModel {
     }
 }
 
+impl ScriptModel {
+    fn lock_order(&self) -> std::sync::MutexGuard<'_, Option<Vec<String>>> {
+        self.order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The error for `model.inputs` given to a module whose forward takes a dict.
+    fn explicit_for_dict(&self) -> TrainError {
+        TrainError::InvalidPlan {
+            key: keys::model::inputs,
+            value: self.explicit.clone().unwrap_or_default().join(","),
+            expected: format!(
+                "unset: {} takes a Dict[str, Tensor] of every array by name (model.inputs \
+                 orders the arguments of a forward of several tensors)",
+                self.path.display()
+            ),
+        }
+    }
+}
+
 impl Model for ScriptModel {
     fn reads_by_name(&self) -> bool {
-        self.takes != Takes::One
+        self.takes == Takes::Dict || self.lock_order().is_some()
     }
 
     fn check_inputs(&self, arrays: &[ArraySpec]) -> Result<(), TrainError> {
-        match &self.takes {
-            Takes::One => crate::model::one_input(arrays),
-            Takes::Dict => Ok(()),
-            Takes::Positional(args) => {
-                let order = self.positional_order(args, arrays)?;
-                *self
-                    .order
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner) = order;
-                Ok(())
+        let names: Vec<&str> = arrays.iter().map(|a| a.name.as_str()).collect();
+        let order = match &self.takes {
+            Takes::Dict if self.explicit.is_some() => return Err(self.explicit_for_dict()),
+            Takes::Dict => return Ok(()),
+            // One array for one required argument: it goes there, whatever its name.
+            Takes::Tensors(args)
+                if self.explicit.is_none()
+                    && names.len() == 1
+                    && args.iter().filter(|a| !a.has_default).count() == 1 =>
+            {
+                None
             }
-        }
+            Takes::Tensors(args) => {
+                let order = self.positional_order(args, &names)?;
+                let unused: Vec<&str> = names
+                    .iter()
+                    .copied()
+                    .filter(|n| !order.iter().any(|o| o == n))
+                    .collect();
+                if !unused.is_empty() {
+                    tracing::warn!(
+                        "{}'s forward takes {}; the dataset's {} go unused",
+                        self.path.display(),
+                        order.join(", "),
+                        unused.join(", ")
+                    );
+                }
+                Some(order)
+            }
+        };
+        *self.lock_order() = order;
+        Ok(())
     }
 
     fn forward_inputs(&self, inputs: &Inputs, train: bool) -> Result<Tensor, TrainError> {
         let out = match &self.takes {
-            Takes::One => return self.forward(inputs.single()?, train),
             Takes::Dict => {
                 let dict: Vec<(IValue, IValue)> = inputs
                     .iter()
@@ -288,12 +332,15 @@ impl Model for ScriptModel {
                 let guard = self.in_mode(train)?;
                 guard.0.forward_is(&[IValue::GenericDict(dict)])
             }
-            Takes::Positional(_) => {
-                let order = self
-                    .order
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .clone();
+            Takes::Tensors(args) => {
+                let order = match self.lock_order().clone() {
+                    Some(order) => order,
+                    // Never checked against a dataset (a library caller): by the inputs' names.
+                    None if inputs.names().len() > 1 => {
+                        self.positional_order(args, &inputs.names())?
+                    }
+                    None => return self.forward(inputs.single()?, train),
+                };
                 let tensors = order
                     .iter()
                     .map(|n| {

@@ -10,7 +10,7 @@ numpy. Python floats print float32 values exactly.
 
 import json
 import sys
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,31 @@ class ArgsModel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, cat: torch.Tensor) -> torch.Tensor:
         return self.out(torch.relu(self.fc(x) + self.emb(cat)))
+
+
+class MaskedModel(torch.nn.Module):
+    """Takes `x` and an optional `mask`: kiln passes the mask while the dataset has one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 16)
+        self.out = torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if mask is not None:
+            x = x * mask.to(torch.float32)
+        return self.out(torch.relu(self.fc(x)))
+
+
+class OneTensor(torch.nn.Module):
+    """Takes one tensor, `features`: no array of the dataset has that name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(features)
 
 
 def flat(t: torch.Tensor) -> dict:
@@ -89,8 +114,17 @@ def make(out: str) -> None:
         lambda: F.cross_entropy(by_args(x, cat), y), list(by_args.parameters()), 20
     )
 
+    masked = MaskedModel()
+    torch.jit.script(masked.train()).save(f"{out}/masked.pt")
+    masked_losses = eager_losses(
+        lambda: F.cross_entropy(masked(x, mask), y), list(masked.parameters()), 20
+    )
+
+    torch.jit.script(OneTensor().train()).save(f"{out}/one.pt")
+
     with open(f"{out}/reference.json", "w") as f:
-        json.dump({"data": data, "dict": dict_losses, "args": args_losses}, f)
+        json.dump({"data": data, "dict": dict_losses, "args": args_losses,
+                   "masked": masked_losses}, f)
 
 
 if __name__ == "__main__":
