@@ -203,12 +203,20 @@ impl Trainer<'_> {
             total_steps: run.total_steps,
             train_samples: run.train_samples,
             val_samples: run.val_samples,
-            feed: match self.device {
-                Device::Cpu => "cpu: batch buffers become tensors without a copy".to_owned(),
-                Device::Cuda(_) => {
+            feed: match (self.device, self.model.reads_by_name()) {
+                (Device::Cpu, false) => {
+                    "cpu: batch buffers become tensors without a copy".to_owned()
+                }
+                (Device::Cpu, true) => {
+                    "cpu: arrays read by name, each copied into a tensor of its type".to_owned()
+                }
+                (Device::Cuda(_), false) => {
                     "pinned host buffers, copied on a side stream one batch ahead".to_owned()
                 }
-                other => format!("copies to {other:?}"),
+                (Device::Cuda(_), true) => "arrays read by name, each copied into pinned memory \
+                                            and on a side stream one batch ahead"
+                    .to_owned(),
+                (other, _) => format!("copies to {other:?}"),
             },
             resumed_from: options
                 .resume
