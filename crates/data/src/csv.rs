@@ -285,9 +285,15 @@ pub(crate) fn csv_error(e: &::csv::Error) -> String {
     }
 }
 
-type Labels = (Vec<i64>, usize, Option<Vec<String>>);
+pub(crate) type Labels = (Vec<i64>, usize, Option<Vec<String>>);
 
-fn number_labels(path: &Path, column: &str, raw: Vec<(u64, String)>) -> Result<Labels, DataError> {
+/// Labels by line: integers as they are (never negative), or any other texts as class names
+/// numbered in sorted order; with the class count and the names.
+pub(crate) fn number_labels(
+    path: &Path,
+    column: &str,
+    raw: Vec<(u64, String)>,
+) -> Result<Labels, DataError> {
     let ints: Option<Vec<i64>> = raw.iter().map(|(_, t)| t.parse::<i64>().ok()).collect();
     if let Some(ints) = ints {
         if let Some(((line, text), _)) = raw.iter().zip(&ints).find(|(_, v)| **v < 0) {

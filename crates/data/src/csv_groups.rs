@@ -3,10 +3,10 @@
 //! every value of the group is an integer, else `f32`; the target group is classes (integers,
 //! or names numbered in sorted order) or values, as a `.npy` target would be.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::csv::{csv_error, open_reader};
+use crate::csv::{csv_error, number_labels, open_reader};
 use crate::{DType, DataError, StoredTarget, TargetSpec};
 
 /// Named columns of a CSV file that make one array.
@@ -280,18 +280,11 @@ fn named_classes(
             ),
         ));
     }
-    let names: Vec<String> = texts
-        .iter()
-        .map(|(_, t)| t.clone())
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let bytes = texts
-        .iter()
-        .flat_map(|(_, t)| (names.binary_search(t).unwrap_or(0) as i64).to_le_bytes())
-        .collect();
-    let spec = TargetSpec::label(names.len().max(2));
-    let class_names = (names.len() >= 2).then(|| names.clone());
+    // Not all integers (some text is not a number), so these are names, numbered in order.
+    let (labels, count, names) = number_labels(path, &group.columns[0], texts)?;
+    let bytes = labels.iter().flat_map(|l| l.to_le_bytes()).collect();
+    let spec = TargetSpec::label(count.max(2));
+    let class_names = names.filter(|n| n.len() >= 2);
     let array = GroupArray {
         name: group.name.clone(),
         dtype: DType::I64,

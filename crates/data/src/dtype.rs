@@ -94,12 +94,12 @@ impl DType {
                 }
             }
             _ if self == to && cfg!(target_endian = "little") => out.copy_from_slice(bytes),
+            // Element by element: `out` need not be aligned for f32.
             (_, DType::F32) => {
-                // Element by element: `out` need not be aligned for f32.
-                let mut values = vec![0f32; out.len() / 4];
-                self.to_f32(bytes, &mut values);
-                for (o, v) in out.chunks_exact_mut(4).zip(values) {
-                    o.copy_from_slice(&v.to_ne_bytes());
+                for (o, b) in out.chunks_exact_mut(4).zip(bytes.chunks_exact(self.size())) {
+                    let mut v = [0f32];
+                    self.to_f32(b, &mut v);
+                    o.copy_from_slice(&v[0].to_ne_bytes());
                 }
             }
             (_, DType::I64) => {

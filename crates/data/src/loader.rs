@@ -167,7 +167,7 @@ fn build_batch<D: Dataset>(
     match read {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
-        Err(payload) => return Err(name_panic(dataset, &indices, payload.as_ref())),
+        Err(payload) => return Err(name_panic(dataset, &indices, false, payload.as_ref())),
     }
     let mut shape = vec![indices.len()];
     shape.extend_from_slice(dataset.sample_shape());
@@ -246,7 +246,7 @@ fn build_named<D: Dataset>(
     match read {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
-        Err(payload) => return Err(name_named_panic(dataset, &indices, payload.as_ref())),
+        Err(payload) => return Err(name_panic(dataset, &indices, true, payload.as_ref())),
     }
     let mut target_shape = vec![n];
     target_shape.extend_from_slice(spec.shape());
@@ -300,46 +300,34 @@ fn read_named_parts<D: Dataset>(
     results.into_iter().collect()
 }
 
-/// The error for a panic while reading `indices`: the batch is read again sample by sample to
-/// find the sample at fault (the batch's first where none panics again).
+/// The error for a panic while reading `indices`: the batch is read again sample by sample
+/// (by name where it was read by name) to find the sample at fault (the batch's first where none
+/// panics again).
 fn name_panic<D: Dataset>(
     dataset: &D,
     indices: &[usize],
+    by_name: bool,
     payload: &(dyn std::any::Any + Send),
 ) -> DataError {
-    let mut features = vec![0f32; dataset.sample_numel()];
     let mut target = dataset.target().batch(1);
-    let culprit = indices.iter().copied().find(|&index| {
-        catch_unwind(AssertUnwindSafe(|| {
-            dataset.read_sample(index, &mut features, target.all())
-        }))
-        .is_err()
-    });
-    DataError::WorkerPanic {
-        index: culprit.or(indices.first().copied()).unwrap_or(0),
-        message: panic_message(payload),
-    }
-}
-
-/// [`name_panic`] for a batch read by name: its samples read again one by one, by name.
-fn name_named_panic<D: Dataset>(
-    dataset: &D,
-    indices: &[usize],
-    payload: &(dyn std::any::Any + Send),
-) -> DataError {
-    let mut arrays: Vec<Vec<u8>> = dataset
-        .inputs()
-        .iter()
-        .map(|a| vec![0u8; a.numel() * a.dtype.model().size()])
-        .collect();
-    let mut target = dataset.target().batch(1);
-    let culprit = indices.iter().copied().find(|&index| {
-        let mut slots: Vec<&mut [u8]> = arrays.iter_mut().map(|a| &mut a[..]).collect();
-        catch_unwind(AssertUnwindSafe(|| {
+    let mut read_one: Box<dyn FnMut(usize) -> Result<(), DataError> + '_> = if by_name {
+        let mut arrays: Vec<Vec<u8>> = dataset
+            .inputs()
+            .iter()
+            .map(|a| vec![0u8; a.numel() * a.dtype.model().size()])
+            .collect();
+        Box::new(move |index| {
+            let mut slots: Vec<&mut [u8]> = arrays.iter_mut().map(|a| &mut a[..]).collect();
             dataset.read_arrays(&[index], &mut slots, target.all())
-        }))
-        .is_err()
-    });
+        })
+    } else {
+        let mut features = vec![0f32; dataset.sample_numel()];
+        Box::new(move |index| dataset.read_sample(index, &mut features, target.all()))
+    };
+    let culprit = indices
+        .iter()
+        .copied()
+        .find(|&index| catch_unwind(AssertUnwindSafe(|| read_one(index))).is_err());
     DataError::WorkerPanic {
         index: culprit.or(indices.first().copied()).unwrap_or(0),
         message: panic_message(payload),

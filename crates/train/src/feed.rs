@@ -170,44 +170,34 @@ where
         self.ahead.is_some()
     }
 
-    /// The batch as host tensors: copied into pinned memory for CUDA, otherwise the batch's own
-    /// buffers without a copy.
-    fn host_tensors(&mut self, batch: &mut Batch) -> Result<(Tensor, Tensor), TrainError> {
-        let dims = |d: &[usize]| d.iter().map(|&d| d as i64).collect::<Vec<i64>>();
-        let (shape, target_shape) = (dims(&batch.shape), dims(&batch.target_shape));
+    /// Gives up pinned staging after `e`, for the rest of the run.
+    fn unpin(&mut self, e: &dyn std::fmt::Display) {
+        tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
+        self.pin = false;
+        self.unpinned_because = Some(e.to_string());
+    }
+
+    /// The batch's features as a host tensor: in pinned memory for CUDA, otherwise the batch's
+    /// own buffer without a copy.
+    fn host_features(&mut self, batch: &mut Batch) -> Result<Tensor, TrainError> {
+        let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
         let features = std::mem::take(&mut batch.features);
         if self.pin {
-            let targets = || match &batch.targets {
-                Targets::Classes(v) => transfer::host_tensor_i64(v, &target_shape, true),
-                Targets::Values(v) => transfer::host_tensor_f32(v, &target_shape, true),
-            };
             // Features the loader wrote into pinned memory (`PinnedBuffers`) are used where they
             // are (the view shares the block); others are copied into pinned memory.
             let pinned = match features.owner().downcast_ref::<PinnedBlock>() {
                 Some(block) => block.0.f_view(shape.as_slice()).map_err(TrainError::from),
                 None => transfer::host_tensor_f32(&features, &shape, true).map_err(Into::into),
-            }
-            .and_then(|f| Ok((f, targets()?)));
+            };
             match pinned {
                 Ok(t) => return Ok(t),
-                Err(e) => {
-                    tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
-                    self.pin = false;
-                    self.unpinned_because = Some(e.to_string());
-                }
+                Err(e) => self.unpin(&e),
             }
         }
-        let targets = match std::mem::replace(&mut batch.targets, Targets::Classes(vec![])) {
-            Targets::Classes(v) => transfer::tensor_from_vec_i64(v, &target_shape)?,
-            Targets::Values(v) => transfer::tensor_from_vec_f32(v, &target_shape)?,
-        };
-        Ok((
-            transfer::tensor_from_vec_f32(features.into_vec(), &shape)?,
-            targets,
-        ))
+        Ok(transfer::tensor_from_vec_f32(features.into_vec(), &shape)?)
     }
 
-    /// A batch's targets as a host tensor (pinned for CUDA where it can be had).
+    /// The batch's targets as a host tensor (pinned for CUDA where it can be had).
     fn host_targets(&mut self, batch: &mut Batch) -> Result<Tensor, TrainError> {
         let shape: Vec<i64> = batch.target_shape.iter().map(|&d| d as i64).collect();
         if self.pin {
@@ -217,11 +207,7 @@ where
             };
             match pinned {
                 Ok(t) => return Ok(t),
-                Err(e) => {
-                    tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
-                    self.pin = false;
-                    self.unpinned_because = Some(e.to_string());
-                }
+                Err(e) => self.unpin(&e),
             }
         }
         Ok(
@@ -244,11 +230,7 @@ where
             if self.pin {
                 match t.f_pin_memory(self.device) {
                     Ok(pinned) => t = pinned,
-                    Err(e) => {
-                        tracing::warn!("pinned staging unavailable, using pageable memory: {e}");
-                        self.pin = false;
-                        self.unpinned_because = Some(e.to_string());
-                    }
+                    Err(e) => self.unpin(&e),
                 }
             }
             out.push((a.name, t));
@@ -262,16 +244,13 @@ where
             return Ok(None);
         };
         let arrays = std::mem::take(&mut batch.arrays);
-        let (host, targets) = if arrays.is_empty() {
-            let (features, targets) = self.host_tensors(&mut batch)?;
-            (
-                vec![(crate::inputs::FEATURES.to_owned(), features)],
-                targets,
-            )
+        let host = if arrays.is_empty() {
+            let features = self.host_features(&mut batch)?;
+            vec![(crate::inputs::FEATURES.to_owned(), features)]
         } else {
-            let host = self.host_arrays(arrays)?;
-            (host, self.host_targets(&mut batch)?)
+            self.host_arrays(arrays)?
         };
+        let targets = self.host_targets(&mut batch)?;
         let mut inputs = Vec::with_capacity(host.len());
         for (name, t) in host {
             inputs.push((name, transfer::copy_to_device(&t, self.device)?));

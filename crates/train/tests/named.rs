@@ -6,12 +6,10 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use half::f16;
-use kiln_config::{LossKind, LossScalePlan, OptimizerKind, ScheduleKind};
 use kiln_data::{
     DType, LoaderConfig, PrepareOptions, PrepareSource, SamplerConfig, ShardFormat, ShardedDataset,
     prepare, write_npy,
 };
-use kiln_device::settings::AmpDtype;
 use kiln_train::TrainError;
 use kiln_train::inputs::Inputs;
 use kiln_train::model::Model;
@@ -53,33 +51,6 @@ impl Model for Recorder {
             .collect();
         self.seen.borrow_mut().push(batch);
         Ok(inputs.get("w").unwrap().matmul(&self.weight))
-    }
-}
-
-fn settings() -> TrainSettings {
-    TrainSettings {
-        epochs: 1,
-        precision: AmpDtype::None,
-        optimizer: OptimizerKind::Sgd,
-        lr: 0.1,
-        weight_decay: 0.0,
-        momentum: 0.0,
-        grad_accum_steps: 1,
-        clip_grad_norm: 0.0,
-        schedule: ScheduleKind::Constant,
-        warmup_steps: 0,
-        min_lr: 0.0,
-        loss_scale: LossScalePlan {
-            init: 1024.0,
-            growth: 2.0,
-            backoff: 0.5,
-            growth_interval: 3,
-        },
-        log_interval: 1,
-        empty_cache_interval: 0,
-        max_bad_steps: 3,
-        loss: LossKind::Auto,
-        cuda_graphs: kiln_config::CudaGraphs::Off,
     }
 }
 
@@ -142,7 +113,12 @@ fn named_arrays_reach_a_model_that_reads_by_name_unchanged() {
         weight: vs.root().ones("weight", &[1, 1]),
         seen: RefCell::new(vec![]),
     };
-    let mut trainer = Trainer::new(&model, "recorder", &vs, settings(), Device::Cpu).unwrap();
+    // One epoch of kiln's defaults: what the model is given is all this test looks at.
+    let settings = TrainSettings {
+        epochs: 1,
+        ..TrainSettings::default()
+    };
+    let mut trainer = Trainer::new(&model, "recorder", &vs, settings, Device::Cpu).unwrap();
     let loader = LoaderConfig {
         batch_size: 4,
         sampler: SamplerConfig::default(),
