@@ -1,8 +1,9 @@
 //! kiln's data layer: random-access datasets (in memory, memory-mapped shards, CSV, synthetic),
 //! per-sample transforms, samplers (sequential, seeded shuffle, rank sharding, resumable
 //! position), the multi-worker prefetching loader that assembles batches into contiguous
-//! buffers, and `prepare`, which turns CSV or `.npy` files into shards. A sample's target is a
-//! class label or a tensor of classes or values of a fixed shape ([`TargetSpec`]).
+//! buffers, `prepare`, which turns CSV or `.npy` files into shards, and time-series windows over
+//! stored series for forecasters. A sample's target is a class label or a tensor of classes or
+//! values of a fixed shape ([`TargetSpec`]).
 //!
 //! Layering: knows nothing of training, and nothing of tensors: a [`Batch`] is plain contiguous
 //! memory (the trainer's own, through [`BatchBuffers`], where it provides some) that the trainer
@@ -24,6 +25,7 @@ mod shards;
 mod synthetic;
 mod target;
 mod transform;
+mod windows;
 
 pub use buffers::{BatchBuffers, FeatureBuffer, HeapBuffers};
 pub use csv::{CsvDataset, CsvOptions};
@@ -44,3 +46,7 @@ pub use synthetic::{SyntheticImages, SyntheticSequences};
 pub use target::MAX_EXACT_ID;
 pub use target::{TargetSlot, TargetSpec, Targets};
 pub use transform::{Normalize, Transform, Transformed};
+pub use windows::{
+    Series, TargetNormalizer, WINDOWS_FILE, WindowColumns, WindowedDataset, Windows,
+    WindowsManifest, WindowsSource, prepare_windows,
+};

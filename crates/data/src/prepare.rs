@@ -704,6 +704,20 @@ pub fn prepare(
             expected: "at least 1".to_owned(),
         });
     }
+    write_new_dir(out, |staging| {
+        let manifest = write_source(source, staging, options)?;
+        ShardedDataset::open(staging)?;
+        Ok(manifest)
+    })
+}
+
+/// Creates the directory `out`, which must not exist yet, through `write`: it fills a staging
+/// directory beside `out`, which becomes `out` only once `write` succeeded and is removed
+/// otherwise, so nothing half-written is left under `out`'s name and nothing is overwritten.
+pub(crate) fn write_new_dir<T>(
+    out: &Path,
+    write: impl FnOnce(&Path) -> Result<T, DataError>,
+) -> Result<T, DataError> {
     if out.exists() {
         return Err(DataError::file(
             out,
@@ -727,11 +741,10 @@ pub fn prepare(
     ));
     std::fs::create_dir(&staging)
         .map_err(|e| DataError::file(&staging, format!("cannot create: {e}")))?;
-    let written = write_source(source, &staging, options).and_then(|manifest| {
-        ShardedDataset::open(&staging)?;
+    let written = write(&staging).and_then(|value| {
         std::fs::rename(&staging, out)
-            .map_err(|e| DataError::file(out, format!("cannot move the shards into place: {e}")))?;
-        Ok(manifest)
+            .map_err(|e| DataError::file(out, format!("cannot move the files into place: {e}")))?;
+        Ok(value)
     });
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&staging);

@@ -1,0 +1,373 @@
+//! `kiln data prepare --windows`: a long-format CSV sorted into one series per group and stored
+//! column by column, with the manifest naming each column's role.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::{
+    FORMAT, REALS_FILE, Series, TARGETS_FILE, TargetNormalizer, VERSION, WINDOWS_FILE,
+    WindowColumns, Windows, WindowsManifest,
+};
+use crate::csv::{csv_error, open_reader};
+use crate::prepare::{write_new_dir, write_npy};
+use crate::{DType, DataError};
+
+/// A long-format CSV file and how to window it.
+#[derive(Debug, Clone)]
+pub struct WindowsSource {
+    pub csv: PathBuf,
+    pub delimiter: u8,
+    pub columns: WindowColumns,
+    pub encoder_length: usize,
+    pub horizon: usize,
+    pub normalize: TargetNormalizer,
+}
+
+/// The CSV's rows as read, column by column.
+#[derive(Default)]
+struct Rows {
+    /// Each row's series: a number into `keys`.
+    series: Vec<usize>,
+    keys: Vec<Vec<String>>,
+    times: Vec<i64>,
+    /// `targets` values per row.
+    targets: Vec<f32>,
+    /// Known then unknown reals per row.
+    reals: Vec<f32>,
+    /// Static categoricals' texts per row.
+    statics: Vec<String>,
+    lines: Vec<u64>,
+}
+
+/// Reads `source`'s CSV and writes its series into `out`, which must not exist yet; checks the
+/// result by opening it. Returns the manifest written. Errors name the file, the line and the
+/// column (or the series) at fault.
+pub fn prepare_windows(source: &WindowsSource, out: &Path) -> Result<WindowsManifest, DataError> {
+    check_source(source)?;
+    let rows = read_rows(source)?;
+    write_new_dir(out, |dir| {
+        let manifest = write_series(source, &rows, dir)?;
+        Windows::open(dir)?;
+        Ok(manifest)
+    })
+}
+
+/// An error for lengths of 0, and for columns given no role or two.
+fn check_source(s: &WindowsSource) -> Result<(), DataError> {
+    for (key, v) in [("encoder_length", s.encoder_length), ("horizon", s.horizon)] {
+        if v == 0 {
+            return Err(DataError::InvalidConfig {
+                key,
+                value: "0".to_owned(),
+                expected: "at least 1 time step".to_owned(),
+            });
+        }
+    }
+    let c = &s.columns;
+    if c.group.is_empty() || c.target.is_empty() {
+        return Err(DataError::file(
+            &s.csv,
+            "a windowed dataset needs group column(s) naming the series and target column(s)",
+        ));
+    }
+    let mut role: HashMap<&str, &str> = HashMap::new();
+    let roles = [
+        ("time", std::slice::from_ref(&c.time)),
+        ("group", &c.group[..]),
+        ("target", &c.target[..]),
+        ("known", &c.known[..]),
+        ("static", &c.static_categoricals[..]),
+    ];
+    for (name, columns) in roles {
+        for column in columns {
+            if let Some(other) = role.insert(column, name) {
+                return Err(DataError::file(
+                    &s.csv,
+                    format!("column `{column}` is given two roles: {other} and {name}"),
+                ));
+            }
+        }
+    }
+    for column in &c.unknown {
+        match role.insert(column, "unknown") {
+            None | Some("target") => {}
+            Some(other) => {
+                return Err(DataError::file(
+                    &s.csv,
+                    format!(
+                        "column `{column}` is given two roles: {other} and unknown (only a \
+                         target may also be an unknown real, as its history)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The position of each role's columns in `headers`.
+struct At {
+    time: usize,
+    group: Vec<usize>,
+    target: Vec<usize>,
+    reals: Vec<usize>,
+    statics: Vec<usize>,
+}
+
+fn locate(path: &Path, headers: &[String], c: &WindowColumns) -> Result<At, DataError> {
+    let find = |name: &String| {
+        headers.iter().position(|h| h == name).ok_or_else(|| {
+            DataError::file(
+                path,
+                format!(
+                    "has no column `{name}` (its columns: {})",
+                    headers.join(", ")
+                ),
+            )
+        })
+    };
+    let all = |names: &[String]| names.iter().map(find).collect::<Result<Vec<_>, _>>();
+    let reals: Vec<String> = c.known.iter().chain(&c.unknown).cloned().collect();
+    Ok(At {
+        time: find(&c.time)?,
+        group: all(&c.group)?,
+        target: all(&c.target)?,
+        reals: all(&reals)?,
+        statics: all(&c.static_categoricals)?,
+    })
+}
+
+/// Every row of the CSV, checked: integer times, finite reals and targets.
+fn read_rows(source: &WindowsSource) -> Result<Rows, DataError> {
+    let path = &source.csv;
+    let (mut reader, headers) = open_reader(path, source.delimiter)?;
+    let at = locate(path, &headers, &source.columns)?;
+    let mut rows = Rows::default();
+    let mut key_numbers: HashMap<Vec<String>, usize> = HashMap::new();
+    let mut record = ::csv::StringRecord::new();
+    while reader
+        .read_record(&mut record)
+        .map_err(|e| DataError::file(path, csv_error(&e)))?
+    {
+        let line = record.position().map_or(0, |p| p.line());
+        let text = |c: usize| record[c].trim();
+        let key: Vec<String> = at.group.iter().map(|&c| text(c).to_owned()).collect();
+        let next = key_numbers.len();
+        let number = *key_numbers.entry(key.clone()).or_insert(next);
+        if number == next {
+            rows.keys.push(key);
+        }
+        rows.series.push(number);
+        rows.times.push(text(at.time).parse().map_err(|_| {
+            DataError::file(
+                path,
+                format!(
+                    "line {line}, column `{}`: `{}` is not an integer time index",
+                    headers[at.time],
+                    text(at.time)
+                ),
+            )
+        })?);
+        for &c in &at.target {
+            rows.targets.push(finite(path, line, &headers[c], text(c))?);
+        }
+        for &c in &at.reals {
+            rows.reals.push(finite(path, line, &headers[c], text(c))?);
+        }
+        rows.statics
+            .extend(at.statics.iter().map(|&c| text(c).to_owned()));
+        rows.lines.push(line);
+    }
+    if rows.times.is_empty() {
+        return Err(DataError::file(path, "has a header but no rows"));
+    }
+    Ok(rows)
+}
+
+/// The finite number in `text`.
+fn finite(path: &Path, line: u64, column: &str, text: &str) -> Result<f32, DataError> {
+    match text.parse::<f64>() {
+        Ok(v) if (v as f32).is_finite() => Ok(v as f32),
+        _ => Err(DataError::file(
+            path,
+            format!(
+                "line {line}, column `{column}`: `{text}` is not a finite number (fill or drop \
+                 missing values before preparing: a window cannot hold a gap)"
+            ),
+        )),
+    }
+}
+
+/// Sorts the rows into series (by key, then time), checks them, and writes the columns and the
+/// manifest into `dir`.
+fn write_series(
+    source: &WindowsSource,
+    rows: &Rows,
+    dir: &Path,
+) -> Result<WindowsManifest, DataError> {
+    let mut order: Vec<usize> = (0..rows.times.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ka, kb) = (&rows.keys[rows.series[a]], &rows.keys[rows.series[b]]);
+        ka.cmp(kb).then(rows.times[a].cmp(&rows.times[b]))
+    });
+    let categories = categories(&source.columns.static_categoricals, &rows.statics);
+    let series = series_of(source, rows, &order, &categories)?;
+    let t = source.columns.target.len();
+    let r = source.columns.known.len() + source.columns.unknown.len();
+    let gather = |values: &[f32], width: usize| -> Vec<u8> {
+        order
+            .iter()
+            .flat_map(|&i| &values[i * width..(i + 1) * width])
+            .flat_map(|v| v.to_le_bytes())
+            .collect()
+    };
+    let n = order.len();
+    write_npy(
+        &dir.join(TARGETS_FILE),
+        DType::F32,
+        &[n, t],
+        &gather(&rows.targets, t),
+    )?;
+    if r > 0 {
+        write_npy(
+            &dir.join(REALS_FILE),
+            DType::F32,
+            &[n, r],
+            &gather(&rows.reals, r),
+        )?;
+    }
+    let manifest = WindowsManifest {
+        format: FORMAT.to_owned(),
+        version: VERSION,
+        columns: source.columns.clone(),
+        encoder_length: source.encoder_length,
+        horizon: source.horizon,
+        normalize: source.normalize,
+        rows: n,
+        categories,
+        series,
+    };
+    if manifest
+        .series
+        .iter()
+        .all(|s| manifest.windows_in(s.len) == 0)
+    {
+        return Err(DataError::file(
+            &source.csv,
+            format!(
+                "no series is long enough for one window: the longest has {} steps, a window \
+                 needs {} (encoder {} + horizon {})",
+                manifest.series.iter().map(|s| s.len).max().unwrap_or(0),
+                source.encoder_length + source.horizon,
+                source.encoder_length,
+                source.horizon
+            ),
+        ));
+    }
+    let path = dir.join(WINDOWS_FILE);
+    let text = serde_json::to_string_pretty(&manifest)
+        .map_err(|e| DataError::file(&path, format!("cannot serialize the manifest: {e}")))?;
+    std::fs::write(&path, text + "\n")
+        .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))?;
+    Ok(manifest)
+}
+
+/// Each static column's values, sorted.
+fn categories(columns: &[String], statics: &[String]) -> BTreeMap<String, Vec<String>> {
+    let s = columns.len();
+    columns
+        .iter()
+        .enumerate()
+        .map(|(c, name)| {
+            let values: BTreeSet<&String> = statics.iter().skip(c).step_by(s.max(1)).collect();
+            (name.clone(), values.into_iter().cloned().collect())
+        })
+        .collect()
+}
+
+/// The series of the sorted rows: consecutive time steps, and static columns constant.
+fn series_of(
+    source: &WindowsSource,
+    rows: &Rows,
+    order: &[usize],
+    categories: &BTreeMap<String, Vec<String>>,
+) -> Result<Vec<Series>, DataError> {
+    let statics = &source.columns.static_categoricals;
+    let s = statics.len();
+    let mut series: Vec<Series> = vec![];
+    for (k, &i) in order.iter().enumerate() {
+        let key = &rows.keys[rows.series[i]];
+        let same = series.last().is_some_and(|last| &last.key == key);
+        if !same {
+            let codes = statics
+                .iter()
+                .enumerate()
+                .map(|(c, name)| {
+                    let value = &rows.statics[i * s + c];
+                    categories[name]
+                        .binary_search(value)
+                        .map_or(0, |v| v as i64)
+                })
+                .collect();
+            series.push(Series {
+                key: key.clone(),
+                start: k,
+                len: 1,
+                first_time: rows.times[i],
+                statics: codes,
+            });
+            continue;
+        }
+        let prev = order[k - 1];
+        let last = series.last_mut().expect("a series was started above");
+        check_step(source, rows, (prev, i), key)?;
+        for (c, name) in statics.iter().enumerate() {
+            let (a, b) = (&rows.statics[prev * s + c], &rows.statics[i * s + c]);
+            if a != b {
+                return Err(DataError::file(
+                    &source.csv,
+                    format!(
+                        "lines {} and {}: static column `{name}` changes within series {} \
+                         (`{a}`, then `{b}`): a static categorical is one value per series",
+                        rows.lines[prev],
+                        rows.lines[i],
+                        key.join("/")
+                    ),
+                ));
+            }
+        }
+        last.len += 1;
+    }
+    Ok(series)
+}
+
+/// An error unless row `b` is the time step after row `a` of series `key`.
+fn check_step(
+    source: &WindowsSource,
+    rows: &Rows,
+    (a, b): (usize, usize),
+    key: &[String],
+) -> Result<(), DataError> {
+    let (ta, tb) = (rows.times[a], rows.times[b]);
+    if tb == ta + 1 {
+        return Ok(());
+    }
+    let what = if tb == ta {
+        "repeat the same time".to_owned()
+    } else {
+        format!(
+            "leave a gap of {} missing steps: fill the missing steps before preparing",
+            tb - ta - 1
+        )
+    };
+    Err(DataError::file(
+        &source.csv,
+        format!(
+            "lines {} and {} of series {} (`{}` {ta} and {tb}) {what}",
+            rows.lines[a],
+            rows.lines[b],
+            key.join("/"),
+            source.columns.time
+        ),
+    ))
+}

@@ -1,0 +1,370 @@
+//! The windows of a split as a [`Dataset`]: each sample the named arrays a forecaster takes,
+//! copied out of the stored series when read.
+
+use std::sync::Arc;
+
+use super::{Store, TargetNormalizer, WindowsManifest};
+use crate::dataset::array_slots_error;
+use crate::target::TargetSpec;
+use crate::{ArraySpec, DType, DataError, Dataset, TargetSlot};
+
+/// Added to a series' standard deviation, so a constant series scales by a finite amount.
+const SCALE_EPS: f64 = 1e-8;
+
+/// Windows `first..first + count` (by their first row's place in the series) of one series.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub series: usize,
+    pub first: usize,
+    pub count: usize,
+}
+
+/// One split's windows (training or validation) over the stored series, read by name:
+/// `encoder_cont` `[encoder, reals]` (known then unknown reals; a target among them scaled
+/// as `target_scale` says), `encoder_target` `[encoder]` (as stored), `decoder_cont`
+/// `[horizon, known]`, `static_cat` `[statics]` (int64), `group`, `decoder_time` `[horizon]`,
+/// `encoder_length`, `decoder_length` (int64) and `target_scale` `[2]` (center, scale); the
+/// target is the horizon's values `[horizon]` as stored. With several targets, each
+/// per-target array gains a last dimension of the targets. Arrays with no columns are left out.
+#[derive(Debug, Clone)]
+pub struct WindowedDataset {
+    store: Arc<Store>,
+    runs: Vec<Run>,
+    /// Windows before each run and after the last.
+    ends: Vec<usize>,
+    /// `[center, scale]` of each series' targets, series after series.
+    scales: Arc<Vec<[f32; 2]>>,
+    specs: Vec<ArraySpec>,
+    target: TargetSpec,
+}
+
+impl WindowedDataset {
+    pub(crate) fn new(store: Arc<Store>, runs: Vec<Run>, scales: Arc<Vec<[f32; 2]>>) -> Self {
+        let ends = runs
+            .iter()
+            .scan(0, |n, r| {
+                *n += r.count;
+                Some(*n)
+            })
+            .collect();
+        let specs = array_specs(&store.manifest);
+        let target = TargetSpec::Values {
+            shape: per_target(store.manifest.horizon, store.manifest.columns.target.len()),
+        };
+        Self {
+            store,
+            runs,
+            ends,
+            scales,
+            specs,
+            target,
+        }
+    }
+
+    /// The manifest of the stored series.
+    pub fn manifest(&self) -> &WindowsManifest {
+        &self.store.manifest
+    }
+
+    /// Window `index`: its series and the place of its first row in the series.
+    pub fn window(&self, index: usize) -> Option<(usize, usize)> {
+        let k = self.ends.partition_point(|&end| end <= index);
+        let run = self.runs.get(k)?;
+        let before = if k == 0 { 0 } else { self.ends[k - 1] };
+        Some((run.series, run.first + index - before))
+    }
+
+    /// The `[center, scale]` of series `series`' targets.
+    pub fn scales(&self, series: usize) -> &[[f32; 2]] {
+        let t = self.store.manifest.columns.target.len();
+        &self.scales[series * t..(series + 1) * t]
+    }
+
+    /// Writes window `index`'s arrays (sample `k` of each slot) and horizon target.
+    fn read_window(
+        &self,
+        index: usize,
+        k: usize,
+        inputs: &mut [&mut [u8]],
+        target: &mut [f32],
+    ) -> Result<(), DataError> {
+        let (series, place) = self
+            .window(index)
+            .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
+        let m = &self.store.manifest;
+        let s = &m.series[series];
+        let (e, h) = (m.encoder_length, m.horizon);
+        let first = s.start + place;
+        let scales = self.scales(series);
+        for (spec, slot) in self.specs.iter().zip(inputs.iter_mut()) {
+            let size = spec.numel() * spec.dtype.model().size();
+            let out = &mut slot[k * size..(k + 1) * size];
+            match spec.name.as_str() {
+                "encoder_cont" => self.reals(first..first + e, None, scales, out),
+                "encoder_target" => put_f32s(out, self.targets(first..first + e)),
+                "decoder_cont" => {
+                    let known = m.columns.known.len();
+                    self.reals(first + e..first + e + h, Some(known), scales, out)
+                }
+                "static_cat" => put_i64s(out, s.statics.iter().copied()),
+                "group" => put_i64s(out, [series as i64]),
+                "decoder_time" => {
+                    let t0 = s.first_time + (place + e) as i64;
+                    put_i64s(out, (0..h as i64).map(|j| t0 + j))
+                }
+                "encoder_length" => put_i64s(out, [e as i64]),
+                "decoder_length" => put_i64s(out, [h as i64]),
+                "target_scale" => put_f32s(out, scales.iter().flatten().copied()),
+                other => unreachable!("array `{other}` is not one a window holds"),
+            }
+        }
+        for (o, v) in target
+            .iter_mut()
+            .zip(self.targets(first + e..first + e + h))
+        {
+            *o = v;
+        }
+        Ok(())
+    }
+
+    /// The stored targets of `rows`, row after row.
+    fn targets(&self, rows: std::ops::Range<usize>) -> impl Iterator<Item = f32> + '_ {
+        f32s(self.store.targets.rows(rows.start, rows.end))
+    }
+
+    /// The reals of `rows` (only the first `columns` of each row where given) into `out`; a
+    /// target column among them scaled where the dataset normalises.
+    fn reals(
+        &self,
+        rows: std::ops::Range<usize>,
+        columns: Option<usize>,
+        scales: &[[f32; 2]],
+        out: &mut [u8],
+    ) {
+        let m = &self.store.manifest;
+        let Some(reals) = &self.store.reals else {
+            return;
+        };
+        let width = reals.shape[1];
+        let keep = columns.unwrap_or(width);
+        let scale_of: Vec<Option<[f32; 2]>> = m
+            .reals()
+            .map(|name| {
+                let t = m.columns.target.iter().position(|t| t == name)?;
+                (m.normalize == TargetNormalizer::Group).then(|| scales[t])
+            })
+            .collect();
+        let values = f32s(reals.rows(rows.start, rows.end))
+            .enumerate()
+            .filter(|(j, _)| j % width < keep)
+            .map(|(j, v)| match scale_of[j % width] {
+                Some([center, scale]) => (v - center) / scale,
+                None => v,
+            });
+        put_f32s(out, values);
+    }
+}
+
+/// `[n]` for one target, `[n, targets]` for several.
+fn per_target(n: usize, targets: usize) -> Vec<usize> {
+    if targets == 1 {
+        vec![n]
+    } else {
+        vec![n, targets]
+    }
+}
+
+/// The arrays of a window of `m`, in order; those with no columns left out.
+fn array_specs(m: &WindowsManifest) -> Vec<ArraySpec> {
+    let c = &m.columns;
+    let (e, h, t) = (m.encoder_length, m.horizon, c.target.len());
+    let reals = c.known.len() + c.unknown.len();
+    let spec = |name: &str, dtype: DType, shape: Vec<usize>| ArraySpec {
+        name: name.to_owned(),
+        dtype,
+        shape,
+        ids: false,
+    };
+    let mut specs = vec![];
+    if reals > 0 {
+        specs.push(spec("encoder_cont", DType::F32, vec![e, reals]));
+    }
+    specs.push(spec("encoder_target", DType::F32, per_target(e, t)));
+    if !c.known.is_empty() {
+        specs.push(spec("decoder_cont", DType::F32, vec![h, c.known.len()]));
+    }
+    if !c.static_categoricals.is_empty() {
+        let s = c.static_categoricals.len();
+        specs.push(spec("static_cat", DType::I64, vec![s]));
+    }
+    specs.push(spec("group", DType::I64, vec![]));
+    specs.push(spec("decoder_time", DType::I64, vec![h]));
+    specs.push(spec("encoder_length", DType::I64, vec![]));
+    specs.push(spec("decoder_length", DType::I64, vec![]));
+    let scale = if t == 1 { vec![2] } else { vec![t, 2] };
+    specs.push(spec("target_scale", DType::F32, scale));
+    specs
+}
+
+/// Little-endian `f32`s.
+fn f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+/// Writes `values` into `out` in the machine's byte order.
+fn put_f32s(out: &mut [u8], values: impl IntoIterator<Item = f32>) {
+    for (o, v) in out.chunks_exact_mut(4).zip(values) {
+        o.copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
+fn put_i64s(out: &mut [u8], values: impl IntoIterator<Item = i64>) {
+    for (o, v) in out.chunks_exact_mut(8).zip(values) {
+        o.copy_from_slice(&v.to_ne_bytes());
+    }
+}
+
+impl Dataset for WindowedDataset {
+    fn len(&self) -> usize {
+        self.ends.last().copied().unwrap_or(0)
+    }
+
+    fn sample_shape(&self) -> &[usize] {
+        &self.specs[0].shape
+    }
+
+    fn target(&self) -> TargetSpec {
+        self.target.clone()
+    }
+
+    /// A window is several named arrays: read it with [`Dataset::read_arrays`].
+    fn read_sample(
+        &self,
+        index: usize,
+        _features: &mut [f32],
+        _target: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let names: Vec<&str> = self.specs.iter().map(|a| a.name.as_str()).collect();
+        Err(DataError::Sample {
+            index,
+            message: format!(
+                "a window is {} named arrays ({}), not one features array: read it by name \
+                 (`read_arrays`), as a model taking its inputs by name does",
+                names.len(),
+                names.join(", ")
+            ),
+        })
+    }
+
+    fn inputs(&self) -> Vec<ArraySpec> {
+        self.specs.clone()
+    }
+
+    fn read_arrays(
+        &self,
+        indices: &[usize],
+        inputs: &mut [&mut [u8]],
+        targets: TargetSlot<'_>,
+    ) -> Result<(), DataError> {
+        let n = indices.len();
+        let fits = |(spec, slot): (&ArraySpec, &&mut [u8])| {
+            slot.len() == n * spec.numel() * spec.dtype.model().size()
+        };
+        if inputs.len() != self.specs.len() || !self.specs.iter().zip(&*inputs).all(fits) {
+            return Err(array_slots_error(&self.specs, n, inputs));
+        }
+        let per = self.target.numel();
+        let TargetSlot::Values(targets) = targets else {
+            return Err(DataError::Shape {
+                what: "the target slot".to_owned(),
+                expected: format!("{} f32 values per window", per),
+                got: "class labels".to_owned(),
+            });
+        };
+        if targets.len() != n * per {
+            return Err(DataError::Shape {
+                what: "the target slot".to_owned(),
+                expected: format!("{} f32 values for {n} windows", n * per),
+                got: targets.len().to_string(),
+            });
+        }
+        for (k, &index) in indices.iter().enumerate() {
+            self.read_window(index, k, inputs, &mut targets[k * per..(k + 1) * per])?;
+        }
+        Ok(())
+    }
+}
+
+/// Each split's runs of windows: a training window's horizon ends at or before its series'
+/// cutoff (`val_steps` before the end), a validation window's starts after it.
+pub(crate) fn split_ranges(m: &WindowsManifest, val_steps: usize) -> (Vec<Run>, Vec<Run>) {
+    let (e, h) = (m.encoder_length, m.horizon);
+    let (mut train, mut val) = (vec![], vec![]);
+    for (series, s) in m.series.iter().enumerate() {
+        let cutoff = s.len.saturating_sub(val_steps);
+        let train_count = m.windows_in(cutoff);
+        if train_count > 0 {
+            train.push(Run {
+                series,
+                first: 0,
+                count: train_count,
+            });
+        }
+        if val_steps == 0 || s.len < e + h {
+            continue;
+        }
+        let first = cutoff.saturating_sub(e);
+        let last = s.len - e - h;
+        if last >= first {
+            val.push(Run {
+                series,
+                first,
+                count: last - first + 1,
+            });
+        }
+    }
+    (train, val)
+}
+
+/// Each series' target scales from its rows before the cutoff: `[0, 1]` without
+/// normalisation; with it, the mean and the standard deviation (`n - 1` in the denominator,
+/// as pandas computes it) plus [`SCALE_EPS`]. A series with fewer than 2 rows before its cutoff
+/// has no spread to measure: scale 1.
+pub(crate) fn scales(store: &Store, val_steps: usize) -> Result<Arc<Vec<[f32; 2]>>, DataError> {
+    let m = &store.manifest;
+    let t = m.columns.target.len();
+    let mut out = Vec::with_capacity(m.series.len() * t);
+    for s in &m.series {
+        let rows = s.len.saturating_sub(val_steps);
+        for column in 0..t {
+            if m.normalize == TargetNormalizer::None {
+                out.push([0.0, 1.0]);
+                continue;
+            }
+            let values: Vec<f64> = f32s(store.targets.rows(s.start, s.start + rows))
+                .skip(column)
+                .step_by(t)
+                .map(f64::from)
+                .collect();
+            out.push(mean_std(&values));
+        }
+    }
+    Ok(Arc::new(out))
+}
+
+/// `[mean, std + eps]` of `values` (`[mean or 0, 1]` for fewer than 2).
+fn mean_std(values: &[f64]) -> [f32; 2] {
+    let n = values.len() as f64;
+    let mean = if values.is_empty() {
+        0.0
+    } else {
+        values.iter().sum::<f64>() / n
+    };
+    if values.len() < 2 {
+        return [mean as f32, 1.0];
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    [mean as f32, (var.sqrt() + SCALE_EPS) as f32]
+}

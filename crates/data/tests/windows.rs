@@ -1,0 +1,444 @@
+//! Time-series windows: a long-format CSV (rows in any order, series of different lengths and
+//! start times, one too short for a window) prepared and split by time, every window read by
+//! name equal to one computed slowly here from the CSV's rows; no validation window's horizon
+//! reaches a step any training window reads; the loader delivers the same windows; and every
+//! bad input is an error naming the line, column, series or key at fault.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kiln_data::{
+    Dataset, Loader, LoaderConfig, SamplerConfig, TargetNormalizer, TargetSlot, WindowColumns,
+    WindowedDataset, Windows, WindowsSource, prepare_windows,
+};
+
+const E: usize = 6;
+const H: usize = 3;
+const V: usize = 5;
+
+/// Series `(store, item, first time, length)`; `b/1` is shorter than one window.
+const SERIES: [(&str, &str, i64, usize); 5] = [
+    ("b", "2", 100, 30),
+    ("a", "1", 7, 25),
+    ("b", "1", 0, 7),
+    ("a", "10", -4, 20),
+    ("c", "1", 50, 40),
+];
+
+/// One CSV row: key, time, target `y`, known `price`, unknown `temp`, static `region`.
+#[derive(Clone)]
+struct Row {
+    key: (String, String),
+    time: i64,
+    y: f64,
+    price: f64,
+    temp: f64,
+    region: String,
+}
+
+fn rows() -> Vec<Row> {
+    let mut rows = vec![];
+    for (s, (store, item, first, len)) in SERIES.iter().enumerate() {
+        for k in 0..*len {
+            let t = first + k as i64;
+            rows.push(Row {
+                key: (store.to_string(), item.to_string()),
+                time: t,
+                y: ((t as f64) * 0.37 + s as f64).sin() * (s as f64 + 1.0) + 10.0 * s as f64,
+                price: 0.5 * t as f64 + s as f64,
+                temp: ((t * 7 + s as i64) % 11) as f64 - 5.0,
+                region: if store == &"c" { "north" } else { "east" }.to_owned(),
+            });
+        }
+    }
+    // Any order: a fixed shuffle.
+    let n = rows.len();
+    (0..n).map(|i| rows[(i * 37 + 11) % n].clone()).collect()
+}
+
+fn write_csv(path: &Path, rows: &[Row]) {
+    let mut text = String::from("store,item,time,y,price,temp,region\n");
+    for r in rows {
+        text += &format!(
+            "{},{},{},{},{},{},{}\n",
+            r.key.0, r.key.1, r.time, r.y, r.price, r.temp, r.region
+        );
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn source(csv: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    WindowsSource {
+        csv,
+        delimiter: b',',
+        columns: WindowColumns {
+            time: "time".into(),
+            group: names(&["store", "item"]),
+            target: names(&["y"]),
+            known: names(&["price"]),
+            unknown: names(&["temp", "y"]),
+            static_categoricals: names(&["region"]),
+        },
+        encoder_length: E,
+        horizon: H,
+        normalize,
+    }
+}
+
+/// A window computed from the rows: every array as `f64`s, by name, and the target.
+type Expected = BTreeMap<&'static str, Vec<f64>>;
+
+/// The windows of each split, keyed by series key and first decoder time, computed from the
+/// rows alone.
+fn reference(rows: &[Row], normalize: bool) -> [BTreeMap<((String, String), i64), Expected>; 2] {
+    let mut series: BTreeMap<(String, String), Vec<Row>> = BTreeMap::new();
+    for r in rows {
+        series.entry(r.key.clone()).or_default().push(r.clone());
+    }
+    let mut out = [BTreeMap::new(), BTreeMap::new()];
+    for (g, (key, mut rs)) in series.into_iter().enumerate() {
+        rs.sort_by_key(|r| r.time);
+        let cutoff_time = rs.last().unwrap().time - V as i64;
+        let train: Vec<f64> = rs
+            .iter()
+            .filter(|r| r.time <= cutoff_time)
+            .map(|r| r.y)
+            .collect();
+        let (center, scale) = if normalize && train.len() >= 2 {
+            let n = train.len() as f64;
+            let mean = train.iter().sum::<f64>() / n;
+            let var = train.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            (mean, var.sqrt() + 1e-8)
+        } else {
+            (0.0, 1.0)
+        };
+        for p in 0..(rs.len() + 1).saturating_sub(E + H) {
+            let (enc, dec) = (&rs[p..p + E], &rs[p + E..p + E + H]);
+            let split = if dec.last().unwrap().time <= cutoff_time {
+                0
+            } else if dec[0].time > cutoff_time {
+                1
+            } else {
+                continue;
+            };
+            let mut w = Expected::new();
+            w.insert(
+                "encoder_cont",
+                enc.iter()
+                    .flat_map(|r| [r.price, r.temp, (r.y - center) / scale])
+                    .collect(),
+            );
+            w.insert("encoder_target", enc.iter().map(|r| r.y).collect());
+            w.insert("decoder_cont", dec.iter().map(|r| r.price).collect());
+            let region = if key.0 == "c" { 1.0 } else { 0.0 };
+            w.insert("static_cat", vec![region]);
+            w.insert("group", vec![g as f64]);
+            w.insert("decoder_time", dec.iter().map(|r| r.time as f64).collect());
+            w.insert("encoder_length", vec![E as f64]);
+            w.insert("decoder_length", vec![H as f64]);
+            w.insert("target_scale", vec![center, scale]);
+            w.insert("target", dec.iter().map(|r| r.y).collect());
+            out[split].insert((key.clone(), dec[0].time), w);
+        }
+    }
+    out
+}
+
+/// Every window of `d`, read by name in one batch, keyed as [`reference`] keys them.
+fn read_all(d: &WindowedDataset) -> BTreeMap<((String, String), i64), Expected> {
+    let indices: Vec<usize> = (0..d.len()).collect();
+    let read = read_by_name(d, &indices);
+    let mut out = BTreeMap::new();
+    for (k, w) in read.into_iter().enumerate() {
+        let (series, _) = d.window(k).unwrap();
+        let key = &d.manifest().series[series].key;
+        let start = w["decoder_time"][0] as i64;
+        out.insert(((key[0].clone(), key[1].clone()), start), w);
+    }
+    out
+}
+
+/// The windows at `indices`, each array converted to `f64`s.
+fn read_by_name(d: &WindowedDataset, indices: &[usize]) -> Vec<Expected> {
+    let specs = d.inputs();
+    let n = indices.len();
+    let mut slots: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|s| vec![0u8; n * s.numel() * s.dtype.model().size()])
+        .collect();
+    let mut targets = vec![0f32; n * d.target().numel()];
+    let mut views: Vec<&mut [u8]> = slots.iter_mut().map(|s| &mut s[..]).collect();
+    d.read_arrays(indices, &mut views, TargetSlot::Values(&mut targets))
+        .unwrap();
+    (0..n)
+        .map(|k| {
+            let mut w = Expected::new();
+            for (spec, slot) in specs.iter().zip(&slots) {
+                let name: &'static str = Box::leak(spec.name.clone().into_boxed_str());
+                w.insert(
+                    name,
+                    values(spec.dtype.model().size(), slot, k, spec.numel()),
+                );
+            }
+            let per = d.target().numel();
+            let t = &targets[k * per..(k + 1) * per];
+            w.insert("target", t.iter().map(|v| *v as f64).collect());
+            w
+        })
+        .collect()
+}
+
+fn values(size: usize, slot: &[u8], k: usize, numel: usize) -> Vec<f64> {
+    let bytes = &slot[k * numel * size..(k + 1) * numel * size];
+    if size == 8 {
+        bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_ne_bytes(b.try_into().unwrap()) as f64)
+            .collect()
+    } else {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_ne_bytes(b.try_into().unwrap()) as f64)
+            .collect()
+    }
+}
+
+fn assert_same(
+    got: &BTreeMap<((String, String), i64), Expected>,
+    want: &BTreeMap<((String, String), i64), Expected>,
+    split: &str,
+) {
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "the {split} windows"
+    );
+    for (key, w) in want {
+        for (name, values) in w {
+            let g = &got[key][name];
+            assert_eq!(g.len(), values.len(), "{split} {key:?} {name}");
+            for (a, b) in g.iter().zip(values) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{split} window {key:?} array {name}: {g:?} != {values:?}"
+                );
+            }
+        }
+    }
+}
+
+fn prepared(dir: &Path, normalize: TargetNormalizer) -> (Windows, Vec<Row>) {
+    let rows = rows();
+    let csv = dir.join("long.csv");
+    write_csv(&csv, &rows);
+    let out = dir.join("windows");
+    let manifest = prepare_windows(&source(csv, normalize), &out).unwrap();
+    assert_eq!(manifest.series.len(), SERIES.len());
+    assert_eq!(manifest.short_series(), 1, "b/1 has 7 steps, a window 9");
+    (Windows::open(&out).unwrap(), rows)
+}
+
+#[test]
+fn windows_equal_a_slow_reference_computed_from_the_rows() {
+    for normalize in [TargetNormalizer::None, TargetNormalizer::Group] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (windows, rows) = prepared(tmp.path(), normalize);
+        let (train, val) = windows.split(V).unwrap();
+        let [want_train, want_val] = reference(&rows, normalize == TargetNormalizer::Group);
+        assert!(want_train.len() > 40 && want_val.len() == 4 * (V - H + 1));
+        assert_same(&read_all(&train), &want_train, "training");
+        assert_same(&read_all(&val), &want_val, "validation");
+    }
+}
+
+#[test]
+fn no_validation_horizon_reaches_a_step_a_training_window_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (windows, _) = prepared(tmp.path(), TargetNormalizer::Group);
+    for val_steps in [H, V, 11] {
+        let (train, val) = windows.split(val_steps).unwrap();
+        let mut latest_read: BTreeMap<usize, i64> = BTreeMap::new();
+        for (k, w) in read_by_name(&train, &(0..train.len()).collect::<Vec<_>>())
+            .iter()
+            .enumerate()
+        {
+            let series = train.window(k).unwrap().0;
+            let last = *w["decoder_time"].last().unwrap() as i64;
+            let seen = latest_read.entry(series).or_insert(i64::MIN);
+            *seen = (*seen).max(last);
+        }
+        for (k, w) in read_by_name(&val, &(0..val.len()).collect::<Vec<_>>())
+            .iter()
+            .enumerate()
+        {
+            let series = val.window(k).unwrap().0;
+            let first = w["decoder_time"][0] as i64;
+            if let Some(seen) = latest_read.get(&series) {
+                assert!(first > *seen, "val_steps {val_steps}: series {series}");
+            }
+            let s = &windows.manifest().series[series];
+            let end = s.first_time + s.len as i64;
+            assert!(first >= end - val_steps as i64, "starts after the cutoff");
+        }
+        assert!(!val.is_empty());
+    }
+    let (train, val) = windows.split(0).unwrap();
+    assert!(val.is_empty());
+    let every: usize = windows
+        .manifest()
+        .series
+        .iter()
+        .map(|s| (s.len + 1).saturating_sub(E + H))
+        .sum();
+    assert_eq!(train.len(), every);
+}
+
+#[test]
+fn the_loader_delivers_the_windows_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (windows, _) = prepared(tmp.path(), TargetNormalizer::Group);
+    let (train, _) = windows.split(V).unwrap();
+    let train = Arc::new(train);
+    for workers in [0, 2] {
+        let config = LoaderConfig {
+            batch_size: 8,
+            num_workers: workers,
+            sampler: SamplerConfig {
+                shuffle: true,
+                seed: 5,
+                ..SamplerConfig::default()
+            },
+            by_name: true,
+            ..LoaderConfig::default()
+        };
+        let mut loader = Loader::new(Arc::clone(&train), config).unwrap();
+        let mut seen = vec![];
+        for batch in loader.epoch(0) {
+            let batch = batch.unwrap();
+            let direct = read_by_name(&train, &batch.indices);
+            for (a, spec) in batch.arrays.iter().zip(train.inputs()) {
+                let numel = spec.numel();
+                for (k, want) in direct.iter().enumerate() {
+                    let got = values(a.dtype.size(), &a.data, k, numel);
+                    assert_eq!(&got, &want[spec.name.as_str()], "{workers} workers");
+                }
+            }
+            let kiln_data::Targets::Values(t) = &batch.targets else {
+                panic!("value targets")
+            };
+            let want: Vec<f32> = direct
+                .iter()
+                .flat_map(|w| w["target"].iter().map(|v| *v as f32))
+                .collect();
+            assert_eq!(t, &want);
+            seen.extend(batch.indices);
+        }
+        seen.sort_unstable();
+        assert_eq!(
+            seen,
+            (0..train.len()).collect::<Vec<_>>(),
+            "{workers} workers"
+        );
+    }
+}
+
+fn prepare_error(edit: impl Fn(&mut String), source_edit: impl Fn(&mut WindowsSource)) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("long.csv");
+    write_csv(&csv, &rows());
+    let mut text = std::fs::read_to_string(&csv).unwrap();
+    edit(&mut text);
+    std::fs::write(&csv, text).unwrap();
+    let mut s = source(csv, TargetNormalizer::Group);
+    source_edit(&mut s);
+    let out = tmp.path().join("out");
+    let err = prepare_windows(&s, &out).unwrap_err().to_string();
+    assert!(!out.exists(), "nothing is left behind: {err}");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert_eq!(left.len(), 1, "no staging directory is left: {err}");
+    err
+}
+
+#[test]
+fn bad_input_is_an_error_naming_what_is_at_fault() {
+    let drop_line = |n: usize| {
+        move |t: &mut String| {
+            let mut lines: Vec<&str> = t.lines().collect();
+            let gone = lines
+                .iter()
+                .position(|l| l.starts_with(&format!("c,1,{n},")))
+                .unwrap();
+            lines.remove(gone);
+            *t = lines.join("\n") + "\n";
+        }
+    };
+    let none = |_: &mut WindowsSource| {};
+    let gap = prepare_error(drop_line(60), none);
+    assert!(
+        gap.contains("series c/1") && gap.contains("59 and 61"),
+        "{gap}"
+    );
+    assert!(gap.contains("gap of 1 missing steps"), "{gap}");
+    let dup = prepare_error(|t| *t += "c,1,60,1,1,1,north\n", none);
+    assert!(dup.contains("repeat the same time"), "{dup}");
+    let nan = prepare_error(|t| *t += "c,1,90,NaN,1,1,north\n", none);
+    assert!(
+        nan.contains("column `y`: `NaN` is not a finite number"),
+        "{nan}"
+    );
+    let empty = prepare_error(|t| *t += "c,1,90,1,,1,north\n", none);
+    assert!(
+        empty.contains("column `price`: `` is not a finite"),
+        "{empty}"
+    );
+    let time = prepare_error(|t| *t += "c,1,9.5,1,1,1,north\n", none);
+    assert!(
+        time.contains("`9.5` is not an integer time index"),
+        "{time}"
+    );
+    let region = prepare_error(|t| *t += "c,1,90,1,1,1,south\n", none);
+    assert!(
+        region.contains("static column `region` changes within series c/1"),
+        "{region}"
+    );
+    let column = prepare_error(|_| {}, |s| s.columns.known.push("humidity".into()));
+    assert!(column.contains("has no column `humidity`"), "{column}");
+    let twice = prepare_error(|_| {}, |s| s.columns.known.push("temp".into()));
+    assert!(
+        twice.contains("column `temp` is given two roles: known and unknown"),
+        "{twice}"
+    );
+    let long = prepare_error(|_| {}, |s| s.encoder_length = 60);
+    assert!(
+        long.contains("no series is long enough for one window: the longest has 40"),
+        "{long}"
+    );
+    let zero = prepare_error(|_| {}, |s| s.horizon = 0);
+    assert!(zero.contains("`horizon` = 0"), "{zero}");
+}
+
+#[test]
+fn a_split_that_leaves_no_window_or_a_partial_horizon_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (windows, _) = prepared(tmp.path(), TargetNormalizer::None);
+    let short = windows.split(H - 1).unwrap_err().to_string();
+    assert!(short.contains("`data.val_steps` = 2") && short.contains("at least the horizon (3)"));
+    let all = windows.split(35).unwrap_err().to_string();
+    assert!(all.contains("no training window"), "{all}");
+    let out = tmp.path().join("windows");
+    let again = prepare_windows(
+        &source(tmp.path().join("long.csv"), TargetNormalizer::None),
+        &out,
+    );
+    assert!(again.unwrap_err().to_string().contains("never overwrites"));
+    let manifest = out.join(kiln_data::WINDOWS_FILE);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("\"rows\": 122", "\"rows\": 121")).unwrap();
+    let err = Windows::open(&out).unwrap_err().to_string();
+    assert!(
+        err.contains("its series hold 122 rows; `rows` says 121"),
+        "{err}"
+    );
+}
