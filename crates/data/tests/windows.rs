@@ -90,9 +90,12 @@ fn source(csv: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
 /// A window computed from the rows: every array as `f64`s, by name, and the target.
 type Expected = BTreeMap<&'static str, Vec<f64>>;
 
+/// Windows by series key and first decoder time.
+type ByKey = BTreeMap<((String, String), i64), Expected>;
+
 /// The windows of each split, keyed by series key and first decoder time, computed from the
 /// rows alone.
-fn reference(rows: &[Row], normalize: bool) -> [BTreeMap<((String, String), i64), Expected>; 2] {
+fn reference(rows: &[Row], normalize: bool) -> [ByKey; 2] {
     let mut series: BTreeMap<(String, String), Vec<Row>> = BTreeMap::new();
     for r in rows {
         series.entry(r.key.clone()).or_default().push(r.clone());
@@ -147,7 +150,7 @@ fn reference(rows: &[Row], normalize: bool) -> [BTreeMap<((String, String), i64)
 }
 
 /// Every window of `d`, read by name in one batch, keyed as [`reference`] keys them.
-fn read_all(d: &WindowedDataset) -> BTreeMap<((String, String), i64), Expected> {
+fn read_all(d: &WindowedDataset) -> ByKey {
     let indices: Vec<usize> = (0..d.len()).collect();
     let read = read_by_name(d, &indices);
     let mut out = BTreeMap::new();
@@ -205,11 +208,7 @@ fn values(size: usize, slot: &[u8], k: usize, numel: usize) -> Vec<f64> {
     }
 }
 
-fn assert_same(
-    got: &BTreeMap<((String, String), i64), Expected>,
-    want: &BTreeMap<((String, String), i64), Expected>,
-    split: &str,
-) {
+fn assert_same(got: &ByKey, want: &ByKey, split: &str) {
     assert_eq!(
         got.keys().collect::<Vec<_>>(),
         want.keys().collect::<Vec<_>>(),
