@@ -108,7 +108,8 @@ pub const CUDA_TESTS: &str = "on_cuda";
 
 /// Runs every check in order; the error names the step that failed. `python` (the one with
 /// libtorch's torch) is `KILN_PYTHON` for the tests that export models from PyTorch; the ONNX
-/// export packages are installed (on first use) just before the step that needs them.
+/// export packages and the bench peers (pytorch-forecasting, for the windows comparison) are
+/// installed (on first use) just before the step that needs them.
 pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs) -> Result<()> {
     let all = checks(args);
     let total = all.len();
@@ -123,6 +124,7 @@ pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs)
         crate::kiln::apply_env(&mut cmd, settings);
         cmd.env("KILN_PYTHON", python);
         if check.exports {
+            crate::peers::ensure(root, &settings.cache_dir, python).apply(&mut cmd);
             match onnx::ensure_export_packages(root, &settings.cache_dir, python) {
                 Ok(dir) => onnx::apply_export_env(&mut cmd, python, &dir),
                 Err(Error(why)) => util::warn(&format!(

@@ -1,6 +1,7 @@
 //! The pinned Python packages that only some benchmark suites' peers need (PyTorch Lightning for
-//! `job`, LitServe for `serve`), installed by `cargo xtask bench` on first use and never by
-//! `cargo xtask test`.
+//! `job`, LitServe for `serve`, pytorch-forecasting for `data`'s windows row), installed on
+//! first use by `cargo xtask bench`, and by `cargo xtask test` for its Python step (the windowed
+//! dataset is compared with pytorch-forecasting's).
 //!
 //! `benches/python/peers-requirements.txt` pins the whole closure; pip installs it with
 //! `--no-deps --only-binary :all: --target <cache>/bench-peers/<hash>/`, so it resolves nothing
@@ -57,8 +58,9 @@ pub fn ensure(root: &Path, cache_dir: &Path, python: &Path) -> Peers {
         Ok(dir) => Peers::Ready(dir),
         Err(Error(why)) => {
             util::info(&format!(
-                "the benchmark peers (Lightning, LitServe) are not available, so their rows \
-                 will say \"not run\": {why}"
+                "the benchmark peers (Lightning, LitServe, pytorch-forecasting) are not \
+                 available, so their rows will say \"not run\" and the test comparing windows \
+                 with pytorch-forecasting fails: {why}"
             ));
             Peers::Unavailable(why)
         }
@@ -87,11 +89,12 @@ fn install(root: &Path, cache_dir: &Path, python: &Path) -> Result<PathBuf> {
     Ok(installed.dir)
 }
 
-/// The pins that name the peers themselves, for the banner ("lightning 2.6.6, litserve 0.2.19").
+/// The pins that name the peers themselves, for the banner ("lightning 2.6.6, litserve 0.2.19,
+/// pytorch-forecasting 1.8.0").
 fn headline(pins: &str) -> String {
     pins.lines()
         .filter_map(|l| l.trim().split_once("=="))
-        .filter(|(name, _)| matches!(*name, "lightning" | "litserve"))
+        .filter(|(name, _)| matches!(*name, "lightning" | "litserve" | "pytorch-forecasting"))
         .map(|(name, version)| format!("{name} {version}"))
         .collect::<Vec<_>>()
         .join(", ")
@@ -100,7 +103,7 @@ fn headline(pins: &str) -> String {
 /// Imports the peers with the new directory first on the path, and checks that torch is still
 /// the provisioned 2.11.0 from outside it.
 fn verify(python: &Path, target: &Path, log: &Path) -> Result<()> {
-    let check = "import torch, lightning, litserve\n\
+    let check = "import torch, lightning, litserve, pytorch_forecasting\n\
                  assert torch.__version__.startswith('2.11.0'), torch.__version__\n\
                  assert not torch.__file__.startswith(TARGET), torch.__file__\n\
                  print('torch', torch.__version__, torch.__file__)\n\
@@ -125,8 +128,12 @@ mod tests {
 
     #[test]
     fn the_headline_names_the_peers() {
-        let pins = "# comment\nlightning==2.6.6\nnumpy==2.4.6\n\nlitserve==0.2.19\n";
-        assert_eq!(headline(pins), "lightning 2.6.6, litserve 0.2.19");
+        let pins = "# comment\nlightning==2.6.6\nnumpy==2.4.6\n\nlitserve==0.2.19\n\
+                    pytorch-forecasting==1.8.0\n";
+        assert_eq!(
+            headline(pins),
+            "lightning 2.6.6, litserve 0.2.19, pytorch-forecasting 1.8.0"
+        );
     }
 
     #[test]
@@ -145,8 +152,8 @@ mod tests {
         }
         assert_eq!(
             headline(&pins).split(", ").count(),
-            2,
-            "lightning and litserve are pinned"
+            3,
+            "lightning, litserve and pytorch-forecasting are pinned"
         );
     }
 }

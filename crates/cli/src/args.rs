@@ -233,6 +233,8 @@ pub struct PrepareArgs {
     /// are numbers.
     #[arg(long, requires = "features")]
     pub integer_features: bool,
+    #[command(flatten)]
+    pub windows: WindowArgs,
     /// The dataset directory to create; it must not exist yet.
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
@@ -244,6 +246,69 @@ pub struct PrepareArgs {
     pub shard_format: ShardFormatArg,
     #[arg(long, value_enum, default_value_t)]
     pub format: Format,
+}
+
+/// `kiln data prepare --windows`: time-series windows over a long-format CSV.
+#[derive(Debug, Clone, Args)]
+pub struct WindowArgs {
+    /// Build time-series windows for a forecaster from the long-format --csv (one row per
+    /// series and time step), with --time, --group, --target (its columns), --encoder-length
+    /// and --horizon. Series are stored once; windows are read from them.
+    #[arg(long, requires_all = ["csv", "time", "group", "target", "encoder_length", "horizon"])]
+    pub windows: bool,
+    /// With --windows: the integer time-index column (consecutive steps within a series).
+    #[arg(long, value_name = "COLUMN", requires = "windows")]
+    pub time: Option<String>,
+    /// With --windows: the column(s) naming a series (an entity), comma-separated.
+    #[arg(
+        long,
+        value_name = "A,B,…",
+        value_delimiter = ',',
+        requires = "windows"
+    )]
+    pub group: Vec<String>,
+    /// With --windows: real columns known in advance (prices, calendar), comma-separated.
+    #[arg(
+        long,
+        value_name = "A,B,…",
+        value_delimiter = ',',
+        requires = "windows"
+    )]
+    pub known: Vec<String>,
+    /// With --windows: real columns observed only up to the present, comma-separated (a target
+    /// may be among them, to give the model its scaled history).
+    #[arg(
+        long,
+        value_name = "A,B,…",
+        value_delimiter = ',',
+        requires = "windows"
+    )]
+    pub unknown: Vec<String>,
+    /// With --windows: categorical columns constant within a series, comma-separated.
+    #[arg(
+        long = "static",
+        value_name = "A,B,…",
+        value_delimiter = ',',
+        requires = "windows"
+    )]
+    pub statics: Vec<String>,
+    /// With --windows: time steps of history in a window.
+    #[arg(long, value_name = "STEPS", requires = "windows")]
+    pub encoder_length: Option<usize>,
+    /// With --windows: time steps a window predicts.
+    #[arg(long, value_name = "STEPS", requires = "windows")]
+    pub horizon: Option<usize>,
+    /// With --windows: scale the targets among the reals per series (mean and standard
+    /// deviation of the series' training part), or not.
+    #[arg(long, value_enum, default_value_t, requires = "windows")]
+    pub normalize: NormalizeArg,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NormalizeArg {
+    #[default]
+    None,
+    Group,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]

@@ -1,14 +1,16 @@
-//! `kiln data`: preparing sharded datasets from CSV or `.npy` files, and inspecting them.
+//! `kiln data`: preparing sharded datasets from CSV or `.npy` files and time-series windows from
+//! long-format CSV, and inspecting them.
 
 use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use kiln_data::{
-    CsvOptions, Manifest, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset, StoredTarget,
+    CsvOptions, Dataset, Manifest, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset,
+    StoredTarget, Windows,
 };
 
-use crate::args::{DataAction, Format, PrepareArgs, ShardFormatArg};
+use crate::args::{DataAction, Format, NormalizeArg, PrepareArgs, ShardFormatArg};
 
 pub fn run(action: DataAction) -> anyhow::Result<ExitCode> {
     match action {
@@ -20,6 +22,9 @@ pub fn run(action: DataAction) -> anyhow::Result<ExitCode> {
 fn prepare(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
     if args.classes.is_some() && args.targets.is_none() && args.target.is_none() {
         anyhow::bail!("--classes counts the classes of --targets or --target; give one of them");
+    }
+    if args.windows.windows {
+        return prepare_windows(args);
     }
     let source = match (&args.csv, &args.features, &args.labels, &args.targets) {
         _ if args.target.is_some() => arrays_source(args)?,
@@ -144,7 +149,113 @@ fn csv_source(csv: &Path, args: &PrepareArgs) -> anyhow::Result<PrepareSource> {
     })
 }
 
+/// `--windows`: the long-format CSV's series and their windows.
+fn prepare_windows(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
+    let w = &args.windows;
+    let columns = |flag: &str, names: &[String]| -> anyhow::Result<Vec<String>> {
+        let names: Vec<String> = names.iter().map(|c| c.trim().to_owned()).collect();
+        if names.iter().any(String::is_empty) {
+            anyhow::bail!("--{flag} names an empty column: give column headers, comma-separated");
+        }
+        Ok(names)
+    };
+    let target: Vec<String> = args
+        .target
+        .as_deref()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    if target.iter().any(|t| t.contains('=')) {
+        anyhow::bail!(
+            "--target with --windows names the target column(s) of the CSV, comma-separated \
+             (e.g. --target sales), not NAME=FILE"
+        );
+    }
+    let source = kiln_data::WindowsSource {
+        csv: args.csv.clone().unwrap_or_default(),
+        delimiter: delimiter(args)?,
+        columns: kiln_data::WindowColumns {
+            time: w.time.clone().unwrap_or_default(),
+            group: columns("group", &w.group)?,
+            target: columns("target", &target)?,
+            known: columns("known", &w.known)?,
+            unknown: columns("unknown", &w.unknown)?,
+            static_categoricals: columns("static", &w.statics)?,
+        },
+        encoder_length: w.encoder_length.unwrap_or_default(),
+        horizon: w.horizon.unwrap_or_default(),
+        normalize: match w.normalize {
+            NormalizeArg::None => kiln_data::TargetNormalizer::None,
+            NormalizeArg::Group => kiln_data::TargetNormalizer::Group,
+        },
+    };
+    kiln_data::prepare_windows(&source, &args.out).context("kiln data prepare failed")?;
+    let windows = Windows::open(&args.out).context("kiln data prepare failed")?;
+    report_windows(&windows, args.format, "wrote")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A windowed dataset's series, arrays and windows (split as `data.val_steps` defaults: the
+/// horizon).
+fn report_windows(windows: &Windows, format: Format, verb: &str) -> anyhow::Result<()> {
+    let m = windows.manifest();
+    let (train, val) = windows.split(m.horizon)?;
+    match format {
+        Format::Json => {
+            let value = serde_json::json!({
+                "dir": windows.dir(),
+                "windows": m,
+                "default_split": {"val_steps": m.horizon, "train": train.len(), "val": val.len()},
+            });
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        Format::Text => {
+            let c = &m.columns;
+            println!("{verb} {}", windows.dir().display());
+            println!(
+                "  series    {} by {} ({} rows; {} too short for a window)",
+                m.series.len(),
+                c.group.join(", "),
+                m.rows,
+                m.short_series()
+            );
+            println!(
+                "  windows   encoder {} + horizon {} steps of `{}`: {} train, {} validate with \
+                 data.val_steps = {} (the default: the horizon)",
+                m.encoder_length,
+                m.horizon,
+                c.time,
+                train.len(),
+                val.len(),
+                m.horizon
+            );
+            for a in train.inputs() {
+                println!(
+                    "  input     {}: {} {:?} per window",
+                    a.name, a.dtype, a.shape
+                );
+            }
+            let scaled = match m.normalize {
+                kiln_data::TargetNormalizer::None => "",
+                kiln_data::TargetNormalizer::Group => "; scaled per series among the reals",
+            };
+            println!(
+                "  target    regression: {} over the horizon, {:?} per window{scaled}",
+                c.target.join(", "),
+                train.target().shape()
+            );
+        }
+    }
+    Ok(())
+}
+
 fn inspect(dir: &Path, format: Format) -> anyhow::Result<ExitCode> {
+    if Windows::is_windows_dir(dir) {
+        let windows = Windows::open(dir).context("kiln data inspect failed")?;
+        report_windows(&windows, format, "checked")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let dataset = ShardedDataset::open(dir).context("kiln data inspect failed")?;
     report(dir, dataset.manifest(), format, "checked")?;
     Ok(ExitCode::SUCCESS)

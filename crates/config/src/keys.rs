@@ -21,7 +21,9 @@ use kiln_core::options::{
 };
 
 use crate::plan::{DataPlan, ModelPlan, TrainPlan};
-use crate::setting::{BatchSize, KeepBest, ModelChoice, Port, Widths, Workers, config_keys};
+use crate::setting::{
+    BatchSize, KeepBest, ModelChoice, Port, ValSteps, Widths, Workers, config_keys,
+};
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
 fn model_name(model: &ModelPlan) -> String {
@@ -50,6 +52,11 @@ fn workers_text(data: &DataPlan) -> String {
     } else {
         data.num_workers.to_string()
     }
+}
+
+fn val_steps_text(data: &DataPlan) -> String {
+    data.val_steps
+        .map_or_else(|| "horizon".to_owned(), |n| n.to_string())
 }
 
 config_keys! {
@@ -98,6 +105,9 @@ config_keys! {
         /// Share of the dataset held out for validation, in [0, 1).
         val_fraction: f64 = 0.1 => p.data.val_fraction,
             valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
+        /// For a windowed time-series dataset (instead of `val_fraction`): the last N steps of
+        /// every series are for validation (0: none), or "horizon", the dataset's horizon.
+        val_steps: ValSteps = "horizon" => val_steps_text(&p.data);
         /// Size of the built-in synthetic dataset (train and validation together).
         synthetic_samples: u64 = 8192 => p.data.synthetic_samples,
             valid |v| *v >= 1 => "must be at least 1";
@@ -288,7 +298,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 77);
+        assert_eq!(KEYS.len(), 78);
     }
 
     #[test]

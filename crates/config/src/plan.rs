@@ -21,7 +21,7 @@ use crate::keys::{
 };
 use crate::layers::Layer;
 pub use crate::setting::KeepBest;
-use crate::setting::{BatchSize, Checker, Workers};
+use crate::setting::{BatchSize, Checker, ValSteps, Workers};
 
 /// Which layer set a value, and where exactly (file path, variable name, flag).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -53,6 +53,9 @@ pub struct DataPlan {
     pub prefetch_factor: u64,
     /// Share of the samples held out for validation, in [0, 1).
     pub val_fraction: f64,
+    /// For a windowed dataset: the last steps of every series held out for validation;
+    /// `None`: the dataset's horizon.
+    pub val_steps: Option<u64>,
     /// Size of the built-in synthetic dataset.
     pub synthetic_samples: u64,
 }
@@ -351,6 +354,10 @@ fn data_plan(v: DataValues, worker_ceiling: u64) -> DataPlan {
         num_workers_auto,
         prefetch_factor: v.prefetch_factor,
         val_fraction: v.val_fraction,
+        val_steps: match v.val_steps {
+            ValSteps::Horizon => None,
+            ValSteps::Steps(n) => Some(n),
+        },
         synthetic_samples: v.synthetic_samples,
     }
 }

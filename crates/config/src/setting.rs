@@ -251,6 +251,31 @@ impl Setting for Workers {
     }
 }
 
+/// `data.val_steps`: for a windowed time-series dataset, how many last steps of every series
+/// are for validation: a number (0: none), or `horizon`, the dataset's own horizon (one
+/// validation window per series).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValSteps {
+    Horizon,
+    Steps(u64),
+}
+
+impl Setting for ValSteps {
+    type Raw = RawCount;
+    fn parse(raw: RawCount) -> Result<Self, String> {
+        match raw {
+            RawCount::Number(n) => Ok(ValSteps::Steps(n)),
+            RawCount::Text(t) if t.trim().eq_ignore_ascii_case("horizon") => Ok(ValSteps::Horizon),
+            RawCount::Text(_) => Err("use a whole number of time steps (0: no validation), or \
+                 \"horizon\" for the dataset's horizon"
+                .to_owned()),
+        }
+    }
+    fn raw_text(raw: &RawCount) -> String {
+        raw.text()
+    }
+}
+
 /// `checkpoint.keep_best`: besides the newest checkpoints, keep the best one by a metric —
 /// `true`: the task's own (validation accuracy where there is one, else the validation loss),
 /// or a metric named ([`MetricName`]); `false`: none.

@@ -113,7 +113,7 @@ fn reference(rows: &[Row], normalize: bool) -> [ByKey; 2] {
             let n = train.len() as f64;
             let mean = train.iter().sum::<f64>() / n;
             let var = train.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
-            (mean, var.sqrt() + 1e-8)
+            (mean, var.sqrt() + 1.0 / 1024.0)
         } else {
             (0.0, 1.0)
         };

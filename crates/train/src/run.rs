@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicBool;
 
 use kiln_config::keys;
 use kiln_config::{ModelKind, RunPlan};
-use kiln_data::{Dataset, SamplerConfig, ShardedDataset, Subset};
+use kiln_data::{Dataset, SamplerConfig, ShardedDataset, Subset, Windows};
 use tch::nn;
 
 use crate::TrainError;
@@ -144,6 +144,7 @@ impl RunData {
     pub fn of_plan(plan: &RunPlan, data_dir: Option<&Path>) -> Result<Self, TrainError> {
         let seed = plan.performance.backend.seed;
         let (dataset, text): (Box<dyn Dataset>, String) = match data_dir {
+            Some(dir) if Windows::is_windows_dir(dir) => return Self::windows(plan, dir),
             Some(dir) => {
                 let d = ShardedDataset::open(dir)?;
                 let shapes = match &d.manifest().inputs[..] {
@@ -176,6 +177,39 @@ impl RunData {
             }
         };
         Self::split(dataset, plan.data.val_fraction, seed, text)
+    }
+}
+
+impl RunData {
+    /// The windowed time-series dataset in `dir`, split by time: the last `data.val_steps`
+    /// steps of every series validate.
+    fn windows(plan: &RunPlan, dir: &Path) -> Result<Self, TrainError> {
+        let windows = Windows::open(dir)?;
+        let m = windows.manifest();
+        let val_steps = plan.data.val_steps.map_or(m.horizon, |n| n as usize);
+        let (train, val) = windows.split(val_steps)?;
+        let arrays: Vec<String> = train
+            .inputs()
+            .iter()
+            .map(|a| format!("{} {:?}", a.name, a.shape))
+            .collect();
+        let description = format!(
+            "{} (windows of {} series, encoder {} + horizon {} steps: {} train, {} validate with \
+             the last {val_steps} steps of every series; {}; target {})",
+            dir.display(),
+            m.series.len(),
+            m.encoder_length,
+            m.horizon,
+            train.len(),
+            val.len(),
+            arrays.join(", "),
+            train.target()
+        );
+        Ok(Self {
+            train: Arc::new(Box::new(train)),
+            val: (!val.is_empty()).then(|| Arc::new(Box::new(val) as Box<dyn Dataset>)),
+            description,
+        })
     }
 }
 

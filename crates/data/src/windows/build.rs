@@ -297,48 +297,62 @@ fn series_of(
     let mut series: Vec<Series> = vec![];
     for (k, &i) in order.iter().enumerate() {
         let key = &rows.keys[rows.series[i]];
-        let same = series.last().is_some_and(|last| &last.key == key);
-        if !same {
-            let codes = statics
-                .iter()
-                .enumerate()
-                .map(|(c, name)| {
-                    let value = &rows.statics[i * s + c];
-                    categories[name]
-                        .binary_search(value)
-                        .map_or(0, |v| v as i64)
-                })
-                .collect();
-            series.push(Series {
-                key: key.clone(),
-                start: k,
-                len: 1,
-                first_time: rows.times[i],
-                statics: codes,
-            });
-            continue;
-        }
-        let prev = order[k - 1];
-        let last = series.last_mut().expect("a series was started above");
-        check_step(source, rows, (prev, i), key)?;
-        for (c, name) in statics.iter().enumerate() {
-            let (a, b) = (&rows.statics[prev * s + c], &rows.statics[i * s + c]);
-            if a != b {
-                return Err(DataError::file(
-                    &source.csv,
-                    format!(
-                        "lines {} and {}: static column `{name}` changes within series {} \
-                         (`{a}`, then `{b}`): a static categorical is one value per series",
-                        rows.lines[prev],
-                        rows.lines[i],
-                        key.join("/")
-                    ),
-                ));
+        match series.last_mut() {
+            Some(last) if &last.key == key => {
+                let prev = order[k - 1];
+                check_step(source, rows, (prev, i), key)?;
+                check_statics(source, rows, (prev, i), key)?;
+                last.len += 1;
+            }
+            _ => {
+                let codes = statics
+                    .iter()
+                    .enumerate()
+                    .map(|(c, name)| {
+                        let value = &rows.statics[i * s + c];
+                        categories[name]
+                            .binary_search(value)
+                            .map_or(0, |v| v as i64)
+                    })
+                    .collect();
+                series.push(Series {
+                    key: key.clone(),
+                    start: k,
+                    len: 1,
+                    first_time: rows.times[i],
+                    statics: codes,
+                });
             }
         }
-        last.len += 1;
     }
     Ok(series)
+}
+
+/// An error unless rows `a` and `b` of series `key` have the same static categoricals.
+fn check_statics(
+    source: &WindowsSource,
+    rows: &Rows,
+    (a, b): (usize, usize),
+    key: &[String],
+) -> Result<(), DataError> {
+    let statics = &source.columns.static_categoricals;
+    let s = statics.len();
+    for (c, name) in statics.iter().enumerate() {
+        let (va, vb) = (&rows.statics[a * s + c], &rows.statics[b * s + c]);
+        if va != vb {
+            return Err(DataError::file(
+                &source.csv,
+                format!(
+                    "lines {} and {}: static column `{name}` changes within series {} (`{va}`, \
+                     then `{vb}`): a static categorical is one value per series",
+                    rows.lines[a],
+                    rows.lines[b],
+                    key.join("/")
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// An error unless row `b` is the time step after row `a` of series `key`.

@@ -8,8 +8,9 @@ use crate::dataset::array_slots_error;
 use crate::target::TargetSpec;
 use crate::{ArraySpec, DType, DataError, Dataset, TargetSlot};
 
-/// Added to a series' standard deviation, so a constant series scales by a finite amount.
-const SCALE_EPS: f64 = 1e-8;
+/// Added to a series' standard deviation, so a constant series scales by a finite amount:
+/// float16's machine epsilon, 2⁻¹⁰, as pytorch-forecasting's `GroupNormalizer` adds.
+const SCALE_EPS: f64 = 1.0 / 1024.0;
 
 /// Windows `first..first + count` (by their first row's place in the series) of one series.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,7 @@ pub struct WindowedDataset {
     ends: Vec<usize>,
     /// `[center, scale]` of each series' targets, series after series.
     scales: Arc<Vec<[f32; 2]>>,
+    parts: Vec<Part>,
     specs: Vec<ArraySpec>,
     target: TargetSpec,
 }
@@ -47,7 +49,7 @@ impl WindowedDataset {
                 Some(*n)
             })
             .collect();
-        let specs = array_specs(&store.manifest);
+        let (parts, specs) = array_specs(&store.manifest);
         let target = TargetSpec::Values {
             shape: per_target(store.manifest.horizon, store.manifest.columns.target.len()),
         };
@@ -56,6 +58,7 @@ impl WindowedDataset {
             runs,
             ends,
             scales,
+            parts,
             specs,
             target,
         }
@@ -96,26 +99,25 @@ impl WindowedDataset {
         let (e, h) = (m.encoder_length, m.horizon);
         let first = s.start + place;
         let scales = self.scales(series);
-        for (spec, slot) in self.specs.iter().zip(inputs.iter_mut()) {
+        for ((part, spec), slot) in self.parts.iter().zip(&self.specs).zip(inputs.iter_mut()) {
             let size = spec.numel() * spec.dtype.model().size();
             let out = &mut slot[k * size..(k + 1) * size];
-            match spec.name.as_str() {
-                "encoder_cont" => self.reals(first..first + e, None, scales, out),
-                "encoder_target" => put_f32s(out, self.targets(first..first + e)),
-                "decoder_cont" => {
+            match part {
+                Part::EncoderCont => self.reals(first..first + e, None, scales, out),
+                Part::EncoderTarget => put_f32s(out, self.targets(first..first + e)),
+                Part::DecoderCont => {
                     let known = m.columns.known.len();
                     self.reals(first + e..first + e + h, Some(known), scales, out)
                 }
-                "static_cat" => put_i64s(out, s.statics.iter().copied()),
-                "group" => put_i64s(out, [series as i64]),
-                "decoder_time" => {
+                Part::StaticCat => put_i64s(out, s.statics.iter().copied()),
+                Part::Group => put_i64s(out, [series as i64]),
+                Part::DecoderTime => {
                     let t0 = s.first_time + (place + e) as i64;
                     put_i64s(out, (0..h as i64).map(|j| t0 + j))
                 }
-                "encoder_length" => put_i64s(out, [e as i64]),
-                "decoder_length" => put_i64s(out, [h as i64]),
-                "target_scale" => put_f32s(out, scales.iter().flatten().copied()),
-                other => unreachable!("array `{other}` is not one a window holds"),
+                Part::EncoderLength => put_i64s(out, [e as i64]),
+                Part::DecoderLength => put_i64s(out, [h as i64]),
+                Part::TargetScale => put_f32s(out, scales.iter().flatten().copied()),
             }
         }
         for (o, v) in target
@@ -174,8 +176,22 @@ fn per_target(n: usize, targets: usize) -> Vec<usize> {
     }
 }
 
+/// What an array of a window holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    EncoderCont,
+    EncoderTarget,
+    DecoderCont,
+    StaticCat,
+    Group,
+    DecoderTime,
+    EncoderLength,
+    DecoderLength,
+    TargetScale,
+}
+
 /// The arrays of a window of `m`, in order; those with no columns left out.
-fn array_specs(m: &WindowsManifest) -> Vec<ArraySpec> {
+fn array_specs(m: &WindowsManifest) -> (Vec<Part>, Vec<ArraySpec>) {
     let c = &m.columns;
     let (e, h, t) = (m.encoder_length, m.horizon, c.target.len());
     let reals = c.known.len() + c.unknown.len();
@@ -185,25 +201,40 @@ fn array_specs(m: &WindowsManifest) -> Vec<ArraySpec> {
         shape,
         ids: false,
     };
-    let mut specs = vec![];
-    if reals > 0 {
-        specs.push(spec("encoder_cont", DType::F32, vec![e, reals]));
-    }
-    specs.push(spec("encoder_target", DType::F32, per_target(e, t)));
-    if !c.known.is_empty() {
-        specs.push(spec("decoder_cont", DType::F32, vec![h, c.known.len()]));
-    }
-    if !c.static_categoricals.is_empty() {
-        let s = c.static_categoricals.len();
-        specs.push(spec("static_cat", DType::I64, vec![s]));
-    }
-    specs.push(spec("group", DType::I64, vec![]));
-    specs.push(spec("decoder_time", DType::I64, vec![h]));
-    specs.push(spec("encoder_length", DType::I64, vec![]));
-    specs.push(spec("decoder_length", DType::I64, vec![]));
     let scale = if t == 1 { vec![2] } else { vec![t, 2] };
-    specs.push(spec("target_scale", DType::F32, scale));
-    specs
+    let statics = c.static_categoricals.len();
+    let all = [
+        (
+            Part::EncoderCont,
+            spec("encoder_cont", DType::F32, vec![e, reals]),
+        ),
+        (
+            Part::EncoderTarget,
+            spec("encoder_target", DType::F32, per_target(e, t)),
+        ),
+        (
+            Part::DecoderCont,
+            spec("decoder_cont", DType::F32, vec![h, c.known.len()]),
+        ),
+        (
+            Part::StaticCat,
+            spec("static_cat", DType::I64, vec![statics]),
+        ),
+        (Part::Group, spec("group", DType::I64, vec![])),
+        (Part::DecoderTime, spec("decoder_time", DType::I64, vec![h])),
+        (
+            Part::EncoderLength,
+            spec("encoder_length", DType::I64, vec![]),
+        ),
+        (
+            Part::DecoderLength,
+            spec("decoder_length", DType::I64, vec![]),
+        ),
+        (Part::TargetScale, spec("target_scale", DType::F32, scale)),
+    ];
+    all.into_iter()
+        .filter(|(_, a)| a.shape.iter().all(|&n| n > 0))
+        .unzip()
 }
 
 /// Little-endian `f32`s.

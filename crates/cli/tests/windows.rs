@@ -1,0 +1,307 @@
+//! `kiln data prepare --windows` from a long-format CSV: what it writes and `kiln data inspect`
+//! reports, its command-line errors, and — against pytorch-forecasting's `TimeSeriesDataSet`
+//! (pinned with the bench peers) — the same windows with the same contents, with and without
+//! per-series target normalisation.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{kiln, python, stderr, stdout};
+use kiln_data::{Dataset, TargetSlot, WindowedDataset, Windows};
+use serde_json::Value;
+
+const E: usize = 8;
+const H: usize = 3;
+const V: usize = 6;
+
+/// Six series ending at time 39: `a`–`e` of 40 steps, `f` of 7 (too short for a window).
+fn write_csv(path: &Path) {
+    let mut text = String::from("series,t,y,price,temp,region\n");
+    for (k, name) in ["c", "a", "e", "b", "d", "f"].iter().enumerate() {
+        let first = if *name == "f" { 33 } else { 0 };
+        for t in first..40 {
+            let y = (k as f64 + 1.0) * 2.0 * (0.3 * t as f64 + k as f64).sin() + 10.0 * k as f64;
+            let region = if k % 2 == 0 { "north" } else { "south" };
+            let temp = ((t * 7 + k) % 11) as f64 * 0.5;
+            text += &format!(
+                "{name},{t},{y},{},{temp},{region}\n",
+                0.25 * t as f64 + k as f64
+            );
+        }
+    }
+    std::fs::write(path, text).unwrap();
+}
+
+fn prepare(dir: &Path, normalize: &str) -> (PathBuf, std::process::Output) {
+    let csv = dir.join("long.csv");
+    if !csv.exists() {
+        write_csv(&csv);
+    }
+    let out = dir.join(format!("windows-{normalize}"));
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--windows",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--time",
+        "t",
+        "--group",
+        "series",
+        "--target",
+        "y",
+        "--known",
+        "price",
+        "--unknown",
+        "temp,y",
+        "--static",
+        "region",
+        "--encoder-length",
+        &E.to_string(),
+        "--horizon",
+        &H.to_string(),
+        "--normalize",
+        normalize,
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    (out, o)
+}
+
+#[test]
+fn prepare_windows_writes_the_series_and_inspect_reports_the_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, o) = prepare(tmp.path(), "group");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains("series    6 by series (207 rows; 1 too short"),
+        "{text}"
+    );
+    // 5 series × (40 − 3 − 8 − 3 + 1) training windows, 5 × 1 validating.
+    assert!(
+        text.contains("encoder 8 + horizon 3 steps of `t`: 135 train, 5 validate"),
+        "{text}"
+    );
+    for input in [
+        "encoder_cont: f32 [8, 3] per window",
+        "encoder_target: f32 [8] per window",
+        "decoder_cont: f32 [3, 1] per window",
+        "static_cat: i64 [1] per window",
+        "target_scale: f32 [2] per window",
+    ] {
+        assert!(text.contains(input), "{input} in {text}");
+    }
+    let o = kiln(&["data", "inspect", out.to_str().unwrap(), "--format", "json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["default_split"]["train"], 135);
+    assert_eq!(
+        v["windows"]["series"][0]["key"][0], "a",
+        "series sorted by key"
+    );
+    assert_eq!(v["windows"]["categories"]["region"][1], "south");
+    let again = prepare(tmp.path(), "group").1;
+    assert!(!again.status.success());
+    assert!(
+        stderr(&again).contains("never overwrites"),
+        "{}",
+        stderr(&again)
+    );
+}
+
+#[test]
+fn prepare_windows_refuses_a_bad_command_line_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("long.csv");
+    write_csv(&csv);
+    let out = tmp.path().join("out");
+    let base = |extra: &[&str]| {
+        let mut args = vec!["data", "prepare", "--csv", csv.to_str().unwrap()];
+        args.extend_from_slice(&["--out", out.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        kiln(&args)
+    };
+    let o = base(&[
+        "--windows",
+        "--time",
+        "t",
+        "--group",
+        "series",
+        "--target",
+        "y",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--encoder-length"),
+        "{}",
+        stderr(&o)
+    );
+    let o = base(&["--horizon", "3"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--windows"),
+        "{}",
+        stderr(&o)
+    );
+    let o = base(&[
+        "--windows",
+        "--time",
+        "t",
+        "--group",
+        "series",
+        "--target",
+        "y=y.npy",
+        "--encoder-length",
+        "4",
+        "--horizon",
+        "2",
+    ]);
+    assert!(stderr(&o).contains("not NAME=FILE"), "{}", stderr(&o));
+    let o = base(&[
+        "--windows",
+        "--time",
+        "t",
+        "--group",
+        "series",
+        "--target",
+        "y",
+        "--known",
+        "humidity",
+        "--encoder-length",
+        "4",
+        "--horizon",
+        "2",
+    ]);
+    assert!(
+        stderr(&o).contains("has no column `humidity`"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists());
+}
+
+/// Every window of `d` by (series key, first decoder time): its arrays as `f64`s.
+fn kiln_windows(d: &WindowedDataset) -> BTreeMap<(String, i64), BTreeMap<String, Vec<f64>>> {
+    let specs = d.inputs();
+    let n = d.len();
+    let mut slots: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|s| vec![0u8; n * s.numel() * s.dtype.model().size()])
+        .collect();
+    let mut targets = vec![0f32; n * d.target().numel()];
+    let mut views: Vec<&mut [u8]> = slots.iter_mut().map(|s| &mut s[..]).collect();
+    let indices: Vec<usize> = (0..n).collect();
+    d.read_arrays(&indices, &mut views, TargetSlot::Values(&mut targets))
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for k in 0..n {
+        let mut w = BTreeMap::new();
+        for (spec, slot) in specs.iter().zip(&slots) {
+            let (size, numel) = (spec.dtype.model().size(), spec.numel());
+            let bytes = &slot[k * numel * size..(k + 1) * numel * size];
+            let values: Vec<f64> = bytes
+                .chunks_exact(size)
+                .map(|b| match size {
+                    8 => i64::from_ne_bytes(b.try_into().unwrap()) as f64,
+                    _ => f32::from_ne_bytes(b.try_into().unwrap()) as f64,
+                })
+                .collect();
+            w.insert(spec.name.clone(), values);
+        }
+        let t = &targets[k * H..(k + 1) * H];
+        w.insert("target".into(), t.iter().map(|v| *v as f64).collect());
+        let series = d.window(k).unwrap().0;
+        let key = d.manifest().series[series].key[0].clone();
+        out.insert((key, w["decoder_time"][0] as i64), w);
+    }
+    out
+}
+
+/// pytorch-forecasting's windows, as `pf_windows.py` writes them.
+fn pf_windows(dir: &Path, normalize: &str) -> Value {
+    let Some(peers) = std::env::var_os("KILN_BENCH_PEERS") else {
+        panic!(
+            "KILN_BENCH_PEERS names the installed bench peers (pytorch-forecasting): `cargo \
+             xtask test` installs them and sets it ({})",
+            std::env::var("KILN_BENCH_PEERS_ERROR").unwrap_or_else(|_| "not set".into())
+        );
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/pf_windows.py");
+    let out = dir.join(format!("pf-{normalize}.json"));
+    let o = std::process::Command::new(python())
+        .arg(&script)
+        .args(["--csv", dir.join("long.csv").to_str().unwrap()])
+        .args(["--time", "t", "--group", "series", "--target", "y"])
+        .args([
+            "--known",
+            "price",
+            "--unknown",
+            "temp,y",
+            "--static",
+            "region",
+        ])
+        .args([
+            "--encoder-length",
+            &E.to_string(),
+            "--horizon",
+            &H.to_string(),
+        ])
+        .args(["--val-steps", &V.to_string(), "--normalize", normalize])
+        .args(["--out", out.to_str().unwrap()])
+        .env("PYTHONPATH", peers)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "pf_windows.py failed: {}", stderr(&o));
+    serde_json::from_slice(&std::fs::read(out).unwrap()).unwrap()
+}
+
+fn flat(v: &Value) -> Vec<f64> {
+    match v {
+        Value::Array(items) => items.iter().flat_map(flat).collect(),
+        other => vec![other.as_f64().unwrap()],
+    }
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and the bench peers' pytorch-forecasting \
+            (KILN_BENCH_PEERS); `cargo xtask test` runs it"]
+fn windows_match_pytorch_forecasting_time_series_data_set_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    for normalize in ["group", "none"] {
+        let (dir, o) = prepare(tmp.path(), normalize);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let (train, val) = Windows::open(&dir).unwrap().split(V).unwrap();
+        let pf = pf_windows(tmp.path(), normalize);
+        for (split, ours) in [("train", kiln_windows(&train)), ("val", kiln_windows(&val))] {
+            let theirs = pf[split].as_array().unwrap();
+            assert_eq!(ours.len(), theirs.len(), "{normalize}: {split} windows");
+            for w in theirs {
+                let key = (
+                    w["group"].as_str().unwrap().to_owned(),
+                    w["decoder_start"].as_i64().unwrap(),
+                );
+                let mine = ours
+                    .get(&key)
+                    .unwrap_or_else(|| panic!("{split} window {key:?}"));
+                for (name, pf_name) in [
+                    ("encoder_cont", "encoder_cont"),
+                    ("decoder_cont", "decoder_known"),
+                    ("encoder_target", "encoder_target"),
+                    ("target", "target"),
+                    ("target_scale", "target_scale"),
+                    ("static_cat", "static_cat"),
+                ] {
+                    let (a, b) = (&mine[name], flat(&w[pf_name]));
+                    assert_eq!(a.len(), b.len(), "{normalize} {split} {key:?} {name}");
+                    for (x, y) in a.iter().zip(&b) {
+                        assert!(
+                            (x - y).abs() <= 2e-6 * y.abs().max(1.0),
+                            "{normalize} {split} {key:?} {name}: kiln {a:?}, pytorch-forecasting {b:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
