@@ -1,14 +1,16 @@
 //! `kiln data prepare --windows` from a long-format CSV: what it writes and `kiln data inspect`
-//! reports, its command-line errors, and — against pytorch-forecasting's `TimeSeriesDataSet`
-//! (pinned with the bench peers) — the same windows with the same contents, with and without
-//! per-series target normalisation.
+//! reports, its command-line errors; against pytorch-forecasting's `TimeSeriesDataSet` (pinned
+//! with the bench peers), the same windows with the same contents, with and without per-series
+//! target normalisation; and `kiln train` of a TorchScript forecaster taking a window's arrays as
+//! a dict, learning as PyTorch eager does on the same windows.
 
 mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{kiln, python, stderr, stdout};
+use common::own_data::{assert_same_losses, make_reference, train};
+use common::{kiln, only_run, python, stderr, stdout, step_losses};
 use kiln_data::{Dataset, TargetSlot, WindowedDataset, Windows};
 use serde_json::Value;
 
@@ -304,4 +306,57 @@ fn windows_match_pytorch_forecasting_time_series_data_set_with_python_torch() {
             }
         }
     }
+}
+
+/// `d`'s windows as JSON tensors by name (`{"shape", "values"}`), the targets as `target`.
+fn windows_json(d: &WindowedDataset) -> Value {
+    let n = d.len();
+    let mut by_key = kiln_windows(d).into_values().collect::<Vec<_>>();
+    let mut out = serde_json::Map::new();
+    let mut specs = d.inputs();
+    specs.push(kiln_data::ArraySpec {
+        name: "target".into(),
+        dtype: kiln_data::DType::F32,
+        shape: d.target().shape().to_vec(),
+        ids: false,
+    });
+    for spec in specs {
+        let values: Vec<f64> = by_key
+            .iter_mut()
+            .flat_map(|w| w.remove(&spec.name).unwrap())
+            .collect();
+        let shape: Vec<usize> = [&[n][..], &spec.shape].concat();
+        out.insert(
+            spec.name.clone(),
+            serde_json::json!({"shape": shape, "values": values}),
+        );
+    }
+    Value::Object(out)
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
+fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, o) = prepare(tmp.path(), "group");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (train_windows, _) = Windows::open(&dir).unwrap().split(0).unwrap();
+    let json = windows_json(&train_windows);
+    std::fs::write(tmp.path().join("windows.json"), json.to_string()).unwrap();
+    let reference = make_reference("windows_model.py", tmp.path());
+    let runs = tmp.path().join("runs");
+    let n = train_windows.len().to_string();
+    let o = train(
+        &tmp.path().join("forecaster.pt"),
+        &dir,
+        &runs,
+        train_windows.len(),
+        &["--epochs", "20", "--set", "data.val_steps=0"],
+    );
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains(&format!("{n} train, 0 validate")), "{err}");
+    let ours = step_losses(&only_run(&runs));
+    assert_same_losses(&ours, &reference["losses"], 1e-4);
+    assert!(ours[19] < 0.5 * ours[0], "learned: {ours:?}");
 }

@@ -11,7 +11,7 @@
 //! horizon starts after it, so nothing from the future reaches training. Per-series target
 //! scales come from the training part only. The semantics follow
 //! `pytorch_forecasting.TimeSeriesDataSet` with equal minimum and maximum lengths; where kiln
-//! differs is said in `docs/data.md`.
+//! differs, the README's "Time-series windows" says.
 
 mod build;
 mod read;
