@@ -441,3 +441,49 @@ fn a_split_that_leaves_no_window_or_a_partial_horizon_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn several_targets_add_a_dimension_and_arrays_without_columns_are_left_out() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = rows();
+    let csv = tmp.path().join("long.csv");
+    write_csv(&csv, &rows);
+    let mut s = source(csv, TargetNormalizer::Group);
+    s.columns.target = vec!["y".into(), "price".into()];
+    s.columns.known.clear();
+    s.columns.unknown.clear();
+    s.columns.static_categoricals.clear();
+    let out = tmp.path().join("windows");
+    prepare_windows(&s, &out).unwrap();
+    let (train, _) = Windows::open(&out).unwrap().split(V).unwrap();
+    let shapes: Vec<(String, Vec<usize>)> = train
+        .inputs()
+        .into_iter()
+        .map(|a| (a.name, a.shape))
+        .collect();
+    let want: Vec<(String, Vec<usize>)> = [
+        ("encoder_target", vec![E, 2]),
+        ("group", vec![]),
+        ("decoder_time", vec![H]),
+        ("encoder_length", vec![]),
+        ("decoder_length", vec![]),
+        ("target_scale", vec![2, 2]),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_owned(), s))
+    .collect();
+    assert_eq!(shapes, want);
+    assert_eq!(train.target().shape(), [H, 2]);
+    // The first window of series a/1 (the first key): its first horizon step, both targets.
+    let w = &read_by_name(&train, &[0])[0];
+    let first = rows
+        .iter()
+        .find(|r| r.key == ("a".into(), "1".into()) && r.time == 7 + E as i64)
+        .unwrap();
+    let t = &w["target"];
+    assert!(
+        (t[0] - first.y).abs() < 1e-5 && (t[1] - first.price).abs() < 1e-5,
+        "{t:?}"
+    );
+    assert_eq!(w["target_scale"].len(), 4);
+}
