@@ -35,6 +35,8 @@ const BREAKDOWN_BATCHES: usize = 8;
 enum Sub {
     /// Epochs of kiln's loader over the shards; prints one JSON line.
     Probe(ProbeArgs),
+    /// Epochs of kiln's loader over a windowed time-series dataset; prints one JSON line.
+    WindowsProbe(crate::data_windows::ProbeArgs),
 }
 
 /// `probe`'s options.
@@ -68,6 +70,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     let cli = Cli::parse_with(args, about);
     exit_on_error(match cli.command {
         Some(Sub::Probe(a)) => probe(&a),
+        Some(Sub::WindowsProbe(a)) => crate::data_windows::probe(&a),
         None => compare(&cli.suite),
     });
 }
@@ -514,7 +517,8 @@ fn compare(a: &SuiteArgs) -> Result<()> {
          per-sample work (f32 + per-feature normalize), {threads} intra-op threads on both sides \
          (without workers, PyTorch's ops and kiln's batch reads run on them); {STEADY}; memory \
          is the process tree's peak PSS; and `kiln train` with data.num_workers = auto against \
-         its best fixed count"
+         its best fixed count; and kiln's windowed time-series dataset against pytorch-forecasting's \
+         TimeSeriesDataSet and DataLoader"
     );
     let mut suite = SuiteOutput::new("data", &what);
     for workers in [0usize, 1, 2] {
@@ -544,6 +548,8 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     push_best_rows(&mut suite, &rows);
     let train_repeats = a.repeats_or(if quick { 1 } else { 3 }).max(1);
     crate::data_auto::auto_row(&mut suite, (&dir, samples), &work, (train_repeats, threads))?;
+    let windows = (quick, train_repeats, threads);
+    crate::data_windows::windows_row(&mut suite, &work, Path::new(&a.python), windows)?;
     suite.details = json!({
         "dataset": {"dir": dir, "samples": samples, "sample_shape": SHAPE, "dtype": "f32",
                     "batch_size": BATCH},

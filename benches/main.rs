@@ -7,6 +7,7 @@
 #[path = "data_side_by_side.rs"]
 mod data;
 mod data_auto;
+mod data_windows;
 #[path = "ddp_side_by_side.rs"]
 mod ddp;
 #[path = "job_side_by_side.rs"]

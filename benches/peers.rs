@@ -1,6 +1,6 @@
-//! The pinned Python packages of the benchmarks' peers (PyTorch Lightning, LitServe), as
-//! `cargo xtask bench` hands them to a suite: `KILN_BENCH_PEERS` names the directory it
-//! installed them into, or `KILN_BENCH_PEERS_ERROR` says why it could not.
+//! The pinned Python packages of the benchmarks' peers (PyTorch Lightning, LitServe,
+//! pytorch-forecasting), as `cargo xtask bench` hands them to a suite: `KILN_BENCH_PEERS` names
+//! the directory it installed them into, or `KILN_BENCH_PEERS_ERROR` says why it could not.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +11,7 @@ pub fn dir() -> crate::Result<PathBuf> {
         return Ok(PathBuf::from(dir));
     }
     Err(std::env::var("KILN_BENCH_PEERS_ERROR").unwrap_or_else(|_| {
-        "the pinned peers (Lightning, LitServe) are installed by `cargo xtask bench`; run the \
+        "the pinned peers (Lightning, LitServe, pytorch-forecasting) are installed by `cargo xtask bench`; run the \
          suite through it (or set KILN_BENCH_PEERS to a directory holding them)"
             .to_owned()
     }))

@@ -29,7 +29,7 @@ const READY_MARKER: &str = ".kiln-peers-ready";
 
 /// Whether a suite has peers that need these packages.
 pub fn needed_by(suite: &str) -> bool {
-    matches!(suite, "job" | "serve")
+    matches!(suite, "job" | "serve" | "data")
 }
 
 /// What the suites are told.
@@ -121,8 +121,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_job_and_serve_need_the_peers() {
-        assert!(needed_by("job") && needed_by("serve"));
+    fn only_job_serve_and_data_need_the_peers() {
+        assert!(needed_by("job") && needed_by("serve") && needed_by("data"));
         assert!(!needed_by("train") && !needed_by("quality") && !needed_by("infer"));
     }
 

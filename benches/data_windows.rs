@@ -1,0 +1,232 @@
+//! The data suite's windows row: kiln's windowed dataset and loader against pytorch-forecasting's
+//! `TimeSeriesDataSet` and its `DataLoader`, over the same long-format CSV and the same windows
+//! (every window trains), batch, shuffle and worker count; each batch consumed as tensors on
+//! both sides. `kiln-bench data windows-probe …` is the kiln side of one run, in its own process.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::{Result, alternating, median, peers, run_json};
+use kiln_data::{Loader, LoaderConfig, SamplerConfig, TargetNormalizer, WindowColumns, Windows};
+use serde_json::{Value, json};
+
+/// History and horizon of a window, in steps.
+const ENCODER: usize = 48;
+const HORIZON: usize = 12;
+const BATCH: usize = 64;
+/// The goal: kiln reads at least this many times the windows per second.
+const GOAL: f64 = 3.0;
+const NAME: &str = "windowed time series: loader steady state (epoch 2), 0 workers";
+
+/// `windows-probe`'s options.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// The windowed dataset.
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = BATCH)]
+    batch_size: usize,
+    #[arg(long, default_value_t = 0)]
+    workers: usize,
+    #[arg(long, default_value_t = 2)]
+    epochs: usize,
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+}
+
+/// Epochs of kiln's loader over every window of `--dir`, read by name, each batch's arrays
+/// turned into tensors (a copy each, as the trainer's by-name feed does) and touched; prints
+/// one JSON line.
+pub fn probe(a: &ProbeArgs) -> Result<()> {
+    kiln_torch_ext::memory::set_num_threads(a.threads).map_err(|e| e.to_string())?;
+    let windows = Windows::open(&a.dir).map_err(|e| e.to_string())?;
+    let (train, _) = windows.split(0).map_err(|e| e.to_string())?;
+    let config = LoaderConfig {
+        batch_size: a.batch_size,
+        num_workers: a.workers,
+        sampler: SamplerConfig {
+            shuffle: true,
+            seed: 7,
+            ..SamplerConfig::default()
+        },
+        inline_threads: a.threads,
+        by_name: true,
+        ..LoaderConfig::default()
+    };
+    let mut loader = Loader::new(Arc::new(train), config).map_err(|e| e.to_string())?;
+    let (mut epochs, mut samples, mut target_sum) = (vec![], 0, 0.0);
+    for epoch in 0..a.epochs.max(1) {
+        let started = Instant::now();
+        samples = 0;
+        for batch in loader.epoch(epoch as u64) {
+            let batch = batch.map_err(|e| e.to_string())?;
+            target_sum += consume(&batch)?;
+            samples += batch.indices.len();
+        }
+        epochs.push(started.elapsed().as_secs_f64());
+    }
+    let result = json!({"impl": "kiln", "epoch_seconds": epochs, "samples_per_epoch": samples,
+                        "target_sum": target_sum});
+    println!("{result}");
+    Ok(())
+}
+
+/// Every array of `batch` as a tensor, summed; returns the targets' sum.
+fn consume(batch: &kiln_data::Batch) -> Result<f64> {
+    let err = |e: tch::TchError| e.to_string();
+    for a in &batch.arrays {
+        let kind = match a.dtype {
+            kiln_data::DType::I64 => tch::Kind::Int64,
+            _ => tch::Kind::Float,
+        };
+        let shape: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
+        let t = tch::Tensor::f_from_data_size(&a.data, &shape, kind).map_err(err)?;
+        let _sum = t.f_sum(tch::Kind::Double).map_err(err)?;
+    }
+    let kiln_data::Targets::Values(y) = &batch.targets else {
+        return Err("value targets expected".to_owned());
+    };
+    let y = tch::Tensor::f_from_slice(y).map_err(err)?;
+    y.f_sum(tch::Kind::Double)
+        .and_then(|s| s.f_double_value(&[]))
+        .map_err(err)
+}
+
+/// The long-format CSV (`series` × `steps` rows) and kiln's windows over it, made once under
+/// `work`.
+fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> {
+    let csv = work.join(format!("long-{series}x{steps}.csv"));
+    let dir = work.join(format!("windows-{series}x{steps}"));
+    if dir.join(kiln_data::WINDOWS_FILE).exists() {
+        return Ok((csv, dir));
+    }
+    std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let mut text = String::from("series,t,y,price,holiday,temp,footfall,region\n");
+    for s in 0..series {
+        for t in 0..steps {
+            let x = t as f64;
+            let y = 10.0 * s as f64 + (0.2 * x + s as f64).sin() * (1.0 + s as f64 % 5.0);
+            let (price, holiday) = (1.0 + 0.01 * x, f64::from(t % 7 == 0));
+            let (temp, footfall) = ((0.05 * x).cos() * 10.0, ((t * 13 + s) % 17) as f64);
+            let region = ["north", "south", "east"][s % 3];
+            text += &format!("s{s:03},{t},{y},{price},{holiday},{temp},{footfall},{region}\n");
+        }
+    }
+    std::fs::write(&csv, text).map_err(|e| format!("{}: {e}", csv.display()))?;
+    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    let source = kiln_data::WindowsSource {
+        csv: csv.clone(),
+        delimiter: b',',
+        columns: WindowColumns {
+            time: "t".into(),
+            group: names(&["series"]),
+            target: names(&["y"]),
+            known: names(&["price", "holiday"]),
+            unknown: names(&["temp", "footfall", "y"]),
+            static_categoricals: names(&["region"]),
+        },
+        encoder_length: ENCODER,
+        horizon: HORIZON,
+        normalize: TargetNormalizer::Group,
+    };
+    kiln_data::prepare_windows(&source, &dir).map_err(|e| e.to_string())?;
+    Ok((csv, dir))
+}
+
+/// Samples per second of a run's last epoch.
+fn steady(run: &Value) -> f64 {
+    let last = run["epoch_seconds"]
+        .as_array()
+        .and_then(|e| e.last())
+        .and_then(Value::as_f64);
+    run["samples_per_epoch"].as_f64().unwrap_or(f64::NAN) / last.unwrap_or(f64::NAN)
+}
+
+/// Measures both sides, alternating, and pushes the row (a skip where pytorch-forecasting is
+/// not installed).
+pub fn windows_row(
+    out: &mut SuiteOutput,
+    work: &Path,
+    python: &Path,
+    (quick, repeats, threads): (bool, usize, usize),
+) -> Result<()> {
+    let peers = match peers::dir() {
+        Ok(dir) => dir,
+        Err(why) => {
+            out.skip(NAME, &why);
+            return Ok(());
+        }
+    };
+    let (series, steps) = if quick { (8, 120) } else { (48, 240) };
+    let (csv, dir) = data(work, series, steps)?;
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let common = |cmd: &mut Command| {
+        cmd.args([
+            "--batch-size",
+            &BATCH.to_string(),
+            "--workers",
+            "0",
+            "--epochs",
+            "2",
+        ])
+        .args(["--threads", &threads.to_string()]);
+    };
+    let runs = alternating(repeats.max(1), &[0usize, 1], |_, side| {
+        let mut cmd = if side == 0 {
+            let mut c = Command::new(&me);
+            c.args(["data", "windows-probe", "--dir"]).arg(&dir);
+            c
+        } else {
+            let mut c = Command::new(python);
+            c.arg(kiln_benches::bench_root().join("python/pf_loader.py"))
+                .arg("--csv")
+                .arg(&csv)
+                .args(["--encoder-length", &ENCODER.to_string()])
+                .args(["--horizon", &HORIZON.to_string()]);
+            peers::put_first_on_path(&mut c, &peers);
+            c
+        };
+        common(&mut cmd);
+        run_json(cmd).map(Some)
+    })?;
+    let (kiln, theirs) = (&runs[0], &runs[1]);
+    let (a, b) = (&kiln[0], &theirs[0]);
+    let (ka, kb) = (a["target_sum"].as_f64(), b["target_sum"].as_f64());
+    let same = a["samples_per_epoch"] == b["samples_per_epoch"]
+        && matches!((ka, kb), (Some(x), Some(y)) if (x - y).abs() <= 1e-4 * y.abs().max(1.0));
+    if !same {
+        return Err(format!(
+            "the windows differ: kiln read {} windows (targets summing to {ka:?}), \
+             pytorch-forecasting {} ({kb:?})",
+            a["samples_per_epoch"], b["samples_per_epoch"]
+        ));
+    }
+    let rate = |runs: &[Value]| median(runs.iter().map(steady).collect());
+    let baseline = "pytorch-forecasting TimeSeriesDataSet + its DataLoader (to_dataloader), 0 \
+                    workers";
+    let row = Comparison::new(
+        "data",
+        "windows",
+        NAME,
+        "samples/s",
+        Better::Higher,
+        (rate(kiln), rate(theirs)),
+        baseline,
+    )
+    .at_least(GOAL)
+    .detail(
+        "setup",
+        json!({"series": series, "steps": steps, "encoder_length": ENCODER, "horizon": HORIZON,
+               "batch_size": BATCH, "windows": a["samples_per_epoch"], "threads": threads,
+               "what": "every window trains; target normalised per series (GroupNormalizer) \
+                        and among the unknown reals, 2 known and 2 more unknown reals, 1 static \
+                        categorical; shuffled; each batch's tensors summed on both sides; the \
+                        figure is the second epoch's samples/s, the median over runs"}),
+    )
+    .detail("runs", json!({"kiln": kiln, "pytorch_forecasting": theirs}));
+    out.push(row);
+    Ok(())
+}
