@@ -96,8 +96,8 @@ const DEFAULT: [&str; 9] = [
     "ddp",
 ];
 
-/// The suites that run the release CLI (`kiln train`).
-const RUN_THE_CLI: [&str; 2] = ["job", "ddp"];
+/// The suites that run the release CLI (`kiln train`; `data` for its `num_workers = auto` row).
+const RUN_THE_CLI: [&str; 3] = ["job", "ddp", "data"];
 
 /// The suites that export their model to ONNX (for their onnxruntime rows).
 const EXPORT_ONNX: [&str; 2] = ["infer", "serve"];
@@ -372,7 +372,7 @@ pub fn run(
 
     let release = target_dir(root).join("release");
     let python = python_of(libtorch, settings);
-    // Lightning and LitServe, pinned, for the suites whose peers need them (never for tests).
+    // Lightning, LitServe and pytorch-forecasting, pinned, for the suites whose peers need them.
     let peers = chosen
         .iter()
         .any(|s| peers::needed_by(s.name))
