@@ -118,7 +118,7 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
     std::fs::write(&csv, text).map_err(|e| format!("{}: {e}", csv.display()))?;
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
     let source = kiln_data::WindowsSource {
-        csv: csv.clone(),
+        table: csv.clone(),
         delimiter: b',',
         columns: WindowColumns {
             time: "t".into(),

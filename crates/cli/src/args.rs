@@ -251,11 +251,19 @@ pub struct PrepareArgs {
 /// `kiln data prepare --windows`: time-series windows over a long-format CSV.
 #[derive(Debug, Clone, Args)]
 pub struct WindowArgs {
-    /// Build time-series windows for a forecaster from the long-format --csv (one row per
-    /// series and time step), with --time, --group, --target (its columns), --encoder-length
-    /// and --horizon. Series are stored once; windows are read from them.
-    #[arg(long, requires_all = ["csv", "time", "group", "target", "encoder_length", "horizon"])]
+    /// Build time-series windows for a forecaster from the long-format --csv or --parquet table
+    /// (one row per series and time step), with --time, --group, --target (its columns),
+    /// --encoder-length and --horizon. Series are stored once; windows are read from them.
+    #[arg(long, requires_all = ["time", "group", "target", "encoder_length", "horizon"])]
     pub windows: bool,
+    /// With --windows: a long-format Parquet table instead of --csv (snappy, zstd or lz4).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "windows",
+        conflicts_with = "csv"
+    )]
+    pub parquet: Option<PathBuf>,
     /// With --windows: the integer time-index column (consecutive steps within a series).
     #[arg(long, value_name = "COLUMN", requires = "windows")]
     pub time: Option<String>,

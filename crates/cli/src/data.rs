@@ -172,8 +172,11 @@ fn prepare_windows(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
              (e.g. --target sales), not NAME=FILE"
         );
     }
+    let Some(table) = args.csv.clone().or_else(|| w.parquet.clone()) else {
+        anyhow::bail!("--windows reads a long-format table: give --csv FILE or --parquet FILE");
+    };
     let source = kiln_data::WindowsSource {
-        csv: args.csv.clone().unwrap_or_default(),
+        table,
         delimiter: delimiter(args)?,
         columns: kiln_data::WindowColumns {
             time: w.time.clone().unwrap_or_default(),

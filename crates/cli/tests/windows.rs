@@ -180,6 +180,25 @@ fn prepare_windows_refuses_a_bad_command_line_naming_the_flag() {
         "{}",
         stderr(&o)
     );
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--windows",
+        "--time",
+        "t",
+        "--group",
+        "series",
+        "--target",
+        "y",
+        "--encoder-length",
+        "4",
+        "--horizon",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(err.contains("give --csv FILE or --parquet FILE"), "{err}");
     assert!(!out.exists());
 }
 

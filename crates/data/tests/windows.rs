@@ -68,10 +68,10 @@ fn write_csv(path: &Path, rows: &[Row]) {
     std::fs::write(path, text).unwrap();
 }
 
-fn source(csv: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
+fn source(table: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
     WindowsSource {
-        csv,
+        table,
         delimiter: b',',
         columns: WindowColumns {
             time: "time".into(),
@@ -486,4 +486,110 @@ fn several_targets_add_a_dimension_and_arrays_without_columns_are_left_out() {
         "{t:?}"
     );
     assert_eq!(w["target_scale"].len(), 4);
+}
+
+/// Writes `rows` as a Parquet file (snappy pages): strings for the keys and the region, int64
+/// times, doubles for the values; `temp` optional, null where `null_temp_at` says.
+fn write_parquet(path: &Path, rows: &[Row], null_temp_at: Option<usize>) {
+    use parquet::basic::Compression;
+    use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+
+    let schema = "message long { required binary store (UTF8); required binary item (UTF8); \
+                  required int64 time; required double y; required double price; \
+                  optional double temp; required binary region (UTF8); }";
+    let schema = Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = SerializedFileWriter::new(file, schema, Arc::new(props)).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    let texts = |f: &dyn Fn(&Row) -> String| -> Vec<ByteArray> {
+        rows.iter()
+            .map(|r| ByteArray::from(f(r).as_str()))
+            .collect()
+    };
+    let doubles = |f: &dyn Fn(&Row) -> f64| -> Vec<f64> { rows.iter().map(f).collect() };
+    let mut column = 0;
+    while let Some(mut c) = group.next_column().unwrap() {
+        match column {
+            0 => c
+                .typed::<ByteArrayType>()
+                .write_batch(&texts(&|r| r.key.0.clone()), None, None),
+            1 => c
+                .typed::<ByteArrayType>()
+                .write_batch(&texts(&|r| r.key.1.clone()), None, None),
+            2 => {
+                let times: Vec<i64> = rows.iter().map(|r| r.time).collect();
+                c.typed::<Int64Type>().write_batch(&times, None, None)
+            }
+            3 => c
+                .typed::<DoubleType>()
+                .write_batch(&doubles(&|r| r.y), None, None),
+            4 => c
+                .typed::<DoubleType>()
+                .write_batch(&doubles(&|r| r.price), None, None),
+            5 => {
+                let defs: Vec<i16> = (0..rows.len())
+                    .map(|i| i16::from(Some(i) != null_temp_at))
+                    .collect();
+                let values: Vec<f64> = (0..rows.len())
+                    .filter(|&i| Some(i) != null_temp_at)
+                    .map(|i| rows[i].temp)
+                    .collect();
+                c.typed::<DoubleType>()
+                    .write_batch(&values, Some(&defs), None)
+            }
+            _ => c
+                .typed::<ByteArrayType>()
+                .write_batch(&texts(&|r| r.region.clone()), None, None),
+        }
+        .unwrap();
+        c.close().unwrap();
+        column += 1;
+    }
+    group.close().unwrap();
+    writer.close().unwrap();
+}
+
+#[test]
+fn a_parquet_table_gives_the_windows_its_csv_gives() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = rows();
+    let (csv, table) = (tmp.path().join("long.csv"), tmp.path().join("long.parquet"));
+    write_csv(&csv, &rows);
+    write_parquet(&table, &rows, None);
+    let from = |input: PathBuf, out: &str| {
+        let out = tmp.path().join(out);
+        let manifest = prepare_windows(&source(input, TargetNormalizer::Group), &out).unwrap();
+        let read = |f: &str| std::fs::read(out.join(f)).unwrap();
+        (manifest, read("targets.npy"), read("reals.npy"))
+    };
+    let (a, b) = (from(csv, "from-csv"), from(table.clone(), "from-parquet"));
+    assert_eq!(a.0.series, b.0.series);
+    assert_eq!((a.1, a.2), (b.1, b.2), "the same stored columns");
+    // A null is named by its row (1-based) and column.
+    let nulled = tmp.path().join("null.parquet");
+    write_parquet(&nulled, &rows, Some(4));
+    let err = prepare_windows(
+        &source(nulled, TargetNormalizer::Group),
+        &tmp.path().join("x"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("row 5, column `temp`: `null` is not a finite number"),
+        "{err}"
+    );
+    let mut s = source(table, TargetNormalizer::Group);
+    s.columns.known = vec!["humidity".into()];
+    let err = prepare_windows(&s, &tmp.path().join("y"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("has no column `humidity` (its columns: store, item, time"),
+        "{err}"
+    );
 }

@@ -1,21 +1,23 @@
-//! `kiln data prepare --windows`: a long-format CSV sorted into one series per group and stored
-//! column by column, with the manifest naming each column's role.
+//! `kiln data prepare --windows`: a long-format table (CSV or Parquet) sorted into one series per
+//! group and stored column by column, with the manifest naming each column's role.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
+use super::table::{self, Cell, read_table};
 use super::{
     FORMAT, REALS_FILE, Series, TARGETS_FILE, TargetNormalizer, VERSION, WINDOWS_FILE,
     WindowColumns, Windows, WindowsManifest,
 };
-use crate::csv::{csv_error, open_reader};
 use crate::prepare::{write_new_dir, write_npy};
 use crate::{DType, DataError};
 
-/// A long-format CSV file and how to window it.
+/// A long-format table (a CSV file, or Parquet by its `.parquet` or `.pq` extension) and how to
+/// window it.
 #[derive(Debug, Clone)]
 pub struct WindowsSource {
-    pub csv: PathBuf,
+    pub table: PathBuf,
+    /// The CSV's field delimiter.
     pub delimiter: u8,
     pub columns: WindowColumns,
     pub encoder_length: usize,
@@ -36,12 +38,15 @@ struct Rows {
     reals: Vec<f32>,
     /// Static categoricals' texts per row.
     statics: Vec<String>,
+    /// Each row's place in the table: its CSV line or Parquet row.
     lines: Vec<u64>,
+    /// What [`Rows::lines`] are called: `line` or `row`.
+    unit: &'static str,
 }
 
-/// Reads `source`'s CSV and writes its series into `out`, which must not exist yet; checks the
-/// result by opening it. Returns the manifest written. Errors name the file, the line and the
-/// column (or the series) at fault.
+/// Reads `source`'s table and writes its series into `out`, which must not exist yet; checks the
+/// result by opening it. Returns the manifest written. Errors name the file, the line (CSV) or row
+/// (Parquet) and the column, or the series, at fault.
 pub fn prepare_windows(source: &WindowsSource, out: &Path) -> Result<WindowsManifest, DataError> {
     check_source(source)?;
     let rows = read_rows(source)?;
@@ -66,7 +71,7 @@ fn check_source(s: &WindowsSource) -> Result<(), DataError> {
     let c = &s.columns;
     if c.group.is_empty() || c.target.is_empty() {
         return Err(DataError::file(
-            &s.csv,
+            &s.table,
             "a windowed dataset needs group column(s) naming the series and target column(s)",
         ));
     }
@@ -82,7 +87,7 @@ fn check_source(s: &WindowsSource) -> Result<(), DataError> {
         for column in columns {
             if let Some(other) = role.insert(column, name) {
                 return Err(DataError::file(
-                    &s.csv,
+                    &s.table,
                     format!("column `{column}` is given two roles: {other} and {name}"),
                 ));
             }
@@ -93,7 +98,7 @@ fn check_source(s: &WindowsSource) -> Result<(), DataError> {
             None | Some("target") => {}
             Some(other) => {
                 return Err(DataError::file(
-                    &s.csv,
+                    &s.table,
                     format!(
                         "column `{column}` is given two roles: {other} and unknown (only a \
                          target may also be an unknown real, as its history)"
@@ -105,97 +110,80 @@ fn check_source(s: &WindowsSource) -> Result<(), DataError> {
     Ok(())
 }
 
-/// The position of each role's columns in `headers`.
-struct At {
-    time: usize,
-    group: Vec<usize>,
-    target: Vec<usize>,
-    reals: Vec<usize>,
-    statics: Vec<usize>,
-}
-
-fn locate(path: &Path, headers: &[String], c: &WindowColumns) -> Result<At, DataError> {
-    let find = |name: &String| {
-        headers.iter().position(|h| h == name).ok_or_else(|| {
-            DataError::file(
-                path,
-                format!(
-                    "has no column `{name}` (its columns: {})",
-                    headers.join(", ")
-                ),
-            )
-        })
-    };
-    let all = |names: &[String]| names.iter().map(find).collect::<Result<Vec<_>, _>>();
-    let reals: Vec<String> = c.known.iter().chain(&c.unknown).cloned().collect();
-    Ok(At {
-        time: find(&c.time)?,
-        group: all(&c.group)?,
-        target: all(&c.target)?,
-        reals: all(&reals)?,
-        statics: all(&c.static_categoricals)?,
-    })
-}
-
-/// Every row of the CSV, checked: integer times, finite reals and targets.
+/// Every row of the table, checked: integer times, finite reals and targets.
 fn read_rows(source: &WindowsSource) -> Result<Rows, DataError> {
-    let path = &source.csv;
-    let (mut reader, headers) = open_reader(path, source.delimiter)?;
-    let at = locate(path, &headers, &source.columns)?;
+    let c = &source.columns;
+    let reals: Vec<String> = c.known.iter().chain(&c.unknown).cloned().collect();
+    let columns: Vec<String> = std::iter::once(&c.time)
+        .chain(&c.group)
+        .chain(&c.target)
+        .chain(&reals)
+        .chain(&c.static_categoricals)
+        .cloned()
+        .collect();
+    let (g, t, r) = (c.group.len(), c.target.len(), reals.len());
     let mut rows = Rows::default();
     let mut key_numbers: HashMap<Vec<String>, usize> = HashMap::new();
-    let mut record = ::csv::StringRecord::new();
-    while reader
-        .read_record(&mut record)
-        .map_err(|e| DataError::file(path, csv_error(&e)))?
-    {
-        let line = record.position().map_or(0, |p| p.line());
-        let text = |c: usize| record[c].trim();
-        let key: Vec<String> = at.group.iter().map(|&c| text(c).to_owned()).collect();
+    let path = &source.table;
+    rows.unit = table::unit(path);
+    let unit = rows.unit;
+    read_table(path, source.delimiter, &columns, |at, cells| {
+        let bad = |k: usize, what: &str| {
+            let cell = &cells[k];
+            DataError::file(
+                path,
+                format!("{unit} {at}, column `{}`: `{cell}` {what}", columns[k]),
+            )
+        };
+        let key: Vec<String> = cells[1..=g].iter().map(|c| c.to_string()).collect();
         let next = key_numbers.len();
         let number = *key_numbers.entry(key.clone()).or_insert(next);
         if number == next {
             rows.keys.push(key);
         }
         rows.series.push(number);
-        rows.times.push(text(at.time).parse().map_err(|_| {
-            DataError::file(
-                path,
-                format!(
-                    "line {line}, column `{}`: `{}` is not an integer time index",
-                    headers[at.time],
-                    text(at.time)
-                ),
-            )
-        })?);
-        for &c in &at.target {
-            rows.targets.push(finite(path, line, &headers[c], text(c))?);
-        }
-        for &c in &at.reals {
-            rows.reals.push(finite(path, line, &headers[c], text(c))?);
+        rows.times
+            .push(integer(&cells[0]).ok_or_else(|| bad(0, "is not an integer time index"))?);
+        for (k, cell) in cells.iter().enumerate().take(1 + g + t + r).skip(1 + g) {
+            let v = finite(cell).ok_or_else(|| bad(k, NOT_FINITE))?;
+            if k < 1 + g + t {
+                rows.targets.push(v);
+            } else {
+                rows.reals.push(v);
+            }
         }
         rows.statics
-            .extend(at.statics.iter().map(|&c| text(c).to_owned()));
-        rows.lines.push(line);
-    }
+            .extend(cells[1 + g + t + r..].iter().map(|c| c.to_string()));
+        rows.lines.push(at);
+        Ok(())
+    })?;
     if rows.times.is_empty() {
         return Err(DataError::file(path, "has a header but no rows"));
     }
     Ok(rows)
 }
 
-/// The finite number in `text`.
-fn finite(path: &Path, line: u64, column: &str, text: &str) -> Result<f32, DataError> {
-    match text.parse::<f64>() {
-        Ok(v) if (v as f32).is_finite() => Ok(v as f32),
-        _ => Err(DataError::file(
-            path,
-            format!(
-                "line {line}, column `{column}`: `{text}` is not a finite number (fill or drop \
-                 missing values before preparing: a window cannot hold a gap)"
-            ),
-        )),
+const NOT_FINITE: &str = "is not a finite number (fill or drop missing values before \
+                          preparing: a window cannot hold a gap)";
+
+/// A whole number: an integer cell, or text that is one.
+fn integer(cell: &Cell) -> Option<i64> {
+    match cell {
+        Cell::Int(v) => Some(*v),
+        Cell::Text(t) => t.parse().ok(),
+        Cell::Real(_) | Cell::Missing => None,
     }
+}
+
+/// A number finite as `f32`.
+fn finite(cell: &Cell) -> Option<f32> {
+    let v = match cell {
+        Cell::Int(v) => *v as f64,
+        Cell::Real(v) => *v,
+        Cell::Text(t) => t.parse::<f64>().ok()?,
+        Cell::Missing => return None,
+    };
+    Some(v as f32).filter(|v| v.is_finite())
 }
 
 /// Sorts the rows into series (by key, then time), checks them, and writes the columns and the
@@ -253,7 +241,7 @@ fn write_series(
         .all(|s| manifest.windows_in(s.len) == 0)
     {
         return Err(DataError::file(
-            &source.csv,
+            &source.table,
             format!(
                 "no series is long enough for one window: the longest has {} steps, a window \
                  needs {} (encoder {} + horizon {})",
@@ -341,10 +329,11 @@ fn check_statics(
         let (va, vb) = (&rows.statics[a * s + c], &rows.statics[b * s + c]);
         if va != vb {
             return Err(DataError::file(
-                &source.csv,
+                &source.table,
                 format!(
-                    "lines {} and {}: static column `{name}` changes within series {} (`{va}`, \
+                    "{}s {} and {}: static column `{name}` changes within series {} (`{va}`, \
                      then `{vb}`): a static categorical is one value per series",
+                    rows.unit,
                     rows.lines[a],
                     rows.lines[b],
                     key.join("/")
@@ -375,9 +364,10 @@ fn check_step(
         )
     };
     Err(DataError::file(
-        &source.csv,
+        &source.table,
         format!(
-            "lines {} and {} of series {} (`{}` {ta} and {tb}) {what}",
+            "{}s {} and {} of series {} (`{}` {ta} and {tb}) {what}",
+            rows.unit,
             rows.lines[a],
             rows.lines[b],
             key.join("/"),

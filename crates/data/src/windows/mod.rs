@@ -15,6 +15,7 @@
 
 mod build;
 mod read;
+mod table;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

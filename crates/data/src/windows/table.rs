@@ -1,0 +1,152 @@
+//! A long-format table read row by row for the columns asked for: a CSV file with a header row,
+//! or a Parquet file (by its `.parquet` or `.pq` extension; snappy, zstd or lz4 pages).
+
+use std::path::Path;
+
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
+
+use crate::DataError;
+use crate::csv::{csv_error, open_reader};
+
+/// One cell as the table holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Cell {
+    Int(i64),
+    Real(f64),
+    Text(String),
+    /// A Parquet null.
+    Missing,
+}
+
+impl std::fmt::Display for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cell::Int(v) => write!(f, "{v}"),
+            Cell::Real(v) => write!(f, "{v}"),
+            Cell::Text(t) => f.write_str(t),
+            Cell::Missing => f.write_str("null"),
+        }
+    }
+}
+
+/// What a position in the table is called in errors: a CSV line, a Parquet row.
+pub(crate) type Unit = &'static str;
+
+/// Whether `path` names a Parquet file.
+fn is_parquet(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("parquet") || e.eq_ignore_ascii_case("pq"))
+}
+
+/// What a position in the table at `path` is called: a CSV `line`, a Parquet `row`.
+pub(crate) fn unit(path: &Path) -> Unit {
+    if is_parquet(path) { "row" } else { "line" }
+}
+
+/// Calls `row(position, cells)` for every row of the table at `path` (positions as [`unit`]
+/// names them, from 1 for Parquet), `cells` those of `columns` in order. A column the table
+/// lacks is an error naming the table's columns.
+pub(crate) fn read_table(
+    path: &Path,
+    delimiter: u8,
+    columns: &[String],
+    row: impl FnMut(u64, &[Cell]) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    if is_parquet(path) {
+        read_parquet(path, columns, row)
+    } else {
+        read_csv(path, delimiter, columns, row)
+    }
+}
+
+/// Where each of `columns` is among `headers`.
+fn positions(path: &Path, headers: &[String], columns: &[String]) -> Result<Vec<usize>, DataError> {
+    columns
+        .iter()
+        .map(|name| {
+            headers.iter().position(|h| h == name).ok_or_else(|| {
+                DataError::file(
+                    path,
+                    format!(
+                        "has no column `{name}` (its columns: {})",
+                        headers.join(", ")
+                    ),
+                )
+            })
+        })
+        .collect()
+}
+
+fn read_csv(
+    path: &Path,
+    delimiter: u8,
+    columns: &[String],
+    mut row: impl FnMut(u64, &[Cell]) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    let (mut reader, headers) = open_reader(path, delimiter)?;
+    let at = positions(path, &headers, columns)?;
+    let mut record = ::csv::StringRecord::new();
+    let mut cells = Vec::with_capacity(at.len());
+    while reader
+        .read_record(&mut record)
+        .map_err(|e| DataError::file(path, csv_error(&e)))?
+    {
+        cells.clear();
+        cells.extend(at.iter().map(|&c| Cell::Text(record[c].trim().to_owned())));
+        row(record.position().map_or(0, |p| p.line()), &cells)?;
+    }
+    Ok(())
+}
+
+fn read_parquet(
+    path: &Path,
+    columns: &[String],
+    mut row: impl FnMut(u64, &[Cell]) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    let bad = |e: parquet::errors::ParquetError| {
+        DataError::file(path, format!("cannot read it as Parquet: {e}"))
+    };
+    let file = std::fs::File::open(path)
+        .map_err(|e| DataError::file(path, format!("cannot read: {e}")))?;
+    let reader = SerializedFileReader::new(file).map_err(bad)?;
+    let headers: Vec<String> = reader
+        .metadata()
+        .file_metadata()
+        .schema()
+        .get_fields()
+        .iter()
+        .map(|f| f.name().to_owned())
+        .collect();
+    let at = positions(path, &headers, columns)?;
+    let mut cells = Vec::with_capacity(at.len());
+    for (k, record) in reader.get_row_iter(None).map_err(bad)?.enumerate() {
+        let record = record.map_err(bad)?;
+        let fields: Vec<&Field> = record.get_column_iter().map(|(_, f)| f).collect();
+        cells.clear();
+        cells.extend(at.iter().map(|&c| cell(fields[c])));
+        row(k as u64 + 1, &cells)?;
+    }
+    Ok(())
+}
+
+/// A Parquet field as a cell: integers (and dates, as days) whole, floating numbers real,
+/// strings text; anything else as its text.
+fn cell(field: &Field) -> Cell {
+    match field {
+        Field::Null => Cell::Missing,
+        Field::Byte(v) => Cell::Int(i64::from(*v)),
+        Field::Short(v) => Cell::Int(i64::from(*v)),
+        Field::Int(v) => Cell::Int(i64::from(*v)),
+        Field::Long(v) => Cell::Int(*v),
+        Field::UByte(v) => Cell::Int(i64::from(*v)),
+        Field::UShort(v) => Cell::Int(i64::from(*v)),
+        Field::UInt(v) => Cell::Int(i64::from(*v)),
+        Field::Date(v) => Cell::Int(i64::from(*v)),
+        Field::Float(v) => Cell::Real(f64::from(*v)),
+        Field::Double(v) => Cell::Real(*v),
+        Field::Str(s) => Cell::Text(s.clone()),
+        other => Cell::Text(other.to_string()),
+    }
+}
