@@ -149,6 +149,7 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
         classes: 10,
         target: None,
         integer_features: false,
+        arrays: vec![],
     };
     let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
     Ok((vs, model))

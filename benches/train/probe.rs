@@ -174,6 +174,7 @@ pub fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
         classes,
         target: None,
         integer_features: false,
+        arrays: vec![],
     })
 }
 

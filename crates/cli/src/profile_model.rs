@@ -410,6 +410,7 @@ fn builtin_input(kind: ModelKind, given_shape: Option<&[usize]>) -> InputSpec {
         classes,
         target: None,
         integer_features: false,
+        arrays: vec![],
     }
 }
 

@@ -53,6 +53,7 @@ fn check_gradients(dir: &Path, program: &str, case: &Value) {
         classes: 3,
         target: Some(kiln_data::TargetSpec::label(3)),
         integer_features: false,
+        arrays: vec![],
     };
     let path = dir.join(program);
     let spec = ProgramSpec {
@@ -66,7 +67,8 @@ fn check_gradients(dir: &Path, program: &str, case: &Value) {
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let model = ProgramModel::load(&spec, &input, &vs).unwrap();
     let step = kiln_train::model::Model::compiled_step(&model).unwrap();
-    let (loss, output) = step.step(&x, &y, 1.0, None).unwrap();
+    let batch = kiln_train::inputs::Inputs::features(x.shallow_clone());
+    let (loss, output) = step.step(&batch, &y, 1.0, None).unwrap();
     assert_eq!(loss.size(), Vec::<i64>::new());
     assert_eq!(output.size(), [x.size()[0], 3]);
     let vars = vs.variables();

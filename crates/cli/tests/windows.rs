@@ -379,3 +379,41 @@ fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_t
     assert_same_losses(&ours, &reference["losses"], 1e-4);
     assert!(ours[19] < 0.5 * ours[0], "learned: {ours:?}");
 }
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
+fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, o) = prepare(tmp.path(), "group");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (train_windows, _) = Windows::open(&dir).unwrap().split(0).unwrap();
+    let json = windows_json(&train_windows);
+    std::fs::write(tmp.path().join("windows.json"), json.to_string()).unwrap();
+    let reference = make_reference("windows_program.py", tmp.path());
+    let n = train_windows.len();
+    let args = [
+        "--epochs",
+        "20",
+        "--loss",
+        "module",
+        "--set",
+        "data.val_steps=0",
+    ];
+    let runs = tmp.path().join("runs");
+    let o = train(&tmp.path().join("forecaster.pt2"), &dir, &runs, n, &args);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let ours = step_losses(&only_run(&runs));
+    assert_same_losses(&ours, &reference["losses"], 1e-4);
+    assert!(ours[19] < 0.65 * ours[0], "learned: {ours:?}");
+    // An input whose dtype is not its array's is named before anything compiles.
+    let bad = tmp.path().join("bad-runs");
+    let o = train(&tmp.path().join("mismatched.pt2"), &dir, &bad, n, &args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("input `static_cat` takes [batch, 1] float32; the array is [1] int64"),
+        "{err}"
+    );
+    assert!(!bad.exists(), "nothing is written: {err}");
+}

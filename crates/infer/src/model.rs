@@ -253,6 +253,7 @@ impl LoadedModel {
                 classes: 0,
                 target: None,
                 integer_features: facts.dtype == "int64",
+                arrays: vec![],
             });
         let spec = kiln_train::program::ProgramSpec {
             path,

@@ -3,11 +3,12 @@
 Builds, for one run's loss and precision on one device, two AOTInductor packages whose
 parameters and buffers are inputs (so kiln passes its own tensors each step):
 
-  train.pt2  inputs: parameters, buffers, features, target, loss scale (a 0-dim float32)
+  train.pt2  inputs: parameters, buffers, the inputs (one features tensor, or the dataset's
+             named arrays in the program's order), target, loss scale (a 0-dim float32)
              outputs: the new value of each mutated buffer (batch-norm statistics), the
              scaled loss, the loss, the model's output (detached), then one gradient per
              parameter (of the scaled loss)
-  eval.pt2   inputs: parameters, buffers, features; output: the model's output, the program
+  eval.pt2   inputs: parameters, buffers, the inputs; output: the model's output, the program
              switched to eval mode (dropout off, batch norm on its running statistics)
 
 The train step is the joint forward+backward graph of the program wrapped with the loss
@@ -43,7 +44,8 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 LOSSES = ("cross_entropy", "mse", "l1", "huber", "bce_with_logits", "module")
-DTYPES = {"float32": torch.float32, "int64": torch.int64}
+DTYPES = {"float32": torch.float32, "int64": torch.int64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "bool": torch.bool}
 AMP = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -69,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--precision", choices=tuple(AMP), default="fp32")
     p.add_argument("--sample-shape", required=True, help="one sample's shape, e.g. 64 or 3,32,32")
     p.add_argument("--feature-dtype", choices=tuple(DTYPES), default="float32")
+    p.add_argument("--inputs", default=None, help="JSON: the dataset's arrays by name, "
+                   "{name: {\"dtype\": …, \"shape\": […]}}, matched to the program's inputs by "
+                   "name (instead of one features tensor of --sample-shape)")
     p.add_argument("--target-shape", default="", help="one target's shape ('' for a scalar)")
     p.add_argument("--target-dtype", choices=tuple(DTYPES), default="int64")
     p.add_argument("--classes", type=int, default=None)
@@ -101,27 +106,69 @@ def first_line(e):
 
 
 def user_inputs(ep):
-    """The program's tensor inputs (features, and targets for a program computing its own
-    loss): their examples' shapes (with symbols) and dtypes."""
+    """The program's tensor inputs, in the order it takes them (its pytree's leaves): each
+    one's name (a dict argument's key, or the argument's own name) and example (its shape, with
+    symbols, and dtype)."""
     from torch.export.graph_signature import InputKind
 
     user = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
-    if len(user) not in (1, 2):
+    names = leaf_names(ep)
+    if len(names) != len(user):
         names = [s.arg.name for s in user]
-        raise UserError(
-            "inputs",
-            f"the program takes {len(user)} inputs ({', '.join(names)}); kiln feeds it one "
-            "tensor of features (or features and targets, for train.loss = module): export a "
-            "module whose forward takes those",
-        )
-    vals = []
-    for spec in user:
+    out = []
+    for name, spec in zip(names, user):
         node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
         val = node.meta.get("val")
         if not isinstance(val, torch.Tensor):
-            raise UserError("inputs", f"the program's input {spec.arg.name} is not a tensor")
-        vals.append(val)
-    return vals
+            raise UserError("inputs", f"the program's input {name} is not a tensor")
+        out.append((name, val))
+    return out
+
+
+def leaf_names(ep):
+    """The name of each leaf of the program's positional arguments: a dict argument's keys, a
+    tensor argument's name."""
+    spec = ep.call_spec.in_spec
+    arg_names = ep.module_call_graph[0].signature.forward_arg_names or []
+    names = []
+    for i, arg in enumerate(spec.child(0).children()):
+        if arg.is_leaf():
+            names.append(arg_names[i] if i < len(arg_names) else f"arg{i}")
+        elif arg.type is dict:
+            names += [str(k) for k in arg.context]
+        else:
+            names += [f"{arg_names[i] if i < len(arg_names) else i}.{k}"
+                      for k in range(arg.num_leaves)]
+    return names
+
+
+def split_inputs(ep, a):
+    """The program's inputs the data feeds ([(name, example)]) and the target's example (or
+    None): with --inputs, the leaves named after the dataset's arrays, and a last leaf named
+    after none of them is the target; else the first leaf is the features and a second one
+    the target."""
+    leaves = user_inputs(ep)
+    if a.inputs is None:
+        if len(leaves) not in (1, 2):
+            raise UserError(
+                "inputs",
+                f"the program takes {len(leaves)} inputs ({', '.join(n for n, _ in leaves)}); "
+                "kiln feeds it one tensor of features (or features and targets, for "
+                "train.loss = module), or the dataset's named arrays by name",
+            )
+        return leaves[:1], (leaves[1][1] if len(leaves) > 1 else None)
+    arrays = json.loads(a.inputs)
+    inputs = [(n, v) for n, v in leaves if n in arrays]
+    rest = [(n, v) for n, v in leaves if n not in arrays]
+    if len(rest) > 1 or (rest and leaves[-1][0] != rest[0][0]):
+        raise UserError("inputs", f"the program's inputs {', '.join(n for n, _ in rest)} are "
+                        f"not among the dataset's arrays ({', '.join(arrays)}); only its last "
+                        "input may be the target (train.loss = module)")
+    wrong = [why for why in (per_sample_mismatch(v, arrays[n]["shape"], DTYPES[arrays[n]["dtype"]],
+                                                 f"array `{n}`") for n, v in inputs) if why]
+    if wrong:
+        raise UserError("input_mismatch", "; ".join(wrong))
+    return inputs, (rest[0][1] if rest else None)
 
 
 def batch_dim(val):
@@ -130,17 +177,22 @@ def batch_dim(val):
     return None if isinstance(d, torch.SymInt) else int(d)
 
 
-def check_per_sample(val, want, dtype, what):
-    """One of the program's inputs against the dataset's `what` (samples or targets): the same
-    shape after the batch dimension, and the same dtype."""
+def per_sample_mismatch(val, want, dtype, what):
+    """How one of the program's inputs differs from the dataset's `what` (samples, targets, an
+    array): the shape after the batch dimension, the dtype; None where they agree."""
     per_sample = [int(d) for d in val.shape[1:]]
-    if per_sample != want or val.dtype != dtype:
-        raise UserError(
-            "input_mismatch",
-            f"the program takes {what} of [batch, {', '.join(map(str, per_sample))}] "
-            f"({str(val.dtype).replace('torch.', '')}); the dataset's {what} are {want} "
-            f"({str(dtype).replace('torch.', '')})",
-        )
+    if per_sample == list(want) and val.dtype == dtype:
+        return None
+    return (f"the program takes {what} of [batch, {', '.join(map(str, per_sample))}] "
+            f"({str(val.dtype).replace('torch.', '')}); the dataset's {what} are {list(want)} "
+            f"({str(dtype).replace('torch.', '')})")
+
+
+def check_per_sample(val, want, dtype, what):
+    """One of the program's inputs against the dataset's `what`: an error where they differ."""
+    why = per_sample_mismatch(val, want, dtype, what)
+    if why:
+        raise UserError("input_mismatch", why)
 
 
 def eval_mode_ops(gm):
@@ -288,31 +340,41 @@ def check_loss_shapes(kind, out, target, classes):
 
 class EvalStep(nn.Module):
     """The program's prediction: its forward under the run's autocast, the output the loss
-    uses picked out."""
+    uses picked out. It takes the program's input tensors (`xs`, then a target where the
+    program takes one) flat, and calls the program with them in its own structure (a dict,
+    several arguments)."""
 
-    def __init__(self, model, a, device_type):
+    def __init__(self, model, a, device_type, in_spec):
         super().__init__()
         self.model, self.output, self.device_type = model, a.output, device_type
         self.amp = AMP[a.precision]
+        self.in_spec = in_spec
 
-    def predict(self, x):
+    def call(self, leaves):
+        import torch.utils._pytree as pytree
+
+        args, kwargs = pytree.tree_unflatten(list(leaves), self.in_spec)
         with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
                             enabled=self.amp is not None):
-            return pick_output(self.model(x), self.output)
+            return self.model(*args, **kwargs)
 
-    def forward(self, x):
-        return self.predict(x)
+    def predict(self, xs):
+        return pick_output(self.call(xs), self.output)
+
+    def forward(self, *xs):
+        return self.predict(xs)
 
 
 class Step(EvalStep):
     """The program, its loss and the loss scale: what the joint graph differentiates."""
 
-    def __init__(self, model, a, device_type):
-        super().__init__(model, a, device_type)
+    def __init__(self, model, a, device_type, in_spec):
+        super().__init__(model, a, device_type, in_spec)
         self.loss = a.loss
 
-    def forward(self, x, y, scale):
-        out = self.predict(x)
+    def forward(self, *args):
+        *xs, y, scale = args
+        out = self.predict(xs)
         loss = kiln_loss(self.loss, out, y)
         return (loss * scale, loss.detach(), out.detach())
 
@@ -320,40 +382,42 @@ class Step(EvalStep):
 class OwnLossStep(EvalStep):
     """A program that takes the target and computes its own loss (train.loss = module)."""
 
-    def losses(self, x, y):
-        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
-                            enabled=self.amp is not None):
-            loss, pred = own_loss(self.model(x, y), self.output)
+    def losses(self, xs, y):
+        loss, pred = own_loss(self.call([*xs, y]), self.output)
         return loss, (loss if pred is None else pred)
 
-    def forward(self, x, y, scale):
-        loss, pred = self.losses(x, y)
+    def forward(self, *args):
+        *xs, y, scale = args
+        loss, pred = self.losses(xs, y)
         return (loss * scale, loss.detach(), pred.detach())
 
 
 class OwnLossEval(OwnLossStep):
     """Its validation: the loss and the prediction, the program in eval mode."""
 
-    def forward(self, x, y):
-        return self.losses(x, y)
+    def forward(self, *args):
+        *xs, y = args
+        return self.losses(xs, y)
 
 
 class Predict(EvalStep):
     """An own-loss program's prediction alone (inference): the program fed a target of zeros
     (`check_predict` shows the prediction does not read it)."""
 
-    def __init__(self, model, a, device_type, target):
-        super().__init__(model, a, device_type)
+    def __init__(self, model, a, device_type, in_spec, target):
+        super().__init__(model, a, device_type, in_spec)
         self.target_shape, self.target_dtype = [int(d) for d in target.shape[1:]], target.dtype
 
-    def zeros(self, x):
+    def zeros(self, xs):
+        x = xs[0]
         return torch.zeros([x.shape[0]] + self.target_shape, dtype=self.target_dtype,
                            device=x.device)
 
-    def forward(self, x, y=None):
-        with torch.autocast(self.device_type, dtype=self.amp or torch.float32,
-                            enabled=self.amp is not None):
-            out = self.model(x, self.zeros(x) if y is None else y)
+    def forward(self, *xs):
+        return self.predict_with(xs, self.zeros(xs))
+
+    def predict_with(self, xs, y):
+        out = self.call([*xs, y])
         if self.output is None:
             raise UserError("output", "the program takes the target and computes its own loss; "
                             "to predict, name the entry of its output that holds the prediction "
@@ -361,41 +425,55 @@ class Predict(EvalStep):
         return pick_output(out, self.output)
 
 
-def check_predict(step, x):
+def check_predict(step, xs):
     """An own-loss program's prediction must not read the target: the eval-mode prediction
     with a target of zeros and with a random one must be equal."""
-    zeros = step.zeros(x)
+    zeros = step.zeros(xs)
     other = (torch.randint_like(zeros, 0, 2) if not zeros.is_floating_point()
              else torch.randn_like(zeros))
     with torch.no_grad():
-        same = torch.equal(step(x, zeros), step(x, other))
+        same = torch.equal(step.predict_with(xs, zeros), step.predict_with(xs, other))
     if not same:
         raise UserError("output", f"model.output = {step.output!r} depends on the target the "
                         "program takes, so kiln cannot predict without one: return a "
                         "prediction computed from the features alone")
 
 
+def input_specs(a):
+    """The data's inputs: [(dtype, per-sample shape)], one features tensor or the named arrays
+    in the program's order (`a.input_names`)."""
+    if a.inputs is None:
+        return [(a.feature_dtype, shape_of(a.sample_shape))]
+    arrays = json.loads(a.inputs)
+    return [(arrays[n]["dtype"], list(arrays[n]["shape"])) for n in a.input_names]
+
+
 def example(a, batch, device):
-    shape = shape_of(a.sample_shape)
+    """A batch of inputs (a list, in the program's order) and targets, seeded."""
     gen = torch.Generator().manual_seed(0)
-    if a.feature_dtype == "int64":
-        x = torch.randint(0, 2, [batch] + shape, generator=gen)
-    else:
-        x = torch.randn([batch] + shape, generator=gen)
+    xs = []
+    for dtype, shape in input_specs(a):
+        if dtype == "int64":
+            x = torch.randint(0, 2, [batch] + shape, generator=gen)
+        elif dtype == "bool":
+            x = torch.rand([batch] + shape, generator=gen) > 0.5
+        else:
+            x = torch.randn([batch] + shape, generator=gen).to(DTYPES[dtype])
+        xs.append(x.to(device))
     tshape = [batch] + shape_of(a.target_shape)
     if a.target_dtype == "int64":
         y = torch.randint(0, max(1, a.classes or 2), tshape, generator=gen)
     else:
         y = torch.rand(tshape, generator=gen)
-    return x.to(device), y.to(device)
+    return xs, y.to(device)
 
 
-def dry_run(step, x, y, a):
+def dry_run(step, xs, y, a):
     """One eager step: the output fits the loss, and every parameter gets a gradient."""
     if isinstance(step, OwnLossStep):
-        loss, _ = step.losses(x, y)
+        loss, _ = step.losses(xs, y)
     else:
-        out = step.predict(x)
+        out = step.predict(xs)
         check_loss_shapes(a.loss, out, y, a.classes)
         loss = kiln_loss(a.loss, out, y)
     params = {n: p for n, p in step.model.named_parameters() if p.requires_grad}
@@ -432,14 +510,15 @@ def symbolic(fake_mode, t, dynamic):
     return fake_mode.from_tensor(t, symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
 
 
-def joint(step, x, y, scale, dynamic):
+def joint(step, xs, y, scale, dynamic):
     """The joint forward+backward graph, traced with a symbolic batch where `dynamic`."""
     from torch._functorch.aot_autograd import aot_export_module
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     fm = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
-    args = (symbolic(fm, x, dynamic), symbolic(fm, y, dynamic), fm.from_tensor(scale))
+    args = tuple(symbolic(fm, x, dynamic) for x in xs)
+    args += (symbolic(fm, y, dynamic), fm.from_tensor(scale))
     with fm:
         return aot_export_module(step, args, trace_joint=True, output_loss_index=0)
 
@@ -497,22 +576,23 @@ def compile_train(ep, a, device, dynamic, fixed, checks):
     device_type = device.type
     gm = ep.module().to(device)
     frozen = freeze(gm, a.freeze)
-    step = (OwnLossStep if a.loss == "module" else Step)(gm, a, device_type)
-    x, y = example(a, fixed or 3, device)
+    step = (OwnLossStep if a.loss == "module" else Step)(gm, a, device_type, ep.call_spec.in_spec)
+    xs, y = example(a, fixed or 3, device)
     scale = torch.ones((), device=device)
-    dry_run(step, x, y, a)
-    g, sig = joint(step, x, y, scale, dynamic)
+    dry_run(step, xs, y, a)
+    g, sig = joint(step, xs, y, scale, dynamic)
     params, buffers = dict(step.named_parameters()), dict(step.named_buffers())
     strip = len("model.")
     outputs = [str(n) for n in next(iter(n for n in g.graph.nodes if n.op == "output")).args[0]]
     n_mut = len(sig.buffers_to_mutate)
     grads = [sig.backward_signature.gradients_to_parameters[o] for o in outputs[n_mut + 3:]]
     inputs = ([params[n].detach() for n in sig.parameters] + [buffers[n] for n in sig.buffers]
-              + [x, y, scale])
+              + [*xs, y, scale])
     n_state = len(sig.parameters) + len(sig.buffers)
     path = os.path.join(a.out, "train.pt2")
-    export_and_compile(Flat(g), tuple(inputs), (n_state, n_state + 1), path, dynamic)
-    checks["train"] = lambda state, x, y: g(*state, x, y, scale)[n_mut + 1:]
+    dynamic_at = tuple(range(n_state, n_state + len(xs) + 1))
+    export_and_compile(Flat(g), tuple(inputs), dynamic_at, path, dynamic)
+    checks["train"] = lambda state, xs, y: g(*state, *xs, y, scale)[n_mut + 1:]
     return {
         "parameters": [n[strip:] for n in sig.parameters],
         "buffers": [n[strip:] for n in sig.buffers],
@@ -526,23 +606,24 @@ def compile_eval(ep, a, device, dynamic, fixed, manifest, target, checks):
     """The eval forward: features to the prediction; for an own-loss program in training,
     features and targets to (loss, prediction); for one in inference, its prediction alone."""
     gm = to_eval(ep.module().to(device))
-    x, y = example(a, fixed or 3, device)
+    xs, y = example(a, fixed or 3, device)
+    in_spec = ep.call_spec.in_spec
     if target is None:
-        step, extra = EvalStep(gm, a, device.type), ()
+        step, extra = EvalStep(gm, a, device.type, in_spec), ()
     elif a.loss == "module":
-        step, extra = OwnLossEval(gm, a, device.type), (y,)
+        step, extra = OwnLossEval(gm, a, device.type, in_spec), (y,)
         manifest["eval_takes_target"] = True
     else:
-        step, extra = Predict(gm, a, device.type, target), ()
-        check_predict(step, x)
+        step, extra = Predict(gm, a, device.type, in_spec, target), ()
+        check_predict(step, xs)
     names = ["model." + n for n in manifest["parameters"] + manifest["buffers"]]
     state = state_of(step)
-    args = tuple(state[n].detach() for n in names) + (x,) + extra
+    args = tuple(state[n].detach() for n in names) + tuple(xs) + extra
     path = os.path.join(a.out, "eval.pt2")
-    dynamic_at = tuple(range(len(names), len(names) + 1 + len(extra)))
+    dynamic_at = tuple(range(len(names), len(names) + len(xs) + len(extra)))
     module = Functional(step, names)
     export_and_compile(module, args, dynamic_at, path, dynamic)
-    checks["eval"] = lambda state, x, y: module(*state, x, *((y,) if extra else ()))
+    checks["eval"] = lambda state, xs, y: module(*state, *xs, *((y,) if extra else ()))
 
 
 def check_loss_inputs(a, target):
@@ -599,9 +680,11 @@ def compile_all(a):
     # train-mode forward would move batch-norm statistics in them.
     initial = {n: t.detach().clone() for n, t in state_of(ep.module()).items()}
     check_compiler()
-    val, *rest = user_inputs(ep)
-    target = rest[0] if rest else None
-    check_per_sample(val, shape_of(a.sample_shape), DTYPES[a.feature_dtype], "samples")
+    inputs, target = split_inputs(ep, a)
+    a.input_names = [n for n, _ in inputs]
+    val = inputs[0][1]
+    if a.inputs is None:
+        check_per_sample(val, shape_of(a.sample_shape), DTYPES[a.feature_dtype], "samples")
     check_loss_inputs(a, target)
     if target is not None and a.loss is not None:
         check_per_sample(target, shape_of(a.target_shape), DTYPES[a.target_dtype], "targets")
@@ -619,6 +702,7 @@ def compile_all(a):
         "eval_mode_ops": frozen_ops,
         "train_mode_ops": train_ops,
         "own_loss": a.loss == "module",
+        "inputs": a.input_names if a.inputs is not None else ["features"],
         "predicts": target is None or a.output is not None,
     }
     os.makedirs(a.out, exist_ok=True)
@@ -642,15 +726,15 @@ CHECK_BATCH = 8
 def write_check(a, device, batch, state, checks):
     """What PyTorch eager computes from the initial weights on one batch, for kiln to check the
     packages against before it trains with them (crates/train/src/program/check.rs): the
-    batch (`x`, `y`), the train step's loss and gradients (`train.loss`, `train.grad.N` in
+    batch (`input.K` for each input, `y`), the train step's loss and gradients (`train.loss`, `train.grad.N` in
     the manifest's gradient order), the eval forward's outputs (`eval.N`). Random ops draw
     from the generator seeded with 0, as kiln seeds it for the check. Returns the batch."""
-    x, y = example(a, batch, device)
-    out = {"x": x, "y": y}
+    xs, y = example(a, batch, device)
+    out = {f"input.{k}": x for k, x in enumerate(xs)} | {"y": y}
     with torch.no_grad():
         for what, run in sorted(checks.items()):
             torch.manual_seed(0)
-            values = run(state, x, y)
+            values = run(state, xs, y)
             values = values if isinstance(values, (tuple, list)) else (values,)
             prefix = what
             if what == "train":
@@ -766,13 +850,18 @@ def eval_program(ep):
     """The program in eval mode, exported again with its inputs' dynamic batch."""
     from torch.export import Dim
 
-    vals = user_inputs(ep)
+    import torch.utils._pytree as pytree
+
+    vals = [v for _, v in user_inputs(ep)]
     fixed = batch_dim(vals[0])
-    args = tuple(torch.zeros([fixed or 2] + [int(d) for d in v.shape[1:]], dtype=v.dtype)
-                 for v in vals)
+    leaves = [torch.zeros([fixed or 2] + [int(d) for d in v.shape[1:]], dtype=v.dtype)
+              for v in vals]
+    args, kwargs = pytree.tree_unflatten(leaves, ep.call_spec.in_spec)
     batch = Dim("batch")
-    shapes = None if fixed else tuple({0: batch} for _ in vals)
-    return torch.export.export(to_eval(ep.module()), args, dynamic_shapes=shapes)
+    shapes = None
+    if not fixed:
+        shapes, _ = pytree.tree_unflatten([{0: batch} for _ in vals], ep.call_spec.in_spec)
+    return torch.export.export(to_eval(ep.module()), args, kwargs, dynamic_shapes=shapes)
 
 
 def check_written(path, weights):
@@ -792,8 +881,9 @@ def to_onnx(ep, a):
     except ImportError as e:
         raise UserError("onnx_packages", f"the onnx package is missing ({e})") from None
     if len(ep.graph_signature.user_inputs) != 1:
-        raise UserError("inputs", "a program that takes the target (its own loss) is not "
-                        "written as ONNX: export its prediction alone as a program")
+        raise UserError("inputs", "only a program of one input tensor is written as ONNX (this "
+                        "one takes several, or the target for its own loss): export it as a "
+                        "program")
     torch.onnx.export(ep, f=a.out, dynamo=True, opset_version=a.opset, verbose=False)
     model = onnx.load(a.out)
     for kv in a.meta:

@@ -124,7 +124,7 @@ pub trait CompiledStep {
     /// and the model's output, both detached.
     fn step(
         &self,
-        features: &Tensor,
+        inputs: &Inputs,
         targets: &Tensor,
         weight: f64,
         scale: Option<&Tensor>,
@@ -135,7 +135,7 @@ pub trait CompiledStep {
     /// `forward` and kiln's loss.
     fn evaluate(
         &self,
-        _features: &Tensor,
+        _inputs: &Inputs,
         _targets: &Tensor,
     ) -> Result<Option<(Tensor, Tensor)>, TrainError> {
         Ok(None)
@@ -276,6 +276,10 @@ pub struct InputSpec {
     /// Features are integer token ids (fed as int64), not float32 values.
     #[serde(default)]
     pub integer_features: bool,
+    /// The dataset's named arrays, where it has several (a model taking its inputs by name
+    /// gets them); empty for a dataset of one features array.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub arrays: Vec<kiln_data::ArraySpec>,
 }
 
 impl InputSpec {
@@ -292,6 +296,7 @@ impl InputSpec {
             classes,
             target: Some(target.clone()),
             integer_features: false,
+            arrays: vec![],
         }
     }
 }

@@ -534,6 +534,10 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
     let seed = plan.performance.backend.seed;
     let mut input = InputSpec::of(data.train.sample_shape(), &data.train.target());
     input.integer_features = data.train.integer_features();
+    let arrays = data.train.inputs();
+    if arrays.len() > 1 {
+        input.arrays = arrays;
+    }
     let tch_device = tch_device(device);
     let (plan, batch_note) = auto_batch_size(
         plan,

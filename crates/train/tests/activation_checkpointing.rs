@@ -28,6 +28,7 @@ fn spec() -> InputSpec {
         classes: 5,
         target: None,
         integer_features: false,
+        arrays: vec![],
     }
 }
 

@@ -168,6 +168,7 @@ fn reference_plan(kind: ModelKind) -> (kiln_config::ModelPlan, InputSpec) {
             classes,
             target: None,
             integer_features: false,
+            arrays: vec![],
         },
     )
 }

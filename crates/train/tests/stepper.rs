@@ -31,6 +31,7 @@ fn mlp(
         classes,
         target: None,
         integer_features: false,
+        arrays: vec![],
     };
     let vs = nn::VarStore::new(Device::Cpu);
     let model = build(&plan.model, &input, &vs, false, 0).unwrap();

@@ -320,6 +320,7 @@ fn reference_models_match_their_pytorch_twins_in_size_and_shape() {
             classes,
             target: None,
             integer_features: false,
+            arrays: vec![],
         };
         let model = build(&plan(kind), &input, &vs, false, 0).unwrap();
         assert_eq!(parameter_count(&vs), params, "{kind}");
@@ -354,6 +355,7 @@ fn models_reject_data_of_the_wrong_shape() {
         classes: 10,
         target: None,
         integer_features: false,
+        arrays: vec![],
     };
     let err = build(&plan(ModelKind::Transformer), &input, &vs, false, 0)
         .err()
@@ -370,6 +372,7 @@ fn models_reject_data_of_the_wrong_shape() {
             classes: 1,
             target: None,
             integer_features: false,
+            arrays: vec![],
         },
         &vs,
         false,
@@ -389,6 +392,7 @@ fn channels_last_convnet_lays_weights_out_nhwc_and_computes_the_same() {
         classes: 10,
         target: None,
         integer_features: false,
+        arrays: vec![],
     };
     let vs_a = nn::VarStore::new(Device::Cpu);
     let a = build(&plan(ModelKind::ConvNet), &input, &vs_a, false, 0).unwrap();
@@ -412,6 +416,7 @@ fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
         classes: 5,
         target: None,
         integer_features: false,
+        arrays: vec![],
     };
     let model = build(&p, &input, &vs, false, 0).unwrap();
     let mut trainer = Trainer::new(

@@ -196,6 +196,7 @@ fn input(reference: &Value) -> anyhow::Result<InputSpec> {
         classes: 4,
         target: Some(kiln_data::TargetSpec::label(4)),
         integer_features: false,
+        arrays: vec![],
     })
 }
 
@@ -313,6 +314,7 @@ fn check_gradients(
     let x = tensor(&reference["x"], Kind::Float, ctx.device)?.narrow(0, 0, n);
     let y = tensor(&reference["y"], Kind::Int64, ctx.device)?.narrow(0, 0, n);
     let step = kiln_train::model::Model::compiled_step(&model).context("no compiled step")?;
+    let x = kiln_train::inputs::Inputs::features(x);
     let (_loss, _output) = step.step(&x, &y, 1.0, None)?;
     let vars = vs.variables();
     let grads = reference["gradients"].as_object().context("no gradients")?;

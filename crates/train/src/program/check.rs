@@ -166,10 +166,11 @@ fn check_train(
     eager: &Values,
     tol: Tolerance,
 ) -> Result<Vec<Finding>, TrainError> {
-    let (x, y) = (eager.take("x")?, eager.take("y")?);
-    let scale = Tensor::f_ones([], (Kind::Float, x.device()))?;
+    let y = eager.take("y")?;
+    let scale = Tensor::f_ones([], (Kind::Float, y.device()))?;
     let mut inputs: Vec<Tensor> = state.iter().map(Tensor::shallow_clone).collect();
-    inputs.extend([x, y, scale]);
+    inputs.extend(batch_inputs(m, eager)?);
+    inputs.extend([y, scale]);
     let outputs = seeded(|| Ok(package.run(&inputs)?))?;
     let n_mut = m.mutated_buffers.len();
     let Some(ours) = outputs.get(n_mut + 1) else {
@@ -211,7 +212,7 @@ fn check_eval(
     tol: Tolerance,
 ) -> Result<Finding, TrainError> {
     let mut inputs: Vec<Tensor> = state.iter().map(Tensor::shallow_clone).collect();
-    inputs.push(eager.take("x")?);
+    inputs.extend(batch_inputs(m, eager)?);
     if m.eval_takes_target {
         inputs.push(eager.take("y")?);
     }
@@ -228,6 +229,13 @@ fn check_eval(
             percent(tol.outputs)
         ),
     })
+}
+
+/// The check batch's inputs, in the packages' order (`input.K`).
+fn batch_inputs(m: &Manifest, eager: &Values) -> Result<Vec<Tensor>, TrainError> {
+    (0..m.inputs.len())
+        .map(|k| eager.take(&format!("input.{k}")))
+        .collect()
 }
 
 fn percent(v: f64) -> String {

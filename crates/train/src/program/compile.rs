@@ -71,6 +71,10 @@ pub struct CompileKey {
     pub sample_shape: Vec<usize>,
     /// float32 or int64 (token ids).
     pub feature_dtype: String,
+    /// For a program fed the dataset's named arrays: the compiler's `--inputs` (each array's
+    /// dtype and per-sample shape, by name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
     pub target_shape: Vec<usize>,
     pub target_dtype: String,
     pub classes: Option<usize>,
@@ -83,6 +87,10 @@ pub struct CompileKey {
     pub kiln: String,
     /// The compiler script's digest: a changed compiler never reuses an old package.
     pub compiler: String,
+}
+
+fn features_only() -> Vec<String> {
+    vec![crate::inputs::FEATURES.to_owned()]
 }
 
 /// The digest of the compiler script this kiln carries.
@@ -108,6 +116,10 @@ pub struct Manifest {
     /// The buffers the train step writes (its first outputs), in output order.
     #[serde(default)]
     pub mutated_buffers: Vec<String>,
+    /// The packages' batch inputs, in order: `features`, or the dataset arrays the program
+    /// takes by name.
+    #[serde(default = "features_only")]
+    pub inputs: Vec<String>,
     /// The parameter of each gradient output, in output order.
     #[serde(default)]
     pub gradients: Vec<String>,
@@ -366,6 +378,9 @@ fn run_compiler(
     flag("--precision", key.precision.clone());
     flag("--sample-shape", list(&key.sample_shape));
     flag("--feature-dtype", key.feature_dtype.clone());
+    if let Some(inputs) = &key.inputs {
+        flag("--inputs", inputs.clone());
+    }
     flag("--what", key.packages.flag().to_owned());
     if key.packages == Packages::TrainAndEval {
         flag("--loss", key.loss.clone());
@@ -511,6 +526,7 @@ mod tests {
             freeze: None,
             sample_shape: vec![16],
             feature_dtype: "float32".into(),
+            inputs: None,
             target_shape: vec![],
             target_dtype: "int64".into(),
             classes: Some(4),

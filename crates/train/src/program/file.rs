@@ -35,7 +35,7 @@ pub const HOW_TO_EXPORT: &str = "save one with torch.export.save(torch.export.ex
      model.train(), (example_batch,), dynamic_shapes=({0: torch.export.Dim(\"batch\")},)), \
      \"model.pt2\")";
 
-fn file_error(path: &Path, message: String) -> TrainError {
+pub(crate) fn file_error(path: &Path, message: String) -> TrainError {
     TrainError::File {
         path: path.to_owned(),
         message,
@@ -105,11 +105,23 @@ pub struct ProgramInput {
     pub sample_shape: Vec<usize>,
     /// The input's dtype, as PyTorch names it (`float32`, `int64`, …).
     pub dtype: String,
-    /// A second input's per-sample shape and dtype: the targets, for a program that computes
-    /// its own loss (`train.loss = module`).
+    /// A second input's per-sample shape and dtype, for a program of exactly two inputs fed
+    /// one features tensor: the targets, for a program that computes its own loss
+    /// (`train.loss = module`).
     pub target: Option<(Vec<usize>, String)>,
+    /// Every tensor input, in the order the program takes them.
+    pub leaves: Vec<ProgramLeaf>,
     /// The torch version that saved it.
     pub torch_version: String,
+}
+
+/// One tensor input of a program.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProgramLeaf {
+    /// A dict argument's key, or the argument's own name.
+    pub name: String,
+    pub sample_shape: Vec<usize>,
+    pub dtype: String,
 }
 
 /// The name of a dtype code of torch.export's serialization schema (`ScalarType`).
@@ -146,35 +158,67 @@ pub fn inspect(path: &Path) -> Result<ProgramInput, TrainError> {
         .iter()
         .filter_map(|s| s["user_input"]["arg"]["as_tensor"]["name"].as_str())
         .collect();
-    let (features, target) = match inputs.as_slice() {
-        [x] => (*x, None),
-        [x, y] => (*x, Some(*y)),
-        _ => {
-            return Err(file_error(
-                path,
-                format!(
-                    "the program takes {} tensor inputs; kiln feeds it one batch of features                      (or features and targets, for a program that computes its own loss with                      train.loss = module): export a module whose forward takes those",
-                    inputs.len()
-                ),
-            ));
-        }
+    let Some(&first) = inputs.first() else {
+        return Err(file_error(
+            path,
+            format!("the program takes no tensor input: {HOW_TO_EXPORT}"),
+        ));
     };
     let tensor = |name: &str| tensor_input(&graph["graph"]["tensor_values"][name], &bad);
-    let (fixed_batch, sample_shape, dtype) = tensor(features)?;
-    let target = match target {
-        Some(name) => {
-            let (_, shape, dtype) = tensor(name)?;
-            Some((shape, dtype))
-        }
-        None => None,
+    let names = leaf_names(graph).filter(|n| n.len() == inputs.len());
+    let mut leaves = vec![];
+    for (k, placeholder) in inputs.iter().enumerate() {
+        let (_, sample_shape, dtype) = tensor(placeholder)?;
+        let name = names.as_ref().map_or(*placeholder, |n| n[k].as_str());
+        leaves.push(ProgramLeaf {
+            name: name.to_owned(),
+            sample_shape,
+            dtype,
+        });
+    }
+    let (fixed_batch, sample_shape, dtype) = tensor(first)?;
+    let target = match &leaves[..] {
+        [_, y] => Some((y.sample_shape.clone(), y.dtype.clone())),
+        _ => None,
     };
     Ok(ProgramInput {
         fixed_batch,
         sample_shape,
         dtype,
         target,
+        leaves,
         torch_version: model["torch_version"].as_str().unwrap_or("?").to_owned(),
     })
+}
+
+/// The name of each tensor input, in order, from the program's call signature: a dict
+/// argument's keys, a tensor argument's own name; `None` where the signature is not one kiln
+/// reads.
+fn leaf_names(graph: &Value) -> Option<Vec<String>> {
+    let signature = &graph["module_call_graph"].as_array()?.first()?["signature"];
+    let spec: Value = serde_json::from_str(signature["in_spec"].as_str()?).ok()?;
+    let arg_names: Vec<&str> = signature["forward_arg_names"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let args = spec.get(1)?["children_spec"].get(0)?["children_spec"].as_array()?;
+    let mut names = vec![];
+    for (i, arg) in args.iter().enumerate() {
+        let arg_name = arg_names.get(i).copied().unwrap_or("arg");
+        match arg["type"].as_str() {
+            None => names.push(arg_name.to_owned()),
+            Some("builtins.dict") => {
+                let keys: Vec<Value> = serde_json::from_str(arg["context"].as_str()?).ok()?;
+                names.extend(keys.iter().map(|k| match k {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                }));
+            }
+            Some(_) => return None,
+        }
+    }
+    Some(names)
 }
 
 /// One tensor input's batch size (where fixed), per-sample shape and dtype.
@@ -298,5 +342,44 @@ mod tests {
         let symbolic = model_json(r#"{"as_expr": {"expr_str": "s0", "hint": {"as_int": 8}}}"#);
         let p = archive(tmp.path(), "d.pt2", &[("m/models/model.json", &symbolic)]);
         assert_eq!(inspect(&p).unwrap().fixed_batch, None);
+    }
+
+    #[test]
+    fn inputs_are_named_by_a_dict_arguments_keys_and_tensor_arguments_names() {
+        // forward(self, inputs: dict with x and cat, target), as torch.export serializes it.
+        let in_spec = r#"[1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": "builtins.tuple", "context": "null", "children_spec": [{"type": "builtins.dict", "context": "[\"x\", \"cat\"]", "children_spec": [{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, "children_spec": []}]}, {"type": null, "context": null, "children_spec": []}]}, {"type": "builtins.dict", "context": "[]", "children_spec": []}]}]"#;
+        let tensor = |dtype: u8, dims: &str| {
+            format!(r#"{{"dtype": {dtype}, "sizes": [{{"as_expr": "s0"}}{dims}]}}"#)
+        };
+        let json = format!(
+            r#"{{"torch_version": "2.11.0", "graph_module": {{
+                "signature": {{"input_specs": [
+                    {{"user_input": {{"arg": {{"as_tensor": {{"name": "inputs_x"}}}}}}}},
+                    {{"user_input": {{"arg": {{"as_tensor": {{"name": "inputs_cat"}}}}}}}},
+                    {{"user_input": {{"arg": {{"as_tensor": {{"name": "target"}}}}}}}}]}},
+                "module_call_graph": [{{"fqn": "", "signature": {{"in_spec": {in_spec},
+                    "forward_arg_names": ["inputs", "target"]}}}}],
+                "graph": {{"tensor_values": {{"inputs_x": {x}, "inputs_cat": {cat},
+                    "target": {y}}}}}}}}}"#,
+            in_spec = serde_json::to_string(in_spec).unwrap(),
+            x = tensor(7, r#", {"as_int": 4}"#),
+            cat = tensor(5, ""),
+            y = tensor(7, r#", {"as_int": 2}"#),
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let p = archive(tmp.path(), "d.pt2", &[("m/models/model.json", &json)]);
+        let input = inspect(&p).unwrap();
+        let leaves: Vec<(&str, &[usize], &str)> = input
+            .leaves
+            .iter()
+            .map(|l| (l.name.as_str(), &l.sample_shape[..], l.dtype.as_str()))
+            .collect();
+        let want: [(&str, &[usize], &str); 3] = [
+            ("x", &[4], "float32"),
+            ("cat", &[], "int64"),
+            ("target", &[2], "float32"),
+        ];
+        assert_eq!(leaves, want);
+        assert_eq!(input.fixed_batch, None);
     }
 }

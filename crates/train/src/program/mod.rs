@@ -20,6 +20,7 @@ use kiln_torch_ext::aoti::{Package, accumulate_grads};
 use tch::{Device, Kind, Tensor, nn};
 
 use crate::TrainError;
+use crate::inputs::Inputs;
 use crate::loss::Loss;
 use crate::model::InputSpec;
 use crate::model::{CompiledStep, Model};
@@ -59,6 +60,9 @@ pub struct ProgramModel {
     grad_params: Vec<Tensor>,
     /// The loss scale without a scaler (1), made once.
     unit_scale: Tensor,
+    /// The dataset arrays the packages take, in their order, for a program fed by name;
+    /// `None` for one features tensor.
+    input_names: Option<Vec<String>>,
 }
 
 /// A `model.*`-keyed error about the program.
@@ -77,6 +81,7 @@ fn key_of(
     spec: &ProgramSpec<'_>,
     input: &InputSpec,
     program: &ProgramInput,
+    by_name: Option<&[String]>,
     device: Device,
 ) -> Result<CompileKey, TrainError> {
     let eval = packages == Packages::Eval;
@@ -103,6 +108,7 @@ fn key_of(
         freeze: if eval { None } else { spec.freeze.clone() },
         sample_shape: input.sample_shape.clone(),
         feature_dtype: program.dtype.clone(),
+        inputs: by_name.map(|names| inputs_json(names, &input.arrays)),
         target_shape: if eval {
             vec![]
         } else {
@@ -127,8 +133,118 @@ fn key_of(
     })
 }
 
-/// The program's input against the dataset's samples: the same per-sample shape and dtype.
-fn check_input(path: &Path, program: &ProgramInput, input: &InputSpec) -> Result<(), TrainError> {
+/// How the dataset feeds the program: one features tensor (`None`) or, for a dataset of named
+/// arrays, the arrays its inputs are named after, in the program's order. Every mismatch
+/// (a missing array, another dtype or per-sample shape) is named before anything compiles.
+fn program_inputs(
+    path: &Path,
+    program: &ProgramInput,
+    input: &InputSpec,
+) -> Result<Option<Vec<String>>, TrainError> {
+    if input.arrays.is_empty() {
+        one_features_input(path, program, input)?;
+        return Ok(None);
+    }
+    let arrays = &input.arrays;
+    let leaves = &program.leaves;
+    let by_name = |name: &str| arrays.iter().find(|a| a.name == name);
+    let unmatched: Vec<&str> = leaves
+        .iter()
+        .map(|l| l.name.as_str())
+        .filter(|n| by_name(n).is_none())
+        .collect();
+    // The one input named after no array may be the target, where it comes last.
+    let target_last = matches!(unmatched[..], [t] if leaves.last().is_some_and(|l| l.name == t));
+    let mut wrong: Vec<String> = vec![];
+    if !unmatched.is_empty() && !target_last {
+        wrong.push(format!(
+            "no dataset array is named {} (the dataset's arrays: {}; only the program's last \
+             input may be named otherwise: the target, for train.loss = module)",
+            unmatched.join(", "),
+            arrays
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let mut names = vec![];
+    for leaf in leaves {
+        let Some(array) = by_name(&leaf.name) else {
+            continue;
+        };
+        let dtype = torch_name(array.dtype.model());
+        if leaf.sample_shape != array.shape || leaf.dtype != dtype {
+            wrong.push(format!(
+                "input `{}` takes [batch, {}] {}; the array is {:?} {dtype} per sample",
+                leaf.name,
+                leaf.sample_shape
+                    .iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                leaf.dtype,
+                array.shape
+            ));
+        }
+        names.push(leaf.name.clone());
+    }
+    if wrong.is_empty() {
+        return Ok(Some(names));
+    }
+    Err(TrainError::ShapeMismatch {
+        what: format!("{} and the dataset's arrays", path.display()),
+        expected: "each input of the program an array of its name, of its dtype and shape"
+            .to_owned(),
+        got: wrong.join("; "),
+    })
+}
+
+/// How PyTorch names the dtype a dataset array reaches the model as.
+fn torch_name(dtype: kiln_data::DType) -> &'static str {
+    match dtype {
+        kiln_data::DType::F16 => "float16",
+        kiln_data::DType::Bf16 => "bfloat16",
+        kiln_data::DType::Bool => "bool",
+        kiln_data::DType::I64 => "int64",
+        _ => "float32",
+    }
+}
+
+/// The compiler's `--inputs`: each named array's dtype (as it reaches the model) and shape.
+fn inputs_json(names: &[String], arrays: &[kiln_data::ArraySpec]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = arrays
+        .iter()
+        .filter(|a| names.contains(&a.name))
+        .map(|a| {
+            let spec = serde_json::json!({"dtype": torch_name(a.dtype.model()), "shape": a.shape});
+            (a.name.clone(), spec)
+        })
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+/// The program's input against the dataset's samples of one features array: one input (or
+/// two, the second the target), of the same per-sample shape and dtype.
+fn one_features_input(
+    path: &Path,
+    program: &ProgramInput,
+    input: &InputSpec,
+) -> Result<(), TrainError> {
+    if program.leaves.len() > 2 {
+        let names: Vec<&str> = program.leaves.iter().map(|l| l.name.as_str()).collect();
+        return Err(file::file_error(
+            path,
+            format!(
+                "the program takes {} tensor inputs ({}); a dataset of one features array feeds \
+                 one (or features and targets, for train.loss = module): prepare the arrays by \
+                 name (kiln data prepare --array NAME=…) to feed each input the array of its \
+                 name",
+                names.len(),
+                names.join(", ")
+            ),
+        ));
+    }
     let dtype = if input.integer_features {
         "int64"
     } else {
@@ -189,9 +305,9 @@ impl ProgramModel {
             ));
         }
         let program = inspect(spec.path)?;
-        check_input(spec.path, &program, input)?;
+        let by_name = program_inputs(spec.path, &program, input)?;
         let device = vs.device();
-        let key = key_of(packages, spec, input, &program, device)?;
+        let key = key_of(packages, spec, input, &program, by_name.as_deref(), device)?;
         let compiled = compile::compiled(spec.path, &key, device)?;
         if compiled.manifest.eval_mode_ops > 0 {
             tracing::warn!(
@@ -247,6 +363,7 @@ impl ProgramModel {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let device = vs.device();
+        let input_names = (m.inputs != [crate::inputs::FEATURES]).then(|| m.inputs.clone());
         let train = match compiled.packages {
             Packages::TrainAndEval => Some(Mutex::new(Package::load(
                 &compiled.train_package(),
@@ -266,6 +383,7 @@ impl ProgramModel {
             mutated,
             grad_params,
             unit_scale: Tensor::f_ones([], (Kind::Float, device))?,
+            input_names,
         })
     }
 
@@ -292,6 +410,27 @@ impl ProgramModel {
             .chain(&self.buffers)
             .map(|t| t.detach())
             .collect()
+    }
+
+    /// The packages' inputs for a batch: the parameters and buffers, then the batch's
+    /// tensors (one features tensor, or the named arrays in the program's order).
+    fn with_batch(&self, inputs: &Inputs) -> Result<Vec<Tensor>, TrainError> {
+        let mut all = self.state_inputs();
+        match &self.input_names {
+            None => all.push(inputs.single()?.shallow_clone()),
+            Some(names) => {
+                for name in names {
+                    let t = inputs.get(name).ok_or_else(|| {
+                        self.error(format!(
+                            "the batch has no array `{name}` (it has {})",
+                            inputs.names().join(", ")
+                        ))
+                    })?;
+                    all.push(t.shallow_clone());
+                }
+            }
+        }
+        Ok(all)
     }
 }
 
@@ -336,12 +475,38 @@ impl Model for ProgramModel {
         if let Some(message) = refused {
             return Err(self.error(message.to_owned()));
         }
-        let mut inputs = self.state_inputs();
-        inputs.push(features.shallow_clone());
-        let mut outputs = lock(&self.eval).run(&inputs)?;
-        outputs
-            .pop()
-            .ok_or_else(|| self.error("the compiled eval forward returned nothing".to_owned()))
+        let inputs = self.with_batch(&Inputs::features(features.shallow_clone()))?;
+        self.eval_forward(&inputs)
+    }
+
+    fn forward_inputs(&self, inputs: &Inputs, train: bool) -> Result<Tensor, TrainError> {
+        if self.input_names.is_none() || train || self.compiled.manifest.eval_takes_target {
+            return self.forward(inputs.single()?, train);
+        }
+        let inputs = self.with_batch(inputs)?;
+        self.eval_forward(&inputs)
+    }
+
+    fn reads_by_name(&self) -> bool {
+        self.input_names.is_some()
+    }
+
+    fn check_inputs(&self, arrays: &[kiln_data::ArraySpec]) -> Result<(), TrainError> {
+        let Some(names) = &self.input_names else {
+            return crate::model::one_input(arrays);
+        };
+        let missing: Vec<&str> = names
+            .iter()
+            .filter(|n| !arrays.iter().any(|a| &a.name == *n))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(self.error(format!(
+            "it takes the arrays {}, which the dataset does not have",
+            missing.join(", ")
+        )))
     }
 
     fn has_own_loss(&self) -> bool {
@@ -365,6 +530,16 @@ impl Model for ProgramModel {
     }
 }
 
+impl ProgramModel {
+    /// The eval package's last output (the prediction) for its `inputs`.
+    fn eval_forward(&self, inputs: &[Tensor]) -> Result<Tensor, TrainError> {
+        let mut outputs = lock(&self.eval).run(inputs)?;
+        outputs
+            .pop()
+            .ok_or_else(|| self.error("the compiled eval forward returned nothing".to_owned()))
+    }
+}
+
 fn lock(p: &Mutex<Package>) -> std::sync::MutexGuard<'_, Package> {
     p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -372,14 +547,14 @@ fn lock(p: &Mutex<Package>) -> std::sync::MutexGuard<'_, Package> {
 impl CompiledStep for ProgramModel {
     fn evaluate(
         &self,
-        features: &Tensor,
+        batch: &Inputs,
         targets: &Tensor,
     ) -> Result<Option<(Tensor, Tensor)>, TrainError> {
         if !self.compiled.manifest.eval_takes_target {
             return Ok(None);
         }
-        let mut inputs = self.state_inputs();
-        inputs.extend([features.shallow_clone(), targets.shallow_clone()]);
+        let mut inputs = self.with_batch(batch)?;
+        inputs.push(targets.shallow_clone());
         let outputs = lock(&self.eval).run(&inputs)?;
         match outputs.as_slice() {
             [loss, output] => Ok(Some((loss.shallow_clone(), output.shallow_clone()))),
@@ -392,17 +567,17 @@ impl CompiledStep for ProgramModel {
 
     fn step(
         &self,
-        features: &Tensor,
+        batch: &Inputs,
         targets: &Tensor,
         weight: f64,
         scale: Option<&Tensor>,
     ) -> Result<(Tensor, Tensor), TrainError> {
-        let mut inputs = self.state_inputs();
+        let mut inputs = self.with_batch(batch)?;
         let scale = match scale {
             Some(s) => s.f_reshape([])?.f_to_kind(Kind::Float)?,
             None => self.unit_scale.shallow_clone(),
         };
-        inputs.extend([features.shallow_clone(), targets.shallow_clone(), scale]);
+        inputs.extend([targets.shallow_clone(), scale]);
         let train = self.train.as_ref().ok_or_else(|| TrainError::Model {
             what: self.path.display().to_string(),
             message: "only its eval forward was compiled (for inference)".to_owned(),

@@ -19,6 +19,7 @@ use tch::{Kind, Tensor};
 use super::{StepOutcome, Trainer};
 use crate::TrainError;
 use crate::feed::DeviceBatch;
+use crate::inputs::Inputs;
 use crate::metrics::BatchSums;
 use crate::model::CompiledStep;
 
@@ -192,7 +193,8 @@ impl Trainer<'_> {
         features: &Tensor,
         targets: &Tensor,
     ) -> Result<(BatchSums, Option<Tensor>), TrainError> {
-        let (loss, output) = step.step(features, targets, 1.0, None)?;
+        let inputs = Inputs::features(features.shallow_clone());
+        let (loss, output) = step.step(&inputs, targets, 1.0, None)?;
         let sums = self.metrics.batch_sums(&loss, &output, targets)?;
         let grad_norm = self.update_on_device()?;
         Ok((sums, grad_norm))

@@ -653,7 +653,7 @@ impl<'m> Trainer<'m> {
             None => None,
         };
         let own = match self.model.compiled_step().filter(|_| !train) {
-            Some(step) => step.evaluate(inputs.single()?, targets)?,
+            Some(step) => step.evaluate(inputs, targets)?,
             None => None,
         };
         let (loss, output) = match own {
@@ -847,8 +847,7 @@ impl<'m> Trainer<'m> {
         let _range = self.range("kiln/compiled_step")?;
         let start = self.phase_start()?;
         let scale = self.scaler.as_ref().map(LossScaler::scale_tensor);
-        let features = inputs.single()?;
-        let (loss, output) = step.step(features, targets, n as f64 / total as f64, scale)?;
+        let (loss, output) = step.step(inputs, targets, n as f64 / total as f64, scale)?;
         self.phase_end(Phase::Backward, start)?;
         self.metrics.batch_sums(&loss, &output, targets)
     }
