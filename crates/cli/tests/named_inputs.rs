@@ -1,8 +1,9 @@
 //! `kiln train` on a dataset of named arrays (f32 features, an int64 category, a bool mask) with
 //! TorchScript modules that take them by name — a `Dict[str, Tensor]`, or one tensor per
 //! argument (matched by the argument's name, or in `model.inputs`' order) — learning as PyTorch
-//! eager does on the same arrays and initial weights; and every mismatch between the arrays and
-//! what the module takes, named before anything is written.
+//! eager does on the same arrays and initial weights, as does the module exported as a program
+//! taking its arguments by name; and every mismatch between the arrays and what the module or
+//! program takes, named before anything is written.
 
 mod common;
 
@@ -89,6 +90,30 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
         assert_same_losses(&ours, &reference[losses], 1e-4);
         assert!(ours[19] < 0.7 * ours[0], "{model} learned: {ours:?}");
     }
+    // The same module exported as a program: x and cat by its arguments' names, through the
+    // compiled step; an argument named after no array is named before anything compiles.
+    let runs = tmp.path().join("runs-program");
+    let o = train(
+        &tmp.path().join("args.pt2"),
+        &data,
+        &runs,
+        64,
+        &["--epochs", "20"],
+    );
+    assert!(o.status.success(), "args.pt2: {}", stderr(&o));
+    assert_same_losses(&step_losses(&only_run(&runs)), &reference["args"], 1e-4);
+    let runs = tmp.path().join("runs-renamed");
+    let o = train(
+        &tmp.path().join("renamed.pt2"),
+        &data,
+        &runs,
+        64,
+        &["--epochs", "1"],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no dataset array is named category"), "{err}");
+    assert!(!runs.exists(), "nothing is written: {err}");
 }
 
 #[test]

@@ -1,5 +1,6 @@
 """TorchScript models that take several named inputs, for kiln's named-array training tests
-(crates/cli/tests/named_inputs.rs), their data, and PyTorch eager's reference losses.
+(crates/cli/tests/named_inputs.rs), the same module exported as a program taking its
+arguments by name, their data, and PyTorch eager's reference losses.
 
     named_inputs.py make OUT     scripted models, data (JSON) and reference losses in OUT
 
@@ -14,6 +15,7 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
+from torch.export import Dim
 
 
 class DictModel(torch.nn.Module):
@@ -110,6 +112,19 @@ def make(out: str) -> None:
 
     by_args = ArgsModel()
     torch.jit.script(by_args.train()).save(f"{out}/args.pt")
+    # The same module and weights exported as a program taking (x, cat) by argument name, and
+    # one whose second argument is named after no array.
+    batch = Dim("batch")
+    shapes = ({0: batch}, {0: batch})
+    torch.export.save(torch.export.export(by_args, (x, cat), dynamic_shapes=shapes),
+                      f"{out}/args.pt2")
+
+    class Renamed(ArgsModel):
+        def forward(self, x: torch.Tensor, category: torch.Tensor) -> torch.Tensor:
+            return super().forward(x, category)
+
+    torch.export.save(torch.export.export(Renamed(), (x, cat), dynamic_shapes=shapes),
+                      f"{out}/renamed.pt2")
     args_losses = eager_losses(
         lambda: F.cross_entropy(by_args(x, cat), y), list(by_args.parameters()), 20
     )

@@ -137,10 +137,11 @@ fn key_of(
 /// arrays, the arrays its inputs are named after, in the program's order. Every mismatch
 /// (a missing array, another dtype or per-sample shape) is named before anything compiles.
 fn program_inputs(
-    path: &Path,
+    spec: &ProgramSpec<'_>,
     program: &ProgramInput,
     input: &InputSpec,
 ) -> Result<Option<Vec<String>>, TrainError> {
+    let path = spec.path;
     if input.arrays.is_empty() {
         one_features_input(path, program, input)?;
         return Ok(None);
@@ -153,10 +154,11 @@ fn program_inputs(
         .map(|l| l.name.as_str())
         .filter(|n| by_name(n).is_none())
         .collect();
-    // The one input named after no array may be the target, where it comes last.
+    // With the program's own loss, its last input is the target, named after no array.
+    let own_loss = spec.loss == Loss::Module;
     let target_last = matches!(unmatched[..], [t] if leaves.last().is_some_and(|l| l.name == t));
     let mut wrong: Vec<String> = vec![];
-    if !unmatched.is_empty() && !target_last {
+    if !unmatched.is_empty() && !(own_loss && target_last) {
         wrong.push(format!(
             "no dataset array is named {} (the dataset's arrays: {}; only the program's last \
              input may be named otherwise: the target, for train.loss = module)",
@@ -305,7 +307,7 @@ impl ProgramModel {
             ));
         }
         let program = inspect(spec.path)?;
-        let by_name = program_inputs(spec.path, &program, input)?;
+        let by_name = program_inputs(spec, &program, input)?;
         let device = vs.device();
         let key = key_of(packages, spec, input, &program, by_name.as_deref(), device)?;
         let compiled = compile::compiled(spec.path, &key, device)?;
