@@ -157,8 +157,9 @@ fn program_inputs(
     // With the program's own loss, its last input is the target, named after no array.
     let own_loss = spec.loss == Loss::Module;
     let target_last = matches!(unmatched[..], [t] if leaves.last().is_some_and(|l| l.name == t));
+    let the_target = own_loss && target_last;
     let mut wrong: Vec<String> = vec![];
-    if !unmatched.is_empty() && !(own_loss && target_last) {
+    if !unmatched.is_empty() && !the_target {
         wrong.push(format!(
             "no dataset array is named {} (the dataset's arrays: {}; only the program's last \
              input may be named otherwise: the target, for train.loss = module)",
