@@ -393,7 +393,7 @@ fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_wit
     let n = train_windows.len();
     let args = [
         "--epochs",
-        "20",
+        "50",
         "--loss",
         "module",
         "--set",
@@ -405,7 +405,7 @@ fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_wit
     assert!(o.status.success(), "{err}");
     let ours = step_losses(&only_run(&runs));
     assert_same_losses(&ours, &reference["losses"], 1e-4);
-    assert!(ours[19] < 0.65 * ours[0], "learned: {ours:?}");
+    assert!(ours[49] < 0.65 * ours[0], "learned: {ours:?}");
     // An input whose dtype is not its array's is named before anything compiles.
     let bad = tmp.path().join("bad-runs");
     let o = train(&tmp.path().join("mismatched.pt2"), &dir, &bad, n, &args);

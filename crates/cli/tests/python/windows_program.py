@@ -6,7 +6,7 @@ trains the program on a windowed dataset as PyTorch eager trains the module
     windows_program.py make OUT    reads OUT/windows.json (kiln's training windows, every
                                    array by name, and the targets); writes OUT/forecaster.pt2,
                                    OUT/mismatched.pt2 and OUT/reference.json (eager's per-step
-                                   losses)
+                                   losses over 50 full-batch steps)
 
 The model: the static category embedded; a variable selection over the encoder's reals (a
 softmax weight per variable and step); an LSTM encoder and an LSTM decoder over the known reals
@@ -116,7 +116,7 @@ def make(out: str) -> None:
         fused=True,
     )
     losses = []
-    for _ in range(20):
+    for _ in range(50):
         opt.zero_grad()
         loss, _ = model(inputs, y)
         loss.backward()
