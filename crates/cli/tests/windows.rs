@@ -353,25 +353,25 @@ fn windows_json(d: &WindowedDataset) -> Value {
     Value::Object(out)
 }
 
+/// The windowed dataset (normalised per series) in `dir`, every window training: its directory,
+/// its window count, and what `script` (`make`) computed in eager PyTorch on its windows.
+fn eager_on_windows(dir: &Path, script: &str) -> (PathBuf, usize, Value) {
+    let (windows, o) = prepare(dir, "group");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (train_windows, _) = Windows::open(&windows).unwrap().split(0).unwrap();
+    let json = windows_json(&train_windows);
+    std::fs::write(dir.join("windows.json"), json.to_string()).unwrap();
+    (windows, train_windows.len(), make_reference(script, dir))
+}
+
 #[test]
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
 fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, o) = prepare(tmp.path(), "group");
-    assert!(o.status.success(), "{}", stderr(&o));
-    let (train_windows, _) = Windows::open(&dir).unwrap().split(0).unwrap();
-    let json = windows_json(&train_windows);
-    std::fs::write(tmp.path().join("windows.json"), json.to_string()).unwrap();
-    let reference = make_reference("windows_model.py", tmp.path());
+    let (dir, n, reference) = eager_on_windows(tmp.path(), "windows_model.py");
     let runs = tmp.path().join("runs");
-    let n = train_windows.len().to_string();
-    let o = train(
-        &tmp.path().join("forecaster.pt"),
-        &dir,
-        &runs,
-        train_windows.len(),
-        &["--epochs", "20", "--set", "data.val_steps=0"],
-    );
+    let args = ["--epochs", "20", "--set", "data.val_steps=0"];
+    let o = train(&tmp.path().join("forecaster.pt"), &dir, &runs, n, &args);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(err.contains(&format!("{n} train, 0 validate")), "{err}");
@@ -384,13 +384,7 @@ fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_t
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let (dir, o) = prepare(tmp.path(), "group");
-    assert!(o.status.success(), "{}", stderr(&o));
-    let (train_windows, _) = Windows::open(&dir).unwrap().split(0).unwrap();
-    let json = windows_json(&train_windows);
-    std::fs::write(tmp.path().join("windows.json"), json.to_string()).unwrap();
-    let reference = make_reference("windows_program.py", tmp.path());
-    let n = train_windows.len();
+    let (dir, n, reference) = eager_on_windows(tmp.path(), "windows_program.py");
     let args = [
         "--epochs",
         "50",

@@ -150,17 +150,7 @@ struct Columns {
 
 impl Columns {
     fn find(path: &Path, headers: &[String], options: &CsvOptions) -> Result<Self, DataError> {
-        let column = |name: &str| {
-            headers.iter().position(|h| h == name).ok_or_else(|| {
-                DataError::file(
-                    path,
-                    format!(
-                        "has no column `{name}` (its columns: {})",
-                        headers.join(", ")
-                    ),
-                )
-            })
-        };
+        let column = |name: &str| find_column(path, headers, name);
         let target = match &options.target_columns {
             Some(names) if names.is_empty() => {
                 return Err(DataError::file(path, "no target columns were given"));
@@ -269,6 +259,19 @@ fn target_value(path: &Path, line: u64, column: &str, text: &str) -> Result<f32,
         ));
     }
     Ok(value)
+}
+
+/// Where the column `name` is among `headers`; an error naming the table's columns.
+pub(crate) fn find_column(path: &Path, headers: &[String], name: &str) -> Result<usize, DataError> {
+    headers.iter().position(|h| h == name).ok_or_else(|| {
+        DataError::file(
+            path,
+            format!(
+                "has no column `{name}` (its columns: {})",
+                headers.join(", ")
+            ),
+        )
+    })
 }
 
 pub(crate) fn csv_error(e: &::csv::Error) -> String {

@@ -22,6 +22,7 @@ from typing import Dict
 import torch
 from torch import nn
 from torch.export import Dim
+from windows_model import eager_losses, tensor  # beside this script
 
 QUANTILES = (0.1, 0.5, 0.9)
 
@@ -77,10 +78,6 @@ class Forecaster(nn.Module):
         return loss, pred
 
 
-def tensor(t: dict, dtype) -> torch.Tensor:
-    return torch.tensor(t["values"], dtype=dtype).reshape(t["shape"])
-
-
 NAMES = {"encoder_cont": torch.float32, "decoder_cont": torch.float32,
          "static_cat": torch.int64, "target_scale": torch.float32}
 
@@ -108,20 +105,7 @@ def make(out: str) -> None:
             return super().forward(dict(inputs, static_cat=inputs["static_cat"].long()), target)
 
     export(Floats(3, 1, 2), wrong, y, f"{out}/mismatched.pt2")
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=1e-2,
-        fused=True,
-    )
-    losses = []
-    for _ in range(50):
-        opt.zero_grad()
-        loss, _ = model(inputs, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = eager_losses(model, lambda: model(inputs, y)[0], 50)
     with open(f"{out}/reference.json", "w") as f:
         json.dump({"losses": losses}, f)
 

@@ -7,7 +7,7 @@ use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 
 use crate::DataError;
-use crate::csv::{csv_error, open_reader};
+use crate::csv::{csv_error, find_column, open_reader};
 
 /// One cell as the table holds it.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,17 +65,7 @@ pub(crate) fn read_table(
 fn positions(path: &Path, headers: &[String], columns: &[String]) -> Result<Vec<usize>, DataError> {
     columns
         .iter()
-        .map(|name| {
-            headers.iter().position(|h| h == name).ok_or_else(|| {
-                DataError::file(
-                    path,
-                    format!(
-                        "has no column `{name}` (its columns: {})",
-                        headers.join(", ")
-                    ),
-                )
-            })
-        })
+        .map(|name| find_column(path, headers, name))
         .collect()
 }
 
