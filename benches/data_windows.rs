@@ -99,7 +99,7 @@ fn consume(batch: &kiln_data::Batch) -> Result<f64> {
 /// `work`.
 fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> {
     let csv = work.join(format!("long-{series}x{steps}.csv"));
-    let dir = work.join(format!("windows-{series}x{steps}"));
+    let dir = work.join(format!("windows-{series}x{steps}-e{ENCODER}-h{HORIZON}"));
     if dir.join(kiln_data::WINDOWS_FILE).exists() {
         return Ok((csv, dir));
     }
@@ -119,6 +119,7 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
     let source = kiln_data::WindowsSource {
         table: csv.clone(),
+        format: kiln_data::TableFormat::Csv,
         delimiter: b',',
         columns: WindowColumns {
             time: "t".into(),

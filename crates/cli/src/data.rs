@@ -172,11 +172,16 @@ fn prepare_windows(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
              (e.g. --target sales), not NAME=FILE"
         );
     }
-    let Some(table) = args.csv.clone().or_else(|| w.parquet.clone()) else {
-        anyhow::bail!("--windows reads a long-format table: give --csv FILE or --parquet FILE");
+    let (table, format) = match (&args.csv, &w.parquet) {
+        (Some(csv), _) => (csv.clone(), kiln_data::TableFormat::Csv),
+        (None, Some(parquet)) => (parquet.clone(), kiln_data::TableFormat::Parquet),
+        (None, None) => {
+            anyhow::bail!("--windows reads a long-format table: give --csv FILE or --parquet FILE")
+        }
     };
     let source = kiln_data::WindowsSource {
         table,
+        format,
         delimiter: delimiter(args)?,
         columns: kiln_data::WindowColumns {
             time: w.time.clone().unwrap_or_default(),
@@ -203,13 +208,17 @@ fn prepare_windows(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
 /// horizon).
 fn report_windows(windows: &Windows, format: Format, verb: &str) -> anyhow::Result<()> {
     let m = windows.manifest();
-    let (train, val) = windows.split(m.horizon)?;
+    // Series too short to keep a horizon for validation still train with data.val_steps = 0.
+    let (val_steps, (train, val)) = match windows.split(m.horizon) {
+        Ok(split) => (m.horizon, split),
+        Err(_) => (0, windows.split(0)?),
+    };
     match format {
         Format::Json => {
             let value = serde_json::json!({
                 "dir": windows.dir(),
                 "windows": m,
-                "default_split": {"val_steps": m.horizon, "train": train.len(), "val": val.len()},
+                "default_split": {"val_steps": val_steps, "train": train.len(), "val": val.len()},
             });
             println!("{}", serde_json::to_string_pretty(&value)?);
         }
@@ -223,15 +232,23 @@ fn report_windows(windows: &Windows, format: Format, verb: &str) -> anyhow::Resu
                 m.rows,
                 m.short_series()
             );
+            let split = if val_steps == m.horizon {
+                format!("data.val_steps = {val_steps} (the default: the horizon)")
+            } else {
+                format!(
+                    "data.val_steps = 0 (no series keeps a training window before its last {} \
+                     steps, so the default split, the horizon, leaves none)",
+                    m.horizon
+                )
+            };
             println!(
                 "  windows   encoder {} + horizon {} steps of `{}`: {} train, {} validate with \
-                 data.val_steps = {} (the default: the horizon)",
+                 {split}",
                 m.encoder_length,
                 m.horizon,
                 c.time,
                 train.len(),
                 val.len(),
-                m.horizon
             );
             for a in train.inputs() {
                 println!(

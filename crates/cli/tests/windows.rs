@@ -115,6 +115,42 @@ fn prepare_windows_writes_the_series_and_inspect_reports_the_windows() {
 }
 
 #[test]
+fn windows_too_long_for_the_default_split_are_written_and_inspected_without_validation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("long.csv");
+    write_csv(&csv);
+    let out = tmp.path().join("long-windows");
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--windows",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--time",
+        "t",
+        "--group",
+        "series",
+        "--target",
+        "y",
+        "--encoder-length",
+        "30",
+        "--horizon",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let text = stdout(&o);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // 40 steps hold 3 windows of 38, but none before the last 8.
+    assert!(
+        text.contains("15 train, 0 validate with data.val_steps = 0"),
+        "{text}"
+    );
+    let o = kiln(&["data", "inspect", out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
 fn prepare_windows_refuses_a_bad_command_line_naming_the_flag() {
     let tmp = tempfile::tempdir().unwrap();
     let csv = tmp.path().join("long.csv");

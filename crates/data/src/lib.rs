@@ -47,6 +47,6 @@ pub use target::MAX_EXACT_ID;
 pub use target::{TargetSlot, TargetSpec, Targets};
 pub use transform::{Normalize, Transform, Transformed};
 pub use windows::{
-    Series, TargetNormalizer, WINDOWS_FILE, WindowColumns, WindowedDataset, Windows,
+    Series, TableFormat, TargetNormalizer, WINDOWS_FILE, WindowColumns, WindowedDataset, Windows,
     WindowsManifest, WindowsSource, prepare_windows,
 };

@@ -71,6 +71,7 @@ fn write_csv(path: &Path, rows: &[Row]) {
 fn source(table: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
     WindowsSource {
+        format: kiln_data::TableFormat::of_path(&table),
         table,
         delimiter: b',',
         columns: WindowColumns {
@@ -592,4 +593,50 @@ fn a_parquet_table_gives_the_windows_its_csv_gives() {
         err.contains("has no column `humidity` (its columns: store, item, time"),
         "{err}"
     );
+}
+
+#[test]
+fn a_corrupt_manifest_or_a_missing_key_is_an_error_not_a_panic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (windows, _) = prepared(tmp.path(), TargetNormalizer::None);
+    let out = windows.manifest().series.len();
+    assert_eq!(out, SERIES.len());
+    let manifest = tmp.path().join("windows").join(kiln_data::WINDOWS_FILE);
+    let good = std::fs::read_to_string(&manifest).unwrap();
+    let mut value: serde_json::Value = serde_json::from_str(&good).unwrap();
+    // Lengths that wrap around when added, and a time index past i64::MAX.
+    value["series"][0]["len"] = serde_json::json!(usize::MAX - 5);
+    value["series"][1]["start"] = serde_json::json!(usize::MAX - 5);
+    let cases = [
+        value.to_string(),
+        good.replacen(
+            "\"first_time\": 7",
+            &format!("\"first_time\": {}", i64::MAX - 3),
+            1,
+        ),
+        good.replacen("\"horizon\": 3", &format!("\"horizon\": {}", usize::MAX), 1),
+    ];
+    for text in cases {
+        std::fs::write(&manifest, &text).unwrap();
+        let err = Windows::open(&tmp.path().join("windows"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(kiln_data::WINDOWS_FILE), "{err}");
+    }
+    let empty_key = prepare_error(|t| *t += ",1,90,1,1,1,north\n", |_| {});
+    assert!(
+        empty_key.contains("column `store`: `` is missing"),
+        "{empty_key}"
+    );
+    let extreme = prepare_error(
+        |t| {
+            *t += &format!(
+                "c,1,{},1,1,1,north\nc,1,{},1,1,1,north\n",
+                i64::MIN,
+                i64::MAX
+            )
+        },
+        |_| {},
+    );
+    assert!(extreme.contains("missing steps"), "{extreme}");
 }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use super::table::{self, Cell, read_table};
+use super::table::{Cell, TableFormat, read_table};
 use super::{
     FORMAT, REALS_FILE, Series, TARGETS_FILE, TargetNormalizer, VERSION, WINDOWS_FILE,
     WindowColumns, Windows, WindowsManifest,
@@ -17,6 +17,8 @@ use crate::{DType, DataError};
 #[derive(Debug, Clone)]
 pub struct WindowsSource {
     pub table: PathBuf,
+    /// The table's format ([`TableFormat::of_path`] tells it by the file's extension).
+    pub format: TableFormat,
     /// The CSV's field delimiter.
     pub delimiter: u8,
     pub columns: WindowColumns,
@@ -125,38 +127,50 @@ fn read_rows(source: &WindowsSource) -> Result<Rows, DataError> {
     let mut rows = Rows::default();
     let mut key_numbers: HashMap<Vec<String>, usize> = HashMap::new();
     let path = &source.table;
-    rows.unit = table::unit(path);
+    rows.unit = source.format.unit();
     let unit = rows.unit;
-    read_table(path, source.delimiter, &columns, |at, cells| {
-        let bad = |k: usize, what: &str| {
-            let cell = &cells[k];
-            DataError::file(
-                path,
-                format!("{unit} {at}, column `{}`: `{cell}` {what}", columns[k]),
-            )
-        };
-        let key: Vec<String> = cells[1..=g].iter().map(|c| c.to_string()).collect();
-        let next = key_numbers.len();
-        let number = *key_numbers.entry(key.clone()).or_insert(next);
-        if number == next {
-            rows.keys.push(key);
-        }
-        rows.series.push(number);
-        rows.times
-            .push(integer(&cells[0]).ok_or_else(|| bad(0, "is not an integer time index"))?);
-        for (k, cell) in cells.iter().enumerate().take(1 + g + t + r).skip(1 + g) {
-            let v = finite(cell).ok_or_else(|| bad(k, NOT_FINITE))?;
-            if k < 1 + g + t {
-                rows.targets.push(v);
-            } else {
-                rows.reals.push(v);
+    read_table(
+        path,
+        (source.format, source.delimiter),
+        &columns,
+        |at, cells| {
+            let bad = |k: usize, what: &str| {
+                let cell = &cells[k];
+                DataError::file(
+                    path,
+                    format!("{unit} {at}, column `{}`: `{cell}` {what}", columns[k]),
+                )
+            };
+            let named = (1..=g).chain(1 + g + t + r..cells.len());
+            if let Some(k) = named.into_iter().find(|&k| is_missing(&cells[k])) {
+                return Err(bad(
+                    k,
+                    "is missing: every row names its series and its categories",
+                ));
             }
-        }
-        rows.statics
-            .extend(cells[1 + g + t + r..].iter().map(|c| c.to_string()));
-        rows.lines.push(at);
-        Ok(())
-    })?;
+            let key: Vec<String> = cells[1..=g].iter().map(|c| c.to_string()).collect();
+            let next = key_numbers.len();
+            let number = *key_numbers.entry(key.clone()).or_insert(next);
+            if number == next {
+                rows.keys.push(key);
+            }
+            rows.series.push(number);
+            rows.times
+                .push(integer(&cells[0]).ok_or_else(|| bad(0, "is not an integer time index"))?);
+            for (k, cell) in cells.iter().enumerate().take(1 + g + t + r).skip(1 + g) {
+                let v = finite(cell).ok_or_else(|| bad(k, NOT_FINITE))?;
+                if k < 1 + g + t {
+                    rows.targets.push(v);
+                } else {
+                    rows.reals.push(v);
+                }
+            }
+            rows.statics
+                .extend(cells[1 + g + t + r..].iter().map(|c| c.to_string()));
+            rows.lines.push(at);
+            Ok(())
+        },
+    )?;
     if rows.times.is_empty() {
         return Err(DataError::file(path, "has a header but no rows"));
     }
@@ -165,6 +179,15 @@ fn read_rows(source: &WindowsSource) -> Result<Rows, DataError> {
 
 const NOT_FINITE: &str = "is not a finite number (fill or drop missing values before \
                           preparing: a window cannot hold a gap)";
+
+/// A null, or empty text.
+fn is_missing(cell: &Cell) -> bool {
+    match cell {
+        Cell::Missing => true,
+        Cell::Text(t) => t.is_empty(),
+        Cell::Int(_) | Cell::Real(_) => false,
+    }
+}
 
 /// A whole number: an integer cell, or text that is one.
 fn integer(cell: &Cell) -> Option<i64> {
@@ -352,15 +375,16 @@ fn check_step(
     key: &[String],
 ) -> Result<(), DataError> {
     let (ta, tb) = (rows.times[a], rows.times[b]);
-    if tb == ta + 1 {
+    let step = i128::from(tb) - i128::from(ta);
+    if step == 1 {
         return Ok(());
     }
-    let what = if tb == ta {
+    let what = if step == 0 {
         "repeat the same time".to_owned()
     } else {
         format!(
             "leave a gap of {} missing steps: fill the missing steps before preparing",
-            tb - ta - 1
+            step - 1
         )
     };
     Err(DataError::file(

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 pub use build::{WindowsSource, prepare_windows};
 pub use read::WindowedDataset;
+pub use table::TableFormat;
 
 use crate::shards::{MappedArray, map_file, open_npy};
 use crate::{DType, DataError};
@@ -244,12 +245,28 @@ fn check_manifest(path: &Path, m: &WindowsManifest) -> Result<(), DataError> {
             m.format, m.version
         ));
     }
-    if m.encoder_length == 0 || m.horizon == 0 || m.columns.target.is_empty() {
-        return bad("needs an encoder length, a horizon and a target of at least 1".to_owned());
+    let window = m.encoder_length.checked_add(m.horizon);
+    if m.encoder_length == 0 || m.horizon == 0 || m.columns.target.is_empty() || window.is_none() {
+        return bad(format!(
+            "needs an encoder length and a horizon of at least 1 step, of sizes a series can \
+             hold, and a target (it says encoder {}, horizon {}, {} target columns)",
+            m.encoder_length,
+            m.horizon,
+            m.columns.target.len()
+        ));
     }
-    let mut next = 0;
+    let mut next = 0usize;
     for (k, s) in m.series.iter().enumerate() {
-        if s.start != next || s.len == 0 || s.statics.len() != m.columns.static_categoricals.len() {
+        let times_fit = i64::try_from(s.len)
+            .ok()
+            .and_then(|n| s.first_time.checked_add(n))
+            .is_some();
+        if s.start != next
+            || s.len == 0
+            || s.len > m.rows
+            || !times_fit
+            || s.statics.len() != m.columns.static_categoricals.len()
+        {
             return bad(format!(
                 "series[{k}] does not follow the one before it (start {}, {} rows, {} statics)",
                 s.start,
@@ -265,7 +282,7 @@ fn check_manifest(path: &Path, m: &WindowsManifest) -> Result<(), DataError> {
                 ));
             }
         }
-        next += s.len;
+        next = next.saturating_add(s.len);
     }
     if next != m.rows {
         return bad(format!(

@@ -77,8 +77,8 @@ impl WindowedDataset {
         Some((run.series, run.first + index - before))
     }
 
-    /// The `[center, scale]` of series `series`' targets.
-    pub fn scales(&self, series: usize) -> &[[f32; 2]] {
+    /// The `[center, scale]` of series `series`' targets (`series` one of the manifest's).
+    pub(crate) fn scales(&self, series: usize) -> &[[f32; 2]] {
         let t = self.store.manifest.columns.target.len();
         &self.scales[series * t..(series + 1) * t]
     }

@@ -33,31 +33,50 @@ impl std::fmt::Display for Cell {
 /// What a position in the table is called in errors: a CSV line, a Parquet row.
 pub(crate) type Unit = &'static str;
 
-/// Whether `path` names a Parquet file.
-fn is_parquet(path: &Path) -> bool {
-    path.extension()
-        .and_then(|e| e.to_str())
-        .is_some_and(|e| e.eq_ignore_ascii_case("parquet") || e.eq_ignore_ascii_case("pq"))
+/// A table's file format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableFormat {
+    /// Text with a header row, fields split at a delimiter.
+    Csv,
+    /// Apache Parquet (snappy, zstd or lz4 pages).
+    Parquet,
 }
 
-/// What a position in the table at `path` is called: a CSV `line`, a Parquet `row`.
-pub(crate) fn unit(path: &Path) -> Unit {
-    if is_parquet(path) { "row" } else { "line" }
+impl TableFormat {
+    /// Parquet for a `.parquet` or `.pq` file, else CSV.
+    pub fn of_path(path: &Path) -> Self {
+        let parquet = path
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e.eq_ignore_ascii_case("parquet") || e.eq_ignore_ascii_case("pq"));
+        if parquet {
+            TableFormat::Parquet
+        } else {
+            TableFormat::Csv
+        }
+    }
+
+    /// What a position in a table of this format is called: a CSV `line`, a Parquet `row`.
+    pub(crate) fn unit(self) -> Unit {
+        match self {
+            TableFormat::Csv => "line",
+            TableFormat::Parquet => "row",
+        }
+    }
 }
 
-/// Calls `row(position, cells)` for every row of the table at `path` (positions as [`unit`]
-/// names them, from 1 for Parquet), `cells` those of `columns` in order. A column the table
-/// lacks is an error naming the table's columns.
+/// Calls `row(position, cells)` for every row of the table at `path` (positions as
+/// [`TableFormat::unit`] names them, from 1 for Parquet), `cells` those of `columns` in order.
+/// A column the table lacks is an error naming the table's columns.
 pub(crate) fn read_table(
     path: &Path,
-    delimiter: u8,
+    (format, delimiter): (TableFormat, u8),
     columns: &[String],
     row: impl FnMut(u64, &[Cell]) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
-    if is_parquet(path) {
-        read_parquet(path, columns, row)
-    } else {
-        read_csv(path, delimiter, columns, row)
+    match format {
+        TableFormat::Parquet => read_parquet(path, columns, row),
+        TableFormat::Csv => read_csv(path, delimiter, columns, row),
     }
 }
 

@@ -192,6 +192,16 @@ fn program_inputs(
         }
         names.push(leaf.name.clone());
     }
+    if names.is_empty() {
+        wrong.push(format!(
+            "no input of the program is named after a dataset array ({})",
+            arrays
+                .iter()
+                .map(|a| a.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     if wrong.is_empty() {
         return Ok(Some(names));
     }
