@@ -99,8 +99,8 @@ pub fn one_input(arrays: &[kiln_data::ArraySpec]) -> Result<(), TrainError> {
         _ => Err(TrainError::ShapeMismatch {
             what: "the dataset's inputs".to_owned(),
             expected: "one input array: this model takes one tensor (a TorchScript module \
-                       whose forward takes a Dict[str, Tensor] or one argument per array takes \
-                       several)"
+                       whose forward takes a Dict[str, Tensor] or one argument per array, or a \
+                       program exported with a dict or several tensor arguments, takes several)"
                 .to_owned(),
             got: format!(
                 "{} named arrays ({})",

@@ -146,6 +146,13 @@ impl RunData {
         let (dataset, text): (Box<dyn Dataset>, String) = match data_dir {
             Some(dir) if Windows::is_windows_dir(dir) => return Self::windows(plan, dir),
             Some(dir) => {
+                if set_by_user(plan, keys::data::val_steps) {
+                    tracing::warn!(
+                        "data.val_steps applies to windowed time-series datasets; {} is split \
+                         at random by data.val_fraction",
+                        dir.display()
+                    );
+                }
                 let d = ShardedDataset::open(dir)?;
                 let shapes = match &d.manifest().inputs[..] {
                     [one] => format!("{:?}", one.shape),
@@ -184,6 +191,12 @@ impl RunData {
     /// The windowed time-series dataset in `dir`, split by time: the last `data.val_steps`
     /// steps of every series validate.
     fn windows(plan: &RunPlan, dir: &Path) -> Result<Self, TrainError> {
+        if set_by_user(plan, keys::data::val_fraction) {
+            tracing::warn!(
+                "data.val_fraction does not split a windowed dataset: it is split by time, the \
+                 last data.val_steps steps of every series validating"
+            );
+        }
         let windows = Windows::open(dir)?;
         let m = windows.manifest();
         let val_steps = plan.data.val_steps.map_or(m.horizon, |n| n as usize);
@@ -213,16 +226,19 @@ impl RunData {
     }
 }
 
+/// Whether a layer above kiln's defaults set `key`.
+fn set_by_user(plan: &RunPlan, key: &str) -> bool {
+    plan.provenance
+        .get(key)
+        .is_some_and(|p| p.layer != kiln_config::Layer::Default)
+}
+
 /// Refuses what kiln cannot do inside a model of the user's own (TorchScript or a program):
 /// its own dropout (the model keeps its own; `model.dropout` set by the user is an error,
 /// kiln's default is ignored). (`model.activation_checkpointing` is refused where the model is
 /// built.)
 pub(crate) fn refuse_kiln_dropout(plan: &RunPlan) -> Result<(), TrainError> {
-    let set_by_user = plan
-        .provenance
-        .get(keys::model::dropout)
-        .is_some_and(|p| p.layer != kiln_config::Layer::Default);
-    if set_by_user {
+    if set_by_user(plan, keys::model::dropout) {
         return Err(TrainError::InvalidPlan {
             key: keys::model::dropout,
             value: plan.model.dropout.to_string(),
