@@ -618,3 +618,101 @@ impl CompiledStep for ProgramModel {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kiln_data::{ArraySpec, DType, TargetSpec};
+
+    fn leaf(name: &str, shape: &[usize], dtype: &str) -> file::ProgramLeaf {
+        file::ProgramLeaf {
+            name: name.to_owned(),
+            sample_shape: shape.to_vec(),
+            dtype: dtype.to_owned(),
+        }
+    }
+
+    fn program(leaves: Vec<file::ProgramLeaf>) -> ProgramInput {
+        ProgramInput {
+            fixed_batch: None,
+            sample_shape: leaves[0].sample_shape.clone(),
+            dtype: leaves[0].dtype.clone(),
+            target: None,
+            leaves,
+            torch_version: "2.11.0".to_owned(),
+        }
+    }
+
+    fn arrays() -> InputSpec {
+        let array = |name: &str, dtype, shape: &[usize]| ArraySpec {
+            name: name.to_owned(),
+            dtype,
+            shape: shape.to_vec(),
+            ids: false,
+        };
+        let mut input = InputSpec::of(&[8, 3], &TargetSpec::Values { shape: vec![3] });
+        input.arrays = vec![
+            array("encoder_cont", DType::F32, &[8, 3]),
+            array("static_cat", DType::I64, &[1]),
+            array("mask", DType::Bool, &[8]),
+            array("half", DType::F64, &[2]),
+        ];
+        input
+    }
+
+    fn spec(loss: Loss) -> ProgramSpec<'static> {
+        ProgramSpec {
+            path: Path::new("forecaster.pt2"),
+            loss,
+            precision: AmpDtype::None,
+            output: None,
+            freeze: None,
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn inputs_match_arrays_by_name_and_every_mismatch_is_named() {
+        let input = arrays();
+        let good = program(vec![
+            leaf("static_cat", &[1], "int64"),
+            leaf("encoder_cont", &[8, 3], "float32"),
+            leaf("mask", &[8], "bool"),
+            leaf("half", &[2], "float32"),
+            leaf("target", &[3], "float32"),
+        ]);
+        let names = program_inputs(&spec(Loss::Module), &good, &input).unwrap();
+        assert_eq!(
+            names.unwrap(),
+            ["static_cat", "encoder_cont", "mask", "half"],
+            "the program's order; f64 reaches the model as f32"
+        );
+        // Without the program's own loss, the input named after no array is refused.
+        let e = program_inputs(&spec(Loss::Mse), &good, &input)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no dataset array is named target"), "{e}");
+        let bad = program(vec![
+            leaf("encoder_cont", &[8, 4], "float32"),
+            leaf("static_cat", &[1], "float32"),
+            leaf("categories", &[1], "int64"),
+            leaf("target", &[3], "float32"),
+        ]);
+        let e = program_inputs(&spec(Loss::Module), &bad, &input)
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "no dataset array is named categories, target",
+            "input `encoder_cont` takes [batch, 8, 4] float32; the array is [8, 3] float32",
+            "input `static_cat` takes [batch, 1] float32; the array is [1] int64",
+        ] {
+            assert!(e.contains(want), "{want}: {e}");
+        }
+        let only_target = program(vec![leaf("target", &[3], "float32")]);
+        let e = program_inputs(&spec(Loss::Module), &only_target, &input).unwrap_err();
+        assert!(
+            e.to_string().contains("no input of the program is named"),
+            "{e}"
+        );
+    }
+}
