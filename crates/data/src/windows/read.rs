@@ -38,6 +38,9 @@ pub struct WindowedDataset {
     parts: Vec<Part>,
     specs: Vec<ArraySpec>,
     target: TargetSpec,
+    /// For each real column, the target it is (scaled as that target) where the dataset
+    /// normalises.
+    real_target: Vec<Option<usize>>,
 }
 
 impl WindowedDataset {
@@ -50,6 +53,14 @@ impl WindowedDataset {
             })
             .collect();
         let (parts, specs) = array_specs(&store.manifest);
+        let m = &store.manifest;
+        let real_target = m
+            .reals()
+            .map(|name| {
+                let t = m.columns.target.iter().position(|t| t == name)?;
+                (m.normalize == TargetNormalizer::Group).then_some(t)
+            })
+            .collect();
         let target = TargetSpec::Values {
             shape: per_target(store.manifest.horizon, store.manifest.columns.target.len()),
         };
@@ -61,6 +72,7 @@ impl WindowedDataset {
             parts,
             specs,
             target,
+            real_target,
         }
     }
 
@@ -143,23 +155,16 @@ impl WindowedDataset {
         scales: &[[f32; 2]],
         out: &mut [u8],
     ) {
-        let m = &self.store.manifest;
         let Some(reals) = &self.store.reals else {
             return;
         };
         let width = reals.shape[1];
         let keep = columns.unwrap_or(width);
-        let scale_of: Vec<Option<[f32; 2]>> = m
-            .reals()
-            .map(|name| {
-                let t = m.columns.target.iter().position(|t| t == name)?;
-                (m.normalize == TargetNormalizer::Group).then(|| scales[t])
-            })
-            .collect();
+        let scale_of = |j: usize| self.real_target[j].map(|t| scales[t]);
         let values = f32s(reals.rows(rows.start, rows.end))
             .enumerate()
             .filter(|(j, _)| j % width < keep)
-            .map(|(j, v)| match scale_of[j % width] {
+            .map(|(j, v)| match scale_of(j % width) {
                 Some([center, scale]) => (v - center) / scale,
                 None => v,
             });
