@@ -192,6 +192,25 @@ fn program_inputs(
         }
         names.push(leaf.name.clone());
     }
+    if let (true, Some(leaf), Some(target)) = (the_target, leaves.last(), &input.target) {
+        let dtype = match target {
+            kiln_data::TargetSpec::Classes { .. } => "int64",
+            kiln_data::TargetSpec::Values { .. } => "float32",
+        };
+        if leaf.sample_shape != target.shape() || leaf.dtype != dtype {
+            wrong.push(format!(
+                "its target input `{}` takes [batch{}] {}; the dataset's targets are {:?} {dtype} \
+                 per sample",
+                leaf.name,
+                leaf.sample_shape
+                    .iter()
+                    .map(|d| format!(", {d}"))
+                    .collect::<String>(),
+                leaf.dtype,
+                target.shape()
+            ));
+        }
+    }
     if names.is_empty() {
         wrong.push(format!(
             "no input of the program is named after a dataset array ({})",
@@ -698,6 +717,14 @@ mod tests {
             leaf("categories", &[1], "int64"),
             leaf("target", &[3], "float32"),
         ]);
+        let wrong_target = program(vec![
+            leaf("encoder_cont", &[8, 3], "float32"),
+            leaf("target", &[4], "int64"),
+        ]);
+        let e = program_inputs(&spec(Loss::Module), &wrong_target, &input).unwrap_err();
+        let want = "its target input `target` takes [batch, 4] int64; the dataset's targets are \
+                    [3] float32";
+        assert!(e.to_string().contains(want), "{e}");
         let e = program_inputs(&spec(Loss::Module), &bad, &input)
             .unwrap_err()
             .to_string();
