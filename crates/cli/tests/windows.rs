@@ -36,24 +36,31 @@ fn write_csv(path: &Path) {
     std::fs::write(path, text).unwrap();
 }
 
+/// What every windowed dataset of these tests is: series of `series`, time `t`, target `y`.
+const SERIES: [&str; 7] = [
+    "--windows",
+    "--time",
+    "t",
+    "--group",
+    "series",
+    "--target",
+    "y",
+];
+
+/// [`SERIES`], then `extra`.
+fn windowed<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    [&SERIES[..], extra].concat()
+}
+
 fn prepare(dir: &Path, normalize: &str) -> (PathBuf, std::process::Output) {
     let csv = dir.join("long.csv");
     if !csv.exists() {
         write_csv(&csv);
     }
     let out = dir.join(format!("windows-{normalize}"));
-    let o = kiln(&[
-        "data",
-        "prepare",
-        "--windows",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--time",
-        "t",
-        "--group",
-        "series",
-        "--target",
-        "y",
+    let (e, h) = (E.to_string(), H.to_string());
+    let mut args = vec!["data", "prepare", "--csv", csv.to_str().unwrap()];
+    args.extend(windowed(&[
         "--known",
         "price",
         "--unknown",
@@ -61,14 +68,15 @@ fn prepare(dir: &Path, normalize: &str) -> (PathBuf, std::process::Output) {
         "--static",
         "region",
         "--encoder-length",
-        &E.to_string(),
+        &e,
         "--horizon",
-        &H.to_string(),
+        &h,
         "--normalize",
         normalize,
         "--out",
         out.to_str().unwrap(),
-    ]);
+    ]));
+    let o = kiln(&args);
     (out, o)
 }
 
@@ -120,25 +128,10 @@ fn windows_too_long_for_the_default_split_are_written_and_inspected_without_vali
     let csv = tmp.path().join("long.csv");
     write_csv(&csv);
     let out = tmp.path().join("long-windows");
-    let o = kiln(&[
-        "data",
-        "prepare",
-        "--windows",
-        "--csv",
-        csv.to_str().unwrap(),
-        "--time",
-        "t",
-        "--group",
-        "series",
-        "--target",
-        "y",
-        "--encoder-length",
-        "30",
-        "--horizon",
-        "8",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let mut args = vec!["data", "prepare", "--csv", csv.to_str().unwrap()];
+    args.extend(windowed(&["--encoder-length", "30", "--horizon", "8"]));
+    args.extend(["--out", out.to_str().unwrap()]);
+    let o = kiln(&args);
     let text = stdout(&o);
     assert!(o.status.success(), "{}", stderr(&o));
     // 40 steps hold 3 windows of 38, but none before the last 8.
@@ -162,15 +155,7 @@ fn prepare_windows_refuses_a_bad_command_line_naming_the_flag() {
         args.extend_from_slice(extra);
         kiln(&args)
     };
-    let o = base(&[
-        "--windows",
-        "--time",
-        "t",
-        "--group",
-        "series",
-        "--target",
-        "y",
-    ]);
+    let o = base(&SERIES);
     assert!(
         !o.status.success() && stderr(&o).contains("--encoder-length"),
         "{}",
@@ -182,57 +167,27 @@ fn prepare_windows_refuses_a_bad_command_line_naming_the_flag() {
         "{}",
         stderr(&o)
     );
-    let o = base(&[
-        "--windows",
-        "--time",
-        "t",
-        "--group",
-        "series",
-        "--target",
-        "y=y.npy",
-        "--encoder-length",
-        "4",
-        "--horizon",
-        "2",
-    ]);
+    let mut named = windowed(&["--encoder-length", "4", "--horizon", "2"]);
+    named[6] = "y=y.npy";
+    let o = base(&named);
     assert!(stderr(&o).contains("not NAME=FILE"), "{}", stderr(&o));
-    let o = base(&[
-        "--windows",
-        "--time",
-        "t",
-        "--group",
-        "series",
-        "--target",
-        "y",
+    let o = base(&windowed(&[
         "--known",
         "humidity",
         "--encoder-length",
         "4",
         "--horizon",
         "2",
-    ]);
+    ]));
     assert!(
         stderr(&o).contains("has no column `humidity`"),
         "{}",
         stderr(&o)
     );
-    let o = kiln(&[
-        "data",
-        "prepare",
-        "--windows",
-        "--time",
-        "t",
-        "--group",
-        "series",
-        "--target",
-        "y",
-        "--encoder-length",
-        "4",
-        "--horizon",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-    ]);
+    let mut args = vec!["data", "prepare"];
+    args.extend(windowed(&["--encoder-length", "4", "--horizon", "2"]));
+    args.extend(["--out", out.to_str().unwrap()]);
+    let o = kiln(&args);
     let err = stderr(&o);
     assert!(err.contains("give --csv FILE or --parquet FILE"), "{err}");
     assert!(!out.exists());

@@ -156,11 +156,7 @@ impl RunData {
                 let d = ShardedDataset::open(dir)?;
                 let shapes = match &d.manifest().inputs[..] {
                     [one] => format!("{:?}", one.shape),
-                    many => many
-                        .iter()
-                        .map(|a| format!("{} {:?}", a.name, a.shape))
-                        .collect::<Vec<_>>()
-                        .join(", "),
+                    many => named_shapes(many),
                 };
                 let text = format!(
                     "{} ({} samples of {shapes}; {})",
@@ -201,11 +197,7 @@ impl RunData {
         let m = windows.manifest();
         let val_steps = plan.data.val_steps.map_or(m.horizon, |n| n as usize);
         let (train, val) = windows.split(val_steps)?;
-        let arrays: Vec<String> = train
-            .inputs()
-            .iter()
-            .map(|a| format!("{} {:?}", a.name, a.shape))
-            .collect();
+        let arrays = named_shapes(&train.inputs());
         let description = format!(
             "{} (windows of {} series, encoder {} + horizon {} steps: {} train, {} validate with \
              the last {val_steps} steps of every series; {}; target {})",
@@ -215,7 +207,7 @@ impl RunData {
             m.horizon,
             train.len(),
             val.len(),
-            arrays.join(", "),
+            arrays,
             train.target()
         );
         Ok(Self {
@@ -224,6 +216,15 @@ impl RunData {
             description,
         })
     }
+}
+
+/// "x [4], cat []": each array's name and per-sample shape.
+fn named_shapes(arrays: &[kiln_data::ArraySpec]) -> String {
+    arrays
+        .iter()
+        .map(|a| format!("{} {:?}", a.name, a.shape))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Whether a layer above kiln's defaults set `key`.

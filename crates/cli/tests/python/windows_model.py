@@ -16,6 +16,7 @@ from typing import Dict
 
 import torch
 import torch.nn.functional as F
+from named_inputs import eager_losses  # beside this script
 
 
 class Forecaster(torch.nn.Module):
@@ -48,29 +49,9 @@ def make(out: str) -> None:
     torch.manual_seed(0)
     model = Forecaster(inputs["encoder_cont"].shape[-1], inputs["decoder_cont"].shape[-1])
     torch.jit.script(model.train()).save(f"{out}/forecaster.pt")
-    losses = eager_losses(model, lambda: F.mse_loss(model(inputs), y), 20)
+    losses = eager_losses(lambda: F.mse_loss(model(inputs), y), list(model.parameters()), 20)
     with open(f"{out}/reference.json", "w") as f:
         json.dump({"losses": losses}, f)
-
-
-def eager_losses(model, loss_of, steps: int) -> list:
-    """Full-batch training as kiln runs it: fused AdamW, lr 1e-2, weight decay 0.01 on
-    parameters of rank 2 and up, none on the rest; the loss of each step before its update."""
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(
-        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-        lr=1e-2,
-        fused=True,
-    )
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = loss_of()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 if __name__ == "__main__":

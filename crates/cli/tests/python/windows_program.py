@@ -22,7 +22,8 @@ from typing import Dict
 import torch
 from torch import nn
 from torch.export import Dim
-from windows_model import eager_losses, tensor  # beside this script
+from named_inputs import eager_losses  # beside this script
+from windows_model import tensor
 
 QUANTILES = (0.1, 0.5, 0.9)
 
@@ -105,7 +106,7 @@ def make(out: str) -> None:
             return super().forward(dict(inputs, static_cat=inputs["static_cat"].long()), target)
 
     export(Floats(3, 1, 2), wrong, y, f"{out}/mismatched.pt2")
-    losses = eager_losses(model, lambda: model(inputs, y)[0], 50)
+    losses = eager_losses(lambda: model(inputs, y)[0], list(model.parameters()), 50)
     with open(f"{out}/reference.json", "w") as f:
         json.dump({"losses": losses}, f)
 

@@ -42,8 +42,6 @@ struct Rows {
     statics: Vec<String>,
     /// Each row's place in the table: its CSV line or Parquet row.
     lines: Vec<u64>,
-    /// What [`Rows::lines`] are called: `line` or `row`.
-    unit: &'static str,
 }
 
 /// Reads `source`'s table and writes its series into `out`, which must not exist yet; checks the
@@ -127,8 +125,7 @@ fn read_rows(source: &WindowsSource) -> Result<Rows, DataError> {
     let mut rows = Rows::default();
     let mut key_numbers: HashMap<Vec<String>, usize> = HashMap::new();
     let path = &source.table;
-    rows.unit = source.format.unit();
-    let unit = rows.unit;
+    let unit = source.format.unit();
     read_table(
         path,
         (source.format, source.delimiter),
@@ -356,7 +353,7 @@ fn check_statics(
                 format!(
                     "{}s {} and {}: static column `{name}` changes within series {} (`{va}`, \
                      then `{vb}`): a static categorical is one value per series",
-                    rows.unit,
+                    source.format.unit(),
                     rows.lines[a],
                     rows.lines[b],
                     key.join("/")
@@ -391,7 +388,7 @@ fn check_step(
         &source.table,
         format!(
             "{}s {} and {} of series {} (`{}` {ta} and {tb}) {what}",
-            rows.unit,
+            source.format.unit(),
             rows.lines[a],
             rows.lines[b],
             key.join("/"),
