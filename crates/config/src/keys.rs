@@ -22,7 +22,7 @@ use kiln_core::options::{
 
 use crate::plan::{DataPlan, ModelPlan, TrainPlan};
 use crate::setting::{
-    BatchSize, KeepBest, ModelChoice, Port, ValSteps, Widths, Workers, config_keys,
+    BatchSize, KeepBest, ModelChoice, Port, Quantiles, ValSteps, Widths, Workers, config_keys,
 };
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
@@ -127,6 +127,10 @@ config_keys! {
         /// The dataset arrays your TorchScript module's forward arguments get, in order, comma
         /// separated ("x,cat"); by default each argument gets the array of its own name.
         inputs: Option<String> => p.model.inputs;
+        /// The quantile levels of your forecaster's last output dimension, comma separated
+        /// ("0.1,0.5,0.9"): a windowed run then reports the quantile loss per horizon step,
+        /// its MAE and RMSE judge the median, and `kiln infer` names a column per level.
+        quantiles: Option<Quantiles> => p.model.quantiles;
         dropout: f64 = 0.1 => p.model.dropout,
             valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
         d_model: u64 = 256 => p.model.d_model, valid |v| *v >= 1 => "must be at least 1";
@@ -298,7 +302,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 78);
+        assert_eq!(KEYS.len(), 79);
     }
 
     #[test]

@@ -120,6 +120,8 @@ pub struct ModelPlan {
     /// The dataset arrays a TorchScript module's forward arguments get, in order (comma
     /// separated).
     pub inputs: Option<String>,
+    /// The quantile levels of a forecaster's last output dimension (`model.quantiles`).
+    pub quantiles: Option<Vec<f64>>,
     pub dropout: f64,
     pub d_model: u64,
     pub heads: u64,
@@ -142,6 +144,7 @@ impl ModelPlan {
             output: None,
             freeze: None,
             inputs: None,
+            quantiles: None,
             dropout: 0.0,
             d_model: 256,
             heads: 8,
@@ -376,6 +379,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
         output: v.output,
         freeze: v.freeze,
         inputs: v.inputs,
+        quantiles: v.quantiles.map(|q| q.0),
         dropout: v.dropout,
         d_model: v.d_model,
         heads: v.heads,

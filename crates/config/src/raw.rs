@@ -36,6 +36,29 @@ where
     }
 }
 
+/// Text as written, where a number is text too: an optional key's value (`model.output = 1`, an
+/// index; `model.quantiles = 0.5`, one level).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct RawText(pub String);
+
+impl<'de> Deserialize<'de> for RawText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Int(i64),
+            Float(f64),
+            Text(String),
+        }
+        Ok(RawText(match Written::deserialize(d)? {
+            Written::Int(n) => n.to_string(),
+            Written::Float(x) => x.to_string(),
+            Written::Text(s) => s,
+        }))
+    }
+}
+
 /// A count as written (`train.batch_size`, `data.num_workers`): a number, or a word ("auto")
 /// checked in validation.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -303,7 +303,7 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
     let (request, _) =
         Checker::new(&pass1_source).read::<DeviceRequest>(key, raw.device.request.clone())?;
     let profiles = match &raw.device.profiles_dir {
-        Some(dir) => ProfileSet::with_user_dir(Path::new(dir))?,
+        Some(dir) => ProfileSet::with_user_dir(Path::new(&dir.0))?,
         None => ProfileSet::builtin()?,
     };
     let facts = req.machine.facts().clone();
@@ -312,7 +312,7 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         &profiles,
         &selection,
         &facts.cpu,
-        raw.device.profile.as_deref(),
+        raw.device.profile.as_ref().map(|p| p.0.as_str()),
     )?;
 
     // Pass 2: defaults, the profile, then the user's layers over both.

@@ -19,7 +19,7 @@ use kiln_core::options::{
 
 use crate::ConfigError;
 use crate::plan::{ModelKind, Provenance};
-use crate::raw::{Num, RawCount, RawKeepBest, RawWidths};
+use crate::raw::{Num, RawCount, RawKeepBest, RawText, RawWidths};
 
 /// A key's value type: what the raw layer holds for it and how that becomes the value.
 pub trait Setting: Sized {
@@ -110,12 +110,12 @@ impl Setting for PathBuf {
 
 /// An optional key: absent is a value (`None`), shown as `(none)`.
 impl<T: Setting<Raw = String>> Setting for Option<T> {
-    type Raw = String;
-    fn parse(raw: String) -> Result<Self, String> {
-        T::parse(raw).map(Some)
+    type Raw = RawText;
+    fn parse(raw: RawText) -> Result<Self, String> {
+        T::parse(raw.0).map(Some)
     }
-    fn raw_text(raw: &String) -> String {
-        format!("{raw:?}")
+    fn raw_text(raw: &RawText) -> String {
+        format!("{:?}", raw.0)
     }
     fn absent() -> Option<Self> {
         Some(None)
@@ -199,6 +199,36 @@ impl Setting for Widths {
     }
     fn raw_text(raw: &RawWidths) -> String {
         format!("{:?}", raw.0)
+    }
+}
+
+/// `model.quantiles`: the quantile levels of a forecaster's last output dimension, comma
+/// separated, each in (0, 1) and rising ("0.1,0.5,0.9").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quantiles(pub Vec<f64>);
+
+impl Setting for Quantiles {
+    type Raw = String;
+    fn parse(raw: String) -> Result<Self, String> {
+        let levels: Option<Vec<f64>> = raw
+            .split(',')
+            .map(|q| {
+                q.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|q| *q > 0.0 && *q < 1.0)
+            })
+            .collect();
+        levels
+            .filter(|v| v.windows(2).all(|w| w[0] < w[1]))
+            .map(Quantiles)
+            .ok_or_else(|| {
+                "use comma-separated quantile levels in (0, 1), rising, like \"0.1,0.5,0.9\""
+                    .to_owned()
+            })
+    }
+    fn raw_text(raw: &String) -> String {
+        format!("{raw:?}")
     }
 }
 
@@ -387,6 +417,16 @@ pub const UNSET: &str = "(none)";
 impl<T: Show> Show for Option<T> {
     fn show(&self) -> String {
         self.as_ref().map_or_else(|| UNSET.to_owned(), Show::show)
+    }
+}
+
+/// Quantile levels as written: "0.1,0.5,0.9".
+impl Show for Vec<f64> {
+    fn show(&self) -> String {
+        self.iter()
+            .map(f64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
     }
 }
 

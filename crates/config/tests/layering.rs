@@ -176,6 +176,28 @@ fn device_request_in_config_selects_the_device_and_its_profile() {
     });
 }
 
+/// A number given to an optional text key is its text: `model.output = 1` (an index into a
+/// program's tuple) on the command line or in a file, `model.quantiles = 0.5` (one level).
+#[test]
+fn numbers_given_to_text_keys_are_their_text() {
+    Jail::expect_with(|jail| {
+        jail.create_file("kiln.toml", "[model]\nquantiles = 0.5\n")?;
+        let mut req = request(None, 8);
+        req.file = Some("kiln.toml".into());
+        req.sets = vec!["model.output=1".to_owned()];
+        let plan = load(&req).map_err(jail_err)?.plan;
+        assert_eq!(plan.model.output.as_deref(), Some("1"));
+        assert_eq!(plan.model.quantiles, Some(vec![0.5]));
+        req.sets.push("model.quantiles=0.9,0.1".to_owned());
+        let err = load(&req).unwrap_err().to_string();
+        assert!(
+            err.contains("`model.quantiles`") && err.contains("rising"),
+            "{err}"
+        );
+        Ok(())
+    });
+}
+
 #[test]
 fn a_profile_can_be_named_instead_of_matched() {
     Jail::expect_with(|jail| {
