@@ -25,6 +25,14 @@ pub trait Model {
         self.forward(inputs.single()?, train)
     }
 
+    /// The model's evaluation output for a batch whose targets are at hand (validation,
+    /// forecasts of a known horizon). Default: [`Model::forward_inputs`] out of training mode,
+    /// the targets unused; a model whose eval forward takes the targets (an exported program
+    /// computing its own loss) gets them.
+    fn predict(&self, inputs: &Inputs, _targets: &Tensor) -> Result<Tensor, TrainError> {
+        self.forward_inputs(inputs, false)
+    }
+
     /// Whether the model takes a batch's named arrays ([`Model::forward_inputs`] gets the
     /// dataset's arrays by name) rather than one features tensor. Default: no.
     fn reads_by_name(&self) -> bool {

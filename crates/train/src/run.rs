@@ -112,6 +112,8 @@ pub struct RunData {
     pub train: Arc<Box<dyn Dataset>>,
     pub val: Option<Arc<Box<dyn Dataset>>>,
     pub description: String,
+    /// What a windowed dataset forecasts: its metrics replace the task's (besides the loss).
+    pub forecast: Option<crate::metrics::ForecastSpec>,
 }
 
 impl std::fmt::Debug for RunData {
@@ -137,6 +139,7 @@ impl RunData {
             train: Arc::new(Box::new(train)),
             val: Some(Arc::new(Box::new(val))),
             description,
+            forecast: None,
         })
     }
 
@@ -150,6 +153,13 @@ impl RunData {
                     tracing::warn!(
                         "data.val_steps applies to windowed time-series datasets; {} is split \
                          at random by data.val_fraction",
+                        dir.display()
+                    );
+                }
+                if plan.model.quantiles.is_some() {
+                    tracing::warn!(
+                        "model.quantiles names a forecaster's output levels; {} is not a \
+                         windowed dataset, so no forecast metrics judge them",
                         dir.display()
                     );
                 }
@@ -214,6 +224,10 @@ impl RunData {
             train: Arc::new(Box::new(train)),
             val: (!val.is_empty()).then(|| Arc::new(Box::new(val) as Box<dyn Dataset>)),
             description,
+            forecast: Some(crate::metrics::ForecastSpec {
+                horizon: m.horizon,
+                levels: plan.model.quantiles.clone(),
+            }),
         })
     }
 }
@@ -584,6 +598,9 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
     let mut trainer = Trainer::new(model.as_ref(), &recipe.name, &vs, settings, tch_device)?;
     for metric in &control.metrics {
         trainer.add_metric(metric.clone())?;
+    }
+    if let Some(forecast) = &data.forecast {
+        trainer.set_forecast(Arc::new(forecast.clone()))?;
     }
     let (rank, world_size) = match &control.group {
         Some(group) => {

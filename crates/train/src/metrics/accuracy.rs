@@ -12,7 +12,7 @@ use crate::TrainError;
 pub struct Accuracy;
 
 impl Metric for Accuracy {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "accuracy"
     }
 

@@ -10,7 +10,7 @@ use crate::TrainError;
 pub struct MeanLoss;
 
 impl Metric for MeanLoss {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "loss"
     }
 

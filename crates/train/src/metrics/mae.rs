@@ -11,7 +11,7 @@ use crate::TrainError;
 pub struct Mae;
 
 impl Metric for Mae {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "mae"
     }
 

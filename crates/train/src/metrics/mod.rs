@@ -8,6 +8,7 @@
 //! (`checkpoint.keep_best`), in the metric vocabulary `kiln_core::options::MetricName`.
 
 mod accuracy;
+mod forecast;
 mod loss;
 mod mae;
 mod rmse;
@@ -20,6 +21,7 @@ use std::sync::Arc;
 use tch::{Kind, Tensor};
 
 pub use self::accuracy::Accuracy;
+pub use self::forecast::{ForecastSpec, is_horizon_step};
 pub use self::loss::MeanLoss;
 pub use self::mae::Mae;
 pub use self::rmse::Rmse;
@@ -59,6 +61,7 @@ pub struct BatchOutput<'a> {
     /// Samples in the batch.
     pub samples: i64,
     error: OnceCell<Option<Tensor>>,
+    forecast: OnceCell<Option<forecast::StepSums>>,
 }
 
 impl<'a> BatchOutput<'a> {
@@ -69,7 +72,21 @@ impl<'a> BatchOutput<'a> {
             target,
             samples: target.size().first().copied().unwrap_or(0),
             error: OnceCell::new(),
+            forecast: OnceCell::new(),
         }
+    }
+
+    /// The forecast's sums per horizon step under `spec` (`None` where the output is no
+    /// forecast of the target); computed once for every forecast metric of the batch.
+    pub(crate) fn forecast(
+        &self,
+        spec: &ForecastSpec,
+    ) -> Result<Option<&forecast::StepSums>, TrainError> {
+        if self.forecast.get().is_none() {
+            let sums = forecast::step_sums(self.output, self.target, spec)?;
+            let _ = self.forecast.set(sums);
+        }
+        Ok(self.forecast.get().and_then(Option::as_ref))
     }
 
     /// `output − target` in f32 where the output is shaped like the target (regression), else
@@ -98,7 +115,7 @@ impl<'a> BatchOutput<'a> {
 /// A metric: sums per batch on the device, a value from the sums when reported.
 pub trait Metric: std::fmt::Debug + Send + Sync {
     /// Its name in records (`accuracy`), reported as `train_accuracy`, `val_accuracy`, ….
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
 
     /// Whether a larger value is better (which validation value is the best so far).
     fn higher_is_better(&self) -> bool {
@@ -134,6 +151,8 @@ impl BatchSums {
 #[derive(Debug, Clone)]
 pub struct MetricSet {
     kind: MetricKind,
+    /// A windowed run's forecast, whose metrics replace the task's besides the loss.
+    forecast: Option<Arc<ForecastSpec>>,
     metrics: Vec<Arc<dyn Metric>>,
     /// How many of `metrics`, at the end, were added to the task's.
     added: usize,
@@ -143,17 +162,37 @@ impl MetricSet {
     /// The metrics of a task: the loss, and accuracy (class and multi-label targets) or MAE
     /// and RMSE (value targets) where the model's output can be judged.
     pub fn for_task(kind: MetricKind) -> Self {
+        Self::build(kind, None)
+    }
+
+    fn build(kind: MetricKind, forecast: Option<Arc<ForecastSpec>>) -> Self {
         use MetricKind as K;
-        let metrics: Vec<Arc<dyn Metric>> = match kind {
-            K::Accuracy => vec![Arc::new(MeanLoss), Arc::new(Accuracy)],
-            K::Regression => vec![Arc::new(MeanLoss), Arc::new(Mae), Arc::new(Rmse)],
-            K::LossOnly => vec![Arc::new(MeanLoss)],
+        let metrics: Vec<Arc<dyn Metric>> = match (&forecast, kind) {
+            (Some(f), _) => std::iter::once(Arc::new(MeanLoss) as Arc<dyn Metric>)
+                .chain(f.metrics())
+                .collect(),
+            (None, K::Accuracy) => vec![Arc::new(MeanLoss), Arc::new(Accuracy)],
+            (None, K::Regression) => vec![Arc::new(MeanLoss), Arc::new(Mae), Arc::new(Rmse)],
+            (None, K::LossOnly) => vec![Arc::new(MeanLoss)],
         };
         Self {
             kind,
+            forecast,
             metrics,
             added: 0,
         }
+    }
+
+    /// The set for a forecast (a windowed dataset): the loss, then MAE, RMSE and, with
+    /// quantile levels, the quantile loss over the horizon and per step (see
+    /// [`ForecastSpec::metrics`]), then the metrics added to this set.
+    pub fn forecasting(&self, spec: Arc<ForecastSpec>) -> Result<Self, TrainError> {
+        self.rebuilt(Self::build(self.kind, Some(spec)))
+    }
+
+    /// The forecast the set judges, if it is a forecast's.
+    pub fn forecast(&self) -> Option<&ForecastSpec> {
+        self.forecast.as_deref()
     }
 
     /// The task's metrics the set was made for.
@@ -163,10 +202,13 @@ impl MetricSet {
 
     /// The metrics of task `kind`, with the metrics added to this set.
     pub fn for_other_task(&self, kind: MetricKind) -> Result<Self, TrainError> {
+        self.rebuilt(Self::build(kind, self.forecast.clone()))
+    }
+
+    /// `base` with the metrics added to this set.
+    fn rebuilt(&self, base: Self) -> Result<Self, TrainError> {
         let added = &self.metrics[self.metrics.len() - self.added..];
-        added
-            .iter()
-            .try_fold(Self::for_task(kind), |set, m| set.with(m.clone()))
+        added.iter().try_fold(base, |set, m| set.with(m.clone()))
     }
 
     /// The set with `metric` added (after the others); another of the same name is an error.
@@ -195,7 +237,7 @@ impl MetricSet {
     }
 
     /// The metrics' names, in order.
-    pub fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+    pub fn names(&self) -> impl Iterator<Item = &str> + '_ {
         self.metrics.iter().map(|m| m.name())
     }
 
@@ -349,7 +391,7 @@ mod tests {
     struct MaxAbsOutput;
 
     impl Metric for MaxAbsOutput {
-        fn name(&self) -> &'static str {
+        fn name(&self) -> &str {
             "max_abs_output"
         }
         fn sums(&self) -> &'static [&'static str] {

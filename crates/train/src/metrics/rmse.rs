@@ -11,7 +11,7 @@ use crate::TrainError;
 pub struct Rmse;
 
 impl Metric for Rmse {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "rmse"
     }
 

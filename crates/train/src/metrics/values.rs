@@ -1,6 +1,7 @@
 //! Named metric values, in their set's order, as records, summaries and checkpoints carry them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
@@ -9,21 +10,24 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 /// [`MetricValues::serialize_under`]).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MetricValues {
-    items: Vec<(&'static str, f64)>,
+    items: Vec<(Arc<str>, f64)>,
 }
 
 impl MetricValues {
     /// Appends `name`'s value (replacing one of the same name).
-    pub fn push(&mut self, name: &'static str, value: f64) {
-        match self.items.iter_mut().find(|(n, _)| *n == name) {
+    pub fn push(&mut self, name: &str, value: f64) {
+        match self.items.iter_mut().find(|(n, _)| &**n == name) {
             Some(item) => item.1 = value,
-            None => self.items.push((name, value)),
+            None => self.items.push((name.into(), value)),
         }
     }
 
     /// The value of the metric named `name` (`accuracy`), if the run reports it.
     pub fn get(&self, name: &str) -> Option<f64> {
-        self.items.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+        self.items
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, v)| *v)
     }
 
     /// The mean loss (NaN where there is none).
@@ -32,8 +36,8 @@ impl MetricValues {
     }
 
     /// The values in order, by name.
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, f64)> + '_ {
-        self.items.iter().copied()
+    pub fn iter(&self) -> impl Iterator<Item = (&str, f64)> + '_ {
+        self.items.iter().map(|(n, v)| (&**n, *v))
     }
 
     /// The values by their names behind `prefix` (`val_loss`, …), as checkpoints record them.

@@ -519,6 +519,13 @@ impl Model for ProgramModel {
         self.eval_forward(&inputs)
     }
 
+    fn predict(&self, inputs: &Inputs, targets: &Tensor) -> Result<Tensor, TrainError> {
+        match CompiledStep::evaluate(self, inputs, targets)? {
+            Some((_, output)) => Ok(output),
+            None => self.forward_inputs(inputs, false),
+        }
+    }
+
     fn reads_by_name(&self) -> bool {
         self.input_names.is_some()
     }

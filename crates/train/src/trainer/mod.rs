@@ -425,6 +425,17 @@ impl<'m> Trainer<'m> {
         Ok(())
     }
 
+    /// Judges the model's output as a forecast of `spec`'s horizon: MAE, RMSE and the quantile
+    /// loss over the horizon and per step replace the task's metrics (see
+    /// [`MetricSet::forecasting`]).
+    pub fn set_forecast(
+        &mut self,
+        spec: std::sync::Arc<crate::metrics::ForecastSpec>,
+    ) -> Result<(), TrainError> {
+        self.metrics = self.metrics.forecasting(spec)?;
+        Ok(())
+    }
+
     /// Turns per-phase timing on (from zero) or off; see [`PhaseTimes`].
     pub fn set_phase_timing(&mut self, on: bool) {
         self.timing.phase_times = on.then(|| std::cell::Cell::new(PhaseTimes::default()));
