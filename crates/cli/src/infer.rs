@@ -87,6 +87,9 @@ pub fn infer(
     no_compare: bool,
     format: Format,
 ) -> anyhow::Result<ExitCode> {
+    if kiln_data::Windows::is_windows_dir(inputs) {
+        return forecast(args, inputs, output, format);
+    }
     if let Some(output) = output {
         kiln_infer::io::check_output(output)?;
     }
@@ -145,6 +148,93 @@ pub fn infer(
         eprintln!("wrote outputs {:?} to {}", outcome.shape, output.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `kiln infer` of a windowed time-series dataset: the forecasts of its windows after each
+/// series' cutoff (`data.val_steps`), judged per horizon step, written as CSV with `--output`.
+fn forecast(
+    args: &ModelArgs,
+    inputs: &Path,
+    output: Option<&Path>,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    if let Some(output) = output {
+        let csv = output
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("csv"));
+        anyhow::ensure!(
+            csv,
+            "{}: forecasts are written as CSV (a row per window and horizon step); name a .csv \
+             file",
+            output.display()
+        );
+        kiln_infer::io::check_output(output)?;
+    }
+    let setup = setup(args, vec![])?;
+    let plan = &setup.resolution.plan;
+    let windows = kiln_data::Windows::open(inputs)?;
+    let val_steps = plan
+        .data
+        .val_steps
+        .map_or(windows.manifest().horizon, |n| n as usize);
+    let data = kiln_infer::forecast::forecast_windows(&windows, val_steps)?;
+    let device = kiln_train::feed::tch_device(setup.resolution.selection.device);
+    let precision = plan.infer.precision;
+    let model = model::load(
+        &setup.source,
+        setup.checkpoint.as_ref(),
+        plan,
+        device,
+        precision,
+    )?;
+    let batch = usize::try_from(plan.infer.batch_size).unwrap_or(usize::MAX);
+    let levels = plan.model.quantiles.clone();
+    let forecasts = kiln_infer::forecast::forecast(&model, &data, levels, batch)?;
+    if let Some(output) = output {
+        forecasts.write_csv(&data, output)?;
+    }
+    let r = &forecasts.report;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(r)?),
+        Format::Text => print!("{}", forecast_text(r, precision)),
+    }
+    if let Some(output) = output {
+        eprintln!("wrote {} forecasts to {}", r.windows, output.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn forecast_text(r: &kiln_infer::forecast::ForecastReport, precision: AmpDtype) -> String {
+    let mut s = format!(
+        "model: {}
+inputs: {}
+{} windows of horizon {} ({}): {:.0} windows/s
+",
+        r.model,
+        r.inputs,
+        r.windows,
+        r.horizon,
+        precision.as_str(),
+        r.samples_per_second
+    );
+    let m = &r.metrics;
+    let over: Vec<String> = ["mae", "rmse", "quantile_loss"]
+        .iter()
+        .filter_map(|n| m.get(n).map(|v| format!("{n} {v:.4}")))
+        .collect();
+    s.push_str(&format!(
+        "over the horizon: {}
+",
+        over.join(", ")
+    ));
+    for h in 1..=r.horizon {
+        let step: Vec<String> = ["mae", "rmse", "quantile_loss"]
+            .iter()
+            .filter_map(|n| m.get(&format!("{n}_h{h}")).map(|v| format!("{n} {v:.4}")))
+            .collect();
+        s.push_str(&format!("step {h}: {}\n", step.join(", ")));
+    }
+    s
 }
 
 fn report_text(r: &Report) -> String {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kiln_train::TrainError;
-use kiln_train::metrics::MetricValues;
+use kiln_train::metrics::{MetricValues, is_horizon_step};
 use kiln_train::plot::label;
 use kiln_train::record::{
     EpochRecord, Observer, Progress, RunReady, RunStart, StepRecord, Summary,
@@ -155,7 +155,7 @@ impl Observer for ProgressView {
         let (val, best) = (&s.final_val, &s.best_val);
         let others: Vec<String> = val
             .iter()
-            .filter(|(n, _)| *n != "loss")
+            .filter(|(n, _)| *n != "loss" && !is_horizon_step(n))
             .map(|(n, v)| format!("val {} {v:.4}", label(n)))
             .collect();
         let val = match (val.get("accuracy"), best.get("accuracy"), val.get("loss")) {
@@ -192,12 +192,13 @@ impl Observer for ProgressView {
 }
 
 /// The metrics besides the loss: " · acc 93.1 %" for classification, " · MAE 0.1234 ·
-/// RMSE 0.2345" for regression, " · <name> <value>" for any other, nothing for a loss alone;
-/// `prefix` is "", "train " or "val ".
+/// RMSE 0.2345" for regression, " · <name> <value>" for any other, nothing for a loss alone
+/// (a forecast's values per horizon step are left to the summary and the curves); `prefix` is
+/// "", "train " or "val ".
 fn metric_text(prefix: &str, values: &MetricValues) -> String {
     values
         .iter()
-        .filter(|(n, _)| *n != "loss")
+        .filter(|(n, _)| *n != "loss" && !is_horizon_step(n))
         .map(|(n, v)| match n {
             "accuracy" => format!(" · {prefix}acc {}", pct(v)),
             other => format!(" · {prefix}{} {v:.4}", label(other)),

@@ -143,6 +143,38 @@ fn windows_too_long_for_the_default_split_are_written_and_inspected_without_vali
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// `kiln infer` of a windowed dataset writes forecasts as CSV only, and needs windows after the
+/// cutoff: both refused with the flag or key to change, before any model runs.
+#[test]
+fn forecasts_refuse_another_output_format_and_a_split_with_nothing_to_forecast() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, o) = prepare(tmp.path(), "none");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-run");
+    let infer = |extra: &[&str]| {
+        let mut args = vec!["infer", "--model", model.to_str().unwrap()];
+        args.extend(["--inputs", dir.to_str().unwrap(), "--device", "cpu"]);
+        args.extend(extra);
+        kiln(&args)
+    };
+    let npy = tmp.path().join("f.npy");
+    let o = infer(&["--output", npy.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("forecasts are written as CSV"),
+        "{}",
+        stderr(&o)
+    );
+    let o = infer(&["--set", "data.val_steps=0"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("data.val_steps = 0") && err.contains("at least the horizon (3)"),
+        "{err}"
+    );
+    assert!(!npy.exists());
+}
+
 #[test]
 fn prepare_windows_refuses_a_bad_command_line_naming_the_flag() {
     let tmp = tempfile::tempdir().unwrap();
@@ -369,6 +401,35 @@ fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_t
     let ours = step_losses(&only_run(&runs));
     assert_same_losses(&ours, &reference["losses"], 1e-4);
     assert!(ours[19] < 0.5 * ours[0], "learned: {ours:?}");
+    // A point forecast is judged per horizon step; with one batch an epoch, the MSE loss is
+    // the square of the RMSE over the horizon.
+    let s = summary(&only_run(&runs));
+    let (loss, rmse) = (
+        number(&s, "final_train_loss"),
+        number(&s, "final_train_rmse"),
+    );
+    assert!((rmse * rmse - loss).abs() < 1e-5 * loss.max(1.0), "{s}");
+    let per_step = |m: &str| -> Vec<f64> {
+        (1..=H)
+            .map(|h| number(&s, &format!("final_train_{m}_h{h}")))
+            .collect()
+    };
+    let mean_sq: f64 = per_step("rmse").iter().map(|r| r * r).sum::<f64>() / H as f64;
+    assert!((mean_sq - loss).abs() < 1e-5 * loss.max(1.0), "{s}");
+    assert!(per_step("mae").iter().all(|&v| v > 0.0), "{s}");
+    assert!(s.get("final_train_quantile_loss").is_none(), "{s}");
+}
+
+/// A run's `summary.json`.
+fn summary(run: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// `key` of `v` as a number.
+fn number(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no number {key} in {v}"))
 }
 
 #[test]
@@ -383,6 +444,10 @@ fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_wit
         "module",
         "--set",
         "data.val_steps=0",
+        "--set",
+        "model.quantiles=0.1,0.5,0.9",
+        "--set",
+        "model.output=1",
     ];
     let runs = tmp.path().join("runs");
     let o = train(&tmp.path().join("forecaster.pt2"), &dir, &runs, n, &args);
@@ -391,6 +456,25 @@ fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_wit
     let ours = step_losses(&only_run(&runs));
     assert_same_losses(&ours, &reference["losses"], 1e-4);
     assert!(ours[49] < 0.65 * ours[0], "learned: {ours:?}");
+    // The module's own pinball loss is kiln's quantile loss: one batch an epoch, the same
+    // forward; and per horizon step, in the original units.
+    let s = summary(&only_run(&runs));
+    let loss = number(&s, "final_train_loss");
+    let ql = number(&s, "final_train_quantile_loss");
+    assert!((ql - loss).abs() < 1e-5 * loss.max(1.0), "{s}");
+    let steps: f64 = (1..=H)
+        .map(|h| number(&s, &format!("final_train_quantile_loss_h{h}")))
+        .sum();
+    assert!(
+        (steps / H as f64 - loss).abs() < 1e-5 * loss.max(1.0),
+        "{s}"
+    );
+    assert!(number(&s, "final_train_mae_h1") > 0.0, "{s}");
+    assert!(
+        !err.contains("mae_h1"),
+        "per-step values stay out of the log: {err}"
+    );
+    forecasts_are_written_in_original_units(tmp.path(), &only_run(&runs), &dir);
     // An input whose dtype is not its array's is named before anything compiles.
     let bad = tmp.path().join("bad-runs");
     let o = train(&tmp.path().join("mismatched.pt2"), &dir, &bad, n, &args);
@@ -401,4 +485,81 @@ fn an_exported_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_wit
         "{err}"
     );
     assert!(!bad.exists(), "nothing is written: {err}");
+}
+
+/// `kiln infer` of the trained forecaster `run` over `windows`: the last horizon of each series
+/// as CSV (group, time, step, the actual value from the source table, a column per quantile),
+/// its report's metrics those of the CSV's rows.
+fn forecasts_are_written_in_original_units(tmp: &Path, run: &Path, windows: &Path) {
+    let csv = tmp.join("forecasts.csv");
+    let args = [
+        "infer",
+        "--model",
+        run.to_str().unwrap(),
+        "--inputs",
+        windows.to_str().unwrap(),
+        "--output",
+        csv.to_str().unwrap(),
+        "--precision",
+        "fp32",
+        "--device",
+        "cpu",
+        "--format",
+        "json",
+    ];
+    let o = kiln(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("series,t,step,y,y_q0.1,y_q0.5,y_q0.9"));
+    let source = std::fs::read_to_string(tmp.join("long.csv")).unwrap();
+    let truth: BTreeMap<(String, i64), f64> = source
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (
+                (f[0].to_owned(), f[1].parse().unwrap()),
+                f[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    // Series a–e (f is too short for a window), each its last H steps, 37 to 39.
+    assert_eq!(rows.len(), 5 * H, "{text}");
+    let (mut abs, mut pinball) = (0.0, 0.0);
+    for row in &rows {
+        let (t, step): (i64, usize) = (row[1].parse().unwrap(), row[2].parse().unwrap());
+        assert_eq!(t, 40 - H as i64 + step as i64 - 1, "{row:?}");
+        let y: f64 = row[3].parse().unwrap();
+        assert!((y - truth[&(row[0].to_owned(), t)]).abs() < 1e-4, "{row:?}");
+        let q: Vec<f64> = row[4..7].iter().map(|v| v.parse().unwrap()).collect();
+        abs += (q[1] - y).abs();
+        pinball += [0.1, 0.5, 0.9]
+            .iter()
+            .zip(&q)
+            .map(|(l, p)| (l * (y - p)).max((l - 1.0) * (y - p)))
+            .sum::<f64>()
+            / 3.0;
+    }
+    let n = rows.len() as f64;
+    let metric = |k: &str| number(&report["metrics"], k);
+    assert!(
+        (metric("mae") - abs / n).abs() < 1e-3 * metric("mae").max(1.0),
+        "{report}"
+    );
+    assert!(
+        (metric("quantile_loss") - pinball / n).abs() < 1e-3,
+        "{report}"
+    );
+    assert!(
+        report["metrics"]["quantile_loss_h3"].is_number(),
+        "{report}"
+    );
+    // Never overwritten: a second run names the file and leaves it.
+    let o = kiln(&args);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("exists already"), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&csv).unwrap(), text);
 }

@@ -10,6 +10,7 @@ pub mod choose;
 pub mod engine;
 mod error;
 pub mod export;
+pub mod forecast;
 pub mod io;
 pub mod model;
 pub mod offline;

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use kiln_config::ModelPlan;
 use kiln_device::settings::AmpDtype;
 use kiln_train::checkpoint::{self, Checkpoint};
+use kiln_train::inputs::Inputs;
 use kiln_train::model::InputSpec;
 use kiln_train::model::Model;
 use tch::{Device, Kind, Tensor, nn};
@@ -80,6 +81,17 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint, InferError> {
 /// configuration's checkpoint layer. An optional key the run left unset (shown as
 /// [`kiln_config::UNSET`] in the checkpoint's `config.json`: `model.output`, `model.freeze`)
 /// stays unset.
+/// The value of `key` the checkpoint's run was configured with, as shown.
+fn setting_of<'a>(ckpt: &'a Checkpoint, key: &str) -> Option<&'a str> {
+    ckpt.meta
+        .config
+        .as_array()?
+        .iter()
+        .find(|e| e.get("key").and_then(|k| k.as_str()) == Some(key))?
+        .get("value")?
+        .as_str()
+}
+
 pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
     let Some(entries) = ckpt.meta.config.as_array() else {
         return vec![];
@@ -186,6 +198,31 @@ impl LoadedModel {
         if let Some(path) = ckpt.program() {
             return Self::program(&path, Some(ckpt), plan.output.clone(), device, precision);
         }
+        let takes_arrays = ckpt.meta.input.as_ref().is_some_and(|i| i.arrays.len() > 1);
+        if ckpt.meta.files.contains_key(checkpoint::SCRIPT_FILE) && takes_arrays {
+            // A module taking several arrays (a dict, or positional arguments by name).
+            let vs = nn::VarStore::new(device);
+            let names = plan
+                .inputs
+                .as_ref()
+                .map(|n| n.split(',').map(|s| s.trim().to_owned()).collect());
+            let path = ckpt.dir.join(checkpoint::SCRIPT_FILE);
+            let model = kiln_train::script::ScriptModel::load(&path, &vs)?.with_inputs(names);
+            let description = format!(
+                "kiln TorchScript checkpoint {} (step {})",
+                ckpt.dir.display(),
+                ckpt.meta.step
+            );
+            let shape = ckpt.meta.input.as_ref().map(|i| i.sample_shape.clone());
+            let model = Box::new(model);
+            return Ok(Self::from_kiln(
+                vs,
+                model,
+                description,
+                shape.unwrap_or_default(),
+                precision,
+            ));
+        }
         if ckpt.meta.files.contains_key(checkpoint::SCRIPT_FILE) {
             // A TorchScript model's checkpoint holds the trained module itself.
             let mut loaded =
@@ -255,9 +292,14 @@ impl LoadedModel {
                 integer_features: facts.dtype == "int64",
                 arrays: vec![],
             });
+        // A program trained with its own loss takes the target too (its eval forward with it).
+        let own_loss = ckpt.is_some_and(|c| setting_of(c, "train.loss") == Some("module"));
         let spec = kiln_train::program::ProgramSpec {
             path,
-            loss: kiln_train::loss::Loss::CrossEntropy,
+            loss: match own_loss {
+                true => kiln_train::loss::Loss::Module,
+                false => kiln_train::loss::Loss::CrossEntropy,
+            },
             precision,
             output,
             freeze: None,
@@ -389,6 +431,15 @@ impl LoadedModel {
             Inner::Script(module) => return Ok(module.save(path)?),
         };
         Ok(module.save(path)?)
+    }
+
+    /// The model's output for a batch of named inputs whose targets are at hand (a program
+    /// computing its own loss takes them), on its device. Call under `tch::no_grad_guard`.
+    pub fn predict(&self, inputs: &Inputs, targets: &Tensor) -> Result<Tensor, InferError> {
+        match &self.inner {
+            Inner::Kiln { model, .. } => Ok(model.predict(inputs, targets)?),
+            Inner::Script(_) => self.forward(inputs.single()?),
+        }
     }
 
     /// The model's output for a batch already on its device and in its element type. Call
