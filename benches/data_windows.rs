@@ -130,6 +130,7 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
             static_categoricals: names(&["region"]),
         },
         encoder_length: ENCODER,
+        min_encoder_length: None,
         horizon: HORIZON,
         normalize: TargetNormalizer::Group,
     };

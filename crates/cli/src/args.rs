@@ -303,6 +303,11 @@ pub struct WindowArgs {
     /// With --windows: time steps of history in a window.
     #[arg(long, value_name = "STEPS", requires = "windows")]
     pub encoder_length: Option<usize>,
+    /// With --windows: the shortest history, for windows at a series' end that allow no full
+    /// one (padded to --encoder-length, with `encoder_length` and `encoder_mask` saying how
+    /// much is history); default: every window has the full --encoder-length.
+    #[arg(long, value_name = "STEPS", requires = "encoder_length")]
+    pub min_encoder_length: Option<usize>,
     /// With --windows: time steps a window predicts.
     #[arg(long, value_name = "STEPS", requires = "windows")]
     pub horizon: Option<usize>,

@@ -192,6 +192,7 @@ fn prepare_windows(args: &PrepareArgs) -> anyhow::Result<ExitCode> {
             static_categoricals: columns("static", &w.statics)?,
         },
         encoder_length: w.encoder_length.unwrap_or_default(),
+        min_encoder_length: w.min_encoder_length,
         horizon: w.horizon.unwrap_or_default(),
         normalize: match w.normalize {
             NormalizeArg::None => kiln_data::TargetNormalizer::None,
@@ -241,10 +242,14 @@ fn report_windows(windows: &Windows, format: Format, verb: &str) -> anyhow::Resu
                     m.horizon
                 )
             };
+            let encoder = match m.min_encoder_length {
+                Some(min) => format!("{min} to {}", m.encoder_length),
+                None => m.encoder_length.to_string(),
+            };
             println!(
                 "  windows   encoder {} + horizon {} steps of `{}`: {} train, {} validate with \
                  {split}",
-                m.encoder_length,
+                encoder,
                 m.horizon,
                 c.time,
                 train.len(),

@@ -83,6 +83,7 @@ fn source(table: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
             static_categoricals: names(&["region"]),
         },
         encoder_length: E,
+        min_encoder_length: None,
         horizon: H,
         normalize,
     }
@@ -91,12 +92,16 @@ fn source(table: PathBuf, normalize: TargetNormalizer) -> WindowsSource {
 /// A window computed from the rows: every array as `f64`s, by name, and the target.
 type Expected = BTreeMap<&'static str, Vec<f64>>;
 
-/// Windows by series key and first decoder time.
-type ByKey = BTreeMap<((String, String), i64), Expected>;
+/// Windows by series key, first decoder time and encoder length.
+type ByKey = BTreeMap<((String, String), i64, usize), Expected>;
 
-/// The windows of each split, keyed by series key and first decoder time, computed from the
-/// rows alone.
-fn reference(rows: &[Row], normalize: bool) -> [ByKey; 2] {
+/// The windows of each split, keyed by series key, first decoder time and encoder length,
+/// computed from the rows alone, with histories of `min_e` to `E` steps: a full history
+/// where the horizon fits before the part's end (training: the cutoff; validation: the
+/// series' end, the horizon after the cutoff), a shorter one only where it starts at the
+/// series' first row or its horizon ends at the part's end (as pytorch-forecasting's
+/// `min_encoder_length`).
+fn reference(rows: &[Row], normalize: bool, min_e: usize) -> [ByKey; 2] {
     let mut series: BTreeMap<(String, String), Vec<Row>> = BTreeMap::new();
     for r in rows {
         series.entry(r.key.clone()).or_default().push(r.clone());
@@ -118,33 +123,45 @@ fn reference(rows: &[Row], normalize: bool) -> [ByKey; 2] {
         } else {
             (0.0, 1.0)
         };
-        for p in 0..(rs.len() + 1).saturating_sub(E + H) {
-            let (enc, dec) = (&rs[p..p + E], &rs[p + E..p + E + H]);
-            let split = if dec.last().unwrap().time <= cutoff_time {
-                0
-            } else if dec[0].time > cutoff_time {
-                1
-            } else {
-                continue;
+        let n = rs.len();
+        let windows = (0..n).flat_map(|p| (min_e..=E).map(move |e| (p, e)));
+        for (p, e) in windows.filter(|(p, e)| p + e + H <= n) {
+            let (enc, dec) = (&rs[p..p + e], &rs[p + e..p + e + H]);
+            let last = dec.last().unwrap().time;
+            let (at_start, at_end) = (p == 0, p + e + H == n);
+            let split = match e == E {
+                true if last <= cutoff_time => 0,
+                true if dec[0].time > cutoff_time => 1,
+                false if last <= cutoff_time && (at_start || last == cutoff_time) => 0,
+                false if dec[0].time > cutoff_time && (at_start || at_end) => 1,
+                _ => continue,
             };
+            let pad = |width: usize| vec![0.0; (E - e) * width];
             let mut w = Expected::new();
-            w.insert(
-                "encoder_cont",
-                enc.iter()
-                    .flat_map(|r| [r.price, r.temp, (r.y - center) / scale])
-                    .collect(),
-            );
-            w.insert("encoder_target", enc.iter().map(|r| r.y).collect());
+            let mut cont: Vec<f64> = enc
+                .iter()
+                .flat_map(|r| [r.price, r.temp, (r.y - center) / scale])
+                .collect();
+            cont.extend(pad(3));
+            w.insert("encoder_cont", cont);
+            let mut target: Vec<f64> = enc.iter().map(|r| r.y).collect();
+            target.extend(pad(1));
+            w.insert("encoder_target", target);
+            if min_e < E {
+                let mut mask = vec![1.0; e];
+                mask.extend(pad(1));
+                w.insert("encoder_mask", mask);
+            }
             w.insert("decoder_cont", dec.iter().map(|r| r.price).collect());
             let region = if key.0 == "c" { 1.0 } else { 0.0 };
             w.insert("static_cat", vec![region]);
             w.insert("group", vec![g as f64]);
             w.insert("decoder_time", dec.iter().map(|r| r.time as f64).collect());
-            w.insert("encoder_length", vec![E as f64]);
+            w.insert("encoder_length", vec![e as f64]);
             w.insert("decoder_length", vec![H as f64]);
             w.insert("target_scale", vec![center, scale]);
             w.insert("target", dec.iter().map(|r| r.y).collect());
-            out[split].insert((key.clone(), dec[0].time), w);
+            out[split].insert((key.clone(), dec[0].time, e), w);
         }
     }
     out
@@ -159,7 +176,9 @@ fn read_all(d: &WindowedDataset) -> ByKey {
         let (series, _) = d.window(k).unwrap();
         let key = &d.manifest().series[series].key;
         let start = w["decoder_time"][0] as i64;
-        out.insert(((key[0].clone(), key[1].clone()), start), w);
+        let e = w["encoder_length"][0] as usize;
+        assert_eq!(d.encoder_of(k), Some(e));
+        out.insert(((key[0].clone(), key[1].clone()), start, e), w);
     }
     out
 }
@@ -196,6 +215,9 @@ fn read_by_name(d: &WindowedDataset, indices: &[usize]) -> Vec<Expected> {
 
 fn values(size: usize, slot: &[u8], k: usize, numel: usize) -> Vec<f64> {
     let bytes = &slot[k * numel * size..(k + 1) * numel * size];
+    if size == 1 {
+        return bytes.iter().map(|&b| f64::from(b)).collect();
+    }
     if size == 8 {
         bytes
             .chunks_exact(8)
@@ -246,11 +268,55 @@ fn windows_equal_a_slow_reference_computed_from_the_rows() {
         let tmp = tempfile::tempdir().unwrap();
         let (windows, rows) = prepared(tmp.path(), normalize);
         let (train, val) = windows.split(V).unwrap();
-        let [want_train, want_val] = reference(&rows, normalize == TargetNormalizer::Group);
+        let [want_train, want_val] = reference(&rows, normalize == TargetNormalizer::Group, E);
         assert!(want_train.len() > 40 && want_val.len() == 4 * (V - H + 1));
         assert_same(&read_all(&train), &want_train, "training");
         assert_same(&read_all(&val), &want_val, "validation");
     }
+}
+
+/// With a shorter minimum history, the windows at each part's end that allow no full one are
+/// added, padded to the encoder length, with their length and a mask; a series too short for a
+/// full window gives them too. Old manifests (no minimum) keep their arrays.
+#[test]
+fn variable_length_windows_equal_the_slow_reference_with_lengths_and_masks() {
+    const MIN_E: usize = 2;
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = rows();
+    let csv = tmp.path().join("long.csv");
+    write_csv(&csv, &rows);
+    let out = tmp.path().join("windows");
+    let mut variable = source(csv, TargetNormalizer::Group);
+    variable.min_encoder_length = Some(MIN_E);
+    let manifest = prepare_windows(&variable, &out).unwrap();
+    assert_eq!(
+        manifest.short_series(),
+        0,
+        "b/1 has 7 steps, a window at least 5"
+    );
+    let windows = Windows::open(&out).unwrap();
+    let (train, val) = windows.split(V).unwrap();
+    let mask = train
+        .inputs()
+        .into_iter()
+        .find(|a| a.name == "encoder_mask");
+    assert_eq!(
+        mask.map(|a| (a.dtype, a.shape)),
+        Some((kiln_data::DType::Bool, vec![E]))
+    );
+    let [want_train, want_val] = reference(&rows, true, MIN_E);
+    let shorter = want_train.keys().filter(|k| k.2 < E).count();
+    assert!(
+        shorter >= 4 * (E - MIN_E),
+        "{shorter} shorter training windows"
+    );
+    assert!(want_val.keys().any(|k| k.2 == MIN_E));
+    assert_same(&read_all(&train), &want_train, "training");
+    assert_same(&read_all(&val), &want_val, "validation");
+    // A minimum above the encoder length is refused, naming it.
+    variable.min_encoder_length = Some(E + 1);
+    let e = prepare_windows(&variable, &tmp.path().join("other")).unwrap_err();
+    assert!(e.to_string().contains("min_encoder_length"), "{e}");
 }
 
 #[test]

@@ -201,11 +201,11 @@ impl Forecasts {
         let m = data.manifest();
         let levels = self.levels.as_ref().map_or(1, Vec::len);
         for (k, &index) in self.windows.iter().enumerate() {
-            let (series, place) = data
-                .window(index)
-                .ok_or_else(|| InferError::Input(format!("window {index} is not in the data")))?;
+            let missing = || InferError::Input(format!("window {index} is not in the data"));
+            let (series, place) = data.window(index).ok_or_else(missing)?;
+            let encoder = data.encoder_of(index).ok_or_else(missing)?;
             let s = &m.series[series];
-            let t0 = s.first_time + (place + m.encoder_length) as i64;
+            let t0 = s.first_time + (place + encoder) as i64;
             for step in 0..self.horizon {
                 let mut row: Vec<String> = s.key.iter().map(|v| csv_field(v)).collect();
                 row.extend([(t0 + step as i64).to_string(), (step + 1).to_string()]);

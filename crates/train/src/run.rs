@@ -213,7 +213,10 @@ impl RunData {
              the last {val_steps} steps of every series; {}; target {})",
             dir.display(),
             m.series.len(),
-            m.encoder_length,
+            match m.min_encoder_length {
+                Some(min) => format!("{min} to {}", m.encoder_length),
+                None => m.encoder_length.to_string(),
+            },
             m.horizon,
             train.len(),
             val.len(),

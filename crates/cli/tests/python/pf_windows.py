@@ -2,20 +2,21 @@
 kiln's windowed dataset with it (and the data suite's windows row).
 
     pf_windows.py --csv FILE --time COL --group COL --target COL --known A,B --unknown C,D
-                  --static E,F --encoder-length E --horizon H --val-steps V
-                  --normalize group|none --out OUT.json
+                  --static E,F --encoder-length E [--min-encoder-length M] --horizon H
+                  --val-steps V --normalize group|none --out OUT.json
 
 The CSV is long format (one row per series and time step) and every series ends at the same
 time index; cutoff = max time - V. Training is a TimeSeriesDataSet on the rows with
 time <= cutoff, validation is `from_dataset(training, all rows, min_prediction_idx=cutoff+1)`
-(only when V > 0), both with fixed lengths (min = max encoder/prediction length). The target
+(only when V > 0), both with fixed prediction lengths and encoder lengths from M (default E)
+to E. The target
 normaliser is GroupNormalizer(groups=[group]) or, with `--normalize none`, PF's identity
 normaliser (target_normalizer=None); every other real passes unscaled (scalers={name: None}).
 Empty --known/--unknown/--static mean none; the target may be listed among the unknown reals.
 
 Output: {"train": [w...], "val": [w...], "notes": {...}}, windows in PF's index order, each
-    w = {"group", "decoder_start", "encoder_cont" [E][known + unknown],
-         "decoder_known" [H][known], "encoder_target" [E], "target" [H],
+    w = {"group", "decoder_start", "encoder_length" e, "encoder_cont" [e][known + unknown],
+         "decoder_known" [H][known], "encoder_target" [e], "target" [H],
          "target_scale" [center, scale], "static_cat" [codes, in --static order]}
 Values are what `dataset[i]` gives: float32 reals (the target column of encoder_cont is the
 normalised target), raw encoder_target/target, float64 target_scale ([0, 1] with none). The
@@ -44,6 +45,7 @@ def parse_args():
         p.add_argument(flag, type=names, default=[])
     p.add_argument("--encoder-length", type=int, required=True)
     p.add_argument("--horizon", type=int, required=True)
+    p.add_argument("--min-encoder-length", type=int, default=None)
     p.add_argument("--val-steps", type=int, default=0)
     p.add_argument("--normalize", choices=("group", "none"), default="group")
     return p.parse_args()
@@ -69,18 +71,23 @@ def windows(ds, args):
     for i in range(len(ds)):
         x, (y, _weight) = ds[i]
         enc = int(x["encoder_length"])
-        assert enc == args.encoder_length and x["decoder_length"] == args.horizon, (i, enc)
+        shortest = args.min_encoder_length or args.encoder_length
+        assert shortest <= enc <= args.encoder_length, (i, enc)
+        assert x["decoder_length"] == args.horizon, (i, enc)
         start = int(x["encoder_time_idx_start"]) + enc
         assert start == int(decoded["time_idx_first_prediction"].iloc[i])
         x_cont = x["x_cont"]
         out.append({
             "group": str(decoded[args.group].iloc[i]),
             "decoder_start": start,
+            "encoder_length": enc,
             "encoder_cont": x_cont[:enc, cont].tolist(),
             "decoder_known": x_cont[enc:, known].tolist(),
             "encoder_target": x["encoder_target"].tolist(),
             "target": y.tolist(),
-            "target_scale": [float(v) for v in np.asarray(x["target_scale"]).reshape(-1)],
+            # NaN (a series with one step before the cutoff has no standard deviation) as null.
+            "target_scale": [None if np.isnan(v) else float(v)
+                             for v in np.asarray(x["target_scale"]).reshape(-1)],
             "static_cat": [int(c) for c in x["x_cat"][0, static]] if static else [],
         })
     return out
@@ -103,7 +110,7 @@ def main():
             target=args.target,
             group_ids=[args.group],
             max_encoder_length=args.encoder_length,
-            min_encoder_length=args.encoder_length,
+            min_encoder_length=args.min_encoder_length or args.encoder_length,
             max_prediction_length=args.horizon,
             min_prediction_length=args.horizon,
             static_categoricals=args.static,

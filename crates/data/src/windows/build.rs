@@ -23,6 +23,8 @@ pub struct WindowsSource {
     pub delimiter: u8,
     pub columns: WindowColumns,
     pub encoder_length: usize,
+    /// The shortest history where a series' end allows no full one; `None`: fixed length.
+    pub min_encoder_length: Option<usize>,
     pub horizon: usize,
     pub normalize: TargetNormalizer,
 }
@@ -67,6 +69,16 @@ fn check_source(s: &WindowsSource) -> Result<(), DataError> {
                 expected: "at least 1 time step".to_owned(),
             });
         }
+    }
+    if let Some(min) = s
+        .min_encoder_length
+        .filter(|&n| n == 0 || n > s.encoder_length)
+    {
+        return Err(DataError::InvalidConfig {
+            key: "min_encoder_length",
+            value: min.to_string(),
+            expected: format!("1 to the encoder length ({})", s.encoder_length),
+        });
     }
     let c = &s.columns;
     if c.group.is_empty() || c.target.is_empty() {
@@ -250,6 +262,9 @@ fn write_series(
         columns: source.columns.clone(),
         encoder_length: source.encoder_length,
         horizon: source.horizon,
+        min_encoder_length: source
+            .min_encoder_length
+            .filter(|&n| n < source.encoder_length),
         normalize: source.normalize,
         rows: n,
         categories,
@@ -266,8 +281,8 @@ fn write_series(
                 "no series is long enough for one window: the longest has {} steps, a window \
                  needs {} (encoder {} + horizon {})",
                 manifest.series.iter().map(|s| s.len).max().unwrap_or(0),
-                source.encoder_length + source.horizon,
-                source.encoder_length,
+                manifest.min_encoder() + source.horizon,
+                manifest.min_encoder(),
                 source.horizon
             ),
         ));

@@ -99,6 +99,10 @@ pub struct WindowsManifest {
     pub encoder_length: usize,
     /// Time steps a window predicts.
     pub horizon: usize,
+    /// The shortest history a window may give, where a series' end allows no full one (as
+    /// pytorch-forecasting's `min_encoder_length`): absent, every window has `encoder_length`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_encoder_length: Option<usize>,
     pub normalize: TargetNormalizer,
     /// Rows stored, all series together.
     pub rows: usize,
@@ -109,9 +113,14 @@ pub struct WindowsManifest {
 }
 
 impl WindowsManifest {
+    /// The shortest history a window gives (the encoder length, unless variable).
+    pub fn min_encoder(&self) -> usize {
+        self.min_encoder_length.unwrap_or(self.encoder_length)
+    }
+
     /// Windows a series of `len` steps holds.
     fn windows_in(&self, len: usize) -> usize {
-        (len + 1).saturating_sub(self.encoder_length + self.horizon)
+        (len + 1).saturating_sub(self.min_encoder() + self.horizon)
     }
 
     /// Series too short for one window.
@@ -225,8 +234,8 @@ impl Windows {
                 expected: format!(
                     "fewer steps: no series keeps {} steps (encoder {} + horizon {}) before its \
                      last {val_steps}, so there is no training window",
-                    m.encoder_length + m.horizon,
-                    m.encoder_length,
+                    m.min_encoder() + m.horizon,
+                    m.min_encoder(),
                     m.horizon
                 ),
             });
@@ -253,6 +262,14 @@ fn check_manifest(path: &Path, m: &WindowsManifest) -> Result<(), DataError> {
             m.encoder_length,
             m.horizon,
             m.columns.target.len()
+        ));
+    }
+    if m.min_encoder_length
+        .is_some_and(|n| n == 0 || n > m.encoder_length)
+    {
+        return bad(format!(
+            "its min_encoder_length must be 1 to the encoder length ({})",
+            m.encoder_length
         ));
     }
     let mut next = 0usize;

@@ -12,12 +12,26 @@ use crate::{ArraySpec, DType, DataError, Dataset, TargetSlot};
 /// float16's machine epsilon, 2⁻¹⁰, as pytorch-forecasting's `GroupNormalizer` adds.
 const SCALE_EPS: f64 = 1.0 / 1024.0;
 
-/// Windows `first..first + count` (by their first row's place in the series) of one series.
+/// Windows of one series: `count` of them, from `first` on, of one [`Shape`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Run {
     pub series: usize,
     pub first: usize,
     pub count: usize,
+    pub shape: Shape,
+}
+
+/// How a run's windows lie: with a full history (`first` the first window's first row), or,
+/// for windows of variable length, a shorter one ending at the end of the part of the series
+/// they are cut from (the cutoff for training, the series' end for validation), or a shorter
+/// one starting at the series' first row (`first` the first window's history length), as
+/// pytorch-forecasting's `min_encoder_length` gives a window ending and one starting at every
+/// step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    Full,
+    End { end: usize },
+    Start,
 }
 
 /// One split's windows (training or validation) over the stored series, read by name:
@@ -83,10 +97,29 @@ impl WindowedDataset {
 
     /// Window `index`: its series and the place of its first row in the series.
     pub fn window(&self, index: usize) -> Option<(usize, usize)> {
+        self.window_at(index)
+            .map(|(series, place, _)| (series, place))
+    }
+
+    /// The history window `index` gives: the encoder length, or less where the windows are
+    /// of variable length and its series' end allows no full one.
+    pub fn encoder_of(&self, index: usize) -> Option<usize> {
+        self.window_at(index).map(|(_, _, encoder)| encoder)
+    }
+
+    /// Window `index`'s series, the place of its first row, and its encoder length.
+    fn window_at(&self, index: usize) -> Option<(usize, usize, usize)> {
         let k = self.ends.partition_point(|&end| end <= index);
         let run = self.runs.get(k)?;
         let before = if k == 0 { 0 } else { self.ends[k - 1] };
-        Some((run.series, run.first + index - before))
+        let m = &self.store.manifest;
+        let at = run.first + index - before;
+        let (place, encoder) = match run.shape {
+            Shape::Full => (at, m.encoder_length),
+            Shape::End { end } => (at, end - at - m.horizon),
+            Shape::Start => (0, at),
+        };
+        Some((run.series, place, encoder))
     }
 
     /// The `[center, scale]` of series `series`' targets (`series` one of the manifest's).
@@ -103,20 +136,32 @@ impl WindowedDataset {
         inputs: &mut [&mut [u8]],
         target: &mut [f32],
     ) -> Result<(), DataError> {
-        let (series, place) = self
-            .window(index)
+        let (series, place, e) = self
+            .window_at(index)
             .ok_or_else(|| crate::error::out_of_range(index, self.len()))?;
         let m = &self.store.manifest;
         let s = &m.series[series];
-        let (e, h) = (m.encoder_length, m.horizon);
+        let h = m.horizon;
         let first = s.start + place;
         let scales = self.scales(series);
         for ((part, spec), slot) in self.parts.iter().zip(&self.specs).zip(inputs.iter_mut()) {
             let size = spec.numel() * spec.dtype.model().size();
             let out = &mut slot[k * size..(k + 1) * size];
+            // A shorter history fills the encoder's first rows; the rest are zeros.
+            let (history, padding) = out.split_at_mut(size / m.encoder_length.max(1) * e);
             match part {
-                Part::EncoderCont => self.reals(first..first + e, None, scales, out),
-                Part::EncoderTarget => put_f32s(out, self.targets(first..first + e)),
+                Part::EncoderCont => {
+                    self.reals(first..first + e, None, scales, history);
+                    padding.fill(0);
+                }
+                Part::EncoderTarget => {
+                    put_f32s(history, self.targets(first..first + e));
+                    padding.fill(0);
+                }
+                Part::EncoderMask => {
+                    history.fill(1);
+                    padding.fill(0);
+                }
                 Part::DecoderCont => {
                     let known = m.columns.known.len();
                     self.reals(first + e..first + e + h, Some(known), scales, out)
@@ -186,6 +231,8 @@ fn per_target(n: usize, targets: usize) -> Vec<usize> {
 enum Part {
     EncoderCont,
     EncoderTarget,
+    /// `[encoder]` bool: which history rows hold data (windows of variable length only).
+    EncoderMask,
     DecoderCont,
     StaticCat,
     Group,
@@ -208,6 +255,8 @@ fn array_specs(m: &WindowsManifest) -> (Vec<Part>, Vec<ArraySpec>) {
     };
     let scale = if t == 1 { vec![2] } else { vec![t, 2] };
     let statics = c.static_categoricals.len();
+    // Only windows of variable length need a mask (an array with no columns is left out).
+    let mask = if m.min_encoder_length.is_some() { e } else { 0 };
     let all = [
         (
             Part::EncoderCont,
@@ -216,6 +265,10 @@ fn array_specs(m: &WindowsManifest) -> (Vec<Part>, Vec<ArraySpec>) {
         (
             Part::EncoderTarget,
             spec("encoder_target", DType::F32, per_target(e, t)),
+        ),
+        (
+            Part::EncoderMask,
+            spec("encoder_mask", DType::Bool, vec![mask]),
         ),
         (
             Part::DecoderCont,
@@ -336,32 +389,51 @@ impl Dataset for WindowedDataset {
 /// Each split's runs of windows: a training window's horizon ends at or before its series'
 /// cutoff (`val_steps` before the end), a validation window's starts after it.
 pub(crate) fn split_ranges(m: &WindowsManifest, val_steps: usize) -> (Vec<Run>, Vec<Run>) {
-    let (e, h) = (m.encoder_length, m.horizon);
     let (mut train, mut val) = (vec![], vec![]);
     for (series, s) in m.series.iter().enumerate() {
         let cutoff = s.len.saturating_sub(val_steps);
-        let train_count = m.windows_in(cutoff);
-        if train_count > 0 {
-            train.push(Run {
-                series,
-                first: 0,
-                count: train_count,
-            });
-        }
-        if val_steps == 0 || s.len < e + h {
-            continue;
-        }
-        let first = cutoff.saturating_sub(e);
-        let last = s.len - e - h;
-        if last >= first {
-            val.push(Run {
-                series,
-                first,
-                count: last - first + 1,
-            });
+        train.extend(runs_in(m, series, cutoff, 0));
+        if val_steps > 0 {
+            // A validation window's history ends at the cutoff or later.
+            val.extend(runs_in(m, series, s.len, cutoff));
         }
     }
     (train, val)
+}
+
+/// The runs of windows of series `series` within its first `end` steps whose history ends at
+/// step `after` or later: full histories, then (variable lengths) shorter ones ending at `end`
+/// and shorter ones starting at the series' start (each window once).
+fn runs_in(m: &WindowsManifest, series: usize, end: usize, after: usize) -> Vec<Run> {
+    let (e, min, h) = (m.encoder_length, m.min_encoder(), m.horizon);
+    let run = |first: usize, last: Option<usize>, shape| {
+        let count = last.map_or(0, |last| (last + 1).saturating_sub(first));
+        (count > 0).then_some(Run {
+            series,
+            first,
+            count,
+            shape,
+        })
+    };
+    // Full: first rows p with p + e >= after and p + e + h <= end.
+    let full = run(after.saturating_sub(e), end.checked_sub(e + h), Shape::Full);
+    // Ending at `end`: p + len + h = end with min <= len < e, so p from end - h - e + 1; their
+    // histories end at end - h.
+    let ends = run(
+        (end + 1).saturating_sub(h + e),
+        end.checked_sub(h + min),
+        Shape::End { end },
+    )
+    .filter(|_| min < e && end >= after + h);
+    // Starting at the series' start: history lengths from max(min, after) to e - 1, short of
+    // reaching `end` (that window is the last run's).
+    let starts = run(
+        min.max(after),
+        end.min(e + h).checked_sub(h + 1),
+        Shape::Start,
+    )
+    .filter(|_| min < e);
+    [full, ends, starts].into_iter().flatten().collect()
 }
 
 /// Each series' target scales from its rows before the cutoff: `[0, 1]` without
