@@ -495,6 +495,29 @@ fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_t
     assert!((mean_sq - loss).abs() < 1e-5 * loss.max(1.0), "{s}");
     assert!(per_step("mae").iter().all(|&v| v > 0.0), "{s}");
     assert!(s.get("final_train_quantile_loss").is_none(), "{s}");
+    // Its forecasts, at the profile's inference precision (bf16 on some CPUs): a point
+    // forecast per window and step.
+    let csv = tmp.path().join("forecasts.csv");
+    let o = kiln(&[
+        "infer",
+        "--model",
+        only_run(&runs).to_str().unwrap(),
+        "--inputs",
+        dir.to_str().unwrap(),
+        "--output",
+        csv.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("series,t,step,y,y_forecast\n"), "{text}");
+    assert_eq!(text.lines().count(), 1 + 5 * H, "{text}");
+    assert!(
+        stdout(&o).contains("over the horizon: mae "),
+        "{}",
+        stdout(&o)
+    );
 }
 
 /// A run's `summary.json`.

@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use kiln_data::{Dataset, Loader, LoaderConfig, WindowedDataset};
 use kiln_train::feed::DeviceFeeder;
+use kiln_train::inputs::Inputs;
 use kiln_train::metrics::{ForecastSpec, MetricKind, MetricSet, MetricValues, Tally};
 use serde::Serialize;
 use tch::{Kind, Tensor};
@@ -74,7 +75,8 @@ pub fn forecast(
     let started = Instant::now();
     for batch in DeviceFeeder::new(loader.epoch(0), model.device()) {
         let batch = batch?;
-        let output = model.predict(&batch.inputs, &batch.targets)?;
+        let inputs = in_kind(&batch.inputs, model.kind())?;
+        let output = model.predict(&inputs, &batch.targets)?;
         check_output(&output, &batch.targets, levels.as_deref(), model)?;
         let n = batch.indices.len() as u64;
         tally.add(&set.batch_sums(&zero, &output, &batch.targets)?, n)?;
@@ -140,6 +142,22 @@ fn check_output(
         model: model.description().to_owned(),
         message: format!("its output is {out:?}; a forecast of these windows is {expected}"),
     })
+}
+
+/// `inputs` with their floating-point arrays in `kind`, the element type a model converted to
+/// reduced precision computes in (integer and boolean arrays as they are).
+fn in_kind(inputs: &Inputs, kind: Kind) -> Result<Inputs, InferError> {
+    let tensors = inputs
+        .iter()
+        .map(|(name, t)| {
+            let t = match t.is_floating_point() && t.kind() != kind {
+                true => t.f_to_kind(kind)?,
+                false => t.shallow_clone(),
+            };
+            Ok((name.to_owned(), t))
+        })
+        .collect::<Result<Vec<_>, InferError>>()?;
+    Ok(Inputs::named(tensors))
 }
 
 fn host_f32(t: &Tensor) -> Result<Vec<f32>, InferError> {
