@@ -103,7 +103,7 @@ pub fn auto_row(
         .collect();
     sides.push(Workers::Auto);
     // Enough epochs that the last few come after the measurement's steps.
-    let measuring = (sides.len() - 1) * (workers::SKIPPED + workers::MEASURED);
+    let measuring = (sides.len() - 1) * (workers::SKIPPED + workers::MAX_MEASURED);
     let epochs = (measuring.div_ceil((samples / BATCH).max(1)) + STEADY_EPOCHS) as u64;
     let runs_dir = work.join("auto-runs");
     let runs = alternating(repeats, &sides, |_, w| {

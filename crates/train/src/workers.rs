@@ -4,8 +4,10 @@
 //! whole step (waiting for data, forward, backward, optimizer), not the loader's own rate. The
 //! tuner tries 0, 1, 2, 4, … workers up to the ceiling (the profile's count, capped by the
 //! cores), each for [`SKIPPED`] steps that warm it up (threads starting, the prefetch queue
-//! filling) and [`MEASURED`] steps it times, and keeps the fewest workers whose median step is
-//! within [`CLOSE`] of the fastest. It stops early once more workers are clearly slower than
+//! filling) and then timed steps — at least [`MEASURED`], and more until they add up to
+//! [`MEASURED_TIME`] (at most [`MAX_MEASURED`]), so that millisecond steps are judged over
+//! enough of them to tell counts a few percent apart — and keeps the fewest workers whose
+//! median step is within [`CLOSE`] of the fastest. It stops early once more workers are clearly slower than
 //! the best so far (beyond [`SLOWER`]): adding threads past that point only adds contention.
 //! The batches are the same whatever the count, so the measurement changes no result.
 
@@ -13,8 +15,12 @@ use std::time::Duration;
 
 /// Steps after each change that are not timed.
 pub const SKIPPED: usize = 2;
-/// Steps timed per worker count.
+/// Steps timed per worker count, at least.
 pub const MEASURED: usize = 4;
+/// Timed steps per count go on until they add up to this much time…
+pub const MEASURED_TIME: Duration = Duration::from_millis(250);
+/// …or to this many steps.
+pub const MAX_MEASURED: usize = 64;
 /// A count whose median step is within this factor of the fastest counts as fast.
 pub const CLOSE: f64 = 1.03;
 /// A larger count this much slower than the best so far ends the measurement.
@@ -111,7 +117,9 @@ impl WorkerTuner {
         if self.seen > SKIPPED {
             self.times.push(step.as_secs_f64());
         }
-        if self.times.len() < MEASURED {
+        let timed: f64 = self.times.iter().sum();
+        let enough = self.times.len() >= MAX_MEASURED || timed >= MEASURED_TIME.as_secs_f64();
+        if self.times.len() < MEASURED || !enough {
             return None;
         }
         let workers = self.candidates[self.at];
@@ -184,7 +192,7 @@ mod tests {
     fn run(tuner: &mut WorkerTuner, per_count: &[(usize, f64)]) -> Vec<usize> {
         let mut current = tuner.first();
         let mut switches = vec![];
-        for _ in 0..100 {
+        for _ in 0..1000 {
             let time = per_count.iter().find(|c| c.0 == current).unwrap().1;
             let warm = tuner.seen < SKIPPED;
             if let Some(next) = tuner.record(ms(if warm { 10.0 * time } else { time })) {
@@ -233,6 +241,21 @@ mod tests {
         assert_eq!(t.choice().unwrap().measured.len(), 2);
     }
 
+    /// Millisecond steps are timed until they add up to [`MEASURED_TIME`]; slow ones after
+    /// [`MEASURED`]; never more than [`MAX_MEASURED`].
+    #[test]
+    fn short_steps_are_timed_for_longer() {
+        let steps_before_switch = |step_ms: f64| {
+            let mut t = WorkerTuner::new(2);
+            (1..=1000)
+                .find(|_| t.record(ms(step_ms)).is_some())
+                .unwrap()
+        };
+        assert_eq!(steps_before_switch(100.0), SKIPPED + MEASURED);
+        assert_eq!(steps_before_switch(5.0), SKIPPED + 50);
+        assert_eq!(steps_before_switch(0.1), SKIPPED + MAX_MEASURED);
+    }
+
     #[test]
     fn a_ceiling_of_zero_measures_nothing_and_a_short_run_decides_on_what_it_saw() {
         let mut t = WorkerTuner::new(0);
@@ -244,9 +267,9 @@ mod tests {
         assert_eq!(t.record(ms(1.0)), None);
         let mut t = WorkerTuner::new(4);
         for _ in 0..SKIPPED + MEASURED {
-            t.record(ms(8.0));
+            t.record(ms(80.0));
         }
-        t.record(ms(80.0)); // the first step with 1 worker, then the run ends
+        t.record(ms(800.0)); // the first step with 1 worker, then the run ends
         assert_eq!(t.finish().unwrap().chosen, 0);
         assert!(WorkerTuner::new(4).finish().is_none(), "nothing measured");
     }
