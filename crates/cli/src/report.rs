@@ -407,7 +407,9 @@ pub fn plan_text(r: &Resolution, explain: bool) -> String {
         basis(&r.profile),
         r.profile.profile.origin
     );
-    for (key, value) in r.plan.entries() {
+    let entries = r.plan.entries();
+    let width = entries.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in entries {
         if explain {
             let p = r.plan.source_of(key);
             let layer = p.map_or("?", |p| layer_name(p.layer));
@@ -415,7 +417,7 @@ pub fn plan_text(r: &Resolution, explain: bool) -> String {
             let note = p
                 .and_then(|p| p.note.clone())
                 .map_or(String::new(), |n| format!(" — {n}"));
-            let _ = writeln!(s, "{key:<33} = {value:<12} [{layer}] {source}{note}");
+            let _ = writeln!(s, "{key:<width$} = {value:<12} [{layer}] {source}{note}");
         } else {
             let _ = writeln!(s, "{key} = {value}");
         }

@@ -16,13 +16,13 @@ use std::path::PathBuf;
 
 use kiln_core::DeviceRequest;
 use kiln_core::options::{
-    AmpDtype, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision, OptimizerKind,
-    ProfileUnit, ScheduleKind,
+    AmpDtype, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision,
+    OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::plan::{DataPlan, ModelPlan, TrainPlan};
 use crate::setting::{
-    BatchSize, KeepBest, ModelChoice, Port, Quantiles, ValSteps, Widths, Workers, config_keys,
+    BatchSize, KeepBest, ModelChoice, Port, Quantiles, Roi, ValSteps, Widths, Workers, config_keys,
 };
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
@@ -202,7 +202,7 @@ config_keys! {
     }
 
     /// Inference.
-    infer (RawInfer, InferValues) {
+    infer (RawInfer, InferValues) [sliding_window: RawSlidingWindow] {
         batch_size: u64 = 64 => p.infer.batch_size, valid |v| *v >= 1 => "must be at least 1";
         /// fp32, fp16 or bf16 (none is accepted for fp32).
         precision: AmpDtype = "fp32" => p.infer.precision;
@@ -268,6 +268,35 @@ config_keys! {
                 => "must be a non-empty name without path separators";
         output_dir: PathBuf = "runs" => p.run.output_dir;
     }
+
+    @nested {
+        /// Sliding-window inference (`kiln infer --sliding-window`): a model run over windows of
+        /// an input larger than it takes, their outputs blended where they overlap.
+        sliding_window = infer.sliding_window (RawSlidingWindow, SlidingWindowValues) {
+            /// The window's spatial size, comma separated ("64,64,64"), or one size for every
+            /// dimension; 0 or less: the input's own size in that dimension.
+            roi: Roi = "64" => p.infer.sliding_window.roi;
+            /// The share of a window its neighbour overlaps, in [0, 1).
+            overlap: f64 = 0.25 => p.infer.sliding_window.overlap,
+                valid |v| (0.0..1.0).contains(v) => "must be in [0, 1)";
+            /// constant or gaussian: how overlapping windows' outputs are weighted.
+            mode: BlendMode = "constant" => p.infer.sliding_window.mode;
+            /// The Gaussian's standard deviation, as a share of the window's size.
+            sigma_scale: f64 = 0.125 => p.infer.sliding_window.sigma_scale,
+                valid |v| *v > 0.0 => "must be a number > 0";
+            /// Windows per forward pass.
+            batch_size: u64 = 4 => p.infer.sliding_window.batch_size,
+                valid |v| *v >= 1 => "must be at least 1";
+            /// constant, reflect, replicate or circular: how an input smaller than the window
+            /// is padded.
+            padding_mode: PadMode = "constant" => p.infer.sliding_window.padding_mode;
+            /// The value constant padding fills with.
+            cval: f64 = 0.0 => p.infer.sliding_window.cval;
+            /// auto, device or cpu: where the stitched output lives (auto: the model's device
+            /// unless the output would not fit its memory, then the CPU).
+            output_device: OutputDevice = "auto" => p.infer.sliding_window.output_device;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -302,7 +331,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 79);
+        assert_eq!(KEYS.len(), 87);
     }
 
     #[test]

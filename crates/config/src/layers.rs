@@ -79,18 +79,23 @@ impl Provider for NamedLayer {
     fn data(&self) -> Result<Map<Profile, Dict>, Error> {
         let mut root = Dict::new();
         for (key, value) in &self.values {
-            let (section, field) = key
-                .split_once('.')
-                .ok_or_else(|| Error::from(format!("`{key}` is not of the form section.key")))?;
-            let entry = root
-                .entry(section.to_owned())
-                .or_insert_with(|| Value::from(Dict::new()));
-            match entry {
-                Value::Dict(_, dict) => {
-                    dict.insert(field.to_owned(), value.clone());
-                }
-                _ => return Err(Error::from(format!("`{section}` is not a section"))),
+            let parts: Vec<&str> = key.split('.').collect();
+            let Some((field, sections)) = parts.split_last().filter(|(_, s)| !s.is_empty()) else {
+                return Err(Error::from(format!(
+                    "`{key}` is not of the form section.key"
+                )));
+            };
+            let mut dict = &mut root;
+            for section in sections {
+                let entry = dict
+                    .entry((*section).to_owned())
+                    .or_insert_with(|| Value::from(Dict::new()));
+                dict = match entry {
+                    Value::Dict(_, inner) => inner,
+                    _ => return Err(Error::from(format!("`{section}` is not a section"))),
+                };
             }
+            dict.insert((*field).to_owned(), value.clone());
         }
         Ok(Profile::Default.collect(root))
     }

@@ -11,13 +11,15 @@ use kiln_core::settings::{AmpDtype, BackendSettings};
 use serde::Serialize;
 
 pub use kiln_core::options::{
-    CudaGraphs, InferEngineKind, LossKind, MetricName, OptimizerKind, ProfileUnit, ScheduleKind,
+    BlendMode, CudaGraphs, InferEngineKind, LossKind, MetricName, OptimizerKind, OutputDevice,
+    PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
 use crate::keys::{
     self, CheckpointValues, DataValues, DistributedValues, InferValues, ModelValues,
-    PerformanceValues, ProfilingValues, RawConfig, ServeValues, TrainValues, Values,
+    PerformanceValues, ProfilingValues, RawConfig, ServeValues, SlidingWindowValues, TrainValues,
+    Values,
 };
 use crate::layers::Layer;
 pub use crate::setting::KeepBest;
@@ -228,6 +230,21 @@ pub struct InferPlan {
     pub precision: AmpDtype,
     pub cuda_graphs: CudaGraphs,
     pub engine: InferEngineKind,
+    pub sliding_window: SlidingWindowPlan,
+}
+
+/// `infer.sliding_window`: windows over an input larger than the model takes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindowPlan {
+    /// The window's spatial size; one size for every dimension; 0 or less: the input's own.
+    pub roi: Vec<i64>,
+    pub overlap: f64,
+    pub mode: BlendMode,
+    pub sigma_scale: f64,
+    pub batch_size: u64,
+    pub padding_mode: PadMode,
+    pub cval: f64,
+    pub output_device: OutputDevice,
 }
 
 /// The `serve` section: the inference server's address and batching limits.
@@ -317,7 +334,7 @@ pub(crate) fn validate(
         model,
         train,
         checkpoint: checkpoint_plan(v.checkpoint),
-        infer: infer_plan(v.infer),
+        infer: infer_plan(v.infer, v.sliding_window),
         serve: serve_plan(v.serve),
         profiling: profiling_plan(v.profiling),
         distributed: distributed_plan(v.distributed),
@@ -473,12 +490,22 @@ fn checkpoint_plan(v: CheckpointValues) -> CheckpointPlan {
     }
 }
 
-fn infer_plan(v: InferValues) -> InferPlan {
+fn infer_plan(v: InferValues, w: SlidingWindowValues) -> InferPlan {
     InferPlan {
         batch_size: v.batch_size,
         precision: v.precision,
         cuda_graphs: v.cuda_graphs,
         engine: v.engine,
+        sliding_window: SlidingWindowPlan {
+            roi: w.roi.0,
+            overlap: w.overlap,
+            mode: w.mode,
+            sigma_scale: w.sigma_scale,
+            batch_size: w.batch_size,
+            padding_mode: w.padding_mode,
+            cval: w.cval,
+            output_device: w.output_device,
+        },
     }
 }
 

@@ -150,7 +150,8 @@ fn user_layers(mut fig: Figment, req: &ConfigRequest) -> Result<Figment, ConfigE
             message: "expected section.key=value".to_owned(),
         })?;
         let key = key.trim();
-        if key.split('.').count() != 2 || key.split('.').any(str::is_empty) {
+        // section.key, or section.sub.key for a nested section.
+        if !(2..=3).contains(&key.split('.').count()) || key.split('.').any(str::is_empty) {
             return Err(ConfigError::BadSet {
                 arg: arg.clone(),
                 message: format!("`{key}` is not of the form section.key"),

@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use kiln_core::DeviceRequest;
 use kiln_core::OptionError;
 use kiln_core::options::{
-    AmpDtype, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision, MetricName,
-    OptimizerKind, ProfileUnit, ScheduleKind,
+    AmpDtype, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision,
+    MetricName, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
@@ -178,7 +178,40 @@ option_settings!(
     OptimizerKind,
     ScheduleKind,
     LossKind,
+    BlendMode,
+    PadMode,
+    OutputDevice,
 );
+
+/// `infer.sliding_window.roi`: a window's spatial size, comma separated, or one number for every
+/// dimension; a size of 0 or less stands for the input's own size in that dimension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roi(pub Vec<i64>);
+
+impl Setting for Roi {
+    type Raw = RawText;
+    fn parse(raw: RawText) -> Result<Self, String> {
+        let sizes: Option<Vec<i64>> = raw.0.split(',').map(|w| w.trim().parse().ok()).collect();
+        sizes.filter(|v| !v.is_empty()).map(Roi).ok_or_else(|| {
+            "use comma-separated window sizes, one per spatial dimension (\"64,64,32\"), or one \
+             for every dimension (\"64\"); 0 or less takes the input's own size"
+                .to_owned()
+        })
+    }
+    fn raw_text(raw: &RawText) -> String {
+        format!("{:?}", raw.0)
+    }
+}
+
+/// Window sizes as written: "64,64,32".
+impl Show for Vec<i64> {
+    fn show(&self) -> String {
+        self.iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
 
 /// Comma-separated widths of at least 1 (`model.hidden`, `model.channels`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -488,13 +521,83 @@ impl<'a> Checker<'a> {
     }
 }
 
-/// Turns the key table into everything keyed by it; see [`crate::keys`] for the row syntax.
+/// One section of the key table (top-level, or nested under another as `parent.sub`): its raw
+/// struct (with its nested sections' raw structs as fields), its values and their read, and the
+/// module of its key constants. `$path` is the section's dotted name as a string literal.
+macro_rules! config_section {
+    (
+        [$($smeta:meta),*] $keymod:ident, $path:expr, ($raw:ident, $values:ident)
+        [$($child:ident : $child_raw:ident),*]
+        {
+            $(
+                $(#[$kmeta:meta])*
+                $key:ident : $ty:ty $(= $default:expr)? => $show:expr
+                    $(, valid |$v:ident| $cond:expr => $expected:literal)? ;
+            )*
+        }
+    ) => {
+        $(#[$smeta])*
+        #[doc = "\n\nStage one: every field optional, unknown keys rejected."]
+        #[derive(Debug, Default, Clone, serde::Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct $raw {
+            $( $(#[$kmeta])* pub $key: Option<<$ty as $crate::setting::Setting>::Raw>, )*
+            $( pub $child: $child_raw, )*
+        }
+
+        /// The section's values, each parsed and checked on its own.
+        #[derive(Debug)]
+        pub(crate) struct $values {
+            $( pub(crate) $key: $ty, )*
+        }
+
+        impl $values {
+            fn read(
+                raw: $raw,
+                check: &$crate::setting::Checker<'_>,
+            ) -> Result<Self, $crate::ConfigError> {
+                Ok(Self {
+                    $( $key: {
+                        let key = concat!($path, ".", stringify!($key));
+                        let (value, _text) = check.read::<$ty>(key, raw.$key)?;
+                        $(
+                            let $v = &value;
+                            if !($crate::setting::Setting::finite($v) && $cond) {
+                                return Err(check.invalid(key, _text, $expected.to_owned()));
+                            }
+                        )?
+                        value
+                    }, )*
+                })
+            }
+        }
+
+        /// The keys of this section as constants, for code that names a key.
+        #[allow(non_upper_case_globals)]
+        pub mod $keymod {
+            $(
+                $(#[$kmeta])*
+                pub const $key: &str = concat!($path, ".", stringify!($key));
+            )*
+        }
+    };
+}
+
+pub(crate) use config_section;
+
+/// Turns the key table into everything keyed by it; see [`crate::keys`] for the row syntax. A
+/// section may hold nested sections (`infer.sliding_window`): the parent names each child's raw
+/// struct in brackets after its own, and the child is declared after every top-level section,
+/// under `@nested`, as `alias = parent.sub (Raw, Values) { rows }`; its keys read
+/// `parent.sub.key` and its constants live in `keys::alias`.
 macro_rules! config_keys {
     (
         plan = $p:ident;
         $(
             $(#[$smeta:meta])*
-            $section:ident ($raw:ident, $values:ident) {
+            $section:ident ($raw:ident, $values:ident)
+            $([$($child:ident : $child_raw:ident),* $(,)?])?
+            {
                 $(
                     $(#[$kmeta:meta])*
                     $key:ident : $ty:ty $(= $default:expr)? => $show:expr
@@ -502,69 +605,65 @@ macro_rules! config_keys {
                 )*
             }
         )*
+        @nested {
+            $(
+                $(#[$nmeta:meta])*
+                $alias:ident = $parent:ident . $sub:ident ($nraw:ident, $nvalues:ident) {
+                    $(
+                        $(#[$nkmeta:meta])*
+                        $nkey:ident : $nty:ty $(= $ndefault:expr)? => $nshow:expr
+                            $(, valid |$nv:ident| $ncond:expr => $nexpected:literal)? ;
+                    )*
+                }
+            )*
+        }
     ) => {
         $(
-            $(#[$smeta])*
-            #[doc = "\n\nStage one: every field optional, unknown keys rejected."]
-            #[derive(Debug, Default, Clone, serde::Deserialize)]
-            #[serde(deny_unknown_fields, default)]
-            pub struct $raw {
-                $( $(#[$kmeta])* pub $key: Option<<$ty as $crate::setting::Setting>::Raw>, )*
-            }
-
-            /// The section's values, each parsed and checked on its own.
-            #[derive(Debug)]
-            pub(crate) struct $values {
-                $( pub(crate) $key: $ty, )*
-            }
-
-            impl $values {
-                fn read(
-                    raw: $raw,
-                    check: &$crate::setting::Checker<'_>,
-                ) -> Result<Self, $crate::ConfigError> {
-                    Ok(Self {
-                        $( $key: {
-                            let key = concat!(stringify!($section), ".", stringify!($key));
-                            let (value, _text) = check.read::<$ty>(key, raw.$key)?;
-                            $(
-                                let $v = &value;
-                                if !($crate::setting::Setting::finite($v) && $cond) {
-                                    return Err(check.invalid(key, _text, $expected.to_owned()));
-                                }
-                            )?
-                            value
-                        }, )*
-                    })
+            $crate::setting::config_section! {
+                [$($smeta),*] $section, stringify!($section), ($raw, $values)
+                [$($($child : $child_raw),*)?]
+                {
+                    $(
+                        $(#[$kmeta])*
+                        $key : $ty $(= $default)? => $show
+                            $(, valid |$v| $cond => $expected)? ;
+                    )*
                 }
             }
-
-            /// The keys of this section as constants, for code that names a key.
-            #[allow(non_upper_case_globals)]
-            pub mod $section {
-                $(
-                    $(#[$kmeta])*
-                    pub const $key: &str = concat!(stringify!($section), ".", stringify!($key));
-                )*
+        )*
+        $(
+            $crate::setting::config_section! {
+                [$($nmeta),*] $alias, concat!(stringify!($parent), ".", stringify!($sub)),
+                ($nraw, $nvalues) []
+                {
+                    $(
+                        $(#[$nkmeta])*
+                        $nkey : $nty $(= $ndefault)? => $nshow
+                            $(, valid |$nv| $ncond => $nexpected)? ;
+                    )*
+                }
             }
         )*
 
-        /// Every section; the field names are the keys users write.
+        /// Every top-level section; the field names are the keys users write.
         #[derive(Debug, Default, Clone, serde::Deserialize)]
         #[serde(deny_unknown_fields, default)]
         pub struct RawConfig {
             $( pub $section: $raw, )*
         }
 
-        /// Every valid key, as `section.key`, in the order `--explain` shows them.
+        /// Every valid key, as `section.key` (nested: `section.sub.key`), in the order
+        /// `--explain` shows them.
         pub const KEYS: &[&str] = &[
             $( $( concat!(stringify!($section), ".", stringify!($key)), )* )*
+            $( $( concat!(stringify!($parent), ".", stringify!($sub), ".", stringify!($nkey)), )* )*
         ];
 
         /// Every section's values, each key parsed and checked on its own.
         #[derive(Debug)]
         pub(crate) struct Values {
             $( pub(crate) $section: $values, )*
+            $( pub(crate) $alias: $nvalues, )*
         }
 
         impl Values {
@@ -572,7 +671,12 @@ macro_rules! config_keys {
                 raw: RawConfig,
                 check: &$crate::setting::Checker<'_>,
             ) -> Result<Self, $crate::ConfigError> {
-                Ok(Self { $( $section: $values::read(raw.$section, check)?, )* })
+                // (The nested sections' raw values are taken before their parents move.)
+                $( let $alias = raw.$parent.$sub.clone(); )*
+                Ok(Self {
+                    $( $section: $values::read(raw.$section, check)?, )*
+                    $( $alias: $nvalues::read($alias, check)?, )*
+                })
             }
         }
 
@@ -583,6 +687,12 @@ macro_rules! config_keys {
                 let layer = layer.set(
                     concat!(stringify!($section), ".", stringify!($key)),
                     $default,
+                );
+            )? )* )*
+            $( $( $(
+                let layer = layer.set(
+                    concat!(stringify!($parent), ".", stringify!($sub), ".", stringify!($nkey)),
+                    $ndefault,
                 );
             )? )* )*
             layer
@@ -596,6 +706,10 @@ macro_rules! config_keys {
                     $( $( (
                         concat!(stringify!($section), ".", stringify!($key)),
                         $crate::setting::Show::show(&$show),
+                    ), )* )*
+                    $( $( (
+                        concat!(stringify!($parent), ".", stringify!($sub), ".", stringify!($nkey)),
+                        $crate::setting::Show::show(&$nshow),
                     ), )* )*
                 ]
             }

@@ -198,6 +198,44 @@ fn numbers_given_to_text_keys_are_their_text() {
     });
 }
 
+/// A nested section (`infer.sliding_window`) is set in every layer like any other, each value
+/// with its provenance, and errors name the whole key.
+#[test]
+fn nested_keys_are_set_in_every_layer_and_named_in_errors() {
+    Jail::expect_with(|jail| {
+        jail.create_file("kiln.toml", "[infer.sliding_window]\nmode = \"gaussian\"\n")?;
+        jail.set_env("KILN_INFER__SLIDING_WINDOW__OVERLAP", "0.5");
+        let mut req = request(None, 8);
+        req.file = Some("kiln.toml".into());
+        req.sets = vec!["infer.sliding_window.roi=64,64,32".to_owned()];
+        let r = load(&req).map_err(jail_err)?;
+        let w = &r.plan.infer.sliding_window;
+        assert_eq!(w.roi, [64, 64, 32]);
+        assert_eq!(w.overlap, 0.5);
+        assert_eq!(w.mode, kiln_config::BlendMode::Gaussian);
+        assert_eq!(w.batch_size, 4, "the default");
+        let source = |k: &str| r.plan.source_of(k).map(|p| p.source.clone()).unwrap();
+        assert!(source("infer.sliding_window.mode").contains("kiln.toml"));
+        assert!(
+            source("infer.sliding_window.overlap").contains("KILN_INFER__SLIDING_WINDOW__OVERLAP")
+        );
+        assert!(source("infer.sliding_window.roi").contains("--set"));
+        req.sets.push("infer.sliding_window.overlap=1".to_owned());
+        let err = load(&req).unwrap_err().to_string();
+        assert!(
+            err.contains("`infer.sliding_window.overlap`") && err.contains("[0, 1)"),
+            "{err}"
+        );
+        req.sets = vec!["infer.sliding_window.roi=big".to_owned()];
+        let err = load(&req).unwrap_err().to_string();
+        assert!(err.contains("`infer.sliding_window.roi`"), "{err}");
+        req.sets = vec!["infer.sliding_window.size=3".to_owned()];
+        let err = load(&req).unwrap_err().to_string();
+        assert!(err.contains("size"), "{err}");
+        Ok(())
+    });
+}
+
 #[test]
 fn a_profile_can_be_named_instead_of_matched() {
     Jail::expect_with(|jail| {

@@ -187,6 +187,42 @@ option_enum! {
 }
 
 option_enum! {
+    /// `infer.sliding_window.mode`: how the outputs of overlapping windows are weighted.
+    pub enum BlendMode ("a blending mode") {
+        /// Every voxel of a window weighs the same.
+        Constant = "constant",
+        /// A Gaussian centred on the window: its edges weigh less.
+        Gaussian = "gaussian",
+    }
+}
+
+option_enum! {
+    /// `infer.sliding_window.padding_mode`: how an input smaller than the window is padded.
+    pub enum PadMode ("a padding mode") {
+        /// With `infer.sliding_window.cval`.
+        Constant = "constant",
+        /// Mirrored about the edge voxel.
+        Reflect = "reflect",
+        /// The edge voxel repeated.
+        Replicate = "replicate",
+        /// Wrapped around.
+        Circular = "circular",
+    }
+}
+
+option_enum! {
+    /// `infer.sliding_window.output_device`: where the stitched output lives.
+    pub enum OutputDevice ("an output device") {
+        /// The model's device, unless the output would not fit its free memory: then the CPU.
+        Auto = "auto",
+        /// The model's device.
+        Device = "device",
+        /// The CPU: windows run on the device, their outputs are added on the host.
+        Cpu = "cpu",
+    }
+}
+
+option_enum! {
     /// `infer.engine`: which engine runs inference.
     pub enum InferEngineKind ("an inference engine") {
         /// Measure both where both can run the model (an ONNX file kiln exported from a
@@ -271,6 +307,9 @@ mod tests {
         round_trips(&AmpDtype::ALL);
         round_trips(&CudaGraphs::ALL);
         round_trips(&InferEngineKind::ALL);
+        round_trips(&BlendMode::ALL);
+        round_trips(&PadMode::ALL);
+        round_trips(&OutputDevice::ALL);
         round_trips(&ProfileUnit::ALL);
         round_trips(&OptimizerKind::ALL);
         round_trips(&ScheduleKind::ALL);

@@ -481,6 +481,10 @@ impl<D: Dataset> Loader<D> {
         check_prefetch(workers, self.config.prefetch_factor)?;
         self.stop_workers();
         self.config.num_workers = workers;
+        if workers > 0 {
+            // The threads that read batches in parts without workers are not needed now.
+            self.inline_pool = None;
+        }
         self.start_workers()
     }
 

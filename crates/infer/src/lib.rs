@@ -18,6 +18,7 @@ pub mod onnx;
 pub mod profile;
 mod pyscript;
 pub mod serve;
+pub mod sliding;
 
 pub use engine::{Engine, EngineOptions, GraphStatus, Runner};
 pub use error::InferError;

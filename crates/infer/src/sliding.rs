@@ -1,0 +1,377 @@
+//! Sliding-window inference: a model run over windows of an input `[C, *spatial]` larger than
+//! it takes (2-D or 3-D), in batches of windows, the outputs of overlapping windows blended with
+//! a constant or Gaussian weight and normalised by the summed weights — as MONAI's
+//! `sliding_window_inference` (1.6) places, pads, weighs and stitches them.
+//!
+//! Where an input is smaller than the window in a dimension it is padded (half before, the odd
+//! voxel after) and the output cropped back. Windows step by `int(roi · (1 − overlap))` (at
+//! least 1; the whole window where it equals the input), the last one moved back to end at the
+//! edge; they are enumerated with the last dimension varying fastest.
+
+use kiln_config::{BlendMode, PadMode, SlidingWindowPlan};
+use tch::{Device, Kind, Tensor};
+
+use crate::InferError;
+
+/// The key named in errors about the window's size.
+const ROI_KEY: &str = "infer.sliding_window.roi";
+
+/// Where the windows lie over an input's spatial extent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WindowGrid {
+    /// The input's spatial size.
+    pub image: Vec<i64>,
+    /// The window's spatial size (the input's own where the setting is 0 or less).
+    pub roi: Vec<i64>,
+    /// Padding before and after, per dimension, where the window is larger than the input.
+    pub pad: Vec<(i64, i64)>,
+    /// Each dimension's window starts, in the padded input.
+    pub starts: Vec<Vec<i64>>,
+}
+
+impl WindowGrid {
+    /// The windows of size `roi` (one size for every dimension, or one per dimension) over an
+    /// input of spatial size `image`, overlapping by `overlap`.
+    pub fn new(image: &[i64], roi: &[i64], overlap: f64) -> Result<Self, InferError> {
+        if !(0.0..1.0).contains(&overlap) {
+            return Err(InferError::Input(format!(
+                "infer.sliding_window.overlap = {overlap}: it must be in [0, 1)"
+            )));
+        }
+        let roi: Vec<i64> = match roi {
+            [one] => vec![*one; image.len()],
+            many if many.len() == image.len() => many.to_vec(),
+            many => {
+                return Err(InferError::Input(format!(
+                    "{ROI_KEY} = {many:?} has {} sizes; the input has {} spatial dimensions \
+                     {image:?} (give one size per dimension, or one for all)",
+                    many.len(),
+                    image.len()
+                )));
+            }
+        };
+        let roi: Vec<i64> = roi
+            .iter()
+            .zip(image)
+            .map(|(&r, &i)| if r > 0 { r } else { i })
+            .collect();
+        let pad: Vec<(i64, i64)> = roi
+            .iter()
+            .zip(image)
+            .map(|(&r, &i)| {
+                let diff = (r - i).max(0);
+                (diff / 2, diff - diff / 2)
+            })
+            .collect();
+        let starts = roi
+            .iter()
+            .zip(image)
+            .map(|(&r, &i)| starts(i.max(r), r, overlap))
+            .collect();
+        Ok(Self {
+            image: image.to_vec(),
+            roi,
+            pad,
+            starts,
+        })
+    }
+
+    /// The input's size once padded.
+    pub fn padded(&self) -> Vec<i64> {
+        self.image
+            .iter()
+            .zip(&self.pad)
+            .map(|(&i, &(lo, hi))| i + lo + hi)
+            .collect()
+    }
+
+    /// How many windows there are.
+    pub fn len(&self) -> usize {
+        self.starts.iter().map(Vec::len).product()
+    }
+
+    /// Whether there are none (never: every grid has at least one window).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Window `k`'s start in each dimension of the padded input (the last dimension varies
+    /// fastest).
+    pub fn window(&self, mut k: usize) -> Vec<i64> {
+        let mut at = vec![0; self.starts.len()];
+        for (d, starts) in self.starts.iter().enumerate().rev() {
+            at[d] = starts[k % starts.len()];
+            k /= starts.len();
+        }
+        at
+    }
+}
+
+/// One dimension's window starts: windows of `roi` over `size` (at least `roi`), stepping by
+/// the scan interval, the last moved back to end at the edge.
+fn starts(size: i64, roi: i64, overlap: f64) -> Vec<i64> {
+    if size == roi {
+        return vec![0];
+    }
+    // As Python computes `int(roi * (1 - overlap))`: in f64, truncated.
+    let step = ((roi as f64 * (1.0 - overlap)) as i64).max(1);
+    let count = (size - roi + step - 1) / step + 1;
+    (0..count).map(|k| (k * step).min(size - roi)).collect()
+}
+
+/// The weight of each voxel of a window `[1, 1, *roi]` (f32): 1 everywhere (`constant`), or a
+/// Gaussian of standard deviation `sigma_scale · roi` centred on the window (`gaussian`), not
+/// renormalised, at least 10⁻³.
+pub fn importance_map(
+    roi: &[i64],
+    mode: BlendMode,
+    sigma_scale: f64,
+    device: Device,
+) -> Result<Tensor, InferError> {
+    let mut shape = vec![1, 1];
+    shape.extend_from_slice(roi);
+    if mode == BlendMode::Constant {
+        return Ok(Tensor::f_ones(shape.as_slice(), (Kind::Float, device))?);
+    }
+    let mut map = Tensor::f_ones([1i64; 2].as_slice(), (Kind::Float, device))?;
+    for (d, &size) in roi.iter().enumerate() {
+        let sigma = size as f64 * sigma_scale;
+        let centre = (size as f64 - 1.0) / 2.0;
+        let weights: Vec<f32> = (0..size)
+            .map(|k| {
+                let x = k as f64 - centre;
+                (x * x / (-2.0 * sigma * sigma)).exp() as f32
+            })
+            .collect();
+        let mut axis = vec![1i64; 2 + roi.len()];
+        axis[2 + d] = size;
+        let g = Tensor::f_from_slice(&weights)?
+            .f_to_device(device)?
+            .f_view(axis.as_slice())?;
+        map = map.f_mul(&g)?;
+    }
+    Ok(map.f_clamp_min(1e-3)?)
+}
+
+/// What [`run`] needs besides the input and the model.
+#[derive(Debug, Clone)]
+pub struct SlidingWindow {
+    pub roi: Vec<i64>,
+    pub overlap: f64,
+    pub mode: BlendMode,
+    pub sigma_scale: f64,
+    /// Windows per forward pass.
+    pub batch_size: usize,
+    pub padding_mode: PadMode,
+    /// The fill of constant padding.
+    pub cval: f64,
+}
+
+impl SlidingWindow {
+    /// The settings of `infer.sliding_window`.
+    pub fn from_plan(plan: &SlidingWindowPlan) -> Self {
+        Self {
+            roi: plan.roi.clone(),
+            overlap: plan.overlap,
+            mode: plan.mode,
+            sigma_scale: plan.sigma_scale,
+            batch_size: usize::try_from(plan.batch_size)
+                .unwrap_or(usize::MAX)
+                .max(1),
+            padding_mode: plan.padding_mode,
+            cval: plan.cval,
+        }
+    }
+}
+
+/// `input` `[C, *spatial]` through `predict` window by window (batches `[n, C, *roi]` on the
+/// model's device, outputs `[n, K, *roi]`), stitched on `output_device` into `[K, *spatial]`.
+pub fn run(
+    input: &Tensor,
+    settings: &SlidingWindow,
+    model_device: Device,
+    output_device: Device,
+    predict: &mut dyn FnMut(&Tensor) -> Result<Tensor, InferError>,
+) -> Result<Tensor, InferError> {
+    let _guard = tch::no_grad_guard();
+    let size = input.size();
+    let spatial = size.get(1..).unwrap_or(&[]).to_vec();
+    if spatial.is_empty() {
+        return Err(InferError::Input(format!(
+            "a sliding window needs an input [channels, *spatial]; it is {size:?}"
+        )));
+    }
+    let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
+    let padded = pad(&input.f_unsqueeze(0)?, &grid, settings)?;
+    let weight = importance_map(
+        &grid.roi,
+        settings.mode,
+        settings.sigma_scale,
+        output_device,
+    )?;
+    let mut stitched: Option<(Tensor, Tensor)> = None;
+    let windows: Vec<Vec<i64>> = (0..grid.len()).map(|k| grid.window(k)).collect();
+    for batch in windows.chunks(settings.batch_size) {
+        let parts: Vec<Tensor> = batch
+            .iter()
+            .map(|at| crop(&padded, at, &grid.roi))
+            .collect::<Result<_, _>>()?;
+        let windows_in = Tensor::f_cat(&parts, 0)?.f_to_device(model_device)?;
+        let out = predict(&windows_in)?;
+        check_output(&out, batch.len(), &grid.roi)?;
+        let weighted = out
+            .f_to_device(output_device)?
+            .f_to_kind(Kind::Float)?
+            .f_mul(&weight)?;
+        // The first batch tells the output's channels: the buffers are made then.
+        let sum = match &stitched {
+            Some((sum, _)) => sum.shallow_clone(),
+            None => {
+                let made = buffers(&grid, &weighted, &weight, &windows)?;
+                let sum = made.0.shallow_clone();
+                stitched = Some(made);
+                sum
+            }
+        };
+        for (i, at) in batch.iter().enumerate() {
+            let mut target = crop(&sum, at, &grid.roi)?;
+            let _ = target.f_add_(&weighted.f_narrow(0, i as i64, 1)?)?;
+        }
+    }
+    let (sum, count) = stitched.ok_or_else(|| InferError::Input("no window".to_owned()))?;
+    let blended = sum.f_div(&count)?;
+    let mut out = blended.f_squeeze_dim(0)?;
+    for (d, (&(lo, _), &n)) in grid.pad.iter().zip(&grid.image).enumerate() {
+        out = out.f_narrow(1 + d as i64, lo, n)?;
+    }
+    Ok(out)
+}
+
+/// The running sum `[1, K, *padded]` (zeros) and the summed weight of every window
+/// `[1, 1, *padded]`, on the output's device.
+fn buffers(
+    grid: &WindowGrid,
+    first: &Tensor,
+    weight: &Tensor,
+    windows: &[Vec<i64>],
+) -> Result<(Tensor, Tensor), InferError> {
+    let mut shape = vec![1, first.size()[1]];
+    shape.extend(grid.padded());
+    let sum = Tensor::f_zeros(shape.as_slice(), (Kind::Float, first.device()))?;
+    shape[1] = 1;
+    let count = Tensor::f_zeros(shape.as_slice(), (Kind::Float, first.device()))?;
+    for at in windows {
+        let _ = crop(&count, at, &grid.roi)?.f_add_(weight)?;
+    }
+    Ok((sum, count))
+}
+
+/// The view of `t` `[n, c, *spatial]` of the window at `at` of size `roi`.
+fn crop(t: &Tensor, at: &[i64], roi: &[i64]) -> Result<Tensor, InferError> {
+    let mut view = t.shallow_clone();
+    for (d, (&start, &len)) in at.iter().zip(roi).enumerate() {
+        view = view.f_narrow(2 + d as i64, start, len)?;
+    }
+    Ok(view)
+}
+
+/// `input` `[1, C, *spatial]` padded where the window is larger, as the settings say.
+fn pad(input: &Tensor, grid: &WindowGrid, settings: &SlidingWindow) -> Result<Tensor, InferError> {
+    if grid.pad.iter().all(|&(lo, hi)| lo == 0 && hi == 0) {
+        return Ok(input.shallow_clone());
+    }
+    // torch's pad takes the last dimension first.
+    let amounts: Vec<i64> = grid
+        .pad
+        .iter()
+        .rev()
+        .flat_map(|&(lo, hi)| [lo, hi])
+        .collect();
+    let (mode, value) = match settings.padding_mode {
+        PadMode::Constant => ("constant", Some(settings.cval)),
+        PadMode::Reflect => ("reflect", None),
+        PadMode::Replicate => ("replicate", None),
+        PadMode::Circular => ("circular", None),
+    };
+    input.f_pad(amounts.as_slice(), mode, value).map_err(|e| {
+        InferError::Input(format!(
+            "cannot pad the input {:?} to the window {:?} with infer.sliding_window.padding_mode \
+             = {}: {e}",
+            grid.image, grid.roi, settings.padding_mode
+        ))
+    })
+}
+
+/// An error unless `out` is `[n, K, *roi]`.
+fn check_output(out: &Tensor, n: usize, roi: &[i64]) -> Result<(), InferError> {
+    let size = out.size();
+    if size.len() == 2 + roi.len() && size[0] == n as i64 && size[2..] == *roi {
+        return Ok(());
+    }
+    Err(InferError::Input(format!(
+        "the model gave {size:?} for {n} windows of {roi:?}; a sliding window needs outputs of \
+         the window's spatial size, [windows, channels, {}]",
+        roi.iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_step_by_the_scan_interval_and_end_at_the_edge() {
+        assert_eq!(starts(10, 4, 0.25), [0, 3, 6]);
+        assert_eq!(starts(10, 4, 0.5), [0, 2, 4, 6]);
+        assert_eq!(starts(9, 3, 0.9), [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(starts(8, 8, 0.5), [0]);
+        // Python's int(20 * (1 - 0.9)) is 1 (1.9999999999999996), not 2.
+        assert_eq!(starts(21, 20, 0.9), [0, 1]);
+        assert_eq!(starts(30, 20, 0.9).len(), 11);
+        let grid = WindowGrid::new(&[5, 6], &[3, 3], 1.0 / 3.0).unwrap();
+        let order: Vec<Vec<i64>> = (0..grid.len()).map(|k| grid.window(k)).collect();
+        assert_eq!(
+            order,
+            [[0, 0], [0, 2], [0, 3], [2, 0], [2, 2], [2, 3]].map(|w| w.to_vec())
+        );
+    }
+
+    #[test]
+    fn small_inputs_are_padded_half_before_and_sizes_fall_back_to_the_input() {
+        let grid = WindowGrid::new(&[5, 7, 9], &[8, 0, 4], 0.25).unwrap();
+        assert_eq!(grid.roi, [8, 7, 4]);
+        assert_eq!(grid.pad, [(1, 2), (0, 0), (0, 0)]);
+        assert_eq!(grid.padded(), [8, 7, 9]);
+        assert_eq!(grid.starts[2], [0, 3, 5]);
+        let e = WindowGrid::new(&[5, 7], &[4, 4, 4], 0.25).unwrap_err();
+        assert!(e.to_string().contains(ROI_KEY), "{e}");
+        let e = WindowGrid::new(&[5, 7], &[4], 1.0).unwrap_err();
+        assert!(e.to_string().contains("[0, 1)"), "{e}");
+    }
+
+    #[test]
+    fn the_gaussian_is_centred_unnormalised_and_clamped() {
+        let map = importance_map(&[7, 8], BlendMode::Gaussian, 0.125, Device::Cpu).unwrap();
+        let v = Vec::<f32>::try_from(map.view([-1])).unwrap();
+        let g = |k: i64, n: i64| {
+            let (s, x) = (n as f64 * 0.125, k as f64 - (n as f64 - 1.0) / 2.0);
+            (-x * x / (2.0 * s * s)).exp()
+        };
+        for (i, w) in v.iter().enumerate() {
+            let (a, b) = (i as i64 / 8, i as i64 % 8);
+            let want = (g(a, 7) * g(b, 8)).max(1e-3);
+            assert!(
+                (f64::from(*w) - want).abs() < 1e-6,
+                "{a},{b}: {w} vs {want}"
+            );
+        }
+        // An even size has no voxel at the centre: the peak stays below 1.
+        assert!(v.iter().cloned().fold(0.0, f32::max) < 0.9);
+        let flat = importance_map(&[3, 3], BlendMode::Constant, 0.125, Device::Cpu).unwrap();
+        assert_eq!(flat.size(), [1, 1, 3, 3]);
+        assert_eq!(f64::try_from(flat.sum(Kind::Float)).unwrap(), 9.0);
+    }
+}

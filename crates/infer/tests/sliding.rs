@@ -1,0 +1,193 @@
+//! Sliding-window inference against references written here: a pointwise convolutional model's
+//! stitched output equals its direct forward over the whole input (any blending), and a model
+//! whose output differs per window is blended as a slow voxel-by-voxel reference computes it, for
+//! 2-D and 3-D inputs, odd sizes, inputs the size of one window and inputs smaller than it.
+
+use kiln_config::{BlendMode, PadMode};
+use kiln_infer::InferError;
+use kiln_infer::sliding::{SlidingWindow, run};
+use tch::{Device, Kind, Tensor};
+
+fn settings(roi: &[i64], overlap: f64, mode: BlendMode, batch: usize) -> SlidingWindow {
+    SlidingWindow {
+        roi: roi.to_vec(),
+        overlap,
+        mode,
+        sigma_scale: 0.125,
+        batch_size: batch,
+        padding_mode: PadMode::Constant,
+        cval: 0.0,
+    }
+}
+
+fn stitch(
+    input: &Tensor,
+    s: &SlidingWindow,
+    predict: &mut dyn FnMut(&Tensor) -> Result<Tensor, InferError>,
+) -> Tensor {
+    run(input, s, Device::Cpu, Device::Cpu, predict).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+    assert_eq!(a.size(), b.size());
+    f64::try_from((a - b).abs().max()).unwrap()
+}
+
+/// A pointwise network (1×1 convolutions and a nonlinearity): every window's output at a voxel
+/// is the whole input's, so any blend of them is too.
+#[test]
+fn a_pointwise_model_stitches_to_its_direct_forward() {
+    tch::manual_seed(0);
+    for (spatial, roi) in [
+        (vec![11i64, 7], vec![4i64, 4]),
+        (vec![9, 10, 7], vec![4, 6, 3]),
+        (vec![5, 6, 4], vec![5, 6, 4]), // one window
+        (vec![3, 5], vec![6, 4]),       // smaller than the window: padded, cropped
+    ] {
+        let d = spatial.len();
+        let layer = |c_in: i64, c_out: i64| {
+            let mut shape = vec![c_out, c_in];
+            shape.extend(vec![1i64; d]);
+            let w = Tensor::randn(shape.as_slice(), (Kind::Float, Device::Cpu)) * 0.5;
+            (w, Tensor::full([c_out], 0.1, (Kind::Float, Device::Cpu)))
+        };
+        let ((w1, b1), (w2, b2)) = (layer(2, 4), layer(4, 3));
+        let (ones, zeros) = (vec![1i64; d], vec![0i64; d]);
+        let pointwise = move |x: &Tensor, w: &Tensor, b: &Tensor| {
+            x.convolution(w, Some(b), &ones, &zeros, &ones, false, &zeros, 1)
+        };
+        let model = move |x: &Tensor| pointwise(&pointwise(x, &w1, &b1).tanh(), &w2, &b2);
+        let mut shape = vec![2];
+        shape.extend(&spatial);
+        let input = Tensor::randn(shape.as_slice(), (Kind::Float, Device::Cpu));
+        let direct = model(&input.unsqueeze(0)).squeeze_dim(0);
+        for (mode, batch) in [(BlendMode::Constant, 1), (BlendMode::Gaussian, 3)] {
+            let s = settings(&roi, 0.5, mode, batch);
+            let mut calls = 0;
+            let out = stitch(&input, &s, &mut |w| {
+                calls += 1;
+                Ok(model(w))
+            });
+            assert!(max_diff(&out, &direct) < 1e-5, "{spatial:?} {roi:?} {mode}");
+            assert!(calls >= 1);
+        }
+    }
+}
+
+/// The windows a slow reference finds on its own: every start on the step, and the last one
+/// that ends at the edge.
+fn reference_starts(size: i64, roi: i64, overlap: f64) -> Vec<i64> {
+    if size <= roi {
+        return vec![0];
+    }
+    let step = ((roi as f64 * (1.0 - overlap)) as i64).max(1);
+    let mut out: Vec<i64> = (0..)
+        .map(|k| k * step)
+        .take_while(|&p| p + roi < size)
+        .collect();
+    out.push(size - roi);
+    out
+}
+
+/// A model whose output differs per window: each window's channel k is (k + 1) times the mean of
+/// its input, everywhere in the window.
+fn window_means(w: &Tensor) -> Tensor {
+    let size = w.size();
+    let dims: Vec<i64> = (1..size.len() as i64).collect();
+    let mean = w.mean_dim(dims.as_slice(), true, Kind::Float);
+    let channels = Tensor::from_slice(&[1.0f32, 2.0]).view([1, 2, 1, 1, 1]);
+    let mut target = size.clone();
+    target[1] = 2;
+    (mean.view([size[0], 1, 1, 1, 1]) * channels).expand(target.as_slice(), false)
+}
+
+/// Σ weight · window mean / Σ weight, voxel by voxel, in f64 (3-D, one input channel).
+fn slow_blend(x: &[f64], size: [i64; 3], roi: [i64; 3], overlap: f64, gaussian: bool) -> Vec<f64> {
+    let at = |i: i64, j: i64, k: i64| x[((i * size[1] + j) * size[2] + k) as usize];
+    let weight = |d: usize, p: i64| {
+        if !gaussian {
+            return 1.0;
+        }
+        let (s, c) = (roi[d] as f64 * 0.125, (roi[d] as f64 - 1.0) / 2.0);
+        (-(p as f64 - c).powi(2) / (2.0 * s * s)).exp()
+    };
+    let n = (size[0] * size[1] * size[2]) as usize;
+    let (mut sum, mut total) = (vec![0.0; n], vec![0.0; n]);
+    for &a in &reference_starts(size[0], roi[0], overlap) {
+        for &b in &reference_starts(size[1], roi[1], overlap) {
+            for &c in &reference_starts(size[2], roi[2], overlap) {
+                let mut mean = 0.0;
+                for (i, j, k) in voxels(roi) {
+                    mean += at(a + i, b + j, c + k);
+                }
+                mean /= (roi[0] * roi[1] * roi[2]) as f64;
+                for (i, j, k) in voxels(roi) {
+                    let w = (weight(0, i) * weight(1, j) * weight(2, k)).max(1e-3);
+                    let v = (((a + i) * size[1] + b + j) * size[2] + c + k) as usize;
+                    sum[v] += w * mean;
+                    total[v] += w;
+                }
+            }
+        }
+    }
+    sum.iter().zip(&total).map(|(s, t)| s / t).collect()
+}
+
+fn voxels(roi: [i64; 3]) -> impl Iterator<Item = (i64, i64, i64)> {
+    (0..roi[0])
+        .flat_map(move |i| (0..roi[1]).flat_map(move |j| (0..roi[2]).map(move |k| (i, j, k))))
+}
+
+#[test]
+fn blending_matches_a_slow_reference_for_both_modes() {
+    tch::manual_seed(1);
+    let size = [13i64, 9, 10];
+    let input = Tensor::rand([1, 13, 9, 10], (Kind::Float, Device::Cpu));
+    let x: Vec<f64> = Vec::<f32>::try_from(input.view([-1]))
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    for (roi, overlap) in [([5i64, 4, 6], 0.25), ([6, 9, 3], 0.6)] {
+        for mode in [BlendMode::Constant, BlendMode::Gaussian] {
+            let s = settings(&roi, overlap, mode, 2);
+            let out = stitch(&input, &s, &mut |w| Ok(window_means(w)));
+            assert_eq!(out.size(), [2, 13, 9, 10]);
+            let want = slow_blend(&x, size, roi, overlap, mode == BlendMode::Gaussian);
+            for channel in 0..2i64 {
+                let got = Vec::<f32>::try_from(out.get(channel).view([-1])).unwrap();
+                for (v, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let w = w * (channel + 1) as f64;
+                    assert!(
+                        (f64::from(*g) - w).abs() < 1e-5,
+                        "{roi:?} {overlap} {mode} channel {channel} voxel {v}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_output_not_of_the_window_size_is_a_named_error() {
+    let input = Tensor::rand([1, 8, 8], (Kind::Float, Device::Cpu));
+    let s = settings(&[4], 0.25, BlendMode::Constant, 2);
+    let e = run(&input, &s, Device::Cpu, Device::Cpu, &mut |w| {
+        Ok(w.narrow(2, 0, 2))
+    })
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("outputs of the window's spatial size"),
+        "{e}"
+    );
+    let e = run(
+        &Tensor::rand([8], (Kind::Float, Device::Cpu)),
+        &s,
+        Device::Cpu,
+        Device::Cpu,
+        &mut |w| Ok(w.shallow_clone()),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("[channels, *spatial]"), "{e}");
+}
