@@ -58,9 +58,9 @@ pub fn ensure(root: &Path, cache_dir: &Path, python: &Path) -> Peers {
         Ok(dir) => Peers::Ready(dir),
         Err(Error(why)) => {
             util::info(&format!(
-                "the benchmark peers (Lightning, LitServe, pytorch-forecasting) are not \
-                 available, so their rows will say \"not run\" and the test comparing windows \
-                 with pytorch-forecasting fails: {why}"
+                "the benchmark peers (Lightning, LitServe, pytorch-forecasting, MONAI) are not \
+                 available, so their rows will say \"not run\" and the tests comparing windows \
+                 with pytorch-forecasting and sliding windows with MONAI fail: {why}"
             ));
             Peers::Unavailable(why)
         }
@@ -90,11 +90,16 @@ fn install(root: &Path, cache_dir: &Path, python: &Path) -> Result<PathBuf> {
 }
 
 /// The pins that name the peers themselves, for the banner ("lightning 2.6.6, litserve 0.2.19,
-/// pytorch-forecasting 1.8.0").
+/// pytorch-forecasting 1.8.0, monai 1.6.1").
 fn headline(pins: &str) -> String {
     pins.lines()
         .filter_map(|l| l.trim().split_once("=="))
-        .filter(|(name, _)| matches!(*name, "lightning" | "litserve" | "pytorch-forecasting"))
+        .filter(|(name, _)| {
+            matches!(
+                *name,
+                "lightning" | "litserve" | "pytorch-forecasting" | "monai"
+            )
+        })
         .map(|(name, version)| format!("{name} {version}"))
         .collect::<Vec<_>>()
         .join(", ")
@@ -103,7 +108,7 @@ fn headline(pins: &str) -> String {
 /// Imports the peers with the new directory first on the path, and checks that torch is still
 /// the provisioned 2.11.0 from outside it.
 fn verify(python: &Path, target: &Path, log: &Path) -> Result<()> {
-    let check = "import torch, lightning, litserve, pytorch_forecasting\n\
+    let check = "import torch, lightning, litserve, pytorch_forecasting, monai\n\
                  assert torch.__version__.startswith('2.11.0'), torch.__version__\n\
                  assert not torch.__file__.startswith(TARGET), torch.__file__\n\
                  print('torch', torch.__version__, torch.__file__)\n\
@@ -129,10 +134,10 @@ mod tests {
     #[test]
     fn the_headline_names_the_peers() {
         let pins = "# comment\nlightning==2.6.6\nnumpy==2.4.6\n\nlitserve==0.2.19\n\
-                    pytorch-forecasting==1.8.0\n";
+                    pytorch-forecasting==1.8.0\nmonai==1.6.1\n";
         assert_eq!(
             headline(pins),
-            "lightning 2.6.6, litserve 0.2.19, pytorch-forecasting 1.8.0"
+            "lightning 2.6.6, litserve 0.2.19, pytorch-forecasting 1.8.0, monai 1.6.1"
         );
     }
 
@@ -152,8 +157,8 @@ mod tests {
         }
         assert_eq!(
             headline(&pins).split(", ").count(),
-            3,
-            "lightning, litserve and pytorch-forecasting are pinned"
+            4,
+            "lightning, litserve, pytorch-forecasting and monai are pinned"
         );
     }
 }

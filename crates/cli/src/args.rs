@@ -87,6 +87,14 @@ pub enum Command {
         no_compare: bool,
         #[arg(long, value_enum, default_value_t)]
         format: Format,
+        /// Run the model over windows of one input [C, *spatial] (.npy, 2-D or 3-D) larger than
+        /// it takes, blended where they overlap (the infer.sliding_window.* settings).
+        #[arg(long)]
+        sliding_window: bool,
+        /// With --sliding-window: write the class map (the arg-max over the output's channels)
+        /// instead of the blended scores.
+        #[arg(long, requires = "sliding_window")]
+        class_map: bool,
     },
     /// Write a trained kiln checkpoint (or run) or a TorchScript module as ONNX or TorchScript
     /// that takes any batch size, or an exported program's run as a program (.pt2) or ONNX,

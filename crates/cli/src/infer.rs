@@ -204,6 +204,83 @@ fn forecast(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `kiln infer --sliding-window`: one input `[C, *spatial]` through the model by windows.
+pub fn sliding(
+    args: &ModelArgs,
+    input: &Path,
+    output: Option<&Path>,
+    class_map: bool,
+    format: Format,
+) -> anyhow::Result<ExitCode> {
+    if let Some(output) = output {
+        let npy = output
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+        anyhow::ensure!(
+            npy,
+            "{}: a sliding window's output is written as .npy; name a .npy file",
+            output.display()
+        );
+        kiln_infer::io::check_output(output)?;
+    }
+    let setup = setup(args, vec![])?;
+    anyhow::ensure!(
+        !matches!(setup.source, ModelSource::Onnx(_)),
+        "--sliding-window runs kiln checkpoints, TorchScript files and exported programs; for an \
+         ONNX file, give the checkpoint it was exported from"
+    );
+    let r = &setup.resolution;
+    let plan = &r.plan;
+    let device = kiln_train::feed::tch_device(r.selection.device);
+    let model = model::load(
+        &setup.source,
+        setup.checkpoint.as_ref(),
+        plan,
+        device,
+        plan.infer.precision,
+    )?;
+    let settings = kiln_infer::sliding::SlidingWindow::from_plan(&plan.infer.sliding_window);
+    let device_memory = match r.selection.device {
+        kiln_device::Device::Cuda(n) => r
+            .facts
+            .gpus
+            .iter()
+            .find(|g| g.cuda_index == Some(n))
+            .map(|g| g.total_memory_bytes),
+        _ => None,
+    };
+    let out = kiln_infer::volume::VolumeOutput {
+        path: output,
+        device: plan.infer.sliding_window.output_device,
+        device_memory,
+        class_map,
+    };
+    let report = kiln_infer::volume::infer_volume(&model, input, &settings, out)?;
+    match format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        Format::Text => println!(
+            "model: {}\ninput: {} {:?}\n{} windows of {:?} ({} blending, {} per batch, \
+             precision {}), stitched on {}: {:.2} s\noutput: {:?} {}",
+            report.model,
+            report.input,
+            report.input_shape,
+            report.windows,
+            report.roi,
+            report.mode,
+            report.batch_size,
+            plan.infer.precision.as_str(),
+            report.output_device,
+            report.seconds,
+            report.output_shape,
+            report.output_dtype
+        ),
+    }
+    if let Some(output) = output {
+        eprintln!("wrote {}", output.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn forecast_text(r: &kiln_infer::forecast::ForecastReport, precision: AmpDtype) -> String {
     let mut s = format!(
         "model: {}

@@ -55,7 +55,12 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             output,
             no_compare,
             format,
-        } => infer::infer(&model, &inputs, output.as_deref(), no_compare, format),
+            sliding_window,
+            class_map,
+        } => match sliding_window {
+            true => infer::sliding(&model, &inputs, output.as_deref(), class_map, format),
+            false => infer::infer(&model, &inputs, output.as_deref(), no_compare, format),
+        },
         Command::Export {
             model,
             out,

@@ -38,7 +38,9 @@ pub use manifest::{
     ArraySpec, FEATURES_TENSOR, LABELS_TENSOR, LabelSpec, MANIFEST_FILE, MANIFEST_VERSION,
     Manifest, ShardEntry, StoredTarget, TARGETS_TENSOR, Task,
 };
-pub use npy::{NpyArray, header as npy_header, npy_f32_bytes};
+pub use npy::{
+    NpyArray, NpyHeader, header as npy_header, npy_f32_bytes, parse_header as npy_parse_header,
+};
 pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
 pub use shards::ShardedDataset;

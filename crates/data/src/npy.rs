@@ -8,7 +8,7 @@ const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// What a `.npy` header declares.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct NpyHeader {
+pub struct NpyHeader {
     pub dtype: DType,
     pub shape: Vec<usize>,
     /// Where the array's data starts in the file.
@@ -17,7 +17,7 @@ pub(crate) struct NpyHeader {
 
 /// Parses the header at the start of `bytes` (a whole file). The error says what is wrong, for
 /// the caller to prefix with the file's name.
-pub(crate) fn parse_header(bytes: &[u8]) -> Result<NpyHeader, String> {
+pub fn parse_header(bytes: &[u8]) -> Result<NpyHeader, String> {
     if bytes.len() < 10 || &bytes[..6] != MAGIC {
         return Err("not a .npy file (no \\x93NUMPY magic at its start)".to_owned());
     }

@@ -19,6 +19,7 @@ pub mod profile;
 mod pyscript;
 pub mod serve;
 pub mod sliding;
+pub mod volume;
 
 pub use engine::{Engine, EngineOptions, GraphStatus, Runner};
 pub use error::InferError;

@@ -1,0 +1,194 @@
+//! `kiln infer --sliding-window`: against MONAI's `sliding_window_inference` (pinned with the
+//! bench peers) on the same TorchScript segmenters, inputs and settings, 2-D and 3-D, constant
+//! and Gaussian blending, padded inputs; the class map; and the settings refused before the
+//! input is read.
+
+mod common;
+
+use std::path::Path;
+
+use common::{kiln, python, stderr, stdout};
+use kiln_data::{DType, NpyArray};
+use serde_json::Value;
+
+fn read_npy(path: &Path) -> (DType, Vec<usize>, Vec<f32>) {
+    let bytes = std::fs::read(path).unwrap();
+    let a = NpyArray::parse(&bytes).unwrap();
+    (a.dtype, a.shape.clone(), a.to_f32())
+}
+
+/// `kiln infer --sliding-window` of `model` over `input` into `output`, on the CPU in fp32,
+/// with `sets` (`key=value`) and `extra` arguments.
+fn sliding(
+    model: &Path,
+    input: &Path,
+    output: &Path,
+    sets: &[String],
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args: Vec<String> = [
+        "infer",
+        "--sliding-window",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.extend(["--model".into(), model.display().to_string()]);
+    args.extend(["--inputs".into(), input.display().to_string()]);
+    args.extend(["--output".into(), output.display().to_string()]);
+    for s in sets {
+        args.extend(["--set".into(), s.clone()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    kiln(&refs)
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and the bench peers' MONAI \
+            (KILN_BENCH_PEERS); `cargo xtask test` runs it"]
+fn sliding_windows_give_monai_outputs_with_python_torch() {
+    let Some(peers) = std::env::var_os("KILN_BENCH_PEERS") else {
+        panic!(
+            "KILN_BENCH_PEERS names the installed bench peers (MONAI): `cargo xtask test` sets it"
+        );
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/sliding_monai.py");
+    let o = std::process::Command::new(python())
+        .arg(&script)
+        .arg(dir)
+        .env("PYTHONPATH", peers)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "sliding_monai.py: {}", stderr(&o));
+    let cases: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("cases.json")).unwrap()).unwrap();
+    for (name, case) in cases
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(n, _)| !n.starts_with('_'))
+    {
+        let dims = case["dims"].as_u64().unwrap();
+        let sets: Vec<String> = case
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(k, _)| k.starts_with("infer."))
+            .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+            .collect();
+        let model = dir.join(format!("model{dims}d.pt"));
+        let input = dir.join(format!("volume{dims}d.npy"));
+        let ours = dir.join(format!("kiln-{name}.npy"));
+        let o = sliding(&model, &input, &ours, &sets, &[]);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
+        let (dtype, shape, got) = read_npy(&ours);
+        let (_, want_shape, want) = read_npy(&dir.join(format!("monai-{name}.npy")));
+        assert_eq!((dtype, &shape), (DType::F32, &want_shape), "{name}");
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "{name}: largest |kiln − MONAI| {worst:e} ({})",
+            cases["_monai"]
+        );
+        if name == "gaussian-3d" {
+            // The class map: MONAI's scores' arg-max, one byte per voxel.
+            let map = dir.join("classes.npy");
+            let o = sliding(
+                &model,
+                &input,
+                &map,
+                &sets,
+                &["--class-map", "--format", "json"],
+            );
+            assert!(o.status.success(), "{}", stderr(&o));
+            let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+            assert_eq!(report["output_dtype"], "u8", "{report}");
+            let (dtype, map_shape, classes) = read_npy(&map);
+            assert_eq!((dtype, &map_shape[..]), (DType::U8, &shape[1..]));
+            let voxels = classes.len();
+            for (v, &c) in classes.iter().enumerate() {
+                let scores: Vec<f32> = (0..shape[0]).map(|k| want[k * voxels + v]).collect();
+                let best = scores[c as usize];
+                assert!(
+                    scores.iter().all(|&s| s <= best + 1e-5),
+                    "voxel {v}: {scores:?} → {c}"
+                );
+            }
+        }
+    }
+}
+
+/// Written with a valid header but no data: what fails first must be the settings.
+fn header_only_volume(path: &Path, shape: &[usize]) {
+    std::fs::write(path, kiln_data::npy_header(DType::F32, shape).unwrap()).unwrap();
+}
+
+#[test]
+fn bad_settings_are_refused_before_the_input_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let volume = tmp.path().join("volume.npy");
+    header_only_volume(&volume, &[1, 40, 30, 20]);
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-run");
+    let out = tmp.path().join("out.npy");
+    let refused = |sets: &[&str], extra: &[&str], want: &str| {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let o = sliding(&model, &volume, &out, &sets, extra);
+        assert_eq!(o.status.code(), Some(1), "{sets:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(want), "{sets:?}: {}", stderr(&o));
+        assert!(!out.exists(), "nothing written");
+    };
+    // The model (an MLP of 64 features) cannot take a window: one trial window says so.
+    refused(
+        &["infer.sliding_window.roi=16"],
+        &[],
+        "cannot take a window [1, 1, 16, 16, 16]",
+    );
+    refused(
+        &["infer.sliding_window.roi=16,16"],
+        &[],
+        "has 2 sizes; the input has 3 spatial",
+    );
+    refused(
+        &["infer.sliding_window.overlap=1"],
+        &[],
+        "`infer.sliding_window.overlap`",
+    );
+    refused(
+        &["infer.sliding_window.mode=smooth"],
+        &[],
+        "constant or gaussian",
+    );
+    // Inputs other than [C, *spatial] with 2 or 3 spatial dimensions, and outputs but .npy.
+    header_only_volume(&volume, &[40, 30]);
+    refused(
+        &[],
+        &[],
+        "[channels, *spatial] with 2 or 3 spatial dimensions",
+    );
+    let csv = tmp.path().join("out.csv");
+    let o = sliding(&model, &volume, &csv, &[], &[]);
+    assert!(stderr(&o).contains("name a .npy file"), "{}", stderr(&o));
+    let o = kiln(&[
+        "infer",
+        "--model",
+        "m.pt",
+        "--inputs",
+        "v.npy",
+        "--class-map",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--sliding-window"),
+        "{}",
+        stderr(&o)
+    );
+}

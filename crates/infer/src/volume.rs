@@ -1,0 +1,213 @@
+//! `kiln infer --sliding-window`: a 2-D or 3-D input `[C, *spatial]` of any size (a `.npy` file)
+//! through a model by sliding windows ([`crate::sliding`]), written as the blended scores
+//! `[K, *spatial]` (f32) or a class map `[*spatial]` (the arg-max, in the smallest unsigned type
+//! that holds the classes). The settings are checked before the volume is read: the window
+//! against the input's shape, and one trial window through the model.
+
+use std::io::Read;
+use std::path::Path;
+use std::time::Instant;
+
+use kiln_config::OutputDevice;
+use kiln_data::DType;
+use serde::Serialize;
+use tch::{Device, Kind, Tensor};
+
+use crate::sliding::{SlidingWindow, WindowGrid, run};
+use crate::{InferError, LoadedModel};
+
+/// What a sliding-window run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct VolumeReport {
+    pub model: String,
+    pub input: String,
+    /// `[C, *spatial]`.
+    pub input_shape: Vec<usize>,
+    pub roi: Vec<i64>,
+    pub windows: usize,
+    pub batch_size: usize,
+    pub mode: String,
+    pub output_device: String,
+    /// The output written: `[K, *spatial]` scores or a `[*spatial]` class map.
+    pub output_shape: Vec<usize>,
+    pub output_dtype: String,
+    pub seconds: f64,
+}
+
+/// Where the output goes and what it is.
+#[derive(Debug, Clone, Copy)]
+pub struct VolumeOutput<'a> {
+    /// The `.npy` file to write (never overwritten), if any.
+    pub path: Option<&'a Path>,
+    /// `infer.sliding_window.output_device`.
+    pub device: OutputDevice,
+    /// The model's GPU memory in bytes, for `auto` to judge whether the output fits there.
+    pub device_memory: Option<u64>,
+    /// The arg-max class map instead of the scores.
+    pub class_map: bool,
+}
+
+/// `input` (a `.npy` `[C, *spatial]`) through `model` by sliding windows, stitched and written
+/// as `output` says.
+pub fn infer_volume(
+    model: &LoadedModel,
+    input: &Path,
+    settings: &SlidingWindow,
+    output: VolumeOutput<'_>,
+) -> Result<VolumeReport, InferError> {
+    let (dtype, shape) = volume_header(input)?;
+    let spatial: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
+    let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
+    let classes = trial_window(model, shape[0] as i64, &grid.roi)?;
+    let padded: i64 = grid.padded().iter().product();
+    // The running sum (K channels) and the summed weights, in f32.
+    let needed = (padded as u64) * (classes as u64 + 1) * 4;
+    let output_device = place_output(output.device, model.device(), needed, output.device_memory);
+    let volume = read_volume(input, dtype, &shape)?;
+    let started = Instant::now();
+    let mut predict = |windows: &Tensor| -> Result<Tensor, InferError> {
+        model.forward(&windows.f_to_kind(model.kind())?)
+    };
+    let scores = run(
+        &volume,
+        settings,
+        model.device(),
+        output_device,
+        &mut predict,
+    )?;
+    let (out, out_dtype) = match output.class_map {
+        true => class_map_of(&scores)?,
+        false => (scores, DType::F32),
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let out_shape: Vec<usize> = out.size().iter().map(|&d| d as usize).collect();
+    if let Some(path) = output.path {
+        write(path, &out, out_dtype, &out_shape)?;
+    }
+    Ok(VolumeReport {
+        model: model.description().to_owned(),
+        input: input.display().to_string(),
+        input_shape: shape,
+        roi: grid.roi.clone(),
+        windows: grid.len(),
+        batch_size: settings.batch_size,
+        mode: settings.mode.to_string(),
+        output_device: format!("{output_device:?}").to_lowercase(),
+        output_shape: out_shape,
+        output_dtype: out_dtype.to_string(),
+        seconds,
+    })
+}
+
+/// Where the stitched output lives: the model's device, or the CPU when asked, or (`auto`) when
+/// the output's `needed` bytes would take more than a quarter of the GPU's memory.
+fn place_output(
+    choice: OutputDevice,
+    model: Device,
+    needed: u64,
+    device_memory: Option<u64>,
+) -> Device {
+    match choice {
+        OutputDevice::Cpu => Device::Cpu,
+        OutputDevice::Device => model,
+        OutputDevice::Auto => match device_memory {
+            Some(total) if model != Device::Cpu && needed > total / 4 => Device::Cpu,
+            _ => model,
+        },
+    }
+}
+
+/// The element type and shape a `.npy` input declares, read from its header alone; an error
+/// unless it is `[C, *spatial]` with 2 or 3 spatial dimensions.
+fn volume_header(path: &Path) -> Result<(DType, Vec<usize>), InferError> {
+    let mut head = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(1 << 17).read_to_end(&mut head))
+        .map_err(|e| InferError::file(path, format!("cannot read: {e}")))?;
+    let header = kiln_data::npy_parse_header(&head).map_err(|e| InferError::file(path, e))?;
+    let dims = header.shape.len();
+    if !(3..=4).contains(&dims) || header.shape.contains(&0) {
+        return Err(InferError::file(
+            path,
+            format!(
+                "the array is {:?}; a sliding window takes one input laid out [channels, \
+                 *spatial] with 2 or 3 spatial dimensions ([C, H, W] or [C, D, H, W])",
+                header.shape
+            ),
+        ));
+    }
+    Ok((header.dtype, header.shape))
+}
+
+/// One window of zeros through the model: its output's channels, or an error naming the window
+/// size unless the model takes it and gives an output of its spatial size.
+fn trial_window(model: &LoadedModel, channels: i64, roi: &[i64]) -> Result<i64, InferError> {
+    let _guard = tch::no_grad_guard();
+    let mut shape = vec![1, channels];
+    shape.extend_from_slice(roi);
+    let zeros = Tensor::f_zeros(shape.as_slice(), (model.kind(), model.device()))?;
+    let refused = |why: String| {
+        InferError::Input(format!(
+            "infer.sliding_window.roi = {roi:?}: {} cannot take a window [1, {channels}, {}]: {why}",
+            model.description(),
+            roi.iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    };
+    let out = model.forward(&zeros).map_err(|e| refused(e.to_string()))?;
+    let size = out.size();
+    if size.len() == roi.len() + 2 && size[2..] == *roi {
+        return Ok(size[1]);
+    }
+    Err(refused(format!(
+        "its output is {size:?}, not [1, channels, {}] (the window's spatial size)",
+        roi.iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
+/// The whole input as an f32 tensor `[C, *spatial]` on the CPU.
+fn read_volume(path: &Path, dtype: DType, shape: &[usize]) -> Result<Tensor, InferError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| InferError::file(path, format!("cannot read: {e}")))?;
+    let array = kiln_data::NpyArray::parse(&bytes).map_err(|e| InferError::file(path, e))?;
+    debug_assert_eq!((array.dtype, array.shape.as_slice()), (dtype, shape));
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    Ok(Tensor::f_from_slice(&array.to_f32())?.f_view(dims.as_slice())?)
+}
+
+/// The arg-max over the channels `[K, *spatial]` → `[*spatial]`, in u8 for up to 256 classes,
+/// else i16 or i32.
+fn class_map_of(scores: &Tensor) -> Result<(Tensor, DType), InferError> {
+    let classes = scores.size()[0];
+    let argmax = scores.f_argmax(0, false)?;
+    let (kind, dtype) = match classes {
+        0..=256 => (Kind::Uint8, DType::U8),
+        257..=32_768 => (Kind::Int16, DType::I16),
+        _ => (Kind::Int, DType::I32),
+    };
+    Ok((argmax.f_to_kind(kind)?, dtype))
+}
+
+/// Writes `t` (on any device) as `.npy` at `path`, which must not exist.
+fn write(path: &Path, t: &Tensor, dtype: DType, shape: &[usize]) -> Result<(), InferError> {
+    let t = t.f_to_device(Device::Cpu)?.f_contiguous()?;
+    let mut bytes = vec![0u8; t.numel() * dtype.size()];
+    t.f_copy_data_u8(&mut bytes, t.numel())?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| {
+            InferError::file(path, format!("cannot create (kiln never overwrites): {e}"))
+        })?;
+    let header = kiln_data::npy_header(dtype, shape).map_err(|e| InferError::file(path, e))?;
+    use std::io::Write;
+    file.write_all(&header)
+        .and_then(|_| file.write_all(&bytes))
+        .map_err(|e| InferError::file(path, format!("cannot write: {e}")))
+}
