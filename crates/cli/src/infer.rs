@@ -213,15 +213,25 @@ pub fn sliding(
     format: Format,
 ) -> anyhow::Result<ExitCode> {
     if let Some(output) = output {
-        let npy = output
+        let known = output
             .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| {
+                ["npy", "tif", "tiff"]
+                    .iter()
+                    .any(|k| e.eq_ignore_ascii_case(k))
+            });
         anyhow::ensure!(
-            npy,
-            "{}: a sliding window's output is written as .npy; name a .npy file",
+            known,
+            "{}: a sliding window's output is written as .npy or a TIFF stack; name a .npy, .tif \
+             or .tiff file",
             output.display()
         );
-        kiln_infer::io::check_output(output)?;
+        anyhow::ensure!(
+            !output.exists(),
+            "{}: exists already; kiln does not overwrite outputs (choose another name)",
+            output.display()
+        );
     }
     let setup = setup(args, vec![])?;
     anyhow::ensure!(

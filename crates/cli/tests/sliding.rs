@@ -101,6 +101,23 @@ fn sliding_windows_give_monai_outputs_with_python_torch() {
             cases["_monai"]
         );
         if name == "gaussian-3d" {
+            // The same input as an OME-TIFF stack, the scores written as one.
+            let (_, vshape, volume) = read_npy(&input);
+            let tif = dir.join("volume.tif");
+            let bytes: Vec<u8> = volume.iter().flat_map(|v| v.to_ne_bytes()).collect();
+            kiln_data::tiff_stack::write_stack(&tif, DType::F32, vshape[0], &vshape[1..], &bytes)
+                .unwrap();
+            let scores = dir.join("scores.tif");
+            let o = sliding(&model, &tif, &scores, &sets, &[]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            let (tshape, tvalues) = kiln_data::tiff_stack::read_stack(&scores).unwrap();
+            assert_eq!(tshape, shape);
+            let worst = tvalues
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1e-5, "TIFF in and out: {worst:e}");
             // The class map: MONAI's scores' arg-max, one byte per voxel.
             let map = dir.join("classes.npy");
             let o = sliding(
@@ -177,7 +194,11 @@ fn bad_settings_are_refused_before_the_input_is_read() {
     );
     let csv = tmp.path().join("out.csv");
     let o = sliding(&model, &volume, &csv, &[], &[]);
-    assert!(stderr(&o).contains("name a .npy file"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("name a .npy, .tif or .tiff file"),
+        "{}",
+        stderr(&o)
+    );
     let o = kiln(&[
         "infer",
         "--model",

@@ -24,6 +24,7 @@ mod sampler;
 mod shards;
 mod synthetic;
 mod target;
+pub mod tiff_stack;
 mod transform;
 mod windows;
 

@@ -1,7 +1,7 @@
-//! `kiln infer --sliding-window`: a 2-D or 3-D input `[C, *spatial]` of any size (a `.npy` file)
-//! through a model by sliding windows ([`crate::sliding`]), written as the blended scores
-//! `[K, *spatial]` (f32) or a class map `[*spatial]` (the arg-max, in the smallest unsigned type
-//! that holds the classes). The settings are checked before the volume is read: the window
+//! `kiln infer --sliding-window`: a 2-D or 3-D input `[C, *spatial]` of any size (a `.npy` file,
+//! or a TIFF stack: multi-page or OME-TIFF) through a model by sliding windows
+//! ([`crate::sliding`]), written (`.npy` or TIFF) as the blended scores `[K, *spatial]` (f32) or a
+//! class map `[*spatial]` (the arg-max, in the smallest type that holds the classes). The settings are checked before the volume is read: the window
 //! against the input's shape, and one trial window through the model.
 
 use std::io::Read;
@@ -82,7 +82,7 @@ pub fn infer_volume(
     let seconds = started.elapsed().as_secs_f64();
     let out_shape: Vec<usize> = out.size().iter().map(|&d| d as usize).collect();
     if let Some(path) = output.path {
-        write(path, &out, out_dtype, &out_shape)?;
+        write(path, &out, out_dtype, &out_shape, output.class_map)?;
     }
     Ok(VolumeReport {
         model: model.description().to_owned(),
@@ -117,26 +117,38 @@ fn place_output(
     }
 }
 
-/// The element type and shape a `.npy` input declares, read from its header alone; an error
-/// unless it is `[C, *spatial]` with 2 or 3 spatial dimensions.
+/// Whether `path` names a TIFF (`.tif`, `.tiff`) rather than a `.npy` file.
+fn is_tiff(path: &Path) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case("tif") || e.eq_ignore_ascii_case("tiff"))
+}
+
+/// The element type and shape an input declares, read from its header(s) alone (a `.npy`
+/// header, or a TIFF stack's pages: read as f32); an error unless it is `[C, *spatial]` with 2
+/// or 3 spatial dimensions.
 fn volume_header(path: &Path) -> Result<(DType, Vec<usize>), InferError> {
-    let mut head = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(1 << 17).read_to_end(&mut head))
-        .map_err(|e| InferError::file(path, format!("cannot read: {e}")))?;
-    let header = kiln_data::npy_parse_header(&head).map_err(|e| InferError::file(path, e))?;
-    let dims = header.shape.len();
-    if !(3..=4).contains(&dims) || header.shape.contains(&0) {
+    let (dtype, shape) = match is_tiff(path) {
+        true => (DType::F32, kiln_data::tiff_stack::stack_layout(path)?.shape),
+        false => {
+            let mut head = Vec::new();
+            std::fs::File::open(path)
+                .and_then(|f| f.take(1 << 17).read_to_end(&mut head))
+                .map_err(|e| InferError::file(path, format!("cannot read: {e}")))?;
+            let h = kiln_data::npy_parse_header(&head).map_err(|e| InferError::file(path, e))?;
+            (h.dtype, h.shape)
+        }
+    };
+    if !(3..=4).contains(&shape.len()) || shape.contains(&0) {
         return Err(InferError::file(
             path,
             format!(
-                "the array is {:?}; a sliding window takes one input laid out [channels, \
-                 *spatial] with 2 or 3 spatial dimensions ([C, H, W] or [C, D, H, W])",
-                header.shape
+                "the array is {shape:?}; a sliding window takes one input laid out [channels, \
+                 *spatial] with 2 or 3 spatial dimensions ([C, H, W] or [C, D, H, W])"
             ),
         ));
     }
-    Ok((header.dtype, header.shape))
+    Ok((dtype, shape))
 }
 
 /// One window of zeros through the model: its output's channels, or an error naming the window
@@ -172,11 +184,17 @@ fn trial_window(model: &LoadedModel, channels: i64, roi: &[i64]) -> Result<i64, 
 
 /// The whole input as an f32 tensor `[C, *spatial]` on the CPU.
 fn read_volume(path: &Path, dtype: DType, shape: &[usize]) -> Result<Tensor, InferError> {
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    if is_tiff(path) {
+        let (_, values) = kiln_data::tiff_stack::read_stack(path)?;
+        return Ok(Tensor::f_from_slice(&values)?.f_view(dims.as_slice())?);
+    }
     let bytes =
         std::fs::read(path).map_err(|e| InferError::file(path, format!("cannot read: {e}")))?;
     let array = kiln_data::NpyArray::parse(&bytes).map_err(|e| InferError::file(path, e))?;
-    debug_assert_eq!((array.dtype, array.shape.as_slice()), (dtype, shape));
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    if (array.dtype, array.shape.as_slice()) != (dtype, shape) {
+        return Err(InferError::file(path, "changed while it was read"));
+    }
     Ok(Tensor::f_from_slice(&array.to_f32())?.f_view(dims.as_slice())?)
 }
 
@@ -193,11 +211,27 @@ fn class_map_of(scores: &Tensor) -> Result<(Tensor, DType), InferError> {
     Ok((argmax.f_to_kind(kind)?, dtype))
 }
 
-/// Writes `t` (on any device) as `.npy` at `path`, which must not exist.
-fn write(path: &Path, t: &Tensor, dtype: DType, shape: &[usize]) -> Result<(), InferError> {
+/// Writes `t` (on any device) at `path`, which must not exist: `.npy`, or a TIFF stack (scores
+/// `[K, *spatial]` a page per channel and plane; a class map's planes).
+fn write(
+    path: &Path,
+    t: &Tensor,
+    dtype: DType,
+    shape: &[usize],
+    class_map: bool,
+) -> Result<(), InferError> {
     let t = t.f_to_device(Device::Cpu)?.f_contiguous()?;
     let mut bytes = vec![0u8; t.numel() * dtype.size()];
     t.f_copy_data_u8(&mut bytes, t.numel())?;
+    if is_tiff(path) {
+        let (channels, spatial) = match class_map {
+            true => (1, shape),
+            false => (shape[0], &shape[1..]),
+        };
+        return Ok(kiln_data::tiff_stack::write_stack(
+            path, dtype, channels, spatial, &bytes,
+        )?);
+    }
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
