@@ -249,7 +249,10 @@ pub fn sliding(
         device,
         plan.infer.precision,
     )?;
-    let settings = kiln_infer::sliding::SlidingWindow::from_plan(&plan.infer.sliding_window);
+    let settings = kiln_infer::sliding::SlidingWindow::from_plan(
+        &plan.infer.sliding_window,
+        plan.performance.channels_last,
+    );
     let device_memory = match r.selection.device {
         kiln_device::Device::Cuda(n) => r
             .facts

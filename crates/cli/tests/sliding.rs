@@ -170,6 +170,12 @@ fn bad_settings_are_refused_before_the_input_is_read() {
         &[],
         "cannot take a window [1, 1, 16, 16, 16]",
     );
+    let o = sliding(&model, &volume, &out, &[], &[]);
+    assert!(
+        !stderr(&o).contains("Exception raised from"),
+        "no C++ stack: {}",
+        stderr(&o)
+    );
     refused(
         &["infer.sliding_window.roi=16,16"],
         &[],
@@ -184,6 +190,15 @@ fn bad_settings_are_refused_before_the_input_is_read() {
         &["infer.sliding_window.mode=smooth"],
         &[],
         "constant or gaussian",
+    );
+    let reflect = [
+        "infer.sliding_window.roi=128,16,16",
+        "infer.sliding_window.padding_mode=reflect",
+    ];
+    refused(
+        &reflect,
+        &[],
+        "padding_mode = reflect cannot pad the input [40, 30, 20]",
     );
     // Inputs other than [C, *spatial] with 2 or 3 spatial dimensions, and outputs but .npy.
     header_only_volume(&volume, &[40, 30]);

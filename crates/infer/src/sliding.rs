@@ -165,11 +165,13 @@ pub struct SlidingWindow {
     pub padding_mode: PadMode,
     /// The fill of constant padding.
     pub cval: f64,
+    /// Windows reach the model channels-last (`performance.channels_last`; 2-D and 3-D).
+    pub channels_last: bool,
 }
 
 impl SlidingWindow {
-    /// The settings of `infer.sliding_window`.
-    pub fn from_plan(plan: &SlidingWindowPlan) -> Self {
+    /// The settings of `infer.sliding_window`, with windows channels-last where asked.
+    pub fn from_plan(plan: &SlidingWindowPlan, channels_last: bool) -> Self {
         Self {
             roi: plan.roi.clone(),
             overlap: plan.overlap,
@@ -180,6 +182,7 @@ impl SlidingWindow {
                 .max(1),
             padding_mode: plan.padding_mode,
             cval: plan.cval,
+            channels_last,
         }
     }
 }
@@ -202,6 +205,7 @@ pub fn run(
         )));
     }
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
+    check_padding(&grid, settings)?;
     let padded = pad(&input.f_unsqueeze(0)?, &grid, settings)?;
     let weight = importance_map(
         &grid.roi,
@@ -216,7 +220,10 @@ pub fn run(
             .iter()
             .map(|at| crop(&padded, at, &grid.roi))
             .collect::<Result<_, _>>()?;
-        let windows_in = Tensor::f_cat(&parts, 0)?.f_to_device(model_device)?;
+        let mut windows_in = Tensor::f_cat(&parts, 0)?.f_to_device(model_device)?;
+        if settings.channels_last {
+            windows_in = kiln_torch_ext::layout::to_channels_last(&windows_in)?;
+        }
         let out = predict(&windows_in)?;
         check_output(&out, batch.len(), &grid.roi)?;
         let weighted = out
@@ -273,6 +280,25 @@ fn crop(t: &Tensor, at: &[i64], roi: &[i64]) -> Result<Tensor, InferError> {
         view = view.f_narrow(2 + d as i64, start, len)?;
     }
     Ok(view)
+}
+
+/// An error, named, where the padding mode cannot pad the input to the window: reflection
+/// pads each side by less than the input's size in that dimension.
+pub fn check_padding(grid: &WindowGrid, settings: &SlidingWindow) -> Result<(), InferError> {
+    let too_far = grid
+        .pad
+        .iter()
+        .zip(&grid.image)
+        .any(|(&(lo, hi), &n)| lo.max(hi) >= n);
+    if settings.padding_mode == PadMode::Reflect && too_far {
+        return Err(InferError::Input(format!(
+            "infer.sliding_window.padding_mode = reflect cannot pad the input {:?} to the window \
+             {:?} (each side must be padded by less than the input's size); use constant, \
+             replicate or circular, or a smaller infer.sliding_window.roi",
+            grid.image, grid.roi
+        )));
+    }
+    Ok(())
 }
 
 /// `input` `[1, C, *spatial]` padded where the window is larger, as the settings say.

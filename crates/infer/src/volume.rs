@@ -58,6 +58,7 @@ pub fn infer_volume(
     let (dtype, shape) = volume_header(input)?;
     let spatial: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
+    crate::sliding::check_padding(&grid, settings)?;
     let classes = trial_window(model, shape[0] as i64, &grid.roi)?;
     let padded: i64 = grid.padded().iter().product();
     // The running sum (K channels) and the summed weights, in f32.
@@ -168,7 +169,9 @@ fn trial_window(model: &LoadedModel, channels: i64, roi: &[i64]) -> Result<i64, 
                 .join(", ")
         ))
     };
-    let out = model.forward(&zeros).map_err(|e| refused(e.to_string()))?;
+    // libtorch's message without its C++ stack.
+    let first_line = |e: InferError| e.to_string().lines().next().unwrap_or_default().to_owned();
+    let out = model.forward(&zeros).map_err(|e| refused(first_line(e)))?;
     let size = out.size();
     if size.len() == roi.len() + 2 && size[2..] == *roi {
         return Ok(size[1]);

@@ -17,6 +17,7 @@ fn settings(roi: &[i64], overlap: f64, mode: BlendMode, batch: usize) -> Sliding
         batch_size: batch,
         padding_mode: PadMode::Constant,
         cval: 0.0,
+        channels_last: false,
     }
 }
 
@@ -190,4 +191,27 @@ fn an_output_not_of_the_window_size_is_a_named_error() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("[channels, *spatial]"), "{e}");
+}
+
+/// `performance.channels_last` on 3-D windows: the model gets them channels-last-3d and a
+/// 3-D convolution gives the contiguous windows' outputs.
+#[test]
+fn channels_last_3d_windows_give_the_contiguous_outputs() {
+    tch::manual_seed(2);
+    let weight = Tensor::randn([4, 2, 3, 3, 3], (Kind::Float, Device::Cpu)) * 0.3;
+    let input = Tensor::randn([2, 11, 9, 10], (Kind::Float, Device::Cpu));
+    let mut outputs = vec![];
+    for channels_last in [false, true] {
+        let s = SlidingWindow {
+            channels_last,
+            ..settings(&[6, 5, 7], 0.5, BlendMode::Gaussian, 3)
+        };
+        let out = stitch(&input, &s, &mut |w| {
+            let laid_out = kiln_torch_ext::layout::is_channels_last(w).unwrap();
+            assert_eq!(laid_out, channels_last);
+            Ok(w.conv3d(&weight, None::<Tensor>, [1; 3], [1; 3], [1; 3], 1))
+        });
+        outputs.push(out);
+    }
+    assert!(max_diff(&outputs[0], &outputs[1]) < 1e-5);
 }

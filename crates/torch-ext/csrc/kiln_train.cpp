@@ -302,28 +302,34 @@ char* kiln_set_cuda_rng_state(int index, const at::Tensor* state) {
 // ---- memory format (channels-last for convolutions) ---------------------------------------
 
 // A channels-last copy of a 4-D tensor (the tensor itself when it already is).
+// The channels-last layout of a 4-D (NHWC) or 5-D (NDHWC, channels-last-3d) tensor.
+static at::MemoryFormat channels_last_for(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.dim() == 4 || t.dim() == 5,
+                    "channels-last needs a 4-D or 5-D tensor, got ", t.dim(), " dimensions");
+  return t.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+}
+
 char* kiln_to_channels_last(const at::Tensor* t, at::Tensor** out) {
   KILN_TRY
-  TORCH_CHECK_VALUE(t->dim() == 4, "channels-last needs a 4-D tensor, got ", t->dim(),
-                    " dimensions");
-  *out = new at::Tensor(t->contiguous(at::MemoryFormat::ChannelsLast));
+  *out = new at::Tensor(t->contiguous(channels_last_for(*t)));
   KILN_CATCH
 }
 
-// Re-lays a 4-D parameter out channels-last in place (its identity and autograd state stay).
+// Re-lays a 4-D or 5-D parameter out channels-last in place (its identity and autograd state
+// stay).
 char* kiln_param_to_channels_last(const at::Tensor* p) {
   KILN_TRY
-  TORCH_CHECK_VALUE(p->dim() == 4, "channels-last needs a 4-D tensor, got ", p->dim(),
-                    " dimensions");
+  at::MemoryFormat format = channels_last_for(*p);
   at::NoGradGuard no_grad;
   at::Tensor param = *p;
-  param.set_data(param.contiguous(at::MemoryFormat::ChannelsLast));
+  param.set_data(param.contiguous(format));
   KILN_CATCH
 }
 
 char* kiln_is_channels_last(const at::Tensor* t, bool* out) {
   KILN_TRY
-  *out = t->dim() == 4 && t->is_contiguous(at::MemoryFormat::ChannelsLast);
+  *out = (t->dim() == 4 && t->is_contiguous(at::MemoryFormat::ChannelsLast)) ||
+         (t->dim() == 5 && t->is_contiguous(at::MemoryFormat::ChannelsLast3d));
   KILN_CATCH
 }
 
