@@ -82,12 +82,12 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
 }
 
 /// The infer suite's settings, as the probes' command-line values.
-struct InferOpts {
-    quick: bool,
-    repeats: usize,
-    threads: String,
+pub(super) struct InferOpts {
+    pub(super) quick: bool,
+    pub(super) repeats: usize,
+    pub(super) threads: String,
     dev: String,
-    python: String,
+    pub(super) python: String,
     me: PathBuf,
     warmup: &'static str,
     batches: &'static str,
@@ -368,6 +368,8 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
         out.skip("torch.compile rows", why);
     }
     runs.extend(infer_sweep(&o, &mut out, a.batch_sizes())?);
+    let work = crate::run_cli::fresh_work_dir(a, "infer")?;
+    runs.extend(super::sliding::sliding_rows(&o, &mut out, &work)?);
     out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
                          "timed_batches": o.batches, "auto_precision": auto, "runs": runs,
                          "onnx": o.onnx.as_ref().map(|m| &m.details)});

@@ -27,6 +27,7 @@
 mod dynamic;
 mod infer;
 mod peer;
+mod sliding;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

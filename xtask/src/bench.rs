@@ -97,7 +97,7 @@ const DEFAULT: [&str; 9] = [
 ];
 
 /// The suites that run the release CLI (`kiln train`; `data` for its `num_workers = auto` row).
-const RUN_THE_CLI: [&str; 3] = ["job", "ddp", "data"];
+const RUN_THE_CLI: [&str; 4] = ["job", "ddp", "data", "infer"];
 
 /// The suites that export their model to ONNX (for their onnxruntime rows).
 const EXPORT_ONNX: [&str; 2] = ["infer", "serve"];

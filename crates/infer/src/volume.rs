@@ -31,7 +31,11 @@ pub struct VolumeReport {
     /// The output written: `[K, *spatial]` scores or a `[*spatial]` class map.
     pub output_shape: Vec<usize>,
     pub output_dtype: String,
+    /// The whole run, from reading the input to the stitched output (the model's loading and
+    /// the trial window before it not counted).
     pub seconds: f64,
+    /// Of which inside the model's forward (on CUDA, up to the device's finishing it).
+    pub forward_seconds: f64,
 }
 
 /// Where the output goes and what it is.
@@ -66,8 +70,16 @@ pub fn infer_volume(
     let output_device = place_output(output.device, model.device(), needed, output.device_memory);
     let volume = read_volume(input, dtype, &shape)?;
     let started = Instant::now();
+    let mut forward_seconds = 0.0;
     let mut predict = |windows: &Tensor| -> Result<Tensor, InferError> {
-        model.forward(&windows.f_to_kind(model.kind())?)
+        let windows = windows.f_to_kind(model.kind())?;
+        let start = Instant::now();
+        let out = model.forward(&windows)?;
+        if let Device::Cuda(i) = model.device() {
+            tch::Cuda::synchronize(i as i64);
+        }
+        forward_seconds += start.elapsed().as_secs_f64();
+        Ok(out)
     };
     let scores = run(
         &volume,
@@ -97,6 +109,7 @@ pub fn infer_volume(
         output_shape: out_shape,
         output_dtype: out_dtype.to_string(),
         seconds,
+        forward_seconds,
     })
 }
 

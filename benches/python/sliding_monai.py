@@ -1,0 +1,77 @@
+"""MONAI's side of the infer suite's sliding-window rows, and the inputs both sides use.
+
+    sliding_monai.py make DIR --size N --channels C
+        writes DIR/model.pt (a small 3-D segmenter, TorchScript, eval) and DIR/volume.npy
+        ([1, N, N, N] float32, seeded)
+    sliding_monai.py run DIR --roi R --overlap O --mode M --batch B --threads T --out FILE
+        loads the model, runs one trial window of zeros [1, 1, R, R, R] (as kiln does before
+        the work), then times MONAI's sliding_window_inference over the volume once, with the
+        time inside the model's forward summed apart; writes the output to FILE (.npy) and
+        prints one JSON line: {"total_s", "forward_s", "windows", "monai"}
+
+Needs MONAI (pinned with the bench peers) on PYTHONPATH.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def make(a):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv3d(1, a.channels, 3, padding=1), nn.ReLU(),
+                          nn.Conv3d(a.channels, 2, 3, padding=1)).eval()
+    torch.jit.script(model).save(f"{a.dir}/model.pt")
+    volume = torch.randn(1, a.size, a.size, a.size)
+    np.save(f"{a.dir}/volume.npy", volume.numpy())
+
+
+def run(a):
+    import monai
+    from monai.inferers import sliding_window_inference
+
+    torch.set_num_threads(a.threads)
+    model = torch.jit.load(f"{a.dir}/model.pt").eval()
+    volume = torch.from_numpy(np.load(f"{a.dir}/volume.npy")).unsqueeze(0)
+    inside = {"s": 0.0, "windows": 0}
+
+    def predict(x):
+        start = time.perf_counter()
+        y = model(x)
+        inside["s"] += time.perf_counter() - start
+        inside["windows"] += x.shape[0]
+        return y
+
+    with torch.no_grad():
+        model(torch.zeros(1, 1, a.roi, a.roi, a.roi))
+        start = time.perf_counter()
+        out = sliding_window_inference(volume, a.roi, a.batch, predict, overlap=a.overlap,
+                                       mode=a.mode)
+        total = time.perf_counter() - start
+    np.save(a.out, out[0].numpy())
+    print(json.dumps({"total_s": total, "forward_s": inside["s"], "windows": inside["windows"],
+                      "monai": monai.__version__}))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("make", "run"))
+    p.add_argument("dir")
+    p.add_argument("--size", type=int, default=96)
+    p.add_argument("--channels", type=int, default=8)
+    p.add_argument("--roi", type=int, default=64)
+    p.add_argument("--overlap", type=float, default=0.25)
+    p.add_argument("--mode", default="gaussian")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out")
+    a = p.parse_args()
+    make(a) if a.what == "make" else run(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+//! The infer suite's sliding-window rows: `kiln infer --sliding-window` against MONAI's
+//! `sliding_window_inference` on the same TorchScript 3-D segmenter, volume and settings (a
+//! Gaussian blend, fp32 on the CPU), each side after one trial window and timing the model's
+//! forward apart; the outputs must agree within 1e-4, or the rows fail.
+
+use super::infer::InferOpts;
+use super::*;
+use kiln_benches::peers;
+
+/// The figures of one side's run: the whole sliding-window run and the time inside the forward.
+fn figures(run: &Value, total: &str, forward: &str) -> Result<Value> {
+    let (t, f) = (
+        kiln_benches::figure(run, total)?,
+        kiln_benches::figure(run, forward)?,
+    );
+    Ok(json!({"total_s": t, "forward_s": f, "outside_s": t - f}))
+}
+
+/// The largest difference between two `.npy` outputs of the same shape.
+fn max_abs_between(a: &Path, b: &Path) -> Result<f64> {
+    let read = |p: &Path| -> Result<(Vec<usize>, Vec<f32>)> {
+        let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let array =
+            kiln_data::NpyArray::parse(&bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+        Ok((array.shape.clone(), array.to_f32()))
+    };
+    let ((sa, va), (sb, vb)) = (read(a)?, read(b)?);
+    if sa != sb {
+        return Err(format!("outputs of {sa:?} and {sb:?}"));
+    }
+    Ok(nan_max(
+        va.iter().zip(&vb).map(|(x, y)| f64::from((x - y).abs())),
+    ))
+}
+
+/// Pushes the rows (or says why they were not run); returns the runs for the details.
+pub(super) fn sliding_rows(
+    o: &InferOpts,
+    out: &mut SuiteOutput,
+    work: &Path,
+) -> Result<Vec<Value>> {
+    let setup = peers::dir().and_then(|p| Ok((p, crate::run_cli::kiln_exe("infer")?)));
+    let (peer_dir, kiln) = match setup {
+        Ok(s) => s,
+        Err(why) => {
+            out.skip("sliding-window rows", &format!("not run: {why}"));
+            return Ok(vec![]);
+        }
+    };
+    let (size, roi) = if o.quick { (64, 48) } else { (96, 64) };
+    let dir = work.join("sliding");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let script = bench_root().join("python/sliding_monai.py");
+    let python = |args: Vec<String>| {
+        let mut c = Command::new(&o.python);
+        c.arg(&script).args(args);
+        peers::put_first_on_path(&mut c, &peer_dir);
+        c
+    };
+    let made = python(vec![
+        "make".into(),
+        dir.display().to_string(),
+        "--size".into(),
+        size.to_string(),
+    ]);
+    crate::run_cli::run(made)?;
+    let kiln_out = dir.join("kiln.npy");
+    let monai_out = dir.join("monai.npy");
+    let kiln_cmd = || {
+        let _ = std::fs::remove_file(&kiln_out);
+        let mut c = Command::new(&kiln);
+        c.args([
+            "infer",
+            "--sliding-window",
+            "--format",
+            "json",
+            "--device",
+            "cpu",
+        ])
+        .args(["--precision", "fp32", "--model"])
+        .arg(dir.join("model.pt"))
+        .arg("--inputs")
+        .arg(dir.join("volume.npy"))
+        .arg("--output")
+        .arg(&kiln_out);
+        for set in [
+            format!("infer.sliding_window.roi={roi}"),
+            "infer.sliding_window.overlap=0.25".to_owned(),
+            "infer.sliding_window.mode=gaussian".to_owned(),
+            "infer.sliding_window.batch_size=4".to_owned(),
+            format!("performance.intra_op_threads={}", o.threads),
+        ] {
+            c.args(["--set", &set]);
+        }
+        c
+    };
+    let monai_cmd = || {
+        python(vec![
+            "run".into(),
+            dir.display().to_string(),
+            "--roi".into(),
+            roi.to_string(),
+            "--threads".into(),
+            o.threads.clone(),
+            "--out".into(),
+            monai_out.display().to_string(),
+        ])
+    };
+    // kiln prints its report as one (pretty) JSON document; MONAI's script one line.
+    let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, kiln| {
+        Ok(Some(match kiln {
+            true => {
+                let (output, _) = crate::run_cli::run(kiln_cmd())?;
+                serde_json::from_slice::<Value>(&output.stdout)
+                    .map_err(|e| format!("kiln infer --sliding-window printed no report: {e}"))?
+            }
+            false => run_json(monai_cmd())?,
+        }))
+    })?;
+    let max_abs = max_abs_between(&kiln_out, &monai_out)?;
+    if max_abs > 1e-4 {
+        return Err(format!(
+            "kiln's and MONAI's sliding-window outputs differ by {max_abs:e}"
+        ));
+    }
+    let kiln_figures: Vec<Value> = runs[0]
+        .iter()
+        .map(|r| figures(r, "seconds", "forward_seconds"))
+        .collect::<Result<_>>()?;
+    let monai_figures: Vec<Value> = runs[1]
+        .iter()
+        .map(|r| figures(r, "total_s", "forward_s"))
+        .collect::<Result<_>>()?;
+    let what = format!(
+        "a 3-D segmenter (TorchScript: conv 1→8→2, 3³ kernels) over a {size}³ volume in {roi}³ \
+         windows, overlap 0.25, Gaussian blending, 4 windows a batch, fp32, {} threads",
+        o.threads
+    );
+    let baseline = format!(
+        "MONAI {} sliding_window_inference",
+        runs[1][0]["monai"].as_str().unwrap_or("?")
+    );
+    for (key, name, goal) in [
+        ("total_s", "sliding-window inference, whole run", 0.9),
+        (
+            "outside_s",
+            "sliding-window inference, outside the model's forward",
+            0.5,
+        ),
+    ] {
+        let medians = (
+            median_of(&kiln_figures, key),
+            median_of(&monai_figures, key),
+        );
+        let row = Comparison::new(
+            "infer",
+            "sliding window",
+            name,
+            "s",
+            Better::Lower,
+            medians,
+            &baseline,
+        )
+        .at_most(goal)
+        .detail("setup", json!(what))
+        .detail("max_abs_vs_monai", json!(max_abs));
+        out.push(row);
+    }
+    Ok(vec![
+        json!({"sliding_window": {"kiln": kiln_figures, "monai": monai_figures, "max_abs": max_abs}}),
+    ])
+}
