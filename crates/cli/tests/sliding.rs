@@ -200,6 +200,15 @@ fn bad_settings_are_refused_before_the_input_is_read() {
         &[],
         "padding_mode = reflect cannot pad the input [40, 30, 20]",
     );
+    let circular = [
+        "infer.sliding_window.roi=16,16,64",
+        "infer.sliding_window.padding_mode=circular",
+    ];
+    refused(
+        &circular,
+        &[],
+        "padding_mode = circular cannot pad the input [40, 30, 20]",
+    );
     // Inputs other than [C, *spatial] with 2 or 3 spatial dimensions, and outputs but .npy.
     header_only_volume(&volume, &[40, 30]);
     refused(

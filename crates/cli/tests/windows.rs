@@ -508,6 +508,9 @@ fn a_forecaster_taking_a_dict_learns_from_windows_as_pytorch_eager_with_python_t
         csv.to_str().unwrap(),
         "--device",
         "cpu",
+        // Levels named for a model that forecasts one value: still a point forecast.
+        "--set",
+        "model.quantiles=0.1,0.5,0.9",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&csv).unwrap();

@@ -42,20 +42,46 @@ where
 #[serde(transparent)]
 pub struct RawText(pub String);
 
+/// One value as written: a number or text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Scalar {
+    Int(i64),
+    Float(f64),
+    Text(String),
+}
+
+impl Scalar {
+    fn text(self) -> String {
+        match self {
+            Scalar::Int(n) => n.to_string(),
+            Scalar::Float(x) => x.to_string(),
+            Scalar::Text(s) => s,
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for RawText {
+    /// Text, a number, or a list of them (`[64, 64, 32]` in a file: "64,64,32").
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         #[derive(Deserialize)]
         #[serde(untagged)]
         enum Written {
-            Int(i64),
-            Float(f64),
-            Text(String),
+            One(Scalar),
+            Many(Vec<Scalar>),
         }
-        Ok(RawText(match Written::deserialize(d)? {
-            Written::Int(n) => n.to_string(),
-            Written::Float(x) => x.to_string(),
-            Written::Text(s) => s,
-        }))
+        match Written::deserialize(d) {
+            Ok(Written::One(v)) => Ok(RawText(v.text())),
+            Ok(Written::Many(vs)) => Ok(RawText(
+                vs.into_iter()
+                    .map(Scalar::text)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )),
+            Err(_) => Err(serde::de::Error::custom(
+                "expected text, a number, or a list of them",
+            )),
+        }
     }
 }
 

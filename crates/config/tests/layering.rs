@@ -203,7 +203,10 @@ fn numbers_given_to_text_keys_are_their_text() {
 #[test]
 fn nested_keys_are_set_in_every_layer_and_named_in_errors() {
     Jail::expect_with(|jail| {
-        jail.create_file("kiln.toml", "[infer.sliding_window]\nmode = \"gaussian\"\n")?;
+        jail.create_file(
+            "kiln.toml",
+            "[model]\nquantiles = [0.1, 0.5, 0.9]\n[infer.sliding_window]\nmode = \"gaussian\"\n",
+        )?;
         jail.set_env("KILN_INFER__SLIDING_WINDOW__OVERLAP", "0.5");
         let mut req = request(None, 8);
         req.file = Some("kiln.toml".into());
@@ -214,6 +217,11 @@ fn nested_keys_are_set_in_every_layer_and_named_in_errors() {
         assert_eq!(w.overlap, 0.5);
         assert_eq!(w.mode, kiln_config::BlendMode::Gaussian);
         assert_eq!(w.batch_size, 4, "the default");
+        assert_eq!(
+            r.plan.model.quantiles,
+            Some(vec![0.1, 0.5, 0.9]),
+            "a TOML list"
+        );
         let source = |k: &str| r.plan.source_of(k).map(|p| p.source.clone()).unwrap();
         assert!(source("infer.sliding_window.mode").contains("kiln.toml"));
         assert!(

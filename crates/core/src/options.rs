@@ -213,7 +213,8 @@ option_enum! {
 option_enum! {
     /// `infer.sliding_window.output_device`: where the stitched output lives.
     pub enum OutputDevice ("an output device") {
-        /// The model's device, unless the output would not fit its free memory: then the CPU.
+        /// The model's device, unless the output would take more than a quarter of its memory:
+        /// then the CPU.
         Auto = "auto",
         /// The model's device.
         Device = "device",

@@ -52,7 +52,12 @@ pub fn stack_layout(path: &Path) -> Result<StackLayout, DataError> {
             ));
         }
     };
-    let description = d.get_tag_ascii_string(Tag::ImageDescription).ok();
+    let description = d
+        .find_tag(Tag::ImageDescription)
+        .map_err(tiff)?
+        .map(|v| v.into_string())
+        .transpose()
+        .map_err(tiff)?;
     let mut pages = 1;
     while d.more_images() {
         d.next_image().map_err(tiff)?;
@@ -65,15 +70,16 @@ pub fn stack_layout(path: &Path) -> Result<StackLayout, DataError> {
         }
     }
     let (h, w) = (h as usize, w as usize);
-    let ome = description
-        .filter(|t| t.contains("<OME"))
-        .filter(|_| samples == 1);
-    let (channels, depth, ome) = match ome {
-        Some(xml) => {
-            let (c, z, order) = ome_pixels(path, &xml, pages)?;
-            (c, z, Some(ome_pages(c, z, &order)))
-        }
-        None => (samples, pages, None),
+    let text = description.unwrap_or_default();
+    let (channels, depth, ome) = if text.contains("<OME") && samples == 1 {
+        let (c, z, order) = ome_pixels(path, &text, pages)?;
+        (c, z, Some(ome_pages(c, z, &order)))
+    } else if text.starts_with("ImageJ=") && samples == 1 {
+        // An ImageJ hyperstack: channels vary fastest, then slices (XYCZT).
+        let (c, z) = imagej_pixels(path, &text, pages)?;
+        (c, z, Some(ome_pages(c, z, "XYCZT")))
+    } else {
+        (samples, pages, None)
     };
     let shape = match depth {
         1 => vec![channels, h, w],
@@ -92,7 +98,13 @@ fn ome_pixels(path: &Path, xml: &str, pages: usize) -> Result<(usize, usize, Str
     let attr = |name: &str| -> Option<String> {
         let pixels = &xml[xml.find("<Pixels")?..];
         let pixels = &pixels[..pixels.find('>')?];
-        let at = pixels.find(&format!(" {name}=\""))? + name.len() + 3;
+        // The attribute after any whitespace (a space, a tab or a line break).
+        let at = pixels
+            .match_indices(&format!("{name}=\""))
+            .find(|(i, _)| pixels[..*i].ends_with(char::is_whitespace))?
+            .0
+            + name.len()
+            + 2;
         Some(pixels[at..].split('"').next()?.to_owned())
     };
     let size = |name: &str| {
@@ -113,6 +125,32 @@ fn ome_pixels(path: &Path, xml: &str, pages: usize) -> Result<(usize, usize, Str
         ));
     }
     Ok((c, z, order))
+}
+
+/// The channels and slices of an ImageJ hyperstack's description (`channels=2`, `slices=30`),
+/// one frame.
+fn imagej_pixels(path: &Path, text: &str, pages: usize) -> Result<(usize, usize), DataError> {
+    let value = |name: &str| -> usize {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(1)
+    };
+    let (c, frames) = (value("channels"), value("frames"));
+    let z = match text.lines().any(|l| l.starts_with("slices=")) {
+        true => value("slices"),
+        false => pages / c.max(1),
+    };
+    if frames != 1 || c * z != pages {
+        return Err(bad(
+            path,
+            format!(
+                "its ImageJ description says {c} channels, {z} slices, {frames} frames over \
+                 {pages} pages; kiln reads one frame, its channels and slices one page each"
+            ),
+        ));
+    }
+    Ok((c, z))
 }
 
 /// Each page's (channel, plane), the pages ordered as `order` says (its first letter after XY
@@ -148,7 +186,19 @@ pub fn read_stack(path: &Path) -> Result<(Vec<usize>, Vec<f32>), DataError> {
             d.next_image().map_err(|e| bad(path, e))?;
         }
         let values = page_values(d.read_image().map_err(|e| bad(path, e))?);
-        for (i, v) in values.into_iter().enumerate().take(plane * layout.samples) {
+        if values.len() != plane * layout.samples {
+            return Err(bad(
+                path,
+                format!(
+                    "page {} decodes to {} values, not {plane} pixels × {} samples (kiln reads \
+                     chunky pages of 8 bits or more: not planar or 1-bit ones)",
+                    page + 1,
+                    values.len(),
+                    layout.samples
+                ),
+            ));
+        }
+        for (i, v) in values.into_iter().enumerate() {
             let (pixel, sample) = (i / layout.samples, i % layout.samples);
             let (c, z) = match &layout.ome {
                 Some(pages) => pages[page],
@@ -358,5 +408,12 @@ mod tests {
         assert_eq!(ome_pixels(p, xml, 6).unwrap(), (2, 3, "XYCZT".to_owned()));
         let e = ome_pixels(p, &xml.replace("SizeT=\"1\"", "SizeT=\"4\""), 6).unwrap_err();
         assert!(e.to_string().contains("one time point"), "{e}");
+        // Attributes after a line break or a tab count too.
+        let spaced = xml.replace(" SizeC", "\n\tSizeC");
+        assert_eq!(ome_pixels(p, &spaced, 6).unwrap().0, 2);
+        let imagej = "ImageJ=1.54f\nimages=6\nchannels=2\nslices=3\nhyperstack=true\n";
+        assert_eq!(imagej_pixels(p, imagej, 6).unwrap(), (2, 3));
+        let e = imagej_pixels(p, &imagej.replace("slices=3", "slices=3\nframes=2"), 6);
+        assert!(e.unwrap_err().to_string().contains("one frame"));
     }
 }

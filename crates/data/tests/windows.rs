@@ -275,19 +275,27 @@ fn windows_equal_a_slow_reference_computed_from_the_rows() {
     }
 }
 
+/// The shortest history of the variable-length tests.
+const MIN_E: usize = 2;
+
+/// The test rows written in `dir`, their source with histories down to [`MIN_E`] steps, and
+/// where to prepare it.
+fn variable_source(dir: &Path, normalize: TargetNormalizer) -> (WindowsSource, PathBuf, Vec<Row>) {
+    let rows = rows();
+    let csv = dir.join("long.csv");
+    write_csv(&csv, &rows);
+    let mut variable = source(csv, normalize);
+    variable.min_encoder_length = Some(MIN_E);
+    (variable, dir.join("windows"), rows)
+}
+
 /// With a shorter minimum history, the windows at each part's end that allow no full one are
 /// added, padded to the encoder length, with their length and a mask; a series too short for a
 /// full window gives them too. Old manifests (no minimum) keep their arrays.
 #[test]
 fn variable_length_windows_equal_the_slow_reference_with_lengths_and_masks() {
-    const MIN_E: usize = 2;
     let tmp = tempfile::tempdir().unwrap();
-    let rows = rows();
-    let csv = tmp.path().join("long.csv");
-    write_csv(&csv, &rows);
-    let out = tmp.path().join("windows");
-    let mut variable = source(csv, TargetNormalizer::Group);
-    variable.min_encoder_length = Some(MIN_E);
+    let (mut variable, out, rows) = variable_source(tmp.path(), TargetNormalizer::Group);
     let manifest = prepare_windows(&variable, &out).unwrap();
     assert_eq!(
         manifest.short_series(),
@@ -317,6 +325,60 @@ fn variable_length_windows_equal_the_slow_reference_with_lengths_and_masks() {
     variable.min_encoder_length = Some(E + 1);
     let e = prepare_windows(&variable, &tmp.path().join("other")).unwrap_err();
     assert!(e.to_string().contains("min_encoder_length"), "{e}");
+}
+
+/// The windows to forecast: one per horizon start after each cutoff, with the longest history
+/// the series has (none of validation's shortened duplicates), and a series needs no training
+/// window for them.
+#[test]
+fn forecast_windows_are_one_per_horizon_with_the_longest_history() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (variable, out, _) = variable_source(tmp.path(), TargetNormalizer::None);
+    prepare_windows(&variable, &out).unwrap();
+    let windows = Windows::open(&out).unwrap();
+    for val_steps in [H, V] {
+        let f = windows.forecast(val_steps).unwrap();
+        let mut seen = BTreeMap::new();
+        for (k, w) in read_by_name(&f, &(0..f.len()).collect::<Vec<_>>())
+            .iter()
+            .enumerate()
+        {
+            let series = f.window(k).unwrap().0;
+            let s = &windows.manifest().series[series];
+            let start = w["decoder_time"][0] as i64;
+            let history = (start - s.first_time) as usize;
+            let e = w["encoder_length"][0] as usize;
+            assert_eq!(
+                e,
+                history.min(E),
+                "the longest history, series {series} at {start}"
+            );
+            assert!(
+                start >= s.first_time + (s.len - val_steps) as i64,
+                "after the cutoff"
+            );
+            assert!(
+                seen.insert((series, start), e).is_none(),
+                "one window per horizon"
+            );
+        }
+        // Every horizon start after each cutoff with a history of at least MIN_E steps.
+        let want: usize = windows
+            .manifest()
+            .series
+            .iter()
+            .map(|s| {
+                let first = (s.len - val_steps).max(MIN_E);
+                (s.len + 1).saturating_sub(H).saturating_sub(first)
+            })
+            .sum();
+        assert_eq!(seen.len(), want, "val_steps {val_steps}");
+    }
+    // b/1 (7 steps) keeps no training window before its last 5, and still forecasts.
+    let f = windows.forecast(V).unwrap();
+    assert!((0..f.len()).any(|k| windows.manifest().series[f.window(k).unwrap().0].len == 7));
+    let e = windows.forecast(H - 1).unwrap_err();
+    assert!(e.to_string().contains("data.val_steps"), "{e}");
 }
 
 #[test]

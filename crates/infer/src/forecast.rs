@@ -73,11 +73,14 @@ pub fn forecast(
     let (mut windows, mut values, mut actual) = (Vec::new(), Vec::new(), Vec::new());
     let zero = Tensor::f_zeros([], (Kind::Float, model.device()))?;
     let started = Instant::now();
+    let mut point = levels.is_none();
     for batch in DeviceFeeder::new(loader.epoch(0), model.device()) {
         let batch = batch?;
         let inputs = in_kind(&batch.inputs, model.kind())?;
         let output = model.predict(&inputs, &batch.targets)?;
         check_output(&output, &batch.targets, levels.as_deref(), model)?;
+        // A point forecast (shaped like the target) has no levels, whatever model.quantiles says.
+        point = output.size() == batch.targets.size();
         let n = batch.indices.len() as u64;
         tally.add(&set.batch_sums(&zero, &output, &batch.targets)?, n)?;
         values.extend(host_f32(&output)?);
@@ -85,6 +88,7 @@ pub fn forecast(
         windows.extend(batch.indices);
     }
     let seconds = started.elapsed().as_secs_f64();
+    let levels = levels.filter(|_| !point);
     let report = ForecastReport {
         model: model.description().to_owned(),
         inputs: format!("{} ({} windows)", data_dir(data), data.len()),
@@ -215,7 +219,8 @@ impl Forecasts {
             .map_err(|e| InferError::file(path, format!("cannot create: {e}")))?;
         let mut out = std::io::BufWriter::new(file);
         let io = |e: std::io::Error| InferError::file(path, format!("cannot write: {e}"));
-        writeln!(out, "{}", self.header(data).join(",")).map_err(io)?;
+        let header: Vec<String> = self.header(data).iter().map(|h| csv_field(h)).collect();
+        writeln!(out, "{}", header.join(",")).map_err(io)?;
         let m = data.manifest();
         let levels = self.levels.as_ref().map_or(1, Vec::len);
         for (k, &index) in self.windows.iter().enumerate() {
@@ -255,16 +260,20 @@ pub fn forecast_windows(
     windows: &kiln_data::Windows,
     val_steps: usize,
 ) -> Result<WindowedDataset, InferError> {
-    let (_, after) = windows.split(val_steps)?;
-    if after.is_empty() {
+    let horizon = windows.manifest().horizon;
+    let after = match val_steps >= horizon {
+        true => Some(windows.forecast(val_steps)?),
+        false => None,
+    };
+    let Some(after) = after.filter(|a| !a.is_empty()) else {
         return Err(InferError::Input(format!(
             "{}: no window's horizon follows a cutoff {val_steps} steps before each series' end \
              (data.val_steps = {val_steps}); set data.val_steps to the steps to forecast, at \
              least the horizon ({}), in series long enough for a window",
             windows.dir().display(),
-            windows.manifest().horizon
+            horizon
         )));
-    }
+    };
     Ok(after)
 }
 

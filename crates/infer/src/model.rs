@@ -81,17 +81,6 @@ pub fn open_checkpoint(path: &Path) -> Result<Checkpoint, InferError> {
 /// configuration's checkpoint layer. An optional key the run left unset (shown as
 /// [`kiln_config::UNSET`] in the checkpoint's `config.json`: `model.output`, `model.freeze`)
 /// stays unset.
-/// The value of `key` the checkpoint's run was configured with, as shown.
-fn setting_of<'a>(ckpt: &'a Checkpoint, key: &str) -> Option<&'a str> {
-    ckpt.meta
-        .config
-        .as_array()?
-        .iter()
-        .find(|e| e.get("key").and_then(|k| k.as_str()) == Some(key))?
-        .get("value")?
-        .as_str()
-}
-
 pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
     let Some(entries) = ckpt.meta.config.as_array() else {
         return vec![];
@@ -105,6 +94,17 @@ pub fn model_settings(ckpt: &Checkpoint) -> Vec<(String, String)> {
                 .then(|| (key.to_owned(), value.to_owned()))
         })
         .collect()
+}
+
+/// The value of `key` the checkpoint's run was configured with, as shown.
+fn setting_of<'a>(ckpt: &'a Checkpoint, key: &str) -> Option<&'a str> {
+    ckpt.meta
+        .config
+        .as_array()?
+        .iter()
+        .find(|e| e.get("key").and_then(|k| k.as_str()) == Some(key))?
+        .get("value")?
+        .as_str()
 }
 
 /// Rebuilds the checkpoint's model from `plan` (the settings it was trained with, see

@@ -283,18 +283,24 @@ fn crop(t: &Tensor, at: &[i64], roi: &[i64]) -> Result<Tensor, InferError> {
 }
 
 /// An error, named, where the padding mode cannot pad the input to the window: reflection
-/// pads each side by less than the input's size in that dimension.
+/// pads each side by less than the input's size in that dimension, circular by at most it.
 pub fn check_padding(grid: &WindowGrid, settings: &SlidingWindow) -> Result<(), InferError> {
-    let too_far = grid
-        .pad
-        .iter()
-        .zip(&grid.image)
-        .any(|(&(lo, hi), &n)| lo.max(hi) >= n);
-    if settings.padding_mode == PadMode::Reflect && too_far {
+    let widest = |(&(lo, hi), &n): (&(i64, i64), &i64)| (lo.max(hi), n);
+    let mut sides = grid.pad.iter().zip(&grid.image).map(widest);
+    let (mode, limit) = match settings.padding_mode {
+        PadMode::Reflect => ("reflect", "less than"),
+        PadMode::Circular => ("circular", "at most"),
+        _ => return Ok(()),
+    };
+    let too_far = match settings.padding_mode {
+        PadMode::Reflect => sides.any(|(p, n)| p >= n),
+        _ => sides.any(|(p, n)| p > n),
+    };
+    if too_far {
         return Err(InferError::Input(format!(
-            "infer.sliding_window.padding_mode = reflect cannot pad the input {:?} to the window \
-             {:?} (each side must be padded by less than the input's size); use constant, \
-             replicate or circular, or a smaller infer.sliding_window.roi",
+            "infer.sliding_window.padding_mode = {mode} cannot pad the input {:?} to the window \
+             {:?} (each side must be padded by {limit} the input's size); use constant or \
+             replicate, or a smaller infer.sliding_window.roi",
             grid.image, grid.roi
         )));
     }

@@ -31,8 +31,8 @@ pub struct VolumeReport {
     /// The output written: `[K, *spatial]` scores or a `[*spatial]` class map.
     pub output_shape: Vec<usize>,
     pub output_dtype: String,
-    /// The whole run, from reading the input to the stitched output (the model's loading and
-    /// the trial window before it not counted).
+    /// The windows' run and their stitching (reading the input, loading the model and the
+    /// trial window before them not counted).
     pub seconds: f64,
     /// Of which inside the model's forward (on CUDA, up to the device's finishing it).
     pub forward_seconds: f64,
@@ -41,7 +41,7 @@ pub struct VolumeReport {
 /// Where the output goes and what it is.
 #[derive(Debug, Clone, Copy)]
 pub struct VolumeOutput<'a> {
-    /// The `.npy` file to write (never overwritten), if any.
+    /// The `.npy` or TIFF file to write (never overwritten), if any.
     pub path: Option<&'a Path>,
     /// `infer.sliding_window.output_device`.
     pub device: OutputDevice,
@@ -51,8 +51,8 @@ pub struct VolumeOutput<'a> {
     pub class_map: bool,
 }
 
-/// `input` (a `.npy` `[C, *spatial]`) through `model` by sliding windows, stitched and written
-/// as `output` says.
+/// `input` (a `.npy` or TIFF `[C, *spatial]`) through `model` by sliding windows, stitched and
+/// written as `output` says.
 pub fn infer_volume(
     model: &LoadedModel,
     input: &Path,
@@ -76,7 +76,13 @@ pub fn infer_volume(
         let start = Instant::now();
         let out = model.forward(&windows)?;
         if let Device::Cuda(i) = model.device() {
-            tch::Cuda::synchronize(i as i64);
+            // tch's synchronize panics on a device error (an assert in a kernel): an error here.
+            std::panic::catch_unwind(|| tch::Cuda::synchronize(i as i64)).map_err(|_| {
+                InferError::Input(format!(
+                    "{}: the device failed while running a batch of windows",
+                    model.description()
+                ))
+            })?;
         }
         forward_seconds += start.elapsed().as_secs_f64();
         Ok(out)
@@ -218,6 +224,14 @@ fn read_volume(path: &Path, dtype: DType, shape: &[usize]) -> Result<Tensor, Inf
 /// else i16 or i32.
 fn class_map_of(scores: &Tensor) -> Result<(Tensor, DType), InferError> {
     let classes = scores.size()[0];
+    if classes < 2 {
+        return Err(InferError::Input(
+            "--class-map takes the arg-max over the output's channels, and this model gives one \
+             channel (a single logit or probability): write its scores instead and threshold \
+             them"
+                .to_owned(),
+        ));
+    }
     let argmax = scores.f_argmax(0, false)?;
     let (kind, dtype) = match classes {
         0..=256 => (Kind::Uint8, DType::U8),

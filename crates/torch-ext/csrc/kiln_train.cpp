@@ -301,7 +301,6 @@ char* kiln_set_cuda_rng_state(int index, const at::Tensor* state) {
 
 // ---- memory format (channels-last for convolutions) ---------------------------------------
 
-// A channels-last copy of a 4-D tensor (the tensor itself when it already is).
 // The channels-last layout of a 4-D (NHWC) or 5-D (NDHWC, channels-last-3d) tensor.
 static at::MemoryFormat channels_last_for(const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.dim() == 4 || t.dim() == 5,
@@ -309,6 +308,7 @@ static at::MemoryFormat channels_last_for(const at::Tensor& t) {
   return t.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
 }
 
+// A channels-last copy of a 4-D or 5-D tensor (the tensor itself when it already is).
 char* kiln_to_channels_last(const at::Tensor* t, at::Tensor** out) {
   KILN_TRY
   *out = new at::Tensor(t->contiguous(channels_last_for(*t)));

@@ -245,6 +245,30 @@ impl Windows {
     }
 }
 
+impl Windows {
+    /// The windows to forecast, with every series cut `val_steps` (at least the horizon)
+    /// before its end: for each horizon that starts at the cutoff or later, one window with the
+    /// longest history the series has (none of the shortened duplicates that validation
+    /// windows of variable length include). Target scales come from the rows before each
+    /// cutoff. Unlike [`Windows::split`], a series needs no training window.
+    pub fn forecast(&self, val_steps: usize) -> Result<WindowedDataset, DataError> {
+        let m = &self.store.manifest;
+        if val_steps < m.horizon {
+            return Err(DataError::InvalidConfig {
+                key: "data.val_steps",
+                value: val_steps.to_string(),
+                expected: format!(
+                    "at least the horizon ({}): the steps after each series' cutoff to forecast",
+                    m.horizon
+                ),
+            });
+        }
+        let scales = read::scales(&self.store, val_steps)?;
+        let runs = read::forecast_ranges(m, val_steps);
+        Ok(WindowedDataset::new(self.store.clone(), runs, scales))
+    }
+}
+
 /// An error unless the manifest is one this kiln reads and consistent with itself.
 fn check_manifest(path: &Path, m: &WindowsManifest) -> Result<(), DataError> {
     let bad = |message: String| Err(DataError::file(path, message));

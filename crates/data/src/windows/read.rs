@@ -401,6 +401,41 @@ pub(crate) fn split_ranges(m: &WindowsManifest, val_steps: usize) -> (Vec<Run>, 
     (train, val)
 }
 
+/// The windows to forecast: for each horizon that starts at a series' cutoff (`val_steps`
+/// before its end) or later, one window with the longest history the series has (up to the
+/// encoder length, at least the minimum): full histories, and shorter ones from a series'
+/// start; never the deliberately shortened histories of [`split_ranges`]'s windows at an end.
+pub(crate) fn forecast_ranges(m: &WindowsManifest, val_steps: usize) -> Vec<Run> {
+    let (e, min, h) = (m.encoder_length, m.min_encoder(), m.horizon);
+    let mut out = vec![];
+    for (series, s) in m.series.iter().enumerate() {
+        let cutoff = s.len.saturating_sub(val_steps);
+        // Full histories: first rows p with p + e >= cutoff and p + e + h <= len.
+        let first = cutoff.saturating_sub(e);
+        if let Some(last) = s.len.checked_sub(e + h).filter(|&last| last >= first) {
+            out.push(Run {
+                series,
+                first,
+                count: last - first + 1,
+                shape: Shape::Full,
+            });
+        }
+        // From the series' start: histories of max(min, cutoff) to e - 1 steps, the horizon
+        // inside the series.
+        let shortest = min.max(cutoff);
+        let longest = (e - 1).min(s.len.saturating_sub(h));
+        if min < e && longest >= shortest {
+            out.push(Run {
+                series,
+                first: shortest,
+                count: longest - shortest + 1,
+                shape: Shape::Start,
+            });
+        }
+    }
+    out
+}
+
 /// The runs of windows of series `series` within its first `end` steps whose history ends at
 /// step `after` or later: full histories, then (variable lengths) shorter ones ending at `end`
 /// and shorter ones starting at the series' start (each window once).
