@@ -227,11 +227,7 @@ pub fn sliding(
              or .tiff file",
             output.display()
         );
-        anyhow::ensure!(
-            !output.exists(),
-            "{}: exists already; kiln does not overwrite outputs (choose another name)",
-            output.display()
-        );
+        kiln_infer::io::check_new_file(output)?;
     }
     let setup = setup(args, vec![])?;
     anyhow::ensure!(

@@ -206,6 +206,13 @@ impl OutputFormat {
 /// Checks that `path` can be written: a known format, not there yet, its directory existing.
 pub fn check_output(path: &Path) -> Result<OutputFormat, InferError> {
     let format = OutputFormat::of(path)?;
+    check_new_file(path)?;
+    Ok(format)
+}
+
+/// An error unless `path` can be created as a new file: it does not exist (kiln never
+/// overwrites an output) and its directory does.
+pub fn check_new_file(path: &Path) -> Result<(), InferError> {
     if path.exists() {
         return Err(InferError::file(
             path,
@@ -219,7 +226,7 @@ pub fn check_output(path: &Path) -> Result<OutputFormat, InferError> {
     if !parent.is_dir() {
         return Err(InferError::file(path, "its directory does not exist"));
     }
-    Ok(format)
+    Ok(())
 }
 
 /// Writes `values` of `shape` (`[samples, …output]`) to `path` in the format its extension
