@@ -187,6 +187,8 @@ fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f6
             shape.forward_flops_per_sample() as f64
         }
         ModelKind::ConvNet => 20_646_400.0,
+        // Not a case of the train suite.
+        ModelKind::Unet3d => f64::NAN,
     };
     3.0 * forward * batch as f64
 }

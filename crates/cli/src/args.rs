@@ -375,7 +375,7 @@ pub struct GpuArgs {
 /// What `kiln train` trains, beyond the configuration keys.
 #[derive(Debug, Clone, Default, Args)]
 pub struct TrainArgs {
-    /// The model: transformer, mlp or convnet (kiln's reference models), or your own PyTorch
+    /// The model: transformer, mlp, convnet or unet3d (kiln's reference models), or your own PyTorch
     /// model as a TorchScript file saved with torch.jit.script(model.train()).save("model.pt")
     /// (= --set model.name=…).
     #[arg(long, value_name = "NAME|FILE.pt")]
@@ -537,7 +537,7 @@ pub enum PrecisionArg {
 /// What `kiln profile-model` profiles, and how.
 #[derive(Debug, Clone, Args)]
 pub struct ProfileModelArgs {
-    /// A built-in model (transformer, mlp or convnet: random weights, sized by the model.*
+    /// A built-in model (transformer, mlp, convnet or unet3d: random weights, sized by the model.*
     /// settings), a kiln run or checkpoint directory, or a TorchScript file. A built-in name
     /// wins over a file of that name: write ./mlp for the file.
     #[arg(long, value_name = "MODEL")]

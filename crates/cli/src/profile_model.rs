@@ -45,7 +45,7 @@ fn target(model: &Path) -> anyhow::Result<Target> {
     }
     if !model.exists() {
         anyhow::bail!(
-            "--model {}: not a built-in model (transformer, mlp or convnet) and no such file or \
+            "--model {}: not a built-in model (transformer, mlp, convnet or unet3d) and no such file or \
              directory; give a built-in name, a kiln run or checkpoint directory, a TorchScript \
              .pt file or an .onnx file",
             model.display()
@@ -70,6 +70,7 @@ fn check_builtin_shape(kind: ModelKind, shape: &[usize]) -> anyhow::Result<()> {
         ModelKind::Mlp => return Ok(()),
         ModelKind::Transformer => ("[sequence, features]", 2),
         ModelKind::ConvNet => ("[channels, height, width]", 3),
+        ModelKind::Unet3d => ("[channels, depth, height, width]", 4),
         ModelKind::TorchScript | ModelKind::Program => return Ok(()),
     };
     if shape.len() != dims {
@@ -133,7 +134,7 @@ pub fn run(args: &ProfileModelArgs) -> anyhow::Result<ExitCode> {
         if mode == Mode::Train {
             anyhow::bail!(
                 "--mode train: {} is a TorchScript module, which kiln profiles in --mode infer \
-                 only; train mode takes a built-in model (transformer, mlp, convnet) or a kiln \
+                 only; train mode takes a built-in model (transformer, mlp, convnet, unet3d) or a kiln \
                  checkpoint",
                 path.display()
             );

@@ -347,7 +347,7 @@ fn bad_flags_are_named_with_what_would_be_valid() {
         (
             &["--model", "resnet"],
             &[
-                "--model resnet: not a built-in model (transformer, mlp or convnet)",
+                "--model resnet: not a built-in model (transformer, mlp, convnet or unet3d)",
                 "a kiln run or checkpoint directory, a TorchScript .pt file or an .onnx file",
             ],
         ),

@@ -237,3 +237,62 @@ fn bad_settings_are_refused_before_the_input_is_read() {
         stderr(&o)
     );
 }
+
+/// The segmenter's path from the two commands' world: `kiln train --model unet3d` on its
+/// synthetic 32³ volumes, then `kiln infer --sliding-window` of the run on a larger volume of
+/// odd sides: blended scores of every class per voxel, and the class map as their arg-max.
+#[test]
+fn a_trained_unet3d_segments_a_larger_volume_by_sliding_windows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let o = kiln(&[
+        "train",
+        "--model",
+        "unet3d",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--run-name",
+        "seg",
+        "--set",
+        "model.channels=4,8",
+        "--set",
+        "data.synthetic_samples=40",
+        "--set",
+        "train.epochs=1",
+        "--set",
+        &format!("run.output_dir={}", runs.display()),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let volume = tmp.path().join("volume.npy");
+    let (d, h, w) = (40usize, 36, 44);
+    let values: Vec<f32> = (0..d * h * w)
+        .map(|i| ((i * 7919) % 13) as f32 / 6.0 - 1.0)
+        .collect();
+    let bytes = kiln_data::npy_f32_bytes(&[1, d, h, w], &values).unwrap();
+    std::fs::write(&volume, bytes).unwrap();
+    let roi = "infer.sliding_window.roi=32".to_owned();
+    let scores = tmp.path().join("scores.npy");
+    let o = sliding(&run, &volume, &scores, std::slice::from_ref(&roi), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dtype, shape, s) = read_npy(&scores);
+    assert_eq!((dtype, shape), (DType::F32, vec![2, d, h, w]));
+    assert!(s.iter().all(|v| v.is_finite()));
+    let map = tmp.path().join("map.npy");
+    let o = sliding(&run, &volume, &map, &[roi], &["--class-map"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (dtype, shape, m) = read_npy(&map);
+    assert_eq!((dtype, shape), (DType::U8, vec![d, h, w]));
+    let voxels = d * h * w;
+    for (i, class) in m.iter().enumerate() {
+        let expected = if s[voxels + i] > s[i] { 1.0 } else { 0.0 };
+        assert!(*class == expected || s[voxels + i] == s[i], "voxel {i}");
+    }
+}

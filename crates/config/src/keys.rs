@@ -115,7 +115,7 @@ config_keys! {
 
     /// The model and its sizes.
     model (RawModel, ModelValues) {
-        /// transformer, mlp or convnet, or the path of your own model: a torch.export program
+        /// transformer, mlp, convnet or unet3d, or the path of your own model: a torch.export program
         /// (.pt2) or a TorchScript file (.pt).
         name: ModelChoice = "transformer" => model_name(&p.model);
         /// The output the loss uses, for a program returning a dict (its key) or a tuple (an
@@ -139,7 +139,8 @@ config_keys! {
         ff: u64 = 1024 => p.model.ff, valid |v| *v >= 1 => "must be at least 1";
         /// MLP hidden widths, comma separated ("256,256"; one width may be a plain number).
         hidden: Widths = "256,256" => p.model.hidden;
-        /// Conv net channels per stage, comma separated ("32,64,128").
+        /// Conv net channels per stage, comma separated ("32,64,128"); for unet3d, per level of
+        /// its encoder (its own default "16,32,64").
         channels: Widths = "32,64,128" => p.model.channels;
         /// Recompute each transformer layer's activations in backward instead of keeping them.
         activation_checkpointing: bool = false => p.model.activation_checkpointing;

@@ -60,6 +60,12 @@ impl NamedLayer {
         Self::new(DEFAULTS)
     }
 
+    /// A built-in model's own defaults, where they differ from the key table's: part of the
+    /// default layer (named `kiln's built-in defaults for the <model> model`), below the profile.
+    pub fn model_defaults(model: &str) -> Self {
+        Self::new(format!("{DEFAULTS} for the {model} model"))
+    }
+
     /// Adds `key` (`section.key`) = `value`.
     pub fn set(mut self, key: &str, value: impl Into<Value>) -> Self {
         self.values.push((key.to_owned(), value.into()));

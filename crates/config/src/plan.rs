@@ -69,6 +69,8 @@ pub enum ModelKind {
     Transformer,
     Mlp,
     ConvNet,
+    /// A small 3-D U-Net segmenter (a class per voxel).
+    Unet3d,
     /// A TorchScript module (`torch.jit.script(model.train()).save(path)`), the older format.
     TorchScript,
     /// A `torch.export` program (`torch.export.save(torch.export.export(…), path)`), trained
@@ -78,13 +80,14 @@ pub enum ModelKind {
 
 impl ModelKind {
     /// The built-in models.
-    pub const ALL: [ModelKind; 3] = [Self::Transformer, Self::Mlp, Self::ConvNet];
+    pub const ALL: [ModelKind; 4] = [Self::Transformer, Self::Mlp, Self::ConvNet, Self::Unet3d];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Transformer => "transformer",
             Self::Mlp => "mlp",
             Self::ConvNet => "convnet",
+            Self::Unet3d => "unet3d",
             Self::TorchScript => "torchscript",
             Self::Program => "program",
         }
@@ -104,7 +107,7 @@ impl std::str::FromStr for ModelKind {
         Self::ALL
             .into_iter()
             .find(|m| m.as_str() == s)
-            .ok_or_else(|| "use transformer, mlp or convnet".to_owned())
+            .ok_or_else(|| "use transformer, mlp, convnet or unet3d".to_owned())
     }
 }
 

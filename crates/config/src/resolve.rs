@@ -127,6 +127,25 @@ fn profile_layer(r: &Resolved) -> NamedLayer {
     layer
 }
 
+/// The defaults of the built-in model named `name` where they differ from the key table's
+/// (the 3-D U-Net's volumes cost far more per sample than the others' inputs).
+fn model_defaults(name: Option<&str>) -> Option<NamedLayer> {
+    let kind = name?.parse::<crate::ModelKind>().ok()?;
+    let values: &[(&str, &str)] = match kind {
+        crate::ModelKind::Unet3d => &[
+            (keys::model::channels, "16,32,64"),
+            (keys::data::synthetic_samples, "512"),
+            (keys::train::epochs, "3"),
+        ],
+        _ => return None,
+    };
+    let mut layer = NamedLayer::model_defaults(kind.as_str());
+    for (key, value) in values {
+        layer.push(key, parse_set_value(value));
+    }
+    Some(layer)
+}
+
 /// Adds the user's layers: file, environment, `--set`, flags.
 fn user_layers(mut fig: Figment, req: &ConfigRequest) -> Result<Figment, ConfigError> {
     if let Some((source, values)) = &req.checkpoint {
@@ -316,11 +335,13 @@ pub fn load(req: &ConfigRequest) -> Result<Resolution, ConfigError> {
         raw.device.profile.as_ref().map(|p| p.0.as_str()),
     )?;
 
-    // Pass 2: defaults, the profile, then the user's layers over both.
-    let pass2 = user_layers(
-        Figment::from(defaults()).merge(profile_layer(&profile)),
-        req,
-    )?;
+    // Pass 2: defaults (with the chosen built-in model's own), the profile, then the user's
+    // layers over both.
+    let mut base = Figment::from(defaults());
+    if let Some(layer) = model_defaults(raw.model.name.as_deref()) {
+        base = base.merge(layer);
+    }
+    let pass2 = user_layers(base.merge(profile_layer(&profile)), req)?;
     let raw = extract(&pass2)?;
     let profile_fields = profile_values(&profile.profile);
     let mut provenance = BTreeMap::new();

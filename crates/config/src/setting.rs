@@ -405,7 +405,7 @@ impl Setting for ModelChoice {
             _ if path.is_file() => ModelKind::TorchScript,
             _ => {
                 return Err(
-                    "use transformer, mlp or convnet, or the path of your own model: a program \
+                    "use transformer, mlp, convnet or unet3d, or the path of your own model: a program \
                      saved with torch.export.save (.pt2), or a TorchScript file (.pt)"
                         .to_owned(),
                 );

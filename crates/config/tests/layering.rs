@@ -543,3 +543,44 @@ fn keep_best_takes_a_flag_or_a_metric_from_one_vocabulary() {
         Ok(())
     });
 }
+
+#[test]
+fn a_built_in_model_brings_its_own_defaults_named_and_below_everything_the_user_sets() {
+    Jail::expect_with(|jail| {
+        let mut req = request(None, 8);
+        req.sets = vec!["model.name=unet3d".into()];
+        let plan = load(&req).map_err(jail_err)?.plan;
+        assert_eq!(plan.model.channels, [16, 32, 64]);
+        assert_eq!((plan.data.synthetic_samples, plan.train.epochs), (512, 3));
+        let src = plan.source_of("model.channels").unwrap();
+        assert_eq!(src.layer, Layer::Default);
+        assert_eq!(src.source, "kiln's built-in defaults for the unet3d model");
+        // The profile still fills its keys; the key table's defaults stay for the rest.
+        assert_eq!(
+            plan.source_of("train.batch_size").unwrap().layer,
+            Layer::Profile
+        );
+        assert_eq!(plan.source_of("train.lr").unwrap().layer, Layer::Default);
+        // The user wins over the model's defaults in every layer, even naming the model in a file.
+        jail.create_file(
+            "kiln.toml",
+            "[model]\nname = \"unet3d\"\n[train]\nepochs = 7\n",
+        )?;
+        let mut req = request(None, 8);
+        req.file = Some("kiln.toml".into());
+        req.sets = vec!["model.channels=8,16".into()];
+        let plan = load(&req).map_err(jail_err)?.plan;
+        assert_eq!(plan.model.channels, [8, 16]);
+        assert_eq!((plan.train.epochs, plan.data.synthetic_samples), (7, 512));
+        // Other models keep the key table's defaults.
+        let mut req = request(None, 8);
+        req.sets = vec!["model.name=convnet".into()];
+        let plan = load(&req).map_err(jail_err)?.plan;
+        assert_eq!(plan.model.channels, [32, 64, 128]);
+        assert_eq!(
+            plan.source_of("model.channels").unwrap().source,
+            "kiln's built-in defaults"
+        );
+        Ok(())
+    });
+}

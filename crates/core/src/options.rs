@@ -158,13 +158,15 @@ option_enum! {
         Mae = "val_mae" | "mae",
         /// The root-mean-square error per target element (lower is better).
         Rmse = "val_rmse" | "rmse",
+        /// The foreground Dice score of a segmentation (higher is better).
+        Dice = "val_dice" | "dice",
     }
 }
 
 impl MetricName {
     /// Whether a larger value is better.
     pub const fn higher_is_better(self) -> bool {
-        matches!(self, Self::Accuracy)
+        matches!(self, Self::Accuracy | Self::Dice)
     }
 
     /// The metric's own name, as records carry it (`accuracy`; its validation value is

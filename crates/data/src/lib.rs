@@ -23,6 +23,7 @@ mod rng;
 mod sampler;
 mod shards;
 mod synthetic;
+mod synthetic_volumes;
 mod target;
 pub mod tiff_stack;
 mod transform;
@@ -46,6 +47,7 @@ pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy
 pub use sampler::{Position, Sampler, SamplerConfig};
 pub use shards::ShardedDataset;
 pub use synthetic::{SyntheticImages, SyntheticSequences};
+pub use synthetic_volumes::SyntheticVolumes;
 pub use target::MAX_EXACT_ID;
 pub use target::{TargetSlot, TargetSpec, Targets};
 pub use transform::{Normalize, Transform, Transformed};

@@ -139,7 +139,7 @@ impl TargetSlot<'_> {
         }
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             TargetSlot::Classes(s) => format!("{} class values", s.len()),
             TargetSlot::Values(s) => format!("{} f32 values", s.len()),

@@ -308,7 +308,7 @@ fn reference_description(plan: &ModelPlan) -> String {
             "d_model {}, heads {}, layers {}, ff {}",
             plan.d_model, plan.heads, plan.layers, plan.ff
         ),
-        ModelKind::ConvNet => format!("channels {}", list(&plan.channels)),
+        ModelKind::ConvNet | ModelKind::Unet3d => format!("channels {}", list(&plan.channels)),
         ModelKind::TorchScript => "a TorchScript module".to_owned(),
         ModelKind::Program => "an exported program".to_owned(),
     };

@@ -61,6 +61,38 @@ pub fn conv2d<'a>(
     conv
 }
 
+/// `nn.Conv3d(in_dim, out_dim, kernel, padding=padding, bias=bias)`, stride 1: weight
+/// `[out_dim, in_dim, k, k, k]` and bias U(±1/√fan_in), fan_in = in_dim × kernel³.
+pub fn conv3d<'a>(
+    vs: impl std::borrow::Borrow<nn::Path<'a>>,
+    in_dim: i64,
+    out_dim: i64,
+    kernel: i64,
+    bias: bool,
+) -> nn::Linear {
+    let vs = vs.borrow();
+    let init = uniform_fan_in(in_dim * kernel.pow(3));
+    let ws = vs.var("weight", &[out_dim, in_dim, kernel, kernel, kernel], init);
+    let bs = bias.then(|| vs.var("bias", &[out_dim], init));
+    nn::Linear { ws, bs }
+}
+
+/// `nn.ConvTranspose3d(in_dim, out_dim, kernel, stride=kernel)`: weight
+/// `[in_dim, out_dim, k, k, k]` and bias U(±1/√fan_in), where PyTorch's fan_in is the weight's
+/// second dimension times the kernel's volume: out_dim × kernel³.
+pub fn conv_transpose3d<'a>(
+    vs: impl std::borrow::Borrow<nn::Path<'a>>,
+    in_dim: i64,
+    out_dim: i64,
+    kernel: i64,
+) -> nn::Linear {
+    let vs = vs.borrow();
+    let init = uniform_fan_in(out_dim * kernel.pow(3));
+    let ws = vs.var("weight", &[in_dim, out_dim, kernel, kernel, kernel], init);
+    let bs = Some(vs.var("bias", &[out_dim], init));
+    nn::Linear { ws, bs }
+}
+
 /// `nn.LayerNorm(dim, eps=1e-5)`: weight 1, bias 0.
 pub fn layer_norm<'a>(vs: impl std::borrow::Borrow<nn::Path<'a>>, dim: i64) -> nn::LayerNorm {
     nn::layer_norm(

@@ -1,6 +1,7 @@
 //! The loss a run minimises (cross-entropy, MSE, L1, Huber, BCE with logits, or the model's
 //! own), and which of [`crate::metrics`]' sets the task reports (accuracy per element for
-//! classes and multi-label targets, MAE and RMSE for regression).
+//! classes and multi-label targets, with the Dice score for class maps; MAE and RMSE for
+//! regression).
 
 use kiln_config::LossKind;
 use kiln_config::keys;
@@ -97,6 +98,11 @@ impl Loss {
     /// The metrics that go with this loss on `target`.
     pub fn metric(self, target: &TargetSpec) -> MetricKind {
         match (self, target) {
+            (Loss::CrossEntropy | Loss::Module, TargetSpec::Classes { shape, .. })
+                if !shape.is_empty() =>
+            {
+                MetricKind::Segmentation
+            }
             (Loss::CrossEntropy | Loss::BceWithLogits, _) => MetricKind::Accuracy,
             (Loss::Module, TargetSpec::Classes { .. }) => MetricKind::Accuracy,
             (Loss::Module, TargetSpec::Values { .. }) => MetricKind::LossOnly,

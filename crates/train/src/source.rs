@@ -82,6 +82,11 @@ pub fn identity(plan: &kiln_config::RunPlan) -> String {
             m.channels,
             flag(plan.performance.channels_last, " nhwc")
         ),
+        ModelKind::Unet3d => format!(
+            "channels {:?}{}",
+            m.channels,
+            flag(plan.performance.channels_last, " nhwc")
+        ),
         ModelKind::TorchScript | ModelKind::Program => script_identity(m.script.as_deref()),
     };
     format!("{} ({dims})", m.kind)

@@ -406,6 +406,70 @@ fn channels_last_convnet_lays_weights_out_nhwc_and_computes_the_same() {
     assert!(ya.allclose(&yb, 1e-4, 1e-5, false));
 }
 
+fn unet_input(side: usize) -> InputSpec {
+    InputSpec {
+        sample_shape: vec![1, side, side, side],
+        classes: 2,
+        target: Some(kiln_data::TargetSpec::Classes {
+            classes: 2,
+            shape: vec![side; 3],
+        }),
+        integer_features: false,
+        arrays: vec![],
+    }
+}
+
+#[test]
+fn unet3d_scores_every_voxel_and_matches_its_twin_in_size() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let p = ModelPlan {
+        channels: vec![16, 32, 64],
+        ..plan(ModelKind::Unet3d)
+    };
+    let model = build(&p, &unet_input(8), &vs, false, 0).unwrap();
+    // UNet3d(1, [16, 32, 64], 2) of benches/python/train_step.py.
+    assert_eq!(parameter_count(&vs), 339_586);
+    let x = Tensor::randn([2, 1, 8, 12, 4], (Kind::Float, Device::Cpu));
+    assert_eq!(model.forward(&x, true).unwrap().size(), [2, 2, 8, 12, 4]);
+    let a = model.forward(&x, false).unwrap();
+    assert!(a.equal(&model.forward(&x, false).unwrap()));
+    // Sides that do not divide by 4 (two halvings) are named errors, not a crash in a conv.
+    let odd = Tensor::randn([1, 1, 8, 6, 8], (Kind::Float, Device::Cpu));
+    let err = model.forward(&odd, false).err().unwrap().to_string();
+    assert!(
+        err.contains("divide by 4") && err.contains("[1, 1, 8, 6, 8]"),
+        "{err}"
+    );
+    // Targets of one label per volume are not what it predicts.
+    let labels = InputSpec {
+        target: None,
+        ..unet_input(8)
+    };
+    let err = build(&p, &labels, &nn::VarStore::new(Device::Cpu), false, 0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("a class map per volume"), "{err}");
+}
+
+#[test]
+fn channels_last_unet3d_lays_weights_out_ndhwc_and_computes_the_same() {
+    let x = Tensor::randn([2, 1, 8, 8, 8], (Kind::Float, Device::Cpu));
+    let p = ModelPlan {
+        channels: vec![4, 8],
+        ..plan(ModelKind::Unet3d)
+    };
+    let vs_a = nn::VarStore::new(Device::Cpu);
+    let a = build(&p, &unet_input(8), &vs_a, false, 0).unwrap();
+    let mut vs_b = nn::VarStore::new(Device::Cpu);
+    let b = build(&p, &unet_input(8), &vs_b, true, 0).unwrap();
+    vs_b.copy(&vs_a).unwrap();
+    let w = &vs_b.variables()["down1.conv0.weight"];
+    assert!(kiln_torch_ext::layout::is_channels_last(w).unwrap());
+    let (ya, yb) = (a.forward(&x, false).unwrap(), b.forward(&x, false).unwrap());
+    assert!(ya.allclose(&yb, 1e-4, 1e-5, false));
+}
+
 #[test]
 fn bf16_autocast_runs_the_transformer_in_bf16_on_this_thread() {
     let vs = nn::VarStore::new(Device::Cpu);

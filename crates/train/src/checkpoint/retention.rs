@@ -51,10 +51,10 @@ impl Retention {
             let (metric, value) = match self.best {
                 KeepBest::Off => return None,
                 KeepBest::By(metric) => (metric, metric_of(meta, metric)?),
-                KeepBest::TaskDefault => match metric_of(meta, MetricName::Accuracy) {
-                    Some(v) => (MetricName::Accuracy, v),
-                    None => (MetricName::Loss, metric_of(meta, MetricName::Loss)?),
-                },
+                KeepBest::TaskDefault => [MetricName::Dice, MetricName::Accuracy]
+                    .into_iter()
+                    .find_map(|m| Some((m, metric_of(meta, m)?)))
+                    .or_else(|| Some((MetricName::Loss, metric_of(meta, MetricName::Loss)?)))?,
             };
             Some(if metric.higher_is_better() {
                 value

@@ -8,6 +8,7 @@
 //! (`checkpoint.keep_best`), in the metric vocabulary `kiln_core::options::MetricName`.
 
 mod accuracy;
+mod dice;
 mod forecast;
 mod loss;
 mod mae;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use tch::{Kind, Tensor};
 
 pub use self::accuracy::Accuracy;
+pub use self::dice::Dice;
 pub use self::forecast::{ForecastSpec, is_horizon_step};
 pub use self::loss::MeanLoss;
 pub use self::mae::Mae;
@@ -34,6 +36,8 @@ use crate::TrainError;
 pub enum MetricKind {
     /// Share of elements right: arg-max over dimension 1 (classes) or logit > 0 (multi-label).
     Accuracy,
+    /// A class map's: accuracy per voxel and the foreground Dice score.
+    Segmentation,
     /// Mean absolute and root-mean-square error.
     Regression,
     /// The loss alone (a module's own loss on value targets: its output need not be shaped
@@ -172,6 +176,7 @@ impl MetricSet {
                 .chain(f.metrics())
                 .collect(),
             (None, K::Accuracy) => vec![Arc::new(MeanLoss), Arc::new(Accuracy)],
+            (None, K::Segmentation) => vec![Arc::new(MeanLoss), Arc::new(Accuracy), Arc::new(Dice)],
             (None, K::Regression) => vec![Arc::new(MeanLoss), Arc::new(Mae), Arc::new(Rmse)],
             (None, K::LossOnly) => vec![Arc::new(MeanLoss)],
         };
@@ -363,12 +368,61 @@ mod tests {
         assert_eq!((v.get("loss"), v.get("accuracy")), (Some(0.0), None));
     }
 
+    /// The foreground Dice score of class maps, per class by a slow loop over voxels, summed
+    /// over classes and batches, equals the metric's from its on-device sums.
+    #[test]
+    fn dice_matches_a_voxel_by_voxel_reference() {
+        let set = MetricSet::for_task(MetricKind::Segmentation);
+        assert_eq!(
+            set.names().collect::<Vec<_>>(),
+            ["loss", "accuracy", "dice"]
+        );
+        tch::manual_seed(3);
+        let (mut total, mut reference) = (vec![0.0f64; set.sums_len()], [0.0f64; 3]);
+        for _ in 0..3 {
+            let scores = Tensor::randn([2, 3, 4, 5, 6], (Kind::Float, tch::Device::Cpu));
+            let target = Tensor::randint(3, [2, 4, 5, 6], (Kind::Int64, tch::Device::Cpu));
+            let sums = sums_of(&set, 0.0, &scores, &target);
+            total
+                .iter_mut()
+                .zip(&sums)
+                .for_each(|(t, s)| *t += f64::from(*s));
+            let predicted = Vec::<i64>::try_from(scores.argmax(1, false).flatten(0, -1)).unwrap();
+            let actual = Vec::<i64>::try_from(target.flatten(0, -1)).unwrap();
+            for class in 1..3 {
+                for (p, a) in predicted.iter().zip(&actual) {
+                    let (p, a) = (*p == class, *a == class);
+                    reference[0] += f64::from(u8::from(p && a));
+                    reference[1] += f64::from(u8::from(p));
+                    reference[2] += f64::from(u8::from(a));
+                }
+            }
+        }
+        let dice = set.values(&total, 6).get("dice").unwrap();
+        let expected = 2.0 * reference[0] / (reference[1] + reference[2]);
+        assert!((dice - expected).abs() < 1e-9, "{dice} vs {expected}");
+        assert!(
+            dice > 0.2 && dice < 0.9,
+            "random scores give a middling Dice: {dice}"
+        );
+        // Neither side has foreground: not reported; labels per sample: not judged.
+        assert_eq!(set.values(&[0.0; 6], 1).get("dice"), None);
+        let labels = sums_of(
+            &set,
+            0.0,
+            &values(&[1.0, 0.0], &[1, 2]),
+            &Tensor::from_slice(&[1i64]),
+        );
+        assert_eq!(labels[3..], [0.0, 0.0, 0.0]);
+    }
+
     /// Built-in metrics agree with the vocabulary settings name them by: every name settings
     /// accept is reported by some task, in the same direction.
     #[test]
     fn the_registry_and_the_setting_vocabulary_agree() {
         let sets = [
             MetricKind::Accuracy,
+            MetricKind::Segmentation,
             MetricKind::Regression,
             MetricKind::LossOnly,
         ]

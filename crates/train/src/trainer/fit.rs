@@ -565,7 +565,12 @@ impl Trainer<'_> {
             chance_accuracy: run
                 .target
                 .classes()
-                .filter(|_| self.metrics.kind() == MetricKind::Accuracy)
+                .filter(|_| {
+                    matches!(
+                        self.metrics.kind(),
+                        MetricKind::Accuracy | MetricKind::Segmentation
+                    )
+                })
                 .map(|c| 1.0 / c.max(1) as f64),
             memory: MemorySample::read(self.device),
             oom_retries: self.oom.retries,

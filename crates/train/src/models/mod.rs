@@ -1,13 +1,16 @@
 //! The reference models kiln is tuned and benchmarked on: an MLP for tabular data, a
 //! transformer encoder classifier shaped like a sign-language SignTransformer (sequence 64 × 469
-//! features), and a small conv net with a channels-last option. `benches/python/train_step.py`
+//! features), a small conv net with a channels-last option, and a small 3-D U-Net segmenter
+//! ([`unet3d`]). `benches/python/train_step.py`
 //! defines the same models in PyTorch for the side-by-side benchmark. Every layer is initialised
 //! as PyTorch's module of that kind is by default ([`crate::init`]), in the same order, so with
 //! the same seed on the CPU a kiln model starts from its twin's very weights.
 
 use kiln_config::keys;
 use kiln_config::{ModelKind, ModelPlan};
-use kiln_data::{Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences};
+use kiln_data::{
+    Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, SyntheticVolumes,
+};
 use std::sync::Arc;
 
 use tch::{Kind, Tensor, nn};
@@ -15,6 +18,10 @@ use tch::{Kind, Tensor, nn};
 use crate::TrainError;
 use crate::init;
 use crate::model::{Dropout, InputSpec, Model, dropout_seed, dropout_state, set_dropout_state};
+
+pub mod unet3d;
+
+pub use unet3d::Unet3d;
 
 fn invalid(key: &'static str, value: String, expected: String) -> TrainError {
     TrainError::InvalidPlan {
@@ -26,6 +33,38 @@ fn invalid(key: &'static str, value: String, expected: String) -> TrainError {
 
 fn dim(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Whether reference model `kind` predicts `target` for samples of `shape`: the 3-D U-Net a
+/// class per voxel, the others one label or a vector of values per sample.
+fn check_target(
+    kind: ModelKind,
+    shape: &[usize],
+    target: &kiln_data::TargetSpec,
+) -> Result<(), TrainError> {
+    use kiln_data::TargetSpec;
+    let fits = match (kind, target) {
+        (ModelKind::Unet3d, TargetSpec::Classes { shape: t, .. }) => shape.get(1..) == Some(t),
+        (ModelKind::Unet3d, TargetSpec::Values { .. }) => false,
+        (_, TargetSpec::Values { shape }) => shape.len() <= 1,
+        (_, TargetSpec::Classes { shape, .. }) => shape.is_empty(),
+    };
+    if fits {
+        return Ok(());
+    }
+    let expected = if kind == ModelKind::Unet3d {
+        format!(
+            "a class map per volume: integer classes of the volume's spatial shape {:?}; \
+             targets of {target} need a model of your own (--model model.pt2)",
+            shape.get(1..).unwrap_or(&[])
+        )
+    } else {
+        format!(
+            "the built-in models predict one label or a vector of values per sample; targets \
+             of {target} need a model of your own (--model model.pt)"
+        )
+    };
+    Err(invalid(keys::model::name, kind.to_string(), expected))
 }
 
 /// Builds the plan's reference model under `vs`'s root for data of `input`'s shape. `seed`
@@ -44,16 +83,7 @@ pub fn build_reference(
         .target
         .clone()
         .unwrap_or(kiln_data::TargetSpec::label(input.classes));
-    if target.shape().len() > usize::from(matches!(target, kiln_data::TargetSpec::Values { .. })) {
-        return Err(invalid(
-            keys::model::name,
-            plan.kind.to_string(),
-            format!(
-                "the built-in models predict one label or a vector of values per sample; \
-                 targets of {target} need a model of your own (--model model.pt)"
-            ),
-        ));
-    }
+    check_target(plan.kind, shape, &target)?;
     let regression = matches!(target, kiln_data::TargetSpec::Values { .. });
     if input.classes < 2 && !regression {
         return Err(invalid(
@@ -81,7 +111,7 @@ pub fn build_reference(
             return Err(invalid(
                 keys::model::name,
                 plan.kind.to_string(),
-                "a reference model (mlp, transformer, convnet): a model file is built by \
+                "a reference model (mlp, transformer, convnet, unet3d): a model file is built by \
                  source::build"
                     .to_owned(),
             ));
@@ -118,6 +148,18 @@ pub fn build_reference(
                 )
                 .with_activation_checkpointing(plan.activation_checkpointing),
             )
+        }
+        ModelKind::Unet3d => {
+            let [channels, _, _, _] = shape[..] else {
+                return Err(wrong_shape("[channels, depth, height, width]"));
+            };
+            Box::new(Unet3d::new(
+                &root,
+                channels as i64,
+                &plan.channels,
+                classes,
+                channels_last,
+            )?)
         }
         ModelKind::ConvNet => {
             let [channels, _, _] = shape[..] else {
@@ -535,6 +577,7 @@ pub fn synthetic_shape(kind: ModelKind) -> Option<(Vec<usize>, usize)> {
         ModelKind::Transformer => Some((vec![64, 469], 100)),
         ModelKind::Mlp => Some((vec![64], 10)),
         ModelKind::ConvNet => Some((vec![3, 32, 32], 10)),
+        ModelKind::Unet3d => Some((vec![1, 32, 32, 32], 2)),
         ModelKind::TorchScript | ModelKind::Program => None,
     }
 }
@@ -563,6 +606,7 @@ pub fn synthetic_dataset(
         ModelKind::ConvNet => Box::new(SyntheticImages::new(
             samples, shape[0], shape[1], classes, seed,
         )?),
+        ModelKind::Unet3d => Box::new(SyntheticVolumes::new(samples, shape[1], seed)?),
         ModelKind::TorchScript | ModelKind::Program => return Err(no_synthetic()),
     })
 }
