@@ -12,7 +12,7 @@ use kiln_infer::model::{self, ModelSource};
 use kiln_infer::offline::Report;
 use kiln_train::checkpoint::Checkpoint;
 
-use crate::args::{ExportFormat, ExportMode, Format, ModelArgs};
+use crate::args::{ExportFormat, ExportMode, Format, ModelArgs, Quantize};
 use crate::commands;
 use crate::engines::{self, EngineRequest};
 use kiln_infer::export::ProgramFiles;
@@ -455,13 +455,15 @@ pub fn serve(
 }
 
 /// What `kiln export` was asked.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ExportArgs {
     pub model: PathBuf,
     pub out: PathBuf,
     pub format: Option<ExportFormat>,
     pub mode: ExportMode,
     pub input_shape: Option<Vec<usize>>,
+    pub quantize: Option<Quantize>,
+    pub check_data: Option<PathBuf>,
     pub config: Option<PathBuf>,
     pub sets: Vec<String>,
 }
@@ -491,6 +493,9 @@ fn export_format(given: Option<ExportFormat>, out: &Path) -> anyhow::Result<Expo
 pub fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
     kiln_infer::export::check_target(&a.out)?;
     let format = export_format(a.format, &a.out)?;
+    if a.quantize.is_some() {
+        return export_int8(a, format);
+    }
     if !a.model.exists()
         || a.model
             .extension()
@@ -550,6 +555,60 @@ pub fn export(a: &ExportArgs) -> anyhow::Result<ExitCode> {
     };
     report_export(&e);
     Ok(ExitCode::SUCCESS)
+}
+
+/// `kiln export --quantize int8`: the fp32 ONNX export into a temporary file beside `--out`,
+/// then its int8 version, compared with it on `--check-data` and published if it passes.
+fn export_int8(a: &ExportArgs, format: ExportFormat) -> anyhow::Result<ExitCode> {
+    if format != ExportFormat::Onnx {
+        anyhow::bail!(
+            "--quantize int8 writes ONNX (int8 weights run in ONNX Runtime): give --format onnx \
+             or an --out ending in .onnx"
+        );
+    }
+    let Some(dir) = &a.check_data else {
+        anyhow::bail!(
+            "--quantize int8 needs --check-data DIR: a prepared dataset (kiln data prepare) to \
+             run the int8 model beside the fp32 one on before it is written"
+        );
+    };
+    let data = kiln_data::ShardedDataset::open(dir)
+        .with_context(|| format!("--check-data {}", dir.display()))?;
+    let mut name = a.out.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".fp32-{}.onnx", std::process::id()));
+    let fp32 = a.out.with_file_name(name);
+    let inner = ExportArgs {
+        out: fp32.clone(),
+        quantize: None,
+        ..a.clone()
+    };
+    let result = export(&inner).and_then(|_| {
+        let shape = kiln_data::Dataset::sample_shape(&data).to_vec();
+        let c = kiln_infer::quantize::to_int8(
+            &fp32,
+            &a.out,
+            &shape,
+            &data,
+            &dir.display().to_string(),
+        )?;
+        let bytes = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        eprintln!(
+            "wrote {} (ONNX, int8 Linear/MatMul weights, {} bytes; fp32 {} bytes); on {} samples \
+             of {} its {} is {:.4} against fp32's {:.4} ({})",
+            a.out.display(),
+            bytes(&a.out),
+            bytes(&fp32),
+            c.samples,
+            dir.display(),
+            c.metric.name(),
+            c.int8,
+            c.fp32,
+            c.metric.limit()
+        );
+        Ok(ExitCode::SUCCESS)
+    });
+    let _ = std::fs::remove_file(&fp32);
+    result
 }
 
 /// The line `kiln export` ends with: what it wrote and how it was checked.

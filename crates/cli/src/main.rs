@@ -67,6 +67,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             format,
             mode,
             input_shape,
+            quantize,
+            check_data,
             config,
             sets,
         } => infer::export(&infer::ExportArgs {
@@ -75,6 +77,8 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             format,
             mode,
             input_shape,
+            quantize,
+            check_data,
             config,
             sets,
         }),

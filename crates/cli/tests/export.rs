@@ -227,3 +227,132 @@ fn an_exported_checkpoint_loads_in_pytorch_and_gives_kilns_outputs_with_python_t
     let gap = max_abs(&ours, &theirs);
     assert!(gap < 1e-5, "PyTorch's outputs differ from kiln's by {gap}");
 }
+
+/// A prepared dataset of 64 features and 10 classes (a linear rule) under `dir/name`.
+fn prepared(dir: &Path, name: &str) -> PathBuf {
+    let (n, d) = (1200usize, 64usize);
+    let x: Vec<f32> = (0..n * d)
+        .map(|i| (((i * 2_654_435_761) % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let labels: Vec<i64> = x
+        .chunks(d)
+        .map(|row| {
+            (0..10)
+                .max_by(|&a, &b| row[a * 6].total_cmp(&row[b * 6]))
+                .unwrap() as i64
+        })
+        .collect();
+    let (xs, ys) = (dir.join("x.npy"), dir.join("y.npy"));
+    std::fs::write(&xs, kiln_data::npy_f32_bytes(&[n, d], &x).unwrap()).unwrap();
+    let bytes: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
+    kiln_data::write_npy(&ys, kiln_data::DType::I64, &[n], &bytes).unwrap();
+    let out = dir.join(name);
+    let o = kiln(&[
+        "data",
+        "prepare",
+        "--features",
+        xs.to_str().unwrap(),
+        "--labels",
+        ys.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    out
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11, the ONNX export packages and the onnxruntime wheel \
+            (KILN_PYTHON, KILN_ONNX_PYTHONPATH); `cargo xtask test` runs it"]
+fn an_int8_export_is_checked_on_the_users_data_and_runs_in_onnxruntime_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = prepared(tmp.path(), "data");
+    let runs = format!("run.output_dir={}", tmp.path().join("runs").display());
+    let o = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        data.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--set",
+        "train.amp=fp32",
+        "--set",
+        &runs,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = only_run(&tmp.path().join("runs"));
+    let (fp32, int8) = (tmp.path().join("fp32.onnx"), tmp.path().join("int8.onnx"));
+    assert!(export(&run, &fp32).status.success());
+    let quantize = |out: &Path, extra: &[&str]| {
+        let mut args = vec!["export", "--model", run.to_str().unwrap(), "--out"];
+        args.push(out.to_str().unwrap());
+        args.extend(["--quantize", "int8"]);
+        args.extend(extra);
+        kiln(&args)
+    };
+    let o = quantize(&int8, &["--check-data", data.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("int8 Linear/MatMul weights") && err.contains("its accuracy is"),
+        "{err}"
+    );
+    // The int8 file holds 1-byte weights: far smaller than the fp32 export.
+    let size = |p: &Path| std::fs::metadata(p).unwrap().len();
+    assert!(
+        size(&int8) * 3 < size(&fp32),
+        "{} vs {}",
+        size(&int8),
+        size(&fp32)
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name().to_string_lossy().contains(".partial-")
+                || e.file_name().to_string_lossy().contains(".fp32-")
+        })
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    // ONNX Runtime runs it, within quantization's error of kiln's outputs.
+    let x = tmp.path().join("x5.npy");
+    let first: Vec<f32> = (0..5 * 64).map(|i| ((i % 13) as f32 / 6.0) - 1.0).collect();
+    std::fs::write(&x, kiln_data::npy_f32_bytes(&[5, 64], &first).unwrap()).unwrap();
+    let ours = infer(&run, &x, &tmp.path().join("ours.safetensors"));
+    let (q, _) = infer_with(&int8, &x, &tmp.path().join("q.safetensors"), "onnxruntime");
+    let gap = max_abs(&ours, &q);
+    assert!(gap > 0.0 && gap < 0.5, "int8 differs from fp32 by {gap}");
+    // An existing file is never replaced, and a dataset of other samples is named.
+    let before = std::fs::read(&int8).unwrap();
+    assert!(
+        !quantize(&int8, &["--check-data", data.to_str().unwrap()])
+            .status
+            .success()
+    );
+    assert_eq!(std::fs::read(&int8).unwrap(), before);
+}
+
+#[test]
+fn int8_export_asks_for_onnx_and_a_dataset_to_check_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-run");
+    let run = |out: &str, extra: &[&str]| {
+        let out = tmp.path().join(out);
+        let mut args = vec!["export", "--model", model.to_str().unwrap(), "--out"];
+        args.push(out.to_str().unwrap());
+        args.extend(["--quantize", "int8"]);
+        args.extend(extra);
+        let o = kiln(&args);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(!out.exists());
+        stderr(&o)
+    };
+    let err = run("model.pt", &["--check-data", "nowhere"]);
+    assert!(err.contains("--quantize int8 writes ONNX"), "{err}");
+    let err = run("model.onnx", &[]);
+    assert!(err.contains("needs --check-data DIR"), "{err}");
+    let err = run("model.onnx", &["--check-data", "nowhere"]);
+    assert!(err.contains("--check-data nowhere"), "{err}");
+}

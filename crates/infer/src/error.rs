@@ -35,6 +35,19 @@ pub enum InferError {
          {tolerance:.0e}); nothing was written"
     )]
     ExportMismatch { max_abs: f64, tolerance: f64 },
+    /// An int8 model that scores worse than its fp32 original beyond the task's limit.
+    #[error(
+        "int8 quantization refused: on {samples} samples of {data} the {metric} is {int8:.4} \
+         with int8 weights against {fp32:.4} in fp32 (allowed: {limit}); nothing was written"
+    )]
+    Quantization {
+        data: String,
+        samples: usize,
+        metric: &'static str,
+        fp32: f64,
+        int8: f64,
+        limit: &'static str,
+    },
     /// A setting that does not fit this machine or model.
     #[error("`{key}` = {value}: {expected}")]
     Setting {

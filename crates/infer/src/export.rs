@@ -103,7 +103,7 @@ fn check_exportable(model: &LoadedModel, out: &Path) -> Result<(), InferError> {
 }
 
 /// `<out>.partial-<pid>` beside `out`.
-fn staging_path(out: &Path) -> PathBuf {
+pub(crate) fn staging_path(out: &Path) -> PathBuf {
     staging_with(out, "")
 }
 
@@ -171,7 +171,7 @@ fn mismatch(model: &LoadedModel, message: String) -> InferError {
 
 /// Moves `staging` to `out` without ever replacing a file (a hard link fails if `out`
 /// appeared meanwhile); returns its size.
-fn publish(staging: &Path, out: &Path) -> Result<u64, InferError> {
+pub(crate) fn publish(staging: &Path, out: &Path) -> Result<u64, InferError> {
     std::fs::hard_link(staging, out).map_err(|e| {
         InferError::file(
             out,

@@ -17,6 +17,7 @@ pub mod offline;
 pub mod onnx;
 pub mod profile;
 mod pyscript;
+pub mod quantize;
 pub mod serve;
 pub mod sliding;
 pub mod volume;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use kiln_train::checkpoint::{self, Checkpoint};
 
 pub use engine::{OnnxEngine, OnnxOptions, Provenance};
-pub use runtime::{ORT_VERSION, OnnxRuntime, runtime};
+pub use runtime::{ORT_VERSION, OnnxRuntime, python_package_dir, runtime};
 
 /// The CUDA and cuDNN library directories of the torch wheel this process's libtorch came
 /// from (`site-packages/nvidia/cu13/lib`, `…/cudnn/lib`), for the CUDA execution provider,

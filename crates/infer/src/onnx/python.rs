@@ -29,6 +29,42 @@ pub(crate) fn export_packages() -> Option<PathBuf> {
     python_and_path().1
 }
 
+/// The quantizer script (`kiln export --quantize int8`).
+const QUANTIZE: &str = include_str!("../../python/quantize_onnx.py");
+
+/// Quantizes the ONNX file `model` to `out` (int8 Linear/MatMul weights, dynamic activations)
+/// with ONNX Runtime's own tool, in the provisioned Python with the export packages and the
+/// onnxruntime wheel kiln loads; returns the quantizer's JSON line.
+pub(crate) fn quantize(model: &Path, out: &Path) -> Result<String, InferError> {
+    let (_, packages) = python_and_path();
+    let wheel = crate::onnx::runtime::python_package_dir();
+    let dirs: Vec<PathBuf> = packages.into_iter().chain(wheel).collect();
+    let path = std::env::join_paths(&dirs).ok().map(PathBuf::from);
+    let args: Vec<OsString> = vec!["--model".into(), model.into(), "--out".into(), out.into()];
+    let what = model.display().to_string();
+    crate::pyscript::run("quantize-onnx", QUANTIZE, &args, path.as_deref()).map_err(|e| {
+        let message = match e {
+            ScriptError::CannotRun { python, why } => format!(
+                "int8 quantization needs the provisioned torch's Python, and {} cannot run \
+                 ({why}); {HOW}",
+                python.display()
+            ),
+            ScriptError::Failed { python, last } => format!(
+                "int8 quantization ({}, with {}) failed: {last}; it needs the export packages \
+                 and the onnxruntime wheel that `cargo xtask setup` installs",
+                python.display(),
+                std::env::join_paths(&dirs)
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ),
+        };
+        InferError::Model {
+            model: what,
+            message,
+        }
+    })
+}
+
 /// Exports the TorchScript file `script` to ONNX at `out`; returns the exporter's JSON line.
 pub(crate) fn export(
     script: &Path,

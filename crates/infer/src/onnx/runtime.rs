@@ -133,6 +133,18 @@ fn find_library() -> Result<PathBuf, String> {
     ))
 }
 
+/// The directory holding the `onnxruntime` Python package whose library kiln loads (the
+/// library sits in `<dir>/onnxruntime/capi/`, as the wheel `cargo xtask setup` installs lays it
+/// out), where it has the package's quantization tools.
+pub fn python_package_dir() -> Option<PathBuf> {
+    let library = find_library().ok()?.canonicalize().ok()?;
+    let capi = library.parent()?;
+    let package = capi.parent()?;
+    (capi.file_name()? == "capi" && package.join("quantization").is_dir())
+        .then(|| package.parent().map(Path::to_path_buf))
+        .flatten()
+}
+
 /// `path` itself if it is a file, else the onnxruntime library inside the directory `path`.
 fn library_at(path: &Path) -> Option<PathBuf> {
     if path.is_file() {
