@@ -94,6 +94,30 @@ impl SuiteArgs {
     }
 }
 
+/// Where a probe runs: its thread count and device.
+#[derive(Debug, Args)]
+pub struct Place {
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
+    #[arg(long, value_parser = parse_device)]
+    pub device: Option<tch::Device>,
+}
+
+impl Place {
+    /// The device (the first CUDA GPU by default, else the CPU).
+    pub fn device(&self) -> tch::Device {
+        self.device.unwrap_or_else(tch::Device::cuda_if_available)
+    }
+
+    /// Sets libtorch's thread count (at least 1); returns it.
+    pub fn set_threads(&self) -> crate::Result<usize> {
+        let threads = self.threads.max(1);
+        kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+        Ok(threads)
+    }
+}
+
 /// A list of positive batch sizes, given as `1,2,4` (xtask turns `--batch-sizes 1 2 4` into
 /// that).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{Result, alternating, median};
+use kiln_benches::report::{SAMPLES_S, SuiteOutput};
+use kiln_benches::{Result, alternating, median, median_of};
 use kiln_train::workers;
 use serde_json::{Value, json};
 
@@ -109,13 +109,7 @@ pub fn auto_row(
     let runs = alternating(repeats, &sides, |_, w| {
         kiln_run(data, &sets(threads, epochs, &runs_dir, w), &runs_dir).map(Some)
     })?;
-    let steady = |runs: &[Value]| {
-        median(
-            runs.iter()
-                .map(|r| r["samples_per_s"].as_f64().unwrap_or(f64::NAN))
-                .collect(),
-        )
-    };
+    let steady = |runs: &[Value]| median_of(runs, "samples_per_s");
     let fixed: Vec<f64> = runs[..runs.len() - 1].iter().map(|r| steady(r)).collect();
     let (best, best_rate) = fixed
         .iter()
@@ -135,23 +129,12 @@ pub fn auto_row(
         best.value()
     );
     let figures = (steady(&runs[runs.len() - 1]), best_rate);
-    let row = Comparison::new(
-        "data",
-        "auto",
-        name,
-        "samples/s",
-        Better::Higher,
-        figures,
-        baseline,
-    )
-    .at_least(GOAL)
-    .detail(
-        "counts",
-        json!(sides.iter().map(|w| w.value()).collect::<Vec<_>>()),
-    )
-    .detail("runs", per_count)
-    .detail("epochs", json!(epochs))
-    .detail("steady_state", json!(STEADY));
-    out.push(row);
+    let counts: Vec<String> = sides.iter().map(|w| w.value()).collect();
+    let row = out.row("auto", name, SAMPLES_S, figures, baseline);
+    let row = row.at_least(GOAL).detail("counts", json!(counts));
+    let row = row
+        .detail("runs", per_count)
+        .detail("epochs", json!(epochs));
+    out.push(row.detail("steady_state", json!(STEADY)));
     remove_dir(&runs_dir)
 }

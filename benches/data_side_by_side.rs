@@ -12,16 +12,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use kiln_benches::proc_memory::{Peak, mib, peak_until_exit, tree_memory};
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median, report_path};
+use kiln_benches::proc_memory::{Peak, mib, tree_memory};
+use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
+use kiln_benches::{
+    Result, SuiteArgs, alternating, bench_root, datasets, median, num, report_path,
+};
 use kiln_data::{
     DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset,
     SyntheticClassification, Transformed,
 };
 use serde_json::{Value, json};
 
-use crate::run_cli::{Cli, exit_on_error};
+use crate::run_cli::{Cli, exit_on_error, measured_every};
 
 const SHAPE: [usize; 2] = [64, 128];
 const CLASSES: usize = 10;
@@ -48,18 +50,25 @@ struct ProbeArgs {
     /// The normalization statistics (JSON: mean, std).
     #[arg(long)]
     norm: String,
-    #[arg(long, default_value_t = 0)]
-    workers: usize,
-    #[arg(long, default_value_t = BATCH)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 2)]
-    epochs: usize,
-    /// Intra-op threads, which also read the batches without workers (as in training).
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    #[command(flatten)]
+    loader: LoaderArgs,
     /// Reports, then holds still until stdin closes (for the idle memory reading).
     #[arg(long)]
     idle: bool,
+}
+
+/// A loader probe's batch, workers, epochs and threads.
+#[derive(Debug, Args)]
+pub struct LoaderArgs {
+    #[arg(long, default_value_t = BATCH)]
+    pub batch_size: usize,
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
+    #[arg(long, default_value_t = 2)]
+    pub epochs: usize,
+    /// Intra-op threads, which also read the batches without workers (as in training).
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
 }
 
 /// Runs the data suite's command line (kiln's loader vs `torch.utils.data.DataLoader`), or its
@@ -107,19 +116,20 @@ fn loader_config(batch_size: usize, workers: usize, threads: usize) -> LoaderCon
 /// batch turned into tensors and checksummed like the Python side does; then the per-batch
 /// read timed inline. Prints one JSON line.
 fn probe(a: &ProbeArgs) -> Result<()> {
-    let (workers, batch_size, epochs) = (a.workers, a.batch_size, a.epochs.max(1));
+    let (l, idle) = (&a.loader, a.idle);
+    let (workers, batch_size, epochs) = (l.workers, l.batch_size, l.epochs.max(1));
     let dataset = probe_dataset(&a.dir, &a.norm)?;
     // The same intra-op threads on both sides: without workers, PyTorch's batched fetch runs its
     // gathers and normalization on them, and kiln's loader reads each batch in parts on as many.
-    kiln_torch_ext::memory::set_num_threads(a.threads).map_err(|e| e.to_string())?;
-    if a.idle {
+    kiln_torch_ext::memory::set_num_threads(l.threads).map_err(|e| e.to_string())?;
+    if idle {
         // Report, then hold still until the harness has measured (it closes stdin).
         println!("{}", json!({"impl": "kiln", "idle": true}));
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
         return Ok(());
     }
     let start = Instant::now();
-    let config = loader_config(batch_size, workers, a.threads);
+    let config = loader_config(batch_size, workers, l.threads);
     let mut loader = Loader::new(Arc::clone(&dataset), config).map_err(|e| e.to_string())?;
     let mut run = EpochRun::default();
     for epoch in 0..epochs {
@@ -127,7 +137,7 @@ fn probe(a: &ProbeArgs) -> Result<()> {
     }
     let stats = loader.stats();
     drop(loader);
-    let read_ms = read_ms_per_batch(dataset, batch_size, a.threads)?;
+    let read_ms = read_ms_per_batch(dataset, batch_size, l.threads)?;
     let result = json!({
         "impl": "kiln", "workers": workers, "epochs": epochs,
         "samples": run.samples, "samples_per_epoch": run.samples / epochs,
@@ -241,34 +251,6 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     Ok((dir, norm))
 }
 
-/// Runs `cmd`; with `poll`, samples its process tree's memory every 10 ms (reading smaps costs
-/// the measured process time, so timing runs do not poll). Returns its JSON line and peaks.
-fn measured(mut cmd: Command, poll: bool) -> Result<(Value, Peak)> {
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let peak = if poll {
-        peak_until_exit(&mut child, Duration::from_millis(10))?.1
-    } else {
-        Peak::default()
-    };
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}):\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().unwrap_or_default();
-    let value = serde_json::from_str(line)
-        .map_err(|e| format!("{cmd:?} printed no result line ({e}): {text}"))?;
-    Ok((value, peak))
-}
-
 /// Memory of a process that reports ready on stdout and then waits for stdin to close.
 fn idle_memory(cmd: &mut Command) -> Result<Peak> {
     use std::io::BufRead;
@@ -375,11 +357,6 @@ impl Side {
             ),
         }
     }
-}
-
-/// The number at `v`, NaN where there is none.
-fn num(v: &Value) -> f64 {
-    v.as_f64().unwrap_or(f64::NAN)
 }
 
 fn med(v: &[f64]) -> f64 {
@@ -528,8 +505,11 @@ fn compare(a: &SuiteArgs) -> Result<()> {
         // drift hits all alike.
         let sides: Vec<usize> = (0..Side::ALL.len()).rev().collect();
         alternating(repeats + 1, &sides, |round, i| {
-            let (value, peak) = measured(command(Side::ALL[i], workers), round == 0)?;
+            // The first round polls memory every 10 ms; the timing runs do not poll.
             let side = Side::ALL[i].key();
+            let (log, poll) = (work.join(format!("{side}-{workers}.log")), round == 0);
+            let every = poll.then_some(Duration::from_millis(10));
+            let (value, _, peak) = measured_every(command(Side::ALL[i], workers), &log, every)?;
             if round == 0 {
                 m[i].peak = peak;
                 runs.push(json!({"side": side, "memory_run": value,
@@ -585,21 +565,10 @@ fn push_best_rows(suite: &mut SuiteOutput, rows: &[Value]) {
         let suffix = side.suffix();
         let name = format!("loader steady state, each at its best worker count{suffix}");
         let baseline = format!("{}, at its best: {} workers", side.label(), torch.0);
-        let figures = (kiln.1, torch.1);
-        let row = Comparison::new(
-            "data",
-            "loader",
-            name,
-            "samples/s",
-            Better::Higher,
-            figures,
-            baseline,
-        )
-        .at_least(goal)
-        .detail("kiln_workers", json!(kiln.0))
-        .detail("baseline_workers", json!(torch.0))
-        .detail("steady_state", json!(STEADY));
-        suite.push(row);
+        let row = suite.row("loader", name, SAMPLES_S, (kiln.1, torch.1), baseline);
+        let row = row.at_least(goal).detail("kiln_workers", json!(kiln.0));
+        let row = row.detail("baseline_workers", json!(torch.0));
+        suite.push(row.detail("steady_state", json!(STEADY)));
     }
 }
 
@@ -611,11 +580,11 @@ fn push_rows(
     idle: &[Peak],
 ) -> Value {
     let breakdown: Vec<Value> = m.iter().map(|s| s.breakdown(workers)).collect();
-    let row = |name: String, unit: &str, better, figures, side: Side| {
+    let row = |name: String, unit, figures, side: Side| {
         let setup = json!({"kiln_runs": Side::Kiln.runs(workers, threads),
                            "baseline_runs": side.runs(workers, threads), "steady_state": STEADY});
         let baseline = format!("{}, {workers} workers", side.label());
-        Comparison::new("data", "loader", name, unit, better, figures, baseline)
+        Comparison::new("data", "loader", name, unit, figures, baseline)
             .detail("workers", json!(workers))
             .detail("setup", setup)
     };
@@ -624,8 +593,7 @@ fn push_rows(
         let name = format!("loader steady state (epoch 2), {workers} workers{suffix}");
         let steady = (med(&m[0].steady), med(&m[i].steady));
         let time = json!({"kiln": breakdown[0], "baseline": breakdown[i]});
-        let steady = row(name, "samples/s", Better::Higher, steady, side)
-            .detail("where_the_time_goes", time);
+        let steady = row(name, SAMPLES_S, steady, side).detail("where_the_time_goes", time);
         // The goals: >= 2x the PyTorch default at every worker count, >= 1.5x batched fetch
         // without workers and >= 2x at 2 workers (issue 20, item 8).
         let steady = match (side, workers) {
@@ -636,7 +604,7 @@ fn push_rows(
         suite.push(steady);
         let name = format!("loader start-up (first batch), {workers} workers{suffix}");
         let first = (med(&m[0].first_batch) * 1e3, med(&m[i].first_batch) * 1e3);
-        suite.push(row(name, "ms", Better::Lower, first, side));
+        suite.push(row(name, MS, first, side));
     }
     let (k, t, b) = (&m[0].peak, &m[1].peak, &m[2].peak);
     let name = format!("loader peak memory (PSS), {workers} workers");
@@ -647,7 +615,7 @@ fn push_rows(
     let rss = json!({"kiln": mib(k.rss), "baseline": mib(t.rss)});
     let pss = (mib(k.pss), mib(t.pss));
     suite.push(
-        row(name, "MiB", Better::Lower, pss, Side::TorchItem)
+        row(name, MIB, pss, Side::TorchItem)
             .detail("above_idle_mib", above_idle)
             .detail("batched_fetch_mib", batched)
             .detail("peak_rss_mib", rss),

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::report::{SAMPLES_S, SuiteOutput};
 use kiln_benches::{Result, alternating, median, peers, run_json};
 use kiln_data::{Loader, LoaderConfig, SamplerConfig, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
@@ -27,22 +27,16 @@ pub struct ProbeArgs {
     /// The windowed dataset.
     #[arg(long)]
     dir: PathBuf,
-    #[arg(long, default_value_t = BATCH)]
-    batch_size: usize,
-    #[arg(long, default_value_t = 0)]
-    workers: usize,
-    #[arg(long, default_value_t = 2)]
-    epochs: usize,
-    #[arg(long, default_value_t = 1)]
-    threads: usize,
+    #[command(flatten)]
+    loader: crate::data::LoaderArgs,
 }
 
 /// Epochs of kiln's loader over every window of `--dir`, read by name, each batch's arrays
 /// turned into tensors (a copy each, as the trainer's by-name feed does) and touched; prints
 /// one JSON line.
-pub fn probe(a: &ProbeArgs) -> Result<()> {
+pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
     kiln_torch_ext::memory::set_num_threads(a.threads).map_err(|e| e.to_string())?;
-    let windows = Windows::open(&a.dir).map_err(|e| e.to_string())?;
+    let windows = Windows::open(dir).map_err(|e| e.to_string())?;
     let (train, _) = windows.split(0).map_err(|e| e.to_string())?;
     let config = LoaderConfig {
         batch_size: a.batch_size,
@@ -209,26 +203,25 @@ pub fn windows_row(
     let rate = |runs: &[Value]| median(runs.iter().map(steady).collect());
     let baseline = "pytorch-forecasting TimeSeriesDataSet + its DataLoader (to_dataloader), 0 \
                     workers";
-    let row = Comparison::new(
-        "data",
+    let row = out.row(
         "windows",
         NAME,
-        "samples/s",
-        Better::Higher,
+        SAMPLES_S,
         (rate(kiln), rate(theirs)),
         baseline,
-    )
-    .at_least(GOAL)
-    .detail(
-        "setup",
-        json!({"series": series, "steps": steps, "encoder_length": ENCODER, "horizon": HORIZON,
+    );
+    let row = row
+        .at_least(GOAL)
+        .detail(
+            "setup",
+            json!({"series": series, "steps": steps, "encoder_length": ENCODER, "horizon": HORIZON,
                "batch_size": BATCH, "windows": a["samples_per_epoch"], "threads": threads,
                "what": "every window trains; target normalised per series (GroupNormalizer) \
                         and among the unknown reals, 2 known and 2 more unknown reals, 1 static \
                         categorical; shuffled; each batch's tensors summed on both sides; the \
                         figure is the second epoch's samples/s, the median over runs"}),
-    )
-    .detail("runs", json!({"kiln": kiln, "pytorch_forecasting": theirs}));
+        )
+        .detail("runs", json!({"kiln": kiln, "pytorch_forecasting": theirs}));
     out.push(row);
     Ok(())
 }

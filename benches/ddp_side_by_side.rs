@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Subcommand;
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::report::{Better, Comparison, MS_STEP, NATS, SAMPLES_S, SuiteOutput};
 use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median_of};
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
@@ -190,7 +190,7 @@ impl Bench<'_> {
         }
         let (_, wall) = run(cmd)?;
         let (_, s) = read_summary(&runs)?;
-        let num = |k: &str| s[k].as_f64().unwrap_or(f64::NAN);
+        let num = |k: &str| kiln_benches::num(&s[k]);
         let all_ranks = (self.size.steps() * self.size.batch * world) as f64;
         if num("samples") != all_ranks {
             return Err(format!(
@@ -215,10 +215,7 @@ impl Bench<'_> {
         let mut cmd = Command::new(self.python);
         if world > 1 {
             // A port on 127.0.0.1 free right now, for torch.distributed.run's rendezvous.
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| format!("cannot find a free port for the PyTorch ranks: {e}"))?
-                .port();
+            let port = kiln_benches::free_port()?;
             cmd.args(["-m", "torch.distributed.run", "--nproc-per-node"])
                 .arg(world.to_string())
                 .args(["--master-addr", "127.0.0.1", "--master-port"])
@@ -226,10 +223,8 @@ impl Bench<'_> {
         }
         let (out, wall) = run(self.ddp_step(cmd, world))?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().rev().find(|l| l.starts_with('{'));
-        let mut v: Value = line
-            .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| format!("ddp_step.py printed no JSON: {text}"))?;
+        let mut v = kiln_benches::last_json(&text)
+            .map_err(|e| format!("ddp_step.py printed no JSON ({e}): {text}"))?;
         v["wall_seconds"] = json!(wall);
         Ok(v)
     }
@@ -426,17 +421,16 @@ const TORCH_1: &str = "PyTorch plain loop, 1 process × 1 thread (no DDP)";
 fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let mut out = SuiteOutput::new("ddp", &describe(bench, quick, runs));
     let [k1, k2, t1, t2, p1, p2] = runs;
-    let row = |group: &str, name: &str, unit: &str, better, figures, base: &str| {
-        Comparison::new("ddp", group, name, unit, better, figures, base)
+    let row = |group: &str, name: &str, unit, figures, base: &str| {
+        Comparison::new("ddp", group, name, unit, figures, base)
     };
     let sps = |r: &Vec<Value>| median_of(r, "samples_per_s");
     let ms = |r: &Vec<Value>| 1e3 * median_of(r, "mean_step_time_s");
     let loss = |r: &Vec<Value>| median_of(r, "final_train_loss");
-    let rate = |g, n, a, b, base| row(g, n, "samples/s", Better::Higher, (sps(a), sps(b)), base);
-    let step = |g, n, a, b, base| row(g, n, "ms/step", Better::Lower, (ms(a), ms(b)), base);
+    let rate = |g, n, a, b, base| row(g, n, SAMPLES_S, (sps(a), sps(b)), base);
+    let step = |g, n, a, b, base| row(g, n, MS_STEP, (ms(a), ms(b)), base);
     let learn = |g, n, a, b, base| {
-        row(g, n, "nats", Better::Lower, (loss(a), loss(b)), base)
-            .detail("difference", json!(loss(a) - loss(b)))
+        row(g, n, NATS, (loss(a), loss(b)), base).detail("difference", json!(loss(a) - loss(b)))
     };
     let (scaling, ddp, one) = ("kiln scaling", "vs PyTorch DDP", "1-rank reference");
     let name = "kiln 2 ranks vs 1 rank: samples/s (all ranks)";
@@ -450,7 +444,7 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let name = "scaling 2 ranks / 1 rank (samples/s): kiln vs PyTorch";
     let scalings = (sps(k2) / sps(k1), sps(t2) / sps(t1));
     let base = "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank";
-    out.push(row(ddp, name, "×", Better::Higher, scalings, base));
+    out.push(row(ddp, name, ("×", Better::Higher), scalings, base));
     let name = "2 ranks: final train loss vs DDP (learn alike)";
     out.push(learn(ddp, name, k2, t2, DDP_2));
     let name = "1 rank: mean step time vs PyTorch";
@@ -469,7 +463,7 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
                 during backward)";
     let overlap = (ms(p2) / ms(p1), ms(k2) / ms(k1));
     out.push(
-        row(group, name, "×", Better::Lower, overlap, base)
+        row(group, name, ("×", Better::Lower), overlap, base)
             .detail("program_2_ranks_ms", json!(ms(p2)))
             .detail("builtin_2_ranks_ms", json!(ms(k2))),
     );

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Subcommand;
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::report::{MIB, PERCENT, SAMPLES_S, SECONDS, SuiteOutput};
 use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median, peers};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
@@ -257,16 +257,13 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOut
          {threads} threads; wall time is process start to exit"
     );
     let mut out = SuiteOutput::new("job", &what);
-    let row = |name: &str, unit: &str, better, figures| {
-        let base = "plain PyTorch loop, same job (no Lightning)";
-        Comparison::new("job", "end to end", name, unit, better, figures, base)
-    };
+    let base = "plain PyTorch loop, same job (no Lightning)";
     let name = "default job wall time vs a plain PyTorch loop";
     let seconds = (kiln.seconds(), plain.seconds());
-    out.push(row(name, "s", Better::Lower, seconds));
+    out.push(out.row("end to end", name, SECONDS, seconds, base));
     let name = "final val accuracy vs a plain PyTorch loop";
     let accuracy = (kiln.accuracy(), plain.accuracy());
-    out.push(row(name, "%", Better::Higher, accuracy));
+    out.push(out.row("end to end", name, PERCENT, accuracy, base));
     out
 }
 
@@ -285,25 +282,22 @@ fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side) {
     let version = &light.0[0].result["lightning_version"];
     let version = version.as_str().unwrap_or("?");
     let base = format!("PyTorch Lightning Trainer.fit, same job (lightning {version})");
-    let row = |name: &str, unit: &str, better, figures| {
-        Comparison::new("job", "end to end", name, unit, better, figures, &base)
-    };
+    let row = |name: &str, unit, figures| out.row("end to end", name, unit, figures, &base);
     let [wall, rate, accuracy, accuracy_goal, pss, rss] = LIGHTNING_ROWS;
     let fit = json!({"kiln": kiln.figure("fit_seconds"), "lightning": light.figure("fit_seconds")});
     let seconds = (kiln.seconds(), light.seconds());
-    out.push(
-        row(wall, "s", Better::Lower, seconds)
+    let rates = (kiln.samples_per_s(), light.samples_per_s());
+    let (ka, la) = (kiln.accuracy(), light.accuracy());
+    let memory = |f: fn(&Measured) -> f64| (kiln.median(f), light.median(f));
+    let rows = [
+        row(wall, SECONDS, seconds)
             .at_most(0.7)
             .detail("fit_seconds", fit),
-    );
-    let rates = (kiln.samples_per_s(), light.samples_per_s());
-    out.push(row(rate, "samples/s", Better::Higher, rates));
-    let (ka, la) = (kiln.accuracy(), light.accuracy());
-    out.push(
-        row(accuracy, "%", Better::Higher, (ka, la)).detail("difference_points", json!(ka - la)),
-    );
-    out.push(row(accuracy_goal, "%", Better::Higher, (ka, la - 1.0)).at_least(1.0));
-    let memory = |f: fn(&Measured) -> f64| (kiln.median(f), light.median(f));
-    out.push(row(pss, "MiB", Better::Lower, memory(|m| m.peak_pss_mib)));
-    out.push(row(rss, "MiB", Better::Lower, memory(|m| m.peak_rss_mib)));
+        row(rate, SAMPLES_S, rates),
+        row(accuracy, PERCENT, (ka, la)).detail("difference_points", json!(ka - la)),
+        row(accuracy_goal, PERCENT, (ka, la - 1.0)).at_least(1.0),
+        row(pss, MIB, memory(|m| m.peak_pss_mib)),
+        row(rss, MIB, memory(|m| m.peak_rss_mib)),
+    ];
+    rows.into_iter().for_each(|r| out.push(r));
 }

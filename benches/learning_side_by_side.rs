@@ -20,8 +20,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::{Args, Subcommand};
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, bench_root, figure, run_json};
+use kiln_benches::report::{Better, Comparison, NATS, SuiteOutput};
+use kiln_benches::{Result, SuiteArgs, bench_root, figure, mean, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use kiln_data::{
     DataError, Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
@@ -358,8 +358,7 @@ fn largest_difference(a: &[f64], b: &[f64]) -> (usize, f64) {
 }
 
 fn tail_mean(v: &[f64], tail: usize) -> f64 {
-    let tail = &v[v.len().saturating_sub(tail)..];
-    tail.iter().sum::<f64>() / tail.len().max(1) as f64
+    mean(&v[v.len().saturating_sub(tail)..])
 }
 
 /// What the PyTorch side runs, for the rows' baseline names and the plots.
@@ -434,17 +433,9 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         p.job.batch,
         quick_note.unwrap_or_default()
     );
-    let row = |name: &str, unit: &str, figures, base: String| {
-        let (suite, name) = ("learning", format!("{what}: {name}"));
-        let c = Comparison::new(
-            suite,
-            "same learning",
-            name,
-            unit,
-            Better::Lower,
-            figures,
-            base,
-        );
+    let row = |name: &str, unit, figures, base: String| {
+        let name = format!("{what}: {name}");
+        let c = Comparison::new("learning", "same learning", name, unit, figures, base);
         let mut c = c.at_most(1.0);
         c.details = details.clone();
         c
@@ -462,18 +453,18 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
              PyTorch {tf:.4})"
         );
         let figures = (largest, FP32_STEP_TOLERANCE);
-        let fp32 = row("largest per-step |Δloss|", "nats", figures, baseline);
+        let fp32 = row("largest per-step |Δloss|", NATS, figures, baseline);
         return Ok(vec![fp32]);
     }
     let loss = row(
         &format!("final loss |Δ| (mean of last {} steps)", p.job.tail),
-        "nats",
+        NATS,
         ((kf - tf).abs(), BF16_LOSS_TOLERANCE),
         format!("tolerance {BF16_LOSS_TOLERANCE} nats ({twin}; kiln {kf:.4}, PyTorch {tf:.4})"),
     );
     let accuracy = row(
         "held-out accuracy |Δ|",
-        "points",
+        ("points", Better::Lower),
         ((ka - ta).abs(), BF16_ACCURACY_TOLERANCE),
         format!(
             "tolerance {BF16_ACCURACY_TOLERANCE} points ({twin}; {} held-out samples; kiln \

@@ -41,6 +41,42 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The mean (0 for none).
+pub fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+/// A number of a run's JSON, NaN where there is none.
+pub fn num(v: &serde_json::Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+/// A port on 127.0.0.1 free right now (for a server or a rendezvous).
+pub fn free_port() -> Result<u16> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("cannot find a free port on 127.0.0.1: {e}"))
+}
+
+/// Runs `f` in a fresh directory `kiln-bench-NAME-PID` (holding an empty `tmp`) under the
+/// system's temporary directory, removed afterwards.
+pub fn in_temp_dir<T>(name: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
+    let dir = std::env::temp_dir().join(format!("kiln-bench-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("tmp")).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = f(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// `--compile` for a PyTorch script, with inductor's caches under `cache` (which holds an empty
+/// `tmp`): its cache directory, and `TMPDIR` for the C++ headers it precompiles once per machine.
+pub fn compile_env(c: &mut std::process::Command, cache: &Path) {
+    c.arg("--compile")
+        .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
+        .env("TMPDIR", cache.join("tmp"));
+}
+
 /// The directory holding the `python/` scripts: `KILN_BENCH_ROOT` (a gpu-check bundle sets
 /// it), else this crate's directory.
 pub fn bench_root() -> PathBuf {
@@ -93,12 +129,17 @@ pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value> {
         ));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or("");
-    serde_json::from_str(line).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
+    last_json(&text).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
+}
+
+/// The last line of `text` that starts with `{`, parsed.
+pub fn last_json(text: &str) -> serde_json::Result<serde_json::Value> {
+    serde_json::from_str(
+        text.lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .unwrap_or(""),
+    )
 }
 
 /// Runs each of `sides` `repeats` times, alternating between them (the order reversed on odd

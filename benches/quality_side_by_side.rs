@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, bench_root, datasets, figure, resolve, run_json};
+use kiln_benches::report::{Comparison, NATS, PERCENT, SECONDS, SuiteOutput};
+use kiln_benches::{Result, SuiteArgs, bench_root, datasets, figure, mean, resolve, run_json};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer};
@@ -230,10 +230,6 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     Ok(())
 }
 
-fn mean(v: &[f64]) -> f64 {
-    v.iter().sum::<f64>() / v.len().max(1) as f64
-}
-
 /// `key` of each of one side's runs.
 fn of(runs: &[Value], key: &str) -> Result<Vec<f64>> {
     runs.iter().map(|r| figure(r, key)).collect()
@@ -317,66 +313,54 @@ fn against_range(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Val
     let (kl, tl) = (of(side, "final_val_loss")?, of(torch, "final_val_loss")?);
     let worst_acc = ta.iter().copied().fold(f64::INFINITY, f64::min);
     let worst_loss = tl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let accuracy = Comparison::new(
-        "quality",
-        "learning",
-        format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point"),
-        "%",
-        Better::Higher,
-        (100.0 * mean(&ka), 100.0 * worst_acc - 1.0),
-        format!("{BASELINE} (lowest of {} seeds, less 1 point)", ta.len()),
-    );
+    let name = format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point");
+    let figures = (100.0 * mean(&ka), 100.0 * worst_acc - 1.0);
+    let base = format!("{BASELINE} (lowest of {} seeds, less 1 point)", ta.len());
+    let accuracy = out.row("learning", name, PERCENT, figures, base);
     out.push(per_seed(accuracy.at_least(1.0), &ka, &ta));
-    let loss = Comparison::new(
-        "quality",
-        "learning",
-        format!("val loss: {what} mean vs PyTorch worst seed"),
-        "nats",
-        Better::Lower,
-        (mean(&kl), worst_loss),
-        format!("{BASELINE} (highest of {} seeds)", tl.len()),
-    );
+    let name = format!("val loss: {what} mean vs PyTorch worst seed");
+    let base = format!("{BASELINE} (highest of {} seeds)", tl.len());
+    let loss = out.row("learning", name, NATS, (mean(&kl), worst_loss), base);
     out.push(per_seed(loss.at_most(1.02), &kl, &tl));
     Ok(())
 }
 
 /// The time per run of `side` against PyTorch's.
-fn time_row(what: &str, side: &[Value], torch: &[Value]) -> Result<Comparison> {
+fn time_row(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) -> Result<()> {
     let (ks, ts) = (of(side, "seconds")?, of(torch, "seconds")?);
-    Ok(Comparison::new(
-        "quality",
-        "time per run",
-        format!("{what}: reading the data, training, validating"),
-        "s",
-        Better::Lower,
-        (mean(&ks), mean(&ts)),
-        format!(
-            "{BASELINE} (mean of {} seeds; in-process on both sides, so Python's start and \
-             `import torch` are not counted)",
-            ts.len()
-        ),
-    ))
+    let name = format!("{what}: reading the data, training, validating");
+    let base = format!(
+        "{BASELINE} (mean of {} seeds; in-process on both sides, so Python's start and \
+         `import torch` are not counted)",
+        ts.len()
+    );
+    out.push(out.row("time per run", name, SECONDS, (mean(&ks), mean(&ts)), base));
+    Ok(())
 }
 
 /// The suite's rows from all sides' runs.
 fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
     let precision = sides.kiln_auto[0]["precision"].as_str().unwrap_or("?");
+    let Job {
+        d_model,
+        layers,
+        samples,
+        seq,
+        features,
+        classes,
+        epochs,
+        batch,
+        ..
+    } = *job;
+    let seeds = sides.kiln.len();
     let mut out = SuiteOutput::new(
         "quality",
         &format!(
-            "learning at the same budget: transformer (d_model {}, {} layers) on {} synthetic \
-             {}×{} samples, {} classes, {} epochs of batch {}, {threads} threads, {} seeds per \
-             side; kiln against a plain PyTorch fp32 loop with the same data, split, initial \
-             weights and settings (AdamW, warmup + cosine, clipping 1.0, dropout)",
-            job.d_model,
-            job.layers,
-            job.samples,
-            job.seq,
-            job.features,
-            job.classes,
-            job.epochs,
-            job.batch,
-            sides.kiln.len()
+            "learning at the same budget: transformer (d_model {d_model}, {layers} layers) on \
+             {samples} synthetic {seq}×{features} samples, {classes} classes, {epochs} epochs of \
+             batch {batch}, {threads} threads, {seeds} seeds per side; kiln against a plain \
+             PyTorch fp32 loop with the same data, split, initial weights and settings (AdamW, \
+             warmup + cosine, clipping 1.0, dropout)"
         ),
     );
     let auto = format!("kiln automatic precision ({precision})");
@@ -387,29 +371,22 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
         "kiln": sides.kiln, "kiln_auto": sides.kiln_auto,
         "pytorch": sides.torch, "pytorch_plain": sides.torch_plain,
     });
-    out.push(
-        Comparison::new(
-            "quality",
-            "learning",
-            "val accuracy, means: kiln fp32 vs PyTorch",
-            "%",
-            Better::Higher,
-            (100.0 * mean(&ka), 100.0 * mean(&ta)),
-            format!("{BASELINE} (mean of {} seeds)", ta.len()),
-        )
-        .detail("runs", runs),
-    );
-    let plain = of(&sides.torch_plain, ACCURACY)?;
-    out.push(Comparison::new(
-        "quality",
+    let name = "val accuracy, means: kiln fp32 vs PyTorch";
+    let base = format!("{BASELINE} (mean of {} seeds)", ta.len());
+    let row = out.row(
         "learning",
-        "val accuracy, means: kiln fp32 vs PyTorch as written by default",
-        "%",
-        Better::Higher,
-        (100.0 * mean(&ka), 100.0 * mean(&plain)),
-        "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)",
-    ));
-    out.push(time_row("kiln fp32", &sides.kiln, &sides.torch)?);
-    out.push(time_row(&auto, &sides.kiln_auto, &sides.torch)?);
+        name,
+        PERCENT,
+        (100.0 * mean(&ka), 100.0 * mean(&ta)),
+        base,
+    );
+    out.push(row.detail("runs", runs));
+    let plain = of(&sides.torch_plain, ACCURACY)?;
+    let name = "val accuracy, means: kiln fp32 vs PyTorch as written by default";
+    let base = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
+    let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
+    out.push(out.row("learning", name, PERCENT, figures, base));
+    time_row(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
+    time_row(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
     Ok(out)
 }

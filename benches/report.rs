@@ -8,6 +8,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::num;
+
 /// The report format's name and version, in `report.json`'s `schema`.
 pub const SCHEMA: &str = "kiln-bench/1";
 
@@ -23,6 +25,16 @@ pub enum Better {
     /// Throughputs.
     Higher,
 }
+
+/// A row's unit and which way is better, for [`SuiteOutput::row`].
+pub type Unit = (&'static str, Better);
+pub const MS: Unit = ("ms", Better::Lower);
+pub const MS_STEP: Unit = ("ms/step", Better::Lower);
+pub const SECONDS: Unit = ("s", Better::Lower);
+pub const MIB: Unit = ("MiB", Better::Lower);
+pub const NATS: Unit = ("nats", Better::Lower);
+pub const SAMPLES_S: Unit = ("samples/s", Better::Higher);
+pub const PERCENT: Unit = ("%", Better::Higher);
 
 /// How a goal bounds a ratio; written `<=` and `>=` in the report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,13 +107,13 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    /// A comparison without a goal; the ratio is `kiln / baseline`.
+    /// A comparison without a goal; the ratio is `kiln / baseline`, `unit` says which way is
+    /// better.
     pub fn new(
         suite: &str,
         group: &str,
         name: impl Into<String>,
-        unit: &str,
-        better: Better,
+        (unit, better): (&str, Better),
         (kiln, baseline): (f64, f64),
         baseline_name: impl Into<String>,
     ) -> Self {
@@ -182,6 +194,9 @@ pub struct Skipped {
     pub reason: String,
 }
 
+/// The runs of kiln's side and of the baseline's, each run's JSON.
+pub type SidesRuns<'a> = (&'a [Value], &'a [Value]);
+
 /// What one suite binary writes to its `--out` file.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SuiteOutput {
@@ -218,6 +233,37 @@ impl SuiteOutput {
             name: name.to_owned(),
             reason: reason.to_owned(),
         });
+    }
+
+    /// A comparison of this suite in `group` ([`Comparison::new`]).
+    pub fn row(
+        &self,
+        group: &str,
+        name: impl Into<String>,
+        unit: Unit,
+        figures: (f64, f64),
+        baseline: impl Into<String>,
+    ) -> Comparison {
+        Comparison::new(&self.suite, group, name, unit, figures, baseline)
+    }
+
+    /// The batch-size sweep's rows at batch `b` (throughput and peak memory), the medians of
+    /// kiln's runs `k` and the baseline's `t`; `series` begins their names (e.g. `mlp fp32`).
+    pub fn push_sweep(&mut self, series: &str, b: usize, (k, t): SidesRuns<'_>, baseline: &str) {
+        let figures = [
+            ("throughput", "samples_per_s", SAMPLES_S),
+            ("peak memory", "peak_memory_mib", MIB),
+        ];
+        for (what, key, unit) in figures {
+            let name = format!("{series} b={b} {what}");
+            let medians = (crate::median_of(k, key), crate::median_of(t, key));
+            let row = self.row(SWEEP_GROUP, name, unit, medians, baseline);
+            let row = row.detail("batch_size", json!(b));
+            self.push(match key {
+                "peak_memory_mib" => row.detail("memory", k[0]["peak_memory_kind"].clone()),
+                _ => row,
+            });
+        }
     }
 
     /// Adds a comparison and prints its line.
@@ -497,11 +543,6 @@ fn md_cell(v: &Value) -> String {
     text(v).replace('|', "\\|").replace('\n', " ")
 }
 
-/// A number of the report, NaN where there is none.
-fn num(v: &Value) -> f64 {
-    v.as_f64().unwrap_or(f64::NAN)
-}
-
 /// A column of a Markdown table: header, alignment and the cell of a row.
 type Column = (&'static str, &'static str, fn(&Value) -> String);
 
@@ -643,8 +684,7 @@ mod tests {
     fn suite() -> SuiteOutput {
         let mut s = SuiteOutput::new("train", "train step against PyTorch");
         let (group, eager) = ("step time", "PyTorch eager fp32");
-        let step =
-            |name, kb| Comparison::new("train", group, name, "ms/step", Better::Lower, kb, eager);
+        let step = |name, kb| Comparison::new("train", group, name, MS_STEP, kb, eager);
         s.push(step("mlp fp32 step", (2.0, 4.0)).at_most(0.7));
         s.push(
             step("transformer fp32 step", (12.0, 10.0))
@@ -676,11 +716,9 @@ mod tests {
         assert_eq!(c[0].ratio, 0.5);
         assert_eq!(c[0].meets_goal, Some(true));
         assert_eq!(c[1].meets_goal, Some(false));
-        let faster = Comparison::new("d", "g", "n", "samples/s", Better::Higher, (3.0, 1.0), "b")
-            .at_least(2.0);
+        let faster = Comparison::new("d", "g", "n", SAMPLES_S, (3.0, 1.0), "b").at_least(2.0);
         assert_eq!(faster.meets_goal, Some(true));
-        let nan =
-            Comparison::new("d", "g", "n", "x", Better::Lower, (f64::NAN, 1.0), "b").at_most(1.0);
+        let nan = Comparison::new("d", "g", "n", MS, (f64::NAN, 1.0), "b").at_most(1.0);
         assert_eq!(nan.meets_goal, Some(false));
     }
 
@@ -688,7 +726,7 @@ mod tests {
         let mut s = SuiteOutput::new(LEARNING_SUITE, "same learning");
         let name = format!("{model} fp32, 100 steps: largest per-step |Δloss|");
         let (group, kb, tol) = ("same learning", (difference, 1e-4), "tolerance");
-        let row = Comparison::new(LEARNING_SUITE, group, name, "nats", Better::Lower, kb, tol);
+        let row = Comparison::new(LEARNING_SUITE, group, name, NATS, kb, tol);
         s.push(row.at_most(1.0).detail("model", json!(model)));
         s
     }
@@ -696,15 +734,9 @@ mod tests {
     #[test]
     fn diverged_learning_fails_that_models_train_rows_whatever_their_speed() {
         let mut suites = [suite(), learning("transformer", 0.3), learning("mlp", 0.0)];
-        suites[0].push(Comparison::new(
-            "train",
-            SWEEP_GROUP,
-            "transformer fp32 b=8 throughput",
-            "samples/s",
-            Better::Higher,
-            (5.0, 4.0),
-            "PyTorch eager fp32",
-        ));
+        let name = "transformer fp32 b=8 throughput";
+        let sweep = suites[0].row(SWEEP_GROUP, name, SAMPLES_S, (5.0, 4.0), "eager fp32");
+        suites[0].push(sweep);
         assert_eq!(apply_learning_check(&mut suites), 2);
         let rows = &suites[0].comparisons;
         // mlp learned the same: its row keeps its verdict.
@@ -735,17 +767,12 @@ mod tests {
     }
 
     #[test]
-    fn an_assembled_report_passes_its_own_check() {
-        let r = report();
+    fn an_assembled_report_passes_its_own_check_which_names_every_problem() {
+        let mut r = report();
         validate(&r, &["train"]).unwrap();
         assert_eq!(r["peaks"]["fp32_gemm_gflops"], 100.0);
         assert_eq!(r["comparisons"].as_array().unwrap().len(), 2);
         assert_eq!(r["suites"][0]["skipped"][0]["name"], "tf32");
-    }
-
-    #[test]
-    fn the_check_names_every_problem() {
-        let mut r = report();
         r["comparisons"][0]["ratio"] = json!(0.9);
         r["comparisons"][1]["unit"] = json!("");
         r["comparisons"][1]["meets_goal"] = json!(true);

@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use kiln_benches::proc_memory::{mib, peak_until_exit};
+use kiln_benches::proc_memory::{Peak, mib, peak_until_exit};
 use kiln_benches::{Result, SuiteArgs};
 use kiln_config::RunPlan;
 use serde::Serialize;
@@ -160,7 +160,25 @@ pub struct Measured {
 /// Runs `cmd` with stdout and stderr in `log`, sampling its tree's memory every 100 ms; its
 /// result is the last line of its stdout that is a JSON object (the `result` of a kiln run is
 /// filled in by the caller from its summary).
-pub fn measured(mut cmd: Command, log: &Path) -> Result<Measured> {
+pub fn measured(cmd: Command, log: &Path) -> Result<Measured> {
+    let (result, seconds, peak) = measured_every(cmd, log, Some(Duration::from_millis(100)))?;
+    let (peak_pss_mib, peak_rss_mib) = (mib(peak.pss), mib(peak.rss));
+    Ok(Measured {
+        result,
+        seconds,
+        peak_pss_mib,
+        peak_rss_mib,
+    })
+}
+
+/// Runs `cmd` as [`measured`] does, sampling its tree's memory `every` so long where given
+/// (reading smaps costs the measured process time): its result (null where it printed none),
+/// seconds and peak memory.
+pub fn measured_every(
+    mut cmd: Command,
+    log: &Path,
+    every: Option<Duration>,
+) -> Result<(Value, f64, Peak)> {
     let out_path = log.with_extension("stdout");
     let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
     let started = Instant::now();
@@ -170,7 +188,10 @@ pub fn measured(mut cmd: Command, log: &Path) -> Result<Measured> {
         .stderr(file(log)?)
         .spawn()
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let (status, peak) = peak_until_exit(&mut child, Duration::from_millis(100))?;
+    let (status, peak) = match every {
+        Some(every) => peak_until_exit(&mut child, every)?,
+        None => (child.wait().map_err(|e| e.to_string())?, Peak::default()),
+    };
     let seconds = started.elapsed().as_secs_f64();
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     if !status.success() {
@@ -187,10 +208,5 @@ pub fn measured(mut cmd: Command, log: &Path) -> Result<Measured> {
         .find(|l| l.starts_with('{'))
         .map_or(Ok(Value::Null), serde_json::from_str)
         .map_err(|e| format!("{cmd:?} printed no JSON result ({e}): {stdout}"))?;
-    Ok(Measured {
-        result,
-        seconds,
-        peak_pss_mib: mib(peak.pss),
-        peak_rss_mib: mib(peak.rss),
-    })
+    Ok((result, seconds, peak))
 }

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Requests per second, higher is better.
+const REQ_S: Unit = ("req/s", Better::Higher);
+
 /// The load a server gets (the suite's settings): its batching limits, the closed-loop
 /// clients and requests, the runs per side, and the libtorch threads.
 #[derive(Debug, Clone)]
@@ -79,11 +82,6 @@ pub(super) fn summary(reports: &[LoadReport]) -> Value {
     })
 }
 
-/// A summary's figure at `key` (NaN where there is none).
-fn fig(summary: &Value, key: &str) -> f64 {
-    summary[key].as_f64().unwrap_or(f64::NAN)
-}
-
 /// The serving rows' figures: the summary's key and the row's metric.
 pub(super) const FIGURES: [(&str, &str); 4] = [
     ("throughput_rps", "throughput"),
@@ -103,13 +101,12 @@ pub(super) fn load_rows(
 ) -> Vec<Comparison> {
     let row = |(key, metric): (&str, &str)| {
         let name = format!("dynamic batching {metric}{suffix}");
-        let figures = (fig(k, key), fig(b, key));
-        let row =
-            |unit, better| Comparison::new("serve", group, name, unit, better, figures, baseline);
+        let figures = (num(&k[key]), num(&b[key]));
+        let row = |unit| Comparison::new("serve", group, name, unit, figures, baseline);
         match key {
-            "throughput_rps" => row("req/s", Better::Higher).at_least(at_least),
-            "p95_ms" => row("ms", Better::Lower).at_most(1.0),
-            _ => row("ms", Better::Lower),
+            "throughput_rps" => row(REQ_S).at_least(at_least),
+            "p95_ms" => row(MS).at_most(1.0),
+            _ => row(MS),
         }
     };
     FIGURES.into_iter().map(row).collect()
@@ -250,16 +247,15 @@ const AUTO_ROW: &str = "serve engine=auto vs dynamic batching (libtorch)";
 /// with the automatic choice's note.
 fn push_auto_rows(out: &mut SuiteOutput, (x, d): (&Value, &Value), onnx: &OnnxModel, note: &Value) {
     let baseline = "kiln serving with dynamic batching, libtorch engine";
-    let both = |key: &str| json!({"auto": fig(x, key), "libtorch": fig(d, key)});
-    let rows = [
-        ("", "throughput_rps", "req/s", Better::Higher),
-        (" p95 latency", "p95_ms", "ms", Better::Lower),
-    ];
-    for (metric, key, unit, better) in rows {
+    let both = |key: &str| json!({"auto": num(&x[key]), "libtorch": num(&d[key])});
+    for (metric, key, unit) in [
+        ("", "throughput_rps", REQ_S),
+        (" p95 latency", "p95_ms", MS),
+    ] {
         let name = format!("{AUTO_ROW}{metric}");
-        let figures = (fig(x, key), fig(d, key));
-        let row = Comparison::new("serve", "serving", name, unit, better, figures, baseline)
-            .detail("engine_auto", note.clone());
+        let figures = (num(&x[key]), num(&d[key]));
+        let row = out.row("serving", name, unit, figures, baseline);
+        let row = row.detail("engine_auto", note.clone());
         out.push(match key {
             "throughput_rps" => row
                 .detail("p95_ms", both("p95_ms"))

@@ -2,12 +2,12 @@
 //! of one measurement in its own process.
 
 use super::*;
+use kiln_benches::report::{SAMPLES_S, SECONDS};
 
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
 pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
-    let device = a.device.unwrap_or_else(Device::cuda_if_available);
-    let (batch, batches, threads) = (a.batch.max(1), a.batches.max(1), a.threads.max(1));
-    kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+    let (device, threads) = (a.place.device(), a.place.set_threads()?);
+    let (batch, batches) = (a.batch.max(1), a.batches.max(1));
     // The engine is ready once it has run its first (warm-up) batch.
     let start = Instant::now();
     let (mut runner, graphs): (Box<dyn Runner>, String) = match a.engine {
@@ -165,10 +165,7 @@ impl InferOpts {
             c.args(["--grad-mode", "no_grad"]);
         }
         if side.compile {
-            // Inductor's cache directory, and TMPDIR for the headers it precompiles once.
-            c.arg("--compile")
-                .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
-                .env("TMPDIR", cache.join("tmp"));
+            compile_env(&mut c, cache);
         }
         c
     }
@@ -190,35 +187,27 @@ impl InferOpts {
         sides: &[TorchSide],
         onnx: Option<&Path>,
     ) -> Result<Vec<Vec<Value>>> {
-        let cache = std::env::temp_dir().join(format!(
-            "kiln-bench-inductor-infer-{}-{precision}-{batch}",
-            std::process::id()
-        ));
-        if sides.iter().any(|s| s.compile) {
-            std::fs::create_dir_all(cache.join("tmp"))
-                .map_err(|e| format!("{}: {e}", cache.display()))?;
-        }
         let mut probes = vec![Probe::Kiln(None)];
         probes.extend(sides.iter().map(|&s| Probe::Torch(s)));
         probes.extend(onnx.map(|path| Probe::Kiln(Some(path))));
-        let runs = alternating(self.repeats, &probes, |_, probe| {
-            let cmd = match probe {
-                Probe::Kiln(onnx) => self.kiln(precision, batch, onnx),
-                Probe::Torch(side) => self.torch(side, batch, &cache),
-            };
-            run_json(cmd).map(Some)
-        });
-        let _ = std::fs::remove_dir_all(&cache);
-        runs
+        in_temp_dir(&format!("inductor-infer-{precision}-{batch}"), |cache| {
+            alternating(self.repeats, &probes, |_, probe| {
+                let cmd = match probe {
+                    Probe::Kiln(onnx) => self.kiln(precision, batch, onnx),
+                    Probe::Torch(side) => self.torch(side, batch, cache),
+                };
+                run_json(cmd).map(Some)
+            })
+        })
     }
 }
 
 /// The headline figure at `batch`: latency at batch 1, throughput otherwise.
-fn headline(batch: usize) -> (&'static str, &'static str, &'static str, Better) {
+fn headline(batch: usize) -> (&'static str, &'static str, Unit) {
     if batch == 1 {
-        ("p50 latency", "p50_ms", "ms", Better::Lower)
+        ("p50 latency", "p50_ms", MS)
     } else {
-        ("throughput", "samples_per_s", "samples/s", Better::Higher)
+        ("throughput", "samples_per_s", SAMPLES_S)
     }
 }
 
@@ -234,7 +223,7 @@ fn infer_row(
     (k, t): (&[Value], &[Value]),
     (side, what): Side,
 ) -> Comparison {
-    let (_, key, unit, better) = headline(batch);
+    let (_, key, unit) = headline(batch);
     let other = match key {
         "p50_ms" => "samples_per_s",
         _ => "p50_ms",
@@ -245,7 +234,7 @@ fn infer_row(
     };
     let figures = (median_of(k, key), median_of(t, key));
     let baseline = format!("{} ({what})", side.describe());
-    Comparison::new("infer", "inference", name, unit, better, figures, baseline)
+    Comparison::new("infer", "inference", name, unit, figures, baseline)
         .detail("batch_size", json!(batch))
         .detail(
             "kiln",
@@ -296,15 +285,10 @@ fn push_compile_rows(
         (median(cold.clone()), empty)
     };
     let compile_s: Vec<&Value> = t.iter().map(|r| &r["compile"]["compile_s"]).collect();
-    let row = Comparison::new(
-        "infer",
-        "compile time",
-        name.replacen(headline(batch).0, "first batch (compile time)", 1),
-        "s",
-        Better::Lower,
-        (median_of(k, "first_batch_s"), first),
-        format!("torch.compile first batch, {caches}"),
-    );
+    let name = name.replacen(headline(batch).0, "first batch (compile time)", 1);
+    let figures = (median_of(k, "first_batch_s"), first);
+    let base = format!("torch.compile first batch, {caches}");
+    let row = out.row("compile time", name, SECONDS, figures, base);
     out.push(row.detail("batch_size", json!(batch)).detail(
         "compile",
         json!({"mode": "default", "cold_first_batch_s": cold, "warm_first_batch_s": warm,
@@ -481,26 +465,11 @@ fn onnx_row(
 /// throughput and peak memory.
 fn infer_sweep(o: &InferOpts, out: &mut SuiteOutput, sizes: &[usize]) -> Result<Vec<Value>> {
     let side = TorchSide::eager("fp32", false);
-    let base = side.describe();
     let mut runs = vec![];
     for &b in sizes {
         let r = o.runs("fp32", b, &[side], None)?;
-        let (k, t) = (&r[0], &r[1]);
-        let figures = [
-            ("throughput", "samples_per_s", "samples/s", Better::Higher),
-            ("peak memory", "peak_memory_mib", "MiB", Better::Lower),
-        ];
-        for (what, key, unit, better) in figures {
-            let name = format!("mlp fp32 b={b} {what}");
-            let medians = (median_of(k, key), median_of(t, key));
-            let row = Comparison::new("infer", SWEEP_GROUP, name, unit, better, medians, &base)
-                .detail("batch_size", json!(b));
-            out.push(match key {
-                "peak_memory_mib" => row.detail("memory", k[0]["peak_memory_kind"].clone()),
-                _ => row,
-            });
-        }
-        runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
+        out.push_sweep("mlp fp32", b, (&r[0], &r[1]), &side.describe());
+        runs.push(json!({"sweep_batch": b, "kiln": r[0], "torch": r[1]}));
     }
     Ok(runs)
 }

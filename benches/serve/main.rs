@@ -37,11 +37,11 @@ use std::time::{Duration, Instant};
 
 use crate::run_cli::{Cli, exit_on_error};
 use clap::{Args, Subcommand, ValueEnum};
-use kiln_benches::args::parse_device;
-use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
+use kiln_benches::args::Place;
+use kiln_benches::report::{Better, Comparison, MS, SuiteOutput, Unit};
 use kiln_benches::{
-    Result, SuiteArgs, alternating, bench_root, device_name, median, median_of, peak_memory_mib,
-    resolve, run_json,
+    Result, SuiteArgs, alternating, bench_root, compile_env, device_name, in_temp_dir, median,
+    median_of, num, peak_memory_mib, resolve, run_json,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
@@ -83,11 +83,8 @@ struct InferProbeArgs {
     batches: usize,
     #[arg(long, default_value_t = 20)]
     warmup: usize,
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
-    #[arg(long, value_parser = parse_device)]
-    device: Option<Device>,
+    #[command(flatten)]
+    place: Place,
     /// CUDA graphs: on, off or auto.
     #[arg(long, default_value = "off", value_parser = parse_graphs)]
     graphs: CudaGraphs,
@@ -319,7 +316,10 @@ mod tests {
         let Some(Sub::InferProbe(p)) = cli.command else {
             panic!("not the probe: {cli:?}");
         };
-        assert_eq!((p.graphs, p.batch), (CudaGraphs::On, 1));
+        assert_eq!(
+            (p.graphs, p.batch, p.place.device()),
+            (CudaGraphs::On, 1, Device::Cuda(0))
+        );
         assert_eq!((p.engine, p.onnx), (ProbeEngine::Libtorch, None));
         let cli = parse("kiln-bench-serve infer-probe --engine onnxruntime --onnx m.onnx").unwrap();
         let Some(Sub::InferProbe(p)) = cli.command else {

@@ -6,28 +6,17 @@
 //! kiln ≥ 1.5× LitServe) and p50/p95/p99 latency (goal p95 ≤ 1.0×).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 
 use super::dynamic::{Body, FIGURES, Load, drive, load_rows, measure, print_run, sample, summary};
 use super::*;
-use crate::run_cli::remove_dir;
 use kiln_benches::peers;
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
 pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
-    let runs = match peers::dir() {
-        Ok(peers) => {
-            let work = std::env::temp_dir();
-            let work = work.join(format!("kiln-bench-litserve-{}", std::process::id()));
-            std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
-            let runs = measure_both(&work, &peers, load);
-            remove_dir(&work)?;
-            runs
-        }
-        Err(why) => Err(why),
-    };
+    let runs = peers::dir().and_then(|p| in_temp_dir("litserve", |w| measure_both(w, &p, load)));
     match runs {
         Ok(runs) => push_rows(out, load, &runs),
         Err(why) => {
@@ -102,10 +91,7 @@ impl Drop for LitServe {
 /// against kiln's, then [`drive`]n with `body`.
 fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Result<LoadReport> {
     let weights = work.join(WEIGHTS);
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| e.to_string())?
-        .port();
+    let port = kiln_benches::free_port()?;
     let log = work.join(format!("litserve-{r}.log"));
     let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
     let err = file.try_clone().map_err(|e| e.to_string())?;

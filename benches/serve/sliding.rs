@@ -5,14 +5,12 @@
 
 use super::infer::InferOpts;
 use super::*;
-use kiln_benches::peers;
+use kiln_benches::report::SECONDS;
+use kiln_benches::{figure, peers};
 
 /// The figures of one side's run: the whole sliding-window run and the time inside the forward.
 fn figures(run: &Value, total: &str, forward: &str) -> Result<Value> {
-    let (t, f) = (
-        kiln_benches::figure(run, total)?,
-        kiln_benches::figure(run, forward)?,
-    );
+    let (t, f) = (figure(run, total)?, figure(run, forward)?);
     Ok(json!({"total_s": t, "forward_s": f, "outside_s": t - f}))
 }
 
@@ -140,31 +138,19 @@ pub(super) fn sliding_rows(
         "MONAI {} sliding_window_inference",
         runs[1][0]["monai"].as_str().unwrap_or("?")
     );
-    for (key, name, goal) in [
-        ("total_s", "sliding-window inference, whole run", 0.9),
-        (
-            "outside_s",
-            "sliding-window inference, outside the model's forward",
-            0.5,
-        ),
-    ] {
+    let rows = [
+        ("total_s", "whole run", 0.9),
+        ("outside_s", "outside the model's forward", 0.5),
+    ];
+    for (key, part, goal) in rows {
+        let name = format!("sliding-window inference, {part}");
         let medians = (
             median_of(&kiln_figures, key),
             median_of(&monai_figures, key),
         );
-        let row = Comparison::new(
-            "infer",
-            "sliding window",
-            name,
-            "s",
-            Better::Lower,
-            medians,
-            &baseline,
-        )
-        .at_most(goal)
-        .detail("setup", json!(what))
-        .detail("max_abs_vs_monai", json!(max_abs));
-        out.push(row);
+        let row = out.row("sliding window", name, SECONDS, medians, &baseline);
+        let row = row.at_most(goal).detail("setup", json!(what));
+        out.push(row.detail("max_abs_vs_monai", json!(max_abs)));
     }
     Ok(vec![
         json!({"sliding_window": {"kiln": kiln_figures, "monai": monai_figures, "max_abs": max_abs}}),

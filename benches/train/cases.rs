@@ -2,15 +2,12 @@
 //! `torch.compile` baseline), how one runs, and the rows it gives (step time, machine limit,
 //! compile time).
 
-use std::path::Path;
-use std::process::Command;
-
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{median, median_of};
+use kiln_benches::report::{Better, Comparison, MS_STEP, SECONDS, SuiteOutput};
+use kiln_benches::{compile_env, in_temp_dir, interleaved, median, median_of, num};
 use serde_json::{Value, json};
 
 use super::suite::peak_for;
-use super::{Opts, Result, at_most, f, in_temp_dir, resolved, words};
+use super::{Opts, Result, at_most, resolved, words};
 
 /// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 pub struct Case {
@@ -208,14 +205,6 @@ fn baseline_name(case: &Case, t: &Value) -> String {
     )
 }
 
-/// `--compile` with inductor's caches under `cache` (which holds an empty `tmp`): its cache
-/// directory, and `TMPDIR` for the C++ headers it precompiles once per machine.
-pub(crate) fn compile_env(c: &mut Command, cache: &Path) {
-    c.arg("--compile")
-        .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
-        .env("TMPDIR", cache.join("tmp"));
-}
-
 /// Runs one case, kiln and PyTorch alternating, and adds its rows to `out` (or, where its
 /// PyTorch side could not run here, why); returns its runs. A `torch.compile` case runs in its
 /// own inductor cache, empty at its first run (a cold compile) and reused by the later ones.
@@ -234,7 +223,7 @@ pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> R
             }
             c
         };
-        o.interleaved(&[&|| o.kiln("probe", &kiln_args), &torch_cmd])
+        interleaved(o.repeats, &[&|| o.kiln("probe", &kiln_args), &torch_cmd])
     })?;
     let (k, t) = (&sides[0], &sides[1]);
     let name = case_name(case, k[0]["precision"].as_str().unwrap_or("?"), batch);
@@ -265,18 +254,11 @@ pub(crate) fn breakdowns(k: &[Value], t: &[Value]) -> Value {
 fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut SuiteOutput) {
     let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
     let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
-    let (flops, batch) = (f(&k[0], "flops_per_step"), f(&k[0], "batch"));
+    let (flops, batch) = (num(&k[0]["flops_per_step"]), num(&k[0]["batch"]));
     let (peak, peak_name) = peak_for(&out.peaks, kiln_precision, k[0]["tf32"] == true);
     let (torch_peak, _) = peak_for(&out.peaks, case.torch, false);
-    let mut step = Comparison::new(
-        "train",
-        "step time",
-        name,
-        "ms/step",
-        Better::Lower,
-        (ks * 1e3, ts * 1e3),
-        baseline_name(case, &t[0]),
-    );
+    let base = baseline_name(case, &t[0]);
+    let mut step = out.row("step time", name, MS_STEP, (ks * 1e3, ts * 1e3), base);
     step.details = json!({
         "mfu": flops / ks / 1e9 / peak, "baseline_mfu": flops / ts / 1e9 / torch_peak,
         "peak": peak_name, "kiln_precision": kiln_precision, "batch_size": k[0]["batch"],
@@ -294,14 +276,17 @@ fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut Su
     out.push(at_most(step, case.goal));
     if case.model == "transformer" && case.kiln == "fp32" && case.args.0.is_empty() {
         // kiln's fp32 transformer step against this machine's GEMM peak.
-        let limit = Comparison::new(
-            "train",
-            "machine limit",
-            format!("{name}: achieved vs {peak_name} peak"),
-            "GFLOP/s",
-            Better::Higher,
+        let name = format!("{name}: achieved vs {peak_name} peak");
+        let (figures, base) = (
             (flops / ks / 1e9, peak),
             format!("measured {peak_name} peak"),
+        );
+        let limit = out.row(
+            "machine limit",
+            name,
+            ("GFLOP/s", Better::Higher),
+            figures,
+            base,
         );
         out.push(
             limit
@@ -352,19 +337,14 @@ fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Co
     } else {
         "inductor's caches warm"
     };
-    Comparison::new(
-        "train",
-        "compile time",
-        compile_time_name(name),
-        "s",
-        Better::Lower,
-        (
-            median_of(k, "first_step_s"),
-            cold.unwrap_or_else(|| median_of(t, "first_step_s")),
-        ),
-        format!("torch.compile {} first step, {caches}", case.torch),
-    )
-    .detail("compile", summary)
+    let figures = (
+        median_of(k, "first_step_s"),
+        cold.unwrap_or_else(|| median_of(t, "first_step_s")),
+    );
+    let base = format!("torch.compile {} first step, {caches}", case.torch);
+    let name = compile_time_name(name);
+    Comparison::new("train", "compile time", name, SECONDS, figures, base)
+        .detail("compile", summary)
 }
 
 #[cfg(test)]

@@ -24,14 +24,11 @@ mod program;
 mod suite;
 
 use std::ffi::{OsStr, OsString};
-use std::path::Path;
 use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::Comparison;
-use kiln_benches::{
-    Result, SuiteArgs, alternating, bench_root, device_name, interleaved, run_json,
-};
+use kiln_benches::{Result, SuiteArgs, alternating, bench_root, device_name, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use serde_json::{Value, json};
 use tch::Device;
@@ -154,10 +151,6 @@ impl Opts {
         ))
     }
 
-    fn interleaved(&self, cmds: &[&dyn Fn() -> Command]) -> Result<Vec<Vec<Value>>> {
-        interleaved(self.repeats, cmds)
-    }
-
     /// The runs of `n` commands, `cmd(i)` the `i`th, [`interleaved`].
     fn runs(&self, n: usize, cmd: impl Fn(usize) -> Command) -> Result<Vec<Vec<Value>>> {
         let order: Vec<usize> = (0..n).collect();
@@ -184,20 +177,6 @@ fn strings(args: &[&str]) -> Vec<String> {
 /// The words of `line`, arguments without spaces in them, as owned strings.
 fn words(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
-}
-
-/// Runs `f` in a fresh directory `kiln-bench-NAME-PID` (holding an empty `tmp`) under the
-/// system's temporary directory, removed afterwards.
-fn in_temp_dir<T>(name: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
-    let dir = std::env::temp_dir().join(format!("kiln-bench-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("tmp")).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = f(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
-}
-
-fn f(v: &Value, key: &str) -> f64 {
-    v[key].as_f64().unwrap_or(f64::NAN)
 }
 
 #[cfg(test)]

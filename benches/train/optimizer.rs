@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::report::{MS_STEP, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
 use kiln_benches::{SuiteArgs, device_name, median, median_of};
 use kiln_config::ModelKind;
@@ -15,8 +15,9 @@ use kiln_train::source::build;
 use serde_json::json;
 use tch::{Device, Kind, Tensor, nn};
 
-use super::probe::{Place, synthetic_input, time_calls};
+use super::probe::{synthetic_input, time_calls};
 use super::{Opts, Result, at_most, by_name, model_plan, words};
+use kiln_benches::args::Place;
 
 /// `optim-probe`'s options.
 #[derive(Debug, Args)]
@@ -185,15 +186,7 @@ pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
     let ms = |i: usize| median_of(&runs[i], "step_s_median") * 1e3;
     for (name, other, baseline, goal) in ROWS {
         let (kiln, theirs) = (ms(0), ms(other));
-        let c = Comparison::new(
-            "optimizer",
-            "optimizer step",
-            name,
-            "ms/step",
-            Better::Lower,
-            (kiln, theirs),
-            baseline,
-        );
+        let c = out.row("optimizer step", name, MS_STEP, (kiln, theirs), baseline);
         out.push(at_most(c.detail("speedup", json!(theirs / kiln)), goal));
     }
     let (warmup, steps) = optim_steps(o);

@@ -6,7 +6,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
+use kiln_benches::report::{Better, Comparison, SAMPLES_S, SuiteOutput, Unit};
 use kiln_benches::{SuiteArgs, device_name, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
@@ -90,27 +90,13 @@ pub fn opts_suite(a: &SuiteArgs) -> Result<()> {
 }
 
 /// An optimization's row: kiln with it (`on`) against kiln without it (`off`).
-fn row(
-    name: &str,
-    unit: &str,
-    better: Better,
-    (on, off): (f64, f64),
-    baseline: &str,
-) -> Comparison {
-    let speedup = match better {
+fn row(name: &str, unit: Unit, (on, off): (f64, f64), baseline: &str) -> Comparison {
+    let speedup = match unit.1 {
         Better::Lower => off / on,
         Better::Higher => on / off,
     };
-    Comparison::new(
-        "opts",
-        "optimization",
-        name,
-        unit,
-        better,
-        (on, off),
-        baseline,
-    )
-    .detail("speedup", json!(speedup))
+    let row = Comparison::new("opts", "optimization", name, unit, (on, off), baseline);
+    row.detail("speedup", json!(speedup))
 }
 
 /// A run's figure: the JSON key, the factor to the row's unit, the unit.
@@ -129,7 +115,7 @@ fn toggle(
 ) -> Result<Value> {
     let r = o.runs(2, cmd)?;
     let (on, off) = (median_of(&r[0], key) * scale, median_of(&r[1], key) * scale);
-    out.push(row(name, unit, Better::Lower, (on, off), baseline));
+    out.push(row(name, (unit, Better::Lower), (on, off), baseline));
     Ok(json!({"toggle": toggle, "on": r[0], "off": r[1]}))
 }
 
@@ -185,10 +171,10 @@ fn loader_workers(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
         samples as f64 / median(with.clone()),
         samples as f64 / median(without.clone()),
     );
+    let name = format!("loader workers: {workers} instead of 0");
     out.push(row(
-        &format!("loader workers: {workers} instead of 0"),
-        "samples/s",
-        Better::Higher,
+        &name,
+        SAMPLES_S,
         (w, wo),
         "kiln loader in the training thread",
     ));

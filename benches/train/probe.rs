@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use clap::Args;
-use kiln_benches::args::{parse_device, parse_on_off};
+use kiln_benches::args::{Place, parse_on_off};
 use kiln_benches::{device_name, median, peak_memory_mib};
 use kiln_config::ModelKind;
 use kiln_device::settings::AmpDtype;
@@ -103,30 +103,6 @@ impl ShapeArgs {
             ff: i64::from(self.ff),
             classes: classes as i64,
         }
-    }
-}
-
-/// Where a probe runs: its thread count and device.
-#[derive(Debug, Args)]
-pub struct Place {
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
-    /// cpu, cuda or cuda:N (default: the first CUDA GPU, else the CPU).
-    #[arg(long, value_parser = parse_device)]
-    device: Option<Device>,
-}
-
-impl Place {
-    /// The device (the first CUDA GPU by default, else the CPU).
-    pub fn device(&self) -> Device {
-        self.device.unwrap_or_else(Device::cuda_if_available)
-    }
-
-    /// Sets libtorch's thread count (at least 1); returns it.
-    pub fn set_threads(&self) -> Result<usize> {
-        let threads = self.threads.max(1);
-        kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
-        Ok(threads)
     }
 }
 

@@ -6,12 +6,12 @@
 use std::path::Path;
 use std::process::Command;
 
-use kiln_benches::report::{Better, Comparison, SuiteOutput};
-use kiln_benches::{median, median_of, run_json};
+use kiln_benches::report::{Comparison, MS_STEP, SECONDS, SuiteOutput};
+use kiln_benches::{compile_env, in_temp_dir, median, median_of, num, run_json};
 use serde_json::{Value, json};
 
-use super::cases::{breakdowns, compile_env, compile_summary};
-use super::{Opts, Result, at_most, by_name, f, in_temp_dir, strings};
+use super::cases::{breakdowns, compile_summary};
+use super::{Opts, Result, at_most, by_name, strings};
 
 /// What the TorchScript rows' names begin with.
 pub const SCRIPT_ROWS: &str = "your own model (transformer as TorchScript)";
@@ -57,14 +57,15 @@ fn run_sides(
 /// the same Python module; batch 32, dropout 0.
 fn module_row(what: &str, ours: &[Value], (baseline, runs): (&str, &[Value])) -> Comparison {
     let ms = |r: &[Value]| median_of(r, "step_s_median") * 1e3;
+    let name = format!("{what} vs {baseline}");
+    let base = format!("{baseline}, training the same Python module (fused AdamW)");
     Comparison::new(
         "train",
         "step time",
-        format!("{what} vs {baseline}"),
-        "ms/step",
-        Better::Lower,
+        name,
+        MS_STEP,
         (ms(ours), ms(runs)),
-        format!("{baseline}, training the same Python module (fused AdamW)"),
+        base,
     )
     .detail("batch_size", json!(32))
     .detail("dropout", json!(0.0))
@@ -222,27 +223,18 @@ fn other_first_loss(ours: &[Value], theirs: &[Value]) -> Option<String> {
 /// (its inductor cache empty); the warm figures in the details.
 fn compile_row(k: &[Value], compiled: &[Value], precision: &str) -> Comparison {
     let summary = compile_summary(compiled);
-    let cold = f(&k[0], "load_s");
+    let cold = num(&k[0]["load_s"]);
     let warm: Vec<f64> = k[1..].iter().filter_map(|r| r["load_s"].as_f64()).collect();
-    Comparison::new(
-        "train",
-        "compile time",
-        format!("{PROGRAM_ROWS} {precision} compile vs torch.compile's first step"),
-        "s",
-        Better::Lower,
-        (
-            cold,
-            summary["cold_first_step_s"]
-                .as_f64()
-                .unwrap_or_else(|| median_of(compiled, "first_step_s")),
-        ),
-        "torch.compile (default mode) first step, inductor's caches empty",
-    )
-    .detail(
-        "kiln_cache_hit_load_s",
-        json!((!warm.is_empty()).then(|| median(warm))),
-    )
-    .detail("compile", summary)
+    let theirs = summary["cold_first_step_s"].as_f64();
+    let theirs = theirs.unwrap_or_else(|| median_of(compiled, "first_step_s"));
+    let name = format!("{PROGRAM_ROWS} {precision} compile vs torch.compile's first step");
+    let base = "torch.compile (default mode) first step, inductor's caches empty";
+    Comparison::new("train", "compile time", name, SECONDS, (cold, theirs), base)
+        .detail(
+            "kiln_cache_hit_load_s",
+            json!((!warm.is_empty()).then(|| median(warm))),
+        )
+        .detail("compile", summary)
 }
 
 #[cfg(test)]

@@ -2,13 +2,13 @@
 //! your-own-model rows (TorchScript, exported program), and with `--batch-sizes` the
 //! throughput and peak-memory sweep.
 
-use kiln_benches::report::{Better, Comparison, SWEEP_GROUP, SuiteOutput};
-use kiln_benches::{SuiteArgs, device_name, median_of, run_json};
+use kiln_benches::report::SuiteOutput;
+use kiln_benches::{SuiteArgs, device_name, interleaved, num, run_json};
 use serde_json::{Value, json};
 
 use super::cases::{cases_for, planned_name, run_case};
 use super::program::{PROGRAM_ROWS, SCRIPT_ROWS, program_case, script_case};
-use super::{Opts, Result, f};
+use super::{Opts, Result};
 
 /// The GEMM peaks the train-step results are measured against: fp32 and bf16 on the CPU;
 /// fp32, TF32, bf16 and fp16 on a GPU.
@@ -24,7 +24,7 @@ fn peaks(o: &Opts) -> Result<Value> {
         eprintln!(
             "{p} GEMM peak through libtorch on {}: {:.0} GFLOP/s",
             device_name(o.device),
-            f(&v, "gemm_gflops")
+            num(&v["gemm_gflops"])
         );
         peaks.insert(format!("{p}_gemm_gflops"), v["gemm_gflops"].clone());
     }
@@ -38,7 +38,7 @@ pub fn peak_for(peaks: &Value, precision: &str, tf32: bool) -> (f64, String) {
     } else {
         precision
     };
-    let peak = f(peaks, &format!("{key}_gemm_gflops"));
+    let peak = num(&peaks[format!("{key}_gemm_gflops")]);
     (peak, format!("{key} GEMM"))
 }
 
@@ -90,23 +90,9 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
 fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize) -> Result<Value> {
     let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
     let args = o.step_args("transformer", precision, b, 0);
-    let sides = o.interleaved(&[&|| o.kiln("probe", &args), &|| o.torch(&args)])?;
+    let sides = interleaved(o.repeats, &[&|| o.kiln("probe", &args), &|| o.torch(&args)])?;
     let (k, t) = (&sides[0], &sides[1]);
-    let row = |what: &str, unit: &str, better: Better, key: &str| {
-        Comparison::new(
-            "train",
-            SWEEP_GROUP,
-            format!("transformer {precision} b={b} {what}"),
-            unit,
-            better,
-            (median_of(k, key), median_of(t, key)),
-            format!("PyTorch eager {precision}"),
-        )
-        .detail("batch_size", json!(b))
-    };
-    let throughput = row("throughput", "samples/s", Better::Higher, "samples_per_s");
-    out.push(throughput);
-    let memory = row("peak memory", "MiB", Better::Lower, "peak_memory_mib");
-    out.push(memory.detail("memory", k[0]["peak_memory_kind"].clone()));
+    let base = format!("PyTorch eager {precision}");
+    out.push_sweep(&format!("transformer {precision}"), b, (k, t), &base);
     Ok(json!({"sweep_batch": b, "kiln": k, "torch": t}))
 }
