@@ -34,16 +34,13 @@ all-reduce time; human text goes to stderr.
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
+from common import add_training_args, optimizer, read_npy, train_step
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
@@ -70,54 +67,12 @@ def wrap(model, a):
     return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
 
 
-def lr_factor(step, warmup, total):
-    """kiln's schedule as a factor of the base lr: (s+1)/W while warming up, then cosine to 0 at
-    `total` optimizer steps."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def read_npy(path, dtype, shape):
-    """The first prod(shape) values of a little-endian .npy file as kiln writes it, version 1
-    (kiln's synthetic samples do not depend on the dataset's length, so a shorter run reads a
-    prefix of a longer one's)."""
-    with open(path, "rb") as f:
-        data = bytearray(f.read())
-    header = 10 + int.from_bytes(data[8:10], "little")  # magic, version, length, the dict
-    tensor = torch.frombuffer(data, dtype=dtype, offset=header)
-    if tensor.numel() < math.prod(shape):
-        raise SystemExit(f"error: {path} holds {tensor.numel()} values, fewer than {shape}")
-    return tensor[:math.prod(shape)].view(*shape)
-
-
-def optimizer(model, a, total_steps):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup, total_steps))
-    return opt, sched
-
-
-def add_training_args(p):
-    """The options this script and lightning_job.py share: the transformer's shape, the seed,
-    and kiln's optimizer, schedule and clipping."""
-    for name, default in (("--d-model", 256), ("--heads", 8), ("--layers", 4), ("--ff", 1024),
-                          ("--seed", 0), ("--warmup", 50), ("--lr", 1e-3),
-                          ("--weight-decay", 0.01)):
-        p.add_argument(name, type=type(default), default=default)
-    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
-
-
 def train(a, world, rank, model, features, labels):
     """The training loop; returns (steps, summed step seconds, final train loss)."""
     sampler = DistributedSampler(range(len(labels)), num_replicas=world, rank=rank,
                                  shuffle=True, seed=a.seed, drop_last=True)
     per_epoch = len(sampler) // a.batch
     opt, sched = optimizer(model, a, per_epoch * a.epochs)
-    params = list(model.parameters())
     steps, step_seconds, final_loss = 0, 0.0, float("nan")
     model.train()
     for epoch in range(a.epochs):
@@ -128,13 +83,7 @@ def train(a, world, rank, model, features, labels):
             started = time.perf_counter()
             idx = order[b * a.batch:(b + 1) * a.batch]
             x, y = features.index_select(0, idx), labels.index_select(0, idx)
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if a.clip > 0:
-                torch.nn.utils.clip_grad_norm_(params, a.clip)
-            opt.step()
-            sched.step()
+            loss = train_step(model, opt, x, y, a.clip, sched)
             loss_sum += loss.detach().double() * len(y)
             step_seconds += time.perf_counter() - started
             steps += 1
@@ -195,8 +144,8 @@ def main():
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
         dist.init_process_group("gloo")
-    features = read_npy(a.features_file, torch.float32, (a.samples, a.seq, a.features))
-    labels = read_npy(a.labels_file, torch.int64, (a.samples,))
+    features = read_npy(a.features_file, (a.samples, a.seq, a.features))
+    labels = read_npy(a.labels_file, (a.samples,))
     model = wrap(build(a), a) if world > 1 else build(a)
     started = time.perf_counter()
     steps, step_seconds, final_loss = train(a, world, rank, model, features, labels)

@@ -26,14 +26,13 @@ import argparse
 import json
 import statistics
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
+from common import log, not_run
 import torch  # noqa: E402
 
 # kiln's reference MLP and the helpers of the train-step suite's script (this directory is on
 # sys.path: the script's own).
-from train_step import MLP, inductor_cache, log, peak_memory, sync  # noqa: E402
+from train_step import MLP, inductor_cache, peak_memory, sync  # noqa: E402
 
 
 def percentile(sorted_values, q):
@@ -63,16 +62,6 @@ def parse_args():
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {a.device}: this torch sees no CUDA device")
     return a
-
-
-def not_run(a, error):
-    """The JSON of a --compile run that could not compile here, with the reason."""
-    text = f"{type(error).__name__}: {error}".strip().splitlines()
-    reason = (text[0] if text else type(error).__name__)[:300]
-    log(f"torch.compile did not run: {reason}")
-    return {"framework": "pytorch-compile", "torch_version": torch.__version__,
-            "device": a.device, "precision": a.precision, "batch": a.batch,
-            "not_run": f"torch.compile failed: {reason}"}
 
 
 def run(a, forward, device, dtype):
@@ -105,7 +94,8 @@ def main():
     except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
         if not a.compile:
             raise
-        print(json.dumps(not_run(a, e)), flush=True)
+        print(json.dumps(not_run(e, device=a.device, precision=a.precision, batch=a.batch)),
+              flush=True)
         return
     times = all_times[a.warmup:]
     ordered = sorted(times)

@@ -28,17 +28,14 @@ import json
 import os
 import sys
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
+# The siblings in this directory (the script's own, first on sys.path): what the scripts share
+# (kiln's optimizer and schedule, the scores), the model twins, the shard reader.
+from common import add_scores, add_training_args, optimizer, scores, train_step
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
-# The siblings in this directory (the script's own, first on sys.path): the model twins, the
-# shard reader, kiln's optimizer and schedule as the ddp suite builds them.
-from ddp_step import add_training_args, optimizer  # noqa: E402
 from torch_loader import ShardDataset  # noqa: E402
 from train_step import SelfAttention, SignTransformer  # noqa: E402
 
@@ -73,14 +70,6 @@ def loaders(a):
                        generator=torch.Generator().manual_seed(a.seed), **common)
     val = DataLoader(Subset(shards, split["val"]), shuffle=False, **common)
     return train, val, int(split["classes"])
-
-
-def add_scores(sums, model, x, y):
-    """Adds a validation batch's summed loss, right answers and samples to `sums`."""
-    out = model(x).float()
-    sums[0] += F.cross_entropy(out, y, reduction="sum").item()
-    sums[1] += (out.argmax(-1) == y).sum().item()
-    sums[2] += len(y)
 
 
 def autocast(a):
@@ -145,16 +134,6 @@ def lightning_fit(a, model, train, val):
             "final_val_accuracy": float(metrics["val_acc"]), "fit_seconds": seconds}
 
 
-def evaluate(model, val, a):
-    model.eval()
-    sums = [0.0, 0, 0]
-    with torch.no_grad(), autocast(a):
-        for x, y in val:
-            add_scores(sums, model, x, y)
-    model.train()
-    return sums[0] / max(1, sums[2]), sums[1] / max(1, sums[2])
-
-
 def plain_fit(a, model, train, val):
     total = len(train) * a.epochs
     opt, sched = optimizer(model, a, total)
@@ -163,18 +142,11 @@ def plain_fit(a, model, train, val):
     model.train()
     for epoch in range(a.epochs):
         for x, y in train:
-            with autocast(a):
-                loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if a.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-            opt.step()
-            sched.step()
+            loss = train_step(model, opt, x, y, a.clip, sched, lambda: autocast(a))
             step += 1
             if step % 50 == 0:
                 print(f"step {step}/{total} loss {loss.item():.4f}", file=sys.stderr, flush=True)
-        val_loss, val_acc = evaluate(model, val, a)
+        val_loss, val_acc = scores(model, val, lambda: autocast(a))
         print(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}", file=sys.stderr)
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "schedule": sched.state_dict(), "epoch": epoch, "step": step},

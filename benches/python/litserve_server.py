@@ -12,15 +12,11 @@ kiln does, `{"outputs": [10 floats], "shape": [10]}`. GET /health says when it i
 import argparse
 import os
 import sys
-import warnings
-
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
-import litserve as ls  # noqa: E402
-import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_loader import open_safetensors  # noqa: E402
+from common import open_safetensors  # noqa: E402  (numpy's warning filtered there)
+import litserve as ls  # noqa: E402
+import torch  # noqa: E402
 
 
 def load_mlp(path):

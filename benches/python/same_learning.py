@@ -15,46 +15,21 @@ matmul-softmax product); fp32 uses SDPA, as kiln does in fp32.
 Nothing beyond torch is needed: safetensors files are parsed here.
 """
 import argparse
-import contextlib
 import functools
 import json
 import re
-import struct
 import sys
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
+from common import adamw_groups, batches, open_safetensors, scores, train_step
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 # The twins of kiln's models, beside this script (so on sys.path).
 import train_step as twins  # noqa: E402
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16,
-          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "U8": torch.uint8}
-
-
 def read_safetensors(path):
-    """{name: tensor} of a safetensors file (8-byte little-endian header length, JSON header,
-    data), each tensor a copy."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    out = {}
-    for name, info in json.loads(data[8:8 + n]).items():
-        if name == "__metadata__":
-            continue
-        if info["dtype"] not in DTYPES:
-            raise SystemExit(f"error: {path}: tensor {name} has dtype {info['dtype']}, "
-                             f"which this reader does not know")
-        dtype = DTYPES[info["dtype"]]
-        start, end = (8 + n + offset for offset in info["data_offsets"])
-        raw = bytearray(data[start:end])  # the copy; frombuffer cannot take an empty buffer
-        flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
-        out[name] = flat.reshape(info["shape"])
-    return out
+    """{name: tensor} of a safetensors file, each tensor a copy."""
+    return {name: t.clone() for name, t in open_safetensors(path).items()}
 
 
 # kiln's names of the transformer twin's tensors: (pattern on the twin's name, kiln's name); an
@@ -140,21 +115,6 @@ def build(job, math_attention):
     return model
 
 
-def held_out(model, x, y, batch, autocast=contextlib.nullcontext):
-    """Mean loss and accuracy over the held-out set, in eval mode, under the training's
-    autocast."""
-    model.eval()
-    loss, correct = 0.0, 0
-    with torch.no_grad(), autocast():
-        for i in range(0, len(y), batch):
-            out = model(x[i:i + batch])
-            target = y[i:i + batch]
-            loss += F.cross_entropy(out, target, reduction="sum").item()
-            correct += (out.argmax(-1) == target).sum().item()
-    model.train()
-    return loss / len(y), correct / len(y)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--job", required=True, help="the job file kiln-bench learning wrote")
@@ -171,9 +131,7 @@ def main():
     loaded = load_kiln_weights(job["model"], model, job["init"])
     data = read_safetensors(job["data"])
     x, y = data["train_x"], data["train_y"]
-    groups = twins.adamw_groups(list(model.parameters()))
-    for g in groups:  # the job's decay where adamw_groups decays
-        g["weight_decay"] = job["weight_decay"] if g["weight_decay"] else 0.0
+    groups = adamw_groups(list(model.parameters()), job["weight_decay"])
     opt = torch.optim.AdamW(groups, lr=job["lr"], betas=tuple(job["betas"]), eps=job["eps"],
                             fused=True)
     autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16, enabled=bf16)
@@ -182,13 +140,10 @@ def main():
     model.train()
     for step in range(job["steps"]):
         first = step * batch % pool
-        with autocast():
-            loss = F.cross_entropy(model(x[first:first + batch]), y[first:first + batch])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    loss, accuracy = held_out(model, data["held_x"], data["held_y"], job["eval_batch"], autocast)
+        rows = slice(first, first + batch)
+        losses.append(train_step(model, opt, x[rows], y[rows], autocast=autocast).item())
+    held = batches(data["held_x"], data["held_y"], job["eval_batch"])
+    loss, accuracy = scores(model, held, autocast)
     print(json.dumps({
         "framework": "pytorch", "torch_version": torch.__version__, "model": job["model"],
         "precision": a.precision,

@@ -23,40 +23,16 @@ import bisect
 import itertools
 import json
 import math
-import mmap
 import os
-import struct
 import sys
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
+from common import open_safetensors
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.data._utils.collate import default_collate  # noqa: E402
 
-ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-             "F64": torch.float64, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-             "I32": torch.int32, "I64": torch.int64}
 BREAKDOWN_BATCHES = 8  # batches timed inline for the per-batch breakdown
-
-
-def open_safetensors(path):
-    """Maps a safetensors file; returns {name: tensor view} without copying."""
-    with open(path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    (n,) = struct.unpack("<Q", mm[:8])
-    header = json.loads(mm[8:8 + n])
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        dtype = ST_DTYPES[info["dtype"]]
-        count = (end - start) // torch.empty((), dtype=dtype).element_size()
-        t = torch.frombuffer(mm, dtype=dtype, count=count, offset=8 + n + start)
-        out[name] = t.view(info["shape"])
-    return out
 
 
 class ShardDataset(Dataset):

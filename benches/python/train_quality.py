@@ -12,61 +12,27 @@ wall time.
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-
+# What the scripts share and the twins of kiln's models, beside this script (so on sys.path).
+from common import (add_training_args, adamw_groups, batches, lr_factor, read_npy, scores,
+                    train_step)
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-# The twins of kiln's models and their held-out evaluation, beside this script (so on sys.path).
 import train_step as twins  # noqa: E402
-from same_learning import held_out  # noqa: E402
-
-
-def read_npy(path):
-    """A little-endian .npy file (f4 or i8, C order) as a tensor, without numpy."""
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:6] != b"\x93NUMPY":
-        raise SystemExit(f"error: {path} is not a .npy file")
-    start = 10 if data[6] == 1 else 12  # the header's length takes 2 bytes in version 1, else 4
-    header_len = int.from_bytes(data[8:start], "little")
-    header = eval(data[start:start + header_len].decode("latin1"))  # a Python dict literal
-    if header["fortran_order"]:
-        raise SystemExit(f"error: {path} is in Fortran order")
-    dtype = {"<f4": torch.float32, "<i8": torch.int64}[header["descr"]]
-    body = bytearray(data[start + header_len:])
-    return torch.frombuffer(body, dtype=dtype).reshape(header["shape"])
-
-
-def lr_at(step, base, warmup, total, schedule):
-    """kiln's schedule: (s+1)/W·lr while warming up, then cosine from lr to 0 at `total` (or
-    constant)."""
-    if step < warmup:
-        return base * (step + 1) / warmup
-    if schedule == "constant":
-        return base
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return base * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="directory with features.npy, labels.npy")
     p.add_argument("--split", required=True, help="split.json: train and val indices")
-    p.add_argument("--seed", type=int, required=True)
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
-    p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
-    for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16), ("--lr", float, 1e-3),
-                                ("--warmup", int, 50), ("--dropout", float, 0.1),
-                                ("--d-model", int, 256), ("--heads", int, 8), ("--layers", int, 4),
-                                ("--ff", int, 1024), ("--threads", int, None)):
+    for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16),
+                                ("--dropout", float, 0.1), ("--threads", int, None)):
         p.add_argument(name, type=kind, default=default)
+    add_training_args(p)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -82,7 +48,8 @@ def main():
     torch.manual_seed(a.seed)
     model = twins.SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
                                   classes, a.dropout)
-    opt = torch.optim.AdamW(twins.adamw_groups(list(model.parameters())), lr=a.lr, fused=True)
+    groups = adamw_groups(list(model.parameters()), a.weight_decay)
+    opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(xt, yt), batch_size=a.batch, shuffle=True,
         drop_last=True, generator=torch.Generator().manual_seed(a.seed))
@@ -92,15 +59,10 @@ def main():
     for epoch in range(a.epochs):
         for xb, yb in loader:
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, a.lr, a.warmup, total, a.schedule)
-            loss = F.cross_entropy(model(xb), yb)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if a.clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
-            opt.step()
+                group["lr"] = a.lr * lr_factor(step, a.warmup, total, a.schedule == "constant")
+            train_step(model, opt, xb, yb, a.clip)
             step += 1
-        val_loss, val_acc = held_out(model, xv, yv, 256)
+        val_loss, val_acc = scores(model, batches(xv, yv, 256))
         epochs.append({"epoch": epoch, "val_loss": val_loss, "val_accuracy": val_acc})
     print(json.dumps({
         "framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,

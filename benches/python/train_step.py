@@ -48,9 +48,8 @@ import resource
 import statistics
 import sys
 import time
-import warnings
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
+from common import adamw_groups, log, not_run
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
@@ -58,10 +57,6 @@ from torch import nn  # noqa: E402
 MODELS = ("mlp", "transformer", "convnet")
 DEFAULT_FEATURES = {"mlp": 64, "transformer": 469}
 DEFAULT_CLASSES = {"mlp": 10, "transformer": 100, "convnet": 10}
-
-
-def log(*args):
-    print(*args, file=sys.stderr, flush=True)
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -231,13 +226,6 @@ def use_math_attention(a):
 
 # --- benchmarks -------------------------------------------------------------------------------
 
-def adamw_groups(params):
-    """AdamW's parameter groups: weight decay 0.01 on parameters with dim >= 2, 0 otherwise."""
-    groups = ({"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.01},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0})
-    return [g for g in groups if g["params"]]
-
-
 def timed(n, step, results):
     """Seconds of each of n calls of step, whose results go to `results`."""
     times = []
@@ -300,7 +288,8 @@ def train_bench(a):
     except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
         if not a.compile:
             raise
-        return not_run(a, e)
+        return not_run(e, device=a.device, model=a.model, precision=a.precision,
+                       config=model_config(a))
     times = timed(a.steps, step, losses)
     phases = {"data_wait_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
     for _ in range(a.breakdown_steps):
@@ -361,18 +350,6 @@ def compile_info(a, cache, warmup_times, steady):
     return {"mode": a.compile_mode, "what": "torch.compile(model); loss, backward, AdamW eager",
             "first_step_s": warmup_times[0], "compile_s": max(0.0, warmup_times[0] - steady),
             "inductor_cache": cache["state"], "graph_breaks": breaks}
-
-
-def not_run(a, error):
-    """The JSON of a --compile run that could not compile here, with the reason."""
-    text = f"{type(error).__name__}: {error}".strip().splitlines()
-    reason = text[0] if text else type(error).__name__
-    if len(reason) > 300:
-        reason = reason[:297] + "..."
-    log(f"torch.compile did not run: {reason}")
-    return {"framework": "pytorch-compile", "torch_version": torch.__version__,
-            "device": a.device, "model": a.model, "precision": a.precision,
-            "config": model_config(a), "not_run": f"torch.compile failed: {reason}"}
 
 
 def export(a):
