@@ -24,7 +24,8 @@ use kiln_benches::report::{Better, Comparison, NATS, SuiteOutput};
 use kiln_benches::{Result, SuiteArgs, bench_root, figure, mean, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use kiln_data::{
-    DataError, Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, TargetSpec,
+    DataError, Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences,
+    SyntheticVolumes, TargetSlot, TargetSpec,
 };
 use kiln_device::settings::AmpDtype;
 use kiln_train::model::{InputSpec, Model};
@@ -53,7 +54,12 @@ const WEIGHT_DECAY: f64 = 0.01;
 /// Every model's classes (the train suite's transformer has 100, which learn too little in 100
 /// steps for the held-out accuracy to say anything).
 const CLASSES: usize = 10;
-const MODELS: [ModelKind; 3] = [ModelKind::Transformer, ModelKind::Mlp, ModelKind::ConvNet];
+const MODELS: [ModelKind; 4] = [
+    ModelKind::Transformer,
+    ModelKind::Mlp,
+    ModelKind::ConvNet,
+    ModelKind::Unet3d,
+];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
 
 // Parsed once per process: the size of a variant does not matter.
@@ -128,15 +134,21 @@ fn job(kind: ModelKind, quick: bool) -> Job {
         // CPU without bf16 units, and the check is about agreement, not size.
         (ModelKind::ConvNet, false) => ((0, 0, 0, 0), vec![3, 16, 16], 16),
         (ModelKind::ConvNet, true) => ((0, 0, 0, 0), vec![3, 8, 8], 8),
+        // Volumes smaller than the default job's 32³, for the same reason.
+        (ModelKind::Unet3d, false) => ((0, 0, 0, 0), vec![1, 24, 24, 24], 4),
+        (ModelKind::Unet3d, true) => ((0, 0, 0, 0), vec![1, 16, 16, 16], 4),
         _ => ((0, 0, 0, 0), vec![64], 32),
     };
-    let plan = ModelPlan {
+    let mut plan = ModelPlan {
         d_model,
         heads,
         layers,
         ff,
         ..ModelPlan::builtin(kind)
     };
+    if kind == ModelKind::Unet3d {
+        plan.channels = if quick { vec![4, 8] } else { vec![16, 32, 64] };
+    }
     Job {
         plan,
         sample_shape,
@@ -148,21 +160,39 @@ fn job(kind: ModelKind, quick: bool) -> Job {
     }
 }
 
+/// What the job's model predicts: one of [`CLASSES`] per sample, or the U-Net's class per voxel
+/// (object or not).
+fn target_of(job: &Job) -> TargetSpec {
+    match job.plan.kind {
+        ModelKind::Unet3d => TargetSpec::Classes {
+            classes: 2,
+            shape: job.sample_shape[1..].to_vec(),
+        },
+        _ => TargetSpec::label(CLASSES),
+    }
+}
+
 /// Every sample of `data` (kiln's synthetic dataset for a model) as a features tensor
-/// `[n, shape…]` and a labels tensor `[n]`.
+/// `[n, shape…]` and a class tensor `[n, target shape…]`.
 fn tensors(data: std::result::Result<impl Dataset, DataError>) -> Result<(Tensor, Tensor)> {
     let data = data.map_err(|e| e.to_string())?;
-    let numel = data.sample_numel();
+    let (numel, target) = (data.sample_numel(), data.target());
     let mut features = vec![0f32; data.len() * numel];
-    let labels = (features.chunks_exact_mut(numel).enumerate())
-        .map(|(i, out)| data.read(i, out).map_err(|e| e.to_string()))
-        .collect::<Result<Vec<i64>>>()?;
-    let mut dims = vec![data.len() as i64];
-    dims.extend(data.sample_shape().iter().map(|&d| d as i64));
+    let mut classes = vec![0i64; data.len() * target.numel()];
+    let all: Vec<usize> = (0..data.len()).collect();
+    data.read_batch(&all, &mut features, TargetSlot::Classes(&mut classes))
+        .map_err(|e| e.to_string())?;
+    let dims = |shape: &[usize]| {
+        std::iter::once(data.len() as i64)
+            .chain(shape.iter().map(|&d| d as i64))
+            .collect::<Vec<_>>()
+    };
     let err = |e: tch::TchError| e.to_string();
-    let features = Tensor::f_from_slice(&features).and_then(|t| t.f_view(dims.as_slice()));
-    let labels = Tensor::f_from_slice(&labels).map_err(err)?;
-    Ok((features.map_err(err)?, labels))
+    let features = Tensor::f_from_slice(&features)
+        .and_then(|t| t.f_view(dims(data.sample_shape()).as_slice()));
+    let classes =
+        Tensor::f_from_slice(&classes).and_then(|t| t.f_view(dims(target.shape()).as_slice()));
+    Ok((features.map_err(err)?, classes.map_err(err)?))
 }
 
 /// `dir/<model>-<what>.safetensors`: the initial weights (`init`) or the data (`data`).
@@ -173,7 +203,7 @@ fn file(dir: &Path, kind: ModelKind, what: &str) -> PathBuf {
 /// kiln's model for the job, built with [`MODEL_SEED`] on the CPU.
 fn model(job: &Job, vs: &nn::VarStore) -> Result<Box<dyn Model>> {
     tch::manual_seed(MODEL_SEED);
-    let input = InputSpec::of(&job.sample_shape, &TargetSpec::label(CLASSES));
+    let input = InputSpec::of(&job.sample_shape, &target_of(job));
     build(&job.plan, &input, vs, false, 0).map_err(|e| e.to_string())
 }
 
@@ -197,6 +227,7 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     let (x, y) = match kind {
         ModelKind::Transformer => tensors(SyntheticSequences::new(len, s[0], s[1], c, seed)),
         ModelKind::ConvNet => tensors(SyntheticImages::new(len, s[0], s[1], c, seed)),
+        ModelKind::Unet3d => tensors(SyntheticVolumes::new(len, s[1], seed)),
         _ => tensors(SyntheticClassification::new(len, s.clone(), c, seed, 3.0)),
     }?;
     let (pool, held) = (job.pool as i64, job.held_out as i64);
@@ -215,6 +246,7 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
             "layers": p.layers, "ff": p.ff, "classes": CLASSES}),
         ModelKind::ConvNet => json!({
             "in_channels": s[0], "channels": p.channels, "classes": CLASSES}),
+        ModelKind::Unet3d => json!({"in_channels": s[0], "channels": p.channels, "classes": 2}),
         _ => json!({"features": s[0], "hidden": p.hidden, "classes": CLASSES}),
     };
     let text = json!({
@@ -262,7 +294,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, Device::Cpu)
         .map_err(|e| e.to_string())?;
     stepper
-        .set_target(&TargetSpec::label(CLASSES))
+        .set_target(&target_of(&job))
         .map_err(|e| e.to_string())?;
     let mut losses = Vec::with_capacity(job.steps);
     for step in 0..job.steps {
@@ -406,7 +438,7 @@ fn details(p: &Pair, m: &Measured) -> Value {
         "model": p.kind.as_str(),
         "precision": p.precision.as_str(),
         "steps": kiln.len(), "batch_size": j.batch, "pool": j.pool,
-        "sample_shape": j.sample_shape, "classes": CLASSES,
+        "sample_shape": j.sample_shape, "classes": target_of(j).classes(),
         "held_out": j.held_out, "tail": j.tail,
         "largest_step_difference": m.largest.1, "largest_at_step": m.largest.0,
         "kiln_final_loss": m.final_loss.0, "pytorch_final_loss": m.final_loss.1,

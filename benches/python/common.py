@@ -123,11 +123,12 @@ def train_step(model, opt, x, y, clip=0.0, sched=None, autocast=contextlib.nullc
 
 
 def add_scores(sums, model, x, y):
-    """Adds a batch's summed loss, right answers and samples to `sums`."""
+    """Adds a batch's summed loss, right answers and judged elements to `sums` (one per
+    sample, or one per voxel of a class map)."""
     out = model(x).float()
     sums[0] += F.cross_entropy(out, y, reduction="sum").item()
-    sums[1] += (out.argmax(-1) == y).sum().item()
-    sums[2] += len(y)
+    sums[1] += (out.argmax(1) == y).sum().item()
+    sums[2] += y.numel()
 
 
 def scores(model, batches, autocast=contextlib.nullcontext):

@@ -56,6 +56,8 @@ def kiln_name(kind, model, name):
         if m:
             index, last = int(m.group(1)), len(model.net) - 1
             return f"{'head' if index == last else f'fc{index // 3}'}.{m.group(2)}"
+    elif kind == "unet3d":  # the twin is built under kiln's names
+        return name
     else:  # convnet: features = [conv, bn, relu] per stage, then the head
         m = re.fullmatch(r"features\.(\d+)\.(weight|bias|running_mean|running_var)", name)
         if m:
@@ -110,6 +112,8 @@ def build(job, math_attention):
             raise SystemExit(f"error: the convnet twin has channels {twins.CONV_CHANNELS}, kiln's "
                              f"{c['channels']}")
         model = twins.ConvNet(c["in_channels"], c["classes"])
+    elif kind == "unet3d":
+        model = twins.UNet3d(c["in_channels"], c["channels"], c["classes"])
     else:
         raise SystemExit(f"error: {kind} has no twin here")
     return model

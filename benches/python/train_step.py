@@ -155,6 +155,57 @@ class ConvNet(nn.Module):
         return self.head(torch.flatten(self.pool(self.features(x)), 1))
 
 
+class UNet3dBlock(nn.Module):
+    """Conv3d(3³, padding 1, no bias) -> BatchNorm3d -> ReLU, twice (kiln's names)."""
+
+    def __init__(self, in_channels, out):
+        super().__init__()
+        self.conv0 = nn.Conv3d(in_channels, out, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm3d(out)
+        self.conv1 = nn.Conv3d(out, out, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm3d(out)
+
+    def forward(self, x):
+        x = F.relu(self.bn0(self.conv0(x)))
+        return F.relu(self.bn1(self.conv1(x)))
+
+
+class UNet3dUp(nn.Module):
+    def __init__(self, deeper, width):
+        super().__init__()
+        self.upsample = nn.ConvTranspose3d(deeper, width, 2, stride=2)
+        self.block = UNet3dBlock(2 * width, width)
+
+
+class UNet3d(nn.Module):
+    """kiln's unet3d: a block per level with 2x max-pooling between, 2x transposed convolutions
+    up with the skip concatenated first, a 1x1x1 head. Built in kiln's order (every encoder
+    block, the decoder deepest first, the head) under kiln's tensor names."""
+
+    def __init__(self, in_channels, channels, classes):
+        super().__init__()
+        c = in_channels
+        for i, width in enumerate(channels):
+            setattr(self, f"down{i}", UNet3dBlock(c, width))
+            c = width
+        self.levels = len(channels)
+        for i in reversed(range(self.levels - 1)):
+            setattr(self, f"up{i}", UNet3dUp(channels[i + 1], channels[i]))
+        self.head = nn.Conv3d(channels[0], classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for i in range(self.levels):
+            if i > 0:
+                x = F.max_pool3d(x, 2)
+            x = getattr(self, f"down{i}")(x)
+            skips.append(x)
+        for i in reversed(range(self.levels - 1)):
+            up = getattr(self, f"up{i}")
+            x = up.block(torch.cat([skips[i], up.upsample(x)], 1))
+        return self.head(x)
+
+
 # --- forward FLOPs per sample (GEMM-like ops only: 2*m*k*n per matmul) ------------------------
 
 def mlp_flops(a):

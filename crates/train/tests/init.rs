@@ -161,12 +161,17 @@ fn reference_plan(kind: ModelKind) -> (kiln_config::ModelPlan, InputSpec) {
     let set = format!("model.name={kind}");
     let plan = load(&common::cpu_request(&[set])).unwrap().plan;
     let (sample_shape, classes) = kiln_train::models::synthetic_shape(kind).unwrap();
+    // The U-Net predicts a class per voxel; the others one label per sample.
+    let target = (kind == ModelKind::Unet3d).then(|| kiln_data::TargetSpec::Classes {
+        classes,
+        shape: sample_shape[1..].to_vec(),
+    });
     (
         plan.model,
         InputSpec {
             sample_shape,
             classes,
-            target: None,
+            target,
             integer_features: false,
             arrays: vec![],
         },
@@ -243,7 +248,7 @@ fn reference_models_start_from_their_pytorch_twins_weights_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
     let seeds = [0i64, 1, 7];
     pytorch("models", tmp.path(), seeds.into_iter());
-    for kind in [ModelKind::Mlp, ModelKind::Transformer, ModelKind::ConvNet] {
+    for kind in ModelKind::ALL {
         let (plan, input) = reference_plan(kind);
         for seed in seeds {
             tch::manual_seed(seed);

@@ -23,6 +23,8 @@ TWINS = os.path.join(HERE, "..", "..", "..", "..", "benches", "python", "train_s
 
 
 def twins():
+    # train_step.py imports its neighbour common.py.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(TWINS)))
     spec = importlib.util.spec_from_file_location("train_step", TWINS)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -52,6 +54,8 @@ def kiln_names(kind, model):
                 out[f"layer{parts[1]}.{sub}.{parts[-1]}"] = t
             else:
                 out[{"ln": "norm"}.get(parts[0], parts[0]) + "." + parts[-1]] = t
+        elif kind == "unet3d":  # the twin is built under kiln's names
+            out[name] = t
         else:  # convnet: features = [conv, bn, relu] per stage
             if parts[0] == "features":
                 stage, role = divmod(int(parts[1]), 3)
@@ -84,6 +88,7 @@ def models(out_dir, seeds):
             ("mlp", lambda: m.MLP(64, [256, 256], 10, 0.1)),
             ("transformer", lambda: m.SignTransformer(469, 64, 256, 8, 4, 1024, 100, 0.1)),
             ("convnet", lambda: m.ConvNet(3, 10)),
+            ("unet3d", lambda: m.UNet3d(1, [16, 32, 64], 2)),
         ]:
             torch.manual_seed(seed)
             save_file(kiln_names(kind, build()), os.path.join(out_dir, f"{kind}-{seed}.safetensors"))
