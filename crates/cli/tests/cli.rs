@@ -325,7 +325,7 @@ fn train_rejects_bad_input_naming_what_is_wrong() {
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1));
     assert!(
-        err.contains("model.name") && err.contains("transformer, mlp or convnet"),
+        err.contains("model.name") && err.contains("transformer, mlp, convnet or unet3d"),
         "{err}"
     );
     let missing = tempfile::tempdir().unwrap();
