@@ -49,14 +49,21 @@ pub(crate) fn quantize(model: &Path, out: &Path) -> Result<String, InferError> {
                  ({why}); {HOW}",
                 python.display()
             ),
-            ScriptError::Failed { python, last } => format!(
-                "int8 quantization ({}, with {}) failed: {last}; it needs the export packages \
-                 and the onnxruntime wheel that `cargo xtask setup` installs",
-                python.display(),
-                std::env::join_paths(&dirs)
-                    .map(|p| p.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
+            ScriptError::Failed { python, last } => {
+                let hint = if last.contains("cannot be imported") {
+                    format!(
+                        " (PYTHONPATH {}); it needs the export packages and the onnxruntime \
+                         wheel that `cargo xtask setup` installs",
+                        path.as_deref().unwrap_or(Path::new("")).display()
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "int8 quantization ({}) failed: {last}{hint}",
+                    python.display()
+                )
+            }
         };
         InferError::Model {
             model: what,

@@ -25,7 +25,7 @@ impl Metric for Accuracy {
     }
 
     fn batch(&self, batch: &BatchOutput<'_>) -> Result<Vec<Tensor>, TrainError> {
-        Ok(match right(batch.output, batch.target)? {
+        Ok(match right(batch)? {
             Some(right) => vec![right, batch.constant(batch.target.numel() as f64)?],
             None => vec![batch.constant(0.0)?, batch.constant(0.0)?],
         })
@@ -37,16 +37,12 @@ impl Metric for Accuracy {
 }
 
 /// The number of right elements, or `None` for an output that cannot be judged.
-fn right(output: &Tensor, target: &Tensor) -> Result<Option<Tensor>, TrainError> {
-    let (out, tgt) = (output.size(), target.size());
-    let right = if target.is_floating_point() && out == tgt {
+fn right(batch: &BatchOutput<'_>) -> Result<Option<Tensor>, TrainError> {
+    let (output, target) = (batch.output, batch.target);
+    let right = if target.is_floating_point() && output.size() == target.size() {
         output.f_gt(0.0)?.f_eq_tensor(&target.f_gt(0.5)?)?
-    } else if !target.is_floating_point()
-        && out.len() == tgt.len() + 1
-        && out[0] == tgt[0]
-        && out[2..] == tgt[1..]
-    {
-        output.f_argmax(1, false)?.f_eq_tensor(target)?
+    } else if let Some(classes) = batch.classes()? {
+        classes.f_eq_tensor(target)?
     } else {
         return Ok(None);
     };

@@ -27,16 +27,10 @@ impl Metric for Dice {
     }
 
     fn batch(&self, batch: &BatchOutput<'_>) -> Result<Vec<Tensor>, TrainError> {
-        let (out, tgt) = (batch.output.size(), batch.target.size());
-        let judged = !batch.target.is_floating_point()
-            && tgt.len() >= 2
-            && out.len() == tgt.len() + 1
-            && out[0] == tgt[0]
-            && out[2..] == tgt[1..];
-        if !judged {
+        let class_map = batch.target.dim() >= 2;
+        let Some(predicted) = batch.classes()?.filter(|_| class_map) else {
             return (0..3).map(|_| batch.constant(0.0)).collect();
-        }
-        let predicted = batch.output.f_argmax(1, false)?;
+        };
         let actual = batch.target;
         let overlap = predicted
             .f_eq_tensor(actual)?

@@ -65,6 +65,7 @@ pub struct BatchOutput<'a> {
     /// Samples in the batch.
     pub samples: i64,
     error: OnceCell<Option<Tensor>>,
+    classes: OnceCell<Option<Tensor>>,
     forecast: OnceCell<Option<forecast::StepSums>>,
 }
 
@@ -76,6 +77,7 @@ impl<'a> BatchOutput<'a> {
             target,
             samples: target.size().first().copied().unwrap_or(0),
             error: OnceCell::new(),
+            classes: OnceCell::new(),
             forecast: OnceCell::new(),
         }
     }
@@ -105,6 +107,26 @@ impl<'a> BatchOutput<'a> {
             let _ = self.error.set(error);
         }
         Ok(self.error.get().and_then(Option::as_ref))
+    }
+
+    /// The predicted class of every target element (arg-max over the output's dimension 1)
+    /// where the targets are classes and the output holds a score per class for each,
+    /// `[B, C, *target[1..]]`; else `None`. Computed once for every metric that asks.
+    pub fn classes(&self) -> Result<Option<&Tensor>, TrainError> {
+        if self.classes.get().is_none() {
+            let (out, tgt) = (self.output.size(), self.target.size());
+            let scores = !self.target.is_floating_point()
+                && out.len() == tgt.len() + 1
+                && out[0] == tgt[0]
+                && out[2..] == tgt[1..];
+            let classes = if scores {
+                Some(self.output.f_argmax(1, false)?)
+            } else {
+                None
+            };
+            let _ = self.classes.set(classes);
+        }
+        Ok(self.classes.get().and_then(Option::as_ref))
     }
 
     /// A 0-dim f32 tensor holding `value` on the batch's device (no synchronisation).

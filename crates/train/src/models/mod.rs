@@ -296,6 +296,22 @@ struct EncoderLayer {
     heads: i64,
 }
 
+/// Batch norm (PyTorch's defaults: momentum 0.1, eps 1e-5; batch statistics in training,
+/// running ones in evaluation), then ReLU: the conv net's and the U-Net's stage.
+fn batch_norm_relu(x: &Tensor, bn: &nn::BatchNorm, train: bool) -> Result<Tensor, TrainError> {
+    Ok(x.f_batch_norm(
+        bn.ws.as_ref(),
+        bn.bs.as_ref(),
+        Some(&bn.running_mean),
+        Some(&bn.running_var),
+        train,
+        0.1,
+        1e-5,
+        false,
+    )?
+    .f_relu()?)
+}
+
 fn linear(x: &Tensor, l: &nn::Linear) -> Result<Tensor, TrainError> {
     Ok(x.f_linear(&l.ws, l.bs.as_ref())?)
 }
@@ -552,18 +568,7 @@ impl Model for ConvNet {
         };
         for (conv, bn, stride) in &self.stages {
             let y = x.f_conv2d(&conv.ws, conv.bs.as_ref(), [*stride; 2], [1, 1], [1, 1], 1)?;
-            x = y
-                .f_batch_norm(
-                    bn.ws.as_ref(),
-                    bn.bs.as_ref(),
-                    Some(&bn.running_mean),
-                    Some(&bn.running_var),
-                    train,
-                    0.1,
-                    1e-5,
-                    false,
-                )?
-                .f_relu()?;
+            x = batch_norm_relu(&y, bn, train)?;
         }
         let pooled = x.f_mean_dim(&[-2i64, -1][..], false, None::<Kind>)?;
         linear(&pooled, &self.head)

@@ -6,7 +6,7 @@
 
 use tch::{Tensor, nn};
 
-use super::dim;
+use super::{batch_norm_relu, dim};
 use crate::TrainError;
 use crate::init;
 use crate::model::Model;
@@ -34,19 +34,8 @@ impl Block {
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor, TrainError> {
         let mut x = x.shallow_clone();
         for (conv, bn) in &self.convs {
-            x = x
-                .f_conv3d(&conv.ws, None::<&Tensor>, [1; 3], [1; 3], [1; 3], 1)?
-                .f_batch_norm(
-                    bn.ws.as_ref(),
-                    bn.bs.as_ref(),
-                    Some(&bn.running_mean),
-                    Some(&bn.running_var),
-                    train,
-                    0.1,
-                    1e-5,
-                    false,
-                )?
-                .f_relu()?;
+            let y = x.f_conv3d(&conv.ws, None::<&Tensor>, [1; 3], [1; 3], [1; 3], 1)?;
+            x = batch_norm_relu(&y, bn, train)?;
         }
         Ok(x)
     }
@@ -148,19 +137,17 @@ impl Model for Unet3d {
         } else {
             features.shallow_clone()
         };
+        // Every level's output but the deepest's, for the decoder's skip connections.
         let mut skips = vec![];
         for (i, block) in self.down.iter().enumerate() {
             if i > 0 {
+                skips.push(x.shallow_clone());
                 x = x.f_max_pool3d([2; 3], [2; 3], [0; 3], [1; 3], false)?;
             }
             x = block.forward(&x, train)?;
-            skips.push(x.shallow_clone());
         }
-        skips.pop();
-        for (upsample, block) in &self.up {
-            let Some(skip) = skips.pop() else {
-                break;
-            };
+        // The decoder runs deepest first, as `up` holds it.
+        for ((upsample, block), skip) in self.up.iter().zip(skips.into_iter().rev()) {
             let y = x.f_conv_transpose3d(
                 &upsample.ws,
                 upsample.bs.as_ref(),
