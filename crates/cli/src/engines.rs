@@ -176,7 +176,25 @@ impl EngineRequest {
     /// ONNX Runtime runs the file in fp32: a reduced precision the user asked for is an error,
     /// the profile's is set aside with a note.
     fn onnx(&self, path: &std::path::Path, note: Option<String>) -> Result<Built, InferError> {
-        let mut note = note;
+        let (engine, line) = self.open_onnx(path)?;
+        let note = match (note, line) {
+            (Some(n), Some(l)) => Some(format!("{n}; {l}")),
+            (n, l) => n.or(l),
+        };
+        Ok(Built {
+            runner: Box::new(engine),
+            precision: AmpDtype::None,
+            note,
+        })
+    }
+
+    /// `path` opened in ONNX Runtime (fp32), with a note where the profile's reduced precision
+    /// is set aside; a reduced precision the user asked for is an error naming the key.
+    pub fn open_onnx(
+        &self,
+        path: &std::path::Path,
+    ) -> Result<(OnnxEngine, Option<String>), InferError> {
+        let mut note = None;
         if self.precision != AmpDtype::None {
             let layer = self.plan.source_of(keys::infer::precision).map(|p| p.layer);
             if !matches!(layer, None | Some(Layer::Default | Layer::Profile)) {
@@ -190,19 +208,13 @@ impl EngineRequest {
                     ),
                 });
             }
-            let line = format!(
+            note = Some(format!(
                 "onnxruntime runs the model in fp32 (the profile's infer.precision = {} applies \
                  to libtorch)",
                 self.precision.as_str()
-            );
-            note = Some(note.map_or(line.clone(), |n| format!("{n}; {line}")));
+            ));
         }
-        let engine = OnnxEngine::open(path, &self.onnx_options())?;
-        Ok(Built {
-            runner: Box::new(engine),
-            precision: AmpDtype::None,
-            note,
-        })
+        Ok((OnnxEngine::open(path, &self.onnx_options())?, note))
     }
 
     fn onnx_options(&self) -> OnnxOptions {

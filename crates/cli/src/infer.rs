@@ -10,6 +10,7 @@ use kiln_device::settings::AmpDtype;
 use kiln_infer::Runner;
 use kiln_infer::model::{self, ModelSource};
 use kiln_infer::offline::Report;
+use kiln_infer::volume::WindowModel;
 use kiln_train::checkpoint::Checkpoint;
 
 use crate::args::{ExportFormat, ExportMode, Format, ModelArgs, Quantize};
@@ -230,24 +231,13 @@ pub fn sliding(
         kiln_infer::io::check_new_file(output)?;
     }
     let setup = setup(args, vec![])?;
-    anyhow::ensure!(
-        !matches!(setup.source, ModelSource::Onnx(_)),
-        "--sliding-window runs kiln checkpoints, TorchScript files and exported programs; for an \
-         ONNX file, give the checkpoint it was exported from"
-    );
     let r = &setup.resolution;
-    let plan = &r.plan;
-    let device = kiln_train::feed::tch_device(r.selection.device);
-    let model = model::load(
-        &setup.source,
-        setup.checkpoint.as_ref(),
-        plan,
-        device,
-        plan.infer.precision,
-    )?;
+    let plan = r.plan.clone();
+    let onnx = matches!(setup.source, ModelSource::Onnx(_));
+    // ONNX Runtime takes host arrays in the standard layout.
     let settings = kiln_infer::sliding::SlidingWindow::from_plan(
         &plan.infer.sliding_window,
-        plan.performance.channels_last,
+        plan.performance.channels_last && !onnx,
     );
     let device_memory = match r.selection.device {
         kiln_device::Device::Cuda(n) => r
@@ -258,13 +248,14 @@ pub fn sliding(
             .map(|g| g.total_memory_bytes),
         _ => None,
     };
+    let (mut model, precision) = window_model(setup, input, &settings)?;
     let out = kiln_infer::volume::VolumeOutput {
         path: output,
         device: plan.infer.sliding_window.output_device,
         device_memory,
         class_map,
     };
-    let report = kiln_infer::volume::infer_volume(&model, input, &settings, out)?;
+    let report = kiln_infer::volume::infer_volume(model.as_mut(), input, &settings, out)?;
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Format::Text => println!(
@@ -277,7 +268,7 @@ pub fn sliding(
             report.roi,
             report.mode,
             report.batch_size,
-            plan.infer.precision.as_str(),
+            precision.as_str(),
             report.output_device,
             report.seconds,
             report.output_shape,
@@ -288,6 +279,43 @@ pub fn sliding(
         eprintln!("wrote {}", output.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The model `--sliding-window` runs and the precision it runs in: an ONNX file in ONNX Runtime
+/// (fp32, taking windows of the shape the input and `infer.sliding_window.roi` give), anything
+/// else through libtorch.
+fn window_model(
+    setup: Setup,
+    input: &Path,
+    settings: &kiln_infer::sliding::SlidingWindow,
+) -> anyhow::Result<(Box<dyn WindowModel>, AmpDtype)> {
+    let plan = &setup.resolution.plan;
+    let precision = plan.infer.precision;
+    if let ModelSource::Onnx(path) = &setup.source {
+        let path = path.clone();
+        let window = kiln_infer::volume::window_shape(input, settings)?;
+        let request = setup.request(precision, settings.batch_size, Some(window.clone()));
+        let (engine, note) = request.open_onnx(&path).map_err(|e| match e {
+            kiln_infer::InferError::Model { .. } => anyhow::anyhow!(
+                "infer.sliding_window.roi gives windows {window:?} ([channels, *roi]) over {}: {e}",
+                input.display()
+            ),
+            e => e.into(),
+        })?;
+        if let Some(note) = note {
+            eprintln!("{note}");
+        }
+        return Ok((Box::new(engine), AmpDtype::None));
+    }
+    let device = kiln_train::feed::tch_device(setup.resolution.selection.device);
+    let model = model::load(
+        &setup.source,
+        setup.checkpoint.as_ref(),
+        plan,
+        device,
+        precision,
+    )?;
+    Ok((Box::new(model), precision))
 }
 
 fn forecast_text(r: &kiln_infer::forecast::ForecastReport, precision: AmpDtype) -> String {

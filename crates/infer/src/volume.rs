@@ -13,8 +13,66 @@ use kiln_data::DType;
 use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
+use crate::onnx::OnnxEngine;
 use crate::sliding::{SlidingWindow, WindowGrid, run};
 use crate::{InferError, LoadedModel};
+
+/// A model the windows run through: a libtorch model (checkpoint, TorchScript, exported program)
+/// or an ONNX Runtime session.
+pub trait WindowModel {
+    fn description(&self) -> &str;
+    /// Where the windows go (the CPU for ONNX Runtime, which takes host arrays).
+    fn device(&self) -> Device;
+    /// The element type the windows reach the model in.
+    fn kind(&self) -> Kind;
+    /// The outputs `[n, K, *roi]` of a batch of windows `[n, C, *roi]` already on
+    /// [`WindowModel::device`] in [`WindowModel::kind`].
+    fn forward(&mut self, windows: &Tensor) -> Result<Tensor, InferError>;
+}
+
+impl WindowModel for LoadedModel {
+    fn description(&self) -> &str {
+        LoadedModel::description(self)
+    }
+
+    fn device(&self) -> Device {
+        LoadedModel::device(self)
+    }
+
+    fn kind(&self) -> Kind {
+        LoadedModel::kind(self)
+    }
+
+    fn forward(&mut self, windows: &Tensor) -> Result<Tensor, InferError> {
+        LoadedModel::forward(self, windows)
+    }
+}
+
+impl WindowModel for OnnxEngine {
+    fn description(&self) -> &str {
+        OnnxEngine::description(self)
+    }
+
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+
+    fn kind(&self) -> Kind {
+        Kind::Float
+    }
+
+    fn forward(&mut self, windows: &Tensor) -> Result<Tensor, InferError> {
+        let n = windows.size().first().copied().unwrap_or(0);
+        let windows = windows.f_contiguous()?;
+        let numel = windows.numel();
+        let mut values = vec![0f32; numel];
+        windows.f_copy_data(&mut values, numel)?;
+        let (out, per_sample) = self.run(&values, usize::try_from(n).unwrap_or(0))?;
+        let mut shape = vec![n];
+        shape.extend(per_sample.iter().map(|&d| d as i64));
+        Ok(Tensor::f_from_slice(&out)?.f_view(shape.as_slice())?)
+    }
+}
 
 /// What a sliding-window run did.
 #[derive(Debug, Clone, Serialize)]
@@ -54,7 +112,7 @@ pub struct VolumeOutput<'a> {
 /// `input` (a `.npy` or TIFF `[C, *spatial]`) through `model` by sliding windows, stitched and
 /// written as `output` says.
 pub fn infer_volume(
-    model: &LoadedModel,
+    model: &mut dyn WindowModel,
     input: &Path,
     settings: &SlidingWindow,
     output: VolumeOutput<'_>,
@@ -63,37 +121,32 @@ pub fn infer_volume(
     let spatial: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
     crate::sliding::check_padding(&grid, settings)?;
-    let classes = trial_window(model, shape[0] as i64, &grid.roi)?;
+    let classes = trial_window(&mut *model, shape[0] as i64, &grid.roi)?;
     let padded: i64 = grid.padded().iter().product();
     // The running sum (K channels) and the summed weights, in f32.
     let needed = (padded as u64) * (classes as u64 + 1) * 4;
-    let output_device = place_output(output.device, model.device(), needed, output.device_memory);
+    let model_device = model.device();
+    let output_device = place_output(output.device, model_device, needed, output.device_memory);
     let volume = read_volume(input, dtype, &shape)?;
+    let description = model.description().to_owned();
     let started = Instant::now();
     let mut forward_seconds = 0.0;
     let mut predict = |windows: &Tensor| -> Result<Tensor, InferError> {
         let windows = windows.f_to_kind(model.kind())?;
         let start = Instant::now();
         let out = model.forward(&windows)?;
-        if let Device::Cuda(i) = model.device() {
+        if let Device::Cuda(i) = model_device {
             // tch's synchronize panics on a device error (an assert in a kernel): an error here.
             std::panic::catch_unwind(|| tch::Cuda::synchronize(i as i64)).map_err(|_| {
                 InferError::Input(format!(
-                    "{}: the device failed while running a batch of windows",
-                    model.description()
+                    "{description}: the device failed while running a batch of windows"
                 ))
             })?;
         }
         forward_seconds += start.elapsed().as_secs_f64();
         Ok(out)
     };
-    let scores = run(
-        &volume,
-        settings,
-        model.device(),
-        output_device,
-        &mut predict,
-    )?;
+    let scores = run(&volume, settings, model_device, output_device, &mut predict)?;
     let (out, out_dtype) = match output.class_map {
         true => class_map_of(&scores)?,
         false => (scores, DType::F32),
@@ -104,7 +157,7 @@ pub fn infer_volume(
         write(path, &out, out_dtype, &out_shape, output.class_map)?;
     }
     Ok(VolumeReport {
-        model: model.description().to_owned(),
+        model: description,
         input: input.display().to_string(),
         input_shape: shape,
         roi: grid.roi.clone(),
@@ -117,6 +170,17 @@ pub fn infer_volume(
         seconds,
         forward_seconds,
     })
+}
+
+/// The shape `[C, *roi]` of one window over `input` (read from its header alone): what a model
+/// with fixed input dimensions (an ONNX file) must take.
+pub fn window_shape(input: &Path, settings: &SlidingWindow) -> Result<Vec<usize>, InferError> {
+    let (_, shape) = volume_header(input)?;
+    let spatial: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
+    let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
+    let mut window = vec![shape[0]];
+    window.extend(grid.roi.iter().map(|&r| r as usize));
+    Ok(window)
 }
 
 /// Where the stitched output lives: the model's device, or the CPU when asked, or (`auto`) when
@@ -173,15 +237,20 @@ fn volume_header(path: &Path) -> Result<(DType, Vec<usize>), InferError> {
 
 /// One window of zeros through the model: its output's channels, or an error naming the window
 /// size unless the model takes it and gives an output of its spatial size.
-fn trial_window(model: &LoadedModel, channels: i64, roi: &[i64]) -> Result<i64, InferError> {
+fn trial_window(
+    model: &mut dyn WindowModel,
+    channels: i64,
+    roi: &[i64],
+) -> Result<i64, InferError> {
     let _guard = tch::no_grad_guard();
     let mut shape = vec![1, channels];
     shape.extend_from_slice(roi);
     let zeros = Tensor::f_zeros(shape.as_slice(), (model.kind(), model.device()))?;
+    let description = model.description().to_owned();
     let refused = |why: String| {
         InferError::Input(format!(
-            "infer.sliding_window.roi = {roi:?}: {} cannot take a window [1, {channels}, {}]: {why}",
-            model.description(),
+            "infer.sliding_window.roi = {roi:?}: {description} cannot take a window [1, \
+             {channels}, {}]: {why}",
             roi.iter()
                 .map(i64::to_string)
                 .collect::<Vec<_>>()
