@@ -230,8 +230,14 @@ fn an_exported_checkpoint_loads_in_pytorch_and_gives_kilns_outputs_with_python_t
 
 /// A prepared dataset of 64 features and 10 classes (a linear rule) under `dir/name`.
 fn prepared(dir: &Path, name: &str) -> PathBuf {
+    prepared_with(dir, name, |_| {})
+}
+
+/// [`prepared`], with `edit` applied to the features `[1200, 64]` before they are written (the
+/// labels come from the unedited ones).
+fn prepared_with(dir: &Path, name: &str, edit: impl Fn(&mut [f32])) -> PathBuf {
     let (n, d) = (1200usize, 64usize);
-    let x: Vec<f32> = (0..n * d)
+    let mut x: Vec<f32> = (0..n * d)
         .map(|i| (((i * 2_654_435_761) % 1000) as f32 / 500.0) - 1.0)
         .collect();
     let labels: Vec<i64> = x
@@ -242,7 +248,11 @@ fn prepared(dir: &Path, name: &str) -> PathBuf {
                 .unwrap() as i64
         })
         .collect();
-    let (xs, ys) = (dir.join("x.npy"), dir.join("y.npy"));
+    edit(&mut x);
+    let (xs, ys) = (
+        dir.join(format!("{name}-x.npy")),
+        dir.join(format!("{name}-y.npy")),
+    );
     std::fs::write(&xs, kiln_data::npy_f32_bytes(&[n, d], &x).unwrap()).unwrap();
     let bytes: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
     kiln_data::write_npy(&ys, kiln_data::DType::I64, &[n], &bytes).unwrap();
@@ -355,4 +365,68 @@ fn int8_export_asks_for_onnx_and_a_dataset_to_check_on() {
     assert!(err.contains("needs --check-data DIR"), "{err}");
     let err = run("model.onnx", &["--check-data", "nowhere"]);
     assert!(err.contains("--check-data nowhere"), "{err}");
+}
+
+/// Dynamic int8 quantizes each batch's activations with one scale: a sample with one huge
+/// feature in every 32 leaves the others' small features at zero in int8, while fp32 gets only
+/// that sample wrong. The check refuses the file with both accuracies and writes nothing.
+#[test]
+#[ignore = "needs Python with torch 2.11, the ONNX export packages and the onnxruntime wheel \
+            (KILN_PYTHON, KILN_ONNX_PYTHONPATH); `cargo xtask test` runs it"]
+fn an_int8_export_that_loses_accuracy_is_refused_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = prepared(tmp.path(), "data");
+    // Feature 1 is no label's: the outlier changes what fp32 predicts for its own sample only.
+    let outliers = prepared_with(tmp.path(), "outliers", |x| {
+        x.chunks_mut(64).step_by(32).for_each(|row| row[1] = 1.0e4);
+    });
+    let runs = format!("run.output_dir={}", tmp.path().join("runs").display());
+    let o = kiln(&[
+        "train",
+        "--model",
+        "mlp",
+        "--data",
+        data.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--set",
+        "train.amp=fp32",
+        "--set",
+        &runs,
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = only_run(&tmp.path().join("runs"));
+    let int8 = tmp.path().join("int8.onnx");
+    let o = kiln(&[
+        "export",
+        "--model",
+        run.to_str().unwrap(),
+        "--out",
+        int8.to_str().unwrap(),
+        "--quantize",
+        "int8",
+        "--check-data",
+        outliers.to_str().unwrap(),
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("int8 quantization refused")
+            && err.contains("the accuracy is")
+            && err.contains("allowed:")
+            && err.contains("nothing was written"),
+        "{err}"
+    );
+    assert!(!int8.exists());
+    let names: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.contains(".partial-") || n.contains(".fp32-")),
+        "{names:?}"
+    );
 }
