@@ -268,6 +268,8 @@ config_keys! {
             valid |v| !v.is_empty() && !v.contains(['/', '\\'])
                 => "must be a non-empty name without path separators";
         output_dir: PathBuf = "runs" => p.run.output_dir;
+        /// Write TensorBoard event files (scalars, hyperparameters) into the run directory.
+        tensorboard: bool = true => p.run.tensorboard;
     }
 
     @nested {
@@ -332,7 +334,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 87);
+        assert_eq!(KEYS.len(), 88);
     }
 
     #[test]

@@ -276,6 +276,8 @@ pub struct DistributedPlan {
 pub struct RunInfo {
     pub name: String,
     pub output_dir: PathBuf,
+    /// TensorBoard event files in the run directory.
+    pub tensorboard: bool,
 }
 
 /// Everything a run needs to know, typed and validated.
@@ -344,6 +346,7 @@ pub(crate) fn validate(
         run: RunInfo {
             name: v.run.name,
             output_dir: v.run.output_dir,
+            tensorboard: v.run.tensorboard,
         },
         provenance,
     })

@@ -85,6 +85,8 @@ pub struct StepRecord {
 pub struct EpochRecord {
     pub kind: &'static str,
     pub epoch: u64,
+    /// Optimizer steps done when the epoch ended: the step axis its values are plotted on.
+    pub step: u64,
     /// The epoch's training metrics by name, written `train_loss`, `train_accuracy`, ….
     #[serde(flatten, serialize_with = "train_")]
     pub train: MetricValues,

@@ -505,6 +505,7 @@ impl Trainer<'_> {
         Ok(EpochRecord {
             kind: "epoch",
             epoch: place.epoch,
+            step: self.steps_done,
             train,
             val: val.map(|v| v.metrics.clone()).unwrap_or_default(),
             seconds: place.started.elapsed().as_secs_f64(),
