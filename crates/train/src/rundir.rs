@@ -1,7 +1,8 @@
 //! A run's directory, `runs/<name>-<timestamp>/`: the resolved configuration with where each
 //! value came from (`config.json`), one JSON line per logged step and epoch (`metrics.jsonl`),
-//! the summary (`summary.json`) and a plot of the loss and accuracy curves (`curves.png`).
-//! A run never writes into an existing directory.
+//! the summary (`summary.json`), a plot of the loss and accuracy curves (`curves.png`) and,
+//! with `run.tensorboard`, TensorBoard event files (`events.out.tfevents.*`). A run never
+//! writes into an existing directory; a resumed run continues its own.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -14,6 +15,7 @@ use serde::Serialize;
 use crate::TrainError;
 use crate::plot::{PlotSpec, Series, label, write_training_plot};
 use crate::record::{EpochRecord, Observer, RunStart, StepRecord, Summary};
+use crate::tensorboard::{EventWriter, FILE_MARK, HParam};
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::File {
@@ -75,6 +77,8 @@ pub struct RunDir {
     /// What the curves' right panel shows: the run's first metric after the loss (accuracy,
     /// MAE for regression, …).
     metric: String,
+    /// TensorBoard's events (`run.tensorboard`).
+    events: Option<EventWriter>,
 }
 
 /// The right panel's metric of a run whose `metrics.jsonl` starts with `start`: the first
@@ -143,6 +147,18 @@ impl RunDir {
         std::fs::write(&config_path, text + "\n").map_err(|e| file_error(&config_path, e))?;
         let metrics_path = path.join("metrics.jsonl");
         let metrics = File::create_new(&metrics_path).map_err(|e| file_error(&metrics_path, e))?;
+        let events = if plan.run.tensorboard {
+            let mut events = EventWriter::create(&path)?;
+            let hparams: Vec<(&str, HParam)> = plan
+                .entries()
+                .into_iter()
+                .map(|(key, shown)| (key, HParam::from_shown(&shown)))
+                .collect();
+            events.hparams(hparams.iter().map(|(k, v)| (*k, v)))?;
+            Some(events)
+        } else {
+            None
+        };
         Ok(Self {
             path,
             metrics: BufWriter::new(metrics),
@@ -150,6 +166,7 @@ impl RunDir {
             epochs: vec![],
             title: name.to_owned(),
             metric: String::new(),
+            events,
         })
     }
 
@@ -160,7 +177,9 @@ impl RunDir {
     /// Reopens the run directory `path` to continue it from a checkpoint at `step` whose data
     /// position is in `epoch`: `metrics.jsonl` keeps what was logged up to that point (records
     /// written after the checkpoint are dropped, as the resumed run writes them again), and is
-    /// rewritten atomically.
+    /// rewritten atomically. A run that wrote TensorBoard events goes on in a new event file,
+    /// which starts with a restart at `step + 1`: TensorBoard drops what the earlier files hold
+    /// from there on, as the resumed run writes it again.
     pub fn reopen(path: &Path, name: &str, step: u64, epoch: u64) -> Result<Self, TrainError> {
         let metrics_path = path.join("metrics.jsonl");
         let text =
@@ -212,6 +231,13 @@ impl RunDir {
             .append(true)
             .open(&metrics_path)
             .map_err(|e| file_error(&metrics_path, e))?;
+        let events = if has_event_files(path)? {
+            let mut events = EventWriter::create(path)?;
+            events.restart_at(step + 1)?;
+            Some(events)
+        } else {
+            None
+        };
         Ok(Self {
             path: path.to_owned(),
             metrics: BufWriter::new(metrics),
@@ -219,6 +245,7 @@ impl RunDir {
             epochs,
             title: name.to_owned(),
             metric,
+            events,
         })
     }
 
@@ -275,6 +302,73 @@ impl RunDir {
     }
 }
 
+/// Whether `dir` holds TensorBoard event files.
+fn has_event_files(dir: &Path) -> Result<bool, TrainError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| file_error(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| file_error(dir, e))?;
+        if entry.file_name().to_string_lossy().contains(FILE_MARK) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// A logged step's scalars, as TensorBoard tags: `train/<metric>`, the rate and timings, the
+/// gradient norm and loss scale where there are, and `memory/<field>` in bytes.
+fn step_scalars(r: &StepRecord) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = r
+        .metrics
+        .iter()
+        .map(|(name, v)| (format!("train/{name}"), v))
+        .collect();
+    let fixed = [
+        ("lr", Some(r.lr)),
+        ("samples_per_s", Some(r.samples_per_s)),
+        ("step_time_s", Some(r.step_time_s)),
+        ("data_wait_share", Some(r.data_wait_share)),
+        ("skipped_steps", Some(r.skipped_steps as f64)),
+        ("grad_norm", r.grad_norm),
+        ("loss_scale", r.loss_scale),
+    ];
+    out.extend(
+        fixed
+            .into_iter()
+            .filter_map(|(tag, v)| Some((tag.to_owned(), v?))),
+    );
+    let m = &r.memory;
+    let memory = [
+        ("gpu_allocated", m.gpu_allocated),
+        ("gpu_peak", m.gpu_peak),
+        ("rss", m.rss),
+        ("rss_peak", m.rss_peak),
+    ];
+    out.extend(
+        memory
+            .into_iter()
+            .filter_map(|(field, v)| Some((format!("memory/{field}"), v? as f64))),
+    );
+    out
+}
+
+/// An epoch's scalars, as TensorBoard tags: `epoch` (counted from 0, as in `metrics.jsonl`),
+/// `epoch/train_<metric>`, `val/<metric>` and the epoch's rate, time and data wait.
+fn epoch_scalars(r: &EpochRecord) -> Vec<(String, f64)> {
+    let mut out = vec![("epoch".to_owned(), r.epoch as f64)];
+    out.extend(
+        r.train
+            .iter()
+            .map(|(name, v)| (format!("epoch/train_{name}"), v)),
+    );
+    out.extend(r.val.iter().map(|(name, v)| (format!("val/{name}"), v)));
+    out.extend([
+        ("epoch/samples_per_s".to_owned(), r.samples_per_s),
+        ("epoch/seconds".to_owned(), r.seconds),
+        ("epoch/data_wait_share".to_owned(), r.data_wait_share),
+    ]);
+    out
+}
+
 impl Observer for RunDir {
     fn on_start(&mut self, start: &RunStart) -> Result<(), TrainError> {
         if let Some(m) = start.metrics.iter().find(|m| *m != "loss") {
@@ -302,6 +396,10 @@ impl Observer for RunDir {
         let value = record.metrics.get(&self.metric).unwrap_or(f64::NAN);
         self.steps
             .push((record.epoch_progress, record.metrics.loss(), value));
+        if let Some(events) = &mut self.events {
+            let scalars = step_scalars(record);
+            events.scalars(record.step, scalars.iter().map(|(t, v)| (t.as_str(), *v)))?;
+        }
         self.append(record)
     }
 
@@ -311,10 +409,18 @@ impl Observer for RunDir {
             record.val.get("loss"),
             record.val.get(&self.metric),
         ));
+        if let Some(events) = &mut self.events {
+            let scalars = epoch_scalars(record);
+            events.scalars(record.step, scalars.iter().map(|(t, v)| (t.as_str(), *v)))?;
+            events.flush()?;
+        }
         self.append(record)
     }
 
     fn on_finish(&mut self, summary: &Summary) -> Result<(), TrainError> {
+        if let Some(events) = &mut self.events {
+            events.flush()?;
+        }
         let path = self.path.join("summary.json");
         let text = serde_json::to_string_pretty(summary).map_err(|e| file_error(&path, e))?;
         std::fs::write(&path, text + "\n").map_err(|e| file_error(&path, e))?;
