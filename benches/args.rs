@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use crate::report_path;
+use crate::{Msg, report_path};
 
 /// The options of a suite run. `cargo xtask bench` passes the same options to every suite; a
 /// suite reads those it has a use for and ignores the rest.
@@ -113,7 +113,7 @@ impl Place {
     /// Sets libtorch's thread count (at least 1); returns it.
     pub fn set_threads(&self) -> crate::Result<usize> {
         let threads = self.threads.max(1);
-        kiln_torch_ext::memory::set_num_threads(threads).map_err(|e| e.to_string())?;
+        kiln_torch_ext::memory::set_num_threads(threads).msg()?;
         Ok(threads)
     }
 }
@@ -173,7 +173,7 @@ mod tests {
     fn parse(line: &str) -> crate::Result<SuiteArgs> {
         Cli::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
             .map(|c| c.suite)
-            .map_err(|e| e.to_string())
+            .msg()
     }
 
     #[test]

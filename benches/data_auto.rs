@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
-use kiln_benches::{Result, alternating, median, median_of};
+use kiln_benches::{Msg, Result, alternating, median, median_of};
 use kiln_train::workers;
 use serde_json::{Value, json};
 
@@ -64,8 +64,7 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     remove_dir(runs)?;
     run(kiln_train("data", data, sets)?)?;
     let (run_dir, summary) = read_summary(runs)?;
-    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .map_err(|e| format!("{}: {e}", run_dir.display()))?;
+    let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).at(&run_dir)?;
     let epochs: Vec<f64> = metrics
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
@@ -96,7 +95,7 @@ pub fn auto_row(
     (repeats, threads): (usize, usize),
 ) -> Result<()> {
     let ceiling = kiln_benches::resolve(&[])?.plan.data.num_workers;
-    let ceiling = usize::try_from(ceiling).map_err(|e| e.to_string())?;
+    let ceiling = usize::try_from(ceiling).msg()?;
     let mut sides: Vec<Workers> = workers::candidates(ceiling)
         .into_iter()
         .map(Workers::Fixed)

@@ -15,7 +15,7 @@ use clap::{Args, Subcommand};
 use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
 use kiln_benches::{
-    Result, SuiteArgs, alternating, bench_root, datasets, median, num, report_path,
+    Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, num, report_path,
 };
 use kiln_data::{
     DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset,
@@ -91,7 +91,7 @@ fn probe_dataset(dir: &str, norm: &str) -> Result<Arc<Data>> {
     let text = std::fs::read_to_string(norm).map_err(|e| format!("{norm}: {e}"))?;
     let stats: Value = serde_json::from_str(&text).map_err(|e| format!("{norm}: {e}"))?;
     let floats = |key: &str| serde_json::from_value(stats[key].clone()).unwrap_or_default();
-    let normalize = Normalize::new(floats("mean"), floats("std")).map_err(|e| e.to_string())?;
+    let normalize = Normalize::new(floats("mean"), floats("std")).msg()?;
     let dataset = ShardedDataset::open(dir).map_err(|e| format!("{dir}: {e}"))?;
     Ok(Arc::new(Transformed::new(dataset, normalize)))
 }
@@ -121,7 +121,7 @@ fn probe(a: &ProbeArgs) -> Result<()> {
     let dataset = probe_dataset(&a.dir, &a.norm)?;
     // The same intra-op threads on both sides: without workers, PyTorch's batched fetch runs its
     // gathers and normalization on them, and kiln's loader reads each batch in parts on as many.
-    kiln_torch_ext::memory::set_num_threads(l.threads).map_err(|e| e.to_string())?;
+    kiln_torch_ext::memory::set_num_threads(l.threads).msg()?;
     if idle {
         // Report, then hold still until the harness has measured (it closes stdin).
         println!("{}", json!({"impl": "kiln", "idle": true}));
@@ -130,7 +130,7 @@ fn probe(a: &ProbeArgs) -> Result<()> {
     }
     let start = Instant::now();
     let config = loader_config(batch_size, workers, l.threads);
-    let mut loader = Loader::new(Arc::clone(&dataset), config).map_err(|e| e.to_string())?;
+    let mut loader = Loader::new(Arc::clone(&dataset), config).msg()?;
     let mut run = EpochRun::default();
     for epoch in 0..epochs {
         run.epoch(&mut loader, epoch, start)?;
@@ -174,7 +174,7 @@ impl EpochRun {
             let t0 = Instant::now();
             let Some(batch) = batches.next() else { break };
             wait += t0.elapsed();
-            let batch = batch.map_err(|e| e.to_string())?;
+            let batch = batch.msg()?;
             self.first
                 .get_or_insert_with(|| start.elapsed().as_secs_f64());
             self.consume(batch)?;
@@ -193,19 +193,18 @@ impl EpochRun {
         };
         // The batch's buffers become the tensors, as in the trainer's CPU feeder: no copy.
         let x = kiln_torch_ext::transfer::tensor_from_vec_f32(batch.features.into_vec(), &shape)
-            .map_err(|e| e.to_string())?;
-        let y = kiln_torch_ext::transfer::tensor_from_vec_i64(labels, &shape[..1])
-            .map_err(|e| e.to_string())?;
+            .msg()?;
+        let y = kiln_torch_ext::transfer::tensor_from_vec_i64(labels, &shape[..1]).msg()?;
         self.label_sum += y
             .f_sum(tch::Kind::Int64)
             .and_then(|s| s.f_int64_value(&[]))
-            .map_err(|e| e.to_string())?;
+            .msg()?;
         // A cheap check that both sides produced the same values: the first row of each sample.
         self.feature_sum += x
             .f_select(1, 0)
             .and_then(|r| r.f_sum(tch::Kind::Double))
             .and_then(|s| s.f_double_value(&[]))
-            .map_err(|e| e.to_string())?;
+            .msg()?;
         Ok(())
     }
 }
@@ -214,11 +213,11 @@ impl EpochRun {
 /// threads) over a few shuffled batches, in ms.
 fn read_ms_per_batch(dataset: Arc<Data>, batch_size: usize, threads: usize) -> Result<f64> {
     let config = loader_config(batch_size, 0, threads);
-    let mut inline = Loader::new(dataset, config).map_err(|e| e.to_string())?;
+    let mut inline = Loader::new(dataset, config).msg()?;
     let start = Instant::now();
     let mut n = 0usize;
     for batch in inline.epoch(1).take(BREAKDOWN_BATCHES) {
-        batch.map_err(|e| e.to_string())?;
+        batch.msg()?;
         n += 1;
     }
     Ok(start.elapsed().as_secs_f64() * 1e3 / n.max(1) as f64)
@@ -233,9 +232,8 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     if dir.join(kiln_data::MANIFEST_FILE).exists() && norm.exists() {
         return Ok((dir, norm));
     }
-    std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
-    let synth = SyntheticClassification::new(samples, SHAPE.to_vec(), CLASSES, SEED, 1.0)
-        .map_err(|e| e.to_string())?;
+    std::fs::create_dir_all(work).at(work)?;
+    let synth = SyntheticClassification::new(samples, SHAPE.to_vec(), CLASSES, SEED, 1.0).msg()?;
     // Scaled and offset so the normalization does real work.
     let offset = |_: usize, x: &mut [f32]| {
         x.iter_mut().for_each(|v| *v = *v * 3.0 + 1.5);
@@ -244,10 +242,9 @@ fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     let _ = std::fs::remove_dir_all(&dir); // an incomplete earlier attempt
     let data = Transformed::new(synth, offset);
     let opened = datasets::write_prepared(work, &name, &data, Some(2048), false)?;
-    let fitted = Normalize::fit(&*opened, 512).map_err(|e| e.to_string())?;
+    let fitted = Normalize::fit(&*opened, 512).msg()?;
     let (mean, std) = fitted.stats();
-    std::fs::write(&norm, json!({"mean": mean, "std": std}).to_string())
-        .map_err(|e| format!("{}: {e}", norm.display()))?;
+    std::fs::write(&norm, json!({"mean": mean, "std": std}).to_string()).at(&norm)?;
     Ok((dir, norm))
 }
 
@@ -262,13 +259,11 @@ fn idle_memory(cmd: &mut Command) -> Result<Peak> {
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
     let mut line = String::new();
     if let Some(out) = child.stdout.as_mut() {
-        std::io::BufReader::new(out)
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
+        std::io::BufReader::new(out).read_line(&mut line).msg()?;
     }
     let peak = tree_memory(child.id());
     drop(child.stdin.take());
-    let status = child.wait().map_err(|e| e.to_string())?;
+    let status = child.wait().msg()?;
     if !status.success() || line.trim().is_empty() {
         return Err(format!("{cmd:?} did not report ready ({status})"));
     }
@@ -447,7 +442,7 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     let samples = if quick { 1024 } else { 8192 };
     let script = bench_root().join("python/torch_loader.py");
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let me = std::env::current_exe().msg()?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads_or(cpus);
 
@@ -455,7 +450,7 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     eprintln!("preparing {samples} samples of {SHAPE:?} f32 under {at}");
     let (dir, norm) = dataset(&work, samples)?;
     // Warm the page cache so neither side pays for the first read from disk.
-    let entries = std::fs::read_dir(&dir).map_err(|e| e.to_string())?;
+    let entries = std::fs::read_dir(&dir).msg()?;
     for entry in entries.flatten() {
         let _ = std::fs::read(entry.path());
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
-use kiln_benches::{Result, alternating, median, peers, run_json};
+use kiln_benches::{Msg, Result, alternating, median, peers, run_json};
 use kiln_data::{Loader, LoaderConfig, SamplerConfig, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
 
@@ -35,9 +35,9 @@ pub struct ProbeArgs {
 /// turned into tensors (a copy each, as the trainer's by-name feed does) and touched; prints
 /// one JSON line.
 pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
-    kiln_torch_ext::memory::set_num_threads(a.threads).map_err(|e| e.to_string())?;
-    let windows = Windows::open(dir).map_err(|e| e.to_string())?;
-    let (train, _) = windows.split(0).map_err(|e| e.to_string())?;
+    kiln_torch_ext::memory::set_num_threads(a.threads).msg()?;
+    let windows = Windows::open(dir).msg()?;
+    let (train, _) = windows.split(0).msg()?;
     let config = LoaderConfig {
         batch_size: a.batch_size,
         num_workers: a.workers,
@@ -50,13 +50,13 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
         by_name: true,
         ..LoaderConfig::default()
     };
-    let mut loader = Loader::new(Arc::new(train), config).map_err(|e| e.to_string())?;
+    let mut loader = Loader::new(Arc::new(train), config).msg()?;
     let (mut epochs, mut samples, mut target_sum) = (vec![], 0, 0.0);
     for epoch in 0..a.epochs.max(1) {
         let started = Instant::now();
         samples = 0;
         for batch in loader.epoch(epoch as u64) {
-            let batch = batch.map_err(|e| e.to_string())?;
+            let batch = batch.msg()?;
             target_sum += consume(&batch)?;
             samples += batch.indices.len();
         }
@@ -97,7 +97,7 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
     if dir.join(kiln_data::WINDOWS_FILE).exists() {
         return Ok((csv, dir));
     }
-    std::fs::create_dir_all(work).map_err(|e| format!("{}: {e}", work.display()))?;
+    std::fs::create_dir_all(work).at(work)?;
     let mut text = String::from("series,t,y,price,holiday,temp,footfall,region\n");
     for s in 0..series {
         for t in 0..steps {
@@ -109,7 +109,7 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
             text += &format!("s{s:03},{t},{y},{price},{holiday},{temp},{footfall},{region}\n");
         }
     }
-    std::fs::write(&csv, text).map_err(|e| format!("{}: {e}", csv.display()))?;
+    std::fs::write(&csv, text).at(&csv)?;
     let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
     let source = kiln_data::WindowsSource {
         table: csv.clone(),
@@ -128,7 +128,7 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
         horizon: HORIZON,
         normalize: TargetNormalizer::Group,
     };
-    kiln_data::prepare_windows(&source, &dir).map_err(|e| e.to_string())?;
+    kiln_data::prepare_windows(&source, &dir).msg()?;
     Ok((csv, dir))
 }
 
@@ -158,7 +158,7 @@ pub fn windows_row(
     };
     let (series, steps) = if quick { (8, 120) } else { (48, 240) };
     let (csv, dir) = data(work, series, steps)?;
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let me = std::env::current_exe().msg()?;
     let common = |cmd: &mut Command| {
         cmd.args([
             "--batch-size",

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kiln_data::{DType, Dataset, PrepareOptions, PrepareSource, ShardedDataset, Subset};
 use serde_json::json;
 
-use crate::Result;
+use crate::{Msg, Result};
 
 /// Writes an f32 `.npy` array of `shape` sample by sample: `fill(i, out)` writes sample `i`
 /// and returns its label. Returns the labels.
@@ -47,11 +47,9 @@ pub fn write_prepared(
     let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
     let mut shape = vec![data.len()];
     shape.extend(data.sample_shape());
-    let labels = write_f32_npy(&fpath, &shape, |i, out| {
-        data.read(i, out).map_err(|e| e.to_string())
-    })?;
+    let labels = write_f32_npy(&fpath, &shape, |i, out| data.read(i, out).msg())?;
     let labels: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
-    kiln_data::write_npy(&lpath, DType::I64, &[data.len()], &labels).map_err(|e| e.to_string())?;
+    kiln_data::write_npy(&lpath, DType::I64, &[data.len()], &labels).msg()?;
     let source = PrepareSource::Npy {
         features: fpath.clone(),
         labels: lpath.clone(),
@@ -62,15 +60,13 @@ pub fn write_prepared(
         ..defaults
     };
     let out = dir.join(name);
-    kiln_data::prepare(&source, &out, &options).map_err(|e| e.to_string())?;
+    kiln_data::prepare(&source, &out, &options).msg()?;
     if !keep_npy {
         for p in [&fpath, &lpath] {
-            std::fs::remove_file(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            std::fs::remove_file(p).at(p)?;
         }
     }
-    Ok(Arc::new(
-        ShardedDataset::open(&out).map_err(|e| e.to_string())?,
-    ))
+    Ok(Arc::new(ShardedDataset::open(&out).msg()?))
 }
 
 /// kiln's train/validation split of `prepared` (`val_fraction`, `seed`) as JSON at `path`:
@@ -84,9 +80,8 @@ pub fn write_split(
     let classes = prepared
         .classes()
         .ok_or("the prepared dataset does not know its classes")?;
-    let (train, val) =
-        Subset::split(Arc::clone(prepared), val_fraction, seed).map_err(|e| e.to_string())?;
+    let (train, val) = Subset::split(Arc::clone(prepared), val_fraction, seed).msg()?;
     let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
-    std::fs::write(path, text.to_string()).map_err(|e| format!("{}: {e}", path.display()))?;
+    std::fs::write(path, text.to_string()).at(path)?;
     Ok(path.to_owned())
 }

@@ -24,7 +24,7 @@ use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::{Better, Comparison, MS_STEP, NATS, SAMPLES_S, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median_of};
+use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, median_of};
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
 
@@ -117,8 +117,7 @@ fn write_data(dir: &Path, plan: &RunPlan, size: &Size) -> Result<Data> {
     let seed = plan.performance.backend.seed;
     let mut out = Data::default();
     for world in [1, 2] {
-        let data = kiln_train::models::synthetic_dataset(MODEL, size.samples(world), seed)
-            .map_err(|e| e.to_string())?;
+        let data = kiln_train::models::synthetic_dataset(MODEL, size.samples(world), seed).msg()?;
         let classes = data
             .classes()
             .ok_or_else(|| format!("the {MODEL}'s synthetic data have no classes"))?;

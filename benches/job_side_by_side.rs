@@ -21,7 +21,7 @@ use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::{MIB, PERCENT, SAMPLES_S, SECONDS, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, alternating, bench_root, datasets, median, peers};
+use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, peers};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
@@ -73,8 +73,7 @@ fn data_shape(quick: bool) -> (usize, usize, usize, usize) {
 fn write_data(dir: &Path, quick: bool, plan: &RunPlan) -> Result<(PathBuf, PathBuf)> {
     let (samples, seq, features, classes) = data_shape(quick);
     let seed = plan.performance.backend.seed;
-    let data = SyntheticSequences::new(samples, seq, features, classes, seed)
-        .map_err(|e| e.to_string())?;
+    let data = SyntheticSequences::new(samples, seq, features, classes, seed).msg()?;
     let prepared = datasets::write_prepared(dir, "data", &data, Some(2048), false)?;
     let split = dir.join("split.json");
     datasets::write_split(&split, &prepared, plan.data.val_fraction, seed)?;

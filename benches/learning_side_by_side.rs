@@ -21,7 +21,7 @@ use std::process::Command;
 
 use clap::{Args, Subcommand};
 use kiln_benches::report::{Better, Comparison, NATS, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, bench_root, figure, mean, run_json};
+use kiln_benches::{Msg, Result, SuiteArgs, bench_root, figure, mean, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use kiln_data::{
     DataError, Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences,
@@ -175,13 +175,13 @@ fn target_of(job: &Job) -> TargetSpec {
 /// Every sample of `data` (kiln's synthetic dataset for a model) as a features tensor
 /// `[n, shape…]` and a class tensor `[n, target shape…]`.
 fn tensors(data: std::result::Result<impl Dataset, DataError>) -> Result<(Tensor, Tensor)> {
-    let data = data.map_err(|e| e.to_string())?;
+    let data = data.msg()?;
     let (numel, target) = (data.sample_numel(), data.target());
     let mut features = vec![0f32; data.len() * numel];
     let mut classes = vec![0i64; data.len() * target.numel()];
     let all: Vec<usize> = (0..data.len()).collect();
     data.read_batch(&all, &mut features, TargetSlot::Classes(&mut classes))
-        .map_err(|e| e.to_string())?;
+        .msg()?;
     let dims = |shape: &[usize]| {
         std::iter::once(data.len() as i64)
             .chain(shape.iter().map(|&d| d as i64))
@@ -204,7 +204,7 @@ fn file(dir: &Path, kind: ModelKind, what: &str) -> PathBuf {
 fn model(job: &Job, vs: &nn::VarStore) -> Result<Box<dyn Model>> {
     tch::manual_seed(MODEL_SEED);
     let input = InputSpec::of(&job.sample_shape, &target_of(job));
-    build(&job.plan, &input, vs, false, 0).map_err(|e| e.to_string())
+    build(&job.plan, &input, vs, false, 0).msg()
 }
 
 /// Writes the job's initial weights, data (`train_x`, `train_y`, `held_x`, `held_y`) and
@@ -215,8 +215,7 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     let vs = nn::VarStore::new(Device::Cpu);
     model(job, &vs)?;
     let init = file(dir, kind, "init");
-    vs.save(&init)
-        .map_err(|e| format!("{}: {e}", init.display()))?;
+    vs.save(&init).at(&init)?;
     // The train pool, then the held-out set, from one dataset.
     let (s, c, len, seed) = (
         &job.sample_shape,
@@ -238,7 +237,7 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
         ("held_x", x.narrow(0, pool, held)),
         ("held_y", y.narrow(0, pool, held)),
     ];
-    Tensor::write_safetensors(&named, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Tensor::write_safetensors(&named, &path).at(&path)?;
     let p = &job.plan;
     let twin = match kind {
         ModelKind::Transformer => json!({
@@ -255,15 +254,14 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
         "lr": LR, "weight_decay": WEIGHT_DECAY, "betas": [0.9, 0.999], "eps": 1e-8,
     });
     let job_path = dir.join(format!("{kind}-job.json"));
-    std::fs::write(&job_path, text.to_string())
-        .map_err(|e| format!("{}: {e}", job_path.display()))?;
+    std::fs::write(&job_path, text.to_string()).at(&job_path)?;
     Ok(job_path)
 }
 
 /// Rows `[start, start + len)` of `x` and `y`.
 fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
     let (s, n) = (start as i64, len as i64);
-    let rows = |t: &Tensor| t.f_narrow(0, s, n).map_err(|e| e.to_string());
+    let rows = |t: &Tensor| t.f_narrow(0, s, n).msg();
     Ok((rows(x)?, rows(y)?))
 }
 
@@ -273,14 +271,13 @@ fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize) -> Result<(Tensor, Te
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = std::time::Instant::now();
     let (kind, job) = (a.model, job(a.model, a.quick));
-    kiln_torch_ext::memory::set_num_threads(a.threads.max(1)).map_err(|e| e.to_string())?;
+    kiln_torch_ext::memory::set_num_threads(a.threads.max(1)).msg()?;
     let mut vs = nn::VarStore::new(Device::Cpu);
     let model = model(&job, &vs)?;
     let init = file(&a.dir, kind, "init");
-    vs.load(&init)
-        .map_err(|e| format!("{}: {e}", init.display()))?;
+    vs.load(&init).at(&init)?;
     let path = file(&a.dir, kind, "data");
-    let data = Tensor::read_safetensors(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let data = Tensor::read_safetensors(&path).at(&path)?;
     let named = |name: &str| {
         let found = data.iter().find(|(n, _)| n == name).map(|(_, t)| t);
         found.ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
@@ -291,15 +288,13 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         weight_decay: WEIGHT_DECAY,
         ..StepOptions::new(a.precision)
     };
-    let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, Device::Cpu)
-        .map_err(|e| e.to_string())?;
-    stepper
-        .set_target(&target_of(&job))
-        .map_err(|e| e.to_string())?;
+    let mut stepper =
+        Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, Device::Cpu).msg()?;
+    stepper.set_target(&target_of(&job)).msg()?;
     let mut losses = Vec::with_capacity(job.steps);
     for step in 0..job.steps {
         let (bx, by) = batch(x, y, step * job.batch % job.pool, job.batch)?;
-        let loss = stepper.step(&bx, &by).map_err(|e| e.to_string())?;
+        let loss = stepper.step(&bx, &by).msg()?;
         if !loss.is_finite() {
             return Err(format!(
                 "{kind}: non-finite loss at step {step}: {losses:?}"
@@ -312,7 +307,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         .step_by(EVAL_BATCH)
         .map(|s| batch(hx, hy, s, EVAL_BATCH.min(job.held_out - s)))
         .collect::<Result<Vec<_>>>()?;
-    let eval = stepper.evaluate(batches).map_err(|e| e.to_string())?;
+    let eval = stepper.evaluate(batches).msg()?;
     println!(
         "{}",
         json!({
@@ -340,7 +335,7 @@ fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
     let threads = a.threads_or(2).max(1).to_string();
     // The bench's own scratch directory, removed at the end.
     let work = fresh_work_dir(a, "learning")?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().msg()?;
     let models: &[ModelKind] = if models.is_empty() { &MODELS } else { models };
     let mut pairs = vec![];
     for &kind in models {

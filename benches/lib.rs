@@ -19,12 +19,29 @@ pub use args::SuiteArgs;
 /// prints it and exits non-zero).
 pub type Result<T> = std::result::Result<T, String>;
 
+/// What the suites do with a failed call's error: make it their message ([`Result`]'s error),
+/// with `msg` as it is, with `at` after the path it concerns.
+pub trait Msg<T> {
+    fn msg(self) -> Result<T>;
+    fn at(self, path: &Path) -> Result<T>;
+}
+
+impl<T, E: std::fmt::Display> Msg<T> for std::result::Result<T, E> {
+    fn msg(self) -> Result<T> {
+        self.map_err(|e| e.to_string())
+    }
+
+    fn at(self, path: &Path) -> Result<T> {
+        self.map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
 /// This machine's resolution of `sets` (`key=value` settings), as `kiln train` resolves them.
 pub fn resolve(sets: &[String]) -> Result<kiln_config::Resolution> {
-    let facts = kiln_device::probe::probe().map_err(|e| e.to_string())?;
+    let facts = kiln_device::probe::probe().msg()?;
     let mut req = kiln_config::ConfigRequest::new(kiln_config::Machine::Probed(facts));
     req.sets = sets.to_vec();
-    kiln_config::load(&req).map_err(|e| e.to_string())
+    kiln_config::load(&req).msg()
 }
 
 /// `key`'s value in a run's JSON, which must be a finite number.
@@ -63,7 +80,7 @@ pub fn free_port() -> Result<u16> {
 /// system's temporary directory, removed afterwards.
 pub fn in_temp_dir<T>(name: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
     let dir = std::env::temp_dir().join(format!("kiln-bench-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("tmp")).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir.join("tmp")).at(&dir)?;
     let result = f(&dir);
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -162,13 +179,15 @@ pub fn alternating<S: Copy, T>(
     Ok(runs)
 }
 
-/// Runs each command `repeats` times, [`alternating`]; returns every run's JSON per command.
+/// Runs the `n` commands `cmd(i)` `repeats` times, [`alternating`]; returns every run's JSON
+/// per command.
 pub fn interleaved(
     repeats: usize,
-    cmds: &[&dyn Fn() -> std::process::Command],
+    n: usize,
+    cmd: impl Fn(usize) -> std::process::Command,
 ) -> Result<Vec<Vec<serde_json::Value>>> {
-    let order: Vec<usize> = (0..cmds.len()).collect();
-    alternating(repeats, &order, |_, i| run_json(cmds[i]()).map(Some))
+    let order: Vec<usize> = (0..n).collect();
+    alternating(repeats, &order, |_, i| run_json(cmd(i)).map(Some))
 }
 
 /// The median over runs of the number at `key` (NaN where a run lacks it).

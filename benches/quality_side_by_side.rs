@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use kiln_benches::report::{Comparison, NATS, PERCENT, SECONDS, SuiteOutput};
-use kiln_benches::{Result, SuiteArgs, bench_root, datasets, figure, mean, resolve, run_json};
+use kiln_benches::{Msg, Result, SuiteArgs, bench_root, datasets, figure, mean, resolve, run_json};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer};
@@ -138,7 +138,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
 /// them), prepares kiln's dataset from them in `dir/kiln`, and returns it opened.
 fn write_data(dir: &Path, job: &Job) -> Result<Arc<ShardedDataset>> {
     let data = SyntheticSequences::new(job.samples, job.seq, job.features, job.classes, DATA_SEED)
-        .map_err(|e| e.to_string())?;
+        .msg()?;
     datasets::write_prepared(dir, "kiln", &data, None, true)
 }
 
@@ -149,7 +149,7 @@ fn data_only(a: &DataArgs) -> Result<()> {
     if dir.exists() {
         return Err(format!("{} exists; give a new directory", dir.display()));
     }
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let prepared = write_data(dir, &job(a.quick))?;
     for seed in 0..a.seeds {
         write_split(dir, &prepared, seed)?;
@@ -211,11 +211,11 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let learner = Learner::builder()
         .resolution(resolve(&sets)?)
         .build()
-        .map_err(|e| e.to_string())?;
+        .msg()?;
     let mut epochs = Epochs::default();
     let outcome = learner
         .fit_plan(Some(&a.data.join("kiln")), &mut epochs)
-        .map_err(|e| e.to_string())?;
+        .msg()?;
     let s = &outcome.summary;
     println!(
         "{}",
@@ -252,7 +252,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let threads = a.threads_or(2);
     let work = fresh_work_dir(a, "quality")?;
     let prepared = write_data(&work, &job)?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().msg()?;
     let mut sides = Sides::default();
     for seed in 0..seeds {
         let split = write_split(&work, &prepared, seed)?;

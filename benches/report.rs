@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::num;
+use crate::{Msg, num};
 
 /// The report format's name and version, in `report.json`'s `schema`.
 pub const SCHEMA: &str = "kiln-bench/1";
@@ -275,7 +275,7 @@ impl SuiteOutput {
     /// Writes the suite's JSON to `path`, creating its directory.
     pub fn write(&self, path: &Path) -> crate::Result<()> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).at(dir)?;
         }
         write_json(path, self)?;
         eprintln!("{}: wrote {}", self.suite, path.display());
@@ -290,14 +290,14 @@ impl SuiteOutput {
 
 /// Reads `path` as JSON of a `T`; `what` names a `T` in the error (e.g. "a suite report").
 pub fn read_json<T: DeserializeOwned>(path: &Path, what: &str) -> crate::Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).at(path)?;
     serde_json::from_str(&text).map_err(|e| format!("{} is not {what}: {e}", path.display()))
 }
 
 /// Writes `value` to `path` as pretty JSON.
 pub fn write_json(path: &Path, value: &impl Serialize) -> crate::Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = serde_json::to_string_pretty(value).msg()?;
+    std::fs::write(path, text).at(path)
 }
 
 /// One suite's entry in `report.json` (its comparisons are in the report's list).

@@ -10,12 +10,12 @@
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
-use kiln_benches::Result;
 use kiln_benches::plot::write_plots;
 use kiln_benches::report::{
     Report, SWEEP_GROUP, SuiteOutput, apply_learning_check, assemble, markdown, read_json,
     validate, write_json,
 };
+use kiln_benches::{Msg, Result};
 use serde_json::{Value, json};
 
 /// `kiln-bench report`: assembles the suites' outputs under DIR, or checks a report.
@@ -151,7 +151,7 @@ fn build(dir: &Path, cli: &Cli) -> Result<()> {
     );
     write_json(&json_path, &report)?;
     let md = markdown(&report);
-    std::fs::write(&md_path, &md).map_err(|e| format!("{}: {e}", md_path.display()))?;
+    std::fs::write(&md_path, &md).at(&md_path)?;
     let written = write_plots(&Report::from_value(&report)?, &plots)?;
     println!("{md}");
     eprintln!(

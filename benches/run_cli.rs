@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use kiln_benches::proc_memory::{Peak, mib, peak_until_exit};
-use kiln_benches::{Result, SuiteArgs};
+use kiln_benches::{Msg, Result, SuiteArgs};
 use kiln_config::RunPlan;
 use serde::Serialize;
 use serde_json::Value;
@@ -46,7 +46,7 @@ pub fn remove_dir(dir: &Path) -> Result<()> {
     if !dir.exists() {
         return Ok(());
     }
-    std::fs::remove_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))
+    std::fs::remove_dir_all(dir).at(dir)
 }
 
 /// The suite's scratch directory, empty: `<--work-dir>/<suite>`, by default a temporary
@@ -57,15 +57,13 @@ pub fn fresh_work_dir(a: &SuiteArgs, suite: &str) -> Result<PathBuf> {
         |dir| dir.join(suite),
     );
     remove_dir(&work)?;
-    std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    std::fs::create_dir_all(&work).at(&work)?;
     Ok(work)
 }
 
 /// The release CLI beside this binary, which the `suite` runs.
 pub fn kiln_exe(suite: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()
-        .map_err(|e| e.to_string())?
-        .with_file_name("kiln");
+    let exe = std::env::current_exe().msg()?.with_file_name("kiln");
     if exe.is_file() {
         return Ok(exe);
     }
@@ -89,14 +87,14 @@ pub fn kiln_train(suite: &str, data: &Path, sets: &[String]) -> Result<Command> 
 /// The directory of the `kiln train` run under `runs` and its `summary.json`.
 pub fn read_summary(runs: &Path) -> Result<(PathBuf, Value)> {
     let dir = std::fs::read_dir(runs)
-        .map_err(|e| format!("{}: {e}", runs.display()))?
+        .at(runs)?
         .flatten()
         .map(|e| e.path())
         .find(|p| p.join("summary.json").is_file())
         .ok_or_else(|| format!("kiln train wrote no summary.json under {}", runs.display()))?;
     let path = dir.join("summary.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let summary = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(&path).at(&path)?;
+    let summary = serde_json::from_str(&text).at(&path)?;
     Ok((dir, summary))
 }
 
@@ -180,7 +178,7 @@ pub fn measured_every(
     every: Option<Duration>,
 ) -> Result<(Value, f64, Peak)> {
     let out_path = log.with_extension("stdout");
-    let file = |p: &Path| std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()));
+    let file = |p: &Path| std::fs::File::create(p).at(p);
     let started = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -190,7 +188,7 @@ pub fn measured_every(
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
     let (status, peak) = match every {
         Some(every) => peak_until_exit(&mut child, every)?,
-        None => (child.wait().map_err(|e| e.to_string())?, Peak::default()),
+        None => (child.wait().msg()?, Peak::default()),
     };
     let seconds = started.elapsed().as_secs_f64();
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();

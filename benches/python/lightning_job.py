@@ -37,7 +37,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
 from torch_loader import ShardDataset  # noqa: E402
-from train_step import SelfAttention, SignTransformer  # noqa: E402
+from train_step import SignTransformer  # noqa: E402
 
 
 class Shards(ShardDataset):
@@ -54,11 +54,8 @@ class Shards(ShardDataset):
 
 def build_model(a, features, seq, classes):
     torch.manual_seed(a.seed)
-    model = SignTransformer(features, seq, a.d_model, a.heads, a.layers, a.ff, classes, a.dropout)
-    for m in model.modules():
-        if isinstance(m, SelfAttention):
-            m.math = a.attention == "math"
-    return model
+    return SignTransformer(features, seq, a.d_model, a.heads, a.layers, a.ff, classes, a.dropout,
+                           a.attention == "math")
 
 
 def loaders(a):

@@ -101,10 +101,7 @@ def build(job, math_attention):
     c, kind = job["twin"], job["model"]
     if kind == "transformer":
         model = twins.SignTransformer(c["features"], c["seq"], c["d_model"], c["heads"],
-                                      c["layers"], c["ff"], c["classes"], 0.0)
-        for layer in model.modules():
-            if isinstance(layer, twins.SelfAttention):
-                layer.math = math_attention
+                                      c["layers"], c["ff"], c["classes"], 0.0, math_attention)
     elif kind == "mlp":
         model = twins.MLP(c["features"], c["hidden"], c["classes"], 0.0)
     elif kind == "convnet":

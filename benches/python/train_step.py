@@ -77,14 +77,14 @@ class MLP(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, d_model, heads):
+    def __init__(self, d_model, heads, math_attention):
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         # The explicit matmul-softmax product instead of SDPA (`--attention`): what kiln's
         # transformer computes on the CPU under bf16/fp16 autocast.
-        self.math = False
+        self.math = math_attention
 
     def forward(self, x):
         b, s, d = x.shape
@@ -100,10 +100,10 @@ class SelfAttention(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, d_model, heads, ff, dropout):
+    def __init__(self, d_model, heads, ff, dropout, math_attention):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model, eps=1e-5)
-        self.attn = SelfAttention(d_model, heads)
+        self.attn = SelfAttention(d_model, heads, math_attention)
         self.drop1 = nn.Dropout(dropout)
         self.ln2 = nn.LayerNorm(d_model, eps=1e-5)
         self.linear1 = nn.Linear(d_model, ff)
@@ -117,13 +117,14 @@ class EncoderLayer(nn.Module):
 
 
 class SignTransformer(nn.Module):
-    def __init__(self, features, seq, d_model, heads, layers, ff, classes, dropout):
+    def __init__(self, features, seq, d_model, heads, layers, ff, classes, dropout,
+                 math_attention=False):
         super().__init__()
         self.embed = nn.Linear(features, d_model)
         self.pos = nn.Parameter(torch.randn(seq, d_model) * 0.02)
         self.drop = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            [EncoderLayer(d_model, heads, ff, dropout) for _ in range(layers)])
+            [EncoderLayer(d_model, heads, ff, dropout, math_attention) for _ in range(layers)])
         self.ln = nn.LayerNorm(d_model, eps=1e-5)
         self.head = nn.Linear(d_model, classes)
 
@@ -249,7 +250,7 @@ def build(a):
         model, sample = MLP(a.features, a.hidden, a.classes, a.dropout), (a.features,)
     elif a.model == "transformer":
         model = SignTransformer(a.features, a.seq, a.d_model, a.heads, a.layers, a.ff,
-                                a.classes, a.dropout)
+                                a.classes, a.dropout, use_math_attention(a))
         sample = (a.seq, a.features)
     else:
         model = ConvNet(a.in_channels, a.classes)
@@ -260,10 +261,6 @@ def build(a):
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,))
     device = torch.device(a.device)
-    if use_math_attention(a):
-        for m in model.modules():
-            if isinstance(m, SelfAttention):
-                m.math = True
     flops = {"mlp": mlp_flops, "transformer": transformer_flops, "convnet": convnet_flops}
     return model.to(device), x.to(device), y.to(device), flops[a.model](a)
 

@@ -38,10 +38,10 @@ pub(super) fn measure(factory: RunnerFactory, load: &Load, body: &Body) -> Resul
         max_wait: load.max_wait,
         ..ServeConfig::default()
     };
-    let server = Server::start(config, factory).map_err(|e| e.to_string())?;
-    server.wait_ready().map_err(|e| e.to_string())?;
+    let server = Server::start(config, factory).msg()?;
+    server.wait_ready().msg()?;
     let report = drive(server.local_addr(), load, body);
-    server.shutdown().map_err(|e| e.to_string())?;
+    server.shutdown().msg()?;
     report
 }
 
@@ -49,8 +49,8 @@ pub(super) fn measure(factory: RunnerFactory, load: &Load, body: &Body) -> Resul
 pub(super) fn drive(addr: SocketAddr, load: &Load, (body, kind): &Body) -> Result<LoadReport> {
     let warm = (load.requests / 10).max(load.clients);
     let run = |n| loadgen::run(addr, body.clone(), kind, load.clients, n);
-    run(warm).map_err(|e| e.to_string())?;
-    let report = run(load.requests).map_err(|e| e.to_string())?;
+    run(warm).msg()?;
+    let report = run(load.requests).msg()?;
     if report.errors > 0 {
         return Err(format!(
             "{} of {} requests to {addr} failed: {}",
@@ -120,8 +120,7 @@ fn auto_factory(load: &Load, onnx: PathBuf, note: Arc<Mutex<Option<String>>>) ->
     Box::new(move || {
         let torch = engine(Device::Cpu, AmpDtype::None, max_batch, CudaGraphs::Off)?;
         let onnx = onnx_engine(&onnx, Device::Cpu, max_batch, threads)?;
-        let auto =
-            AutoEngine::new(torch, onnx, "kiln bench mlp", None).map_err(|e| e.to_string())?;
+        let auto = AutoEngine::new(torch, onnx, "kiln bench mlp", None).msg()?;
         if let Ok(mut n) = note.lock() {
             *n = Some(auto.note().to_owned());
         }

@@ -33,8 +33,7 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     for i in 0..a.warmup + batches {
         let start = Instant::now();
         // `run` returns host outputs, so it has waited for the device.
-        let (outputs, shape) =
-            Runner::run(&mut runner, &inputs, batch).map_err(|e| e.to_string())?;
+        let (outputs, shape) = Runner::run(&mut runner, &inputs, batch).msg()?;
         if i >= a.warmup {
             times.push(start.elapsed().as_secs_f64());
         }
@@ -311,7 +310,7 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
         threads: threads.to_string(),
         dev: device_name(device),
         python: a.python.clone(),
-        me: std::env::current_exe().map_err(|e| e.to_string())?,
+        me: std::env::current_exe().msg()?,
         warmup: if quick { "5" } else { "20" },
         batches: if quick { "30" } else { "200" },
         graphs: if device.is_cuda() { "on" } else { "off" },

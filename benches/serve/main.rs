@@ -40,7 +40,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use kiln_benches::args::Place;
 use kiln_benches::report::{Better, Comparison, MS, SuiteOutput, Unit};
 use kiln_benches::{
-    Result, SuiteArgs, alternating, bench_root, compile_env, device_name, in_temp_dir, median,
+    Msg, Result, SuiteArgs, alternating, bench_root, compile_env, device_name, in_temp_dir, median,
     median_of, num, peak_memory_mib, resolve, run_json,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
@@ -149,7 +149,7 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
         integer_features: false,
         arrays: vec![],
     };
-    let model = build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
+    let model = build(&plan, &input, &vs, false, 0).msg()?;
     Ok((vs, model))
 }
 
@@ -166,7 +166,7 @@ fn engine(
         max_batch,
         cuda_graphs,
     };
-    let engine = Engine::new(model, vec![FEATURES], options).map_err(|e| e.to_string())?;
+    let engine = Engine::new(model, vec![FEATURES], options).msg()?;
     warm_up(engine, max_batch)
 }
 
@@ -183,15 +183,13 @@ fn onnx_engine(
         device,
         input_shape: Some(vec![FEATURES]),
     };
-    let engine = OnnxEngine::open(path, &options).map_err(|e| e.to_string())?;
+    let engine = OnnxEngine::open(path, &options).msg()?;
     warm_up(engine, max_batch)
 }
 
 /// `runner` after one batch of `batch` zero samples.
 fn warm_up<R: Runner>(mut runner: R, batch: usize) -> Result<R> {
-    runner
-        .run(&vec![0.0; FEATURES * batch], batch)
-        .map_err(|e| e.to_string())?;
+    runner.run(&vec![0.0; FEATURES * batch], batch).msg()?;
     Ok(runner)
 }
 
@@ -223,10 +221,10 @@ fn export_onnx(
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let path = dir.join(format!("{suite}-mlp.onnx"));
     if path.exists() {
-        std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::remove_file(&path).at(&path)?;
     }
     let started = Instant::now();
     let (vs, model) = mlp(Device::Cpu)?;
@@ -237,7 +235,7 @@ fn export_onnx(
     let mut onnx = onnx_engine(&path, device, batch, threads)?;
     let mut torch = engine(device, AmpDtype::None, batch, CudaGraphs::Off)?;
     let inputs = probe_inputs(batch)?;
-    let (ours, _) = onnx.run(&inputs, batch).map_err(|e| e.to_string())?;
+    let (ours, _) = onnx.run(&inputs, batch).msg()?;
     let max_abs = max_abs_vs(&mut torch, &inputs, batch, &ours)?;
     // e.g. "onnxruntime 1.31.1 (CPU build), CPU provider, 2 threads"
     let status = onnx.status();
@@ -268,8 +266,7 @@ fn export_onnx(
 fn probe_inputs(batch: usize) -> Result<Vec<f32>> {
     tch::manual_seed(1);
     let shape = [(batch * FEATURES) as i64];
-    Vec::<f32>::try_from(tch::Tensor::randn(shape, (tch::Kind::Float, Device::Cpu)))
-        .map_err(|e| e.to_string())
+    Vec::<f32>::try_from(tch::Tensor::randn(shape, (tch::Kind::Float, Device::Cpu))).msg()
 }
 
 /// The largest |Δ| between `outputs` and what `reference` computes on the same inputs.
@@ -279,7 +276,7 @@ fn max_abs_vs(
     batch: usize,
     outputs: &[f32],
 ) -> Result<f64> {
-    let (theirs, _) = reference.run(inputs, batch).map_err(|e| e.to_string())?;
+    let (theirs, _) = reference.run(inputs, batch).msg()?;
     if theirs.len() != outputs.len() {
         return Err(format!(
             "the engines disagree on the output size: {} values against {}",

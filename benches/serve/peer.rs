@@ -12,7 +12,7 @@ use std::process::{Child, Stdio};
 
 use super::dynamic::{Body, FIGURES, Load, drive, load_rows, measure, print_run, sample, summary};
 use super::*;
-use kiln_benches::peers;
+use kiln_benches::{Msg, peers};
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
 pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
@@ -38,8 +38,7 @@ fn measure_both(work: &Path, peers: &Path, load: &Load) -> Result<Vec<Vec<LoadRe
     // The suite's model (seed 0, as `engine` builds it: [`mlp`]) as safetensors.
     let weights = work.join(WEIGHTS);
     let (vs, _model) = mlp(Device::Cpu)?;
-    vs.save(&weights)
-        .map_err(|e| format!("{}: {e}", weights.display()))?;
+    vs.save(&weights).at(&weights)?;
     let json = json!({ "inputs": sample() }).to_string().into_bytes();
     let body = (json, "application/json");
     alternating(load.repeats, &[true, false], |r, kiln| {
@@ -93,8 +92,8 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
     let weights = work.join(WEIGHTS);
     let port = kiln_benches::free_port()?;
     let log = work.join(format!("litserve-{r}.log"));
-    let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-    let err = file.try_clone().map_err(|e| e.to_string())?;
+    let file = std::fs::File::create(&log).at(&log)?;
+    let err = file.try_clone().msg()?;
     let batch_timeout_ms = load.max_wait.as_secs_f64() * 1e3;
     let mut cmd = Command::new(&load.python);
     cmd.arg(bench_root().join("python/litserve_server.py"))
@@ -164,7 +163,7 @@ fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
         .map(|v| v.iter().filter_map(Value::as_f64).collect())
         .unwrap_or_default();
     let mut engine = engine(Device::Cpu, AmpDtype::None, 1, CudaGraphs::Off)?;
-    let (ours, _) = engine.run(&sample(), 1).map_err(|e| e.to_string())?;
+    let (ours, _) = engine.run(&sample(), 1).msg()?;
     if theirs.len() != ours.len() {
         let n = ours.len();
         return Err(format!(

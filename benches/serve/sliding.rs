@@ -6,7 +6,7 @@
 use super::infer::InferOpts;
 use super::*;
 use kiln_benches::report::SECONDS;
-use kiln_benches::{figure, peers};
+use kiln_benches::{Msg, figure, peers};
 
 /// The figures of one side's run: the whole sliding-window run and the time inside the forward.
 fn figures(run: &Value, total: &str, forward: &str) -> Result<Value> {
@@ -17,9 +17,8 @@ fn figures(run: &Value, total: &str, forward: &str) -> Result<Value> {
 /// The largest difference between two `.npy` outputs of the same shape.
 fn max_abs_between(a: &Path, b: &Path) -> Result<f64> {
     let read = |p: &Path| -> Result<(Vec<usize>, Vec<f32>)> {
-        let bytes = std::fs::read(p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let array =
-            kiln_data::NpyArray::parse(&bytes).map_err(|e| format!("{}: {e}", p.display()))?;
+        let bytes = std::fs::read(p).at(p)?;
+        let array = kiln_data::NpyArray::parse(&bytes).at(p)?;
         Ok((array.shape.clone(), array.to_f32()))
     };
     let ((sa, va), (sb, vb)) = (read(a)?, read(b)?);
@@ -47,7 +46,7 @@ pub(super) fn sliding_rows(
     };
     let (size, roi) = if o.quick { (64, 48) } else { (96, 64) };
     let dir = work.join("sliding");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir).at(&dir)?;
     let script = bench_root().join("python/sliding_monai.py");
     let python = |args: Vec<String>| {
         let mut c = Command::new(&o.python);

@@ -3,7 +3,7 @@
 //! compile time).
 
 use kiln_benches::report::{Better, Comparison, MS_STEP, SECONDS, SuiteOutput};
-use kiln_benches::{compile_env, in_temp_dir, interleaved, median, median_of, num};
+use kiln_benches::{Msg, compile_env, in_temp_dir, interleaved, median, median_of, num};
 use serde_json::{Value, json};
 
 use super::suite::peak_for;
@@ -157,7 +157,7 @@ fn case_batch(o: &Opts, case: &Case) -> Result<usize> {
     if !case.profile_batch {
         return Ok(32);
     }
-    usize::try_from(resolved(o.device)?.plan.train.batch_size).map_err(|e| e.to_string())
+    usize::try_from(resolved(o.device)?.plan.train.batch_size).msg()
 }
 
 /// The row name `case` will have on the suite's device (kiln's `auto` as the profile chooses).
@@ -223,7 +223,10 @@ pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> R
             }
             c
         };
-        interleaved(o.repeats, &[&|| o.kiln("probe", &kiln_args), &torch_cmd])
+        interleaved(o.repeats, 2, |i| match i {
+            0 => o.kiln("probe", &kiln_args),
+            _ => torch_cmd(),
+        })
     })?;
     let (k, t) = (&sides[0], &sides[1]);
     let name = case_name(case, k[0]["precision"].as_str().unwrap_or("?"), batch);

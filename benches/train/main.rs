@@ -28,7 +28,7 @@ use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::Comparison;
-use kiln_benches::{Result, SuiteArgs, alternating, bench_root, device_name, run_json};
+use kiln_benches::{Msg, Result, SuiteArgs, bench_root, device_name};
 use kiln_config::{ModelKind, ModelPlan};
 use serde_json::{Value, json};
 use tch::Device;
@@ -117,7 +117,7 @@ impl Opts {
             threads: a.threads_or(2).max(1).to_string(),
             device: a.device(),
             python: a.python.clone(),
-            me: std::env::current_exe().map_err(|e| e.to_string())?,
+            me: std::env::current_exe().msg()?,
             steps: if a.quick { (2, 5, 3) } else { (5, 20, 10) },
         })
     }
@@ -150,12 +150,6 @@ impl Opts {
              --steps {steps} --breakdown-steps {split}"
         ))
     }
-
-    /// The runs of `n` commands, `cmd(i)` the `i`th, [`interleaved`].
-    fn runs(&self, n: usize, cmd: impl Fn(usize) -> Command) -> Result<Vec<Vec<Value>>> {
-        let order: Vec<usize> = (0..n).collect();
-        alternating(self.repeats, &order, |_, i| run_json(cmd(i)).map(Some))
-    }
 }
 
 /// Each side's runs as one JSON object, by the side's name.
@@ -185,7 +179,7 @@ mod tests {
     use clap::{CommandFactory, Parser};
 
     fn parse(line: &str) -> std::result::Result<Cli<Sub>, String> {
-        Cli::try_parse_from(line.split_whitespace()).map_err(|e| e.to_string())
+        Cli::try_parse_from(line.split_whitespace()).msg()
     }
 
     #[test]

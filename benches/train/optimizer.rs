@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use clap::Args;
 use kiln_benches::report::{MS_STEP, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
-use kiln_benches::{SuiteArgs, device_name, median, median_of};
+use kiln_benches::{Msg, SuiteArgs, device_name, interleaved, median, median_of};
 use kiln_config::ModelKind;
 use kiln_train::model::parameter_count;
 use kiln_train::optim::{Optimizer, Rule, param_groups};
@@ -38,7 +38,7 @@ pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
     let vs = nn::VarStore::new(device);
     let input = synthetic_input(ModelKind::Transformer, super::REFERENCE.seq)?;
     let plan = model_plan(ModelKind::Transformer, 0.0, &super::REFERENCE);
-    build(&plan, &input, &vs, false, 0).map_err(|e| e.to_string())?;
+    build(&plan, &input, &vs, false, 0).msg()?;
     Ok(vs)
 }
 
@@ -72,26 +72,23 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
         .unzip();
     // Fixed random gradients, set through autograd (d/dp Σ p·g = g).
     let grads: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
-    let mut total = Tensor::f_zeros([], (Kind::Float, device)).map_err(|e| e.to_string())?;
+    let mut total = Tensor::f_zeros([], (Kind::Float, device)).msg()?;
     for (p, g) in params.iter().zip(&grads) {
-        let term = p
-            .f_mul(g)
-            .and_then(|t| t.f_sum(Kind::Float))
-            .map_err(|e| e.to_string())?;
-        total = total.f_add(&term).map_err(|e| e.to_string())?;
+        let term = p.f_mul(g).and_then(|t| t.f_sum(Kind::Float)).msg()?;
+        total = total.f_add(&term).msg()?;
     }
-    total.f_backward().map_err(|e| e.to_string())?;
+    total.f_backward().msg()?;
     let step: Box<dyn FnMut() -> Result<()>> = if fused {
         let config = kiln_torch_ext::optim::AdamWConfig {
             lr: 1e-3,
             weight_decay: 0.01,
             ..Default::default()
         };
-        let mut opt = Optimizer::new(Rule::AdamW(config), groups).map_err(|e| e.to_string())?;
-        Box::new(move || opt.step(None, None).map_err(|e| e.to_string()))
+        let mut opt = Optimizer::new(Rule::AdamW(config), groups).msg()?;
+        Box::new(move || opt.step(None, None).msg())
     } else {
-        let mut opt = UnfusedAdamW::new(&params, decays, 1e-3).map_err(|e| e.to_string())?;
-        Box::new(move || opt.step(&params, &grads).map_err(|e| e.to_string()))
+        let mut opt = UnfusedAdamW::new(&params, decays, 1e-3).msg()?;
+        Box::new(move || opt.step(&params, &grads).msg())
     };
     let times = time_calls(device, (a.warmup, a.steps.max(1)), step)?;
     println!(
@@ -161,7 +158,7 @@ const ROWS: [(&str, usize, &str, Option<f64>); 4] = [
 pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
     let o = &Opts::new(a)?;
     let shapes = ["--shapes".to_owned(), shapes_arg()?];
-    let runs = o.runs(SIDES.len(), |i| match SIDES[i] {
+    let runs = interleaved(o.repeats, SIDES.len(), |i| match SIDES[i] {
         (side, imp) if side.starts_with("kiln") => {
             o.kiln("optim-probe", &optim_args(o, ("--impl", imp)))
         }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{Better, Comparison, SAMPLES_S, SuiteOutput, Unit};
-use kiln_benches::{SuiteArgs, device_name, median, median_of};
+use kiln_benches::{Msg, SuiteArgs, device_name, interleaved, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
 
@@ -19,23 +19,21 @@ const NO_GPU: &str = "needs a CUDA GPU; this machine has none";
 /// One epoch of kiln's loader over synthetic SignTransformer-shaped samples (generating each
 /// sample is the per-sample work) at `workers` workers; seconds.
 fn loader_epoch_s(workers: usize, samples: usize) -> Result<f64> {
-    let dataset = Arc::new(
-        SyntheticClassification::new(samples, vec![64, 469], 100, 0, 0.5)
-            .map_err(|e| e.to_string())?,
-    );
+    let dataset =
+        Arc::new(SyntheticClassification::new(samples, vec![64, 469], 100, 0, 0.5).msg()?);
     let config = LoaderConfig {
         batch_size: 32,
         num_workers: workers,
         prefetch_factor: 2,
         ..LoaderConfig::default()
     };
-    let mut loader = Loader::new(dataset, config).map_err(|e| e.to_string())?;
+    let mut loader = Loader::new(dataset, config).msg()?;
     // A first epoch starts the workers; the second is timed.
     let mut start = Instant::now();
     for epoch in 0..2 {
         start = Instant::now();
         for batch in loader.epoch(epoch) {
-            batch.map_err(|e| e.to_string())?;
+            batch.msg()?;
         }
     }
     Ok(start.elapsed().as_secs_f64())
@@ -113,7 +111,7 @@ fn toggle(
     cmd: impl Fn(usize) -> Command,
     baseline: &str,
 ) -> Result<Value> {
-    let r = o.runs(2, cmd)?;
+    let r = interleaved(o.repeats, 2, cmd)?;
     let (on, off) = (median_of(&r[0], key) * scale, median_of(&r[1], key) * scale);
     out.push(row(name, (unit, Better::Lower), (on, off), baseline));
     Ok(json!({"toggle": toggle, "on": r[0], "off": r[1]}))

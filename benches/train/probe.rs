@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use kiln_benches::args::{Place, parse_on_off};
-use kiln_benches::{device_name, median, peak_memory_mib};
+use kiln_benches::{Msg, device_name, median, peak_memory_mib};
 use kiln_config::ModelKind;
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::flags::{self, Flag};
@@ -123,7 +123,7 @@ pub fn time_calls(
     (warmup, n): (usize, usize),
     mut f: impl FnMut() -> Result<()>,
 ) -> Result<Vec<f64>> {
-    let sync = || kiln_torch_ext::cuda::synchronize(device).map_err(|e| e.to_string());
+    let sync = || kiln_torch_ext::cuda::synchronize(device).msg();
     for _ in 0..warmup {
         f()?;
     }
@@ -177,11 +177,11 @@ fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
         kiln_device::settings::apply(&plan.performance.backend, kiln_device::Device::Cuda(i));
     }
     if let Some(on) = a.tf32 {
-        flags::set_flag(Flag::Tf32CuBlas, on).map_err(|e| e.to_string())?;
-        flags::set_flag(Flag::Tf32CuDnn, on).map_err(|e| e.to_string())?;
+        flags::set_flag(Flag::Tf32CuBlas, on).msg()?;
+        flags::set_flag(Flag::Tf32CuDnn, on).msg()?;
     }
     if let Some(on) = a.cudnn_benchmark {
-        flags::set_flag(Flag::CuDnnBenchmark, on).map_err(|e| e.to_string())?;
+        flags::set_flag(Flag::CuDnnBenchmark, on).msg()?;
     }
     Ok(device.is_cuda() && flags::flag(Flag::Tf32CuBlas).unwrap_or(false))
 }
@@ -217,9 +217,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let plan = model_plan(kind, a.dropout, &a.shape);
     let loading = Instant::now();
     let model: Box<dyn Model> = match (&a.script, &a.program) {
-        (Some(path), _) => {
-            Box::new(ScriptModel::load(Path::new(path), &vs).map_err(|e| e.to_string())?)
-        }
+        (Some(path), _) => Box::new(ScriptModel::load(Path::new(path), &vs).msg()?),
         (_, Some(path)) => {
             // Compiled for this machine, for cross-entropy at `precision`.
             let spec = ProgramSpec {
@@ -230,17 +228,16 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
                 freeze: None,
                 threads,
             };
-            Box::new(ProgramModel::load(&spec, &input, &vs).map_err(|e| e.to_string())?)
+            Box::new(ProgramModel::load(&spec, &input, &vs).msg()?)
         }
-        _ => build(&plan, &input, &vs, a.channels_last, 0).map_err(|e| e.to_string())?,
+        _ => build(&plan, &input, &vs, a.channels_last, 0).msg()?,
     };
     let load_s = loading.elapsed().as_secs_f64();
     let options = StepOptions {
         cuda_graphs: a.cuda_graphs,
         ..StepOptions::new(precision)
     };
-    let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, device)
-        .map_err(|e| e.to_string())?;
+    let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, device).msg()?;
     let mut dims = vec![batch as i64];
     dims.extend(shape.iter().map(|&d| d as i64));
     let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
@@ -294,7 +291,7 @@ fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)
             data_wait += start.elapsed().as_secs_f64();
         }
         // The loss is read each step, as a training loop that logs does (loss.item()).
-        let loss = stepper.step(&x, &y).map_err(|e| e.to_string())?;
+        let loss = stepper.step(&x, &y).msg()?;
         if (warmup..warmup + steps).contains(&i) {
             times.push(start.elapsed().as_secs_f64());
         }
@@ -333,7 +330,7 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
     };
     let threads = a.place.set_threads()?;
     if device.is_cuda() {
-        flags::set_flag(Flag::Tf32CuBlas, precision == "tf32").map_err(|e| e.to_string())?;
+        flags::set_flag(Flag::Tf32CuBlas, precision == "tf32").msg()?;
     }
     let sizes: &[(i64, i64, i64)] = if device.is_cuda() {
         &[(8192, 8192, 8192), (4096, 4096, 4096)]
@@ -349,9 +346,7 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
         } else {
             3
         };
-        let times = time_calls(device, (3, iters), || {
-            a.f_matmul(&b).map(drop).map_err(|e| e.to_string())
-        })?;
+        let times = time_calls(device, (3, iters), || a.f_matmul(&b).map(drop).msg())?;
         let fastest = times.into_iter().fold(f64::INFINITY, f64::min);
         let gflops = 2.0 * (m * k * n) as f64 / fastest / 1e9;
         shapes.push(json!({"shape": [m, k, n], "gflops": gflops}));

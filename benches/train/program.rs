@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use kiln_benches::report::{Comparison, MS_STEP, SECONDS, SuiteOutput};
-use kiln_benches::{compile_env, in_temp_dir, median, median_of, num, run_json};
+use kiln_benches::{compile_env, in_temp_dir, interleaved, median, median_of, num, run_json};
 use serde_json::{Value, json};
 
 use super::cases::{breakdowns, compile_summary};
@@ -43,7 +43,7 @@ fn run_sides(
     exported: &Value,
     named: &[(&'static str, &dyn Fn() -> Command)],
 ) -> Result<Sides> {
-    let runs = o.runs(named.len(), |i| named[i].1())?;
+    let runs = interleaved(o.repeats, named.len(), |i| named[i].1())?;
     if runs.iter().any(|s| s[0]["params"] != exported["params"]) {
         return Err(format!(
             "{case} case: the sides trained different models ({} exported parameters)",

@@ -90,7 +90,10 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
 fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize) -> Result<Value> {
     let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
     let args = o.step_args("transformer", precision, b, 0);
-    let sides = interleaved(o.repeats, &[&|| o.kiln("probe", &args), &|| o.torch(&args)])?;
+    let sides = interleaved(o.repeats, 2, |i| match i {
+        0 => o.kiln("probe", &args),
+        _ => o.torch(&args),
+    })?;
     let (k, t) = (&sides[0], &sides[1]);
     let base = format!("PyTorch eager {precision}");
     out.push_sweep(&format!("transformer {precision}"), b, (k, t), &base);

@@ -163,8 +163,8 @@ fn expected_scalars(run: &Path) -> BTreeMap<String, Vec<(u64, f64)>> {
 }
 
 #[test]
-#[ignore = "needs Python with torch 2.11 and the bench peers' tensorboard (KILN_PYTHON); \
-            `cargo xtask test` runs it"]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and the bench peers' tensorboard \
+            (KILN_BENCH_PEERS); `cargo xtask test` runs it"]
 fn tensorboard_reads_every_logged_scalar_at_its_step_and_the_hparams_with_python_torch() {
     let Some(peers) = std::env::var_os("KILN_BENCH_PEERS") else {
         panic!(
