@@ -96,7 +96,8 @@ fn probe_dataset(dir: &str, norm: &str) -> Result<Arc<Data>> {
     Ok(Arc::new(Transformed::new(dataset, normalize)))
 }
 
-fn loader_config(batch_size: usize, workers: usize, threads: usize) -> LoaderConfig {
+/// The loader both probes run: shuffled with [`SEED`], `threads` reading inline.
+pub fn loader_config(batch_size: usize, workers: usize, threads: usize) -> LoaderConfig {
     LoaderConfig {
         batch_size,
         num_workers: workers,

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
 use kiln_benches::{Msg, Result, alternating, median, peers, run_json};
-use kiln_data::{Loader, LoaderConfig, SamplerConfig, TargetNormalizer, WindowColumns, Windows};
+use kiln_data::{Loader, LoaderConfig, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
 
 /// History and horizon of a window, in steps.
@@ -39,16 +39,8 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
     let windows = Windows::open(dir).msg()?;
     let (train, _) = windows.split(0).msg()?;
     let config = LoaderConfig {
-        batch_size: a.batch_size,
-        num_workers: a.workers,
-        sampler: SamplerConfig {
-            shuffle: true,
-            seed: 7,
-            ..SamplerConfig::default()
-        },
-        inline_threads: a.threads,
         by_name: true,
-        ..LoaderConfig::default()
+        ..crate::data::loader_config(a.batch_size, a.workers, a.threads)
     };
     let mut loader = Loader::new(Arc::new(train), config).msg()?;
     let (mut epochs, mut samples, mut target_sum) = (vec![], 0, 0.0);

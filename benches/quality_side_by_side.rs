@@ -48,32 +48,22 @@ struct Job {
 /// The job: 4096 SignTransformer-shaped samples, the default transformer, 2 epochs of
 /// batch 16. `--quick` (CI) shrinks data and model to check the suite's shape only.
 fn job(quick: bool) -> Job {
-    if quick {
-        Job {
-            samples: 512,
-            seq: 16,
-            features: 32,
-            classes: 10,
-            d_model: 64,
-            layers: 1,
-            ff: 128,
-            epochs: 1,
-            batch: 16,
-            warmup: 5,
-        }
+    let ((samples, seq, features, classes), (d_model, layers, ff), (epochs, warmup)) = if quick {
+        ((512, 16, 32, 10), (64, 1, 128), (1, 5))
     } else {
-        Job {
-            samples: 4096,
-            seq: 64,
-            features: 469,
-            classes: 100,
-            d_model: 256,
-            layers: 4,
-            ff: 1024,
-            epochs: 2,
-            batch: 16,
-            warmup: 50,
-        }
+        ((4096, 64, 469, 100), (256, 4, 1024), (2, 50))
+    };
+    Job {
+        samples,
+        seq,
+        features,
+        classes,
+        d_model,
+        layers,
+        ff,
+        epochs,
+        batch: 16,
+        warmup,
     }
 }
 
