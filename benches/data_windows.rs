@@ -152,15 +152,8 @@ pub fn windows_row(
     let (csv, dir) = data(work, series, steps)?;
     let me = std::env::current_exe().msg()?;
     let common = |cmd: &mut Command| {
-        cmd.args([
-            "--batch-size",
-            &BATCH.to_string(),
-            "--workers",
-            "0",
-            "--epochs",
-            "2",
-        ])
-        .args(["--threads", &threads.to_string()]);
+        cmd.args(["--batch-size", &BATCH.to_string(), "--workers", "0"]);
+        cmd.args(["--epochs", "2", "--threads", &threads.to_string()]);
     };
     let runs = alternating(repeats.max(1), &[0usize, 1], |_, side| {
         let mut cmd = if side == 0 {
@@ -195,13 +188,8 @@ pub fn windows_row(
     let rate = |runs: &[Value]| median(runs.iter().map(steady).collect());
     let baseline = "pytorch-forecasting TimeSeriesDataSet + its DataLoader (to_dataloader), 0 \
                     workers";
-    let row = out.row(
-        "windows",
-        NAME,
-        SAMPLES_S,
-        (rate(kiln), rate(theirs)),
-        baseline,
-    );
+    let figures = (rate(kiln), rate(theirs));
+    let row = out.row("windows", NAME, SAMPLES_S, figures, baseline);
     let row = row
         .at_least(GOAL)
         .detail(

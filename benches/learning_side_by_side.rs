@@ -217,12 +217,8 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     let init = file(dir, kind, "init");
     vs.save(&init).at(&init)?;
     // The train pool, then the held-out set, from one dataset.
-    let (s, c, len, seed) = (
-        &job.sample_shape,
-        CLASSES,
-        job.pool + job.held_out,
-        DATA_SEED,
-    );
+    let (s, c, seed) = (&job.sample_shape, CLASSES, DATA_SEED);
+    let len = job.pool + job.held_out;
     let (x, y) = match kind {
         ModelKind::Transformer => tensors(SyntheticSequences::new(len, s[0], s[1], c, seed)),
         ModelKind::ConvNet => tensors(SyntheticImages::new(len, s[0], s[1], c, seed)),

@@ -363,13 +363,8 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
     });
     let name = "val accuracy, means: kiln fp32 vs PyTorch";
     let base = format!("{BASELINE} (mean of {} seeds)", ta.len());
-    let row = out.row(
-        "learning",
-        name,
-        PERCENT,
-        (100.0 * mean(&ka), 100.0 * mean(&ta)),
-        base,
-    );
+    let figures = (100.0 * mean(&ka), 100.0 * mean(&ta));
+    let row = out.row("learning", name, PERCENT, figures, base);
     out.push(row.detail("runs", runs));
     let plain = of(&sides.torch_plain, ACCURACY)?;
     let name = "val accuracy, means: kiln fp32 vs PyTorch as written by default";

@@ -48,38 +48,24 @@ pub(super) fn sliding_rows(
     let dir = work.join("sliding");
     std::fs::create_dir_all(&dir).at(&dir)?;
     let script = bench_root().join("python/sliding_monai.py");
-    let python = |args: Vec<String>| {
+    let python = |args: &[&str]| {
         let mut c = Command::new(&o.python);
         c.arg(&script).args(args);
         peers::put_first_on_path(&mut c, &peer_dir);
         c
     };
-    let made = python(vec![
-        "make".into(),
-        dir.display().to_string(),
-        "--size".into(),
-        size.to_string(),
-    ]);
-    crate::run_cli::run(made)?;
+    let (dir_text, roi_text) = (dir.display().to_string(), roi.to_string());
+    crate::run_cli::run(python(&["make", &dir_text, "--size", &size.to_string()]))?;
     let kiln_out = dir.join("kiln.npy");
     let monai_out = dir.join("monai.npy");
     let kiln_cmd = || {
         let _ = std::fs::remove_file(&kiln_out);
         let mut c = Command::new(&kiln);
-        c.args([
-            "infer",
-            "--sliding-window",
-            "--format",
-            "json",
-            "--device",
-            "cpu",
-        ])
-        .args(["--precision", "fp32", "--model"])
-        .arg(dir.join("model.pt"))
-        .arg("--inputs")
-        .arg(dir.join("volume.npy"))
-        .arg("--output")
-        .arg(&kiln_out);
+        c.args(["infer", "--sliding-window", "--format", "json"]);
+        c.args(["--device", "cpu", "--precision", "fp32"]);
+        c.arg("--model").arg(dir.join("model.pt"));
+        c.arg("--inputs").arg(dir.join("volume.npy"));
+        c.arg("--output").arg(&kiln_out);
         for set in [
             format!("infer.sliding_window.roi={roi}"),
             "infer.sliding_window.overlap=0.25".to_owned(),
@@ -92,16 +78,11 @@ pub(super) fn sliding_rows(
         c
     };
     let monai_cmd = || {
-        python(vec![
-            "run".into(),
-            dir.display().to_string(),
-            "--roi".into(),
-            roi.to_string(),
-            "--threads".into(),
-            o.threads.clone(),
-            "--out".into(),
-            monai_out.display().to_string(),
-        ])
+        let mut c = python(&["run", &dir_text, "--roi", &roi_text]);
+        c.args(["--threads", &o.threads])
+            .arg("--out")
+            .arg(&monai_out);
+        c
     };
     // kiln prints its report as one (pretty) JSON document; MONAI's script one line.
     let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, kiln| {

@@ -269,10 +269,8 @@ fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut Su
         "baseline_samples_per_s": batch / ts, "breakdown": breakdowns(k, t),
     });
     if case.compile {
-        out.push(at_most(
-            step.detail("compile", compile_summary(t)),
-            case.goal,
-        ));
+        let step = step.detail("compile", compile_summary(t));
+        out.push(at_most(step, case.goal));
         out.push(compile_time_row(case, name, (k, t)));
         return;
     }
@@ -280,23 +278,12 @@ fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut Su
     if case.model == "transformer" && case.kiln == "fp32" && case.args.0.is_empty() {
         // kiln's fp32 transformer step against this machine's GEMM peak.
         let name = format!("{name}: achieved vs {peak_name} peak");
-        let (figures, base) = (
-            (flops / ks / 1e9, peak),
-            format!("measured {peak_name} peak"),
-        );
-        let limit = out.row(
-            "machine limit",
-            name,
-            ("GFLOP/s", Better::Higher),
-            figures,
-            base,
-        );
-        out.push(
-            limit
-                .at_least(0.7)
-                .detail("baseline_achieved_gflops", json!(flops / ts / 1e9))
-                .detail("breakdown", breakdowns(k, t)),
-        );
+        let (figures, unit) = ((flops / ks / 1e9, peak), ("GFLOP/s", Better::Higher));
+        let base = format!("measured {peak_name} peak");
+        let limit = out.row("machine limit", name, unit, figures, base);
+        let limit = limit.at_least(0.7);
+        let limit = limit.detail("baseline_achieved_gflops", json!(flops / ts / 1e9));
+        out.push(limit.detail("breakdown", breakdowns(k, t)));
     }
 }
 

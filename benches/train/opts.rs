@@ -165,16 +165,10 @@ fn loader_workers(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
         with.push(loader_epoch_s(workers, samples)?);
         without.push(loader_epoch_s(0, samples)?);
     }
-    let (w, wo) = (
-        samples as f64 / median(with.clone()),
-        samples as f64 / median(without.clone()),
-    );
+    let rate = |epochs: &[f64]| samples as f64 / median(epochs.to_vec());
     let name = format!("loader workers: {workers} instead of 0");
-    out.push(row(
-        &name,
-        SAMPLES_S,
-        (w, wo),
-        "kiln loader in the training thread",
-    ));
+    let baseline = "kiln loader in the training thread";
+    let figures = (rate(&with), rate(&without));
+    out.push(row(&name, SAMPLES_S, figures, baseline));
     Ok(json!({"toggle": "workers", "on_s": with, "off_s": without}))
 }

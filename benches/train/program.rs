@@ -59,17 +59,11 @@ fn module_row(what: &str, ours: &[Value], (baseline, runs): (&str, &[Value])) ->
     let ms = |r: &[Value]| median_of(r, "step_s_median") * 1e3;
     let name = format!("{what} vs {baseline}");
     let base = format!("{baseline}, training the same Python module (fused AdamW)");
-    Comparison::new(
-        "train",
-        "step time",
-        name,
-        MS_STEP,
-        (ms(ours), ms(runs)),
-        base,
-    )
-    .detail("batch_size", json!(32))
-    .detail("dropout", json!(0.0))
-    .detail("breakdown", breakdowns(ours, runs))
+    let figures = (ms(ours), ms(runs));
+    Comparison::new("train", "step time", name, MS_STEP, figures, base)
+        .detail("batch_size", json!(32))
+        .detail("dropout", json!(0.0))
+        .detail("breakdown", breakdowns(ours, runs))
 }
 
 /// The TorchScript rows: kiln training the reference transformer's TorchScript twin (scripted
@@ -153,10 +147,8 @@ pub fn program_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
     let sides = match in_temp_dir("program", |dir| program_sides(o, dir)) {
         // kiln's check found its compiled step computing otherwise than eager: no rows.
         Err(e) if e.contains(kiln_train::program::compile::REFUSED) => {
-            out.skip(
-                PROGRAM_ROWS,
-                &format!("kiln refused its compiled step: {e}"),
-            );
+            let why = format!("kiln refused its compiled step: {e}");
+            out.skip(PROGRAM_ROWS, &why);
             return Ok(json!({"case": "exported-program transformer", "refused": e}));
         }
         sides => sides?,

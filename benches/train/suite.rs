@@ -65,10 +65,8 @@ pub fn train_suite(a: &SuiteArgs) -> Result<()> {
         runs.push(run_case(&o, &mut out, (i, case))?);
     }
     if o.quick {
-        out.skip(
-            "torch.compile rows",
-            "left out of --quick: compiling takes minutes",
-        );
+        let why = "left out of --quick: compiling takes minutes";
+        out.skip("torch.compile rows", why);
     }
     if a.selects(SCRIPT_ROWS) {
         runs.push(script_case(&o, &mut out)?);
