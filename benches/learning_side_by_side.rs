@@ -62,8 +62,6 @@ const MODELS: [ModelKind; 4] = [
 ];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
 
-// Parsed once per process: the size of a variant does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// The same learning as PyTorch from kiln's initial weights: fp32 per step, bf16 final.

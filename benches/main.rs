@@ -4,6 +4,9 @@
 //! Suites that measure in child processes start this binary again with their group's word.
 //! `cargo xtask bench` builds and runs it; `kiln gpu-check` runs the train and infer suites.
 
+// The groups' subcommands are parsed once per process: the size of a variant does not matter.
+#![allow(clippy::large_enum_variant)]
+
 #[path = "data_side_by_side.rs"]
 mod data;
 mod data_auto;

@@ -70,8 +70,6 @@ fn job(quick: bool) -> Job {
 const DATA_SEED: u64 = 1234;
 const VAL_FRACTION: f64 = 0.1;
 
-// Parsed once per process: the size of a variant does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Learning vs a PyTorch loop: same job, data, split, init; 2+ seeds.

@@ -48,10 +48,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
         (None, Some(dir)) => build(dir, &cli),
         (None, None) => Err("give DIR or --check DIR".to_owned()),
     };
-    if let Err(e) = result {
-        eprintln!("error: {e}");
-        std::process::exit(1);
-    }
+    crate::run_cli::exit_on_error(result);
 }
 
 /// What this machine is, for the report's `machine`.

@@ -59,8 +59,6 @@ const FEATURES: usize = 784;
 /// The bench model, for descriptions.
 const MODEL: &str = "mlp 784-1024-1024-10";
 
-// Parsed once per process: the size of a variant does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Dynamic batching vs batch-size-1 serving, and vs LitServe.

@@ -36,8 +36,6 @@ use tch::Device;
 use crate::run_cli::{Cli, exit_on_error};
 use probe::ShapeArgs;
 
-// Parsed once per process: the size of a variant does not matter.
-#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Sub {
     /// Train step vs PyTorch eager and torch.compile (MFU, step breakdown, batch-size sweep).
