@@ -17,12 +17,13 @@ use std::path::PathBuf;
 use kiln_core::DeviceRequest;
 use kiln_core::options::{
     AmpDtype, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision,
-    OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
+    MetricMode, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::plan::{DataPlan, ModelPlan, TrainPlan};
 use crate::setting::{
-    BatchSize, KeepBest, ModelChoice, Port, Quantiles, Roi, ValSteps, Widths, Workers, config_keys,
+    BatchSize, KeepBest, ModelChoice, Port, Quantiles, Roi, TimeLimit, ValSteps, Widths, Workers,
+    config_keys,
 };
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
@@ -147,12 +148,18 @@ config_keys! {
     }
 
     /// The training loop.
-    train (RawTrain, TrainValues) {
+    train (RawTrain, TrainValues) [early_stopping: RawEarlyStopping] {
         /// A number, or "auto" to search for one on this machine.
         batch_size: BatchSize = 32 => batch_size_text(&p.train);
         /// fp32, fp16 or bf16 (none is accepted for fp32).
         amp: AmpDtype = "fp32" => p.train.amp;
         epochs: u64 = 3 => p.train.epochs, valid |v| *v >= 1 => "must be at least 1";
+        /// End the run after this many optimizer steps, counted over resumes (0: no limit);
+        /// with `epochs`, whichever comes first ends it, and the schedule follows that one.
+        max_steps: u64 = 0 => p.train.max_steps.unwrap_or(0);
+        /// End the run after this much training time, counted over resumes: seconds, "90m",
+        /// "1h30m", "DD:HH:MM:SS", or 0 / "off" for no limit.
+        max_time: TimeLimit = 0 => TimeLimit(p.train.max_time);
         lr: f64 = 1e-3 => p.train.lr, valid |v| *v > 0.0 => "must be a number > 0";
         /// adamw or sgd.
         optimizer: OptimizerKind = "adamw" => p.train.optimizer;
@@ -195,6 +202,9 @@ config_keys! {
         enabled: bool = true => p.checkpoint.enabled;
         /// Also checkpoint every N optimizer steps (0: only at the end of each epoch).
         every_steps: u64 = 0 => p.checkpoint.every_steps;
+        /// Also checkpoint when this many seconds of training have passed since the last one
+        /// (0: off), so that a kill loses at most that much.
+        every_seconds: u64 = 1800 => p.checkpoint.every_seconds;
         /// How many of the most recent checkpoints to keep.
         keep_last: u64 = 2 => p.checkpoint.keep_last, valid |v| *v >= 1 => "must be at least 1";
         /// Also keep the best checkpoint: true (by the task's metric: validation accuracy, or
@@ -273,6 +283,21 @@ config_keys! {
     }
 
     @nested {
+        /// Early stopping: the run ends when a validation metric has not improved for
+        /// `patience` epochs in a row.
+        early_stopping = train.early_stopping (RawEarlyStopping, EarlyStoppingValues) {
+            /// The validation metric watched: false (off), true (the task's own, as
+            /// `checkpoint.keep_best` picks it) or a metric's name (val_loss, val_accuracy, …).
+            metric: KeepBest = false => p.train.early_stopping.metric;
+            /// auto, min or max: whether the metric should fall or rise (auto: its own way).
+            mode: MetricMode = "auto" => p.train.early_stopping.mode;
+            /// Epochs in a row without an improvement that end the run.
+            patience: u64 = 3 => p.train.early_stopping.patience,
+                valid |v| *v >= 1 => "must be at least 1";
+            /// The least change that counts as an improvement.
+            min_delta: f64 = 0.0 => p.train.early_stopping.min_delta,
+                valid |v| *v >= 0.0 => "must be a number >= 0";
+        }
         /// Sliding-window inference (`kiln infer --sliding-window`): a model run over windows of
         /// an input larger than it takes, their outputs blended where they overlap.
         sliding_window = infer.sliding_window (RawSlidingWindow, SlidingWindowValues) {
@@ -334,7 +359,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 88);
+        assert_eq!(KEYS.len(), 95);
     }
 
     #[test]

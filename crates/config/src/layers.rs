@@ -126,6 +126,8 @@ fn toml_to_figment(v: &toml::Value) -> Value {
         toml::Value::Integer(i) => Value::from(*i),
         toml::Value::Float(f) => Value::from(*f),
         toml::Value::Boolean(b) => Value::from(*b),
+        // A time or date ("01:30:00") is the text written: no key takes TOML's datetimes.
+        toml::Value::Datetime(d) => Value::from(d.to_string()),
         other => Value::from(other.to_string()),
     }
 }

@@ -11,15 +11,15 @@ use kiln_core::settings::{AmpDtype, BackendSettings};
 use serde::Serialize;
 
 pub use kiln_core::options::{
-    BlendMode, CudaGraphs, InferEngineKind, LossKind, MetricName, OptimizerKind, OutputDevice,
-    PadMode, ProfileUnit, ScheduleKind,
+    BlendMode, CudaGraphs, InferEngineKind, LossKind, MetricMode, MetricName, OptimizerKind,
+    OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
 use crate::keys::{
-    self, CheckpointValues, DataValues, DistributedValues, InferValues, ModelValues,
-    PerformanceValues, ProfilingValues, RawConfig, ServeValues, SlidingWindowValues, TrainValues,
-    Values,
+    self, CheckpointValues, DataValues, DistributedValues, EarlyStoppingValues, InferValues,
+    ModelValues, PerformanceValues, ProfilingValues, RawConfig, ServeValues, SlidingWindowValues,
+    TrainValues, Values,
 };
 use crate::layers::Layer;
 pub use crate::setting::KeepBest;
@@ -215,6 +215,39 @@ pub struct TrainPlan {
     pub loss: LossKind,
     /// Whether a compiled train step is replayed as one CUDA graph.
     pub cuda_graphs: CudaGraphs,
+    /// The run ends after this many optimizer steps (over resumes), if set.
+    pub max_steps: Option<u64>,
+    /// The run ends after this much training time (over resumes), if set.
+    pub max_time: Option<std::time::Duration>,
+    pub early_stopping: EarlyStoppingPlan,
+}
+
+/// `train.early_stopping`: end the run when a validation metric stops improving.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EarlyStoppingPlan {
+    /// Off, the task's own metric, or one named.
+    pub metric: KeepBest,
+    pub mode: MetricMode,
+    pub patience: u64,
+    pub min_delta: f64,
+}
+
+impl Default for EarlyStoppingPlan {
+    /// Off; when on, Lightning's defaults: patience 3, any improvement counts.
+    fn default() -> Self {
+        Self {
+            metric: KeepBest::Off,
+            mode: MetricMode::Auto,
+            patience: 3,
+            min_delta: 0.0,
+        }
+    }
+}
+
+impl EarlyStoppingPlan {
+    pub fn enabled(&self) -> bool {
+        self.metric != KeepBest::Off
+    }
 }
 
 /// When and how many checkpoints a run keeps.
@@ -223,6 +256,8 @@ pub struct CheckpointPlan {
     pub enabled: bool,
     /// Also every N optimizer steps; 0 = only at the end of each epoch.
     pub every_steps: u64,
+    /// Also when this many seconds of training passed since the last one; 0 = off.
+    pub every_seconds: u64,
     pub keep_last: u64,
     pub keep_best: KeepBest,
 }
@@ -328,7 +363,7 @@ pub(crate) fn validate(
     let check = Checker::new(&provenance);
     let v = Values::read(raw, &check)?;
     let model = model_plan(v.model, &check)?;
-    let train = train_plan(v.train, starts.batch_size, &check)?;
+    let train = train_plan(v.train, v.early_stopping, starts.batch_size, &check)?;
     let d = v.device;
     Ok(RunPlan {
         device_request: d.request,
@@ -416,6 +451,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
 
 fn train_plan(
     v: TrainValues,
+    stop: EarlyStoppingValues,
     auto_batch_start: u64,
     check: &Checker<'_>,
 ) -> Result<TrainPlan, ConfigError> {
@@ -484,6 +520,14 @@ fn train_plan(
         max_bad_steps: v.max_bad_steps,
         loss: v.loss,
         cuda_graphs: v.cuda_graphs,
+        max_steps: (v.max_steps > 0).then_some(v.max_steps),
+        max_time: v.max_time.0,
+        early_stopping: EarlyStoppingPlan {
+            metric: stop.metric,
+            mode: stop.mode,
+            patience: stop.patience,
+            min_delta: stop.min_delta,
+        },
     })
 }
 
@@ -491,6 +535,7 @@ fn checkpoint_plan(v: CheckpointValues) -> CheckpointPlan {
     CheckpointPlan {
         enabled: v.enabled,
         every_steps: v.every_steps,
+        every_seconds: v.every_seconds,
         keep_last: v.keep_last,
         keep_best: v.keep_best,
     }

@@ -14,7 +14,7 @@ use kiln_core::DeviceRequest;
 use kiln_core::OptionError;
 use kiln_core::options::{
     AmpDtype, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision,
-    MetricName, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
+    MetricMode, MetricName, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
@@ -181,6 +181,7 @@ option_settings!(
     BlendMode,
     PadMode,
     OutputDevice,
+    MetricMode,
 );
 
 /// `infer.sliding_window.roi`: a window's spatial size, comma separated, or one number for every
@@ -339,6 +340,82 @@ impl Setting for ValSteps {
     }
 }
 
+/// `train.max_time`: how long a run may train, counted over its resumes: a number of seconds,
+/// a duration with units (`"90m"`, `"1h30m"`, `"2d"`), Lightning's `"DD:HH:MM:SS"` (or
+/// `"HH:MM:SS"`), or `0`/`"off"` for no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeLimit(pub Option<std::time::Duration>);
+
+impl TimeLimit {
+    fn parse_text(text: &str) -> Option<u64> {
+        let t = text.trim().to_ascii_lowercase();
+        if t == "off" || t == "none" {
+            return Some(0);
+        }
+        if t.contains(':') {
+            let parts: Option<Vec<u64>> = t.split(':').map(|p| p.trim().parse().ok()).collect();
+            let parts = parts.filter(|p| (3..=4).contains(&p.len()))?;
+            let scale = [86_400, 3_600, 60, 1];
+            let scale = &scale[4 - parts.len()..];
+            return parts
+                .iter()
+                .zip(scale)
+                .try_fold(0u64, |acc, (v, s)| acc.checked_add(v.checked_mul(*s)?));
+        }
+        let mut total = 0u64;
+        let mut number = String::new();
+        for c in t.chars().filter(|c| !c.is_whitespace()) {
+            match c {
+                '0'..='9' => number.push(c),
+                'd' | 'h' | 'm' | 's' if !number.is_empty() => {
+                    let unit = match c {
+                        'd' => 86_400,
+                        'h' => 3_600,
+                        'm' => 60,
+                        _ => 1,
+                    };
+                    total = total.checked_add(number.parse::<u64>().ok()?.checked_mul(unit)?)?;
+                    number.clear();
+                }
+                _ => return None,
+            }
+        }
+        number.is_empty().then_some(total)
+    }
+}
+
+impl std::fmt::Display for TimeLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Some(d) = self.0 else {
+            return f.write_str("off");
+        };
+        let s = d.as_secs();
+        let (days, h, m, s) = (s / 86_400, s % 86_400 / 3_600, s % 3_600 / 60, s % 60);
+        write!(f, "{days:02}:{h:02}:{m:02}:{s:02}")
+    }
+}
+
+impl Setting for TimeLimit {
+    type Raw = RawCount;
+    fn parse(raw: RawCount) -> Result<Self, String> {
+        let seconds = match &raw {
+            RawCount::Number(n) => Some(*n),
+            RawCount::Text(t) => Self::parse_text(t),
+        };
+        let seconds = seconds.ok_or_else(|| {
+            "use seconds (3600), a duration with units (\"90m\", \"1h30m\", \"2d\"), \
+             \"DD:HH:MM:SS\", or 0 / \"off\" for no limit"
+                .to_owned()
+        })?;
+        Ok(TimeLimit(
+            (seconds > 0).then(|| std::time::Duration::from_secs(seconds)),
+        ))
+    }
+    fn raw_text(raw: &RawCount) -> String {
+        raw.text()
+    }
+}
+
 /// `checkpoint.keep_best`: besides the newest checkpoints, keep the best one by a metric —
 /// `true`: the task's own (validation accuracy where there is one, else the validation loss),
 /// or a metric named ([`MetricName`]); `false`: none.
@@ -436,7 +513,17 @@ macro_rules! show_by_display {
     )*};
 }
 
-show_by_display!(bool, u16, u64, f64, String, IpAddr, DeviceRequest, KeepBest);
+show_by_display!(
+    bool,
+    u16,
+    u64,
+    f64,
+    String,
+    IpAddr,
+    DeviceRequest,
+    KeepBest,
+    TimeLimit
+);
 
 impl Show for PathBuf {
     fn show(&self) -> String {
@@ -718,3 +805,33 @@ macro_rules! config_keys {
 }
 
 pub(crate) use config_keys;
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn limit(raw: RawCount) -> Result<Option<u64>, String> {
+        TimeLimit::parse(raw).map(|t| t.0.map(|d| d.as_secs()))
+    }
+
+    #[test]
+    fn a_time_limit_reads_seconds_units_and_lightnings_clock_form() {
+        let text = |t: &str| limit(RawCount::Text(t.to_owned()));
+        assert_eq!(limit(RawCount::Number(90)), Ok(Some(90)));
+        assert_eq!(limit(RawCount::Number(0)), Ok(None));
+        assert_eq!(text("off"), Ok(None));
+        assert_eq!(text("1h30m"), Ok(Some(5_400)));
+        assert_eq!(text("2d 1s"), Ok(Some(172_801)));
+        assert_eq!(text("45s"), Ok(Some(45)));
+        assert_eq!(text("00:01:30:00"), Ok(Some(5_400)));
+        assert_eq!(text("01:30:00"), Ok(Some(5_400)));
+        for bad in ["90x", "h", "1:2", "1h30", "-5m", "1:2:3:4:5"] {
+            assert!(text(bad).is_err(), "{bad}");
+        }
+        let shown = TimeLimit(Some(Duration::from_secs(93_784))).to_string();
+        assert_eq!(shown, "01:02:03:04");
+        assert_eq!(TimeLimit(None).to_string(), "off");
+    }
+}

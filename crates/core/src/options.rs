@@ -189,6 +189,16 @@ option_enum! {
 }
 
 option_enum! {
+    /// `train.early_stopping.mode`: whether the monitored metric should fall or rise.
+    pub enum MetricMode ("a metric mode") {
+        /// The metric's own direction: accuracy and Dice rise, losses and errors fall.
+        Auto = "auto",
+        Min = "min",
+        Max = "max",
+    }
+}
+
+option_enum! {
     /// `infer.sliding_window.mode`: how the outputs of overlapping windows are weighted.
     pub enum BlendMode ("a blending mode") {
         /// Every voxel of a window weighs the same.
@@ -311,6 +321,7 @@ mod tests {
         round_trips(&CudaGraphs::ALL);
         round_trips(&InferEngineKind::ALL);
         round_trips(&BlendMode::ALL);
+        round_trips(&MetricMode::ALL);
         round_trips(&PadMode::ALL);
         round_trips(&OutputDevice::ALL);
         round_trips(&ProfileUnit::ALL);

@@ -32,12 +32,13 @@ pub trait Group: std::fmt::Debug + Send {
         self.broadcast_from_first(tensors)
     }
 
-    /// Starts the ranks' vote on stopping (this rank votes `asked`); the answer, whether any
-    /// rank voted to stop, comes from [`StopVote::wait`]. By default decided at once.
-    fn start_stop_vote(&mut self, asked: bool) -> Result<Box<dyn StopVote>, TrainError> {
-        let flag = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
-        self.all_reduce_mean(std::slice::from_ref(&flag))?;
-        Ok(Box::new(Decided(flag.f_double_value(&[0])? > 0.0)))
+    /// Starts the ranks' vote on stopping (this rank votes `votes`); the answer, for each
+    /// reason whether any rank voted it, comes from [`StopVote::wait`]. By default decided at
+    /// once.
+    fn start_stop_vote(&mut self, votes: StopVotes) -> Result<Box<dyn StopVote>, TrainError> {
+        let flags = votes.tensor()?;
+        self.all_reduce_mean(std::slice::from_ref(&flags))?;
+        Ok(Box::new(Decided(StopVotes::counted(&flags)?)))
     }
 
     /// How this group averages the gradients of `params` during training. By default one
@@ -52,18 +53,44 @@ pub trait Group: std::fmt::Debug + Send {
     }
 }
 
+/// What a rank votes at a step: to stop because it was asked to (a signal), or because its
+/// clock passed `train.max_time` (each rank's own clock: the vote makes them agree).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StopVotes {
+    pub asked: bool,
+    pub time_up: bool,
+}
+
+impl StopVotes {
+    fn tensor(self) -> Result<Tensor, TrainError> {
+        let flag = |b: bool| f32::from(u8::from(b));
+        Ok(Tensor::f_from_slice(&[
+            flag(self.asked),
+            flag(self.time_up),
+        ])?)
+    }
+
+    /// The reasons any rank voted, from the reduced flags (a sum or a mean).
+    fn counted(flags: &Tensor) -> Result<Self, TrainError> {
+        Ok(Self {
+            asked: flags.f_double_value(&[0])? > 0.0,
+            time_up: flags.f_double_value(&[1])? > 0.0,
+        })
+    }
+}
+
 /// A vote on stopping, under way ([`Group::start_stop_vote`]).
 pub trait StopVote: std::fmt::Debug + Send {
-    /// Whether any rank voted to stop.
-    fn wait(self: Box<Self>) -> Result<bool, TrainError>;
+    /// For each reason, whether any rank voted it.
+    fn wait(self: Box<Self>) -> Result<StopVotes, TrainError>;
 }
 
 /// A vote already counted.
 #[derive(Debug)]
-struct Decided(bool);
+struct Decided(StopVotes);
 
 impl StopVote for Decided {
-    fn wait(self: Box<Self>) -> Result<bool, TrainError> {
+    fn wait(self: Box<Self>) -> Result<StopVotes, TrainError> {
         Ok(self.0)
     }
 }
@@ -76,9 +103,9 @@ struct Counting {
 }
 
 impl StopVote for Counting {
-    fn wait(self: Box<Self>) -> Result<bool, TrainError> {
+    fn wait(self: Box<Self>) -> Result<StopVotes, TrainError> {
         self.pending.wait()?;
-        Ok(self.votes.f_double_value(&[0])? > 0.0)
+        StopVotes::counted(&self.votes)
     }
 }
 
@@ -290,8 +317,8 @@ impl Group for kiln_torch_ext::dist::ProcessGroup {
             Ok(self.broadcast_coalesced(t, 250 << 20, 0)?)
         })
     }
-    fn start_stop_vote(&mut self, asked: bool) -> Result<Box<dyn StopVote>, TrainError> {
-        let votes = Tensor::f_from_slice(&[f32::from(u8::from(asked))])?;
+    fn start_stop_vote(&mut self, votes: StopVotes) -> Result<Box<dyn StopVote>, TrainError> {
+        let votes = votes.tensor()?;
         let pending = self.all_reduce_sum_start(&votes)?;
         Ok(Box::new(Counting { pending, votes }))
     }

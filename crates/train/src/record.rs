@@ -139,6 +139,10 @@ pub struct Summary {
     /// kept (absent for a fixed count).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_workers_auto: Option<crate::workers::WorkerChoice>,
+    /// Why the run ended before its epochs (`train.max_steps`, `train.max_time`, early
+    /// stopping), if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<crate::trainer::stopping::StopReason>,
 }
 
 /// Metric values written behind their prefix in records (`train_loss`, `val_accuracy`, …).

@@ -236,6 +236,90 @@ fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
     checkpoint::load(&ckpts.join(checkpoint::dir_name(14))).unwrap();
 }
 
+/// Crashes the run three steps after a time-based checkpoint appeared: one at a step that ends
+/// no epoch (`checkpoint.every_steps` is off).
+struct CrashAfterTimed {
+    ckpts: PathBuf,
+    steps_per_epoch: u64,
+    timed: Option<u64>,
+}
+
+impl Observer for CrashAfterTimed {
+    fn on_start(&mut self, start: &kiln_train::record::RunStart) -> Result<(), TrainError> {
+        self.steps_per_epoch = start.steps_per_epoch;
+        Ok(())
+    }
+
+    fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
+        if let Some(at) = self.timed {
+            if p.step >= at + 3 {
+                return Err(TrainError::InvalidPlan {
+                    key: "test",
+                    value: "crash".into(),
+                    expected: "the run dies here".into(),
+                });
+            }
+        } else if self.ckpts.is_dir() {
+            let spe = self.steps_per_epoch;
+            self.timed = steps(&self.ckpts).into_iter().find(|s| s % spe != 0);
+        }
+        Ok(())
+    }
+}
+
+/// `checkpoint.every_seconds`: checkpoints between epoch ends by the clock alone, and a run
+/// killed after one resumes from it, bit-exactly.
+#[test]
+fn a_run_killed_between_time_based_checkpoints_resumes_from_the_latest() {
+    // One epoch of 405 steps (seconds in a debug build): the clock, not its end, checkpoints
+    // within it.
+    let long = ["train.epochs=1", "data.synthetic_samples=7200"];
+    let reference = tempfile::tempdir().unwrap();
+    let plan = cpu_plan(reference.path(), &long);
+    train(&plan, Device::Cpu, None, RunControl::default(), &mut Silent).unwrap();
+    let expected = learning_curve(&only_run(reference.path()));
+
+    let out = tempfile::tempdir().unwrap();
+    let timed = ["checkpoint.every_steps=0", "checkpoint.every_seconds=1"];
+    let plan = cpu_plan(out.path(), &[&long[..], &timed[..]].concat());
+    let mut crash = CrashAfterTimed {
+        ckpts: out.path().join("none-yet"),
+        steps_per_epoch: 0,
+        timed: None,
+    };
+    // The run directory is named when the run starts: look for its checkpoints from there.
+    struct Watch<'a>(&'a mut CrashAfterTimed, &'a Path);
+    impl Observer for Watch<'_> {
+        fn on_start(&mut self, s: &kiln_train::record::RunStart) -> Result<(), TrainError> {
+            self.0.ckpts = only_run(self.1).join("checkpoints");
+            self.0.on_start(s)
+        }
+        fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
+            self.0.on_step(p)
+        }
+    }
+    let err = train(
+        &plan,
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut Watch(&mut crash, out.path()),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("the run dies here"), "{err}");
+    let at = crash
+        .timed
+        .expect("a time-based checkpoint between epoch ends");
+    let ckpts = only_run(out.path()).join("checkpoints");
+    assert_eq!(
+        steps(&ckpts).last(),
+        Some(&at),
+        "the newest is the timed one"
+    );
+    resume_to_end(&plan, Resume::Latest);
+    assert_eq!(learning_curve(&only_run(out.path())), expected);
+}
+
 #[test]
 fn stopped_or_killed_runs_resume_bit_exactly() {
     let expected = uninterrupted_curve();

@@ -40,6 +40,7 @@ fn settings(optimizer: OptimizerKind, precision: AmpDtype) -> TrainSettings {
         max_bad_steps: 3,
         loss: LossKind::Auto,
         cuda_graphs: kiln_config::CudaGraphs::Off,
+        ..TrainSettings::default()
     }
 }
 

@@ -15,6 +15,8 @@ pub struct Retention {
     pub keep_last: usize,
     /// Also keep the best checkpoint by this.
     pub best: KeepBest,
+    /// And the best by the metric early stopping watches, with whether higher is better.
+    pub watched: Option<(MetricName, bool)>,
 }
 
 impl Retention {
@@ -22,6 +24,16 @@ impl Retention {
         Self {
             keep_last: keep_last.max(1),
             best,
+            watched: None,
+        }
+    }
+
+    /// This policy, also keeping the best checkpoint by `metric` (higher better or not): the
+    /// one early stopping judged best.
+    pub fn watching(self, metric: MetricName, higher_is_better: bool) -> Self {
+        Self {
+            watched: Some((metric, higher_is_better)),
+            ..self
         }
     }
 
@@ -37,10 +49,14 @@ impl Retention {
     pub fn to_remove<'a>(&self, good: &'a [(PathBuf, Meta)]) -> Vec<&'a Path> {
         let keep_from = good.len().saturating_sub(self.keep_last);
         let best = self.best_of(good);
+        let watched = self.watched.and_then(|(metric, higher)| {
+            let score = |meta: &Meta| metric_of(meta, metric).map(|v| if higher { v } else { -v });
+            newest_best(good, score)
+        });
         good[..keep_from]
             .iter()
             .map(|(dir, _)| dir.as_path())
-            .filter(|dir| Some(*dir) != best)
+            .filter(|dir| Some(*dir) != best && Some(*dir) != watched)
             .collect()
     }
 
@@ -62,12 +78,17 @@ impl Retention {
                 -value
             })
         };
-        good.iter()
-            .filter_map(|(dir, meta)| Some((score(meta)?, dir.as_path())))
-            .filter(|(s, _)| !s.is_nan())
-            .max_by(|a, b| a.0.total_cmp(&b.0))
-            .map(|(_, dir)| dir)
+        newest_best(good, score)
     }
+}
+
+/// The checkpoint of the highest `score` (the newest of equals; none without a score).
+fn newest_best(good: &[(PathBuf, Meta)], score: impl Fn(&Meta) -> Option<f64>) -> Option<&Path> {
+    good.iter()
+        .filter_map(|(dir, meta)| Some((score(meta)?, dir.as_path())))
+        .filter(|(s, _)| !s.is_nan())
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, dir)| dir)
 }
 
 /// A checkpoint's validation value of `metric` (checkpoints from before named metrics hold the
@@ -146,6 +167,13 @@ mod tests {
         assert_eq!(removed(by(MetricName::Mae), &good), [1, 3]);
         // No checkpoint has an RMSE: only the newest are kept.
         assert_eq!(removed(by(MetricName::Rmse), &good), [1, 2, 3]);
+        // Early stopping's metric is kept besides keep_best's: the lowest MAE (step 2), and
+        // with max as its mode, the highest (step 1).
+        let both = Retention::new(2, KeepBest::TaskDefault).watching(MetricName::Mae, false);
+        assert_eq!(removed(both, &good), [1, 3]);
+        let both =
+            Retention::new(2, KeepBest::By(MetricName::Loss)).watching(MetricName::Mae, true);
+        assert_eq!(removed(both, &good), [2]);
         // keep_last 0 still keeps one.
         assert_eq!(
             removed(Retention::new(0, KeepBest::Off), &good),

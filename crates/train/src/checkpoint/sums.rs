@@ -22,6 +22,14 @@ pub struct RunningSums {
     /// The best validation value of each metric so far (`accuracy`: the highest, `loss`: the
     /// lowest, …), by metric name.
     pub best_val: BTreeMap<String, f64>,
+    /// Early stopping's count (absent before its first validation, and in checkpoints from
+    /// before early stopping).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub early_stopping: Option<crate::trainer::stopping::EarlyStopState>,
+    /// Seconds trained before this checkpoint, over every resume (`train.max_time` counts
+    /// them; absent in checkpoints from before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trained_seconds: Option<f64>,
 }
 
 /// The running sums of a checkpoint as written: by name (version 2), or version 1's fixed
@@ -130,6 +138,7 @@ impl LegacySums {
                 .into_iter()
                 .filter_map(|(n, v)| Some((n.to_owned(), v?)))
                 .collect(),
+            ..RunningSums::default()
         }
     }
 }

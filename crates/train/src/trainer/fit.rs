@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kiln_config::keys;
 use kiln_config::{OptimizerKind, ProfileUnit};
@@ -13,12 +13,14 @@ use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig, TargetSp
 use kiln_torch_ext::profiler::Range;
 use tch::{Device, Tensor};
 
+use super::stopping::{EarlyStopping, Limits, StopReason};
 use super::{
     CheckpointOptions, Evaluation, FitData, FitOptions, StepOutcome, Trainer, precision_name,
     scalar,
 };
 use crate::TrainError;
-use crate::checkpoint::{self, RunningSums};
+use crate::checkpoint::{self, Retention, RunningSums};
+use crate::distributed::StopVotes;
 use crate::feed::{DeviceFeeder, PinnedBuffers};
 use crate::metrics::{MetricKind, MetricValues, Tally};
 use crate::monitor::{MemorySample, PerfMonitor, Throughput};
@@ -54,6 +56,36 @@ struct Run {
     last_epoch: Option<EpochRecord>,
     /// `data.num_workers = auto`'s measurement, and once made its choice.
     workers: Option<WorkerTuner>,
+    limits: Limits,
+    early_stopping: Option<EarlyStopping>,
+    /// Why the run ends before its epochs, once it must.
+    stop: Option<StopReason>,
+    /// Training time of the run's earlier segments (before the checkpoint it resumed from).
+    trained_before: Duration,
+    /// Which checkpoints are kept.
+    retention: Option<Retention>,
+    /// When the last checkpoint was written (or the run started), for
+    /// `checkpoint.every_seconds`.
+    last_saved: Instant,
+}
+
+impl Run {
+    /// Training time over every resume.
+    fn trained(&self) -> Duration {
+        self.trained_before + self.started.elapsed()
+    }
+
+    /// The running sums carried from one epoch to the next: the skipped steps, the best
+    /// values, early stopping's count and the time trained (the epoch's sums start anew).
+    fn carried(&mut self, skipped_steps: u64) -> RunningSums {
+        RunningSums {
+            skipped_steps,
+            best_val: std::mem::take(&mut self.sums.best_val),
+            early_stopping: self.sums.early_stopping.take(),
+            trained_seconds: Some(self.trained().as_secs_f64()),
+            ..RunningSums::default()
+        }
+    }
 }
 
 /// Where an epoch is: its start, the batches consumed, the last gradient norm.
@@ -80,7 +112,25 @@ impl Trainer<'_> {
             kiln_torch_ext::memory::reset_peak(i)?;
         }
         for epoch in run.start_epoch..self.settings.epochs {
+            // A run resumed at its limits ends before it steps.
+            if run.stop.is_none() && run.limits.time_up(run.trained_before) {
+                run.stop = Some(run.limits.time_reason(run.trained_before, self.steps_done));
+            }
+            run.stop = run
+                .stop
+                .take()
+                .or(run.limits.steps_reached(self.steps_done));
+            if let Some(es) = &run.early_stopping {
+                let met = es.already_met(run.sums.early_stopping.as_ref());
+                run.stop = run.stop.take().or(met);
+            }
+            if run.stop.is_some() {
+                break;
+            }
             self.run_epoch(&mut loaders, &mut run, epoch, observer, &options)?;
+        }
+        if let Some(reason) = &run.stop {
+            tracing::info!("the run ends: {}", reason.message);
         }
         self.finish(run, observer)
     }
@@ -137,7 +187,13 @@ impl Trainer<'_> {
                 ),
             });
         }
-        let total_steps = batches_per_epoch.div_ceil(accum) as u64 * self.settings.epochs;
+        let limits = self.settings.limits;
+        // The schedule follows the limit that ends the run, where it is known in advance.
+        let epoch_steps = batches_per_epoch.div_ceil(accum) as u64 * self.settings.epochs;
+        let total_steps = limits.max_steps.map_or(epoch_steps, |m| m.min(epoch_steps));
+        let names: Vec<&str> = self.metrics.names().collect();
+        let early_stopping =
+            EarlyStopping::resolve(&self.settings.early_stopping, &names, val_samples > 0)?;
         let (start_epoch, start_batch, sums) = match &options.resume {
             Some(ckpt) => {
                 self.check_resume_world(ckpt)?;
@@ -150,6 +206,14 @@ impl Trainer<'_> {
             None => (0, 0, RunningSums::default()),
         };
         let loaders = Loaders { train, val };
+        let retention = enabled(&options.checkpoints).map(|c| {
+            let policy = Retention::of(&c.plan);
+            match early_stopping {
+                Some(es) => policy.watching(es.metric, es.higher_is_better),
+                None => policy,
+            }
+        });
+        let trained_before = Duration::from_secs_f64(sums.trained_seconds.unwrap_or(0.0).max(0.0));
         let run = Run {
             target,
             train_samples,
@@ -178,6 +242,12 @@ impl Trainer<'_> {
             started: Instant::now(),
             last_epoch: None,
             workers,
+            limits,
+            early_stopping,
+            stop: None,
+            trained_before,
+            retention,
+            last_saved: Instant::now(),
         };
         Ok((loaders, run))
     }
@@ -199,7 +269,7 @@ impl Trainer<'_> {
             batch_size: self.batch_size,
             grad_accum_steps: run.accum as u64,
             epochs: self.settings.epochs,
-            steps_per_epoch: run.total_steps / self.settings.epochs.max(1),
+            steps_per_epoch: run.batches_per_epoch.div_ceil(run.accum) as u64,
             total_steps: run.total_steps,
             train_samples: run.train_samples,
             val_samples: run.val_samples,
@@ -280,26 +350,8 @@ impl Trainer<'_> {
                 step: self.steps_done,
                 total_steps: run.total_steps,
             })?;
-            let epoch_done = place.consumed >= run.batches_per_epoch;
-            let asked = options
-                .stop
-                .as_ref()
-                .is_some_and(|s| s.load(Ordering::SeqCst));
-            let stopping = self.stop_together(asked)?;
-            // (A stop does not log: the open interval goes into the checkpoint, so the
-            // resumed run logs exactly what an uninterrupted one would.)
-            if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done {
-                self.log_interval(run, &place, lr, observer)?;
-            }
-            let saved = self.checkpoint_in_epoch(run, &place, stopping, options)?;
-            if stopping {
-                if let Some(p) = run.profiler.take() {
-                    p.finish()?;
-                }
-                return Err(TrainError::Stopped {
-                    step: self.steps_done,
-                    checkpoint: saved,
-                });
+            if self.after_step(run, &place, lr, observer, options)? {
+                break;
             }
         }
         drop(feeder);
@@ -320,6 +372,51 @@ impl Trainer<'_> {
             None => None,
         };
         self.end_epoch(run, &place, val, observer, options)
+    }
+
+    /// After a step: the ranks' stop vote and the limits, the log line, the checkpoint due.
+    /// `true` when a limit ends the run after this step (the epoch is validated and
+    /// checkpointed where it stands); `Stopped` when the run was asked to stop.
+    fn after_step(
+        &mut self,
+        run: &mut Run,
+        place: &EpochPlace,
+        lr: f64,
+        observer: &mut dyn Observer,
+        options: &FitOptions,
+    ) -> Result<bool, TrainError> {
+        let epoch_done = place.consumed >= run.batches_per_epoch;
+        let asked = options
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(Ordering::SeqCst));
+        let time_up = run.limits.time_up(run.trained());
+        let votes = self.stop_together(StopVotes { asked, time_up })?;
+        if run.stop.is_none() {
+            let steps = self.steps_done;
+            run.stop = run.limits.steps_reached(steps).or_else(|| {
+                votes
+                    .time_up
+                    .then(|| run.limits.time_reason(run.trained(), steps))
+            });
+        }
+        let ending = run.stop.is_some();
+        // (A stop does not log: the open interval goes into the checkpoint, so the resumed
+        // run logs exactly what an uninterrupted one would.)
+        if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done || ending {
+            self.log_interval(run, place, lr, observer)?;
+        }
+        let saved = self.checkpoint_in_epoch(run, place, votes.asked, options)?;
+        if votes.asked {
+            if let Some(p) = run.profiler.take() {
+                p.finish()?;
+            }
+            return Err(TrainError::Stopped {
+                step: self.steps_done,
+                checkpoint: saved,
+            });
+        }
+        Ok(ending)
     }
 
     /// Takes the next step's batches from `feeder` and steps; `None` when the epoch has none.
@@ -418,8 +515,9 @@ impl Trainer<'_> {
         run.epoch.absorb(&mut run.interval)
     }
 
-    /// The checkpoint every `checkpoint.every_steps` (but for an epoch's last step), or when
-    /// stopping; returns its path.
+    /// The checkpoint every `checkpoint.every_steps`, or `checkpoint.every_seconds` after the
+    /// last one (but for an epoch's last step, and a step a limit ends the run at: the epoch's
+    /// end checkpoints then), or when stopping; returns its path.
     fn checkpoint_in_epoch(
         &mut self,
         run: &mut Run,
@@ -433,9 +531,11 @@ impl Trainer<'_> {
         let every = ckpt.plan.every_steps;
         // On an epoch's last step the end-of-epoch checkpoint (after validation) follows at
         // once; it is the one a run resumes from with any number of ranks.
-        let epoch_done = place.consumed >= run.batches_per_epoch;
-        let periodic = every > 0 && self.steps_done.is_multiple_of(every) && !epoch_done;
-        if !(periodic || stopping) {
+        let epoch_ends = place.consumed >= run.batches_per_epoch || run.stop.is_some();
+        let seconds = ckpt.plan.every_seconds;
+        let timed = seconds > 0 && run.last_saved.elapsed() >= Duration::from_secs(seconds);
+        let periodic = every > 0 && self.steps_done.is_multiple_of(every);
+        if !((periodic || timed) && !epoch_ends || stopping) {
             return Ok(None);
         }
         let sums = RunningSums {
@@ -443,13 +543,27 @@ impl Trainer<'_> {
             interval: run.interval.saved()?,
             skipped_steps: self.skipped_steps()?,
             best_val: run.sums.best_val.clone(),
+            early_stopping: run.sums.early_stopping.clone(),
+            trained_seconds: Some(run.trained().as_secs_f64()),
         };
         let dir = self.save_checkpoint(ckpt, place.epoch, place.consumed, sums, None)?;
-        checkpoint::prune(&ckpt.dir, &checkpoint::Retention::of(&ckpt.plan))?;
+        self.prune(run, ckpt)?;
         Ok(Some(dir))
     }
 
-    /// Reports the epoch with its validation, starts the next epoch's sums, and checkpoints.
+    /// Removes the checkpoints the run's retention policy does not keep, and restarts the
+    /// clock of `checkpoint.every_seconds`.
+    fn prune(&self, run: &mut Run, ckpt: &CheckpointOptions) -> Result<(), TrainError> {
+        run.last_saved = Instant::now();
+        match &run.retention {
+            Some(policy) => checkpoint::prune(&ckpt.dir, policy).map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// Reports the epoch with its validation, counts it for early stopping, starts the next
+    /// epoch's sums, and checkpoints: where the next epoch starts, or where this one stands
+    /// when a limit ended it early.
     fn end_epoch(
         &mut self,
         run: &mut Run,
@@ -467,25 +581,30 @@ impl Trainer<'_> {
                 };
             }
         }
+        if let (Some(es), Some(v)) = (run.early_stopping, &val) {
+            let state = run.sums.early_stopping.get_or_insert_with(Default::default);
+            let reason = es.observe(state, place.epoch, &v.metrics);
+            run.stop = run.stop.take().or(reason);
+        }
         let record = self.epoch_record(run, place, val.as_ref())?;
         observer.on_epoch(&record)?;
         run.last_epoch = Some(record);
         if let Some(p) = run.profiler.as_mut() {
             p.end(ProfileUnit::Epochs)?;
         }
-        run.sums = RunningSums {
-            skipped_steps: self.skipped_steps()?,
-            best_val: std::mem::take(&mut run.sums.best_val),
-            ..RunningSums::default()
-        };
+        run.sums = run.carried(self.skipped_steps()?);
         run.epoch = Tally::new(&self.metrics, self.device)?;
         run.interval = Tally::new(&self.metrics, self.device)?;
+        let next = match place.consumed >= run.batches_per_epoch {
+            true => (place.epoch + 1, 0),
+            false => (place.epoch, place.consumed),
+        };
         if let Some(ckpt) = enabled(&options.checkpoints) {
             let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
             if !at_this_step.exists() {
                 let sums = run.sums.clone();
-                self.save_checkpoint(ckpt, place.epoch + 1, 0, sums, val.map(|v| v.metrics))?;
-                checkpoint::prune(&ckpt.dir, &checkpoint::Retention::of(&ckpt.plan))?;
+                self.save_checkpoint(ckpt, next.0, next.1, sums, val.map(|v| v.metrics))?;
+                self.prune(run, ckpt)?;
             }
         }
         Ok(())
@@ -577,6 +696,7 @@ impl Trainer<'_> {
             oom_retries: self.oom.retries,
             profiler_traces,
             num_workers_auto: workers,
+            stopped_by: run.stop.clone(),
         };
         observer.on_finish(&summary)?;
         Ok(summary)

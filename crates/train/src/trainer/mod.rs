@@ -5,14 +5,15 @@
 
 mod fit;
 mod graph;
+pub mod stopping;
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_config::keys;
 use kiln_config::{
-    CheckpointPlan, CudaGraphs, LossKind, LossScalePlan, OptimizerKind, ProfilingPlan,
-    ScheduleKind, TrainPlan,
+    CheckpointPlan, CudaGraphs, EarlyStoppingPlan, LossKind, LossScalePlan, OptimizerKind,
+    ProfilingPlan, ScheduleKind, TrainPlan,
 };
 use kiln_data::{Dataset, LoaderConfig, TargetSpec};
 use kiln_device::settings::AmpDtype;
@@ -57,6 +58,9 @@ pub struct TrainSettings {
     pub loss: LossKind,
     /// Replay a compiled step as one CUDA graph ([`Trainer::plan_cuda_graph`]).
     pub cuda_graphs: CudaGraphs,
+    /// `train.max_steps` and `train.max_time`.
+    pub limits: stopping::Limits,
+    pub early_stopping: EarlyStoppingPlan,
 }
 
 impl Default for TrainSettings {
@@ -87,6 +91,8 @@ impl Default for TrainSettings {
             max_bad_steps: 10,
             loss: LossKind::Auto,
             cuda_graphs: CudaGraphs::Off,
+            limits: stopping::Limits::default(),
+            early_stopping: EarlyStoppingPlan::default(),
         }
     }
 }
@@ -111,6 +117,11 @@ impl TrainSettings {
             max_bad_steps: plan.max_bad_steps.max(1),
             loss: plan.loss,
             cuda_graphs: plan.cuda_graphs,
+            limits: stopping::Limits {
+                max_steps: plan.max_steps,
+                max_time: plan.max_time,
+            },
+            early_stopping: plan.early_stopping,
         }
     }
 }
@@ -571,18 +582,22 @@ impl<'m> Trainer<'m> {
     /// step once any of them was asked to (a signal reaches the ranks at different moments),
     /// so no rank is left waiting in the next step's all-reduce. The ranks vote after each
     /// step and count the votes while the next one runs: a stop asked during step k ends the
-    /// run after step k + 1 on every rank.
-    pub(crate) fn stop_together(&mut self, asked: bool) -> Result<bool, TrainError> {
+    /// run after step k + 1 on every rank. The time limit is voted the same way, since each
+    /// rank reads its own clock.
+    pub(crate) fn stop_together(
+        &mut self,
+        votes: distributed::StopVotes,
+    ) -> Result<distributed::StopVotes, TrainError> {
         let Some(group) = &self.ranks.group else {
-            return Ok(asked);
+            return Ok(votes);
         };
         if self.ranks.gradient_sync.is_none() {
-            return Ok(asked);
+            return Ok(votes);
         }
-        let started = distributed::lock(group).start_stop_vote(asked);
+        let started = distributed::lock(group).start_stop_vote(votes);
         let vote = started.map_err(|e| self.in_ranks("agreeing on a stop", false, e))?;
         let Some(previous) = self.ranks.stop_vote.replace(vote) else {
-            return Ok(false);
+            return Ok(distributed::StopVotes::default());
         };
         previous
             .wait()
