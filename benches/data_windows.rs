@@ -162,11 +162,10 @@ pub fn windows_row(
             c
         } else {
             let mut c = Command::new(python);
-            c.arg(kiln_benches::bench_root().join("python/pf_loader.py"))
-                .arg("--csv")
-                .arg(&csv)
-                .args(["--encoder-length", &ENCODER.to_string()])
-                .args(["--horizon", &HORIZON.to_string()]);
+            c.arg(kiln_benches::bench_root().join("python/pf_loader.py"));
+            c.arg("--csv").arg(&csv);
+            c.args(["--encoder-length", &ENCODER.to_string()]);
+            c.args(["--horizon", &HORIZON.to_string()]);
             peers::put_first_on_path(&mut c, &peers);
             c
         };

@@ -232,11 +232,10 @@ impl Bench<'_> {
     /// the plan's values for `world` ranks.
     fn ddp_step(&self, mut cmd: Command, world: usize) -> Command {
         let (d, shape) = (&self.plan.distributed, &self.data.sample_shape);
-        cmd.arg(bench_root().join("python/ddp_step.py"))
-            .arg("--features-file")
-            .arg(self.work.join("features.npy"))
-            .arg("--labels-file")
-            .arg(self.work.join("labels.npy"));
+        cmd.arg(bench_root().join("python/ddp_step.py"));
+        cmd.arg("--features-file")
+            .arg(self.work.join("features.npy"));
+        cmd.arg("--labels-file").arg(self.work.join("labels.npy"));
         for (name, v) in [
             ("--samples", self.size.samples(world).to_string()),
             ("--seq", shape[0].to_string()),

@@ -124,17 +124,14 @@ impl Torch<'_> {
 
     fn command(&self, trainer: &str, out: &Path, peers_dir: Option<&Path>) -> Command {
         let mut c = Command::new(self.python);
-        c.arg(bench_root().join("python/lightning_job.py"))
-            .args(["--trainer", trainer, "--precision", self.precision()])
-            .args(["--attention", self.attention()])
-            .args(["--device", if self.cpu { "cpu" } else { "cuda" }])
-            .arg("--data")
-            .arg(self.data)
-            .arg("--split")
-            .arg(self.split)
-            .arg("--out")
-            .arg(out)
-            .args(["--workers", &self.plan.data.num_workers.to_string()]);
+        c.arg(bench_root().join("python/lightning_job.py"));
+        c.args(["--trainer", trainer, "--precision", self.precision()]);
+        c.args(["--attention", self.attention()]);
+        c.args(["--device", if self.cpu { "cpu" } else { "cuda" }]);
+        c.arg("--data").arg(self.data);
+        c.arg("--split").arg(self.split);
+        c.arg("--out").arg(out);
+        c.args(["--workers", &self.plan.data.num_workers.to_string()]);
         plan_args(&mut c, self.plan, self.threads);
         if let Some(dir) = peers_dir {
             peers::put_first_on_path(&mut c, dir);
