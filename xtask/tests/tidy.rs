@@ -148,6 +148,8 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
             "rundir",
             "scaler",
             "schedule",
+            "stopping",
+            "tensorboard",
             "weights",
             "workers",
         ],

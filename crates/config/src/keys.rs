@@ -148,7 +148,7 @@ config_keys! {
     }
 
     /// The training loop.
-    train (RawTrain, TrainValues) [early_stopping: RawEarlyStopping] {
+    train (RawTrain, TrainValues) [early_stopping: RawEarlyStopping, ema: RawEma] {
         /// A number, or "auto" to search for one on this machine.
         batch_size: BatchSize = 32 => batch_size_text(&p.train);
         /// fp32, fp16 or bf16 (none is accepted for fp32).
@@ -221,6 +221,8 @@ config_keys! {
         cuda_graphs: CudaGraphs = "auto" => p.infer.cuda_graphs;
         /// auto, libtorch or onnxruntime: auto measures both where both can run the model.
         engine: InferEngineKind = "auto" => p.infer.engine;
+        /// Run a checkpoint's EMA weights (`train.ema.decay`) instead of its raw weights.
+        ema: bool = false => p.infer.ema;
     }
 
     /// The inference server.
@@ -298,6 +300,15 @@ config_keys! {
             min_delta: f64 = 0.0 => p.train.early_stopping.min_delta,
                 valid |v| *v >= 0.0 => "must be a number >= 0";
         }
+        /// An exponential moving average of the weights, evaluated and checkpointed beside them.
+        ema = train.ema (RawEma, EmaValues) {
+            /// The average's decay per optimizer step, in [0, 1); 0: no average.
+            decay: f64 = 0.0 => p.train.ema.decay,
+                valid |v| (0.0..1.0).contains(v) => "must be in [0, 1) (0: off)";
+            /// Warm the decay up as timm does, min(decay, (1 + step) / (10 + step)), so that the
+            /// average lets go of the initial weights early in training.
+            warmup: bool = true => p.train.ema.warmup;
+        }
         /// Sliding-window inference (`kiln infer --sliding-window`): a model run over windows of
         /// an input larger than it takes, their outputs blended where they overlap.
         sliding_window = infer.sliding_window (RawSlidingWindow, SlidingWindowValues) {
@@ -359,7 +370,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 95);
+        assert_eq!(KEYS.len(), 98);
     }
 
     #[test]

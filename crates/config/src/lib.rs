@@ -22,10 +22,10 @@ mod setting;
 pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
-    BlendMode, CheckpointPlan, CudaGraphs, DistributedPlan, EarlyStoppingPlan, InferEngineKind,
-    InferPlan, KeepBest, LossKind, LossScalePlan, MetricMode, MetricName, ModelKind, ModelPlan,
-    OptimizerKind, OutputDevice, PadMode, ProfileUnit, ProfilingPlan, Provenance, RunPlan,
-    ScheduleKind, ServePlan, SlidingWindowPlan, TrainPlan,
+    BlendMode, CheckpointPlan, CudaGraphs, DistributedPlan, EarlyStoppingPlan, EmaPlan,
+    InferEngineKind, InferPlan, KeepBest, LossKind, LossScalePlan, MetricMode, MetricName,
+    ModelKind, ModelPlan, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ProfilingPlan,
+    Provenance, RunPlan, ScheduleKind, ServePlan, SlidingWindowPlan, TrainPlan,
 };
 pub use resolve::{ConfigRequest, Machine, Resolution, load, simulated_machine};
 pub use setting::UNSET;

@@ -17,9 +17,9 @@ pub use kiln_core::options::{
 
 use crate::ConfigError;
 use crate::keys::{
-    self, CheckpointValues, DataValues, DistributedValues, EarlyStoppingValues, InferValues,
-    ModelValues, PerformanceValues, ProfilingValues, RawConfig, ServeValues, SlidingWindowValues,
-    TrainValues, Values,
+    self, CheckpointValues, DataValues, DistributedValues, EarlyStoppingValues, EmaValues,
+    InferValues, ModelValues, PerformanceValues, ProfilingValues, RawConfig, ServeValues,
+    SlidingWindowValues, TrainValues, Values,
 };
 use crate::layers::Layer;
 pub use crate::setting::KeepBest;
@@ -220,6 +220,21 @@ pub struct TrainPlan {
     /// The run ends after this much training time (over resumes), if set.
     pub max_time: Option<std::time::Duration>,
     pub early_stopping: EarlyStoppingPlan,
+    pub ema: EmaPlan,
+}
+
+/// `train.ema`: an exponential moving average of the weights.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EmaPlan {
+    /// 0: off.
+    pub decay: f64,
+    pub warmup: bool,
+}
+
+impl EmaPlan {
+    pub fn enabled(&self) -> bool {
+        self.decay > 0.0
+    }
 }
 
 /// `train.early_stopping`: end the run when a validation metric stops improving.
@@ -268,6 +283,8 @@ pub struct InferPlan {
     pub precision: AmpDtype,
     pub cuda_graphs: CudaGraphs,
     pub engine: InferEngineKind,
+    /// Run a checkpoint's EMA weights.
+    pub ema: bool,
     pub sliding_window: SlidingWindowPlan,
 }
 
@@ -363,7 +380,12 @@ pub(crate) fn validate(
     let check = Checker::new(&provenance);
     let v = Values::read(raw, &check)?;
     let model = model_plan(v.model, &check)?;
-    let train = train_plan(v.train, v.early_stopping, starts.batch_size, &check)?;
+    let train = train_plan(
+        v.train,
+        (v.early_stopping, v.ema),
+        starts.batch_size,
+        &check,
+    )?;
     let d = v.device;
     Ok(RunPlan {
         device_request: d.request,
@@ -451,7 +473,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
 
 fn train_plan(
     v: TrainValues,
-    stop: EarlyStoppingValues,
+    (stop, ema): (EarlyStoppingValues, EmaValues),
     auto_batch_start: u64,
     check: &Checker<'_>,
 ) -> Result<TrainPlan, ConfigError> {
@@ -528,6 +550,10 @@ fn train_plan(
             patience: stop.patience,
             min_delta: stop.min_delta,
         },
+        ema: EmaPlan {
+            decay: ema.decay,
+            warmup: ema.warmup,
+        },
     })
 }
 
@@ -547,6 +573,7 @@ fn infer_plan(v: InferValues, w: SlidingWindowValues) -> InferPlan {
         precision: v.precision,
         cuda_graphs: v.cuda_graphs,
         engine: v.engine,
+        ema: v.ema,
         sliding_window: SlidingWindowPlan {
             roi: w.roi.0,
             overlap: w.overlap,

@@ -34,6 +34,7 @@ pub mod schedule;
 pub mod script;
 pub mod source;
 pub mod stepper;
+pub mod stopping;
 pub mod tensorboard;
 pub mod trainer;
 pub mod weights;

@@ -142,7 +142,7 @@ pub struct Summary {
     /// Why the run ended before its epochs (`train.max_steps`, `train.max_time`, early
     /// stopping), if it did.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub stopped_by: Option<crate::trainer::stopping::StopReason>,
+    pub stopped_by: Option<crate::stopping::StopReason>,
 }
 
 /// Metric values written behind their prefix in records (`train_loss`, `val_accuracy`, …).

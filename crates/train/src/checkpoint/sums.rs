@@ -25,7 +25,7 @@ pub struct RunningSums {
     /// Early stopping's count (absent before its first validation, and in checkpoints from
     /// before early stopping).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub early_stopping: Option<crate::trainer::stopping::EarlyStopState>,
+    pub early_stopping: Option<crate::stopping::EarlyStopState>,
     /// Seconds trained before this checkpoint, over every resume (`train.max_time` counts
     /// them; absent in checkpoints from before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,6 @@ use kiln_data::{Dataset, Loader, LoaderConfig, Position, SamplerConfig, TargetSp
 use kiln_torch_ext::profiler::Range;
 use tch::{Device, Tensor};
 
-use super::stopping::{EarlyStopping, Limits, StopReason};
 use super::{
     CheckpointOptions, Evaluation, FitData, FitOptions, StepOutcome, Trainer, precision_name,
     scalar,
@@ -27,6 +26,7 @@ use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::schedule::LrSchedule;
+use crate::stopping::{EarlyStopping, Limits, StopReason};
 use crate::workers::WorkerTuner;
 
 /// A run's loaders.

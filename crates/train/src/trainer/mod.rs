@@ -5,7 +5,6 @@
 
 mod fit;
 mod graph;
-pub mod stopping;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -59,7 +58,7 @@ pub struct TrainSettings {
     /// Replay a compiled step as one CUDA graph ([`Trainer::plan_cuda_graph`]).
     pub cuda_graphs: CudaGraphs,
     /// `train.max_steps` and `train.max_time`.
-    pub limits: stopping::Limits,
+    pub limits: crate::stopping::Limits,
     pub early_stopping: EarlyStoppingPlan,
 }
 
@@ -91,7 +90,7 @@ impl Default for TrainSettings {
             max_bad_steps: 10,
             loss: LossKind::Auto,
             cuda_graphs: CudaGraphs::Off,
-            limits: stopping::Limits::default(),
+            limits: crate::stopping::Limits::default(),
             early_stopping: EarlyStoppingPlan::default(),
         }
     }
@@ -117,7 +116,7 @@ impl TrainSettings {
             max_bad_steps: plan.max_bad_steps.max(1),
             loss: plan.loss,
             cuda_graphs: plan.cuda_graphs,
-            limits: stopping::Limits {
+            limits: crate::stopping::Limits {
                 max_steps: plan.max_steps,
                 max_time: plan.max_time,
             },
