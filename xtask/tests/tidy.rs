@@ -134,6 +134,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
     (
         "foundation",
         &[
+            "ema",
             "error",
             "feed",
             "init",

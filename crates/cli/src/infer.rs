@@ -39,6 +39,15 @@ fn setup(args: &ModelArgs, extra_flags: Vec<(String, String, String)>) -> anyhow
     flags.extend(extra_flags);
     let resolution = commands::load_layers(&args.config_args(), flags, layer)
         .context("cannot resolve the configuration")?;
+    let checkpoint = match (checkpoint, resolution.plan.infer.ema) {
+        (Some(c), true) => Some(c.with_ema_weights()?),
+        (None, true) => anyhow::bail!(
+            "infer.ema = true takes a checkpoint's EMA weights; {} is no kiln checkpoint or run \
+             (and no ONNX file kiln exported from one)",
+            args.model.display()
+        ),
+        (c, false) => c,
+    };
     let r = &resolution;
     eprintln!(
         "device {} ({}): {}",

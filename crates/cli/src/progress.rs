@@ -132,10 +132,16 @@ impl Observer for ProgressView {
     }
 
     fn on_epoch(&mut self, e: &EpochRecord) -> Result<(), TrainError> {
-        let val = match e.val.get("loss") {
+        let mut val = match e.val.get("loss") {
             Some(l) => format!(" · val loss {l:.4}{}", metric_text("val ", &e.val)),
             None => String::new(),
         };
+        if let Some(l) = e.val_ema.get("loss") {
+            val += &format!(
+                " · EMA val loss {l:.4}{}",
+                metric_text("EMA val ", &e.val_ema)
+            );
+        }
         let train = metric_text("train ", &e.train);
         self.line(&format!(
             "epoch {} · train loss {:.4}{train}{val} · {:.1} s · {:.0} samples/s · data wait {}",

@@ -170,6 +170,29 @@ char* kiln_foreach_add_(const at::Tensor* const* tensors, size_t n, const at::Te
   KILN_CATCH
 }
 
+// torch._foreach_lerp_(ends_at, towards, weight): ends_at += weight * (towards - ends_at) for
+// every pair, in one launch per device and dtype (an EMA of the weights: weight = 1 - decay).
+char* kiln_foreach_lerp_(const at::Tensor* const* ends_at, const at::Tensor* const* towards,
+                         size_t n, double weight) {
+  KILN_TRY
+  auto e = kiln::tensor_list(ends_at, n);
+  auto t = kiln::tensor_list(towards, n);
+  at::NoGradGuard no_grad;
+  at::_foreach_lerp_(e, t, at::Scalar(weight));
+  KILN_CATCH
+}
+
+// torch._foreach_copy_(dst, src): every dst[i] takes src[i]'s values, in one launch per device
+// and dtype.
+char* kiln_foreach_copy_(const at::Tensor* const* dst, const at::Tensor* const* src, size_t n) {
+  KILN_TRY
+  auto d = kiln::tensor_list(dst, n);
+  auto s = kiln::tensor_list(src, n);
+  at::NoGradGuard no_grad;
+  at::_foreach_copy_(d, s);
+  KILN_CATCH
+}
+
 // torch._amp_update_scale_ in place on `scale` and `growth_tracker`.
 char* kiln_amp_update_scale(const at::Tensor* scale, const at::Tensor* growth_tracker,
                             const at::Tensor* found_inf, double growth, double backoff,

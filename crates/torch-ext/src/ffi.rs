@@ -92,6 +92,17 @@ unsafe extern "C" {
         n: usize,
         other: *const std::ffi::c_void,
     ) -> *mut c_char;
+    pub fn kiln_foreach_lerp_(
+        ends_at: *const *const std::ffi::c_void,
+        towards: *const *const std::ffi::c_void,
+        n: usize,
+        weight: f64,
+    ) -> *mut c_char;
+    pub fn kiln_foreach_copy_(
+        dst: *const *const std::ffi::c_void,
+        src: *const *const std::ffi::c_void,
+        n: usize,
+    ) -> *mut c_char;
     pub fn kiln_amp_update_scale(
         scale: *const std::ffi::c_void,
         growth_tracker: *const std::ffi::c_void,

@@ -405,6 +405,34 @@ pub fn foreach_add_(tensors: &[tch::Tensor], other: &tch::Tensor) -> Result<()> 
     })
 }
 
+/// Moves every tensor of `ends_at` a `weight` of the way towards its partner in `towards`, in
+/// place (`torch._foreach_lerp_`: `e += weight · (t − e)`), in one launch per device and dtype:
+/// an exponential moving average of weights with `weight = 1 − decay`.
+pub fn foreach_lerp_(ends_at: &[tch::Tensor], towards: &[tch::Tensor], weight: f64) -> Result<()> {
+    same_count("foreach lerp", ends_at.len(), &[("towards", towards.len())])?;
+    if ends_at.is_empty() {
+        return Ok(());
+    }
+    let (e, t) = (ptrs(ends_at), ptrs(towards));
+    // SAFETY: live handles borrowed for the call.
+    ffi::check("foreach lerp", unsafe {
+        ffi::kiln_foreach_lerp_(e.as_ptr(), t.as_ptr(), e.len(), weight)
+    })
+}
+
+/// Copies every tensor of `src` into its partner in `dst`, in place (`torch._foreach_copy_`).
+pub fn foreach_copy_(dst: &[tch::Tensor], src: &[tch::Tensor]) -> Result<()> {
+    same_count("foreach copy", dst.len(), &[("src", src.len())])?;
+    if dst.is_empty() {
+        return Ok(());
+    }
+    let (d, s) = (ptrs(dst), ptrs(src));
+    // SAFETY: live handles borrowed for the call.
+    ffi::check("foreach copy", unsafe {
+        ffi::kiln_foreach_copy_(d.as_ptr(), s.as_ptr(), d.len())
+    })
+}
+
 /// Updates a loss scale in place from `found_inf` (`torch._amp_update_scale_`): on an inf/NaN
 /// the scale is multiplied by `backoff` and the tracker reset; otherwise the tracker (an int32
 /// one-element tensor) counts clean steps, and after `interval` of them the scale is multiplied

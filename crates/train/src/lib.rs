@@ -11,6 +11,7 @@
 pub mod batch_search;
 pub mod checkpoint;
 pub mod distributed;
+pub mod ema;
 mod error;
 pub mod feed;
 pub mod init;

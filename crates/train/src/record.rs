@@ -93,6 +93,9 @@ pub struct EpochRecord {
     /// The validation metrics by name, written `val_loss`, … (none without validation data).
     #[serde(flatten, serialize_with = "val_")]
     pub val: MetricValues,
+    /// The validation metrics of the EMA weights (`train.ema`), written `val_ema_loss`, ….
+    #[serde(flatten, serialize_with = "val_ema_")]
+    pub val_ema: MetricValues,
     pub seconds: f64,
     pub samples_per_s: f64,
     pub data_wait_share: f64,
@@ -124,6 +127,9 @@ pub struct Summary {
     /// The last validation, written `final_val_loss`, `final_val_accuracy`, ….
     #[serde(flatten, serialize_with = "final_val_")]
     pub final_val: MetricValues,
+    /// The last validation of the EMA weights, written `final_val_ema_loss`, ….
+    #[serde(flatten, serialize_with = "final_val_ema_")]
+    pub final_val_ema: MetricValues,
     /// The best validation value of each metric over the run (the highest accuracy, the lowest
     /// loss, …), written `best_val_accuracy`, ….
     #[serde(flatten, serialize_with = "best_val_")]
@@ -154,8 +160,9 @@ macro_rules! under {
     )+};
 }
 
-under!(train_ => "train_", val_ => "val_", final_train_ => "final_train_",
-    final_val_ => "final_val_", best_val_ => "best_val_");
+under!(train_ => "train_", val_ => "val_", val_ema_ => "val_ema_",
+    final_train_ => "final_train_", final_val_ => "final_val_",
+    final_val_ema_ => "final_val_ema_", best_val_ => "best_val_");
 
 /// Receives a run's reports. Every method has a do-nothing default; an error stops the run.
 pub trait Observer {

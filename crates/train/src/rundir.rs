@@ -352,7 +352,8 @@ fn step_scalars(r: &StepRecord) -> Vec<(String, f64)> {
 }
 
 /// An epoch's scalars, as TensorBoard tags: `epoch` (counted from 0, as in `metrics.jsonl`),
-/// `epoch/train_<metric>`, `val/<metric>` and the epoch's rate, time and data wait.
+/// `epoch/train_<metric>`, `val/<metric>`, `val_ema/<metric>` (with `train.ema`) and the
+/// epoch's rate, time and data wait.
 fn epoch_scalars(r: &EpochRecord) -> Vec<(String, f64)> {
     let mut out = vec![("epoch".to_owned(), r.epoch as f64)];
     out.extend(
@@ -361,6 +362,11 @@ fn epoch_scalars(r: &EpochRecord) -> Vec<(String, f64)> {
             .map(|(name, v)| (format!("epoch/train_{name}"), v)),
     );
     out.extend(r.val.iter().map(|(name, v)| (format!("val/{name}"), v)));
+    out.extend(
+        r.val_ema
+            .iter()
+            .map(|(name, v)| (format!("val_ema/{name}"), v)),
+    );
     out.extend([
         ("epoch/samples_per_s".to_owned(), r.samples_per_s),
         ("epoch/seconds".to_owned(), r.seconds),

@@ -405,6 +405,22 @@ fn safetensors_lengths(path: &Path) -> Result<(u64, u64), TrainError> {
 }
 
 impl Checkpoint {
+    /// This checkpoint with its EMA weights (`train.ema`) as its model's weights, for
+    /// `infer.ema`; an error naming the key when it holds none.
+    pub fn with_ema_weights(mut self) -> Result<Self, TrainError> {
+        let weights =
+            crate::ema::weights_in(&self.state).ok_or_else(|| TrainError::InvalidPlan {
+                key: "infer.ema",
+                value: "true".to_owned(),
+                expected: format!(
+                    "a checkpoint with EMA weights; {} has none (train with train.ema.decay > 0)",
+                    self.dir.display()
+                ),
+            })?;
+        self.model = weights;
+        Ok(self)
+    }
+
     /// The exported program a program run's checkpoint holds (`model.pt2`), if it holds one.
     pub fn program(&self) -> Option<PathBuf> {
         let file = crate::program::PROGRAM_FILE;

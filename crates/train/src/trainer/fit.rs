@@ -205,6 +205,7 @@ impl Trainer<'_> {
             }
             None => (0, 0, RunningSums::default()),
         };
+        self.ema = self.start_ema(options.resume.as_ref())?;
         let loaders = Loaders { train, val };
         let retention = enabled(&options.checkpoints).map(|c| {
             let policy = Retention::of(&c.plan);
@@ -366,12 +367,48 @@ impl Trainer<'_> {
                 {
                     loader.set_workers(kept)?;
                 }
-                let _range = self.range("kiln/validation")?;
-                Some(self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?)
+                Some(self.validate(loader)?)
             }
             None => None,
         };
         self.end_epoch(run, &place, val, observer, options)
+    }
+
+    /// The validation of the weights, and of their EMA (`train.ema`) where there is one.
+    fn validate<V: Dataset>(
+        &mut self,
+        loader: &mut Loader<V>,
+    ) -> Result<(Evaluation, Option<Evaluation>), TrainError> {
+        let _range = self.range("kiln/validation")?;
+        let raw = self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device))?;
+        let Some(mut ema) = self.ema.take() else {
+            return Ok((raw, None));
+        };
+        let averaged =
+            ema.swapped(|| self.evaluate(DeviceFeeder::new(loader.epoch(0), self.device)));
+        self.ema = Some(ema);
+        Ok((raw, Some(averaged?)))
+    }
+
+    /// `train.ema`'s average starting from the weights now (restored, when resuming), and
+    /// continuing the checkpoint's own where it carries one.
+    fn start_ema(
+        &self,
+        resumed: Option<&checkpoint::Checkpoint>,
+    ) -> Result<Option<crate::ema::Ema>, TrainError> {
+        if !self.settings.ema.enabled() {
+            return Ok(None);
+        }
+        let mut ema = crate::ema::Ema::new(&self.settings.ema, &self.model_tensors())?;
+        if let Some(ckpt) = resumed
+            && !ema.restore(&ckpt.state)?
+        {
+            tracing::info!(
+                "{} holds no EMA weights: the average starts from its weights",
+                ckpt.dir.display()
+            );
+        }
+        Ok(Some(ema))
     }
 
     /// After a step: the ranks' stop vote and the limits, the log line, the checkpoint due.
@@ -568,10 +605,11 @@ impl Trainer<'_> {
         &mut self,
         run: &mut Run,
         place: &EpochPlace,
-        val: Option<Evaluation>,
+        val: Option<(Evaluation, Option<Evaluation>)>,
         observer: &mut dyn Observer,
         options: &FitOptions,
     ) -> Result<(), TrainError> {
+        let (val, val_ema) = val.map_or((None, None), |(v, e)| (Some(v), e));
         if let Some(v) = &val {
             for (name, value) in v.metrics.iter() {
                 let best = run.sums.best_val.entry(name.to_owned()).or_insert(value);
@@ -586,7 +624,8 @@ impl Trainer<'_> {
             let reason = es.observe(state, place.epoch, &v.metrics);
             run.stop = run.stop.take().or(reason);
         }
-        let record = self.epoch_record(run, place, val.as_ref())?;
+        let mut record = self.epoch_record(run, place, val.as_ref())?;
+        record.val_ema = val_ema.map(|e| e.metrics).unwrap_or_default();
         observer.on_epoch(&record)?;
         run.last_epoch = Some(record);
         if let Some(p) = run.profiler.as_mut() {
@@ -627,6 +666,7 @@ impl Trainer<'_> {
             step: self.steps_done,
             train,
             val: val.map(|v| v.metrics.clone()).unwrap_or_default(),
+            val_ema: MetricValues::default(),
             seconds: place.started.elapsed().as_secs_f64(),
             samples_per_s: per_second((t.samples - place.timing_before.samples) as f64)
                 * self.world() as f64,
@@ -681,6 +721,7 @@ impl Trainer<'_> {
             skipped_steps: self.skipped_steps()?,
             final_train: last.map(|e| e.train.clone()).unwrap_or_default(),
             final_val: last.map(|e| e.val.clone()).unwrap_or_default(),
+            final_val_ema: last.map(|e| e.val_ema.clone()).unwrap_or_default(),
             best_val: self.best_values(&run.sums),
             chance_accuracy: run
                 .target

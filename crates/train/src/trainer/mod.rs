@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use kiln_config::keys;
 use kiln_config::{
-    CheckpointPlan, CudaGraphs, EarlyStoppingPlan, LossKind, LossScalePlan, OptimizerKind,
+    CheckpointPlan, CudaGraphs, EarlyStoppingPlan, EmaPlan, LossKind, LossScalePlan, OptimizerKind,
     ProfilingPlan, ScheduleKind, TrainPlan,
 };
 use kiln_data::{Dataset, LoaderConfig, TargetSpec};
@@ -60,6 +60,8 @@ pub struct TrainSettings {
     /// `train.max_steps` and `train.max_time`.
     pub limits: crate::stopping::Limits,
     pub early_stopping: EarlyStoppingPlan,
+    /// `train.ema`: an average of the weights, evaluated and checkpointed beside them.
+    pub ema: EmaPlan,
 }
 
 impl Default for TrainSettings {
@@ -92,6 +94,7 @@ impl Default for TrainSettings {
             cuda_graphs: CudaGraphs::Off,
             limits: crate::stopping::Limits::default(),
             early_stopping: EarlyStoppingPlan::default(),
+            ema: EmaPlan::default(),
         }
     }
 }
@@ -121,6 +124,7 @@ impl TrainSettings {
                 max_time: plan.max_time,
             },
             early_stopping: plan.early_stopping,
+            ema: plan.ema,
         }
     }
 }
@@ -239,6 +243,8 @@ pub struct Trainer<'m> {
     ranks: Ranks,
     /// The step as one CUDA graph, where it is used.
     graph: graph::GraphState,
+    /// `train.ema`'s average of the weights, while `fit` runs with one.
+    ema: Option<crate::ema::Ema>,
 }
 
 /// The steps' health, on the device: whether this step's gradients held an inf or NaN
@@ -385,6 +391,7 @@ impl<'m> Trainer<'m> {
                 phase_times: None,
             },
             graph: graph::GraphState::Unplanned,
+            ema: None,
         })
     }
 
@@ -936,6 +943,9 @@ impl<'m> Trainer<'m> {
     /// The host side of a finished step: its count, and the cache emptied on schedule.
     fn count_step(&mut self) -> Result<(), TrainError> {
         self.steps_done += 1;
+        if let Some(ema) = &mut self.ema {
+            ema.update()?;
+        }
         if self.settings.empty_cache_interval > 0
             && self
                 .steps_done
@@ -993,6 +1003,9 @@ impl<'m> Trainer<'m> {
             }
         }
         let mut state = self.optimizer.state_tensors();
+        if let Some(ema) = &self.ema {
+            state.extend(ema.state_tensors()?);
+        }
         state.push(("rng.cpu".to_owned(), kiln_torch_ext::rng::cpu_rng_state()?));
         if let Device::Cuda(i) = self.device {
             // Dropout on CUDA (libtorch's, and a TorchScript module's) draws from it.
