@@ -109,6 +109,7 @@ fn headline(pins: &str) -> String {
 /// the provisioned 2.11.0 from outside it.
 fn verify(python: &Path, target: &Path, log: &Path) -> Result<()> {
     let check = "import torch, lightning, litserve, pytorch_forecasting, monai\n\
+                 from tensorboard.backend.event_processing import event_accumulator\n\
                  assert torch.__version__.startswith('2.11.0'), torch.__version__\n\
                  assert not torch.__file__.startswith(TARGET), torch.__file__\n\
                  print('torch', torch.__version__, torch.__file__)\n\
