@@ -163,7 +163,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
     ("model sources", &["models", "program", "script", "source"]),
     ("checkpoints", &["checkpoint"]),
     ("the step and the fit loop", &["stepper", "trainer"]),
-    ("the run", &["batch_search", "learner", "run"]),
+    ("the run", &["batch_search", "learner", "lr_find", "run"]),
 ];
 
 /// A source file's text without comments (line comments and doc lines), up to its unit tests.

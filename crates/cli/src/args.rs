@@ -70,6 +70,18 @@ pub enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Run `train.lr = auto`'s learning-rate range test alone, for the model and data `kiln
+    /// train` would train (after `train.batch_size = auto`'s search where set): print the rate,
+    /// cache it for later runs, and write the curve (lr_find.json, lr_find.png) into --out.
+    LrFind {
+        #[command(flatten)]
+        train: TrainArgs,
+        #[command(flatten)]
+        config: ConfigArgs,
+        /// Where the curve goes (default: run.output_dir).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+    },
     /// Run a trained kiln checkpoint or a TorchScript module over inputs, in batches at the
     /// profile's inference batch size and precision; report throughput, latency and the
     /// deviation from fp32.

@@ -229,3 +229,44 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// `kiln lr-find`: the range test alone; prints the rate and how it was found.
+pub fn lr_find(
+    train: &TrainArgs,
+    args: &ConfigArgs,
+    out: Option<std::path::PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    if args.simulating() {
+        anyhow::bail!(
+            "kiln lr-find runs on this machine; --simulate-gpu/--cpus only work with `kiln config` and `kiln doctor`"
+        );
+    }
+    if train.resume.is_some() || train.nproc_per_node.is_some() {
+        anyhow::bail!(
+            "kiln lr-find runs on one process from fresh weights: --resume and --nproc-per-node do not apply"
+        );
+    }
+    let mut request_flags = args.flags();
+    request_flags.extend(train.flags());
+    let r = load_with_flags(args, request_flags).context("cannot start the range test")?;
+    apply_backend(&r);
+    announce(&r);
+    let out = out.unwrap_or_else(|| r.plan.run.output_dir.clone());
+    let control = kiln_train::run::RunControl {
+        cache_dir: kiln_device::measured::cache_dir(),
+        ..kiln_train::run::RunControl::default()
+    };
+    let found = kiln_train::run::find_lr(
+        &r.plan,
+        r.selection.device,
+        train.data.as_deref(),
+        &control,
+        &out,
+    )
+    .context("the learning-rate range test failed")?;
+    println!("train.lr {}", found.note);
+    if found.curve.is_some() {
+        eprintln!("wrote {}/{{lr_find.json, lr_find.png}}", out.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

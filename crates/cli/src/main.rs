@@ -49,6 +49,7 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             Some(n) => launch::launch(n),
             None => commands::train(&train, &config),
         },
+        Command::LrFind { train, config, out } => commands::lr_find(&train, &config, out),
         Command::Infer {
             model,
             inputs,

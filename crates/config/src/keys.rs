@@ -22,8 +22,8 @@ use kiln_core::options::{
 
 use crate::plan::{DataPlan, ModelPlan, TrainPlan};
 use crate::setting::{
-    BatchSize, KeepBest, ModelChoice, Port, Quantiles, Roi, TimeLimit, ValSteps, Widths, Workers,
-    config_keys,
+    BatchSize, KeepBest, LearningRate, ModelChoice, Port, Quantiles, Roi, TimeLimit, ValSteps,
+    Widths, Workers, config_keys,
 };
 
 /// `model.name` as shown: the TorchScript file, or the built-in model's name.
@@ -40,6 +40,19 @@ fn batch_size_text(train: &TrainPlan) -> String {
         format!("auto (search starts at {})", train.batch_size)
     } else {
         train.batch_size.to_string()
+    }
+}
+
+/// `train.lr` as shown: the number, or the range test (with the rate it starts from, the
+/// fallback). A cached answer is added by whoever can look it up (`kiln config --explain`).
+fn lr_text(train: &TrainPlan) -> String {
+    if train.lr_auto {
+        format!(
+            "auto (a range test before training; {} until then)",
+            train.lr
+        )
+    } else {
+        train.lr.to_string()
     }
 }
 
@@ -160,7 +173,8 @@ config_keys! {
         /// End the run after this much training time, counted over resumes: seconds, "90m",
         /// "1h30m", "DD:HH:MM:SS", or 0 / "off" for no limit.
         max_time: TimeLimit = 0 => TimeLimit(p.train.max_time);
-        lr: f64 = 1e-3 => p.train.lr, valid |v| *v > 0.0 => "must be a number > 0";
+        /// A number > 0, or "auto" for a learning-rate range test before training.
+        lr: LearningRate = 1e-3 => lr_text(&p.train);
         /// adamw or sgd.
         optimizer: OptimizerKind = "adamw" => p.train.optimizer;
         weight_decay: f64 = 0.01 => p.train.weight_decay,

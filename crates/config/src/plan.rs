@@ -23,7 +23,7 @@ use crate::keys::{
 };
 use crate::layers::Layer;
 pub use crate::setting::KeepBest;
-use crate::setting::{BatchSize, Checker, ValSteps, Workers};
+use crate::setting::{BatchSize, Checker, LearningRate, ValSteps, Workers};
 
 /// Which layer set a value, and where exactly (file path, variable name, flag).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -199,7 +199,12 @@ pub struct TrainPlan {
     pub batch_size_auto: bool,
     pub amp: AmpDtype,
     pub epochs: u64,
+    /// The learning rate; with `lr_auto`, the fallback and the rate until the range test has
+    /// found one (kiln's default, 1e-3).
     pub lr: f64,
+    /// `train.lr = "auto"`: a learning-rate range test on the run's model and data before
+    /// training, after the batch size is known.
+    pub lr_auto: bool,
     pub optimizer: OptimizerKind,
     pub weight_decay: f64,
     pub momentum: f64,
@@ -471,17 +476,23 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
     })
 }
 
+/// `train.lr`'s default, and the rate `train.lr = "auto"` falls back to until its range test
+/// has run.
+pub const DEFAULT_LR: f64 = 1e-3;
+
 fn train_plan(
     v: TrainValues,
     (stop, ema): (EarlyStoppingValues, EmaValues),
     auto_batch_start: u64,
     check: &Checker<'_>,
 ) -> Result<TrainPlan, ConfigError> {
-    if v.min_lr > v.lr {
+    if let LearningRate::Fixed(lr) = v.lr
+        && v.min_lr > lr
+    {
         return Err(check.invalid(
             keys::train::min_lr,
             v.min_lr.to_string(),
-            format!("must not exceed {} ({})", keys::train::lr, v.lr),
+            format!("must not exceed {} ({lr})", keys::train::lr),
         ));
     }
     if v.cuda_graphs == CudaGraphs::On {
@@ -514,6 +525,10 @@ fn train_plan(
             ));
         }
     }
+    let (lr, lr_auto) = match v.lr {
+        LearningRate::Fixed(x) => (x, false),
+        LearningRate::Auto => (DEFAULT_LR, true),
+    };
     let (batch_size, batch_size_auto) = match v.batch_size {
         BatchSize::Fixed(n) => (n, false),
         BatchSize::Auto => (auto_batch_start.max(1), true),
@@ -523,7 +538,8 @@ fn train_plan(
         batch_size_auto,
         amp: v.amp,
         epochs: v.epochs,
-        lr: v.lr,
+        lr,
+        lr_auto,
         optimizer: v.optimizer,
         weight_decay: v.weight_decay,
         momentum: v.momentum,

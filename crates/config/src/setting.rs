@@ -291,6 +291,62 @@ impl Setting for BatchSize {
     }
 }
 
+/// `train.lr` as written: a number (or text that reads as one, from the environment), or a
+/// word ("auto") checked in validation.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(untagged)]
+pub enum RawRate {
+    Number(f64),
+    Text(String),
+}
+
+impl<'de> serde::Deserialize<'de> for RawRate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Number(f64),
+            Text(String),
+        }
+        Ok(match Written::deserialize(d)? {
+            Written::Number(x) => RawRate::Number(x),
+            Written::Text(t) => match t.trim().parse::<f64>() {
+                Ok(x) => RawRate::Number(x),
+                Err(_) => RawRate::Text(t),
+            },
+        })
+    }
+}
+
+/// `train.lr`: a learning rate, or `auto`: a learning-rate range test on the run's model and
+/// data before training (after `train.batch_size = "auto"`'s search).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LearningRate {
+    Fixed(f64),
+    Auto,
+}
+
+impl Setting for LearningRate {
+    type Raw = RawRate;
+    fn parse(raw: RawRate) -> Result<Self, String> {
+        match raw {
+            RawRate::Number(x) if x.is_finite() && x > 0.0 => Ok(LearningRate::Fixed(x)),
+            RawRate::Text(t) if t.trim().eq_ignore_ascii_case("auto") => Ok(LearningRate::Auto),
+            _ => Err(
+                "use a number > 0, or \"auto\" to find one with a range test before \
+                 training"
+                    .to_owned(),
+            ),
+        }
+    }
+    fn raw_text(raw: &RawRate) -> String {
+        match raw {
+            RawRate::Number(x) => x.to_string(),
+            RawRate::Text(t) => format!("{t:?}"),
+        }
+    }
+}
+
 /// `data.num_workers`: a fixed number of loader threads (0 reads on the training thread), or
 /// `auto`: measured on the first training steps, the profile's count the ceiling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

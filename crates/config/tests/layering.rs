@@ -321,7 +321,11 @@ fn bad_values_name_the_key_the_value_what_is_valid_and_the_layer() {
                     "KILN_DEVICE__REQUEST",
                 ],
             ),
-            ("KILN_TRAIN__LR", "fast", &["train.lr", "not a number"]),
+            (
+                "KILN_TRAIN__LR",
+                "fast",
+                &["train.lr", "a number > 0, or \"auto\""],
+            ),
             (
                 "KILN_INFER__CUDA_GRAPHS",
                 "sometimes",
@@ -581,6 +585,38 @@ fn a_built_in_model_brings_its_own_defaults_named_and_below_everything_the_user_
             plan.source_of("model.channels").unwrap().source,
             "kiln's built-in defaults"
         );
+        Ok(())
+    });
+}
+
+#[test]
+fn lr_auto_keeps_the_default_as_its_fallback_and_explains_itself() {
+    Jail::expect_with(|jail| {
+        jail.set_env("KILN_TRAIN__LR", "auto");
+        let plan = load(&request(None, 4)).map_err(jail_err)?.plan;
+        assert!(plan.train.lr_auto);
+        assert_eq!(plan.train.lr, 1e-3);
+        let shown = plan
+            .entries()
+            .into_iter()
+            .find(|(k, _)| *k == "train.lr")
+            .map(|(_, v)| v);
+        assert_eq!(
+            shown.as_deref(),
+            Some("auto (a range test before training; 0.001 until then)")
+        );
+        jail.set_env("KILN_TRAIN__LR", "5e-4");
+        let plan = load(&request(None, 4)).map_err(jail_err)?.plan;
+        assert!(!plan.train.lr_auto);
+        assert_eq!(plan.train.lr, 5e-4);
+        for bad in ["0", "-1", "automatic"] {
+            jail.set_env("KILN_TRAIN__LR", bad);
+            let err = load(&request(None, 4)).unwrap_err().to_string();
+            assert!(
+                err.contains("train.lr") && err.contains("\"auto\""),
+                "{err}"
+            );
+        }
         Ok(())
     });
 }

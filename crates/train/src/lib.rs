@@ -18,6 +18,7 @@ pub mod init;
 pub mod inputs;
 pub mod learner;
 pub mod loss;
+pub mod lr_find;
 pub mod metrics;
 pub mod model;
 pub mod models;

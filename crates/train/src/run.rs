@@ -463,20 +463,38 @@ pub fn train(
 ) -> Result<RunOutcome, TrainError> {
     // Find and verify the checkpoint first: a bad --resume fails before anything else.
     let resume = find_resume(plan, &control)?;
+    with_recipe(plan, data_dir, resume, |plan, recipe, data, resume| {
+        let job = RunJob {
+            plan,
+            device,
+            recipe,
+            data,
+            resume,
+            control,
+        };
+        drive(job, observer)
+    })
+}
+
+/// Calls `f` with the plan's model recipe (a model file's, read with `resume`'s settings
+/// where given, or a built-in model's), the plan's data, and `resume`.
+fn with_recipe<T>(
+    plan: &RunPlan,
+    data_dir: Option<&Path>,
+    resume: Option<checkpoint::Checkpoint>,
+    f: impl FnOnce(
+        &RunPlan,
+        &ModelRecipe<'_>,
+        RunData,
+        Option<checkpoint::Checkpoint>,
+    ) -> Result<T, TrainError>,
+) -> Result<T, TrainError> {
     if plan.model.script.is_some() {
         let file = FileModel::new(plan, resume.as_ref())?;
         let data = RunData::of_plan(file.plan(), data_dir)?;
         let build = |vs: &nn::VarStore, input: &InputSpec| file.build(vs, input);
         let recipe = file.recipe(&build);
-        let job = RunJob {
-            plan: file.plan(),
-            device,
-            recipe: &recipe,
-            data,
-            resume,
-            control,
-        };
-        return drive(job, observer);
+        return f(file.plan(), &recipe, data, resume);
     }
     let data = RunData::of_plan(plan, data_dir)?;
     let (channels_last, seed) = (
@@ -492,15 +510,7 @@ pub fn train(
         warmup_steps: 1,
         init_on_cpu: true,
     };
-    let job = RunJob {
-        plan,
-        device,
-        recipe: &recipe,
-        data,
-        resume,
-        control,
-    };
-    drive(job, observer)
+    f(plan, &recipe, data, resume)
 }
 
 /// The batch size `train.batch_size = "auto"` resolves to: a resumed run keeps the size it
@@ -541,6 +551,106 @@ fn auto_batch_size(
     Ok((chosen, Some(note)))
 }
 
+/// What the model of a run on `data` is built for.
+fn input_of(data: &RunData) -> InputSpec {
+    let mut input = InputSpec::of(data.train.sample_shape(), &data.train.target());
+    input.integer_features = data.train.integer_features();
+    let arrays = data.train.inputs();
+    if arrays.len() > 1 {
+        input.arrays = arrays;
+    }
+    input
+}
+
+/// `kiln lr-find`: the range test of `train.lr = "auto"` alone, for the model and data of
+/// `plan` (after `train.batch_size = "auto"`'s search where asked), whatever the cache holds;
+/// its answer is cached in `control.cache_dir` and its curve written into `out`
+/// (`lr_find.json`, `lr_find.png`). Returns what it found.
+pub fn find_lr(
+    plan: &RunPlan,
+    device: kiln_device::Device,
+    data_dir: Option<&Path>,
+    control: &RunControl,
+    out: &Path,
+) -> Result<crate::lr_find::LrFound, TrainError> {
+    let tch_device = tch_device(device);
+    let cache_dir = control.cache_dir.as_deref();
+    let find = |plan: &RunPlan, recipe: &ModelRecipe<'_>, data: RunData| {
+        let input = input_of(&data);
+        let (plan, _) = auto_batch_size(plan, recipe, &input, &data, tch_device, None, cache_dir)?;
+        let key = crate::lr_find::key_for(&plan, recipe, &input, data.train.as_ref(), tch_device)?;
+        let mut cache = cache_dir.map(crate::lr_find::open_lr_cache);
+        let found = crate::lr_find::measure(
+            &plan,
+            recipe,
+            &input,
+            Arc::clone(&data.train),
+            tch_device,
+            cache.as_mut(),
+            &key,
+        )?;
+        if let Some(curve) = &found.curve {
+            std::fs::create_dir_all(out).map_err(|e| TrainError::File {
+                path: out.to_owned(),
+                message: e.to_string(),
+            })?;
+            crate::lr_find::write_curve(out, curve)?;
+        }
+        Ok(found)
+    };
+    with_recipe(plan, data_dir, None, |plan, recipe, data, _| {
+        find(plan, recipe, data)
+    })
+}
+
+/// The learning rate `train.lr = "auto"` resolves to, once the batch size is known: the
+/// cached answer or a range test ([`crate::lr_find`]), on a model of its own (the run's
+/// weights, optimizer and generators are as they were). Refused for a data-parallel run of
+/// more than one rank (`ranks`), whose ranks would each test their own shard. Returns the plan with the rate, and what was
+/// found (the curve, when a test ran, goes into the run directory).
+fn auto_lr(
+    plan: RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: &RunData,
+    device: tch::Device,
+    ranks: bool,
+    cache_dir: Option<&Path>,
+) -> Result<(RunPlan, Option<crate::lr_find::LrFound>), TrainError> {
+    if !plan.train.lr_auto {
+        return Ok((plan, None));
+    }
+    if ranks {
+        return Err(TrainError::InvalidPlan {
+            key: keys::train::lr,
+            value: "\"auto\"".to_owned(),
+            expected: "a number for a data-parallel run (its range test runs on one process: \
+                       run `kiln lr-find` or a one-process run first and set the rate it finds)"
+                .to_owned(),
+        });
+    }
+    let mut found = crate::lr_find::resolve_auto(
+        &plan,
+        recipe,
+        input,
+        Arc::clone(&data.train),
+        device,
+        cache_dir,
+    )?;
+    if found.lr < plan.train.min_lr {
+        found.note.push_str(&format!(
+            "; raised to {} = {}",
+            keys::train::min_lr,
+            plan.train.min_lr
+        ));
+        found.lr = plan.train.min_lr;
+    }
+    tracing::info!("train.lr {}", found.note);
+    let mut chosen = plan;
+    chosen.train.lr = found.lr;
+    Ok((chosen, Some(found)))
+}
+
 /// One run to train: the model `recipe` builds on `data` with the settings of `plan`, on
 /// `device`, continuing `resume` where given.
 #[derive(Debug)]
@@ -566,12 +676,7 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         control,
     } = job;
     let seed = plan.performance.backend.seed;
-    let mut input = InputSpec::of(data.train.sample_shape(), &data.train.target());
-    input.integer_features = data.train.integer_features();
-    let arrays = data.train.inputs();
-    if arrays.len() > 1 {
-        input.arrays = arrays;
-    }
+    let input = input_of(&data);
     let tch_device = tch_device(device);
     let (plan, batch_note) = auto_batch_size(
         plan,
@@ -583,6 +688,18 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         control.cache_dir.as_deref(),
     )?;
     let (plan, batch_note) = agree_on_batch_size(plan, batch_note, control.group.as_ref())?;
+    let (plan, lr_found) = auto_lr(
+        plan,
+        recipe,
+        &input,
+        &data,
+        tch_device,
+        control
+            .group
+            .as_ref()
+            .is_some_and(|g| crate::distributed::lock(g).world_size() > 1),
+        control.cache_dir.as_deref(),
+    )?;
     let generator = kiln_torch_ext::rng::cpu_generator_lock();
     tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
     let mut vs = nn::VarStore::new(if recipe.init_on_cpu {
@@ -651,6 +768,9 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
     }
     let mut run_dir = open_run_dir(&plan, options.resume.as_ref())?;
     let run_path = run_dir.path().to_owned();
+    if let Some(curve) = lr_found.and_then(|f| f.curve) {
+        crate::lr_find::write_curve(&run_path, &curve)?;
+    }
     observer.on_ready(&RunReady {
         run_dir: run_path.clone(),
         data: data.description.clone(),

@@ -1,0 +1,581 @@
+//! `train.lr = "auto"`: a learning-rate range test (Leslie Smith's, as Lightning's `lr_find`
+//! runs it) on the run's model and data, after the batch size is known.
+//!
+//! The rate rises exponentially from `min_lr` (1e-8) to `max_lr` (1) over `steps` (100) real
+//! optimizer steps with every setting of the plan (optimizer, weight decay, momentum,
+//! clipping, precision, accumulation), one batch each. The loss is smoothed exponentially
+//! (`beta` 0.98, debiased) and the sweep stops early once the smoothed loss passes 4× the best
+//! seen (divergence). The answer is the rate at the steepest descent of the smoothed loss
+//! (the most negative gradient over the step index, as `np.gradient` computes it), the first
+//! 10 and the last point left out; where too few points remain, none is found and the plan's
+//! rate (kiln's default) stays.
+//!
+//! The test trains its own model, built from the run's recipe with the run's seed (the same
+//! initial weights the run starts from), so the run's weights and optimizer state are never
+//! touched; the CPU (and CUDA) generators are put back afterwards, so the run draws what it
+//! would have drawn without the test. The answer is cached per (model, data, batch size,
+//! precision, optimizer and its settings, hardware) in `lr-find.json` under kiln's cache
+//! directory; the curve is written into the run directory as `lr_find.json` and `lr_find.png`.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kiln_config::RunPlan;
+use kiln_config::keys;
+use kiln_data::{Dataset, Loader, SamplerConfig};
+use kiln_device::measured::{MeasuredCache, hardware_key};
+use plotters::prelude::*;
+use serde::{Deserialize, Serialize};
+use tch::nn;
+
+use crate::TrainError;
+use crate::feed::{DeviceFeeder, loader_config};
+use crate::model::{InputSpec, ModelRecipe};
+use crate::plot::{FONT, PLOT_HEIGHT, PLOT_WIDTH, encode_png, register_fonts, tick_label, usable};
+use crate::trainer::{TrainSettings, Trainer};
+
+/// The sweep: Lightning's `lr_find` defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RangeTest {
+    pub min_lr: f64,
+    pub max_lr: f64,
+    /// Steps, one batch each; the rate of step `i` is `min_lr · (max_lr/min_lr)^(i/(steps-1))`.
+    pub steps: usize,
+    /// Smoothing of the loss: `avg = beta·avg + (1-beta)·loss`, divided by `1 - beta^(i+1)`.
+    pub beta: f64,
+    /// Stop once the smoothed loss exceeds this many times the best so far.
+    pub diverge: f64,
+    /// Points left out of the suggestion at the start and at the end.
+    pub skip_start: usize,
+    pub skip_end: usize,
+}
+
+impl Default for RangeTest {
+    fn default() -> Self {
+        Self {
+            min_lr: 1e-8,
+            max_lr: 1.0,
+            steps: 100,
+            beta: 0.98,
+            diverge: 4.0,
+            skip_start: 10,
+            skip_end: 1,
+        }
+    }
+}
+
+impl RangeTest {
+    /// The rate of step `i`.
+    pub fn lr_at(&self, i: usize) -> f64 {
+        let last = self.steps.saturating_sub(1).max(1) as f64;
+        self.min_lr * (self.max_lr / self.min_lr).powf(i as f64 / last)
+    }
+}
+
+/// What a range test saw: the rate of every step, the loss it measured there (before that
+/// step's update) and the smoothed loss; the index of the suggestion, if one was found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LrCurve {
+    pub lrs: Vec<f64>,
+    pub losses: Vec<f64>,
+    pub smoothed: Vec<f64>,
+    /// Whether the sweep ended early because the loss diverged.
+    pub diverged: bool,
+    pub suggestion: Option<usize>,
+}
+
+impl LrCurve {
+    /// The suggested rate.
+    pub fn suggested_lr(&self) -> Option<f64> {
+        self.suggestion.and_then(|i| self.lrs.get(i).copied())
+    }
+}
+
+/// A sweep in progress: ask [`Sweep::next_lr`] for a step's rate, train the step, and
+/// [`Sweep::record`] its loss; [`Sweep::finish`] gives the curve.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    test: RangeTest,
+    curve: LrCurve,
+    avg: f64,
+    best: f64,
+}
+
+impl Sweep {
+    pub fn new(test: RangeTest) -> Self {
+        Self {
+            test,
+            curve: LrCurve {
+                lrs: Vec::new(),
+                losses: Vec::new(),
+                smoothed: Vec::new(),
+                diverged: false,
+                suggestion: None,
+            },
+            avg: 0.0,
+            best: f64::INFINITY,
+        }
+    }
+
+    /// The next step's rate; `None` once the sweep is over (every step taken, or diverged).
+    pub fn next_lr(&self) -> Option<f64> {
+        let i = self.curve.lrs.len();
+        (i < self.test.steps && !self.curve.diverged).then(|| self.test.lr_at(i))
+    }
+
+    /// Records the loss of the step [`Sweep::next_lr`] gave the rate of. A non-finite loss
+    /// ends the sweep as divergence does.
+    pub fn record(&mut self, loss: f64) {
+        let Some(lr) = self.next_lr() else {
+            return;
+        };
+        let i = self.curve.lrs.len();
+        let beta = self.test.beta;
+        self.avg = beta * self.avg + (1.0 - beta) * loss;
+        let smooth = self.avg / (1.0 - beta.powi(i32::try_from(i + 1).unwrap_or(i32::MAX)));
+        self.curve.lrs.push(lr);
+        self.curve.losses.push(loss);
+        self.curve.smoothed.push(smooth);
+        if !smooth.is_finite() || (i > 0 && smooth > self.test.diverge * self.best) {
+            self.curve.diverged = true;
+        }
+        self.best = self.best.min(smooth);
+    }
+
+    /// The curve, with its suggestion.
+    pub fn finish(mut self) -> LrCurve {
+        self.curve.suggestion = suggest(
+            &self.curve.smoothed,
+            self.test.skip_start,
+            self.test.skip_end,
+        );
+        self.curve
+    }
+}
+
+/// Runs the sweep of `test`: `step(lr)` trains one step at `lr` and returns its loss.
+pub fn sweep(
+    test: &RangeTest,
+    mut step: impl FnMut(f64) -> Result<f64, TrainError>,
+) -> Result<LrCurve, TrainError> {
+    let mut sweep = Sweep::new(*test);
+    while let Some(lr) = sweep.next_lr() {
+        sweep.record(step(lr)?);
+    }
+    Ok(sweep.finish())
+}
+
+/// The index of the steepest descent of `smoothed` (the most negative gradient, central
+/// differences inside, one-sided at the ends), the first `skip_start` and the last `skip_end`
+/// points left out, non-finite points too; `None` where fewer than two points remain.
+pub fn suggest(smoothed: &[f64], skip_start: usize, skip_end: usize) -> Option<usize> {
+    let end = smoothed.len().checked_sub(skip_end)?;
+    let kept: Vec<(usize, f64)> = (skip_start..end)
+        .map(|i| (i, smoothed[i]))
+        .filter(|(_, v)| v.is_finite())
+        .collect();
+    if kept.len() < 2 {
+        return None;
+    }
+    let n = kept.len();
+    let gradient = |j: usize| match j {
+        0 => kept[1].1 - kept[0].1,
+        j if j == n - 1 => kept[j].1 - kept[j - 1].1,
+        j => (kept[j + 1].1 - kept[j - 1].1) / 2.0,
+    };
+    (0..n)
+        .min_by(|&a, &b| gradient(a).total_cmp(&gradient(b)))
+        .map(|j| kept[j].0)
+}
+
+/// Runs the range test for `plan` (its batch size already known) on `data`: a model built by
+/// `recipe` with the run's seed, trained one batch per step by a trainer with the plan's
+/// settings. The CPU and CUDA generators are put back afterwards.
+pub fn run_range_test<D: Dataset>(
+    plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: Arc<D>,
+    device: tch::Device,
+    test: &RangeTest,
+) -> Result<LrCurve, TrainError> {
+    let generator = kiln_torch_ext::rng::cpu_generator_lock();
+    let cpu_rng = kiln_torch_ext::rng::cpu_rng_state()?;
+    let cuda_rng = match device {
+        tch::Device::Cuda(i) => Some((i, kiln_torch_ext::rng::cuda_rng_state(i)?)),
+        _ => None,
+    };
+    let curve = range_test(plan, recipe, input, data, device, test);
+    kiln_torch_ext::rng::set_cpu_rng_state(&cpu_rng)?;
+    if let Some((i, state)) = cuda_rng {
+        kiln_torch_ext::rng::set_cuda_rng_state(i, &state)?;
+    }
+    drop(generator);
+    curve
+}
+
+fn range_test<D: Dataset>(
+    plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: Arc<D>,
+    device: tch::Device,
+    test: &RangeTest,
+) -> Result<LrCurve, TrainError> {
+    let seed = plan.performance.backend.seed;
+    tch::manual_seed(i64::from_ne_bytes(seed.to_ne_bytes()));
+    let mut vs = nn::VarStore::new(if recipe.init_on_cpu {
+        tch::Device::Cpu
+    } else {
+        device
+    });
+    let model = (recipe.build)(&vs, input)?;
+    model.check_inputs(&data.inputs())?;
+    if vs.device() != device {
+        vs.set_device(device);
+    }
+    let settings = TrainSettings::from_plan(&plan.train, plan.performance.empty_cache_interval);
+    let mut trainer = Trainer::new(model.as_ref(), "lr-find", &vs, settings, device)?;
+    trainer.set_target(&data.target())?;
+    let sampler = SamplerConfig {
+        shuffle: true,
+        seed,
+        ..SamplerConfig::default()
+    };
+    let mut config = loader_config(plan, sampler, true)?;
+    config.by_name = model.reads_by_name();
+    let mut loader = Loader::new(Arc::clone(&data), config)?;
+    let accum = usize::try_from(plan.train.grad_accum_steps.max(1)).unwrap_or(1);
+    let mut sweep = Sweep::new(*test);
+    let mut pending = Vec::with_capacity(accum);
+    // One epoch may hold fewer batches than the test has steps: the next epoch follows.
+    let mut epoch = 0u64;
+    while sweep.next_lr().is_some() {
+        let mut any = false;
+        for batch in DeviceFeeder::new(loader.epoch(epoch), device) {
+            any = true;
+            pending.push(batch?);
+            if pending.len() < accum {
+                continue;
+            }
+            let Some(lr) = sweep.next_lr() else {
+                break;
+            };
+            let outcome = trainer.train_step(&pending, lr)?;
+            pending.clear();
+            let sum = outcome.sums.values.f_double_value(&[0])?;
+            sweep.record(sum / outcome.samples.max(1) as f64);
+        }
+        if !any {
+            return Err(TrainError::InvalidPlan {
+                key: keys::train::lr,
+                value: "\"auto\"".to_owned(),
+                expected: "training data for its range test (the training set holds no full \
+                           batch)"
+                    .to_owned(),
+            });
+        }
+        epoch += 1;
+    }
+    Ok(sweep.finish())
+}
+
+/// One cached answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CachedLr {
+    pub lr: f64,
+    /// Unix seconds when it was measured.
+    pub measured_at: u64,
+}
+
+/// Answers by key ([`cache_key`]), in `<dir>/lr-find.json`.
+pub type LrCache = MeasuredCache<CachedLr>;
+
+/// Opens the learning-rate cache in `dir`.
+pub fn open_lr_cache(dir: &Path) -> LrCache {
+    MeasuredCache::open_file(dir, "lr-find.json", "learning-rate cache")
+}
+
+/// The cache key: everything the answer depends on (the model, the data, the batch size, the
+/// precision, the optimizer and its settings, the hardware, the seed).
+pub fn cache_key(
+    plan: &RunPlan,
+    identity: &str,
+    input: &InputSpec,
+    samples: usize,
+    hardware: &str,
+) -> String {
+    let t = &plan.train;
+    format!(
+        "{identity} on {samples}×{:?}×{} | {hardware} | {} | batch {} accum {} | {} weight_decay {} \
+         momentum {} clip {} | seed {} | kiln {}",
+        input.sample_shape,
+        input.classes,
+        t.amp,
+        t.batch_size,
+        t.grad_accum_steps,
+        t.optimizer,
+        t.weight_decay,
+        t.momentum,
+        t.clip_grad_norm,
+        plan.performance.backend.seed,
+        env!("CARGO_PKG_VERSION"),
+    )
+}
+
+/// The cache key for `plan` on `device` (the hardware read from it).
+pub fn key_for<D: Dataset>(
+    plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: &D,
+    device: tch::Device,
+) -> Result<String, TrainError> {
+    Ok(cache_key(
+        plan,
+        &recipe.identity,
+        input,
+        data.len(),
+        &hardware_key(device)?,
+    ))
+}
+
+/// What `train.lr = "auto"` resolved to: the rate, a line saying how, and the curve when a
+/// test ran (a cached answer has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LrFound {
+    pub lr: f64,
+    pub note: String,
+    pub curve: Option<LrCurve>,
+}
+
+/// The learning rate for `plan` with `train.lr = "auto"`: the cached answer for this model,
+/// data, batch size, settings and hardware, or a range test (cached afterwards). Where the
+/// test finds no steepest descent, the plan's rate stays and the note says so.
+pub fn resolve_auto<D: Dataset>(
+    plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: Arc<D>,
+    device: tch::Device,
+    cache: Option<&Path>,
+) -> Result<LrFound, TrainError> {
+    let key = key_for(plan, recipe, input, data.as_ref(), device)?;
+    let mut store = cache.map(open_lr_cache);
+    if let Some((hit, c)) = store.as_ref().and_then(|c| c.get(&key).map(|h| (h, c))) {
+        return Ok(LrFound {
+            lr: hit.lr,
+            note: format!(
+                "auto: {:.3e} (found by a range test, cached in {}; delete the entry to test again)",
+                hit.lr,
+                c.path().display()
+            ),
+            curve: None,
+        });
+    }
+    measure(plan, recipe, input, data, device, store.as_mut(), &key)
+}
+
+/// Runs the range test for `plan` whatever the cache holds, and records its answer in
+/// `cache` (under `key`, [`cache_key`]'s) where one is given (`kiln lr-find`).
+pub fn measure<D: Dataset>(
+    plan: &RunPlan,
+    recipe: &ModelRecipe<'_>,
+    input: &InputSpec,
+    data: Arc<D>,
+    device: tch::Device,
+    cache: Option<&mut LrCache>,
+    key: &str,
+) -> Result<LrFound, TrainError> {
+    let test = RangeTest::default();
+    let curve = run_range_test(plan, recipe, input, data, device, &test)?;
+    let steps = curve.lrs.len();
+    let Some(lr) = curve.suggested_lr() else {
+        return Ok(LrFound {
+            lr: plan.train.lr,
+            note: format!(
+                "auto: no steepest descent in a range test of {steps} steps{}; keeping {}",
+                if curve.diverged {
+                    " (the loss diverged early)"
+                } else {
+                    ""
+                },
+                plan.train.lr
+            ),
+            curve: Some(curve),
+        });
+    };
+    let mut note = format!(
+        "auto: {lr:.3e} (a range test of {steps} steps from {:.0e} to {:.0e}{}, the steepest \
+         descent of the smoothed loss)",
+        test.min_lr,
+        test.max_lr,
+        if curve.diverged {
+            ", stopped where the loss diverged"
+        } else {
+            ""
+        }
+    );
+    if let Some(c) = cache {
+        let measured_at = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        c.store(key, CachedLr { lr, measured_at })?;
+        note.push_str(&format!("; cached in {}", c.path().display()));
+    }
+    Ok(LrFound {
+        lr,
+        note,
+        curve: Some(curve),
+    })
+}
+
+/// Writes `curve` into `dir` as `lr_find.json` (the raw curve and the suggestion) and
+/// `lr_find.png` (the smoothed loss against the rate, log scale, the suggestion marked).
+pub fn write_curve(dir: &Path, curve: &LrCurve) -> Result<(), TrainError> {
+    let json = dir.join("lr_find.json");
+    let text = serde_json::to_string_pretty(&serde_json::json!({
+        "lr": curve.lrs,
+        "loss": curve.losses,
+        "smoothed_loss": curve.smoothed,
+        "diverged": curve.diverged,
+        "suggestion": curve.suggested_lr(),
+    }))
+    .map_err(|e| TrainError::File {
+        path: json.clone(),
+        message: e.to_string(),
+    })?;
+    std::fs::write(&json, text).map_err(|e| TrainError::File {
+        path: json.clone(),
+        message: e.to_string(),
+    })?;
+    let png = dir.join("lr_find.png");
+    let fail = |message: String| TrainError::File {
+        path: png.clone(),
+        message,
+    };
+    if !register_fonts() {
+        return Err(fail("the embedded font could not be loaded".to_owned()));
+    }
+    let mut rgb = vec![255u8; PLOT_WIDTH as usize * PLOT_HEIGHT as usize * 3];
+    draw(&mut rgb, curve).map_err(&fail)?;
+    let bytes = encode_png(&rgb, PLOT_WIDTH, PLOT_HEIGHT).map_err(|e| fail(e.to_string()))?;
+    std::fs::write(&png, bytes).map_err(|e| fail(e.to_string()))
+}
+
+/// Draws the smoothed loss against log10 of the rate, the suggestion as a red point.
+fn draw(rgb: &mut [u8], curve: &LrCurve) -> Result<(), String> {
+    let points: Vec<(f64, f64)> = curve
+        .lrs
+        .iter()
+        .zip(&curve.smoothed)
+        .map(|(lr, l)| (lr.log10(), *l))
+        .filter(|&(x, y)| usable(x) && usable(y))
+        .collect();
+    let root = BitMapBackend::with_buffer(rgb, (PLOT_WIDTH, PLOT_HEIGHT)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let lo_hi = |f: fn(&(f64, f64)) -> f64| {
+        points
+            .iter()
+            .map(f)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    let (x_lo, x_hi) = lo_hi(|p| p.0);
+    let (y_lo, y_hi) = lo_hi(|p| p.1);
+    let (x_lo, x_hi) = if x_lo < x_hi {
+        (x_lo, x_hi)
+    } else {
+        (-8.0, 0.0)
+    };
+    let (y_lo, y_hi) = if y_lo < y_hi {
+        let pad = (y_hi - y_lo) * 0.05;
+        (y_lo - pad, y_hi + pad)
+    } else if y_lo.is_finite() {
+        (y_lo - 1.0, y_lo + 1.0)
+    } else {
+        (0.0, 1.0)
+    };
+    let title = match curve.suggested_lr() {
+        Some(lr) => format!("learning-rate range test: suggestion {lr:.3e}"),
+        None => "learning-rate range test: no suggestion".to_owned(),
+    };
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FONT, 22))
+        .margin(16)
+        .margin_right(32)
+        .x_label_area_size(48)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x_lo..x_hi, y_lo..y_hi)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("learning rate (log10)")
+        .y_desc("smoothed loss")
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 15))
+        .light_line_style(RGBColor(235, 235, 235))
+        .bold_line_style(RGBColor(210, 210, 210))
+        .x_label_formatter(&|v| tick_label(*v, x_hi - x_lo))
+        .y_label_formatter(&|v| tick_label(*v, y_hi - y_lo))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(LineSeries::new(
+            points.iter().copied(),
+            RGBColor(31, 119, 180).stroke_width(2),
+        ))
+        .map_err(err)?;
+    if let Some(i) = curve.suggestion
+        && let (Some(lr), Some(l)) = (curve.lrs.get(i), curve.smoothed.get(i))
+        && usable(lr.log10())
+        && usable(*l)
+    {
+        chart
+            .draw_series(std::iter::once(Circle::new(
+                (lr.log10(), *l),
+                6,
+                RGBColor(214, 39, 40).filled(),
+            )))
+            .map_err(err)?;
+    }
+    root.present().map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_runs_from_min_to_max_exponentially() {
+        let t = RangeTest::default();
+        assert!((t.lr_at(0) - 1e-8).abs() < 1e-20);
+        assert!((t.lr_at(99) - 1.0).abs() < 1e-12);
+        let ratio = t.lr_at(51) / t.lr_at(50);
+        assert!((ratio - t.lr_at(1) / t.lr_at(0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_suggestion_is_the_steepest_descent_and_divergence_stops_the_sweep() {
+        // A loss that falls fastest around 1e-3, then blows up past 1e-1.
+        let t = RangeTest::default();
+        let curve = sweep(&t, |lr: f64| {
+            let x = lr.log10() + 3.0;
+            Ok(if lr > 0.1 {
+                1e3
+            } else {
+                1.0 - (x * 2.0).tanh()
+            })
+        })
+        .unwrap();
+        assert!(curve.diverged);
+        assert!(curve.lrs.len() < 100);
+        let lr = curve.suggested_lr().unwrap();
+        // The smoothing lags the raw curve: the steepest smoothed descent is a little later.
+        assert!((1e-3..1e-2).contains(&lr), "{lr}");
+        assert_eq!(suggest(&[1.0; 5], 10, 1), None);
+        assert_eq!(suggest(&[3.0, 2.0, 0.0, -0.5], 0, 0), Some(1));
+    }
+}
