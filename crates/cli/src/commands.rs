@@ -141,9 +141,31 @@ pub fn config(args: &ConfigArgs, explain: bool, format: Format) -> anyhow::Resul
     let r = load(args)?;
     match format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&report::plan_json(&r))?),
-        Format::Text => print!("{}", report::plan_text(&r, explain)),
+        Format::Text => print!("{}", report::plan_text(&r, explain, &lr_shown(&r, args))),
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `train.lr = auto` as `config --explain` shows it where this machine's cache holds its
+/// answer for the plan's model and data (not for a simulated machine).
+fn lr_shown(r: &Resolution, args: &ConfigArgs) -> Vec<(&'static str, String)> {
+    if !r.plan.train.lr_auto || args.simulating() {
+        return Vec::new();
+    }
+    let Some(cache) = kiln_device::measured::cache_dir() else {
+        return Vec::new();
+    };
+    match kiln_train::run::cached_lr(&r.plan, r.selection.device, None, &cache) {
+        Ok(Some(lr)) => vec![(
+            kiln_config::keys::train::lr,
+            format!("auto (found {lr:.1e} by a range test, cached)"),
+        )],
+        Ok(None) => Vec::new(),
+        Err(e) => {
+            tracing::debug!("no cached train.lr: {e}");
+            Vec::new()
+        }
+    }
 }
 
 /// Applies the plan's backend settings (threads, TF32, matmul precision, …), logging each.

@@ -388,7 +388,9 @@ fn layer_name(layer: Layer) -> &'static str {
     }
 }
 
-pub fn plan_text(r: &Resolution, explain: bool) -> String {
+/// The plan as text; `shown` replaces a key's value where what it resolves to is known
+/// only on this machine (`train.lr = auto`'s cached answer).
+pub fn plan_text(r: &Resolution, explain: bool, shown: &[(&str, String)]) -> String {
     let mut s = String::new();
     let gpu = r
         .selection
@@ -410,6 +412,10 @@ pub fn plan_text(r: &Resolution, explain: bool) -> String {
     let entries = r.plan.entries();
     let width = entries.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in entries {
+        let value = shown
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(value, |(_, v)| v.clone());
         if explain {
             let p = r.plan.source_of(key);
             let layer = p.map_or("?", |p| layer_name(p.layer));

@@ -1,5 +1,6 @@
 //! `kiln lr-find`: the learning-rate range test alone prints the rate it found, caches it, and
-//! writes the curve; a `kiln train` with `train.lr = auto` afterwards takes the cached answer.
+//! writes the curve; `kiln config --explain` shows that answer, and a `kiln train` with
+//! `train.lr = auto` afterwards takes it from the cache.
 
 mod common;
 
@@ -38,6 +39,20 @@ fn lr_find_prints_caches_and_plots_the_rate_and_train_takes_it_from_the_cache() 
     assert!(out.join("lr_find.json").is_file() && out.join("lr_find.png").is_file());
     let cached = std::fs::read_to_string(cache.join("lr-find.json")).unwrap();
     assert!(cached.contains("\"lr\""), "{cached}");
+
+    // `config --explain` shows the answer the cache holds for this model and data.
+    let mut args = vec!["config", "--explain", "--set", "model.name=mlp"];
+    args.extend(sets.iter().filter(|a| !["--model", "mlp"].contains(a)));
+    args.extend(["--set", "train.lr=auto"]);
+    let explained = kiln_with_env(&args, &cache_env);
+    assert!(explained.status.success(), "{}", stderr(&explained));
+    let text = stdout(&explained);
+    assert!(
+        text.lines().any(|l| l.starts_with("train.lr ")
+            && l.contains("auto (found ")
+            && l.contains("cached")),
+        "{text}"
+    );
 
     let runs = tmp.path().join("runs");
     let mut args = vec!["train"];

@@ -603,6 +603,38 @@ pub fn find_lr(
     })
 }
 
+/// The rate `train.lr = "auto"` would take from the cache in `cache_dir` for the model and
+/// data of `plan` on `device`, without testing anything (`kiln config --explain`); `None`
+/// where the cache has no answer (or `train.batch_size = "auto"`'s has none yet).
+pub fn cached_lr(
+    plan: &RunPlan,
+    device: kiln_device::Device,
+    data_dir: Option<&Path>,
+    cache_dir: &Path,
+) -> Result<Option<f64>, TrainError> {
+    if !plan.train.lr_auto {
+        return Ok(None);
+    }
+    let tch_device = tch_device(device);
+    with_recipe(plan, data_dir, None, |plan, recipe, data, _| {
+        let input = input_of(&data);
+        let mut plan = plan.clone();
+        if plan.train.batch_size_auto {
+            let hardware = kiln_device::measured::hardware_key(tch_device)?;
+            let key = crate::batch_search::cache_key(&plan, &recipe.identity, &input, &hardware);
+            let cache = crate::batch_search::open_batch_size_cache(cache_dir);
+            let Some(answer) = cache.get(&key) else {
+                return Ok(None);
+            };
+            plan.train.batch_size = answer.batch_size;
+        }
+        let key = crate::lr_find::key_for(&plan, recipe, &input, data.train.as_ref(), tch_device)?;
+        Ok(crate::lr_find::open_lr_cache(cache_dir)
+            .get(&key)
+            .map(|c| c.lr))
+    })
+}
+
 /// The learning rate `train.lr = "auto"` resolves to, once the batch size is known: the
 /// cached answer or a range test ([`crate::lr_find`]), on a model of its own (the run's
 /// weights, optimizer and generators are as they were). Refused for a data-parallel run of
