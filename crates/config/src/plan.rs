@@ -229,11 +229,21 @@ pub struct TrainPlan {
 }
 
 /// `train.ema`: an exponential moving average of the weights.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct EmaPlan {
     /// 0: off.
     pub decay: f64,
     pub warmup: bool,
+}
+
+impl Default for EmaPlan {
+    /// Off; when on, with the decay's warm-up (the key table's defaults).
+    fn default() -> Self {
+        Self {
+            decay: 0.0,
+            warmup: true,
+        }
+    }
 }
 
 impl EmaPlan {

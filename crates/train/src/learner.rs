@@ -162,6 +162,7 @@ impl LearnerBuilder {
                 },
                 group,
                 metrics: self.metrics,
+                clock: None,
             },
         })
     }

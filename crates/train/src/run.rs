@@ -47,6 +47,8 @@ pub struct RunControl {
     pub group: Option<crate::distributed::SharedGroup>,
     /// Metrics reported besides the task's (see [`crate::metrics::Metric`]).
     pub metrics: Vec<Arc<dyn crate::metrics::Metric>>,
+    /// The clock of `train.max_time` and `checkpoint.every_seconds` (`None`: wall time).
+    pub clock: Option<crate::stopping::Clock>,
 }
 
 /// The newest run directory named `<name>-…` under `output_dir` that has checkpoints.
@@ -784,6 +786,7 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         stop: control.stop,
         batch_size_search: batch_note,
         profiling: None,
+        clock: control.clock,
     };
     if rank > 0 {
         // Only rank 0 writes: the run directory, metrics, checkpoints and traces.

@@ -3,13 +3,43 @@
 //! (`train.early_stopping`, as Lightning's `EarlyStopping`: `patience` epochs in a row without
 //! an improvement of more than `min_delta`, or a value that is not finite).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kiln_config::{EarlyStoppingPlan, KeepBest, MetricMode, MetricName, keys};
 use serde::{Deserialize, Serialize};
 
 use crate::TrainError;
 use crate::metrics::MetricValues;
+
+/// The clock `train.max_time` and `checkpoint.every_seconds` read: the time since it was made,
+/// real by default. A test drives one of its own ([`Clock::driven`]) so that what the clock
+/// decides does not hang on the machine's speed.
+#[derive(Clone)]
+pub struct Clock(Arc<dyn Fn() -> Duration + Send + Sync>);
+
+impl Clock {
+    /// Wall time from now on.
+    pub fn real() -> Self {
+        let start = Instant::now();
+        Self(Arc::new(move || start.elapsed()))
+    }
+
+    /// A clock reading whatever `now` says.
+    pub fn driven(now: impl Fn() -> Duration + Send + Sync + 'static) -> Self {
+        Self(Arc::new(now))
+    }
+
+    pub fn now(&self) -> Duration {
+        (self.0)()
+    }
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Clock({:?})", self.now())
+    }
+}
 
 /// Why a run ended before its epochs: which condition, and what it saw.
 #[derive(Debug, Clone, PartialEq, Serialize)]

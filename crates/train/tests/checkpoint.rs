@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 mod common;
 
@@ -15,6 +16,7 @@ use kiln_train::TrainError;
 use kiln_train::checkpoint::{self, Contents, Retention};
 use kiln_train::record::{Observer, Progress, Silent};
 use kiln_train::run::{Resume, RunControl, train};
+use kiln_train::stopping::Clock;
 use serde_json::Value;
 use tch::{Kind, Tensor};
 
@@ -236,86 +238,54 @@ fn resuming_an_older_checkpoint_sets_newer_ones_aside_and_clears_dead_writes() {
     checkpoint::load(&ckpts.join(checkpoint::dir_name(14))).unwrap();
 }
 
-/// Crashes the run three steps after a time-based checkpoint appeared: one at a step that ends
-/// no epoch (`checkpoint.every_steps` is off).
-struct CrashAfterTimed {
-    ckpts: PathBuf,
-    steps_per_epoch: u64,
-    timed: Option<u64>,
+/// A training clock that reads 0.1 s per step done, and a crash at step `crash_at`.
+struct Ticking {
+    now_ms: Arc<AtomicU64>,
+    crash_at: u64,
 }
 
-impl Observer for CrashAfterTimed {
-    fn on_start(&mut self, start: &kiln_train::record::RunStart) -> Result<(), TrainError> {
-        self.steps_per_epoch = start.steps_per_epoch;
-        Ok(())
-    }
-
+impl Observer for Ticking {
     fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
-        if let Some(at) = self.timed {
-            if p.step >= at + 3 {
-                return Err(TrainError::InvalidPlan {
-                    key: "test",
-                    value: "crash".into(),
-                    expected: "the run dies here".into(),
-                });
-            }
-        } else if self.ckpts.is_dir() {
-            let spe = self.steps_per_epoch;
-            self.timed = steps(&self.ckpts).into_iter().find(|s| s % spe != 0);
+        self.now_ms.store(p.step * 100, Ordering::SeqCst);
+        if p.step == self.crash_at {
+            return Err(TrainError::InvalidPlan {
+                key: "test",
+                value: "crash".into(),
+                expected: "the run dies here".into(),
+            });
         }
         Ok(())
     }
 }
 
-/// `checkpoint.every_seconds`: checkpoints between epoch ends by the clock alone, and a run
+/// `checkpoint.every_seconds`: checkpoints between epoch ends by the clock alone (here a
+/// clock of 0.1 s a step, so that what it decides is the same on any machine), and a run
 /// killed after one resumes from it, bit-exactly.
 #[test]
 fn a_run_killed_between_time_based_checkpoints_resumes_from_the_latest() {
-    // One epoch of 405 steps (seconds in a debug build): the clock, not its end, checkpoints
-    // within it.
-    let long = ["train.epochs=1", "data.synthetic_samples=7200"];
-    let reference = tempfile::tempdir().unwrap();
-    let plan = cpu_plan(reference.path(), &long);
-    train(&plan, Device::Cpu, None, RunControl::default(), &mut Silent).unwrap();
-    let expected = learning_curve(&only_run(reference.path()));
-
+    let expected = uninterrupted_curve();
     let out = tempfile::tempdir().unwrap();
     let timed = ["checkpoint.every_steps=0", "checkpoint.every_seconds=1"];
-    let plan = cpu_plan(out.path(), &[&long[..], &timed[..]].concat());
-    let mut crash = CrashAfterTimed {
-        ckpts: out.path().join("none-yet"),
-        steps_per_epoch: 0,
-        timed: None,
+    let plan = cpu_plan(out.path(), &timed);
+    let now_ms = Arc::new(AtomicU64::new(0));
+    let clock = {
+        let now_ms = now_ms.clone();
+        Clock::driven(move || Duration::from_millis(now_ms.load(Ordering::SeqCst)))
     };
-    // The run directory is named when the run starts: look for its checkpoints from there.
-    struct Watch<'a>(&'a mut CrashAfterTimed, &'a Path);
-    impl Observer for Watch<'_> {
-        fn on_start(&mut self, s: &kiln_train::record::RunStart) -> Result<(), TrainError> {
-            self.0.ckpts = only_run(self.1).join("checkpoints");
-            self.0.on_start(s)
-        }
-        fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
-            self.0.on_step(p)
-        }
-    }
-    let err = train(
-        &plan,
-        Device::Cpu,
-        None,
-        RunControl::default(),
-        &mut Watch(&mut crash, out.path()),
-    )
-    .unwrap_err();
+    let control = RunControl {
+        clock: Some(clock),
+        ..RunControl::default()
+    };
+    let mut ticking = Ticking {
+        now_ms,
+        crash_at: 73,
+    };
+    let err = train(&plan, Device::Cpu, None, control, &mut ticking).unwrap_err();
     assert!(err.to_string().contains("the run dies here"), "{err}");
-    let at = crash
-        .timed
-        .expect("a time-based checkpoint between epoch ends");
+    // Every second of the clock (10 steps) since the last checkpoint, and the epoch's end
+    // (step 56), which restarts the count.
     let ckpts = only_run(out.path()).join("checkpoints");
-    assert_eq!(
-        steps(&ckpts).last(),
-        Some(&at),
-        "the newest is the timed one"
-    );
+    assert_eq!(steps(&ckpts), [10, 20, 30, 40, 50, 56, 66]);
     resume_to_end(&plan, Resume::Latest);
     assert_eq!(learning_curve(&only_run(out.path())), expected);
 }

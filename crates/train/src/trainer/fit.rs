@@ -26,7 +26,7 @@ use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
 use crate::schedule::LrSchedule;
-use crate::stopping::{EarlyStopping, Limits, StopReason};
+use crate::stopping::{Clock, EarlyStopping, Limits, StopReason};
 use crate::workers::WorkerTuner;
 
 /// A run's loaders.
@@ -62,17 +62,25 @@ struct Run {
     stop: Option<StopReason>,
     /// Training time of the run's earlier segments (before the checkpoint it resumed from).
     trained_before: Duration,
+    /// The clock the time limit and time-based checkpoints read, and its reading at the start.
+    clock: Clock,
+    clock_start: Duration,
     /// Which checkpoints are kept.
     retention: Option<Retention>,
-    /// When the last checkpoint was written (or the run started), for
+    /// The clock's reading when the last checkpoint was written (or the run started), for
     /// `checkpoint.every_seconds`.
-    last_saved: Instant,
+    last_saved: Duration,
 }
 
 impl Run {
     /// Training time over every resume.
     fn trained(&self) -> Duration {
-        self.trained_before + self.started.elapsed()
+        self.trained_before + self.clock.now().saturating_sub(self.clock_start)
+    }
+
+    /// Time since the last checkpoint, on the run's clock.
+    fn since_saved(&self) -> Duration {
+        self.clock.now().saturating_sub(self.last_saved)
     }
 
     /// The running sums carried from one epoch to the next: the skipped steps, the best
@@ -215,6 +223,8 @@ impl Trainer<'_> {
             }
         });
         let trained_before = Duration::from_secs_f64(sums.trained_seconds.unwrap_or(0.0).max(0.0));
+        let clock = options.clock.clone().unwrap_or_else(Clock::real);
+        let clock_start = clock.now();
         let run = Run {
             target,
             train_samples,
@@ -247,8 +257,10 @@ impl Trainer<'_> {
             early_stopping,
             stop: None,
             trained_before,
+            clock,
+            clock_start,
             retention,
-            last_saved: Instant::now(),
+            last_saved: clock_start,
         };
         Ok((loaders, run))
     }
@@ -570,7 +582,7 @@ impl Trainer<'_> {
         // once; it is the one a run resumes from with any number of ranks.
         let epoch_ends = place.consumed >= run.batches_per_epoch || run.stop.is_some();
         let seconds = ckpt.plan.every_seconds;
-        let timed = seconds > 0 && run.last_saved.elapsed() >= Duration::from_secs(seconds);
+        let timed = seconds > 0 && run.since_saved() >= Duration::from_secs(seconds);
         let periodic = every > 0 && self.steps_done.is_multiple_of(every);
         if !((periodic || timed) && !epoch_ends || stopping) {
             return Ok(None);
@@ -591,7 +603,7 @@ impl Trainer<'_> {
     /// Removes the checkpoints the run's retention policy does not keep, and restarts the
     /// clock of `checkpoint.every_seconds`.
     fn prune(&self, run: &mut Run, ckpt: &CheckpointOptions) -> Result<(), TrainError> {
-        run.last_saved = Instant::now();
+        run.last_saved = run.clock.now();
         match &run.retention {
             Some(policy) => checkpoint::prune(&ckpt.dir, policy).map(|_| ()),
             None => Ok(()),

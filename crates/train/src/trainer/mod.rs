@@ -208,6 +208,8 @@ pub struct FitOptions {
     pub profiling: Option<ProfilingOptions>,
     /// How an automatic batch size was found, for the reports.
     pub batch_size_search: Option<String>,
+    /// The clock of the time limit and time-based checkpoints (`None`: wall time).
+    pub clock: Option<crate::stopping::Clock>,
 }
 
 /// The profiler's schedule and where its traces go (`runs/<run>/profiler_traces`).
