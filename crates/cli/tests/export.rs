@@ -271,13 +271,9 @@ fn prepared_with(dir: &Path, name: &str, edit: impl Fn(&mut [f32])) -> PathBuf {
     out
 }
 
-#[test]
-#[ignore = "needs Python with torch 2.11, the ONNX export packages and the onnxruntime wheel \
-            (KILN_PYTHON, KILN_ONNX_PYTHONPATH); `cargo xtask test` runs it"]
-fn an_int8_export_is_checked_on_the_users_data_and_runs_in_onnxruntime_with_python_torch() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = prepared(tmp.path(), "data");
-    let runs = format!("run.output_dir={}", tmp.path().join("runs").display());
+/// A run of the MLP trained for 2 epochs in fp32 on `data`, under `dir/runs`.
+fn trained_mlp(dir: &Path, data: &Path) -> PathBuf {
+    let runs = format!("run.output_dir={}", dir.join("runs").display());
     let o = kiln(&[
         "train",
         "--model",
@@ -292,7 +288,16 @@ fn an_int8_export_is_checked_on_the_users_data_and_runs_in_onnxruntime_with_pyth
         &runs,
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let run = only_run(&tmp.path().join("runs"));
+    only_run(&dir.join("runs"))
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11, the ONNX export packages and the onnxruntime wheel \
+            (KILN_PYTHON, KILN_ONNX_PYTHONPATH); `cargo xtask test` runs it"]
+fn an_int8_export_is_checked_on_the_users_data_and_runs_in_onnxruntime_with_python_torch() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = prepared(tmp.path(), "data");
+    let run = trained_mlp(tmp.path(), &data);
     let (fp32, int8) = (tmp.path().join("fp32.onnx"), tmp.path().join("int8.onnx"));
     assert!(export(&run, &fp32).status.success());
     let quantize = |out: &Path, extra: &[&str]| {
@@ -380,22 +385,7 @@ fn an_int8_export_that_loses_accuracy_is_refused_with_python_torch() {
     let outliers = prepared_with(tmp.path(), "outliers", |x| {
         x.chunks_mut(64).step_by(32).for_each(|row| row[1] = 1.0e4);
     });
-    let runs = format!("run.output_dir={}", tmp.path().join("runs").display());
-    let o = kiln(&[
-        "train",
-        "--model",
-        "mlp",
-        "--data",
-        data.to_str().unwrap(),
-        "--epochs",
-        "2",
-        "--set",
-        "train.amp=fp32",
-        "--set",
-        &runs,
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let run = only_run(&tmp.path().join("runs"));
+    let run = trained_mlp(tmp.path(), &data);
     let int8 = tmp.path().join("int8.onnx");
     let o = kiln(&[
         "export",

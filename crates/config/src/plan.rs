@@ -274,12 +274,6 @@ impl Default for EarlyStoppingPlan {
     }
 }
 
-impl EarlyStoppingPlan {
-    pub fn enabled(&self) -> bool {
-        self.metric != KeepBest::Off
-    }
-}
-
 /// When and how many checkpoints a run keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointPlan {

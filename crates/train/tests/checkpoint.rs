@@ -9,6 +9,8 @@ use std::time::Duration;
 
 mod common;
 
+use common::only_run;
+
 use kiln_config::KeepBest;
 use kiln_config::load;
 use kiln_device::Device;
@@ -56,16 +58,6 @@ impl Observer for StopAt {
         }
         Ok(())
     }
-}
-
-fn only_run(out: &Path) -> PathBuf {
-    let dirs: Vec<PathBuf> = std::fs::read_dir(out)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
 }
 
 /// The deterministic content of a run's step and epoch records.

@@ -7,10 +7,8 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use kiln_config::load;
-use kiln_device::Device;
 use kiln_train::checkpoint;
-use kiln_train::record::Silent;
-use kiln_train::run::{Resume, RunControl, train};
+use kiln_train::run::Resume;
 use serde_json::Value;
 
 fn plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
@@ -27,22 +25,11 @@ fn plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
 }
 
 fn run(plan: &kiln_config::RunPlan, resume: Option<Resume>) -> PathBuf {
-    let control = RunControl {
-        resume,
-        ..RunControl::default()
-    };
-    train(plan, Device::Cpu, None, control, &mut Silent)
-        .unwrap()
-        .run_dir
+    common::train_quietly(plan, resume).run_dir
 }
 
 fn epochs(run: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["kind"] == "epoch")
-        .collect()
+    common::records(run, "epoch")
 }
 
 #[test]

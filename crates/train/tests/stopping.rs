@@ -2,16 +2,17 @@
 //! checkpoint kept, the count carried over a resume), `train.max_steps` (mid-epoch, the schedule
 //! following it, resumed where it stood) and `train.max_time` (within one step).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
 
+use common::{only_run, records};
 use kiln_config::load;
 use kiln_device::Device;
 use kiln_train::TrainError;
 use kiln_train::checkpoint;
-use kiln_train::record::{Observer, Progress, RunStart, Silent, Summary};
+use kiln_train::record::{Observer, Progress, RunStart, Summary};
 use kiln_train::run::{Resume, RunControl, train};
 use serde_json::Value;
 
@@ -28,33 +29,7 @@ fn plan(out: &Path, extra: &[&str]) -> kiln_config::RunPlan {
 }
 
 fn run(plan: &kiln_config::RunPlan, resume: Option<Resume>) -> Summary {
-    let control = RunControl {
-        resume,
-        ..RunControl::default()
-    };
-    train(plan, Device::Cpu, None, control, &mut Silent)
-        .unwrap()
-        .summary
-}
-
-fn only_run(out: &Path) -> PathBuf {
-    let dirs: Vec<PathBuf> = std::fs::read_dir(out)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    assert_eq!(dirs.len(), 1, "{dirs:?}");
-    dirs[0].clone()
-}
-
-/// The run's records of `kind` (`step`, `epoch`, `start`).
-fn records(run: &Path, kind: &str) -> Vec<Value> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["kind"] == kind)
-        .collect()
+    common::train_quietly(plan, resume).summary
 }
 
 fn checkpoint_steps(run: &Path) -> Vec<u64> {

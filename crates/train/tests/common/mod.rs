@@ -38,6 +38,43 @@ pub fn run_request(out: &Path, base: &[&str], extra: &[&str]) -> ConfigRequest {
     cpu_request(&sets)
 }
 
+/// The one run directory under `out`.
+#[allow(dead_code)] // not every test binary writes runs
+pub fn only_run(out: &Path) -> std::path::PathBuf {
+    let dirs: Vec<std::path::PathBuf> = std::fs::read_dir(out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs[0].clone()
+}
+
+/// The records of `kind` (`start`, `step`, `epoch`) in a run's `metrics.jsonl`.
+#[allow(dead_code)] // not every test binary reads records
+pub fn records(run: &Path, kind: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["kind"] == kind)
+        .collect()
+}
+
+/// Trains `plan` on the CPU, resuming as `resume` says, without an observer.
+#[allow(dead_code)] // not every test binary trains whole runs
+pub fn train_quietly(
+    plan: &kiln_config::RunPlan,
+    resume: Option<kiln_train::run::Resume>,
+) -> kiln_train::run::RunOutcome {
+    let control = kiln_train::run::RunControl {
+        resume,
+        ..kiln_train::run::RunControl::default()
+    };
+    let silent = &mut kiln_train::record::Silent;
+    kiln_train::run::train(plan, kiln_device::Device::Cpu, None, control, silent).unwrap()
+}
+
 /// The Python whose torch is the libtorch kiln runs on: `KILN_PYTHON` (`cargo xtask test` sets
 /// it), else the venv that the libtorch in use lives in. Tests that need it are `#[ignore]`d
 /// with the reason and named `…with_python_torch`, which `cargo xtask test` runs.
