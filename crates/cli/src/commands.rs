@@ -244,12 +244,27 @@ pub fn train(train: &TrainArgs, args: &ConfigArgs) -> anyhow::Result<ExitCode> {
         other => other.context(failed)?,
     };
     if lead {
-        eprintln!(
-            "wrote {}/{{config.json, metrics.jsonl, summary.json, curves.png}}",
-            outcome.run_dir.display()
-        );
+        eprintln!("{}", wrote_line(&outcome.run_dir));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The line `kiln train` ends with: the files the run directory holds (the run's record, its
+/// curves, TensorBoard events, the learning-rate range test's curve), in name order, and its
+/// checkpoints' directory.
+fn wrote_line(run_dir: &std::path::Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(run_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dir = e.file_type().ok()?.is_dir();
+            (!name.starts_with('.')).then(|| if dir { format!("{name}/") } else { name })
+        })
+        .collect();
+    names.sort();
+    format!("wrote {}/{{{}}}", run_dir.display(), names.join(", "))
 }
 
 /// `kiln lr-find`: the range test alone; prints the rate and how it was found.
@@ -291,4 +306,21 @@ pub fn lr_find(
         eprintln!("wrote {}/{{lr_find.json, lr_find.png}}", out.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrote_line;
+
+    #[test]
+    fn the_last_line_lists_what_the_run_directory_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["metrics.jsonl", "config.json", "lr_find.json", ".metrics.jsonl.tmp"] {
+            std::fs::write(dir.path().join(name), "").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
+        let line = wrote_line(dir.path());
+        let listed = "{checkpoints/, config.json, lr_find.json, metrics.jsonl}";
+        assert_eq!(line, format!("wrote {}/{listed}", dir.path().display()));
+    }
 }

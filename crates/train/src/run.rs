@@ -868,7 +868,12 @@ fn open_run_dir(
                     path: ckpt.dir.clone(),
                     message: "a checkpoint must sit in <run>/checkpoints/".to_owned(),
                 })?;
-            RunDir::reopen(dir, &plan.run.name, ckpt.meta.step, ckpt.meta.epoch)
+            RunDir::reopen(
+                dir,
+                &plan.run.name,
+                (ckpt.meta.step, ckpt.meta.epoch),
+                plan.run.tensorboard,
+            )
         }
         None => RunDir::create(&plan.run.output_dir, &plan.run.name, plan),
     }

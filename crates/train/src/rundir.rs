@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::TrainError;
 use crate::plot::{PlotSpec, Series, label, write_training_plot};
 use crate::record::{EpochRecord, Observer, RunStart, StepRecord, Summary};
-use crate::tensorboard::{EventWriter, FILE_MARK, HParam};
+use crate::tensorboard::{EventWriter, HParam};
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> TrainError {
     TrainError::File {
@@ -177,10 +177,16 @@ impl RunDir {
     /// Reopens the run directory `path` to continue it from a checkpoint at `step` whose data
     /// position is in `epoch`: `metrics.jsonl` keeps what was logged up to that point (records
     /// written after the checkpoint are dropped, as the resumed run writes them again), and is
-    /// rewritten atomically. A run that wrote TensorBoard events goes on in a new event file,
-    /// which starts with a restart at `step + 1`: TensorBoard drops what the earlier files hold
-    /// from there on, as the resumed run writes it again.
-    pub fn reopen(path: &Path, name: &str, step: u64, epoch: u64) -> Result<Self, TrainError> {
+    /// rewritten atomically. With `tensorboard` (the resumed run's `run.tensorboard`, which may
+    /// differ from the first run's) the run goes on in a new event file, which starts with a
+    /// restart at `step + 1`: TensorBoard drops what earlier files hold from there on, as the
+    /// resumed run writes it again.
+    pub fn reopen(
+        path: &Path,
+        name: &str,
+        (step, epoch): (u64, u64),
+        tensorboard: bool,
+    ) -> Result<Self, TrainError> {
         let metrics_path = path.join("metrics.jsonl");
         let text =
             std::fs::read_to_string(&metrics_path).map_err(|e| file_error(&metrics_path, e))?;
@@ -231,7 +237,7 @@ impl RunDir {
             .append(true)
             .open(&metrics_path)
             .map_err(|e| file_error(&metrics_path, e))?;
-        let events = if has_event_files(path)? {
+        let events = if tensorboard {
             let mut events = EventWriter::create(path)?;
             events.restart_at(step + 1)?;
             Some(events)
@@ -300,18 +306,6 @@ impl RunDir {
         )
         .map_err(|e| file_error(path, e))
     }
-}
-
-/// Whether `dir` holds TensorBoard event files.
-fn has_event_files(dir: &Path) -> Result<bool, TrainError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| file_error(dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| file_error(dir, e))?;
-        if entry.file_name().to_string_lossy().contains(FILE_MARK) {
-            return Ok(true);
-        }
-    }
-    Ok(false)
 }
 
 /// A logged step's scalars, as TensorBoard tags: `train/<metric>`, the rate and timings, the
@@ -436,7 +430,35 @@ impl Observer for RunDir {
 
 #[cfg(test)]
 mod tests {
-    use super::timestamp;
+    use super::{RunDir, timestamp};
+    use crate::tensorboard::FILE_MARK;
+
+    /// The TensorBoard event files in `dir`.
+    fn event_files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().starts_with(FILE_MARK)
+            })
+            .count()
+    }
+
+    /// A resumed run writes TensorBoard events when its own `run.tensorboard` says so, whatever
+    /// the first run did: turned on at the resume, a first event file appears; turned off, none
+    /// is added.
+    #[test]
+    fn a_resumed_run_follows_its_own_tensorboard_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let step = r#"{"kind":"step","step":1,"epoch_progress":0.5,"loss":1.0}"#;
+        std::fs::write(dir.path().join("metrics.jsonl"), format!("{step}\n")).unwrap();
+        RunDir::reopen(dir.path(), "run", (1, 0), false).unwrap();
+        assert_eq!(event_files(dir.path()), 0);
+        RunDir::reopen(dir.path(), "run", (1, 0), true).unwrap();
+        assert_eq!(event_files(dir.path()), 1);
+        RunDir::reopen(dir.path(), "run", (1, 0), false).unwrap();
+        assert_eq!(event_files(dir.path()), 1);
+    }
 
     #[test]
     fn timestamps_are_utc_calendar_times() {
