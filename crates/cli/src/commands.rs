@@ -315,7 +315,12 @@ mod tests {
     #[test]
     fn the_last_line_lists_what_the_run_directory_holds() {
         let dir = tempfile::tempdir().unwrap();
-        for name in ["metrics.jsonl", "config.json", "lr_find.json", ".metrics.jsonl.tmp"] {
+        for name in [
+            "metrics.jsonl",
+            "config.json",
+            "lr_find.json",
+            ".metrics.jsonl.tmp",
+        ] {
             std::fs::write(dir.path().join(name), "").unwrap();
         }
         std::fs::create_dir(dir.path().join("checkpoints")).unwrap();
