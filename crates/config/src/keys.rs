@@ -253,6 +253,15 @@ config_keys! {
         /// The largest request body accepted.
         max_body_bytes: u64 = 16 * 1024 * 1024 => p.serve.max_body_bytes,
             valid |v| *v >= 1 => "must be at least 1";
+        /// Seconds a request may take to arrive, from its first byte to its body's last: past
+        /// it the server answers 408 and closes the connection (an idle connection is closed
+        /// after as long, without an answer).
+        read_timeout_s: f64 = 30.0 => p.serve.read_timeout.as_secs_f64(),
+            valid |v| *v > 0.0 && *v <= 86_400.0 => "must be in (0, 86400] seconds";
+        /// Connections open at once; beyond this a new connection gets 503 with Retry-After and
+        /// is closed.
+        max_connections: u64 = 1024 => p.serve.max_connections,
+            valid |v| *v >= 1 => "must be at least 1";
     }
 
     /// The profiler's schedule and what it records.
@@ -384,7 +393,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 98);
+        assert_eq!(KEYS.len(), 100);
     }
 
     #[test]

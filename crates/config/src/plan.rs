@@ -320,6 +320,10 @@ pub struct ServePlan {
     pub max_wait: std::time::Duration,
     pub queue_capacity: u64,
     pub max_body_bytes: u64,
+    /// How long a request may take to arrive, from its first byte to its body's last.
+    pub read_timeout: std::time::Duration,
+    /// Connections open at once; beyond this, 503 and close.
+    pub max_connections: u64,
 }
 
 /// The `distributed` section: how ranks of a data-parallel run wait for each other and bucket
@@ -614,6 +618,8 @@ fn serve_plan(v: ServeValues) -> ServePlan {
         max_wait: std::time::Duration::from_secs_f64(v.max_wait_ms / 1e3),
         queue_capacity: v.queue_capacity,
         max_body_bytes: v.max_body_bytes,
+        read_timeout: std::time::Duration::from_secs_f64(v.read_timeout_s),
+        max_connections: v.max_connections,
     }
 }
 

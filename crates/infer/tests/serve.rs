@@ -1,8 +1,9 @@
 //! The inference server end to end, over real HTTP, with fake runners: request formats,
-//! validation messages, dynamic batching, overload, shutdown, probes, metrics and the load
-//! generator.
+//! validation messages, dynamic batching, overload, shutdown, probes, metrics, the load
+//! generator, the read timeout and the connection cap.
 
-use std::net::SocketAddr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Condvar, Mutex, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -760,6 +761,9 @@ fn metrics_count_the_traffic() {
         "# TYPE kiln_serve_batch_size histogram",
         "# TYPE kiln_serve_inference_duration_seconds histogram",
         "# TYPE kiln_serve_queue_depth gauge",
+        "# TYPE kiln_serve_open_connections gauge",
+        "# TYPE kiln_serve_refused_connections counter",
+        "# TYPE kiln_serve_read_timeouts counter",
         "# EOF",
     ] {
         assert!(text.contains(name), "{name} missing from\n{text}");
@@ -818,6 +822,25 @@ fn invalid_settings_are_refused() {
     )
     .unwrap_err();
     assert!(error.to_string().contains("max_batch"), "{error}");
+    for (config, key) in [
+        (
+            ServeConfig {
+                max_connections: 0,
+                ..config()
+            },
+            "max_connections",
+        ),
+        (
+            ServeConfig {
+                read_timeout: Duration::ZERO,
+                ..config()
+            },
+            "read_timeout",
+        ),
+    ] {
+        let error = Server::start(config, TestRunner::new(&[1]).factory()).unwrap_err();
+        assert!(error.to_string().contains(key), "{error}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -867,4 +890,153 @@ fn shutdown_completes_despite_a_stalled_client() {
     assert_eq!(get(addr, "/health").status(), StatusCode::OK);
     server.shutdown().unwrap();
     drop(stalled);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slow clients and the connection cap
+
+/// A server whose requests must arrive within `read_timeout` and which holds at most
+/// `max_connections` connections.
+fn start_limited(read_timeout: Duration, max_connections: usize) -> Server {
+    let config = ServeConfig {
+        read_timeout,
+        max_connections,
+        ..config()
+    };
+    start(config, TestRunner::new(&[2]))
+}
+
+/// A raw connection to `addr` whose reads give up after a generous 30 s.
+fn connect(addr: SocketAddr) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream
+}
+
+/// Everything the server sends until it closes the connection.
+fn read_until_closed(stream: &mut TcpStream) -> String {
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .expect("the server closes the connection");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Sends `GET path` on `stream` (keep-alive) and reads one response: its head and body.
+fn exchange(stream: &mut TcpStream, path: &str) -> String {
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")?
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(0usize);
+            if body.len() >= length {
+                return text;
+            }
+        }
+        let n = stream.read(&mut chunk).unwrap();
+        assert!(
+            n > 0,
+            "the server closed the connection mid-response: {text}"
+        );
+        bytes.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[test]
+fn a_request_head_not_received_in_time_gets_408_and_a_close() {
+    let server = start_limited(Duration::from_millis(300), 64);
+    let addr = server.local_addr();
+    // A slow client: one byte of a head that never ends, every 20 ms, until the server closes.
+    let mut stream = connect(addr);
+    let mut writer = stream.try_clone().unwrap();
+    let trickle = thread::spawn(move || {
+        for byte in b"POST /v1/predict HTTP/1.1\r\nHost: x\r\n".iter().cycle() {
+            if writer.write_all(&[*byte]).is_err() {
+                return;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let answer = read_until_closed(&mut stream);
+    assert!(
+        answer.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(answer.contains("serve.read_timeout_s"), "{answer}");
+    drop(stream);
+    trickle.join().unwrap();
+
+    // A connection that never sends a byte is closed without an answer.
+    let mut idle = connect(addr);
+    assert_eq!(read_until_closed(&mut idle), "");
+
+    assert_eq!(get(addr, "/health").status(), StatusCode::OK);
+    let stats = server.shutdown().unwrap();
+    assert_eq!((stats.read_timeouts, stats.timed_out), (1, 0));
+}
+
+#[test]
+fn a_request_body_not_received_in_time_gets_408_and_a_close() {
+    let server = start_limited(Duration::from_millis(300), 64);
+    let addr = server.local_addr();
+    let mut stream = connect(addr);
+    let head = "POST /v1/predict HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+                content-length: 100\r\n\r\n";
+    write!(stream, "{head}{{\"inputs\": [").unwrap();
+    let answer = read_until_closed(&mut stream);
+    assert!(
+        answer.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(answer.contains("serve.read_timeout_s"), "{answer}");
+
+    let ok = post_json(addr, &json!({"inputs": [1, 2]}));
+    assert_eq!(ok.status(), StatusCode::OK);
+    let stats = server.shutdown().unwrap();
+    assert_eq!((stats.read_timeouts, stats.timed_out, stats.ok), (1, 1, 1));
+}
+
+#[test]
+fn connections_over_the_cap_get_503_and_a_close() {
+    let server = start_limited(Duration::from_secs(60), 2);
+    let addr = server.local_addr();
+    // Two keep-alive connections, each answered once, hold both places.
+    let mut first = connect(addr);
+    let mut second = connect(addr);
+    for held in [&mut first, &mut second] {
+        let answer = exchange(held, "/health");
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    }
+    let mut third = connect(addr);
+    write!(third, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let answer = read_until_closed(&mut third);
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    assert!(answer.contains("serve.max_connections"), "{answer}");
+    // The held connections still work; closing one frees its place.
+    assert!(exchange(&mut second, "/ready").starts_with("HTTP/1.1 200 OK\r\n"));
+    drop(first);
+    wait_until("a place is free again", || {
+        exchange(&mut connect(addr), "/health").starts_with("HTTP/1.1 200 OK\r\n")
+    });
+    drop(second);
+    let stats = server.shutdown().unwrap();
+    assert!(stats.refused_connections >= 1, "{stats:?}");
 }

@@ -2,21 +2,23 @@
 //! errors for everything else.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use crossbeam::channel::{Sender, TrySendError};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::codec::{self, Format, Tensor};
+use super::conn::ConnPhase;
 use super::metrics::{Metrics, Outcome};
 use super::worker::{Job, LoadState, Readiness};
 
@@ -34,9 +36,16 @@ pub(crate) struct AppState {
     pub max_batch: usize,
     pub max_body_bytes: usize,
     pub queue_capacity: usize,
+    pub read_timeout: Duration,
 }
 
-/// An error response: JSON `{"error": message}` with `status`; 503s carry `Retry-After`.
+/// When the request being handled must have arrived in full (its first byte's time plus the
+/// read timeout); a request extension.
+#[derive(Debug, Clone, Copy)]
+struct ReadDeadline(Instant);
+
+/// An error response: JSON `{"error": message}` with `status`; 503s carry `Retry-After`, 408s
+/// close the connection.
 #[derive(Debug)]
 pub(crate) struct ApiError {
     pub status: StatusCode,
@@ -69,6 +78,27 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, Outcome::TooLarge, message)
     }
 
+    /// 413 for a body over `max_body_bytes`.
+    fn body_too_large(max_body_bytes: usize) -> Self {
+        Self::too_large(format!(
+            "the request body is larger than the limit of {max_body_bytes} bytes; send fewer \
+             samples per request (or raise the server's body limit)"
+        ))
+    }
+
+    /// 408 for a body not received within `read_timeout` of the request's first byte.
+    fn timed_out(read_timeout: Duration) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            Outcome::TimedOut,
+            format!(
+                "the request did not arrive within {} s of its first byte \
+                 (serve.read_timeout_s); the connection is closed",
+                read_timeout.as_secs_f64()
+            ),
+        )
+    }
+
     pub fn unsupported_media_type(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -94,6 +124,11 @@ impl IntoResponse for ApiError {
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         response.extensions_mut().insert(self.outcome);
         response
     }
@@ -110,8 +145,9 @@ fn json_error(status: StatusCode, message: &str) -> Response {
 
 /// The server's routes over `state`.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let predict_route =
-        post(predict).layer(middleware::from_fn_with_state(state.clone(), track_request));
+    let predict_route = post(predict)
+        .layer(middleware::from_fn_with_state(state.clone(), read_body))
+        .layer(middleware::from_fn_with_state(state.clone(), track_request));
     Router::new()
         .route("/v1/predict", predict_route)
         .route("/health", get(health))
@@ -120,7 +156,57 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), handling))
         .with_state(state)
+}
+
+/// Every request, while a route has it: its connection's read timer stops (see
+/// [`super::conn`]), and the route learns the request's [`ReadDeadline`].
+async fn handling(
+    State(state): State<Arc<AppState>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let phase = request
+        .extensions()
+        .get::<ConnectInfo<ConnPhase>>()
+        .map(|info| info.0.clone());
+    let first_byte = phase
+        .as_ref()
+        .map_or_else(Instant::now, ConnPhase::start_handling);
+    request
+        .extensions_mut()
+        .insert(ReadDeadline(first_byte + state.read_timeout));
+    let response = next.run(request).await;
+    if let Some(phase) = phase {
+        phase.answered();
+    }
+    response
+}
+
+/// Reads a prediction's whole body, at most `max_body_bytes` (else 413) and by the request's
+/// [`ReadDeadline`] (else 408, and the connection closes).
+async fn read_body(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let deadline = request
+        .extensions()
+        .get::<ReadDeadline>()
+        .map_or_else(|| Instant::now() + state.read_timeout, |d| d.0);
+    let (parts, body) = request.into_parts();
+    let collect = Limited::new(body, state.max_body_bytes).collect();
+    let read = tokio::time::timeout_at(deadline.into(), collect).await;
+    let error = match read {
+        Ok(Ok(collected)) => {
+            let body = Body::from(collected.to_bytes());
+            return next.run(Request::from_parts(parts, body)).await;
+        }
+        Err(_elapsed) => {
+            state.metrics.read_timed_out();
+            ApiError::timed_out(state.read_timeout)
+        }
+        Ok(Err(e)) if e.is::<LengthLimitError>() => ApiError::body_too_large(state.max_body_bytes),
+        Ok(Err(e)) => ApiError::bad_request(format!("cannot read the request body: {e}")),
+    };
+    error.into_response()
 }
 
 /// Counts every prediction response by outcome and times it from arrival (before the body is
@@ -146,6 +232,7 @@ fn outcome_of(status: StatusCode) -> Outcome {
     match status {
         StatusCode::OK => Outcome::Ok,
         StatusCode::PAYLOAD_TOO_LARGE => Outcome::TooLarge,
+        StatusCode::REQUEST_TIMEOUT => Outcome::TimedOut,
         StatusCode::UNSUPPORTED_MEDIA_TYPE => Outcome::UnsupportedMediaType,
         StatusCode::UNPROCESSABLE_ENTITY => Outcome::InvalidInput,
         StatusCode::SERVICE_UNAVAILABLE => Outcome::NotReady,
@@ -176,11 +263,7 @@ async fn predict_inner(
     let format = Format::from_content_type(content_type)?;
     let body = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!(
-                "the request body is larger than the limit of {} bytes; send fewer samples per \
-                 request (or raise the server's body limit)",
-                state.max_body_bytes
-            ))
+            ApiError::body_too_large(state.max_body_bytes)
         } else {
             ApiError::bad_request(format!(
                 "cannot read the request body: {}",

@@ -24,6 +24,8 @@ pub(crate) enum Outcome {
     InvalidInput,
     /// 413: a body over the size limit, or more samples than `max_batch`.
     TooLarge,
+    /// 408: the body did not arrive within the read timeout.
+    TimedOut,
     /// 503: the queue was full.
     Overloaded,
     /// 503: the runner is not built (still loading, failed) or the worker is gone.
@@ -33,12 +35,13 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 9] = [
         Outcome::Ok,
         Outcome::BadRequest,
         Outcome::UnsupportedMediaType,
         Outcome::InvalidInput,
         Outcome::TooLarge,
+        Outcome::TimedOut,
         Outcome::Overloaded,
         Outcome::NotReady,
         Outcome::Error,
@@ -52,6 +55,7 @@ impl Outcome {
             Outcome::UnsupportedMediaType => "unsupported_media_type",
             Outcome::InvalidInput => "invalid_input",
             Outcome::TooLarge => "too_large",
+            Outcome::TimedOut => "timed_out",
             Outcome::Overloaded => "overloaded",
             Outcome::NotReady => "not_ready",
             Outcome::Error => "error",
@@ -82,6 +86,9 @@ pub(crate) struct Metrics {
     batch_failures: Counter,
     inference_duration: Histogram,
     queue_depth: Gauge,
+    open_connections: Gauge,
+    refused_connections: Counter,
+    read_timeouts: Counter,
 }
 
 impl Metrics {
@@ -138,6 +145,8 @@ impl Metrics {
             "Requests accepted and waiting for their batch to run",
             queue_depth.clone(),
         );
+        let (open_connections, refused_connections, read_timeouts) =
+            register_connections(&mut registry);
         Self {
             registry,
             requests,
@@ -148,7 +157,30 @@ impl Metrics {
             batch_failures,
             inference_duration,
             queue_depth,
+            open_connections,
+            refused_connections,
+            read_timeouts,
         }
+    }
+
+    /// Adds `change` to the open connections: +1 accepted, -1 closed.
+    pub fn connection_changed(&self, change: i64) {
+        self.open_connections.inc_by(change);
+    }
+
+    /// Counts a connection refused over the cap.
+    pub fn connection_refused(&self) {
+        self.refused_connections.inc();
+    }
+
+    /// Counts a request cut off by the read timeout (answered 408).
+    pub fn read_timed_out(&self) {
+        self.read_timeouts.inc();
+    }
+
+    /// (connections refused, requests cut off by the read timeout) so far.
+    pub fn connection_totals(&self) -> (u64, u64) {
+        (self.refused_connections.get(), self.read_timeouts.get())
     }
 
     /// Counts one answered prediction request.
@@ -199,6 +231,26 @@ impl Metrics {
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
     }
+}
+
+/// The connection metrics: open connections, those refused over the cap, and requests cut off
+/// by the read timeout.
+fn register_connections(registry: &mut Registry) -> (Gauge, Counter, Counter) {
+    let open = Gauge::default();
+    registry.register("open_connections", "Connections open", open.clone());
+    let refused = Counter::default();
+    registry.register(
+        "refused_connections",
+        "Connections refused (503, then closed) beyond serve.max_connections",
+        refused.clone(),
+    );
+    let timeouts = Counter::default();
+    registry.register(
+        "read_timeouts",
+        "Requests not received within serve.read_timeout_s (408, then closed)",
+        timeouts.clone(),
+    );
+    (open, refused, timeouts)
 }
 
 /// Batch-size histogram bounds: powers of two below `max_batch`, then `max_batch` itself.

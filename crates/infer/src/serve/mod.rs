@@ -7,6 +7,11 @@
 //! - [`collect_batch`] is the batching policy the worker thread runs (tests drive it directly);
 //! - [`loadgen`] measures a running server's throughput and latency.
 //!
+//! Connections (`conn`): at most `max_connections` open at once (one more gets 503 with
+//! `Retry-After` and is closed); a request must arrive in full within `read_timeout` of its
+//! first byte (else 408, and the connection closes), and an idle connection is closed after as
+//! long. HTTP/1.1 only.
+//!
 //! Request flow: an HTTP handler validates the body and converts it to f32 samples, then
 //! `try_send`s a job into a bounded queue (`queue_capacity`; full → 503). The worker thread
 //! gathers queued jobs into batches of at most `max_batch` samples, waiting at most `max_wait`
@@ -15,6 +20,7 @@
 
 mod batch;
 mod codec;
+mod conn;
 mod error;
 mod http;
 pub mod loadgen;
@@ -65,6 +71,11 @@ pub struct ServeConfig {
     pub queue_capacity: usize,
     /// The largest request body accepted, in bytes; larger bodies get 413.
     pub max_body_bytes: usize,
+    /// How long a request may take to arrive, from its first byte to its body's last; past it,
+    /// 408 and the connection closes. An idle connection is closed after as long.
+    pub read_timeout: Duration,
+    /// Connections open at once; one more gets 503 (with `Retry-After`) and is closed.
+    pub max_connections: usize,
     /// Threads of the async runtime that parses and answers requests; 0 = one per CPU core.
     pub http_threads: usize,
     /// How long a graceful shutdown waits for open connections (requests in the queue or in a
@@ -81,6 +92,8 @@ impl Default for ServeConfig {
             max_wait: Duration::from_millis(2),
             queue_capacity: 1024,
             max_body_bytes: 32 << 20,
+            read_timeout: Duration::from_secs(30),
+            max_connections: 1024,
             http_threads: 0,
             shutdown_timeout: Duration::from_secs(30),
         }
@@ -98,6 +111,8 @@ impl ServeConfig {
             max_wait: s.max_wait,
             queue_capacity: usize::try_from(s.queue_capacity).unwrap_or(usize::MAX),
             max_body_bytes: usize::try_from(s.max_body_bytes).unwrap_or(usize::MAX),
+            read_timeout: s.read_timeout,
+            max_connections: usize::try_from(s.max_connections).unwrap_or(usize::MAX),
             ..Self::default()
         }
     }
@@ -118,6 +133,14 @@ impl ServeConfig {
         positive("max_batch", self.max_batch)?;
         positive("queue_capacity", self.queue_capacity)?;
         positive("max_body_bytes", self.max_body_bytes)?;
+        positive("max_connections", self.max_connections)?;
+        if self.read_timeout.is_zero() {
+            return Err(ServeError::InvalidConfig {
+                key: "read_timeout",
+                value: "0".to_owned(),
+                expected: "a positive duration".to_owned(),
+            });
+        }
         Ok(())
     }
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::watch;
 
+use super::conn::{CappedListener, ConnPhase};
 use super::error::panic_message;
 use super::http::{self, AppState};
 use super::metrics::{Metrics, Outcome};
@@ -124,7 +125,14 @@ impl Server {
             max_batch: config.max_batch,
             max_body_bytes: config.max_body_bytes,
             queue_capacity: config.queue_capacity,
+            read_timeout: config.read_timeout,
         }));
+        let listener = CappedListener::new(
+            listener,
+            config.max_connections,
+            config.read_timeout,
+            metrics.clone(),
+        );
         let handle = runtime.handle().clone();
         let shutdown_timeout = config.shutdown_timeout;
         // If this spawn fails, `app` (and with it the jobs sender) is dropped, so the worker
@@ -142,6 +150,7 @@ impl Server {
                     tokio::time::sleep(shutdown_timeout).await;
                 };
                 let served = runtime.block_on(async move {
+                    let app = app.into_make_service_with_connect_info::<ConnPhase>();
                     let serve = axum::serve(listener, app).with_graceful_shutdown(signal);
                     tokio::select! {
                         served = serve => served,
@@ -173,6 +182,8 @@ impl Server {
             max_wait_ms = config.max_wait.as_secs_f64() * 1e3,
             queue_capacity = config.queue_capacity,
             max_body_bytes = config.max_body_bytes,
+            read_timeout_s = config.read_timeout.as_secs_f64(),
+            max_connections = config.max_connections,
             "inference server listening on http://{local_addr}"
         );
         Ok(Server {
@@ -287,12 +298,19 @@ pub struct ServeStats {
     pub invalid_input: u64,
     /// 413: bodies over the size limit, or more samples than `max_batch`.
     pub too_large: u64,
+    /// 408: bodies not received within the read timeout.
+    pub timed_out: u64,
     /// 503: the queue was full.
     pub overloaded: u64,
     /// 503: the runner was not built (loading or failed).
     pub not_ready: u64,
     /// 500: the runner failed or panicked.
     pub errors: u64,
+    /// Requests of any route cut off by the read timeout (408, then closed): `timed_out`, and
+    /// those whose head was too slow.
+    pub read_timeouts: u64,
+    /// Connections refused (503, then closed) beyond `max_connections`.
+    pub refused_connections: u64,
     /// Runner calls.
     pub batches: u64,
     /// Samples run, over all batches.
@@ -306,12 +324,16 @@ pub struct ServeStats {
 impl ServeStats {
     fn from_metrics(metrics: &Metrics, uptime_secs: f64) -> Self {
         let (batches, samples, failed_batches) = metrics.batch_totals();
+        let (refused_connections, read_timeouts) = metrics.connection_totals();
         Self {
             ok: metrics.requests(Outcome::Ok),
             bad_request: metrics.requests(Outcome::BadRequest),
             unsupported_media_type: metrics.requests(Outcome::UnsupportedMediaType),
             invalid_input: metrics.requests(Outcome::InvalidInput),
             too_large: metrics.requests(Outcome::TooLarge),
+            timed_out: metrics.requests(Outcome::TimedOut),
+            read_timeouts,
+            refused_connections,
             overloaded: metrics.requests(Outcome::Overloaded),
             not_ready: metrics.requests(Outcome::NotReady),
             errors: metrics.requests(Outcome::Error),
@@ -328,6 +350,7 @@ impl ServeStats {
             + self.unsupported_media_type
             + self.invalid_input
             + self.too_large
+            + self.timed_out
             + self.overloaded
             + self.not_ready
     }
@@ -364,6 +387,7 @@ impl fmt::Display for ServeStats {
                 ("unsupported type", self.unsupported_media_type),
                 ("invalid input", self.invalid_input),
                 ("too large", self.too_large),
+                ("timed out", self.timed_out),
                 ("overloaded", self.overloaded),
                 ("not ready", self.not_ready),
             ];
@@ -382,6 +406,13 @@ impl fmt::Display for ServeStats {
         )?;
         if self.failed_batches > 0 {
             write!(f, ", {} failed", self.failed_batches)?;
+        }
+        if self.read_timeouts + self.refused_connections > 0 {
+            write!(
+                f,
+                "; {} requests cut off by the read timeout, {} connections refused",
+                self.read_timeouts, self.refused_connections
+            )?;
         }
         Ok(())
     }
