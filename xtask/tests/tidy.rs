@@ -155,7 +155,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
             "workers",
         ],
     ),
-    ("the model contract", &["model"]),
+    ("the model contract", &["model", "model_summary"]),
     (
         "losses and the ranks' collectives",
         &["distributed", "loss"],

@@ -21,6 +21,7 @@ pub mod loss;
 pub mod lr_find;
 pub mod metrics;
 pub mod model;
+pub mod model_summary;
 pub mod models;
 pub mod monitor;
 pub mod optim;

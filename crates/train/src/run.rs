@@ -803,6 +803,9 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
     }
     let mut run_dir = open_run_dir(&plan, options.resume.as_ref())?;
     let run_path = run_dir.path().to_owned();
+    let summary = crate::model_summary::ModelSummary::of(&recipe.name, &vs);
+    tracing::info!("{}", summary.table());
+    summary.write(&run_path)?;
     if let Some(curve) = lr_found.and_then(|f| f.curve) {
         crate::lr_find::write_curve(&run_path, &curve)?;
     }
