@@ -426,3 +426,57 @@ fn ranks_agree_on_the_smallest_automatic_batch_size_any_of_them_found() {
         assert_eq!(h.join().unwrap(), 64);
     }
 }
+
+/// Counts a rank's steps for its clock.
+struct StepCounter(Arc<std::sync::atomic::AtomicU64>);
+
+impl Observer for StepCounter {
+    fn on_step(&mut self, _: &Progress) -> Result<(), TrainError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// `train.max_time` in a data-parallel run: each rank reads its own clock, and the ranks vote,
+/// so they stop together once any rank's time is up. Here rank 1's clock runs 0.25 s a step and
+/// rank 0's 0.1 s, on clocks the test drives: with a limit of 1 s, rank 1's time is up after
+/// step 4, and its vote, which overlaps the next step, is read after step 5, where both stop
+/// (rank 0 alone would go on to step 10), each saying why.
+#[test]
+fn ranks_stop_together_when_the_first_of_them_runs_out_of_time() {
+    let _serial = serial();
+    let out = tempfile::tempdir().unwrap();
+    let mut plan = plan(out.path(), 8);
+    plan.train.max_time = Some(std::time::Duration::from_secs(1));
+    let handles: Vec<_> = groups(2)
+        .into_iter()
+        .zip([0.1, 0.25])
+        .map(|(group, per_step)| {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let steps = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                let seen = Arc::clone(&steps);
+                let clock = kiln_train::stopping::Clock::driven(move || {
+                    std::time::Duration::from_secs_f64(
+                        per_step * seen.load(Ordering::SeqCst) as f64,
+                    )
+                });
+                let control = RunControl {
+                    group: Some(group),
+                    clock: Some(clock),
+                    ..RunControl::default()
+                };
+                let mut counter = StepCounter(steps);
+                train(&plan, Device::Cpu, None, control, &mut counter)
+                    .unwrap()
+                    .summary
+            })
+        })
+        .collect();
+    for (rank, handle) in handles.into_iter().enumerate() {
+        let summary = handle.join().unwrap();
+        assert_eq!(summary.steps, 5, "rank {rank}");
+        let stop = summary.stopped_by.expect("stopped by the clock");
+        assert_eq!(stop.kind, "max_time", "rank {rank}");
+    }
+}
