@@ -30,6 +30,10 @@ pub enum DataError {
         path: std::path::PathBuf,
         message: String,
     },
+    /// A write that does not fit on its file system (checked before writing, or found when a
+    /// write failed for want of space).
+    #[error(transparent)]
+    NoSpace(#[from] crate::space::NoSpace),
     /// The worker threads are gone (the loader was shut down, or a worker died).
     #[error("the data loader's workers have stopped")]
     Disconnected,

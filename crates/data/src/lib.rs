@@ -22,6 +22,7 @@ mod prepare;
 mod rng;
 mod sampler;
 mod shards;
+pub mod space;
 mod synthetic;
 mod synthetic_volumes;
 mod target;
@@ -46,6 +47,7 @@ pub use npy::{
 pub use prepare::{PrepareOptions, PrepareSource, ShardFormat, prepare, write_npy};
 pub use sampler::{Position, Sampler, SamplerConfig};
 pub use shards::ShardedDataset;
+pub use space::NoSpace;
 pub use synthetic::{SyntheticImages, SyntheticSequences};
 pub use synthetic_volumes::SyntheticVolumes;
 pub use target::MAX_EXACT_ID;

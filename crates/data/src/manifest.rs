@@ -613,8 +613,7 @@ impl Manifest {
         let mut text = serde_json::to_string_pretty(self)
             .map_err(|e| DataError::file(&path, format!("cannot encode the manifest: {e}")))?;
         text.push('\n');
-        std::fs::write(&path, text)
-            .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))
+        std::fs::write(&path, text).map_err(|e| crate::prepare::write_failed(&path, e))
     }
 }
 

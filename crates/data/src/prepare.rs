@@ -4,7 +4,9 @@
 //!
 //! The output directory must not exist yet: everything is written into a hidden sibling
 //! directory and renamed into place at the end, so an interrupted or failed run leaves nothing
-//! half-written and never touches existing files.
+//! half-written and never touches existing files. The shards' size is known before the first
+//! is written: a file system without room for them is refused up front ([`NoSpace`]), and one
+//! that fills up midway gets the same error once the staged files are removed.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -14,6 +16,7 @@ use crate::manifest::{
     FEATURES_TENSOR, LABELS_TENSOR, MANIFEST_FORMAT, MANIFEST_VERSION, TARGETS_TENSOR, name_problem,
 };
 use crate::shards::{MappedArray, check_classes, check_finite, check_ids, open_array};
+use crate::space::{self, NoSpace};
 use crate::{
     ArraySpec, ColumnGroup, CsvDataset, CsvOptions, DType, DataError, Dataset, Manifest,
     ShardEntry, ShardedDataset, StoredTarget, TargetSpec, Targets, npy,
@@ -461,7 +464,27 @@ pub fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> Res
     }
     let mut bytes = npy::header(dtype, shape).map_err(|m| DataError::file(path, m))?;
     bytes.extend_from_slice(data);
-    std::fs::write(path, bytes).map_err(|e| DataError::file(path, format!("cannot write: {e}")))
+    std::fs::write(path, bytes).map_err(|e| write_failed(path, e))
+}
+
+/// What to do when a dataset does not fit.
+const NO_SPACE_HINT: &str =
+    "Free some space, or choose an output directory on a file system with more room";
+
+/// The error of a failed write of `path`: [`NoSpace`] where the file system is full (its
+/// amounts filled in by the caller that knows them), else the I/O error.
+pub(crate) fn write_failed(path: &Path, e: std::io::Error) -> DataError {
+    if space::is_full(&e) {
+        return NoSpace {
+            path: path.to_owned(),
+            what: "the dataset",
+            needed: 0,
+            available: 0,
+            hint: NO_SPACE_HINT,
+        }
+        .into();
+    }
+    DataError::file(path, format!("cannot write: {e}"))
 }
 
 /// Writes shard `k` (samples `start..end`) into `dir`: every array in one safetensors file,
@@ -485,7 +508,10 @@ fn write_shard(
             let name = format!("shard-{k:05}.safetensors");
             let path = dir.join(&name);
             safetensors::serialize_to_file(views.iter().map(|(n, v)| (*n, v)), None, &path)
-                .map_err(|e| DataError::file(&path, format!("cannot write: {e}")))?;
+                .map_err(|e| match e {
+                    safetensors::SafeTensorError::IoError(e) => write_failed(&path, e),
+                    e => DataError::file(&path, format!("cannot write: {e}")),
+                })?;
             for (array, _) in &views {
                 files.insert((*array).to_owned(), name.clone());
             }
@@ -504,7 +530,60 @@ fn write_shard(
     })
 }
 
+/// Room for a manifest's text: its fixed part, and each shard's entry.
+const MANIFEST_BYTES: u64 = 4096;
+const MANIFEST_BYTES_PER_SHARD: u64 = 256;
+
+/// The length of each file [`write_shards`] writes for `source` (the manifest's a generous
+/// guess): what must fit before the first shard is written.
+fn file_lengths(source: &Source<'_>, options: &PrepareOptions) -> Vec<u64> {
+    let parts: Vec<(&str, &Part<'_>)> = source
+        .inputs
+        .iter()
+        .map(|i| (i.name.as_str(), &i.part))
+        .chain([(source.target.name(), &source.targets)])
+        .collect();
+    let row = |p: &Part<'_>| (p.shape.iter().product::<usize>() * p.dtype.size()) as u64;
+    let per_shard = source.len.div_ceil(options.shard_samples.max(1)) as u64;
+    let mut files = vec![MANIFEST_BYTES + MANIFEST_BYTES_PER_SHARD * per_shard];
+    let mut start = 0;
+    while start < source.len {
+        let n = (source.len.min(start + options.shard_samples) - start) as u64;
+        // A header: the safetensors JSON (about 128 bytes a tensor), or a .npy's 128 bytes.
+        let header = |name: &str| 128 + name.len() as u64;
+        match options.format {
+            ShardFormat::Safetensors => files.push(
+                8 + parts
+                    .iter()
+                    .map(|(name, p)| header(name) + n * row(p))
+                    .sum::<u64>(),
+            ),
+            ShardFormat::Npy => files.extend(parts.iter().map(|(_, p)| 128 + n * row(p))),
+        }
+        start += options.shard_samples.max(1);
+    }
+    files
+}
+
+/// Writes `source` as shards and its manifest into `dir`, after checking that they fit; a
+/// file system that fills up midway is [`NoSpace`] with what the shards need.
 fn write_shards(
+    source: &Source<'_>,
+    dir: &Path,
+    options: &PrepareOptions,
+) -> Result<Manifest, DataError> {
+    let files = file_lengths(source, options);
+    NoSpace::check(dir, &files, "the dataset", NO_SPACE_HINT)?;
+    write_shards_unchecked(source, dir, options).map_err(|e| match e {
+        DataError::NoSpace(full) => DataError::NoSpace(NoSpace {
+            needed: space::free(dir).map_or(0, |s| space::needed(files, s.block)),
+            ..full
+        }),
+        e => e,
+    })
+}
+
+fn write_shards_unchecked(
     source: &Source<'_>,
     dir: &Path,
     options: &PrepareOptions,
@@ -749,5 +828,111 @@ pub(crate) fn write_new_dir<T>(
     if written.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
-    written
+    // Named after the directory asked for, with the space free once the staging is gone.
+    written.map_err(|e| match e {
+        DataError::NoSpace(full) => DataError::NoSpace(full.at(out)),
+        e => e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A source of `len` samples: f32 features of 3 values and i64 class targets.
+    fn source(features: &[u8], targets: &[u8], len: usize) -> Source<'static> {
+        let features = features.to_vec();
+        let targets = targets.to_vec();
+        Source {
+            len,
+            inputs: vec![Input::features(Part {
+                dtype: DType::F32,
+                shape: vec![3],
+                rows: Box::new(move |s, e| Cow::Owned(features[s * 12..e * 12].to_vec())),
+            })],
+            targets: Part {
+                dtype: DType::I64,
+                shape: vec![],
+                rows: Box::new(move |s, e| Cow::Owned(targets[s * 8..e * 8].to_vec())),
+            },
+            target: StoredTarget::new(TARGETS_TENSOR, &TargetSpec::label(2), DType::I64, None),
+        }
+    }
+
+    /// A write that finds the file system full (`/dev/full` answers every write with ENOSPC)
+    /// is [`NoSpace`] naming the directory asked for, and the staging directory is gone.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_write_that_runs_out_of_space_leaves_nothing_and_names_the_output() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("ds");
+        let e = write_new_dir(&out, |staging| {
+            std::fs::write(staging.join("shard-00000.npy"), [0u8; 100]).unwrap();
+            write_npy(Path::new("/dev/full"), DType::U8, &[4], &[0; 4])
+        })
+        .unwrap_err();
+        let DataError::NoSpace(full) = &e else {
+            panic!("not NoSpace: {e}");
+        };
+        assert_eq!(full.path, out);
+        assert!(
+            full.available > 0,
+            "measured after the staging was removed: {e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("not enough free space for the dataset"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
+
+    /// The lengths of the files in `dir`, largest first.
+    fn lengths_in(dir: &Path) -> Vec<u64> {
+        let mut v: Vec<u64> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().metadata().unwrap().len())
+            .collect();
+        v.sort_unstable_by(|a, b| b.cmp(a));
+        v
+    }
+
+    #[test]
+    fn the_estimate_covers_every_file_written_and_not_much_more() {
+        let len = 1000;
+        let features = vec![0u8; len * 12];
+        let targets = vec![0u8; len * 8];
+        for format in [ShardFormat::Safetensors, ShardFormat::Npy] {
+            let options = PrepareOptions {
+                shard_samples: 300,
+                format,
+                integer_features: false,
+            };
+            let source = source(&features, &targets, len);
+            let mut estimate = file_lengths(&source, &options);
+            estimate.sort_unstable_by(|a, b| b.cmp(a));
+            let tmp = tempfile::tempdir().unwrap();
+            write_shards(&source, tmp.path(), &options).unwrap();
+            let actual = lengths_in(tmp.path());
+            // Four shards (300, 300, 300, 100 samples) and the manifest.
+            let files = match format {
+                ShardFormat::Safetensors => 5,
+                ShardFormat::Npy => 9,
+            };
+            assert_eq!((estimate.len(), actual.len()), (files, files), "{format:?}");
+            let (want, got): (u64, u64) = (estimate.iter().sum(), actual.iter().sum());
+            assert!(
+                got <= want,
+                "{format:?}: wrote {got} bytes, estimated {want}"
+            );
+            assert!(
+                want - got < 8192,
+                "{format:?}: estimated {want} for {got} bytes"
+            );
+            // File by file too (both sorted by length, each estimate at least its file).
+            for (e, a) in estimate.iter().zip(&actual) {
+                assert!(e >= a, "{format:?}: {estimate:?} for {actual:?}");
+            }
+        }
+    }
 }

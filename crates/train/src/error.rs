@@ -42,6 +42,10 @@ pub enum TrainError {
         path: std::path::PathBuf,
         message: String,
     },
+    /// A checkpoint that does not fit on its file system (the path, the bytes needed and
+    /// free); nothing of it was left behind.
+    #[error(transparent)]
+    NoSpace(#[from] kiln_data::NoSpace),
     /// Reading or writing a run's files.
     #[error("{path}: {message}")]
     File {

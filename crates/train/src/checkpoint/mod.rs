@@ -5,8 +5,12 @@
 //! running sums, the resolved configuration, kiln and libtorch versions, and the SHA-256 of
 //! every file and of itself). It is written under a temporary name, every file fsynced, then
 //! renamed into place, so a crash at any moment leaves the previous checkpoint loadable; older
-//! ones are pruned only after the new one is complete. A checkpoint that fails its checks is
-//! [`TrainError::DamagedCheckpoint`]; [`store`] passes over such ones and moves them aside.
+//! ones are pruned only after the new one is complete. A checkpoint that does not fit on its
+//! file system is refused before anything is written ([`kiln_data::NoSpace`]: the path, the
+//! bytes needed and free), and a write that fails anyway (the disk filled up meanwhile)
+//! removes its temporary directory before it returns the error. A checkpoint that fails its
+//! checks is [`TrainError::DamagedCheckpoint`]; [`store`] passes over such ones and moves
+//! them aside.
 
 pub mod retention;
 mod store;
@@ -25,6 +29,8 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use kiln_data::NoSpace;
+use kiln_data::space;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tch::Tensor;
@@ -140,10 +146,71 @@ impl Meta {
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    let mut f = File::create_new(path).map_err(|e| file_error(path, e))?;
+    let mut f = File::create_new(path).map_err(|e| write_error(path, e))?;
     f.write_all(bytes)
         .and_then(|()| f.sync_all())
-        .map_err(|e| file_error(path, e))
+        .map_err(|e| write_error(path, e))
+}
+
+/// What a run whose checkpoint does not fit is told to do.
+const NO_SPACE_HINT: &str = "The run stops here, its earlier checkpoints intact: free some \
+     space (or set run.output_dir to a file system with more room) and continue with --resume";
+
+/// A failed write of `path`: [`NoSpace`] (its amounts filled in by [`save`]) where the file
+/// system is full, else the I/O error.
+fn write_error(path: &Path, e: std::io::Error) -> TrainError {
+    if space::is_full(&e) {
+        return no_space(path, 0).into();
+    }
+    file_error(path, e)
+}
+
+fn no_space(path: &Path, needed: u64) -> NoSpace {
+    NoSpace {
+        path: path.to_owned(),
+        what: "the checkpoint",
+        needed,
+        available: 0,
+        hint: NO_SPACE_HINT,
+    }
+    .at(path)
+}
+
+/// Bytes of the safetensors file of `tensors`: the data, and a generous header.
+fn safetensors_bytes(tensors: &[(String, Tensor)]) -> u64 {
+    let each = |(name, t): &(String, Tensor)| {
+        let data = t.numel() as u64 * t.kind().elt_size_in_bytes() as u64;
+        128 + name.len() as u64 + data
+    };
+    8 + tensors.iter().map(each).sum::<u64>()
+}
+
+/// Room for `checkpoint.json` beyond its text without checksums: one per file, and its own.
+const META_CHECKSUMS_BYTES: u64 = 4096;
+
+/// The length of each file a checkpoint of `contents` writes (the tensors and
+/// `checkpoint.json`; `model.pt` and `model.pt2`, which their writers alone know, are not
+/// counted).
+fn file_lengths(contents: &Contents<'_>) -> Result<[u64; 3], TrainError> {
+    let meta = serde_json::to_string_pretty(&contents.meta)
+        .map_err(|e| file_error(Path::new(META_FILE), e))?;
+    Ok([
+        safetensors_bytes(contents.model),
+        safetensors_bytes(contents.state),
+        meta.len() as u64 + META_CHECKSUMS_BYTES,
+    ])
+}
+
+/// The lengths of the files directly in `dir` (what a failed write left).
+fn bytes_in(dir: &Path) -> Vec<u64> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| Some(e.metadata().ok()?.len()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn sync_dir(dir: &Path) -> Result<(), TrainError> {
@@ -184,9 +251,12 @@ pub fn dir_name(step: u64) -> String {
     format!("step-{step:09}")
 }
 
-/// Writes a checkpoint into `checkpoints/step-<N>` atomically and returns its path.
+/// Writes a checkpoint into `checkpoints/step-<N>` atomically and returns its path. Refuses
+/// with [`NoSpace`] before writing where the file system lacks room for it; a write that fails
+/// removes its temporary directory first (so no half-written checkpoint is left), and is
+/// [`NoSpace`] too where the file system filled up.
 pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, TrainError> {
-    std::fs::create_dir_all(checkpoints).map_err(|e| file_error(checkpoints, e))?;
+    std::fs::create_dir_all(checkpoints).map_err(|e| write_error(checkpoints, e))?;
     let name = dir_name(contents.meta.step);
     let final_dir = checkpoints.join(&name);
     if final_dir.exists() {
@@ -195,11 +265,51 @@ pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, Train
             "a checkpoint of this step exists already; kiln does not overwrite it",
         ));
     }
+    let files = file_lengths(&contents)?;
+    NoSpace::check(checkpoints, &files, "the checkpoint", NO_SPACE_HINT).map_err(|e| NoSpace {
+        path: final_dir.clone(),
+        ..e
+    })?;
     let tmp = checkpoints.join(format!("{TMP_PREFIX}{name}-{}", std::process::id()));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp).map_err(|e| file_error(&tmp, e))?;
     }
-    std::fs::create_dir(&tmp).map_err(|e| file_error(&tmp, e))?;
+    std::fs::create_dir(&tmp).map_err(|e| write_error(&tmp, e))?;
+    let written = write_files(&tmp, contents).and_then(|()| {
+        std::fs::rename(&tmp, &final_dir).map_err(|e| file_error(&final_dir, e))?;
+        sync_dir(checkpoints)
+    });
+    match written {
+        Ok(()) => Ok(final_dir),
+        Err(e) => Err(failed(e, &tmp, &final_dir, &files)),
+    }
+}
+
+/// The error of a checkpoint write that failed, once its temporary directory `tmp` is removed:
+/// [`NoSpace`] where the write ran out of space or the file system is full now, needing at
+/// least the estimate `files` and what was written before the failure.
+fn failed(e: TrainError, tmp: &Path, final_dir: &Path, files: &[u64]) -> TrainError {
+    let full_now = space::free(tmp).is_some_and(|s| s.available < s.block);
+    let full = full_now || matches!(e, TrainError::NoSpace(_));
+    let written = bytes_in(tmp);
+    match std::fs::remove_dir_all(tmp) {
+        Err(rm) if rm.kind() != std::io::ErrorKind::NotFound => tracing::warn!(
+            "{}: cannot remove this unfinished checkpoint: {rm}",
+            tmp.display()
+        ),
+        _ => {}
+    }
+    if !full {
+        return e;
+    }
+    let block = space::free(final_dir).map_or(1, |s| s.block);
+    let needed = space::needed(files.iter().copied(), block)
+        .max(space::needed(written, block).saturating_add(block));
+    no_space(final_dir, needed).into()
+}
+
+/// Writes the files of a checkpoint of `contents` into the directory `tmp`, each synced.
+fn write_files(tmp: &Path, contents: Contents<'_>) -> Result<(), TrainError> {
     let mut meta = contents.meta;
     for (file, tensors) in [(MODEL_FILE, contents.model), (STATE_FILE, contents.state)] {
         let bytes = to_safetensors(tensors)?;
@@ -217,17 +327,14 @@ pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, Train
             let bytes = read_part(&path)?;
             File::open(&path)
                 .and_then(|f| f.sync_all())
-                .map_err(|e| file_error(&path, e))?;
+                .map_err(|e| write_error(&path, e))?;
             meta.files.insert(file.to_owned(), sha256_hex(&bytes));
         }
     }
-    meta.meta_sha256 = meta.digest().map_err(|e| file_error(&tmp, e))?;
-    let text = serde_json::to_string_pretty(&meta).map_err(|e| file_error(&tmp, e))?;
+    meta.meta_sha256 = meta.digest().map_err(|e| file_error(tmp, e))?;
+    let text = serde_json::to_string_pretty(&meta).map_err(|e| file_error(tmp, e))?;
     write_synced(&tmp.join(META_FILE), text.as_bytes())?;
-    sync_dir(&tmp)?;
-    std::fs::rename(&tmp, &final_dir).map_err(|e| file_error(&final_dir, e))?;
-    sync_dir(checkpoints)?;
-    Ok(final_dir)
+    sync_dir(tmp)
 }
 
 /// A checkpoint read back and verified.
@@ -462,5 +569,129 @@ impl Checkpoint {
             target.shallow_clone().f_copy_(source)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(step: u64) -> Meta {
+        Meta {
+            format: FORMAT.to_owned(),
+            version: VERSION,
+            kiln_version: "test".into(),
+            libtorch_version: "test".into(),
+            step,
+            epoch: 0,
+            batch: 0,
+            batch_size: None,
+            world_size: None,
+            loss_scale: None,
+            loss_scale_growth_tracker: None,
+            model_rng: vec![],
+            val_accuracy: None,
+            val_loss: None,
+            val_metrics: Default::default(),
+            sums: Default::default(),
+            config: serde_json::json!([{"key": "train.lr", "value": "0.001"}]),
+            input: None,
+            files: Default::default(),
+            file_bytes: Default::default(),
+            meta_sha256: String::new(),
+        }
+    }
+
+    fn tensors() -> Vec<(String, Tensor)> {
+        vec![
+            (
+                "layer.weight".to_owned(),
+                Tensor::ones([64, 33], tch::kind::FLOAT_CPU),
+            ),
+            (
+                "layer.bias".to_owned(),
+                Tensor::ones([64], tch::kind::DOUBLE_CPU),
+            ),
+            ("steps".to_owned(), Tensor::ones([3], tch::kind::INT64_CPU)),
+        ]
+    }
+
+    #[test]
+    fn the_estimate_covers_each_file_a_checkpoint_writes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (model, mut state) = (tensors(), tensors());
+        state.truncate(1);
+        let contents = || Contents {
+            model: &model,
+            state: &state,
+            meta: meta(7),
+            script: None,
+            program: None,
+        };
+        let estimate = file_lengths(&contents()).unwrap();
+        let dir = save(tmp.path(), contents()).unwrap();
+        for (file, want) in [MODEL_FILE, STATE_FILE, META_FILE].iter().zip(estimate) {
+            let got = std::fs::metadata(dir.join(file)).unwrap().len();
+            assert!(got <= want, "{file}: {got} bytes, estimated {want}");
+            assert!(
+                want - got <= 4096 + 512,
+                "{file}: {got} bytes, estimated {want}"
+            );
+        }
+        assert_eq!(
+            safetensors_bytes(&model[..1]),
+            8 + 128 + 12 + 64 * 33 * 4,
+            "the data and a header"
+        );
+    }
+
+    /// An injected ENOSPC midway (the pre-check passed, then the disk filled up): the staged
+    /// directory is removed and the error names the checkpoint, needing at least what it
+    /// wrote before failing.
+    #[test]
+    fn a_write_that_runs_out_of_space_is_no_space_naming_the_checkpoint() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staged = tmp.path().join(".tmp-step-000000001-1");
+        std::fs::create_dir(&staged).unwrap();
+        std::fs::write(staged.join(MODEL_FILE), vec![0u8; 20_000]).unwrap();
+        let enospc = std::io::Error::from_raw_os_error(28);
+        let final_dir = tmp.path().join(dir_name(1));
+        let e = failed(
+            write_error(&staged.join(STATE_FILE), enospc),
+            &staged,
+            &final_dir,
+            &[100, 100, 100],
+        );
+        let TrainError::NoSpace(full) = &e else {
+            panic!("not NoSpace: {e}");
+        };
+        assert_eq!(full.path, final_dir);
+        assert!(full.needed > 20_000, "{e}");
+        assert!(!staged.exists());
+        assert!(e.to_string().contains("continue with --resume"), "{e}");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_temporary_directory_and_keeps_its_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let model = tensors();
+        let failing = |path: &Path| -> Result<bool, TrainError> {
+            std::fs::write(path, b"half a module").unwrap();
+            Err(file_error(path, "the writer failed"))
+        };
+        let e = save(
+            tmp.path(),
+            Contents {
+                model: &model,
+                state: &[],
+                meta: meta(3),
+                script: Some(&failing),
+                program: None,
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("the writer failed"), "{e}");
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
     }
 }
