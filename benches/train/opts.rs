@@ -123,7 +123,9 @@ fn step_toggles(o: &Opts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
     let mut runs = vec![];
     // A toggle: its row, model, and each side's (on, then off) precision and further arguments.
     let mut run = |name: &str, model: &str, sides: [(&str, &str); 2]| {
-        let args = sides.map(|(p, extra)| [o.step_args(model, p, 32, 0), words(extra)].concat());
+        // The U-Net's samples are volumes: a few make a batch.
+        let batch = if model == "unet3d" { 2 } else { 32 };
+        let args = sides.map(|(p, extra)| [o.step_args(model, p, batch, 0), words(extra)].concat());
         let baseline = format!("kiln {model} step without it");
         let probe = |i: usize| o.kiln("probe", &args[i]);
         runs.push(toggle((o, out), (name, name, STEP_MS), probe, &baseline)?);
@@ -147,6 +149,11 @@ fn step_toggles(o: &Opts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
     }
     let channels_last = [("fp32", "--channels-last"), ("fp32", "")];
     run("channels-last (convnet)", "convnet", channels_last)?;
+    run(
+        "channels-last-3d (unet3d, batch 2)",
+        "unet3d",
+        channels_last,
+    )?;
     if !cuda {
         out.skip("TF32 matmuls", NO_GPU);
         out.skip("cuDNN benchmark", NO_GPU);

@@ -25,7 +25,7 @@ use super::{REFERENCE, Result, model_plan, resolved};
 /// `probe`'s options.
 #[derive(Debug, Args)]
 pub struct ProbeArgs {
-    /// mlp, transformer or convnet.
+    /// mlp, transformer, convnet or unet3d.
     #[arg(long, default_value = "transformer")]
     model: ModelKind,
     /// fp32, bf16, fp16 or auto (kiln's choice for the device).
@@ -145,10 +145,15 @@ pub fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
     if kind == ModelKind::Transformer {
         sample_shape[0] = seq as usize;
     }
+    // The U-Net segments: a class per voxel of the volume's spatial shape.
+    let target = (kind == ModelKind::Unet3d).then(|| kiln_data::TargetSpec::Classes {
+        classes,
+        shape: sample_shape[1..].to_vec(),
+    });
     Ok(InputSpec {
         sample_shape,
         classes,
-        target: None,
+        target,
         integer_features: false,
         arrays: vec![],
     })
@@ -241,7 +246,12 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let mut dims = vec![batch as i64];
     dims.extend(shape.iter().map(|&d| d as i64));
     let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
-    let labels = Tensor::randint(classes as i64, [batch as i64], (Kind::Int64, device));
+    let mut label_dims = vec![batch as i64];
+    if let Some(target) = &input.target {
+        stepper.set_target(target).msg()?;
+        label_dims.extend(dims[2..].iter());
+    }
+    let labels = Tensor::randint(classes as i64, label_dims.as_slice(), (Kind::Int64, device));
     let (times, losses, first_step, breakdown) = run_steps(a, &mut stepper, (&features, &labels))?;
     let median = median(times.clone());
     let flops = flops_per_step(kind, &size, batch);
