@@ -64,6 +64,22 @@ fn checks(args: &TestArgs) -> Vec<Check> {
             args: test,
             exports: false,
         },
+        // A minute of every fuzz target (`fuzz/tests/short_run.rs`, ignored by plain `cargo
+        // test`). Run as a `--workspace` test so that it resolves features as the step before
+        // did and reuses its build; the test runs the `kiln-fuzz` binary.
+        Check {
+            name: "cargo test: a short run of every fuzz target",
+            args: owned(&[
+                "test",
+                "--workspace",
+                "--test",
+                FUZZ_TEST,
+                "--",
+                "--ignored",
+                "--nocapture",
+            ]),
+            exports: false,
+        },
         // Tests that compare with PyTorch itself are `#[ignore]`d (plain `cargo test` may have
         // no Python with torch) and named `…with_python_torch`; here the provisioned Python is
         // KILN_PYTHON, so they run; those that export to ONNX find the pinned onnx packages in
@@ -99,6 +115,9 @@ fn checks(args: &TestArgs) -> Vec<Check> {
     }
     all
 }
+
+/// The test target of `kiln-fuzz` that runs every fuzz target briefly.
+pub const FUZZ_TEST: &str = "short_run";
 
 /// What the names of the tests that need Python's torch contain.
 pub const PYTHON_TESTS: &str = "with_python_torch";
@@ -165,18 +184,23 @@ mod tests {
                 "cargo fmt --check",
                 "cargo clippy",
                 "cargo test",
+                "cargo test: a short run of every fuzz target",
                 "cargo test: the tests that need Python's torch"
             ]
         );
         assert!(
-            all[3]
+            all[4]
                 .args
                 .ends_with(&["--ignored".to_owned(), PYTHON_TESTS.to_owned()])
+        );
+        assert_eq!(
+            all[3].args[..4],
+            ["test", "--workspace", "--test", FUZZ_TEST].map(String::from)
         );
         let exports: Vec<_> = all.iter().map(|c| c.exports).collect();
         assert_eq!(
             exports,
-            [false, false, false, true],
+            [false, false, false, false, true],
             "only the Python step exports"
         );
         assert!(
@@ -193,7 +217,7 @@ mod tests {
     #[test]
     fn the_cuda_tests_run_only_with_cuda_and_the_flag_is_not_passed_to_cargo() {
         let without = checks(&TestArgs::parse(&strings(&["-p", "kiln-train"])));
-        assert_eq!(without.len(), 4);
+        assert_eq!(without.len(), 5);
         assert!(
             without
                 .iter()
@@ -208,10 +232,10 @@ mod tests {
             "--nocapture",
         ])));
         let names: Vec<_> = with.iter().map(|c| c.name).collect();
-        assert_eq!(names.len(), 5);
-        assert_eq!(names[4], "cargo test: the tests that need CUDA");
+        assert_eq!(names.len(), 6);
+        assert_eq!(names[5], "cargo test: the tests that need CUDA");
         assert_eq!(
-            with[4].args,
+            with[5].args,
             strings(&[
                 "test",
                 "--workspace",

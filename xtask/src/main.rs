@@ -8,6 +8,7 @@ mod bench;
 mod bench_docs;
 mod checks;
 mod cuda_tests;
+mod fuzz;
 mod gpu_check;
 mod kiln;
 mod libtorch;
@@ -29,11 +30,11 @@ xtask commands:
                     (idempotent; every command below does this first)
   test [--cuda] [args…]
                     setup, then cargo fmt --check, clippy -D warnings, cargo test --workspace
-                    (extra args go to cargo test; it also runs the library example), then the
-                    tests that need Python's torch; with --cuda (on a machine with a CUDA
-                    device), then the tests that need CUDA, which plain cargo test lists as
-                    ignored
-{bench}{gpu_check}  help              this text
+                    (extra args go to cargo test; it also runs the library example), a
+                    minute of every fuzz target, then the tests that need Python's torch; with
+                    --cuda (on a machine with a CUDA device), then the tests that need CUDA,
+                    which plain cargo test lists as ignored
+{bench}{gpu_check}{fuzz}  help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
 provisioned libtorch, for example:
@@ -65,6 +66,7 @@ fn usage() -> String {
     USAGE
         .replace("{bench}", &bench::usage_text())
         .replace("{gpu_check}", gpu_check::usage_text())
+        .replace("{fuzz}", fuzz::usage_text())
 }
 
 fn main() -> ExitCode {
@@ -116,6 +118,10 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "bench" => {
             let p = provision(&root, Report::Never)?;
             bench::run(&root, &p.settings, &p.libtorch, rest)
+        }
+        "fuzz" => {
+            let p = provision(&root, Report::Never)?;
+            fuzz::run(&root, &p.settings, rest)
         }
         _ => {
             let p = provision(&root, Report::WhenChanged)?;

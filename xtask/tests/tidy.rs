@@ -101,6 +101,17 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("crates/cli", ALL_LIBRARIES),
     ("benches", ALL_LIBRARIES),
     ("examples", &["kiln-train"]),
+    (
+        "fuzz",
+        &[
+            "kiln-config",
+            "kiln-core",
+            "kiln-data",
+            "kiln-infer",
+            "kiln-profiles",
+            "kiln-train",
+        ],
+    ),
     ("xtask", &[]),
 ];
 
@@ -517,7 +528,7 @@ fn library_code_does_not_panic() {
 fn every_rust_file_starts_with_a_doc_line() {
     let root = root();
     let mut missing = vec![];
-    for dir in ["crates", "benches", "xtask", "examples"] {
+    for dir in ["crates", "benches", "xtask", "examples", "fuzz"] {
         for f in files(&root.join(dir), &[".rs"]) {
             let text = std::fs::read_to_string(&f).unwrap();
             if !text.starts_with("//!") {

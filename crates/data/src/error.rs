@@ -56,3 +56,23 @@ pub(crate) fn out_of_range(index: usize, len: usize) -> DataError {
         message: format!("out of range (the dataset has {len} samples)"),
     }
 }
+
+/// What to do when a dataset does not fit.
+pub(crate) const NO_SPACE_HINT: &str =
+    "Free some space, or choose an output directory on a file system with more room";
+
+/// The error of a failed write of `path`: [`NoSpace`](crate::space::NoSpace) where the file system is full (its
+/// amounts filled in by the caller that knows them), else the I/O error.
+pub(crate) fn write_failed(path: &std::path::Path, e: std::io::Error) -> DataError {
+    if crate::space::is_full(&e) {
+        return crate::space::NoSpace {
+            path: path.to_owned(),
+            what: "the dataset",
+            needed: 0,
+            available: 0,
+            hint: NO_SPACE_HINT,
+        }
+        .into();
+    }
+    DataError::file(path, format!("cannot write: {e}"))
+}

@@ -597,7 +597,17 @@ impl Manifest {
                 ));
             }
         }
-        let total: usize = self.shards.iter().map(|s| s.samples).sum();
+        // The counts are the file's to claim: their sum must not overflow.
+        let total = self
+            .shards
+            .iter()
+            .try_fold(0usize, |sum, s| sum.checked_add(s.samples));
+        let Some(total) = total else {
+            return Err(format!(
+                "the shards' `samples` add up to more than {} samples",
+                usize::MAX
+            ));
+        };
         if total != self.samples {
             return Err(format!(
                 "`samples` is {} but the shards hold {total} samples together",
@@ -613,7 +623,7 @@ impl Manifest {
         let mut text = serde_json::to_string_pretty(self)
             .map_err(|e| DataError::file(&path, format!("cannot encode the manifest: {e}")))?;
         text.push('\n');
-        std::fs::write(&path, text).map_err(|e| crate::prepare::write_failed(&path, e))
+        std::fs::write(&path, text).map_err(|e| crate::error::write_failed(&path, e))
     }
 }
 

@@ -60,6 +60,18 @@ pub fn parse_header(bytes: &[u8]) -> Result<NpyHeader, String> {
                 .map_err(|_| format!("shape entry `{s}` is not a number"))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // Every count of elements or bytes a reader computes from the shape (the whole array's, a
+    // row's) is at most this product, so none of them overflows.
+    let addressable = shape
+        .iter()
+        .filter(|&&d| d > 0)
+        .try_fold(dtype.size(), |bytes, &d| bytes.checked_mul(d));
+    if addressable.is_none() {
+        return Err(format!(
+            "the shape {shape:?} is too large: its {dtype} data would not fit in memory's address \
+             space"
+        ));
+    }
     Ok(NpyHeader {
         dtype,
         shape,

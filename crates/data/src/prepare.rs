@@ -12,6 +12,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::error::{NO_SPACE_HINT, write_failed};
 use crate::manifest::{
     FEATURES_TENSOR, LABELS_TENSOR, MANIFEST_FORMAT, MANIFEST_VERSION, TARGETS_TENSOR, name_problem,
 };
@@ -465,26 +466,6 @@ pub fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) -> Res
     let mut bytes = npy::header(dtype, shape).map_err(|m| DataError::file(path, m))?;
     bytes.extend_from_slice(data);
     std::fs::write(path, bytes).map_err(|e| write_failed(path, e))
-}
-
-/// What to do when a dataset does not fit.
-const NO_SPACE_HINT: &str =
-    "Free some space, or choose an output directory on a file system with more room";
-
-/// The error of a failed write of `path`: [`NoSpace`] where the file system is full (its
-/// amounts filled in by the caller that knows them), else the I/O error.
-pub(crate) fn write_failed(path: &Path, e: std::io::Error) -> DataError {
-    if space::is_full(&e) {
-        return NoSpace {
-            path: path.to_owned(),
-            what: "the dataset",
-            needed: 0,
-            available: 0,
-            hint: NO_SPACE_HINT,
-        }
-        .into();
-    }
-    DataError::file(path, format!("cannot write: {e}"))
 }
 
 /// Writes shard `k` (samples `start..end`) into `dir`: every array in one safetensors file,

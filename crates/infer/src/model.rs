@@ -48,7 +48,11 @@ impl ModelSource {
             Ok(ModelSource::Onnx(path.to_owned()))
         } else if path.is_file() {
             match kiln_train::program::detect(path) {
-                Ok(FileKind::ExportedProgram) => Ok(ModelSource::Program(path.to_owned())),
+                Ok(FileKind::ExportedProgram) => {
+                    // Before anything else reads it: nothing in it may run code when loaded.
+                    kiln_train::program::archive::vet_file(path)?;
+                    Ok(ModelSource::Program(path.to_owned()))
+                }
                 Ok(FileKind::AotiPackage) => Err(InferError::file(
                     path,
                     "an AOTInductor package (native code compiled for one machine): kiln runs \
@@ -339,6 +343,7 @@ impl LoadedModel {
         device: Device,
         precision: AmpDtype,
     ) -> Result<Self, InferError> {
+        kiln_train::program::archive::vet_file(path)?;
         let mut module = tch::CModule::load_on_device(path, device).map_err(|e| {
             InferError::file(
                 path,

@@ -46,6 +46,18 @@ pub enum TrainError {
     /// free); nothing of it was left behind.
     #[error(transparent)]
     NoSpace(#[from] kiln_data::NoSpace),
+    /// A model file kiln will not hand to libtorch or Python: loading it could run code of its
+    /// own (a pickle importing anything but tensor types, native code, a shape expression
+    /// PyTorch would evaluate), or it is malformed in a way that could.
+    /// `reason` is the `program::archive::Refusal`, as text.
+    #[error(
+        "{}: refused before loading: {reason} (see \"What kiln trusts\" in kiln's README)",
+        path.display()
+    )]
+    Refused {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     /// Reading or writing a run's files.
     #[error("{path}: {message}")]
     File {

@@ -108,6 +108,7 @@ impl ScriptModel {
         if !path.is_file() {
             return Err(not_script("no such file".to_owned()));
         }
+        crate::program::archive::vet_file(path)?;
         let facts = kiln_torch_ext::script::inspect(path, LOSS_METHOD)
             .map_err(|e| not_script(first_line(&e.to_string())))?;
         if facts.parameters == 0 {

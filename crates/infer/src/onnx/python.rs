@@ -80,6 +80,7 @@ pub(crate) fn export(
     opset: u32,
     meta: &[(String, String)],
 ) -> Result<String, InferError> {
+    kiln_train::program::archive::vet_file(script)?;
     let (_, path) = python_and_path();
     let shape: Vec<String> = sample_shape.iter().map(usize::to_string).collect();
     let mut args: Vec<OsString> = vec!["--script".into(), script.into(), "--out".into()];

@@ -123,6 +123,26 @@ pub(crate) fn decode_npy(body: &[u8]) -> Result<Tensor, ApiError> {
     })
 }
 
+/// What `POST /v1/predict` makes of a request before a model sees it, without a server: the
+/// format from the `Content-Type` value, the body decoded, the samples checked against
+/// `sample_shape`; the number of samples, or the message the client would get. The server
+/// calls the same functions in this order; this entry is public for kiln's fuzz harness.
+pub fn decode_request(
+    content_type: Option<&str>,
+    body: &[u8],
+    sample_shape: &[usize],
+    max_batch: usize,
+) -> Result<usize, String> {
+    let format = Format::from_content_type(content_type).map_err(|e| e.message)?;
+    let tensor = match format {
+        Format::Json => decode_json(body, sample_shape, max_batch),
+        Format::Npy => decode_npy(body),
+    }
+    .map_err(|e| e.message)?;
+    let samples = fit_samples(tensor, sample_shape, max_batch).map_err(|e| e.message)?;
+    Ok(samples.n)
+}
+
 /// Checks a decoded body against the runner's sample shape: either one sample
 /// (`sample_shape`) or a list `[n, ...sample_shape]` with `1 <= n <= max_batch`.
 pub(crate) fn fit_samples(

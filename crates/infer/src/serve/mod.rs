@@ -29,6 +29,7 @@ mod server;
 mod worker;
 
 pub use batch::{Batch, ClosedBy, Queued, collect_batch};
+pub use codec::decode_request;
 pub use error::ServeError;
 pub use server::{ServeStats, Server, ShutdownHandle};
 

@@ -418,6 +418,8 @@ pub(crate) fn run_script(
     args: &[OsString],
     env: &[(&str, OsString)],
 ) -> Result<String, TrainError> {
+    // Python's torch.export.load can run code a crafted file carries: kiln vets it first.
+    super::archive::vet_file(program)?;
     std::fs::write(script, SCRIPT).map_err(|e| file_error(script, &e))?;
     let python = crate::python::python();
     let mut cmd = Command::new(&python);

@@ -6,10 +6,12 @@
 //! copied back, and kiln's optimizer, scaler, clipping and checkpoints do the rest as for any
 //! model. Validation runs a second package, the program in eval mode.
 
+pub mod archive;
 pub mod check;
 pub mod compile;
 pub mod export;
 pub mod file;
+pub mod pickle;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -325,6 +327,7 @@ impl ProgramModel {
         input: &InputSpec,
         vs: &nn::VarStore,
     ) -> Result<Self, TrainError> {
+        archive::vet_file(spec.path)?;
         let kind = detect(spec.path)?;
         if kind != FileKind::ExportedProgram {
             return Err(invalid(

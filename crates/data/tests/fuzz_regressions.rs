@@ -1,0 +1,124 @@
+//! Inputs the fuzz harness (`kiln-fuzz`) found a panic, a hang or an unbounded allocation
+//! with, each kept in `tests/fuzz-inputs/` and answered here with the error it must get.
+
+use std::path::Path;
+
+use kiln_data::{NpyArray, npy_parse_header};
+
+/// The input file `name` of `tests/fuzz-inputs/`.
+fn input(name: &str) -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fuzz-inputs")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A `.npy` header of `text`, version 1.
+fn npy_with_header(text: &str) -> Vec<u8> {
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(text.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(text.as_bytes());
+    bytes
+}
+
+#[test]
+fn a_npy_shape_whose_element_count_overflows_is_an_error() {
+    // `(18446744073709551615, 3)`: the element count overflowed (a panic in debug builds, a
+    // wrapped count in release ones) in NpyArray::parse.
+    let bytes = input("npy-shape-overflows.npy");
+    let e = npy_parse_header(&bytes).unwrap_err();
+    assert!(
+        e.contains("too large") && e.contains("18446744073709551615"),
+        "{e}"
+    );
+    assert!(NpyArray::parse(&bytes).unwrap_err().contains("too large"));
+}
+
+#[test]
+fn a_npy_row_too_large_for_memory_is_an_error_even_with_no_rows() {
+    // Zero rows hold no data, but a reader's row size would still overflow.
+    let text = "{'descr': '<f8', 'fortran_order': False, 'shape': (0, 4294967296, 4294967296), }";
+    let e = npy_parse_header(&npy_with_header(text)).unwrap_err();
+    assert!(e.contains("too large"), "{e}");
+    let fits = "{'descr': '<f8', 'fortran_order': False, 'shape': (0, 65536, 65536), }";
+    assert_eq!(
+        npy_parse_header(&npy_with_header(fits)).unwrap().shape,
+        [0, 65536, 65536]
+    );
+}
+
+/// `kiln data prepare --windows` of the Parquet table `name` (the harness's long table: series
+/// by store and item, time, targets y, reals price and temp, static region) into a new
+/// directory: its error.
+fn prepare_parquet(name: &str) -> String {
+    use kiln_data::{TableFormat, TargetNormalizer, WindowColumns, WindowsSource};
+    let tmp = tempfile::tempdir().unwrap();
+    let table = tmp.path().join("long.parquet");
+    std::fs::write(&table, input(name)).unwrap();
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect();
+    let source = WindowsSource {
+        format: TableFormat::of_path(&table),
+        table,
+        delimiter: b',',
+        columns: WindowColumns {
+            time: "time".into(),
+            group: names(&["store", "item"]),
+            target: names(&["y"]),
+            known: names(&["price"]),
+            unknown: names(&["temp", "y"]),
+            static_categoricals: names(&["region"]),
+        },
+        encoder_length: 4,
+        min_encoder_length: None,
+        horizon: 2,
+        normalize: TargetNormalizer::Group,
+    };
+    let out = tmp.path().join("windows");
+    let e = kiln_data::prepare_windows(&source, &out).unwrap_err();
+    assert!(!out.exists());
+    e.to_string()
+}
+
+#[test]
+fn parquet_tables_the_parquet_reader_panics_on_are_errors() {
+    // The parquet crate indexes past a buffer in its RLE decoder on the first, and unwraps a
+    // missing field of the file's metadata on the second.
+    for name in [
+        "parquet-rle-index.parquet",
+        "parquet-metadata-unwrap.parquet",
+    ] {
+        let e = prepare_parquet(name);
+        assert!(
+            e.contains("cannot read it as Parquet: the file is damaged"),
+            "{name}: {e}"
+        );
+    }
+}
+
+#[test]
+fn shard_counts_whose_sum_overflows_are_an_error() {
+    // kiln-fuzz's dataset-manifest target: two shards claiming 2⁶⁴ − 1 and 1 samples
+    // overflowed the sum of the shards' samples (a panic in debug builds, a wrapped count in
+    // release ones) in the manifest's checks.
+    use kiln_data::{DType, PrepareOptions, PrepareSource, ShardFormat, ShardedDataset};
+    let tmp = tempfile::tempdir().unwrap();
+    let (features, labels) = (tmp.path().join("f.npy"), tmp.path().join("l.npy"));
+    kiln_data::write_npy(&features, DType::F32, &[4, 2], &[0u8; 32]).unwrap();
+    kiln_data::write_npy(&labels, DType::I64, &[4], &[0u8; 32]).unwrap();
+    let source = PrepareSource::Npy { features, labels };
+    let options = PrepareOptions {
+        shard_samples: 2,
+        format: ShardFormat::Npy,
+        integer_features: false,
+    };
+    let dir = tmp.path().join("data");
+    kiln_data::prepare(&source, &dir, &options).unwrap();
+    let path = dir.join(kiln_data::MANIFEST_FILE);
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    manifest["shards"][0]["samples"] = serde_json::json!(u64::MAX);
+    manifest["shards"][1]["samples"] = serde_json::json!(1);
+    std::fs::write(&path, manifest.to_string()).unwrap();
+    let e = ShardedDataset::open(&dir).unwrap_err().to_string();
+    assert!(e.contains("add up to more than"), "{e}");
+}

@@ -1,0 +1,74 @@
+//! `cargo xtask fuzz [args…]`: builds the fuzz harness (`kiln-fuzz`) in the `fuzz` profile
+//! (release speed, with overflow checks and debug assertions, so that an overflow a hostile
+//! header causes is a panic it sees) and runs it with the provisioned libtorch; the arguments
+//! go to `kiln-fuzz` (`--target NAME`, `--inputs N`, `--seconds S`, `--seed K`, `--list`, …).
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+use crate::kiln::{apply_env, target_dir};
+use crate::libtorch::Settings;
+use crate::util::{self, Result, bail};
+
+/// The cargo profile the harness is built in (the workspace's `[profile.fuzz]`).
+pub const PROFILE: &str = "fuzz";
+
+pub fn usage_text() -> &'static str {
+    "  fuzz [--target NAME]… [--inputs N | --seconds S] [--seed K] [--list]\n\
+     \x20                   build the fuzz harness (profile fuzz: release with overflow checks)\n\
+     \x20                   and fuzz every parser kiln owns; failing inputs go to\n\
+     \x20                   target/fuzz-findings/ (kiln-fuzz --help: every option)\n"
+}
+
+/// The cargo arguments that build the harness.
+pub fn build_args() -> Vec<String> {
+    [
+        "build",
+        "--profile",
+        PROFILE,
+        "--package",
+        "kiln-fuzz",
+        "--bin",
+        "kiln-fuzz",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Builds the harness and runs it with `args`; its exit code.
+pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
+    let mut build = Command::new(util::cargo());
+    build.current_dir(root).args(build_args());
+    apply_env(&mut build, settings);
+    let status = util::status_of(&mut build)?;
+    if !status.success() {
+        bail!(
+            "building the fuzz harness failed ({}); see the compiler output above",
+            util::describe_status(status)
+        );
+    }
+    let exe = target_dir(root).join(PROFILE).join("kiln-fuzz");
+    let mut fuzz = Command::new(&exe);
+    fuzz.current_dir(root).args(args);
+    apply_env(&mut fuzz, settings);
+    let status = util::status_of(&mut fuzz)?;
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => {
+            util::info(&format!("kiln-fuzz was {}", util::describe_status(status)));
+            ExitCode::FAILURE
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_harness_is_built_in_its_own_profile() {
+        let args = build_args();
+        assert_eq!(args[..3], ["build", "--profile", "fuzz"]);
+        assert!(args.ends_with(&["--bin".to_owned(), "kiln-fuzz".to_owned()]));
+    }
+}
