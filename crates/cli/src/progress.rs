@@ -76,6 +76,9 @@ impl Observer for ProgressView {
         if let Some(search) = &s.batch_size_search {
             eprintln!("train.batch_size {search}");
         }
+        if let Some(search) = &s.lr_search {
+            eprintln!("train.lr {search}");
+        }
         if let Some((dir, step)) = &s.resumed_from {
             eprintln!("resumed from {} at step {step}", dir.display());
         }

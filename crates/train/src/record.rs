@@ -35,6 +35,10 @@ pub struct RunStart {
     pub resumed_from: Option<(std::path::PathBuf, u64)>,
     /// How `train.batch_size = "auto"` arrived at `batch_size` (trials, or the cache).
     pub batch_size_search: Option<String>,
+    /// The base learning rate (before warm-up and schedule).
+    pub lr: f64,
+    /// How `train.lr = "auto"` arrived at `lr` (a range test, the cache, the resumed run).
+    pub lr_search: Option<String>,
 }
 
 /// A run about to train: its directory (rank 0's; empty on other ranks, which write none) and

@@ -299,6 +299,8 @@ pub fn with_file_kind(plan: &RunPlan) -> Result<RunPlan, TrainError> {
             });
         }
     };
+    // Before anything else reads it: nothing in the file may run code when loaded.
+    crate::program::archive::vet_file(path)?;
     if kind != plan.model.kind {
         tracing::info!(
             "{} holds {}: training it as one",
@@ -637,22 +639,33 @@ pub fn cached_lr(
     })
 }
 
-/// The learning rate `train.lr = "auto"` resolves to, once the batch size is known: the
-/// cached answer or a range test ([`crate::lr_find`]), on a model of its own (the run's
-/// weights, optimizer and generators are as they were). Refused for a data-parallel run of
-/// more than one rank (`ranks`), whose ranks would each test their own shard. Returns the plan with the rate, and what was
+/// The learning rate `train.lr = "auto"` resolves to, once the batch size is known: a resumed
+/// run keeps the rate its checkpoint records; a new one asks the cache or runs a range test
+/// ([`crate::lr_find`]) on a model of its own (the run's weights, optimizer and generators are
+/// as they were). A test is refused for a data-parallel run of more than one rank (`ranks`),
+/// whose ranks would each test their own shard. Returns the plan with the rate, and what was
 /// found (the curve, when a test ran, goes into the run directory).
 fn auto_lr(
     plan: RunPlan,
-    recipe: &ModelRecipe<'_>,
-    input: &InputSpec,
-    data: &RunData,
+    (recipe, input, data): (&ModelRecipe<'_>, &InputSpec, &RunData),
     device: tch::Device,
-    ranks: bool,
+    (ranks, resume): (bool, Option<&checkpoint::Checkpoint>),
     cache_dir: Option<&Path>,
 ) -> Result<(RunPlan, Option<crate::lr_find::LrFound>), TrainError> {
     if !plan.train.lr_auto {
         return Ok((plan, None));
+    }
+    if let Some(lr) = resume.and_then(|c| c.meta.lr) {
+        let note = format!("auto: {lr:e}, as the resumed run found");
+        tracing::info!("train.lr {note}");
+        let mut kept = plan;
+        kept.train.lr = lr;
+        let found = crate::lr_find::LrFound {
+            lr,
+            note,
+            curve: None,
+        };
+        return Ok((kept, Some(found)));
     }
     if ranks {
         return Err(TrainError::InvalidPlan {
@@ -722,16 +735,15 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         control.cache_dir.as_deref(),
     )?;
     let (plan, batch_note) = agree_on_batch_size(plan, batch_note, control.group.as_ref())?;
+    let ranks = control
+        .group
+        .as_ref()
+        .is_some_and(|g| crate::distributed::lock(g).world_size() > 1);
     let (plan, lr_found) = auto_lr(
         plan,
-        recipe,
-        &input,
-        &data,
+        (recipe, &input, &data),
         tch_device,
-        control
-            .group
-            .as_ref()
-            .is_some_and(|g| crate::distributed::lock(g).world_size() > 1),
+        (ranks, resume.as_ref()),
         control.cache_dir.as_deref(),
     )?;
     let generator = kiln_torch_ext::rng::cpu_generator_lock();
@@ -785,6 +797,7 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
         resume,
         stop: control.stop,
         batch_size_search: batch_note,
+        lr_search: lr_found.as_ref().map(|f| f.note.clone()),
         profiling: None,
         clock: control.clock,
     };

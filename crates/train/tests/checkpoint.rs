@@ -398,6 +398,7 @@ fn small_meta(step: u64) -> checkpoint::Meta {
         epoch: 0,
         batch: step as usize,
         batch_size: Some(8),
+        lr: Some(0.01),
         world_size: None,
         loss_scale: None,
         loss_scale_growth_tracker: None,

@@ -175,3 +175,82 @@ fn lr_auto_trains_at_the_found_rate_writes_the_curve_and_caches_the_answer() {
     assert!(!second.run_dir.join("lr_find.json").exists());
     assert_eq!(read_json(&cache.path().join("lr-find.json")), cached);
 }
+
+/// The start of every run it watches.
+#[derive(Default)]
+struct Starts(Vec<kiln_train::record::RunStart>);
+
+impl Observer for Starts {
+    fn on_start(&mut self, start: &kiln_train::record::RunStart) -> Result<(), TrainError> {
+        self.0.push(start.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_resumed_run_keeps_the_rate_its_checkpoint_records_and_tests_none() {
+    let out = tempfile::tempdir().unwrap();
+    let plan_for = |epochs: &str| {
+        load(&common::run_request(
+            out.path(),
+            &[
+                "model.name=mlp",
+                "data.synthetic_samples=256",
+                "data.num_workers=0",
+                "train.batch_size=32",
+                epochs,
+                "checkpoint.every_steps=4",
+            ],
+            &["train.lr=auto"],
+        ))
+        .unwrap()
+        .plan
+    };
+    // No cache: a new run tests, and a resumed one would test again if it did not keep its rate.
+    let mut starts = Starts::default();
+    let first = train(
+        &plan_for("train.epochs=1"),
+        Device::Cpu,
+        None,
+        RunControl::default(),
+        &mut starts,
+    )
+    .unwrap();
+    assert!(first.run_dir.join("lr_find.json").is_file());
+    let latest = std::fs::read_dir(first.run_dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("step-")
+        })
+        .max()
+        .expect("a checkpoint");
+    let meta = read_json(&latest.join("checkpoint.json"));
+    let found = starts.0[0].lr;
+    assert_eq!(meta["lr"].as_f64(), Some(found), "{meta}");
+    assert!(starts.0[0].lr_search.as_ref().unwrap().contains("auto"));
+    std::fs::remove_file(first.run_dir.join("lr_find.json")).unwrap();
+    let control = RunControl {
+        resume: Some(Resume::Latest),
+        ..RunControl::default()
+    };
+    train(
+        &plan_for("train.epochs=2"),
+        Device::Cpu,
+        None,
+        control,
+        &mut starts,
+    )
+    .unwrap();
+    let resumed = &starts.0[1];
+    assert_eq!(resumed.lr, found);
+    let note = resumed.lr_search.as_ref().unwrap();
+    assert!(note.contains("as the resumed run found"), "{note}");
+    assert!(
+        !first.run_dir.join("lr_find.json").exists(),
+        "the resumed run ran a range test"
+    );
+}

@@ -96,6 +96,11 @@ pub struct Meta {
     /// The batch size the run trains with (what `"auto"` chose, for a resume).
     #[serde(default)]
     pub batch_size: Option<u64>,
+    /// The base learning rate the run trains with (what `train.lr = "auto"` found, for a
+    /// resume). Absent from the JSON when unknown, so that the checksum of a checkpoint written
+    /// before kiln recorded it (computed over the JSON as kiln writes it) still holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
     /// The number of data-parallel ranks that wrote it (absent: one).
     #[serde(default)]
     pub world_size: Option<u64>,
@@ -508,7 +513,8 @@ fn safetensors_lengths(path: &Path) -> Result<(u64, u64), TrainError> {
         .filter_map(|(_, t)| t.get("data_offsets")?.get(1)?.as_u64())
         .max()
         .unwrap_or(0);
-    Ok((8 + header_len + data_end, actual))
+    // The offsets are the file's to claim: past any length, they must not overflow.
+    Ok(((8 + header_len).saturating_add(data_end), actual))
 }
 
 impl Checkpoint {
@@ -586,6 +592,7 @@ mod tests {
             epoch: 0,
             batch: 0,
             batch_size: None,
+            lr: None,
             world_size: None,
             loss_scale: None,
             loss_scale_growth_tracker: None,

@@ -119,6 +119,7 @@ mod tests {
             epoch: 0,
             batch: 0,
             batch_size: None,
+            lr: None,
             world_size: None,
             loss_scale: None,
             loss_scale_growth_tracker: None,

@@ -306,6 +306,8 @@ impl Trainer<'_> {
                 .as_ref()
                 .map(|c| (c.dir.clone(), c.meta.step)),
             batch_size_search: options.batch_size_search.clone(),
+            lr: self.settings.lr,
+            lr_search: options.lr_search.clone(),
         }
     }
 

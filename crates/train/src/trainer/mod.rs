@@ -208,6 +208,8 @@ pub struct FitOptions {
     pub profiling: Option<ProfilingOptions>,
     /// How an automatic batch size was found, for the reports.
     pub batch_size_search: Option<String>,
+    /// How `train.lr = "auto"` was resolved, for the reports.
+    pub lr_search: Option<String>,
     /// The clock of the time limit and time-based checkpoints (`None`: wall time).
     pub clock: Option<crate::stopping::Clock>,
 }
@@ -1037,6 +1039,7 @@ impl<'m> Trainer<'m> {
                     epoch,
                     batch,
                     batch_size: Some(self.batch_size),
+                    lr: Some(self.settings.lr),
                     world_size: Some(self.ranks.place.map_or(1, |(_, world)| world as u64)),
                     loss_scale,
                     loss_scale_growth_tracker: tracker,
