@@ -1,6 +1,7 @@
 //! `kiln-bench`: every benchmark suite in one binary. `kiln-bench GROUP ARGS…` runs a group's
 //! command line: `data`, `train` (its suites `train`, `optimizer`, `opts`), `serve` (`infer`,
-//! `serve`), `quality`, `learning`, `job`, `ddp`, and `report`, which merges the suites' outputs.
+//! `serve`), `quality`, `learning`, `job`, `ddp`, `report`, which merges the suites' outputs, and
+//! `soak`, the long abuse runs of `cargo xtask soak`.
 //! Suites that measure in child processes start this binary again with their group's word.
 //! `cargo xtask bench` builds and runs it; `kiln gpu-check` runs the train and infer suites.
 
@@ -24,6 +25,8 @@ mod report;
 mod run_cli;
 #[path = "serve/main.rs"]
 mod serve;
+#[path = "soak/main.rs"]
+mod soak;
 #[path = "train/main.rs"]
 mod train;
 
@@ -33,7 +36,7 @@ use std::ffi::OsString;
 type Entry = fn(Vec<OsString>);
 
 /// The groups, each with its command line's entry point.
-const GROUPS: [(&str, Entry); 8] = [
+const GROUPS: [(&str, Entry); 9] = [
     ("data", data::main),
     ("train", train::main),
     ("serve", serve::main),
@@ -42,6 +45,7 @@ const GROUPS: [(&str, Entry); 8] = [
     ("job", job::main),
     ("ddp", ddp::main),
     ("report", report::main),
+    ("soak", soak::main),
 ];
 
 fn main() {

@@ -1,5 +1,6 @@
 //! Memory of a process tree on Linux: PSS and RSS summed over a process and all its
-//! descendants, read from `/proc/<pid>/smaps_rollup` (zero where unreadable, e.g. not Linux).
+//! descendants, read from `/proc/<pid>/smaps_rollup` (zero where unreadable, e.g. not Linux);
+//! and one process's resident memory, cheaply, from `/proc/<pid>/status`.
 
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
@@ -24,6 +25,20 @@ impl Peak {
 /// Bytes in MiB.
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1048576.0
+}
+
+/// The resident memory of process `pid` (`VmRSS` in `/proc/<pid>/status`), in bytes; `None`
+/// where unreadable (the process is gone, or not Linux).
+pub fn vm_rss(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// PSS and RSS of one process.
@@ -81,5 +96,6 @@ mod tests {
         let all = tree_memory(std::process::id());
         assert!(all.rss >= own.rss / 2, "{all:?} vs {own:?}");
         assert_eq!(own.max(Peak::default()), own);
+        assert!(vm_rss(std::process::id()).is_some_and(|rss| rss > 0));
     }
 }

@@ -14,6 +14,7 @@ mod kiln;
 mod libtorch;
 mod onnx;
 mod peers;
+mod soak;
 mod util;
 
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ xtask commands:
                     minute of every fuzz target, then the tests that need Python's torch; with
                     --cuda (on a machine with a CUDA device), then the tests that need CUDA,
                     which plain cargo test lists as ignored
-{bench}{gpu_check}{fuzz}  help              this text
+{bench}{gpu_check}{fuzz}{soak}  help              this text
 
 Anything else is a command of the kiln CLI, built in release mode and run with the
 provisioned libtorch, for example:
@@ -67,6 +68,7 @@ fn usage() -> String {
         .replace("{bench}", &bench::usage_text())
         .replace("{gpu_check}", gpu_check::usage_text())
         .replace("{fuzz}", fuzz::usage_text())
+        .replace("{soak}", soak::usage_text())
 }
 
 fn main() -> ExitCode {
@@ -118,6 +120,10 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "bench" => {
             let p = provision(&root, Report::Never)?;
             bench::run(&root, &p.settings, &p.libtorch, rest)
+        }
+        "soak" => {
+            let p = provision(&root, Report::Never)?;
+            soak::run(&root, &p.settings, rest)
         }
         "fuzz" => {
             let p = provision(&root, Report::Never)?;

@@ -147,6 +147,7 @@ const TRAIN_LAYERS: &[(&str, &[&str])] = &[
         &[
             "ema",
             "error",
+            "fault",
             "feed",
             "init",
             "inputs",

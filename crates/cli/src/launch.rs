@@ -1,6 +1,8 @@
 //! `kiln train --nproc-per-node N`: starts N ranks of this same command on this machine with
 //! the variables torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-//! MASTER_PORT), waits for them, and when one fails stops the others.
+//! MASTER_PORT), waits for them, and when one fails stops the others. On Linux the ranks die
+//! with the launcher (a parent-death signal), so a launcher killed with SIGKILL, by the OOM
+//! killer or by hand, leaves no rank training on that a restart would run beside.
 
 use std::ffi::OsString;
 use std::process::{Child, Command, ExitCode, ExitStatus};
@@ -38,8 +40,9 @@ fn free_port() -> anyhow::Result<u16> {
 
 fn spawn_rank(rank: usize, n: usize, port: u16, args: &[OsString]) -> anyhow::Result<Child> {
     let exe = std::env::current_exe().context("cannot find the kiln binary itself")?;
-    Command::new(exe)
-        .args(args)
+    let mut cmd = Command::new(exe);
+    die_with_launcher(&mut cmd);
+    cmd.args(args)
         .env("RANK", rank.to_string())
         .env("LOCAL_RANK", rank.to_string())
         .env("WORLD_SIZE", n.to_string())
@@ -50,6 +53,30 @@ fn spawn_rank(rank: usize, n: usize, port: u16, args: &[OsString]) -> anyhow::Re
         .spawn()
         .with_context(|| format!("cannot start rank {rank}"))
 }
+
+/// Has the child of `cmd` receive SIGKILL when this process ends (Linux's `PR_SET_PDEATHSIG`,
+/// kept across `exec`), and end at once if this process is already gone when it starts.
+#[cfg(target_os = "linux")]
+fn die_with_launcher(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let launcher = rustix::process::getpid();
+    // SAFETY: the closure runs in the forked child before exec and makes only async-signal-safe
+    // system calls (prctl, getppid); it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(move || {
+            use rustix::process::{Signal, getppid, set_parent_process_death_signal};
+            set_parent_process_death_signal(Some(Signal::KILL))?;
+            if getppid() != Some(launcher) {
+                // The launcher died before the signal was armed: the spawn fails.
+                return Err(rustix::io::Errno::SRCH.into());
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_launcher(_cmd: &mut Command) {}
 
 /// Starts `n` ranks and waits for all; the first failure stops the rest and is the exit code.
 pub fn launch(n: usize) -> anyhow::Result<ExitCode> {

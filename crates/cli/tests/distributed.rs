@@ -226,3 +226,70 @@ fn one_rank_on_cuda_joins_with_nccl_and_trains() {
     assert!(err.contains("data-parallel: 1 ranks on c10d/NCCL"), "{err}");
     assert_eq!(step_losses(&only_run(tmp.path())).len(), 20);
 }
+
+/// The children of process `pid` (Linux's `/proc/PID/task/PID/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// Whether process `pid` is gone (or a zombie nobody has reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn ranks_die_with_a_launcher_killed_by_sigkill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args([
+            "train",
+            "--nproc-per-node",
+            "2",
+            "--model",
+            "mlp",
+            "--epochs",
+            "1000",
+        ])
+        .args([
+            "--set",
+            "data.synthetic_samples=4096",
+            "--set",
+            "data.num_workers=1",
+        ])
+        .arg("--set")
+        .arg(format!("run.output_dir={}", tmp.path().display()))
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Rank 0's log reaches the launcher's stderr: once a run directory is named, both train.
+    let mut lines = BufReader::new(launcher.stderr.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.starts_with("run directory"))),
+        "the ranks never started training"
+    );
+    let ranks = children_of(launcher.id());
+    assert_eq!(ranks.len(), 2, "the launcher's children: {ranks:?}");
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ranks.iter().all(|&r| gone(r)) && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    let alive: Vec<u32> = ranks.iter().copied().filter(|&r| !gone(r)).collect();
+    for &r in &alive {
+        let _ = Command::new("kill").args(["-9", &r.to_string()]).status();
+    }
+    assert!(alive.is_empty(), "ranks {alive:?} outlived their launcher");
+}

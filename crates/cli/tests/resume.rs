@@ -308,3 +308,62 @@ fn a_version_1_checkpoint_resumes_and_logs_what_its_own_run_logged() {
         );
     }
 }
+
+/// Runs `kiln train` with `KILN_FAULT=fault` and `extra` arguments under `out`.
+fn train_with_fault(out: &Path, extra: &[&str], fault: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(train_args(out, extra))
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("RUST_LOG")
+        .env_remove("KILN_DEVICE__REQUEST")
+        .env("KILN_FAULT", fault)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn fault_points_kill_kiln_where_they_say_and_the_run_resumes_exactly() {
+    use std::os::unix::process::ExitStatusExt;
+    let reference = tempfile::tempdir().unwrap();
+    let out = kiln(
+        &train_args(reference.path(), &[])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let expected = learning_curve(&only_run(reference.path()));
+
+    let runs = tempfile::tempdir().unwrap();
+    // The 7th tensor file written: the 4th checkpoint's weights, its state not yet.
+    let out = train_with_fault(runs.path(), &[], "checkpoint-write:7");
+    assert_eq!(out.status.signal(), Some(9), "{}", stderr(&out));
+    assert!(stderr(&out).contains("KILN_FAULT: killing this process at checkpoint-write:7"));
+    let ckpts = only_run(runs.path()).join("checkpoints");
+    let staged = names_starting(&ckpts, ".tmp-step-000000004");
+    assert_eq!(staged.len(), 1, "{:?}", names_starting(&ckpts, ""));
+    assert!(ckpts.join(&staged[0]).join("model.safetensors").is_file());
+    assert!(!ckpts.join(&staged[0]).join("state.safetensors").exists());
+    // Resumed from step 3, killed in the middle of its 3rd step (step 6: gradients, no update).
+    let out = train_with_fault(runs.path(), &["--resume"], "step:3");
+    assert_eq!(out.status.signal(), Some(9), "{}", stderr(&out));
+    let mut steps = names_starting(&ckpts, "step-");
+    steps.sort();
+    assert_eq!(steps.last().unwrap(), "step-000000005", "{steps:?}");
+
+    let out = train_with_fault(runs.path(), &["--resume"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(learning_curve(&only_run(runs.path())), expected);
+}
+
+#[test]
+fn a_fault_kiln_does_not_know_is_an_error_naming_the_variable() {
+    let runs = tempfile::tempdir().unwrap();
+    let out = train_with_fault(runs.path(), &[], "optimizer:1");
+    let err = stderr(&out);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("KILN_FAULT") && err.contains("no fault point `optimizer`"),
+        "{err}"
+    );
+}

@@ -124,6 +124,7 @@ impl Search<'_> {
         if let Some(t) = self.tried(b) {
             return Ok(t);
         }
+        crate::fault::reached(crate::fault::Point::BatchSearch);
         let outcome = self.runner.run(b)?;
         let fits = match outcome {
             TrialOutcome::OutOfMemory => false,

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod distributed;
 pub mod ema;
 mod error;
+pub mod fault;
 pub mod feed;
 pub mod init;
 pub mod inputs;

@@ -714,6 +714,7 @@ pub struct RunJob<'a> {
 /// of the plan, checkpoints and resume, the profiler, and a run directory (new, or the resumed
 /// run's); `observer` hears of it from `on_ready` on.
 pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome, TrainError> {
+    crate::fault::from_env()?;
     let RunJob {
         plan,
         device,

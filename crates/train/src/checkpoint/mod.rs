@@ -320,6 +320,7 @@ fn write_files(tmp: &Path, contents: Contents<'_>) -> Result<(), TrainError> {
         let bytes = to_safetensors(tensors)?;
         meta.files.insert(file.to_owned(), sha256_hex(&bytes));
         write_synced(&tmp.join(file), &bytes)?;
+        crate::fault::reached(crate::fault::Point::CheckpointWrite);
     }
     let writers = [
         (SCRIPT_FILE, contents.script),

@@ -747,6 +747,7 @@ impl<'m> Trainer<'m> {
                 Ok(sums) => {
                     self.sync_gradients()
                         .map_err(|e| self.in_ranks("the gradient all-reduce", false, e))?;
+                    crate::fault::reached(crate::fault::Point::Step);
                     let grad_norm = {
                         let _range = self.range("kiln/optimizer")?;
                         let start = self.phase_start()?;
@@ -1105,6 +1106,7 @@ impl<'m> Trainer<'m> {
             let batch = batch?;
             let (_, sums) = self.forward_loss(&batch.inputs, &batch.targets, false)?;
             tally.add(&sums, batch.targets.size()[0] as u64)?;
+            crate::fault::reached(crate::fault::Point::Validation);
         }
         Ok(Evaluation {
             metrics: tally.read()?,

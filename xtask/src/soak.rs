@@ -1,0 +1,92 @@
+//! `cargo xtask soak KIND [args…]`: the long abuse runs, outside CI. Builds the release `kiln`
+//! and `kiln-bench` and runs `kiln-bench soak KIND args…` with the provisioned libtorch;
+//! `server`: `kiln serve` under mixed, partly hostile traffic with its memory watched; `kill`:
+//! `kiln train` killed with SIGKILL at chosen phases and resumed.
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+use crate::kiln::{apply_env, build_cli, target_dir};
+use crate::libtorch::Settings;
+use crate::util::{self, Result, bail};
+
+/// The soaks `kiln-bench soak` runs.
+pub const KINDS: [&str; 2] = ["server", "kill"];
+
+pub fn usage_text() -> &'static str {
+    "  soak server [--minutes M] [--out FILE] [kiln-bench soak server --help: all]\n\
+     \x20                   kiln serve for 10 minutes under mixed traffic at twice its\n\
+     \x20                   measured capacity (valid, malformed, oversize, slow, abandoned\n\
+     \x20                   requests): statuses, p99 latency, memory slope; fails on a goal\n\
+     \x20                   missed (not part of cargo xtask test)\n\
+     \x20 soak kill [--kills N] [--scenarios single,ddp,batch-search] [--seed K]\n\
+     \x20                   kiln train killed (SIGKILL) N times (20) per scenario, mid-step,\n\
+     \x20                   mid-checkpoint-write, mid-validation, during the batch-size search\n\
+     \x20                   (KILN_FAULT=POINT:N) and at random times, and resumed: every resume\n\
+     \x20                   completes, no checkpoint damaged, the finished run equal bit for bit\n\
+     \x20                   to an uninterrupted one\n"
+}
+
+/// The arguments of `kiln-bench` for `args` (`KIND rest…`), or what is wrong with them.
+pub fn bench_args(args: &[String]) -> Result<Vec<String>> {
+    match args.first() {
+        Some(kind) if KINDS.contains(&kind.as_str()) => {
+            Ok([vec!["soak".to_owned()], args.to_vec()].concat())
+        }
+        Some(kind) => bail!("no soak `{kind}`; the soaks are: {}", KINDS.join(", ")),
+        None => bail!(
+            "which soak? cargo xtask soak KIND, KIND one of: {}",
+            KINDS.join(", ")
+        ),
+    }
+}
+
+/// Builds the release binaries and runs the soak; its exit code.
+pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
+    let bench = bench_args(args)?;
+    util::step("building kiln and kiln-bench (release)");
+    build_cli(root, settings)?;
+    crate::bench::build(root, settings)?;
+    let exe = target_dir(root)
+        .join("release")
+        .join(crate::bench::BENCH_BIN);
+    let mut soak = Command::new(&exe);
+    soak.current_dir(root).args(&bench);
+    apply_env(&mut soak, settings);
+    let status = util::status_of(&mut soak)?;
+    Ok(match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => {
+            util::info(&format!("the soak was {}", util::describe_status(status)));
+            ExitCode::FAILURE
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_soak_is_named_and_its_arguments_pass_through() {
+        assert_eq!(
+            bench_args(&strings(&["server", "--minutes", "2"])).unwrap(),
+            strings(&["soak", "server", "--minutes", "2"])
+        );
+        assert_eq!(
+            bench_args(&strings(&["kill"])).unwrap(),
+            strings(&["soak", "kill"])
+        );
+        let e = bench_args(&strings(&["power"])).unwrap_err().to_string();
+        assert!(
+            e.contains("no soak `power`") && e.contains("server, kill"),
+            "{e}"
+        );
+        let e = bench_args(&[]).unwrap_err().to_string();
+        assert!(e.contains("which soak"), "{e}");
+    }
+}
