@@ -179,7 +179,7 @@ pub fn read_stack(path: &Path) -> Result<(Vec<usize>, Vec<f32>), DataError> {
     };
     let plane: usize = rest[rest.len() - 2..].iter().product();
     let depth = if rest.len() == 3 { rest[0] } else { 1 };
-    let mut out = vec![0f32; channels * depth * plane];
+    let mut out = vec![0f32; plausible_values(path, &layout.shape)?];
     let mut d = open(path)?;
     for page in 0..channels * depth / layout.ome.as_ref().map_or(*channels, |_| 1) {
         if page > 0 {
@@ -208,6 +208,31 @@ pub fn read_stack(path: &Path) -> Result<(Vec<usize>, Vec<f32>), DataError> {
         }
     }
     Ok((layout.shape, out))
+}
+
+/// The most decoded bytes one stored byte of a page can give: LZW's worst case (a 12-bit code
+/// standing for up to 4096 bytes) bounds deflate's (about 1032) and PackBits' (64).
+const MAX_EXPANSION: u64 = 4096;
+
+/// The number of values of a stack of `shape`, where a file of its length can hold them: the
+/// dimensions are the file's headers' to claim, so a header declaring more pixels than any
+/// compression could have stored is an error, not an allocation.
+fn plausible_values(path: &Path, shape: &[usize]) -> Result<usize, DataError> {
+    let values = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    let stored = std::fs::metadata(path)
+        .map_err(|e| bad(path, format!("cannot read: {e}")))?
+        .len();
+    match values {
+        Some(n) if (n as u64) <= stored.saturating_mul(MAX_EXPANSION) => Ok(n),
+        _ => Err(bad(
+            path,
+            format!(
+                "its headers declare a stack of shape {shape:?}, more values than a file of \
+                 {stored} bytes can hold (at most {MAX_EXPANSION} decoded bytes per stored \
+                 byte)"
+            ),
+        )),
+    }
 }
 
 fn page_values(page: DecodingResult) -> Vec<f32> {

@@ -122,3 +122,16 @@ fn shard_counts_whose_sum_overflows_are_an_error() {
     let e = ShardedDataset::open(&dir).unwrap_err().to_string();
     assert!(e.contains("add up to more than"), "{e}");
 }
+
+#[test]
+fn a_tiff_declaring_more_pixels_than_its_file_holds_is_an_error_not_an_allocation() {
+    // kiln-fuzz's tiff target: an 834-byte file whose headers declare a stack of about 151
+    // million values; reading it asked for 604 MB at once.
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("stack.tif");
+    std::fs::write(&path, input("tiff-dimensions-past-the-file.tif")).unwrap();
+    let e = kiln_data::tiff_stack::read_stack(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("more values than a file of 834 bytes"), "{e}");
+}

@@ -42,7 +42,8 @@ pub fn read(path: &Path) -> Result<Vec<(String, String)>, InferError> {
             2 => {
                 let (size, n) = varint(&mut r).ok_or_else(|| bad("unreadable length"))?;
                 at += n;
-                if at + size > len {
+                // The length is the file's to claim: past any end, it must not overflow.
+                if at.checked_add(size).is_none_or(|end| end > len) {
                     return Err(bad("a field runs past the end of the file"));
                 }
                 if field == METADATA_PROPS {
@@ -128,5 +129,18 @@ mod tests {
         assert_eq!(get(&props, "kiln.source").as_deref(), Some("/runs/a"));
         std::fs::write(&path, &model[..model.len() - 12]).unwrap();
         assert!(read(&path).unwrap_err().to_string().contains("truncated"));
+    }
+
+    #[test]
+    fn a_length_past_any_end_is_refused_without_overflow() {
+        // kiln-fuzz's onnx-metadata target: a field length of 2⁶⁴ − 1 overflowed the end's sum.
+        let mut model = vec![0x08, 0x08, (7 << 3 | 2) as u8];
+        model.extend([0xff; 9]);
+        model.push(0x01);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.onnx");
+        std::fs::write(&path, &model).unwrap();
+        let e = read(&path).unwrap_err().to_string();
+        assert!(e.contains("runs past the end"), "{e}");
     }
 }
