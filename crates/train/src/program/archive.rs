@@ -88,7 +88,28 @@ pub fn vet_file(path: &Path) -> Result<ArchiveKind, TrainError> {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    vet_reader(file, 0, "").map_err(refused)
+    match vet_reader(file, 0, "") {
+        // No zip reader finds an archive in a file without an end-of-central-directory record,
+        // and libtorch's and PyTorch's loaders read zip archives only: such a file loads no
+        // code, and its loader's own error says best what it is.
+        Err(Refusal::NotAnArchive(_)) if !has_zip_end(path) => Ok(ArchiveKind::Other),
+        other => other.map_err(refused),
+    }
+}
+
+/// Whether the file at `path` holds a zip end-of-central-directory signature where one can be:
+/// in its last 64 KiB and 22 bytes (the record and the longest comment).
+fn has_zip_end(path: &Path) -> bool {
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return true;
+    };
+    let len = file.metadata().map_or(0, |m| m.len());
+    let tail = len.min((64 << 10) + 22);
+    let mut bytes = Vec::new();
+    let read = file
+        .seek(std::io::SeekFrom::Start(len - tail))
+        .and_then(|_| file.take(tail).read_to_end(&mut bytes));
+    read.is_err() || bytes.windows(4).any(|w| w == b"PK\x05\x06")
 }
 
 /// Vets an archive held in memory: what [`vet_file`] does, for any bytes (never panics).
@@ -765,5 +786,17 @@ mod tests {
         ] {
             assert!(vet_bytes(bytes).is_err(), "{bytes:?}");
         }
+    }
+
+    #[test]
+    fn a_file_no_zip_reader_would_open_passes_to_its_loader() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = dir.path().join("plain.pt");
+        std::fs::write(&plain, b"not a model at all").unwrap();
+        assert_eq!(vet_file(&plain).unwrap(), ArchiveKind::Other);
+        // With an end-of-central-directory record, an archive kiln cannot read is refused.
+        let broken = dir.path().join("broken.pt");
+        std::fs::write(&broken, b"junk PK\x05\x06\0\0\0\0\xff\xff\xff\xff").unwrap();
+        assert!(matches!(vet_file(&broken), Err(TrainError::Refused { .. })));
     }
 }
