@@ -52,13 +52,7 @@ pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode
     fuzz.current_dir(root).args(args);
     apply_env(&mut fuzz, settings);
     let status = util::status_of(&mut fuzz)?;
-    Ok(match status.code() {
-        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        None => {
-            util::info(&format!("kiln-fuzz was {}", util::describe_status(status)));
-            ExitCode::FAILURE
-        }
-    })
+    Ok(util::exit_code_of(status, "kiln-fuzz"))
 }
 
 #[cfg(test)]

@@ -67,13 +67,7 @@ pub fn build_and_run(
     apply_env(&mut run, settings);
     run.envs(envs.iter().map(|(k, v)| (*k, v)));
     let status = util::status_of(&mut run)?;
-    Ok(match status.code() {
-        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        None => {
-            util::info(&format!("kiln was {}", util::describe_status(status)));
-            ExitCode::FAILURE
-        }
-    })
+    Ok(util::exit_code_of(status, "kiln"))
 }
 
 /// The Python whose torch kiln uses (the cache's venv, or the one that provided libtorch),

@@ -54,13 +54,7 @@ pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode
     soak.current_dir(root).args(&bench);
     apply_env(&mut soak, settings);
     let status = util::status_of(&mut soak)?;
-    Ok(match status.code() {
-        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        None => {
-            util::info(&format!("the soak was {}", util::describe_status(status)));
-            ExitCode::FAILURE
-        }
-    })
+    Ok(util::exit_code_of(status, "the soak"))
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::fmt;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, ExitCode, ExitStatus, Stdio};
 use std::time::Instant;
 
 /// An xtask failure: a message meant for a person, already saying what to do.
@@ -104,6 +104,18 @@ pub fn describe_status(status: ExitStatus) -> String {
         }
     }
     "terminated abnormally".to_owned()
+}
+
+/// The exit code that passes on a child's `status` (1 where its code does not fit, or it had
+/// none: then why, naming the child as `what`, is said).
+pub fn exit_code_of(status: ExitStatus, what: &str) -> ExitCode {
+    match status.code() {
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => {
+            info(&format!("{what} was {}", describe_status(status)));
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Free space in bytes on the filesystem holding `path` (or its nearest existing ancestor).

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{kiln, only_run, stderr};
+use common::{kiln, kiln_with_env, only_run, stderr};
 use serde_json::Value;
 
 /// `kiln train` on an MLP wide enough that a checkpoint takes a while to write (1.1M parameters:
@@ -122,8 +122,8 @@ fn kill_during_a_checkpoint_write(out: &Path, extra: &[&str], after: u64) -> Pat
     only_run(out)
 }
 
-#[test]
-fn killed_twice_during_checkpoint_writes_then_resumed_learns_what_an_uninterrupted_run_does() {
+/// The learning curve of the job run without interruption.
+fn uninterrupted_curve() -> Vec<Value> {
     let reference = tempfile::tempdir().unwrap();
     let out = kiln(
         &train_args(reference.path(), &[])
@@ -132,7 +132,12 @@ fn killed_twice_during_checkpoint_writes_then_resumed_learns_what_an_uninterrupt
             .collect::<Vec<_>>(),
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let expected = learning_curve(&only_run(reference.path()));
+    learning_curve(&only_run(reference.path()))
+}
+
+#[test]
+fn killed_twice_during_checkpoint_writes_then_resumed_learns_what_an_uninterrupted_run_does() {
+    let expected = uninterrupted_curve();
 
     let runs = tempfile::tempdir().unwrap();
     let run = kill_during_a_checkpoint_write(runs.path(), &[], 4);
@@ -311,28 +316,13 @@ fn a_version_1_checkpoint_resumes_and_logs_what_its_own_run_logged() {
 
 /// Runs `kiln train` with `KILN_FAULT=fault` and `extra` arguments under `out`.
 fn train_with_fault(out: &Path, extra: &[&str], fault: &str) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(train_args(out, extra))
-        .env_remove("LD_LIBRARY_PATH")
-        .env_remove("RUST_LOG")
-        .env_remove("KILN_DEVICE__REQUEST")
-        .env("KILN_FAULT", fault)
-        .output()
-        .unwrap()
+    kiln_with_env(&train_args(out, extra), &[("KILN_FAULT", fault)])
 }
 
 #[test]
 fn fault_points_kill_kiln_where_they_say_and_the_run_resumes_exactly() {
     use std::os::unix::process::ExitStatusExt;
-    let reference = tempfile::tempdir().unwrap();
-    let out = kiln(
-        &train_args(reference.path(), &[])
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let expected = learning_curve(&only_run(reference.path()));
+    let expected = uninterrupted_curve();
 
     let runs = tempfile::tempdir().unwrap();
     // The 7th tensor file written: the 4th checkpoint's weights, its state not yet.
