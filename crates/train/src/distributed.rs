@@ -23,6 +23,16 @@ pub trait Group: std::fmt::Debug + Send {
     fn broadcast_from_first(&mut self, tensors: &[Tensor]) -> Result<(), TrainError>;
     /// Replaces each of `tensors`, in place, by its mean over the ranks.
     fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError>;
+    /// Replaces each of `tensors`, in place, by its sum over the ranks. By default the mean
+    /// times the world size (exact for a world size that is a power of 2).
+    fn all_reduce_sum(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
+        self.all_reduce_mean(tensors)?;
+        let world = self.world_size() as f64;
+        for t in tensors {
+            let _ = t.shallow_clone().f_mul_scalar_(world)?;
+        }
+        Ok(())
+    }
 
     /// At the start of training: checks that every rank holds the same `trainable`
     /// parameters, then makes every rank's `tensors` (parameters and buffers) rank 0's. By
@@ -54,11 +64,14 @@ pub trait Group: std::fmt::Debug + Send {
 }
 
 /// What a rank votes at a step: to stop because it was asked to (a signal), or because its
-/// clock passed `train.max_time` (each rank's own clock: the vote makes them agree).
+/// clock passed `train.max_time` (each rank's own clock: the vote makes them agree); and, from
+/// the rank that writes checkpoints, that `checkpoint.every_seconds` passed on its clock (every
+/// rank takes part in a checkpoint inside an epoch, so they must agree on its step too).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StopVotes {
     pub asked: bool,
     pub time_up: bool,
+    pub checkpoint_due: bool,
 }
 
 impl StopVotes {
@@ -67,6 +80,7 @@ impl StopVotes {
         Ok(Tensor::f_from_slice(&[
             flag(self.asked),
             flag(self.time_up),
+            flag(self.checkpoint_due),
         ])?)
     }
 
@@ -75,6 +89,7 @@ impl StopVotes {
         Ok(Self {
             asked: flags.f_double_value(&[0])? > 0.0,
             time_up: flags.f_double_value(&[1])? > 0.0,
+            checkpoint_due: flags.f_double_value(&[2])? > 0.0,
         })
     }
 }
@@ -259,6 +274,23 @@ pub fn min_over_ranks(group: &SharedGroup, value: u64) -> Result<u64, TrainError
         .unwrap_or(value))
 }
 
+/// Every rank's `row` (all of the same length), in rank order, on every rank: each rank
+/// posts its row in its own slot of one sum over the ranks (the others' slots zero, so each
+/// value arrives exactly).
+pub fn gather_rows(group: &SharedGroup, row: &[f64]) -> Result<Vec<Vec<f64>>, TrainError> {
+    let mut g = lock(group);
+    let (world, rank) = (g.world_size(), g.rank());
+    if world == 1 {
+        return Ok(vec![row.to_vec()]);
+    }
+    let mut slots = vec![0.0_f64; world * row.len()];
+    slots[rank * row.len()..(rank + 1) * row.len()].copy_from_slice(row);
+    let t = Tensor::f_from_slice(&slots)?;
+    g.all_reduce_sum(std::slice::from_ref(&t))?;
+    let all = Vec::<f64>::try_from(&t)?;
+    Ok(all.chunks(row.len().max(1)).map(<[f64]>::to_vec).collect())
+}
+
 /// Checks that every rank runs the same job: each `(what, value)` of this rank against rank
 /// 0's. All ranks learn the verdict together (no rank is left waiting in a collective), and
 /// the error names what differs.
@@ -308,6 +340,10 @@ impl Group for kiln_torch_ext::dist::ProcessGroup {
     fn all_reduce_mean(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
         let nccl = self.has_nccl();
         reachable(nccl, tensors, |t| Ok(self.all_reduce(t, true)?))
+    }
+    fn all_reduce_sum(&mut self, tensors: &[Tensor]) -> Result<(), TrainError> {
+        let nccl = self.has_nccl();
+        reachable(nccl, tensors, |t| Ok(self.all_reduce(t, false)?))
     }
     fn start(&mut self, trainable: &[Tensor], tensors: &[Tensor]) -> Result<(), TrainError> {
         let nccl = self.has_nccl();

@@ -795,6 +795,7 @@ pub fn drive(job: RunJob<'_>, observer: &mut dyn Observer) -> Result<RunOutcome,
     };
     let mut options = FitOptions {
         checkpoints: None,
+        rank0_checkpoints: (rank > 0).then_some(plan.checkpoint),
         resume,
         stop: control.stop,
         batch_size_search: batch_note,

@@ -15,7 +15,8 @@ use kiln_config::load;
 use kiln_device::Device;
 use kiln_train::TrainError;
 use kiln_train::distributed::{Group, SharedGroup};
-use kiln_train::record::{Observer, Progress, StepRecord};
+use kiln_train::metrics::MetricValues;
+use kiln_train::record::{EpochRecord, Observer, Progress, StepRecord};
 use kiln_train::run::{Resume, RunControl, train};
 use tch::{Kind, Tensor};
 
@@ -373,6 +374,102 @@ fn a_stopped_two_rank_run_resumes_exactly() {
     }
 }
 
+/// Every logged metric of a run: `(step, metrics)` of each log line, then of each epoch.
+#[derive(Default)]
+struct Logged {
+    steps: Vec<(u64, MetricValues)>,
+    epochs: Vec<(u64, MetricValues)>,
+    stop: Option<(u64, Arc<AtomicBool>)>,
+}
+
+impl Observer for Logged {
+    fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
+        if let Some((at, flag)) = &self.stop
+            && p.step == *at
+        {
+            flag.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+    fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
+        self.steps.push((r.step, r.metrics.clone()));
+        Ok(())
+    }
+    fn on_epoch(&mut self, r: &EpochRecord) -> Result<(), TrainError> {
+        self.epochs.push((r.step, r.train.clone()));
+        Ok(())
+    }
+}
+
+/// Runs `plan` on 2 thread-ranks, stopping after step `stop_at` or resuming; each rank's
+/// logged metrics.
+fn logged_pair(plan: &kiln_config::RunPlan, stop_at: Option<u64>, resume: bool) -> Vec<Logged> {
+    let handles: Vec<_> = groups(2)
+        .into_iter()
+        .map(|group| {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let flag = Arc::new(AtomicBool::new(false));
+                let mut logged = Logged {
+                    stop: stop_at.map(|s| (s, flag.clone())),
+                    ..Logged::default()
+                };
+                let control = RunControl {
+                    group: Some(group),
+                    stop: Some(flag),
+                    resume: resume.then_some(Resume::Latest),
+                    ..RunControl::default()
+                };
+                let r = train(&plan, Device::Cpu, None, control, &mut logged);
+                assert_eq!(r.is_err(), stop_at.is_some(), "{:?}", r.err());
+                logged
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// The checkpoints directory of the run under `out`.
+fn checkpoints_of(out: &Path) -> PathBuf {
+    let run = std::fs::read_dir(out).unwrap().flatten().next().unwrap();
+    run.path().join("checkpoints")
+}
+
+/// Each rank's share of the metrics survives a resume from the middle of a log interval:
+/// logging every 3 steps with a checkpoint every 5, a run asked to stop at step 7 (both ranks
+/// stop after step 8) resumes from the periodic checkpoint of step 5 (the stop's own is
+/// removed, as if the run had been killed), whose open interval holds steps 4 and 5 on both
+/// ranks; every log line and epoch record after it equals the uninterrupted run's on every
+/// rank.
+#[test]
+fn every_rank_continues_its_own_metric_sums_after_a_resume() {
+    let _serial = serial();
+    let (whole, parts) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let with_logs_every_3 = |out: &Path| {
+        let mut p = plan(out, 32);
+        p.train.log_interval = 3;
+        p
+    };
+    let reference = logged_pair(&with_logs_every_3(whole.path()), None, false);
+    let plan = with_logs_every_3(parts.path());
+    logged_pair(&plan, Some(7), false);
+    let checkpoints = checkpoints_of(parts.path());
+    std::fs::remove_dir_all(checkpoints.join(kiln_train::checkpoint::dir_name(8))).unwrap();
+    assert!(
+        checkpoints
+            .join(kiln_train::checkpoint::dir_name(5))
+            .is_dir()
+    );
+    let resumed = logged_pair(&plan, None, true);
+    for rank in 0..2 {
+        let (r, whole) = (&resumed[rank], &reference[rank]);
+        let after_5: Vec<_> = whole.steps.iter().filter(|s| s.0 > 5).cloned().collect();
+        assert_eq!(r.steps.first().map(|s| s.0), Some(6), "rank {rank}");
+        assert_eq!(r.steps, after_5, "rank {rank}: log lines after the resume");
+        assert_eq!(r.epochs, whole.epochs, "rank {rank}: epoch records");
+    }
+}
+
 /// Runs `plan` on one rank (no group), resuming the latest run.
 fn resume_alone(plan: &kiln_config::RunPlan) -> Result<Vec<f64>, String> {
     let mut losses = Losses::default();
@@ -479,4 +576,68 @@ fn ranks_stop_together_when_the_first_of_them_runs_out_of_time() {
         let stop = summary.stopped_by.expect("stopped by the clock");
         assert_eq!(stop.kind, "max_time", "rank {rank}");
     }
+}
+
+/// `checkpoint.every_seconds` in a data-parallel run goes by rank 0's clock (the one that
+/// writes), voted like a stop so that every rank takes part at the same step. Rank 0's clock
+/// runs 0.25 s a step, rank 1's 10 s (were its clock read, every step would checkpoint): a
+/// second has passed after step 4, the vote is read after step 5, which checkpoints; then 10
+/// and 15, and the end at step 16. Each checkpoint inside the epoch holds rank 1's sums.
+#[test]
+fn time_based_checkpoints_follow_rank_0s_clock_on_every_rank() {
+    let _serial = serial();
+    let out = tempfile::tempdir().unwrap();
+    let mut plan = plan(out.path(), 8);
+    plan.checkpoint.every_steps = 0;
+    plan.checkpoint.every_seconds = 1;
+    plan.checkpoint.keep_last = 10;
+    plan.train.max_steps = Some(16);
+    let handles: Vec<_> = groups(2)
+        .into_iter()
+        .zip([0.25, 10.0])
+        .map(|(group, per_step)| {
+            let plan = plan.clone();
+            std::thread::spawn(move || {
+                let steps = Arc::new(std::sync::atomic::AtomicU64::new(0));
+                let seen = Arc::clone(&steps);
+                let clock = kiln_train::stopping::Clock::driven(move || {
+                    std::time::Duration::from_secs_f64(
+                        per_step * seen.load(Ordering::SeqCst) as f64,
+                    )
+                });
+                let control = RunControl {
+                    group: Some(group),
+                    clock: Some(clock),
+                    ..RunControl::default()
+                };
+                let mut counter = StepCounter(steps);
+                train(&plan, Device::Cpu, None, control, &mut counter)
+                    .unwrap()
+                    .summary
+            })
+        })
+        .collect();
+    for handle in handles {
+        assert_eq!(handle.join().unwrap().steps, 16);
+    }
+    let checkpoints = checkpoints_of(out.path());
+    let mut saved: Vec<String> = std::fs::read_dir(&checkpoints)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    saved.sort();
+    let expected: Vec<String> = [5, 10, 15, 16].map(kiln_train::checkpoint::dir_name).into();
+    assert_eq!(saved, expected);
+    let meta = checkpoints.join(&expected[1]).join("checkpoint.json");
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(meta).unwrap()).unwrap();
+    let others = meta["sums"]["other_ranks"]
+        .as_array()
+        .expect("rank 1's sums");
+    assert_eq!(others.len(), 1);
+    assert!(
+        others[0]["epoch"]["samples"].as_u64().unwrap() > 0,
+        "{meta}"
+    );
 }

@@ -17,7 +17,7 @@ mod store;
 mod sums;
 
 pub use retention::Retention;
-pub use sums::{LegacySums, RunningSums, SavedSums};
+pub use sums::{LegacySums, RankSums, RunningSums, SavedSums};
 
 pub use store::{
     MOVED_NOTE, MovedAside, Pruned, latest_good, list, move_aside, prepare_to_continue, prune,

@@ -30,6 +30,34 @@ pub struct RunningSums {
     /// them; absent in checkpoints from before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trained_seconds: Option<f64>,
+    /// In a data-parallel run, the open epoch's and log interval's sums of ranks 1, 2, … in
+    /// order (`epoch` and `interval` above are rank 0's), so that each rank continues its own
+    /// (absent with one rank, at an epoch's end, and in checkpoints from before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_ranks: Vec<RankSums>,
+}
+
+/// One rank's open epoch and log interval sums.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankSums {
+    pub epoch: SavedTally,
+    pub interval: SavedTally,
+}
+
+impl RunningSums {
+    /// The open epoch's and interval's sums of `rank`: its own where the checkpoint has them;
+    /// none for a rank it lacks (a checkpoint from before ranks' sums were saved: that rank's
+    /// share of the open epoch goes uncounted rather than counted twice).
+    pub fn of_rank(&self, rank: usize) -> RankSums {
+        match rank {
+            0 => RankSums {
+                epoch: self.epoch.clone(),
+                interval: self.interval.clone(),
+            },
+            r => self.other_ranks.get(r - 1).cloned().unwrap_or_default(),
+        }
+    }
 }
 
 /// The running sums of a checkpoint as written: by name (version 2), or version 1's fixed

@@ -18,10 +18,10 @@ use super::{
     scalar,
 };
 use crate::TrainError;
-use crate::checkpoint::{self, Retention, RunningSums};
-use crate::distributed::StopVotes;
+use crate::checkpoint::{self, RankSums, Retention, RunningSums};
+use crate::distributed::{self, StopVotes};
 use crate::feed::{DeviceFeeder, PinnedBuffers};
-use crate::metrics::{MetricKind, MetricValues, Tally};
+use crate::metrics::{MetricKind, MetricValues, SavedTally, Tally};
 use crate::monitor::{MemorySample, PerfMonitor, Throughput};
 use crate::profiling::StepProfiler;
 use crate::record::{EpochRecord, Observer, Progress, RunStart, StepRecord, Summary};
@@ -70,6 +70,8 @@ struct Run {
     /// The clock's reading when the last checkpoint was written (or the run started), for
     /// `checkpoint.every_seconds`.
     last_saved: Duration,
+    /// The step of the last checkpoint (every rank of a data-parallel run agrees on it).
+    checkpointed_at: u64,
 }
 
 impl Run {
@@ -223,6 +225,7 @@ impl Trainer<'_> {
             }
         });
         let trained_before = Duration::from_secs_f64(sums.trained_seconds.unwrap_or(0.0).max(0.0));
+        let own = sums.of_rank(self.ranks.place.map_or(0, |(rank, _)| rank));
         let clock = options.clock.clone().unwrap_or_else(Clock::real);
         let clock_start = clock.now();
         let run = Run {
@@ -241,8 +244,8 @@ impl Trainer<'_> {
             },
             start_epoch,
             start_batch,
-            epoch: Tally::restore(&self.metrics, &sums.epoch, self.device)?,
-            interval: Tally::restore(&self.metrics, &sums.interval, self.device)?,
+            epoch: Tally::restore(&self.metrics, &own.epoch, self.device)?,
+            interval: Tally::restore(&self.metrics, &own.interval, self.device)?,
             sums,
             profiler: options
                 .profiling
@@ -261,6 +264,7 @@ impl Trainer<'_> {
             clock_start,
             retention,
             last_saved: clock_start,
+            checkpointed_at: self.steps_done,
         };
         Ok((loaders, run))
     }
@@ -442,7 +446,13 @@ impl Trainer<'_> {
             .as_ref()
             .is_some_and(|s| s.load(Ordering::SeqCst));
         let time_up = run.limits.time_up(run.trained());
-        let votes = self.stop_together(StopVotes { asked, time_up })?;
+        let checkpoint_due = enabled(&options.checkpoints)
+            .is_some_and(|c| timed_out(c.plan.every_seconds, run.since_saved()));
+        let votes = self.stop_together(StopVotes {
+            asked,
+            time_up,
+            checkpoint_due,
+        })?;
         if run.stop.is_none() {
             let steps = self.steps_done;
             run.stop = run.limits.steps_reached(steps).or_else(|| {
@@ -457,7 +467,7 @@ impl Trainer<'_> {
         if self.steps_done.is_multiple_of(self.settings.log_interval) || epoch_done || ending {
             self.log_interval(run, place, lr, observer)?;
         }
-        let saved = self.checkpoint_in_epoch(run, place, votes.asked, options)?;
+        let saved = self.checkpoint_in_epoch(run, place, votes, options)?;
         if votes.asked {
             if let Some(p) = run.profiler.take() {
                 p.finish()?;
@@ -568,27 +578,36 @@ impl Trainer<'_> {
 
     /// The checkpoint every `checkpoint.every_steps`, or `checkpoint.every_seconds` after the
     /// last one (but for an epoch's last step, and a step a limit ends the run at: the epoch's
-    /// end checkpoints then), or when stopping; returns its path.
+    /// end checkpoints then), or when stopping; returns its path. In a data-parallel run every
+    /// rank takes part (the ranks agree on the step: `votes` carries rank 0's clock), and rank 0
+    /// saves each rank's open metric sums.
     fn checkpoint_in_epoch(
         &mut self,
         run: &mut Run,
         place: &EpochPlace,
-        stopping: bool,
+        votes: StopVotes,
         options: &FitOptions,
     ) -> Result<Option<std::path::PathBuf>, TrainError> {
-        let Some(ckpt) = enabled(&options.checkpoints) else {
+        let Some(plan) = checkpoint_plan(options) else {
             return Ok(None);
         };
-        let every = ckpt.plan.every_steps;
         // On an epoch's last step the end-of-epoch checkpoint (after validation) follows at
         // once; it is the one a run resumes from with any number of ranks.
         let epoch_ends = place.consumed >= run.batches_per_epoch || run.stop.is_some();
-        let seconds = ckpt.plan.every_seconds;
-        let timed = seconds > 0 && run.since_saved() >= Duration::from_secs(seconds);
+        // A vote counted while the next step ran was cast a step ago: one a checkpoint since
+        // then answered is spent.
+        let voted_at = self.steps_done - u64::from(self.ranks.stop_vote.is_some());
+        let timed = votes.checkpoint_due && run.checkpointed_at < voted_at;
+        let every = plan.every_steps;
         let periodic = every > 0 && self.steps_done.is_multiple_of(every);
-        if !((periodic || timed) && !epoch_ends || stopping) {
+        if !((periodic || timed) && !epoch_ends || votes.asked) {
             return Ok(None);
         }
+        run.checkpointed_at = self.steps_done;
+        let other_ranks = self.gather_rank_sums(run)?;
+        let Some(ckpt) = enabled(&options.checkpoints) else {
+            return Ok(None);
+        };
         let sums = RunningSums {
             epoch: run.epoch.saved()?,
             interval: run.interval.saved()?,
@@ -596,10 +615,44 @@ impl Trainer<'_> {
             best_val: run.sums.best_val.clone(),
             early_stopping: run.sums.early_stopping.clone(),
             trained_seconds: Some(run.trained().as_secs_f64()),
+            other_ranks,
         };
         let dir = self.save_checkpoint(ckpt, place.epoch, place.consumed, sums, None)?;
         self.prune(run, ckpt)?;
         Ok(Some(dir))
+    }
+
+    /// The open epoch's and interval's sums of ranks 1, 2, … (every rank calls it at the same
+    /// step; empty with one rank).
+    fn gather_rank_sums(&self, run: &Run) -> Result<Vec<RankSums>, TrainError> {
+        let Some(group) = &self.ranks.group else {
+            return Ok(Vec::new());
+        };
+        let (epoch, interval) = (run.epoch.saved()?, run.interval.saved()?);
+        let names: Vec<String> = epoch.sums.keys().cloned().collect();
+        let mut row = Vec::with_capacity(2 * names.len() + 2);
+        for t in [&epoch, &interval] {
+            row.extend(t.sums.values().copied());
+            row.push(t.samples as f64);
+        }
+        let rows = distributed::gather_rows(group, &row)
+            .map_err(|e| self.in_ranks("gathering the ranks' metric sums", false, e))?;
+        let tally = |values: &[f64]| {
+            let (samples, sums) = values.split_last().unwrap_or((&0.0, &[]));
+            SavedTally {
+                samples: *samples as u64,
+                sums: names.iter().cloned().zip(sums.iter().copied()).collect(),
+            }
+        };
+        let half = names.len() + 1;
+        Ok(rows
+            .iter()
+            .skip(1)
+            .map(|r| RankSums {
+                epoch: tally(&r[..half]),
+                interval: tally(&r[half..]),
+            })
+            .collect())
     }
 
     /// Removes the checkpoints the run's retention policy does not keep, and restarts the
@@ -652,6 +705,9 @@ impl Trainer<'_> {
             true => (place.epoch + 1, 0),
             false => (place.epoch, place.consumed),
         };
+        if checkpoint_plan(options).is_some() {
+            run.checkpointed_at = self.steps_done;
+        }
         if let Some(ckpt) = enabled(&options.checkpoints) {
             let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
             if !at_this_step.exists() {
@@ -787,4 +843,17 @@ fn validation_loader(train: LoaderConfig) -> LoaderConfig {
 /// The checkpoint options, when checkpoints are on.
 fn enabled(options: &Option<CheckpointOptions>) -> Option<&CheckpointOptions> {
     options.as_ref().filter(|c| c.plan.enabled)
+}
+
+/// The checkpoint schedule this rank follows: its own, or (another rank of a data-parallel
+/// run) rank 0's.
+fn checkpoint_plan(options: &FitOptions) -> Option<&kiln_config::CheckpointPlan> {
+    let own = enabled(&options.checkpoints).map(|c| &c.plan);
+    own.or(options.rank0_checkpoints.as_ref().filter(|p| p.enabled))
+}
+
+/// Whether `checkpoint.every_seconds = seconds` (0: off) makes a checkpoint due `since` the
+/// last one.
+fn timed_out(seconds: u64, since: Duration) -> bool {
+    seconds > 0 && since >= Duration::from_secs(seconds)
 }

@@ -200,6 +200,10 @@ pub struct CheckpointOptions {
 #[derive(Debug, Default)]
 pub struct FitOptions {
     pub checkpoints: Option<CheckpointOptions>,
+    /// On a rank other than 0 of a data-parallel run: the plan rank 0 checkpoints on. This
+    /// rank writes nothing, but takes part in each checkpoint inside an epoch (rank 0 saves
+    /// every rank's open metric sums, and each rank continues its own on resume).
+    pub rank0_checkpoints: Option<kiln_config::CheckpointPlan>,
     /// Continue from this checkpoint (already verified).
     pub resume: Option<Checkpoint>,
     /// Set from a signal handler: finish the current step, checkpoint, stop.
