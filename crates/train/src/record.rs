@@ -145,7 +145,7 @@ pub struct Summary {
     pub oom_retries: u64,
     /// The profiler traces written (`runs/<run>/profiler_traces/…`).
     pub profiler_traces: Vec<std::path::PathBuf>,
-    /// `data.num_workers = auto`: the median whole step per worker count tried, and the count
+    /// `data.num_workers = auto`: the mean whole step per worker count tried, and the count
     /// kept (absent for a fixed count).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub num_workers_auto: Option<crate::workers::WorkerChoice>,

@@ -7,8 +7,11 @@
 //! filling) and then timed steps — at least [`MEASURED`], and more until they add up to
 //! [`MEASURED_TIME`] (at most [`MAX_MEASURED`]), so that millisecond steps are judged over
 //! enough of them to tell counts a few percent apart — and keeps the fewest workers whose
-//! median step is within [`CLOSE`] of the fastest. It stops early once more workers are clearly slower than
-//! the best so far (beyond [`SLOWER`]): adding threads past that point only adds contention.
+//! mean step is within [`CLOSE`] of the fastest. The mean, not the median: a count whose
+//! workers fall behind now and then (a step waiting for its batch every few steps) has a fast
+//! median step and a slow epoch, and throughput is what the run gets. It stops early once
+//! more workers are clearly slower than the best so far (beyond [`SLOWER`]): adding threads
+//! past that point only adds contention.
 //! The batches are the same whatever the count, so the measurement changes no result.
 
 use std::time::Duration;
@@ -21,7 +24,7 @@ pub const MEASURED: usize = 4;
 pub const MEASURED_TIME: Duration = Duration::from_millis(250);
 /// …or to this many steps.
 pub const MAX_MEASURED: usize = 64;
-/// A count whose median step is within this factor of the fastest counts as fast.
+/// A count whose mean step is within this factor of the fastest counts as fast.
 pub const CLOSE: f64 = 1.03;
 /// A larger count this much slower than the best so far ends the measurement.
 pub const SLOWER: f64 = 1.15;
@@ -40,10 +43,10 @@ pub fn candidates(ceiling: usize) -> Vec<usize> {
     out
 }
 
-/// What the measurement found: the median step per count tried, and the count kept.
+/// What the measurement found: the mean step per count tried, and the count kept.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct WorkerChoice {
-    /// `(workers, median step in seconds)`, in the order tried.
+    /// `(workers, mean step in seconds)`, in the order tried.
     pub measured: Vec<(usize, f64)>,
     pub chosen: usize,
 }
@@ -123,7 +126,7 @@ impl WorkerTuner {
             return None;
         }
         let workers = self.candidates[self.at];
-        self.measured.push((workers, median(&mut self.times)));
+        self.measured.push((workers, mean(&self.times)));
         self.times.clear();
         self.seen = 0;
         self.at += 1;
@@ -169,14 +172,8 @@ impl WorkerTuner {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+fn mean(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
 #[cfg(test)]
