@@ -3,8 +3,8 @@
 //! are readable from Python's `safetensors`.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod common;
@@ -706,4 +706,45 @@ fn a_newer_format_stops_the_search_instead_of_being_passed_over() {
     let err = checkpoint::prune(&dir, &Retention::new(1, KeepBest::Off)).unwrap_err();
     assert!(err.to_string().contains(&named), "{err}");
     assert_eq!(checkpoint::list(&dir).unwrap().len(), 2, "nothing moved");
+}
+
+/// A checkpoint written in the background holds the tensors as they were when it began (a
+/// snapshot: training goes on changing them at once), and what runs after it (pruning) sees it
+/// complete.
+#[test]
+fn a_background_write_keeps_its_snapshot_and_runs_its_sequel_once_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("checkpoints");
+    let w = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).view([2, 3]);
+    let sequel_saw = Arc::new(Mutex::new(None));
+    let seen = Arc::clone(&sequel_saw);
+    let writing = checkpoint::save_in_background(
+        &dir,
+        Contents {
+            model: &[("fc.weight".to_owned(), w.shallow_clone())],
+            state: &[],
+            meta: small_meta(7),
+            script: None,
+            program: None,
+        },
+        move |checkpoints| {
+            let found = checkpoint::latest_good(checkpoints).map(|(c, _)| c.meta.step);
+            *seen.lock().unwrap() = Some(found.map_err(|e| e.to_string()));
+            Ok(())
+        },
+    )
+    .unwrap();
+    let _ = w.shallow_clone().f_mul_scalar_(100.0).unwrap();
+    assert_eq!(writing.dir(), dir.join(checkpoint::dir_name(7)));
+    let written = writing.wait().unwrap();
+    assert_eq!(*sequel_saw.lock().unwrap(), Some(Ok(7)));
+    let saved = checkpoint::load(&written).unwrap();
+    let weight = &saved
+        .model
+        .iter()
+        .find(|(n, _)| n == "fc.weight")
+        .unwrap()
+        .1;
+    let expected = Tensor::arange(6, (Kind::Float, tch::Device::Cpu)).view([2, 3]);
+    assert!(weight.equal(&expected), "{weight}");
 }

@@ -261,6 +261,20 @@ pub fn dir_name(step: u64) -> String {
 /// removes its temporary directory first (so no half-written checkpoint is left), and is
 /// [`NoSpace`] too where the file system filled up.
 pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, TrainError> {
+    save_in_background(checkpoints, contents, |_| Ok(()))?.wait()
+}
+
+/// [`save`], returning once the checkpoint is in memory: the tensors are serialized (a
+/// snapshot: training may change them at once) and a model's TorchScript or program file is
+/// written here; the files are written, synced and renamed into place on a thread of their
+/// own, which then runs `then` on the checkpoints directory (pruning older ones: never before
+/// the new one is complete). Refusals before the thread starts ([`NoSpace`], an existing
+/// checkpoint of the step) return here; the write's own error comes from [`Writing::wait`].
+pub fn save_in_background(
+    checkpoints: &Path,
+    contents: Contents<'_>,
+    then: impl FnOnce(&Path) -> Result<(), TrainError> + Send + 'static,
+) -> Result<Writing, TrainError> {
     std::fs::create_dir_all(checkpoints).map_err(|e| write_error(checkpoints, e))?;
     let name = dir_name(contents.meta.step);
     let final_dir = checkpoints.join(&name);
@@ -280,13 +294,64 @@ pub fn save(checkpoints: &Path, contents: Contents<'_>) -> Result<PathBuf, Train
         std::fs::remove_dir_all(&tmp).map_err(|e| file_error(&tmp, e))?;
     }
     std::fs::create_dir(&tmp).map_err(|e| write_error(&tmp, e))?;
-    let written = write_files(&tmp, contents).and_then(|()| {
-        std::fs::rename(&tmp, &final_dir).map_err(|e| file_error(&final_dir, e))?;
-        sync_dir(checkpoints)
-    });
-    match written {
-        Ok(()) => Ok(final_dir),
-        Err(e) => Err(failed(e, &tmp, &final_dir, &files)),
+    let snapshot = match Snapshot::take(&tmp, contents) {
+        Ok(snapshot) => snapshot,
+        Err(e) => return Err(failed(e, &tmp, &final_dir, &files)),
+    };
+    let (dir, parent) = (final_dir.clone(), checkpoints.to_owned());
+    let thread = std::thread::Builder::new()
+        .name("kiln-checkpoint".to_owned())
+        .spawn(move || {
+            let written = snapshot.write(&tmp).and_then(|()| {
+                std::fs::rename(&tmp, &dir).map_err(|e| file_error(&dir, e))?;
+                sync_dir(&parent)
+            });
+            match written {
+                Ok(()) => then(&parent).map(|()| dir),
+                Err(e) => Err(failed(e, &tmp, &dir, &files)),
+            }
+        })
+        .map_err(|e| write_error(&final_dir, e))?;
+    Ok(Writing {
+        dir: final_dir,
+        thread: Some(thread),
+    })
+}
+
+/// A checkpoint being written on its own thread ([`save_in_background`]). Dropping it waits for
+/// the write (a checkpoint is never left half-written by the process that began it).
+#[derive(Debug)]
+pub struct Writing {
+    dir: PathBuf,
+    thread: Option<std::thread::JoinHandle<Result<PathBuf, TrainError>>>,
+}
+
+impl Writing {
+    /// Where the checkpoint will be once written.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether the write has ended (well or not): [`Writing::wait`] then returns at once.
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Waits for the write; its path, or why it failed.
+    pub fn wait(mut self) -> Result<PathBuf, TrainError> {
+        match self.thread.take().map(std::thread::JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(_)) => Err(file_error(&self.dir, "the checkpoint writer panicked")),
+            None => Ok(self.dir.clone()),
+        }
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
@@ -313,34 +378,52 @@ fn failed(e: TrainError, tmp: &Path, final_dir: &Path, files: &[u64]) -> TrainEr
     no_space(final_dir, needed).into()
 }
 
-/// Writes the files of a checkpoint of `contents` into the directory `tmp`, each synced.
-fn write_files(tmp: &Path, contents: Contents<'_>) -> Result<(), TrainError> {
-    let mut meta = contents.meta;
-    for (file, tensors) in [(MODEL_FILE, contents.model), (STATE_FILE, contents.state)] {
-        let bytes = to_safetensors(tensors)?;
-        meta.files.insert(file.to_owned(), sha256_hex(&bytes));
-        write_synced(&tmp.join(file), &bytes)?;
-        crate::fault::reached(crate::fault::Point::CheckpointWrite);
-    }
-    let writers = [
-        (SCRIPT_FILE, contents.script),
-        (crate::program::PROGRAM_FILE, contents.program),
-    ];
-    for (file, write) in writers {
-        let Some(write) = write else { continue };
-        let path = tmp.join(file);
-        if write(&path)? {
-            let bytes = read_part(&path)?;
-            File::open(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| write_error(&path, e))?;
-            meta.files.insert(file.to_owned(), sha256_hex(&bytes));
+/// A checkpoint in memory: its tensors serialized, its model file (TorchScript or program)
+/// already in the temporary directory, its metadata but for the checksums still to come.
+struct Snapshot {
+    meta: Meta,
+    parts: Vec<(&'static str, Vec<u8>)>,
+}
+
+impl Snapshot {
+    /// Serializes `contents`' tensors and writes its model file into `tmp`.
+    fn take(tmp: &Path, contents: Contents<'_>) -> Result<Self, TrainError> {
+        let mut meta = contents.meta;
+        let parts = vec![
+            (MODEL_FILE, to_safetensors(contents.model)?),
+            (STATE_FILE, to_safetensors(contents.state)?),
+        ];
+        let writers = [
+            (SCRIPT_FILE, contents.script),
+            (crate::program::PROGRAM_FILE, contents.program),
+        ];
+        for (file, write) in writers {
+            let Some(write) = write else { continue };
+            let path = tmp.join(file);
+            if write(&path)? {
+                let bytes = read_part(&path)?;
+                File::open(&path)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| write_error(&path, e))?;
+                meta.files.insert(file.to_owned(), sha256_hex(&bytes));
+            }
         }
+        Ok(Self { meta, parts })
     }
-    meta.meta_sha256 = meta.digest().map_err(|e| file_error(tmp, e))?;
-    let text = serde_json::to_string_pretty(&meta).map_err(|e| file_error(tmp, e))?;
-    write_synced(&tmp.join(META_FILE), text.as_bytes())?;
-    sync_dir(tmp)
+
+    /// Writes the tensors' files and then `checkpoint.json` into `tmp`, each synced.
+    fn write(self, tmp: &Path) -> Result<(), TrainError> {
+        let mut meta = self.meta;
+        for (file, bytes) in &self.parts {
+            meta.files.insert((*file).to_owned(), sha256_hex(bytes));
+            write_synced(&tmp.join(file), bytes)?;
+            crate::fault::reached(crate::fault::Point::CheckpointWrite);
+        }
+        meta.meta_sha256 = meta.digest().map_err(|e| file_error(tmp, e))?;
+        let text = serde_json::to_string_pretty(&meta).map_err(|e| file_error(tmp, e))?;
+        write_synced(&tmp.join(META_FILE), text.as_bytes())?;
+        sync_dir(tmp)
+    }
 }
 
 /// A checkpoint read back and verified.

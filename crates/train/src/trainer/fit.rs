@@ -72,6 +72,8 @@ struct Run {
     last_saved: Duration,
     /// The step of the last checkpoint (every rank of a data-parallel run agrees on it).
     checkpointed_at: u64,
+    /// The checkpoint being written in the background, if any.
+    writing: Option<checkpoint::Writing>,
 }
 
 impl Run {
@@ -83,6 +85,27 @@ impl Run {
     /// Time since the last checkpoint, on the run's clock.
     fn since_saved(&self) -> Duration {
         self.clock.now().saturating_sub(self.last_saved)
+    }
+
+    /// Waits for the checkpoint being written, if any; its error, if it failed.
+    fn settle_checkpoint(&mut self) -> Result<(), TrainError> {
+        match self.writing.take() {
+            Some(writing) => writing.wait().map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Run::settle_checkpoint`] once the write has ended: a failed write stops the run at
+    /// the step that sees it.
+    fn poll_checkpoint(&mut self) -> Result<(), TrainError> {
+        match self
+            .writing
+            .as_ref()
+            .is_some_and(checkpoint::Writing::is_finished)
+        {
+            true => self.settle_checkpoint(),
+            false => Ok(()),
+        }
     }
 
     /// The running sums carried from one epoch to the next: the skipped steps, the best
@@ -265,6 +288,7 @@ impl Trainer<'_> {
             retention,
             last_saved: clock_start,
             checkpointed_at: self.steps_done,
+            writing: None,
         };
         Ok((loaders, run))
     }
@@ -440,6 +464,7 @@ impl Trainer<'_> {
         observer: &mut dyn Observer,
         options: &FitOptions,
     ) -> Result<bool, TrainError> {
+        run.poll_checkpoint()?;
         let epoch_done = place.consumed >= run.batches_per_epoch;
         let asked = options
             .stop
@@ -469,6 +494,7 @@ impl Trainer<'_> {
         }
         let saved = self.checkpoint_in_epoch(run, place, votes, options)?;
         if votes.asked {
+            run.settle_checkpoint()?;
             if let Some(p) = run.profiler.take() {
                 p.finish()?;
             }
@@ -617,9 +643,8 @@ impl Trainer<'_> {
             trained_seconds: Some(run.trained().as_secs_f64()),
             other_ranks,
         };
-        let dir = self.save_checkpoint(ckpt, place.epoch, place.consumed, sums, None)?;
-        self.prune(run, ckpt)?;
-        Ok(Some(dir))
+        let at = (place.epoch, place.consumed);
+        self.write_checkpoint(run, ckpt, at, sums, None).map(Some)
     }
 
     /// The open epoch's and interval's sums of ranks 1, 2, … (every rank calls it at the same
@@ -655,14 +680,28 @@ impl Trainer<'_> {
             .collect())
     }
 
-    /// Removes the checkpoints the run's retention policy does not keep, and restarts the
-    /// clock of `checkpoint.every_seconds`.
-    fn prune(&self, run: &mut Run, ckpt: &CheckpointOptions) -> Result<(), TrainError> {
-        run.last_saved = run.clock.now();
-        match &run.retention {
-            Some(policy) => checkpoint::prune(&ckpt.dir, policy).map(|_| ()),
+    /// Begins writing a checkpoint at `at` (epoch, batch) once the previous one is written; the
+    /// run's retention policy prunes older ones after it is complete. Restarts the clock of
+    /// `checkpoint.every_seconds`. Returns where it will be.
+    fn write_checkpoint(
+        &self,
+        run: &mut Run,
+        ckpt: &CheckpointOptions,
+        at: (u64, usize),
+        sums: RunningSums,
+        val: Option<MetricValues>,
+    ) -> Result<std::path::PathBuf, TrainError> {
+        run.settle_checkpoint()?;
+        let (dir, retention) = (ckpt.dir.clone(), run.retention);
+        let prune = move |_: &std::path::Path| match retention {
+            Some(policy) => checkpoint::prune(&dir, &policy).map(|_| ()),
             None => Ok(()),
-        }
+        };
+        let writing = self.save_checkpoint(ckpt, at, sums, val, prune)?;
+        run.last_saved = run.clock.now();
+        let path = writing.dir().to_owned();
+        run.writing = Some(writing);
+        Ok(path)
     }
 
     /// Reports the epoch with its validation, counts it for early stopping, starts the next
@@ -709,11 +748,11 @@ impl Trainer<'_> {
             run.checkpointed_at = self.steps_done;
         }
         if let Some(ckpt) = enabled(&options.checkpoints) {
+            run.settle_checkpoint()?;
             let at_this_step = ckpt.dir.join(checkpoint::dir_name(self.steps_done));
             if !at_this_step.exists() {
                 let sums = run.sums.clone();
-                self.save_checkpoint(ckpt, next.0, next.1, sums, val.map(|v| v.metrics))?;
-                self.prune(run, ckpt)?;
+                self.write_checkpoint(run, ckpt, next, sums, val.map(|v| v.metrics))?;
             }
         }
         Ok(())
@@ -760,7 +799,8 @@ impl Trainer<'_> {
     }
 
     /// Closes the profiler and reports the summary.
-    fn finish(&mut self, run: Run, observer: &mut dyn Observer) -> Result<Summary, TrainError> {
+    fn finish(&mut self, mut run: Run, observer: &mut dyn Observer) -> Result<Summary, TrainError> {
+        run.settle_checkpoint()?;
         // The last step's stop vote: every rank counts it before leaving.
         if let Some(vote) = self.ranks.stop_vote.take() {
             vote.wait()?;

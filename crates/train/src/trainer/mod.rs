@@ -991,15 +991,17 @@ impl<'m> Trainer<'m> {
         v
     }
 
-    /// Writes a checkpoint of the current state; refuses if any weight is not finite.
+    /// Begins writing a checkpoint of the current state, in the background once it is in
+    /// memory ([`checkpoint::save_in_background`], which runs `then` after it); refuses if any
+    /// weight is not finite.
     fn save_checkpoint(
         &self,
         options: &CheckpointOptions,
-        epoch: u64,
-        batch: usize,
+        (epoch, batch): (u64, usize),
         sums: RunningSums,
         val: Option<MetricValues>,
-    ) -> Result<std::path::PathBuf, TrainError> {
+        then: impl FnOnce(&std::path::Path) -> Result<(), TrainError> + Send + 'static,
+    ) -> Result<checkpoint::Writing, TrainError> {
         let model = self.model_tensors();
         for (name, t) in &model {
             if t.is_floating_point() && t.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
@@ -1030,7 +1032,7 @@ impl<'m> Trainer<'m> {
             }
             None => (None, None),
         };
-        let dir = checkpoint::save(
+        checkpoint::save_in_background(
             &options.dir,
             checkpoint::Contents {
                 model: &model,
@@ -1062,8 +1064,8 @@ impl<'m> Trainer<'m> {
                 script: Some(&|path: &std::path::Path| self.model.save_torchscript(path)),
                 program: Some(&|path: &std::path::Path| self.model.save_program(path)),
             },
-        )?;
-        Ok(dir)
+            then,
+        )
     }
 
     /// Puts the trainer back in the state `ckpt` was taken in: weights, optimizer state, loss
