@@ -212,6 +212,8 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
             "threads": tch::get_num_threads(), "precision": s.precision,
             "final_val_loss": s.final_val.get("loss"),
             "final_val_accuracy": s.final_val.get("accuracy"),
+            "final_val_ema_loss": s.final_val_ema.get("loss"),
+            "final_val_ema_accuracy": s.final_val_ema.get("accuracy"),
             "epochs": epochs.0, "seconds": start.elapsed().as_secs_f64(),
         })
     );
@@ -229,6 +231,8 @@ fn of(runs: &[Value], key: &str) -> Result<Vec<f64>> {
 struct Sides {
     kiln: Vec<Value>,
     kiln_auto: Vec<Value>,
+    /// kiln fp32 with `train.ema.decay` = [`EMA_DECAY`]: its raw and its EMA weights validated.
+    kiln_ema: Vec<Value>,
     torch: Vec<Value>,
     torch_plain: Vec<Value>,
 }
@@ -272,10 +276,13 @@ fn suite(a: &SuiteArgs) -> Result<()> {
             run_json(t)
         };
         eprintln!(
-            "quality: seed {seed}: kiln fp32, kiln automatic precision, PyTorch, PyTorch plain"
+            "quality: seed {seed}: kiln fp32, kiln automatic precision, kiln fp32 with EMA, \
+             PyTorch, PyTorch plain"
         );
         sides.kiln.push(kiln(&[])?);
         sides.kiln_auto.push(kiln(&["--auto-precision"])?);
+        let ema = format!("train.ema.decay={EMA_DECAY}");
+        sides.kiln_ema.push(kiln(&["--set", &ema])?);
         sides.torch.push(torch(&[])?);
         let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
         sides.torch_plain.push(torch(&plain)?);
@@ -285,6 +292,8 @@ fn suite(a: &SuiteArgs) -> Result<()> {
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
+/// The EMA variant's decay (warmed up as timm's is: early steps average less).
+const EMA_DECAY: f64 = 0.999;
 const ACCURACY: &str = "final_val_accuracy";
 
 /// `c` with both sides' figures per seed and PyTorch's mean.
@@ -356,7 +365,7 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
     against_range(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
     let (ka, ta) = (of(&sides.kiln, ACCURACY)?, of(&sides.torch, ACCURACY)?);
     let runs = json!({
-        "kiln": sides.kiln, "kiln_auto": sides.kiln_auto,
+        "kiln": sides.kiln, "kiln_auto": sides.kiln_auto, "kiln_ema": sides.kiln_ema,
         "pytorch": sides.torch, "pytorch_plain": sides.torch_plain,
     });
     let name = "val accuracy, means: kiln fp32 vs PyTorch";
@@ -369,7 +378,25 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
     let base = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
     let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
     out.push(out.row("learning", name, PERCENT, figures, base));
+    ema_row(&mut out, &sides.kiln_ema)?;
     time_row(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
     time_row(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
     Ok(out)
+}
+
+/// What `train.ema` does to the job: the EMA weights' validation accuracy against the raw
+/// weights' of the same runs (training is the same either way: the average only watches it).
+fn ema_row(out: &mut SuiteOutput, runs: &[Value]) -> Result<()> {
+    let (ema, raw) = (of(runs, "final_val_ema_accuracy")?, of(runs, ACCURACY)?);
+    let (ema_loss, raw_loss) = (of(runs, "final_val_ema_loss")?, of(runs, "final_val_loss")?);
+    let name =
+        format!("val accuracy, means: kiln fp32 EMA weights (train.ema.decay = {EMA_DECAY})");
+    let base = format!("the same runs' raw weights (mean of {} seeds)", raw.len());
+    let figures = (100.0 * mean(&ema), 100.0 * mean(&raw));
+    let row = out.row("learning", name, PERCENT, figures, base);
+    let row = row.detail("ema_per_seed", json!(ema));
+    let row = row.detail("raw_per_seed", json!(raw));
+    let row = row.detail("ema_val_loss_per_seed", json!(ema_loss));
+    out.push(row.detail("raw_val_loss_per_seed", json!(raw_loss)));
+    Ok(())
 }
