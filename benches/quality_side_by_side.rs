@@ -24,7 +24,7 @@ use kiln_benches::report::{Comparison, NATS, PERCENT, SECONDS, SuiteOutput};
 use kiln_benches::{Msg, Result, SuiteArgs, bench_root, datasets, figure, mean, resolve, run_json};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
-use kiln_train::record::{EpochRecord, Observer};
+use kiln_train::record::{EpochRecord, Observer, RunStart};
 use serde_json::{Value, json};
 
 use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
@@ -151,11 +151,19 @@ fn write_split(dir: &Path, prepared: &Arc<ShardedDataset>, seed: u64) -> Result<
     datasets::write_split(&path, prepared, VAL_FRACTION, seed)
 }
 
-/// The validation figures of each epoch.
-#[derive(Default)]
-struct Epochs(Vec<Value>);
+/// The validation figures of each epoch, and the run's start: its learning rate (found, with
+/// `train.lr = auto`) and the seconds before training began (reading the data, building the
+/// model, and any range test).
+struct Epochs(Vec<Value>, Instant, Option<Value>);
 
 impl Observer for Epochs {
+    fn on_start(&mut self, r: &RunStart) -> std::result::Result<(), kiln_train::TrainError> {
+        self.2 = Some(json!({
+            "lr": r.lr, "lr_search": r.lr_search,
+            "started_after_s": self.1.elapsed().as_secs_f64(),
+        }));
+        Ok(())
+    }
     fn on_epoch(&mut self, r: &EpochRecord) -> std::result::Result<(), kiln_train::TrainError> {
         self.0.push(json!({
             "epoch": r.epoch, "val_loss": r.val.get("loss"), "val_accuracy": r.val.get("accuracy")
@@ -200,7 +208,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         .resolution(resolve(&sets)?)
         .build()
         .msg()?;
-    let mut epochs = Epochs::default();
+    let mut epochs = Epochs(vec![], start, None);
     let outcome = learner
         .fit_plan(Some(&a.data.join("kiln")), &mut epochs)
         .msg()?;
@@ -214,7 +222,7 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
             "final_val_accuracy": s.final_val.get("accuracy"),
             "final_val_ema_loss": s.final_val_ema.get("loss"),
             "final_val_ema_accuracy": s.final_val_ema.get("accuracy"),
-            "epochs": epochs.0, "seconds": start.elapsed().as_secs_f64(),
+            "epochs": epochs.0, "seconds": start.elapsed().as_secs_f64(), "start": epochs.2,
         })
     );
     Ok(())
@@ -233,6 +241,10 @@ struct Sides {
     kiln_auto: Vec<Value>,
     /// kiln fp32 with `train.ema.decay` = [`EMA_DECAY`]: its raw and its EMA weights validated.
     kiln_ema: Vec<Value>,
+    /// kiln fp32 with `train.lr = auto` (a range test each run: an empty cache).
+    kiln_lr_auto: Vec<Value>,
+    /// PyTorch at Lightning's `lr_find` suggestion (`train_quality.py --lr-find`).
+    torch_lr_find: Vec<Value>,
     torch: Vec<Value>,
     torch_plain: Vec<Value>,
 }
@@ -246,18 +258,27 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let prepared = write_data(&work, &job)?;
     let exe = std::env::current_exe().msg()?;
     let mut sides = Sides::default();
+    // Lightning, for its lr_find: from the pinned peers `cargo xtask bench` installs.
+    let lightning = kiln_benches::peers::dir();
     for seed in 0..seeds {
         let split = write_split(&work, &prepared, seed)?;
         let (seed, threads) = (seed.to_string(), threads.to_string());
+        let lr_cache = work.join(format!("lr-cache-{seed}"));
+        remove_dir(&lr_cache)?;
         let kiln = |extra: &[&str]| {
             let mut k = Command::new(&exe);
             k.args(["quality", "kiln-run", "--data"]).arg(&work);
             k.args(["--seed", &seed, "--threads", &threads]).args(extra);
             k.args(a.quick.then_some("--quick"));
+            // A cache of its own, empty: `train.lr = auto` runs its range test every time.
+            k.env("KILN_CACHE_DIR", &lr_cache);
             run_json(k)
         };
-        let torch = |extra: &[&str]| {
+        let torch_with = |extra: &[&str], peers: Option<&PathBuf>| {
             let mut t = Command::new(&a.python);
+            if let Some(dir) = peers {
+                kiln_benches::peers::put_first_on_path(&mut t, dir);
+            }
             t.arg(bench_root().join("python/train_quality.py"));
             t.arg("--data").arg(&work).arg("--split").arg(&split);
             t.args(["--seed", &seed, "--threads", &threads]);
@@ -275,19 +296,26 @@ fn suite(a: &SuiteArgs) -> Result<()> {
             t.args(extra);
             run_json(t)
         };
+        let torch = |extra: &[&str]| torch_with(extra, None);
         eprintln!(
             "quality: seed {seed}: kiln fp32, kiln automatic precision, kiln fp32 with EMA, \
-             PyTorch, PyTorch plain"
+             kiln fp32 with lr = auto, PyTorch, PyTorch plain, PyTorch at Lightning's lr_find"
         );
         sides.kiln.push(kiln(&[])?);
         sides.kiln_auto.push(kiln(&["--auto-precision"])?);
         let ema = format!("train.ema.decay={EMA_DECAY}");
         sides.kiln_ema.push(kiln(&["--set", &ema])?);
+        sides.kiln_lr_auto.push(kiln(&["--set", "train.lr=auto"])?);
         sides.torch.push(torch(&[])?);
         let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
         sides.torch_plain.push(torch(&plain)?);
+        if let Ok(dir) = &lightning {
+            sides
+                .torch_lr_find
+                .push(torch_with(&["--lr-find"], Some(dir))?);
+        }
     }
-    report(&job, threads, &sides)?.write(&a.out_or("quality"))?;
+    report(&job, threads, &sides, lightning.as_ref().err())?.write(&a.out_or("quality"))?;
     remove_dir(&work)
 }
 
@@ -336,7 +364,12 @@ fn time_row(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) 
 }
 
 /// The suite's rows from all sides' runs.
-fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
+fn report(
+    job: &Job,
+    threads: usize,
+    sides: &Sides,
+    lightning: Option<&String>,
+) -> Result<SuiteOutput> {
     let precision = sides.kiln_auto[0]["precision"].as_str().unwrap_or("?");
     let Job {
         d_model,
@@ -366,6 +399,7 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
     let (ka, ta) = (of(&sides.kiln, ACCURACY)?, of(&sides.torch, ACCURACY)?);
     let runs = json!({
         "kiln": sides.kiln, "kiln_auto": sides.kiln_auto, "kiln_ema": sides.kiln_ema,
+        "kiln_lr_auto": sides.kiln_lr_auto, "pytorch_lr_find": sides.torch_lr_find,
         "pytorch": sides.torch, "pytorch_plain": sides.torch_plain,
     });
     let name = "val accuracy, means: kiln fp32 vs PyTorch";
@@ -379,6 +413,10 @@ fn report(job: &Job, threads: usize, sides: &Sides) -> Result<SuiteOutput> {
     let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
     out.push(out.row("learning", name, PERCENT, figures, base));
     ema_row(&mut out, &sides.kiln_ema)?;
+    lr_rows(&mut out, sides)?;
+    if let Some(why) = lightning {
+        out.skip(LR_FIND_ROW, why);
+    }
     time_row(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
     time_row(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
     Ok(out)
@@ -398,5 +436,71 @@ fn ema_row(out: &mut SuiteOutput, runs: &[Value]) -> Result<()> {
     let row = row.detail("raw_per_seed", json!(raw));
     let row = row.detail("ema_val_loss_per_seed", json!(ema_loss));
     out.push(row.detail("raw_val_loss_per_seed", json!(raw_loss)));
+    Ok(())
+}
+
+/// The row of kiln's `train.lr = auto` against Lightning's `lr_find`.
+const LR_FIND_ROW: &str =
+    "val accuracy, means: kiln fp32 lr = auto vs PyTorch at Lightning's lr_find";
+
+/// `train.lr = auto` on the job: its accuracy against the default rate's (1e-3) seed range
+/// (goal: its mean at least the default's worst seed), against PyTorch at Lightning's
+/// `lr_find` suggestion, and its range test's share of the run's time (goal: under 10%: the
+/// seconds before training began, less the same seed's fp32 run's at 1e-3).
+fn lr_rows(out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
+    let (auto, default) = (&sides.kiln_lr_auto, &sides.kiln);
+    let (aa, da) = (of(auto, ACCURACY)?, of(default, ACCURACY)?);
+    let found: Vec<f64> = auto
+        .iter()
+        .map(|r| figure(&r["start"], "lr"))
+        .collect::<Result<_>>()?;
+    let worst = da.iter().copied().fold(f64::INFINITY, f64::min);
+    let name = "val accuracy: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed";
+    let base = format!(
+        "kiln fp32 at the default lr 1e-3 (lowest of {} seeds)",
+        da.len()
+    );
+    let row = out.row(
+        "learning",
+        name,
+        PERCENT,
+        (100.0 * mean(&aa), 100.0 * worst),
+        base,
+    );
+    let row = row.at_least(1.0).detail("lr_found_per_seed", json!(found));
+    out.push(per_seed(row, &aa, &da));
+    if !sides.torch_lr_find.is_empty() {
+        let lf = of(&sides.torch_lr_find, ACCURACY)?;
+        let suggested = of(&sides.torch_lr_find, "lr")?;
+        let base = "PyTorch loop, same job, at Tuner.lr_find's suggestion (its defaults)";
+        let figures = (100.0 * mean(&aa), 100.0 * mean(&lf));
+        let row = out.row("learning", LR_FIND_ROW, PERCENT, figures, base);
+        let row = row.detail("lr_found_per_seed", json!(found));
+        let row = row.detail("lightning_suggestion_per_seed", json!(suggested));
+        out.push(per_seed(row, &aa, &lf));
+    }
+    let started = |runs: &[Value]| -> Result<Vec<f64>> {
+        runs.iter()
+            .map(|r| figure(&r["start"], "started_after_s"))
+            .collect()
+    };
+    let search: Vec<f64> = (started(auto)?.iter().zip(started(default)?))
+        .map(|(a, d)| (a - d).max(0.0))
+        .collect();
+    let seconds = of(auto, "seconds")?;
+    let name = "lr = auto's range test: seconds per run";
+    let base = "the whole run's seconds (reading, range test, training, validating)";
+    let row = out.row(
+        "time per run",
+        name,
+        SECONDS,
+        (mean(&search), mean(&seconds)),
+        base,
+    );
+    let lightning = of(&sides.torch_lr_find, "lr_find_seconds")?;
+    let row = row
+        .at_most(0.10)
+        .detail("search_seconds_per_seed", json!(search));
+    out.push(row.detail("lightning_lr_find_seconds_per_seed", json!(lightning)));
     Ok(())
 }

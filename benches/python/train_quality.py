@@ -9,6 +9,11 @@ clipping to a total norm, dropout, batch size, drop_last, fp32, seeded with --se
 model is built (so it starts from the very weights kiln's model does). Validation after every
 epoch. Prints one JSON line: the final validation loss and accuracy, each epoch's, and the
 wall time.
+
+With --lr-find, the learning rate is Lightning's suggestion instead of --lr: `Tuner.lr_find`
+(its defaults: 100 steps from 1e-8 to 1, exponential, the steepest descent of the smoothed
+loss) on the same model, optimizer groups, clipping and training batches, before the run; the
+model is then built again from the seed, so the run starts from the same weights as without.
 """
 import argparse
 import json
@@ -29,6 +34,8 @@ def main():
     p.add_argument("--data", required=True, help="directory with features.npy, labels.npy")
     p.add_argument("--split", required=True, help="split.json: train and val indices")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
+    p.add_argument("--lr-find", action="store_true",
+                   help="train at Lightning's lr_find suggestion instead of --lr")
     for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16),
                                 ("--dropout", float, 0.1), ("--threads", int, None)):
         p.add_argument(name, type=kind, default=default)
@@ -45,14 +52,25 @@ def main():
     xt, yt, xv, yv = x[train_idx], y[train_idx], x[val_idx], y[val_idx]
     classes = int(split["classes"])
 
-    torch.manual_seed(a.seed)
-    model = twins.SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
-                                  classes, a.dropout)
+    def build():
+        torch.manual_seed(a.seed)
+        return twins.SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
+                                     classes, a.dropout)
+
+    def train_loader():
+        return torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(xt, yt), batch_size=a.batch, shuffle=True,
+            drop_last=True, generator=torch.Generator().manual_seed(a.seed))
+
+    found = {}
+    if a.lr_find:
+        began = time.perf_counter()
+        a.lr = lightning_lr_find(a, build(), train_loader())
+        found = {"lr": a.lr, "lr_find_seconds": time.perf_counter() - began}
+    model = build()
     groups = adamw_groups(list(model.parameters()), a.weight_decay)
     opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(xt, yt), batch_size=a.batch, shuffle=True,
-        drop_last=True, generator=torch.Generator().manual_seed(a.seed))
+    loader = train_loader()
     total = len(loader) * a.epochs
     step, epochs = 0, []
     model.train()
@@ -69,8 +87,45 @@ def main():
         "steps": step, "threads": torch.get_num_threads(),
         "final_val_loss": epochs[-1]["val_loss"],
         "final_val_accuracy": epochs[-1]["val_accuracy"],
-        "epochs": epochs, "seconds": time.perf_counter() - start,
+        "epochs": epochs, "seconds": time.perf_counter() - start, **found,
     }), flush=True)
+
+
+def lightning_lr_find(a, model, loader):
+    """Lightning's learning-rate suggestion for `model` on `loader`: `Tuner.lr_find` with its
+    defaults, the run's AdamW groups and clipping (in the hook Lightning documents for it, as
+    `lightning_job.py` does)."""
+    import lightning as L
+    from lightning.pytorch.tuner import Tuner
+    import torch.nn.functional as F
+
+    class Job(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.lr = a.lr
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.model(x), y)
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                        gradient_clip_algorithm=None):
+            if a.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.parameters(), a.clip)
+
+        def configure_optimizers(self):
+            groups = adamw_groups(list(self.model.parameters()), a.weight_decay)
+            return torch.optim.AdamW(groups, lr=self.lr, fused=True)
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)
+    found = Tuner(trainer).lr_find(Job(), train_dataloaders=loader)
+    suggestion = found.suggestion() if found is not None else None
+    if suggestion is None:
+        raise SystemExit("Lightning's lr_find made no suggestion")
+    return float(suggestion)
 
 
 if __name__ == "__main__":

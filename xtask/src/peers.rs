@@ -29,7 +29,7 @@ const READY_MARKER: &str = ".kiln-peers-ready";
 
 /// Whether a suite has peers that need these packages.
 pub fn needed_by(suite: &str) -> bool {
-    matches!(suite, "job" | "serve" | "data" | "infer")
+    matches!(suite, "job" | "serve" | "data" | "infer" | "quality")
 }
 
 /// What the suites are told.
@@ -130,7 +130,8 @@ mod tests {
     fn only_job_serve_and_data_need_the_peers() {
         assert!(needed_by("job") && needed_by("serve") && needed_by("data"));
         assert!(needed_by("infer"), "the sliding-window rows run MONAI");
-        assert!(!needed_by("train") && !needed_by("quality"));
+        assert!(needed_by("quality"), "its lr rows run Lightning's lr_find");
+        assert!(!needed_by("train") && !needed_by("optimizer"));
     }
 
     #[test]
