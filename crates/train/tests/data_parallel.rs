@@ -16,7 +16,7 @@ use kiln_device::Device;
 use kiln_train::TrainError;
 use kiln_train::distributed::{Group, SharedGroup};
 use kiln_train::metrics::MetricValues;
-use kiln_train::record::{EpochRecord, Observer, Progress, StepRecord};
+use kiln_train::record::{EpochRecord, Observer, Progress, StepRecord, Summary};
 use kiln_train::run::{Resume, RunControl, train};
 use tch::{Kind, Tensor};
 
@@ -141,19 +141,11 @@ fn thread_groups(world: usize) -> Vec<SharedGroup> {
         .collect()
 }
 
-/// The logged losses; with `stop`, sets the run's stop flag once that step is done.
+/// The logged losses.
 #[derive(Default)]
-struct Losses(Vec<f64>, Option<(u64, Arc<AtomicBool>)>);
+struct Losses(Vec<f64>);
 
 impl Observer for Losses {
-    fn on_step(&mut self, p: &Progress) -> Result<(), TrainError> {
-        if let Some((at, flag)) = &self.1
-            && p.step == *at
-        {
-            flag.store(true, Ordering::SeqCst);
-        }
-        Ok(())
-    }
     fn on_log(&mut self, r: &StepRecord) -> Result<(), TrainError> {
         self.0.push(r.metrics.loss());
         Ok(())
@@ -321,31 +313,18 @@ fn ranks_that_run_different_jobs_are_refused_naming_the_difference() {
     }
 }
 
-/// Runs `plan` on 2 thread-ranks with `control(rank)`; returns each rank's losses and result.
+/// Runs `plan` on 2 thread-ranks, stopping after step `stop_at` or resuming; each rank's
+/// logged losses and result.
 fn run_pair(
     plan: &kiln_config::RunPlan,
     stop_at: Option<u64>,
     resume: bool,
 ) -> Vec<(Vec<f64>, Result<(), String>)> {
-    let handles: Vec<_> = groups(2)
+    let losses = |l: Logged| l.steps.iter().map(|(_, m)| m.loss()).collect();
+    logged_pair(plan, stop_at, resume)
         .into_iter()
-        .map(|group| {
-            let plan = plan.clone();
-            std::thread::spawn(move || {
-                let flag = Arc::new(AtomicBool::new(false));
-                let mut losses = Losses(vec![], stop_at.map(|s| (s, flag.clone())));
-                let control = RunControl {
-                    group: Some(group),
-                    stop: Some(flag),
-                    resume: resume.then_some(Resume::Latest),
-                    ..RunControl::default()
-                };
-                let r = train(&plan, Device::Cpu, None, control, &mut losses);
-                (losses.0, r.map(|_| ()).map_err(|e| e.to_string()))
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+        .map(|(logged, r)| (losses(logged), r))
+        .collect()
 }
 
 #[test]
@@ -402,8 +381,12 @@ impl Observer for Logged {
 }
 
 /// Runs `plan` on 2 thread-ranks, stopping after step `stop_at` or resuming; each rank's
-/// logged metrics.
-fn logged_pair(plan: &kiln_config::RunPlan, stop_at: Option<u64>, resume: bool) -> Vec<Logged> {
+/// logged metrics and result.
+fn logged_pair(
+    plan: &kiln_config::RunPlan,
+    stop_at: Option<u64>,
+    resume: bool,
+) -> Vec<(Logged, Result<(), String>)> {
     let handles: Vec<_> = groups(2)
         .into_iter()
         .map(|group| {
@@ -421,8 +404,7 @@ fn logged_pair(plan: &kiln_config::RunPlan, stop_at: Option<u64>, resume: bool) 
                     ..RunControl::default()
                 };
                 let r = train(&plan, Device::Cpu, None, control, &mut logged);
-                assert_eq!(r.is_err(), stop_at.is_some(), "{:?}", r.err());
-                logged
+                (logged, r.map(|_| ()).map_err(|e| e.to_string()))
             })
         })
         .collect();
@@ -450,9 +432,19 @@ fn every_rank_continues_its_own_metric_sums_after_a_resume() {
         p.train.log_interval = 3;
         p
     };
-    let reference = logged_pair(&with_logs_every_3(whole.path()), None, false);
+    let ok = |runs: Vec<(Logged, Result<(), String>)>| -> Vec<Logged> {
+        runs.into_iter()
+            .map(|(logged, r)| {
+                r.unwrap();
+                logged
+            })
+            .collect()
+    };
+    let reference = ok(logged_pair(&with_logs_every_3(whole.path()), None, false));
     let plan = with_logs_every_3(parts.path());
-    logged_pair(&plan, Some(7), false);
+    for (_, r) in logged_pair(&plan, Some(7), false) {
+        assert!(r.as_ref().unwrap_err().contains("stop"), "{r:?}");
+    }
     let checkpoints = checkpoints_of(parts.path());
     std::fs::remove_dir_all(checkpoints.join(kiln_train::checkpoint::dir_name(8))).unwrap();
     assert!(
@@ -460,7 +452,7 @@ fn every_rank_continues_its_own_metric_sums_after_a_resume() {
             .join(kiln_train::checkpoint::dir_name(5))
             .is_dir()
     );
-    let resumed = logged_pair(&plan, None, true);
+    let resumed = ok(logged_pair(&plan, None, true));
     for rank in 0..2 {
         let (r, whole) = (&resumed[rank], &reference[rank]);
         let after_5: Vec<_> = whole.steps.iter().filter(|s| s.0 > 5).cloned().collect();
@@ -534,20 +526,12 @@ impl Observer for StepCounter {
     }
 }
 
-/// `train.max_time` in a data-parallel run: each rank reads its own clock, and the ranks vote,
-/// so they stop together once any rank's time is up. Here rank 1's clock runs 0.25 s a step and
-/// rank 0's 0.1 s, on clocks the test drives: with a limit of 1 s, rank 1's time is up after
-/// step 4, and its vote, which overlaps the next step, is read after step 5, where both stop
-/// (rank 0 alone would go on to step 10), each saying why.
-#[test]
-fn ranks_stop_together_when_the_first_of_them_runs_out_of_time() {
-    let _serial = serial();
-    let out = tempfile::tempdir().unwrap();
-    let mut plan = plan(out.path(), 8);
-    plan.train.max_time = Some(std::time::Duration::from_secs(1));
+/// Runs `plan` on 2 thread-ranks, each on a clock the test drives: rank `r`'s reads
+/// `per_step[r]` seconds for every step it has taken. Each rank's summary.
+fn on_clocks(plan: &kiln_config::RunPlan, per_step: [f64; 2]) -> Vec<Summary> {
     let handles: Vec<_> = groups(2)
         .into_iter()
-        .zip([0.1, 0.25])
+        .zip(per_step)
         .map(|(group, per_step)| {
             let plan = plan.clone();
             std::thread::spawn(move || {
@@ -570,8 +554,21 @@ fn ranks_stop_together_when_the_first_of_them_runs_out_of_time() {
             })
         })
         .collect();
-    for (rank, handle) in handles.into_iter().enumerate() {
-        let summary = handle.join().unwrap();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// `train.max_time` in a data-parallel run: each rank reads its own clock, and the ranks vote,
+/// so they stop together once any rank's time is up. Here rank 1's clock runs 0.25 s a step and
+/// rank 0's 0.1 s, on clocks the test drives: with a limit of 1 s, rank 1's time is up after
+/// step 4, and its vote, which overlaps the next step, is read after step 5, where both stop
+/// (rank 0 alone would go on to step 10), each saying why.
+#[test]
+fn ranks_stop_together_when_the_first_of_them_runs_out_of_time() {
+    let _serial = serial();
+    let out = tempfile::tempdir().unwrap();
+    let mut plan = plan(out.path(), 8);
+    plan.train.max_time = Some(std::time::Duration::from_secs(1));
+    for (rank, summary) in on_clocks(&plan, [0.1, 0.25]).into_iter().enumerate() {
         assert_eq!(summary.steps, 5, "rank {rank}");
         let stop = summary.stopped_by.expect("stopped by the clock");
         assert_eq!(stop.kind, "max_time", "rank {rank}");
@@ -592,33 +589,8 @@ fn time_based_checkpoints_follow_rank_0s_clock_on_every_rank() {
     plan.checkpoint.every_seconds = 1;
     plan.checkpoint.keep_last = 10;
     plan.train.max_steps = Some(16);
-    let handles: Vec<_> = groups(2)
-        .into_iter()
-        .zip([0.25, 10.0])
-        .map(|(group, per_step)| {
-            let plan = plan.clone();
-            std::thread::spawn(move || {
-                let steps = Arc::new(std::sync::atomic::AtomicU64::new(0));
-                let seen = Arc::clone(&steps);
-                let clock = kiln_train::stopping::Clock::driven(move || {
-                    std::time::Duration::from_secs_f64(
-                        per_step * seen.load(Ordering::SeqCst) as f64,
-                    )
-                });
-                let control = RunControl {
-                    group: Some(group),
-                    clock: Some(clock),
-                    ..RunControl::default()
-                };
-                let mut counter = StepCounter(steps);
-                train(&plan, Device::Cpu, None, control, &mut counter)
-                    .unwrap()
-                    .summary
-            })
-        })
-        .collect();
-    for handle in handles {
-        assert_eq!(handle.join().unwrap().steps, 16);
+    for summary in on_clocks(&plan, [0.25, 10.0]) {
+        assert_eq!(summary.steps, 16);
     }
     let checkpoints = checkpoints_of(out.path());
     let mut saved: Vec<String> = std::fs::read_dir(&checkpoints)

@@ -630,13 +630,17 @@ impl Trainer<'_> {
             return Ok(None);
         }
         run.checkpointed_at = self.steps_done;
-        let other_ranks = self.gather_rank_sums(run)?;
+        let own = RankSums {
+            epoch: run.epoch.saved()?,
+            interval: run.interval.saved()?,
+        };
+        let other_ranks = self.gather_rank_sums(&own)?;
         let Some(ckpt) = enabled(&options.checkpoints) else {
             return Ok(None);
         };
         let sums = RunningSums {
-            epoch: run.epoch.saved()?,
-            interval: run.interval.saved()?,
+            epoch: own.epoch,
+            interval: own.interval,
             skipped_steps: self.skipped_steps()?,
             best_val: run.sums.best_val.clone(),
             early_stopping: run.sums.early_stopping.clone(),
@@ -647,16 +651,15 @@ impl Trainer<'_> {
         self.write_checkpoint(run, ckpt, at, sums, None).map(Some)
     }
 
-    /// The open epoch's and interval's sums of ranks 1, 2, … (every rank calls it at the same
-    /// step; empty with one rank).
-    fn gather_rank_sums(&self, run: &Run) -> Result<Vec<RankSums>, TrainError> {
+    /// The open epoch's and interval's sums of ranks 1, 2, …, this rank's being `own` (every
+    /// rank calls it at the same step; empty with one rank).
+    fn gather_rank_sums(&self, own: &RankSums) -> Result<Vec<RankSums>, TrainError> {
         let Some(group) = &self.ranks.group else {
             return Ok(Vec::new());
         };
-        let (epoch, interval) = (run.epoch.saved()?, run.interval.saved()?);
-        let names: Vec<String> = epoch.sums.keys().cloned().collect();
+        let names: Vec<String> = own.epoch.sums.keys().cloned().collect();
         let mut row = Vec::with_capacity(2 * names.len() + 2);
-        for t in [&epoch, &interval] {
+        for t in [&own.epoch, &own.interval] {
             row.extend(t.sums.values().copied());
             row.push(t.samples as f64);
         }
