@@ -1,7 +1,7 @@
 //! `kiln infer --sliding-window`: against MONAI's `sliding_window_inference` (pinned with the
 //! bench peers) on the same TorchScript segmenters, inputs and settings, 2-D and 3-D, constant
-//! and Gaussian blending, padded inputs; the class map; and the settings refused before the
-//! input is read.
+//! and Gaussian blending, padded inputs, outputs half and twice the window's size; the class
+//! map; and the settings refused before the input is read.
 
 mod common;
 
@@ -82,7 +82,7 @@ fn sliding_windows_give_monai_outputs_with_python_torch() {
             .filter(|(k, _)| k.starts_with("infer."))
             .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
             .collect();
-        let model = dir.join(format!("model{dims}d.pt"));
+        let model = dir.join(format!("{}.pt", case["model"].as_str().unwrap()));
         let input = dir.join(format!("volume{dims}d.npy"));
         let ours = dir.join(format!("kiln-{name}.npy"));
         let o = sliding(&model, &input, &ours, &sets, &[]);

@@ -188,7 +188,10 @@ impl SlidingWindow {
 }
 
 /// `input` `[C, *spatial]` through `predict` window by window (batches `[n, C, *roi]` on the
-/// model's device, outputs `[n, K, *roi]`), stitched on `output_device` into `[K, *spatial]`.
+/// model's device, outputs `[n, K, *out]`), stitched on `output_device` into `[K, *spatial']`,
+/// where `spatial'` is `spatial` scaled as the outputs are to the window ([`Zoom`]; the same
+/// where the model keeps the window's size). The next batch is gathered on a thread of its own
+/// while the model runs the current one.
 pub fn run(
     input: &Tensor,
     settings: &SlidingWindow,
@@ -207,70 +210,240 @@ pub fn run(
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
     check_padding(&grid, settings)?;
     let padded = pad(&input.f_unsqueeze(0)?, &grid, settings)?;
-    let weight = importance_map(
-        &grid.roi,
-        settings.mode,
-        settings.sigma_scale,
-        output_device,
-    )?;
-    let mut stitched: Option<(Tensor, Tensor)> = None;
     let windows: Vec<Vec<i64>> = (0..grid.len()).map(|k| grid.window(k)).collect();
-    for batch in windows.chunks(settings.batch_size) {
-        let parts: Vec<Tensor> = batch
-            .iter()
-            .map(|at| crop(&padded, at, &grid.roi))
-            .collect::<Result<_, _>>()?;
-        let mut windows_in = Tensor::f_cat(&parts, 0)?.f_to_device(model_device)?;
-        if settings.channels_last {
-            windows_in = kiln_torch_ext::layout::to_channels_last(&windows_in)?;
-        }
-        let out = predict(&windows_in)?;
-        check_output(&out, batch.len(), &grid.roi)?;
-        let weighted = out
-            .f_to_device(output_device)?
-            .f_to_kind(Kind::Float)?
-            .f_mul(&weight)?;
-        // The first batch tells the output's channels: the buffers are made then.
-        let sum = match &stitched {
-            Some((sum, _)) => sum.shallow_clone(),
-            None => {
-                let made = buffers(&grid, &weighted, &weight, &windows)?;
-                let sum = made.0.shallow_clone();
-                stitched = Some(made);
-                sum
-            }
-        };
-        for (i, at) in batch.iter().enumerate() {
-            let mut target = crop(&sum, at, &grid.roi)?;
-            let _ = target.f_add_(&weighted.f_narrow(0, i as i64, 1)?)?;
-        }
-    }
-    let (sum, count) = stitched.ok_or_else(|| InferError::Input("no window".to_owned()))?;
-    let blended = sum.f_div(&count)?;
-    let mut out = blended.f_squeeze_dim(0)?;
-    for (d, (&(lo, _), &n)) in grid.pad.iter().zip(&grid.image).enumerate() {
-        out = out.f_narrow(1 + d as i64, lo, n)?;
-    }
-    Ok(out)
+    let batches: Vec<&[Vec<i64>]> = windows.chunks(settings.batch_size).collect();
+    let mut stitched: Option<Stitch> = None;
+    gather_ahead(
+        &padded,
+        &grid.roi,
+        &batches,
+        settings,
+        model_device,
+        |k, windows_in| {
+            let out = predict(&windows_in)?;
+            // The first batch's outputs tell their channels and size: the buffers are made then.
+            let mut stitch = match stitched.take() {
+                Some(stitch) => stitch,
+                None => Stitch::new(&grid, &out, settings, &windows, output_device)?,
+            };
+            stitch.add(&out, batches[k])?;
+            stitched = Some(stitch);
+            Ok(())
+        },
+    )?;
+    let stitch = stitched.ok_or_else(|| InferError::Input("no window".to_owned()))?;
+    stitch.finish(&grid)
 }
 
-/// The running sum `[1, K, *padded]` (zeros) and the summed weight of every window
-/// `[1, 1, *padded]`, on the output's device.
-fn buffers(
-    grid: &WindowGrid,
-    first: &Tensor,
-    weight: &Tensor,
-    windows: &[Vec<i64>],
-) -> Result<(Tensor, Tensor), InferError> {
-    let mut shape = vec![1, first.size()[1]];
-    shape.extend(grid.padded());
-    let sum = Tensor::f_zeros(shape.as_slice(), (Kind::Float, first.device()))?;
-    shape[1] = 1;
-    let count = Tensor::f_zeros(shape.as_slice(), (Kind::Float, first.device()))?;
-    for at in windows {
-        let _ = crop(&count, at, &grid.roi)?.f_add_(weight)?;
+/// Each batch of `batches` gathered from `padded` `[1, C, *padded]` (`[n, C, *roi]` on
+/// `device`, channels-last where asked) and given to `each` with its index, in order; batch
+/// k + 1 is gathered by a thread of its own while `each` runs batch k. The first error ends it.
+fn gather_ahead(
+    padded: &Tensor,
+    roi: &[i64],
+    batches: &[&[Vec<i64>]],
+    settings: &SlidingWindow,
+    device: Device,
+    mut each: impl FnMut(usize, Tensor) -> Result<(), InferError>,
+) -> Result<(), InferError> {
+    let source = padded.shallow_clone();
+    let (send, receive) = crossbeam::channel::bounded::<Result<Tensor, InferError>>(1);
+    std::thread::scope(|scope| {
+        scope.spawn(move || {
+            let _guard = tch::no_grad_guard();
+            for batch in batches {
+                let gathered = gather(&source, batch, roi, settings.channels_last, device);
+                let failed = gathered.is_err();
+                // The receiver is gone when the consumer stopped early: nothing more to do.
+                if send.send(gathered).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let result = (0..batches.len()).try_for_each(|k| {
+            let windows_in = receive
+                .recv()
+                .map_err(|_| InferError::Input("the window gatherer stopped".to_owned()))??;
+            each(k, windows_in)
+        });
+        // Dropping the receiver lets a gatherer still waiting to send finish.
+        drop(receive);
+        result
+    })
+}
+
+/// The windows at `batch`'s starts, cut from `padded` and stacked `[n, C, *roi]` on `device`.
+fn gather(
+    padded: &Tensor,
+    batch: &[Vec<i64>],
+    roi: &[i64],
+    channels_last: bool,
+    device: Device,
+) -> Result<Tensor, InferError> {
+    let parts: Vec<Tensor> = batch
+        .iter()
+        .map(|at| crop(padded, at, roi))
+        .collect::<Result<_, _>>()?;
+    let windows = Tensor::f_cat(&parts, 0)?.f_to_device(device)?;
+    Ok(match channels_last {
+        true => kiln_torch_ext::layout::to_channels_last(&windows)?,
+        false => windows,
+    })
+}
+
+/// How a model's outputs scale the window: `out[d] / roi[d]` per spatial dimension, a window
+/// starting at `s` landing at `int(s · zoom)` in the output (as MONAI places outputs of
+/// another size than the window).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Zoom {
+    /// The output's spatial size per window.
+    pub out: Vec<i64>,
+    /// `out[d] / roi[d]`.
+    pub scale: Vec<f64>,
+}
+
+impl Zoom {
+    /// The zoom of outputs `[n, K, *out]` over `grid`'s windows; an error unless the outputs
+    /// have the window's spatial rank and every window lands on exactly `out` voxels.
+    pub fn new(grid: &WindowGrid, output: &[i64]) -> Result<Self, InferError> {
+        let out = output.get(2..).unwrap_or(&[]).to_vec();
+        if out.len() != grid.roi.len() || out.contains(&0) {
+            return Err(InferError::Input(format!(
+                "the model gave {output:?} for windows of {:?}; a sliding window needs outputs                  [windows, channels, *spatial] with {} spatial dimensions",
+                grid.roi,
+                grid.roi.len()
+            )));
+        }
+        let scale: Vec<f64> = out
+            .iter()
+            .zip(&grid.roi)
+            .map(|(&o, &r)| o as f64 / r as f64)
+            .collect();
+        let zoom = Self { out, scale };
+        for (d, starts) in grid.starts.iter().enumerate() {
+            for &s in starts {
+                let (a, b) = (zoom.at(d, s), zoom.at(d, s + grid.roi[d]));
+                if b - a != zoom.out[d] {
+                    return Err(zoom.uneven(grid, d, s, a, b));
+                }
+            }
+        }
+        Ok(zoom)
     }
-    Ok((sum, count))
+
+    /// Position `p` of dimension `d` in the output: `int(p · scale)`, as Python truncates.
+    pub fn at(&self, d: usize, p: i64) -> i64 {
+        (p as f64 * self.scale[d]) as i64
+    }
+
+    /// The error for a window that lands on `[a, b)`, not `out[d]` voxels.
+    fn uneven(&self, grid: &WindowGrid, d: usize, s: i64, a: i64, b: i64) -> InferError {
+        InferError::Input(format!(
+            "the model's outputs ({:?} for windows of {:?}) scale dimension {d} by {}; the              window starting at {s} would land on [{a}, {b}), not on {} voxels: choose              {ROI_KEY} and infer.sliding_window.overlap so that every window start times the              scale is a whole number",
+            self.out, grid.roi, self.scale[d], self.out[d]
+        ))
+    }
+}
+
+/// The running sums of a sliding-window run on the output's device.
+struct Stitch {
+    /// The weighted outputs `[1, K, *out_padded]`.
+    sum: Tensor,
+    /// The summed weights `[1, 1, *out_padded]`.
+    count: Tensor,
+    /// The importance map at the outputs' size `[1, 1, *zoom.out]`.
+    weight: Tensor,
+    zoom: Zoom,
+}
+
+impl Stitch {
+    /// The buffers for outputs like `first` (the first batch's), every window's weight already
+    /// in the summed weights.
+    fn new(
+        grid: &WindowGrid,
+        first: &Tensor,
+        settings: &SlidingWindow,
+        windows: &[Vec<i64>],
+        device: Device,
+    ) -> Result<Self, InferError> {
+        let size = first.size();
+        let zoom = Zoom::new(grid, &size)?;
+        let map = importance_map(&grid.roi, settings.mode, settings.sigma_scale, device)?;
+        let weight = resample(&map, &zoom.out)?;
+        let padded: Vec<i64> = (0..grid.roi.len())
+            .map(|d| zoom.at(d, grid.padded()[d]))
+            .collect();
+        let mut shape = vec![1, size[1]];
+        shape.extend(&padded);
+        let sum = Tensor::f_zeros(shape.as_slice(), (Kind::Float, device))?;
+        shape[1] = 1;
+        let count = Tensor::f_zeros(shape.as_slice(), (Kind::Float, device))?;
+        let stitch = Self {
+            sum,
+            count,
+            weight,
+            zoom,
+        };
+        for at in windows {
+            let _ = stitch.target(&stitch.count, at)?.f_add_(&stitch.weight)?;
+        }
+        Ok(stitch)
+    }
+
+    /// The view of `buffer` where the window at `at` lands.
+    fn target(&self, buffer: &Tensor, at: &[i64]) -> Result<Tensor, InferError> {
+        let starts: Vec<i64> = (0..at.len()).map(|d| self.zoom.at(d, at[d])).collect();
+        crop(buffer, &starts, &self.zoom.out)
+    }
+
+    /// A batch's outputs `[n, K, *out]`, weighted, added in place where their windows land.
+    fn add(&mut self, out: &Tensor, batch: &[Vec<i64>]) -> Result<(), InferError> {
+        check_output(out, batch.len(), self.sum.size()[1], &self.zoom.out)?;
+        let out = out.f_to_device(self.sum.device())?.f_to_kind(Kind::Float)?;
+        for (i, at) in batch.iter().enumerate() {
+            let window = out.f_narrow(0, i as i64, 1)?;
+            let _ = self
+                .target(&self.sum, at)?
+                .f_addcmul_(&window, &self.weight)?;
+        }
+        Ok(())
+    }
+
+    /// The blend `sum / count` `[K, *spatial']`, cropped of any padding as MONAI crops it
+    /// (`round(pad · scale)` to `round((pad + size) · scale)`, Python's rounding).
+    fn finish(mut self, grid: &WindowGrid) -> Result<Tensor, InferError> {
+        let _ = self.sum.f_div_(&self.count)?;
+        let mut out = self.sum.f_squeeze_dim(0)?;
+        if grid.pad.iter().all(|&(lo, hi)| lo == 0 && hi == 0) {
+            return Ok(out);
+        }
+        for (d, (&(lo, _), &n)) in grid.pad.iter().zip(&grid.image).enumerate() {
+            let scale = self.zoom.scale[d];
+            let len = out.size()[1 + d];
+            let from = ((lo as f64 * scale).round_ties_even() as i64).min(len);
+            let to = (((lo + n) as f64 * scale).round_ties_even() as i64).clamp(from, len);
+            out = out.f_narrow(1 + d as i64, from, to - from)?;
+        }
+        Ok(out)
+    }
+}
+
+/// The importance map `[1, 1, *roi]` at the outputs' size `out`, as `F.interpolate` with
+/// `nearest-exact` gives it (the map itself where the sizes agree).
+fn resample(map: &Tensor, out: &[i64]) -> Result<Tensor, InferError> {
+    let roi = &map.size()[2..];
+    if roi == out {
+        return Ok(map.shallow_clone());
+    }
+    Ok(match out.len() {
+        2 => map.f_internal_upsample_nearest_exact2d(out, None, None)?,
+        3 => map.f_internal_upsample_nearest_exact3d(out, None, None, None)?,
+        n => {
+            return Err(InferError::Input(format!(
+                "a sliding window takes 2 or 3 spatial dimensions, not {n}"
+            )));
+        }
+    })
 }
 
 /// The view of `t` `[n, c, *spatial]` of the window at `at` of size `roi`.
@@ -334,19 +507,17 @@ fn pad(input: &Tensor, grid: &WindowGrid, settings: &SlidingWindow) -> Result<Te
     })
 }
 
-/// An error unless `out` is `[n, K, *roi]`.
-fn check_output(out: &Tensor, n: usize, roi: &[i64]) -> Result<(), InferError> {
+/// An error unless `out` is `[n, K, *out_roi]`, as the first batch's outputs were.
+fn check_output(out: &Tensor, n: usize, channels: i64, out_roi: &[i64]) -> Result<(), InferError> {
     let size = out.size();
-    if size.len() == 2 + roi.len() && size[0] == n as i64 && size[2..] == *roi {
+    let mut want = vec![n as i64, channels];
+    want.extend(out_roi);
+    if size == want {
         return Ok(());
     }
     Err(InferError::Input(format!(
-        "the model gave {size:?} for {n} windows of {roi:?}; a sliding window needs outputs of \
-         the window's spatial size, [windows, channels, {}]",
-        roi.iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+        "the model gave {size:?} for {n} windows, where the first windows' outputs make \
+         {want:?} expected: a sliding window needs outputs of one size per window"
     )))
 }
 

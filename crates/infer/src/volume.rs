@@ -1,8 +1,10 @@
 //! `kiln infer --sliding-window`: a 2-D or 3-D input `[C, *spatial]` of any size (a `.npy` file,
 //! or a TIFF stack: multi-page or OME-TIFF) through a model by sliding windows
 //! ([`crate::sliding`]), written (`.npy` or TIFF) as the blended scores `[K, *spatial]` (f32) or a
-//! class map `[*spatial]` (the arg-max, in the smallest type that holds the classes). The settings are checked before the volume is read: the window
-//! against the input's shape, and one trial window through the model.
+//! class map `[*spatial]` (the arg-max, in the smallest type that holds the classes); a model
+//! whose outputs are another size than the window scales `spatial` as it scales the window. The
+//! settings are checked before the volume is read: the window against the input's shape, and
+//! one trial window through the model.
 
 use std::io::Read;
 use std::path::Path;
@@ -14,7 +16,7 @@ use serde::Serialize;
 use tch::{Device, Kind, Tensor};
 
 use crate::onnx::OnnxEngine;
-use crate::sliding::{SlidingWindow, WindowGrid, run};
+use crate::sliding::{SlidingWindow, WindowGrid, Zoom, run};
 use crate::{InferError, LoadedModel};
 
 /// A model the windows run through: a libtorch model (checkpoint, TorchScript, exported program)
@@ -121,10 +123,12 @@ pub fn infer_volume(
     let spatial: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
     crate::sliding::check_padding(&grid, settings)?;
-    let classes = trial_window(&mut *model, shape[0] as i64, &grid.roi)?;
-    let padded: i64 = grid.padded().iter().product();
+    let trial = trial_window(&mut *model, shape[0] as i64, &grid)?;
+    let padded: i64 = (0..grid.roi.len())
+        .map(|d| trial.zoom.at(d, grid.padded()[d]))
+        .product();
     // The running sum (K channels) and the summed weights, in f32.
-    let needed = (padded as u64) * (classes as u64 + 1) * 4;
+    let needed = (padded as u64) * (trial.channels as u64 + 1) * 4;
     let model_device = model.device();
     let output_device = place_output(output.device, model_device, needed, output.device_memory);
     let volume = read_volume(input, dtype, &shape)?;
@@ -235,14 +239,21 @@ fn volume_header(path: &Path) -> Result<(DType, Vec<usize>), InferError> {
     Ok((dtype, shape))
 }
 
-/// One window of zeros through the model: its output's channels, or an error naming the window
-/// size unless the model takes it and gives an output of its spatial size.
+/// What the trial window found: the outputs' channels and how they scale the window.
+struct Trial {
+    channels: i64,
+    zoom: Zoom,
+}
+
+/// One window of zeros through the model: its output's channels and zoom, or an error naming
+/// the window size unless the model takes it and every window's output lands evenly.
 fn trial_window(
     model: &mut dyn WindowModel,
     channels: i64,
-    roi: &[i64],
-) -> Result<i64, InferError> {
+    grid: &WindowGrid,
+) -> Result<Trial, InferError> {
     let _guard = tch::no_grad_guard();
+    let roi = &grid.roi;
     let mut shape = vec![1, channels];
     shape.extend_from_slice(roi);
     let zeros = Tensor::f_zeros(shape.as_slice(), (model.kind(), model.device()))?;
@@ -261,16 +272,11 @@ fn trial_window(
     let first_line = |e: InferError| e.to_string().lines().next().unwrap_or_default().to_owned();
     let out = model.forward(&zeros).map_err(|e| refused(first_line(e)))?;
     let size = out.size();
-    if size.len() == roi.len() + 2 && size[2..] == *roi {
-        return Ok(size[1]);
-    }
-    Err(refused(format!(
-        "its output is {size:?}, not [1, channels, {}] (the window's spatial size)",
-        roi.iter()
-            .map(i64::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    )))
+    let zoom = Zoom::new(grid, &size).map_err(|e| refused(e.to_string()))?;
+    Ok(Trial {
+        channels: size[1],
+        zoom,
+    })
 }
 
 /// The whole input as an f32 tensor `[C, *spatial]` on the CPU.

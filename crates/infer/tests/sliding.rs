@@ -1,7 +1,8 @@
 //! Sliding-window inference against references written here: a pointwise convolutional model's
 //! stitched output equals its direct forward over the whole input (any blending), and a model
 //! whose output differs per window is blended as a slow voxel-by-voxel reference computes it, for
-//! 2-D and 3-D inputs, odd sizes, inputs the size of one window and inputs smaller than it.
+//! 2-D and 3-D inputs, odd sizes, inputs the size of one window and inputs smaller than it;
+//! outputs of another size than the window.
 
 use kiln_config::{BlendMode, PadMode};
 use kiln_infer::InferError;
@@ -169,19 +170,81 @@ fn blending_matches_a_slow_reference_for_both_modes() {
     }
 }
 
+/// A pointwise model followed by `zoom` (2: nearest upsampling; 0.5: 2×2 average pooling): as
+/// MONAI scales outputs of another size than the window, the stitched output is the direct
+/// forward's, for inputs larger and smaller (padded, then cropped) than the window.
 #[test]
-fn an_output_not_of_the_window_size_is_a_named_error() {
+fn outputs_of_another_size_than_the_window_stitch_to_the_direct_forward() {
+    tch::manual_seed(3);
+    let w = Tensor::randn([3, 2, 1, 1], (Kind::Float, Device::Cpu));
+    let pointwise = |x: &Tensor| {
+        x.conv2d(&w, None::<Tensor>, [1, 1], [0, 0], [1, 1], 1)
+            .tanh()
+    };
+    let up = |x: &Tensor| {
+        let size = x.size();
+        pointwise(x).upsample_nearest2d([2 * size[2], 2 * size[3]], None, None)
+    };
+    let down = |x: &Tensor| pointwise(x).avg_pool2d([2, 2], [2, 2], [0, 0], false, true, None);
+    let models: [(&str, &dyn Fn(&Tensor) -> Tensor); 2] = [("up", &up), ("down", &down)];
+    // Window starts on even positions (overlap 0.5 of 8), so pooling is aligned everywhere.
+    for (spatial, roi) in [([12i64, 16], [8i64, 8]), ([4, 6], [8, 8])] {
+        let input = Tensor::randn([2, spatial[0], spatial[1]], (Kind::Float, Device::Cpu));
+        for (name, model) in models {
+            let direct = model(&input.unsqueeze(0)).squeeze_dim(0);
+            let s = SlidingWindow {
+                padding_mode: PadMode::Replicate,
+                ..settings(&roi, 0.5, BlendMode::Gaussian, 3)
+            };
+            let out = stitch(&input, &s, &mut |w| Ok(model(w)));
+            if spatial[0] < roi[0] && name == "down" {
+                // Pooling mixes the padding into the edge: only the shape can be compared. The
+                // padding (2, 2) and (1, 1) is cropped as MONAI crops it, rounding half to even:
+                // rows round(1) to round(3), columns round(0.5) = 0 to round(3.5) = 4.
+                assert_eq!(out.size(), [3, 2, 4], "{name} {spatial:?}");
+                continue;
+            }
+            assert!(max_diff(&out, &direct) < 1e-5, "{name} {spatial:?}");
+        }
+    }
+}
+
+#[test]
+fn outputs_that_do_not_land_evenly_or_change_size_are_named_errors() {
+    // A zoom of 0.7: the window starting at 80 would land on int(56.000…01) = 56 to
+    // int(62.999…) = 62, six voxels, not seven.
+    let input = Tensor::rand([1, 90, 10], (Kind::Float, Device::Cpu));
+    let s = settings(&[10], 0.2, BlendMode::Constant, 4);
+    let e = run(&input, &s, Device::Cpu, Device::Cpu, &mut |w| {
+        Ok(w.narrow(2, 0, 7).narrow(3, 0, 7))
+    })
+    .unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("starting at 80") && text.contains("infer.sliding_window.roi"),
+        "{e}"
+    );
     let input = Tensor::rand([1, 8, 8], (Kind::Float, Device::Cpu));
     let s = settings(&[4], 0.25, BlendMode::Constant, 2);
     let e = run(&input, &s, Device::Cpu, Device::Cpu, &mut |w| {
-        Ok(w.narrow(2, 0, 2))
+        Ok(w.sum_dim_intlist(2, false, Kind::Float))
     })
     .unwrap_err();
     assert!(
-        e.to_string()
-            .contains("outputs of the window's spatial size"),
+        e.to_string().contains("[windows, channels, *spatial]"),
         "{e}"
     );
+    let mut calls = 0;
+    let e = run(&input, &s, Device::Cpu, Device::Cpu, &mut |w| {
+        calls += 1;
+        Ok(if calls == 1 {
+            w.shallow_clone()
+        } else {
+            w.narrow(2, 0, 2)
+        })
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("one size per window"), "{e}");
     let e = run(
         &Tensor::rand([8], (Kind::Float, Device::Cpu)),
         &s,
