@@ -329,8 +329,30 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
             o.dev, o.threads
         ),
     );
+    let mut runs = vec![];
+    // `--filter` picks groups: the mlp rows, `sliding window`, `int8`.
+    if a.selects("mlp") {
+        runs.extend(mlp_rows(a, &mut o, &mut out)?);
+    }
+    let work = crate::run_cli::fresh_work_dir(a, "infer")?;
+    if a.selects("sliding window") {
+        runs.extend(super::sliding::sliding_rows(&o, &mut out, &work)?);
+    }
+    if a.selects("int8") {
+        runs.extend(super::int8::int8_rows(&o, &mut out, &work)?);
+    }
+    out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
+                         "timed_batches": o.batches, "auto_precision": auto, "runs": runs,
+                         "onnx": o.onnx.as_ref().map(|m| &m.details)});
+    out.write(&out_path)
+}
+
+/// The rows of the suite's own model (mlp 784-1024-1024-10): batches 64 and 1, ONNX Runtime
+/// beside them, and the batch-size sweep.
+fn mlp_rows(a: &SuiteArgs, o: &mut InferOpts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
+    let (device, threads) = (a.device(), a.threads_or(2).max(1));
     // The onnxruntime rows' model: exported once, before the batches.
-    match export_onnx(&out_path, "infer", device, threads, 64) {
+    match export_onnx(&a.out_or("infer"), "infer", device, threads, 64) {
         Ok(m) => {
             let (path, s) = (m.path.display(), m.export_s);
             eprintln!("infer: exported {path} in {s:.1} s ({})", m.check);
@@ -340,23 +362,18 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     }
     let mut runs = vec![];
     for batch in [64, 1] {
-        runs.extend(infer_batch(&o, &mut out, batch)?);
+        runs.extend(infer_batch(o, out, batch)?);
     }
     if !device.is_cuda() {
         let why = "needs a CUDA GPU; this machine has none";
         out.skip("CUDA-graph latency", why);
     }
-    if quick {
+    if o.quick {
         let why = "left out of --quick: compiling takes minutes";
         out.skip("torch.compile rows", why);
     }
-    runs.extend(infer_sweep(&o, &mut out, a.batch_sizes())?);
-    let work = crate::run_cli::fresh_work_dir(a, "infer")?;
-    runs.extend(super::sliding::sliding_rows(&o, &mut out, &work)?);
-    out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
-                         "timed_batches": o.batches, "auto_precision": auto, "runs": runs,
-                         "onnx": o.onnx.as_ref().map(|m| &m.details)});
-    out.write(&out_path)
+    runs.extend(infer_sweep(o, out, a.batch_sizes())?);
+    Ok(runs)
 }
 
 /// The rows at one batch size: kiln fp32 and kiln at its automatic precision `auto`, each

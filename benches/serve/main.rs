@@ -15,6 +15,9 @@
 //! largest |Δ| between the two engines' outputs beside it; without Python's export packages or
 //! the onnxruntime library those rows are skipped with the reason. `infer-probe` is the kiln side
 //! of one measurement, in its own process (`--engine onnxruntime --onnx FILE` for ONNX Runtime).
+//! Two more groups of rows use models of their own: [`sliding`] (a 3-D segmenter by sliding
+//! windows against MONAI) and [`int8`] (int8 ONNX files against fp32 ones on the trained MLP and
+//! transformer).
 //!
 //! `serve` (the default, [`dynamic`]): kiln's inference server with dynamic batching against the
 //! same server answering one request at a time (`infer.batch_size = 1`) under the same
@@ -26,6 +29,7 @@
 
 mod dynamic;
 mod infer;
+mod int8;
 mod peer;
 mod sliding;
 

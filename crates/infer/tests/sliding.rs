@@ -170,6 +170,8 @@ fn blending_matches_a_slow_reference_for_both_modes() {
     }
 }
 
+type Forward<'a> = dyn Fn(&Tensor) -> Tensor + 'a;
+
 /// A pointwise model followed by `zoom` (2: nearest upsampling; 0.5: 2×2 average pooling): as
 /// MONAI scales outputs of another size than the window, the stitched output is the direct
 /// forward's, for inputs larger and smaller (padded, then cropped) than the window.
@@ -186,7 +188,7 @@ fn outputs_of_another_size_than_the_window_stitch_to_the_direct_forward() {
         pointwise(x).upsample_nearest2d([2 * size[2], 2 * size[3]], None, None)
     };
     let down = |x: &Tensor| pointwise(x).avg_pool2d([2, 2], [2, 2], [0, 0], false, true, None);
-    let models: [(&str, &dyn Fn(&Tensor) -> Tensor); 2] = [("up", &up), ("down", &down)];
+    let models: [(&str, &Forward<'_>); 2] = [("up", &up), ("down", &down)];
     // Window starts on even positions (overlap 0.5 of 8), so pooling is aligned everywhere.
     for (spatial, roi) in [([12i64, 16], [8i64, 8]), ([4, 6], [8, 8])] {
         let input = Tensor::randn([2, spatial[0], spatial[1]], (Kind::Float, Device::Cpu));
