@@ -329,6 +329,7 @@ pub fn profile_json(p: &Profile) -> Value {
         "compute_capability": p.compute_capability.to_string(),
         "train_batch_size": p.train_batch_size,
         "infer_batch_size": p.infer_batch_size,
+        "sliding_window_batch_size": p.sliding_window_batch_size,
         "num_workers": p.num_workers,
         "memory_fraction": p.memory_fraction,
         "amp_dtype": p.amp_dtype.to_string(),

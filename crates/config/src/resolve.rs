@@ -92,6 +92,11 @@ fn profile_values(p: &kiln_profiles::Profile) -> Vec<(&'static str, &'static str
             p.infer_batch_size.into(),
         ),
         (
+            keys::sliding_window::batch_size,
+            "sliding_window_batch_size",
+            p.sliding_window_batch_size.into(),
+        ),
+        (
             keys::performance::memory_fraction,
             "memory_fraction",
             p.memory_fraction.into(),

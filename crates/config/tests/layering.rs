@@ -46,6 +46,9 @@ fn the_profile_fills_what_the_user_did_not_set() {
         let plan = &r.plan;
         assert_eq!(plan.train.batch_size, 256);
         assert_eq!(plan.infer.batch_size, 1024);
+        assert_eq!(plan.infer.sliding_window.batch_size, 16);
+        let src = plan.source_of("infer.sliding_window.batch_size").unwrap();
+        assert_eq!(src.layer, Layer::Profile);
         assert_eq!(plan.data.num_workers, 32);
         assert_eq!(plan.train.amp, AmpDtype::Bf16);
         assert_eq!(

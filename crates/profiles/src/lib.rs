@@ -16,7 +16,7 @@ mod set;
 
 pub use error::ProfileError;
 pub use matching::{ProfileMatch, tokenize};
-pub use profile::{Origin, Profile, ProfileDevice};
+pub use profile::{DEFAULT_SLIDING_WINDOW_BATCH, Origin, Profile, ProfileDevice};
 pub use resolve::{Adjustment, Basis, Resolved, resolve};
 pub use set::{ProfileSet, edit_distance};
 

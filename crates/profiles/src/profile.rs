@@ -63,6 +63,9 @@ struct RawProfile {
     compute_capability: String,
     train_batch_size: u32,
     infer_batch_size: u32,
+    /// Optional in a user's file: [`DEFAULT_SLIDING_WINDOW_BATCH`] where absent.
+    #[serde(default = "default_sliding_window_batch")]
+    sliding_window_batch_size: u32,
     num_workers: u32,
     memory_fraction: f64,
     amp_dtype: String,
@@ -72,6 +75,13 @@ struct RawProfile {
     cudnn_deterministic: bool,
     #[serde(default)]
     notes: String,
+}
+
+/// The windows a batch of `kiln infer --sliding-window` takes where a profile does not say.
+pub const DEFAULT_SLIDING_WINDOW_BATCH: u32 = 4;
+
+fn default_sliding_window_batch() -> u32 {
+    DEFAULT_SLIDING_WINDOW_BATCH
 }
 
 /// A validated profile (stage two: typed values).
@@ -88,6 +98,8 @@ pub struct Profile {
     pub compute_capability: ComputeCapability,
     pub train_batch_size: u32,
     pub infer_batch_size: u32,
+    /// Windows per batch of sliding-window inference (`infer.sliding_window.batch_size`).
+    pub sliding_window_batch_size: u32,
     pub num_workers: u32,
     /// Fraction of GPU memory the caching allocator may use, in (0, 1].
     pub memory_fraction: f64,
@@ -166,6 +178,7 @@ impl Profile {
         for (key, value) in [
             ("train_batch_size", raw.train_batch_size),
             ("infer_batch_size", raw.infer_batch_size),
+            ("sliding_window_batch_size", raw.sliding_window_batch_size),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be at least 1".to_owned()));
@@ -197,6 +210,7 @@ impl Profile {
             memory_gib: raw.memory_gib,
             train_batch_size: raw.train_batch_size,
             infer_batch_size: raw.infer_batch_size,
+            sliding_window_batch_size: raw.sliding_window_batch_size,
             num_workers: raw.num_workers,
             memory_fraction: raw.memory_fraction,
             tf32: raw.tf32,

@@ -243,6 +243,9 @@ fn derive(set: &ProfileSet, gpu: &GpuFacts) -> Result<Resolved, ProfileError> {
         compute_capability: cc,
         train_batch_size: round_batch(f64::from(nearest.train_batch_size) * scale),
         infer_batch_size: round_batch(f64::from(nearest.infer_batch_size) * scale),
+        sliding_window_batch_size: round_batch(
+            f64::from(nearest.sliding_window_batch_size) * scale,
+        ),
         num_workers: nearest.num_workers.min(8),
         memory_fraction: nearest.memory_fraction,
         amp_dtype: amp,

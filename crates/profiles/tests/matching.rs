@@ -3,7 +3,9 @@
 
 use kiln_core::settings::{AmpDtype, MatmulPrecision};
 use kiln_core::{ComputeCapability, CpuFacts, Device, GpuFacts, GpuSource, Selection};
-use kiln_profiles::{Basis, Origin, Profile, ProfileError, ProfileSet, resolve};
+use kiln_profiles::{
+    Basis, DEFAULT_SLIDING_WINDOW_BATCH, Origin, Profile, ProfileError, ProfileSet, resolve,
+};
 
 const GIB: u64 = 1 << 30;
 
@@ -136,6 +138,40 @@ fn seed_values_are_the_starting_point() {
         (16, 64, 4, 0.75)
     );
     assert!(matches!(&cpu.origin, Origin::BuiltIn(f) if f == "generic-cpu.toml"));
+}
+
+/// Windows per batch of sliding-window inference: by the device's memory, 4 on the CPU; a
+/// user's file written before the field existed still parses, with the default.
+#[test]
+fn sliding_window_batches_follow_the_device_and_default_to_four() {
+    let set = set();
+    let windows = |name: &str| set.get(name).unwrap().sliding_window_batch_size;
+    assert_eq!(
+        ["generic-cpu", "t4", "h100", "h200"].map(windows),
+        [4, 8, 16, 32]
+    );
+    let h100 = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../profiles/h100.toml"
+    ))
+    .unwrap();
+    let older = h100.replace("sliding_window_batch_size = 16", "");
+    assert_ne!(older, h100);
+    let parsed = Profile::parse(&older, Origin::User("old.toml".into())).unwrap();
+    assert_eq!(
+        parsed.sliding_window_batch_size,
+        DEFAULT_SLIDING_WINDOW_BATCH
+    );
+    let zero = h100.replace(
+        "sliding_window_batch_size = 16",
+        "sliding_window_batch_size = 0",
+    );
+    let err = Profile::parse(&zero, Origin::User("z.toml".into())).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("`sliding_window_batch_size` must be at least 1"),
+        "{err}"
+    );
 }
 
 #[test]
