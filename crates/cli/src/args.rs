@@ -107,6 +107,10 @@ pub enum Command {
         /// instead of the blended scores.
         #[arg(long, requires = "sliding_window")]
         class_map: bool,
+        /// With --sliding-window: write the softmax over the output's channels (a sigmoid where
+        /// there is one channel) of the blended outputs instead of the outputs themselves.
+        #[arg(long, requires = "sliding_window", conflicts_with = "class_map")]
+        probabilities: bool,
     },
     /// Write a trained kiln checkpoint (or run) or a TorchScript module as ONNX or TorchScript
     /// that takes any batch size, or an exported program's run as a program (.pt2) or ONNX,

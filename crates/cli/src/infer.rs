@@ -219,7 +219,7 @@ pub fn sliding(
     args: &ModelArgs,
     input: &Path,
     output: Option<&Path>,
-    class_map: bool,
+    values: kiln_infer::volume::VolumeValues,
     format: Format,
 ) -> anyhow::Result<ExitCode> {
     if let Some(output) = output {
@@ -262,7 +262,7 @@ pub fn sliding(
         path: output,
         device: plan.infer.sliding_window.output_device,
         device_memory,
-        class_map,
+        values,
     };
     let report = kiln_infer::volume::infer_volume(model.as_mut(), input, &settings, out)?;
     match format {

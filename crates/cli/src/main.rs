@@ -58,8 +58,16 @@ fn run(command: Command) -> anyhow::Result<ExitCode> {
             format,
             sliding_window,
             class_map,
+            probabilities,
         } => match sliding_window {
-            true => infer::sliding(&model, &inputs, output.as_deref(), class_map, format),
+            true => {
+                let values = match (class_map, probabilities) {
+                    (true, _) => kiln_infer::volume::VolumeValues::ClassMap,
+                    (_, true) => kiln_infer::volume::VolumeValues::Probabilities,
+                    _ => kiln_infer::volume::VolumeValues::Scores,
+                };
+                infer::sliding(&model, &inputs, output.as_deref(), values, format)
+            }
             false => infer::infer(&model, &inputs, output.as_deref(), no_compare, format),
         },
         Command::Export {

@@ -1,7 +1,7 @@
 //! `kiln infer --sliding-window`: against MONAI's `sliding_window_inference` (pinned with the
 //! bench peers) on the same TorchScript segmenters, inputs and settings, 2-D and 3-D, constant
 //! and Gaussian blending, padded inputs, outputs half and twice the window's size; the class
-//! map; and the settings refused before the input is read.
+//! map and the probabilities; and the settings refused before the input is read.
 
 mod common;
 
@@ -141,6 +141,33 @@ fn sliding_windows_give_monai_outputs_with_python_torch() {
                     "voxel {v}: {scores:?} → {c}"
                 );
             }
+            // The probabilities: the softmax over MONAI's scores' channels, voxel by voxel.
+            let probs = dir.join("probabilities.npy");
+            let o = sliding(&model, &input, &probs, &sets, &["--probabilities"]);
+            assert!(o.status.success(), "{}", stderr(&o));
+            let (dtype, p_shape, p) = read_npy(&probs);
+            assert_eq!((dtype, &p_shape), (DType::F32, &shape));
+            for v in 0..voxels {
+                let scores: Vec<f64> = (0..shape[0])
+                    .map(|k| f64::from(want[k * voxels + v]))
+                    .collect();
+                let total: f64 = scores.iter().map(|s| s.exp()).sum();
+                for (k, s) in scores.iter().enumerate() {
+                    let got = f64::from(p[k * voxels + v]);
+                    assert!(
+                        (got - s.exp() / total).abs() < 1e-5,
+                        "voxel {v} class {k}: {got}"
+                    );
+                }
+            }
+            let both = sliding(
+                &model,
+                &input,
+                &dir.join("both.npy"),
+                &sets,
+                &["--probabilities", "--class-map"],
+            );
+            assert!(!both.status.success() && stderr(&both).contains("cannot be used with"));
         }
     }
 }

@@ -1,7 +1,8 @@
 //! `kiln infer --sliding-window`: a 2-D or 3-D input `[C, *spatial]` of any size (a `.npy` file,
 //! or a TIFF stack: multi-page or OME-TIFF) through a model by sliding windows
-//! ([`crate::sliding`]), written (`.npy` or TIFF) as the blended scores `[K, *spatial]` (f32) or a
-//! class map `[*spatial]` (the arg-max, in the smallest type that holds the classes); a model
+//! ([`crate::sliding`]), written (`.npy` or TIFF) as the blended scores `[K, *spatial]` (f32), their
+//! probabilities (softmax over the channels, f32), or a class map `[*spatial]` (the arg-max, in
+//! the smallest type that holds the classes); a model
 //! whose outputs are another size than the window scales `spatial` as it scales the window. The
 //! settings are checked before the volume is read: the window against the input's shape, and
 //! one trial window through the model.
@@ -107,8 +108,20 @@ pub struct VolumeOutput<'a> {
     pub device: OutputDevice,
     /// The model's GPU memory in bytes, for `auto` to judge whether the output fits there.
     pub device_memory: Option<u64>,
-    /// The arg-max class map instead of the scores.
-    pub class_map: bool,
+    /// What is written: the scores, their probabilities, or the class map.
+    pub values: VolumeValues,
+}
+
+/// What a sliding-window run writes of the blended outputs `[K, *spatial]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeValues {
+    /// The blended outputs as the model gives them (logits, or whatever it computes), f32.
+    Scores,
+    /// Softmax over the channels of the blended outputs (a sigmoid where there is one
+    /// channel), f32: MONAI's `Activations` after the blend.
+    Probabilities,
+    /// The arg-max over the channels `[*spatial]`, in the smallest integer type that holds it.
+    ClassMap,
 }
 
 /// `input` (a `.npy` or TIFF `[C, *spatial]`) through `model` by sliding windows, stitched and
@@ -151,14 +164,16 @@ pub fn infer_volume(
         Ok(out)
     };
     let scores = run(&volume, settings, model_device, output_device, &mut predict)?;
-    let (out, out_dtype) = match output.class_map {
-        true => class_map_of(&scores)?,
-        false => (scores, DType::F32),
+    let class_map = output.values == VolumeValues::ClassMap;
+    let (out, out_dtype) = match output.values {
+        VolumeValues::ClassMap => class_map_of(&scores)?,
+        VolumeValues::Probabilities => (probabilities_of(&scores)?, DType::F32),
+        VolumeValues::Scores => (scores, DType::F32),
     };
     let seconds = started.elapsed().as_secs_f64();
     let out_shape: Vec<usize> = out.size().iter().map(|&d| d as usize).collect();
     if let Some(path) = output.path {
-        write(path, &out, out_dtype, &out_shape, output.class_map)?;
+        write(path, &out, out_dtype, &out_shape, class_map)?;
     }
     Ok(VolumeReport {
         model: description,
@@ -295,6 +310,14 @@ fn read_volume(path: &Path, dtype: DType, shape: &[usize]) -> Result<Tensor, Inf
     Ok(Tensor::f_from_slice(&array.to_f32())?.f_view(dims.as_slice())?)
 }
 
+/// The softmax over the channels of `scores` `[K, *spatial]`, or the sigmoid of a single one.
+fn probabilities_of(scores: &Tensor) -> Result<Tensor, InferError> {
+    Ok(match scores.size()[0] {
+        1 => scores.f_sigmoid()?,
+        _ => scores.f_softmax(0, Kind::Float)?,
+    })
+}
+
 /// The arg-max over the channels `[K, *spatial]` → `[*spatial]`, in u8 for up to 256 classes,
 /// else i16 or i32.
 fn class_map_of(scores: &Tensor) -> Result<(Tensor, DType), InferError> {
@@ -349,4 +372,28 @@ fn write(
     file.write_all(&header)
         .and_then(|_| file.write_all(&bytes))
         .map_err(|e| InferError::file(path, format!("cannot write: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probabilities_are_a_softmax_over_channels_or_a_single_channels_sigmoid() {
+        let scores = Tensor::from_slice(&[1.0f32, -2.0, 0.5, 3.0]).view([2, 2]);
+        let p = Vec::<f32>::try_from(probabilities_of(&scores).unwrap().view([-1])).unwrap();
+        let softmax = |a: f32, b: f32| a.exp() / (a.exp() + b.exp());
+        let want = [
+            softmax(1.0, 0.5),
+            softmax(-2.0, 3.0),
+            softmax(0.5, 1.0),
+            softmax(3.0, -2.0),
+        ];
+        for (got, want) in p.iter().zip(want) {
+            assert!((got - want).abs() < 1e-6, "{got} vs {want}");
+        }
+        let one = Tensor::from_slice(&[0.0f32, 2.0]).view([1, 2]);
+        let p = Vec::<f32>::try_from(probabilities_of(&one).unwrap().view([-1])).unwrap();
+        assert!((p[0] - 0.5).abs() < 1e-6 && (p[1] - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6);
+    }
 }
