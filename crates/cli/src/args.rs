@@ -173,7 +173,8 @@ pub enum Command {
     /// Check every CUDA path kiln has (doctor, backend flags, memory fraction and statistics,
     /// the pinned feeder, bf16/fp16 training, checkpoint and resume, the automatic batch size,
     /// out-of-memory retry, activation checkpointing, profiler traces, CUDA graphs, serving,
-    /// profile-model, the train and infer benchmarks) with small sizes, each step in its own
+    /// profile-model, compiled training, ONNX Runtime, sliding windows, NCCL, the train and
+    /// infer benchmarks) with small sizes, each step in its own
     /// process, and write report.json and report.md. Without a GPU it runs what it can on the
     /// CPU and lists the CUDA steps as not run.
     GpuCheck(crate::gpu_check::GpuCheckArgs),

@@ -9,6 +9,7 @@ mod feeder;
 mod report;
 mod runtime;
 mod serving;
+mod sliding;
 mod training;
 
 use std::io::Write;
@@ -76,6 +77,7 @@ const STEPS: &[Step] = &[
     step("profile-model", Needs::Any, 120, serving::profile_model),
     step("compiled-train", Needs::Any, 420, compiled::compiled_train),
     step("onnxruntime", Needs::Any, 60, serving::onnxruntime),
+    step("sliding-window", Needs::Any, 120, sliding::sliding_window),
     step("nccl", Needs::Cuda, 180, distributed::nccl),
     step("bench-train", Needs::Cuda, 240, benches::train),
     step("bench-infer", Needs::Cuda, 180, benches::infer),
