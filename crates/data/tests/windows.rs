@@ -545,6 +545,40 @@ fn bad_input_is_an_error_naming_what_is_at_fault() {
     );
     let zero = prepare_error(|_| {}, |s| s.horizon = 0);
     assert!(zero.contains("`horizon` = 0"), "{zero}");
+    // Longer than the whole table: padded windows of 2³² steps would need 192 GiB each.
+    let huge = prepare_error(
+        |_| {},
+        |s| {
+            s.encoder_length = 1 << 32;
+            s.min_encoder_length = Some(2);
+        },
+    );
+    assert!(
+        huge.contains("`encoder_length` = 4294967296") && huge.contains("at most the"),
+        "{huge}"
+    );
+}
+
+/// kiln-fuzz's windows-manifest target: a manifest whose encoder length (2³², with a minimum of
+/// 2 so that windows still fit) is longer than all its rows asked the allocator for 192 GiB.
+#[test]
+fn a_manifest_whose_encoder_outgrows_its_rows_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let _ = prepared(tmp.path(), TargetNormalizer::None);
+    let path = tmp.path().join("windows").join(kiln_data::WINDOWS_FILE);
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    m["encoder_length"] = serde_json::json!(4294967296u64);
+    m["min_encoder_length"] = serde_json::json!(2);
+    std::fs::write(&path, m.to_string()).unwrap();
+    let e = Windows::open(&tmp.path().join("windows"))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("encoder length (4294967296)") && e.contains("rows it holds"),
+        "{e}"
+    );
 }
 
 #[test]

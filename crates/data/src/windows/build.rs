@@ -270,6 +270,23 @@ fn write_series(
         categories,
         series,
     };
+    for (key, steps) in [
+        ("encoder_length", source.encoder_length),
+        ("horizon", source.horizon),
+    ] {
+        if steps > manifest.rows {
+            return Err(DataError::InvalidConfig {
+                key,
+                value: steps.to_string(),
+                expected: format!(
+                    "at most the {} rows of {}: no window looks further back or ahead than \
+                     the data",
+                    manifest.rows,
+                    source.table.display()
+                ),
+            });
+        }
+    }
     if manifest
         .series
         .iter()

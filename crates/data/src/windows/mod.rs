@@ -288,6 +288,15 @@ fn check_manifest(path: &Path, m: &WindowsManifest) -> Result<(), DataError> {
             m.columns.target.len()
         ));
     }
+    // A window's buffers are `encoder_length` and `horizon` steps long: neither may exceed
+    // the rows the dataset holds (a manifest claiming 2³² steps asked for 192 GiB a window).
+    if m.encoder_length > m.rows || m.horizon > m.rows {
+        return bad(format!(
+            "its encoder length ({}) and horizon ({}) must each be at most the {} rows it \
+             holds: no window looks further back or ahead than the data",
+            m.encoder_length, m.horizon, m.rows
+        ));
+    }
     if m.min_encoder_length
         .is_some_and(|n| n == 0 || n > m.encoder_length)
     {
