@@ -77,19 +77,15 @@ fn prepare(kiln: &Path, o: &InferOpts, kind: ModelKind, dir: &Path) -> Result<Fi
         &part(train_samples, train_samples + held).msg()?,
     )?;
     let runs = dir.join("runs");
-    let mut cmd = Command::new(kiln);
-    cmd.args(["train", "--model", &kind.to_string(), "--data"])
-        .arg(&train);
     let epochs = if o.quick { "1" } else { "3" };
-    for set in [
+    let sets = [
+        format!("model.name={kind}"),
         format!("train.epochs={epochs}"),
         "train.amp=fp32".to_owned(),
         format!("performance.intra_op_threads={}", o.threads),
         format!("run.output_dir={}", runs.display()),
-    ] {
-        cmd.args(["--set", &set]);
-    }
-    crate::run_cli::run(cmd)?;
+    ];
+    crate::run_cli::run(crate::run_cli::kiln_train("infer", &train, &sets)?)?;
     let (run, _) = crate::run_cli::read_summary(&runs)?;
     let (fp32, int8) = (dir.join("fp32.onnx"), dir.join("int8.onnx"));
     for (file, int8_args) in [(&fp32, None), (&int8, Some(&held_out))] {

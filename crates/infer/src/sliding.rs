@@ -217,7 +217,7 @@ pub fn run(
     // from the model's forward (measured: slower in all and outside the forward).
     let ahead = model_device.is_cuda();
     let source = Source {
-        padded: &padded,
+        padded,
         roi: &grid.roi,
         channels_last: settings.channels_last,
         device: model_device,
@@ -237,13 +237,36 @@ pub fn run(
     stitch.finish(&grid)
 }
 
-/// Where windows are cut from: the padded input `[1, C, *padded]`, the window's size, and how
-/// and where the model takes them.
+/// Where windows are cut from: the padded input `[1, C, *padded]` (a shallow copy, so that a
+/// gathering thread can own one), the window's size, and how and where the model takes them.
 struct Source<'a> {
-    padded: &'a Tensor,
+    padded: Tensor,
     roi: &'a [i64],
     channels_last: bool,
     device: Device,
+}
+
+impl Source<'_> {
+    /// The windows at `batch`'s starts, cut and stacked `[n, C, *roi]` on the model's device.
+    fn gather(&self, batch: &[Vec<i64>]) -> Result<Tensor, InferError> {
+        let parts: Vec<Tensor> = batch
+            .iter()
+            .map(|at| crop(&self.padded, at, self.roi))
+            .collect::<Result<_, _>>()?;
+        let windows = Tensor::f_cat(&parts, 0)?.f_to_device(self.device)?;
+        Ok(match self.channels_last {
+            true => kiln_torch_ext::layout::to_channels_last(&windows)?,
+            false => windows,
+        })
+    }
+
+    /// Another handle on the same input and settings.
+    fn share(&self) -> Self {
+        Source {
+            padded: self.padded.shallow_clone(),
+            ..*self
+        }
+    }
 }
 
 /// Each batch of `batches` gathered from `source` and given to `each` with its index, in
@@ -255,22 +278,16 @@ fn gather_batches(
     ahead: bool,
     mut each: impl FnMut(usize, Tensor) -> Result<(), InferError>,
 ) -> Result<(), InferError> {
-    let (roi, channels_last, device) = (source.roi, source.channels_last, source.device);
     if !ahead {
-        return (0..batches.len()).try_for_each(|k| {
-            each(
-                k,
-                gather(source.padded, batches[k], roi, channels_last, device)?,
-            )
-        });
+        return (0..batches.len()).try_for_each(|k| each(k, source.gather(batches[k])?));
     }
-    let padded = source.padded.shallow_clone();
+    let gatherer = source.share();
     let (send, receive) = crossbeam::channel::bounded::<Result<Tensor, InferError>>(1);
     std::thread::scope(|scope| {
         scope.spawn(move || {
             let _guard = tch::no_grad_guard();
             for batch in batches {
-                let gathered = gather(&padded, batch, roi, channels_last, device);
+                let gathered = gatherer.gather(batch);
                 let failed = gathered.is_err();
                 // The receiver is gone when the consumer stopped early: nothing more to do.
                 if send.send(gathered).is_err() || failed {
@@ -287,25 +304,6 @@ fn gather_batches(
         // Dropping the receiver lets a gatherer still waiting to send finish.
         drop(receive);
         result
-    })
-}
-
-/// The windows at `batch`'s starts, cut from `padded` and stacked `[n, C, *roi]` on `device`.
-fn gather(
-    padded: &Tensor,
-    batch: &[Vec<i64>],
-    roi: &[i64],
-    channels_last: bool,
-    device: Device,
-) -> Result<Tensor, InferError> {
-    let parts: Vec<Tensor> = batch
-        .iter()
-        .map(|at| crop(padded, at, roi))
-        .collect::<Result<_, _>>()?;
-    let windows = Tensor::f_cat(&parts, 0)?.f_to_device(device)?;
-    Ok(match channels_last {
-        true => kiln_torch_ext::layout::to_channels_last(&windows)?,
-        false => windows,
     })
 }
 
@@ -354,6 +352,15 @@ impl Zoom {
         (p as f64 * self.scale[d]) as i64
     }
 
+    /// A spatial extent (one size per dimension) in the output: each `int(size · scale)`.
+    pub fn scaled(&self, sizes: &[i64]) -> Vec<i64> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(d, &n)| self.at(d, n))
+            .collect()
+    }
+
     /// The error for a window that lands on `[a, b)`, not `out[d]` voxels.
     fn uneven(&self, grid: &WindowGrid, d: usize, s: i64, a: i64, b: i64) -> InferError {
         InferError::Input(format!(
@@ -388,11 +395,8 @@ impl Stitch {
         let zoom = Zoom::new(grid, &size)?;
         let map = importance_map(&grid.roi, settings.mode, settings.sigma_scale, device)?;
         let weight = resample(&map, &zoom.out)?;
-        let padded: Vec<i64> = (0..grid.roi.len())
-            .map(|d| zoom.at(d, grid.padded()[d]))
-            .collect();
         let mut shape = vec![1, size[1]];
-        shape.extend(&padded);
+        shape.extend(zoom.scaled(&grid.padded()));
         let sum = Tensor::f_zeros(shape.as_slice(), (Kind::Float, device))?;
         shape[1] = 1;
         let count = Tensor::f_zeros(shape.as_slice(), (Kind::Float, device))?;
@@ -410,8 +414,7 @@ impl Stitch {
 
     /// The view of `buffer` where the window at `at` lands.
     fn target(&self, buffer: &Tensor, at: &[i64]) -> Result<Tensor, InferError> {
-        let starts: Vec<i64> = (0..at.len()).map(|d| self.zoom.at(d, at[d])).collect();
-        crop(buffer, &starts, &self.zoom.out)
+        crop(buffer, &self.zoom.scaled(at), &self.zoom.out)
     }
 
     /// A batch's outputs `[n, K, *out]`, weighted, added in place where their windows land.
@@ -550,7 +553,7 @@ mod tests {
         let windows: Vec<Vec<i64>> = (0..grid.len()).map(|k| grid.window(k)).collect();
         let batches: Vec<&[Vec<i64>]> = windows.chunks(3).collect();
         let source = Source {
-            padded: &padded,
+            padded,
             roi: &grid.roi,
             channels_last: false,
             device: Device::Cpu,

@@ -137,9 +137,7 @@ pub fn infer_volume(
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
     crate::sliding::check_padding(&grid, settings)?;
     let trial = trial_window(&mut *model, shape[0] as i64, &grid)?;
-    let padded: i64 = (0..grid.roi.len())
-        .map(|d| trial.zoom.at(d, grid.padded()[d]))
-        .product();
+    let padded: i64 = trial.zoom.scaled(&grid.padded()).iter().product();
     // The running sum (K channels) and the summed weights, in f32.
     let needed = (padded as u64) * (trial.channels as u64 + 1) * 4;
     let model_device = model.device();
