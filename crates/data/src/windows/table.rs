@@ -148,9 +148,10 @@ fn read_parquet(
     Ok(())
 }
 
-/// Runs a call into the `parquet` crate, which panics on some damaged files (an index out of
-/// bounds in its RLE decoder, an `unwrap` in its metadata reader: found by kiln's fuzz
-/// harness): the panic becomes an error naming it, so a damaged table is an error, not a crash.
+/// Runs a call into the `parquet` crate, which has panicked on damaged files (an index out of
+/// bounds in its RLE decoder, an `unwrap` in its metadata reader: found by kiln's fuzz harness
+/// in version 57): a panic becomes an error naming it, so a damaged table is an error, not a
+/// crash.
 fn guarded<T>(call: impl FnOnce() -> Result<T, ParquetError>) -> Result<T, String> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
         Ok(result) => result.map_err(|e| e.to_string()),
