@@ -109,6 +109,20 @@ fn a_parquet_footer_claiming_a_huge_schema_is_an_error_not_an_allocation() {
 }
 
 #[test]
+fn a_parquet_page_claiming_gigabytes_is_an_error_not_an_allocation() {
+    // kiln-fuzz's parquet target: a page header claiming gigabytes uncompressed in a column
+    // chunk of 377 bytes. The parquet crate (60) reserves and fills what a page claims before
+    // checking it (apache/arrow-rs#10734): 2 GB resident for this 1 KB file. kiln reads the
+    // page headers first and refuses a page claiming more than its chunk holds.
+    let e = prepare_parquet("parquet-page-size.parquet");
+    assert!(
+        e.contains("long.parquet: cannot read it as Parquet: row group 0, column 3: the page")
+            && e.contains("its column chunk holds 377 in all"),
+        "{e}"
+    );
+}
+
+#[test]
 fn shard_counts_whose_sum_overflows_are_an_error() {
     // kiln-fuzz's dataset-manifest target: two shards claiming 2⁶⁴ − 1 and 1 samples
     // overflowed the sum of the shards' samples (a panic in debug builds, a wrapped count in

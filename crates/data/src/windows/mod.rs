@@ -14,6 +14,7 @@
 //! differs, the README's "Time-series windows" says.
 
 mod build;
+mod pages;
 mod read;
 mod table;
 

@@ -116,9 +116,14 @@ fn read_parquet(
     mut row: impl FnMut(u64, &[Cell]) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
     let bad = |e: String| DataError::file(path, format!("cannot read it as Parquet: {e}"));
-    let file = std::fs::File::open(path)
-        .map_err(|e| DataError::file(path, format!("cannot read: {e}")))?;
+    let unreadable = |e: std::io::Error| DataError::file(path, format!("cannot read: {e}"));
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let (pages, len) = (
+        file.try_clone().map_err(unreadable)?,
+        file.metadata().map_err(unreadable)?.len(),
+    );
     let reader = guarded(|| SerializedFileReader::new(file)).map_err(bad)?;
+    super::pages::check_pages(&pages, len, reader.metadata()).map_err(bad)?;
     let headers: Vec<String> = reader
         .metadata()
         .file_metadata()
