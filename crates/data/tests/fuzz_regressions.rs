@@ -123,6 +123,18 @@ fn a_parquet_page_claiming_gigabytes_is_an_error_not_an_allocation() {
 }
 
 #[test]
+fn a_parquet_schema_element_claiming_millions_of_children_is_an_error_not_an_allocation() {
+    // kiln-fuzz's parquet target: a schema element claiming 270 million children (in a
+    // varint of 15 bytes, which the parquet crate reads) made the parquet crate (60) reserve
+    // room for them (2 GB) before reading any. kiln walks the footer first.
+    let e = prepare_parquet("parquet-schema-children.parquet");
+    assert!(
+        e.contains("long.parquet: cannot read it as Parquet: the file's metadata: a varint of"),
+        "{e}"
+    );
+}
+
+#[test]
 fn shard_counts_whose_sum_overflows_are_an_error() {
     // kiln-fuzz's dataset-manifest target: two shards claiming 2⁶⁴ − 1 and 1 samples
     // overflowed the sum of the shards' samples (a panic in debug builds, a wrapped count in

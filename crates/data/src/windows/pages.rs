@@ -1,11 +1,14 @@
-//! A check of a Parquet file's page headers before the `parquet` crate decodes any page: the
-//! crate reserves, and its decompressors fill, as many bytes as a page header claims before it
+//! Checks of a Parquet file's footer and page headers before the `parquet` crate decodes
+//! them: the crate reserves room for what a schema element or a page header claims before it
 //! checks the claim (apache/arrow-rs#10734), so a damaged file of a few bytes could take 2 GB.
 //!
-//! Every column chunk must lie inside the file and claim no more than [`MAX_RATIO`] times its
-//! compressed bytes uncompressed; every page header in it is read (Thrift's compact protocol,
-//! skipping what is not a size) and its page must fit in what is left of the chunk and claim no
-//! more uncompressed bytes than the chunk's total, which the format makes the sum of its pages'.
+//! The footer (`FileMetaData`, Thrift's compact protocol) is walked first: every collection no
+//! longer than the bytes left, every schema element's `num_children` no more than the schema's
+//! elements. Then every column chunk must lie inside the file and claim no more than
+//! [`MAX_RATIO`] times its compressed bytes uncompressed; every page header in it is read
+//! (skipping what is not a size) and its page must fit in what is left of the chunk and claim
+//! no more uncompressed bytes than the chunk's total, which the format makes the sum of its
+//! pages'.
 
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
@@ -15,8 +18,31 @@ use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 /// constant column is about this; snappy's and lz4's are far lower), with a floor of 1 MiB.
 pub(crate) const MAX_RATIO: u64 = 1024;
 const FLOOR: u64 = 1 << 20;
-/// Nesting deeper than this in a page header is damage, not a header.
+/// Nesting deeper than this in a page header or a footer is damage.
 const MAX_DEPTH: usize = 32;
+
+/// The file's footer (`FileMetaData`) walked before the `parquet` crate decodes it, which
+/// reserves room for as many children as a schema element claims before reading them: every
+/// collection no longer than the bytes left, every schema element's `num_children` no more
+/// than the schema's elements. A footer too damaged to find is left to the crate's own error.
+pub(crate) fn check_footer(file: &std::fs::File, file_len: u64) -> Result<(), String> {
+    let mut reader = BufReader::new(file);
+    let mut tail = [0u8; 8];
+    let read_tail = file_len >= 12
+        && reader.seek(SeekFrom::Start(file_len - 8)).is_ok()
+        && reader.read_exact(&mut tail).is_ok();
+    let footer_len = u64::from(u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]));
+    if !read_tail || &tail[4..] != b"PAR1" || footer_len + 8 > file_len {
+        return Ok(());
+    }
+    reader
+        .seek(SeekFrom::Start(file_len - 8 - footer_len))
+        .map_err(|e| e.to_string())?;
+    let mut footer = Compact::new(reader.take(footer_len), footer_len);
+    footer
+        .file_metadata()
+        .map_err(|e| format!("the file's metadata: {e}"))
+}
 
 /// An error naming what is implausible, for [`read_parquet`](super::table)'s message.
 pub(crate) fn check_pages(
@@ -67,8 +93,10 @@ fn check_chunk<R: Read + Seek>(
         reader
             .seek(SeekFrom::Start(at))
             .map_err(|e| e.to_string())?;
-        let mut header = Header::new(reader.by_ref().take(end - at));
-        let (uncompressed, compressed) = header.page_sizes()?;
+        let mut header = Compact::new(reader.by_ref().take(end - at), end - at);
+        let (uncompressed, compressed) = header
+            .page_sizes()
+            .map_err(|e| format!("the page header at byte {at}: {e}"))?;
         let body = at + header.read;
         let next = u64::try_from(compressed)
             .ok()
@@ -91,15 +119,20 @@ fn check_chunk<R: Read + Seek>(
     Ok(())
 }
 
-/// A page header being read: its bytes, counted.
-struct Header<R> {
+/// A reader of Thrift's compact protocol over `limit` bytes, counting what it read.
+struct Compact<R> {
     input: R,
+    limit: u64,
     read: u64,
 }
 
-impl<R: Read> Header<R> {
-    fn new(input: R) -> Self {
-        Self { input, read: 0 }
+impl<R: Read> Compact<R> {
+    fn new(input: R, limit: u64) -> Self {
+        Self {
+            input,
+            limit,
+            read: 0,
+        }
     }
 
     /// Fields 2 and 3 of the `PageHeader` struct (`uncompressed_page_size`,
@@ -116,8 +149,46 @@ impl<R: Read> Header<R> {
         }
         match (uncompressed, compressed) {
             (Some(u), Some(c)) => Ok((u, c)),
-            _ => Err("a page header without its sizes".to_owned()),
+            _ => Err("no page sizes in it".to_owned()),
         }
+    }
+
+    /// `FileMetaData`, field 2 (`schema`, a list of `SchemaElement`) checked, the rest skipped.
+    fn file_metadata(&mut self) -> Result<(), String> {
+        let mut id = 0i64;
+        while let Some((field, kind)) = self.field_header(&mut id)? {
+            match (field, kind) {
+                (2, LIST) => self.schema()?,
+                _ => self.skip(kind, 0)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The schema's elements, each one's field 5 (`num_children`) at most their count.
+    fn schema(&mut self) -> Result<(), String> {
+        let (count, kind) = self.list_header()?;
+        if kind != STRUCT {
+            return Err(format!("a schema of elements of type {kind}"));
+        }
+        for k in 0..count {
+            let mut id = 0i64;
+            while let Some((field, kind)) = self.field_header(&mut id)? {
+                match (field, kind) {
+                    (5, I32) => {
+                        let n = self.zigzag()?;
+                        if !(0..=count as i64).contains(&n) {
+                            return Err(format!(
+                                "schema element {k} claims {n} children; the schema has {count} \
+                                 elements"
+                            ));
+                        }
+                    }
+                    _ => self.skip(kind, 1)?,
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The next field's id and type, `None` at the struct's end.
@@ -137,7 +208,7 @@ impl<R: Read> Header<R> {
     /// Skips a value of compact type `kind`.
     fn skip(&mut self, kind: u8, depth: usize) -> Result<(), String> {
         if depth > MAX_DEPTH {
-            return Err("a page header nested too deep".to_owned());
+            return Err("values nested too deep".to_owned());
         }
         match kind {
             TRUE | FALSE => Ok(()),
@@ -152,23 +223,31 @@ impl<R: Read> Header<R> {
             MAP => self.skip_map(depth),
             STRUCT => self.skip_struct(depth),
             UUID => self.bytes(16),
-            other => Err(format!(
-                "a page header with a field of unknown type {other}"
-            )),
+            other => Err(format!("a value of unknown type {other}")),
         }
     }
 
-    fn skip_list(&mut self, depth: usize) -> Result<(), String> {
+    /// A list's or set's element count and type, the count no more than the bytes left (each
+    /// element takes one at least: a bool inside a list takes a byte of its own).
+    fn list_header(&mut self) -> Result<(u64, u8), String> {
         let byte = self.byte()?;
         let count = match byte >> 4 {
             15 => self.varint()?,
             n => u64::from(n),
         };
-        // A bool inside a list takes a byte of its own.
         let kind = match byte & 0x0f {
             TRUE | FALSE => I8,
             k => k,
         };
+        let left = self.limit.saturating_sub(self.read);
+        if count > left {
+            return Err(format!("a list of {count} elements in {left} bytes"));
+        }
+        Ok((count, kind))
+    }
+
+    fn skip_list(&mut self, depth: usize) -> Result<(), String> {
+        let (count, kind) = self.list_header()?;
         (0..count).try_for_each(|_| self.skip(kind, depth + 1))
     }
 
@@ -176,6 +255,9 @@ impl<R: Read> Header<R> {
         let count = self.varint()?;
         if count == 0 {
             return Ok(());
+        }
+        if count > self.limit.saturating_sub(self.read) {
+            return Err(format!("a map of {count} entries past the bytes left"));
         }
         let kinds = self.byte()?;
         let bool_as_byte = |k: u8| if k == TRUE || k == FALSE { I8 } else { k };
@@ -198,19 +280,19 @@ impl<R: Read> Header<R> {
         let mut b = [0u8];
         self.input
             .read_exact(&mut b)
-            .map_err(|_| "a page header cut short by its column chunk's end".to_owned())?;
+            .map_err(|_| "cut short (the bytes end inside a value)".to_owned())?;
         self.read += 1;
         Ok(b[0])
     }
 
-    /// `n` bytes passed over; an error where the chunk ends first (so a length claimed in a
-    /// header costs no memory).
+    /// `n` bytes passed over; an error where the bytes end first (so a length claimed costs
+    /// no memory).
     fn bytes(&mut self, n: u64) -> Result<(), String> {
         let passed = std::io::copy(&mut self.input.by_ref().take(n), &mut std::io::sink())
             .map_err(|e| e.to_string())?;
         self.read += passed;
         if passed < n {
-            return Err("a page header cut short by its column chunk's end".to_owned());
+            return Err("cut short (the bytes end inside a value)".to_owned());
         }
         Ok(())
     }
@@ -225,7 +307,7 @@ impl<R: Read> Header<R> {
                 return Ok(value);
             }
         }
-        Err("a page header with a varint of more than 10 bytes".to_owned())
+        Err("a varint of more than 10 bytes".to_owned())
     }
 
     /// A zigzag-encoded signed varint.
@@ -254,22 +336,25 @@ const UUID: u8 = 13;
 mod tests {
     use super::*;
 
+    /// `v` as the compact protocol writes a signed integer.
+    fn zigzag(v: i64) -> Vec<u8> {
+        let mut n = ((v << 1) ^ (v >> 63)) as u64;
+        let mut out = vec![];
+        loop {
+            let b = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(b);
+                return out;
+            }
+            out.push(b | 0x80);
+        }
+    }
+
     /// A compact-protocol page header: type DATA_PAGE, the two sizes, a data page header
     /// struct with a list of bools and a binary, and the end.
     fn header(uncompressed: i64, compressed: i64) -> Vec<u8> {
-        let zz = |v: i64| {
-            let mut n = ((v << 1) ^ (v >> 63)) as u64;
-            let mut out = vec![];
-            loop {
-                let b = (n & 0x7f) as u8;
-                n >>= 7;
-                if n == 0 {
-                    out.push(b);
-                    return out;
-                }
-                out.push(b | 0x80);
-            }
-        };
+        let zz = zigzag;
         let mut h = vec![0x15];
         h.extend(zz(0));
         h.push(0x15);
@@ -285,7 +370,7 @@ mod tests {
     #[test]
     fn the_sizes_are_read_past_fields_of_every_kind() {
         let bytes = header(1000, 40);
-        let mut h = Header::new(bytes.as_slice());
+        let mut h = Compact::new(bytes.as_slice(), bytes.len() as u64);
         assert_eq!(h.page_sizes().unwrap(), (1000, 40));
         assert_eq!(h.read, bytes.len() as u64);
     }
@@ -294,15 +379,51 @@ mod tests {
     fn a_header_cut_short_or_without_sizes_is_an_error() {
         let bytes = header(1000, 40);
         let cut = &bytes[..bytes.len() - 3];
-        assert!(
-            Header::new(cut)
-                .page_sizes()
-                .unwrap_err()
-                .contains("cut short")
-        );
+        let e = Compact::new(cut, cut.len() as u64)
+            .page_sizes()
+            .unwrap_err();
+        assert!(e.contains("cut short"), "{e}");
         let no_sizes = [0x15, 0x00, 0x00];
-        let e = Header::new(no_sizes.as_slice()).page_sizes().unwrap_err();
-        assert!(e.contains("without its sizes"), "{e}");
+        let e = Compact::new(no_sizes.as_slice(), 3)
+            .page_sizes()
+            .unwrap_err();
+        assert!(e.contains("no page sizes"), "{e}");
+    }
+
+    /// A footer: `FileMetaData` with a version (field 1) and a schema (field 2) of a root
+    /// claiming `children` children and one leaf.
+    fn footer(children: i64) -> Vec<u8> {
+        let mut m = vec![0x15, 0x02, 0x19, 0x2c];
+        // The root: name (field 4, binary "r"), num_children (field 5).
+        m.extend([0x48, 1, b'r', 0x15]);
+        m.extend(zigzag(children));
+        m.push(0x00);
+        // The leaf: type (field 1, i32 INT64 = 2), name (field 4).
+        m.extend([0x15, 0x04, 0x38, 1, b'y', 0x00]);
+        m.push(0x00);
+        m
+    }
+
+    #[test]
+    fn a_schema_element_claiming_more_children_than_the_schema_has_is_an_error() {
+        let good = footer(1);
+        let mut c = Compact::new(good.as_slice(), good.len() as u64);
+        c.file_metadata().unwrap();
+        assert_eq!(c.read, good.len() as u64);
+        let bad = footer(270_000_000);
+        let e = Compact::new(bad.as_slice(), bad.len() as u64)
+            .file_metadata()
+            .unwrap_err();
+        assert!(
+            e.contains("claims 270000000 children; the schema has 2"),
+            "{e}"
+        );
+        // A list claiming more elements than there are bytes left.
+        let long = [0x19, 0xfc, 0xff, 0xff, 0xff, 0x07, 0x00];
+        let e = Compact::new(long.as_slice(), 7)
+            .file_metadata()
+            .unwrap_err();
+        assert!(e.contains("elements in 1 bytes"), "{e}");
     }
 
     #[test]
@@ -310,7 +431,7 @@ mod tests {
         // A binary field claiming 2⁶³ bytes in a 20-byte header: an error, read by what is there.
         let mut bytes = vec![0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f];
         bytes.extend([0u8; 10]);
-        let e = Header::new(bytes.as_slice()).page_sizes().unwrap_err();
+        let e = Compact::new(bytes.as_slice(), 20).page_sizes().unwrap_err();
         assert!(e.contains("cut short"), "{e}");
     }
 }

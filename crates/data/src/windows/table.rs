@@ -122,6 +122,7 @@ fn read_parquet(
         file.try_clone().map_err(unreadable)?,
         file.metadata().map_err(unreadable)?.len(),
     );
+    super::pages::check_footer(&pages, len).map_err(bad)?;
     let reader = guarded(|| SerializedFileReader::new(file)).map_err(bad)?;
     super::pages::check_pages(&pages, len, reader.metadata()).map_err(bad)?;
     let headers: Vec<String> = reader
