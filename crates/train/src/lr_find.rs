@@ -64,7 +64,30 @@ impl Default for RangeTest {
     }
 }
 
+/// The most of a run's optimizer steps the range test of `train.lr = "auto"` may take, in
+/// percent: the test's steps cost about what the run's do.
+pub const MAX_SHARE_PERCENT: u64 = 10;
+/// The shortest sweep worth running: 30 steps, 19 of them judged (the first 10 and the last
+/// are left out).
+pub const MIN_STEPS: usize = 30;
+
 impl RangeTest {
+    /// The test for a run of `planned` optimizer steps: Lightning's 100 steps, or fewer where
+    /// 100 would be more than [`MAX_SHARE_PERCENT`] of the run, the smoothing scaled with the
+    /// sweep (`beta = 1 - 2/steps`, Lightning's 0.98 at 100); `None` where even [`MIN_STEPS`]
+    /// would be more.
+    pub fn for_run(planned: u64) -> Option<Self> {
+        let full = Self::default();
+        let allowed =
+            usize::try_from(planned.saturating_mul(MAX_SHARE_PERCENT) / 100).unwrap_or(usize::MAX);
+        let steps = full.steps.min(allowed);
+        (steps >= MIN_STEPS).then(|| Self {
+            steps,
+            beta: full.beta.min(1.0 - 2.0 / steps as f64),
+            ..full
+        })
+    }
+
     /// The rate of step `i`.
     pub fn lr_at(&self, i: usize) -> f64 {
         let last = self.steps.saturating_sub(1).max(1) as f64;
@@ -332,6 +355,16 @@ pub fn cache_key(
     )
 }
 
+/// The optimizer steps a run of `plan` over `samples` training samples will take, as the
+/// trainer's schedule counts them: full batches per epoch (the last partial one is dropped),
+/// by `grad_accum_steps`, times the epochs, capped by `train.max_steps`.
+pub fn planned_steps(plan: &RunPlan, samples: usize) -> u64 {
+    let t = &plan.train;
+    let batches = samples as u64 / t.batch_size.max(1);
+    let steps = batches.div_ceil(t.grad_accum_steps.max(1)) * t.epochs;
+    t.max_steps.map_or(steps, |m| m.min(steps))
+}
+
 /// The cache key for `plan` on `device` (the hardware read from it).
 pub fn key_for<D: Dataset>(
     plan: &RunPlan,
@@ -369,9 +402,15 @@ pub fn resolve_auto<D: Dataset>(
     device: tch::Device,
     cache: Option<&Path>,
 ) -> Result<LrFound, TrainError> {
-    let key = key_for(plan, recipe, input, data.as_ref(), device)?;
+    let planned = planned_steps(plan, data.len());
+    let test = RangeTest::for_run(planned);
+    let keys = run_keys(
+        key_for(plan, recipe, input, data.as_ref(), device)?,
+        test.as_ref(),
+    );
     let mut store = cache.map(open_lr_cache);
-    if let Some((hit, c)) = store.as_ref().and_then(|c| c.get(&key).map(|h| (h, c))) {
+    let hit = store.as_ref().and_then(|c| lookup(c, &keys));
+    if let (Some(hit), Some(c)) = (hit, store.as_ref()) {
         return Ok(LrFound {
             lr: hit.lr,
             note: format!(
@@ -382,22 +421,48 @@ pub fn resolve_auto<D: Dataset>(
             curve: None,
         });
     }
-    measure(plan, recipe, input, data, device, store.as_mut(), &key)
+    let Some(test) = test else {
+        return Ok(LrFound {
+            lr: plan.train.lr,
+            note: format!(
+                "auto: the run's {planned} optimizer steps are too few for a range test (one of \
+                 {MIN_STEPS} steps would be more than {MAX_SHARE_PERCENT}% of them); keeping {} \
+                 (`kiln lr-find` runs a full test, and runs then take its answer)",
+                plan.train.lr
+            ),
+            curve: None,
+        });
+    };
+    let key = keys.last().map_or("", String::as_str);
+    let store = store.as_mut().map(|c| (c, key));
+    measure(plan, (recipe, input, data), device, &test, store)
 }
 
-/// Runs the range test for `plan` whatever the cache holds, and records its answer in
-/// `cache` (under `key`, [`cache_key`]'s) where one is given (`kiln lr-find`).
+/// The keys a run looks its rate up under, given the full test's key and the test the run
+/// would take: the full test's first (`kiln lr-find`'s answer is the better one), then, for a
+/// shorter sweep, the key it stores its own answer under.
+pub fn run_keys(full: String, test: Option<&RangeTest>) -> Vec<String> {
+    let short = test
+        .filter(|t| t.steps != RangeTest::default().steps)
+        .map(|t| format!("{full} | sweep {} steps", t.steps));
+    std::iter::once(full).chain(short).collect()
+}
+
+/// The first answer `cache` holds under `keys`.
+pub fn lookup<'a>(cache: &'a LrCache, keys: &[String]) -> Option<&'a CachedLr> {
+    keys.iter().find_map(|k| cache.get(k))
+}
+
+/// Runs `test` for `plan` whatever the cache holds, and records its answer in the cache under
+/// the key (from [`key_for`]) where one is given (`kiln lr-find`).
 pub fn measure<D: Dataset>(
     plan: &RunPlan,
-    recipe: &ModelRecipe<'_>,
-    input: &InputSpec,
-    data: Arc<D>,
+    (recipe, input, data): (&ModelRecipe<'_>, &InputSpec, Arc<D>),
     device: tch::Device,
-    cache: Option<&mut LrCache>,
-    key: &str,
+    test: &RangeTest,
+    store: Option<(&mut LrCache, &str)>,
 ) -> Result<LrFound, TrainError> {
-    let test = RangeTest::default();
-    let curve = run_range_test(plan, recipe, input, data, device, &test)?;
+    let curve = run_range_test(plan, recipe, input, data, device, test)?;
     let steps = curve.lrs.len();
     let Some(lr) = curve.suggested_lr() else {
         return Ok(LrFound {
@@ -425,7 +490,7 @@ pub fn measure<D: Dataset>(
             ""
         }
     );
-    if let Some(c) = cache {
+    if let Some((c, key)) = store {
         let measured_at = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -556,6 +621,33 @@ fn draw(rgb: &mut [u8], curve: &LrCurve) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_takes_a_full_test_a_shorter_one_or_none_by_its_length() {
+        let full = RangeTest::default();
+        assert_eq!(RangeTest::for_run(5_000), Some(full));
+        assert_eq!(RangeTest::for_run(1_000), Some(full));
+        let short = RangeTest::for_run(460).unwrap();
+        assert_eq!(short.steps, 46);
+        assert!((short.beta - (1.0 - 2.0 / 46.0)).abs() < 1e-12);
+        assert_eq!((short.min_lr, short.max_lr), (full.min_lr, full.max_lr));
+        assert_eq!(RangeTest::for_run(300).map(|t| t.steps), Some(MIN_STEPS));
+        assert_eq!(RangeTest::for_run(299), None);
+        assert_eq!(RangeTest::for_run(0), None);
+    }
+
+    #[test]
+    fn a_shorter_sweep_is_cached_under_a_key_of_its_own_after_the_full_one() {
+        let full = "mlp | batch 8".to_owned();
+        let short = RangeTest::for_run(460);
+        assert_eq!(
+            run_keys(full.clone(), short.as_ref()),
+            [full.clone(), format!("{full} | sweep 46 steps")]
+        );
+        let alone = vec![full.clone()];
+        assert_eq!(run_keys(full.clone(), Some(&RangeTest::default())), alone);
+        assert_eq!(run_keys(full, None), alone);
+    }
 
     #[test]
     fn the_schedule_runs_from_min_to_max_exponentially() {

@@ -586,12 +586,10 @@ pub fn find_lr(
         let mut cache = cache_dir.map(crate::lr_find::open_lr_cache);
         let found = crate::lr_find::measure(
             &plan,
-            recipe,
-            &input,
-            Arc::clone(&data.train),
+            (recipe, &input, Arc::clone(&data.train)),
             tch_device,
-            cache.as_mut(),
-            &key,
+            &crate::lr_find::RangeTest::default(),
+            cache.as_mut().map(|c| (c, key.as_str())),
         )?;
         if let Some(curve) = &found.curve {
             std::fs::create_dir_all(out).map_err(|e| TrainError::File {
@@ -632,10 +630,12 @@ pub fn cached_lr(
             };
             plan.train.batch_size = answer.batch_size;
         }
-        let key = crate::lr_find::key_for(&plan, recipe, &input, data.train.as_ref(), tch_device)?;
-        Ok(crate::lr_find::open_lr_cache(cache_dir)
-            .get(&key)
-            .map(|c| c.lr))
+        let full = crate::lr_find::key_for(&plan, recipe, &input, data.train.as_ref(), tch_device)?;
+        let planned = crate::lr_find::planned_steps(&plan, data.train.len());
+        let test = crate::lr_find::RangeTest::for_run(planned);
+        let keys = crate::lr_find::run_keys(full, test.as_ref());
+        let cache = crate::lr_find::open_lr_cache(cache_dir);
+        Ok(crate::lr_find::lookup(&cache, &keys).map(|c| c.lr))
     })
 }
 

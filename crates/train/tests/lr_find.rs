@@ -83,6 +83,8 @@ fn lr_auto_with_sgd_on_least_squares_lands_below_divergence_and_not_absurdly_sma
         "train.clip_grad_norm=0",
         "train.amp=fp32",
         &format!("train.batch_size={SAMPLES}"),
+        // A run of 1,000 optimizer steps: long enough for the full 100-step test.
+        "train.epochs=1000",
         "data.num_workers=0",
     ]))
     .unwrap()
@@ -134,10 +136,12 @@ fn lr_auto_trains_at_the_found_rate_writes_the_curve_and_caches_the_answer() {
         out.path(),
         &[
             "model.name=mlp",
-            "data.synthetic_samples=256",
+            "data.synthetic_samples=1024",
             "data.num_workers=0",
+            // 921 training samples, 28 steps an epoch, 1,008 in all: long enough for the full
+            // 100-step test.
             "train.batch_size=32",
-            "train.epochs=1",
+            "train.epochs=36",
             "checkpoint.enabled=false",
         ],
         &["train.lr=auto"],
@@ -168,6 +172,7 @@ fn lr_auto_trains_at_the_found_rate_writes_the_curve_and_caches_the_answer() {
     assert_eq!(entries.len(), 1);
     let (key, answer) = entries.iter().next().unwrap();
     assert!(key.contains("mlp") && key.contains("batch 32"), "{key}");
+    assert!(!key.contains("sweep"), "a full test's key: {key}");
     assert_eq!(answer["lr"].as_f64(), Some(suggested));
 
     // The same question again: the cache answers, no test runs and no curve is written.
@@ -197,9 +202,10 @@ fn a_resumed_run_keeps_the_rate_its_checkpoint_records_and_tests_none() {
                 "model.name=mlp",
                 "data.synthetic_samples=256",
                 "data.num_workers=0",
-                "train.batch_size=32",
+                // 28 steps an epoch: 308 in the first run, a range test of 30 steps.
+                "train.batch_size=8",
                 epochs,
-                "checkpoint.every_steps=4",
+                "checkpoint.every_steps=40",
             ],
             &["train.lr=auto"],
         ))
@@ -209,7 +215,7 @@ fn a_resumed_run_keeps_the_rate_its_checkpoint_records_and_tests_none() {
     // No cache: a new run tests, and a resumed one would test again if it did not keep its rate.
     let mut starts = Starts::default();
     let first = train(
-        &plan_for("train.epochs=1"),
+        &plan_for("train.epochs=11"),
         Device::Cpu,
         None,
         RunControl::default(),
@@ -238,7 +244,7 @@ fn a_resumed_run_keeps_the_rate_its_checkpoint_records_and_tests_none() {
         ..RunControl::default()
     };
     train(
-        &plan_for("train.epochs=2"),
+        &plan_for("train.epochs=12"),
         Device::Cpu,
         None,
         control,
@@ -252,5 +258,42 @@ fn a_resumed_run_keeps_the_rate_its_checkpoint_records_and_tests_none() {
     assert!(
         !first.run_dir.join("lr_find.json").exists(),
         "the resumed run ran a range test"
+    );
+}
+
+#[test]
+fn a_run_too_short_for_a_range_test_keeps_its_rate_and_says_why() {
+    let out = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let plan = load(&common::run_request(
+        out.path(),
+        &[
+            "model.name=mlp",
+            "data.synthetic_samples=256",
+            "data.num_workers=0",
+            "train.batch_size=32",
+            "train.epochs=3",
+            "checkpoint.enabled=false",
+        ],
+        &["train.lr=auto"],
+    ))
+    .unwrap()
+    .plan;
+    // 230 training samples: 7 steps an epoch, 21 in all; a test of 30 steps would be more
+    // than 10 % of them.
+    let mut starts = Starts::default();
+    let control = RunControl {
+        cache_dir: Some(cache.path().to_owned()),
+        ..RunControl::default()
+    };
+    let run = train(&plan, Device::Cpu, None, control, &mut starts).unwrap();
+    assert!(!run.run_dir.join("lr_find.json").exists());
+    assert!(!cache.path().join("lr-find.json").exists());
+    assert_eq!(starts.0[0].lr, plan.train.lr);
+    let note = starts.0[0].lr_search.as_ref().unwrap();
+    assert!(
+        note.contains("21 optimizer steps are too few for a range test")
+            && note.contains("lr-find"),
+        "{note}"
     );
 }
