@@ -97,41 +97,37 @@ fn parquet_tables_the_parquet_reader_panicked_on_are_errors() {
 }
 
 #[test]
-fn a_parquet_footer_claiming_a_huge_schema_is_an_error_not_an_allocation() {
-    // kiln-fuzz's parquet target: a footer whose schema list claims billions of elements made
-    // the parquet crate (57) reserve 74 GB before reading any (an abort where the allocation
-    // fails). parquet 60 bounds a list by the bytes left in the footer.
-    let e = prepare_parquet("parquet-schema-list-size.parquet");
-    assert!(
-        e.contains("long.parquet: cannot read it as Parquet: "),
-        "{e}"
-    );
-}
-
-#[test]
-fn a_parquet_page_claiming_gigabytes_is_an_error_not_an_allocation() {
-    // kiln-fuzz's parquet target: a page header claiming gigabytes uncompressed in a column
-    // chunk of 377 bytes. The parquet crate (60) reserves and fills what a page claims before
-    // checking it (apache/arrow-rs#10734): 2 GB resident for this 1 KB file. kiln reads the
-    // page headers first and refuses a page claiming more than its chunk holds.
-    let e = prepare_parquet("parquet-page-size.parquet");
-    assert!(
-        e.contains("long.parquet: cannot read it as Parquet: row group 0, column 3: the page")
-            && e.contains("its column chunk holds 377 in all"),
-        "{e}"
-    );
-}
-
-#[test]
-fn a_parquet_schema_element_claiming_millions_of_children_is_an_error_not_an_allocation() {
-    // kiln-fuzz's parquet target: a schema element claiming 270 million children (in a
-    // varint of 15 bytes, which the parquet crate reads) made the parquet crate (60) reserve
-    // room for them (2 GB) before reading any. kiln walks the footer first.
-    let e = prepare_parquet("parquet-schema-children.parquet");
-    assert!(
-        e.contains("long.parquet: cannot read it as Parquet: the file's metadata: a varint of"),
-        "{e}"
-    );
+fn parquet_files_claiming_more_than_they_hold_are_errors_not_allocations() {
+    // kiln-fuzz's parquet target found each. The parquet crate reserved what the file claims
+    // before reading it:
+    let cases = [
+        // a footer whose schema list claims billions of elements: 74 GB in parquet 57 (an
+        // abort where the allocation fails); parquet 60 bounds a list by the bytes left;
+        (
+            "parquet-schema-list-size.parquet",
+            "cannot read it as Parquet: ",
+        ),
+        // a page header claiming gigabytes in a column chunk of 377 bytes: parquet 60 reserves
+        // and fills it before checking it (2 GB resident, apache/arrow-rs#10734); kiln reads
+        // the page headers first;
+        (
+            "parquet-page-size.parquet",
+            "row group 0, column 3: the page at byte 333 claims",
+        ),
+        // a schema element claiming 270 million children, in a varint of 15 bytes the crate
+        // reads: parquet 60 reserved 2 GB for them; kiln walks the footer first.
+        (
+            "parquet-schema-children.parquet",
+            "the file's metadata: a varint of more than 10 bytes",
+        ),
+    ];
+    for (name, expected) in cases {
+        let e = prepare_parquet(name);
+        assert!(
+            e.contains("long.parquet: cannot read it as Parquet: ") && e.contains(expected),
+            "{name}: {e}"
+        );
+    }
 }
 
 #[test]
