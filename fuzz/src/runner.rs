@@ -351,9 +351,21 @@ impl Run<'_> {
     }
 }
 
+/// The directory the targets write their files in: `$TMPDIR` where it is set, else a RAM
+/// file system where Linux has one (`/dev/shm`: the file-reading targets ran 1.4–3.5× faster
+/// there than on the disk under `/tmp`), else the system's temporary directory.
+fn scratch_dir() -> Result<tempfile::TempDir, String> {
+    let shm = std::path::Path::new("/dev/shm");
+    let made = match std::env::var_os("TMPDIR").is_none() && shm.is_dir() {
+        true => tempfile::tempdir_in(shm).or_else(|_| tempfile::tempdir()),
+        false => tempfile::tempdir(),
+    };
+    made.map_err(|e| format!("cannot make a scratch dir: {e}"))
+}
+
 /// Runs `target` as `options` say.
 pub fn run(target: &Target, options: &Options, watchdog: &Watchdog) -> Result<Report, String> {
-    let scratch = tempfile::tempdir().map_err(|e| format!("cannot make a scratch dir: {e}"))?;
+    let scratch = scratch_dir()?;
     let harness = (target.make)(scratch.path())
         .map_err(|e| format!("target {}: cannot set up: {e}", target.name))?;
     let corpus = Corpus::new(harness.seeds());
@@ -438,7 +450,7 @@ pub enum Replayed {
 /// Runs `target` once on the input in `file`.
 pub fn replay(target: &Target, file: &Path) -> Result<Replayed, String> {
     let bytes = std::fs::read(file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let scratch = tempfile::tempdir().map_err(|e| format!("cannot make a scratch dir: {e}"))?;
+    let scratch = scratch_dir()?;
     let mut harness = (target.make)(scratch.path())?;
     Ok(match run_one(harness.as_mut(), &bytes) {
         Ok(outcome) => Replayed::Answered(outcome),
