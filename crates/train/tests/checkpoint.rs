@@ -708,6 +708,51 @@ fn a_newer_format_stops_the_search_instead_of_being_passed_over() {
     assert_eq!(checkpoint::list(&dir).unwrap().len(), 2, "nothing moved");
 }
 
+/// Writes `meta` as the `checkpoint.json` of the checkpoint in `dir`, edited as `edit` says
+/// and resealed (its checksum recomputed, as anyone can).
+fn reseal(dir: &Path, meta: &checkpoint::Meta, edit: impl FnOnce(&mut checkpoint::Meta)) {
+    let mut meta = meta.clone();
+    edit(&mut meta);
+    meta.meta_sha256 = meta.digest().unwrap();
+    let json = serde_json::to_string_pretty(&meta).unwrap();
+    std::fs::write(dir.join(checkpoint::META_FILE), json).unwrap();
+}
+
+#[test]
+fn a_checkpoint_naming_files_outside_its_directory_or_devices_is_damaged_not_read() {
+    // kiln-fuzz's checkpoint-json target: a checkpoint.json listing "/dev/zero" made the quick
+    // check read /dev/zero until the allocator gave up (`dir.join` of an absolute path is
+    // that path).
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = small_checkpoint(tmp.path(), 10);
+    let meta = checkpoint::read_meta(&dir).unwrap();
+    for name in ["/dev/zero", "../checkpoint.json", "sub/model.pt", ".."] {
+        reseal(&dir, &meta, |m| {
+            m.files = [(name.to_owned(), "00".repeat(32))].into();
+        });
+        let err = checkpoint::check_quick(&dir).unwrap_err();
+        assert!(
+            matches!(err, TrainError::DamagedCheckpoint { .. })
+                && err
+                    .to_string()
+                    .contains(&format!("lists the file {name:?}")),
+            "{name}: {err}"
+        );
+    }
+    // A file of its own that links to a device is damage too.
+    reseal(&dir, &meta, |m| {
+        m.files = [("model.pt".to_owned(), "00".repeat(32))].into();
+        m.file_bytes = Default::default();
+    });
+    std::os::unix::fs::symlink("/dev/zero", dir.join("model.pt")).unwrap();
+    let err = checkpoint::check_quick(&dir).unwrap_err();
+    assert!(
+        matches!(err, TrainError::DamagedCheckpoint { .. })
+            && err.to_string().contains("not a regular file"),
+        "{err}"
+    );
+}
+
 /// A checkpoint written in the background holds the tensors as they were when it began (a
 /// snapshot: training goes on changing them at once), and what runs after it (pruning) sees it
 /// complete.

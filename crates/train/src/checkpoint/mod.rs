@@ -75,9 +75,27 @@ fn part_error(path: &Path, e: std::io::Error) -> TrainError {
     }
 }
 
-/// Reads one file of a checkpoint (see [`part_error`]).
+/// Reads one file of a checkpoint (see [`part_error`]); anything but a regular file (a device,
+/// a directory, a link to either) is damage, not something to read to its end.
 fn read_part(path: &Path) -> Result<Vec<u8>, TrainError> {
+    let kind = std::fs::metadata(path).map_err(|e| part_error(path, e))?;
+    if !kind.is_file() {
+        return Err(damaged(
+            path,
+            "not a regular file: the checkpoint is corrupted",
+        ));
+    }
     std::fs::read(path).map_err(|e| part_error(path, e))
+}
+
+/// Whether `name`, a file `checkpoint.json` lists, names a file inside the checkpoint's
+/// directory: one plain component (no separator, `..` or root).
+fn is_plain_name(name: &str) -> bool {
+    let mut parts = Path::new(name).components();
+    matches!(
+        (parts.next(), parts.next()),
+        (Some(std::path::Component::Normal(_)), None)
+    )
 }
 
 /// `checkpoint.json`.
@@ -143,7 +161,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 impl Meta {
-    fn digest(&self) -> Result<String, serde_json::Error> {
+    /// The checksum `meta_sha256` records: SHA-256 of the JSON with the checksum empty. It
+    /// finds damage, not tampering: anyone can recompute it.
+    pub fn digest(&self) -> Result<String, serde_json::Error> {
         let mut copy = self.clone();
         copy.meta_sha256 = String::new();
         Ok(sha256_hex(serde_json::to_string(&copy)?.as_bytes()))
@@ -476,6 +496,16 @@ pub fn read_meta(dir: &Path) -> Result<Meta, TrainError> {
     }
     if meta.digest().map_err(|e| file_error(&path, e))? != meta.meta_sha256 {
         return Err(damaged(&path, "checksum mismatch: the file is corrupted"));
+    }
+    let names = meta.files.keys().chain(meta.file_bytes.keys());
+    if let Some(name) = names.into_iter().find(|n| !is_plain_name(n)) {
+        return Err(damaged(
+            &path,
+            format!(
+                "it lists the file {name:?}, which is not a file name inside the checkpoint's \
+                 directory: the file is corrupted"
+            ),
+        ));
     }
     Ok(meta)
 }
