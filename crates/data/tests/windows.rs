@@ -654,18 +654,29 @@ fn several_targets_add_a_dimension_and_arrays_without_columns_are_left_out() {
 /// Writes `rows` as a Parquet file (snappy pages): strings for the keys and the region, int64
 /// times, doubles for the values; `temp` optional, null where `null_temp_at` says.
 fn write_parquet(path: &Path, rows: &[Row], null_temp_at: Option<usize>) {
-    use parquet::basic::Compression;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build();
+    write_parquet_with(path, rows, null_temp_at, props);
+}
+
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+/// [`write_parquet`] with the writer's properties `props`.
+fn write_parquet_with(
+    path: &Path,
+    rows: &[Row],
+    null_temp_at: Option<usize>,
+    props: WriterProperties,
+) {
     use parquet::data_type::{ByteArray, ByteArrayType, DoubleType, Int64Type};
-    use parquet::file::properties::WriterProperties;
     use parquet::file::writer::SerializedFileWriter;
 
     let schema = "message long { required binary store (UTF8); required binary item (UTF8); \
                   required int64 time; required double y; required double price; \
                   optional double temp; required binary region (UTF8); }";
     let schema = Arc::new(parquet::schema::parser::parse_message_type(schema).unwrap());
-    let props = WriterProperties::builder()
-        .set_compression(Compression::SNAPPY)
-        .build();
     let file = std::fs::File::create(path).unwrap();
     let mut writer = SerializedFileWriter::new(file, schema, Arc::new(props)).unwrap();
     let mut group = writer.next_row_group().unwrap();
@@ -715,6 +726,43 @@ fn write_parquet(path: &Path, rows: &[Row], null_temp_at: Option<usize>) {
     }
     group.close().unwrap();
     writer.close().unwrap();
+}
+
+#[test]
+fn a_parquet_table_compressed_thousands_of_times_is_read() {
+    // kiln checks what a column chunk claims uncompressed against what its codec can expand
+    // to: a constant column without a dictionary, in zstd, is thousands of times smaller than
+    // what it holds, and is a table like any other.
+    let tmp = tempfile::tempdir().unwrap();
+    let rows: Vec<Row> = (0..100_000i64)
+        .map(|t| Row {
+            key: ("a".to_owned(), (t % 2).to_string()),
+            time: t / 2,
+            y: (t / 2) as f64,
+            price: 1.0,
+            temp: 0.0,
+            region: "the same region, whatever the row".to_owned(),
+        })
+        .collect();
+    let table = tmp.path().join("long.parquet");
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(Default::default()))
+        .set_dictionary_enabled(false)
+        .build();
+    write_parquet_with(&table, &rows, None, props);
+    let file =
+        parquet::file::reader::SerializedFileReader::new(std::fs::File::open(&table).unwrap())
+            .unwrap();
+    use parquet::file::reader::FileReader;
+    let region = file.metadata().row_group(0).column(6);
+    let ratio = region.uncompressed_size() / region.compressed_size();
+    assert!(ratio > 1024, "the region column is compressed {ratio}×");
+    let manifest = prepare_windows(
+        &source(table, TargetNormalizer::Group),
+        &tmp.path().join("windows"),
+    )
+    .unwrap();
+    assert_eq!(manifest.series.len(), 2);
 }
 
 #[test]

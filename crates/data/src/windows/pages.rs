@@ -4,19 +4,34 @@
 //!
 //! The footer (`FileMetaData`, Thrift's compact protocol) is walked first: every collection no
 //! longer than the bytes left, every schema element's `num_children` no more than the schema's
-//! elements. Then every column chunk must lie inside the file and claim no more than
-//! [`MAX_RATIO`] times its compressed bytes uncompressed; every page header in it is read
+//! elements. Then every column chunk must lie inside the file and claim no more uncompressed
+//! bytes than its codec can expand its compressed ones to ([`max_ratio`]); every page header
+//! in it is read
 //! (skipping what is not a size) and its page must fit in what is left of the chunk and claim
 //! no more uncompressed bytes than the chunk's total, which the format makes the sum of its
 //! pages'.
 
 use std::io::{BufReader, Read, Seek, SeekFrom};
 
+use parquet::basic::Compression;
 use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 
-/// The most a column chunk may claim uncompressed per compressed byte (zstd's best on a
-/// constant column is about this; snappy's and lz4's are far lower), with a floor of 1 MiB.
-pub(crate) const MAX_RATIO: u64 = 1024;
+/// The most a column chunk compressed with `codec` may claim uncompressed per compressed byte:
+/// what the codec can expand to at best, with room to spare. Snappy's best is about 21×
+/// (64 bytes from a 3-byte copy), LZ4's about 255× (a byte of match length per 255 bytes),
+/// zstd's about 32,768× (a 128 KiB block repeating one byte, from 4 bytes); an uncompressed
+/// chunk claims what it holds. Other codecs are not built in, and the `parquet` crate refuses
+/// them itself.
+pub(crate) fn max_ratio(codec: Compression) -> u64 {
+    match codec {
+        Compression::UNCOMPRESSED => 2,
+        Compression::SNAPPY => 32,
+        Compression::LZ4 | Compression::LZ4_RAW => 256,
+        _ => 1 << 16,
+    }
+}
+
+/// Every chunk may claim this much, whatever its size.
 const FLOOR: u64 = 1 << 20;
 /// Nesting deeper than this in a page header or a footer is damage.
 const MAX_DEPTH: usize = 32;
@@ -83,9 +98,11 @@ fn check_chunk<R: Read + Seek>(
             "the column chunk [{start}, +{len}) passes the end of the file ({file_len} bytes)"
         ));
     };
-    if total > (len.saturating_mul(MAX_RATIO)).max(FLOOR) {
+    let codec = column.compression();
+    if total > (len.saturating_mul(max_ratio(codec))).max(FLOOR) {
         return Err(format!(
-            "the column chunk claims {total} bytes uncompressed from {len} compressed"
+            "the column chunk claims {total} bytes uncompressed from {len} compressed with \
+             {codec}, more than it can expand to"
         ));
     }
     let mut at = start;
