@@ -361,8 +361,7 @@ pub fn cache_key(
 pub fn planned_steps(plan: &RunPlan, samples: usize) -> u64 {
     let t = &plan.train;
     let batches = samples as u64 / t.batch_size.max(1);
-    let steps = batches.div_ceil(t.grad_accum_steps.max(1)) * t.epochs;
-    t.max_steps.map_or(steps, |m| m.min(steps))
+    crate::schedule::total_steps(batches, t.grad_accum_steps, t.epochs, t.max_steps)
 }
 
 /// The cache key for `plan` on `device` (the hardware read from it).

@@ -35,6 +35,13 @@ impl LrSchedule {
     }
 }
 
+/// The optimizer steps of a run: `batches` a epoch by `accum` (a partial group still steps),
+/// times `epochs`, capped by `max_steps`.
+pub fn total_steps(batches: u64, accum: u64, epochs: u64, max_steps: Option<u64>) -> u64 {
+    let steps = batches.div_ceil(accum.max(1)) * epochs;
+    max_steps.map_or(steps, |m| m.min(steps))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -222,8 +222,12 @@ impl Trainer<'_> {
         }
         let limits = self.settings.limits;
         // The schedule follows the limit that ends the run, where it is known in advance.
-        let epoch_steps = batches_per_epoch.div_ceil(accum) as u64 * self.settings.epochs;
-        let total_steps = limits.max_steps.map_or(epoch_steps, |m| m.min(epoch_steps));
+        let total_steps = crate::schedule::total_steps(
+            batches_per_epoch as u64,
+            accum as u64,
+            self.settings.epochs,
+            limits.max_steps,
+        );
         let names: Vec<&str> = self.metrics.names().collect();
         let early_stopping =
             EarlyStopping::resolve(&self.settings.early_stopping, &names, val_samples > 0)?;
