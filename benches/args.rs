@@ -55,7 +55,8 @@ pub struct SuiteArgs {
     /// Batch sizes to sweep, e.g. 1,2,4,8 (train, infer).
     #[arg(long, value_name = "N,N…", value_parser = parse_sizes)]
     pub batch_sizes: Option<Sizes>,
-    /// Only the cases whose row name contains this text (train), e.g. `torch.compile`.
+    /// Only the cases whose row name contains this text (train), e.g. `torch.compile`; the
+    /// groups named so (infer); the job named so (quality: `reference` or `regression`).
     #[arg(long, value_name = "TEXT")]
     pub filter: Option<String>,
 }

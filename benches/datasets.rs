@@ -69,19 +69,44 @@ pub fn write_prepared(
     Ok(Arc::new(ShardedDataset::open(&out).msg()?))
 }
 
+/// Writes a regression dataset as `dir/features.npy` (f32, `[samples, features]`) and
+/// `dir/labels.npy` (f32 values, one per sample; kiln's targets), kept for a PyTorch side, prepares kiln's
+/// dataset from them in `dir/name` and returns it opened.
+pub fn write_prepared_values(
+    dir: &Path,
+    name: &str,
+    features: &[f32],
+    shape: [usize; 2],
+    targets: &[f32],
+) -> Result<Arc<ShardedDataset>> {
+    let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    kiln_data::write_npy(&fpath, DType::F32, &shape, &bytes(features)).msg()?;
+    kiln_data::write_npy(&lpath, DType::F32, &[shape[0]], &bytes(targets)).msg()?;
+    let source = PrepareSource::NpyTargets {
+        features: fpath,
+        targets: lpath,
+        classes: None,
+    };
+    let out = dir.join(name);
+    kiln_data::prepare(&source, &out, &PrepareOptions::default()).msg()?;
+    Ok(Arc::new(ShardedDataset::open(&out).msg()?))
+}
+
 /// kiln's train/validation split of `prepared` (`val_fraction`, `seed`) as JSON at `path`:
-/// `{"train": [...], "val": [...], "classes": N}`, which the PyTorch sides read.
+/// `{"train": [...], "val": [...], "classes": N}` (no classes for values), which the PyTorch
+/// sides read.
 pub fn write_split(
     path: &Path,
     prepared: &Arc<ShardedDataset>,
     val_fraction: f64,
     seed: u64,
 ) -> Result<PathBuf> {
-    let classes = prepared
-        .classes()
-        .ok_or("the prepared dataset does not know its classes")?;
     let (train, val) = Subset::split(Arc::clone(prepared), val_fraction, seed).msg()?;
-    let text = json!({"train": train.indices(), "val": val.indices(), "classes": classes});
+    let mut text = json!({"train": train.indices(), "val": val.indices()});
+    if let Some(classes) = prepared.classes() {
+        text["classes"] = json!(classes);
+    }
     std::fs::write(path, text.to_string()).at(path)?;
     Ok(path.to_owned())
 }

@@ -10,7 +10,10 @@
 //! accuracy and loss (means and every seed) with the goal that kiln is not worse than PyTorch's
 //! range: its mean accuracy within 1 point of PyTorch's worst seed or better, its mean loss at
 //! most 2% above PyTorch's worst seed. Time per run is reported beside them: a faster kiln whose
-//! quality rows miss is a regression.
+//! quality rows miss is a regression. `train.lr = auto` is judged on this job and on a second
+//! one of another kind, an MLP regression ([`regression`]): against the default rate and against
+//! PyTorch at Lightning's `lr_find` suggestion, with its range test's share of the run's time.
+//! `--filter reference` or `--filter regression` runs one job.
 //!
 //! `kiln-run` is the kiln side of one run, in its own process like the Python side.
 
@@ -20,7 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::{Args, Subcommand};
-use kiln_benches::report::{Comparison, NATS, PERCENT, SECONDS, SuiteOutput};
+use kiln_benches::report::{Better, Comparison, NATS, PERCENT, SECONDS, SuiteOutput, Unit};
 use kiln_benches::{Msg, Result, SuiteArgs, bench_root, datasets, figure, mean, resolve, run_json};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
@@ -28,6 +31,9 @@ use kiln_train::record::{EpochRecord, Observer, RunStart};
 use serde_json::{Value, json};
 
 use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
+
+#[path = "quality_regression.rs"]
+mod regression;
 
 /// The job: sizes of the data and the model, and the training budget.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +94,9 @@ struct DataArgs {
     quick: bool,
     #[arg(long, default_value_t = 2)]
     seeds: u64,
+    /// The second job's data (the MLP regression) instead of the reference job's.
+    #[arg(long)]
+    regression: bool,
 }
 
 #[derive(Debug, Args)]
@@ -108,6 +117,9 @@ struct KilnRunArgs {
     /// A variant of the job, for measuring what a setting does (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     sets: Vec<String>,
+    /// The suite's second job (the MLP regression) instead of the reference job.
+    #[arg(long)]
+    regression: bool,
 }
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name).
@@ -138,7 +150,11 @@ fn data_only(a: &DataArgs) -> Result<()> {
         return Err(format!("{} exists; give a new directory", dir.display()));
     }
     std::fs::create_dir_all(dir).at(dir)?;
-    let prepared = write_data(dir, &job(a.quick))?;
+    let prepared = if a.regression {
+        regression::write_data(dir, &regression::job(a.quick), DATA_SEED)?
+    } else {
+        write_data(dir, &job(a.quick))?
+    };
     for seed in 0..a.seeds {
         write_split(dir, &prepared, seed)?;
     }
@@ -166,7 +182,8 @@ impl Observer for Epochs {
     }
     fn on_epoch(&mut self, r: &EpochRecord) -> std::result::Result<(), kiln_train::TrainError> {
         self.0.push(json!({
-            "epoch": r.epoch, "val_loss": r.val.get("loss"), "val_accuracy": r.val.get("accuracy")
+            "epoch": r.epoch, "val_loss": r.val.get("loss"), "val_accuracy": r.val.get("accuracy"),
+            "val_rmse": r.val.get("rmse"),
         }));
         Ok(())
     }
@@ -175,20 +192,12 @@ impl Observer for Epochs {
 /// One kiln run of the job on the prepared data in `--data`, seeded with `--seed`; prints JSON.
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = Instant::now();
-    let (job, seed) = (job(a.quick), a.seed);
+    let seed = a.seed;
     // kiln makes the directory; an earlier run's leftovers are removed.
     let runs = a.data.join(format!("runs-{seed}"));
     remove_dir(&runs)?;
     let mut sets = vec![
         "device.request=cpu".to_owned(),
-        "model.name=transformer".to_owned(),
-        format!("model.d_model={}", job.d_model),
-        format!("model.layers={}", job.layers),
-        format!("model.ff={}", job.ff),
-        "model.dropout=0.1".to_owned(),
-        format!("train.epochs={}", job.epochs),
-        format!("train.batch_size={}", job.batch),
-        format!("train.warmup_steps={}", job.warmup),
         format!("data.val_fraction={VAL_FRACTION}"),
         "data.num_workers=2".to_owned(),
         format!("performance.seed={seed}"),
@@ -196,6 +205,11 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         "checkpoint.enabled=false".to_owned(),
         format!("run.output_dir={}", runs.display()),
     ];
+    if a.regression {
+        sets.extend(regression::kiln_sets(&regression::job(a.quick)));
+    } else {
+        sets.extend(reference_sets(&job(a.quick)));
+    }
     // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
     // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
     if !a.auto_precision {
@@ -220,12 +234,27 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
             "threads": tch::get_num_threads(), "precision": s.precision,
             "final_val_loss": s.final_val.get("loss"),
             "final_val_accuracy": s.final_val.get("accuracy"),
+            "final_val_rmse": s.final_val.get("rmse"),
             "final_val_ema_loss": s.final_val_ema.get("loss"),
             "final_val_ema_accuracy": s.final_val_ema.get("accuracy"),
             "epochs": epochs.0, "seconds": start.elapsed().as_secs_f64(), "start": epochs.2,
         })
     );
     Ok(())
+}
+
+/// kiln's settings for the reference job (beside the suite's common ones).
+fn reference_sets(job: &Job) -> Vec<String> {
+    vec![
+        "model.name=transformer".to_owned(),
+        format!("model.d_model={}", job.d_model),
+        format!("model.layers={}", job.layers),
+        format!("model.ff={}", job.ff),
+        "model.dropout=0.1".to_owned(),
+        format!("train.epochs={}", job.epochs),
+        format!("train.batch_size={}", job.batch),
+        format!("train.warmup_steps={}", job.warmup),
+    ]
 }
 
 /// `key` of each of one side's runs.
@@ -250,73 +279,165 @@ struct Sides {
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {
-    let job = job(a.quick);
     let seeds = a.seeds.unwrap_or(2).max(2) as u64;
     // Two threads a side by default, as in the other suites.
     let threads = a.threads_or(2);
     let work = fresh_work_dir(a, "quality")?;
-    let prepared = write_data(&work, &job)?;
-    let exe = std::env::current_exe().msg()?;
-    let mut sides = Sides::default();
     // Lightning, for its lr_find: from the pinned peers `cargo xtask bench` installs.
     let lightning = kiln_benches::peers::dir();
+    let ctx = Ctx {
+        a,
+        exe: std::env::current_exe().msg()?,
+        threads,
+        lightning: &lightning,
+    };
+    let mut out = SuiteOutput::new("quality", "");
+    let mut what = vec![];
+    // `--filter reference` or `--filter regression` runs one job only.
+    if a.selects("reference") {
+        what.push(reference_job(&ctx, &work, seeds, &mut out)?);
+    }
+    if a.selects("regression") {
+        what.push(regression::run(
+            &ctx,
+            &work.join("regression"),
+            seeds,
+            &mut out,
+        )?);
+    }
+    out.what = format!(
+        "{}; {threads} threads, {seeds} seeds per side",
+        what.join("; and ")
+    );
+    out.write(&a.out_or("quality"))?;
+    remove_dir(&work)
+}
+
+/// What every run of the suite shares.
+struct Ctx<'a> {
+    a: &'a SuiteArgs,
+    /// This binary, for `quality kiln-run`.
+    exe: PathBuf,
+    threads: usize,
+    /// Lightning's pinned peers, or why they are not installed.
+    lightning: &'a Result<PathBuf>,
+}
+
+/// One seed's runs of one job: kiln's `kiln-run` and the PyTorch script, on the job's data.
+struct Seed<'a> {
+    ctx: &'a Ctx<'a>,
+    data: PathBuf,
+    split: PathBuf,
+    seed: String,
+    /// `kiln-run`'s options naming the job, and the script's.
+    kiln_job: Vec<String>,
+    torch_job: Vec<String>,
+}
+
+impl<'a> Seed<'a> {
+    /// Writes the split of `prepared` for `seed` in `data` and empties the seed's lr cache.
+    fn new(
+        ctx: &'a Ctx<'a>,
+        (data, prepared): (&Path, &Arc<ShardedDataset>),
+        seed: u64,
+        (kiln_job, torch_job): (Vec<String>, Vec<String>),
+    ) -> Result<Self> {
+        let split = write_split(data, prepared, seed)?;
+        remove_dir(&data.join(format!("lr-cache-{seed}")))?;
+        Ok(Self {
+            ctx,
+            data: data.to_owned(),
+            split,
+            seed: seed.to_string(),
+            kiln_job,
+            torch_job,
+        })
+    }
+
+    /// A kiln run (`extra`: `kiln-run`'s options for a variant).
+    fn kiln(&self, extra: &[&str]) -> Result<Value> {
+        let (a, threads) = (self.ctx.a, self.ctx.threads.to_string());
+        let mut k = Command::new(&self.ctx.exe);
+        k.args(["quality", "kiln-run", "--data"]).arg(&self.data);
+        k.args(["--seed", &self.seed, "--threads", &threads]);
+        k.args(&self.kiln_job).args(extra);
+        k.args(a.quick.then_some("--quick"));
+        // A cache of its own, empty: `train.lr = auto` runs its range test every time.
+        let lr_cache = self.data.join(format!("lr-cache-{}", self.seed));
+        k.env("KILN_CACHE_DIR", &lr_cache);
+        run_json(k)
+    }
+
+    /// A PyTorch run (`extra`: the script's options for a variant); with `lightning`, Lightning
+    /// on the path.
+    fn torch(&self, extra: &[&str], lightning: bool) -> Result<Value> {
+        let mut t = Command::new(&self.ctx.a.python);
+        if let Some(dir) = self.ctx.lightning.as_ref().ok().filter(|_| lightning) {
+            kiln_benches::peers::put_first_on_path(&mut t, dir);
+        }
+        t.arg(bench_root().join("python/train_quality.py"));
+        t.arg("--data")
+            .arg(&self.data)
+            .arg("--split")
+            .arg(&self.split);
+        let threads = self.ctx.threads.to_string();
+        t.args(["--seed", &self.seed, "--threads", &threads]);
+        // Last, so that a variant's options win.
+        t.args(&self.torch_job).args(extra);
+        run_json(t)
+    }
+
+    /// PyTorch at Lightning's `lr_find` suggestion, where Lightning is installed.
+    fn torch_lr_find(&self, runs: &mut Vec<Value>) -> Result<()> {
+        if self.ctx.lightning.is_ok() {
+            runs.push(self.torch(&["--lr-find"], true)?);
+        }
+        Ok(())
+    }
+}
+
+/// The reference job's runs on data it writes in `work`, and its rows; returns what it is.
+fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
+    let job = job(ctx.a.quick);
+    let prepared = write_data(work, &job)?;
+    let mut sides = Sides::default();
     for seed in 0..seeds {
-        let split = write_split(&work, &prepared, seed)?;
-        let (seed, threads) = (seed.to_string(), threads.to_string());
-        let lr_cache = work.join(format!("lr-cache-{seed}"));
-        remove_dir(&lr_cache)?;
-        let kiln = |extra: &[&str]| {
-            let mut k = Command::new(&exe);
-            k.args(["quality", "kiln-run", "--data"]).arg(&work);
-            k.args(["--seed", &seed, "--threads", &threads]).args(extra);
-            k.args(a.quick.then_some("--quick"));
-            // A cache of its own, empty: `train.lr = auto` runs its range test every time.
-            k.env("KILN_CACHE_DIR", &lr_cache);
-            run_json(k)
-        };
-        let torch_with = |extra: &[&str], peers: Option<&PathBuf>| {
-            let mut t = Command::new(&a.python);
-            if let Some(dir) = peers {
-                kiln_benches::peers::put_first_on_path(&mut t, dir);
-            }
-            t.arg(bench_root().join("python/train_quality.py"));
-            t.arg("--data").arg(&work).arg("--split").arg(&split);
-            t.args(["--seed", &seed, "--threads", &threads]);
-            for (name, v) in [
-                ("--epochs", job.epochs),
-                ("--batch", job.batch),
-                ("--d-model", job.d_model),
-                ("--layers", job.layers),
-                ("--ff", job.ff),
-                ("--warmup", job.warmup),
-            ] {
-                t.args([name, &v.to_string()]);
-            }
-            // Last, so that a variant's options win.
-            t.args(extra);
-            run_json(t)
-        };
-        let torch = |extra: &[&str]| torch_with(extra, None);
+        let jobs = (vec![], reference_torch_args(&job));
+        let run = Seed::new(ctx, (work, &prepared), seed, jobs)?;
         eprintln!(
             "quality: seed {seed}: kiln fp32, kiln automatic precision, kiln fp32 with EMA, \
              kiln fp32 with lr = auto, PyTorch, PyTorch plain, PyTorch at Lightning's lr_find"
         );
-        sides.kiln.push(kiln(&[])?);
-        sides.kiln_auto.push(kiln(&["--auto-precision"])?);
+        sides.kiln.push(run.kiln(&[])?);
+        sides.kiln_auto.push(run.kiln(&["--auto-precision"])?);
         let ema = format!("train.ema.decay={EMA_DECAY}");
-        sides.kiln_ema.push(kiln(&["--set", &ema])?);
-        sides.kiln_lr_auto.push(kiln(&["--set", "train.lr=auto"])?);
-        sides.torch.push(torch(&[])?);
+        sides.kiln_ema.push(run.kiln(&["--set", &ema])?);
+        sides
+            .kiln_lr_auto
+            .push(run.kiln(&["--set", "train.lr=auto"])?);
+        sides.torch.push(run.torch(&[], false)?);
         let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
-        sides.torch_plain.push(torch(&plain)?);
-        if let Ok(dir) = &lightning {
-            sides
-                .torch_lr_find
-                .push(torch_with(&["--lr-find"], Some(dir))?);
-        }
+        sides.torch_plain.push(run.torch(&plain, false)?);
+        run.torch_lr_find(&mut sides.torch_lr_find)?;
     }
-    report(&job, threads, &sides, lightning.as_ref().err())?.write(&a.out_or("quality"))?;
-    remove_dir(&work)
+    report(ctx, out, &sides)?;
+    Ok(describe(&job))
+}
+
+/// The PyTorch script's options for the reference job.
+fn reference_torch_args(job: &Job) -> Vec<String> {
+    let mut args = vec![];
+    for (name, v) in [
+        ("--epochs", job.epochs),
+        ("--batch", job.batch),
+        ("--d-model", job.d_model),
+        ("--layers", job.layers),
+        ("--ff", job.ff),
+        ("--warmup", job.warmup),
+    ] {
+        args.extend([name.to_owned(), v.to_string()]);
+    }
+    args
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
@@ -363,14 +484,8 @@ fn time_row(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) 
     Ok(())
 }
 
-/// The suite's rows from all sides' runs.
-fn report(
-    job: &Job,
-    threads: usize,
-    sides: &Sides,
-    lightning: Option<&String>,
-) -> Result<SuiteOutput> {
-    let precision = sides.kiln_auto[0]["precision"].as_str().unwrap_or("?");
+/// The reference job as the report's title says it.
+fn describe(job: &Job) -> String {
     let Job {
         d_model,
         layers,
@@ -382,20 +497,20 @@ fn report(
         batch,
         ..
     } = *job;
-    let seeds = sides.kiln.len();
-    let mut out = SuiteOutput::new(
-        "quality",
-        &format!(
-            "learning at the same budget: transformer (d_model {d_model}, {layers} layers) on \
-             {samples} synthetic {seq}×{features} samples, {classes} classes, {epochs} epochs of \
-             batch {batch}, {threads} threads, {seeds} seeds per side; kiln against a plain \
-             PyTorch fp32 loop with the same data, split, initial weights and settings (AdamW, \
-             warmup + cosine, clipping 1.0, dropout)"
-        ),
-    );
+    format!(
+        "learning at the same budget: transformer (d_model {d_model}, {layers} layers) on \
+         {samples} synthetic {seq}×{features} samples, {classes} classes, {epochs} epochs of \
+         batch {batch}; kiln against a plain PyTorch fp32 loop with the same data, split, \
+         initial weights and settings (AdamW, warmup + cosine, clipping 1.0, dropout)"
+    )
+}
+
+/// The reference job's rows from all sides' runs.
+fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
+    let precision = sides.kiln_auto[0]["precision"].as_str().unwrap_or("?");
     let auto = format!("kiln automatic precision ({precision})");
-    against_range(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
-    against_range(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
+    against_range(out, "kiln fp32", &sides.kiln, &sides.torch)?;
+    against_range(out, &auto, &sides.kiln_auto, &sides.torch)?;
     let (ka, ta) = (of(&sides.kiln, ACCURACY)?, of(&sides.torch, ACCURACY)?);
     let runs = json!({
         "kiln": sides.kiln, "kiln_auto": sides.kiln_auto, "kiln_ema": sides.kiln_ema,
@@ -412,14 +527,11 @@ fn report(
     let base = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
     let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
     out.push(out.row("learning", name, PERCENT, figures, base));
-    ema_row(&mut out, &sides.kiln_ema)?;
-    lr_rows(&mut out, sides)?;
-    if let Some(why) = lightning {
-        out.skip(LR_FIND_ROW, why);
-    }
-    time_row(&mut out, "kiln fp32", &sides.kiln, &sides.torch)?;
-    time_row(&mut out, &auto, &sides.kiln_auto, &sides.torch)?;
-    Ok(out)
+    ema_row(out, &sides.kiln_ema)?;
+    lr_rows(ctx, out, sides, (Metric::ACCURACY, ""))?;
+    time_row(out, "kiln fp32", &sides.kiln, &sides.torch)?;
+    time_row(out, &auto, &sides.kiln_auto, &sides.torch)?;
+    Ok(())
 }
 
 /// What `train.ema` does to the job: the EMA weights' validation accuracy against the raw
@@ -439,42 +551,100 @@ fn ema_row(out: &mut SuiteOutput, runs: &[Value]) -> Result<()> {
     Ok(())
 }
 
-/// The row of kiln's `train.lr = auto` against Lightning's `lr_find`.
-const LR_FIND_ROW: &str =
-    "val accuracy, means: kiln fp32 lr = auto vs PyTorch at Lightning's lr_find";
+/// The row of kiln's `train.lr = auto` against Lightning's `lr_find` (after the job's prefix).
+const LR_FIND_ROW: &str = "kiln fp32 lr = auto vs PyTorch at Lightning's lr_find";
 
-/// `train.lr = auto` on the job: its accuracy against the default rate's (1e-3) seed range
-/// (goal: its mean at least the default's worst seed), against PyTorch at Lightning's
-/// `lr_find` suggestion, and its range test's share of the run's time (goal: under 10%: the
-/// seconds before training began, less the same seed's fp32 run's at 1e-3).
-fn lr_rows(out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
+/// The validation figure a job's `lr = auto` rows judge.
+#[derive(Clone, Copy)]
+struct Metric {
+    /// Its key in a run's JSON.
+    key: &'static str,
+    /// As row names say it.
+    name: &'static str,
+    unit: Unit,
+    /// Report figures are the run's times this (100 for a fraction shown in %).
+    scale: f64,
+}
+
+impl Metric {
+    const ACCURACY: Self = Self {
+        key: ACCURACY,
+        name: "val accuracy",
+        unit: PERCENT,
+        scale: 100.0,
+    };
+    const RMSE: Self = Self {
+        key: "final_val_rmse",
+        name: "val RMSE",
+        unit: ("RMSE", Better::Lower),
+        scale: 1.0,
+    };
+
+    /// The worst of `runs`' figures (unscaled).
+    fn worst(self, v: &[f64]) -> f64 {
+        let fold = |f: fn(f64, f64) -> f64, start| v.iter().copied().fold(start, f);
+        match self.unit.1 {
+            Better::Higher => fold(f64::min, f64::INFINITY),
+            Better::Lower => fold(f64::max, f64::NEG_INFINITY),
+        }
+    }
+
+    /// `row` with the goal "at least as good as its baseline".
+    fn as_good(self, row: Comparison) -> Comparison {
+        match self.unit.1 {
+            Better::Higher => row.at_least(1.0),
+            Better::Lower => row.at_most(1.0),
+        }
+    }
+}
+
+/// `train.lr = auto` on a job (row names begin with `prefix`): its validation `metric` against
+/// the default rate's (1e-3) seed range (goal: its mean at least as good as the default's worst
+/// seed), against PyTorch at Lightning's `lr_find` suggestion, and its range test's share of the
+/// run's time (goal: under 10%: the seconds before training began, less the same seed's fp32
+/// run's at 1e-3).
+fn lr_rows(
+    ctx: &Ctx<'_>,
+    out: &mut SuiteOutput,
+    sides: &Sides,
+    (metric, prefix): (Metric, &str),
+) -> Result<()> {
     let (auto, default) = (&sides.kiln_lr_auto, &sides.kiln);
-    let (aa, da) = (of(auto, ACCURACY)?, of(default, ACCURACY)?);
+    let (aa, da) = (of(auto, metric.key)?, of(default, metric.key)?);
     let found: Vec<f64> = auto
         .iter()
         .map(|r| figure(&r["start"], "lr"))
         .collect::<Result<_>>()?;
-    let worst = da.iter().copied().fold(f64::INFINITY, f64::min);
-    let name = "val accuracy: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed";
+    let (m, x) = (metric.name, metric.scale);
+    let name = format!("{prefix}{m}: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed");
+    let worst = match metric.unit.1 {
+        Better::Higher => "lowest",
+        Better::Lower => "highest",
+    };
     let base = format!(
-        "kiln fp32 at the default lr 1e-3 (lowest of {} seeds)",
+        "kiln fp32 at the default lr 1e-3 ({worst} of {} seeds)",
         da.len()
     );
-    let row = out.row(
-        "learning",
-        name,
-        PERCENT,
-        (100.0 * mean(&aa), 100.0 * worst),
-        base,
-    );
-    let row = row.at_least(1.0).detail("lr_found_per_seed", json!(found));
+    let figures = (x * mean(&aa), x * metric.worst(&da));
+    let row = out.row("learning", name, metric.unit, figures, base);
+    let row = metric
+        .as_good(row)
+        .detail("lr_found_per_seed", json!(found));
     out.push(per_seed(row, &aa, &da));
-    if !sides.torch_lr_find.is_empty() {
-        let lf = of(&sides.torch_lr_find, ACCURACY)?;
+    let lr_find_row = format!("{prefix}{m}, means: {LR_FIND_ROW}");
+    if let Err(why) = ctx.lightning {
+        out.skip(&lr_find_row, why);
+    } else {
+        let lf = of(&sides.torch_lr_find, metric.key)?;
         let suggested = of(&sides.torch_lr_find, "lr")?;
         let base = "PyTorch loop, same job, at Tuner.lr_find's suggestion (its defaults)";
-        let figures = (100.0 * mean(&aa), 100.0 * mean(&lf));
-        let row = out.row("learning", LR_FIND_ROW, PERCENT, figures, base);
+        let row = out.row(
+            "learning",
+            lr_find_row,
+            metric.unit,
+            (x * mean(&aa), x * mean(&lf)),
+            base,
+        );
         let row = row.detail("lr_found_per_seed", json!(found));
         let row = row.detail("lightning_suggestion_per_seed", json!(suggested));
         out.push(per_seed(row, &aa, &lf));
@@ -488,7 +658,7 @@ fn lr_rows(out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
         .map(|(a, d)| (a - d).max(0.0))
         .collect();
     let seconds = of(auto, "seconds")?;
-    let name = "lr = auto's range test: seconds per run";
+    let name = format!("{prefix}lr = auto's range test: seconds per run");
     let base = "the whole run's seconds (reading, range test, training, validating)";
     let row = out.row(
         "time per run",

@@ -106,12 +106,13 @@ def add_training_args(p):
     p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
 
 
-def train_step(model, opt, x, y, clip=0.0, sched=None, autocast=contextlib.nullcontext):
-    """One training step as kiln's trainer takes it: forward and cross-entropy (mean) under
-    `autocast()`, zero_grad, backward, the global gradient norm clipped to `clip` (0: no
-    clipping), the optimizer's step and the schedule's; returns the loss."""
+def train_step(model, opt, x, y, clip=0.0, sched=None, autocast=contextlib.nullcontext,
+               loss_fn=F.cross_entropy):
+    """One training step as kiln's trainer takes it: forward and `loss_fn` (mean; cross-entropy
+    by default) under `autocast()`, zero_grad, backward, the global gradient norm clipped to
+    `clip` (0: no clipping), the optimizer's step and the schedule's; returns the loss."""
     with autocast():
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_fn(model(x), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if clip > 0:

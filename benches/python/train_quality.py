@@ -14,9 +14,14 @@ With --lr-find, the learning rate is Lightning's suggestion instead of --lr: `Tu
 (its defaults: 100 steps from 1e-8 to 1, exponential, the steepest descent of the smoothed
 loss) on the same model, optimizer groups, clipping and training batches, before the run; the
 model is then built again from the seed, so the run starts from the same weights as without.
+
+With --task regression, the suite's second job: the MLP twin of kiln's (--hidden widths, one
+output) on float targets, mean squared error, and the validation loss and RMSE instead of
+accuracy.
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -25,6 +30,7 @@ import time
 from common import (add_training_args, adamw_groups, batches, lr_factor, read_npy, scores,
                     train_step)
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import train_step as twins  # noqa: E402
 
@@ -36,6 +42,8 @@ def main():
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
     p.add_argument("--lr-find", action="store_true",
                    help="train at Lightning's lr_find suggestion instead of --lr")
+    p.add_argument("--task", choices=["classification", "regression"], default="classification")
+    p.add_argument("--hidden", default="256,256", help="the MLP's widths (regression)")
     for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16),
                                 ("--dropout", float, 0.1), ("--threads", int, None)):
         p.add_argument(name, type=kind, default=default)
@@ -50,12 +58,16 @@ def main():
         split = json.load(f)
     train_idx, val_idx = torch.tensor(split["train"]), torch.tensor(split["val"])
     xt, yt, xv, yv = x[train_idx], y[train_idx], x[val_idx], y[val_idx]
-    classes = int(split["classes"])
+    regression = a.task == "regression"
+    loss_fn = mse if regression else F.cross_entropy
 
     def build():
         torch.manual_seed(a.seed)
+        if regression:
+            hidden = [int(w) for w in a.hidden.split(",")]
+            return twins.MLP(x.shape[1], hidden, 1, a.dropout)
         return twins.SignTransformer(x.shape[2], x.shape[1], a.d_model, a.heads, a.layers, a.ff,
-                                     classes, a.dropout)
+                                     int(split["classes"]), a.dropout)
 
     def train_loader():
         return torch.utils.data.DataLoader(
@@ -65,7 +77,7 @@ def main():
     found = {}
     if a.lr_find:
         began = time.perf_counter()
-        a.lr = lightning_lr_find(a, build(), train_loader())
+        a.lr = lightning_lr_find(a, build(), train_loader(), loss_fn)
         found = {"lr": a.lr, "lr_find_seconds": time.perf_counter() - began}
     model = build()
     groups = adamw_groups(list(model.parameters()), a.weight_decay)
@@ -78,26 +90,45 @@ def main():
         for xb, yb in loader:
             for group in opt.param_groups:
                 group["lr"] = a.lr * lr_factor(step, a.warmup, total, a.schedule == "constant")
-            train_step(model, opt, xb, yb, a.clip)
+            train_step(model, opt, xb, yb, a.clip, loss_fn=loss_fn)
             step += 1
-        val_loss, val_acc = scores(model, batches(xv, yv, 256))
-        epochs.append({"epoch": epoch, "val_loss": val_loss, "val_accuracy": val_acc})
+        if regression:
+            val_loss = mse_over(model, xv, yv)
+            scored = {"val_loss": val_loss, "val_rmse": math.sqrt(val_loss)}
+        else:
+            val_loss, val_acc = scores(model, batches(xv, yv, 256))
+            scored = {"val_loss": val_loss, "val_accuracy": val_acc}
+        epochs.append({"epoch": epoch, **scored})
     print(json.dumps({
         "framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
         "steps": step, "threads": torch.get_num_threads(),
-        "final_val_loss": epochs[-1]["val_loss"],
-        "final_val_accuracy": epochs[-1]["val_accuracy"],
+        **{f"final_{k}": v for k, v in epochs[-1].items() if k != "epoch"},
         "epochs": epochs, "seconds": time.perf_counter() - start, **found,
     }), flush=True)
 
 
-def lightning_lr_find(a, model, loader):
+def mse(out, y):
+    """Mean squared error of a one-output model's [B, 1] against targets [B], as kiln's mse."""
+    return F.mse_loss(out.squeeze(1), y)
+
+
+def mse_over(model, x, y):
+    """The mean squared error over (x, y) in batches of 256, in eval mode."""
+    model.eval()
+    total = 0.0
+    with torch.no_grad():
+        for xb, yb in batches(x, y, 256):
+            total += F.mse_loss(model(xb).squeeze(1), yb, reduction="sum").item()
+    model.train()
+    return total / max(1, len(y))
+
+
+def lightning_lr_find(a, model, loader, loss_fn):
     """Lightning's learning-rate suggestion for `model` on `loader`: `Tuner.lr_find` with its
     defaults, the run's AdamW groups and clipping (in the hook Lightning documents for it, as
     `lightning_job.py` does)."""
     import lightning as L
     from lightning.pytorch.tuner import Tuner
-    import torch.nn.functional as F
 
     class Job(L.LightningModule):
         def __init__(self):
@@ -107,7 +138,7 @@ def lightning_lr_find(a, model, loader):
 
         def training_step(self, batch, _):
             x, y = batch
-            return F.cross_entropy(self.model(x), y)
+            return loss_fn(self.model(x), y)
 
         def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                         gradient_clip_algorithm=None):

@@ -25,7 +25,8 @@ const SUITES: [Suite; 10] = [
         name: "quality",
         group: "quality",
         sub: "quality",
-        what: "learning vs a PyTorch loop: same job, data, split, init; val accuracy/loss, 2+ seeds",
+        what: "learning vs a PyTorch loop (same job, data, split, init; 2+ seeds); lr = auto \
+               vs Lightning's lr_find, also on a regression",
     },
     Suite {
         name: "train",
