@@ -12,7 +12,7 @@ use kiln_benches::{Msg, Result, alternating, median, median_of};
 use kiln_train::workers;
 use serde_json::{Value, json};
 
-use crate::run_cli::{kiln_train, read_summary, remove_dir, run};
+use kiln_benches::run_cli::{kiln_train, read_summary, remove_dir, run};
 
 /// The goal: `auto` keeps at least this share of the best fixed count's samples/s.
 const GOAL: f64 = 0.95;

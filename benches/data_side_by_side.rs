@@ -23,7 +23,7 @@ use kiln_data::{
 };
 use serde_json::{Value, json};
 
-use crate::run_cli::{Cli, exit_on_error, measured_every};
+use kiln_benches::run_cli::{Cli, exit_on_error, measured_every};
 
 const SHAPE: [usize; 2] = [64, 128];
 const CLASSES: usize = 10;

@@ -28,8 +28,10 @@ use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, me
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
 
-use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, kiln_exe, plan_args, read_summary};
-use crate::run_cli::{remove_dir, run};
+use kiln_benches::run_cli::{
+    Cli, exit_on_error, fresh_work_dir, kiln_exe, plan_args, read_summary,
+};
+use kiln_benches::run_cli::{remove_dir, run};
 
 #[derive(Debug, Subcommand)]
 enum Sub {

@@ -27,8 +27,8 @@ use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
 use serde_json::json;
 
-use crate::run_cli::{Cli, Measured, exit_on_error, fresh_work_dir, kiln_train};
-use crate::run_cli::{measured, plan_args, read_summary, remove_dir};
+use kiln_benches::run_cli::{Cli, Measured, exit_on_error, fresh_work_dir, kiln_train};
+use kiln_benches::run_cli::{measured, plan_args, read_summary, remove_dir};
 
 #[derive(Debug, Subcommand)]
 enum Sub {

@@ -34,7 +34,7 @@ use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Tensor, nn};
 
-use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
+use kiln_benches::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
 
 /// Largest allowed |kiln − PyTorch| of any step's fp32 training loss, in nats.
 pub const FP32_STEP_TOLERANCE: f64 = 1e-4;

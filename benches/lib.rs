@@ -9,6 +9,7 @@ pub mod peers;
 pub mod plot;
 pub mod proc_memory;
 pub mod report;
+pub mod run_cli;
 pub mod unfused;
 
 use std::path::{Path, PathBuf};

@@ -1,7 +1,6 @@
 //! `kiln-bench`: every benchmark suite in one binary. `kiln-bench GROUP ARGS…` runs a group's
 //! command line: `data`, `train` (its suites `train`, `optimizer`, `opts`), `serve` (`infer`,
-//! `serve`), `quality`, `learning`, `job`, `ddp`, `report`, which merges the suites' outputs, and
-//! `soak`, the long abuse runs of `cargo xtask soak`.
+//! `serve`), `quality`, `learning`, `job`, `ddp`, and `report`, which merges the suites' outputs.
 //! Suites that measure in child processes start this binary again with their group's word.
 //! `cargo xtask bench` builds and runs it; `kiln gpu-check` runs the train and infer suites.
 
@@ -22,11 +21,8 @@ mod learning;
 mod quality;
 #[path = "report_main.rs"]
 mod report;
-mod run_cli;
 #[path = "serve/main.rs"]
 mod serve;
-#[path = "soak/main.rs"]
-mod soak;
 #[path = "train/main.rs"]
 mod train;
 
@@ -36,7 +32,7 @@ use std::ffi::OsString;
 type Entry = fn(Vec<OsString>);
 
 /// The groups, each with its command line's entry point.
-const GROUPS: [(&str, Entry); 9] = [
+const GROUPS: [(&str, Entry); 8] = [
     ("data", data::main),
     ("train", train::main),
     ("serve", serve::main),
@@ -45,7 +41,6 @@ const GROUPS: [(&str, Entry); 9] = [
     ("job", job::main),
     ("ddp", ddp::main),
     ("report", report::main),
-    ("soak", soak::main),
 ];
 
 fn main() {

@@ -30,7 +30,7 @@ use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer, RunStart};
 use serde_json::{Value, json};
 
-use crate::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
+use kiln_benches::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
 
 #[path = "quality_regression.rs"]
 mod regression;

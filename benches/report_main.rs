@@ -48,7 +48,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
         (None, Some(dir)) => build(dir, &cli),
         (None, None) => Err("give DIR or --check DIR".to_owned()),
     };
-    crate::run_cli::exit_on_error(result);
+    kiln_benches::run_cli::exit_on_error(result);
 }
 
 /// What this machine is, for the report's `machine`.

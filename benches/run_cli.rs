@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::proc_memory::{Peak, mib, peak_until_exit};
+use crate::{Msg, Result, SuiteArgs};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use kiln_benches::proc_memory::{Peak, mib, peak_until_exit};
-use kiln_benches::{Msg, Result, SuiteArgs};
 use kiln_config::RunPlan;
 use serde::Serialize;
 use serde_json::Value;

@@ -334,7 +334,7 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     if a.selects("mlp") {
         runs.extend(mlp_rows(a, &mut o, &mut out)?);
     }
-    let work = crate::run_cli::fresh_work_dir(a, "infer")?;
+    let work = kiln_benches::run_cli::fresh_work_dir(a, "infer")?;
     if a.selects("sliding window") {
         runs.extend(super::sliding::sliding_rows(&o, &mut out, &work)?);
     }

@@ -29,7 +29,7 @@ struct Files {
 
 /// Pushes the rows (or says why they were not run); returns the runs for the details.
 pub(super) fn int8_rows(o: &InferOpts, out: &mut SuiteOutput, work: &Path) -> Result<Vec<Value>> {
-    let kiln = match crate::run_cli::kiln_exe("infer") {
+    let kiln = match kiln_benches::run_cli::kiln_exe("infer") {
         Ok(k) => k,
         Err(why) => {
             out.skip("int8 rows", &format!("not run: {why}"));
@@ -85,8 +85,8 @@ fn prepare(kiln: &Path, o: &InferOpts, kind: ModelKind, dir: &Path) -> Result<Fi
         format!("performance.intra_op_threads={}", o.threads),
         format!("run.output_dir={}", runs.display()),
     ];
-    crate::run_cli::run(crate::run_cli::kiln_train("infer", &train, &sets)?)?;
-    let (run, _) = crate::run_cli::read_summary(&runs)?;
+    kiln_benches::run_cli::run(kiln_benches::run_cli::kiln_train("infer", &train, &sets)?)?;
+    let (run, _) = kiln_benches::run_cli::read_summary(&runs)?;
     let (fp32, int8) = (dir.join("fp32.onnx"), dir.join("int8.onnx"));
     for (file, int8_args) in [(&fp32, None), (&int8, Some(&held_out))] {
         let mut cmd = Command::new(kiln);
@@ -97,7 +97,7 @@ fn prepare(kiln: &Path, o: &InferOpts, kind: ModelKind, dir: &Path) -> Result<Fi
         if let Some(check) = int8_args {
             cmd.args(["--quantize", "int8", "--check-data"]).arg(check);
         }
-        crate::run_cli::run(cmd)?;
+        kiln_benches::run_cli::run(cmd)?;
     }
     Ok(Files {
         fp32,
@@ -148,7 +148,7 @@ fn measure(
     ] {
         let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, int8| {
             let file = if int8 { &files.int8 } else { &files.fp32 };
-            let (output, _) = crate::run_cli::run(infer(file, batch))?;
+            let (output, _) = kiln_benches::run_cli::run(infer(file, batch))?;
             let report = serde_json::from_slice::<Value>(&output.stdout);
             let report = report.map_err(|e| format!("kiln infer printed no report: {e}"))?;
             match report["engine"].as_str() {

@@ -39,10 +39,10 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::run_cli::{Cli, exit_on_error};
 use clap::{Args, Subcommand, ValueEnum};
 use kiln_benches::args::Place;
 use kiln_benches::report::{Better, Comparison, MS, SuiteOutput, Unit};
+use kiln_benches::run_cli::{Cli, exit_on_error};
 use kiln_benches::{
     Msg, Result, SuiteArgs, alternating, bench_root, compile_env, device_name, in_temp_dir, median,
     median_of, num, peak_memory_mib, resolve, run_json,

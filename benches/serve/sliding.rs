@@ -36,7 +36,7 @@ pub(super) fn sliding_rows(
     out: &mut SuiteOutput,
     work: &Path,
 ) -> Result<Vec<Value>> {
-    let setup = peers::dir().and_then(|p| Ok((p, crate::run_cli::kiln_exe("infer")?)));
+    let setup = peers::dir().and_then(|p| Ok((p, kiln_benches::run_cli::kiln_exe("infer")?)));
     let (peer_dir, kiln) = match setup {
         Ok(s) => s,
         Err(why) => {
@@ -55,7 +55,7 @@ pub(super) fn sliding_rows(
         c
     };
     let (dir_text, roi_text) = (dir.display().to_string(), roi.to_string());
-    crate::run_cli::run(python(&["make", &dir_text, "--size", &size.to_string()]))?;
+    kiln_benches::run_cli::run(python(&["make", &dir_text, "--size", &size.to_string()]))?;
     let kiln_out = dir.join("kiln.npy");
     let monai_out = dir.join("monai.npy");
     let kiln_cmd = || {
@@ -88,7 +88,7 @@ pub(super) fn sliding_rows(
     let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, kiln| {
         Ok(Some(match kiln {
             true => {
-                let (output, _) = crate::run_cli::run(kiln_cmd())?;
+                let (output, _) = kiln_benches::run_cli::run(kiln_cmd())?;
                 serde_json::from_slice::<Value>(&output.stdout)
                     .map_err(|e| format!("kiln infer --sliding-window printed no report: {e}"))?
             }

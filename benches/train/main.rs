@@ -33,7 +33,7 @@ use kiln_config::{ModelKind, ModelPlan};
 use serde_json::{Value, json};
 use tch::Device;
 
-use crate::run_cli::{Cli, exit_on_error};
+use kiln_benches::run_cli::{Cli, exit_on_error};
 use probe::ShapeArgs;
 
 #[derive(Debug, Subcommand)]

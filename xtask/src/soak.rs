@@ -1,5 +1,5 @@
 //! `cargo xtask soak KIND [args…]`: the long abuse runs, outside CI. Builds the release `kiln`
-//! and `kiln-bench` and runs `kiln-bench soak KIND args…` with the provisioned libtorch;
+//! and `kiln-soak` and runs `kiln-soak KIND args…` with the provisioned libtorch;
 //! `server`: `kiln serve` under mixed, partly hostile traffic with its memory watched; `kill`:
 //! `kiln train` killed with SIGKILL at chosen phases and resumed.
 
@@ -10,11 +10,14 @@ use crate::kiln::{apply_env, build_cli, target_dir};
 use crate::libtorch::Settings;
 use crate::util::{self, Result, bail};
 
-/// The soaks `kiln-bench soak` runs.
+/// The soak binary (package `kiln-soak`).
+const SOAK_BIN: &str = "kiln-soak";
+
+/// The soaks `kiln-soak` runs.
 pub const KINDS: [&str; 2] = ["server", "kill"];
 
 pub fn usage_text() -> &'static str {
-    "  soak server [--minutes M] [--out FILE] [kiln-bench soak server --help: all]\n\
+    "  soak server [--minutes M] [--out FILE] [kiln-soak server --help: all]\n\
      \x20                   kiln serve for 10 minutes under mixed traffic at twice its\n\
      \x20                   measured capacity (valid, malformed, oversize, slow, abandoned\n\
      \x20                   requests): statuses, p99 latency, memory slope; fails on a goal\n\
@@ -27,12 +30,10 @@ pub fn usage_text() -> &'static str {
      \x20                   to an uninterrupted one\n"
 }
 
-/// The arguments of `kiln-bench` for `args` (`KIND rest…`), or what is wrong with them.
-pub fn bench_args(args: &[String]) -> Result<Vec<String>> {
+/// `args` (`KIND rest…`) checked for `kiln-soak`, or what is wrong with them.
+pub fn soak_args(args: &[String]) -> Result<&[String]> {
     match args.first() {
-        Some(kind) if KINDS.contains(&kind.as_str()) => {
-            Ok([vec!["soak".to_owned()], args.to_vec()].concat())
-        }
+        Some(kind) if KINDS.contains(&kind.as_str()) => Ok(args),
         Some(kind) => bail!("no soak `{kind}`; the soaks are: {}", KINDS.join(", ")),
         None => bail!(
             "which soak? cargo xtask soak KIND, KIND one of: {}",
@@ -43,18 +44,33 @@ pub fn bench_args(args: &[String]) -> Result<Vec<String>> {
 
 /// Builds the release binaries and runs the soak; its exit code.
 pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
-    let bench = bench_args(args)?;
-    util::step("building kiln and kiln-bench (release)");
+    let args = soak_args(args)?;
+    util::step("building kiln and kiln-soak (release)");
     build_cli(root, settings)?;
-    crate::bench::build(root, settings)?;
-    let exe = target_dir(root)
-        .join("release")
-        .join(crate::bench::BENCH_BIN);
+    build(root, settings)?;
+    let exe = target_dir(root).join("release").join(SOAK_BIN);
     let mut soak = Command::new(&exe);
-    soak.current_dir(root).args(&bench);
+    soak.current_dir(root).args(args);
     apply_env(&mut soak, settings);
     let status = util::status_of(&mut soak)?;
     Ok(util::exit_code_of(status, "the soak"))
+}
+
+/// `cargo build --release -p kiln-soak`.
+fn build(root: &Path, settings: &Settings) -> Result<()> {
+    let mut build = Command::new(util::cargo());
+    build
+        .current_dir(root)
+        .args(["build", "--release", "--package", SOAK_BIN]);
+    apply_env(&mut build, settings);
+    let status = util::status_of(&mut build)?;
+    if !status.success() {
+        bail!(
+            "building the soaks failed ({})",
+            util::describe_status(status)
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -67,20 +83,15 @@ mod tests {
 
     #[test]
     fn a_soak_is_named_and_its_arguments_pass_through() {
-        assert_eq!(
-            bench_args(&strings(&["server", "--minutes", "2"])).unwrap(),
-            strings(&["soak", "server", "--minutes", "2"])
-        );
-        assert_eq!(
-            bench_args(&strings(&["kill"])).unwrap(),
-            strings(&["soak", "kill"])
-        );
-        let e = bench_args(&strings(&["power"])).unwrap_err().to_string();
+        let server = strings(&["server", "--minutes", "2"]);
+        assert_eq!(soak_args(&server).unwrap(), server);
+        assert_eq!(soak_args(&strings(&["kill"])).unwrap(), strings(&["kill"]));
+        let e = soak_args(&strings(&["power"])).unwrap_err().to_string();
         assert!(
             e.contains("no soak `power`") && e.contains("server, kill"),
             "{e}"
         );
-        let e = bench_args(&[]).unwrap_err().to_string();
+        let e = soak_args(&[]).unwrap_err().to_string();
         assert!(e.contains("which soak"), "{e}");
     }
 }

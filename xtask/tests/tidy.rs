@@ -112,6 +112,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "kiln-train",
         ],
     ),
+    ("soak", &["kiln-benches", "kiln-data"]),
     ("xtask", &[]),
 ];
 
@@ -529,7 +530,7 @@ fn library_code_does_not_panic() {
 fn every_rust_file_starts_with_a_doc_line() {
     let root = root();
     let mut missing = vec![];
-    for dir in ["crates", "benches", "xtask", "examples", "fuzz"] {
+    for dir in ["crates", "benches", "xtask", "examples", "fuzz", "soak"] {
         for f in files(&root.join(dir), &[".rs"]) {
             let text = std::fs::read_to_string(&f).unwrap();
             if !text.starts_with("//!") {

@@ -1,8 +1,8 @@
-//! `kiln-bench soak kill`: `kiln train` (the release CLI beside this binary) killed with SIGKILL
+//! `kiln-soak kill`: `kiln train` (the release CLI beside this binary) killed with SIGKILL
 //! `--kills` times (20) in each scenario, each time at a phase chosen in turn, and started again
 //! (`--resume` once a checkpoint exists), then run to its end.
 //!
-//! Phases: at a named fault point (`KILN_FAULT=POINT:N`, [`kiln_train::fault`]: mid-step,
+//! Phases: at a named fault point (`KILN_FAULT=POINT:N`, `kiln_train::fault`: mid-step,
 //! mid-checkpoint-write, mid-validation, during the batch-size search), N drawn from the seed;
 //! and `random`, a SIGKILL from here after a random time. Scenarios: `single` (one process;
 //! step, checkpoint-write, validation, random), `ddp` (2 ranks started by `kiln train
@@ -27,9 +27,9 @@ use serde_json::{Value, json};
 
 use super::server::write_json;
 use super::traffic::splitmix64;
-use crate::run_cli::kiln_exe;
+use kiln_benches::run_cli::kiln_exe;
 
-/// `kiln-bench soak kill`'s options.
+/// `kiln-soak kill`'s options.
 #[derive(Debug, Args)]
 pub struct KillArgs {
     /// Kills per scenario.

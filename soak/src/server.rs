@@ -1,4 +1,4 @@
-//! `kiln-bench soak server`: `kiln serve` (the release CLI beside this binary, on 127.0.0.1 and
+//! `kiln-soak server`: `kiln serve` (the release CLI beside this binary, on 127.0.0.1 and
 //! a port of its choosing) under mixed traffic for `--minutes` (10) at twice the capacity it
 //! first measures (`--capacity-seconds` of valid requests only, from the same clients).
 //!
@@ -31,7 +31,7 @@ use kiln_benches::{Msg, Result, report_path};
 use serde_json::{Value, json};
 
 use super::traffic::{self, Bodies, Client, Ending, Kind};
-use crate::run_cli::{kiln_exe, read_summary};
+use kiln_benches::run_cli::{kiln_exe, read_summary};
 
 /// The server's limits during the soak: small, so that the traffic reaches each of them.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -48,7 +48,7 @@ const PACE_GOAL: f64 = 0.9;
 /// HTTP's, so that clients on the same CPU can offer it twice what it answers.
 const HIDDEN: &str = "2048,2048";
 
-/// `kiln-bench soak server`'s options.
+/// `kiln-soak server`'s options.
 #[derive(Debug, Args)]
 pub struct ServerArgs {
     /// Minutes of mixed traffic at twice the measured capacity.

@@ -1,4 +1,4 @@
-//! `kiln-bench soak`: long runs that check kiln survives abuse, outside CI (`cargo xtask soak`
+//! `kiln-soak`: long runs that check kiln survives abuse, outside CI (`cargo xtask soak`
 //! builds the release binaries and runs them). `server` ([`server`]): `kiln serve` under mixed,
 //! partly hostile traffic at twice its measured capacity, with its memory watched. `kill`
 //! ([`kill`]): `kiln train` killed with SIGKILL at chosen phases and resumed, its finished run
@@ -10,9 +10,9 @@ mod traffic;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::run_cli::exit_on_error;
+use kiln_benches::run_cli::exit_on_error;
 
-/// `kiln-bench soak`'s command line.
+/// `kiln-soak`'s command line.
 #[derive(Debug, Parser)]
 struct SoakCli {
     #[command(subcommand)]
@@ -29,10 +29,9 @@ enum Sub {
     Kill(kill::KillArgs),
 }
 
-/// Runs the group's command line (`args[0]` is its name, as clap takes a program name).
-pub fn main(args: Vec<std::ffi::OsString>) {
-    let about = "`kiln-bench soak`: long abuse runs (cargo xtask soak runs them)";
-    let matches = SoakCli::command().about(about).get_matches_from(args);
+fn main() {
+    let about = "`kiln-soak`: long abuse runs (cargo xtask soak runs them)";
+    let matches = SoakCli::command().about(about).get_matches();
     let cli = SoakCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     exit_on_error(match cli.command {
         Sub::Server(a) => server::run(&a),
