@@ -16,6 +16,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::pickle::{self, PickleError};
+use super::zipfile::ZipFile;
 use crate::TrainError;
 
 /// The most entries an archive may hold.
@@ -84,32 +85,17 @@ pub fn vet_file(path: &Path) -> Result<ArchiveKind, TrainError> {
         path: path.to_owned(),
         reason: refusal.to_string(),
     };
-    let file = std::fs::File::open(path).map_err(|e| TrainError::File {
+    let file = ZipFile::open(path).map_err(|e| TrainError::File {
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    match vet_reader(file, 0, "") {
-        // No zip reader finds an archive in a file without an end-of-central-directory record,
-        // and libtorch's and PyTorch's loaders read zip archives only: such a file loads no
-        // code, and its loader's own error says best what it is.
-        Err(Refusal::NotAnArchive(_)) if !has_zip_end(path) => Ok(ArchiveKind::Other),
-        other => other.map_err(refused),
+    // No zip reader finds an archive in a file without an end-of-central-directory record, and
+    // libtorch's and PyTorch's loaders read zip archives only: such a file loads no code, and
+    // its loader's own error says best what it is.
+    if !file.has_zip_end() {
+        return Ok(ArchiveKind::Other);
     }
-}
-
-/// Whether the file at `path` holds a zip end-of-central-directory signature where one can be:
-/// in its last 64 KiB and 22 bytes (the record and the longest comment).
-fn has_zip_end(path: &Path) -> bool {
-    let Ok(mut file) = std::fs::File::open(path) else {
-        return true;
-    };
-    let len = file.metadata().map_or(0, |m| m.len());
-    let tail = len.min((64 << 10) + 22);
-    let mut bytes = Vec::new();
-    let read = file
-        .seek(std::io::SeekFrom::Start(len - tail))
-        .and_then(|_| file.take(tail).read_to_end(&mut bytes));
-    read.is_err() || bytes.windows(4).any(|w| w == b"PK\x05\x06")
+    vet_reader(file, 0, "").map_err(refused)
 }
 
 /// Vets an archive held in memory: what [`vet_file`] does, for any bytes (never panics).

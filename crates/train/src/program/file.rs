@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use super::zipfile::ZipFile;
 use crate::TrainError;
 
 /// What a model file holds.
@@ -46,9 +47,9 @@ pub(crate) fn file_error(path: &Path, message: String) -> TrainError {
 const WHAT_KILN_TRAINS: &str = "kiln trains a program saved with torch.export.save (.pt2) or a \
      TorchScript module saved with torch.jit.script(model.train()).save(path) (the older format)";
 
-/// Opens `path`, saying plainly when it is missing.
-fn open(path: &Path) -> Result<std::fs::File, TrainError> {
-    std::fs::File::open(path).map_err(|e| {
+/// Opens `path` for the zip reader ([`ZipFile`]), saying plainly when it is missing.
+fn open(path: &Path) -> Result<ZipFile, TrainError> {
+    ZipFile::open(path).map_err(|e| {
         let why = if e.kind() == std::io::ErrorKind::NotFound {
             "no such file".to_owned()
         } else {

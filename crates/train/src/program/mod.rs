@@ -12,6 +12,7 @@ pub mod compile;
 pub mod export;
 pub mod file;
 pub mod pickle;
+pub mod zipfile;
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
