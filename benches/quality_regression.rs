@@ -8,12 +8,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use kiln_benches::{Msg, Result, datasets, mean};
+use kiln_benches::{Msg, Result, datasets};
 use kiln_data::ShardedDataset;
 use serde_json::json;
 use tch::{Kind, Tensor};
 
-use super::{BASELINE, Ctx, DATA_SEED, Metric, Seed, Sides, SuiteOutput, lr_rows, of, per_seed};
+use super::{Ctx, DATA_SEED, Metric, Seed, Sides, SuiteOutput, lr_rows, vs_worst_seed};
 
 /// The job: sizes of the data and the model, and the training budget.
 #[derive(Debug, Clone, Copy)]
@@ -66,21 +66,12 @@ pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) 
         sides.torch.push(run.torch(&[], false)?);
         run.torch_lr_find(&mut sides.torch_lr_find)?;
     }
-    let (kiln, torch) = (&sides.kiln, &sides.torch);
     let rmse = Metric::RMSE;
-    let name = "regression: val RMSE: kiln fp32 mean vs PyTorch worst seed";
-    let base = format!("{BASELINE} (highest of {} seeds)", torch.len());
-    let (kr, tr) = (of(kiln, rmse.key)?, of(torch, rmse.key)?);
-    let row = out.row(
-        "learning",
-        name,
-        rmse.unit,
-        (mean(&kr), rmse.worst(&tr)),
-        base,
-    );
-    let runs = json!({"kiln": kiln, "kiln_lr_auto": sides.kiln_lr_auto, "pytorch": torch,
-                      "pytorch_lr_find": sides.torch_lr_find});
-    out.push(per_seed(row.at_most(1.02), &kr, &tr).detail("runs", runs));
+    let name = "regression: val RMSE: kiln fp32 mean vs PyTorch worst seed".to_owned();
+    let row = vs_worst_seed(out, name, rmse, (&sides.kiln, &sides.torch), 0.0)?;
+    let runs = json!({"kiln": sides.kiln, "kiln_lr_auto": sides.kiln_lr_auto,
+                      "pytorch": sides.torch, "pytorch_lr_find": sides.torch_lr_find});
+    out.push(row.at_most(1.02).detail("runs", runs));
     lr_rows(ctx, out, &sides, (rmse, "regression: "))?;
     Ok(describe(&job))
 }

@@ -329,6 +329,8 @@ struct Seed<'a> {
     data: PathBuf,
     split: PathBuf,
     seed: String,
+    /// The seed's learning-rate cache, emptied at the start.
+    lr_cache: PathBuf,
     /// `kiln-run`'s options naming the job, and the script's.
     kiln_job: Vec<String>,
     torch_job: Vec<String>,
@@ -343,12 +345,14 @@ impl<'a> Seed<'a> {
         (kiln_job, torch_job): (Vec<String>, Vec<String>),
     ) -> Result<Self> {
         let split = write_split(data, prepared, seed)?;
-        remove_dir(&data.join(format!("lr-cache-{seed}")))?;
+        let lr_cache = data.join(format!("lr-cache-{seed}"));
+        remove_dir(&lr_cache)?;
         Ok(Self {
             ctx,
             data: data.to_owned(),
             split,
             seed: seed.to_string(),
+            lr_cache,
             kiln_job,
             torch_job,
         })
@@ -363,8 +367,7 @@ impl<'a> Seed<'a> {
         k.args(&self.kiln_job).args(extra);
         k.args(a.quick.then_some("--quick"));
         // A cache of its own, empty: `train.lr = auto` runs its range test every time.
-        let lr_cache = self.data.join(format!("lr-cache-{}", self.seed));
-        k.env("KILN_CACHE_DIR", &lr_cache);
+        k.env("KILN_CACHE_DIR", &self.lr_cache);
         run_json(k)
     }
 
@@ -455,20 +458,38 @@ fn per_seed(c: Comparison, kiln: &[f64], torch: &[f64]) -> Comparison {
 /// Two rows with goals: `side`'s mean accuracy against PyTorch's worst seed less 1 point, and
 /// its mean loss against PyTorch's worst seed.
 fn against_range(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) -> Result<()> {
-    let (ka, ta) = (of(side, ACCURACY)?, of(torch, ACCURACY)?);
-    let (kl, tl) = (of(side, "final_val_loss")?, of(torch, "final_val_loss")?);
-    let worst_acc = ta.iter().copied().fold(f64::INFINITY, f64::min);
-    let worst_loss = tl.iter().copied().fold(f64::NEG_INFINITY, f64::max);
     let name = format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point");
-    let figures = (100.0 * mean(&ka), 100.0 * worst_acc - 1.0);
-    let base = format!("{BASELINE} (lowest of {} seeds, less 1 point)", ta.len());
-    let accuracy = out.row("learning", name, PERCENT, figures, base);
-    out.push(per_seed(accuracy.at_least(1.0), &ka, &ta));
+    let accuracy = vs_worst_seed(out, name, Metric::ACCURACY, (side, torch), 1.0)?;
+    out.push(accuracy.at_least(1.0));
     let name = format!("val loss: {what} mean vs PyTorch worst seed");
-    let base = format!("{BASELINE} (highest of {} seeds)", tl.len());
-    let loss = out.row("learning", name, NATS, (mean(&kl), worst_loss), base);
-    out.push(per_seed(loss.at_most(1.02), &kl, &tl));
+    let loss = vs_worst_seed(out, name, Metric::LOSS, (side, torch), 0.0)?;
+    out.push(loss.at_most(1.02));
     Ok(())
+}
+
+/// A row of `side`'s mean `metric` against PyTorch's worst seed, `less` taken off the latter
+/// (in the report's units), with both sides' figures per seed; the caller sets its goal.
+fn vs_worst_seed(
+    out: &SuiteOutput,
+    name: String,
+    metric: Metric,
+    (side, torch): (&[Value], &[Value]),
+    less: f64,
+) -> Result<Comparison> {
+    let (k, t) = (of(side, metric.key)?, of(torch, metric.key)?);
+    let x = metric.scale;
+    let figures = (x * mean(&k), x * metric.worst(&t) - less);
+    let less_note = if less > 0.0 { ", less 1 point" } else { "" };
+    let base = format!(
+        "{BASELINE} ({} of {} seeds{less_note})",
+        metric.worst_word(),
+        t.len()
+    );
+    Ok(per_seed(
+        out.row("learning", name, metric.unit, figures, base),
+        &k,
+        &t,
+    ))
 }
 
 /// The time per run of `side` against PyTorch's.
@@ -573,6 +594,12 @@ impl Metric {
         unit: PERCENT,
         scale: 100.0,
     };
+    const LOSS: Self = Self {
+        key: "final_val_loss",
+        name: "val loss",
+        unit: NATS,
+        scale: 1.0,
+    };
     const RMSE: Self = Self {
         key: "final_val_rmse",
         name: "val RMSE",
@@ -586,6 +613,14 @@ impl Metric {
         match self.unit.1 {
             Better::Higher => fold(f64::min, f64::INFINITY),
             Better::Lower => fold(f64::max, f64::NEG_INFINITY),
+        }
+    }
+
+    /// How the report says the worst of several seeds.
+    fn worst_word(self) -> &'static str {
+        match self.unit.1 {
+            Better::Higher => "lowest",
+            Better::Lower => "highest",
         }
     }
 
@@ -617,10 +652,7 @@ fn lr_rows(
         .collect::<Result<_>>()?;
     let (m, x) = (metric.name, metric.scale);
     let name = format!("{prefix}{m}: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed");
-    let worst = match metric.unit.1 {
-        Better::Higher => "lowest",
-        Better::Lower => "highest",
-    };
+    let worst = metric.worst_word();
     let base = format!(
         "kiln fp32 at the default lr 1e-3 ({worst} of {} seeds)",
         da.len()

@@ -301,24 +301,15 @@ pub const BENCH_BIN: &str = "kiln-bench";
 
 /// `cargo build --release -p kiln-benches --bin kiln-bench`.
 pub fn build(root: &Path, settings: &Settings) -> Result<()> {
-    let mut build = Command::new(util::cargo());
-    build.current_dir(root).args([
+    let args = [
         "build",
         "--release",
         "--package",
         "kiln-benches",
         "--bin",
         BENCH_BIN,
-    ]);
-    apply_env(&mut build, settings);
-    let status = util::status_of(&mut build)?;
-    if !status.success() {
-        bail!(
-            "building the benchmarks failed ({})",
-            util::describe_status(status)
-        );
-    }
-    Ok(())
+    ];
+    crate::kiln::cargo_build(root, settings, &args, "the benchmarks")
 }
 
 pub fn run(

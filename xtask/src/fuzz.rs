@@ -6,9 +6,9 @@
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use crate::kiln::{apply_env, target_dir};
+use crate::kiln::{apply_env, cargo_build, target_dir};
 use crate::libtorch::Settings;
-use crate::util::{self, Result, bail};
+use crate::util::{self, Result};
 
 /// The cargo profile the harness is built in (the workspace's `[profile.fuzz]`).
 pub const PROFILE: &str = "fuzz";
@@ -37,16 +37,7 @@ pub fn build_args() -> Vec<String> {
 
 /// Builds the harness and runs it with `args`; its exit code.
 pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode> {
-    let mut build = Command::new(util::cargo());
-    build.current_dir(root).args(build_args());
-    apply_env(&mut build, settings);
-    let status = util::status_of(&mut build)?;
-    if !status.success() {
-        bail!(
-            "building the fuzz harness failed ({}); see the compiler output above",
-            util::describe_status(status)
-        );
-    }
+    cargo_build(root, settings, &build_args(), "the fuzz harness")?;
     let exe = target_dir(root).join(PROFILE).join("kiln-fuzz");
     let mut fuzz = Command::new(&exe);
     fuzz.current_dir(root).args(args);

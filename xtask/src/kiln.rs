@@ -32,20 +32,31 @@ pub fn target_dir(root: &Path) -> PathBuf {
 
 /// `cargo build --release -p kiln-cli --bin kiln`: the very binary users get.
 pub fn build_cli(root: &Path, settings: &Settings) -> Result<()> {
-    let mut build = Command::new(util::cargo());
-    build.current_dir(root).args([
+    let args = [
         "build",
         "--release",
         "--package",
         "kiln-cli",
         "--bin",
         "kiln",
-    ]);
+    ];
+    cargo_build(root, settings, &args, "the kiln CLI")
+}
+
+/// `cargo ARGS` (a build) with [`apply_env`]'s environment; an error names `what` was built.
+pub fn cargo_build<S: AsRef<std::ffi::OsStr>>(
+    root: &Path,
+    settings: &Settings,
+    args: &[S],
+    what: &str,
+) -> Result<()> {
+    let mut build = Command::new(util::cargo());
+    build.current_dir(root).args(args);
     apply_env(&mut build, settings);
     let status = util::status_of(&mut build)?;
     if !status.success() {
         bail!(
-            "building the kiln CLI failed ({}); see the compiler output above",
+            "building {what} failed ({}); see the compiler output above",
             util::describe_status(status)
         );
     }

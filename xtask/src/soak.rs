@@ -58,19 +58,8 @@ pub fn run(root: &Path, settings: &Settings, args: &[String]) -> Result<ExitCode
 
 /// `cargo build --release -p kiln-soak`.
 fn build(root: &Path, settings: &Settings) -> Result<()> {
-    let mut build = Command::new(util::cargo());
-    build
-        .current_dir(root)
-        .args(["build", "--release", "--package", SOAK_BIN]);
-    apply_env(&mut build, settings);
-    let status = util::status_of(&mut build)?;
-    if !status.success() {
-        bail!(
-            "building the soaks failed ({})",
-            util::describe_status(status)
-        );
-    }
-    Ok(())
+    let args = ["build", "--release", "--package", SOAK_BIN];
+    crate::kiln::cargo_build(root, settings, &args, "the soaks")
 }
 
 #[cfg(test)]

@@ -23,7 +23,6 @@ pub struct ZipFile {
     head_pos: u64,
     tail: Vec<u8>,
     tail_start: u64,
-    len: u64,
     pos: u64,
 }
 
@@ -36,17 +35,19 @@ impl ZipFile {
         file.seek(SeekFrom::Start(tail_start))?;
         let mut tail = Vec::new();
         (&mut file).take(TAIL).read_to_end(&mut tail)?;
-        // The file's length as read: a file that changed under us is judged as it was read.
-        let len = tail_start + tail.len() as u64;
         file.seek(SeekFrom::Start(0))?;
         Ok(Self {
             head: BufReader::new(file),
             head_pos: 0,
             tail,
             tail_start,
-            len,
             pos: 0,
         })
+    }
+
+    /// The file's length as read (a file that changed under us is judged as it was read).
+    fn len(&self) -> u64 {
+        self.tail_start + self.tail.len() as u64
     }
 
     /// Whether the tail holds an end-of-central-directory signature: without one no zip reader
@@ -83,7 +84,7 @@ impl Seek for ZipFile {
     fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
         let target = match to {
             SeekFrom::Start(p) => Some(p),
-            SeekFrom::End(d) => self.len.checked_add_signed(d),
+            SeekFrom::End(d) => self.len().checked_add_signed(d),
             SeekFrom::Current(d) => self.pos.checked_add_signed(d),
         };
         let Some(target) = target else {
