@@ -4,7 +4,8 @@
         writes DIR/model.pt (a small 3-D segmenter, TorchScript, eval) and DIR/volume.npy
         ([1, N, N, N] float32, seeded)
     sliding_monai.py run DIR --roi R --overlap O --mode M --batch B --threads T --out FILE
-        loads the model, runs one trial window of zeros [1, 1, R, R, R] (as kiln does before
+                     [--channels-last]
+        loads the model (with --channels-last, its weights laid out channels-last-3d), runs one trial window of zeros [1, 1, R, R, R] (as kiln does before
         the work), then times MONAI's sliding_window_inference over the volume once, with the
         time inside the model's forward summed apart; writes the output to FILE (.npy) and
         prints one JSON line: {"total_s", "forward_s", "windows", "monai"}
@@ -36,6 +37,8 @@ def run(a):
 
     torch.set_num_threads(a.threads)
     model = torch.jit.load(f"{a.dir}/model.pt").eval()
+    if a.channels_last:
+        model = model.to(memory_format=torch.channels_last_3d)
     volume = torch.from_numpy(np.load(f"{a.dir}/volume.npy")).unsqueeze(0)
     inside = {"s": 0.0, "windows": 0}
 
@@ -69,6 +72,8 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out")
+    p.add_argument("--channels-last", action="store_true",
+                   help="the model's weights channels-last-3d (what kiln measured faster)")
     a = p.parse_args()
     make(a) if a.what == "make" else run(a)
 

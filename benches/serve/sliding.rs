@@ -1,7 +1,9 @@
 //! The infer suite's sliding-window rows: `kiln infer --sliding-window` against MONAI's
 //! `sliding_window_inference` on the same TorchScript 3-D segmenter, volume and settings (a
 //! Gaussian blend, fp32 on the CPU), each side after one trial window and timing the model's
-//! forward apart; the outputs must agree within 1e-4, or the rows fail.
+//! forward apart; the outputs must agree within 1e-4, or the rows fail. kiln picks the layout by
+//! itself (timing both on its trial window); MONAI runs as a user writes it (the goal rows) and
+//! with the model's weights channels-last-3d by hand (a row without a goal).
 
 use super::infer::InferOpts;
 use super::*;
@@ -77,22 +79,24 @@ pub(super) fn sliding_rows(
         }
         c
     };
-    let monai_cmd = || {
+    // MONAI as a user writes it, and with the model channels-last-3d (kiln's choice by hand).
+    let monai_cmd = |channels_last: bool| {
         let mut c = python(&["run", &dir_text, "--roi", &roi_text]);
         c.args(["--threads", &o.threads])
             .arg("--out")
             .arg(&monai_out);
+        c.args(channels_last.then_some("--channels-last"));
         c
     };
     // kiln prints its report as one (pretty) JSON document; MONAI's script one line.
-    let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, kiln| {
-        Ok(Some(match kiln {
-            true => {
+    let runs = kiln_benches::alternating(o.repeats, &[0, 1, 2], |_, side| {
+        Ok(Some(match side {
+            0 => {
                 let (output, _) = kiln_benches::run_cli::run(kiln_cmd())?;
                 serde_json::from_slice::<Value>(&output.stdout)
                     .map_err(|e| format!("kiln infer --sliding-window printed no report: {e}"))?
             }
-            false => run_json(monai_cmd())?,
+            _ => run_json(monai_cmd(side == 2))?,
         }))
     })?;
     let max_abs = max_abs_between(&kiln_out, &monai_out)?;
@@ -105,10 +109,12 @@ pub(super) fn sliding_rows(
         .iter()
         .map(|r| figures(r, "seconds", "forward_seconds"))
         .collect::<Result<_>>()?;
-    let monai_figures: Vec<Value> = runs[1]
-        .iter()
-        .map(|r| figures(r, "total_s", "forward_s"))
-        .collect::<Result<_>>()?;
+    let monai = |runs: &[Value]| -> Result<Vec<Value>> {
+        runs.iter()
+            .map(|r| figures(r, "total_s", "forward_s"))
+            .collect()
+    };
+    let (monai_figures, monai_cl) = (monai(&runs[1])?, monai(&runs[2])?);
     let what = format!(
         "a 3-D segmenter (TorchScript: conv 1→8→2, 3³ kernels) over a {size}³ volume in {roi}³ \
          windows, overlap 0.25, Gaussian blending, 4 windows a batch, fp32, {} threads",
@@ -130,9 +136,30 @@ pub(super) fn sliding_rows(
         );
         let row = out.row("sliding window", name, SECONDS, medians, &baseline);
         let row = row.at_most(goal).detail("setup", json!(what));
+        let row = row.detail("kiln_layout", layouts(&runs[0]));
         out.push(row.detail("max_abs_vs_monai", json!(max_abs)));
     }
-    Ok(vec![
-        json!({"sliding_window": {"kiln": kiln_figures, "monai": monai_figures, "max_abs": max_abs}}),
-    ])
+    let name = "sliding-window inference, whole run, vs MONAI with kiln's layout";
+    let medians = (
+        median_of(&kiln_figures, "total_s"),
+        median_of(&monai_cl, "total_s"),
+    );
+    let cl_baseline = format!("{baseline}, the model's weights channels-last-3d by hand");
+    let row = out.row("sliding window", name, SECONDS, medians, cl_baseline);
+    out.push(row.detail("setup", json!(what)));
+    Ok(vec![json!({"sliding_window": {
+        "kiln": kiln_figures, "monai": monai_figures, "monai_channels_last": monai_cl,
+        "max_abs": max_abs,
+    }})])
+}
+
+/// The layout of each of kiln's runs, what it measured to choose it, and the seconds of its
+/// trial window and that measurement (before the timed run, as MONAI's trial window is).
+fn layouts(runs: &[Value]) -> Value {
+    let keys = ["layout", "layout_measured", "trial_seconds"];
+    let per_run: Vec<Value> = runs
+        .iter()
+        .map(|r| keys.iter().map(|&k| (k.to_owned(), r[k].clone())).collect())
+        .collect();
+    json!(per_run)
 }

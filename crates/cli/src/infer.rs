@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use kiln_config::Resolution;
+use kiln_config::{Layer, Resolution};
 use kiln_device::settings::AmpDtype;
 use kiln_infer::Runner;
 use kiln_infer::model::{self, ModelSource};
@@ -244,10 +244,17 @@ pub fn sliding(
     let plan = r.plan.clone();
     let onnx = matches!(setup.source, ModelSource::Onnx(_));
     // ONNX Runtime takes host arrays in the standard layout.
-    let settings = kiln_infer::sliding::SlidingWindow::from_plan(
+    let mut settings = kiln_infer::sliding::SlidingWindow::from_plan(
         &plan.infer.sliding_window,
         plan.performance.channels_last && !onnx,
     );
+    // Unless the user chose the layout, kiln times both on the trial window.
+    let layout = plan.source_of(kiln_config::keys::performance::channels_last);
+    let chosen = !matches!(
+        layout.map(|p| p.layer),
+        None | Some(Layer::Default | Layer::Profile)
+    );
+    settings.measure_layout = !onnx && !chosen;
     let device_memory = match r.selection.device {
         kiln_device::Device::Cuda(n) => r
             .facts
@@ -269,7 +276,7 @@ pub fn sliding(
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         Format::Text => println!(
             "model: {}\ninput: {} {:?}\n{} windows of {:?} ({} blending, {} per batch, \
-             precision {}), stitched on {}: {:.2} s\noutput: {:?} {}",
+             precision {}, {}{}), stitched on {}: {:.2} s\noutput: {:?} {}",
             report.model,
             report.input,
             report.input_shape,
@@ -278,6 +285,8 @@ pub fn sliding(
             report.mode,
             report.batch_size,
             precision.as_str(),
+            report.layout,
+            layout_note(report.layout_measured),
             report.output_device,
             report.seconds,
             report.output_shape,
@@ -288,6 +297,16 @@ pub fn sliding(
         eprintln!("wrote {}", output.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How kiln chose the layout, where it measured: one window's forward in each.
+fn layout_note(measured: Option<kiln_infer::volume::LayoutTimes>) -> String {
+    measured.map_or_else(String::new, |t| {
+        format!(
+            ", measured: {:.1} ms a window channels-last vs {:.1} ms contiguous",
+            t.channels_last_ms, t.contiguous_ms
+        )
+    })
 }
 
 /// The model `--sliding-window` runs and the precision it runs in: an ONNX file in ONNX Runtime

@@ -404,6 +404,30 @@ impl LoadedModel {
         self.kind
     }
 
+    /// Re-lays the model's 4-D and 5-D parameters (its convolutions' weights) out channels-last
+    /// (`on`) or contiguous, in place: a convolution with a channels-last weight runs
+    /// channels-last whatever its input's layout, which is the only way a window of one channel
+    /// gets there (its channels-last and contiguous strides are the same). Returns whether the
+    /// model can be re-laid: an exported program's compiled forward cannot.
+    pub fn set_channels_last(&mut self, on: bool) -> Result<bool, InferError> {
+        let params = match &self.inner {
+            _ if self.program => return Ok(false),
+            Inner::Kiln { vs, .. } => vs.variables().into_values().collect(),
+            Inner::Script(module) => module
+                .named_parameters()?
+                .into_iter()
+                .map(|(_, p)| p)
+                .collect::<Vec<_>>(),
+        };
+        for p in params.iter().filter(|p| matches!(p.dim(), 4 | 5)) {
+            match on {
+                true => kiln_torch_ext::layout::param_to_channels_last(p)?,
+                false => kiln_torch_ext::layout::param_to_contiguous(p)?,
+            }
+        }
+        Ok(true)
+    }
+
     pub fn device(&self) -> Device {
         self.device
     }

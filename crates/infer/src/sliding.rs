@@ -167,6 +167,10 @@ pub struct SlidingWindow {
     pub cval: f64,
     /// Windows reach the model channels-last (`performance.channels_last`; 2-D and 3-D).
     pub channels_last: bool,
+    /// Where the user has not set `performance.channels_last`: both layouts timed on the trial
+    /// window, the faster kept (the model's weights and the windows together;
+    /// [`crate::volume::infer_volume`]).
+    pub measure_layout: bool,
 }
 
 impl SlidingWindow {
@@ -183,6 +187,7 @@ impl SlidingWindow {
             padding_mode: plan.padding_mode,
             cval: plan.cval,
             channels_last,
+            measure_layout: false,
         }
     }
 }

@@ -31,6 +31,10 @@ pub trait WindowModel {
     /// The outputs `[n, K, *roi]` of a batch of windows `[n, C, *roi]` already on
     /// [`WindowModel::device`] in [`WindowModel::kind`].
     fn forward(&mut self, windows: &Tensor) -> Result<Tensor, InferError>;
+    /// Re-lays the model's weights out channels-last (`on`) or contiguous; whether it can.
+    fn set_channels_last(&mut self, _on: bool) -> Result<bool, InferError> {
+        Ok(false)
+    }
 }
 
 impl WindowModel for LoadedModel {
@@ -48,6 +52,10 @@ impl WindowModel for LoadedModel {
 
     fn forward(&mut self, windows: &Tensor) -> Result<Tensor, InferError> {
         LoadedModel::forward(self, windows)
+    }
+
+    fn set_channels_last(&mut self, on: bool) -> Result<bool, InferError> {
+        LoadedModel::set_channels_last(self, on)
     }
 }
 
@@ -97,7 +105,25 @@ pub struct VolumeReport {
     pub seconds: f64,
     /// Of which inside the model's forward (on CUDA, up to the device's finishing it).
     pub forward_seconds: f64,
+    /// The layout the windows and the model's weights ran in: `channels-last` or `contiguous`.
+    pub layout: String,
+    /// Where kiln chose it (`performance.channels_last` not set): one trial window's forward
+    /// in each layout, in ms.
+    pub layout_measured: Option<LayoutTimes>,
+    /// The trial window and any layout measurement (before `seconds`).
+    pub trial_seconds: f64,
 }
+
+/// One window's forward in each layout, in ms (the faster was kept; a near tie stays
+/// contiguous).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LayoutTimes {
+    pub contiguous_ms: f64,
+    pub channels_last_ms: f64,
+}
+
+/// Channels-last must be this much faster to be kept (a stable choice over timing noise).
+const LAYOUT_TIE: f64 = 0.03;
 
 /// Where the output goes and what it is.
 #[derive(Debug, Clone, Copy)]
@@ -136,7 +162,27 @@ pub fn infer_volume(
     let spatial: Vec<i64> = shape[1..].iter().map(|&d| d as i64).collect();
     let grid = WindowGrid::new(&spatial, &settings.roi, settings.overlap)?;
     crate::sliding::check_padding(&grid, settings)?;
+    let trial_started = Instant::now();
     let trial = trial_window(&mut *model, shape[0] as i64, &grid)?;
+    let mut settings = settings.clone();
+    let layout_measured = match settings.measure_layout {
+        true => {
+            // At the batch size the windows run in: a layout's speed differs with it.
+            let mut shape = trial.window.size();
+            shape[0] = settings.batch_size.min(grid.len()).max(1) as i64;
+            let windows = Tensor::f_zeros(shape.as_slice(), (model.kind(), model.device()))?;
+            choose_layout(&mut *model, &windows, &mut settings)?
+        }
+        false => {
+            // Asked for: the weights too (a window of one channel is only laid out by them).
+            if settings.channels_last {
+                model.set_channels_last(true)?;
+            }
+            None
+        }
+    };
+    let trial_seconds = trial_started.elapsed().as_secs_f64();
+    let settings = &settings;
     let padded: i64 = trial.zoom.scaled(&grid.padded()).iter().product();
     // The running sum (K channels) and the summed weights, in f32.
     let needed = (padded as u64) * (trial.channels as u64 + 1) * 4;
@@ -150,14 +196,7 @@ pub fn infer_volume(
         let windows = windows.f_to_kind(model.kind())?;
         let start = Instant::now();
         let out = model.forward(&windows)?;
-        if let Device::Cuda(i) = model_device {
-            // tch's synchronize panics on a device error (an assert in a kernel): an error here.
-            std::panic::catch_unwind(|| tch::Cuda::synchronize(i as i64)).map_err(|_| {
-                InferError::Input(format!(
-                    "{description}: the device failed while running a batch of windows"
-                ))
-            })?;
-        }
+        synchronize(model_device, &description)?;
         forward_seconds += start.elapsed().as_secs_f64();
         Ok(out)
     };
@@ -186,7 +225,63 @@ pub fn infer_volume(
         output_dtype: out_dtype.to_string(),
         seconds,
         forward_seconds,
+        layout: match settings.channels_last {
+            true => "channels-last",
+            false => "contiguous",
+        }
+        .to_owned(),
+        layout_measured,
+        trial_seconds,
     })
+}
+
+/// Times one forward of `windows` (a batch of zeros) in each layout and keeps the faster: the
+/// model's weights re-laid and `settings.channels_last` set to match. None where the model
+/// cannot be re-laid (an ONNX session, an exported program's compiled forward). One forward
+/// each, not warmed: setting up a convolution for a new shape or layout costs milliseconds,
+/// the same on both sides, against a forward that takes tens of them.
+fn choose_layout(
+    model: &mut dyn WindowModel,
+    windows: &Tensor,
+    settings: &mut SlidingWindow,
+) -> Result<Option<LayoutTimes>, InferError> {
+    let _guard = tch::no_grad_guard();
+    let contiguous_ms = timed_forward(model, windows)?;
+    if !model.set_channels_last(true)? {
+        return Ok(None);
+    }
+    let windows = kiln_torch_ext::layout::to_channels_last(windows)?;
+    let channels_last_ms = timed_forward(model, &windows)?;
+    let faster = channels_last_ms < contiguous_ms * (1.0 - LAYOUT_TIE);
+    if !faster {
+        model.set_channels_last(false)?;
+    }
+    settings.channels_last = faster;
+    Ok(Some(LayoutTimes {
+        contiguous_ms,
+        channels_last_ms,
+    }))
+}
+
+/// One forward of `window` through `model`, in ms (on CUDA, up to the device's finishing it).
+fn timed_forward(model: &mut dyn WindowModel, window: &Tensor) -> Result<f64, InferError> {
+    let start = Instant::now();
+    let _out = model.forward(window)?;
+    synchronize(model.device(), model.description())?;
+    Ok(start.elapsed().as_secs_f64() * 1e3)
+}
+
+/// Waits for `device` to finish (nothing on the CPU); a device error is an error naming the model.
+fn synchronize(device: Device, description: &str) -> Result<(), InferError> {
+    if let Device::Cuda(i) = device {
+        // tch's synchronize panics on a device error (an assert in a kernel): an error here.
+        std::panic::catch_unwind(|| tch::Cuda::synchronize(i as i64)).map_err(|_| {
+            InferError::Input(format!(
+                "{description}: the device failed while running a batch of windows"
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// The shape `[C, *roi]` of one window over `input` (read from its header alone): what a model
@@ -256,6 +351,8 @@ fn volume_header(path: &Path) -> Result<(DType, Vec<usize>), InferError> {
 struct Trial {
     channels: i64,
     zoom: Zoom,
+    /// The window of zeros it ran.
+    window: Tensor,
 }
 
 /// One window of zeros through the model: its output's channels and zoom, or an error naming
@@ -289,6 +386,7 @@ fn trial_window(
     Ok(Trial {
         channels: size[1],
         zoom,
+        window: zeros,
     })
 }
 

@@ -19,6 +19,7 @@ fn settings(roi: &[i64], overlap: f64, mode: BlendMode, batch: usize) -> Sliding
         padding_mode: PadMode::Constant,
         cval: 0.0,
         channels_last: false,
+        measure_layout: false,
     }
 }
 
@@ -279,4 +280,109 @@ fn channels_last_3d_windows_give_the_contiguous_outputs() {
         outputs.push(out);
     }
     assert!(max_diff(&outputs[0], &outputs[1]) < 1e-5);
+}
+
+/// A 3-D convolution whose weight can be re-laid out, as a loaded model's can.
+struct Conv {
+    weight: Tensor,
+    relayable: bool,
+    /// Each forward's weight layout: channels-last or not.
+    seen: Vec<bool>,
+}
+
+impl kiln_infer::volume::WindowModel for Conv {
+    fn description(&self) -> &str {
+        "a 3-D convolution"
+    }
+    fn device(&self) -> Device {
+        Device::Cpu
+    }
+    fn kind(&self) -> Kind {
+        Kind::Float
+    }
+    fn forward(&mut self, w: &Tensor) -> Result<Tensor, InferError> {
+        let laid_out = kiln_torch_ext::layout::is_channels_last(&self.weight)?;
+        self.seen.push(laid_out);
+        Ok(w.f_conv3d(&self.weight, None::<Tensor>, [1; 3], [1; 3], [1; 3], 1)?)
+    }
+    fn set_channels_last(&mut self, on: bool) -> Result<bool, InferError> {
+        if self.relayable {
+            self.weight = match on {
+                true => kiln_torch_ext::layout::to_channels_last(&self.weight)?,
+                false => self.weight.f_contiguous()?,
+            };
+        }
+        Ok(self.relayable)
+    }
+}
+
+/// Without `performance.channels_last` set, kiln times a batch of windows in both layouts on
+/// the trial, keeps the faster for every batch after it, says so in the report, and writes what
+/// the contiguous run writes; a model that cannot be re-laid runs contiguous, unmeasured.
+#[test]
+fn the_measured_layout_is_kept_for_the_run_and_changes_no_output() {
+    use kiln_infer::volume::{VolumeOutput, VolumeValues, infer_volume};
+    tch::manual_seed(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("volume.npy");
+    // Two channels: a weight of one input channel is channels-last and contiguous at once.
+    let values = Tensor::randn([2, 13, 11, 12], (Kind::Float, Device::Cpu));
+    let bytes: Vec<u8> = Vec::<f32>::try_from(values.flatten(0, -1))
+        .unwrap()
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    kiln_data::write_npy(&input, kiln_data::DType::F32, &[2, 13, 11, 12], &bytes).unwrap();
+    let weight = Tensor::randn([3, 2, 3, 3, 3], (Kind::Float, Device::Cpu)) * 0.3;
+    let mut outputs = vec![];
+    for (measure, relayable) in [(false, true), (true, true), (true, false)] {
+        let s = SlidingWindow {
+            measure_layout: measure,
+            ..settings(&[8, 6, 7], 0.25, BlendMode::Gaussian, 2)
+        };
+        let mut model = Conv {
+            weight: weight.copy(),
+            relayable,
+            seen: vec![],
+        };
+        let path = tmp.path().join(format!("out-{measure}-{relayable}.npy"));
+        let out = VolumeOutput {
+            path: Some(&path),
+            device: kiln_config::OutputDevice::Cpu,
+            device_memory: None,
+            values: VolumeValues::Scores,
+        };
+        let report = infer_volume(&mut model, &input, &s, out).unwrap();
+        assert_eq!(report.layout_measured.is_some(), measure && relayable);
+        let kept = report.layout == "channels-last";
+        assert_eq!(
+            kept,
+            report
+                .layout_measured
+                .is_some_and(|t| t.channels_last_ms < t.contiguous_ms * 0.97)
+        );
+        // The trial window, then (measuring) one batch in each layout; every batch of the run
+        // after them in the layout kept.
+        let skip = if report.layout_measured.is_some() {
+            3
+        } else {
+            1
+        };
+        assert!(model.seen.len() > skip, "{:?}", model.seen);
+        assert!(
+            model.seen[skip..].iter().all(|&cl| cl == kept),
+            "{:?}",
+            model.seen
+        );
+        let bytes = std::fs::read(&path).unwrap();
+        outputs.push(kiln_data::NpyArray::parse(&bytes).unwrap().to_f32());
+    }
+    for other in &outputs[1..] {
+        let diff = outputs[0]
+            .iter()
+            .zip(other)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(diff < 1e-5, "{diff}");
+    }
 }

@@ -339,13 +339,25 @@ char* kiln_to_channels_last(const at::Tensor* t, at::Tensor** out) {
 }
 
 // Re-lays a 4-D or 5-D parameter out channels-last in place (its identity and autograd state
-// stay).
+// stay). A clone, not `contiguous`: a weight of one input channel already counts as
+// channels-last in its contiguous strides, and `contiguous` keeps those, which oneDNN reads as
+// the standard layout (its convolution then runs that way, about twice as slow in 3-D).
 char* kiln_param_to_channels_last(const at::Tensor* p) {
   KILN_TRY
   at::MemoryFormat format = channels_last_for(*p);
   at::NoGradGuard no_grad;
   at::Tensor param = *p;
-  param.set_data(param.contiguous(format));
+  param.set_data(param.clone(format));
+  KILN_CATCH
+}
+
+// Re-lays a parameter out in the standard contiguous format in place (undoing
+// kiln_param_to_channels_last; its identity and autograd state stay).
+char* kiln_param_to_contiguous(const at::Tensor* p) {
+  KILN_TRY
+  at::NoGradGuard no_grad;
+  at::Tensor param = *p;
+  param.set_data(param.clone(at::MemoryFormat::Contiguous));
   KILN_CATCH
 }
 

@@ -138,6 +138,7 @@ unsafe extern "C" {
         out: *mut *mut std::ffi::c_void,
     ) -> *mut c_char;
     pub fn kiln_param_to_channels_last(p: *const std::ffi::c_void) -> *mut c_char;
+    pub fn kiln_param_to_contiguous(p: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_is_channels_last(t: *const std::ffi::c_void, out: *mut bool) -> *mut c_char;
     pub fn kiln_cpu_rng_state(out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cpu_rng_state(state: *const std::ffi::c_void) -> *mut c_char;

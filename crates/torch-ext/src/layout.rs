@@ -24,6 +24,15 @@ pub fn param_to_channels_last(p: &tch::Tensor) -> Result<()> {
     })
 }
 
+/// Re-lays a parameter out contiguous (the standard layout) in place, undoing
+/// [`param_to_channels_last`]; it stays the same parameter.
+pub fn param_to_contiguous(p: &tch::Tensor) -> Result<()> {
+    // SAFETY: `p` is a live handle.
+    ffi::check("param to contiguous", unsafe {
+        ffi::kiln_param_to_contiguous(ffi::tensor_ptr(p))
+    })
+}
+
 /// Whether `t` is a 4-D or 5-D tensor laid out channels-last.
 pub fn is_channels_last(t: &tch::Tensor) -> Result<bool> {
     let mut out = false;
