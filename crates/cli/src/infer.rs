@@ -254,7 +254,12 @@ pub fn sliding(
         layout.map(|p| p.layer),
         None | Some(Layer::Default | Layer::Profile)
     );
-    settings.measure_layout = !onnx && !chosen;
+    if !onnx && !chosen {
+        let cache = kiln_device::measured::cache_dir().zip(layout_identity(&setup)?);
+        settings.layout = kiln_infer::sliding::Layout::Measured {
+            cache: cache.map(|(dir, model)| kiln_infer::sliding::LayoutCache { dir, model }),
+        };
+    }
     let device_memory = match r.selection.device {
         kiln_device::Device::Cuda(n) => r
             .facts
@@ -299,12 +304,31 @@ pub fn sliding(
     Ok(ExitCode::SUCCESS)
 }
 
-/// How kiln chose the layout, where it measured: one window's forward in each.
+/// What identifies the model for the layout cache: its TorchScript file's digest or its
+/// checkpoint's weights'; None for a model without either (nothing cached).
+fn layout_identity(setup: &Setup) -> anyhow::Result<Option<String>> {
+    Ok(match (&setup.source, setup.checkpoint.as_ref()) {
+        (ModelSource::TorchScript(path), _) => Some(format!(
+            "torchscript {}",
+            kiln_infer::onnx::file_digest(path)?
+        )),
+        (_, Some(ckpt)) => kiln_infer::onnx::weights_digest(ckpt).map(|d| format!("weights {d}")),
+        _ => None,
+    })
+}
+
+/// How kiln chose the layout, where it measured: a batch of windows' forward in each.
 fn layout_note(measured: Option<kiln_infer::volume::LayoutTimes>) -> String {
     measured.map_or_else(String::new, |t| {
         format!(
-            ", measured: {:.1} ms a window channels-last vs {:.1} ms contiguous",
-            t.channels_last_ms, t.contiguous_ms
+            ", {}: {:.1} ms a batch channels-last vs {:.1} ms contiguous",
+            if t.cached {
+                "measured before"
+            } else {
+                "measured"
+            },
+            t.channels_last_ms,
+            t.contiguous_ms
         )
     })
 }

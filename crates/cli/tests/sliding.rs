@@ -7,9 +7,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{kiln, python, stderr, stdout};
+use common::{kiln, kiln_with_env, python, stderr, stdout};
 use kiln_data::{DType, NpyArray};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn read_npy(path: &Path) -> (DType, Vec<usize>, Vec<f32>) {
     let bytes = std::fs::read(path).unwrap();
@@ -332,6 +332,51 @@ fn a_trained_unet3d_segments_a_larger_volume_by_sliding_windows() {
     for (i, class) in m.iter().enumerate() {
         let expected = if s[voxels + i] > s[i] { 1.0 } else { 0.0 };
         assert!(*class == expected || s[voxels + i] == s[i], "voxel {i}");
+    }
+    layout_is_measured_once_or_as_set(&run, &volume, tmp.path());
+}
+
+/// The layout of `run`'s windows over `volume`: measured by the first run and cached under the
+/// weights' digest for the next, or as `performance.channels_last` says when the user sets it.
+fn layout_is_measured_once_or_as_set(run: &Path, volume: &Path, tmp: &Path) {
+    let cache = tmp.join("cache");
+    let report = |name: &str, sets: &[&str]| -> Value {
+        let out = tmp.join(name);
+        let mut args = vec![
+            "infer",
+            "--sliding-window",
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+        ];
+        args.extend(["--set", "infer.sliding_window.roi=32"]);
+        for set in sets {
+            args.extend(["--set", set]);
+        }
+        let (run, volume, out) = (run.to_str(), volume.to_str(), out.to_str());
+        args.extend(["--model", run.unwrap(), "--inputs", volume.unwrap()]);
+        args.extend(["--output", out.unwrap(), "--precision", "fp32"]);
+        let o = kiln_with_env(&args, &[("KILN_CACHE_DIR", cache.to_str().unwrap())]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str(&stdout(&o)).unwrap()
+    };
+    let first = report("first.npy", &[]);
+    let second = report("second.npy", &[]);
+    for (r, cached) in [(&first, false), (&second, true)] {
+        let times = &r["layout_measured"];
+        assert_eq!(times["cached"], cached, "{r}");
+        let faster = times["channels_last_ms"].as_f64() < times["contiguous_ms"].as_f64();
+        assert!(faster || r["layout"] == "contiguous", "{r}");
+    }
+    assert_eq!(first["layout"], second["layout"]);
+    for (on, layout) in [("true", "channels-last"), ("false", "contiguous")] {
+        let set = format!("performance.channels_last={on}");
+        let r = report(&format!("set-{on}.npy"), &[&set]);
+        assert_eq!(
+            (&r["layout"], &r["layout_measured"]),
+            (&json!(layout), &Value::Null)
+        );
     }
 }
 

@@ -100,6 +100,8 @@ config_keys! {
             valid |v| *v > 0.0 && *v <= 1.0 => "must be in (0, 1]";
         /// Empty the CUDA cache every N steps; 0 = never.
         empty_cache_interval: u64 = 0 => p.performance.empty_cache_interval;
+        /// Convolutions channels-last (NHWC; NDHWC in 3-D). Unset, a sliding window measures
+        /// both layouts and keeps the faster.
         channels_last: bool = false => p.performance.channels_last;
         /// CPU intra-op threads; 0 keeps libtorch's default.
         intra_op_threads: u64 = 0 => p.performance.backend.intra_op_threads;

@@ -167,10 +167,29 @@ pub struct SlidingWindow {
     pub cval: f64,
     /// Windows reach the model channels-last (`performance.channels_last`; 2-D and 3-D).
     pub channels_last: bool,
-    /// Where the user has not set `performance.channels_last`: both layouts timed on the trial
-    /// window, the faster kept (the model's weights and the windows together;
-    /// [`crate::volume::infer_volume`]).
-    pub measure_layout: bool,
+    /// How the layout is chosen: as `channels_last` says, or measured.
+    pub layout: Layout,
+}
+
+/// How the windows' layout (and the model's weights') is chosen.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// As `channels_last` says (the user set `performance.channels_last`).
+    #[default]
+    AsSet,
+    /// Both layouts timed on a batch of the trial window's size, the faster kept
+    /// ([`crate::volume::infer_volume`]); the answer cached in kiln's cache directory `dir`
+    /// under the model's identity `model` (with the window, batch, hardware and versions),
+    /// where given.
+    Measured { cache: Option<LayoutCache> },
+}
+
+/// Where a measured layout is kept: kiln's cache directory, and what identifies the model (its
+/// file's or weights' digest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutCache {
+    pub dir: std::path::PathBuf,
+    pub model: String,
 }
 
 impl SlidingWindow {
@@ -187,7 +206,7 @@ impl SlidingWindow {
             padding_mode: plan.padding_mode,
             cval: plan.cval,
             channels_last,
-            measure_layout: false,
+            layout: Layout::AsSet,
         }
     }
 }

@@ -13,11 +13,12 @@ use std::time::Instant;
 
 use kiln_config::OutputDevice;
 use kiln_data::DType;
-use serde::Serialize;
+use kiln_device::measured::MeasuredCache;
+use serde::{Deserialize, Serialize};
 use tch::{Device, Kind, Tensor};
 
 use crate::onnx::OnnxEngine;
-use crate::sliding::{SlidingWindow, WindowGrid, Zoom, run};
+use crate::sliding::{Layout, SlidingWindow, WindowGrid, Zoom, run};
 use crate::{InferError, LoadedModel};
 
 /// A model the windows run through: a libtorch model (checkpoint, TorchScript, exported program)
@@ -107,19 +108,31 @@ pub struct VolumeReport {
     pub forward_seconds: f64,
     /// The layout the windows and the model's weights ran in: `channels-last` or `contiguous`.
     pub layout: String,
-    /// Where kiln chose it (`performance.channels_last` not set): one trial window's forward
-    /// in each layout, in ms.
+    /// Where kiln chose it (`performance.channels_last` not set): a batch of windows' forward
+    /// in each layout, in ms, measured now or by an earlier run (cached).
     pub layout_measured: Option<LayoutTimes>,
     /// The trial window and any layout measurement (before `seconds`).
     pub trial_seconds: f64,
 }
 
-/// One window's forward in each layout, in ms (the faster was kept; a near tie stays
+/// A batch of windows' forward in each layout, in ms (the faster was kept; a near tie stays
 /// contiguous).
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct LayoutTimes {
     pub contiguous_ms: f64,
     pub channels_last_ms: f64,
+    /// Unix seconds when they were measured.
+    pub measured_at: u64,
+    /// Whether they came from kiln's cache (measured by an earlier run) rather than this run.
+    #[serde(default, skip_deserializing)]
+    pub cached: bool,
+}
+
+impl LayoutTimes {
+    /// Whether channels-last is the faster (by more than [`LAYOUT_TIE`]).
+    pub fn channels_last(&self) -> bool {
+        self.channels_last_ms < self.contiguous_ms * (1.0 - LAYOUT_TIE)
+    }
 }
 
 /// Channels-last must be this much faster to be kept (a stable choice over timing noise).
@@ -165,22 +178,7 @@ pub fn infer_volume(
     let trial_started = Instant::now();
     let trial = trial_window(&mut *model, shape[0] as i64, &grid)?;
     let mut settings = settings.clone();
-    let layout_measured = match settings.measure_layout {
-        true => {
-            // At the batch size the windows run in: a layout's speed differs with it.
-            let mut shape = trial.window.size();
-            shape[0] = settings.batch_size.min(grid.len()).max(1) as i64;
-            let windows = Tensor::f_zeros(shape.as_slice(), (model.kind(), model.device()))?;
-            choose_layout(&mut *model, &windows, &mut settings)?
-        }
-        false => {
-            // Asked for: the weights too (a window of one channel is only laid out by them).
-            if settings.channels_last {
-                model.set_channels_last(true)?;
-            }
-            None
-        }
-    };
+    let layout_measured = settle_layout(&mut *model, &trial.window, grid.len(), &mut settings)?;
     let trial_seconds = trial_started.elapsed().as_secs_f64();
     let settings = &settings;
     let padded: i64 = trial.zoom.scaled(&grid.padded()).iter().product();
@@ -235,6 +233,74 @@ pub fn infer_volume(
     })
 }
 
+/// Lays the model and the windows out as `settings.layout` says: as set (the weights
+/// re-laid too where channels-last is asked for: a window of one channel is only laid out by
+/// them), or measured on a batch of `trial`-sized windows of zeros as many as a batch holds
+/// (a layout's speed differs with the batch), or the answer cached for this model, window,
+/// batch and hardware.
+fn settle_layout(
+    model: &mut dyn WindowModel,
+    trial: &Tensor,
+    windows: usize,
+    settings: &mut SlidingWindow,
+) -> Result<Option<LayoutTimes>, InferError> {
+    let Layout::Measured { cache } = settings.layout.clone() else {
+        if settings.channels_last {
+            model.set_channels_last(true)?;
+        }
+        return Ok(None);
+    };
+    let mut shape = trial.size();
+    shape[0] = settings.batch_size.min(windows).max(1) as i64;
+    let key = match &cache {
+        Some(c) => Some(layout_key(&c.model, &shape, model)?),
+        None => None,
+    };
+    let mut store =
+        cache.map(|c| MeasuredCache::<LayoutTimes>::open_file(&c.dir, LAYOUT_FILE, "layout cache"));
+    if let Some(hit) = store
+        .as_ref()
+        .zip(key.as_deref())
+        .and_then(|(s, k)| s.get(k).copied())
+    {
+        if model.set_channels_last(hit.channels_last())? {
+            settings.channels_last = hit.channels_last();
+            return Ok(Some(LayoutTimes {
+                cached: true,
+                ..hit
+            }));
+        }
+        return Ok(None);
+    }
+    let zeros = Tensor::f_zeros(shape.as_slice(), (model.kind(), model.device()))?;
+    let measured = choose_layout(model, &zeros, settings)?;
+    if let (Some(store), Some(key), Some(times)) = (store.as_mut(), key, measured) {
+        // A cache that cannot be written costs the next run a measurement, nothing more.
+        if let Err(e) = store.store(&key, times) {
+            tracing::warn!("{e}");
+        }
+    }
+    Ok(measured)
+}
+
+/// The layout cache's file in kiln's cache directory.
+const LAYOUT_FILE: &str = "layout-choice.json";
+
+/// Everything a measured layout depends on: the model, the batch of windows, the element type,
+/// the hardware and threads, libtorch's version and kiln's.
+fn layout_key(
+    model_id: &str,
+    batch: &[i64],
+    model: &dyn WindowModel,
+) -> Result<String, InferError> {
+    let hardware = kiln_device::measured::hardware_key(model.device())?;
+    Ok(format!(
+        "{model_id} | windows {batch:?} {:?} | {hardware} | libtorch 2.11.0 | kiln {}",
+        model.kind(),
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
 /// Times one forward of `windows` (a batch of zeros) in each layout and keeps the faster: the
 /// model's weights re-laid and `settings.channels_last` set to match. None where the model
 /// cannot be re-laid (an ONNX session, an exported program's compiled forward). One forward
@@ -252,15 +318,19 @@ fn choose_layout(
     }
     let windows = kiln_torch_ext::layout::to_channels_last(windows)?;
     let channels_last_ms = timed_forward(model, &windows)?;
-    let faster = channels_last_ms < contiguous_ms * (1.0 - LAYOUT_TIE);
-    if !faster {
-        model.set_channels_last(false)?;
-    }
-    settings.channels_last = faster;
-    Ok(Some(LayoutTimes {
+    let times = LayoutTimes {
         contiguous_ms,
         channels_last_ms,
-    }))
+        measured_at: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        cached: false,
+    };
+    if !times.channels_last() {
+        model.set_channels_last(false)?;
+    }
+    settings.channels_last = times.channels_last();
+    Ok(Some(times))
 }
 
 /// One forward of `window` through `model`, in ms (on CUDA, up to the device's finishing it).

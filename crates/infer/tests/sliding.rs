@@ -19,7 +19,7 @@ fn settings(roi: &[i64], overlap: f64, mode: BlendMode, batch: usize) -> Sliding
         padding_mode: PadMode::Constant,
         cval: 0.0,
         channels_last: false,
-        measure_layout: false,
+        layout: kiln_infer::sliding::Layout::AsSet,
     }
 }
 
@@ -316,16 +316,10 @@ impl kiln_infer::volume::WindowModel for Conv {
     }
 }
 
-/// Without `performance.channels_last` set, kiln times a batch of windows in both layouts on
-/// the trial, keeps the faster for every batch after it, says so in the report, and writes what
-/// the contiguous run writes; a model that cannot be re-laid runs contiguous, unmeasured.
-#[test]
-fn the_measured_layout_is_kept_for_the_run_and_changes_no_output() {
-    use kiln_infer::volume::{VolumeOutput, VolumeValues, infer_volume};
-    tch::manual_seed(3);
-    let tmp = tempfile::tempdir().unwrap();
-    let input = tmp.path().join("volume.npy");
-    // Two channels: a weight of one input channel is channels-last and contiguous at once.
+/// A two-channel volume `[2, 13, 11, 12]` in `dir` (two channels: a weight of one input channel
+/// is channels-last and contiguous at once, so a one-channel test could not tell them apart).
+fn two_channel_volume(dir: &std::path::Path) -> std::path::PathBuf {
+    let input = dir.join("volume.npy");
     let values = Tensor::randn([2, 13, 11, 12], (Kind::Float, Device::Cpu));
     let bytes: Vec<u8> = Vec::<f32>::try_from(values.flatten(0, -1))
         .unwrap()
@@ -333,49 +327,74 @@ fn the_measured_layout_is_kept_for_the_run_and_changes_no_output() {
         .flat_map(|v| v.to_le_bytes())
         .collect();
     kiln_data::write_npy(&input, kiln_data::DType::F32, &[2, 13, 11, 12], &bytes).unwrap();
+    input
+}
+
+/// `input` through `model` with `layout`, written to `out`: the report and the scores.
+fn slide_conv(
+    model: &mut Conv,
+    input: &std::path::Path,
+    layout: kiln_infer::sliding::Layout,
+    out: &std::path::Path,
+) -> (kiln_infer::volume::VolumeReport, Vec<f32>) {
+    use kiln_infer::volume::{VolumeOutput, VolumeValues, infer_volume};
+    let s = SlidingWindow {
+        layout,
+        ..settings(&[8, 6, 7], 0.25, BlendMode::Gaussian, 2)
+    };
+    let output = VolumeOutput {
+        path: Some(out),
+        device: kiln_config::OutputDevice::Cpu,
+        device_memory: None,
+        values: VolumeValues::Scores,
+    };
+    let report = infer_volume(model, input, &s, output).unwrap();
+    let bytes = std::fs::read(out).unwrap();
+    (report, kiln_data::NpyArray::parse(&bytes).unwrap().to_f32())
+}
+
+/// Whether every forward of `model` after its first `skip` ran in the layout `report` kept.
+fn ran_as_reported(model: &Conv, report: &kiln_infer::volume::VolumeReport, skip: usize) {
+    let kept = report.layout == "channels-last";
+    assert!(model.seen.len() > skip, "{:?}", model.seen);
+    assert!(
+        model.seen[skip..].iter().all(|&cl| cl == kept),
+        "{:?}",
+        model.seen
+    );
+}
+
+/// Without `performance.channels_last` set, kiln times a batch of windows in both layouts on
+/// the trial, keeps the faster for every batch after it, says so in the report, and writes what
+/// the contiguous run writes; a model that cannot be re-laid runs contiguous, unmeasured.
+#[test]
+fn the_measured_layout_is_kept_for_the_run_and_changes_no_output() {
+    use kiln_infer::sliding::Layout;
+    tch::manual_seed(3);
+    let tmp = tempfile::tempdir().unwrap();
+    let input = two_channel_volume(tmp.path());
     let weight = Tensor::randn([3, 2, 3, 3, 3], (Kind::Float, Device::Cpu)) * 0.3;
     let mut outputs = vec![];
     for (measure, relayable) in [(false, true), (true, true), (true, false)] {
-        let s = SlidingWindow {
-            measure_layout: measure,
-            ..settings(&[8, 6, 7], 0.25, BlendMode::Gaussian, 2)
+        let layout = match measure {
+            true => Layout::Measured { cache: None },
+            false => Layout::AsSet,
         };
         let mut model = Conv {
             weight: weight.copy(),
             relayable,
             seen: vec![],
         };
-        let path = tmp.path().join(format!("out-{measure}-{relayable}.npy"));
-        let out = VolumeOutput {
-            path: Some(&path),
-            device: kiln_config::OutputDevice::Cpu,
-            device_memory: None,
-            values: VolumeValues::Scores,
-        };
-        let report = infer_volume(&mut model, &input, &s, out).unwrap();
-        assert_eq!(report.layout_measured.is_some(), measure && relayable);
+        let out = tmp.path().join(format!("out-{measure}-{relayable}.npy"));
+        let (report, scores) = slide_conv(&mut model, &input, layout, &out);
+        let measured = report.layout_measured;
+        assert_eq!(measured.is_some(), measure && relayable);
+        assert!(measured.is_none_or(|t| !t.cached));
         let kept = report.layout == "channels-last";
-        assert_eq!(
-            kept,
-            report
-                .layout_measured
-                .is_some_and(|t| t.channels_last_ms < t.contiguous_ms * 0.97)
-        );
-        // The trial window, then (measuring) one batch in each layout; every batch of the run
-        // after them in the layout kept.
-        let skip = if report.layout_measured.is_some() {
-            3
-        } else {
-            1
-        };
-        assert!(model.seen.len() > skip, "{:?}", model.seen);
-        assert!(
-            model.seen[skip..].iter().all(|&cl| cl == kept),
-            "{:?}",
-            model.seen
-        );
-        let bytes = std::fs::read(&path).unwrap();
-        outputs.push(kiln_data::NpyArray::parse(&bytes).unwrap().to_f32());
+        assert_eq!(kept, measured.is_some_and(|t| t.channels_last()));
+        // The trial window, then (measuring) one batch in each layout.
+        ran_as_reported(&model, &report, if measured.is_some() { 3 } else { 1 });
+        outputs.push(scores);
     }
     for other in &outputs[1..] {
         let diff = outputs[0]
@@ -385,4 +404,43 @@ fn the_measured_layout_is_kept_for_the_run_and_changes_no_output() {
             .fold(0f32, f32::max);
         assert!(diff < 1e-5, "{diff}");
     }
+}
+
+/// A measured layout is kept in kiln's cache under the model's identity: the next run of the
+/// same model takes it without measuring (its report says so), another model measures anew.
+#[test]
+fn a_measured_layout_is_cached_per_model() {
+    use kiln_infer::sliding::{Layout, LayoutCache};
+    tch::manual_seed(4);
+    let tmp = tempfile::tempdir().unwrap();
+    let input = two_channel_volume(tmp.path());
+    let weight = Tensor::randn([3, 2, 3, 3, 3], (Kind::Float, Device::Cpu)) * 0.3;
+    let layout = |model: &str| Layout::Measured {
+        cache: Some(LayoutCache {
+            dir: tmp.path().join("cache"),
+            model: model.to_owned(),
+        }),
+    };
+    let mut runs = vec![];
+    for (i, id) in ["conv a", "conv a", "conv b"].into_iter().enumerate() {
+        let mut model = Conv {
+            weight: weight.copy(),
+            relayable: true,
+            seen: vec![],
+        };
+        let out = tmp.path().join(format!("out-{i}.npy"));
+        let (report, _) = slide_conv(&mut model, &input, layout(id), &out);
+        let times = report.layout_measured.expect("measured or cached");
+        // Measuring runs the trial window and a batch in each layout; a cached answer only
+        // the trial window.
+        ran_as_reported(&model, &report, if times.cached { 1 } else { 3 });
+        runs.push((times, report.layout));
+    }
+    assert_eq!(
+        runs.iter().map(|(t, _)| t.cached).collect::<Vec<_>>(),
+        [false, true, false]
+    );
+    assert_eq!(runs[1].0.contiguous_ms, runs[0].0.contiguous_ms);
+    assert_eq!(runs[1].1, runs[0].1);
+    assert!(tmp.path().join("cache/layout-choice.json").is_file());
 }

@@ -36,7 +36,7 @@ fn slide(volume: &Tensor, device: Device, output: Device) -> anyhow::Result<(Ten
         padding_mode: PadMode::Constant,
         cval: 0.0,
         channels_last: false,
-        measure_layout: false,
+        layout: kiln_infer::sliding::Layout::AsSet,
     };
     let mut predict = |x: &Tensor| -> Result<Tensor, InferError> {
         let conv =
