@@ -248,17 +248,8 @@ pub fn sliding(
         &plan.infer.sliding_window,
         plan.performance.channels_last && !onnx,
     );
-    // Unless the user chose the layout, kiln times both on the trial window.
-    let layout = plan.source_of(kiln_config::keys::performance::channels_last);
-    let chosen = !matches!(
-        layout.map(|p| p.layer),
-        None | Some(Layer::Default | Layer::Profile)
-    );
-    if !onnx && !chosen {
-        let cache = kiln_device::measured::cache_dir().zip(layout_identity(&setup)?);
-        settings.layout = kiln_infer::sliding::Layout::Measured {
-            cache: cache.map(|(dir, model)| kiln_infer::sliding::LayoutCache { dir, model }),
-        };
+    if !onnx {
+        settings.layout = window_layout(&setup)?;
     }
     let device_memory = match r.selection.device {
         kiln_device::Device::Cuda(n) => r
@@ -302,6 +293,20 @@ pub fn sliding(
         eprintln!("wrote {}", output.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How a libtorch model's windows are laid out: as the user set `performance.channels_last`, or
+/// measured on the trial window (the answer cached by the model's identity).
+fn window_layout(setup: &Setup) -> anyhow::Result<kiln_infer::sliding::Layout> {
+    let key = kiln_config::keys::performance::channels_last;
+    let layer = setup.resolution.plan.source_of(key).map(|p| p.layer);
+    if !matches!(layer, None | Some(Layer::Default | Layer::Profile)) {
+        return Ok(kiln_infer::sliding::Layout::AsSet);
+    }
+    let cache = kiln_device::measured::cache_dir().zip(layout_identity(setup)?);
+    Ok(kiln_infer::sliding::Layout::Measured {
+        cache: cache.map(|(dir, model)| kiln_infer::sliding::LayoutCache { dir, model }),
+    })
 }
 
 /// What identifies the model for the layout cache: its TorchScript file's digest or its
