@@ -312,10 +312,12 @@ fn choose_layout(
     settings: &mut SlidingWindow,
 ) -> Result<Option<LayoutTimes>, InferError> {
     let _guard = tch::no_grad_guard();
-    let contiguous_ms = timed_forward(model, windows)?;
-    if !model.set_channels_last(true)? {
+    // From the standard layout, whatever the model was built in.
+    if !model.set_channels_last(false)? {
         return Ok(None);
     }
+    let contiguous_ms = timed_forward(model, windows)?;
+    model.set_channels_last(true)?;
     let windows = kiln_torch_ext::layout::to_channels_last(windows)?;
     let channels_last_ms = timed_forward(model, &windows)?;
     let times = LayoutTimes {
