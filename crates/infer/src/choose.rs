@@ -273,7 +273,8 @@ fn note(
     )
 }
 
-fn now() -> u64 {
+/// Unix seconds now (when an answer was measured).
+pub(crate) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

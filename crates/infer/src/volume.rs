@@ -129,14 +129,12 @@ pub struct LayoutTimes {
 }
 
 impl LayoutTimes {
-    /// Whether channels-last is the faster (by more than [`LAYOUT_TIE`]).
+    /// Whether channels-last is the faster, by more than the engine choice's tie margin
+    /// ([`crate::choose::TIE`]: a stable choice over timing noise).
     pub fn channels_last(&self) -> bool {
-        self.channels_last_ms < self.contiguous_ms * (1.0 - LAYOUT_TIE)
+        self.channels_last_ms < self.contiguous_ms * (1.0 - crate::choose::TIE)
     }
 }
-
-/// Channels-last must be this much faster to be kept (a stable choice over timing noise).
-const LAYOUT_TIE: f64 = 0.03;
 
 /// Where the output goes and what it is.
 #[derive(Debug, Clone, Copy)]
@@ -323,9 +321,7 @@ fn choose_layout(
     let times = LayoutTimes {
         contiguous_ms,
         channels_last_ms,
-        measured_at: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        measured_at: crate::choose::now(),
         cached: false,
     };
     if !times.channels_last() {
