@@ -17,20 +17,24 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-#[test]
-#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
-fn torchscript_models_from_pytorch_give_pytorchs_outputs_with_python_torch() {
-    let python = python();
+/// The modules `export_torchscript.py` saves in a new directory, and its reference JSON.
+fn exported() -> (tempfile::TempDir, serde_json::Value) {
     let tmp = tempfile::tempdir().unwrap();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/export_torchscript.py");
+    let python = python();
     let o = Command::new(&python)
         .arg(&script)
         .arg(tmp.path())
         .output()
         .unwrap();
     assert!(o.status.success(), "export failed: {}", stderr(&o));
-    let reference: serde_json::Value =
+    let reference =
         serde_json::from_slice(&std::fs::read(tmp.path().join("reference.json")).unwrap()).unwrap();
+    (tmp, reference)
+}
+
+/// The reference's array `key` (its shape at `<key>_shape`).
+fn array(reference: &serde_json::Value, key: &str) -> (Vec<usize>, Vec<f32>) {
     let list = |key: &str| -> Vec<f64> {
         reference[key]
             .as_array()
@@ -39,10 +43,19 @@ fn torchscript_models_from_pytorch_give_pytorchs_outputs_with_python_torch() {
             .map(|v| v.as_f64().unwrap())
             .collect()
     };
-    let x_shape: Vec<usize> = list("x_shape").iter().map(|&d| d as usize).collect();
-    let y_shape: Vec<usize> = list("y_shape").iter().map(|&d| d as usize).collect();
-    let x: Vec<f32> = list("x").iter().map(|&v| v as f32).collect();
-    let y: Vec<f32> = list("y").iter().map(|&v| v as f32).collect();
+    let shape = list(&format!("{key}_shape"))
+        .iter()
+        .map(|&d| d as usize)
+        .collect();
+    (shape, list(key).iter().map(|&v| v as f32).collect())
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
+fn torchscript_models_from_pytorch_give_pytorchs_outputs_with_python_torch() {
+    let (tmp, reference) = exported();
+    let (x_shape, x) = array(&reference, "x");
+    let (y_shape, y) = array(&reference, "y");
     let inputs = tmp.path().join("x.npy");
     std::fs::write(&inputs, kiln_data::npy_f32_bytes(&x_shape, &x).unwrap()).unwrap();
 
@@ -136,6 +149,48 @@ fn torchscript_models_from_pytorch_give_pytorchs_outputs_with_python_torch() {
     ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("forward failed"), "{}", stderr(&o));
+}
+
+#[test]
+#[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
+fn a_torchscript_conv_net_has_its_weights_laid_out_channels_last_when_asked() {
+    let (tmp, reference) = exported();
+    let (x_shape, x) = array(&reference, "conv_x");
+    let (y_shape, y) = array(&reference, "conv_y");
+    let inputs = tmp.path().join("conv_x.npy");
+    std::fs::write(&inputs, kiln_data::npy_f32_bytes(&x_shape, &x).unwrap()).unwrap();
+    for on in [true, false] {
+        let output = tmp.path().join(format!("conv-{on}.npy"));
+        let o = kiln(&[
+            "infer",
+            "--model",
+            tmp.path().join("conv.pt").to_str().unwrap(),
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+            "--precision",
+            "fp32",
+            "--device",
+            "cpu",
+            "--format",
+            "json",
+            "--set",
+            &format!("performance.channels_last={on}"),
+        ]);
+        assert!(o.status.success(), "channels_last={on}: {}", stderr(&o));
+        let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let model = report["model"].as_str().unwrap();
+        assert_eq!(model.ends_with(", weights channels-last"), on, "{model}");
+        let bytes = std::fs::read(&output).unwrap();
+        let array = kiln_data::NpyArray::parse(&bytes).unwrap();
+        assert_eq!(array.shape, y_shape);
+        let diff = max_abs_diff(&array.to_f32(), &y);
+        assert!(
+            diff < 1e-5,
+            "channels_last={on}: max |Δ| {diff} from PyTorch"
+        );
+    }
 }
 
 #[test]

@@ -18,6 +18,9 @@ use tch::{Device, Kind, Tensor, nn};
 
 use crate::InferError;
 
+/// What a model's description says once its convolutions' weights are re-laid channels-last.
+const CHANNELS_LAST_NOTE: &str = ", weights channels-last";
+
 /// Where a model comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ModelSource {
@@ -237,6 +240,9 @@ impl LoadedModel {
                 ckpt.meta.step
             );
             loaded.sample_shape = ckpt.meta.input.as_ref().map(|i| i.sample_shape.clone());
+            if channels_last {
+                loaded.set_channels_last(true)?;
+            }
             return Ok(loaded);
         }
         let (vs, model, input) = rebuild(ckpt, plan, channels_last, device)?;
@@ -408,7 +414,8 @@ impl LoadedModel {
     /// (`on`) or contiguous, in place: a convolution with a channels-last weight runs
     /// channels-last whatever its input's layout, which is the only way a window of one channel
     /// gets there (its channels-last and contiguous strides are the same). Returns whether the
-    /// model can be re-laid: an exported program's compiled forward cannot.
+    /// model can be re-laid: an exported program's compiled forward cannot. While any weight is
+    /// channels-last, the model's description says so.
     pub fn set_channels_last(&mut self, on: bool) -> Result<bool, InferError> {
         let params = match &self.inner {
             _ if self.program => return Ok(false),
@@ -419,11 +426,18 @@ impl LoadedModel {
                 .map(|(_, p)| p)
                 .collect::<Vec<_>>(),
         };
+        let mut relaid = 0;
         for p in params.iter().filter(|p| matches!(p.dim(), 4 | 5)) {
             match on {
                 true => kiln_torch_ext::layout::param_to_channels_last(p)?,
                 false => kiln_torch_ext::layout::param_to_contiguous(p)?,
             }
+            relaid += 1;
+        }
+        let base = self.description.strip_suffix(CHANNELS_LAST_NOTE);
+        self.description = base.unwrap_or(&self.description).to_owned();
+        if on && relaid > 0 {
+            self.description.push_str(CHANNELS_LAST_NOTE);
         }
         Ok(true)
     }
@@ -526,7 +540,14 @@ pub fn load(
                 precision,
             )
         }
-        (ModelSource::TorchScript(path), _) => LoadedModel::torchscript(path, device, precision),
+        (ModelSource::TorchScript(path), _) => {
+            let mut loaded = LoadedModel::torchscript(path, device, precision)?;
+            // kiln's own models are built channels-last; a module's weights are re-laid here.
+            if plan.performance.channels_last {
+                loaded.set_channels_last(true)?;
+            }
+            Ok(loaded)
+        }
         (ModelSource::Program(path), _) => {
             LoadedModel::program(path, None, plan.model.output.clone(), device, precision)
         }

@@ -2,7 +2,8 @@
 own outputs, for kiln's bring-your-own-model test (crates/cli/tests/infer.rs).
 
 The scripted module is saved in training mode, with dropout, so that only a model kiln puts in
-eval mode reproduces PyTorch's eval outputs.
+eval mode reproduces PyTorch's eval outputs. A small convolutional net (conv.pt) is there for
+channels-last.
 """
 
 import json
@@ -21,6 +22,28 @@ class Net(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(self.norm(torch.nn.functional.gelu(self.fc1(x)))))
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(torch.relu(self.conv1(x)))
+
+
+def conv(out: str) -> dict:
+    """A convolutional module of one input channel (its weights are what channels-last
+    re-lays), scripted, with inputs and outputs."""
+    net = ConvNet().eval()
+    x = torch.randn(6, 1, 10, 10)
+    with torch.no_grad():
+        y = net(x)
+    torch.jit.script(net).save(f"{out}/conv.pt")
+    return {"conv_x_shape": list(x.shape), "conv_x": x.flatten().tolist(),
+            "conv_y_shape": list(y.shape), "conv_y": y.flatten().tolist()}
 
 
 def main(out: str) -> None:
@@ -42,6 +65,7 @@ def main(out: str) -> None:
                 "x": x.flatten().tolist(),
                 "y_shape": list(y.shape),
                 "y": y.flatten().tolist(),
+                **conv(out),
             },
             f,
         )
