@@ -108,6 +108,10 @@ config_keys! {
         /// CPU inter-op threads; 0 keeps libtorch's default.
         inter_op_threads: u64 = 0 => p.performance.backend.inter_op_threads;
         seed: u64 = 0 => p.performance.backend.seed;
+        /// Keep memory a run frees for its next tensors (glibc's mmap threshold 256 MiB, trim
+        /// threshold 1 GiB) instead of giving it back to the system and faulting it in again;
+        /// false leaves the C allocator as it is.
+        malloc_tuning: bool = true => p.performance.backend.malloc_tuning;
     }
 
     /// The loader and the data split.

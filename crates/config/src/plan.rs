@@ -434,6 +434,7 @@ fn performance_plan(v: PerformanceValues) -> PerformancePlan {
             intra_op_threads: v.intra_op_threads,
             inter_op_threads: v.inter_op_threads,
             seed: v.seed,
+            malloc_tuning: v.malloc_tuning,
         },
         empty_cache_interval: v.empty_cache_interval,
         channels_last: v.channels_last,

@@ -17,4 +17,7 @@ pub struct BackendSettings {
     /// CPU inter-op threads; 0 keeps libtorch's default.
     pub inter_op_threads: u64,
     pub seed: u64,
+    /// Keep memory the run frees for its next tensors (glibc's mmap and trim thresholds raised)
+    /// instead of giving it back to the system.
+    pub malloc_tuning: bool,
 }

@@ -8,6 +8,7 @@
 
 mod error;
 pub mod libtorch;
+pub mod malloc;
 pub mod measured;
 pub mod memory;
 pub mod probe;

@@ -110,5 +110,19 @@ pub fn apply(settings: &BackendSettings, device: crate::Device) -> Vec<AppliedSe
         tch::manual_seed(i64::from_ne_bytes(settings.seed.to_ne_bytes()));
     }
     record("seed", settings.seed.to_string(), Outcome::Applied);
+    record(
+        "malloc_tuning",
+        settings.malloc_tuning.to_string(),
+        match settings.malloc_tuning {
+            false => Outcome::NotApplicable("false leaves the C allocator as it is".to_owned()),
+            true if !crate::malloc::SUPPORTED => {
+                Outcome::NotApplicable("the C library is not glibc".to_owned())
+            }
+            true => match crate::malloc::keep_freed_memory() {
+                Ok(()) => Outcome::Applied,
+                Err(e) => Outcome::Failed(e),
+            },
+        },
+    );
     report
 }

@@ -17,6 +17,7 @@ fn a_cpu_run_applies_what_it_can_and_reports_the_rest() {
         intra_op_threads: 1,
         inter_op_threads: 0,
         seed: 1234,
+        malloc_tuning: false,
     };
     let report = apply(&settings, Device::Cpu);
     let outcome = |name: &str| {
@@ -54,6 +55,11 @@ fn a_cpu_run_applies_what_it_can_and_reports_the_rest() {
         outcome("inter_op_threads"),
         Outcome::NotApplicable(_)
     ));
+    // Off, the C allocator is left alone (its effect is tests/malloc.rs's).
+    match outcome("malloc_tuning") {
+        Outcome::NotApplicable(why) => assert!(why.contains("as it is"), "{why}"),
+        other => panic!("malloc_tuning = false: {other:?}"),
+    }
 
     // The seed is applied: the same seed gives the same numbers.
     let a = tch::Tensor::randn([4], (tch::Kind::Float, tch::Device::Cpu));

@@ -112,6 +112,7 @@ pub fn backend_flags(ctx: &Ctx) -> anyhow::Result<Outcome> {
         intra_op_threads: 0,
         inter_op_threads: 0,
         seed: 0,
+        malloc_tuning: true,
     };
     let applied = settings::apply(&wanted, device);
     let failed: Vec<_> = applied
