@@ -182,29 +182,38 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         split: &split,
     };
     let lightning = peers::dir();
-    let sides = alternating(repeats, &["kiln", "lightning", "plain"], |r, who| {
+    let who = ["kiln", "lightning", "plain", "lightning-malloc"];
+    let sides = alternating(repeats, &who, |r, who| {
         let log = work.join(format!("{who}-{r}.log"));
         let out = work.join(format!("{who}-{r}"));
         eprintln!("job: repeat {r}: {who} (log: {})", log.display());
         let run = match (who, &lightning) {
             ("kiln", _) => kiln_run(&data, &sets, &runs, &log)?,
             ("plain", _) => measured(torch.command("plain", &out, None), &log)?,
-            (_, Ok(dir)) => measured(torch.command("lightning", &out, Some(dir)), &log)?,
             (_, Err(_)) => return Ok(None),
+            (who, Ok(dir)) => {
+                let mut c = torch.command("lightning", &out, Some(dir));
+                if who == "lightning-malloc" {
+                    kiln_benches::malloc_like_kiln(&mut c);
+                }
+                measured(c, &log)?
+            }
         };
         Ok(Some(run))
     })?;
-    let [kiln, light, plain]: [Vec<Measured>; 3] = sides
+    let [kiln, light, plain, light_malloc]: [Vec<Measured>; 4] = sides
         .try_into()
-        .map_err(|_| "the job suite has three sides".to_owned())?;
+        .map_err(|_| "the job suite has four sides".to_owned())?;
     let (kiln, light, plain) = (Side(kiln), Side(light), Side(plain));
+    let light_malloc = Side(light_malloc);
     let mut out = report(quick, &torch, &kiln, &plain);
     match &lightning {
-        Ok(_) => lightning_rows(&mut out, &kiln, &light),
+        Ok(_) => lightning_rows(&mut out, &kiln, &light, &light_malloc),
         Err(why) => {
             for name in LIGHTNING_ROWS {
                 out.skip(&format!("{name} vs Lightning"), &format!("not run: {why}"));
             }
+            out.skip(MALLOC_ROW, &format!("not run: {why}"));
         }
     }
     out.details = json!({
@@ -214,6 +223,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         "batch": plan.train.batch_size,
         "epochs": plan.train.epochs, "data_shape": data_shape(quick),
         "kiln": kiln.0, "lightning": light.0, "pytorch_loop": plain.0,
+        "lightning_malloc": light_malloc.0,
     });
     out.write(&a.out_or("job"))?;
     remove_dir(&work)
@@ -274,7 +284,10 @@ const LIGHTNING_ROWS: [&str; 6] = [
     "peak RSS of the process tree (shared pages once per process)",
 ];
 
-fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side) {
+/// The wall-time row against Lightning with kiln's malloc thresholds (no goal).
+const MALLOC_ROW: &str = "default job wall time vs Lightning with kiln's malloc thresholds";
+
+fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side, light_malloc: &Side) {
     let version = &light.0[0].result["lightning_version"];
     let version = version.as_str().unwrap_or("?");
     let base = format!("PyTorch Lightning Trainer.fit, same job (lightning {version})");
@@ -296,4 +309,10 @@ fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side) {
         row(rss, MIB, memory(|m| m.peak_rss_mib)),
     ];
     rows.into_iter().for_each(|r| out.push(r));
+    let base = format!(
+        "{base}, with glibc's malloc thresholds as kiln sets them (MALLOC_MMAP_THRESHOLD_, \
+         MALLOC_TRIM_THRESHOLD_)"
+    );
+    let seconds = (kiln.seconds(), light_malloc.seconds());
+    out.push(out.row("end to end", MALLOC_ROW, SECONDS, seconds, base));
 }

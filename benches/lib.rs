@@ -95,6 +95,15 @@ pub fn compile_env(c: &mut std::process::Command, cache: &Path) {
         .env("TMPDIR", cache.join("tmp"));
 }
 
+/// Gives `cmd` (a baseline's process) glibc's malloc thresholds as kiln sets them for its runs
+/// (`performance.malloc_tuning`), through glibc's environment variables: the baseline with
+/// kiln's choice.
+pub fn malloc_like_kiln(cmd: &mut std::process::Command) {
+    use kiln_device::malloc::{MMAP_THRESHOLD, TRIM_THRESHOLD};
+    cmd.env("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD.to_string())
+        .env("MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD.to_string());
+}
+
 /// The directory holding the `python/` scripts: `KILN_BENCH_ROOT` (a gpu-check bundle sets
 /// it), else this crate's directory.
 pub fn bench_root() -> PathBuf {

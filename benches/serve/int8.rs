@@ -114,30 +114,14 @@ fn measure(
     files: &Files,
     out: &mut SuiteOutput,
 ) -> Result<Value> {
+    // The file itself, not the checkpoint it records (which `auto` may pick).
     let infer = |file: &Path, batch: usize| {
-        let mut c = Command::new(kiln);
-        c.args([
-            "infer",
-            "--format",
-            "json",
-            "--device",
-            "cpu",
-            "--precision",
-            "fp32",
-        ]);
-        c.arg("--model")
-            .arg(file)
-            .arg("--inputs")
-            .arg(&files.held_out);
-        // The file itself, not the checkpoint it records (which `auto` may pick).
-        for set in [
+        let sets = [
             "infer.engine=onnxruntime".to_owned(),
             format!("infer.batch_size={batch}"),
             format!("performance.intra_op_threads={}", o.threads),
-        ] {
-            c.args(["--set", &set]);
-        }
-        c
+        ];
+        kiln_infer(kiln, (file, &files.held_out), &[], &sets)
     };
     let bytes = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
     let sizes = json!({"fp32": bytes(&files.fp32), "int8": bytes(&files.int8)});
@@ -148,9 +132,7 @@ fn measure(
     ] {
         let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, int8| {
             let file = if int8 { &files.int8 } else { &files.fp32 };
-            let (output, _) = kiln_benches::run_cli::run(infer(file, batch))?;
-            let report = serde_json::from_slice::<Value>(&output.stdout);
-            let report = report.map_err(|e| format!("kiln infer printed no report: {e}"))?;
+            let report = infer(file, batch)?;
             match report["engine"].as_str() {
                 Some(engine) if engine.starts_with("onnxruntime") => Ok(Some(report)),
                 _ => Err(format!(

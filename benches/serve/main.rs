@@ -88,7 +88,7 @@ struct InferProbeArgs {
     #[command(flatten)]
     place: Place,
     /// CUDA graphs: on, off or auto.
-    #[arg(long, default_value = "off", value_parser = parse_graphs)]
+    #[arg(long, default_value = "off")]
     graphs: CudaGraphs,
     /// The engine timed: kiln's libtorch engine, or ONNX Runtime over `--onnx` (fp32 only).
     #[arg(long, value_enum, default_value = "libtorch")]
@@ -105,13 +105,23 @@ enum ProbeEngine {
     Onnxruntime,
 }
 
-fn parse_graphs(v: &str) -> Result<CudaGraphs> {
-    match v {
-        "on" => Ok(CudaGraphs::On),
-        "off" => Ok(CudaGraphs::Off),
-        "auto" => Ok(CudaGraphs::Auto),
-        other => Err(format!("`{other}`: expected on, off or auto")),
+/// `kiln infer --format json` at fp32 on the CPU: `model` over `inputs`, with `extra`
+/// arguments and `sets` (`key=value`); its report.
+fn kiln_infer(
+    kiln: &Path,
+    (model, inputs): (&Path, &Path),
+    extra: &[&std::ffi::OsStr],
+    sets: &[String],
+) -> Result<Value> {
+    let mut c = Command::new(kiln);
+    c.args(["infer", "--format", "json", "--device", "cpu"]);
+    c.args(["--precision", "fp32", "--model"]).arg(model);
+    c.arg("--inputs").arg(inputs).args(extra);
+    for set in sets {
+        c.args(["--set", set]);
     }
+    let (output, _) = kiln_benches::run_cli::run(c)?;
+    serde_json::from_slice(&output.stdout).map_err(|e| format!("kiln infer printed no report: {e}"))
 }
 
 /// Runs the suite's command line (`args[0]` is its name, as clap takes a program name); without

@@ -2,8 +2,9 @@
 //! `sliding_window_inference` on the same TorchScript 3-D segmenter, volume and settings (a
 //! Gaussian blend, fp32 on the CPU), each side after one trial window and timing the model's
 //! forward apart; the outputs must agree within 1e-4, or the rows fail. kiln picks the layout by
-//! itself (timing both on its trial window); MONAI runs as a user writes it (the goal rows) and
-//! with the model's weights channels-last-3d by hand (a row without a goal).
+//! itself (timing both on its trial window) and keeps freed memory for reuse (glibc's malloc
+//! thresholds); MONAI runs as a user writes it (the goal rows) and with both of kiln's choices
+//! by hand (a row without a goal).
 
 use super::infer::InferOpts;
 use super::*;
@@ -60,42 +61,43 @@ pub(super) fn sliding_rows(
     kiln_benches::run_cli::run(python(&["make", &dir_text, "--size", &size.to_string()]))?;
     let kiln_out = dir.join("kiln.npy");
     let monai_out = dir.join("monai.npy");
-    let kiln_cmd = || {
+    let kiln_run = || {
         let _ = std::fs::remove_file(&kiln_out);
-        let mut c = Command::new(&kiln);
-        c.args(["infer", "--sliding-window", "--format", "json"]);
-        c.args(["--device", "cpu", "--precision", "fp32"]);
-        c.arg("--model").arg(dir.join("model.pt"));
-        c.arg("--inputs").arg(dir.join("volume.npy"));
-        c.arg("--output").arg(&kiln_out);
-        for set in [
+        let sets = [
             format!("infer.sliding_window.roi={roi}"),
             "infer.sliding_window.overlap=0.25".to_owned(),
             "infer.sliding_window.mode=gaussian".to_owned(),
             "infer.sliding_window.batch_size=4".to_owned(),
             format!("performance.intra_op_threads={}", o.threads),
-        ] {
-            c.args(["--set", &set]);
-        }
-        c
+        ];
+        let extra = [
+            "--sliding-window".as_ref(),
+            "--output".as_ref(),
+            kiln_out.as_os_str(),
+        ];
+        super::kiln_infer(
+            &kiln,
+            (&dir.join("model.pt"), &dir.join("volume.npy")),
+            &extra,
+            &sets,
+        )
     };
-    // MONAI as a user writes it, and with the model channels-last-3d (kiln's choice by hand).
-    let monai_cmd = |channels_last: bool| {
+    // MONAI as a user writes it, and with kiln's choices by hand: the model channels-last-3d,
+    // glibc's malloc thresholds as kiln sets them.
+    let monai_cmd = |kiln_choices: bool| {
         let mut c = python(&["run", &dir_text, "--roi", &roi_text]);
         c.args(["--threads", &o.threads])
             .arg("--out")
             .arg(&monai_out);
-        c.args(channels_last.then_some("--channels-last"));
+        if kiln_choices {
+            c.arg("--channels-last");
+            kiln_benches::malloc_like_kiln(&mut c);
+        }
         c
     };
-    // kiln prints its report as one (pretty) JSON document; MONAI's script one line.
     let runs = kiln_benches::alternating(o.repeats, &[0, 1, 2], |_, side| {
         Ok(Some(match side {
-            0 => {
-                let (output, _) = kiln_benches::run_cli::run(kiln_cmd())?;
-                serde_json::from_slice::<Value>(&output.stdout)
-                    .map_err(|e| format!("kiln infer --sliding-window printed no report: {e}"))?
-            }
+            0 => kiln_run()?,
             _ => run_json(monai_cmd(side == 2))?,
         }))
     })?;
@@ -114,7 +116,7 @@ pub(super) fn sliding_rows(
             .map(|r| figures(r, "total_s", "forward_s"))
             .collect()
     };
-    let (monai_figures, monai_cl) = (monai(&runs[1])?, monai(&runs[2])?);
+    let (monai_figures, monai_chosen) = (monai(&runs[1])?, monai(&runs[2])?);
     let what = format!(
         "a 3-D segmenter (TorchScript: conv 1→8→2, 3³ kernels) over a {size}³ volume in {roi}³ \
          windows, overlap 0.25, Gaussian blending, 4 windows a batch, fp32, {} threads",
@@ -139,16 +141,19 @@ pub(super) fn sliding_rows(
         let row = row.detail("kiln_layout", layouts(&runs[0]));
         out.push(row.detail("max_abs_vs_monai", json!(max_abs)));
     }
-    let name = "sliding-window inference, whole run, vs MONAI with kiln's layout";
+    let name = "sliding-window inference, whole run, vs MONAI with kiln's layout and malloc";
     let medians = (
         median_of(&kiln_figures, "total_s"),
-        median_of(&monai_cl, "total_s"),
+        median_of(&monai_chosen, "total_s"),
     );
-    let cl_baseline = format!("{baseline}, the model's weights channels-last-3d by hand");
+    let cl_baseline = format!(
+        "{baseline}, the model's weights channels-last-3d by hand, glibc's malloc thresholds as \
+         kiln sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)"
+    );
     let row = out.row("sliding window", name, SECONDS, medians, cl_baseline);
     out.push(row.detail("setup", json!(what)));
     Ok(vec![json!({"sliding_window": {
-        "kiln": kiln_figures, "monai": monai_figures, "monai_channels_last": monai_cl,
+        "kiln": kiln_figures, "monai": monai_figures, "monai_kiln_choices": monai_chosen,
         "max_abs": max_abs,
     }})])
 }
