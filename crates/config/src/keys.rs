@@ -399,7 +399,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 100);
+        assert_eq!(KEYS.len(), 101);
     }
 
     #[test]
