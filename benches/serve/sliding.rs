@@ -75,7 +75,7 @@ pub(super) fn sliding_rows(
             "--output".as_ref(),
             kiln_out.as_os_str(),
         ];
-        super::kiln_infer(
+        kiln_infer(
             &kiln,
             (&dir.join("model.pt"), &dir.join("volume.npy")),
             &extra,
@@ -146,11 +146,11 @@ pub(super) fn sliding_rows(
         median_of(&kiln_figures, "total_s"),
         median_of(&monai_chosen, "total_s"),
     );
-    let cl_baseline = format!(
+    let chosen_baseline = format!(
         "{baseline}, the model's weights channels-last-3d by hand, glibc's malloc thresholds as \
          kiln sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)"
     );
-    let row = out.row("sliding window", name, SECONDS, medians, cl_baseline);
+    let row = out.row("sliding window", name, SECONDS, medians, chosen_baseline);
     out.push(row.detail("setup", json!(what)));
     Ok(vec![json!({"sliding_window": {
         "kiln": kiln_figures, "monai": monai_figures, "monai_kiln_choices": monai_chosen,
