@@ -211,9 +211,13 @@ impl Bench<'_> {
         }))
     }
 
-    /// One `ddp_step.py` on `world` ranks: plain Python alone, torch.distributed.run for more.
-    fn torch_run(&self, world: usize) -> Result<Value> {
+    /// One `ddp_step.py` on `world` ranks: plain Python alone, torch.distributed.run for more;
+    /// with `malloc`, glibc's malloc thresholds as kiln sets them (every rank inherits them).
+    fn torch_run(&self, world: usize, malloc: bool) -> Result<Value> {
         let mut cmd = Command::new(self.python);
+        if malloc {
+            kiln_benches::malloc_like_kiln(&mut cmd);
+        }
         if world > 1 {
             // A port on 127.0.0.1 free right now, for torch.distributed.run's rendezvous.
             let port = kiln_benches::free_port()?;
@@ -253,18 +257,20 @@ impl Bench<'_> {
     }
 }
 
-/// The sides, in the order they run.
-const SIDES: [(&str, usize); 6] = [
+/// The sides, in the order they run: `pytorch-malloc` is DDP with glibc's malloc thresholds
+/// as kiln sets them for its runs (`performance.malloc_tuning`).
+const SIDES: [(&str, usize); 7] = [
     ("kiln", 1),
     ("kiln", 2),
     ("pytorch", 1),
     ("pytorch", 2),
     ("program", 1),
     ("program", 2),
+    ("pytorch-malloc", 2),
 ];
 
 /// Every run of each side, in [`SIDES`]' order.
-type Runs = [Vec<Value>; 6];
+type Runs = [Vec<Value>; 7];
 
 /// Runs the sides `repeats` times, the order reversed on odd repeats; checks each run took the
 /// steps asked for.
@@ -275,7 +281,7 @@ fn measure(bench: &Bench<'_>, repeats: usize) -> Result<Runs> {
         let v = match who {
             "kiln" => bench.kiln_run(world, false)?,
             "program" => bench.kiln_run(world, true)?,
-            _ => bench.torch_run(world)?,
+            _ => bench.torch_run(world, who == "pytorch-malloc")?,
         };
         if v["steps"].as_u64() != Some(bench.size.steps() as u64) {
             return Err(format!(
@@ -295,7 +301,7 @@ fn measure(bench: &Bench<'_>, repeats: usize) -> Result<Runs> {
         Ok(Some(v))
     })?;
     runs.try_into()
-        .map_err(|_| "the ddp suite has six sides".to_owned())
+        .map_err(|_| "the ddp suite has seven sides".to_owned())
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {
@@ -334,6 +340,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         "kiln_1_rank": runs[0], "kiln_2_ranks": runs[1],
         "pytorch_1_rank": runs[2], "pytorch_ddp_2_ranks": runs[3],
         "kiln_program_1_rank": runs[4], "kiln_program_2_ranks": runs[5],
+        "pytorch_ddp_2_ranks_malloc": runs[6],
     });
     out.write(&a.out_or("ddp"))?;
     remove_dir(&work)
@@ -367,7 +374,8 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
          {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
          (train_step.py's twin of the model), torch.nn.parallel.DistributedDataParallel on 2 \
          ranks × {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), \
-         on the same samples, sliced from memory; and kiln training the PyTorch twin exported by \
+         on the same samples, sliced from memory (DDP also with glibc's malloc thresholds as \
+         kiln sets them, MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_); and kiln training the PyTorch twin exported by \
          torch.export through its compiled step (`kiln train --model transformer.pt2`, the \
          samples prepared by `kiln data prepare`; gradients all-reduced in one coalesced call \
          after the step). A 2-rank run has twice the samples, so every run takes the same steps. \
@@ -420,7 +428,7 @@ const TORCH_1: &str = "PyTorch plain loop, 1 process × 1 thread (no DDP)";
 /// train losses (that the sides learn alike).
 fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let mut out = SuiteOutput::new("ddp", &describe(bench, quick, runs));
-    let [k1, k2, t1, t2, p1, p2] = runs;
+    let [k1, k2, t1, t2, p1, p2, t2_malloc] = runs;
     let row = |group: &str, name: &str, unit, figures, base: &str| {
         Comparison::new("ddp", group, name, unit, figures, base)
     };
@@ -445,6 +453,9 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let scalings = (sps(k2) / sps(k1), sps(t2) / sps(t1));
     let base = "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank";
     out.push(row(ddp, name, ("×", Better::Higher), scalings, base));
+    let name = "2 ranks: mean step time vs DDP with kiln's malloc thresholds";
+    let base = format!("{DDP_2}, glibc's malloc thresholds as kiln sets them");
+    out.push(step(ddp, name, k2, t2_malloc, &base));
     let name = "2 ranks: final train loss vs DDP (learn alike)";
     out.push(learn(ddp, name, k2, t2, DDP_2));
     let name = "1 rank: mean step time vs PyTorch";
