@@ -63,7 +63,7 @@ pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) 
         sides
             .kiln_lr_auto
             .push(run.kiln(&["--set", "train.lr=auto"])?);
-        sides.torch.push(run.torch(&[], false)?);
+        sides.torch.push(run.torch_like_kiln()?);
         run.torch_lr_find(&mut sides.torch_lr_find)?;
     }
     let rmse = Metric::RMSE;

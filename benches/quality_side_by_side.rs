@@ -5,8 +5,9 @@
 //! directly; the same train/validation split (kiln's, handed to PyTorch as indices); fp32,
 //! AdamW with the same decay groups, warmup then cosine, clipping, dropout, batch size and
 //! epochs; the same initial weights for the same seed. kiln runs in fp32 and at the precision it
-//! picks by itself (bf16 on a CPU with bf16 units); PyTorch with kiln's settings and as a user
-//! writes it by default (constant lr, no warmup, no clipping). It reports the final validation
+//! picks by itself (bf16 on a CPU with bf16 units); PyTorch with kiln's settings (glibc's malloc
+//! thresholds as kiln sets them included) and as a user writes it by default (constant lr, no
+//! warmup, no clipping). It reports the final validation
 //! accuracy and loss (means and every seed) with the goal that kiln is not worse than PyTorch's
 //! range: its mean accuracy within 1 point of PyTorch's worst seed or better, its mean loss at
 //! most 2% above PyTorch's worst seed. Time per run is reported beside them: a faster kiln whose
@@ -371,9 +372,22 @@ impl<'a> Seed<'a> {
         run_json(k)
     }
 
-    /// A PyTorch run (`extra`: the script's options for a variant); with `lightning`, Lightning
-    /// on the path.
+    /// PyTorch with kiln's settings, and with glibc's malloc thresholds as kiln sets them for
+    /// its own runs (`performance.malloc_tuning`).
+    fn torch_like_kiln(&self) -> Result<Value> {
+        let mut t = self.torch_command(&[], false);
+        kiln_benches::malloc_like_kiln(&mut t);
+        run_json(t)
+    }
+
+    /// A PyTorch run as written (`extra`: the script's options for a variant); with
+    /// `lightning`, Lightning on the path.
     fn torch(&self, extra: &[&str], lightning: bool) -> Result<Value> {
+        run_json(self.torch_command(extra, lightning))
+    }
+
+    /// The command of a PyTorch run (see [`Seed::torch`]).
+    fn torch_command(&self, extra: &[&str], lightning: bool) -> Command {
         let mut t = Command::new(&self.ctx.a.python);
         if let Some(dir) = self.ctx.lightning.as_ref().ok().filter(|_| lightning) {
             kiln_benches::peers::put_first_on_path(&mut t, dir);
@@ -387,7 +401,7 @@ impl<'a> Seed<'a> {
         t.args(["--seed", &self.seed, "--threads", &threads]);
         // Last, so that a variant's options win.
         t.args(&self.torch_job).args(extra);
-        run_json(t)
+        t
     }
 
     /// PyTorch at Lightning's `lr_find` suggestion, where Lightning is installed.
@@ -418,7 +432,7 @@ fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) 
         sides
             .kiln_lr_auto
             .push(run.kiln(&["--set", "train.lr=auto"])?);
-        sides.torch.push(run.torch(&[], false)?);
+        sides.torch.push(run.torch_like_kiln()?);
         let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
         sides.torch_plain.push(run.torch(&plain, false)?);
         run.torch_lr_find(&mut sides.torch_lr_find)?;
@@ -444,6 +458,11 @@ fn reference_torch_args(job: &Job) -> Vec<String> {
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
+/// The time rows' PyTorch side with kiln's settings.
+const TORCH_LIKE_KILN: &str = "PyTorch loop, same job, with glibc's malloc thresholds as kiln \
+                               sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)";
+/// PyTorch as a user writes it by default.
+const PLAIN: &str = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
 /// The EMA variant's decay (warmed up as timm's is: early steps average less).
 const EMA_DECAY: f64 = 0.999;
 const ACCURACY: &str = "final_val_accuracy";
@@ -492,13 +511,19 @@ fn vs_worst_seed(
     ))
 }
 
-/// The time per run of `side` against PyTorch's.
-fn time_row(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) -> Result<()> {
+/// The time per run of `side` against PyTorch's (`torch`: which PyTorch side, how it ran,
+/// and its runs).
+fn time_row(
+    out: &mut SuiteOutput,
+    what: &str,
+    side: &[Value],
+    (vs, how, torch): (&str, &str, &[Value]),
+) -> Result<()> {
     let (ks, ts) = (of(side, "seconds")?, of(torch, "seconds")?);
-    let name = format!("{what}: reading the data, training, validating");
+    let name = format!("{what}{vs}: reading the data, training, validating");
     let base = format!(
-        "{BASELINE} (mean of {} seeds; in-process on both sides, so Python's start and \
-         `import torch` are not counted)",
+        "{how} (mean of {} seeds; in-process on both sides, so Python's start and `import \
+         torch` are not counted)",
         ts.len()
     );
     out.push(out.row("time per run", name, SECONDS, (mean(&ks), mean(&ts)), base));
@@ -545,13 +570,19 @@ fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
     out.push(row.detail("runs", runs));
     let plain = of(&sides.torch_plain, ACCURACY)?;
     let name = "val accuracy, means: kiln fp32 vs PyTorch as written by default";
-    let base = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
     let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
-    out.push(out.row("learning", name, PERCENT, figures, base));
+    out.push(out.row("learning", name, PERCENT, figures, PLAIN));
     ema_row(out, &sides.kiln_ema)?;
     lr_rows(ctx, out, sides, (Metric::ACCURACY, ""))?;
-    time_row(out, "kiln fp32", &sides.kiln, &sides.torch)?;
-    time_row(out, &auto, &sides.kiln_auto, &sides.torch)?;
+    let like_kiln = ("", TORCH_LIKE_KILN, sides.torch.as_slice());
+    time_row(out, "kiln fp32", &sides.kiln, like_kiln)?;
+    time_row(out, &auto, &sides.kiln_auto, like_kiln)?;
+    let plain = (
+        " vs PyTorch as written by default",
+        PLAIN,
+        &sides.torch_plain[..],
+    );
+    time_row(out, "kiln fp32", &sides.kiln, plain)?;
     Ok(())
 }
 
