@@ -374,13 +374,14 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
          {t} thread, c10d Reducer), 1 data worker per rank; PyTorch: python/ddp_step.py \
          (train_step.py's twin of the model), torch.nn.parallel.DistributedDataParallel on 2 \
          ranks × {t} thread launched by torch.distributed.run, and a plain loop alone (1 rank), \
-         on the same samples, sliced from memory (DDP also with glibc's malloc thresholds as \
-         kiln sets them, MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_); and kiln training the PyTorch twin exported by \
-         torch.export through its compiled step (`kiln train --model transformer.pt2`, the \
-         samples prepared by `kiln data prepare`; gradients all-reduced in one coalesced call \
-         after the step). A 2-rank run has twice the samples, so every run takes the same steps. \
+         on the same samples, sliced from memory (DDP also with {malloc}); and kiln training \
+         the PyTorch twin exported by torch.export through its compiled step (`kiln train \
+         --model transformer.pt2`, the samples prepared by `kiln data prepare`; gradients \
+         all-reduced in one coalesced call after the step). A 2-rank run has twice the \
+         samples, so every run takes the same steps. \
          Step time is each side's own mean over every step (batch to optimizer step); samples/s \
-         counts all ranks; median of {repeats} run(s) per side. {comm} {between}"
+         counts all ranks; median of {repeats} run(s) per side. {comm} {between}",
+        malloc = kiln_benches::MALLOC_AS_KILN
     )
 }
 
@@ -454,7 +455,7 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let base = "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank";
     out.push(row(ddp, name, ("×", Better::Higher), scalings, base));
     let name = "2 ranks: mean step time vs DDP with kiln's malloc thresholds";
-    let base = format!("{DDP_2}, glibc's malloc thresholds as kiln sets them");
+    let base = format!("{DDP_2}, {}", kiln_benches::MALLOC_AS_KILN);
     out.push(step(ddp, name, k2, t2_malloc, &base));
     let name = "2 ranks: final train loss vs DDP (learn alike)";
     out.push(learn(ddp, name, k2, t2, DDP_2));

@@ -309,10 +309,7 @@ fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side, light_malloc
         row(rss, MIB, memory(|m| m.peak_rss_mib)),
     ];
     rows.into_iter().for_each(|r| out.push(r));
-    let base = format!(
-        "{base}, with glibc's malloc thresholds as kiln sets them (MALLOC_MMAP_THRESHOLD_, \
-         MALLOC_TRIM_THRESHOLD_)"
-    );
+    let base = format!("{base}, with {}", kiln_benches::MALLOC_AS_KILN);
     let seconds = (kiln.seconds(), light_malloc.seconds());
     out.push(out.row("end to end", MALLOC_ROW, SECONDS, seconds, base));
 }

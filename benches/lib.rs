@@ -95,6 +95,10 @@ pub fn compile_env(c: &mut std::process::Command, cache: &Path) {
         .env("TMPDIR", cache.join("tmp"));
 }
 
+/// How a baseline given [`malloc_like_kiln`] is described in the rows.
+pub const MALLOC_AS_KILN: &str =
+    "glibc's malloc thresholds as kiln sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)";
+
 /// Gives `cmd` (a baseline's process) glibc's malloc thresholds as kiln sets them for its runs
 /// (`performance.malloc_tuning`), through glibc's environment variables: the baseline with
 /// kiln's choice.

@@ -458,9 +458,6 @@ fn reference_torch_args(job: &Job) -> Vec<String> {
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
-/// The time rows' PyTorch side with kiln's settings.
-const TORCH_LIKE_KILN: &str = "PyTorch loop, same job, with glibc's malloc thresholds as kiln \
-                               sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)";
 /// PyTorch as a user writes it by default.
 const PLAIN: &str = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
 /// The EMA variant's decay (warmed up as timm's is: early steps average less).
@@ -574,13 +571,14 @@ fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
     out.push(out.row("learning", name, PERCENT, figures, PLAIN));
     ema_row(out, &sides.kiln_ema)?;
     lr_rows(ctx, out, sides, (Metric::ACCURACY, ""))?;
-    let like_kiln = ("", TORCH_LIKE_KILN, sides.torch.as_slice());
+    let like_kiln = format!("{BASELINE}, with {}", kiln_benches::MALLOC_AS_KILN);
+    let like_kiln = ("", like_kiln.as_str(), sides.torch.as_slice());
     time_row(out, "kiln fp32", &sides.kiln, like_kiln)?;
     time_row(out, &auto, &sides.kiln_auto, like_kiln)?;
     let plain = (
         " vs PyTorch as written by default",
         PLAIN,
-        &sides.torch_plain[..],
+        sides.torch_plain.as_slice(),
     );
     time_row(out, "kiln fp32", &sides.kiln, plain)?;
     Ok(())

@@ -147,8 +147,8 @@ pub(super) fn sliding_rows(
         median_of(&monai_chosen, "total_s"),
     );
     let chosen_baseline = format!(
-        "{baseline}, the model's weights channels-last-3d by hand, glibc's malloc thresholds as \
-         kiln sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)"
+        "{baseline}, the model's weights channels-last-3d by hand, {}",
+        kiln_benches::MALLOC_AS_KILN
     );
     let row = out.row("sliding window", name, SECONDS, medians, chosen_baseline);
     out.push(row.detail("setup", json!(what)));
