@@ -116,6 +116,41 @@ fn checks(args: &TestArgs) -> Vec<Check> {
     all
 }
 
+/// What a fresh clone's checks write into the target directory: the debug build of every test
+/// and clippy's metadata, 4.8 GB measured with incremental caches (3.7 GB without), rounded up
+/// for the workspace's growth.
+const TEST_BUILD_BYTES: u64 = 6_000_000_000;
+
+/// Below this much free space after a failed step, the disk has most likely filled.
+const DISK_FULL_BYTES: u64 = 1_000_000_000;
+
+/// A warning when `free` bytes at `target` are fewer than a fresh build of the checks takes.
+fn disk_warning(free: u64, target: &Path) -> Option<String> {
+    (free < TEST_BUILD_BYTES).then(|| {
+        format!(
+            "only {} is free on the disk holding {}; a fresh build of the checks takes about {}, \
+             so a step may fail with the disk full (free space, or set CARGO_TARGET_DIR to a \
+             disk with room)",
+            util::human_bytes(free),
+            target.display(),
+            util::human_bytes(TEST_BUILD_BYTES)
+        )
+    })
+}
+
+/// The cause a failed step most likely had when `free` bytes are left at `target`.
+fn disk_full_hint(free: u64, target: &Path) -> Option<String> {
+    (free < DISK_FULL_BYTES).then(|| {
+        format!(
+            "\nThe disk holding {} has only {} free: the step most likely failed because it \
+             filled (a linker killed by SIGBUS, or \"No space left on device\"). Free space (e.g. \
+             `cargo clean`), or set CARGO_TARGET_DIR to a disk with room, and run it again.",
+            target.display(),
+            util::human_bytes(free)
+        )
+    })
+}
+
 /// The test target of `kiln-fuzz` that runs every fuzz target briefly.
 pub const FUZZ_TEST: &str = "short_run";
 
@@ -130,6 +165,10 @@ pub const CUDA_TESTS: &str = "on_cuda";
 /// export packages and the bench peers (pytorch-forecasting, for the windows comparison) are
 /// installed (on first use) just before the step that needs them.
 pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs) -> Result<()> {
+    let target = crate::kiln::target_dir(root);
+    if let Some(low) = util::free_bytes(&target).and_then(|free| disk_warning(free, &target)) {
+        util::warn(&low);
+    }
     let all = checks(args);
     let total = all.len();
     for (i, check) in all.into_iter().enumerate() {
@@ -154,11 +193,13 @@ pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs)
         }
         let status = util::status_of(&mut cmd)?;
         if !status.success() {
+            let full = util::free_bytes(&target).and_then(|free| disk_full_hint(free, &target));
             bail!(
-                "xtask test: step {}/{total} `{}` failed ({}); the steps after it did not run",
+                "xtask test: step {}/{total} `{}` failed ({}); the steps after it did not run{}",
                 i + 1,
                 check.name,
-                util::describe_status(status)
+                util::describe_status(status),
+                full.unwrap_or_default()
             );
         }
     }
@@ -172,6 +213,24 @@ mod tests {
 
     fn strings(args: &[&str]) -> Vec<String> {
         args.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_disk_too_small_for_the_build_is_named_before_and_after_a_failed_step() {
+        let target = Path::new("/repo/target");
+        assert_eq!(disk_warning(TEST_BUILD_BYTES, target), None);
+        let low = disk_warning(2_500_000_000, target).expect("2.5 GB is too little");
+        assert!(
+            low.contains("2.5 GB") && low.contains("/repo/target"),
+            "{low}"
+        );
+        assert!(low.contains("CARGO_TARGET_DIR"), "{low}");
+        assert_eq!(disk_full_hint(DISK_FULL_BYTES, target), None);
+        let full = disk_full_hint(287_000_000, target).expect("287 MB left is a full disk");
+        assert!(
+            full.contains("287.0 MB") && full.contains("No space left"),
+            "{full}"
+        );
     }
 
     #[test]
