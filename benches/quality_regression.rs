@@ -13,7 +13,8 @@ use kiln_data::ShardedDataset;
 use serde_json::json;
 use tch::{Kind, Tensor};
 
-use super::{Ctx, DATA_SEED, Metric, Seed, Sides, SuiteOutput, lr_rows, vs_worst_seed};
+use super::vs_worst_seed;
+use super::{Both, Ctx, DATA_SEED, JobData, Metric, Side, SuiteOutput, lr_rows, torch_args};
 
 /// The job: sizes of the data and the model, and the training budget.
 #[derive(Debug, Clone, Copy)]
@@ -50,29 +51,21 @@ pub fn job(quick: bool) -> Job {
 pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
     let job = job(ctx.a.quick);
     std::fs::create_dir_all(dir).at(dir)?;
-    let prepared = write_data(dir, &job, DATA_SEED)?;
-    let mut sides = Sides::default();
-    for seed in 0..seeds {
-        let jobs = (vec!["--regression".to_owned()], torch_args(&job));
-        let run = Seed::new(ctx, (dir, &prepared), seed, jobs)?;
-        eprintln!(
-            "quality: regression, seed {seed}: kiln fp32, kiln fp32 with lr = auto, PyTorch, \
-             PyTorch at Lightning's lr_find"
-        );
-        sides.kiln.push(run.kiln(&[])?);
-        sides
-            .kiln_lr_auto
-            .push(run.kiln(&["--set", "train.lr=auto"])?);
-        sides.torch.push(run.torch_like_kiln()?);
-        run.torch_lr_find(&mut sides.torch_lr_find)?;
-    }
+    let mut torch = vec!["--task".to_owned(), "regression".to_owned()];
+    torch.extend(torch_args(&job_values(&job)));
+    let data = JobData {
+        dir,
+        prepared: write_data(dir, &job, DATA_SEED)?,
+        kiln: vec!["--regression".to_owned()],
+        torch,
+    };
+    let sides = [Side::Kiln, Side::KilnLrAuto, Side::Torch, Side::TorchLrFind];
+    let runs = ctx.train_sides(&data, seeds, &sides, "regression, ")?;
     let rmse = Metric::RMSE;
     let name = "regression: val RMSE: kiln fp32 mean vs PyTorch worst seed".to_owned();
-    let row = vs_worst_seed(out, name, rmse, (&sides.kiln, &sides.torch), 0.0)?;
-    let runs = json!({"kiln": sides.kiln, "kiln_lr_auto": sides.kiln_lr_auto,
-                      "pytorch": sides.torch, "pytorch_lr_find": sides.torch_lr_find});
-    out.push(row.at_most(1.02).detail("runs", runs));
-    lr_rows(ctx, out, &sides, (rmse, "regression: "))?;
+    let row = vs_worst_seed(out, name, rmse, (&runs["kiln"], &runs["pytorch"]), 0.0)?;
+    out.push(row.at_most(1.02).detail("runs", json!(runs)));
+    lr_rows(ctx, out, &runs, (rmse, "regression: "))?;
     Ok(describe(&job))
 }
 
@@ -102,51 +95,21 @@ fn values(t: &Tensor) -> Result<Vec<f32>> {
     Vec::<f32>::try_from(t.flatten(0, -1)).map_err(|e| format!("reading synthetic data: {e}"))
 }
 
-/// kiln's settings for the job (beside the suite's common ones).
-pub fn kiln_sets(job: &Job) -> Vec<String> {
+/// The job's values (kiln's model is the MLP; the script's with `--task regression`).
+pub fn job_values(job: &Job) -> Vec<Both> {
     vec![
-        "model.name=mlp".to_owned(),
-        format!("model.hidden={}", job.hidden),
-        "model.dropout=0".to_owned(),
-        format!("train.epochs={}", job.epochs),
-        format!("train.batch_size={}", job.batch),
-        format!("train.warmup_steps={}", job.warmup),
+        ("model.hidden", "--hidden", job.hidden.to_owned()),
+        ("model.dropout", "--dropout", "0".to_owned()),
+        ("train.epochs", "--epochs", job.epochs.to_string()),
+        ("train.batch_size", "--batch", job.batch.to_string()),
+        ("train.warmup_steps", "--warmup", job.warmup.to_string()),
     ]
-}
-
-/// The PyTorch side's options for the job.
-pub fn torch_args(job: &Job) -> Vec<String> {
-    let mut args = vec![
-        "--task",
-        "regression",
-        "--hidden",
-        job.hidden,
-        "--dropout",
-        "0",
-    ]
-    .into_iter()
-    .map(str::to_owned)
-    .collect::<Vec<_>>();
-    for (name, v) in [
-        ("--epochs", job.epochs),
-        ("--batch", job.batch),
-        ("--warmup", job.warmup),
-    ] {
-        args.extend([name.to_owned(), v.to_string()]);
-    }
-    args
 }
 
 /// The job as the report's title says it.
 pub fn describe(job: &Job) -> String {
-    let Job {
-        samples,
-        features,
-        hidden,
-        epochs,
-        batch,
-        ..
-    } = *job;
+    let (samples, features, hidden) = (job.samples, job.features, job.hidden);
+    let (epochs, batch) = (job.epochs, job.batch);
     format!(
         "regression: MLP ({hidden}) on {samples} synthetic samples of {features} features \
          (a sum of {TERMS} sines of random projections plus noise, standardized), mean squared \

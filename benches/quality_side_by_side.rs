@@ -18,6 +18,7 @@
 //!
 //! `kiln-run` is the kiln side of one run, in its own process like the Python side.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -25,7 +26,8 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use kiln_benches::report::{Better, Comparison, NATS, PERCENT, SECONDS, SuiteOutput, Unit};
-use kiln_benches::{Msg, Result, SuiteArgs, bench_root, datasets, figure, mean, resolve, run_json};
+use kiln_benches::run_json;
+use kiln_benches::{Msg, Result, SuiteArgs, bench_root, datasets, figure, mean, peers, resolve};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer, RunStart};
@@ -206,11 +208,13 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         "checkpoint.enabled=false".to_owned(),
         format!("run.output_dir={}", runs.display()),
     ];
-    if a.regression {
-        sets.extend(regression::kiln_sets(&regression::job(a.quick)));
+    let (model, values) = if a.regression {
+        ("mlp", regression::job_values(&regression::job(a.quick)))
     } else {
-        sets.extend(reference_sets(&job(a.quick)));
-    }
+        ("transformer", reference_values(&job(a.quick)))
+    };
+    sets.push(format!("model.name={model}"));
+    sets.extend(values.iter().map(|(key, _, v)| format!("{key}={v}")));
     // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
     // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
     if !a.auto_precision {
@@ -244,40 +248,72 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     Ok(())
 }
 
-/// kiln's settings for the reference job (beside the suite's common ones).
-fn reference_sets(job: &Job) -> Vec<String> {
+/// A value of a job that both sides are given: kiln's setting, the PyTorch script's option, and
+/// the value.
+type Both = (&'static str, &'static str, String);
+
+/// The reference job's values (kiln's model is the transformer, the script's default).
+fn reference_values(job: &Job) -> Vec<Both> {
     vec![
-        "model.name=transformer".to_owned(),
-        format!("model.d_model={}", job.d_model),
-        format!("model.layers={}", job.layers),
-        format!("model.ff={}", job.ff),
-        "model.dropout=0.1".to_owned(),
-        format!("train.epochs={}", job.epochs),
-        format!("train.batch_size={}", job.batch),
-        format!("train.warmup_steps={}", job.warmup),
+        ("model.d_model", "--d-model", job.d_model.to_string()),
+        ("model.layers", "--layers", job.layers.to_string()),
+        ("model.ff", "--ff", job.ff.to_string()),
+        ("model.dropout", "--dropout", "0.1".to_owned()),
+        ("train.epochs", "--epochs", job.epochs.to_string()),
+        ("train.batch_size", "--batch", job.batch.to_string()),
+        ("train.warmup_steps", "--warmup", job.warmup.to_string()),
     ]
 }
 
-/// `key` of each of one side's runs.
-fn of(runs: &[Value], key: &str) -> Result<Vec<f64>> {
-    runs.iter().map(|r| figure(r, key)).collect()
+/// The PyTorch script's options for a job's `values`.
+fn torch_args(values: &[Both]) -> Vec<String> {
+    let pairs = values
+        .iter()
+        .map(|(_, option, v)| [option.to_string(), v.clone()]);
+    pairs.flatten().collect()
 }
 
-/// Everything one suite run trains, one run per seed a side: kiln in fp32 and at the precision
-/// it picks by itself, and PyTorch with kiln's settings and as a user writes it by default.
-#[derive(Default)]
-struct Sides {
-    kiln: Vec<Value>,
-    kiln_auto: Vec<Value>,
-    /// kiln fp32 with `train.ema.decay` = [`EMA_DECAY`]: its raw and its EMA weights validated.
-    kiln_ema: Vec<Value>,
-    /// kiln fp32 with `train.lr = auto` (a range test each run: an empty cache).
-    kiln_lr_auto: Vec<Value>,
-    /// PyTorch at Lightning's `lr_find` suggestion (`train_quality.py --lr-find`).
-    torch_lr_find: Vec<Value>,
-    torch: Vec<Value>,
-    torch_plain: Vec<Value>,
+/// `key` of each run (e.g. of each of one side's runs).
+fn of<'a>(runs: impl IntoIterator<Item = &'a Value>, key: &str) -> Result<Vec<f64>> {
+    runs.into_iter().map(|r| figure(r, key)).collect()
 }
+
+/// What the suite trains, each a side of one run per seed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    /// kiln fp32.
+    Kiln,
+    /// kiln at the precision it picks by itself.
+    KilnAuto,
+    /// kiln fp32 with `train.ema.decay` = [`EMA_DECAY`]: its raw and its EMA weights validated.
+    KilnEma,
+    /// kiln fp32 with `train.lr = auto` (a range test each run: an empty cache).
+    KilnLrAuto,
+    /// PyTorch with kiln's settings.
+    Torch,
+    /// PyTorch as a user writes it by default.
+    TorchPlain,
+    /// PyTorch at Lightning's `lr_find` suggestion (`train_quality.py --lr-find`).
+    TorchLrFind,
+}
+
+impl Side {
+    /// Its key in the rows' `runs`, and what the progress lines call it.
+    fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Side::Kiln => ("kiln", "kiln fp32"),
+            Side::KilnAuto => ("kiln_auto", "kiln automatic precision"),
+            Side::KilnEma => ("kiln_ema", "kiln fp32 with EMA"),
+            Side::KilnLrAuto => ("kiln_lr_auto", "kiln fp32 with lr = auto"),
+            Side::Torch => ("pytorch", "PyTorch"),
+            Side::TorchPlain => ("pytorch_plain", "PyTorch plain"),
+            Side::TorchLrFind => ("pytorch_lr_find", "PyTorch at Lightning's lr_find"),
+        }
+    }
+}
+
+/// Every side's runs, one per seed, by the side's key.
+type Runs = BTreeMap<&'static str, Vec<Value>>;
 
 fn suite(a: &SuiteArgs) -> Result<()> {
     let seeds = a.seeds.unwrap_or(2).max(2) as u64;
@@ -285,7 +321,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let threads = a.threads_or(2);
     let work = fresh_work_dir(a, "quality")?;
     // Lightning, for its lr_find: from the pinned peers `cargo xtask bench` installs.
-    let lightning = kiln_benches::peers::dir();
+    let lightning = peers::dir();
     let ctx = Ctx {
         a,
         exe: std::env::current_exe().msg()?,
@@ -299,12 +335,8 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         what.push(reference_job(&ctx, &work, seeds, &mut out)?);
     }
     if a.selects("regression") {
-        what.push(regression::run(
-            &ctx,
-            &work.join("regression"),
-            seeds,
-            &mut out,
-        )?);
+        let dir = work.join("regression");
+        what.push(regression::run(&ctx, &dir, seeds, &mut out)?);
     }
     out.what = format!(
         "{}; {threads} threads, {seeds} seeds per side",
@@ -324,137 +356,116 @@ struct Ctx<'a> {
     lightning: &'a Result<PathBuf>,
 }
 
-/// One seed's runs of one job: kiln's `kiln-run` and the PyTorch script, on the job's data.
-struct Seed<'a> {
-    ctx: &'a Ctx<'a>,
-    data: PathBuf,
-    split: PathBuf,
-    seed: String,
-    /// The seed's learning-rate cache, emptied at the start.
-    lr_cache: PathBuf,
-    /// `kiln-run`'s options naming the job, and the script's.
-    kiln_job: Vec<String>,
-    torch_job: Vec<String>,
+/// A job's data, as both sides run on it: the directory holding its `.npy` files and kiln's
+/// dataset prepared from them, and the options naming the job to `kiln-run` and to the script.
+struct JobData<'a> {
+    dir: &'a Path,
+    prepared: Arc<ShardedDataset>,
+    kiln: Vec<String>,
+    torch: Vec<String>,
 }
 
-impl<'a> Seed<'a> {
-    /// Writes the split of `prepared` for `seed` in `data` and empties the seed's lr cache.
-    fn new(
-        ctx: &'a Ctx<'a>,
-        (data, prepared): (&Path, &Arc<ShardedDataset>),
-        seed: u64,
-        (kiln_job, torch_job): (Vec<String>, Vec<String>),
-    ) -> Result<Self> {
-        let split = write_split(data, prepared, seed)?;
-        let lr_cache = data.join(format!("lr-cache-{seed}"));
-        remove_dir(&lr_cache)?;
-        Ok(Self {
-            ctx,
-            data: data.to_owned(),
-            split,
-            seed: seed.to_string(),
-            lr_cache,
-            kiln_job,
-            torch_job,
-        })
+impl Ctx<'_> {
+    /// Every side's runs of a job, one per seed, the sides in turn each seed; `title` begins the
+    /// progress lines.
+    fn train_sides(
+        &self,
+        job: &JobData<'_>,
+        seeds: u64,
+        sides: &[Side],
+        title: &str,
+    ) -> Result<Runs> {
+        let mut runs: Runs = sides.iter().map(|side| (side.names().0, vec![])).collect();
+        let names: Vec<&str> = sides.iter().map(|side| side.names().1).collect();
+        for seed in 0..seeds {
+            let split = write_split(job.dir, &job.prepared, seed)?;
+            let lr_cache = job.dir.join(format!("lr-cache-{seed}"));
+            remove_dir(&lr_cache)?;
+            eprintln!("quality: {title}seed {seed}: {}", names.join(", "));
+            for &side in sides {
+                let seed = (seed.to_string(), split.as_path(), lr_cache.as_path());
+                if let Some(cmd) = self.command(job, seed, side) {
+                    runs.entry(side.names().0).or_default().push(run_json(cmd)?);
+                }
+            }
+        }
+        Ok(runs)
     }
 
-    /// A kiln run (`extra`: `kiln-run`'s options for a variant).
-    fn kiln(&self, extra: &[&str]) -> Result<Value> {
-        let (a, threads) = (self.ctx.a, self.ctx.threads.to_string());
-        let mut k = Command::new(&self.ctx.exe);
-        k.args(["quality", "kiln-run", "--data"]).arg(&self.data);
-        k.args(["--seed", &self.seed, "--threads", &threads]);
-        k.args(&self.kiln_job).args(extra);
-        k.args(a.quick.then_some("--quick"));
-        // A cache of its own, empty: `train.lr = auto` runs its range test every time.
-        k.env("KILN_CACHE_DIR", &self.lr_cache);
-        run_json(k)
-    }
-
-    /// PyTorch with kiln's settings, and with glibc's malloc thresholds as kiln sets them for
-    /// its own runs (`performance.malloc_tuning`).
-    fn torch_like_kiln(&self) -> Result<Value> {
-        let mut t = self.torch_command(&[], false);
-        kiln_benches::malloc_like_kiln(&mut t);
-        run_json(t)
-    }
-
-    /// A PyTorch run as written (`extra`: the script's options for a variant); with
-    /// `lightning`, Lightning on the path.
-    fn torch(&self, extra: &[&str], lightning: bool) -> Result<Value> {
-        run_json(self.torch_command(extra, lightning))
-    }
-
-    /// The command of a PyTorch run (see [`Seed::torch`]).
-    fn torch_command(&self, extra: &[&str], lightning: bool) -> Command {
-        let mut t = Command::new(&self.ctx.a.python);
-        if let Some(dir) = self.ctx.lightning.as_ref().ok().filter(|_| lightning) {
-            kiln_benches::peers::put_first_on_path(&mut t, dir);
+    /// The command of a side's run for a seed (with its split and learning-rate cache); none for
+    /// PyTorch at Lightning's suggestion where Lightning is not installed.
+    fn command(
+        &self,
+        job: &JobData<'_>,
+        (seed, split, lr_cache): (String, &Path, &Path),
+        side: Side,
+    ) -> Option<Command> {
+        let threads = self.threads.to_string();
+        let ema = format!("train.ema.decay={EMA_DECAY}");
+        let variant: &[&str] = match side {
+            Side::Kiln | Side::Torch => &[],
+            Side::KilnAuto => &["--auto-precision"],
+            Side::KilnEma => &["--set", &ema],
+            Side::KilnLrAuto => &["--set", "train.lr=auto"],
+            Side::TorchPlain => &["--schedule", "constant", "--warmup", "0", "--clip", "0"],
+            Side::TorchLrFind => &["--lr-find"],
+        };
+        if matches!(
+            side,
+            Side::Kiln | Side::KilnAuto | Side::KilnEma | Side::KilnLrAuto
+        ) {
+            let mut k = Command::new(&self.exe);
+            k.args(["quality", "kiln-run", "--data"]).arg(job.dir);
+            k.args(["--seed", &seed, "--threads", &threads]);
+            k.args(&job.kiln).args(variant);
+            k.args(self.a.quick.then_some("--quick"));
+            // A cache of its own, empty: `train.lr = auto` runs its range test every time.
+            k.env("KILN_CACHE_DIR", lr_cache);
+            return Some(k);
+        }
+        let mut t = Command::new(&self.a.python);
+        if side == Side::TorchLrFind {
+            peers::put_first_on_path(&mut t, self.lightning.as_ref().ok()?);
+        }
+        if side == Side::Torch {
+            // glibc's malloc thresholds as kiln sets them for its own runs
+            // (`performance.malloc_tuning`).
+            kiln_benches::malloc_like_kiln(&mut t);
         }
         t.arg(bench_root().join("python/train_quality.py"));
-        t.arg("--data")
-            .arg(&self.data)
-            .arg("--split")
-            .arg(&self.split);
-        let threads = self.ctx.threads.to_string();
-        t.args(["--seed", &self.seed, "--threads", &threads]);
+        t.arg("--data").arg(job.dir).arg("--split").arg(split);
+        t.args(["--seed", &seed, "--threads", &threads]);
         // Last, so that a variant's options win.
-        t.args(&self.torch_job).args(extra);
-        t
-    }
-
-    /// PyTorch at Lightning's `lr_find` suggestion, where Lightning is installed.
-    fn torch_lr_find(&self, runs: &mut Vec<Value>) -> Result<()> {
-        if self.ctx.lightning.is_ok() {
-            runs.push(self.torch(&["--lr-find"], true)?);
-        }
-        Ok(())
+        t.args(&job.torch).args(variant);
+        Some(t)
     }
 }
 
-/// The reference job's runs on data it writes in `work`, and its rows; returns what it is.
+/// The reference job's runs on data it writes in `work`, and its rows; returns what it is: kiln
+/// in fp32, at the precision it picks by itself, with EMA weights and with `train.lr = auto`,
+/// and PyTorch with kiln's settings, as a user writes it by default and at Lightning's
+/// `lr_find` suggestion.
 fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
+    use Side::*;
     let job = job(ctx.a.quick);
-    let prepared = write_data(work, &job)?;
-    let mut sides = Sides::default();
-    for seed in 0..seeds {
-        let jobs = (vec![], reference_torch_args(&job));
-        let run = Seed::new(ctx, (work, &prepared), seed, jobs)?;
-        eprintln!(
-            "quality: seed {seed}: kiln fp32, kiln automatic precision, kiln fp32 with EMA, \
-             kiln fp32 with lr = auto, PyTorch, PyTorch plain, PyTorch at Lightning's lr_find"
-        );
-        sides.kiln.push(run.kiln(&[])?);
-        sides.kiln_auto.push(run.kiln(&["--auto-precision"])?);
-        let ema = format!("train.ema.decay={EMA_DECAY}");
-        sides.kiln_ema.push(run.kiln(&["--set", &ema])?);
-        sides
-            .kiln_lr_auto
-            .push(run.kiln(&["--set", "train.lr=auto"])?);
-        sides.torch.push(run.torch_like_kiln()?);
-        let plain = ["--schedule", "constant", "--warmup", "0", "--clip", "0"];
-        sides.torch_plain.push(run.torch(&plain, false)?);
-        run.torch_lr_find(&mut sides.torch_lr_find)?;
-    }
-    report(ctx, out, &sides)?;
+    let data = JobData {
+        dir: work,
+        prepared: write_data(work, &job)?,
+        kiln: vec![],
+        torch: torch_args(&reference_values(&job)),
+    };
+    let sides = [
+        Kiln,
+        KilnAuto,
+        KilnEma,
+        KilnLrAuto,
+        Torch,
+        TorchPlain,
+        TorchLrFind,
+    ];
+    let runs = ctx.train_sides(&data, seeds, &sides, "")?;
+    report(ctx, out, &runs)?;
     Ok(describe(&job))
-}
-
-/// The PyTorch script's options for the reference job.
-fn reference_torch_args(job: &Job) -> Vec<String> {
-    let mut args = vec![];
-    for (name, v) in [
-        ("--epochs", job.epochs),
-        ("--batch", job.batch),
-        ("--d-model", job.d_model),
-        ("--layers", job.layers),
-        ("--ff", job.ff),
-        ("--warmup", job.warmup),
-    ] {
-        args.extend([name.to_owned(), v.to_string()]);
-    }
-    args
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
@@ -493,19 +504,12 @@ fn vs_worst_seed(
     less: f64,
 ) -> Result<Comparison> {
     let (k, t) = (of(side, metric.key)?, of(torch, metric.key)?);
-    let x = metric.scale;
-    let figures = (x * mean(&k), x * metric.worst(&t) - less);
+    let ((worst, word), x) = (metric.worst(&t), metric.scale);
+    let figures = (x * mean(&k), x * worst - less);
     let less_note = if less > 0.0 { ", less 1 point" } else { "" };
-    let base = format!(
-        "{BASELINE} ({} of {} seeds{less_note})",
-        metric.worst_word(),
-        t.len()
-    );
-    Ok(per_seed(
-        out.row("learning", name, metric.unit, figures, base),
-        &k,
-        &t,
-    ))
+    let base = format!("{BASELINE} ({word} of {} seeds{less_note})", t.len());
+    let row = out.row("learning", name, metric.unit, figures, base);
+    Ok(per_seed(row, &k, &t))
 }
 
 /// The time per run of `side` against PyTorch's (`torch`: which PyTorch side, how it ran,
@@ -529,17 +533,8 @@ fn time_row(
 
 /// The reference job as the report's title says it.
 fn describe(job: &Job) -> String {
-    let Job {
-        d_model,
-        layers,
-        samples,
-        seq,
-        features,
-        classes,
-        epochs,
-        batch,
-        ..
-    } = *job;
+    let (d_model, layers, samples, seq) = (job.d_model, job.layers, job.samples, job.seq);
+    let (features, classes, epochs, batch) = (job.features, job.classes, job.epochs, job.batch);
     format!(
         "learning at the same budget: transformer (d_model {d_model}, {layers} layers) on \
          {samples} synthetic {seq}×{features} samples, {classes} classes, {epochs} epochs of \
@@ -549,38 +544,30 @@ fn describe(job: &Job) -> String {
 }
 
 /// The reference job's rows from all sides' runs.
-fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, sides: &Sides) -> Result<()> {
-    let precision = sides.kiln_auto[0]["precision"].as_str().unwrap_or("?");
+fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, runs: &Runs) -> Result<()> {
+    let (kiln, kiln_auto, torch) = (&runs["kiln"], &runs["kiln_auto"], &runs["pytorch"]);
+    let precision = kiln_auto[0]["precision"].as_str().unwrap_or("?");
     let auto = format!("kiln automatic precision ({precision})");
-    against_range(out, "kiln fp32", &sides.kiln, &sides.torch)?;
-    against_range(out, &auto, &sides.kiln_auto, &sides.torch)?;
-    let (ka, ta) = (of(&sides.kiln, ACCURACY)?, of(&sides.torch, ACCURACY)?);
-    let runs = json!({
-        "kiln": sides.kiln, "kiln_auto": sides.kiln_auto, "kiln_ema": sides.kiln_ema,
-        "kiln_lr_auto": sides.kiln_lr_auto, "pytorch_lr_find": sides.torch_lr_find,
-        "pytorch": sides.torch, "pytorch_plain": sides.torch_plain,
-    });
+    against_range(out, "kiln fp32", kiln, torch)?;
+    against_range(out, &auto, kiln_auto, torch)?;
+    let (ka, ta) = (of(kiln, ACCURACY)?, of(torch, ACCURACY)?);
     let name = "val accuracy, means: kiln fp32 vs PyTorch";
     let base = format!("{BASELINE} (mean of {} seeds)", ta.len());
     let figures = (100.0 * mean(&ka), 100.0 * mean(&ta));
     let row = out.row("learning", name, PERCENT, figures, base);
-    out.push(row.detail("runs", runs));
-    let plain = of(&sides.torch_plain, ACCURACY)?;
+    out.push(row.detail("runs", json!(runs)));
+    let plain = of(&runs["pytorch_plain"], ACCURACY)?;
     let name = "val accuracy, means: kiln fp32 vs PyTorch as written by default";
     let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
     out.push(out.row("learning", name, PERCENT, figures, PLAIN));
-    ema_row(out, &sides.kiln_ema)?;
-    lr_rows(ctx, out, sides, (Metric::ACCURACY, ""))?;
+    ema_row(out, &runs["kiln_ema"])?;
+    lr_rows(ctx, out, runs, (Metric::ACCURACY, ""))?;
     let like_kiln = format!("{BASELINE}, with {}", kiln_benches::MALLOC_AS_KILN);
-    let like_kiln = ("", like_kiln.as_str(), sides.torch.as_slice());
-    time_row(out, "kiln fp32", &sides.kiln, like_kiln)?;
-    time_row(out, &auto, &sides.kiln_auto, like_kiln)?;
-    let plain = (
-        " vs PyTorch as written by default",
-        PLAIN,
-        sides.torch_plain.as_slice(),
-    );
-    time_row(out, "kiln fp32", &sides.kiln, plain)?;
+    let like_kiln = ("", like_kiln.as_str(), torch.as_slice());
+    time_row(out, "kiln fp32", kiln, like_kiln)?;
+    time_row(out, &auto, kiln_auto, like_kiln)?;
+    let vs = " vs PyTorch as written by default";
+    time_row(out, "kiln fp32", kiln, (vs, PLAIN, &runs["pytorch_plain"]))?;
     Ok(())
 }
 
@@ -636,20 +623,13 @@ impl Metric {
         scale: 1.0,
     };
 
-    /// The worst of `runs`' figures (unscaled).
-    fn worst(self, v: &[f64]) -> f64 {
+    /// The worst of `runs`' figures (unscaled), and how the report says the worst of several
+    /// seeds.
+    fn worst(self, v: &[f64]) -> (f64, &'static str) {
         let fold = |f: fn(f64, f64) -> f64, start| v.iter().copied().fold(start, f);
         match self.unit.1 {
-            Better::Higher => fold(f64::min, f64::INFINITY),
-            Better::Lower => fold(f64::max, f64::NEG_INFINITY),
-        }
-    }
-
-    /// How the report says the worst of several seeds.
-    fn worst_word(self) -> &'static str {
-        match self.unit.1 {
-            Better::Higher => "lowest",
-            Better::Lower => "highest",
+            Better::Higher => (fold(f64::min, f64::INFINITY), "lowest"),
+            Better::Lower => (fold(f64::max, f64::NEG_INFINITY), "highest"),
         }
     }
 
@@ -670,65 +650,56 @@ impl Metric {
 fn lr_rows(
     ctx: &Ctx<'_>,
     out: &mut SuiteOutput,
-    sides: &Sides,
+    runs: &Runs,
     (metric, prefix): (Metric, &str),
 ) -> Result<()> {
-    let (auto, default) = (&sides.kiln_lr_auto, &sides.kiln);
+    let (auto, default) = (&runs["kiln_lr_auto"], &runs["kiln"]);
     let (aa, da) = (of(auto, metric.key)?, of(default, metric.key)?);
-    let found: Vec<f64> = auto
-        .iter()
-        .map(|r| figure(&r["start"], "lr"))
-        .collect::<Result<_>>()?;
+    let start = |runs: &[Value], key| of(runs.iter().map(|r| &r["start"]), key);
+    let found = start(auto, "lr")?;
     let (m, x) = (metric.name, metric.scale);
     let name = format!("{prefix}{m}: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed");
-    let worst = metric.worst_word();
+    let (worst, word) = metric.worst(&da);
     let base = format!(
-        "kiln fp32 at the default lr 1e-3 ({worst} of {} seeds)",
+        "kiln fp32 at the default lr 1e-3 ({word} of {} seeds)",
         da.len()
     );
-    let figures = (x * mean(&aa), x * metric.worst(&da));
-    let row = out.row("learning", name, metric.unit, figures, base);
-    let row = metric
-        .as_good(row)
-        .detail("lr_found_per_seed", json!(found));
-    out.push(per_seed(row, &aa, &da));
+    let row = out.row(
+        "learning",
+        name,
+        metric.unit,
+        (x * mean(&aa), x * worst),
+        base,
+    );
+    let row = metric.as_good(row);
+    out.push(per_seed(
+        row.detail("lr_found_per_seed", json!(found)),
+        &aa,
+        &da,
+    ));
     let lr_find_row = format!("{prefix}{m}, means: {LR_FIND_ROW}");
     if let Err(why) = ctx.lightning {
         out.skip(&lr_find_row, why);
     } else {
-        let lf = of(&sides.torch_lr_find, metric.key)?;
-        let suggested = of(&sides.torch_lr_find, "lr")?;
+        let lf = of(&runs["pytorch_lr_find"], metric.key)?;
+        let suggested = of(&runs["pytorch_lr_find"], "lr")?;
         let base = "PyTorch loop, same job, at Tuner.lr_find's suggestion (its defaults)";
-        let row = out.row(
-            "learning",
-            lr_find_row,
-            metric.unit,
-            (x * mean(&aa), x * mean(&lf)),
-            base,
-        );
+        let figures = (x * mean(&aa), x * mean(&lf));
+        let row = out.row("learning", lr_find_row, metric.unit, figures, base);
         let row = row.detail("lr_found_per_seed", json!(found));
         let row = row.detail("lightning_suggestion_per_seed", json!(suggested));
         out.push(per_seed(row, &aa, &lf));
     }
-    let started = |runs: &[Value]| -> Result<Vec<f64>> {
-        runs.iter()
-            .map(|r| figure(&r["start"], "started_after_s"))
-            .collect()
-    };
+    let started = |runs| start(runs, "started_after_s");
     let search: Vec<f64> = (started(auto)?.iter().zip(started(default)?))
         .map(|(a, d)| (a - d).max(0.0))
         .collect();
     let seconds = of(auto, "seconds")?;
     let name = format!("{prefix}lr = auto's range test: seconds per run");
     let base = "the whole run's seconds (reading, range test, training, validating)";
-    let row = out.row(
-        "time per run",
-        name,
-        SECONDS,
-        (mean(&search), mean(&seconds)),
-        base,
-    );
-    let lightning = of(&sides.torch_lr_find, "lr_find_seconds")?;
+    let figures = (mean(&search), mean(&seconds));
+    let row = out.row("time per run", name, SECONDS, figures, base);
+    let lightning = of(&runs["pytorch_lr_find"], "lr_find_seconds")?;
     let row = row
         .at_most(0.10)
         .detail("search_seconds_per_seed", json!(search));
