@@ -316,7 +316,6 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
 
 /// Both sides' runs of one model at one precision.
 struct Pair {
-    kind: ModelKind,
     precision: AmpDtype,
     job: Job,
     kiln: Value,
@@ -349,7 +348,6 @@ fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
             t.args(["--precision", name, "--threads", &threads]);
             let (kiln, torch) = (run_json(k)?, run_json(t)?);
             pairs.push(Pair {
-                kind,
                 precision,
                 job: job.clone(),
                 kiln,
@@ -392,66 +390,42 @@ fn twin_text(kind: ModelKind, precision: AmpDtype) -> &'static str {
     }
 }
 
-/// What one pair of runs shows, each figure as (kiln, PyTorch).
-struct Measured {
-    losses: (Vec<f64>, Vec<f64>),
-    /// The step with the largest |Δloss|, and that difference.
-    largest: (usize, f64),
-    /// Held-out accuracy in percent.
-    accuracy: (f64, f64),
-    /// Mean loss of the last `tail` steps.
-    final_loss: (f64, f64),
-}
-
-fn measure(p: &Pair) -> Result<Measured> {
+/// The rows of one model at one precision: fp32, the largest per-step difference; bf16, the
+/// final loss and the held-out accuracy (the loss curves on the first row only). Each row's kiln
+/// figure is the largest difference found, its baseline the tolerance (goal ≤ 1); every row's
+/// details hold the job, both sides' figures and loss curves.
+fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
+    let (j, kind, precision) = (&p.job, p.job.plan.kind, p.precision.as_str());
     let (kiln, torch) = (losses(&p.kiln)?, losses(&p.torch)?);
-    if kiln.len() != torch.len() {
-        let (kind, precision, k, t) = (p.kind, p.precision.as_str(), kiln.len(), torch.len());
+    let steps = kiln.len();
+    if steps != torch.len() {
+        let t = torch.len();
         return Err(format!(
-            "{kind} {precision}: kiln ran {k} steps, PyTorch {t}"
+            "{kind} {precision}: kiln ran {steps} steps, PyTorch {t}"
         ));
     }
     let accuracy = |run: &Value| figure(run, "held_out_accuracy").map(|a| 100.0 * a);
-    Ok(Measured {
-        largest: largest_difference(&kiln, &torch),
-        accuracy: (accuracy(&p.kiln)?, accuracy(&p.torch)?),
-        final_loss: (tail_mean(&kiln, p.job.tail), tail_mean(&torch, p.job.tail)),
-        losses: (kiln, torch),
-    })
-}
-
-/// Every row's details: the job, both sides' figures and loss curves.
-fn details(p: &Pair, m: &Measured) -> Value {
-    let (j, (kiln, torch)) = (&p.job, &m.losses);
-    json!({
-        "model": p.kind.as_str(),
-        "precision": p.precision.as_str(),
-        "steps": kiln.len(), "batch_size": j.batch, "pool": j.pool,
+    let (ka, ta) = (accuracy(&p.kiln)?, accuracy(&p.torch)?);
+    let (kf, tf) = (tail_mean(&kiln, j.tail), tail_mean(&torch, j.tail));
+    let (step, largest) = largest_difference(&kiln, &torch);
+    let twin = twin_text(kind, p.precision);
+    let details = json!({
+        "model": kind.as_str(), "precision": precision,
+        "steps": steps, "batch_size": j.batch, "pool": j.pool,
         "sample_shape": j.sample_shape, "classes": target_of(j).classes(),
         "held_out": j.held_out, "tail": j.tail,
-        "largest_step_difference": m.largest.1, "largest_at_step": m.largest.0,
-        "kiln_final_loss": m.final_loss.0, "pytorch_final_loss": m.final_loss.1,
-        "kiln_held_out_accuracy": m.accuracy.0,
-        "pytorch_held_out_accuracy": m.accuracy.1,
+        "largest_step_difference": largest, "largest_at_step": step,
+        "kiln_final_loss": kf, "pytorch_final_loss": tf,
+        "kiln_held_out_accuracy": ka, "pytorch_held_out_accuracy": ta,
         "kiln_held_out_loss": p.kiln["held_out_loss"],
         "pytorch_held_out_loss": p.torch["held_out_loss"],
-        "loss_curves": {"kiln": kiln, "baseline": torch,
-                        "baseline_name": twin_text(p.kind, p.precision)},
+        "loss_curves": {"kiln": kiln, "baseline": torch, "baseline_name": twin},
         "seconds": {"kiln": p.kiln["seconds"], "pytorch": p.torch["seconds"]},
-    })
-}
-
-/// The rows of one model at one precision: fp32, the largest per-step difference; bf16, the
-/// final loss and the held-out accuracy (the loss curves on the first row only). Each row's kiln
-/// figure is the largest difference found, its baseline the tolerance (goal ≤ 1).
-fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
-    let m = measure(p)?;
-    let details = details(p, &m);
+    });
     let quick_note = quick.then_some(" (quick: not the 100-step check)");
-    let (kind, precision, steps) = (p.kind, p.precision.as_str(), m.losses.0.len());
     let what = format!(
         "{kind} {precision}, {steps} steps of batch {}{}",
-        p.job.batch,
+        j.batch,
         quick_note.unwrap_or_default()
     );
     let row = |name: &str, unit, figures, base: String| {
@@ -461,8 +435,6 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         c.details = details.clone();
         c
     };
-    let twin = twin_text(p.kind, p.precision);
-    let ((kf, tf), (ka, ta), (step, largest)) = (m.final_loss, m.accuracy, m.largest);
     if p.precision == AmpDtype::None {
         let at = if largest == 0.0 {
             "identical at every step".to_owned()
@@ -478,7 +450,7 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         return Ok(vec![fp32]);
     }
     let loss = row(
-        &format!("final loss |Δ| (mean of last {} steps)", p.job.tail),
+        &format!("final loss |Δ| (mean of last {} steps)", j.tail),
         NATS,
         ((kf - tf).abs(), BF16_LOSS_TOLERANCE),
         format!("tolerance {BF16_LOSS_TOLERANCE} nats ({twin}; kiln {kf:.4}, PyTorch {tf:.4})"),
@@ -490,7 +462,7 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         format!(
             "tolerance {BF16_ACCURACY_TOLERANCE} points ({twin}; {} held-out samples; kiln \
              {ka:.1}%, PyTorch {ta:.1}%)",
-            p.job.held_out
+            j.held_out
         ),
     );
     Ok(vec![loss, accuracy.detail("loss_curves", Value::Null)])
@@ -522,7 +494,7 @@ fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
                        "bf16_final_loss_nats": BF16_LOSS_TOLERANCE,
                        "bf16_held_out_accuracy_points": BF16_ACCURACY_TOLERANCE},
         "quick": quick,
-        "runs": pairs.iter().map(|p| json!({"model": p.kind.as_str(),
+        "runs": pairs.iter().map(|p| json!({"model": p.job.plan.kind.as_str(),
             "precision": p.precision.as_str(), "kiln": p.kiln, "pytorch": p.torch}))
             .collect::<Vec<_>>(),
     });
@@ -545,7 +517,6 @@ mod tests {
                    "seconds": 1.0})
         };
         let pair = Pair {
-            kind: ModelKind::Transformer,
             precision,
             job: job(ModelKind::Transformer, false),
             kiln: run(kiln, accuracy.0),
