@@ -356,16 +356,12 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
     let (steps, batch, t) = (bench.size.steps(), bench.size.batch, bench.threads);
     let ((cpu, cpus), repeats) = (&bench.cpu, runs[0].len());
     let params = median_of(&runs[0], "parameters");
-    let quick = if quick {
-        "QUICK (a few steps, shape check only): "
-    } else {
-        ""
-    };
+    let quick = quick.then_some("QUICK (a few steps, shape check only): ");
     let allreduce = median_of(&runs[3], "gradient_allreduce_ms");
     let comm = communication(bench.plan, params, allreduce);
     let between = between_steps(runs);
     format!(
-        "{quick}data-parallel training on the CPU ({cpu}, {cpus} logical cores), Gloo over \
+        "{}data-parallel training on the CPU ({cpu}, {cpus} logical cores), Gloo over \
          127.0.0.1: kiln's `transformer` (sequence {seq} × {features} features → d_model \
          {d_model}, {layers} layers, {heads} heads, ff {ff} → {classes} classes, {params} \
          parameters, fp32, dropout 0) on its synthetic data, {steps} steps of batch {batch} per \
@@ -381,6 +377,7 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
          samples, so every run takes the same steps. \
          Step time is each side's own mean over every step (batch to optimizer step); samples/s \
          counts all ranks; median of {repeats} run(s) per side. {comm} {between}",
+        quick.unwrap_or_default(),
         malloc = kiln_benches::MALLOC_AS_KILN
     )
 }

@@ -21,7 +21,7 @@ use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::{MIB, PERCENT, SAMPLES_S, SECONDS, SuiteOutput};
-use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, peers};
+use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, num, peers};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
@@ -149,13 +149,13 @@ impl Side {
     }
     /// The median of the number at `key` in the runs' results.
     fn figure(&self, key: &str) -> f64 {
-        self.median(|m| m.result[key].as_f64().unwrap_or(f64::NAN))
+        self.median(|m| num(&m.result[key]))
     }
     fn seconds(&self) -> f64 {
         self.median(|m| m.seconds)
     }
     fn samples_per_s(&self) -> f64 {
-        self.median(|m| m.result["samples"].as_f64().unwrap_or(f64::NAN) / m.seconds)
+        self.median(|m| num(&m.result["samples"]) / m.seconds)
     }
     fn accuracy(&self) -> f64 {
         100.0 * self.figure("final_val_accuracy")
@@ -201,11 +201,10 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         };
         Ok(Some(run))
     })?;
-    let [kiln, light, plain, light_malloc]: [Vec<Measured>; 4] = sides
+    let sides: [Vec<Measured>; 4] = sides
         .try_into()
         .map_err(|_| "the job suite has four sides".to_owned())?;
-    let (kiln, light, plain) = (Side(kiln), Side(light), Side(plain));
-    let light_malloc = Side(light_malloc);
+    let [kiln, light, plain, light_malloc] = sides.map(Side);
     let mut out = report(quick, &torch, &kiln, &plain);
     match &lightning {
         Ok(_) => lightning_rows(&mut out, &kiln, &light, &light_malloc),
@@ -248,19 +247,16 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOut
     let (epochs, batch, warmup, clip) = (t.epochs, t.batch_size, t.warmup_steps, t.clip_grad_norm);
     let (precision, attention) = (torch.precision(), torch.attention());
     let (workers, threads) = (workers_text(torch.plan), torch.threads);
-    let quick = if quick {
-        "QUICK (a tiny job, shape check only): "
-    } else {
-        ""
-    };
+    let quick = quick.then_some("QUICK (a tiny job, shape check only): ");
     let what = format!(
-        "{quick}the default job end to end: `kiln train --data` against PyTorch Lightning \
+        "{}the default job end to end: `kiln train --data` against PyTorch Lightning \
          Trainer.fit and a plain PyTorch loop on the same prepared shards ({samples} samples of \
          {seq}×{features}, {classes} classes, read through a torch Dataset), split, transformer \
          (d_model {d_model}, {layers} layers, dropout {dropout}) and initial weights; {epochs} \
          epochs of batch {batch}, {precision} ({attention} attention), fused AdamW, warmup \
          {warmup} + cosine, clipping {clip}, validation and a checkpoint every epoch, {workers}, \
-         {threads} threads; wall time is process start to exit"
+         {threads} threads; wall time is process start to exit",
+        quick.unwrap_or_default()
     );
     let mut out = SuiteOutput::new("job", &what);
     let base = "plain PyTorch loop, same job (no Lightning)";
