@@ -27,8 +27,8 @@ import sys
 import time
 
 # What the scripts share and the twins of kiln's models, beside this script (so on sys.path).
-from common import (add_training_args, adamw_groups, batches, lr_factor, read_npy, scores,
-                    train_step)
+from common import (add_training_args, adamw_groups, batches, lightning_module, lr_factor,
+                    read_npy, scores, train_step)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -44,9 +44,6 @@ def main():
                    help="train at Lightning's lr_find suggestion instead of --lr")
     p.add_argument("--task", choices=["classification", "regression"], default="classification")
     p.add_argument("--hidden", default="256,256", help="the MLP's widths (regression)")
-    for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16),
-                                ("--dropout", float, 0.1), ("--threads", int, None)):
-        p.add_argument(name, type=kind, default=default)
     add_training_args(p)
     a = p.parse_args()
     if a.threads:
@@ -93,7 +90,7 @@ def main():
             train_step(model, opt, xb, yb, a.clip, loss_fn=loss_fn)
             step += 1
         if regression:
-            val_loss = mse_over(model, xv, yv)
+            val_loss, _ = scores(model, batches(xv, yv, 256), add=add_squared_errors)
             scored = {"val_loss": val_loss, "val_rmse": math.sqrt(val_loss)}
         else:
             val_loss, val_acc = scores(model, batches(xv, yv, 256))
@@ -112,15 +109,10 @@ def mse(out, y):
     return F.mse_loss(out.squeeze(1), y)
 
 
-def mse_over(model, x, y):
-    """The mean squared error over (x, y) in batches of 256, in eval mode."""
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for xb, yb in batches(x, y, 256):
-            total += F.mse_loss(model(xb).squeeze(1), yb, reduction="sum").item()
-    model.train()
-    return total / max(1, len(y))
+def add_squared_errors(sums, model, x, y):
+    """Adds a batch's summed squared error and its count to `sums` (as `add_scores`)."""
+    sums[0] += F.mse_loss(model(x).squeeze(1), y, reduction="sum").item()
+    sums[2] += y.numel()
 
 
 def lightning_lr_find(a, model, loader, loss_fn):
@@ -130,20 +122,10 @@ def lightning_lr_find(a, model, loader, loss_fn):
     import lightning as L
     from lightning.pytorch.tuner import Tuner
 
-    class Job(L.LightningModule):
+    class Job(lightning_module(model, a.clip, loss_fn, log_loss=False)):
         def __init__(self):
             super().__init__()
-            self.model = model
             self.lr = a.lr
-
-        def training_step(self, batch, _):
-            x, y = batch
-            return loss_fn(self.model(x), y)
-
-        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
-                                        gradient_clip_algorithm=None):
-            if a.clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.parameters(), a.clip)
 
         def configure_optimizers(self):
             groups = adamw_groups(list(self.model.parameters()), a.weight_decay)
