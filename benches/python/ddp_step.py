@@ -38,7 +38,7 @@ import os
 import sys
 import time
 
-from common import add_training_args, optimizer, read_npy, save_program, train_step
+from common import add_training_args, log, optimizer, read_npy, save_program, train_step
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
@@ -92,8 +92,7 @@ def train(a, world, rank, model, features, labels):
             dist.all_reduce(mean)
             mean /= world
         final_loss = mean.item()
-        print(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}",
-              file=sys.stderr, flush=True)
+        log(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}")
     return steps, step_seconds, final_loss
 
 

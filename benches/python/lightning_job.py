@@ -31,8 +31,8 @@ import time
 
 # The siblings in this directory (the script's own, first on sys.path): what the scripts share
 # (kiln's optimizer and schedule, the scores), the model twins, the shard reader.
-from common import (add_scores, add_training_args, lightning_module, optimizer, scores,
-                    train_step)
+from common import (add_scores, add_training_args, lightning_module, log, optimizer,
+                    scores, train_step)
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
@@ -122,9 +122,9 @@ def plain_fit(a, model, train, val):
             loss = train_step(model, opt, x, y, a.clip, sched, lambda: autocast(a))
             step += 1
             if step % 50 == 0:
-                print(f"step {step}/{total} loss {loss.item():.4f}", file=sys.stderr, flush=True)
+                log(f"step {step}/{total} loss {loss.item():.4f}")
         val_loss, val_acc = scores(model, val, lambda: autocast(a))
-        print(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}", file=sys.stderr)
+        log(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "schedule": sched.state_dict(), "epoch": epoch, "step": step},
                    os.path.join(a.out, "checkpoints", f"epoch-{epoch}.pt"))
