@@ -418,15 +418,12 @@ def export(a):
 
 def model_config(a):
     if a.model == "mlp":
-        return {"features": a.features, "hidden": a.hidden, "classes": a.classes,
-                "dropout": a.dropout}
+        return {**SIZES["mlp"], "dropout": a.dropout}
     if a.model == "transformer":
-        return {"features": a.features, "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
-                "layers": a.layers, "ff": a.ff, "classes": a.classes, "dropout": a.dropout,
-                "attention": "math" if use_math_attention(a) else "sdpa",
-                "compile": a.compile}
-    return {"in_channels": a.in_channels, "image_size": a.image_size, "classes": a.classes,
-            "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
+        return {**SIZES["transformer"], "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
+                "layers": a.layers, "ff": a.ff, "dropout": a.dropout,
+                "attention": "math" if use_math_attention(a) else "sdpa", "compile": a.compile}
+    return {**SIZES["convnet"], "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
 
 
 def optimizer_bench(a):
