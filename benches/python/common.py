@@ -89,12 +89,13 @@ def lr_factor(step, warmup, total, constant=False):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def optimizer(model, a, total_steps):
+def optimizer(model, a, total_steps, constant=False):
     """Fused AdamW (kiln's groups, --lr, --weight-decay) and kiln's schedule over
-    `total_steps`."""
+    `total_steps` (or constant after the warmup)."""
     groups = adamw_groups(list(model.parameters()), a.weight_decay)
     opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup, total_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, a.warmup, total_steps, constant))
     return opt, sched
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 
 # What the scripts share and the twins of kiln's models, beside this script (so on sys.path).
-from common import (add_training_args, adamw_groups, batches, lightning_module, lr_factor,
+from common import (add_training_args, adamw_groups, batches, lightning_module, optimizer,
                     read_npy, scores, train_step)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -77,18 +77,14 @@ def main():
         a.lr = lightning_lr_find(a, build(), train_loader(), loss_fn)
         found = {"lr": a.lr, "lr_find_seconds": time.perf_counter() - began}
     model = build()
-    groups = adamw_groups(list(model.parameters()), a.weight_decay)
-    opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
     loader = train_loader()
-    total = len(loader) * a.epochs
-    step, epochs = 0, []
+    total = len(loader) * a.epochs  # steps: every batch trains (drop_last)
+    opt, sched = optimizer(model, a, total, constant=a.schedule == "constant")
+    epochs = []
     model.train()
     for epoch in range(a.epochs):
         for xb, yb in loader:
-            for group in opt.param_groups:
-                group["lr"] = a.lr * lr_factor(step, a.warmup, total, a.schedule == "constant")
-            train_step(model, opt, xb, yb, a.clip, loss_fn=loss_fn)
-            step += 1
+            train_step(model, opt, xb, yb, a.clip, sched, loss_fn=loss_fn)
         if regression:
             val_loss, _ = scores(model, batches(xv, yv, 256), add=add_squared_errors)
             scored = {"val_loss": val_loss, "val_rmse": math.sqrt(val_loss)}
@@ -98,7 +94,7 @@ def main():
         epochs.append({"epoch": epoch, **scored})
     print(json.dumps({
         "framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
-        "steps": step, "threads": torch.get_num_threads(),
+        "steps": total, "threads": torch.get_num_threads(),
         **{f"final_{k}": v for k, v in epochs[-1].items() if k != "epoch"},
         "epochs": epochs, "seconds": time.perf_counter() - start, **found,
     }), flush=True)
