@@ -1,9 +1,11 @@
 """What the baselines' scripts share (each imports it from this directory, its own, so on
 sys.path): torch imported without numpy's warning, logging to stderr, readers of kiln's .npy and
 safetensors files that need no numpy, kiln's AdamW groups, warmup + cosine schedule and their
-command-line options, held-out scores, and the JSON of a torch.compile run that could not run.
+command-line options, the training step, held-out scores, a Lightning module with kiln's
+clipping, a torch.export program's saving, and the JSON of a torch.compile run that could not run.
 """
 
+import argparse
 import contextlib
 import json
 import math
@@ -87,23 +89,42 @@ def lr_factor(step, warmup, total, constant=False):
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def optimizer(model, a, total_steps):
+def optimizer(model, a, total_steps, constant=False):
     """Fused AdamW (kiln's groups, --lr, --weight-decay) and kiln's schedule over
-    `total_steps`."""
+    `total_steps` (or constant after the warmup)."""
     groups = adamw_groups(list(model.parameters()), a.weight_decay)
     opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, a.warmup, total_steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, a.warmup, total_steps, constant))
     return opt, sched
 
 
-def add_training_args(p):
+def at_least(least):
+    """An argparse type: an integer no less than `least`."""
+    def parse(text):
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be {'positive' if least else '>= 0'}, "
+                                             f"got {value}")
+        return value
+    parse.__name__ = "int"  # what argparse names in its message for a non-integer
+    return parse
+
+
+def add_training_args(p, threads=None, **defaults):
     """The options of kiln's training the scripts share: the transformer's shape, the seed,
-    and kiln's optimizer, schedule and clipping."""
-    for name, default in (("--d-model", 256), ("--heads", 8), ("--layers", 4), ("--ff", 1024),
-                          ("--seed", 0), ("--warmup", 50), ("--lr", 1e-3),
-                          ("--weight-decay", 0.01)):
-        p.add_argument(name, type=type(default), default=default)
+    kiln's optimizer, schedule and clipping, the epochs, batch size and dropout, and torch's
+    threads (default `threads`; None: torch's choice). `defaults` replaces some of the
+    defaults, by name; a default of None makes that option required."""
+    options = {"d_model": 256, "heads": 8, "layers": 4, "ff": 1024, "seed": 0, "warmup": 50,
+               "lr": 1e-3, "weight_decay": 0.01, "epochs": 2, "batch": 16, "dropout": 0.1,
+               **defaults}
+    for name, default in options.items():
+        kind = int if default is None else type(default)
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                       required=default is None)
     p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
+    p.add_argument("--threads", type=int, default=threads, help="torch's threads")
 
 
 def train_step(model, opt, x, y, clip=0.0, sched=None, autocast=contextlib.nullcontext,
@@ -132,13 +153,14 @@ def add_scores(sums, model, x, y):
     sums[2] += y.numel()
 
 
-def scores(model, batches, autocast=contextlib.nullcontext):
-    """Mean loss and accuracy over `batches` of (x, y), in eval mode, under `autocast()`."""
+def scores(model, batches, autocast=contextlib.nullcontext, add=add_scores):
+    """Mean loss and accuracy over `batches` of (x, y), in eval mode, under `autocast()`, each
+    batch's sums added by `add` (as `add_scores`)."""
     model.eval()
     sums = [0.0, 0, 0]
     with torch.no_grad(), autocast():
         for x, y in batches:
-            add_scores(sums, model, x, y)
+            add(sums, model, x, y)
     model.train()
     n = max(1, sums[2])
     return sums[0] / n, sums[1] / n
@@ -147,6 +169,42 @@ def scores(model, batches, autocast=contextlib.nullcontext):
 def batches(x, y, size):
     """(x, y) in consecutive batches of `size` rows."""
     return ((x[i:i + size], y[i:i + size]) for i in range(0, len(y), size))
+
+
+def lightning_module(model, clip, loss_fn=F.cross_entropy, log_loss=True):
+    """A LightningModule class training `model` with `loss_fn` (logged as "train_loss" with
+    `log_loss`), the global gradient norm clipped to `clip` (0: no clipping)."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, _):
+            x, y = batch
+            loss = loss_fn(self.model(x), y)
+            if log_loss:
+                self.log("train_loss", loss, prog_bar=True)
+            return loss
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                        gradient_clip_algorithm=None):
+            # Lightning refuses `gradient_clip_val` with a fused optimizer under its mixed
+            # precision plugin (the fused step may unscale internally); with bf16 there is no
+            # scaler, so clipping here, in the hook Lightning documents for custom clipping, is
+            # exact.
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.parameters(), clip)
+
+    return Module
+
+
+def save_program(model, example, path):
+    """`model` in train mode exported by torch.export with a dynamic batch dimension (as a user
+    ships it; `example` a batch of two), saved at `path`."""
+    shapes = ({0: torch.export.Dim("batch")},)
+    torch.export.save(torch.export.export(model.train(), (example,), dynamic_shapes=shapes), path)
 
 
 def not_run(error, **fields):

@@ -38,7 +38,7 @@ import os
 import sys
 import time
 
-from common import add_training_args, optimizer, read_npy, train_step
+from common import add_training_args, log, optimizer, read_npy, save_program, train_step
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
@@ -92,17 +92,14 @@ def train(a, world, rank, model, features, labels):
             dist.all_reduce(mean)
             mean /= world
         final_loss = mean.item()
-        print(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}",
-              file=sys.stderr, flush=True)
+        log(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}")
     return steps, step_seconds, final_loss
 
 
 def export_program(a):
     """The model, as built, exported in train mode with a dynamic batch and saved."""
-    model = build(a).train()
-    shapes = ({0: torch.export.Dim("batch")},)
-    ep = torch.export.export(model, (torch.zeros(2, a.seq, a.features),), dynamic_shapes=shapes)
-    torch.export.save(ep, a.export_program)
+    model = build(a)
+    save_program(model, torch.zeros(2, a.seq, a.features), a.export_program)
     print(json.dumps({"exported": a.export_program,
                       "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
 
@@ -125,14 +122,14 @@ def main():
     p.add_argument("--features-file", required=True, help="float32 [N, S, F] .npy")
     p.add_argument("--labels-file", required=True, help="int64 [N] .npy")
     for name, help in (("--samples", "the first N samples of the files"), ("--classes", None),
-                       ("--features", "per position"), ("--batch", "per rank")):
+                       ("--features", "per position")):
         p.add_argument(name, type=int, required=True, help=help)
-    for name, default, help in (("--seq", 64, "sequence length"), ("--epochs", 1, None),
+    for name, default, help in (("--seq", 64, "sequence length"),
                                 ("--bucket-cap-mb", 25.0, "DDP's gradient buckets"),
-                                ("--first-bucket-mb", 1.0, None), ("--dropout", 0.0, None),
-                                ("--threads", 1, "intra- and inter-op, per rank")):
+                                ("--first-bucket-mb", 1.0, None)):
         p.add_argument(name, type=type(default), default=default, help=help)
-    add_training_args(p)
+    # --batch per rank; --threads intra- and inter-op, per rank.
+    add_training_args(p, threads=1, epochs=1, batch=None, dropout=0.0)
     p.add_argument("--export-program", metavar="PATH", default=None,
                    help="save the model as a torch.export program and exit")
     a = p.parse_args()

@@ -27,7 +27,7 @@ import json
 import statistics
 import time
 
-from common import log, not_run
+from common import at_least, log, not_run
 import torch  # noqa: E402
 
 # kiln's reference MLP and the helpers of the train-step suite's script (this directory is on
@@ -44,21 +44,16 @@ def percentile(sorted_values, q):
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--batches", type=int, default=200, help="timed batches")
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--threads", type=int, default=None)
+    # --batches: the timed batches; --warmup: at least 1, as the first batch is reported apart.
+    for name, kind, default in (("--batch", at_least(1), 64), ("--batches", at_least(1), 200),
+                                ("--warmup", at_least(1), 20), ("--threads", int, None),
+                                ("--seed", int, 0)):
+        p.add_argument(name, type=kind, default=default)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grad-mode", choices=("inference_mode", "no_grad"), default="inference_mode")
     p.add_argument("--compile", action="store_true",
                    help="run torch.compile(model) (default mode); compile time reported apart")
     a = p.parse_args()
-    for name in ("batch", "batches"):
-        if getattr(a, name) <= 0:
-            p.error(f"--{name} must be positive, got {getattr(a, name)}")
-    if a.warmup < 1:
-        p.error(f"--warmup must be >= 1 (the first batch is reported apart), got {a.warmup}")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {a.device}: this torch sees no CUDA device")
     return a
@@ -103,25 +98,16 @@ def main():
     p50 = statistics.median(times)
     result = {
         "framework": "pytorch-compile" if a.compile else "pytorch-eager",
-        "torch_version": torch.__version__,
-        "device": a.device,
-        "precision": a.precision,
+        "torch_version": torch.__version__, "device": a.device, "precision": a.precision,
         "weights": "fp32" if a.precision == "fp32" else f"{a.precision} (model.to, no autocast)",
-        "grad_mode": a.grad_mode,
-        "batch": a.batch,
-        "batches": a.batches,
-        "threads": torch.get_num_threads(),
-        "params": params,
-        "first_batch_s": all_times[0],
+        "grad_mode": a.grad_mode, "batch": a.batch, "batches": a.batches,
+        "threads": torch.get_num_threads(), "params": params, "first_batch_s": all_times[0],
         "compile": {"mode": "default", "what": "torch.compile(model)",
                     "first_batch_s": all_times[0], "compile_s": max(0.0, all_times[0] - p50),
                     "inductor_cache": cache} if a.compile else None,
-        "samples_per_s": a.batch * a.batches / sum(times),
-        "p50_ms": p50 * 1e3,
-        "p95_ms": percentile(ordered, 95) * 1e3,
-        "p99_ms": percentile(ordered, 99) * 1e3,
-        "peak_memory_mib": memory,
-        "peak_memory_kind": memory_kind,
+        "samples_per_s": a.batch * a.batches / sum(times), "p50_ms": p50 * 1e3,
+        "p95_ms": percentile(ordered, 95) * 1e3, "p99_ms": percentile(ordered, 99) * 1e3,
+        "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
     }
     log(f"{result['framework']} {a.precision} batch {a.batch} ({a.grad_mode}): "
         f"{result['samples_per_s']:.0f} samples/s, p50 {result['p50_ms']:.3f} ms")

@@ -31,9 +31,9 @@ import time
 
 # The siblings in this directory (the script's own, first on sys.path): what the scripts share
 # (kiln's optimizer and schedule, the scores), the model twins, the shard reader.
-from common import add_scores, add_training_args, optimizer, scores, train_step
+from common import (add_scores, add_training_args, lightning_module, log, optimizer,
+                    scores, train_step)
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
 from torch_loader import ShardDataset  # noqa: E402
@@ -80,18 +80,7 @@ def lightning_fit(a, model, train, val):
 
     total = len(train) * a.epochs
 
-    class Job(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.model = model
-            self.sums = [0.0, 0, 0]
-
-        def training_step(self, batch, _):
-            x, y = batch
-            loss = F.cross_entropy(self.model(x), y)
-            self.log("train_loss", loss, prog_bar=True)
-            return loss
-
+    class Job(lightning_module(model, a.clip)):
         def on_validation_epoch_start(self):
             self.sums = [0.0, 0, 0]
 
@@ -102,15 +91,6 @@ def lightning_fit(a, model, train, val):
             n = max(1, self.sums[2])
             self.log("val_loss", self.sums[0] / n, prog_bar=True)
             self.log("val_acc", self.sums[1] / n, prog_bar=True)
-
-        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
-                                        gradient_clip_algorithm=None):
-            # Lightning refuses `gradient_clip_val` with a fused optimizer under its mixed
-            # precision plugin (the fused step may unscale internally); with bf16 there is no
-            # scaler, so clipping here, in the hook Lightning documents for custom clipping, is
-            # exact.
-            if a.clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.parameters(), a.clip)
 
         def configure_optimizers(self):
             opt, sched = optimizer(self.model, a, total)
@@ -142,9 +122,9 @@ def plain_fit(a, model, train, val):
             loss = train_step(model, opt, x, y, a.clip, sched, lambda: autocast(a))
             step += 1
             if step % 50 == 0:
-                print(f"step {step}/{total} loss {loss.item():.4f}", file=sys.stderr, flush=True)
+                log(f"step {step}/{total} loss {loss.item():.4f}")
         val_loss, val_acc = scores(model, val, lambda: autocast(a))
-        print(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}", file=sys.stderr)
+        log(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "schedule": sched.state_dict(), "epoch": epoch, "step": step},
                    os.path.join(a.out, "checkpoints", f"epoch-{epoch}.pt"))
@@ -157,16 +137,13 @@ def main():
     p.add_argument("--data", required=True, help="kiln's prepared dataset directory")
     p.add_argument("--split", required=True, help="split.json: train and val indices, classes")
     p.add_argument("--out", required=True, help="directory for checkpoints and logs")
-    for name, default in (("--epochs", 3), ("--batch", 16), ("--workers", 2)):
-        p.add_argument(name, type=int, default=default)
+    p.add_argument("--workers", type=int, default=2)
     p.add_argument("--trainer", choices=["lightning", "plain"], default="lightning")
     p.add_argument("--precision", choices=["32-true", "bf16-mixed", "16-mixed"],
                    default="bf16-mixed")
     p.add_argument("--attention", choices=["math", "sdpa"], default="math")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    add_training_args(p)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--threads", type=int)
+    add_training_args(p, epochs=3)
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)

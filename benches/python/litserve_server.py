@@ -3,18 +3,15 @@
 
 The model is the serve suite's MLP (784 -> 1024 -> 1024 -> 10, ReLU, fp32) with the very
 weights kiln serves: kiln writes its VarStore as safetensors (--weights; layers fc0, fc1, ...,
-head, each weight [out, in] and bias), read here without extra packages (torch_loader.py's
+head, each weight [out, in] and bias), read here without extra packages (common.py's
 reader). One inference worker on the CPU with --threads libtorch threads, dynamic batching with
 LitAPI(max_batch_size=--max-batch, batch_timeout=--batch-timeout-ms / 1000) at POST
 /v1/predict, which takes kiln's JSON request body `{"inputs": [784 floats]}` and answers as
 kiln does, `{"outputs": [10 floats], "shape": [10]}`. GET /health says when it is ready.
 """
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import open_safetensors  # noqa: E402  (numpy's warning filtered there)
+from common import open_safetensors  # numpy's warning filtered there
 import litserve as ls  # noqa: E402
 import torch  # noqa: E402
 

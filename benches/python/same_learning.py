@@ -27,6 +27,7 @@ import torch  # noqa: E402
 # The twins of kiln's models, beside this script (so on sys.path).
 import train_step as twins  # noqa: E402
 
+
 def read_safetensors(path):
     """{name: tensor} of a safetensors file, each tensor a copy."""
     return {name: t.clone() for name, t in open_safetensors(path).items()}

@@ -5,10 +5,11 @@
         ([1, N, N, N] float32, seeded)
     sliding_monai.py run DIR --roi R --overlap O --mode M --batch B --threads T --out FILE
                      [--channels-last]
-        loads the model (with --channels-last, its weights laid out channels-last-3d), runs one trial window of zeros [1, 1, R, R, R] (as kiln does before
-        the work), then times MONAI's sliding_window_inference over the volume once, with the
-        time inside the model's forward summed apart; writes the output to FILE (.npy) and
-        prints one JSON line: {"total_s", "forward_s", "windows", "monai"}
+        loads the model (with --channels-last, its weights laid out channels-last-3d), runs one
+        trial window of zeros [1, 1, R, R, R] (as kiln does before the work), then times MONAI's
+        sliding_window_inference over the volume once, with the time inside the model's forward
+        summed apart; writes the output to FILE (.npy) and prints one JSON line:
+        {"total_s", "forward_s", "windows", "monai"}
 
 Needs MONAI (pinned with the bench peers) on PYTHONPATH.
 """

@@ -27,8 +27,8 @@ import sys
 import time
 
 # What the scripts share and the twins of kiln's models, beside this script (so on sys.path).
-from common import (add_training_args, adamw_groups, batches, lr_factor, read_npy, scores,
-                    train_step)
+from common import (add_training_args, adamw_groups, batches, lightning_module, optimizer,
+                    read_npy, scores, train_step)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -44,9 +44,6 @@ def main():
                    help="train at Lightning's lr_find suggestion instead of --lr")
     p.add_argument("--task", choices=["classification", "regression"], default="classification")
     p.add_argument("--hidden", default="256,256", help="the MLP's widths (regression)")
-    for name, kind, default in (("--epochs", int, 2), ("--batch", int, 16),
-                                ("--dropout", float, 0.1), ("--threads", int, None)):
-        p.add_argument(name, type=kind, default=default)
     add_training_args(p)
     a = p.parse_args()
     if a.threads:
@@ -80,20 +77,16 @@ def main():
         a.lr = lightning_lr_find(a, build(), train_loader(), loss_fn)
         found = {"lr": a.lr, "lr_find_seconds": time.perf_counter() - began}
     model = build()
-    groups = adamw_groups(list(model.parameters()), a.weight_decay)
-    opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
     loader = train_loader()
-    total = len(loader) * a.epochs
-    step, epochs = 0, []
+    total = len(loader) * a.epochs  # steps: every batch trains (drop_last)
+    opt, sched = optimizer(model, a, total, constant=a.schedule == "constant")
+    epochs = []
     model.train()
     for epoch in range(a.epochs):
         for xb, yb in loader:
-            for group in opt.param_groups:
-                group["lr"] = a.lr * lr_factor(step, a.warmup, total, a.schedule == "constant")
-            train_step(model, opt, xb, yb, a.clip, loss_fn=loss_fn)
-            step += 1
+            train_step(model, opt, xb, yb, a.clip, sched, loss_fn=loss_fn)
         if regression:
-            val_loss = mse_over(model, xv, yv)
+            val_loss, _ = scores(model, batches(xv, yv, 256), add=add_squared_errors)
             scored = {"val_loss": val_loss, "val_rmse": math.sqrt(val_loss)}
         else:
             val_loss, val_acc = scores(model, batches(xv, yv, 256))
@@ -101,7 +94,7 @@ def main():
         epochs.append({"epoch": epoch, **scored})
     print(json.dumps({
         "framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
-        "steps": step, "threads": torch.get_num_threads(),
+        "steps": total, "threads": torch.get_num_threads(),
         **{f"final_{k}": v for k, v in epochs[-1].items() if k != "epoch"},
         "epochs": epochs, "seconds": time.perf_counter() - start, **found,
     }), flush=True)
@@ -112,15 +105,10 @@ def mse(out, y):
     return F.mse_loss(out.squeeze(1), y)
 
 
-def mse_over(model, x, y):
-    """The mean squared error over (x, y) in batches of 256, in eval mode."""
-    model.eval()
-    total = 0.0
-    with torch.no_grad():
-        for xb, yb in batches(x, y, 256):
-            total += F.mse_loss(model(xb).squeeze(1), yb, reduction="sum").item()
-    model.train()
-    return total / max(1, len(y))
+def add_squared_errors(sums, model, x, y):
+    """Adds a batch's summed squared error and its count to `sums` (as `add_scores`)."""
+    sums[0] += F.mse_loss(model(x).squeeze(1), y, reduction="sum").item()
+    sums[2] += y.numel()
 
 
 def lightning_lr_find(a, model, loader, loss_fn):
@@ -130,20 +118,10 @@ def lightning_lr_find(a, model, loader, loss_fn):
     import lightning as L
     from lightning.pytorch.tuner import Tuner
 
-    class Job(L.LightningModule):
+    class Job(lightning_module(model, a.clip, loss_fn, log_loss=False)):
         def __init__(self):
             super().__init__()
-            self.model = model
             self.lr = a.lr
-
-        def training_step(self, batch, _):
-            x, y = batch
-            return loss_fn(self.model(x), y)
-
-        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
-                                        gradient_clip_algorithm=None):
-            if a.clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.parameters(), a.clip)
 
         def configure_optimizers(self):
             groups = adamw_groups(list(self.model.parameters()), a.weight_decay)

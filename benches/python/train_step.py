@@ -49,14 +49,16 @@ import statistics
 import sys
 import time
 
-from common import adamw_groups, log, not_run
+from common import adamw_groups, at_least, log, not_run, save_program
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 MODELS = ("mlp", "transformer", "convnet")
-DEFAULT_FEATURES = {"mlp": 64, "transformer": 469}
-DEFAULT_CLASSES = {"mlp": 10, "transformer": 100, "convnet": 10}
+# Each model's input and output sizes, as kiln's reference models have them.
+SIZES = {"mlp": {"features": 64, "hidden": [256, 256], "classes": 10},
+         "transformer": {"features": 469, "classes": 100},
+         "convnet": {"in_channels": 3, "image_size": 32, "classes": 10}}
 
 
 # --- models ---------------------------------------------------------------------------------
@@ -409,23 +411,19 @@ def export(a):
     if a.export_script:
         torch.jit.script(model.train()).save(path)
     else:
-        shapes = ({0: torch.export.Dim("batch")},)
-        torch.export.save(torch.export.export(model.train(), (x[:2],), dynamic_shapes=shapes), path)
+        save_program(model, x[:2], path)
     return {"exported": path, "model": a.model,
             "params": sum(p.numel() for p in model.parameters()), "config": model_config(a)}
 
 
 def model_config(a):
     if a.model == "mlp":
-        return {"features": a.features, "hidden": a.hidden, "classes": a.classes,
-                "dropout": a.dropout}
+        return {**SIZES["mlp"], "dropout": a.dropout}
     if a.model == "transformer":
-        return {"features": a.features, "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
-                "layers": a.layers, "ff": a.ff, "classes": a.classes, "dropout": a.dropout,
-                "attention": "math" if use_math_attention(a) else "sdpa",
-                "compile": a.compile}
-    return {"in_channels": a.in_channels, "image_size": a.image_size, "classes": a.classes,
-            "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
+        return {**SIZES["transformer"], "seq": a.seq, "d_model": a.d_model, "heads": a.heads,
+                "layers": a.layers, "ff": a.ff, "dropout": a.dropout,
+                "attention": "math" if use_math_attention(a) else "sdpa", "compile": a.compile}
+    return {**SIZES["convnet"], "channels": list(CONV_CHANNELS), "channels_last": a.channels_last}
 
 
 def optimizer_bench(a):
@@ -457,58 +455,35 @@ def optimizer_bench(a):
 
 # --- command line -----------------------------------------------------------------------------
 
-def int_list(text):
-    try:
-        vals = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers: {text!r}")
-    if not vals or any(v <= 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
-    return vals
-
-
 def shape_list(text):
-    shapes = []
-    for item in text.split(","):
-        try:
-            dims = tuple(int(v) for v in item.strip().lower().split("x"))
-        except ValueError:
-            dims = ()
-        if not dims or any(v <= 0 for v in dims):
-            raise argparse.ArgumentTypeError(f"expected shapes like 256x469,256, got {item!r}")
-        shapes.append(dims)
+    try:
+        shapes = [tuple(int(v) for v in item.strip().lower().split("x"))
+                  for item in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(v <= 0 for dims in shapes for v in dims):
+        raise argparse.ArgumentTypeError(f"expected shapes like 256x469,256, got {text!r}")
     return shapes
-
-
-# Integer options and the least each takes (an absent --threads is torch's choice).
-BOUNDS = (*((name, 1) for name in ("batch", "steps", "seq", "d_model", "heads", "layers", "ff",
-                                    "image_size", "in_channels")),
-          ("warmup", 0), ("breakdown_steps", 0), ("threads", 1))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=MODELS, default="transformer")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    for name, default in (("--batch", 32), ("--warmup", 5), ("--steps", 30)):
-        p.add_argument(name, type=int, default=default)
-    p.add_argument("--threads", type=int, default=None,
+    positive, count = at_least(1), at_least(0)
+    for name, kind, default in (("--batch", positive, 32), ("--warmup", count, 5),
+                                ("--steps", positive, 30), ("--seed", int, 0),
+                                ("--seq", positive, 64), ("--d-model", positive, 256),
+                                ("--heads", positive, 8), ("--layers", positive, 4),
+                                ("--ff", positive, 1024)):
+        p.add_argument(name, type=kind, default=default)
+    p.add_argument("--threads", type=positive, default=None,
                    help="torch.set_num_threads(N); default: leave torch's choice")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--features", type=int, default=None,
-                   help="input features (default: mlp 64, transformer 469)")
-    p.add_argument("--classes", type=int, default=None,
-                   help="output classes (default: mlp 10, transformer 100, convnet 10)")
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--hidden", type=int_list, default=[256, 256],
-                   help="mlp hidden widths, comma-separated (default 256,256)")
-    for name, default in (("--seq", 64), ("--d-model", 256), ("--heads", 8), ("--layers", 4),
-                          ("--ff", 1024), ("--image-size", 32), ("--in-channels", 3)):
-        p.add_argument(name, type=int, default=default)
     p.add_argument("--channels-last", action="store_true",
                    help="convnet: model and input in torch.channels_last")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--breakdown-steps", type=int, default=0,
+    p.add_argument("--breakdown-steps", type=count, default=0,
                    help="extra steps timed phase by phase (default 0: no breakdown)")
     p.add_argument("--optimizer", choices=("fused", "foreach", "single"), default=None,
                    help="time AdamW.step() alone with this implementation")
@@ -532,11 +507,6 @@ def parse_args(argv=None):
                    help="--compile: torch.compile's mode (reduce-overhead replays CUDA graphs)")
     a = p.parse_args(argv)
 
-    for name, least in BOUNDS:
-        value = getattr(a, name)
-        if value is not None and value < least:
-            need = "positive" if least else ">= 0"
-            p.error(f"--{name.replace('_', '-')} must be {need}, got {value}")
     if not 0.0 <= a.dropout < 1.0:
         p.error(f"--dropout must be in [0, 1), got {a.dropout}")
     if a.device != "cpu" and not a.device.startswith("cuda"):
@@ -549,20 +519,11 @@ def parse_args(argv=None):
         p.error("--optimizer needs --shapes")
     if a.optimizer is not None:
         return a
-    if a.features is None:
-        a.features = DEFAULT_FEATURES.get(a.model)
-    elif a.model == "convnet":
-        p.error("--features does not apply to convnet (use --in-channels / --image-size)")
-    elif a.features <= 0:
-        p.error(f"--features must be positive, got {a.features}")
-    if a.classes is None:
-        a.classes = DEFAULT_CLASSES[a.model]
-    elif a.classes <= 0:
-        p.error(f"--classes must be positive, got {a.classes}")
     if a.model == "transformer" and a.d_model % a.heads != 0:
         p.error(f"--d-model ({a.d_model}) must be divisible by --heads ({a.heads})")
     if a.channels_last and a.model != "convnet":
         p.error("--channels-last only applies to --model convnet")
+    vars(a).update(SIZES[a.model])
     return a
 
 
