@@ -17,20 +17,9 @@ use kiln_benches::run_cli::{kiln_train, read_summary, remove_dir, run};
 /// The goal: `auto` keeps at least this share of the best fixed count's samples/s.
 const GOAL: f64 = 0.95;
 
-/// One `kiln train` configuration: a fixed worker count or `auto`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Workers {
-    Fixed(usize),
-    Auto,
-}
-
-impl Workers {
-    fn value(self) -> String {
-        match self {
-            Workers::Fixed(n) => n.to_string(),
-            Workers::Auto => "auto".to_owned(),
-        }
-    }
+/// A run's `data.num_workers`: a fixed count, or `auto` (`None`).
+fn value(workers: Option<usize>) -> String {
+    workers.map_or_else(|| "auto".to_owned(), |n| n.to_string())
 }
 
 /// The batch size of every run.
@@ -38,7 +27,7 @@ const BATCH: usize = 64;
 
 /// The settings of every run: the MLP on the shards, `epochs` epochs of batch [`BATCH`], no
 /// validation, no checkpoints.
-fn sets(threads: usize, epochs: u64, runs: &Path, count: Workers) -> Vec<String> {
+fn sets(threads: usize, epochs: u64, runs: &Path, count: Option<usize>) -> Vec<String> {
     vec![
         "model.name=mlp".to_owned(),
         format!("train.batch_size={BATCH}"),
@@ -48,7 +37,7 @@ fn sets(threads: usize, epochs: u64, runs: &Path, count: Workers) -> Vec<String>
         format!("performance.intra_op_threads={threads}"),
         format!("run.output_dir={}", runs.display()),
         "run.name=auto".to_owned(),
-        format!("data.num_workers={}", count.value()),
+        format!("data.num_workers={}", value(count)),
     ]
 }
 
@@ -79,8 +68,7 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     }
     let steady = epochs[epochs.len() - STEADY_EPOCHS..].to_vec();
     Ok(json!({
-        "samples_per_s": median(steady.clone()),
-        "steady_epochs_samples_per_s": steady,
+        "samples_per_s": median(steady.clone()), "steady_epochs_samples_per_s": steady,
         "run_samples_per_s": summary["samples_per_s"],
         "num_workers_auto": summary["num_workers_auto"],
     }))
@@ -96,11 +84,8 @@ pub fn auto_row(
 ) -> Result<()> {
     let ceiling = kiln_benches::resolve(&[])?.plan.data.num_workers;
     let ceiling = usize::try_from(ceiling).msg()?;
-    let mut sides: Vec<Workers> = workers::candidates(ceiling)
-        .into_iter()
-        .map(Workers::Fixed)
-        .collect();
-    sides.push(Workers::Auto);
+    let fixed = workers::candidates(ceiling).into_iter().map(Some);
+    let sides: Vec<Option<usize>> = fixed.chain([None]).collect();
     // Enough epochs that the last few come after the measurement's steps.
     let measuring = (sides.len() - 1) * (workers::SKIPPED + workers::MAX_MEASURED);
     let epochs = (measuring.div_ceil((samples / BATCH).max(1)) + STEADY_EPOCHS) as u64;
@@ -119,16 +104,16 @@ pub fn auto_row(
     let per_count: Value = sides
         .iter()
         .zip(&runs)
-        .map(|(w, r)| (w.value(), json!(r)))
+        .map(|(&w, r)| (value(w), json!(r)))
         .collect::<serde_json::Map<_, _>>()
         .into();
     let name = "training samples/s, data.num_workers = auto vs the best fixed count";
     let baseline = format!(
         "kiln, data.num_workers = {} (the best fixed count)",
-        best.value()
+        value(best)
     );
     let figures = (steady(&runs[runs.len() - 1]), best_rate);
-    let counts: Vec<String> = sides.iter().map(|w| w.value()).collect();
+    let counts: Vec<String> = sides.iter().map(|&w| value(w)).collect();
     let row = out.row("auto", name, SAMPLES_S, figures, baseline);
     let row = row.at_least(GOAL).detail("counts", json!(counts));
     let row = row

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
+use kiln_benches::shared_b::command;
 use kiln_benches::{
     Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, num, report_path,
 };
@@ -442,6 +443,7 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     let repeats = a.repeats_or(if quick { 0 } else { 3 });
     let samples = if quick { 1024 } else { 8192 };
     let script = bench_root().join("python/torch_loader.py");
+    let script = script.to_str().unwrap_or_default();
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
     let me = std::env::current_exe().msg()?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -458,20 +460,15 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     // One run of `side` at `workers` workers: two epochs.
     let command = |side: Side, workers: usize| {
         let mut cmd = match side {
-            Side::Kiln => Command::new(&me),
-            _ => Command::new(&a.python),
-        };
-        match side {
-            Side::Kiln => cmd.args(["data", "probe"]),
-            Side::TorchItem => cmd.arg(&script).args(["--fetch", "item"]),
-            Side::TorchBatch => cmd.arg(&script).args(["--fetch", "batch"]),
+            Side::Kiln => command(&me, &["data", "probe"]),
+            Side::TorchItem => command(&a.python, &[script, "--fetch", "item"]),
+            Side::TorchBatch => command(&a.python, &[script, "--fetch", "batch"]),
         };
         cmd.args(["--dir", dir.to_str().unwrap_or_default()])
-            .args(["--norm", norm.to_str().unwrap_or_default()])
-            .args(["--workers", &workers.to_string()])
-            .args(["--batch-size", &BATCH.to_string()])
-            .args(["--epochs", "2"])
-            .args(["--threads", &threads.to_string()]);
+            .args(["--norm", norm.to_str().unwrap_or_default()]);
+        let rest =
+            format!("--workers {workers} --batch-size {BATCH} --epochs 2 --threads {threads}");
+        cmd.args(rest.split_whitespace());
         cmd
     };
 
@@ -532,16 +529,13 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     suite.details = json!({
         "dataset": {"dir": dir, "samples": samples, "sample_shape": SHAPE, "dtype": "f32",
                     "batch_size": BATCH},
-        "steady_state": STEADY,
-        "repeats": repeats,
+        "steady_state": STEADY, "repeats": repeats,
         "timing": if repeats == 0 { "the memory runs' timings (polled every 10 ms; --quick or --repeats 0)" }
                   else { "median of the unpolled timing runs" },
-        "machine": {"cpus": cpus},
-        "threads": threads,
+        "machine": {"cpus": cpus}, "threads": threads,
         "idle": {"kiln_pss_mib": mib(idle[0].pss), "kiln_rss_mib": mib(idle[0].rss),
                  "torch_pss_mib": mib(idle[1].pss), "torch_rss_mib": mib(idle[1].rss)},
-        "results": rows,
-        "runs": runs,
+        "results": rows, "runs": runs,
     });
     suite.write(&a.out_or("data"))
 }

@@ -4,11 +4,11 @@
 //! both sides. `kiln-bench data windows-probe …` is the kiln side of one run, in its own process.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
+use kiln_benches::shared_b::{command, python_script};
 use kiln_benches::{Msg, Result, alternating, median, peers, run_json};
 use kiln_data::{Loader, LoaderConfig, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
@@ -151,25 +151,21 @@ pub fn windows_row(
     let (series, steps) = if quick { (8, 120) } else { (48, 240) };
     let (csv, dir) = data(work, series, steps)?;
     let me = std::env::current_exe().msg()?;
-    let common = |cmd: &mut Command| {
-        cmd.args(["--batch-size", &BATCH.to_string(), "--workers", "0"]);
-        cmd.args(["--epochs", "2", "--threads", &threads.to_string()]);
-    };
+    let common = format!("--batch-size {BATCH} --workers 0 --epochs 2 --threads {threads}");
     let runs = alternating(repeats.max(1), &[0usize, 1], |_, side| {
         let mut cmd = if side == 0 {
-            let mut c = Command::new(&me);
-            c.args(["data", "windows-probe", "--dir"]).arg(&dir);
+            let mut c = command(&me, &["data", "windows-probe", "--dir"]);
+            c.arg(&dir);
             c
         } else {
-            let mut c = Command::new(python);
-            c.arg(kiln_benches::bench_root().join("python/pf_loader.py"));
+            let mut c = python_script(python, "pf_loader.py");
             c.arg("--csv").arg(&csv);
             c.args(["--encoder-length", &ENCODER.to_string()]);
             c.args(["--horizon", &HORIZON.to_string()]);
             peers::put_first_on_path(&mut c, &peers);
             c
         };
-        common(&mut cmd);
+        cmd.args(common.split_whitespace());
         run_json(cmd).map(Some)
     })?;
     let (kiln, theirs) = (&runs[0], &runs[1]);

@@ -10,6 +10,7 @@ pub mod plot;
 pub mod proc_memory;
 pub mod report;
 pub mod run_cli;
+pub mod shared_b;
 pub mod unfused;
 
 use std::path::{Path, PathBuf};

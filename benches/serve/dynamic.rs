@@ -3,7 +3,6 @@
 
 use super::*;
 
-/// Requests per second, higher is better.
 const REQ_S: Unit = ("req/s", Better::Higher);
 
 /// The load a server gets (the suite's settings): its batching limits, the closed-loop
@@ -62,7 +61,6 @@ pub(super) fn drive(addr: SocketAddr, load: &Load, (body, kind): &Body) -> Resul
     Ok(report)
 }
 
-/// Prints one run's figures.
 pub(super) fn print_run(side: &str, r: &LoadReport) {
     eprintln!(
         "  {side:<28} {:>8.0} req/s  p50 {:>7.2} ms  p95 {:>7.2} ms  p99 {:>7.2} ms",
@@ -73,13 +71,8 @@ pub(super) fn print_run(side: &str, r: &LoadReport) {
 /// The medians of runs' figures, and the runs.
 pub(super) fn summary(reports: &[LoadReport]) -> Value {
     let pick = |f: fn(&LoadReport) -> f64| median(reports.iter().map(f).collect());
-    json!({
-        "throughput_rps": pick(|r| r.throughput_rps),
-        "p50_ms": pick(|r| r.p50_ms),
-        "p95_ms": pick(|r| r.p95_ms),
-        "p99_ms": pick(|r| r.p99_ms),
-        "runs": reports,
-    })
+    json!({"throughput_rps": pick(|r| r.throughput_rps), "p50_ms": pick(|r| r.p50_ms),
+           "p95_ms": pick(|r| r.p95_ms), "p99_ms": pick(|r| r.p99_ms), "runs": reports})
 }
 
 /// The serving rows' figures: the summary's key and the row's metric.
@@ -223,17 +216,10 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     // The serving peer: LitServe on the same model, limits and load (JSON requests).
     super::peer::compare(&mut out, &load)?;
     out.details = json!({
-        "model": format!("{MODEL} fp32, cpu"),
-        "threads": threads,
-        "clients": clients,
-        "requests": requests,
-        "max_batch": max_batch,
-        "max_wait_ms": max_wait_ms,
-        "repeats": repeats,
-        "dynamic_batching": d,
-        "batch_size_1": s,
-        "engine_auto": auto_summary,
-        "engine_auto_note": auto_note,
+        "model": format!("{MODEL} fp32, cpu"), "threads": threads, "clients": clients,
+        "requests": requests, "max_batch": max_batch, "max_wait_ms": max_wait_ms,
+        "repeats": repeats, "dynamic_batching": d, "batch_size_1": s,
+        "engine_auto": auto_summary, "engine_auto_note": auto_note,
         "onnx": onnx.map(|m| &m.details),
     });
     out.write(&out_path)

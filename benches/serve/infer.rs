@@ -3,6 +3,7 @@
 
 use super::*;
 use kiln_benches::report::{SAMPLES_S, SECONDS};
+use kiln_benches::shared_b::{cold_first, command, not_run, python_script, resolve_for};
 
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
 pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
@@ -59,22 +60,12 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
         }
     };
     let run = json!({
-        "framework": "kiln",
-        "engine": runner.engine(),
-        "max_abs_vs_libtorch": max_abs,
-        "device": device_name(device),
-        "precision": a.precision.as_str(),
-        "batch": batch,
-        "batches": batches,
-        "threads": threads,
-        "graphs": graphs,
-        "first_batch_s": first_batch,
-        "samples_per_s": (batch * batches) as f64 / total,
-        "p50_ms": median(times) * 1e3,
-        "p95_ms": tail.p95,
-        "p99_ms": tail.p99,
-        "peak_memory_mib": memory,
-        "peak_memory_kind": memory_kind,
+        "framework": "kiln", "engine": runner.engine(), "max_abs_vs_libtorch": max_abs,
+        "device": device_name(device), "precision": a.precision.as_str(),
+        "batch": batch, "batches": batches, "threads": threads, "graphs": graphs,
+        "first_batch_s": first_batch, "samples_per_s": (batch * batches) as f64 / total,
+        "p50_ms": median(times) * 1e3, "p95_ms": tail.p95, "p99_ms": tail.p99,
+        "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
     });
     println!("{run}");
     Ok(())
@@ -144,21 +135,17 @@ enum Probe<'a> {
 impl InferOpts {
     /// kiln's probe at `precision`, or with `onnx` the ONNX Runtime probe at fp32.
     fn kiln(&self, precision: &str, batch: usize, onnx: Option<&Path>) -> Command {
-        let mut c = Command::new(&self.me);
-        c.args(["serve", "infer-probe"]);
-        if let Some(onnx) = onnx {
-            c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx);
-        }
+        let mut c = command(&self.me, &["serve", "infer-probe"]);
+        match onnx {
+            Some(onnx) => c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx),
+            None => c.args(["--graphs", self.graphs]),
+        };
         self.settings(&mut c, precision, batch);
-        if onnx.is_none() {
-            c.args(["--graphs", self.graphs]);
-        }
         c
     }
 
     fn torch(&self, side: TorchSide, batch: usize, cache: &Path) -> Command {
-        let mut c = Command::new(&self.python);
-        c.arg(bench_root().join("python/infer_step.py"));
+        let mut c = python_script(&self.python, "infer_step.py");
         self.settings(&mut c, side.precision, batch);
         if side.no_grad {
             c.args(["--grad-mode", "no_grad"]);
@@ -169,7 +156,6 @@ impl InferOpts {
         c
     }
 
-    /// The options every probe gets.
     fn settings(&self, c: &mut Command, precision: &str, batch: usize) {
         c.args(["--precision", precision, "--batch", &batch.to_string()])
             .args(["--warmup", self.warmup, "--batches", self.batches])
@@ -265,7 +251,7 @@ fn push_compile_rows(
 ) {
     let p = side.precision;
     let name = format!("{label} vs torch.compile {p}, same computation");
-    if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
+    if let Some(reason) = not_run(t) {
         out.skip(&name, &format!("not run: {reason}"));
         return;
     }
@@ -276,13 +262,7 @@ fn push_compile_rows(
         runs.filter_map(|r| r["compile"]["first_batch_s"].as_f64())
             .collect()
     };
-    let (cold, warm) = (firsts("cold"), firsts("warm"));
-    let (first, caches) = if cold.is_empty() {
-        (median_of(t, "first_batch_s"), "inductor's caches warm")
-    } else {
-        let empty = "inductor's caches empty (a user's first compile here)";
-        (median(cold.clone()), empty)
-    };
+    let (first, caches) = cold_first(t, "first_batch_s");
     let compile_s: Vec<&Value> = t.iter().map(|r| &r["compile"]["compile_s"]).collect();
     let name = name.replacen(headline(batch).0, "first batch (compile time)", 1);
     let figures = (median_of(k, "first_batch_s"), first);
@@ -290,8 +270,8 @@ fn push_compile_rows(
     let row = out.row("compile time", name, SECONDS, figures, base);
     out.push(row.detail("batch_size", json!(batch)).detail(
         "compile",
-        json!({"mode": "default", "cold_first_batch_s": cold, "warm_first_batch_s": warm,
-               "compile_s": compile_s,
+        json!({"mode": "default", "cold_first_batch_s": firsts("cold"),
+               "warm_first_batch_s": firsts("warm"), "compile_s": compile_s,
                "kiln_first_batch": "building the engine (model, weights, a warm-up batch)"}),
     ));
 }
@@ -301,9 +281,7 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     let threads = a.threads_or(2).max(1);
     // kiln's inference precision here when the user sets none (`infer.precision` from the
     // hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
-    let request = if device.is_cuda() { "cuda" } else { "cpu" };
-    let resolved = resolve(&[format!("device.request={request}")])?;
-    let auto = resolved.plan.infer.precision.as_str();
+    let auto = resolve_for(device)?.plan.infer.precision.as_str();
     let mut o = InferOpts {
         quick,
         repeats: a.repeats_or(if quick { 1 } else { 3 }).max(1),
@@ -432,7 +410,6 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
     Ok(runs)
 }
 
-/// The batch sizes with an onnxruntime row.
 const ONNX_BATCHES: [usize; 2] = [1, 64];
 
 /// The onnxruntime row at `batch`: ONNX Runtime's probe runs `ort` against PyTorch eager's `t`

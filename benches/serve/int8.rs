@@ -9,6 +9,8 @@ use std::sync::Arc;
 use super::infer::InferOpts;
 use super::*;
 use kiln_benches::report::{PERCENT, SAMPLES_S};
+use kiln_benches::run_cli::{kiln_exe, kiln_train, read_summary, run};
+use kiln_benches::shared_b::or_skip;
 use kiln_data::{Dataset, Subset};
 
 /// The models of the rows, with the samples kiln trains on and the epochs.
@@ -29,25 +31,17 @@ struct Files {
 
 /// Pushes the rows (or says why they were not run); returns the runs for the details.
 pub(super) fn int8_rows(o: &InferOpts, out: &mut SuiteOutput, work: &Path) -> Result<Vec<Value>> {
-    let kiln = match kiln_benches::run_cli::kiln_exe("infer") {
-        Ok(k) => k,
-        Err(why) => {
-            out.skip("int8 rows", &format!("not run: {why}"));
-            return Ok(vec![]);
-        }
+    let Some(kiln) = or_skip(out, "int8 rows", kiln_exe("infer")) else {
+        return Ok(vec![]);
     };
     let mut details = vec![];
     for kind in MODELS {
         let dir = work.join(format!("int8-{kind}"));
         std::fs::create_dir_all(&dir).at(&dir)?;
-        let files = match prepare(&kiln, o, kind, &dir) {
-            Ok(files) => files,
-            Err(why) => {
-                out.skip(&format!("{kind} int8 rows"), &format!("not run: {why}"));
-                continue;
-            }
-        };
-        details.push(measure(&kiln, o, kind, &files, out)?);
+        let name = format!("{kind} int8 rows");
+        if let Some(files) = or_skip(out, &name, prepare(&kiln, o, kind, &dir)) {
+            details.push(measure(&kiln, o, kind, &files, out)?);
+        }
     }
     Ok(details)
 }
@@ -85,19 +79,17 @@ fn prepare(kiln: &Path, o: &InferOpts, kind: ModelKind, dir: &Path) -> Result<Fi
         format!("performance.intra_op_threads={}", o.threads),
         format!("run.output_dir={}", runs.display()),
     ];
-    kiln_benches::run_cli::run(kiln_benches::run_cli::kiln_train("infer", &train, &sets)?)?;
-    let (run, _) = kiln_benches::run_cli::read_summary(&runs)?;
+    run(kiln_train("infer", &train, &sets)?)?;
+    let (run_dir, _) = read_summary(&runs)?;
     let (fp32, int8) = (dir.join("fp32.onnx"), dir.join("int8.onnx"));
     for (file, int8_args) in [(&fp32, None), (&int8, Some(&held_out))] {
         let mut cmd = Command::new(kiln);
-        cmd.args(["export", "--model"])
-            .arg(&run)
-            .arg("--out")
-            .arg(file);
+        cmd.args(["export", "--model"]).arg(&run_dir);
+        cmd.arg("--out").arg(file);
         if let Some(check) = int8_args {
             cmd.args(["--quantize", "int8", "--check-data"]).arg(check);
         }
-        kiln_benches::run_cli::run(cmd)?;
+        run(cmd)?;
     }
     Ok(Files {
         fp32,
@@ -130,7 +122,7 @@ fn measure(
         (64, "samples_per_second", "throughput"),
         (1, "p50", "latency"),
     ] {
-        let runs = kiln_benches::alternating(o.repeats, &[true, false], |_, int8| {
+        let runs = alternating(o.repeats, &[true, false], |_, int8| {
             let file = if int8 { &files.int8 } else { &files.fp32 };
             let report = infer(file, batch)?;
             match report["engine"].as_str() {
@@ -153,13 +145,8 @@ fn measure(
         let unit = if batch == 1 { MS } else { SAMPLES_S };
         let name = format!("{kind} int8 b={batch} {what}, onnxruntime");
         let baseline = "the same checkpoint's fp32 ONNX export in ONNX Runtime";
-        let row = out.row(
-            "int8",
-            name,
-            unit,
-            (figure(&runs[0]), figure(&runs[1])),
-            baseline,
-        );
+        let figures = (figure(&runs[0]), figure(&runs[1]));
+        let row = out.row("int8", name, unit, figures, baseline);
         out.push(row.detail("bytes", sizes.clone()));
         if batch == 64 {
             let accuracy = |r: &[Value]| 100.0 * median_of(r, "accuracy");

@@ -2,30 +2,17 @@
 //! (1024, 1024 hidden, 10 classes, fp32, random weights). At batch 1 each request reads all 4 MB
 //! of weights for a handful of multiply-adds per weight, which is what batching amortises.
 //!
-//! `infer` ([`infer`]): kiln's engine (`kiln infer`'s batches: host inputs in, host fp32 outputs
-//! out, under `no_grad`) against PyTorch (`python/infer_step.py`) on the same model, batch,
-//! threads and device: throughput at batch 64, latency at batch 1, at fp32 and at kiln's
-//! automatic precision (bf16 weights where the hardware computes bf16 fast), each against the
-//! same computation in PyTorch eager (`no_grad`, the same weights' type) and against PyTorch's
-//! default (`inference_mode`, fp32); against `torch.compile` at kiln's automatic precision with
-//! its compile time apart (not in `--quick`); CUDA graphs on a GPU; and with `--batch-sizes` a
-//! sweep of throughput and peak memory. At fp32 and batches 1 and 64 the model exported to ONNX
-//! (once per run, beside the suite's output, by `kiln_infer::export::to_onnx`) runs in ONNX
-//! Runtime against the same PyTorch eager computation, with the libtorch engine's figure and the
-//! largest |Δ| between the two engines' outputs beside it; without Python's export packages or
-//! the onnxruntime library those rows are skipped with the reason. `infer-probe` is the kiln side
-//! of one measurement, in its own process (`--engine onnxruntime --onnx FILE` for ONNX Runtime).
-//! Two more groups of rows use models of their own: [`sliding`] (a 3-D segmenter by sliding
-//! windows against MONAI) and [`int8`] (int8 ONNX files against fp32 ones on the trained MLP and
-//! transformer).
+//! `infer` ([`infer`]): kiln's engine against PyTorch (`python/infer_step.py`) on the same model,
+//! batch, threads and device, at fp32 and at kiln's automatic precision, against the same
+//! computation and against PyTorch's default; `torch.compile` (not in `--quick`), CUDA graphs,
+//! the `--batch-sizes` sweep, and the model exported to ONNX (once per run, beside the suite's
+//! output) in ONNX Runtime, skipped with the reason where Python's export packages or the
+//! onnxruntime library are missing. `infer-probe` is the kiln side of one measurement, in its
+//! own process. [`sliding`] and [`int8`] add rows on models of their own.
 //!
-//! `serve` (the default, [`dynamic`]): kiln's inference server with dynamic batching against the
-//! same server answering one request at a time (`infer.batch_size = 1`) under the same
-//! closed-loop load (`--clients` concurrent keep-alive clients each sending one `.npy` sample at
-//! a time): throughput and p50/p95/p99 latency, goal on a CPU at least 2× the throughput at no
-//! worse p95. A third side serves with `infer.engine = auto` (libtorch or the model's ONNX
-//! export, the faster per batch-size bucket, measured when the server starts) against dynamic
-//! batching on libtorch; [`peer`] adds LitServe.
+//! `serve` (the default, [`dynamic`]): kiln's server with dynamic batching against the same
+//! server one request at a time and with `infer.engine = auto`, under one closed-loop load;
+//! [`peer`] adds LitServe.
 
 mod dynamic;
 mod infer;
@@ -45,7 +32,7 @@ use kiln_benches::report::{Better, Comparison, MS, SuiteOutput, Unit};
 use kiln_benches::run_cli::{Cli, exit_on_error};
 use kiln_benches::{
     Msg, Result, SuiteArgs, alternating, bench_root, compile_env, device_name, in_temp_dir, median,
-    median_of, num, peak_memory_mib, resolve, run_json,
+    median_of, num, peak_memory_mib, run_json,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
@@ -98,7 +85,6 @@ struct InferProbeArgs {
     onnx: Option<PathBuf>,
 }
 
-/// `infer-probe --engine`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ProbeEngine {
     Libtorch,

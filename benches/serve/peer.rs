@@ -12,7 +12,8 @@ use std::process::{Child, Stdio};
 
 use super::dynamic::{Body, FIGURES, Load, drive, load_rows, measure, print_run, sample, summary};
 use super::*;
-use kiln_benches::{Msg, peers};
+use kiln_benches::shared_b::python_script;
+use kiln_benches::{Msg, free_port, peers};
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
 pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
@@ -90,14 +91,13 @@ impl Drop for LitServe {
 /// against kiln's, then [`drive`]n with `body`.
 fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Result<LoadReport> {
     let weights = work.join(WEIGHTS);
-    let port = kiln_benches::free_port()?;
+    let port = free_port()?;
     let log = work.join(format!("litserve-{r}.log"));
     let file = std::fs::File::create(&log).at(&log)?;
     let err = file.try_clone().msg()?;
     let batch_timeout_ms = load.max_wait.as_secs_f64() * 1e3;
-    let mut cmd = Command::new(&load.python);
-    cmd.arg(bench_root().join("python/litserve_server.py"))
-        .arg("--weights")
+    let mut cmd = python_script(&load.python, "litserve_server.py");
+    cmd.arg("--weights")
         .arg(&weights)
         .args(["--port", &port.to_string()])
         .args(["--max-batch", &load.max_batch.to_string()])

@@ -9,7 +9,9 @@
 use super::infer::InferOpts;
 use super::*;
 use kiln_benches::report::SECONDS;
-use kiln_benches::{Msg, figure, peers};
+use kiln_benches::run_cli::{kiln_exe, run};
+use kiln_benches::shared_b::{or_skip, python_script};
+use kiln_benches::{Msg, figure, malloc_like_kiln, peers};
 
 /// The figures of one side's run: the whole sliding-window run and the time inside the forward.
 fn figures(run: &Value, total: &str, forward: &str) -> Result<Value> {
@@ -39,26 +41,21 @@ pub(super) fn sliding_rows(
     out: &mut SuiteOutput,
     work: &Path,
 ) -> Result<Vec<Value>> {
-    let setup = peers::dir().and_then(|p| Ok((p, kiln_benches::run_cli::kiln_exe("infer")?)));
-    let (peer_dir, kiln) = match setup {
-        Ok(s) => s,
-        Err(why) => {
-            out.skip("sliding-window rows", &format!("not run: {why}"));
-            return Ok(vec![]);
-        }
+    let setup = peers::dir().and_then(|p| Ok((p, kiln_exe("infer")?)));
+    let Some((peer_dir, kiln)) = or_skip(out, "sliding-window rows", setup) else {
+        return Ok(vec![]);
     };
     let (size, roi) = if o.quick { (64, 48) } else { (96, 64) };
     let dir = work.join("sliding");
     std::fs::create_dir_all(&dir).at(&dir)?;
-    let script = bench_root().join("python/sliding_monai.py");
     let python = |args: &[&str]| {
-        let mut c = Command::new(&o.python);
-        c.arg(&script).args(args);
+        let mut c = python_script(&o.python, "sliding_monai.py");
+        c.args(args);
         peers::put_first_on_path(&mut c, &peer_dir);
         c
     };
     let (dir_text, roi_text) = (dir.display().to_string(), roi.to_string());
-    kiln_benches::run_cli::run(python(&["make", &dir_text, "--size", &size.to_string()]))?;
+    run(python(&["make", &dir_text, "--size", &size.to_string()]))?;
     let kiln_out = dir.join("kiln.npy");
     let monai_out = dir.join("monai.npy");
     let kiln_run = || {
@@ -75,12 +72,8 @@ pub(super) fn sliding_rows(
             "--output".as_ref(),
             kiln_out.as_os_str(),
         ];
-        kiln_infer(
-            &kiln,
-            (&dir.join("model.pt"), &dir.join("volume.npy")),
-            &extra,
-            &sets,
-        )
+        let (model, volume) = (dir.join("model.pt"), dir.join("volume.npy"));
+        kiln_infer(&kiln, (&model, &volume), &extra, &sets)
     };
     // MONAI as a user writes it, and with kiln's choices by hand: the model channels-last-3d,
     // glibc's malloc thresholds as kiln sets them.
@@ -91,11 +84,11 @@ pub(super) fn sliding_rows(
             .arg(&monai_out);
         if kiln_choices {
             c.arg("--channels-last");
-            kiln_benches::malloc_like_kiln(&mut c);
+            malloc_like_kiln(&mut c);
         }
         c
     };
-    let runs = kiln_benches::alternating(o.repeats, &[0, 1, 2], |_, side| {
+    let runs = alternating(o.repeats, &[0, 1, 2], |_, side| {
         Ok(Some(match side {
             0 => kiln_run()?,
             _ => run_json(monai_cmd(side == 2))?,
@@ -142,10 +135,8 @@ pub(super) fn sliding_rows(
         out.push(row.detail("max_abs_vs_monai", json!(max_abs)));
     }
     let name = "sliding-window inference, whole run, vs MONAI with kiln's layout and malloc";
-    let medians = (
-        median_of(&kiln_figures, "total_s"),
-        median_of(&monai_chosen, "total_s"),
-    );
+    let total = |runs: &[Value]| median_of(runs, "total_s");
+    let medians = (total(&kiln_figures), total(&monai_chosen));
     let chosen_baseline = format!(
         "{baseline}, the model's weights channels-last-3d by hand, {}",
         kiln_benches::MALLOC_AS_KILN

@@ -3,11 +3,12 @@
 //! compile time).
 
 use kiln_benches::report::{Better, Comparison, MS_STEP, SECONDS, SuiteOutput};
+use kiln_benches::shared_b::{cold_first, not_run, resolve_for};
 use kiln_benches::{Msg, compile_env, in_temp_dir, interleaved, median, median_of, num};
 use serde_json::{Value, json};
 
 use super::suite::peak_for;
-use super::{Opts, Result, at_most, resolved, words};
+use super::{Opts, Result, at_most, words};
 
 /// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 pub struct Case {
@@ -47,24 +48,20 @@ impl Case {
         }
     }
 
-    /// The same row with extra arguments for both sides, then for the PyTorch side.
     const fn args(mut self, both: &'static str, torch: &'static str) -> Self {
         self.args = (both, torch);
         self
     }
 
-    /// The same row, its name ending in `label`.
     const fn label(self, label: &'static str) -> Self {
         Self { label, ..self }
     }
 
-    /// The same row against `torch.compile`.
     const fn compiled(mut self) -> Self {
         self.compile = true;
         self
     }
 
-    /// The same row at the profile's batch size.
     const fn at_profile_batch(mut self) -> Self {
         self.profile_batch = true;
         self
@@ -157,12 +154,12 @@ fn case_batch(o: &Opts, case: &Case) -> Result<usize> {
     if !case.profile_batch {
         return Ok(32);
     }
-    usize::try_from(resolved(o.device)?.plan.train.batch_size).msg()
+    usize::try_from(resolve_for(o.device)?.plan.train.batch_size).msg()
 }
 
 /// The row name `case` will have on the suite's device (kiln's `auto` as the profile chooses).
 pub fn planned_name(o: &Opts, case: &Case) -> Result<String> {
-    let auto = resolved(o.device)?.plan.train.amp;
+    let auto = resolve_for(o.device)?.plan.train.amp;
     Ok(case_name(case, auto.as_str(), case_batch(o, case)?))
 }
 
@@ -231,7 +228,7 @@ pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> R
     let (k, t) = (&sides[0], &sides[1]);
     let name = case_name(case, k[0]["precision"].as_str().unwrap_or("?"), batch);
     let run = json!({"case": name, "kiln": k, "torch": t});
-    if let Some(reason) = t.iter().find_map(|r| r["not_run"].as_str()) {
+    if let Some(reason) = not_run(t) {
         out.skip(&name, &format!("not run: {reason}"));
         return Ok(run);
     }
@@ -320,21 +317,12 @@ fn compile_time_name(step_row: &str) -> String {
 /// Time to the first step: kiln's first step against `torch.compile`'s (which compiles the
 /// forward and backward graphs), from an empty inductor cache where a run had one.
 fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Comparison {
-    let summary = compile_summary(t);
-    let cold = summary["cold_first_step_s"].as_f64();
-    let caches = if cold.is_some() {
-        "inductor's caches empty (a user's first compile here)"
-    } else {
-        "inductor's caches warm"
-    };
-    let figures = (
-        median_of(k, "first_step_s"),
-        cold.unwrap_or_else(|| median_of(t, "first_step_s")),
-    );
+    let (first, caches) = cold_first(t, "first_step_s");
+    let figures = (median_of(k, "first_step_s"), first);
     let base = format!("torch.compile {} first step, {caches}", case.torch);
     let name = compile_time_name(name);
     Comparison::new("train", "compile time", name, SECONDS, figures, base)
-        .detail("compile", summary)
+        .detail("compile", compile_summary(t))
 }
 
 #[cfg(test)]

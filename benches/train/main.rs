@@ -28,7 +28,8 @@ use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::Comparison;
-use kiln_benches::{Msg, Result, SuiteArgs, bench_root, device_name};
+use kiln_benches::shared_b::python_script;
+use kiln_benches::{Msg, Result, SuiteArgs, device_name};
 use kiln_config::{ModelKind, ModelPlan};
 use serde_json::{Value, json};
 use tch::Device;
@@ -89,12 +90,6 @@ fn model_plan(kind: ModelKind, dropout: f64, shape: &ShapeArgs) -> ModelPlan {
     }
 }
 
-/// kiln's configuration resolved for `device` (its hardware profile, no user settings).
-fn resolved(device: Device) -> Result<kiln_config::Resolution> {
-    let request = if device.is_cuda() { "cuda" } else { "cpu" };
-    kiln_benches::resolve(&[format!("device.request={request}")])
-}
-
 /// Common options of the suites.
 struct Opts {
     quick: bool,
@@ -131,9 +126,8 @@ impl Opts {
 
     /// `train_step.py` on the suite's threads and device, then `args`.
     fn torch<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
-        let mut c = Command::new(&self.python);
-        c.arg(bench_root().join("python/train_step.py"))
-            .args(["--threads", &self.threads])
+        let mut c = python_script(&self.python, "train_step.py");
+        c.args(["--threads", &self.threads])
             .args(["--device", &device_name(self.device)])
             .args(args);
         c
@@ -161,7 +155,6 @@ fn at_most(c: Comparison, goal: Option<f64>) -> Comparison {
     goal.into_iter().fold(c, Comparison::at_most)
 }
 
-/// `args` as owned strings.
 fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }

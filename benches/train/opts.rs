@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{Better, Comparison, SAMPLES_S, SuiteOutput, Unit};
+use kiln_benches::shared_b::command;
 use kiln_benches::{Msg, SuiteArgs, device_name, interleaved, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
@@ -63,10 +64,9 @@ pub fn opts_suite(a: &SuiteArgs) -> Result<()> {
     if o.device.is_cuda() {
         // CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
         let serve = |i: usize| {
-            let mut c = Command::new(&o.me);
-            c.args(["serve", "infer-probe", "--batch", "1"])
-                .args(["--device", &device_name(o.device)])
-                .args(["--graphs", ["on", "off"][i]]);
+            let mut c = command(&o.me, &["serve", "infer-probe", "--batch", "1"]);
+            c.args(["--device", &device_name(o.device)]);
+            c.args(["--graphs", ["on", "off"][i]]);
             c
         };
         let figure = ("p50_ms", 1.0, "ms");
@@ -100,7 +100,6 @@ fn row(name: &str, unit: Unit, (on, off): (f64, f64), baseline: &str) -> Compari
 /// A run's figure: the JSON key, the factor to the row's unit, the unit.
 type Figure = (&'static str, f64, &'static str);
 
-/// The median step time in ms.
 const STEP_MS: Figure = ("step_s_median", 1e3, "ms/step");
 
 /// Runs kiln with an optimization and without it (`cmd(0)`, then `cmd(1)`), alternating; adds

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use kiln_benches::args::{Place, parse_on_off};
+use kiln_benches::shared_b::resolve_for;
 use kiln_benches::{Msg, device_name, median, peak_memory_mib};
 use kiln_config::ModelKind;
 use kiln_device::settings::AmpDtype;
@@ -20,7 +21,7 @@ use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
-use super::{REFERENCE, Result, model_plan, resolved};
+use super::{REFERENCE, Result, model_plan};
 
 /// `probe`'s options.
 #[derive(Debug, Args)]
@@ -178,7 +179,7 @@ fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f6
 /// probe's explicit `--tf32` / `--cudnn-benchmark`; returns whether fp32 matmuls use TF32.
 fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
     if let Device::Cuda(i) = device {
-        let plan = resolved(device)?.plan;
+        let plan = resolve_for(device)?.plan;
         kiln_device::settings::apply(&plan.performance.backend, kiln_device::Device::Cuda(i));
     }
     if let Some(on) = a.tf32 {
@@ -196,7 +197,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let kind = a.model;
     let device = a.place.device();
     let precision = if a.precision == "auto" {
-        resolved(device)?.plan.train.amp
+        resolve_for(device)?.plan.train.amp
     } else {
         a.precision
             .parse::<AmpDtype>()

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use kiln_benches::report::{Comparison, MS_STEP, SECONDS, SuiteOutput};
+use kiln_benches::shared_b::cold_first;
 use kiln_benches::{compile_env, in_temp_dir, interleaved, median, median_of, num, run_json};
 use serde_json::{Value, json};
 
@@ -214,11 +215,9 @@ fn other_first_loss(ours: &[Value], theirs: &[Value]) -> Option<String> {
 /// kiln's compile (its cache empty: the first run's load) beside `torch.compile`'s first step
 /// (its inductor cache empty); the warm figures in the details.
 fn compile_row(k: &[Value], compiled: &[Value], precision: &str) -> Comparison {
-    let summary = compile_summary(compiled);
     let cold = num(&k[0]["load_s"]);
     let warm: Vec<f64> = k[1..].iter().filter_map(|r| r["load_s"].as_f64()).collect();
-    let theirs = summary["cold_first_step_s"].as_f64();
-    let theirs = theirs.unwrap_or_else(|| median_of(compiled, "first_step_s"));
+    let (theirs, _) = cold_first(compiled, "first_step_s");
     let name = format!("{PROGRAM_ROWS} {precision} compile vs torch.compile's first step");
     let base = "torch.compile (default mode) first step, inductor's caches empty";
     Comparison::new("train", "compile time", name, SECONDS, (cold, theirs), base)
@@ -226,7 +225,7 @@ fn compile_row(k: &[Value], compiled: &[Value], precision: &str) -> Comparison {
             "kiln_cache_hit_load_s",
             json!((!warm.is_empty()).then(|| median(warm))),
         )
-        .detail("compile", summary)
+        .detail("compile", compile_summary(compiled))
 }
 
 #[cfg(test)]
