@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
+use kiln_benches::command;
 use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
-use kiln_benches::shared_b::command;
 use kiln_benches::{
     Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, num, report_path,
 };

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
-use kiln_benches::shared_b::{command, python_script};
 use kiln_benches::{Msg, Result, alternating, median, peers, run_json};
+use kiln_benches::{command, python_script};
 use kiln_data::{Loader, LoaderConfig, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
 

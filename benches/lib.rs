@@ -10,9 +10,9 @@ pub mod plot;
 pub mod proc_memory;
 pub mod report;
 pub mod run_cli;
-pub mod shared_b;
 pub mod unfused;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 pub use args::SuiteArgs;
@@ -212,4 +212,49 @@ pub fn median_of(runs: &[serde_json::Value], key: &str) -> f64 {
             .map(|r| r[key].as_f64().unwrap_or(f64::NAN))
             .collect(),
     )
+}
+
+/// kiln's configuration resolved for `device` (its hardware profile, no user settings).
+pub fn resolve_for(device: tch::Device) -> Result<kiln_config::Resolution> {
+    let request = if device.is_cuda() { "cuda" } else { "cpu" };
+    resolve(&[format!("device.request={request}")])
+}
+
+/// `r`'s value, or `None` with `name` recorded as not run here (why: `r`'s error).
+pub fn or_skip<T>(out: &mut report::SuiteOutput, name: &str, r: Result<T>) -> Option<T> {
+    r.map_err(|why| out.skip(name, &format!("not run: {why}")))
+        .ok()
+}
+
+/// Why a baseline's runs did not run here, where one says so (`not_run`).
+pub fn not_run(runs: &[serde_json::Value]) -> Option<&str> {
+    runs.iter().find_map(|r| r["not_run"].as_str())
+}
+
+/// `torch.compile`'s first step or batch (`key` in its runs' `compile`): the median of its runs
+/// from an empty inductor cache where there were such, else of all its runs' `key`; and which.
+pub fn cold_first(t: &[serde_json::Value], key: &str) -> (f64, &'static str) {
+    let cold: Vec<f64> = t
+        .iter()
+        .filter(|r| r["compile"]["inductor_cache"] == "cold")
+        .filter_map(|r| r["compile"][key].as_f64())
+        .collect();
+    if cold.is_empty() {
+        (median_of(t, key), "inductor's caches warm")
+    } else {
+        let empty = "inductor's caches empty (a user's first compile here)";
+        (median(cold), empty)
+    }
+}
+
+/// `program` with `args`.
+pub fn command<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> std::process::Command {
+    let mut c = std::process::Command::new(program);
+    c.args(args);
+    c
+}
+
+/// `python` running the script `python/NAME` beside the suites.
+pub fn python_script(python: impl AsRef<OsStr>, name: &str) -> std::process::Command {
+    command(python, &[bench_root().join("python").join(name)])
 }

@@ -3,7 +3,7 @@
 
 use super::*;
 use kiln_benches::report::{SAMPLES_S, SECONDS};
-use kiln_benches::shared_b::{cold_first, command, not_run, python_script, resolve_for};
+use kiln_benches::{cold_first, command, not_run, python_script, resolve_for};
 
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
 pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {

@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use super::infer::InferOpts;
 use super::*;
+use kiln_benches::or_skip;
 use kiln_benches::report::{PERCENT, SAMPLES_S};
 use kiln_benches::run_cli::{kiln_exe, kiln_train, read_summary, run};
-use kiln_benches::shared_b::or_skip;
 use kiln_data::{Dataset, Subset};
 
 /// The models of the rows, with the samples kiln trains on and the epochs.

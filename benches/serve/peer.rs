@@ -12,7 +12,7 @@ use std::process::{Child, Stdio};
 
 use super::dynamic::{Body, FIGURES, Load, drive, load_rows, measure, print_run, sample, summary};
 use super::*;
-use kiln_benches::shared_b::python_script;
+use kiln_benches::python_script;
 use kiln_benches::{Msg, free_port, peers};
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.

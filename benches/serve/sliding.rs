@@ -10,8 +10,8 @@ use super::infer::InferOpts;
 use super::*;
 use kiln_benches::report::SECONDS;
 use kiln_benches::run_cli::{kiln_exe, run};
-use kiln_benches::shared_b::{or_skip, python_script};
 use kiln_benches::{Msg, figure, malloc_like_kiln, peers};
+use kiln_benches::{or_skip, python_script};
 
 /// The figures of one side's run: the whole sliding-window run and the time inside the forward.
 fn figures(run: &Value, total: &str, forward: &str) -> Result<Value> {

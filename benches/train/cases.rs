@@ -3,8 +3,8 @@
 //! compile time).
 
 use kiln_benches::report::{Better, Comparison, MS_STEP, SECONDS, SuiteOutput};
-use kiln_benches::shared_b::{cold_first, not_run, resolve_for};
 use kiln_benches::{Msg, compile_env, in_temp_dir, interleaved, median, median_of, num};
+use kiln_benches::{cold_first, not_run, resolve_for};
 use serde_json::{Value, json};
 
 use super::suite::peak_for;

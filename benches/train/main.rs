@@ -27,8 +27,8 @@ use std::ffi::{OsStr, OsString};
 use std::process::Command;
 
 use clap::Subcommand;
+use kiln_benches::python_script;
 use kiln_benches::report::Comparison;
-use kiln_benches::shared_b::python_script;
 use kiln_benches::{Msg, Result, SuiteArgs, device_name};
 use kiln_config::{ModelKind, ModelPlan};
 use serde_json::{Value, json};

@@ -6,8 +6,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_benches::command;
 use kiln_benches::report::{Better, Comparison, SAMPLES_S, SuiteOutput, Unit};
-use kiln_benches::shared_b::command;
 use kiln_benches::{Msg, SuiteArgs, device_name, interleaved, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 use kiln_benches::args::{Place, parse_on_off};
-use kiln_benches::shared_b::resolve_for;
+use kiln_benches::resolve_for;
 use kiln_benches::{Msg, device_name, median, peak_memory_mib};
 use kiln_config::ModelKind;
 use kiln_device::settings::AmpDtype;

@@ -6,8 +6,8 @@
 use std::path::Path;
 use std::process::Command;
 
+use kiln_benches::cold_first;
 use kiln_benches::report::{Comparison, MS_STEP, SECONDS, SuiteOutput};
-use kiln_benches::shared_b::cold_first;
 use kiln_benches::{compile_env, in_temp_dir, interleaved, median, median_of, num, run_json};
 use serde_json::{Value, json};
 
