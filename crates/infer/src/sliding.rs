@@ -9,6 +9,7 @@
 //! edge; they are enumerated with the last dimension varying fastest.
 
 use kiln_config::{BlendMode, PadMode, SlidingWindowPlan};
+use kiln_torch_ext::blend::{Rows, blend_windows};
 use tch::{Device, Kind, Tensor};
 
 use crate::InferError;
@@ -251,7 +252,7 @@ pub fn run(
         // The first batch's outputs tell their channels and size: the buffers are made then.
         let mut stitch = match stitched.take() {
             Some(stitch) => stitch,
-            None => Stitch::new(&grid, &out, settings, &windows, output_device)?,
+            None => Stitch::new(&grid, &out, settings, output_device)?,
         };
         stitch.add(&out, batches[k])?;
         stitched = Some(stitch);
@@ -403,37 +404,41 @@ struct Stitch {
     /// The importance map at the outputs' size `[1, 1, *zoom.out]`.
     weight: Tensor,
     zoom: Zoom,
+    /// On the CPU, the rows of `sum` and `count` zeroed so far (they start uninitialised);
+    /// elsewhere none (they start zeroed).
+    ready: Option<Rows>,
 }
 
 impl Stitch {
-    /// The buffers for outputs like `first` (the first batch's), every window's weight already
-    /// in the summed weights.
+    /// The buffers for outputs like `first` (the first batch's): zeroed, or on the CPU to be
+    /// zeroed row by row as windows reach them.
     fn new(
         grid: &WindowGrid,
         first: &Tensor,
         settings: &SlidingWindow,
-        windows: &[Vec<i64>],
         device: Device,
     ) -> Result<Self, InferError> {
         let size = first.size();
         let zoom = Zoom::new(grid, &size)?;
         let map = importance_map(&grid.roi, settings.mode, settings.sigma_scale, device)?;
-        let weight = resample(&map, &zoom.out)?;
-        let mut shape = vec![1, size[1]];
-        shape.extend(zoom.scaled(&grid.padded()));
-        let sum = Tensor::f_zeros(shape.as_slice(), (Kind::Float, device))?;
-        shape[1] = 1;
-        let count = Tensor::f_zeros(shape.as_slice(), (Kind::Float, device))?;
-        let stitch = Self {
-            sum,
-            count,
+        let weight = resample(&map, &zoom.out)?.f_contiguous()?;
+        let spatial = zoom.scaled(&grid.padded());
+        let ready = (device == Device::Cpu).then(|| Rows::new(&spatial));
+        let buffer = |channels: i64| {
+            let mut shape = vec![1, channels];
+            shape.extend(&spatial);
+            match ready {
+                Some(_) => Tensor::f_empty(shape.as_slice(), (Kind::Float, device)),
+                None => Tensor::f_zeros(shape.as_slice(), (Kind::Float, device)),
+            }
+        };
+        Ok(Self {
+            sum: buffer(size[1])?,
+            count: buffer(1)?,
             weight,
             zoom,
-        };
-        for at in windows {
-            let _ = stitch.target(&stitch.count, at)?.f_add_(&stitch.weight)?;
-        }
-        Ok(stitch)
+            ready,
+        })
     }
 
     /// The view of `buffer` where the window at `at` lands.
@@ -441,15 +446,29 @@ impl Stitch {
         crop(buffer, &self.zoom.scaled(at), &self.zoom.out)
     }
 
-    /// A batch's outputs `[n, K, *out]`, weighted, added in place where their windows land.
+    /// A batch's outputs `[n, K, *out]`, weighted, added in place where their windows land,
+    /// and their weights to the summed weights: on the CPU in one pass over the rows the batch
+    /// covers ([`blend_windows`]), elsewhere window by window.
     fn add(&mut self, out: &Tensor, batch: &[Vec<i64>]) -> Result<(), InferError> {
         check_output(out, batch.len(), self.sum.size()[1], &self.zoom.out)?;
         let out = out.f_to_device(self.sum.device())?.f_to_kind(Kind::Float)?;
+        let starts: Vec<Vec<i64>> = batch.iter().map(|at| self.zoom.scaled(at)).collect();
+        match &mut self.ready {
+            Some(ready) => {
+                let (sum, count, weight) = (&self.sum, &self.count, &self.weight);
+                Ok(blend_windows(sum, count, &out, weight, &starts, ready)?)
+            }
+            None => self.add_each(&out, batch),
+        }
+    }
+
+    fn add_each(&self, out: &Tensor, batch: &[Vec<i64>]) -> Result<(), InferError> {
         for (i, at) in batch.iter().enumerate() {
             let window = out.f_narrow(0, i as i64, 1)?;
             let _ = self
                 .target(&self.sum, at)?
                 .f_addcmul_(&window, &self.weight)?;
+            let _ = self.target(&self.count, at)?.f_add_(&self.weight)?;
         }
         Ok(())
     }
@@ -457,6 +476,9 @@ impl Stitch {
     /// The blend `sum / count` `[K, *spatial']`, cropped of any padding as MONAI crops it
     /// (`round(pad · scale)` to `round((pad + size) · scale)`, Python's rounding).
     fn finish(mut self, grid: &WindowGrid) -> Result<Tensor, InferError> {
+        if let Some(ready) = &self.ready {
+            ready.zero_the_rest(&[&self.sum, &self.count])?;
+        }
         let _ = self.sum.f_div_(&self.count)?;
         let mut out = self.sum.f_squeeze_dim(0)?;
         if grid.pad.iter().all(|&(lo, hi)| lo == 0 && hi == 0) {
@@ -602,6 +624,59 @@ mod tests {
             Err(InferError::Input("stop".to_owned()))
         });
         assert!(e.is_err() && calls == 1);
+    }
+
+    /// The CPU's one-pass blend and the window-by-window one (other devices') sum the same, for
+    /// 2-D and 3-D windows, outputs contiguous and channels-last, and zoomed outputs.
+    #[test]
+    fn the_one_pass_blend_sums_as_window_by_window_does() {
+        tch::manual_seed(4);
+        let cases: [(&[i64], &[i64], f64, i64); 3] = [
+            (&[9, 7], &[4, 3], 0.5, 1),
+            (&[11, 9, 10], &[5, 4, 6], 0.25, 1),
+            (&[12, 8, 8], &[4, 4, 4], 0.5, 2),
+        ];
+        for (image, roi, overlap, zoom) in cases {
+            let grid = WindowGrid::new(image, roi, overlap).unwrap();
+            let windows: Vec<Vec<i64>> = (0..grid.len()).map(|k| grid.window(k)).collect();
+            let settings = SlidingWindow {
+                roi: roi.to_vec(),
+                overlap,
+                mode: BlendMode::Gaussian,
+                sigma_scale: 0.125,
+                batch_size: 3,
+                padding_mode: PadMode::Constant,
+                cval: 0.0,
+                channels_last: false,
+                layout: Layout::AsSet,
+            };
+            let mut shape = vec![3i64, 3];
+            shape.extend(roi.iter().map(|r| r * zoom));
+            let outs = Tensor::randn(shape.as_slice(), (Kind::Float, Device::Cpu));
+            let laid_out = kiln_torch_ext::layout::to_channels_last(&outs).unwrap();
+            let mut sums = vec![];
+            for (one_pass, out) in [(false, &outs), (true, &outs), (true, &laid_out)] {
+                let mut stitch = Stitch::new(&grid, out, &settings, Device::Cpu).unwrap();
+                if !one_pass {
+                    stitch.ready = None;
+                    let _ = (stitch.sum.zero_(), stitch.count.zero_());
+                }
+                for batch in windows.chunks(3) {
+                    let out = out.narrow(0, 0, batch.len() as i64);
+                    match one_pass {
+                        true => stitch.add(&out, batch).unwrap(),
+                        false => stitch.add_each(&out, batch).unwrap(),
+                    }
+                }
+                sums.push((stitch.sum, stitch.count));
+            }
+            for (sum, count) in &sums[1..] {
+                let diff = f64::try_from((sum - &sums[0].0).abs().max()).unwrap();
+                assert!(diff < 1e-5, "{image:?} {roi:?}: {diff}");
+                assert!(count.allclose(&sums[0].1, 1e-6, 1e-6, false), "{image:?}");
+            }
+            assert!(f64::try_from(sums[0].1.min()).unwrap() > 0.0, "{image:?}");
+        }
     }
 
     #[test]

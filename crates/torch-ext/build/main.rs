@@ -97,6 +97,7 @@ fn main() {
         .file("csrc/kiln_autograd.cpp")
         .file("csrc/kiln_script.cpp")
         .file("csrc/kiln_aoti.cpp")
+        .file("csrc/kiln_blend.cpp")
         // c10d's Gloo process group (csrc/gloo/ holds kiln's stand-ins for gloo's headers).
         .define("USE_C10D_GLOO", None)
         .file("csrc/kiln_dist.cpp");

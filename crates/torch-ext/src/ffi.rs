@@ -140,6 +140,16 @@ unsafe extern "C" {
     pub fn kiln_param_to_channels_last(p: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_param_to_contiguous(p: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_is_channels_last(t: *const std::ffi::c_void, out: *mut bool) -> *mut c_char;
+    pub fn kiln_blend_windows(
+        sum: *const std::ffi::c_void,
+        count: *const std::ffi::c_void,
+        outs: *const std::ffi::c_void,
+        weight: *const std::ffi::c_void,
+        starts: *const i64,
+        n: usize,
+        ready: *mut u8,
+        ready_len: usize,
+    ) -> *mut c_char;
     pub fn kiln_cpu_rng_state(out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cpu_rng_state(state: *const std::ffi::c_void) -> *mut c_char;
     pub fn kiln_dist_connect(

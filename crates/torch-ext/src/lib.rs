@@ -1,7 +1,8 @@
 //! kiln's native extension over libtorch: what tch does not expose (global math flags, per-thread
 //! autocast state, fused AdamW/SGD, loss scaling, gradient clipping, fast dropout masks,
 //! activation checkpointing, facts about saved TorchScript modules, AOTInductor packages, the
-//! kineto profiler, CUDA device queries, library loading), as safe Rust.
+//! kineto profiler, CUDA device queries, library loading, the sliding window's stitch on the
+//! CPU), as safe Rust.
 //!
 //! Every function returns [`Result`]; a C++ exception thrown inside libtorch comes back as
 //! [`Error::Torch`] naming the operation and carrying its [`ErrorKind`] (out of memory, invalid
@@ -11,6 +12,7 @@
 
 pub mod aoti;
 pub mod autocast;
+pub mod blend;
 pub mod cuda;
 pub mod dist;
 pub mod dropout;

@@ -5,9 +5,12 @@
 
 use kiln_torch_ext::recompute::checkpoint;
 use kiln_torch_ext::{
-    CallbackError, Error, ErrorKind, dropout, layout, optim, rng, tch_out_of_memory, transfer,
+    CallbackError, Error, ErrorKind, blend, dropout, layout, optim, rng, tch_out_of_memory,
+    transfer,
 };
 use tch::{Device, Kind, Tensor};
+
+const FLOAT: (Kind, Device) = (Kind::Float, Device::Cpu);
 
 /// A tensor of 2^48 floats (1 PiB) that takes 4 bytes: a one-element tensor expanded.
 fn absurdly_large() -> Tensor {
@@ -45,6 +48,56 @@ fn invalid_arguments_are_invalid_argument() {
     // Rejected on the Rust side, before C++.
     let (kind, text) = kind_of(dropout::dropout(&flat, 1.5, 0, 0));
     assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+}
+
+#[test]
+fn a_window_that_does_not_fit_the_sums_is_refused_before_anything_is_written() {
+    // The sums start uninitialised (here 7): rows are zeroed as windows reach them.
+    let (sum, count) = (
+        Tensor::full([1, 2, 6, 6], 7.0, FLOAT),
+        Tensor::full([1, 1, 6, 6], 7.0, FLOAT),
+    );
+    let (outs, weight) = (
+        Tensor::ones([2, 2, 4, 4], FLOAT),
+        Tensor::ones([1, 1, 4, 4], FLOAT),
+    );
+    let mut rows = blend::Rows::new(&[6, 6]);
+    let blend = |starts: &[Vec<i64>], outs: &Tensor, rows: &mut blend::Rows| {
+        blend::blend_windows(&sum, &count, outs, &weight, starts, rows)
+    };
+    let (kind, text) = kind_of(blend(&[vec![0, 0], vec![2, 3]], &outs, &mut rows));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("window 1 starts at 3"), "{text}");
+    let (kind, text) = kind_of(blend(&[vec![0, 0], vec![2]], &outs, &mut rows));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    let (kind, text) = kind_of(blend(
+        &[vec![0, 0], vec![2, 2]],
+        &outs.to_kind(Kind::Double),
+        &mut rows,
+    ));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("float32"), "{text}");
+    let (kind, text) = kind_of(blend(
+        &[vec![0, 0], vec![1, 1]],
+        &outs,
+        &mut blend::Rows::new(&[6]),
+    ));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("row flags"), "{text}");
+    assert_eq!(f64::try_from(sum.mean(Kind::Float)).unwrap(), 7.0);
+    assert_eq!(f64::try_from(count.mean(Kind::Float)).unwrap(), 7.0);
+    // Two windows inside rows 0..4 and 1..5: 1 where one window lies, 2 where both do, 0 in
+    // the rows' other voxels, and row 5 untouched until the rest is zeroed.
+    blend(&[vec![0, 0], vec![1, 2]], &outs, &mut rows).unwrap();
+    assert_eq!(
+        f64::try_from(count.narrow(2, 0, 5).sum(Kind::Float)).unwrap(),
+        32.0
+    );
+    assert_eq!(f64::try_from(sum.narrow(2, 0, 5).max()).unwrap(), 2.0);
+    assert_eq!(f64::try_from(sum.narrow(2, 5, 1).min()).unwrap(), 7.0);
+    rows.zero_the_rest(&[&sum, &count]).unwrap();
+    assert_eq!(f64::try_from(count.sum(Kind::Float)).unwrap(), 32.0);
+    assert_eq!(f64::try_from(sum.sum(Kind::Float)).unwrap(), 64.0);
 }
 
 #[test]
