@@ -452,9 +452,9 @@ impl Stitch {
     fn add(&mut self, out: &Tensor, batch: &[Vec<i64>]) -> Result<(), InferError> {
         check_output(out, batch.len(), self.sum.size()[1], &self.zoom.out)?;
         let out = out.f_to_device(self.sum.device())?.f_to_kind(Kind::Float)?;
-        let starts: Vec<Vec<i64>> = batch.iter().map(|at| self.zoom.scaled(at)).collect();
         match &mut self.ready {
             Some(ready) => {
+                let starts: Vec<Vec<i64>> = batch.iter().map(|at| self.zoom.scaled(at)).collect();
                 let (sum, count, weight) = (&self.sum, &self.count, &self.weight);
                 Ok(blend_windows(sum, count, &out, weight, &starts, ready)?)
             }

@@ -150,7 +150,6 @@ char* kiln_blend_windows(const at::Tensor* sum, const at::Tensor* count, const a
     }
     b.at.push_back(a);
   }
-  if (n == 0) return nullptr;
   const int64_t ys = hi.d[1] - lo.d[1];
   at::parallel_for(0, (hi.d[0] - lo.d[0]) * ys, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) b.row(lo.d[0] + r / ys, lo.d[1] + r % ys);
