@@ -1,9 +1,10 @@
 //! The sliding window's stitch on the CPU: the eight 64³ windows of a 96³ volume (overlap 0.25,
 //! two output channels, four a batch, Gaussian weights) added into fresh running sums and
-//! divided by the summed weights. One pass a batch (`kiln_torch_ext::blend`, what `kiln infer
-//! --sliding-window` runs on the CPU) against window by window with `addcmul_` (what it ran
-//! before, and runs on other devices), for outputs laid out channels-last (as a model whose
-//! weights are channels-last-3d gives them) and contiguous.
+//! divided by the summed weights. One pass a batch, each row divided after its last window
+//! (`kiln_torch_ext::blend`, what `kiln infer --sliding-window` runs on the CPU) against window
+//! by window with `addcmul_` and a division at the end (what it ran before, and runs on other
+//! devices), for outputs laid out channels-last (as a model whose weights are channels-last-3d
+//! gives them) and contiguous.
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use kiln_config::BlendMode;
@@ -23,13 +24,14 @@ fn buffer(channels: i64, zeroed: bool) -> Tensor {
 }
 
 fn one_pass(batches: &[(Tensor, &[Vec<i64>])], weight: &Tensor) -> Tensor {
-    let (mut sum, count) = (buffer(2, false), buffer(1, false));
-    let mut rows = Rows::new(&[SIZE; 3]);
+    let (sum, count) = (buffer(2, false), buffer(1, false));
+    let starts: Vec<Vec<i64>> = batches.iter().flat_map(|(_, s)| s.to_vec()).collect();
+    let mut rows = Rows::new(&[SIZE; 3], &[ROI; 3], &starts).expect("a plan");
     for (outs, starts) in batches {
         blend_windows(&sum, &count, outs, weight, starts, &mut rows).expect("blend");
     }
-    rows.zero_the_rest(&[&sum, &count]).expect("zero");
-    sum.g_div_(&count)
+    rows.finish_the_rest(&sum, &count).expect("finish");
+    sum
 }
 
 fn window_by_window(batches: &[(Tensor, &[Vec<i64>])], weight: &Tensor) -> Tensor {

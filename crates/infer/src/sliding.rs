@@ -404,14 +404,15 @@ struct Stitch {
     /// The importance map at the outputs' size `[1, 1, *zoom.out]`.
     weight: Tensor,
     zoom: Zoom,
-    /// On the CPU, the rows of `sum` and `count` zeroed so far (they start uninitialised);
-    /// elsewhere none (they start zeroed).
-    ready: Option<Rows>,
+    /// On the CPU, the windows yet to reach each row of `sum` and `count` (they start
+    /// uninitialised, each row zeroed by its first window and divided after its last);
+    /// elsewhere none (they start zeroed, and are divided at the end).
+    rows: Option<Rows>,
 }
 
 impl Stitch {
     /// The buffers for outputs like `first` (the first batch's): zeroed, or on the CPU to be
-    /// zeroed row by row as windows reach them.
+    /// zeroed and divided row by row as `grid`'s windows reach them.
     fn new(
         grid: &WindowGrid,
         first: &Tensor,
@@ -423,11 +424,19 @@ impl Stitch {
         let map = importance_map(&grid.roi, settings.mode, settings.sigma_scale, device)?;
         let weight = resample(&map, &zoom.out)?.f_contiguous()?;
         let spatial = zoom.scaled(&grid.padded());
-        let ready = (device == Device::Cpu).then(|| Rows::new(&spatial));
+        let rows = match device {
+            Device::Cpu => {
+                let starts: Vec<Vec<i64>> = (0..grid.len())
+                    .map(|k| zoom.scaled(&grid.window(k)))
+                    .collect();
+                Some(Rows::new(&spatial, &zoom.out, &starts)?)
+            }
+            _ => None,
+        };
         let buffer = |channels: i64| {
             let mut shape = vec![1, channels];
             shape.extend(&spatial);
-            match ready {
+            match rows {
                 Some(_) => Tensor::f_empty(shape.as_slice(), (Kind::Float, device)),
                 None => Tensor::f_zeros(shape.as_slice(), (Kind::Float, device)),
             }
@@ -437,7 +446,7 @@ impl Stitch {
             count: buffer(1)?,
             weight,
             zoom,
-            ready,
+            rows,
         })
     }
 
@@ -452,11 +461,11 @@ impl Stitch {
     fn add(&mut self, out: &Tensor, batch: &[Vec<i64>]) -> Result<(), InferError> {
         check_output(out, batch.len(), self.sum.size()[1], &self.zoom.out)?;
         let out = out.f_to_device(self.sum.device())?.f_to_kind(Kind::Float)?;
-        match &mut self.ready {
-            Some(ready) => {
+        match &mut self.rows {
+            Some(rows) => {
                 let starts: Vec<Vec<i64>> = batch.iter().map(|at| self.zoom.scaled(at)).collect();
                 let (sum, count, weight) = (&self.sum, &self.count, &self.weight);
-                Ok(blend_windows(sum, count, &out, weight, &starts, ready)?)
+                Ok(blend_windows(sum, count, &out, weight, &starts, rows)?)
             }
             None => self.add_each(&out, batch),
         }
@@ -476,10 +485,12 @@ impl Stitch {
     /// The blend `sum / count` `[K, *spatial']`, cropped of any padding as MONAI crops it
     /// (`round(pad · scale)` to `round((pad + size) · scale)`, Python's rounding).
     fn finish(mut self, grid: &WindowGrid) -> Result<Tensor, InferError> {
-        if let Some(ready) = &self.ready {
-            ready.zero_the_rest(&[&self.sum, &self.count])?;
+        match &self.rows {
+            Some(rows) => rows.finish_the_rest(&self.sum, &self.count)?,
+            None => {
+                let _ = self.sum.f_div_(&self.count)?;
+            }
         }
-        let _ = self.sum.f_div_(&self.count)?;
         let mut out = self.sum.f_squeeze_dim(0)?;
         if grid.pad.iter().all(|&(lo, hi)| lo == 0 && hi == 0) {
             return Ok(out);
@@ -626,8 +637,9 @@ mod tests {
         assert!(e.is_err() && calls == 1);
     }
 
-    /// The CPU's one-pass blend and the window-by-window one (other devices') sum the same, for
-    /// 2-D and 3-D windows, outputs contiguous and channels-last, and zoomed outputs.
+    /// The CPU's one-pass blend and the window-by-window one (other devices') sum and blend
+    /// the same, for 2-D and 3-D windows, outputs contiguous and channels-last, and zoomed
+    /// outputs.
     #[test]
     fn the_one_pass_blend_sums_as_window_by_window_does() {
         tch::manual_seed(4);
@@ -658,7 +670,7 @@ mod tests {
             for (one_pass, out) in [(false, &outs), (true, &outs), (true, &laid_out)] {
                 let mut stitch = Stitch::new(&grid, out, &settings, Device::Cpu).unwrap();
                 if !one_pass {
-                    stitch.ready = None;
+                    stitch.rows = None;
                     let _ = (stitch.sum.zero_(), stitch.count.zero_());
                 }
                 for batch in windows.chunks(3) {
@@ -668,10 +680,11 @@ mod tests {
                         false => stitch.add_each(&out, batch).unwrap(),
                     }
                 }
-                sums.push((stitch.sum, stitch.count));
+                let count = stitch.count.copy();
+                sums.push((stitch.finish(&grid).unwrap(), count));
             }
-            for (sum, count) in &sums[1..] {
-                let diff = f64::try_from((sum - &sums[0].0).abs().max()).unwrap();
+            for (blend, count) in &sums[1..] {
+                let diff = f64::try_from((blend - &sums[0].0).abs().max()).unwrap();
                 assert!(diff < 1e-5, "{image:?} {roi:?}: {diff}");
                 assert!(count.allclose(&sums[0].1, 1e-6, 1e-6, false), "{image:?}");
             }

@@ -1,6 +1,6 @@
 //! The sliding window's stitch on the CPU: a batch of window outputs, weighted, added into the
 //! running sums and the summed weights in one pass over the rows the batch covers, each row
-//! zeroed when a window first reaches it.
+//! zeroed when its first window reaches it and divided by its summed weights when its last has.
 
 use tch::Tensor;
 
@@ -13,30 +13,34 @@ use crate::ffi;
 /// `sum` is `[1, K, *spatial]` and `count` `[1, 1, *spatial]`, both contiguous; `outs` is
 /// `[n, K, *out]` in any layout; `weight` is `[1, 1, *out]`, contiguous; `starts` holds each
 /// window's start in `sum`, one per spatial dimension (2 or 3). All float32 on the CPU; a
-/// window that does not fit inside `sum` is an error, before anything is written.
+/// window that does not fit inside `sum`, or that `rows` did not plan for, is an error, before
+/// anything is written.
 ///
-/// `ready` has a flag per row of `sum` and `count` (every position but the last dimension's,
-/// [`Rows::new`]): a row whose flag is 0 holds anything, and is zeroed (and flagged) when a window
-/// first reaches it. Rows no window reached stay as they were: [`Rows::zero_the_rest`].
+/// `rows` ([`Rows::new`]) knows how many windows are yet to reach each row of `sum` and `count`
+/// (every position but the last dimension's): a row no window has reached yet holds anything,
+/// and is zeroed when its first window does; once its last window has added, its sums are
+/// divided by its summed weights (`sum /= count`, the blend). Rows no window reached are left
+/// to [`Rows::finish_the_rest`].
 pub fn blend_windows(
     sum: &Tensor,
     count: &Tensor,
     outs: &Tensor,
     weight: &Tensor,
     starts: &[Vec<i64>],
-    ready: &mut Rows,
+    rows: &mut Rows,
 ) -> Result<()> {
     let rank = sum.dim().saturating_sub(2);
     if let Some(bad) = starts.iter().find(|s| s.len() != rank) {
-        return Err(Error::InvalidArgument {
-            op: "blend windows",
-            message: format!("a window start {bad:?} for sums of {:?}", sum.size()),
-        });
+        return Err(invalid(format!(
+            "a window start {bad:?} for sums of {:?}",
+            sum.size()
+        )));
     }
     let flat: Vec<i64> = starts.concat();
     let [s, c, o, w] = [sum, count, outs, weight].map(ffi::tensor_ptr);
-    // SAFETY: live handles and a slice of `starts.len() * rank` starts, borrowed for the call;
-    // the C++ side checks every shape and start before it writes.
+    // SAFETY: live handles, a slice of `starts.len() * rank` starts and two of `rows.len()`
+    // counts, borrowed for the call; the C++ side checks every shape, start and count before
+    // it writes.
     ffi::check("blend windows", unsafe {
         ffi::kiln_blend_windows(
             s,
@@ -45,37 +49,86 @@ pub fn blend_windows(
             w,
             flat.as_ptr(),
             starts.len(),
-            ready.0.as_mut_ptr(),
-            ready.0.len(),
+            rows.left.as_mut_ptr(),
+            rows.planned.as_ptr(),
+            rows.left.len(),
         )
     })
 }
 
-/// Which rows of the sums [`blend_windows`] has zeroed.
+fn invalid(message: String) -> Error {
+    Error::InvalidArgument {
+        op: "blend windows",
+        message,
+    }
+}
+
+/// The rows of the running sums (every position but the last dimension's), each with the
+/// number of windows that reach it in the run and how many of them are yet to.
 #[derive(Debug, Clone)]
-pub struct Rows(Vec<u8>);
+pub struct Rows {
+    planned: Vec<u32>,
+    left: Vec<u32>,
+}
 
 impl Rows {
-    /// None yet, for sums of spatial size `spatial`.
-    pub fn new(spatial: &[i64]) -> Self {
-        let rows = spatial
-            .split_last()
-            .map_or(0, |(_, r)| r.iter().product::<i64>());
-        Rows(vec![0; usize::try_from(rows).unwrap_or(0)])
+    /// The plan for sums of spatial size `spatial` and windows of size `out` starting at each
+    /// of `starts` (every window of the run), none added yet; an error where a window does not
+    /// fit.
+    pub fn new(spatial: &[i64], out: &[i64], starts: &[Vec<i64>]) -> Result<Self> {
+        let lead = spatial.len().saturating_sub(1);
+        let rows: i64 = spatial[..lead].iter().product();
+        let mut planned = vec![0u32; usize::try_from(rows).unwrap_or(0)];
+        for (i, at) in starts.iter().enumerate() {
+            let fits = at.len() == spatial.len()
+                && out.len() == spatial.len()
+                && (0..spatial.len()).all(|d| at[d] >= 0 && at[d] + out[d] <= spatial[d]);
+            if !fits {
+                return Err(invalid(format!(
+                    "window {i} starts at {at:?}: {out:?} does not fit in {spatial:?}"
+                )));
+            }
+            for_each_row(&spatial[..lead], &at[..lead], &out[..lead], |r| {
+                planned[r] += 1
+            });
+        }
+        let left = planned.clone();
+        Ok(Rows { planned, left })
     }
 
-    /// Zeroes the rows of `sums` (each `[1, K, *spatial]`) that no window reached.
-    pub fn zero_the_rest(&self, sums: &[&Tensor]) -> Result<()> {
-        let zero = |t: &Tensor, row: usize| -> std::result::Result<(), tch::TchError> {
+    /// Zeroes the rows of `sum` and `count` that no window reached, and divides every row
+    /// not yet divided (`sum /= count`): after this, `sum` holds the blend everywhere.
+    pub fn finish_the_rest(&self, sum: &Tensor, count: &Tensor) -> Result<()> {
+        let rows = |t: &Tensor| {
             let size = t.size();
-            let rows = t.f_view([size[0], size[1], -1, *size.last().unwrap_or(&1)])?;
-            rows.f_select(2, row as i64)?.f_zero_().map(|_| ())
+            t.f_view([size[0], size[1], -1, *size.last().unwrap_or(&1)])
         };
-        for (row, _) in self.0.iter().enumerate().filter(|(_, r)| **r == 0) {
-            for t in sums {
-                zero(t, row).map_err(|e| Error::from_tch("zero the rows no window reached", &e))?;
+        let finish = || -> std::result::Result<(), tch::TchError> {
+            let (sums, counts) = (rows(sum)?, rows(count)?);
+            let pending = self.planned.iter().zip(&self.left).enumerate();
+            for (r, (&planned, &left)) in pending.filter(|(_, (p, l))| **p == 0 || **l != 0) {
+                let (mut s, mut c) = (sums.f_select(2, r as i64)?, counts.f_select(2, r as i64)?);
+                if left == planned {
+                    let _ = (s.f_zero_()?, c.f_zero_()?);
+                }
+                let _ = s.f_div_(&c)?;
             }
+            Ok(())
+        };
+        finish().map_err(|e| Error::from_tch("finish the rows no window completed", &e))
+    }
+}
+
+/// Calls `each` with the flat index (row-major in `sizes`) of every position of the box of size
+/// `len` at `at`.
+fn for_each_row(sizes: &[i64], at: &[i64], len: &[i64], mut each: impl FnMut(usize)) {
+    for k in 0..len.iter().product::<i64>() {
+        let (mut rest, mut flat, mut stride) = (k, 0i64, 1i64);
+        for d in (0..len.len()).rev() {
+            flat += (at[d] + rest % len[d]) * stride;
+            rest /= len[d];
+            stride *= sizes[d];
         }
-        Ok(())
+        each(flat as usize);
     }
 }

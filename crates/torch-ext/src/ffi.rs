@@ -147,8 +147,9 @@ unsafe extern "C" {
         weight: *const std::ffi::c_void,
         starts: *const i64,
         n: usize,
-        ready: *mut u8,
-        ready_len: usize,
+        left: *mut u32,
+        planned: *const u32,
+        rows: usize,
     ) -> *mut c_char;
     pub fn kiln_cpu_rng_state(out: *mut *mut std::ffi::c_void) -> *mut c_char;
     pub fn kiln_set_cpu_rng_state(state: *const std::ffi::c_void) -> *mut c_char;

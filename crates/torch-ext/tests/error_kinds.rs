@@ -57,47 +57,69 @@ fn a_window_that_does_not_fit_the_sums_is_refused_before_anything_is_written() {
         Tensor::full([1, 2, 6, 6], 7.0, FLOAT),
         Tensor::full([1, 1, 6, 6], 7.0, FLOAT),
     );
-    let (outs, weight) = (
-        Tensor::ones([2, 2, 4, 4], FLOAT),
-        Tensor::ones([1, 1, 4, 4], FLOAT),
-    );
-    let mut rows = blend::Rows::new(&[6, 6]);
+    // Four 4×4 windows covering 6×6, the outputs of window i all i + 1, weights 1.
+    let starts = [vec![0, 0], vec![0, 2], vec![2, 0], vec![2, 2]];
+    let outs = Tensor::arange_start(1, 5, FLOAT)
+        .view([4, 1, 1, 1])
+        .expand([4, 2, 4, 4], false)
+        .contiguous();
+    let weight = Tensor::ones([1, 1, 4, 4], FLOAT);
+    let mut rows = blend::Rows::new(&[6, 6], &[4, 4], &starts).unwrap();
     let blend = |starts: &[Vec<i64>], outs: &Tensor, rows: &mut blend::Rows| {
         blend::blend_windows(&sum, &count, outs, &weight, starts, rows)
     };
-    let (kind, text) = kind_of(blend(&[vec![0, 0], vec![2, 3]], &outs, &mut rows));
+    let two = outs.narrow(0, 0, 2);
+    let (kind, text) = kind_of(blend(&[vec![0, 0], vec![2, 3]], &two, &mut rows));
     assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
     assert!(text.contains("window 1 starts at 3"), "{text}");
-    let (kind, text) = kind_of(blend(&[vec![0, 0], vec![2]], &outs, &mut rows));
+    let (kind, text) = kind_of(blend(&[vec![0, 0], vec![2]], &two, &mut rows));
     assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
     let (kind, text) = kind_of(blend(
         &[vec![0, 0], vec![2, 2]],
-        &outs.to_kind(Kind::Double),
+        &two.to_kind(Kind::Double),
         &mut rows,
     ));
     assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
     assert!(text.contains("float32"), "{text}");
     let (kind, text) = kind_of(blend(
         &[vec![0, 0], vec![1, 1]],
-        &outs,
-        &mut blend::Rows::new(&[6]),
+        &two,
+        &mut blend::Rows::new(&[6], &[4], &[vec![0]]).unwrap(),
     ));
     assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
-    assert!(text.contains("row flags"), "{text}");
+    assert!(text.contains("row plans"), "{text}");
+    // Row 1 is reached by two windows of the run; a batch of three reaching it is refused.
+    let three = outs.narrow(0, 0, 3);
+    let (kind, text) = kind_of(blend(
+        &starts[..3],
+        &three,
+        &mut blend::Rows::new(&[6, 6], &[4, 4], &starts[..2]).unwrap(),
+    ));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("planned"), "{text}");
     assert_eq!(f64::try_from(sum.mean(Kind::Float)).unwrap(), 7.0);
     assert_eq!(f64::try_from(count.mean(Kind::Float)).unwrap(), 7.0);
-    // Two windows inside rows 0..4 and 1..5: 1 where one window lies, 2 where both do, 0 in
-    // the rows' other voxels, and row 5 untouched until the rest is zeroed.
-    blend(&[vec![0, 0], vec![1, 2]], &outs, &mut rows).unwrap();
+    // The first two windows: rows 0..2 have no window left and are blended (1 where window 0
+    // alone lies, 1.5 where both do, 2 where window 1 alone does); rows 2..4 hold sums (their
+    // summed weights 1 or 2), and rows 4..6 are untouched.
+    blend(&starts[..2], &two, &mut rows).unwrap();
+    let at = |t: &Tensor, y: i64, x: i64| f64::try_from(t.get(0).get(0).get(y).get(x)).unwrap();
+    let blended = [(0, 0, 1.0), (1, 2, 1.5), (0, 5, 2.0)];
+    assert!(blended.iter().all(|&(y, x, v)| at(&sum, y, x) == v));
+    assert_eq!((at(&sum, 3, 3), at(&count, 3, 3)), (3.0, 2.0));
+    assert_eq!(f64::try_from(sum.narrow(2, 4, 2).min()).unwrap(), 7.0);
+    // The last two: every row blended, the centre the mean of all four windows.
+    blend(&starts[2..], &outs.narrow(0, 2, 2), &mut rows).unwrap();
+    rows.finish_the_rest(&sum, &count).unwrap();
     assert_eq!(
-        f64::try_from(count.narrow(2, 0, 5).sum(Kind::Float)).unwrap(),
-        32.0
+        (at(&sum, 3, 3), at(&sum, 5, 5), at(&sum, 2, 1)),
+        (2.5, 4.0, 2.0)
     );
-    assert_eq!(f64::try_from(sum.narrow(2, 0, 5).max()).unwrap(), 2.0);
-    assert_eq!(f64::try_from(sum.narrow(2, 5, 1).min()).unwrap(), 7.0);
-    rows.zero_the_rest(&[&sum, &count]).unwrap();
-    assert_eq!(f64::try_from(count.sum(Kind::Float)).unwrap(), 32.0);
-    assert_eq!(f64::try_from(sum.sum(Kind::Float)).unwrap(), 64.0);
+    assert_eq!(f64::try_from(count.sum(Kind::Float)).unwrap(), 64.0);
+    // A plan refuses a window outside the sums.
+    let (kind, text) = kind_of(blend::Rows::new(&[6, 6], &[4, 4], &[vec![3, 0]]));
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{text}");
+    assert!(text.contains("window 0 starts at [3, 0]"), "{text}");
 }
 
 #[test]
