@@ -139,7 +139,7 @@ pub fn usage_text() -> String {
     text.push_str(
         "                    default: all but opts. Criterion benches of the hot pieces, in\n\
          \x20                   the crates they time: cargo bench -p kiln-data --bench loader;\n\
-         \x20                   cargo bench -p kiln-train --bench collate;\n\
+         \x20                   cargo bench -p kiln-train --bench collate (and metric_sums);\n\
          \x20                   cargo bench -p kiln-infer --bench stitch\n",
     );
     text

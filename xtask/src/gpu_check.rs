@@ -29,7 +29,7 @@ fn parse(args: &[String]) -> Result<Request> {
                 let dir = it.next().ok_or("--pack needs a directory")?;
                 req.pack = Some(PathBuf::from(dir));
             }
-            "--out" | "--steps" => {
+            "--out" | "--steps" | "--skip" => {
                 let value = it
                     .next()
                     .ok_or_else(|| Error(format!("{arg} needs a value")))?;
@@ -38,20 +38,21 @@ fn parse(args: &[String]) -> Result<Request> {
             "--require-gpu" => req.kiln_args.push(arg.clone()),
             other => bail!(
                 "`cargo xtask gpu-check` does not take `{other}`; it takes --out DIR, \
-                 --require-gpu, --steps A,B and --pack DIR"
+                 --require-gpu, --steps A,B, --skip A,B and --pack DIR"
             ),
         }
     }
     if req.pack.is_some() && !req.kiln_args.is_empty() {
         bail!(
-            "--pack only writes the bundle; give --out/--require-gpu/--steps to run-gpu-check.sh"
+            "--pack only writes the bundle; give --out/--require-gpu/--steps/--skip to \
+             run-gpu-check.sh"
         );
     }
     Ok(req)
 }
 
 pub fn usage_text() -> &'static str {
-    "  gpu-check [--out DIR] [--require-gpu] [--steps A,B]\n\
+    "  gpu-check [--out DIR] [--require-gpu] [--steps A,B] [--skip A,B]\n\
      \x20                   build release kiln and the train/infer benchmarks, then check every\n\
      \x20                   CUDA path (CPU steps only without a GPU); report.json/md in DIR\n\
      \x20 gpu-check --pack DIR\n\
@@ -300,6 +301,8 @@ mod tests {
     #[test]
     fn options_pass_through_to_kiln_or_pack() {
         let r = parse(&args("--out /tmp/r --require-gpu --steps doctor,serve")).unwrap();
+        let skip = parse(&args("--skip nccl,serve")).unwrap();
+        assert_eq!(skip.kiln_args, args("--skip nccl,serve"));
         assert_eq!(
             r.kiln_args,
             args("--out /tmp/r --require-gpu --steps doctor,serve")

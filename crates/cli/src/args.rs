@@ -401,9 +401,9 @@ pub struct GpuArgs {
 #[derive(Debug, Clone, Default, Args)]
 pub struct TrainArgs {
     /// The model: transformer, mlp, convnet or unet3d (kiln's reference models), or your own PyTorch
-    /// model as a TorchScript file saved with torch.jit.script(model.train()).save("model.pt")
-    /// (= --set model.name=…).
-    #[arg(long, value_name = "NAME|FILE.pt")]
+    /// model as a program saved with torch.export.save(torch.export.export(model.train(), …),
+    /// "model.pt2"), or as an older TorchScript file (model.pt) (= --set model.name=…).
+    #[arg(long, value_name = "NAME|FILE.pt2|FILE.pt")]
     pub model: Option<String>,
     /// The loss: auto (from the dataset's target), cross_entropy, mse, l1, huber,
     /// bce_with_logits, or module (the TorchScript module's own loss(output, target) method)

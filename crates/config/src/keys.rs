@@ -239,7 +239,8 @@ config_keys! {
         precision: AmpDtype = "fp32" => p.infer.precision;
         /// auto, on or off: replay CUDA graphs for static input shapes.
         cuda_graphs: CudaGraphs = "auto" => p.infer.cuda_graphs;
-        /// auto, libtorch or onnxruntime: auto measures both where both can run the model.
+        /// auto, libtorch, compiled (an exported program's package) or onnxruntime: auto
+        /// measures those that can run the model.
         engine: InferEngineKind = "auto" => p.infer.engine;
         /// Run a checkpoint's EMA weights (`train.ema.decay`) instead of its raw weights.
         ema: bool = false => p.infer.ema;
