@@ -181,6 +181,9 @@ pub fn run_all(root: &Path, settings: &Settings, python: &Path, args: &TestArgs)
         cmd.current_dir(root).args(&check.args);
         crate::kiln::apply_env(&mut cmd, settings);
         cmd.env("KILN_PYTHON", python);
+        // Every AOTInductor package the tests run checks its inputs (dtype, sizes, strides and
+        // the batch range it was compiled for) itself, and fails the test on a mismatch.
+        cmd.env("AOTI_RUNTIME_CHECK_INPUTS", "1");
         if check.exports {
             crate::peers::ensure(root, &settings.cache_dir, python).apply(&mut cmd);
             match onnx::ensure_export_packages(root, &settings.cache_dir, python) {

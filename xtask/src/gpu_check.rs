@@ -198,6 +198,8 @@ esac
 lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py" KILN_PYTHON="$py"
+# Every AOTInductor package checks its inputs (dtype, sizes, strides, batch range) itself.
+export AOTI_RUNTIME_CHECK_INPUTS=1
 exec "$here/bin/kiln" gpu-check --bench-dir "$here/bin" "$@"
 "#;
 
@@ -273,6 +275,8 @@ mkdir -p "$out/suites" || exit 2
 lib=$("$py" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export KILN_BENCH_ROOT="$here" KILN_BENCH_PYTHON="$py" KILN_PYTHON="$py"
+# Every AOTInductor package checks its inputs (dtype, sizes, strides, batch range) itself.
+export AOTI_RUNTIME_CHECK_INPUTS=1
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 rc=0
 for suite in $(echo "$suites" | tr ',' ' '); do

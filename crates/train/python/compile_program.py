@@ -31,6 +31,7 @@ import contextlib
 import ctypes
 import hashlib
 import json
+import math
 import os
 import struct
 import sys
@@ -81,6 +82,9 @@ def parse_args(argv=None):
     p.add_argument("--freeze", default="", help="parameters kept at their values (names or "
                    "prefixes, comma separated): no gradient, not trained")
     p.add_argument("--what", choices=("train", "eval", "both"), default="both")
+    p.add_argument("--batch-hint", type=int, default=None, help="the batch to trace a dynamic "
+                   "program with (default 3): Inductor bounds the packages' batch sizes around "
+                   "it where it picks kernels by it")
     p.add_argument("--log", default=None, help="where an Inductor failure's traceback goes "
                    "(default: OUT/compile.log)")
     return p.parse_args(argv)
@@ -550,7 +554,9 @@ class Functional(nn.Module):
 
 def export_and_compile(module, args, dynamic_at, path, dynamic):
     """Exports `module(*args)` (batch dimension 0 of the args at `dynamic_at` symbolic where
-    `dynamic`) and compiles it into the AOTInductor package `path`."""
+    `dynamic`) and compiles it into the AOTInductor package `path`. Returns the batch sizes
+    the package is valid for, `[lowest, highest]` (`None`: no limit), as its own input check
+    states them (see `batch_ranges`)."""
     from torch.export import Dim
 
     shapes = None
@@ -558,7 +564,62 @@ def export_and_compile(module, args, dynamic_at, path, dynamic):
         batch = Dim("batch")
         shapes = (tuple({0: batch} if i in dynamic_at else None for i in range(len(args))),)
     ep = torch.export.export(module, args, dynamic_shapes=shapes)
-    torch._inductor.aoti_compile_and_package(ep, package_path=path)
+    with batch_ranges() as ranges, torch._inductor.config.patch(fx_graph_cache=False):
+        torch._inductor.aoti_compile_and_package(ep, package_path=path)
+    found = [ranges[i] for i in dynamic_at if i in ranges]
+    if not dynamic:
+        fixed = args[dynamic_at[0]].shape[0]
+        return [fixed, fixed]
+    if not found:
+        raise RuntimeError("Inductor wrote no input checks for the symbolic batch, so the "
+                           "package's valid batch sizes are unknown")
+    lo = max(r[0] for r in found)
+    his = [r[1] for r in found if r[1] is not None]
+    return [lo, min(his) if his else None]
+
+
+@contextlib.contextmanager
+def batch_ranges():
+    """The range of dimension 0 of each input of the package compiled inside, by input index,
+    as Inductor knows it when it writes the package's input checks: the trace's batch is a
+    size hint, and a kernel choice made on it (on the CPU, whether a float sum over the batch
+    accumulates in chunks) adds a guard that bounds the batch (e.g. <= 128). A package run
+    outside that range runs code chosen for other sizes, so kiln never does (the manifest's
+    `batch_range`). Symbolic sums on the CPU always take the chunked helper (no guard)."""
+    from torch._inductor.codegen import cpp, cpp_wrapper_cpu
+    from torch._inductor.virtualized import V
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    ranges = {}
+    wrapper = cpp_wrapper_cpu.CppWrapperCpu
+    checks, acc = wrapper.generate_input_output_runtime_checks, cpp.CppKernel.need_use_acc_helper
+
+    def record(self):
+        env = V.graph.sizevars.shape_env
+        for i, t in enumerate(V.graph.graph_inputs.values()):
+            size = t.get_size() if hasattr(t, "get_size") else []
+            if size and not isinstance(size[0], int) and size[0].free_symbols:
+                r = bound_sympy(size[0], env.var_to_range)
+                lo, hi = (None if math.isinf(b) else int(b) for b in (r.lower, r.upper))
+                # A backed batch is traced as neither 0 nor 1, so its range starts at 2; that
+                # is the trace's assumption, not a kernel choice (Inductor's own input check
+                # waives it with aot_inductor.check_lowerbound = False), and 1 runs.
+                ranges[i] = [1 if lo is None or lo <= 2 else lo, hi]
+        return checks(self)
+
+    def chunked_if_symbolic(self, reduction_type, dtype, use_scalar):
+        if reduction_type == "sum" and dtype == torch.float and self.call_ranges is not None:
+            if any(getattr(s, "free_symbols", None) for s in self.call_ranges[self.reduction_depth:]):
+                return True
+        return acc(self, reduction_type, dtype, use_scalar)
+
+    wrapper.generate_input_output_runtime_checks = record
+    cpp.CppKernel.need_use_acc_helper = chunked_if_symbolic
+    try:
+        yield ranges
+    finally:
+        wrapper.generate_input_output_runtime_checks = checks
+        cpp.CppKernel.need_use_acc_helper = acc
 
 
 def attention_backends(device):
@@ -580,7 +641,7 @@ def compile_train(ep, a, device, dynamic, fixed, checks):
     gm = ep.module().to(device)
     frozen = freeze(gm, a.freeze)
     step = (OwnLossStep if a.loss == "module" else Step)(gm, a, device_type, ep.call_spec.in_spec)
-    xs, y = example(a, fixed or 3, device)
+    xs, y = example(a, fixed or a.batch_hint or 3, device)
     scale = torch.ones((), device=device)
     dry_run(step, xs, y, a)
     g, sig = joint(step, xs, y, scale, dynamic)
@@ -594,7 +655,7 @@ def compile_train(ep, a, device, dynamic, fixed, checks):
     n_state = len(sig.parameters) + len(sig.buffers)
     path = os.path.join(a.out, "train.pt2")
     dynamic_at = tuple(range(n_state, n_state + len(xs) + 1))
-    export_and_compile(Flat(g), tuple(inputs), dynamic_at, path, dynamic)
+    batch_range = export_and_compile(Flat(g), tuple(inputs), dynamic_at, path, dynamic)
     checks["train"] = lambda state, xs, y: g(*state, *xs, y, scale)[n_mut + 1:]
     return {
         "parameters": [n[strip:] for n in sig.parameters],
@@ -602,6 +663,7 @@ def compile_train(ep, a, device, dynamic, fixed, checks):
         "mutated_buffers": [sig.buffers_to_mutate[o][strip:] for o in outputs[:n_mut]],
         "gradients": [n[strip:] for n in grads],
         "frozen": frozen,
+        "batch_range": {"train": batch_range},
     }
 
 
@@ -609,7 +671,7 @@ def compile_eval(ep, a, device, dynamic, fixed, manifest, target, checks):
     """The eval forward: features to the prediction; for an own-loss program in training,
     features and targets to (loss, prediction); for one in inference, its prediction alone."""
     gm = to_eval(ep.module().to(device))
-    xs, y = example(a, fixed or 3, device)
+    xs, y = example(a, fixed or a.batch_hint or 3, device)
     in_spec = ep.call_spec.in_spec
     if target is None:
         step, extra = EvalStep(gm, a, device.type, in_spec), ()
@@ -625,7 +687,8 @@ def compile_eval(ep, a, device, dynamic, fixed, manifest, target, checks):
     path = os.path.join(a.out, "eval.pt2")
     dynamic_at = tuple(range(len(names), len(names) + len(xs) + len(extra)))
     module = Functional(step, names)
-    export_and_compile(module, args, dynamic_at, path, dynamic)
+    manifest.setdefault("batch_range", {})["eval"] = export_and_compile(
+        module, args, dynamic_at, path, dynamic)
     checks["eval"] = lambda state, xs, y: module(*state, *xs, *((y,) if extra else ()))
 
 
@@ -678,6 +741,9 @@ def compile_all(a):
     if a.threads:
         torch.set_num_threads(a.threads)
     torch._inductor.config.fallback_random = True
+    # A backed batch is traced as neither 0 nor 1; a batch of 1 runs all the same (see
+    # batch_ranges), so the packages' own input check (AOTI_RUNTIME_CHECK_INPUTS) allows it.
+    torch._inductor.config.aot_inductor.check_lowerbound = False
     ep = load_program(a.program)
     # The weights as saved, before any dry run: ep.module() shares the program's tensors, so a
     # train-mode forward would move batch-norm statistics in them.
@@ -715,7 +781,8 @@ def compile_all(a):
     names = manifest["parameters"] + manifest["buffers"]
     write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
     with attention_backends(device):
-        manifest["check_batch"] = write_check(a, device, fixed or CHECK_BATCH,
+        batch = fixed or within(CHECK_BATCH, manifest["batch_range"].values())
+        manifest["check_batch"] = write_check(a, device, batch,
                                               [initial[n].to(device) for n in names], checks)
     manifest["compile_s"] = time.time() - started
     return manifest
@@ -724,6 +791,13 @@ def compile_all(a):
 # The batch of the compiled packages' check, for a program with a dynamic batch: not the
 # trace's example batch (3), so the check runs the packages at another size.
 CHECK_BATCH = 8
+
+
+def within(n, ranges):
+    """`n`, or the size nearest to it that every package's `[lowest, highest]` range holds."""
+    lo = max(r[0] for r in ranges)
+    his = [r[1] for r in ranges if r[1] is not None]
+    return max(lo, min([n, *his]))
 
 
 def write_check(a, device, batch, state, checks):

@@ -130,8 +130,9 @@ fn outcome(
         "fp32 gradients vs eager: worst {grad_err:.1e} relative ({worst}; ≤ {GRADIENT_TOLERANCE:e}); \
          bf16, {STEPS} full-batch steps: loss {:.4} → {last:.4} vs eager {:.4} → \
          {eager_last:.4} (|Δ| {final_diff:.4}, ≤ {LOSS_TOLERANCE}); compile {:.1} s fp32, \
-         {:.1} s bf16, cache hit {hit_s:.2} s{graph_text}",
-        l.losses[0], l.eager[0], fp32.compile_s, bf16.compile_s
+         {:.1} s bf16, cache hit {hit_s:.2} s{graph_text}; batch sizes the packages run: \
+         fp32 {}, bf16 {}",
+        l.losses[0], l.eager[0], fp32.compile_s, bf16.compile_s, fp32.ranges, bf16.ranges
     );
     Ok(Outcome::new(pass, summary)
         .figure("graph_bf16_losses", json!(l.graphed.as_ref().map(|g| &g.0)))
@@ -153,6 +154,8 @@ fn outcome(
         .figure("bf16_check", json!(bf16.verdict))
         .figure("bf16_fixed_batch_check", json!(fixed))
         .figure("cache_hit_load_s", *hit_s)
+        .figure("fp32_batch_ranges", fp32.ranges.as_str())
+        .figure("bf16_batch_ranges", bf16.ranges.as_str())
         .figure("torch_python", reference["torch"].clone()))
 }
 
@@ -200,6 +203,14 @@ fn input(reference: &Value) -> anyhow::Result<InputSpec> {
     })
 }
 
+/// A program's batch ranges in words: "train 1 to 128, eval 1 or more".
+fn ranges_text(r: kiln_train::program::compile::BatchRanges) -> String {
+    let text = |r: Option<kiln_train::program::compile::BatchRange>| {
+        r.map_or_else(|| "unknown".to_owned(), |r| r.to_string())
+    };
+    format!("train {}, eval {}", text(r.train), text(r.eval))
+}
+
 /// How long a program took to get ready.
 struct Loaded {
     /// The compile's own time (now, or when it was cached).
@@ -208,6 +219,9 @@ struct Loaded {
     compiled_now: bool,
     /// kiln's check of the packages against eager PyTorch, in words.
     verdict: String,
+    /// The batch sizes its packages are valid for, in words (Inductor's guards on the
+    /// traced batch bound them; kiln refuses a batch outside them).
+    ranges: String,
 }
 
 /// Compiles each (program, precision) of `jobs` for cross-entropy at once, in compiler
@@ -236,6 +250,7 @@ fn compile_all(
                         compiled_now: started.elapsed().as_secs_f64()
                             >= compiled.manifest.compile_s,
                         verdict,
+                        ranges: ranges_text(compiled.manifest.batch_range),
                     })
                 })
             })

@@ -87,6 +87,10 @@ pub struct CompileKey {
     pub kiln: String,
     /// The compiler script's digest: a changed compiler never reuses an old package.
     pub compiler: String,
+    /// The batch the compiler traces with, where not its default: Inductor picks some kernels
+    /// by it and bounds the packages' batch sizes to those the kernels are right for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch_hint: Option<u64>,
 }
 
 fn features_only() -> Vec<String> {
@@ -146,6 +150,37 @@ pub struct Manifest {
     /// The batch the packages were checked on against eager PyTorch ([`check`]).
     #[serde(default)]
     pub check_batch: u64,
+    /// The batch sizes each package is valid for, as its own input check states them:
+    /// Inductor chooses kernels on the traced batch and bounds the batch to the sizes they
+    /// are right for. Absent from manifests of older compilers.
+    #[serde(default)]
+    pub batch_range: BatchRanges,
+}
+
+/// The batch sizes the train and eval packages are valid for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct BatchRanges {
+    pub train: Option<BatchRange>,
+    pub eval: Option<BatchRange>,
+}
+
+/// Batch sizes from `.0` to `.1` (`None`: no limit), as `[lowest, highest]` in the manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct BatchRange(pub u64, pub Option<u64>);
+
+impl BatchRange {
+    pub fn contains(self, n: u64) -> bool {
+        n >= self.0 && self.1.is_none_or(|hi| n <= hi)
+    }
+}
+
+impl std::fmt::Display for BatchRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            Some(hi) => write!(f, "{} to {hi}", self.0),
+            None => write!(f, "{} or more", self.0),
+        }
+    }
 }
 
 impl Manifest {
@@ -396,6 +431,9 @@ fn run_compiler(
     if let Some(f) = &key.freeze {
         args.extend(["--freeze".into(), f.into()]);
     }
+    if let Some(n) = key.batch_hint {
+        args.extend(["--batch-hint".into(), n.to_string().into()]);
+    }
     // Inductor's own caches (precompiled headers, compiled kernels) beside kiln's, and a
     // failure's whole log beside the cache entry (the unfinished entry is removed).
     let mut env = vec![];
@@ -538,6 +576,7 @@ mod tests {
             torch: "2.11.0".into(),
             kiln: "0.1.0".into(),
             compiler: compiler_digest(),
+            batch_hint: None,
         }
     }
 
@@ -558,12 +597,32 @@ mod tests {
             |k| k.torch = "2.12.0".into(),
             |k| k.kiln = "0.2.0".into(),
             |k| k.compiler = "0".repeat(16),
+            |k| k.batch_hint = Some(32),
         ];
         for change in variants {
             let mut k = key();
             change(&mut k);
             assert_ne!(k.digest(), base, "{k:?}");
         }
+    }
+
+    #[test]
+    fn batch_ranges_read_from_the_manifest_bound_the_sizes_a_package_runs() {
+        let read = |json: &str| serde_json::from_str::<BatchRanges>(json).unwrap();
+        let ranges = read(r#"{"train": [1, 128], "eval": [1, null]}"#);
+        let (train, eval) = (ranges.train.unwrap(), ranges.eval.unwrap());
+        assert!(train.contains(1) && train.contains(128));
+        assert!(!train.contains(129) && !train.contains(0));
+        assert!(eval.contains(1_000_000) && !eval.contains(0));
+        assert_eq!(train.to_string(), "1 to 128");
+        assert_eq!(eval.to_string(), "1 or more");
+        assert!(
+            !read(r#"{"train": [129, 4096]}"#)
+                .train
+                .unwrap()
+                .contains(64)
+        );
+        assert_eq!(read("{}"), BatchRanges::default());
     }
 
     #[test]

@@ -27,7 +27,7 @@ use crate::inputs::Inputs;
 use crate::loss::Loss;
 use crate::model::InputSpec;
 use crate::model::{CompiledStep, Model};
-use compile::{CompileKey, Compiled, Packages};
+use compile::{BatchRange, CompileKey, Compiled, Packages};
 pub use file::{FileKind, ProgramInput, detect, inspect};
 
 /// What a program is compiled for: the run's loss, precision and output, on a device.
@@ -51,9 +51,11 @@ pub const PROGRAM_FILE: &str = "model.pt2";
 pub struct ProgramModel {
     path: PathBuf,
     compiled: Compiled,
-    /// The train step (absent where only the eval forward was compiled, for inference).
-    train: Option<Mutex<Package>>,
-    eval: Mutex<Package>,
+    /// What it was compiled for: a batch size no package takes is compiled for with this key.
+    key: CompileKey,
+    /// The packages, one set per compile: the first, then one for each batch size that the
+    /// sets before did not take.
+    sets: Mutex<Vec<PackageSet>>,
     /// The VarStore's parameters and buffers, in the packages' input order.
     params: Vec<Tensor>,
     buffers: Vec<Tensor>,
@@ -133,6 +135,7 @@ fn key_of(
         torch: kiln_torch_ext::runtime::torch_version().to_owned(),
         kiln: env!("CARGO_PKG_VERSION").to_owned(),
         compiler: compile::compiler_digest(),
+        batch_hint: None,
     })
 }
 
@@ -353,12 +356,12 @@ impl ProgramModel {
                 compiled.manifest.eval_mode_ops
             );
         }
-        Self::from_compiled(spec.path, compiled, vs)
+        Self::from_compiled(spec.path, (compiled, key), vs)
     }
 
     fn from_compiled(
         path: &Path,
-        compiled: Compiled,
+        (compiled, key): (Compiled, CompileKey),
         vs: &nn::VarStore,
     ) -> Result<Self, TrainError> {
         let m = &compiled.manifest;
@@ -400,20 +403,12 @@ impl ProgramModel {
             .collect::<Result<Vec<_>, _>>()?;
         let device = vs.device();
         let input_names = (m.inputs != [crate::inputs::FEATURES]).then(|| m.inputs.clone());
-        let train = match compiled.packages {
-            Packages::TrainAndEval => Some(Mutex::new(Package::load(
-                &compiled.train_package(),
-                device,
-                m.train_outputs(),
-            )?)),
-            Packages::Eval => None,
-        };
-        let eval = Package::load(&compiled.eval_package(), device, m.eval_outputs())?;
+        let first = PackageSet::load(&compiled, device)?;
         Ok(Self {
             path: path.to_owned(),
             compiled,
-            train,
-            eval: Mutex::new(eval),
+            key,
+            sets: Mutex::new(vec![first]),
             params,
             buffers,
             mutated,
@@ -446,6 +441,87 @@ impl ProgramModel {
             .chain(&self.buffers)
             .map(|t| t.detach())
             .collect()
+    }
+
+    /// Runs the `which` package of the first set that takes the batch of `inputs`; where
+    /// none does, compiles a set for that batch size first (Inductor bounds a package's batch
+    /// where it chose kernels by the traced size; run outside those bounds, a package would
+    /// run kernels chosen for other sizes).
+    fn run(&self, which: Which, inputs: &[Tensor]) -> Result<Vec<Tensor>, TrainError> {
+        let batch = inputs.get(self.params.len() + self.buffers.len());
+        let n = batch.and_then(|t| t.size().first().copied()).unwrap_or(0);
+        let n = u64::try_from(n).unwrap_or(0);
+        let mut sets = lock(&self.sets);
+        if !sets.iter().any(|set| set.takes(which, n)) {
+            let set = self.compile_for(which, n, &sets[0])?;
+            sets.push(set);
+        }
+        let set = sets.iter_mut().find(|set| set.takes(which, n));
+        let package = set.and_then(|set| set.package(which)).ok_or_else(|| {
+            self.error("only its eval forward was compiled (for inference)".to_owned())
+        })?;
+        Ok(package.run(inputs)?)
+    }
+
+    /// A set of packages compiled for batches of `n` (the trace's batch), for a batch the
+    /// sets so far (`first` among them) do not take.
+    fn compile_for(
+        &self,
+        which: Which,
+        n: u64,
+        first: &PackageSet,
+    ) -> Result<PackageSet, TrainError> {
+        let range = first
+            .range(which)
+            .map_or("its one size".to_owned(), |r| r.to_string());
+        let refused = |range: String| {
+            self.error(format!(
+                "its compiled {} takes batches of {range} samples (Inductor chose its kernels \
+                 for those sizes), and this batch has {n}: use a batch size in that range, or \
+                 export the program with its batch fixed at {n}",
+                which.describe()
+            ))
+        };
+        if self.compiled.manifest.batch != "dynamic" || n == 0 {
+            return Err(refused(range));
+        }
+        tracing::info!(
+            "{}: its compiled {} takes batches of {range} samples; compiling it for batches of \
+             {n} too",
+            self.path.display(),
+            which.describe()
+        );
+        let key = CompileKey {
+            batch_hint: Some(n),
+            ..self.key.clone()
+        };
+        let compiled = compile::compiled(&self.path, &key, self.unit_scale.device())?;
+        let (a, b) = (&compiled.manifest, &self.compiled.manifest);
+        let same = (
+            &a.parameters,
+            &a.buffers,
+            &a.mutated_buffers,
+            &a.gradients,
+            &a.inputs,
+        ) == (
+            &b.parameters,
+            &b.buffers,
+            &b.mutated_buffers,
+            &b.gradients,
+            &b.inputs,
+        );
+        if !same {
+            return Err(self.error(format!(
+                "compiled for batches of {n}, its packages take other inputs or give other \
+                 outputs than those compiled first ({})",
+                compiled.dir.display()
+            )));
+        }
+        let set = PackageSet::load(&compiled, self.unit_scale.device())?;
+        match set.takes(which, n) {
+            true => Ok(set),
+            false => Err(refused(set.range(which).map_or(range, |r| r.to_string()))),
+        }
     }
 
     /// The packages' inputs for a batch: the parameters and buffers, then the batch's
@@ -561,7 +637,7 @@ impl Model for ProgramModel {
     }
 
     fn compiled_step(&self) -> Option<&dyn CompiledStep> {
-        self.train.is_some().then_some(self as &dyn CompiledStep)
+        (self.compiled.packages == Packages::TrainAndEval).then_some(self as &dyn CompiledStep)
     }
 
     fn save_program(&self, path: &Path) -> Result<bool, TrainError> {
@@ -576,14 +652,78 @@ impl Model for ProgramModel {
 impl ProgramModel {
     /// The eval package's last output (the prediction) for its `inputs`.
     fn eval_forward(&self, inputs: &[Tensor]) -> Result<Tensor, TrainError> {
-        let mut outputs = lock(&self.eval).run(inputs)?;
+        let mut outputs = self.run(Which::Eval, inputs)?;
         outputs
             .pop()
             .ok_or_else(|| self.error("the compiled eval forward returned nothing".to_owned()))
     }
 }
 
-fn lock(p: &Mutex<Package>) -> std::sync::MutexGuard<'_, Package> {
+/// One of a program's two packages.
+#[derive(Debug, Clone, Copy)]
+enum Which {
+    Train,
+    Eval,
+}
+
+impl Which {
+    fn describe(self) -> &'static str {
+        match self {
+            Which::Train => "train step",
+            Which::Eval => "eval forward",
+        }
+    }
+}
+
+/// The packages of one compile, and the batch sizes they take.
+#[derive(Debug)]
+struct PackageSet {
+    ranges: compile::BatchRanges,
+    /// The train step (absent where only the eval forward was compiled, for inference).
+    train: Option<Package>,
+    eval: Package,
+}
+
+impl PackageSet {
+    fn load(compiled: &Compiled, device: Device) -> Result<Self, TrainError> {
+        let m = &compiled.manifest;
+        let train = match compiled.packages {
+            Packages::TrainAndEval => Some(Package::load(
+                &compiled.train_package(),
+                device,
+                m.train_outputs(),
+            )?),
+            Packages::Eval => None,
+        };
+        let eval = Package::load(&compiled.eval_package(), device, m.eval_outputs())?;
+        Ok(Self {
+            ranges: m.batch_range,
+            train,
+            eval,
+        })
+    }
+
+    fn range(&self, which: Which) -> Option<BatchRange> {
+        match which {
+            Which::Train => self.ranges.train,
+            Which::Eval => self.ranges.eval,
+        }
+    }
+
+    /// Whether its `which` package takes batches of `n` (any, where the compiler did not say).
+    fn takes(&self, which: Which, n: u64) -> bool {
+        self.range(which).is_none_or(|r| r.contains(n))
+    }
+
+    fn package(&mut self, which: Which) -> Option<&mut Package> {
+        match which {
+            Which::Train => self.train.as_mut(),
+            Which::Eval => Some(&mut self.eval),
+        }
+    }
+}
+
+fn lock<T>(p: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -598,7 +738,7 @@ impl CompiledStep for ProgramModel {
         }
         let mut inputs = self.with_batch(batch)?;
         inputs.push(targets.shallow_clone());
-        let outputs = lock(&self.eval).run(&inputs)?;
+        let outputs = self.run(Which::Eval, &inputs)?;
         match outputs.as_slice() {
             [loss, output] => Ok(Some((loss.shallow_clone(), output.shallow_clone()))),
             _ => Err(self.error(format!(
@@ -621,11 +761,7 @@ impl CompiledStep for ProgramModel {
             None => self.unit_scale.shallow_clone(),
         };
         inputs.extend([targets.shallow_clone(), scale]);
-        let train = self.train.as_ref().ok_or_else(|| TrainError::Model {
-            what: self.path.display().to_string(),
-            message: "only its eval forward was compiled (for inference)".to_owned(),
-        })?;
-        let outputs = lock(train).run(&inputs)?;
+        let outputs = self.run(Which::Train, &inputs)?;
         let n_mut = self.mutated.len();
         if outputs.len() != n_mut + 3 + self.grad_params.len() {
             return Err(TrainError::Model {
