@@ -585,14 +585,14 @@ def batch_ranges():
     size hint, and a kernel choice made on it (on the CPU, whether a float sum over the batch
     accumulates in chunks) adds a guard that bounds the batch (e.g. <= 128). A package run
     outside that range runs code chosen for other sizes, so kiln never does (the manifest's
-    `batch_range`). Symbolic sums on the CPU always take the chunked helper (no guard)."""
-    from torch._inductor.codegen import cpp, cpp_wrapper_cpu
+    `batch_range`: it compiles again, traced at the new size)."""
+    from torch._inductor.codegen import cpp_wrapper_cpu
     from torch._inductor.virtualized import V
     from torch.utils._sympy.value_ranges import bound_sympy
 
     ranges = {}
     wrapper = cpp_wrapper_cpu.CppWrapperCpu
-    checks, acc = wrapper.generate_input_output_runtime_checks, cpp.CppKernel.need_use_acc_helper
+    checks = wrapper.generate_input_output_runtime_checks
 
     def record(self):
         env = V.graph.sizevars.shape_env
@@ -607,19 +607,11 @@ def batch_ranges():
                 ranges[i] = [1 if lo is None or lo <= 2 else lo, hi]
         return checks(self)
 
-    def chunked_if_symbolic(self, reduction_type, dtype, use_scalar):
-        if reduction_type == "sum" and dtype == torch.float and self.call_ranges is not None:
-            if any(getattr(s, "free_symbols", None) for s in self.call_ranges[self.reduction_depth:]):
-                return True
-        return acc(self, reduction_type, dtype, use_scalar)
-
     wrapper.generate_input_output_runtime_checks = record
-    cpp.CppKernel.need_use_acc_helper = chunked_if_symbolic
     try:
         yield ranges
     finally:
         wrapper.generate_input_output_runtime_checks = checks
-        cpp.CppKernel.need_use_acc_helper = acc
 
 
 def attention_backends(device):
