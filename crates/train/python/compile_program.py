@@ -566,16 +566,20 @@ def export_and_compile(module, args, dynamic_at, path, dynamic):
     ep = torch.export.export(module, args, dynamic_shapes=shapes)
     with batch_ranges() as ranges, torch._inductor.config.patch(fx_graph_cache=False):
         torch._inductor.aoti_compile_and_package(ep, package_path=path)
-    found = [ranges[i] for i in dynamic_at if i in ranges]
     if not dynamic:
         fixed = args[dynamic_at[0]].shape[0]
         return [fixed, fixed]
+    found = [ranges[i] for i in dynamic_at if i in ranges]
     if not found:
         raise RuntimeError("Inductor wrote no input checks for the symbolic batch, so the "
                            "package's valid batch sizes are unknown")
-    lo = max(r[0] for r in found)
-    his = [r[1] for r in found if r[1] is not None]
-    return [lo, min(his) if his else None]
+    return overlap(found)
+
+
+def overlap(ranges):
+    """The sizes every `[lowest, highest]` range of `ranges` holds (highest `None`: no limit)."""
+    his = [r[1] for r in ranges if r[1] is not None]
+    return [max(r[0] for r in ranges), min(his) if his else None]
 
 
 @contextlib.contextmanager
@@ -787,9 +791,8 @@ CHECK_BATCH = 8
 
 def within(n, ranges):
     """`n`, or the size nearest to it that every package's `[lowest, highest]` range holds."""
-    lo = max(r[0] for r in ranges)
-    his = [r[1] for r in ranges if r[1] is not None]
-    return max(lo, min([n, *his]))
+    lo, hi = overlap(list(ranges))
+    return max(lo, n if hi is None else min(n, hi))
 
 
 def write_check(a, device, batch, state, checks):

@@ -452,12 +452,15 @@ impl ProgramModel {
         let n = batch.and_then(|t| t.size().first().copied()).unwrap_or(0);
         let n = u64::try_from(n).unwrap_or(0);
         let mut sets = lock(&self.sets);
-        if !sets.iter().any(|set| set.takes(which, n)) {
-            let set = self.compile_for(which, n, &sets[0])?;
-            sets.push(set);
-        }
-        let set = sets.iter_mut().find(|set| set.takes(which, n));
-        let package = set.and_then(|set| set.package(which)).ok_or_else(|| {
+        let i = match sets.iter().position(|set| set.takes(which, n)) {
+            Some(i) => i,
+            None => {
+                let set = self.compile_for(which, n, &sets[0])?;
+                sets.push(set);
+                sets.len() - 1
+            }
+        };
+        let package = sets[i].package(which).ok_or_else(|| {
             self.error("only its eval forward was compiled (for inference)".to_owned())
         })?;
         Ok(package.run(inputs)?)
