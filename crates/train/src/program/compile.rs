@@ -177,6 +177,7 @@ impl BatchRange {
 impl std::fmt::Display for BatchRange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.1 {
+            Some(hi) if hi == self.0 => write!(f, "{hi}"),
             Some(hi) => write!(f, "{} to {hi}", self.0),
             None => write!(f, "{} or more", self.0),
         }
@@ -616,6 +617,7 @@ mod tests {
         assert!(eval.contains(1_000_000) && !eval.contains(0));
         assert_eq!(train.to_string(), "1 to 128");
         assert_eq!(eval.to_string(), "1 or more");
+        assert_eq!(BatchRange(16, Some(16)).to_string(), "16");
         assert!(
             !read(r#"{"train": [129, 4096]}"#)
                 .train
