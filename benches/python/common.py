@@ -1,8 +1,6 @@
-"""What the baselines' scripts share (each imports it from this directory, its own, so on
-sys.path): torch imported without numpy's warning, logging to stderr, readers of kiln's .npy and
-safetensors files that need no numpy, kiln's AdamW groups, warmup + cosine schedule and their
-command-line options, the training step, held-out scores, a Lightning module with kiln's
-clipping, a torch.export program's saving, and the JSON of a torch.compile run that could not run.
+"""What the baselines' scripts share (imported from this directory, on sys.path): readers of kiln's
+.npy and safetensors files without numpy, kiln's AdamW groups, schedule and options, the training
+step, held-out scores, a Lightning module with kiln's clipping, export and torch.compile helpers.
 """
 
 import argparse
@@ -10,8 +8,11 @@ import contextlib
 import json
 import math
 import mmap
+import os
+import resource
 import struct
 import sys
+import time
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is not needed
@@ -27,10 +28,19 @@ def log(*args):
     print(*args, file=sys.stderr, flush=True)
 
 
+def emit(result):
+    """Prints the script's one JSON line on stdout."""
+    print(json.dumps(result), flush=True)
+
+
+def set_threads(threads):
+    """torch's intra-op threads, if given (None or 0: torch's choice)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def read_npy(path, shape=None):
-    """A little-endian .npy file (f4 or i8, C order) as a tensor; with `shape`, its first
-    prod(shape) values in that shape (kiln's synthetic samples do not depend on the dataset's
-    length, so a shorter run reads a prefix of a longer one's)."""
+    """A little-endian C-order .npy file (f4 or i8) as a tensor, or its first prod(shape) values."""
     with open(path, "rb") as f:
         data = f.read()
     if data[:6] != b"\x93NUMPY":
@@ -50,8 +60,7 @@ def read_npy(path, shape=None):
 
 
 def open_safetensors(path):
-    """Maps a safetensors file (8-byte little-endian header length, JSON header, data); returns
-    {name: tensor view} without copying."""
+    """{name: tensor view} of a memory-mapped safetensors file, nothing copied."""
     with open(path, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     (n,) = struct.unpack("<Q", mm[:8])
@@ -71,16 +80,14 @@ def open_safetensors(path):
 
 
 def adamw_groups(params, weight_decay=0.01):
-    """AdamW's parameter groups as kiln makes them: weight decay on parameters with dim >= 2,
-    none on the others."""
+    """AdamW's groups as kiln makes them: weight decay on parameters with dim >= 2 only."""
     groups = ({"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0})
     return [g for g in groups if g["params"]]
 
 
 def lr_factor(step, warmup, total, constant=False):
-    """kiln's schedule as a factor of the base lr: (s+1)/W while warming up, then cosine to 0 at
-    `total` optimizer steps (or constant)."""
+    """kiln's schedule, a factor of the lr: (s+1)/W, then cosine to 0 at `total` (or constant)."""
     if step < warmup:
         return (step + 1) / warmup
     if constant:
@@ -90,8 +97,7 @@ def lr_factor(step, warmup, total, constant=False):
 
 
 def optimizer(model, a, total_steps, constant=False):
-    """Fused AdamW (kiln's groups, --lr, --weight-decay) and kiln's schedule over
-    `total_steps` (or constant after the warmup)."""
+    """Fused AdamW (kiln's groups, --lr, --weight-decay) and kiln's schedule over `total_steps`."""
     groups = adamw_groups(list(model.parameters()), a.weight_decay)
     opt = torch.optim.AdamW(groups, lr=a.lr, fused=True)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -112,10 +118,7 @@ def at_least(least):
 
 
 def add_training_args(p, threads=None, **defaults):
-    """The options of kiln's training the scripts share: the transformer's shape, the seed,
-    kiln's optimizer, schedule and clipping, the epochs, batch size and dropout, and torch's
-    threads (default `threads`; None: torch's choice). `defaults` replaces some of the
-    defaults, by name; a default of None makes that option required."""
+    """The training options the scripts share; `defaults` replaces some (None: required)."""
     options = {"d_model": 256, "heads": 8, "layers": 4, "ff": 1024, "seed": 0, "warmup": 50,
                "lr": 1e-3, "weight_decay": 0.01, "epochs": 2, "batch": 16, "dropout": 0.1,
                **defaults}
@@ -129,9 +132,7 @@ def add_training_args(p, threads=None, **defaults):
 
 def train_step(model, opt, x, y, clip=0.0, sched=None, autocast=contextlib.nullcontext,
                loss_fn=F.cross_entropy):
-    """One training step as kiln's trainer takes it: forward and `loss_fn` (mean; cross-entropy
-    by default) under `autocast()`, zero_grad, backward, the global gradient norm clipped to
-    `clip` (0: no clipping), the optimizer's step and the schedule's; returns the loss."""
+    """One step as kiln's trainer takes it (the gradient norm clipped to `clip`; 0: none)."""
     with autocast():
         loss = loss_fn(model(x), y)
     opt.zero_grad(set_to_none=True)
@@ -145,8 +146,7 @@ def train_step(model, opt, x, y, clip=0.0, sched=None, autocast=contextlib.nullc
 
 
 def add_scores(sums, model, x, y):
-    """Adds a batch's summed loss, right answers and judged elements to `sums` (one per
-    sample, or one per voxel of a class map)."""
+    """Adds a batch's summed loss, right answers and judged elements to `sums`."""
     out = model(x).float()
     sums[0] += F.cross_entropy(out, y, reduction="sum").item()
     sums[1] += (out.argmax(1) == y).sum().item()
@@ -154,8 +154,7 @@ def add_scores(sums, model, x, y):
 
 
 def scores(model, batches, autocast=contextlib.nullcontext, add=add_scores):
-    """Mean loss and accuracy over `batches` of (x, y), in eval mode, under `autocast()`, each
-    batch's sums added by `add` (as `add_scores`)."""
+    """Mean loss and accuracy over `batches` of (x, y) in eval mode, each batch's sums by `add`."""
     model.eval()
     sums = [0.0, 0, 0]
     with torch.no_grad(), autocast():
@@ -172,8 +171,7 @@ def batches(x, y, size):
 
 
 def lightning_module(model, clip, loss_fn=F.cross_entropy, log_loss=True):
-    """A LightningModule class training `model` with `loss_fn` (logged as "train_loss" with
-    `log_loss`), the global gradient norm clipped to `clip` (0: no clipping)."""
+    """A LightningModule class training `model` with `loss_fn`, clipped to `clip` (0: none)."""
     import lightning as L
 
     class Module(L.LightningModule):
@@ -190,10 +188,8 @@ def lightning_module(model, clip, loss_fn=F.cross_entropy, log_loss=True):
 
         def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                         gradient_clip_algorithm=None):
-            # Lightning refuses `gradient_clip_val` with a fused optimizer under its mixed
-            # precision plugin (the fused step may unscale internally); with bf16 there is no
-            # scaler, so clipping here, in the hook Lightning documents for custom clipping, is
-            # exact.
+            # Lightning refuses `gradient_clip_val` with a fused optimizer under mixed precision;
+            # with bf16 there is no scaler, so clipping in this documented hook is exact.
             if clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.parameters(), clip)
 
@@ -201,15 +197,50 @@ def lightning_module(model, clip, loss_fn=F.cross_entropy, log_loss=True):
 
 
 def save_program(model, example, path):
-    """`model` in train mode exported by torch.export with a dynamic batch dimension (as a user
-    ships it; `example` a batch of two), saved at `path`."""
+    """`model` (train mode) exported with a dynamic batch, as a user ships it, saved at `path`."""
     shapes = ({0: torch.export.Dim("batch")},)
     torch.export.save(torch.export.export(model.train(), (example,), dynamic_shapes=shapes), path)
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_memory(device):
+    """(MiB, what) of the peak memory so far."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda allocator peak"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS"
+
+
+def timed(n, step, results):
+    """Seconds of each of n calls of step, whose results go to `results`."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        results.append(step())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def inductor_cache():
+    """Whether inductor's caches (its directory, its headers) are empty: a "cold" first compile."""
+    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not path:
+        return {"dir": None, "state": "inductor's default directory (may be warm)"}
+    dirs = [path]
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        dirs.append(os.path.join(default_cache_dir(), "precompiled_headers"))
+    except ImportError:  # another torch layout: judge by the cache directory alone
+        pass
+    cold = all(not os.path.isdir(p) or not os.listdir(p) for p in dirs)
+    return {"dir": path, "state": "cold" if cold else "warm"}
+
+
 def not_run(error, **fields):
-    """The JSON of a --compile run that could not compile here (`fields` say what it was), with
-    the reason."""
+    """The JSON of a --compile run that could not compile here (`fields` say what it was)."""
     text = f"{type(error).__name__}: {error}".strip().splitlines()
     reason = text[0] if text else type(error).__name__
     if len(reason) > 300:

@@ -1,52 +1,24 @@
-"""PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`).
-
-Trains kiln's transformer reference model (train_step.py's SignTransformer, kiln's twin:
-[B, S, F], --seq, --d-model, --heads, --layers, --ff; SDPA attention) in fp32 on the CPU, the
-way a PyTorch user writes it: launched by `python -m torch.distributed.run --nproc-per-node 2
-...`, each rank joins a Gloo process group and wraps the model in
-`torch.nn.parallel.DistributedDataParallel` with kiln's gradient buckets (--bucket-cap-mb,
---first-bucket-mb: DDP's defaults, 25 and 1 MiB, or one size for both, what DDP's bucket_cap_mb
-gives); run as plain `python ddp_step.py ...` (no WORLD_SIZE), the same loop trains alone
-without DDP, the 1-rank reference.
-
-The data are kiln's own synthetic samples, written by the suite as .npy files (float32 features
-[N, S, F], int64 labels [N]) and held in memory. Each epoch a `DistributedSampler` (shuffled,
-seeded, drop_last) deals every rank its share, cut into batches of --batch by indexing the
-in-memory tensors (no DataLoader workers).
-
-One step, as kiln's trainer does it: take the batch, forward, cross-entropy (mean), zero_grad,
-backward (DDP averages the gradients over the ranks during it), clip the global gradient norm
-(--clip; 0 = off), fused AdamW (weight decay on parameters with dim >= 2 only), kiln's warmup +
-cosine schedule, and the loss added to a running sum without a host sync. Each step is timed
-with time.perf_counter from before taking the batch to after the schedule step; the mean step
-time is over every step, as kiln's summary counts it. At the end of each epoch the epoch's mean
-train loss is averaged over the ranks (kiln's final train loss).
-
-With --export-program PATH it trains nothing: it saves the model (as built, in train mode) as a
-torch.export program with a dynamic batch dimension, as a user ships it, for the suite's rows of
-kiln training that program through its compiled step.
-
-After training, a DDP run times a bare Gloo all-reduce of as many float32 values as the model has
-parameters (what a step must communicate). Rank 0 prints one JSON line on stdout: steps, mean step
-time, global samples/s (all ranks' samples over rank 0's step time), the final train loss, that
-all-reduce time; human text goes to stderr.
+"""PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`): kiln's
+transformer twin trained in fp32 on the CPU as a user writes it, under `torch.distributed.run`
+(Gloo, DistributedDataParallel with kiln's bucket sizes) or alone (the 1-rank reference), on kiln's
+samples (.npy, in memory) dealt by a seeded DistributedSampler; each step is timed, and a DDP run
+then times a bare all-reduce of the gradient's size. Rank 0 prints one JSON line on stdout.
+--export-program saves the model as a torch.export program instead.
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
-from common import add_training_args, log, optimizer, read_npy, save_program, train_step
+from common import (add_training_args, emit, log, optimizer, read_npy, save_program,
+                    train_step)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DistributedSampler  # noqa: E402
 
-# kiln's transformer in PyTorch, as the train-step suite defines it (this directory is on
-# sys.path: the script's own, under plain python and torch.distributed.run alike).
-from train_step import SignTransformer  # noqa: E402
+from train_step import SignTransformer  # noqa: E402 - beside this script, so on sys.path
 
 
 def build(a):
@@ -57,8 +29,8 @@ def build(a):
 
 
 def wrap(model, a):
-    """DistributedDataParallel with kiln's buckets. DDP's own defaults are a 25 MiB cap with a
-    1 MiB first bucket; an explicit bucket_cap_mb caps the first bucket too."""
+    """DistributedDataParallel with kiln's buckets: DDP's defaults (25 MiB, a 1 MiB first bucket),
+    or one explicit bucket_cap_mb, which caps the first bucket too."""
     if (a.bucket_cap_mb, a.first_bucket_mb) == (25.0, 1.0):
         return nn.parallel.DistributedDataParallel(model)
     if a.first_bucket_mb != a.bucket_cap_mb:
@@ -100,13 +72,11 @@ def export_program(a):
     """The model, as built, exported in train mode with a dynamic batch and saved."""
     model = build(a)
     save_program(model, torch.zeros(2, a.seq, a.features), a.export_program)
-    print(json.dumps({"exported": a.export_program,
-                      "parameters": sum(p.numel() for p in model.parameters())}), flush=True)
+    emit({"exported": a.export_program, "parameters": sum(p.numel() for p in model.parameters())})
 
 
 def allreduce_ms(numel, repeats=50):
-    """The mean time of one Gloo all-reduce of `numel` float32 values (the gradient's size),
-    after a few untimed ones: the communication a DDP step cannot do without."""
+    """The mean time of one Gloo all-reduce of `numel` float32 values (the gradient's size)."""
     t = torch.zeros(numel)
     for _ in range(5):
         dist.all_reduce(t)
@@ -119,19 +89,15 @@ def allreduce_ms(numel, repeats=50):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--features-file", required=True, help="float32 [N, S, F] .npy")
-    p.add_argument("--labels-file", required=True, help="int64 [N] .npy")
-    for name, help in (("--samples", "the first N samples of the files"), ("--classes", None),
-                       ("--features", "per position")):
-        p.add_argument(name, type=int, required=True, help=help)
-    for name, default, help in (("--seq", 64, "sequence length"),
-                                ("--bucket-cap-mb", 25.0, "DDP's gradient buckets"),
-                                ("--first-bucket-mb", 1.0, None)):
-        p.add_argument(name, type=type(default), default=default, help=help)
+    # The .npy files (float32 [N, S, F], int64 [N]), the first --samples of them, the sizes.
+    for name, kind in (("--features-file", str), ("--labels-file", str), ("--samples", int),
+                       ("--classes", int), ("--features", int)):
+        p.add_argument(name, type=kind, required=True)
+    for name, default in (("--seq", 64), ("--bucket-cap-mb", 25.0), ("--first-bucket-mb", 1.0)):
+        p.add_argument(name, type=type(default), default=default)
     # --batch per rank; --threads intra- and inter-op, per rank.
     add_training_args(p, threads=1, epochs=1, batch=None, dropout=0.0)
-    p.add_argument("--export-program", metavar="PATH", default=None,
-                   help="save the model as a torch.export program and exit")
+    p.add_argument("--export-program", metavar="PATH", help="save the model there and exit")
     a = p.parse_args()
     if a.export_program:
         return export_program(a)
@@ -150,22 +116,19 @@ def main():
     parameters = sum(p.numel() for p in model.parameters())
     comm_ms = allreduce_ms(parameters) if world > 1 else None
     if rank == 0:
-        print(json.dumps({
-            "framework": "pytorch-ddp" if world > 1 else "pytorch",
-            "torch_version": torch.__version__, "world_size": world,
-            "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "model": "transformer",
-            "bucket_cap_mb": a.bucket_cap_mb, "first_bucket_mb": a.first_bucket_mb,
-            "epochs": a.epochs, "steps": steps, "samples": steps * a.batch * world,
-            "mean_step_time_s": step_seconds / max(1, steps),
-            "samples_per_s": steps * a.batch * world / step_seconds if step_seconds else 0.0,
-            "final_train_loss": final_loss, "fit_seconds": fit_seconds,
-            "parameters": parameters, "gradient_allreduce_ms": comm_ms,
-        }), flush=True)
+        emit({"framework": "pytorch-ddp" if world > 1 else "pytorch",
+              "torch_version": torch.__version__, "world_size": world,
+              "threads": torch.get_num_threads(), "batch_per_rank": a.batch, "model": "transformer",
+              "bucket_cap_mb": a.bucket_cap_mb, "first_bucket_mb": a.first_bucket_mb,
+              "epochs": a.epochs, "steps": steps, "samples": steps * a.batch * world,
+              "mean_step_time_s": step_seconds / max(1, steps),
+              "samples_per_s": steps * a.batch * world / step_seconds if step_seconds else 0.0,
+              "final_train_loss": final_loss, "fit_seconds": fit_seconds,
+              "parameters": parameters, "gradient_allreduce_ms": comm_ms})
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()
-        # Interpreter finalization with Gloo's worker threads still about aborts now and then
-        # ("terminate called without an active exception", SIGABRT; pytorch/pytorch#179291):
+        # Finalizing with Gloo's threads about aborts now and then (pytorch/pytorch#179291):
         # the figures are out, so leave without it.
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,62 +1,25 @@
-"""PyTorch's side of kiln's offline inference benchmark.
-
-Times what an ML engineer writes in plain PyTorch eager mode to run a trained classifier over
-batches: model.eval(), torch.inference_mode(), each batch copied from host memory to the device
-(and cast to the model's precision), the forward pass, and the outputs copied back to host
-memory as fp32. The model is kiln's reference MLP (train_step.py's): Linear(784,1024) -> ReLU ->
-Dropout -> Linear(1024,1024) -> ReLU -> Dropout -> Linear(1024,10) with random weights;
---precision bf16 or fp16 converts the weights once, as kiln's engine does (no autocast: weights,
-inputs and activations all in that type).
-
---grad-mode: torch.inference_mode() (the default, what PyTorch's docs advise) or torch.no_grad()
-(what kiln's engine runs under: the same computation).
-
---compile runs torch.compile(model) (default mode) instead of the eager module. The first batch
-compiles: its wall time is "first_batch_s" and "compile_s" (the first batch less one steady
-batch), apart from the steady figures. "inductor_cache" says whether inductor's caches
-($TORCHINDUCTOR_CACHE_DIR, and its precompiled headers under $TMPDIR) were empty (cold, a user's
-first compile on the machine) or not. Where compile cannot run (no C++ compiler, no Python
-headers, an inductor error) the JSON says so in "not_run".
-
-Prints one JSON line on stdout (throughput, per-batch latency percentiles, peak memory); human
-text goes to stderr.
+"""PyTorch's side of kiln's offline inference benchmark: what an ML engineer writes in plain PyTorch
+to run kiln's reference MLP (784 -> 1024 -> 1024 -> 10, random weights, converted once to
+--precision) over batches: eval mode, --grad-mode, each batch to the device and back as fp32.
+--compile runs torch.compile(model), the first (compiling) batch reported apart, or "not_run".
+Prints one JSON line on stdout (throughput, latency percentiles, peak memory).
 """
 
 import argparse
-import json
 import statistics
 import time
 
-from common import at_least, log, not_run
+from common import (at_least, emit, inductor_cache, log, not_run, peak_memory, set_threads,
+                    sync)
 import torch  # noqa: E402
 
-# kiln's reference MLP and the helpers of the train-step suite's script (this directory is on
-# sys.path: the script's own).
-from train_step import MLP, inductor_cache, peak_memory, sync  # noqa: E402
+from train_step import MLP  # noqa: E402 - kiln's reference MLP, beside this script
 
 
 def percentile(sorted_values, q):
     """Nearest-rank percentile of an ascending list."""
     i = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values) + 0.5) - 1))
     return sorted_values[i]
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
-    # --batches: the timed batches; --warmup: at least 1, as the first batch is reported apart.
-    for name, kind, default in (("--batch", at_least(1), 64), ("--batches", at_least(1), 200),
-                                ("--warmup", at_least(1), 20), ("--threads", int, None),
-                                ("--seed", int, 0)):
-        p.add_argument(name, type=kind, default=default)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--grad-mode", choices=("inference_mode", "no_grad"), default="inference_mode")
-    p.add_argument("--compile", action="store_true",
-                   help="run torch.compile(model) (default mode); compile time reported apart")
-    a = p.parse_args()
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        p.error(f"--device {a.device}: this torch sees no CUDA device")
-    return a
 
 
 def run(a, forward, device, dtype):
@@ -75,9 +38,20 @@ def run(a, forward, device, dtype):
 
 
 def main():
-    a = parse_args()
-    if a.threads is not None:
-        torch.set_num_threads(a.threads)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    # --batches: the timed batches; --warmup: at least 1, as the first batch is reported apart.
+    for name, kind, default in (("--batch", at_least(1), 64), ("--batches", at_least(1), 200),
+                                ("--warmup", at_least(1), 20), ("--threads", int, None),
+                                ("--seed", int, 0)):
+        p.add_argument(name, type=kind, default=default)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--grad-mode", choices=("inference_mode", "no_grad"), default="inference_mode")
+    p.add_argument("--compile", action="store_true", help="run torch.compile(model)")
+    a = p.parse_args()
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {a.device}: this torch sees no CUDA device")
+    set_threads(a.threads)
     torch.manual_seed(a.seed)
     device = torch.device(a.device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision, torch.float32)
@@ -89,9 +63,7 @@ def main():
     except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason
         if not a.compile:
             raise
-        print(json.dumps(not_run(e, device=a.device, precision=a.precision, batch=a.batch)),
-              flush=True)
-        return
+        return emit(not_run(e, device=a.device, precision=a.precision, batch=a.batch))
     times = all_times[a.warmup:]
     ordered = sorted(times)
     memory, memory_kind = peak_memory(device)
@@ -111,7 +83,7 @@ def main():
     }
     log(f"{result['framework']} {a.precision} batch {a.batch} ({a.grad_mode}): "
         f"{result['samples_per_s']:.0f} samples/s, p50 {result['p50_ms']:.3f} ms")
-    print(json.dumps(result), flush=True)
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -1,27 +1,8 @@
-"""The PyTorch side of kiln's end-to-end job benchmark (`cargo xtask bench --suite job`).
-
-The whole default job as a PyTorch user runs it with PyTorch Lightning (`--trainer lightning`,
-`Trainer.fit`), or as a plain PyTorch loop (`--trainer plain`, no Lightning: the same work, to
-show what Lightning itself costs). Both do what `kiln train --data DIR` does:
-
-- data: kiln's prepared shards (safetensors + kiln-dataset.json) read through a torch `Dataset`
-  (memory-mapped once per worker, one sample per `__getitem__`, as `torch_loader.py` does),
-  kiln's train/validation split (indices from --split), a `DataLoader` with --workers worker
-  processes (persistent), shuffled, drop_last for training, in order for validation;
-- model: the SignTransformer twin of kiln's transformer (train_step.py), built after
-  `manual_seed(--seed)` so it starts from kiln's initial weights; attention as kiln computes it
-  (--attention math: the explicit matmul-softmax kiln uses on the CPU under autocast; sdpa
-  otherwise); nn.Dropout at --dropout;
-- precision: --precision (Lightning's "bf16-mixed" is bf16 autocast, as kiln's bf16; "32-true"
-  is fp32);
-- optimizer: torch.optim.AdamW(fused=True), weight decay on matrices only, linear warmup then
-  cosine to 0 per optimizer step, gradient clipping to a total norm of --clip (in Lightning's
-  `configure_gradient_clipping` hook: its `gradient_clip_val` refuses fused optimizers);
-- validation (loss and accuracy over the whole validation set) and a checkpoint (model,
-  optimizer and schedule state) after every epoch.
-
-Prints one JSON line on stdout: the final validation loss and accuracy, steps, samples and the
-time inside `fit` (or the loop); human text (Lightning's progress bar) goes to stderr.
+"""The PyTorch side of kiln's end-to-end job benchmark (`cargo xtask bench --suite job`): the job
+`kiln train --data DIR` runs, with PyTorch Lightning (`--trainer lightning`) or a plain loop
+(`--trainer plain`): kiln's shards through a DataLoader (kiln's split), the transformer twin seeded
+as kiln's, fused AdamW with kiln's schedule and clipping, validation and a checkpoint every epoch.
+Prints one JSON line on stdout (final validation scores, steps, the time inside fit).
 """
 import argparse
 import json
@@ -29,10 +10,9 @@ import os
 import sys
 import time
 
-# The siblings in this directory (the script's own, first on sys.path): what the scripts share
-# (kiln's optimizer and schedule, the scores), the model twins, the shard reader.
-from common import (add_scores, add_training_args, lightning_module, log, optimizer,
-                    scores, train_step)
+# The siblings in this directory (first on sys.path): the shared parts, twins and shard reader.
+from common import (add_scores, add_training_args, emit, lightning_module, log, optimizer,
+                    scores, set_threads, train_step)
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
@@ -41,8 +21,7 @@ from train_step import SignTransformer  # noqa: E402
 
 
 class Shards(ShardDataset):
-    """kiln's prepared dataset, one (float32 features, label) sample per `__getitem__`, not
-    normalized."""
+    """kiln's prepared dataset, one (float32 features, label) sample per `__getitem__`."""
 
     def __init__(self, root):
         super().__init__(root, 0.0, 1.0)
@@ -50,12 +29,6 @@ class Shards(ShardDataset):
     def __getitem__(self, i):
         x, y = self.sample(i)
         return x.to(torch.float32), y
-
-
-def build_model(a, features, seq, classes):
-    torch.manual_seed(a.seed)
-    return SignTransformer(features, seq, a.d_model, a.heads, a.layers, a.ff, classes, a.dropout,
-                           a.attention == "math")
 
 
 def loaders(a):
@@ -138,28 +111,25 @@ def main():
     p.add_argument("--split", required=True, help="split.json: train and val indices, classes")
     p.add_argument("--out", required=True, help="directory for checkpoints and logs")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--trainer", choices=["lightning", "plain"], default="lightning")
-    p.add_argument("--precision", choices=["32-true", "bf16-mixed", "16-mixed"],
-                   default="bf16-mixed")
-    p.add_argument("--attention", choices=["math", "sdpa"], default="math")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    for name, choices in (("--trainer", ["lightning", "plain"]), ("--attention", ["math", "sdpa"]),
+                          ("--precision", ["bf16-mixed", "32-true", "16-mixed"]),
+                          ("--device", ["cpu", "cuda"])):
+        p.add_argument(name, choices=choices, default=choices[0])
     add_training_args(p, epochs=3)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     if a.device == "cuda" and a.trainer == "plain":
         raise SystemExit("error: --trainer plain runs on the CPU only")
     train, val, classes = loaders(a)
     x0, _ = train.dataset[0]
-    model = build_model(a, x0.shape[-1], x0.shape[0], classes)
+    torch.manual_seed(a.seed)  # kiln's initial weights
+    model = SignTransformer(x0.shape[-1], x0.shape[0], a.d_model, a.heads, a.layers, a.ff,
+                            classes, a.dropout, a.attention == "math")
     fit = lightning_fit if a.trainer == "lightning" else plain_fit
     result = fit(a, model, train, val)
-    print(json.dumps({
-        "framework": a.trainer, "torch_version": torch.__version__,
-        "threads": torch.get_num_threads(), "precision": a.precision,
-        "attention": a.attention, "workers": a.workers, "batch": a.batch,
-        "samples": result["steps"] * a.batch, **result,
-    }), flush=True)
+    emit({"framework": a.trainer, "torch_version": torch.__version__,
+          "threads": torch.get_num_threads(), "precision": a.precision, "attention": a.attention,
+          "workers": a.workers, "batch": a.batch, "samples": result["steps"] * a.batch, **result})
 
 
 if __name__ == "__main__":

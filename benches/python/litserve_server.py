@@ -1,13 +1,8 @@
-"""The serving peer of kiln's serve benchmark (`cargo xtask bench --suite serve`): LitServe
-(Lightning's model server) serving the benchmark's model as a LitServe user deploys it.
-
-The model is the serve suite's MLP (784 -> 1024 -> 1024 -> 10, ReLU, fp32) with the very
-weights kiln serves: kiln writes its VarStore as safetensors (--weights; layers fc0, fc1, ...,
-head, each weight [out, in] and bias), read here without extra packages (common.py's
-reader). One inference worker on the CPU with --threads libtorch threads, dynamic batching with
-LitAPI(max_batch_size=--max-batch, batch_timeout=--batch-timeout-ms / 1000) at POST
-/v1/predict, which takes kiln's JSON request body `{"inputs": [784 floats]}` and answers as
-kiln does, `{"outputs": [10 floats], "shape": [10]}`. GET /health says when it is ready.
+"""The serving peer of kiln's serve benchmark (`cargo xtask bench --suite serve`): LitServe serving
+the suite's MLP with the very weights kiln serves (--weights, kiln's safetensors: fc0, fc1, ...,
+head), one CPU worker with --threads threads, dynamic batching (--max-batch, --batch-timeout-ms)
+at POST /v1/predict, which takes and answers kiln's JSON bodies (`{"inputs": [784 floats]}`,
+`{"outputs": [10 floats], "shape": [10]}`); GET /health says when it is ready.
 """
 import argparse
 
@@ -63,9 +58,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", required=True, help="kiln's MLP as safetensors")
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--max-batch", type=int, default=64)
-    p.add_argument("--batch-timeout-ms", type=float, default=2.0)
-    p.add_argument("--threads", type=int, default=1)
+    for name, default in (("--max-batch", 64), ("--batch-timeout-ms", 2.0), ("--threads", 1)):
+        p.add_argument(name, type=type(default), default=default)
     a = p.parse_args()
     api = MlpAPI(a.weights, a.threads, max_batch_size=a.max_batch,
                  batch_timeout=a.batch_timeout_ms / 1000.0, api_path="/v1/predict")

@@ -1,16 +1,8 @@
 """The data suite's windows row, PyTorch side: pytorch-forecasting's TimeSeriesDataSet and its
-DataLoader (`to_dataloader`) over a long-format CSV, epochs timed; one JSON line on stdout.
-
-    pf_loader.py --csv FILE --encoder-length E --horizon H --batch-size B --workers W
-                 --epochs N --threads T
-
-The CSV has the columns kiln's bench writes (series, t, y, price, holiday, temp, footfall,
-region). The dataset is as kiln's: fixed lengths, `y` the target normalised per series by a
-GroupNormalizer and listed among the unknown reals (with temp, footfall), price and holiday
-known, region static, the other reals unscaled; every window trains (no cutoff). Each batch is
-consumed as a training step would: every tensor touched (summed) once.
+DataLoader (`to_dataloader`) over kiln's long-format CSV (series, t, y, price, holiday, temp,
+footfall, region), set up as kiln's dataset (fixed lengths, `y` normalised per series, every window
+trains), epochs timed with each batch's tensors touched once; one JSON line on stdout.
 """
-
 import argparse
 import json
 import time
@@ -18,15 +10,6 @@ import warnings
 
 import pandas as pd
 import torch
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--csv", required=True)
-    for flag in ("--encoder-length", "--horizon", "--batch-size", "--workers", "--epochs",
-                 "--threads"):
-        p.add_argument(flag, type=int, required=True)
-    return p.parse_args()
 
 
 def dataset(a):
@@ -48,7 +31,12 @@ def dataset(a):
 
 
 def main():
-    a = parse_args()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--csv", required=True)
+    for flag in ("--encoder-length", "--horizon", "--batch-size", "--workers", "--epochs",
+                 "--threads"):
+        p.add_argument(flag, type=int, required=True)
+    a = p.parse_args()
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
     started = time.perf_counter()

@@ -1,18 +1,9 @@
-"""PyTorch's side of kiln's same-learning check (`cargo xtask bench learning`).
-
-Trains the PyTorch twin of one of kiln's reference models (the modules of train_step.py, dropout
-0) from kiln's initial weights on kiln's data, as kiln's side does, and prints the per-step
-losses and the held-out loss and accuracy as one JSON line.
-
---job JOB.json (written by kiln-bench learning) names the model and its sizes, the safetensors
-files of the initial weights (kiln's variable names) and of the data (train_x, train_y, held_x,
-held_y), the steps, the batch size and AdamW's settings. Step i trains on rows
-[i*batch mod pool, +batch) of train_x; fused AdamW with weight decay on tensors of rank >= 2 and
-none on the others; constant lr, no clipping. --precision bf16 runs forward and loss under
-torch.autocast("cpu", torch.bfloat16) with kiln's attention formulation there (the explicit
-matmul-softmax product); fp32 uses SDPA, as kiln does in fp32.
-
-Nothing beyond torch is needed: safetensors files are parsed here.
+"""PyTorch's side of kiln's same-learning check (`cargo xtask bench learning`): trains the twin of
+one of kiln's reference models (train_step.py's modules, dropout 0) from kiln's initial weights on
+kiln's data as --job JOB.json describes it (model, sizes, the weights' and data's safetensors files,
+steps, batch, AdamW's settings; step i trains on rows [i*batch mod pool, +batch), constant lr, no
+clipping); prints the per-step losses and the held-out loss and accuracy as one JSON line.
+--precision bf16 runs under CPU autocast with kiln's attention there (the explicit product).
 """
 import argparse
 import functools
@@ -21,11 +12,10 @@ import re
 import sys
 import time
 
-from common import adamw_groups, batches, open_safetensors, scores, train_step
+from common import adamw_groups, batches, emit, open_safetensors, scores, set_threads, train_step
 import torch  # noqa: E402
 
-# The twins of kiln's models, beside this script (so on sys.path).
-import train_step as twins  # noqa: E402
+import train_step as twins  # noqa: E402 - the twins of kiln's models, beside this script
 
 
 def read_safetensors(path):
@@ -71,13 +61,11 @@ def kiln_name(kind, model, name):
 
 
 def load_kiln_weights(kind, model, path):
-    """Copies kiln's initial weights into the twin: every twin tensor (parameters and buffers
-    but BatchNorm's num_batches_tracked) from the kiln tensor its map names, shapes equal, and
-    every tensor of the file used exactly once. Returns the number of tensors loaded."""
+    """Copies kiln's initial weights into every twin tensor (but num_batches_tracked), each file
+    tensor used exactly once, shapes equal; returns the number of tensors loaded."""
     weights = read_safetensors(path)
     used = {}
-    tensors = list(model.named_parameters()) + list(model.named_buffers())
-    for name, t in tensors:
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if name.endswith("num_batches_tracked"):
             continue
         kiln = kiln_name(kind, model, name)
@@ -101,20 +89,18 @@ def load_kiln_weights(kind, model, path):
 def build(job, math_attention):
     c, kind = job["twin"], job["model"]
     if kind == "transformer":
-        model = twins.SignTransformer(c["features"], c["seq"], c["d_model"], c["heads"],
-                                      c["layers"], c["ff"], c["classes"], 0.0, math_attention)
-    elif kind == "mlp":
-        model = twins.MLP(c["features"], c["hidden"], c["classes"], 0.0)
-    elif kind == "convnet":
-        if tuple(c["channels"]) != tuple(twins.CONV_CHANNELS):
-            raise SystemExit(f"error: the convnet twin has channels {twins.CONV_CHANNELS}, kiln's "
-                             f"{c['channels']}")
-        model = twins.ConvNet(c["in_channels"], c["classes"])
-    elif kind == "unet3d":
-        model = twins.UNet3d(c["in_channels"], c["channels"], c["classes"])
-    else:
+        return twins.SignTransformer(c["features"], c["seq"], c["d_model"], c["heads"],
+                                     c["layers"], c["ff"], c["classes"], 0.0, math_attention)
+    if kind == "mlp":
+        return twins.MLP(c["features"], c["hidden"], c["classes"], 0.0)
+    if kind == "unet3d":
+        return twins.UNet3d(c["in_channels"], c["channels"], c["classes"])
+    if kind != "convnet":
         raise SystemExit(f"error: {kind} has no twin here")
-    return model
+    if tuple(c["channels"]) != tuple(twins.CONV_CHANNELS):
+        raise SystemExit(f"error: the convnet twin has channels {twins.CONV_CHANNELS}, kiln's "
+                         f"{c['channels']}")
+    return twins.ConvNet(c["in_channels"], c["classes"])
 
 
 def main():
@@ -123,8 +109,7 @@ def main():
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--threads", type=int)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     start = time.perf_counter()
     with open(a.job) as f:
         job = json.load(f)
@@ -146,14 +131,12 @@ def main():
         losses.append(train_step(model, opt, x[rows], y[rows], autocast=autocast).item())
     held = batches(data["held_x"], data["held_y"], job["eval_batch"])
     loss, accuracy = scores(model, held, autocast)
-    print(json.dumps({
-        "framework": "pytorch", "torch_version": torch.__version__, "model": job["model"],
-        "precision": a.precision,
-        "attention": "math" if bf16 and job["model"] == "transformer" else "sdpa",
-        "threads": torch.get_num_threads(), "tensors_loaded": loaded, "losses": losses,
-        "held_out_loss": loss, "held_out_accuracy": accuracy,
-        "seconds": time.perf_counter() - start,
-    }), flush=True)
+    emit({"framework": "pytorch", "torch_version": torch.__version__, "model": job["model"],
+          "precision": a.precision,
+          "attention": "math" if bf16 and job["model"] == "transformer" else "sdpa",
+          "threads": torch.get_num_threads(), "tensors_loaded": loaded, "losses": losses,
+          "held_out_loss": loss, "held_out_accuracy": accuracy,
+          "seconds": time.perf_counter() - start})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,11 @@
 """MONAI's side of the infer suite's sliding-window rows, and the inputs both sides use.
 
-    sliding_monai.py make DIR --size N --channels C
-        writes DIR/model.pt (a small 3-D segmenter, TorchScript, eval) and DIR/volume.npy
-        ([1, N, N, N] float32, seeded)
-    sliding_monai.py run DIR --roi R --overlap O --mode M --batch B --threads T --out FILE
-                     [--channels-last]
-        loads the model (with --channels-last, its weights laid out channels-last-3d), runs one
-        trial window of zeros [1, 1, R, R, R] (as kiln does before the work), then times MONAI's
-        sliding_window_inference over the volume once, with the time inside the model's forward
-        summed apart; writes the output to FILE (.npy) and prints one JSON line:
-        {"total_s", "forward_s", "windows", "monai"}
-
-Needs MONAI (pinned with the bench peers) on PYTHONPATH.
+`make DIR --size N --channels C` writes DIR/model.pt (a small 3-D segmenter, TorchScript) and
+DIR/volume.npy ([1, N, N, N] float32, seeded). `run DIR --roi R --overlap O --mode M --batch B
+--threads T --out FILE [--channels-last]` runs one trial window of zeros, then times MONAI's
+sliding_window_inference over the volume once (the forward's time summed apart), writes the output
+to FILE and prints one JSON line: {"total_s", "forward_s", "windows", "monai"}.
 """
-
 import argparse
 import json
 import time
@@ -65,16 +57,11 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("make", "run"))
     p.add_argument("dir")
-    p.add_argument("--size", type=int, default=96)
-    p.add_argument("--channels", type=int, default=8)
-    p.add_argument("--roi", type=int, default=64)
-    p.add_argument("--overlap", type=float, default=0.25)
-    p.add_argument("--mode", default="gaussian")
-    p.add_argument("--batch", type=int, default=4)
-    p.add_argument("--threads", type=int, default=2)
+    for name, default in (("--size", 96), ("--channels", 8), ("--roi", 64), ("--overlap", 0.25),
+                          ("--mode", "gaussian"), ("--batch", 4), ("--threads", 2)):
+        p.add_argument(name, type=type(default), default=default)
     p.add_argument("--out")
-    p.add_argument("--channels-last", action="store_true",
-                   help="the model's weights channels-last-3d (what kiln measured faster)")
+    p.add_argument("--channels-last", action="store_true", help="weights channels-last-3d")
     a = p.parse_args()
     make(a) if a.what == "make" else run(a)
 

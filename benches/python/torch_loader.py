@@ -1,21 +1,8 @@
-"""PyTorch's side of kiln's data-loader benchmark (`cargo xtask bench data`).
-
-Reads the same kiln dataset directory (safetensors shards + kiln-dataset.json) with
-torch.utils.data.DataLoader, in one of two ways (`--fetch`):
-
-- `item` (the PyTorch default): a map-style Dataset whose __getitem__ does the same per-sample
-  work as kiln's loader (convert to float32, normalize each feature of the last dimension) on a
-  zero-copy view of the memory-mapped shard, batched by the default collate (torch.stack);
-- `batch` (what a performance-aware user writes): the Dataset implements __getitems__, which
-  DataLoader's default fetcher (torch/utils/data/_utils/fetch.py) calls once per batch with the
-  batch's whole list of indices; it reads each shard's rows of the batch with one call
-  (a slice copy for a contiguous run, else one index_select) straight into the batch tensor,
-  normalizes the whole batch in place, and returns it ready-made (collate_fn is the identity).
-
-Each worker memory-maps the shards once (copy-on-write, torch.frombuffer). It runs `--epochs`
-epochs (workers persistent across them), timing the first batch (start-up) and each epoch, then
-times the per-batch work inline in this process (read + normalize, and collate) so that a report
-can show where the time goes. Prints one JSON line.
+"""PyTorch's side of kiln's data-loader benchmark (`cargo xtask bench data`): kiln's dataset
+directory (safetensors shards, memory-mapped once per worker) read with a DataLoader, normalized as
+kiln's loader does: --fetch item (one sample per __getitem__, default_collate) or --fetch batch
+(__getitems__ reads each shard's rows of a batch in one call). Times the first batch, each epoch
+and the per-batch work inline; prints one JSON line.
 """
 
 import argparse
@@ -76,13 +63,8 @@ class ShardDataset(Dataset):
 
 
 class BatchedShardDataset(ShardDataset):
-    """Batched fetch: one __getitems__ call per batch reads each shard's rows in one call.
-
-    Returns (features [B, ...] f32, labels [B] i64, this process's __getitems__ calls so far,
-    its pid); the last two let the consumer count the calls. The samples of a batch come grouped
-    by shard (the same samples as the sampler's batch; their order within it does not matter
-    to a mean loss), so each shard's rows land in one contiguous slice of the batch.
-    """
+    """Batched fetch: (features, labels, this process's __getitems__ calls so far, its pid), the
+    batch's samples grouped by shard (order within a batch does not matter to a mean loss)."""
 
     def __init__(self, root, mean, std):
         super().__init__(root, mean, std)
@@ -120,16 +102,14 @@ class BatchedShardDataset(ShardDataset):
 
 
 def batch_tensor(shape, dtype):
-    """An empty batch tensor; in a worker process, in shared memory, as default_collate does
-    (torch/utils/data/_utils/collate.py), so that sending it to the main process copies nothing."""
+    """An empty batch tensor; in a worker, in shared memory as default_collate makes it."""
     if torch.utils.data.get_worker_info() is None:
         return torch.empty(shape, dtype=dtype)
     storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
     return torch.empty(0, dtype=dtype).new(storage).view(shape)
 
 
-def identity(batch):
-    """collate_fn for batched fetch: __getitems__ already returns the batch."""
+def identity(batch):  # collate_fn for batched fetch: __getitems__ made the batch
     return batch
 
 

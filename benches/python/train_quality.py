@@ -1,23 +1,9 @@
-"""The PyTorch side of kiln's learning-quality benchmark (`cargo xtask bench quality`).
-
-A plain PyTorch training loop, written as a careful user would, for the same job kiln runs:
-the SignTransformer twin of kiln's transformer (train_step.py), on the same samples (read from
-the .npy files kiln prepared its dataset from), with the same train/validation split (indices
-from split.json), the same settings: AdamW (lr, weight decay 0.01 on matrices only, betas
-(0.9, 0.999), eps 1e-8, fused), linear warmup then cosine to 0 per optimizer step, gradient
-clipping to a total norm, dropout, batch size, drop_last, fp32, seeded with --seed before the
-model is built (so it starts from the very weights kiln's model does). Validation after every
-epoch. Prints one JSON line: the final validation loss and accuracy, each epoch's, and the
-wall time.
-
-With --lr-find, the learning rate is Lightning's suggestion instead of --lr: `Tuner.lr_find`
-(its defaults: 100 steps from 1e-8 to 1, exponential, the steepest descent of the smoothed
-loss) on the same model, optimizer groups, clipping and training batches, before the run; the
-model is then built again from the seed, so the run starts from the same weights as without.
-
-With --task regression, the suite's second job: the MLP twin of kiln's (--hidden widths, one
-output) on float targets, mean squared error, and the validation loss and RMSE instead of
-accuracy.
+"""The PyTorch side of kiln's learning-quality benchmark (`cargo xtask bench quality`): a plain
+loop, as a careful user writes it, for the job kiln runs: the transformer twin seeded as kiln's
+model, on the same samples and split, with kiln's settings (fused AdamW, warmup + cosine, clipping,
+dropout, drop_last, fp32), validated every epoch; prints one JSON line. --lr-find trains at
+Lightning's `Tuner.lr_find` suggestion; --task regression trains the MLP twin with mean squared
+error.
 """
 import argparse
 import json
@@ -26,13 +12,12 @@ import os
 import sys
 import time
 
-# What the scripts share and the twins of kiln's models, beside this script (so on sys.path).
-from common import (add_training_args, adamw_groups, batches, lightning_module, optimizer,
-                    read_npy, scores, train_step)
+from common import (add_training_args, adamw_groups, batches, emit, lightning_module,
+                    optimizer, read_npy, scores, set_threads, train_step)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import train_step as twins  # noqa: E402
+import train_step as twins  # noqa: E402 - the twins of kiln's models, beside this script
 
 
 def main():
@@ -46,8 +31,7 @@ def main():
     p.add_argument("--hidden", default="256,256", help="the MLP's widths (regression)")
     add_training_args(p)
     a = p.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     start = time.perf_counter()
     x = read_npy(os.path.join(a.data, "features.npy"))
     y = read_npy(os.path.join(a.data, "labels.npy"))
@@ -92,12 +76,10 @@ def main():
             val_loss, val_acc = scores(model, batches(xv, yv, 256))
             scored = {"val_loss": val_loss, "val_accuracy": val_acc}
         epochs.append({"epoch": epoch, **scored})
-    print(json.dumps({
-        "framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
-        "steps": total, "threads": torch.get_num_threads(),
-        **{f"final_{k}": v for k, v in epochs[-1].items() if k != "epoch"},
-        "epochs": epochs, "seconds": time.perf_counter() - start, **found,
-    }), flush=True)
+    emit({"framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
+          "steps": total, "threads": torch.get_num_threads(),
+          **{f"final_{k}": v for k, v in epochs[-1].items() if k != "epoch"},
+          "epochs": epochs, "seconds": time.perf_counter() - start, **found})
 
 
 def mse(out, y):
@@ -113,8 +95,7 @@ def add_squared_errors(sums, model, x, y):
 
 def lightning_lr_find(a, model, loader, loss_fn):
     """Lightning's learning-rate suggestion for `model` on `loader`: `Tuner.lr_find` with its
-    defaults, the run's AdamW groups and clipping (in the hook Lightning documents for it, as
-    `lightning_job.py` does)."""
+    defaults, the run's AdamW groups and clipping."""
     import lightning as L
     from lightning.pytorch.tuner import Tuner
 

@@ -1,55 +1,20 @@
-"""PyTorch's side of kiln's train-step benchmark.
-
-Times the training step an ML engineer writes in plain PyTorch eager mode (or, with --compile,
-under torch.compile) on the CPU or CUDA, for the same three reference models kiln implements in
-Rust (same parameter shapes, same op sequence):
-
-  mlp          [B, 64] -> Linear(64,256) -> ReLU -> Dropout -> Linear(256,256) -> ReLU -> Dropout
-               -> Linear(256,10)
-  transformer  a pre-norm "SignTransformer": [B, 64, 469] -> Linear(469,256) + learned positional
-               embedding [64,256] -> Dropout -> 4 x (x + Drop(OutProj(MHSA(LN1(x)))),
-               h + Drop(Linear2(GELU(Linear1(LN2(h)))))) -> LayerNorm -> mean over seq
-               -> Linear(256,100); attention: fused qkv Linear(d,3d), 8 heads,
-               F.scaled_dot_product_attention without mask or attention dropout
-               (--attention math|kiln: the explicit matmul-softmax product kiln uses on
-               the CPU in reduced precision)
-  convnet      [B, 3, 32, 32] -> 3 x (Conv3x3 no bias -> BatchNorm2d -> ReLU), channels 32/64/128,
-               strides 1/2/2 -> adaptive avg pool 1x1 -> Linear(128,10)
-
-One step is: autocast forward (bf16 when --precision bf16), cross-entropy, zero_grad(set_to_none),
-backward, fused AdamW step (weight decay 0.01 on parameters with dim >= 2, 0 otherwise), and
-loss.item() as a training loop that logs would. One fixed random batch is made up front;
---warmup steps run untimed, then each of --steps steps is timed with time.perf_counter.
-
---breakdown-steps N more steps then time each phase (forward with the loss, backward, optimizer
-step with zero_grad), the device synchronised between phases. Peak memory is the CUDA allocator's
-peak on a GPU, the process's peak RSS on the CPU.
-
---optimizer fused|foreach|single instead times AdamW.step() alone over parameters of the given
---shapes (gradients random, fixed), the three implementations torch.optim.AdamW has.
-
---compile wraps the model in torch.compile (default mode) as a user writes it
-(`model = torch.compile(model)`; the loss, backward and the fused AdamW step stay eager). The
-first step compiles the forward and backward graphs: its wall time is reported as
-"first_step_s" and "compile_s" (the first step less one steady step), apart from the steady
-step times. Inductor caches in $TORCHINDUCTOR_CACHE_DIR and its precompiled headers under
-$TMPDIR; "inductor_cache" says whether both were empty (a cold compile, a user's first on the
-machine) or not. Where compile cannot run (no C++ compiler, no Python headers, an inductor
-error) the JSON says so in "not_run".
-
-Prints one JSON line on stdout; human text goes to stderr.
+"""PyTorch's side of kiln's train-step benchmark: the training step an ML engineer writes in plain
+PyTorch (eager, or torch.compile(model) with --compile) for the twins of kiln's reference models
+(mlp, transformer, convnet: same parameter shapes and ops): autocast forward, cross-entropy,
+zero_grad, backward, fused AdamW, loss.item(), on one fixed batch; --warmup untimed steps, then
+--steps timed ones and --breakdown-steps phase by phase. --optimizer times AdamW.step() alone.
+--compile reports the first (compiling) step apart, or "not_run" where it cannot compile. Prints
+one JSON line on stdout; human text goes to stderr.
 """
 
 import argparse
-import json
 import math
-import os
-import resource
 import statistics
 import sys
 import time
 
-from common import adamw_groups, at_least, log, not_run, save_program
+from common import (adamw_groups, at_least, emit, inductor_cache, log, not_run, peak_memory,
+                    save_program, set_threads, sync, timed)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
@@ -60,8 +25,6 @@ SIZES = {"mlp": {"features": 64, "hidden": [256, 256], "classes": 10},
          "transformer": {"features": 469, "classes": 100},
          "convnet": {"in_channels": 3, "image_size": 32, "classes": 10}}
 
-
-# --- models ---------------------------------------------------------------------------------
 
 class MLP(nn.Module):
     def __init__(self, features, hidden, classes, dropout):
@@ -84,9 +47,7 @@ class SelfAttention(nn.Module):
         self.heads = heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
-        # The explicit matmul-softmax product instead of SDPA (`--attention`): what kiln's
-        # transformer computes on the CPU under bf16/fp16 autocast.
-        self.math = math_attention
+        self.math = math_attention  # the explicit product kiln uses on the CPU in bf16/fp16
 
     def forward(self, x):
         b, s, d = x.shape
@@ -181,9 +142,8 @@ class UNet3dUp(nn.Module):
 
 
 class UNet3d(nn.Module):
-    """kiln's unet3d: a block per level with 2x max-pooling between, 2x transposed convolutions
-    up with the skip concatenated first, a 1x1x1 head. Built in kiln's order (every encoder
-    block, the decoder deepest first, the head) under kiln's tensor names."""
+    """kiln's unet3d (max-pooling down, transposed convolutions up after the skip, a 1x1x1 head),
+    built in kiln's order under kiln's tensor names."""
 
     def __init__(self, in_channels, channels, classes):
         super().__init__()
@@ -209,40 +169,22 @@ class UNet3d(nn.Module):
         return self.head(x)
 
 
-# --- forward FLOPs per sample (GEMM-like ops only: 2*m*k*n per matmul) ------------------------
-
-def mlp_flops(a):
-    dims = [a.features] + a.hidden + [a.classes]
-    return sum(2 * i * o for i, o in zip(dims, dims[1:]))
-
-
-def transformer_flops(a):
-    d, s = a.d_model, a.seq
-    per_token = 2 * (a.features * d + a.layers * (3 * d * d + d * d + 2 * d * a.ff))
-    attention = a.layers * 2 * (2 * s * s * d)  # QK^T and PV, summed over heads
-    head = 2 * d * a.classes  # once per sample, after the mean over seq
-    return per_token * s + attention + head
-
-
-def convnet_flops(a):
+def forward_flops(a):
+    """Forward FLOPs per sample (GEMM-like ops only: 2*m*k*n per matmul)."""
+    if a.model == "mlp":
+        dims = [a.features] + a.hidden + [a.classes]
+        return sum(2 * i * o for i, o in zip(dims, dims[1:]))
+    if a.model == "transformer":
+        d, s = a.d_model, a.seq
+        per_token = 2 * (a.features * d + a.layers * (3 * d * d + d * d + 2 * d * a.ff))
+        attention = a.layers * 2 * (2 * s * s * d)  # QK^T and PV, summed over heads
+        return per_token * s + attention + 2 * d * a.classes  # the head after the mean over seq
     total, c, h = 0, a.in_channels, a.image_size  # square images
     for out, stride in zip(CONV_CHANNELS, CONV_STRIDES):
         h = (h + 2 - 3) // stride + 1
         total += 2 * out * h * h * c * 9
         c = out
     return total + 2 * c * a.classes
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def peak_memory(device):
-    """(MiB, what) of the peak memory so far."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda allocator peak"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS"
 
 
 def build(a):
@@ -263,44 +205,27 @@ def build(a):
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,))
     device = torch.device(a.device)
-    flops = {"mlp": mlp_flops, "transformer": transformer_flops, "convnet": convnet_flops}
-    return model.to(device), x.to(device), y.to(device), flops[a.model](a)
+    return model.to(device), x.to(device), y.to(device), forward_flops(a)
 
 
 def use_math_attention(a):
     """`--attention math`, or `kiln`: the explicit product where kiln uses it (the CPU in bf16
-    or fp16 autocast), SDPA elsewhere. The default, `sdpa`, is what a user writes."""
+    or fp16), SDPA elsewhere. The default, `sdpa`, is what a user writes."""
     reduced = a.precision in ("bf16", "fp16")
     return a.attention == "math" or (a.attention == "kiln" and a.device == "cpu" and reduced)
 
 
-# --- benchmarks -------------------------------------------------------------------------------
-
-def timed(n, step, results):
-    """Seconds of each of n calls of step, whose results go to `results`."""
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        results.append(step())
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def train_bench(a):
     model, x, y, fwd_flops = build(a)
-    if a.script:
-        # The same module as TorchScript (from --export-script), as kiln's `probe --script`
-        # trains it: what TorchScript itself costs, apart from kiln.
+    if a.script:  # the module as TorchScript (--export-script), as kiln's `probe --script` has it
         model = torch.jit.load(a.script, map_location=a.device)
-        if a.jit_optimize == "off":
-            # The choice kiln makes for TorchScript training on the CPU.
+        if a.jit_optimize == "off":  # kiln's choice for TorchScript training on the CPU
             torch._C._set_graph_executor_optimize(False)
     params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(adamw_groups(list(model.parameters())), lr=1e-3, fused=True)
     forward, cache = model, None
-    if a.compile:
+    if a.compile:  # default mode, as a user writes it; or reduce-overhead (CUDA graphs)
         cache = inductor_cache()
-        # default mode, as a user writes it; or --compile-mode reduce-overhead (CUDA graphs)
         forward = (torch.compile(model) if a.compile_mode == "default"
                    else torch.compile(model, mode=a.compile_mode))
     device = torch.device(a.device)
@@ -355,11 +280,19 @@ def train_bench(a):
     median = statistics.median(times)
     memory, memory_kind = peak_memory(device)
     flops_per_step = 3 * fwd_flops * a.batch
+    compiled = None
+    if a.compile:  # the first step compiles: compile_s is it less one steady step
+        breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+        compiled = {"mode": a.compile_mode,
+                    "what": "torch.compile(model); loss, backward, AdamW eager",
+                    "first_step_s": warmup_times[0],
+                    "compile_s": max(0.0, warmup_times[0] - median),
+                    "inductor_cache": cache["state"], "graph_breaks": breaks}
     result = {
         "framework": "pytorch-compile" if a.compile else "pytorch-eager",
         "torch_version": torch.__version__, "python": sys.version.split()[0],
         "device": a.device, "model": a.model, "precision": a.precision,
-        "compile": compile_info(a, cache, warmup_times, median),
+        "compile": compiled,
         "batch": a.batch, "threads": torch.get_num_threads(), "config": model_config(a),
         "params": params, "forward_flops_per_sample": fwd_flops, "flops_per_step": flops_per_step,
         "warmup": a.warmup, "steps": a.steps,
@@ -375,37 +308,8 @@ def train_bench(a):
     return result
 
 
-def inductor_cache():
-    """Whether inductor's caches were empty at the start: $TORCHINDUCTOR_CACHE_DIR and the
-    precompiled C++ headers (under $TMPDIR, shared by every compile on the machine). "cold" is
-    a user's first compile on this machine; "warm" a later one."""
-    path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not path:
-        return {"dir": None, "state": "inductor's default directory (may be warm)"}
-    dirs = [path]
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-        dirs.append(os.path.join(default_cache_dir(), "precompiled_headers"))
-    except ImportError:  # another torch layout: judge by the cache directory alone
-        pass
-    cold = all(not os.path.isdir(p) or not os.listdir(p) for p in dirs)
-    return {"dir": path, "state": "cold" if cold else "warm"}
-
-
-def compile_info(a, cache, warmup_times, steady):
-    """The compile figures of a --compile run (None for eager)."""
-    if not a.compile:
-        return None
-    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
-    return {"mode": a.compile_mode, "what": "torch.compile(model); loss, backward, AdamW eager",
-            "first_step_s": warmup_times[0], "compile_s": max(0.0, warmup_times[0] - steady),
-            "inductor_cache": cache["state"], "graph_breaks": breaks}
-
-
 def export(a):
-    """Saves the model kiln's `probe --script` (or `--program`) trains: built as `train_bench`
-    builds it (same seed, so the same initial weights), in train mode, scripted (or exported by
-    torch.export with a dynamic batch dimension, as a user ships it)."""
+    """Saves the model `train_bench` builds (same weights), scripted or exported, for kiln."""
     model, x, _, _ = build(a)
     path = a.export_script or a.export_program
     if a.export_script:
@@ -453,8 +357,6 @@ def optimizer_bench(a):
             "threads": torch.get_num_threads(), "step_s_median": median, "step_s_min": min(times)}
 
 
-# --- command line -----------------------------------------------------------------------------
-
 def shape_list(text):
     try:
         shapes = [tuple(int(v) for v in item.strip().lower().split("x"))
@@ -468,45 +370,27 @@ def shape_list(text):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=MODELS, default="transformer")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     positive, count = at_least(1), at_least(0)
     for name, kind, default in (("--batch", positive, 32), ("--warmup", count, 5),
                                 ("--steps", positive, 30), ("--seed", int, 0),
                                 ("--seq", positive, 64), ("--d-model", positive, 256),
                                 ("--heads", positive, 8), ("--layers", positive, 4),
-                                ("--ff", positive, 1024)):
+                                ("--ff", positive, 1024), ("--dropout", float, 0.1),
+                                ("--threads", positive, None), ("--breakdown-steps", count, 0),
+                                ("--device", str, "cpu"), ("--shapes", shape_list, None)):
         p.add_argument(name, type=kind, default=default)
-    p.add_argument("--threads", type=positive, default=None,
-                   help="torch.set_num_threads(N); default: leave torch's choice")
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--channels-last", action="store_true",
-                   help="convnet: model and input in torch.channels_last")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    p.add_argument("--breakdown-steps", type=count, default=0,
-                   help="extra steps timed phase by phase (default 0: no breakdown)")
-    p.add_argument("--optimizer", choices=("fused", "foreach", "single"), default=None,
-                   help="time AdamW.step() alone with this implementation")
-    p.add_argument("--shapes", type=shape_list, default=None,
-                   help="--optimizer: parameter shapes, e.g. 256x469,256,1024x256")
-    p.add_argument("--attention", choices=("sdpa", "math", "kiln"), default="sdpa",
-                   help="transformer attention: sdpa (default, as a user writes it), math "
-                        "(explicit matmul-softmax), kiln (kiln's choice per device and precision)")
-    p.add_argument("--script", metavar="PATH", default=None,
-                   help="train this TorchScript file (from --export-script) instead of the module")
-    p.add_argument("--jit-optimize", choices=("on", "off"), default="on",
-                   help="--script: TorchScript's graph optimizations (default on, as in PyTorch)")
-    p.add_argument("--export-script", metavar="PATH", default=None,
-                   help="save the model (seeded, in train mode) as TorchScript at PATH and exit")
-    p.add_argument("--export-program", metavar="PATH", default=None,
-                   help="save the model (seeded, in train mode) as a torch.export program with "
-                        "a dynamic batch at PATH and exit")
-    p.add_argument("--compile", action="store_true",
-                   help="train torch.compile(model) (default mode); compile time reported apart")
-    p.add_argument("--compile-mode", choices=("default", "reduce-overhead"), default="default",
-                   help="--compile: torch.compile's mode (reduce-overhead replays CUDA graphs)")
+    for name, choices, default in (
+            ("--model", MODELS, "transformer"), ("--precision", ("fp32", "bf16", "fp16"), "fp32"),
+            ("--optimizer", ("fused", "foreach", "single"), None),  # AdamW.step() alone
+            ("--attention", ("sdpa", "math", "kiln"), "sdpa"),
+            ("--jit-optimize", ("on", "off"), "on"),
+            ("--compile-mode", ("default", "reduce-overhead"), "default")):
+        p.add_argument(name, choices=choices, default=default)
+    for name in ("--script", "--export-script", "--export-program"):
+        p.add_argument(name, metavar="PATH", default=None)
+    p.add_argument("--channels-last", action="store_true", help="convnet: channels_last layout")
+    p.add_argument("--compile", action="store_true", help="train torch.compile(model)")
     a = p.parse_args(argv)
-
     if not 0.0 <= a.dropout < 1.0:
         p.error(f"--dropout must be in [0, 1), got {a.dropout}")
     if a.device != "cpu" and not a.device.startswith("cuda"):
@@ -529,15 +413,13 @@ def parse_args(argv=None):
 
 def main():
     a = parse_args()
-    if a.threads is not None:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     if a.export_script or a.export_program:
-        result = export(a)
+        emit(export(a))
     elif a.optimizer is not None:
-        result = optimizer_bench(a)
+        emit(optimizer_bench(a))
     else:
-        result = train_bench(a)
-    print(json.dumps(result), flush=True)
+        emit(train_bench(a))
 
 
 if __name__ == "__main__":
