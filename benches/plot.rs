@@ -1,21 +1,7 @@
-//! Charts of a benchmark report (`kiln-bench/1`, typed: [`Report`]), each written as PNG and SVG.
-//!
-//! Per suite, `<suite>.png`/`.svg`: every comparison's ratio kiln / baseline as a horizontal bar,
-//! coloured by whether it meets its goal, with a tick at the goal and a dashed line at parity
-//! (1.0) (`ratio`). Comparisons of the group [`SWEEP_GROUP`] are drawn instead in
-//! `<suite>-batch-sweep.png`/`.svg`: one panel per unit, kiln and baseline against the batch
-//! size on a log2 axis, one pair of lines per series (the name without its `b=N` token)
-//! (`sweep`).
-//!
-//! A comparison whose details hold `loss_curves` (`{"kiln": [...], "baseline": [...]}` and
-//! optionally the baseline's `baseline_name`: the same-learning rows) also gets
-//! `<suite>-loss-<model>-<precision>.png`/`.svg`: both sides' training loss per step, and
-//! below it their difference (`loss`).
-//!
-//! Missing and non-finite values are left out of the drawing (a bar without a value reads
-//! "no value"); nothing here panics on odd input. Text uses the DejaVu Sans embedded in
-//! `kiln-train`, so no system fonts are needed; the SVGs name the family "DejaVu Sans" with a
-//! sans-serif fallback (`canvas`: the backends, header, legend and panels all charts share).
+//! Charts of a benchmark report ([`Report`]), each written as PNG and SVG: per suite a bar per
+//! comparison's ratio kiln / baseline (`ratio`), the [`SWEEP_GROUP`] rows as lines against the
+//! batch size (`sweep`), and each row's loss curves if its details hold them (`loss`). Odd
+//! values are left out, never a panic; text uses kiln-train's embedded DejaVu Sans (`canvas`).
 
 mod canvas;
 mod loss;
@@ -40,10 +26,8 @@ const RATIO_NOTE: &str = "bar = kiln / baseline, 1.0 = parity";
 /// The file stem of the batch-size sweep chart.
 const SWEEP_STEM: &str = "batch-sweep";
 
-/// Writes the charts of `report` into `dir`, creating it if needed, and returns the paths
-/// written: `<suite>.png` and `<suite>.svg` per suite with comparisons outside [`SWEEP_GROUP`],
-/// and `<suite>-batch-sweep.png`/`.svg` per suite with comparisons in it. File stems are slugs of
-/// the suite names (`[a-z0-9-]`, made unique). A report without comparisons writes nothing.
+/// Writes the charts of `report` into `dir` (created if needed) and returns the paths written:
+/// `<suite>.png`/`.svg`, `<suite>-batch-sweep.*` and `<suite>-loss-*.*`, stems unique slugs.
 pub fn write_plots(report: &Report, dir: &Path) -> crate::Result<Vec<PathBuf>> {
     let rows = &report.comparisons;
     if rows.is_empty() {
@@ -132,8 +116,7 @@ fn subtitle(report: &Report) -> String {
     joined(&[&report.created, &device, &cpus, quick])
 }
 
-/// `s` lowercased with every run of other characters than `[a-z0-9]` turned into one `-`
-/// (none at either end).
+/// `s` lowercased, each run of characters other than `[a-z0-9]` one `-` (none at the ends).
 fn slug(s: &str) -> String {
     let lower = s.to_lowercase();
     let words: Vec<&str> = lower
@@ -149,12 +132,9 @@ fn slug(s: &str) -> String {
 
 /// `stem`, or `stem-2`, `stem-3`, … if taken; records the result as taken.
 fn unique(stem: String, taken: &mut HashSet<String>) -> String {
-    let mut candidate = stem.clone();
-    let mut n = 2;
-    while taken.contains(&candidate) {
-        candidate = format!("{stem}-{n}");
-        n += 1;
-    }
-    taken.insert(candidate.clone());
-    candidate
+    let numbered = (2..).map(|n| format!("{stem}-{n}"));
+    let mut candidates = std::iter::once(stem.clone()).chain(numbered);
+    let free = candidates.find(|c| !taken.contains(c)).unwrap_or_default();
+    taken.insert(free.clone());
+    free
 }

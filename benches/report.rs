@@ -1,12 +1,11 @@
-//! The benchmark report: each suite's comparisons (a kiln figure beside its baseline's, with
-//! the unit, which way is better, the ratio and the goal), how suites write them, and how
-//! `kiln-bench report` merges them into `report.json`, checks its shape and renders Markdown.
+//! The benchmark report: each suite's comparisons (a kiln figure beside its baseline's), how
+//! suites write them, and how `kiln-bench report` merges, checks and renders them as Markdown.
 
 use std::path::Path;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::{Msg, num};
 
@@ -107,8 +106,7 @@ pub struct Comparison {
 }
 
 impl Comparison {
-    /// A comparison without a goal; the ratio is `kiln / baseline`, `unit` says which way is
-    /// better.
+    /// A comparison without a goal; the ratio is `kiln / baseline`, `unit` says which way wins.
     pub fn new(
         suite: &str,
         group: &str,
@@ -158,8 +156,7 @@ impl Comparison {
         self
     }
 
-    /// Marks the row as failing its goal (if it has one) whatever its figures, saying `why`
-    /// (`details.fails_because`): its sides do not compute the same thing.
+    /// Marks the row as failing its goal (if any) whatever its figures, saying `why`.
     pub fn fails_because(mut self, why: String) -> Self {
         if self.goal.is_some() {
             self.meets_goal = Some(false);
@@ -176,14 +173,9 @@ impl Comparison {
             }
             _ => String::new(),
         };
-        format!(
-            "{:<44} kiln {:>10} vs {:>10} {:<10} ratio {:>6.2}×{goal}",
-            self.name,
-            figure(self.kiln),
-            figure(self.baseline),
-            self.unit,
-            self.ratio,
-        )
+        let (name, kiln, baseline) = (&self.name, figure(self.kiln), figure(self.baseline));
+        let (unit, ratio) = (&self.unit, self.ratio);
+        format!("{name:<44} kiln {kiln:>10} vs {baseline:>10} {unit:<10} ratio {ratio:>6.2}×{goal}")
     }
 }
 
@@ -215,6 +207,7 @@ pub struct SuiteOutput {
 }
 
 impl SuiteOutput {
+    /// An empty output of `suite`.
     pub fn new(suite: &str, what: &str) -> Self {
         Self {
             suite: suite.to_owned(),
@@ -228,11 +221,9 @@ impl SuiteOutput {
 
     /// Records a row that cannot be measured here.
     pub fn skip(&mut self, name: &str, reason: &str) {
-        eprintln!("{:<44} skipped: {reason}", name);
-        self.skipped.push(Skipped {
-            name: name.to_owned(),
-            reason: reason.to_owned(),
-        });
+        eprintln!("{name:<44} skipped: {reason}");
+        let (name, reason) = (name.to_owned(), reason.to_owned());
+        self.skipped.push(Skipped { name, reason });
     }
 
     /// A comparison of this suite in `group` ([`Comparison::new`]).
@@ -247,8 +238,8 @@ impl SuiteOutput {
         Comparison::new(&self.suite, group, name, unit, figures, baseline)
     }
 
-    /// The batch-size sweep's rows at batch `b` (throughput and peak memory), the medians of
-    /// kiln's runs `k` and the baseline's `t`; `series` begins their names (e.g. `mlp fp32`).
+    /// The sweep's rows at batch `b` (throughput, peak memory): medians of kiln's runs `k` and
+    /// the baseline's `t`; `series` begins their names (e.g. `mlp fp32`).
     pub fn push_sweep(&mut self, series: &str, b: usize, (k, t): SidesRuns<'_>, baseline: &str) {
         let figures = [
             ("throughput", "samples_per_s", SAMPLES_S),
@@ -311,20 +302,17 @@ pub struct SuiteSummary {
     pub details: Value,
 }
 
-/// The machine a report was measured on, as `kiln-bench report` describes it.
+/// The machine a report was measured on: logical CPUs, `cpu` or `cuda`, the rest as written.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Machine {
     pub description: String,
-    /// Logical CPUs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpus: Option<u64>,
-    /// `cpu` or `cuda`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
-    /// The rest (CPU model and features, GPUs, versions), as written.
     #[serde(flatten)]
-    pub other: serde_json::Map<String, Value>,
+    pub other: Map<String, Value>,
 }
 
 /// `report.json` read back: what [`assemble`] wrote, typed (the plots draw from it).
@@ -339,7 +327,7 @@ pub struct Report {
     pub machine: Machine,
     /// Measured machine limits, e.g. `{"fp32_gemm_gflops": 95.1}`.
     #[serde(default)]
-    pub peaks: serde_json::Map<String, Value>,
+    pub peaks: Map<String, Value>,
     #[serde(default)]
     pub suites: Vec<SuiteSummary>,
     pub comparisons: Vec<Comparison>,
@@ -364,40 +352,29 @@ pub const FAILS_BECAUSE: &str = "fails_because";
 /// The suite whose rows say whether kiln and PyTorch learn the same thing.
 pub const LEARNING_SUITE: &str = "learning";
 
-/// "A row whose sides diverge fails its goal, whatever its speed": for each model with a
-/// missed `learning` row (`details.model` names it), every `train` row of that model (its name
-/// starts with the model's name) gets the reason in `details.fails_because`, and a row with a
-/// goal gets `meets_goal` false. Returns how many rows were marked.
+/// A row whose sides diverge fails whatever its speed: marks every `train` row of a model with a
+/// missed `learning` row ([`Comparison::fails_because`]); returns how many were marked.
 pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
-    let mut diverged: Vec<(String, String)> = vec![];
-    for c in suites
-        .iter()
-        .filter(|s| s.suite == LEARNING_SUITE)
-        .flat_map(|s| &s.comparisons)
-        .filter(|c| c.meets_goal == Some(false))
-    {
-        if let Some(model) = c.details["model"].as_str()
-            && !diverged.iter().any(|(m, _)| m == model)
-        {
-            diverged.push((model.to_owned(), c.name.clone()));
+    let mut diverged = std::collections::HashMap::new();
+    let learning = suites.iter().filter(|s| s.suite == LEARNING_SUITE);
+    for c in learning.flat_map(|s| &s.comparisons) {
+        if let (Some(model), Some(false)) = (c.details["model"].as_str(), c.meets_goal) {
+            let name = c.name.clone();
+            diverged.entry(model.to_owned()).or_insert(name);
         }
     }
     let mut marked = 0;
-    for c in suites
-        .iter_mut()
-        .filter(|s| s.suite == "train")
-        .flat_map(|s| &mut s.comparisons)
-    {
+    let train = suites.iter_mut().filter(|s| s.suite == "train");
+    for c in train.flat_map(|s| &mut s.comparisons) {
         let first = c.name.split_whitespace().next().unwrap_or_default();
-        let Some((_, row)) = diverged.iter().find(|(m, _)| m == first) else {
-            continue;
-        };
-        let why = format!(
-            "kiln and PyTorch do not learn the same thing for the {first} (learning: {row} \
-             missed its tolerance), so the speed comparison is not like for like"
-        );
-        *c = c.clone().fails_because(why);
-        marked += 1;
+        if let Some(row) = diverged.get(first) {
+            let why = format!(
+                "kiln and PyTorch do not learn the same thing for the {first} (learning: {row} \
+                 missed its tolerance), so the speed comparison is not like for like"
+            );
+            *c = c.clone().fails_because(why);
+            marked += 1;
+        }
     }
     marked
 }
@@ -405,7 +382,7 @@ pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
 /// The whole report: `meta` (created, quick, machine) and the suites' outputs merged, with all
 /// comparisons in one list and the machine limits in `peaks`.
 pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
-    let peaks: serde_json::Map<String, Value> = suites
+    let peaks: Map<String, Value> = suites
         .iter()
         .filter_map(|s| s.peaks.as_object())
         .flat_map(Clone::clone)
@@ -427,12 +404,8 @@ pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
     report
 }
 
-/// The fields of a comparison that must be non-empty strings.
-const TEXT_FIELDS: [&str; 5] = ["suite", "name", "group", "unit", "baseline_name"];
-
-/// Checks `report.json`'s shape (not its speed): every field a reader relies on is there and
-/// well-formed, every expected suite is present with at least one comparison. Lists every
-/// problem found.
+/// Checks `report.json`'s shape (not its speed): every field a reader relies on, every expected
+/// suite present with comparisons. Lists every problem found.
 pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     let mut problems = vec![];
     let schema = &report["schema"];
@@ -447,23 +420,16 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     if !report["quick"].is_boolean() {
         problems.push("`quick` is not a boolean".to_owned());
     }
-    let comparisons = report["comparisons"].as_array();
-    if comparisons.is_none() {
+    if !report["comparisons"].is_array() {
         problems.push("`comparisons` is not a list".to_owned());
     }
-    let comparisons = comparisons.map_or(&[][..], Vec::as_slice);
+    let comparisons = list(&report["comparisons"]);
     for (i, c) in comparisons.iter().enumerate() {
         let at = format!("comparisons[{i}] ({})", c["name"]);
-        for problem in comparison_problems(c) {
-            problems.push(format!("{at}: {problem}"));
-        }
+        problems.extend(comparison_problems(c).iter().map(|p| format!("{at}: {p}")));
     }
-    let suites: Vec<&str> = report["suites"]
-        .as_array()
-        .map(|s| s.iter().filter_map(|s| s["suite"].as_str()).collect())
-        .unwrap_or_default();
     for name in expected_suites {
-        if !suites.contains(name) {
+        if !list(&report["suites"]).iter().any(|s| s["suite"] == *name) {
             problems.push(format!("suite `{name}` is missing"));
         } else if !comparisons.iter().any(|c| c["suite"] == *name) {
             problems.push(format!("suite `{name}` has no comparisons"));
@@ -479,7 +445,7 @@ pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
 /// What is wrong with one comparison of `report.json`, in the order [`validate`] lists it.
 fn comparison_problems(c: &Value) -> Vec<String> {
     let mut problems = vec![];
-    for key in TEXT_FIELDS {
+    for key in ["suite", "name", "group", "unit", "baseline_name"] {
         if c[key].as_str().is_none_or(str::is_empty) {
             problems.push(format!("`{key}` is not a non-empty string"));
         }
@@ -518,19 +484,18 @@ fn comparison_problems(c: &Value) -> Vec<String> {
 
 /// A figure with about four significant digits.
 fn figure(v: f64) -> String {
-    if !v.is_finite() {
-        return format!("{v}");
+    match v.abs() {
+        a if !a.is_finite() => format!("{v}"),
+        a if a >= 1000.0 => format!("{v:.0}"),
+        a if a >= 10.0 => format!("{v:.1}"),
+        a if a >= 0.1 => format!("{v:.3}"),
+        _ => format!("{v:.3e}"),
     }
-    let a = v.abs();
-    if a >= 1000.0 {
-        format!("{v:.0}")
-    } else if a >= 10.0 {
-        format!("{v:.1}")
-    } else if a >= 0.1 {
-        format!("{v:.3}")
-    } else {
-        format!("{v:.3e}")
-    }
+}
+
+/// The items of a JSON list, none where `v` is no list.
+pub fn list(v: &Value) -> &[Value] {
+    v.as_array().map_or(&[], Vec::as_slice)
 }
 
 /// A string of the report, `?` where there is none.
@@ -543,38 +508,30 @@ fn md_cell(v: &Value) -> String {
     text(v).replace('|', "\\|").replace('\n', " ")
 }
 
-/// A column of a Markdown table: header, alignment and the cell of a row.
-type Column = (&'static str, &'static str, fn(&Value) -> String);
+/// The head of a suite's table of comparisons.
+const MD_HEAD: &str = "| comparison | kiln | baseline | unit | better | ratio | goal |\n\
+                       | --- | ---: | ---: | --- | --- | ---: | --- |\n";
 
-/// The columns of a suite's table of comparisons.
-const COLUMNS: [Column; 7] = [
-    ("comparison", "---", |c| md_cell(&c["name"])),
-    ("kiln", "---:", |c| figure(num(&c["kiln"]))),
-    ("baseline", "---:", |c| {
-        let name = md_cell(&c["baseline_name"]);
-        format!("{} ({name})", figure(num(&c["baseline"])))
-    }),
-    ("unit", "---", |c| md_cell(&c["unit"])),
-    ("better", "---", |c| text(&c["better"])),
-    ("ratio", "---:", |c| format!("{:.2}×", num(&c["ratio"]))),
-    ("goal", "---", |c| match (&c["goal"], &c["meets_goal"]) {
+/// A comparison's row of its suite's table: figures, ratio, goal.
+fn md_row(c: &Value) -> String {
+    let goal = match (&c["goal"], &c["meets_goal"]) {
         (g, Value::Bool(met)) if g.is_object() => {
             let verdict = if *met { "✅ met" } else { "❌ missed" };
             format!("{} {} {verdict}", text(&g["op"]), g["value"])
         }
         _ => "—".to_owned(),
-    }),
-];
-
-/// `rows` as a Markdown table of `columns`.
-fn md_table(columns: &[Column], rows: &[&Value]) -> String {
-    let line = |cells: Vec<String>| format!("| {} |\n", cells.join(" | "));
-    let mut out = line(columns.iter().map(|c| c.0.to_owned()).collect());
-    out += &line(columns.iter().map(|c| c.1.to_owned()).collect());
-    for row in rows {
-        out += &line(columns.iter().map(|c| (c.2)(row)).collect());
-    }
-    out
+    };
+    let (baseline, name) = (figure(num(&c["baseline"])), md_cell(&c["baseline_name"]));
+    let cells = [
+        md_cell(&c["name"]),
+        figure(num(&c["kiln"])),
+        format!("{baseline} ({name})"),
+        md_cell(&c["unit"]),
+        text(&c["better"]),
+        format!("{:.2}×", num(&c["ratio"])),
+        goal,
+    ];
+    format!("| {} |\n", cells.join(" | "))
 }
 
 /// The notes under a suite's table, each kind in turn for every row it applies to: MFU, where
@@ -583,9 +540,9 @@ const NOTES: [fn(&Value) -> Option<String>; 3] = [
     |c| {
         let (mfu, peak) = (c["details"]["mfu"].as_f64()?, text(&c["details"]["peak"]));
         let name = md_cell(&c["name"]);
+        let mfu = 100.0 * mfu;
         Some(format!(
-            "{name}: model FLOP utilization {:.1}% of the measured {peak} peak",
-            100.0 * mfu
+            "{name}: model FLOP utilization {mfu:.1}% of the measured {peak} peak"
         ))
     },
     |c| {
@@ -602,8 +559,8 @@ const NOTES: [fn(&Value) -> Option<String>; 3] = [
     },
 ];
 
-/// The report as Markdown: the machine and peaks, then one table per suite (figures, ratio,
-/// goal), the step breakdowns of missed goals, and the rows that could not be measured.
+/// The report as Markdown: the machine and peaks, then per suite a table (figures, ratio,
+/// goal), its notes ([`NOTES`]) and the rows that could not be measured.
 pub fn markdown(report: &Value) -> String {
     let machine = &report["machine"];
     let quick = if report["quick"] == true {
@@ -619,22 +576,20 @@ pub fn markdown(report: &Value) -> String {
         md_cell(&machine["description"]),
     );
     if let Some(peaks) = report["peaks"].as_object().filter(|p| !p.is_empty()) {
-        let peaks: String = peaks
-            .iter()
-            .map(|(k, v)| format!(" {k} = {};", figure(num(v))))
-            .collect();
+        let limit = |(k, v): (&String, &Value)| format!(" {k} = {};", figure(num(v)));
+        let peaks: String = peaks.iter().map(limit).collect();
         out += &format!("Measured limits:{peaks}\n\n");
     }
     out += "Ratios are kiln / baseline; the unit's \"better\" says which way wins \
             (for times below 1 is faster, for throughputs above 1 is faster).\n\n";
-    let empty = vec![];
-    let comparisons = report["comparisons"].as_array().unwrap_or(&empty);
-    for suite in report["suites"].as_array().unwrap_or(&empty) {
+    for suite in list(&report["suites"]) {
         let name = text(&suite["suite"]);
         out += &format!("## {name}\n\n{}\n\n", md_cell(&suite["what"]));
-        let rows: Vec<&Value> = comparisons.iter().filter(|c| c["suite"] == *name).collect();
+        let comparisons = list(&report["comparisons"]).iter();
+        let rows: Vec<&Value> = comparisons.filter(|c| c["suite"] == *name).collect();
         if !rows.is_empty() {
-            out += &md_table(&COLUMNS, &rows);
+            out += MD_HEAD;
+            rows.iter().for_each(|c| out += &md_row(c));
             out.push('\n');
         }
         for note in NOTES {
@@ -642,7 +597,7 @@ pub fn markdown(report: &Value) -> String {
                 out += &format!("- {line}\n");
             }
         }
-        for skipped in suite["skipped"].as_array().unwrap_or(&empty) {
+        for skipped in list(&suite["skipped"]) {
             let (name, reason) = (md_cell(&skipped["name"]), md_cell(&skipped["reason"]));
             out += &format!("- not measured here: {name} ({reason})\n");
         }
@@ -652,11 +607,11 @@ pub fn markdown(report: &Value) -> String {
 }
 
 /// A train step's phases, in the order they happen (the keys of a step breakdown).
-pub const PHASES: [&str; 4] = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms"];
+const PHASES: [&str; 4] = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms"];
 
-/// "kiln: forward 3.1 ms (40%), …; PyTorch: …" from a breakdown object
+/// "kiln: forward 3.1 ms (40%), …; baseline: …" from a breakdown object
 /// `{"kiln": {"data_wait_ms": …, "forward_ms": …}, "baseline": {…}}`.
-pub fn breakdown_text(b: &Value) -> String {
+fn breakdown_text(b: &Value) -> String {
     let side = |v: &Value| {
         let Some(map) = v.as_object() else {
             return "not measured".to_owned();
@@ -683,31 +638,27 @@ mod tests {
 
     fn suite() -> SuiteOutput {
         let mut s = SuiteOutput::new("train", "train step against PyTorch");
-        let (group, eager) = ("step time", "PyTorch eager fp32");
-        let step = |name, kb| Comparison::new("train", group, name, MS_STEP, kb, eager);
-        s.push(step("mlp fp32 step", (2.0, 4.0)).at_most(0.7));
-        s.push(
+        let step = |name, kb| s.row("step time", name, MS_STEP, kb, "PyTorch eager fp32");
+        let breakdown = json!({"kiln": {"forward_ms": 4.0, "backward_ms": 6.0}, "baseline": null});
+        let rows = [
+            step("mlp fp32 step", (2.0, 4.0)).at_most(0.7),
             step("transformer fp32 step", (12.0, 10.0))
                 .at_most(1.0)
                 .detail("mfu", json!(0.5))
                 .detail("peak", json!("fp32 GEMM"))
-                .detail(
-                    "breakdown",
-                    json!({"kiln": {"forward_ms": 4.0, "backward_ms": 6.0}, "baseline": null}),
-                ),
-        );
+                .detail("breakdown", breakdown),
+        ];
+        rows.into_iter().for_each(|r| s.push(r));
         s.skip("tf32", "needs a CUDA GPU");
         s.peaks = json!({"fp32_gemm_gflops": 100.0});
         s
     }
 
-    fn report() -> Value {
-        assemble(
-            json!({"created": "2026-11-21T00:00:00Z", "quick": true,
-                   "machine": {"description": "2 CPUs", "kiln_version": "0.1.0",
-                               "torch_version": "2.11.0"}}),
-            &[suite()],
-        )
+    /// `suites` assembled on a made-up machine, as a quick run.
+    fn report_of(suites: &[SuiteOutput]) -> Value {
+        let meta = json!({"created": "2026-11-21T00:00:00Z", "quick": true, "machine": {
+            "description": "2 CPUs", "kiln_version": "0.1.0", "torch_version": "2.11.0"}});
+        assemble(meta, suites)
     }
 
     #[test]
@@ -725,8 +676,7 @@ mod tests {
     fn learning(model: &str, difference: f64) -> SuiteOutput {
         let mut s = SuiteOutput::new(LEARNING_SUITE, "same learning");
         let name = format!("{model} fp32, 100 steps: largest per-step |Δloss|");
-        let (group, kb, tol) = ("same learning", (difference, 1e-4), "tolerance");
-        let row = Comparison::new(LEARNING_SUITE, group, name, NATS, kb, tol);
+        let row = s.row("same learning", name, NATS, (difference, 1e-4), "tolerance");
         s.push(row.at_most(1.0).detail("model", json!(model)));
         s
     }
@@ -745,30 +695,24 @@ mod tests {
         // The transformer's row with a goal fails; the one without a goal gets the reason only.
         assert_eq!(rows[1].meets_goal, Some(false));
         let why = rows[1].details[FAILS_BECAUSE].as_str().unwrap();
-        assert!(
-            why.contains("for the transformer (learning: transformer fp32"),
-            "{why}"
-        );
+        let reason = "for the transformer (learning: transformer fp32";
+        assert!(why.contains(reason), "{why}");
         assert_eq!(rows[2].meets_goal, None);
         assert!(rows[2].details[FAILS_BECAUSE].is_string());
         // A row that meets its goal on speed but is marked failed passes the shape check, and
         // the Markdown says why.
         suites[0].comparisons[1].ratio = 0.5;
         suites[0].comparisons[1].kiln = 5.0;
-        let r = assemble(
-            json!({"created": "t", "quick": false, "machine": {}}),
-            &suites,
-        );
+        let r = report_of(&suites);
         validate(&r, &["train", LEARNING_SUITE]).unwrap();
         assert!(markdown(&r).contains("- **transformer fp32 step** fails whatever its figures"));
         // Without a learning suite nothing changes.
-        let mut alone = [suite()];
-        assert_eq!(apply_learning_check(&mut alone), 0);
+        assert_eq!(apply_learning_check(&mut [suite()]), 0);
     }
 
     #[test]
     fn an_assembled_report_passes_its_own_check_which_names_every_problem() {
-        let mut r = report();
+        let mut r = report_of(&[suite()]);
         validate(&r, &["train"]).unwrap();
         assert_eq!(r["peaks"]["fp32_gemm_gflops"], 100.0);
         assert_eq!(r["comparisons"].as_array().unwrap().len(), 2);
@@ -787,28 +731,27 @@ mod tests {
         ] {
             assert!(err.contains(needle), "{needle} not in:\n{err}");
         }
-        let mut r = report();
+        let mut r = report_of(&[suite()]);
         r["comparisons"][0]["kiln"] = json!(null);
-        assert!(
-            validate(&r, &[])
-                .unwrap_err()
-                .contains("`kiln` is not a finite number")
-        );
+        let err = validate(&r, &[]).unwrap_err();
+        assert!(err.contains("`kiln` is not a finite number"));
     }
 
     #[test]
     fn markdown_has_a_row_per_comparison_and_explains_misses() {
-        let md = markdown(&report());
-        assert!(md.contains("| mlp fp32 step | 2.000 | 4.000 (PyTorch eager fp32) | ms/step"));
-        assert!(md.contains("0.50× | <= 0.7 ✅ met"));
-        assert!(md.contains("1.20× | <= 1.0 ❌ missed"));
-        assert!(md.contains("model FLOP utilization 50.0% of the measured fp32 GEMM peak"));
-        assert!(md.contains(
+        let md = markdown(&report_of(&[suite()]));
+        for needle in [
+            "| mlp fp32 step | 2.000 | 4.000 (PyTorch eager fp32) | ms/step",
+            "0.50× | <= 0.7 ✅ met",
+            "1.20× | <= 1.0 ❌ missed",
+            "model FLOP utilization 50.0% of the measured fp32 GEMM peak",
             "where the time goes in **transformer fp32 step** (missed): kiln: forward 4.00 ms \
-             (40%), backward 6.00 ms (60%); baseline: not measured"
-        ));
-        assert!(md.contains("not measured here: tf32 (needs a CUDA GPU)"));
-        assert!(md.contains("quick run"));
+             (40%), backward 6.00 ms (60%); baseline: not measured",
+            "not measured here: tf32 (needs a CUDA GPU)",
+            "quick run",
+        ] {
+            assert!(md.contains(needle), "{needle} not in:\n{md}");
+        }
     }
 
     #[test]
@@ -825,31 +768,23 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    /// `testdata/report/`: a small report in the format `kiln-bench report` writes, and the
-    /// suites' outputs it was assembled from.
-    fn fixture() -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/report")
-    }
-
     #[test]
     fn the_fixture_reads_typed_and_assembles_back_to_the_same_file() {
-        let text = std::fs::read_to_string(fixture().join("report.json")).unwrap();
-        let file: Value = serde_json::from_str(&text).unwrap();
+        // testdata/report/: a report as `kiln-bench report` writes it, and its suites' outputs.
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/report");
+        let file: Value = read_json(&fixture.join("report.json"), "JSON").unwrap();
         let suites: Vec<SuiteOutput> = ["train", "learning"]
             .iter()
-            .map(|s| SuiteOutput::read(&fixture().join(format!("suites/{s}.json"))).unwrap())
+            .map(|s| SuiteOutput::read(&fixture.join(format!("suites/{s}.json"))).unwrap())
             .collect();
         let meta = json!({"created": file["created"], "quick": file["quick"],
                           "machine": file["machine"]});
         assert_eq!(assemble(meta, &suites), file);
         validate(&file, &["train", LEARNING_SUITE]).unwrap();
 
-        let report = Report::read(&fixture().join("report.json")).unwrap();
-        let ops: Vec<Option<GoalOp>> = report
-            .comparisons
-            .iter()
-            .map(|c| c.goal.as_ref().map(|g| g.op))
-            .collect();
+        let report = Report::read(&fixture.join("report.json")).unwrap();
+        let op = |c: &Comparison| c.goal.as_ref().map(|g| g.op);
+        let ops: Vec<Option<GoalOp>> = report.comparisons.iter().map(op).collect();
         use GoalOp::{AtLeast, AtMost};
         assert_eq!(ops, [Some(AtMost), Some(AtLeast), None, None, Some(AtMost)]);
         assert_eq!(report.machine.cpus, Some(2));
@@ -864,12 +799,8 @@ mod tests {
         let goal: Goal = serde_json::from_value(json!({"op": ">=", "value": null})).unwrap();
         assert_eq!(goal.op, GoalOp::AtLeast);
         assert!(goal.value.is_nan() && !goal.met_by(1.0));
-        let written = serde_json::to_value(Goal {
-            op: GoalOp::AtMost,
-            value: 1.0,
-        })
-        .unwrap();
-        assert_eq!(written, json!({"op": "<=", "value": 1.0}));
+        let at_most = Comparison::new("d", "g", "n", MS, (1.0, 1.0), "b").at_most(1.0);
+        assert_eq!(json!(at_most.goal), json!({"op": "<=", "value": 1.0}));
         assert!(serde_json::from_value::<Goal>(json!({"op": "<", "value": 1.0})).is_err());
     }
 }

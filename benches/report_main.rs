@@ -1,22 +1,22 @@
-//! `kiln-bench report`: merges the suites' outputs of one `cargo xtask bench` run into
-//! `report.json`, `report.md` and plots, and checks the report's shape (never its speed).
+//! `kiln-bench report`: merges the suites' outputs of one `cargo xtask bench` run
+//! (`DIR/suites/<suite>.json`) into `report.json`, `report.md` and plots, and checks the
+//! report's shape (never its speed).
 //!
 //! ```text
 //! kiln-bench report DIR --suites train,serve [--quick] [--created TIME]   assemble
 //! kiln-bench report --check DIR --suites train,serve                      check only
 //! ```
-//! The suites' outputs are read from `DIR/suites/<suite>.json`.
 
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
 use kiln_benches::plot::write_plots;
 use kiln_benches::report::{
-    Report, SWEEP_GROUP, SuiteOutput, apply_learning_check, assemble, markdown, read_json,
+    Report, SWEEP_GROUP, SuiteOutput, apply_learning_check, assemble, list, markdown, read_json,
     validate, write_json,
 };
 use kiln_benches::{Msg, Result};
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 /// `kiln-bench report`: assembles the suites' outputs under DIR, or checks a report.
 #[derive(Debug, Parser)]
@@ -72,9 +72,8 @@ fn machine() -> Value {
         None => format!("CPU only: {cpu_model}, {cpus} logical cores"),
     };
     let features = cpu_features(&std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
-    let features_text = features_text(&features);
     json!({
-        "description": format!("{description} · precision features: {features_text}"),
+        "description": format!("{description} · precision features: {}", features_text(&features)),
         "cpus": cpus,
         "cpu_model": cpu_model,
         "cpu_features": features,
@@ -96,7 +95,7 @@ const PRECISION_FEATURES: [(&str, &str); 5] = [
 
 /// Which of [`PRECISION_FEATURES`] the first `flags` line of a `/proc/cpuinfo` text lists, by
 /// display name (all `false` where the file is unreadable, e.g. not Linux).
-fn cpu_features(cpuinfo: &str) -> serde_json::Map<String, Value> {
+fn cpu_features(cpuinfo: &str) -> Map<String, Value> {
     let flags: Vec<&str> = cpuinfo
         .lines()
         .find(|l| l.starts_with("flags"))
@@ -109,7 +108,7 @@ fn cpu_features(cpuinfo: &str) -> serde_json::Map<String, Value> {
 }
 
 /// The features present, e.g. `AVX2, AVX-512, AVX512-BF16 (no AMX)`.
-fn features_text(features: &serde_json::Map<String, Value>) -> String {
+fn features_text(features: &Map<String, Value>) -> String {
     let has: Vec<&str> = PRECISION_FEATURES
         .iter()
         .map(|(_, name)| *name)
@@ -122,6 +121,7 @@ fn features_text(features: &serde_json::Map<String, Value>) -> String {
     }
 }
 
+/// Assembles the report of `cli.suites` under `dir`, writes it, prints its Markdown, checks it.
 fn build(dir: &Path, cli: &Cli) -> Result<()> {
     let mut outputs = vec![];
     for suite in &cli.suites {
@@ -141,21 +141,15 @@ fn build(dir: &Path, cli: &Cli) -> Result<()> {
     let report = assemble(meta, &outputs);
     validate(&report, &names(&cli.suites))
         .map_err(|e| format!("the assembled report is malformed:\n{e}"))?;
-    let (json_path, md_path, plots) = (
-        dir.join("report.json"),
-        dir.join("report.md"),
-        dir.join("plots"),
-    );
+    let [json_path, md_path, plots] = ["report.json", "report.md", "plots"].map(|p| dir.join(p));
     write_json(&json_path, &report)?;
     let md = markdown(&report);
     std::fs::write(&md_path, &md).at(&md_path)?;
     let written = write_plots(&Report::from_value(&report)?, &plots)?;
     println!("{md}");
+    let (json_path, md_path, n) = (json_path.display(), md_path.display(), written.len());
     eprintln!(
-        "report: {} and {}, {} plot file(s) under {}",
-        json_path.display(),
-        md_path.display(),
-        written.len(),
+        "report: {json_path} and {md_path}, {n} plot file(s) under {}",
         plots.display()
     );
     check(dir, &cli.suites)
@@ -173,9 +167,7 @@ fn check(dir: &Path, suites: &[String]) -> Result<()> {
     let mut problems: Vec<String> = validate(&report, &names(suites))
         .err()
         .map_or(vec![], |e| e.lines().map(str::to_owned).collect());
-    let comparisons = report["comparisons"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
+    let comparisons = list(&report["comparisons"]);
     let md_path = dir.join("report.md");
     match std::fs::read_to_string(&md_path) {
         Ok(md) => {
@@ -205,10 +197,9 @@ fn check(dir: &Path, suites: &[String]) -> Result<()> {
             "the report under {dir} is malformed:\n  {problems}"
         ));
     }
+    let (path, n) = (json_path.display(), comparisons.len());
     eprintln!(
-        "report check: {} is well-formed ({} comparisons over {} suite(s))",
-        json_path.display(),
-        comparisons.len(),
+        "report check: {path} is well-formed ({n} comparisons over {} suite(s))",
         suites.len()
     );
     Ok(())
@@ -226,10 +217,8 @@ mod tests {
         assert_eq!(f["AMX"], json!(false));
         assert_eq!(features_text(&f), "AVX2, AVX-512, AVX512-BF16 (no AMX)");
         let xeon = cpu_features("flags : avx2 avx512f avx512_bf16 amx_tile amx_bf16\n");
-        assert_eq!(
-            features_text(&xeon),
-            "AVX2, AVX-512, AVX512-BF16, AMX, AMX-BF16"
-        );
+        let all = "AVX2, AVX-512, AVX512-BF16, AMX, AMX-BF16";
+        assert_eq!(features_text(&xeon), all);
         assert_eq!(features_text(&cpu_features("")), "none of AVX2/AVX-512/AMX");
     }
 
@@ -237,17 +226,14 @@ mod tests {
     fn the_command_lines_xtask_uses_parse() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
-        let cli = Cli::try_parse_from(
-            "kiln-bench-report DIR --suites train,serve --created T --quick".split_whitespace(),
-        )
-        .unwrap();
+        let parse = |line: &str| Cli::try_parse_from(line.split_whitespace());
+        let cli = parse("kiln-bench-report DIR --suites train,serve --created T --quick").unwrap();
         assert_eq!(cli.suites, ["train", "serve"]);
         assert_eq!((cli.created.as_str(), cli.quick), ("T", true));
         assert_eq!(cli.dir, Some(PathBuf::from("DIR")));
-        let cli = Cli::try_parse_from("kiln-bench-report --check D --suites a".split_whitespace())
-            .unwrap();
+        let cli = parse("kiln-bench-report --check D --suites a").unwrap();
         assert_eq!(cli.check, Some(PathBuf::from("D")));
-        assert!(Cli::try_parse_from(["kiln-bench-report", "--suites", "a"]).is_err());
-        assert!(Cli::try_parse_from(["kiln-bench-report", "DIR"]).is_err());
+        assert!(parse("kiln-bench-report --suites a").is_err());
+        assert!(parse("kiln-bench-report DIR").is_err());
     }
 }

@@ -1,6 +1,5 @@
 //! What every chart shares: the canvas (size, colours, font), writing a chart as PNG and SVG,
-//! the title band, the one-line legend, and the panels of the line charts (axes, mesh, lines
-//! and series legend).
+//! the title band, the one-line legend, and the line charts' panels (axes, mesh, lines, legend).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -15,8 +14,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// Width of every chart, in pixels.
 pub const WIDTH: u32 = 1200;
-/// Heights: the title, subtitle and legend band of a ratio chart; the title and subtitle band
-/// of the line charts; one bar's row of a ratio chart; one row of line-chart panels.
+/// Heights: a ratio chart's title, subtitle and legend band; the line charts' title and
+/// subtitle band; one bar's row of a ratio chart; one row of line-chart panels.
 pub const HEADER: u32 = 96;
 pub const SWEEP_HEADER: u32 = 70;
 pub const ROW_HEIGHT: u32 = 36;
@@ -24,20 +23,20 @@ pub const PANEL_HEIGHT: u32 = 480;
 
 /// Bar labels take at most this share of the chart's width; longer ones are cut short.
 pub const MAX_LABEL_SHARE: f64 = 0.45;
-pub const MAX_TITLE_PIXELS: u32 = WIDTH - 40;
 
 /// The font family the SVGs ask for in place of the name the font is registered under.
 pub const SVG_FONT_FAMILY: &str = "DejaVu Sans, sans-serif";
 
+/// Bar colours by verdict, text, and the mesh's light and bold lines.
 pub const MET: RGBColor = RGBColor(44, 160, 44);
 pub const MISSED: RGBColor = RGBColor(214, 39, 40);
 pub const NO_GOAL: RGBColor = RGBColor(140, 150, 165);
 pub const INK: RGBColor = RGBColor(30, 30, 30);
 pub const FAINT: RGBColor = RGBColor(110, 110, 110);
-/// The mesh's light and bold lines.
 pub const LIGHT_LINE: RGBColor = RGBColor(240, 240, 240);
 pub const BOLD_LINE: RGBColor = RGBColor(215, 215, 215);
 
+/// The line charts' colours, one per series.
 pub const SERIES_COLORS: [RGBColor; 6] = [
     RGBColor(31, 119, 180),
     RGBColor(255, 127, 14),
@@ -92,6 +91,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> crate::Result<()> {
     std::fs::write(path, bytes).map_err(|e| format!("plot {}: cannot write: {e}", path.display()))
 }
 
+/// A drawing error as text.
 pub fn draw_err<E: std::error::Error + Send + Sync>(e: DrawingAreaErrorKind<E>) -> String {
     e.to_string()
 }
@@ -108,6 +108,21 @@ pub fn text_style<'a>(
         .pos(Pos::new(h, v))
 }
 
+/// The line charts' series labels: 13 px.
+pub fn label_style() -> TextStyle<'static> {
+    TextStyle::from((FONT, 13).into_font())
+}
+
+/// `text` cut to at most `chars` characters and `pixels` wide as a series label on `area`.
+pub fn fit_label<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    text: &str,
+    chars: usize,
+    pixels: u32,
+) -> String {
+    clip(text, chars, |t| fits(area, t, &label_style(), pixels))
+}
+
 /// Draws the white background, the title and the subtitle; returns the area below the top
 /// `band` pixels.
 pub fn header<DB: DrawingBackend>(
@@ -119,24 +134,22 @@ pub fn header<DB: DrawingBackend>(
     root.fill(&WHITE).map_err(draw_err)?;
     let title_style = text_style((FONT, 24, FontStyle::Bold), &INK, HPos::Center, VPos::Top);
     let sub_style = text_style((FONT, 15), &FAINT, HPos::Center, VPos::Top);
-    let centre = WIDTH as i32 / 2;
     for (text, style, max_chars, y) in [
         (title, title_style, 160, 10),
         (subtitle, sub_style, 200, 42),
     ] {
-        let text = clip(text, max_chars, |t| fits(root, t, &style, MAX_TITLE_PIXELS));
-        root.draw_text(&text, &style, (centre, y))
-            .map_err(draw_err)?;
+        let text = clip(text, max_chars, |t| fits(root, t, &style, WIDTH - 40));
+        let at = (WIDTH as i32 / 2, y);
+        root.draw_text(&text, &style, at).map_err(draw_err)?;
     }
     Ok(root.margin(band, 0, 0, 0))
 }
 
-/// How a legend entry's glyph looks.
+/// How a legend entry's glyph looks: a colour swatch, the goal's tick, or parity's dashes.
 #[derive(Debug, Clone, Copy)]
 pub enum Glyph {
     Swatch(RGBColor),
     Tick,
-    /// A vertical dashed line.
     Dashed,
 }
 
@@ -148,13 +161,11 @@ pub fn legend<DB: DrawingBackend>(
 ) -> crate::Result<()> {
     let style = text_style((FONT, 14), &INK, HPos::Left, VPos::Center);
     let (glyph_w, gap) = (18, 30);
-    let widths: Vec<i32> = entries
-        .iter()
-        .map(|(_, text)| {
-            root.estimate_text_size(text, &style)
-                .map_or(0, |(w, _)| w as i32)
-        })
-        .collect();
+    let width = |text: &String| {
+        root.estimate_text_size(text, &style)
+            .map_or(0, |s| s.0 as i32)
+    };
+    let widths: Vec<i32> = entries.iter().map(|(_, text)| width(text)).collect();
     let total: i32 = widths.iter().map(|w| glyph_w + 6 + w).sum::<i32>()
         + gap * (entries.len() as i32 - 1).max(0);
     let mut x = (WIDTH as i32 - total).max(0) / 2;
@@ -162,28 +173,27 @@ pub fn legend<DB: DrawingBackend>(
         let mid = x + glyph_w / 2;
         let line = |dy: i32, len: i32| vec![(mid, y + dy), (mid, y + dy + len)];
         match *glyph {
-            Glyph::Swatch(color) => root.draw(&Rectangle::new(
-                [(x, y - 7), (x + glyph_w, y + 7)],
-                color.filled(),
-            )),
+            Glyph::Swatch(color) => {
+                let corners = [(x, y - 7), (x + glyph_w, y + 7)];
+                root.draw(&Rectangle::new(corners, color.filled()))
+            }
             Glyph::Tick => root.draw(&PathElement::new(line(-9, 18), INK.stroke_width(3))),
             Glyph::Dashed => [-9, -2, 5].into_iter().try_for_each(|dy| {
                 root.draw(&PathElement::new(line(dy, 4), FAINT.stroke_width(2)))
             }),
         }
         .map_err(draw_err)?;
-        root.draw_text(text, &style, (x + glyph_w + 6, y))
-            .map_err(draw_err)?;
+        let at = (x + glyph_w + 6, y);
+        root.draw_text(text, &style, at).map_err(draw_err)?;
         x += glyph_w + 6 + w + gap;
     }
     Ok(())
 }
 
-/// A line chart's panel on `area`: `caption` above, room for the axes' labels, x over
-/// `x` and y over `y`.
+/// A line chart's panel: x and y over `f64` ranges.
 pub type Panel<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
-/// Builds a [`Panel`] (the layout every line chart uses).
+/// A [`Panel`] on `area`: `caption` above, room for the axes' labels, x over `x`, y over `y`.
 pub fn panel<'a, DB: DrawingBackend>(
     area: &'a DrawingArea<DB, Shift>,
     caption: &str,
@@ -200,8 +210,8 @@ pub fn panel<'a, DB: DrawingBackend>(
         .map_err(draw_err)
 }
 
-/// The mesh of a line chart's panel: its axes' descriptions and the look all panels share
-/// (the caller adds the rest and draws it).
+/// A panel's mesh with its axes' descriptions and the look all panels share (the caller adds
+/// the rest and draws it).
 pub fn mesh<'a, 'b, DB: DrawingBackend>(
     chart: &'b mut Panel<'a, DB>,
     x_desc: &str,
@@ -241,12 +251,11 @@ pub fn solid_glyph(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, 
 pub fn series_legend<'a, DB: DrawingBackend + 'a>(
     chart: &mut Panel<'a, DB>,
     position: SeriesLabelPosition,
-    label_style: TextStyle<'a>,
 ) -> crate::Result<()> {
     chart
         .configure_series_labels()
         .position(position)
-        .label_font(label_style)
+        .label_font(label_style())
         .background_style(WHITE.mix(0.85))
         .border_style(RGBColor(160, 160, 160))
         .draw()
@@ -255,14 +264,10 @@ pub fn series_legend<'a, DB: DrawingBackend + 'a>(
 
 /// A value in about three significant digits.
 pub fn short(v: f64) -> String {
-    let mag = v.abs();
-    if mag != 0.0 && !(1e-3..1e6).contains(&mag) {
-        format!("{v:.2e}")
-    } else if mag >= 100.0 {
-        format!("{v:.0}")
-    } else if mag >= 10.0 {
-        format!("{v:.1}")
-    } else {
-        format!("{v:.2}")
+    match v.abs() {
+        m if m != 0.0 && !(1e-3..1e6).contains(&m) => format!("{v:.2e}"),
+        m if m >= 100.0 => format!("{v:.0}"),
+        m if m >= 10.0 => format!("{v:.1}"),
+        _ => format!("{v:.2}"),
     }
 }

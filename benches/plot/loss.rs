@@ -1,20 +1,19 @@
 //! The loss-curve chart of a same-learning row: both sides' training loss per step, and below
 //! it their difference.
 
-use kiln_train::plot::{FONT, clip, fits, tick_label};
+use kiln_train::plot::tick_label;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::Deserialize;
 
 use super::canvas::{
-    Chart, FAINT, PANEL_HEIGHT, Panel, SERIES_COLORS, SWEEP_HEADER, draw_err, header, line, mesh,
-    panel, series_legend, solid_glyph,
+    Chart, FAINT, PANEL_HEIGHT, Panel, SERIES_COLORS, SWEEP_HEADER, draw_err, fit_label, header,
+    line, mesh, panel, series_legend, solid_glyph,
 };
 use super::{joined, min_max, number, slug};
 use crate::report::Comparison;
 
-/// Both sides' loss per training step and the difference, for a comparison whose details hold
-/// `loss_curves: {"kiln": [...], "baseline": [...]}`.
+/// Both sides' loss per training step (`details.loss_curves` of a row) and their difference.
 #[derive(Debug, Clone)]
 pub struct LossChart {
     title: String,
@@ -38,10 +37,8 @@ struct LossCurves {
 
 /// Points `(step, loss)` of a curve, unusable values left out.
 fn curve(v: &[Option<f64>]) -> Vec<(f64, f64)> {
-    v.iter()
-        .enumerate()
-        .filter_map(|(i, l)| l.and_then(number).map(|l| (i as f64, l)))
-        .collect()
+    let point = |(i, l): (usize, &Option<f64>)| Some((i as f64, number((*l)?)?));
+    v.iter().enumerate().filter_map(point).collect()
 }
 
 /// One chart per comparison with (well-formed) loss curves, each with its file stem:
@@ -61,34 +58,18 @@ pub fn loss_charts(comparisons: &[Comparison], subtitle: &str) -> Vec<(String, L
             (Some(m), Some(p)) => format!("{m} {p}"),
             _ => c.name.clone(),
         };
-        let difference = kiln
-            .iter()
-            .zip(&baseline)
-            .filter(|(k, b)| k.0 == b.0)
-            .map(|(k, b)| (k.0, k.1 - b.1))
-            .collect();
+        let pairs = kiln.iter().zip(&baseline).filter(|(k, b)| k.0 == b.0);
         let chart = LossChart {
             title: format!("{which}: training loss per step, kiln and baseline"),
             subtitle: joined(&[c.name.as_str(), subtitle]),
-            baseline_name: curves
-                .baseline_name
-                .unwrap_or_else(|| c.baseline_name.clone()),
+            baseline_name: curves.baseline_name.unwrap_or(c.baseline_name.clone()),
+            difference: pairs.map(|(k, b)| (k.0, k.1 - b.1)).collect(),
             kiln,
             baseline,
-            difference,
         };
         out.push((format!("{}-loss-{}", slug(&c.suite), slug(&which)), chart));
     }
     out
-}
-
-/// A whole step number, or nothing between steps.
-fn step_label(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{v:.0}")
-    } else {
-        String::new()
-    }
 }
 
 /// `(lo, hi)` of the values in `points` with a little room, never an empty range.
@@ -96,23 +77,27 @@ fn value_range(points: impl Iterator<Item = f64>) -> (f64, f64) {
     let Some((lo, hi)) = min_max(points) else {
         return (0.0, 1.0);
     };
-    let pad = ((hi - lo) * 0.08)
-        .max(hi.abs().max(lo.abs()) * 1e-6)
-        .max(1e-12);
+    let least = (hi.abs().max(lo.abs()) * 1e-6).max(1e-12);
+    let pad = ((hi - lo) * 0.08).max(least);
     (lo - pad, hi + pad)
 }
 
-/// The mesh of a panel over training steps: whole steps labelled on x, `y_desc` on y.
-fn step_mesh<'a, DB: DrawingBackend + 'a>(
-    chart: &mut Panel<'a, DB>,
+/// A panel over training steps `0..last` on `area`, whole steps labelled on x, `y_desc` on y.
+fn step_panel<'a, DB: DrawingBackend + 'a>(
+    area: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+    last: f64,
+    (lo, hi): (f64, f64),
     y_desc: &str,
-    y_span: f64,
-) -> crate::Result<()> {
-    mesh(chart, "step", y_desc)
-        .x_label_formatter(&|v| step_label(*v))
-        .y_label_formatter(&|v| tick_label(*v, y_span))
+) -> crate::Result<Panel<'a, DB>> {
+    let mut chart = panel(area, caption, 0.0..last, lo..hi)?;
+    let whole = |v: &f64| ((v - v.round()).abs() < 1e-9).then(|| format!("{v:.0}"));
+    mesh(&mut chart, "step", y_desc)
+        .x_label_formatter(&|v| whole(v).unwrap_or_default())
+        .y_label_formatter(&|v| tick_label(*v, hi - lo))
         .draw()
-        .map_err(draw_err)
+        .map_err(draw_err)?;
+    Ok(chart)
 }
 
 impl Chart for LossChart {
@@ -125,44 +110,30 @@ impl Chart for LossChart {
         let (top, bottom) = body.split_vertically(PANEL_HEIGHT);
         let both = || self.kiln.iter().chain(&self.baseline);
         let last = both().map(|p| p.0).fold(1.0, f64::max);
-        let (lo, hi) = value_range(both().map(|p| p.1));
-        let mut chart = panel(&top, "loss (nats)", 0.0..last, lo..hi)?;
-        step_mesh(&mut chart, "loss", hi - lo)?;
+        let range = value_range(both().map(|p| p.1));
+        let mut chart = step_panel(&top, "loss (nats)", last, range, "loss")?;
         // Both sides' legend entries are solid lines, the baseline's curve dashed.
         let (kc, bc) = (SERIES_COLORS[0], SERIES_COLORS[1]);
         line(&mut chart, &self.kiln, kc.stroke_width(2), None)?
             .label("kiln")
             .legend(solid_glyph(kc));
-        let label_style = TextStyle::from((FONT, 13).into_font());
-        let base = clip(&self.baseline_name, 90, |t| {
-            fits(&top, t, &label_style, 700)
-        });
         line(&mut chart, &self.baseline, bc.stroke_width(2), Some((7, 5)))?
-            .label(base)
+            .label(fit_label(&top, &self.baseline_name, 90, 700))
             .legend(solid_glyph(bc));
-        series_legend(&mut chart, SeriesLabelPosition::UpperRight, label_style)?;
+        series_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
 
         // Below: kiln − baseline per step, with the zero line.
-        let (lo, hi) = value_range(self.difference.iter().map(|p| p.1).chain([0.0]));
+        let range = value_range(self.difference.iter().map(|p| p.1).chain([0.0]));
         let caption = if self.difference.iter().all(|p| p.1 == 0.0) {
             "kiln − baseline (nats): 0 at every step"
         } else {
             "kiln − baseline (nats)"
         };
-        let mut chart = panel(&bottom, caption, 0.0..last, lo..hi)?;
-        step_mesh(&mut chart, "difference", hi - lo)?;
-        line(
-            &mut chart,
-            &[(0.0, 0.0), (last, 0.0)],
-            FAINT.stroke_width(1),
-            None,
-        )?;
-        line(
-            &mut chart,
-            &self.difference,
-            SERIES_COLORS[3].stroke_width(2),
-            None,
-        )?;
+        let mut chart = step_panel(&bottom, caption, last, range, "difference")?;
+        let zero = [(0.0, 0.0), (last, 0.0)];
+        line(&mut chart, &zero, FAINT.stroke_width(1), None)?;
+        let red = SERIES_COLORS[3].stroke_width(2);
+        line(&mut chart, &self.difference, red, None)?;
         Ok(())
     }
 }

@@ -31,6 +31,7 @@ pub struct Bar {
 }
 
 impl Bar {
+    /// The bar of comparison `c`.
     pub fn of(c: &Comparison) -> Self {
         let name = Some(c.name.as_str()).filter(|n| !n.is_empty());
         let better = match c.better {
@@ -52,19 +53,27 @@ impl Bar {
 
     /// The text at the end of the bar: the ratio, and the goal if there is one.
     fn value_text(&self) -> String {
-        let Some(ratio) = self.ratio else {
-            return "no value".to_owned();
-        };
-        match self.goal {
-            Some((op, g)) => {
+        match (self.ratio, self.goal) {
+            (None, _) => "no value".to_owned(),
+            (Some(ratio), Some((op, g))) => {
                 let op = if op == GoalOp::AtMost { "≤" } else { "≥" };
                 format!("{} (goal {op} {})", short(ratio), short(g))
             }
-            None => short(ratio),
+            (Some(ratio), None) => short(ratio),
+        }
+    }
+
+    /// Where the value text starts: after the bar, or after the goal's tick if further right.
+    fn end(&self, zero: f64) -> f64 {
+        match (self.ratio, self.goal) {
+            (Some(r), Some((_, g))) => r.max(g).max(zero),
+            (Some(r), None) => r.max(zero),
+            (None, _) => zero,
         }
     }
 }
 
+/// A suite's ratio chart: titles and one bar per comparison.
 #[derive(Debug, Clone)]
 pub struct RatioChart {
     pub title: String,
@@ -75,13 +84,10 @@ pub struct RatioChart {
 impl RatioChart {
     /// The legend: the verdicts drawn, the goal's tick if any bar has a goal, parity.
     fn legend(&self) -> Vec<(Glyph, String)> {
+        let drawn = |b: &&Bar| b.ratio.is_some();
         let mut entries: Vec<(Glyph, String)> = VERDICTS
             .iter()
-            .filter(|(v, ..)| {
-                self.bars
-                    .iter()
-                    .any(|b| b.ratio.is_some() && b.verdict == *v)
-            })
+            .filter(|(v, ..)| self.bars.iter().filter(drawn).any(|b| b.verdict == *v))
             .map(|(_, color, label)| (Glyph::Swatch(*color), (*label).to_owned()))
             .collect();
         if self.bars.iter().any(|b| b.goal.is_some()) {
@@ -95,10 +101,9 @@ impl RatioChart {
 impl Chart for RatioChart {
     fn height(&self) -> u32 {
         let rows = u32::try_from(self.bars.len()).unwrap_or(u32::MAX);
-        HEADER
-            .saturating_add(90)
-            .saturating_add(rows.saturating_mul(ROW_HEIGHT))
-            .clamp(320, 20_000)
+        let bars = rows.saturating_mul(ROW_HEIGHT);
+        let height = HEADER.saturating_add(90).saturating_add(bars);
+        height.clamp(320, 20_000)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
@@ -112,14 +117,9 @@ impl Chart for RatioChart {
             .iter()
             .map(|b| clip(&b.label, 120, |t| fits(root, t, &label_style, max_label)))
             .collect();
-        let label_width = labels
-            .iter()
-            .filter_map(|l| root.estimate_text_size(l, &label_style).ok())
-            .map(|(w, _)| w)
-            .max()
-            .unwrap_or(0)
-            .clamp(40, max_label)
-            + 16;
+        let width = |l: &String| root.estimate_text_size(l, &label_style).map_or(0, |s| s.0);
+        let widest = labels.iter().map(width).max().unwrap_or(0);
+        let label_width = widest.clamp(40, max_label) + 16;
         let values = self
             .bars
             .iter()
@@ -156,11 +156,8 @@ impl Chart for RatioChart {
         }
         let zero = 0f64.clamp(x_lo, x_hi);
         let bars = self.bars.iter().enumerate().filter_map(|(i, b)| {
-            let (r, c) = (b.ratio?, centre(i));
-            Some(Rectangle::new(
-                [(zero, c - 0.31), (r, c + 0.31)],
-                b.color().filled(),
-            ))
+            let corners = [(zero, centre(i) - 0.31), (b.ratio?, centre(i) + 0.31)];
+            Some(Rectangle::new(corners, b.color().filled()))
         });
         chart.draw_series(bars).map_err(draw_err)?;
         if (x_lo..=x_hi).contains(&1.0) {
@@ -169,21 +166,13 @@ impl Chart for RatioChart {
         }
         let ticks = self.bars.iter().enumerate().filter_map(|(i, b)| {
             let (g, c) = (b.goal?.1, centre(i));
-            Some(PathElement::new(
-                vec![(g, c - 0.42), (g, c + 0.42)],
-                INK.stroke_width(3),
-            ))
+            let ends = vec![(g, c - 0.42), (g, c + 0.42)];
+            Some(PathElement::new(ends, INK.stroke_width(3)))
         });
         chart.draw_series(ticks).map_err(draw_err)?;
         let value_style = text_style((FONT, 13), &INK, HPos::Left, VPos::Center);
         let texts = self.bars.iter().enumerate().map(|(i, b)| {
-            // After the bar, or after the goal's tick if that is further right.
-            let end = match (b.ratio, b.goal) {
-                (Some(r), Some((_, g))) => r.max(g),
-                (Some(r), None) => r,
-                (None, _) => zero,
-            };
-            EmptyElement::at((end.max(zero), centre(i)))
+            EmptyElement::at((b.end(zero), centre(i)))
                 + Text::new(b.value_text(), (8, 0), value_style.clone())
         });
         chart.draw_series(texts).map_err(draw_err)?;

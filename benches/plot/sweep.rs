@@ -2,39 +2,42 @@
 //! the baseline (dashed, open dots) against the batch size on a log2 axis, a pair of lines per
 //! series (the comparison's name without its `b=N` token).
 
-use kiln_train::plot::{FONT, clip, fits, tick_label, usable};
+use kiln_train::plot::{FONT, tick_label, usable};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, VPos};
 
 use super::canvas::{
-    BOLD_LINE, Chart, FAINT, PANEL_HEIGHT, SERIES_COLORS, SWEEP_HEADER, draw_err, header, line,
-    mesh, panel, series_legend, solid_glyph, text_style,
+    BOLD_LINE, Chart, FAINT, PANEL_HEIGHT, SERIES_COLORS, SWEEP_HEADER, draw_err, fit_label,
+    header, line, mesh, panel, series_legend, solid_glyph, text_style,
 };
 use super::{grouped, min_max, number};
 use crate::report::Comparison;
 
+/// The `N` of a `b=N` token.
+fn token_batch(token: &str) -> Option<f64> {
+    token.strip_prefix("b=")?.parse().ok()
+}
+
 /// The `N` of a `b=N` token in `name`.
 pub fn batch_token(name: &str) -> Option<f64> {
     name.split_whitespace()
-        .find_map(|t| t.strip_prefix("b=")?.parse::<f64>().ok())
+        .find_map(token_batch)
         .filter(|b| usable(*b))
 }
 
 /// `name` without its `b=N` token: the series a sweep point belongs to.
 pub fn series_key(name: &str) -> String {
-    name.split_whitespace()
-        .filter(|t| {
-            t.strip_prefix("b=")
-                .is_none_or(|n| n.parse::<f64>().is_err())
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+    let words: Vec<&str> = name
+        .split_whitespace()
+        .filter(|t| token_batch(t).is_none())
+        .collect();
+    words.join(" ")
 }
 
 /// One series of a sweep: points `(log2 batch size, value)` for kiln and the baseline.
 #[derive(Debug, Clone)]
-struct SweepSeries {
+pub struct SweepSeries {
     key: String,
     baseline_name: String,
     kiln: Vec<(f64, f64)>,
@@ -44,7 +47,7 @@ struct SweepSeries {
 impl SweepSeries {
     /// The series `key` of `rows`: the first baseline name given, and the points sorted by
     /// batch size, those without a usable batch size or value left out.
-    fn of(key: String, rows: &[&Comparison]) -> Self {
+    fn of((key, rows): (String, Vec<&Comparison>)) -> Self {
         let points = |value: fn(&Comparison) -> f64| {
             let mut points: Vec<(f64, f64)> = rows
                 .iter()
@@ -56,13 +59,11 @@ impl SweepSeries {
             points.sort_by(|a, b| a.0.total_cmp(&b.0));
             points
         };
-        let name = rows
-            .iter()
-            .map(|r| &r.baseline_name)
-            .find(|n| !n.is_empty());
+        let mut names = rows.iter().map(|r| r.baseline_name.as_str());
+        let name = names.find(|n| !n.is_empty()).unwrap_or("baseline");
         Self {
             key,
-            baseline_name: name.map_or("baseline", String::as_str).to_owned(),
+            baseline_name: name.to_owned(),
             kiln: points(|r| r.kiln),
             baseline: points(|r| r.baseline),
         }
@@ -70,25 +71,19 @@ impl SweepSeries {
 }
 
 /// The sweep's series of one unit.
-#[derive(Debug, Clone)]
-pub struct SweepPanel {
-    unit: String,
-    series: Vec<SweepSeries>,
-}
+pub type SweepPanel = (String, Vec<SweepSeries>);
 
 /// Groups the sweep comparisons by unit, then by name without `b=N`, in report order.
 pub fn sweep_panels(rows: &[&Comparison]) -> Vec<SweepPanel> {
-    let mut panels = vec![];
-    for (unit, rows) in grouped(rows, |r| r.unit.clone()) {
-        let series = grouped(&rows, |r| series_key(&r.name)).into_iter();
-        let series = series
-            .map(|(key, rows)| SweepSeries::of(key, &rows))
-            .collect();
-        panels.push(SweepPanel { unit, series });
-    }
-    panels
+    let by_series = |rows: Vec<&Comparison>| {
+        let series = grouped(&rows, |r| series_key(&r.name));
+        series.into_iter().map(SweepSeries::of).collect()
+    };
+    let panels = grouped(rows, |r| r.unit.clone()).into_iter();
+    panels.map(|(unit, rows)| (unit, by_series(rows))).collect()
 }
 
+/// A suite's batch-size sweep chart: titles and one panel per unit.
 #[derive(Debug, Clone)]
 pub struct SweepChart {
     pub title: String,
@@ -107,17 +102,15 @@ impl SweepChart {
 impl Chart for SweepChart {
     fn height(&self) -> u32 {
         let rows = u32::try_from(self.grid().0).unwrap_or(u32::MAX);
-        SWEEP_HEADER
-            .saturating_add(rows.saturating_mul(PANEL_HEIGHT))
-            .min(20_000)
+        let panels = rows.saturating_mul(PANEL_HEIGHT);
+        SWEEP_HEADER.saturating_add(panels).min(20_000)
     }
 
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
-        // The panels' legends tell kiln (solid, filled dots) from the baseline (dashed, open).
         let body = header(root, &self.title, &self.subtitle, SWEEP_HEADER)?;
         let areas = body.split_evenly(self.grid());
-        for (panel, area) in self.panels.iter().zip(&areas) {
-            draw_sweep_panel(area, panel)?;
+        for ((unit, series), area) in self.panels.iter().zip(&areas) {
+            draw_sweep_panel(area, unit, series)?;
         }
         Ok(())
     }
@@ -134,9 +127,8 @@ fn batch_size(c: &Comparison) -> Option<f64> {
 
 /// The x range (log2 batch sizes, a little wider) and y range (from 0, or below the smallest
 /// value when negative, to above the largest) of a panel's points.
-fn panel_ranges(panel: &SweepPanel) -> ((f64, f64), (f64, f64)) {
-    let points: Vec<(f64, f64)> = panel
-        .series
+fn panel_ranges(series: &[SweepSeries]) -> ((f64, f64), (f64, f64)) {
+    let points: Vec<(f64, f64)> = series
         .iter()
         .flat_map(|s| s.kiln.iter().chain(&s.baseline).copied())
         .collect();
@@ -150,13 +142,14 @@ fn panel_ranges(panel: &SweepPanel) -> ((f64, f64), (f64, f64)) {
     (x, (y_lo, y_max + pad))
 }
 
+/// One unit's panel: kiln solid with filled dots, the baseline dashed with open ones.
 fn draw_sweep_panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
-    data: &SweepPanel,
+    unit: &str,
+    all: &[SweepSeries],
 ) -> crate::Result<()> {
-    let unit = Some(data.unit.as_str()).filter(|u| !u.is_empty());
-    let unit = unit.unwrap_or("(no unit)");
-    let ((x_lo, x_hi), (y_lo, y_hi)) = panel_ranges(data);
+    let unit = Some(unit).filter(|u| !u.is_empty()).unwrap_or("(no unit)");
+    let ((x_lo, x_hi), (y_lo, y_hi)) = panel_ranges(all);
     let mut chart = panel(area, unit, x_lo..x_hi, y_lo..y_hi)?;
     let octaves = (x_hi - x_lo).ceil() as usize;
     mesh(&mut chart, "batch size (log2 scale)", unit)
@@ -168,28 +161,21 @@ fn draw_sweep_panel<DB: DrawingBackend>(
         .y_label_formatter(&|v| tick_label(*v, y_hi - y_lo))
         .draw()
         .map_err(draw_err)?;
-
-    let label_style = TextStyle::from((FONT, 13).into_font());
-    let fit = |t: &str| clip(t, 60, |t| fits(area, t, &label_style, 320));
-    for (i, series) in data.series.iter().enumerate() {
+    for (i, series) in all.iter().enumerate() {
         let color = SERIES_COLORS[i % SERIES_COLORS.len()];
-        let (kiln, base) = if data.series.len() > 1 {
-            let key = &series.key;
-            (
-                format!("{key} · kiln"),
-                format!("{key} · {}", series.baseline_name),
-            )
-        } else {
-            ("kiln".to_owned(), series.baseline_name.clone())
+        let (key, base) = (&series.key, &series.baseline_name);
+        let (kiln, base) = match all.len() {
+            1 => ("kiln".to_owned(), base.clone()),
+            _ => (format!("{key} · kiln"), format!("{key} · {base}")),
         };
-        // kiln solid with filled dots, the baseline dashed with open ones.
         let style = color.stroke_width(2);
         let sides = [
             (&series.kiln, None, kiln, color.filled()),
             (&series.baseline, Some((7, 5)), base, style),
         ];
         for (points, dash, label, dot) in sides.into_iter().filter(|s| !s.0.is_empty()) {
-            let series = line(&mut chart, points, style, dash)?.label(fit(&label));
+            let label = fit_label(area, &label, 60, 320);
+            let series = line(&mut chart, points, style, dash)?.label(label);
             if dash.is_none() {
                 series.legend(solid_glyph(color));
             } else {
@@ -202,12 +188,9 @@ fn draw_sweep_panel<DB: DrawingBackend>(
             chart.draw_series(dots).map_err(draw_err)?;
         }
     }
-    if data
-        .series
-        .iter()
-        .any(|s| !s.kiln.is_empty() || !s.baseline.is_empty())
-    {
-        series_legend(&mut chart, SeriesLabelPosition::UpperLeft, label_style)
+    let drawn = |s: &SweepSeries| !s.kiln.is_empty() || !s.baseline.is_empty();
+    if all.iter().any(drawn) {
+        series_legend(&mut chart, SeriesLabelPosition::UpperLeft)
     } else {
         let (w, h) = area.dim_in_pixel();
         let style = text_style((FONT, 16), &FAINT, HPos::Center, VPos::Center);
