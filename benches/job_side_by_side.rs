@@ -1,27 +1,18 @@
-//! `cargo xtask bench --suite job`: the whole default job end to end. `kiln train --data DIR`
-//! (the release CLI, as `cargo xtask train` builds it) against a PyTorch Lightning `Trainer.fit`
-//! script doing the same work (`python/lightning_job.py`), and against the same script as a
-//! plain PyTorch loop (what Lightning itself costs): the same prepared shards (kiln's default
-//! synthetic dataset, 8192 samples of 64×469, 100 classes, prepared with kiln's data prepare),
-//! read through a torch `Dataset` by the PyTorch sides, the same train/validation split, model
-//! and initial weights, epochs, batch size, precision (kiln's automatic choice; Lightning's
-//! matching `precision`), fused AdamW, warmup + cosine schedule, clipping, validation and a
-//! checkpoint every epoch, worker count and threads — every value taken from the plan kiln
-//! resolves for the job. Reports wall time (process start to exit), samples/s over it, final
-//! validation accuracy and peak memory of each process tree (PSS, and RSS which counts pages
-//! shared between worker processes once per process). Goal: kiln's wall time ≤ 0.7× Lightning's
-//! with validation accuracy within 1 point.
-//!
-//! Lightning comes from the pinned peers `cargo xtask bench` installs (`KILN_BENCH_PEERS`);
-//! without them its rows say "not run" and why. `--quick` (CI) runs a tiny job on every side
-//! to check the suite's shape.
+//! `cargo xtask bench --suite job`: the whole default job end to end, `kiln train --data DIR`
+//! (the release CLI) against a PyTorch Lightning `Trainer.fit` script doing the same work
+//! (`python/lightning_job.py`) and the same script as a plain PyTorch loop, every value taken
+//! from the plan kiln resolves (shards, split, model and initial weights, precision, optimizer,
+//! schedule, workers, threads): wall time, samples/s, final validation accuracy and the process
+//! tree's peak memory. Goal: kiln's wall time ≤ 0.7× Lightning's with accuracy within 1 point.
+//! Without the pinned peers (`KILN_BENCH_PEERS`) the Lightning rows say "not run" and why.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::{MIB, PERCENT, SAMPLES_S, SECONDS, SuiteOutput};
-use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, num, peers};
+use kiln_benches::{MALLOC_AS_KILN, Msg, Result, SuiteArgs, alternating, datasets, median, num};
+use kiln_benches::{malloc_like_kiln, peers, python_script};
 use kiln_config::RunPlan;
 use kiln_data::SyntheticSequences;
 use kiln_device::settings::AmpDtype;
@@ -42,8 +33,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     exit_on_error(suite(&cli.command.map_or(cli.suite, |Sub::Job(a)| a)));
 }
 
-/// `kiln train`'s settings for the job, beyond its defaults: the threads and where runs go;
-/// `--quick` shrinks the model and epochs (the data shrinks in [`write_data`]).
+/// `kiln train`'s settings beyond its defaults: threads, where runs go, `--quick`'s smaller job.
 fn job_sets(quick: bool, threads: usize, runs: &Path) -> Vec<String> {
     let mut sets = vec![
         format!("performance.intra_op_threads={threads}"),
@@ -67,9 +57,7 @@ fn data_shape(quick: bool) -> (usize, usize, usize, usize) {
     }
 }
 
-/// kiln's synthetic sequences (seeded as `kiln train` seeds them), prepared as kiln's sharded
-/// dataset in `dir/data`, and kiln's train/validation split as `dir/split.json`. Returns the
-/// dataset and split paths.
+/// kiln's synthetic sequences prepared in `dir/data`, and its split as `dir/split.json`.
 fn write_data(dir: &Path, quick: bool, plan: &RunPlan) -> Result<(PathBuf, PathBuf)> {
     let (samples, seq, features, classes) = data_shape(quick);
     let seed = plan.performance.backend.seed;
@@ -100,41 +88,40 @@ struct Torch<'a> {
     plan: &'a RunPlan,
     cpu: bool,
     threads: usize,
-    data: &'a Path,
-    split: &'a Path,
+    /// The prepared shards and the split.
+    data: (&'a Path, &'a Path),
 }
 
 impl Torch<'_> {
-    fn precision(&self) -> &'static str {
-        match self.plan.train.amp {
+    /// Lightning's `precision` for kiln's, and kiln's attention formulation for it here.
+    fn precision(&self) -> (&'static str, &'static str) {
+        let precision = match self.plan.train.amp {
             AmpDtype::None => "32-true",
             AmpDtype::Bf16 => "bf16-mixed",
             AmpDtype::Fp16 => "16-mixed",
-        }
+        };
+        let math = self.cpu && self.plan.train.amp != AmpDtype::None;
+        (precision, if math { "math" } else { "sdpa" })
     }
 
-    /// kiln's attention formulation for this device and precision.
-    fn attention(&self) -> &'static str {
-        if self.cpu && self.plan.train.amp != AmpDtype::None {
-            "math"
-        } else {
-            "sdpa"
-        }
-    }
-
-    fn command(&self, trainer: &str, out: &Path, peers_dir: Option<&Path>) -> Command {
-        let mut c = Command::new(self.python);
-        c.arg(bench_root().join("python/lightning_job.py"));
-        c.args(["--trainer", trainer, "--precision", self.precision()]);
-        c.args(["--attention", self.attention()]);
+    /// `who`'s run (`plain`, `lightning` or `lightning-malloc`) writing to `out`.
+    fn command(&self, who: &str, out: &Path, peers_dir: Option<&Path>) -> Command {
+        let (precision, attention) = self.precision();
+        let mut c = python_script(self.python, "lightning_job.py");
+        let trainer = if who == "plain" { "plain" } else { "lightning" };
+        c.args(["--trainer", trainer, "--precision", precision]);
+        c.args(["--attention", attention]);
         c.args(["--device", if self.cpu { "cpu" } else { "cuda" }]);
-        c.arg("--data").arg(self.data);
-        c.arg("--split").arg(self.split);
+        c.arg("--data").arg(self.data.0);
+        c.arg("--split").arg(self.data.1);
         c.arg("--out").arg(out);
         c.args(["--workers", &self.plan.data.num_workers.to_string()]);
         plan_args(&mut c, self.plan, self.threads);
         if let Some(dir) = peers_dir {
             peers::put_first_on_path(&mut c, dir);
+        }
+        if who == "lightning-malloc" {
+            malloc_like_kiln(&mut c);
         }
         c
     }
@@ -154,18 +141,13 @@ impl Side {
     fn seconds(&self) -> f64 {
         self.median(|m| m.seconds)
     }
-    fn samples_per_s(&self) -> f64 {
-        self.median(|m| num(&m.result["samples"]) / m.seconds)
-    }
     fn accuracy(&self) -> f64 {
         100.0 * self.figure("final_val_accuracy")
     }
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {
-    let quick = a.quick;
-    let repeats = a.repeats_or(1).max(1);
-    let threads = a.threads_or(2).max(1);
+    let (quick, repeats, threads) = (a.quick, a.repeats_or(1).max(1), a.threads_or(2).max(1));
     let work = fresh_work_dir(a, "job")?;
     let runs = work.join("kiln-runs");
     let sets = job_sets(quick, threads, &runs);
@@ -178,8 +160,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         plan: &plan,
         cpu: resolution.selection.device == kiln_device::Device::Cpu,
         threads,
-        data: &data,
-        split: &split,
+        data: (&data, &split),
     };
     let lightning = peers::dir();
     let who = ["kiln", "lightning", "plain", "lightning-malloc"];
@@ -187,19 +168,12 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         let log = work.join(format!("{who}-{r}.log"));
         let out = work.join(format!("{who}-{r}"));
         eprintln!("job: repeat {r}: {who} (log: {})", log.display());
-        let run = match (who, &lightning) {
+        Ok(Some(match (who, &lightning) {
             ("kiln", _) => kiln_run(&data, &sets, &runs, &log)?,
-            ("plain", _) => measured(torch.command("plain", &out, None), &log)?,
+            ("plain", _) => measured(torch.command(who, &out, None), &log)?,
             (_, Err(_)) => return Ok(None),
-            (who, Ok(dir)) => {
-                let mut c = torch.command("lightning", &out, Some(dir));
-                if who == "lightning-malloc" {
-                    kiln_benches::malloc_like_kiln(&mut c);
-                }
-                measured(c, &log)?
-            }
-        };
-        Ok(Some(run))
+            (who, Ok(dir)) => measured(torch.command(who, &out, Some(dir)), &log)?,
+        }))
     })?;
     let sides: [Vec<Measured>; 4] = sides
         .try_into()
@@ -209,15 +183,16 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     match &lightning {
         Ok(_) => lightning_rows(&mut out, &kiln, &light, &light_malloc),
         Err(why) => {
-            for name in LIGHTNING_ROWS {
-                out.skip(&format!("{name} vs Lightning"), &format!("not run: {why}"));
+            let names = LIGHTNING_ROWS.map(|name| format!("{name} vs Lightning"));
+            for name in names.iter().map(String::as_str).chain([MALLOC_ROW]) {
+                out.skip(name, &format!("not run: {why}"));
             }
-            out.skip(MALLOC_ROW, &format!("not run: {why}"));
         }
     }
+    let (precision, attention) = torch.precision();
     out.details = json!({
         "quick": quick, "repeats": repeats, "threads": threads,
-        "precision": torch.precision(), "attention": torch.attention(),
+        "precision": precision, "attention": attention,
         "workers": plan.data.num_workers, "workers_auto": plan.data.num_workers_auto,
         "batch": plan.train.batch_size,
         "epochs": plan.train.epochs, "data_shape": data_shape(quick),
@@ -228,25 +203,21 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     remove_dir(&work)
 }
 
-/// The job's data workers: kiln's `data.num_workers` as it resolves (by default `auto`, which
-/// measures up to the profile's count), and the PyTorch sides' fixed count, that ceiling.
-fn workers_text(plan: &RunPlan) -> String {
-    let n = plan.data.num_workers;
-    if plan.data.num_workers_auto {
-        format!("data workers: kiln's default auto (measured, 0 to {n}), PyTorch's DataLoader {n}")
-    } else {
-        format!("{n} data workers")
-    }
-}
-
 /// The suite's description and the rows against the plain PyTorch loop.
 fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOutput {
     let (samples, seq, features, classes) = data_shape(quick);
     let (m, t) = (&torch.plan.model, &torch.plan.train);
     let (d_model, layers, dropout) = (m.d_model, m.layers, m.dropout);
     let (epochs, batch, warmup, clip) = (t.epochs, t.batch_size, t.warmup_steps, t.clip_grad_norm);
-    let (precision, attention) = (torch.precision(), torch.attention());
-    let (workers, threads) = (workers_text(torch.plan), torch.threads);
+    let ((precision, attention), threads) = (torch.precision(), torch.threads);
+    let n = torch.plan.data.num_workers;
+    // kiln's `data.num_workers` as it resolves (by default `auto`, measuring up to the
+    // profile's count), and the PyTorch sides' fixed count, that ceiling.
+    let workers = if torch.plan.data.num_workers_auto {
+        format!("data workers: kiln's default auto (measured, 0 to {n}), PyTorch's DataLoader {n}")
+    } else {
+        format!("{n} data workers")
+    };
     let quick = quick.then_some("QUICK (a tiny job, shape check only): ");
     let what = format!(
         "{}the default job end to end: `kiln train --data` against PyTorch Lightning \
@@ -269,8 +240,7 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOut
     out
 }
 
-/// The rows against Lightning, by name; where Lightning did not run, each is skipped as
-/// "… vs Lightning".
+/// The rows against Lightning; where it did not run, each is skipped as "… vs Lightning".
 const LIGHTNING_ROWS: [&str; 6] = [
     "default job wall time",
     "default job samples/s (training samples / wall time)",
@@ -288,24 +258,23 @@ fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side, light_malloc
     let version = version.as_str().unwrap_or("?");
     let base = format!("PyTorch Lightning Trainer.fit, same job (lightning {version})");
     let row = |name: &str, unit, figures| out.row("end to end", name, unit, figures, &base);
-    let [wall, rate, accuracy, accuracy_goal, pss, rss] = LIGHTNING_ROWS;
+    let [wall, samples, accuracy, accuracy_goal, pss, rss] = LIGHTNING_ROWS;
     let fit = json!({"kiln": kiln.figure("fit_seconds"), "lightning": light.figure("fit_seconds")});
-    let seconds = (kiln.seconds(), light.seconds());
-    let rates = (kiln.samples_per_s(), light.samples_per_s());
+    let both = |f: fn(&Measured) -> f64| (kiln.median(f), light.median(f));
+    let rate = |m: &Measured| num(&m.result["samples"]) / m.seconds;
     let (ka, la) = (kiln.accuracy(), light.accuracy());
-    let memory = |f: fn(&Measured) -> f64| (kiln.median(f), light.median(f));
     let rows = [
-        row(wall, SECONDS, seconds)
+        row(wall, SECONDS, both(|m| m.seconds))
             .at_most(0.7)
             .detail("fit_seconds", fit),
-        row(rate, SAMPLES_S, rates),
+        row(samples, SAMPLES_S, both(rate)),
         row(accuracy, PERCENT, (ka, la)).detail("difference_points", json!(ka - la)),
         row(accuracy_goal, PERCENT, (ka, la - 1.0)).at_least(1.0),
-        row(pss, MIB, memory(|m| m.peak_pss_mib)),
-        row(rss, MIB, memory(|m| m.peak_rss_mib)),
+        row(pss, MIB, both(|m| m.peak_pss_mib)),
+        row(rss, MIB, both(|m| m.peak_rss_mib)),
     ];
     rows.into_iter().for_each(|r| out.push(r));
-    let base = format!("{base}, with {}", kiln_benches::MALLOC_AS_KILN);
+    let base = format!("{base}, with {MALLOC_AS_KILN}");
     let seconds = (kiln.seconds(), light_malloc.seconds());
     out.push(out.row("end to end", MALLOC_ROW, SECONDS, seconds, base));
 }

@@ -1,28 +1,16 @@
-//! `cargo xtask bench learning`: do kiln and PyTorch learn the same thing? For each reference
-//! model (the transformer as the train suite builds it, the MLP and the conv net), kiln builds
-//! the model with a fixed seed and writes its initial weights as safetensors; the PyTorch twin
-//! (`python/same_learning.py`, the modules of `python/train_step.py`) loads them under an
-//! explicit name map. Both sides then train on the same fixed data (kiln's synthetic dataset
-//! for the model, written once as safetensors), in the same batch order, with the train suite's
-//! settings: fused AdamW (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 0.01 on tensors of
-//! rank ≥ 2), constant lr, no clipping, dropout 0, the same thread count.
-//!
-//! - fp32: every step's loss must agree within [`FP32_STEP_TOLERANCE`].
-//! - bf16 (kiln's CPU bf16 autocast against `torch.autocast("cpu", torch.bfloat16)` with kiln's
-//!   attention formulation): the final loss (mean of the last steps) within
-//!   [`BF16_LOSS_TOLERANCE`] and the held-out accuracy within [`BF16_ACCURACY_TOLERANCE`].
-//!
-//! Each row's kiln figure is the largest difference found and its baseline the tolerance, so
-//! the goal is a ratio of at most 1; details hold both loss curves (plotted by the report).
-//! `kiln-run` is the kiln side of one run, in its own process like the Python side.
+//! `cargo xtask bench learning`: do kiln and PyTorch learn the same thing? Each reference model's
+//! seeded initial weights and data, written by kiln as safetensors, trained on both sides in the
+//! same batch order with the train suite's settings (the twins: `python/same_learning.py`).
+//! Goals: fp32, every step's loss within [`FP32_STEP_TOLERANCE`]; bf16 autocast, the final loss
+//! and held-out accuracy within [`BF16_LOSS_TOLERANCE`] and [`BF16_ACCURACY_TOLERANCE`].
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use clap::{Args, Subcommand};
 use kiln_benches::report::{Better, Comparison, NATS, SuiteOutput};
-use kiln_benches::{Msg, Result, SuiteArgs, bench_root, figure, mean, run_json};
-use kiln_config::{ModelKind, ModelPlan};
+use kiln_benches::{Msg, Result, SuiteArgs, command, figure, mean, python_script, run_json};
+use kiln_config::ModelKind::{self, ConvNet, Transformer, Unet3d};
+use kiln_config::ModelPlan;
 use kiln_data::{
     DataError, Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences,
     SyntheticVolumes, TargetSlot, TargetSpec,
@@ -51,15 +39,8 @@ const LR: f64 = 1e-3;
 /// Held-out samples per evaluation batch (both sides).
 const EVAL_BATCH: usize = 64;
 const WEIGHT_DECAY: f64 = 0.01;
-/// Every model's classes (the train suite's transformer has 100, which learn too little in 100
-/// steps for the held-out accuracy to say anything).
+/// Every model's classes (the train suite's transformer's 100 learn too little in 100 steps).
 const CLASSES: usize = 10;
-const MODELS: [ModelKind; 4] = [
-    ModelKind::Transformer,
-    ModelKind::Mlp,
-    ModelKind::ConvNet,
-    ModelKind::Unet3d,
-];
 const PRECISIONS: [AmpDtype; 2] = [AmpDtype::None, AmpDtype::Bf16];
 
 #[derive(Debug, Subcommand)]
@@ -74,7 +55,7 @@ enum Sub {
 struct LearningArgs {
     #[command(flatten)]
     suite: SuiteArgs,
-    /// The models, e.g. transformer,mlp (for runs by hand; default: all three).
+    /// The models, e.g. transformer,mlp (for runs by hand; default: all four).
     #[arg(long, value_delimiter = ',')]
     models: Vec<ModelKind>,
 }
@@ -120,31 +101,25 @@ struct Job {
     tail: usize,
 }
 
-/// The full check: the train suite's models and data shapes, 100+ steps. `--quick` (CI) keeps
-/// the suite's shape with a smaller transformer, smaller images and 20 steps.
+/// The full check (the train suite's models and data shapes, 100 steps), or CI's (20 steps).
 fn job(kind: ModelKind, quick: bool) -> Job {
     let steps = if quick { 20 } else { 100 };
-    let ((d_model, heads, layers, ff), sample_shape, batch) = match (kind, quick) {
+    let (sizes, sample_shape, batch) = match (kind, quick) {
         // The train suite's transformer, with a head of [`CLASSES`].
-        (ModelKind::Transformer, false) => ((256, 8, 4, 1024), vec![64, 469], 8),
-        (ModelKind::Transformer, true) => ((64, 4, 1, 128), vec![16, 32], 8),
+        (Transformer, false) => ((256, 8, 4, 1024), vec![64, 469], 8),
+        (Transformer, true) => ((64, 4, 1, 128), vec![16, 32], 8),
         // 16×16 images rather than the train suite's 32×32: bf16 convolutions are slow on a
         // CPU without bf16 units, and the check is about agreement, not size.
-        (ModelKind::ConvNet, false) => ((0, 0, 0, 0), vec![3, 16, 16], 16),
-        (ModelKind::ConvNet, true) => ((0, 0, 0, 0), vec![3, 8, 8], 8),
+        (ConvNet, false) => ((0, 0, 0, 0), vec![3, 16, 16], 16),
+        (ConvNet, true) => ((0, 0, 0, 0), vec![3, 8, 8], 8),
         // Volumes smaller than the default job's 32³, for the same reason.
-        (ModelKind::Unet3d, false) => ((0, 0, 0, 0), vec![1, 24, 24, 24], 4),
-        (ModelKind::Unet3d, true) => ((0, 0, 0, 0), vec![1, 16, 16, 16], 4),
+        (Unet3d, false) => ((0, 0, 0, 0), vec![1, 24, 24, 24], 4),
+        (Unet3d, true) => ((0, 0, 0, 0), vec![1, 16, 16, 16], 4),
         _ => ((0, 0, 0, 0), vec![64], 32),
     };
-    let mut plan = ModelPlan {
-        d_model,
-        heads,
-        layers,
-        ff,
-        ..ModelPlan::builtin(kind)
-    };
-    if kind == ModelKind::Unet3d {
+    let mut plan = ModelPlan::builtin(kind);
+    (plan.d_model, plan.heads, plan.layers, plan.ff) = sizes;
+    if kind == Unet3d {
         plan.channels = if quick { vec![4, 8] } else { vec![16, 32, 64] };
     }
     Job {
@@ -158,16 +133,13 @@ fn job(kind: ModelKind, quick: bool) -> Job {
     }
 }
 
-/// What the job's model predicts: one of [`CLASSES`] per sample, or the U-Net's class per voxel
-/// (object or not).
+/// What the job's model predicts: one of [`CLASSES`], or the U-Net's class per voxel.
 fn target_of(job: &Job) -> TargetSpec {
-    match job.plan.kind {
-        ModelKind::Unet3d => TargetSpec::Classes {
-            classes: 2,
-            shape: job.sample_shape[1..].to_vec(),
-        },
-        _ => TargetSpec::label(CLASSES),
+    if job.plan.kind != Unet3d {
+        return TargetSpec::label(CLASSES);
     }
+    let shape = job.sample_shape[1..].to_vec();
+    TargetSpec::Classes { classes: 2, shape }
 }
 
 /// Every sample of `data` (kiln's synthetic dataset for a model) as a features tensor
@@ -180,17 +152,17 @@ fn tensors(data: std::result::Result<impl Dataset, DataError>) -> Result<(Tensor
     let all: Vec<usize> = (0..data.len()).collect();
     data.read_batch(&all, &mut features, TargetSlot::Classes(&mut classes))
         .msg()?;
-    let dims = |shape: &[usize]| {
-        std::iter::once(data.len() as i64)
-            .chain(shape.iter().map(|&d| d as i64))
-            .collect::<Vec<_>>()
+    // `t` viewed as `[n, shape…]`.
+    let view = |t: Tensor, shape: &[usize]| {
+        let dims = std::iter::once(data.len()).chain(shape.iter().copied());
+        t.f_view(dims.map(|d| d as i64).collect::<Vec<_>>().as_slice())
+            .msg()
     };
-    let err = |e: tch::TchError| e.to_string();
-    let features = Tensor::f_from_slice(&features)
-        .and_then(|t| t.f_view(dims(data.sample_shape()).as_slice()));
-    let classes =
-        Tensor::f_from_slice(&classes).and_then(|t| t.f_view(dims(target.shape()).as_slice()));
-    Ok((features.map_err(err)?, classes.map_err(err)?))
+    let features = view(Tensor::f_from_slice(&features).msg()?, data.sample_shape())?;
+    Ok((
+        features,
+        view(Tensor::f_from_slice(&classes).msg()?, target.shape())?,
+    ))
 }
 
 /// `dir/<model>-<what>.safetensors`: the initial weights (`init`) or the data (`data`).
@@ -206,8 +178,7 @@ fn model(job: &Job, vs: &nn::VarStore) -> Result<Box<dyn Model>> {
 }
 
 /// Writes the job's initial weights, data (`train_x`, `train_y`, `held_x`, `held_y`) and
-/// `<model>-job.json` (what the PyTorch side needs to build and train the twin) into `dir`;
-/// returns the job file.
+/// `<model>-job.json` (all the PyTorch side needs) into `dir`; returns the job file.
 fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     let kind = job.plan.kind;
     let vs = nn::VarStore::new(Device::Cpu);
@@ -218,9 +189,9 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     let (s, c, seed) = (&job.sample_shape, CLASSES, DATA_SEED);
     let len = job.pool + job.held_out;
     let (x, y) = match kind {
-        ModelKind::Transformer => tensors(SyntheticSequences::new(len, s[0], s[1], c, seed)),
-        ModelKind::ConvNet => tensors(SyntheticImages::new(len, s[0], s[1], c, seed)),
-        ModelKind::Unet3d => tensors(SyntheticVolumes::new(len, s[1], seed)),
+        Transformer => tensors(SyntheticSequences::new(len, s[0], s[1], c, seed)),
+        ConvNet => tensors(SyntheticImages::new(len, s[0], s[1], c, seed)),
+        Unet3d => tensors(SyntheticVolumes::new(len, s[1], seed)),
         _ => tensors(SyntheticClassification::new(len, s.clone(), c, seed, 3.0)),
     }?;
     let (pool, held) = (job.pool as i64, job.held_out as i64);
@@ -234,12 +205,11 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     Tensor::write_safetensors(&named, &path).at(&path)?;
     let p = &job.plan;
     let twin = match kind {
-        ModelKind::Transformer => json!({
+        Transformer => json!({
             "seq": s[0], "features": s[1], "d_model": p.d_model, "heads": p.heads,
             "layers": p.layers, "ff": p.ff, "classes": CLASSES}),
-        ModelKind::ConvNet => json!({
-            "in_channels": s[0], "channels": p.channels, "classes": CLASSES}),
-        ModelKind::Unet3d => json!({"in_channels": s[0], "channels": p.channels, "classes": 2}),
+        ConvNet => json!({"in_channels": s[0], "channels": p.channels, "classes": CLASSES}),
+        Unet3d => json!({"in_channels": s[0], "channels": p.channels, "classes": 2}),
         _ => json!({"features": s[0], "hidden": p.hidden, "classes": CLASSES}),
     };
     let text = json!({
@@ -259,9 +229,7 @@ fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize) -> Result<(Tensor, Te
     Ok((rows(x)?, rows(y)?))
 }
 
-/// One kiln run: loads the initial weights and data `prepare` wrote into `--dir`, trains
-/// `steps` steps at `--precision` with the train suite's step (fused AdamW, constant lr, no
-/// clipping), evaluates the held-out set; prints JSON.
+/// One kiln run from what `prepare` wrote into `--dir`, at `--precision`; prints JSON.
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = std::time::Instant::now();
     let (kind, job) = (a.model, job(a.model, a.quick));
@@ -277,11 +245,8 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         found.ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
     };
     let (x, y) = (named("train_x")?, named("train_y")?);
-    let options = StepOptions {
-        lr: LR,
-        weight_decay: WEIGHT_DECAY,
-        ..StepOptions::new(a.precision)
-    };
+    let mut options = StepOptions::new(a.precision);
+    (options.lr, options.weight_decay) = (LR, WEIGHT_DECAY);
     let mut stepper =
         Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, Device::Cpu).msg()?;
     stepper.set_target(&target_of(&job)).msg()?;
@@ -290,9 +255,8 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         let (bx, by) = batch(x, y, step * job.batch % job.pool, job.batch)?;
         let loss = stepper.step(&bx, &by).msg()?;
         if !loss.is_finite() {
-            return Err(format!(
-                "{kind}: non-finite loss at step {step}: {losses:?}"
-            ));
+            let why = format!("{kind}: non-finite loss at step {step}: {losses:?}");
+            return Err(why);
         }
         losses.push(loss);
     }
@@ -322,14 +286,15 @@ struct Pair {
     torch: Value,
 }
 
-/// The suite, over `models` (`--models a,b`, for runs by hand; none: [`MODELS`]).
+/// The suite, over `models` (`--models a,b`, for runs by hand; none: all built-in ones).
 fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
     // Two threads a side by default, as in the other suites.
     let threads = a.threads_or(2).max(1).to_string();
     // The bench's own scratch directory, removed at the end.
     let work = fresh_work_dir(a, "learning")?;
     let exe = std::env::current_exe().msg()?;
-    let models: &[ModelKind] = if models.is_empty() { &MODELS } else { models };
+    let all = ModelKind::ALL;
+    let models = if models.is_empty() { &all[..] } else { models };
     let mut pairs = vec![];
     for &kind in models {
         let job = job(kind, a.quick);
@@ -337,13 +302,11 @@ fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
         for precision in PRECISIONS {
             let (name, steps) = (precision.as_str(), job.steps);
             eprintln!("learning: {kind} {name}, {steps} steps: kiln, then PyTorch");
-            let mut k = Command::new(&exe);
-            k.args(["learning", "kiln-run", "--model", kind.as_str()]);
+            let mut k = command(&exe, &["learning", "kiln-run", "--model", kind.as_str()]);
             k.args(["--precision", name, "--dir"]).arg(&work);
-            k.args(["--threads", &threads]);
-            k.args(a.quick.then_some("--quick"));
-            let mut t = Command::new(&a.python);
-            t.arg(bench_root().join("python/same_learning.py"));
+            k.args(["--threads", &threads])
+                .args(a.quick.then_some("--quick"));
+            let mut t = python_script(&a.python, "same_learning.py");
             t.arg("--job").arg(&job_file);
             t.args(["--precision", name, "--threads", &threads]);
             let (kiln, torch) = (run_json(k)?, run_json(t)?);
@@ -382,7 +345,7 @@ fn tail_mean(v: &[f64], tail: usize) -> f64 {
 
 /// What the PyTorch side runs, for the rows' baseline names and the plots.
 fn twin_text(kind: ModelKind, precision: AmpDtype) -> &'static str {
-    match (precision, kind == ModelKind::Transformer) {
+    match (precision, kind == Transformer) {
         (AmpDtype::None, true) => "PyTorch twin fp32 (SDPA, as kiln in fp32)",
         (AmpDtype::None, false) => "PyTorch twin fp32",
         (_, true) => "PyTorch twin, torch.autocast(cpu, bf16), kiln's matmul-softmax attention",
@@ -390,19 +353,15 @@ fn twin_text(kind: ModelKind, precision: AmpDtype) -> &'static str {
     }
 }
 
-/// The rows of one model at one precision: fp32, the largest per-step difference; bf16, the
-/// final loss and the held-out accuracy (the loss curves on the first row only). Each row's kiln
-/// figure is the largest difference found, its baseline the tolerance (goal ≤ 1); every row's
-/// details hold the job, both sides' figures and loss curves.
+/// The rows of one model at one precision (fp32: the largest per-step difference; bf16: the final
+/// loss, and the held-out accuracy without the loss curves), each against its tolerance.
 fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
     let (j, kind, precision) = (&p.job, p.job.plan.kind, p.precision.as_str());
     let (kiln, torch) = (losses(&p.kiln)?, losses(&p.torch)?);
-    let steps = kiln.len();
-    if steps != torch.len() {
-        let t = torch.len();
-        return Err(format!(
-            "{kind} {precision}: kiln ran {steps} steps, PyTorch {t}"
-        ));
+    let (steps, t) = (kiln.len(), torch.len());
+    if steps != t {
+        let why = format!("{kind} {precision}: kiln ran {steps} steps, PyTorch {t}");
+        return Err(why);
     }
     let accuracy = |run: &Value| figure(run, "held_out_accuracy").map(|a| 100.0 * a);
     let (ka, ta) = (accuracy(&p.kiln)?, accuracy(&p.torch)?);
@@ -423,11 +382,8 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         "seconds": {"kiln": p.kiln["seconds"], "pytorch": p.torch["seconds"]},
     });
     let quick_note = quick.then_some(" (quick: not the 100-step check)");
-    let what = format!(
-        "{kind} {precision}, {steps} steps of batch {}{}",
-        j.batch,
-        quick_note.unwrap_or_default()
-    );
+    let what = format!("{kind} {precision}, {steps} steps of batch {}", j.batch);
+    let what = what + quick_note.unwrap_or_default();
     let row = |name: &str, unit, figures, base: String| {
         let name = format!("{what}: {name}");
         let c = Comparison::new("learning", "same learning", name, unit, figures, base);
@@ -436,10 +392,9 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         c
     };
     if p.precision == AmpDtype::None {
-        let at = if largest == 0.0 {
-            "identical at every step".to_owned()
-        } else {
-            format!("largest at step {step}")
+        let at = match largest {
+            0.0 => "identical at every step".to_owned(),
+            _ => format!("largest at step {step}"),
         };
         let baseline = format!(
             "tolerance {FP32_STEP_TOLERANCE:e} nats ({twin}; {at}; final loss kiln {kf:.4}, \
@@ -449,43 +404,37 @@ fn rows(p: &Pair, quick: bool) -> Result<Vec<Comparison>> {
         let fp32 = row("largest per-step |Δloss|", NATS, figures, baseline);
         return Ok(vec![fp32]);
     }
-    let loss = row(
-        &format!("final loss |Δ| (mean of last {} steps)", j.tail),
-        NATS,
-        ((kf - tf).abs(), BF16_LOSS_TOLERANCE),
-        format!("tolerance {BF16_LOSS_TOLERANCE} nats ({twin}; kiln {kf:.4}, PyTorch {tf:.4})"),
+    let name = format!("final loss |Δ| (mean of last {} steps)", j.tail);
+    let figures = ((kf - tf).abs(), BF16_LOSS_TOLERANCE);
+    let base =
+        format!("tolerance {BF16_LOSS_TOLERANCE} nats ({twin}; kiln {kf:.4}, PyTorch {tf:.4})");
+    let loss = row(&name, NATS, figures, base);
+    let figures = ((ka - ta).abs(), BF16_ACCURACY_TOLERANCE);
+    let base = format!(
+        "tolerance {BF16_ACCURACY_TOLERANCE} points ({twin}; {} held-out samples; kiln \
+         {ka:.1}%, PyTorch {ta:.1}%)",
+        j.held_out
     );
-    let accuracy = row(
-        "held-out accuracy |Δ|",
-        ("points", Better::Lower),
-        ((ka - ta).abs(), BF16_ACCURACY_TOLERANCE),
-        format!(
-            "tolerance {BF16_ACCURACY_TOLERANCE} points ({twin}; {} held-out samples; kiln \
-             {ka:.1}%, PyTorch {ta:.1}%)",
-            j.held_out
-        ),
-    );
+    let points = ("points", Better::Lower);
+    let accuracy = row("held-out accuracy |Δ|", points, figures, base);
     Ok(vec![loss, accuracy.detail("loss_curves", Value::Null)])
 }
 
 fn report(quick: bool, threads: &str, pairs: &[Pair]) -> Result<SuiteOutput> {
     let quick_note =
         quick.then_some(". QUICK RUN: 20 steps on smaller models, not the 100-step check");
-    let mut out = SuiteOutput::new(
-        "learning",
-        &format!(
-            "same learning on the CPU: kiln against its PyTorch twin (transformer, MLP, conv \
-             net) from kiln's initial weights (written as safetensors, loaded by name), on the \
-             same fixed synthetic data in the same batch order, fused AdamW (lr {LR}, betas \
-             0.9/0.999, eps 1e-8, weight decay {WEIGHT_DECAY} on rank ≥ 2), constant lr, no \
-             clipping, dropout 0, {threads} threads a side; fp32: every step's loss within \
-             {FP32_STEP_TOLERANCE:e} nats; \
-             bf16 autocast (PyTorch with kiln's attention): final loss within \
-             {BF16_LOSS_TOLERANCE} nats and held-out accuracy within \
-             {BF16_ACCURACY_TOLERANCE} points{}",
-            quick_note.unwrap_or_default()
-        ),
+    let what = format!(
+        "same learning on the CPU: kiln against its PyTorch twin (transformer, MLP, conv net) \
+         from kiln's initial weights (written as safetensors, loaded by name), on the same fixed \
+         synthetic data in the same batch order, fused AdamW (lr {LR}, betas 0.9/0.999, eps \
+         1e-8, weight decay {WEIGHT_DECAY} on rank ≥ 2), constant lr, no clipping, dropout 0, \
+         {threads} threads a side; fp32: every step's loss within {FP32_STEP_TOLERANCE:e} nats; \
+         bf16 autocast (PyTorch with kiln's attention): final loss within \
+         {BF16_LOSS_TOLERANCE} nats and held-out accuracy within {BF16_ACCURACY_TOLERANCE} \
+         points{}",
+        quick_note.unwrap_or_default()
     );
+    let mut out = SuiteOutput::new("learning", &what);
     for p in pairs {
         rows(p, quick)?.into_iter().for_each(|c| out.push(c));
     }
@@ -518,7 +467,7 @@ mod tests {
         };
         let pair = Pair {
             precision,
-            job: job(ModelKind::Transformer, false),
+            job: job(Transformer, false),
             kiln: run(kiln, accuracy.0),
             torch: run(torch, accuracy.1),
         };

@@ -1,9 +1,6 @@
-//! The quality suite's second job, of another kind than the reference classifier: a regression.
-//! kiln's MLP and its PyTorch twin (`python/train_quality.py --task regression`) fit a smooth
-//! function of 32 features (a sum of sines of random projections, plus noise, standardized),
-//! with mean squared error, on the same `.npy` files and split. It is long enough (about 1,800
-//! optimizer steps) for `train.lr = auto`'s range test to run its full 100 steps, so its rows
-//! judge the found rate on a model and a loss the reference job does not have.
+//! The quality suite's second job, a regression: kiln's MLP and its PyTorch twin
+//! (`python/train_quality.py --task regression`) fit a smooth function of noisy features with
+//! mean squared error, long enough for `train.lr = auto`'s range test to run its full 100 steps.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -13,36 +10,22 @@ use kiln_data::ShardedDataset;
 use serde_json::json;
 use tch::{Kind, Tensor};
 
-use super::vs_worst_seed;
-use super::{Both, Ctx, DATA_SEED, JobData, Metric, Side, SuiteOutput, lr_rows, torch_args};
+use super::{
+    Both, Ctx, DATA_SEED, JobData, Metric, SuiteOutput, lr_rows, torch_args, vs_worst_seed,
+};
 
-/// The job: sizes of the data and the model, and the training budget.
+/// The job: samples, features, the MLP's hidden widths (as `model.hidden` takes them) and
+/// epochs; batch 32 with 50 warmup steps.
 #[derive(Debug, Clone, Copy)]
-pub struct Job {
-    pub samples: usize,
-    pub features: usize,
-    /// The MLP's hidden widths, as `model.hidden` takes them.
-    pub hidden: &'static str,
-    pub epochs: usize,
-    pub batch: usize,
-    pub warmup: usize,
-}
+pub struct Job(usize, usize, &'static str, usize);
 
-/// 16,384 samples of 32 features, an MLP 256-256, 4 epochs of batch 32 (1,840 steps of the
-/// 90% kept for training). `--quick` (CI) checks the rows' shape only.
+/// 16,384 samples of 32 features, an MLP 256-256, 4 epochs (1,840 steps of the 90% kept for
+/// training). `--quick` (CI) checks the rows' shape only.
 pub fn job(quick: bool) -> Job {
-    let (samples, features, hidden, epochs) = if quick {
-        (1024, 16, "32", 1)
+    if quick {
+        Job(1024, 16, "32", 1)
     } else {
-        (16_384, 32, "256,256", 4)
-    };
-    Job {
-        samples,
-        features,
-        hidden,
-        epochs,
-        batch: 32,
-        warmup: 50,
+        Job(16_384, 32, "256,256", 4)
     }
 }
 
@@ -59,11 +42,11 @@ pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) 
         kiln: vec!["--regression".to_owned()],
         torch,
     };
-    let sides = [Side::Kiln, Side::KilnLrAuto, Side::Torch, Side::TorchLrFind];
+    let sides = ["kiln", "kiln_lr_auto", "pytorch", "pytorch_lr_find"];
     let runs = ctx.train_sides(&data, seeds, &sides, "regression, ")?;
     let rmse = Metric::RMSE;
-    let name = "regression: val RMSE: kiln fp32 mean vs PyTorch worst seed".to_owned();
-    let row = vs_worst_seed(out, name, rmse, (&runs["kiln"], &runs["pytorch"]), 0.0)?;
+    let what = ("regression: ", "kiln fp32");
+    let row = vs_worst_seed(out, what, rmse, (&runs["kiln"], &runs["pytorch"]), 0.0)?;
     out.push(row.at_most(1.02).detail("runs", json!(runs)));
     lr_rows(ctx, out, &runs, (rmse, "regression: "))?;
     Ok(describe(&job))
@@ -77,17 +60,16 @@ const NOISE: f64 = 0.1;
 /// Writes the job's features and targets as `.npy` files in `dir` (the PyTorch side reads them)
 /// and kiln's dataset prepared from them in `dir/kiln`; returns it opened.
 pub fn write_data(dir: &Path, job: &Job, seed: u64) -> Result<Arc<ShardedDataset>> {
-    let (n, f) = (job.samples as i64, job.features as i64);
+    let (n, f, cpu) = (job.0 as i64, job.1 as i64, (Kind::Float, tch::Device::Cpu));
     tch::manual_seed(seed as i64);
-    let x = Tensor::randn([n, f], (Kind::Float, tch::Device::Cpu));
-    let w = Tensor::randn([f, TERMS], (Kind::Float, tch::Device::Cpu)) / (f as f64).sqrt();
-    let a = Tensor::randn([TERMS], (Kind::Float, tch::Device::Cpu));
-    let noise = Tensor::randn([n], (Kind::Float, tch::Device::Cpu)) * NOISE;
+    let x = Tensor::randn([n, f], cpu);
+    let w = Tensor::randn([f, TERMS], cpu) / (f as f64).sqrt();
+    let a = Tensor::randn([TERMS], cpu);
+    let noise = Tensor::randn([n], cpu) * NOISE;
     let y = (x.matmul(&w).sin() * a).sum_dim_intlist(1, false, Kind::Float) + noise;
     let y = (&y - y.mean(Kind::Float)) / y.std(true);
     let (features, targets) = (values(&x)?, values(&y)?);
-    let shape = [job.samples, job.features];
-    datasets::write_prepared_values(dir, "kiln", &features, shape, &targets)
+    datasets::write_prepared_values(dir, "kiln", &features, [job.0, job.1], &targets)
 }
 
 /// A tensor's values, flattened.
@@ -96,23 +78,21 @@ fn values(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 /// The job's values (kiln's model is the MLP; the script's with `--task regression`).
-pub fn job_values(job: &Job) -> Vec<Both> {
+pub fn job_values(&Job(_, _, hidden, epochs): &Job) -> Vec<Both> {
     vec![
-        ("model.hidden", "--hidden", job.hidden.to_owned()),
+        ("model.hidden", "--hidden", hidden.to_owned()),
         ("model.dropout", "--dropout", "0".to_owned()),
-        ("train.epochs", "--epochs", job.epochs.to_string()),
-        ("train.batch_size", "--batch", job.batch.to_string()),
-        ("train.warmup_steps", "--warmup", job.warmup.to_string()),
+        ("train.epochs", "--epochs", epochs.to_string()),
+        ("train.batch_size", "--batch", "32".to_owned()),
+        ("train.warmup_steps", "--warmup", "50".to_owned()),
     ]
 }
 
 /// The job as the report's title says it.
-pub fn describe(job: &Job) -> String {
-    let (samples, features, hidden) = (job.samples, job.features, job.hidden);
-    let (epochs, batch) = (job.epochs, job.batch);
+pub fn describe(&Job(samples, features, hidden, epochs): &Job) -> String {
     format!(
         "regression: MLP ({hidden}) on {samples} synthetic samples of {features} features \
          (a sum of {TERMS} sines of random projections plus noise, standardized), mean squared \
-         error, {epochs} epochs of batch {batch}"
+         error, {epochs} epochs of batch 32"
     )
 }

@@ -1,22 +1,11 @@
-//! `cargo xtask bench quality`: does kiln learn as well as PyTorch? The same job on both sides,
-//! at the same budget, over several seeds per side: the SignTransformer-shaped reference model on
-//! one synthetic dataset written as `.npy` files, which kiln reads as a dataset prepared from
-//! them (`kiln data prepare`) and a plain PyTorch loop (`python/train_quality.py`) reads
-//! directly; the same train/validation split (kiln's, handed to PyTorch as indices); fp32,
-//! AdamW with the same decay groups, warmup then cosine, clipping, dropout, batch size and
-//! epochs; the same initial weights for the same seed. kiln runs in fp32 and at the precision it
-//! picks by itself (bf16 on a CPU with bf16 units); PyTorch with kiln's settings (glibc's malloc
-//! thresholds as kiln sets them included) and as a user writes it by default (constant lr, no
-//! warmup, no clipping). It reports the final validation
-//! accuracy and loss (means and every seed) with the goal that kiln is not worse than PyTorch's
-//! range: its mean accuracy within 1 point of PyTorch's worst seed or better, its mean loss at
-//! most 2% above PyTorch's worst seed. Time per run is reported beside them: a faster kiln whose
-//! quality rows miss is a regression. `train.lr = auto` is judged on this job and on a second
-//! one of another kind, an MLP regression ([`regression`]): against the default rate and against
-//! PyTorch at Lightning's `lr_find` suggestion, with its range test's share of the run's time.
-//! `--filter reference` or `--filter regression` runs one job.
-//!
-//! `kiln-run` is the kiln side of one run, in its own process like the Python side.
+//! `cargo xtask bench quality`: does kiln learn as well as PyTorch? The same job at the same
+//! budget, several seeds a side: kiln (fp32, its automatic precision, with EMA weights, with
+//! `train.lr = auto`) against a plain PyTorch loop (`python/train_quality.py`) with the same
+//! data, split, initial weights and settings, the same loop as a user writes it by default, and
+//! at Lightning's `lr_find` suggestion. Goal: kiln's mean accuracy within 1 point of PyTorch's
+//! worst seed or better, its mean loss at most 2% above it; time per run beside them. `lr = auto`
+//! is also judged on an MLP regression ([`regression`]); `--filter reference|regression` runs one
+//! job. `kiln-run` is the kiln side of one run, in its own process like the Python side.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +15,8 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use kiln_benches::report::{Better, Comparison, NATS, PERCENT, SECONDS, SuiteOutput, Unit};
-use kiln_benches::run_json;
-use kiln_benches::{Msg, Result, SuiteArgs, bench_root, datasets, figure, mean, peers, resolve};
+use kiln_benches::{MALLOC_AS_KILN, command, malloc_like_kiln, python_script, run_json};
+use kiln_benches::{Msg, Result, SuiteArgs, datasets, figure, mean, peers, resolve};
 use kiln_data::{ShardedDataset, SyntheticSequences};
 use kiln_train::learner::Learner;
 use kiln_train::record::{EpochRecord, Observer, RunStart};
@@ -38,41 +27,19 @@ use kiln_benches::run_cli::{Cli, exit_on_error, fresh_work_dir, remove_dir};
 #[path = "quality_regression.rs"]
 mod regression;
 
-/// The job: sizes of the data and the model, and the training budget.
+/// The reference job: its data (samples, sequence, features, classes), transformer (d_model,
+/// layers, ff), epochs and linear warmup steps; the batch is [`BATCH`].
 #[derive(Debug, Clone, Copy)]
-struct Job {
-    samples: usize,
-    seq: usize,
-    features: usize,
-    classes: usize,
-    d_model: usize,
-    layers: usize,
-    ff: usize,
-    epochs: usize,
-    batch: usize,
-    /// Linear warmup steps (kiln's default, 50, for the full job; the quick one has 28 steps).
-    warmup: usize,
-}
+struct Job([usize; 4], [usize; 3], usize, usize);
 
-/// The issue's job: 4096 SignTransformer-shaped samples, the default transformer, 2 epochs of
-/// batch 16. `--quick` (CI) shrinks data and model to check the suite's shape only.
+const BATCH: usize = 16;
+
+/// The issue's job (4096 SignTransformer-shaped samples, the default transformer), or CI's.
 fn job(quick: bool) -> Job {
-    let ((samples, seq, features, classes), (d_model, layers, ff), (epochs, warmup)) = if quick {
-        ((512, 16, 32, 10), (64, 1, 128), (1, 5))
+    if quick {
+        Job([512, 16, 32, 10], [64, 1, 128], 1, 5)
     } else {
-        ((4096, 64, 469, 100), (256, 4, 1024), (2, 50))
-    };
-    Job {
-        samples,
-        seq,
-        features,
-        classes,
-        d_model,
-        layers,
-        ff,
-        epochs,
-        batch: 16,
-        warmup,
+        Job([4096, 64, 469, 100], [256, 4, 1024], 2, 50)
     }
 }
 
@@ -137,16 +104,14 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     });
 }
 
-/// Writes the job's dataset as `features.npy`/`labels.npy` in `dir` (the PyTorch side reads
-/// them), prepares kiln's dataset from them in `dir/kiln`, and returns it opened.
+/// Writes the job's `.npy` files in `dir` and kiln's dataset prepared from them in `dir/kiln`.
 fn write_data(dir: &Path, job: &Job) -> Result<Arc<ShardedDataset>> {
-    let data = SyntheticSequences::new(job.samples, job.seq, job.features, job.classes, DATA_SEED)
-        .msg()?;
+    let [samples, seq, features, classes] = job.0;
+    let data = SyntheticSequences::new(samples, seq, features, classes, DATA_SEED).msg()?;
     datasets::write_prepared(dir, "kiln", &data, None, true)
 }
 
-/// `data DIR [--quick] [--seeds N]`: only writes the job's data and splits into DIR (for runs
-/// of `kiln-run` or `python/train_quality.py` by hand, e.g. to measure a setting's effect).
+/// `data DIR`: only writes the job's data and splits into DIR (for runs by hand).
 fn data_only(a: &DataArgs) -> Result<()> {
     let dir = &a.dir;
     if dir.exists() {
@@ -171,8 +136,7 @@ fn write_split(dir: &Path, prepared: &Arc<ShardedDataset>, seed: u64) -> Result<
 }
 
 /// The validation figures of each epoch, and the run's start: its learning rate (found, with
-/// `train.lr = auto`) and the seconds before training began (reading the data, building the
-/// model, and any range test).
+/// `train.lr = auto`) and the seconds before training began (data, model, any range test).
 struct Epochs(Vec<Value>, Instant, Option<Value>);
 
 impl Observer for Epochs {
@@ -192,13 +156,17 @@ impl Observer for Epochs {
     }
 }
 
-/// One kiln run of the job on the prepared data in `--data`, seeded with `--seed`; prints JSON.
+/// One kiln run of the job on the data in `--data`, as `kiln train --data` runs it; prints JSON.
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
-    let start = Instant::now();
-    let seed = a.seed;
+    let (start, seed) = (Instant::now(), a.seed);
     // kiln makes the directory; an earlier run's leftovers are removed.
     let runs = a.data.join(format!("runs-{seed}"));
     remove_dir(&runs)?;
+    let (model, values) = if a.regression {
+        ("mlp", regression::job_values(&regression::job(a.quick)))
+    } else {
+        ("transformer", reference_values(&job(a.quick)))
+    };
     let mut sets = vec![
         "device.request=cpu".to_owned(),
         format!("data.val_fraction={VAL_FRACTION}"),
@@ -207,30 +175,18 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         format!("performance.intra_op_threads={}", a.threads),
         "checkpoint.enabled=false".to_owned(),
         format!("run.output_dir={}", runs.display()),
+        format!("model.name={model}"),
     ];
-    let (model, values) = if a.regression {
-        ("mlp", regression::job_values(&regression::job(a.quick)))
-    } else {
-        ("transformer", reference_values(&job(a.quick)))
-    };
-    sets.push(format!("model.name={model}"));
     sets.extend(values.iter().map(|(key, _, v)| format!("{key}={v}")));
-    // fp32 like the PyTorch side unless `--auto-precision`: then what kiln's profile picks
-    // (bf16 on a CPU with AMX-BF16 or AVX512-BF16).
+    // fp32 like the PyTorch side, unless `--auto-precision`: then what kiln's profile picks.
     if !a.auto_precision {
         sets.push("train.amp=fp32".to_owned());
     }
-    // `--set key=value` (repeatable): a variant of the job, for measuring what a setting does.
     sets.extend(a.sets.iter().cloned());
-    // As `kiln train --data` runs it: the library's front door with these settings.
-    let learner = Learner::builder()
-        .resolution(resolve(&sets)?)
-        .build()
-        .msg()?;
-    let mut epochs = Epochs(vec![], start, None);
-    let outcome = learner
-        .fit_plan(Some(&a.data.join("kiln")), &mut epochs)
-        .msg()?;
+    let resolution = resolve(&sets)?;
+    let learner = Learner::builder().resolution(resolution).build().msg()?;
+    let (mut epochs, prepared) = (Epochs(vec![], start, None), a.data.join("kiln"));
+    let outcome = learner.fit_plan(Some(&prepared), &mut epochs).msg()?;
     let s = &outcome.summary;
     println!(
         "{}",
@@ -248,20 +204,19 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     Ok(())
 }
 
-/// A value of a job that both sides are given: kiln's setting, the PyTorch script's option, and
-/// the value.
+/// A value both sides of a job are given: kiln's setting, the PyTorch script's option, the value.
 type Both = (&'static str, &'static str, String);
 
 /// The reference job's values (kiln's model is the transformer, the script's default).
-fn reference_values(job: &Job) -> Vec<Both> {
+fn reference_values(&Job(_, [d_model, layers, ff], epochs, warmup): &Job) -> Vec<Both> {
     vec![
-        ("model.d_model", "--d-model", job.d_model.to_string()),
-        ("model.layers", "--layers", job.layers.to_string()),
-        ("model.ff", "--ff", job.ff.to_string()),
+        ("model.d_model", "--d-model", d_model.to_string()),
+        ("model.layers", "--layers", layers.to_string()),
+        ("model.ff", "--ff", ff.to_string()),
         ("model.dropout", "--dropout", "0.1".to_owned()),
-        ("train.epochs", "--epochs", job.epochs.to_string()),
-        ("train.batch_size", "--batch", job.batch.to_string()),
-        ("train.warmup_steps", "--warmup", job.warmup.to_string()),
+        ("train.epochs", "--epochs", epochs.to_string()),
+        ("train.batch_size", "--batch", BATCH.to_string()),
+        ("train.warmup_steps", "--warmup", warmup.to_string()),
     ]
 }
 
@@ -278,39 +233,19 @@ fn of<'a>(runs: impl IntoIterator<Item = &'a Value>, key: &str) -> Result<Vec<f6
     runs.into_iter().map(|r| figure(r, key)).collect()
 }
 
-/// What the suite trains, each a side of one run per seed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Side {
-    /// kiln fp32.
-    Kiln,
-    /// kiln at the precision it picks by itself.
-    KilnAuto,
-    /// kiln fp32 with `train.ema.decay` = [`EMA_DECAY`]: its raw and its EMA weights validated.
-    KilnEma,
-    /// kiln fp32 with `train.lr = auto` (a range test each run: an empty cache).
-    KilnLrAuto,
-    /// PyTorch with kiln's settings.
-    Torch,
-    /// PyTorch as a user writes it by default.
-    TorchPlain,
-    /// PyTorch at Lightning's `lr_find` suggestion (`train_quality.py --lr-find`).
-    TorchLrFind,
-}
+/// A side, one run per seed: its key in the rows' `runs` and its name in the progress lines.
+type Side = (&'static str, &'static str);
 
-impl Side {
-    /// Its key in the rows' `runs`, and what the progress lines call it.
-    fn names(self) -> (&'static str, &'static str) {
-        match self {
-            Side::Kiln => ("kiln", "kiln fp32"),
-            Side::KilnAuto => ("kiln_auto", "kiln automatic precision"),
-            Side::KilnEma => ("kiln_ema", "kiln fp32 with EMA"),
-            Side::KilnLrAuto => ("kiln_lr_auto", "kiln fp32 with lr = auto"),
-            Side::Torch => ("pytorch", "PyTorch"),
-            Side::TorchPlain => ("pytorch_plain", "PyTorch plain"),
-            Side::TorchLrFind => ("pytorch_lr_find", "PyTorch at Lightning's lr_find"),
-        }
-    }
-}
+/// Every side; its options beyond the job's are in [`Ctx::command`].
+const SIDES: [Side; 7] = [
+    ("kiln", "kiln fp32"),
+    ("kiln_auto", "kiln automatic precision"),
+    ("kiln_ema", "kiln fp32 with EMA"),
+    ("kiln_lr_auto", "kiln fp32 with lr = auto"),
+    ("pytorch", "PyTorch"),
+    ("pytorch_plain", "PyTorch plain"),
+    ("pytorch_lr_find", "PyTorch at Lightning's lr_find"),
+];
 
 /// Every side's runs, one per seed, by the side's key.
 type Runs = BTreeMap<&'static str, Vec<Value>>;
@@ -330,7 +265,6 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     };
     let mut out = SuiteOutput::new("quality", "");
     let mut what = vec![];
-    // `--filter reference` or `--filter regression` runs one job only.
     if a.selects("reference") {
         what.push(reference_job(&ctx, &work, seeds, &mut out)?);
     }
@@ -338,10 +272,8 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         let dir = work.join("regression");
         what.push(regression::run(&ctx, &dir, seeds, &mut out)?);
     }
-    out.what = format!(
-        "{}; {threads} threads, {seeds} seeds per side",
-        what.join("; and ")
-    );
+    let what = what.join("; and ");
+    out.what = format!("{what}; {threads} threads, {seeds} seeds per side");
     out.write(&a.out_or("quality"))?;
     remove_dir(&work)
 }
@@ -366,26 +298,26 @@ struct JobData<'a> {
 }
 
 impl Ctx<'_> {
-    /// Every side's runs of a job, one per seed, the sides in turn each seed; `title` begins the
-    /// progress lines.
+    /// The runs of the sides named in `keys`, one per seed, the sides in turn each seed;
+    /// `title` begins the progress lines.
     fn train_sides(
         &self,
         job: &JobData<'_>,
         seeds: u64,
-        sides: &[Side],
+        keys: &[&str],
         title: &str,
     ) -> Result<Runs> {
-        let mut runs: Runs = sides.iter().map(|side| (side.names().0, vec![])).collect();
-        let names: Vec<&str> = sides.iter().map(|side| side.names().1).collect();
+        let sides: Vec<Side> = SIDES.into_iter().filter(|s| keys.contains(&s.0)).collect();
+        let mut runs: Runs = sides.iter().map(|side| (side.0, vec![])).collect();
+        let names: Vec<&str> = sides.iter().map(|side| side.1).collect();
         for seed in 0..seeds {
             let split = write_split(job.dir, &job.prepared, seed)?;
             let lr_cache = job.dir.join(format!("lr-cache-{seed}"));
             remove_dir(&lr_cache)?;
             eprintln!("quality: {title}seed {seed}: {}", names.join(", "));
-            for &side in sides {
-                let seed = (seed.to_string(), split.as_path(), lr_cache.as_path());
-                if let Some(cmd) = self.command(job, seed, side) {
-                    runs.entry(side.names().0).or_default().push(run_json(cmd)?);
+            for side in &sides {
+                if let Some(cmd) = self.command(job, (seed, &split, &lr_cache), side) {
+                    runs.entry(side.0).or_default().push(run_json(cmd)?);
                 }
             }
         }
@@ -394,59 +326,48 @@ impl Ctx<'_> {
 
     /// The command of a side's run for a seed (with its split and learning-rate cache); none for
     /// PyTorch at Lightning's suggestion where Lightning is not installed.
-    fn command(
-        &self,
-        job: &JobData<'_>,
-        (seed, split, lr_cache): (String, &Path, &Path),
-        side: Side,
-    ) -> Option<Command> {
-        let threads = self.threads.to_string();
+    fn command(&self, job: &JobData<'_>, run: (u64, &Path, &Path), side: &Side) -> Option<Command> {
+        let ((seed, split, lr_cache), (key, _)) = (run, side);
         let ema = format!("train.ema.decay={EMA_DECAY}");
-        let variant: &[&str] = match side {
-            Side::Kiln | Side::Torch => &[],
-            Side::KilnAuto => &["--auto-precision"],
-            Side::KilnEma => &["--set", &ema],
-            Side::KilnLrAuto => &["--set", "train.lr=auto"],
-            Side::TorchPlain => &["--schedule", "constant", "--warmup", "0", "--clip", "0"],
-            Side::TorchLrFind => &["--lr-find"],
+        let variant: &[&str] = match *key {
+            "kiln_auto" => &["--auto-precision"],
+            // Its raw and its EMA weights validated.
+            "kiln_ema" => &["--set", &ema],
+            // A range test each run (an empty cache).
+            "kiln_lr_auto" => &["--set", "train.lr=auto"],
+            "pytorch_plain" => &["--schedule", "constant", "--warmup", "0", "--clip", "0"],
+            "pytorch_lr_find" => &["--lr-find"],
+            _ => &[],
         };
-        if matches!(
-            side,
-            Side::Kiln | Side::KilnAuto | Side::KilnEma | Side::KilnLrAuto
-        ) {
-            let mut k = Command::new(&self.exe);
-            k.args(["quality", "kiln-run", "--data"]).arg(job.dir);
-            k.args(["--seed", &seed, "--threads", &threads]);
-            k.args(&job.kiln).args(variant);
-            k.args(self.a.quick.then_some("--quick"));
+        let kiln = key.starts_with("kiln");
+        let mut c = if kiln {
+            let mut k = command(&self.exe, &["quality", "kiln-run"]);
             // A cache of its own, empty: `train.lr = auto` runs its range test every time.
-            k.env("KILN_CACHE_DIR", lr_cache);
-            return Some(k);
-        }
-        let mut t = Command::new(&self.a.python);
-        if side == Side::TorchLrFind {
-            peers::put_first_on_path(&mut t, self.lightning.as_ref().ok()?);
-        }
-        if side == Side::Torch {
-            // glibc's malloc thresholds as kiln sets them for its own runs
-            // (`performance.malloc_tuning`).
-            kiln_benches::malloc_like_kiln(&mut t);
-        }
-        t.arg(bench_root().join("python/train_quality.py"));
-        t.arg("--data").arg(job.dir).arg("--split").arg(split);
-        t.args(["--seed", &seed, "--threads", &threads]);
+            k.env("KILN_CACHE_DIR", lr_cache).arg("--data").arg(job.dir);
+            k
+        } else {
+            let mut t = python_script(&self.a.python, "train_quality.py");
+            if *key == "pytorch_lr_find" {
+                peers::put_first_on_path(&mut t, self.lightning.as_ref().ok()?);
+            } else if *key == "pytorch" {
+                // glibc's malloc thresholds as kiln sets them (`performance.malloc_tuning`).
+                malloc_like_kiln(&mut t);
+            }
+            t.arg("--data").arg(job.dir).arg("--split").arg(split);
+            t
+        };
+        let (seed, threads) = (seed.to_string(), self.threads.to_string());
+        c.args(["--seed", &seed, "--threads", &threads]);
         // Last, so that a variant's options win.
-        t.args(&job.torch).args(variant);
-        Some(t)
+        c.args(if kiln { &job.kiln } else { &job.torch })
+            .args(variant);
+        c.args((kiln && self.a.quick).then_some("--quick"));
+        Some(c)
     }
 }
 
-/// The reference job's runs on data it writes in `work`, and its rows; returns what it is: kiln
-/// in fp32, at the precision it picks by itself, with EMA weights and with `train.lr = auto`,
-/// and PyTorch with kiln's settings, as a user writes it by default and at Lightning's
-/// `lr_find` suggestion.
+/// The reference job's runs of every side on data it writes in `work`, and its rows.
 fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
-    use Side::*;
     let job = job(ctx.a.quick);
     let data = JobData {
         dir: work,
@@ -454,16 +375,7 @@ fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) 
         kiln: vec![],
         torch: torch_args(&reference_values(&job)),
     };
-    let sides = [
-        Kiln,
-        KilnAuto,
-        KilnEma,
-        KilnLrAuto,
-        Torch,
-        TorchPlain,
-        TorchLrFind,
-    ];
-    let runs = ctx.train_sides(&data, seeds, &sides, "")?;
+    let runs = ctx.train_sides(&data, seeds, &SIDES.map(|s| s.0), "")?;
     report(ctx, out, &runs)?;
     Ok(describe(&job))
 }
@@ -482,63 +394,35 @@ fn per_seed(c: Comparison, kiln: &[f64], torch: &[f64]) -> Comparison {
         .detail("pytorch_mean", json!(mean(torch)))
 }
 
-/// Two rows with goals: `side`'s mean accuracy against PyTorch's worst seed less 1 point, and
-/// its mean loss against PyTorch's worst seed.
-fn against_range(out: &mut SuiteOutput, what: &str, side: &[Value], torch: &[Value]) -> Result<()> {
-    let name = format!("val accuracy: {what} mean vs PyTorch worst seed − 1 point");
-    let accuracy = vs_worst_seed(out, name, Metric::ACCURACY, (side, torch), 1.0)?;
-    out.push(accuracy.at_least(1.0));
-    let name = format!("val loss: {what} mean vs PyTorch worst seed");
-    let loss = vs_worst_seed(out, name, Metric::LOSS, (side, torch), 0.0)?;
-    out.push(loss.at_most(1.02));
-    Ok(())
-}
-
-/// A row of `side`'s mean `metric` against PyTorch's worst seed, `less` taken off the latter
-/// (in the report's units), with both sides' figures per seed; the caller sets its goal.
+/// A row of `side`'s mean `metric` against PyTorch's worst seed, `less` taken off the latter (in
+/// the report's units), with both sides' figures per seed; `what` names the side after `prefix`.
 fn vs_worst_seed(
     out: &SuiteOutput,
-    name: String,
+    (prefix, what): (&str, &str),
     metric: Metric,
     (side, torch): (&[Value], &[Value]),
     less: f64,
 ) -> Result<Comparison> {
     let (k, t) = (of(side, metric.key)?, of(torch, metric.key)?);
-    let ((worst, word), x) = (metric.worst(&t), metric.scale);
+    let ((worst, word), x, m) = (metric.worst(&t), metric.scale, metric.name);
+    let (less_name, less_note) = match less > 0.0 {
+        true => (" − 1 point", ", less 1 point"),
+        false => ("", ""),
+    };
+    let name = format!("{prefix}{m}: {what} mean vs PyTorch worst seed{less_name}");
     let figures = (x * mean(&k), x * worst - less);
-    let less_note = if less > 0.0 { ", less 1 point" } else { "" };
     let base = format!("{BASELINE} ({word} of {} seeds{less_note})", t.len());
     let row = out.row("learning", name, metric.unit, figures, base);
     Ok(per_seed(row, &k, &t))
 }
 
-/// The time per run of `side` against PyTorch's (`torch`: which PyTorch side, how it ran,
-/// and its runs).
-fn time_row(
-    out: &mut SuiteOutput,
-    what: &str,
-    side: &[Value],
-    (vs, how, torch): (&str, &str, &[Value]),
-) -> Result<()> {
-    let (ks, ts) = (of(side, "seconds")?, of(torch, "seconds")?);
-    let name = format!("{what}{vs}: reading the data, training, validating");
-    let base = format!(
-        "{how} (mean of {} seeds; in-process on both sides, so Python's start and `import \
-         torch` are not counted)",
-        ts.len()
-    );
-    out.push(out.row("time per run", name, SECONDS, (mean(&ks), mean(&ts)), base));
-    Ok(())
-}
-
 /// The reference job as the report's title says it.
 fn describe(job: &Job) -> String {
-    let (d_model, layers, samples, seq) = (job.d_model, job.layers, job.samples, job.seq);
-    let (features, classes, epochs, batch) = (job.features, job.classes, job.epochs, job.batch);
+    let Job([samples, seq, features, classes], [d_model, layers, _], epochs, _) = *job;
     format!(
         "learning at the same budget: transformer (d_model {d_model}, {layers} layers) on \
          {samples} synthetic {seq}×{features} samples, {classes} classes, {epochs} epochs of \
-         batch {batch}; kiln against a plain PyTorch fp32 loop with the same data, split, \
+         batch {BATCH}; kiln against a plain PyTorch fp32 loop with the same data, split, \
          initial weights and settings (AdamW, warmup + cosine, clipping 1.0, dropout)"
     )
 }
@@ -548,8 +432,14 @@ fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, runs: &Runs) -> Result<()> {
     let (kiln, kiln_auto, torch) = (&runs["kiln"], &runs["kiln_auto"], &runs["pytorch"]);
     let precision = kiln_auto[0]["precision"].as_str().unwrap_or("?");
     let auto = format!("kiln automatic precision ({precision})");
-    against_range(out, "kiln fp32", kiln, torch)?;
-    against_range(out, &auto, kiln_auto, torch)?;
+    // Goals: the mean accuracy at least PyTorch's worst seed less 1 point, the mean loss at most
+    // 2% above PyTorch's worst seed.
+    for (what, side) in [("kiln fp32", kiln), (auto.as_str(), kiln_auto)] {
+        let accuracy = vs_worst_seed(out, ("", what), Metric::ACCURACY, (side, torch), 1.0)?;
+        out.push(accuracy.at_least(1.0));
+        let loss = vs_worst_seed(out, ("", what), Metric::LOSS, (side, torch), 0.0)?;
+        out.push(loss.at_most(1.02));
+    }
     let (ka, ta) = (of(kiln, ACCURACY)?, of(torch, ACCURACY)?);
     let name = "val accuracy, means: kiln fp32 vs PyTorch";
     let base = format!("{BASELINE} (mean of {} seeds)", ta.len());
@@ -562,12 +452,25 @@ fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, runs: &Runs) -> Result<()> {
     out.push(out.row("learning", name, PERCENT, figures, PLAIN));
     ema_row(out, &runs["kiln_ema"])?;
     lr_rows(ctx, out, runs, (Metric::ACCURACY, ""))?;
-    let like_kiln = format!("{BASELINE}, with {}", kiln_benches::MALLOC_AS_KILN);
-    let like_kiln = ("", like_kiln.as_str(), torch.as_slice());
-    time_row(out, "kiln fp32", kiln, like_kiln)?;
-    time_row(out, &auto, kiln_auto, like_kiln)?;
-    let vs = " vs PyTorch as written by default";
-    time_row(out, "kiln fp32", kiln, (vs, PLAIN, &runs["pytorch_plain"]))?;
+    let (like_kiln, vs) = (
+        format!("{BASELINE}, with {MALLOC_AS_KILN}"),
+        " vs PyTorch as written by default",
+    );
+    // The time per run of a kiln side against a PyTorch side's, and how that one ran.
+    for (what, side, vs, how, t) in [
+        ("kiln fp32", kiln, "", like_kiln.as_str(), torch),
+        (&auto, kiln_auto, "", &like_kiln, torch),
+        ("kiln fp32", kiln, vs, PLAIN, &runs["pytorch_plain"]),
+    ] {
+        let (ks, ts) = (of(side, "seconds")?, of(t, "seconds")?);
+        let name = format!("{what}{vs}: reading the data, training, validating");
+        let base = format!(
+            "{how} (mean of {} seeds; in-process on both sides, so Python's start and `import \
+             torch` are not counted)",
+            ts.len()
+        );
+        out.push(out.row("time per run", name, SECONDS, (mean(&ks), mean(&ts)), base));
+    }
     Ok(())
 }
 
@@ -591,45 +494,37 @@ fn ema_row(out: &mut SuiteOutput, runs: &[Value]) -> Result<()> {
 /// The row of kiln's `train.lr = auto` against Lightning's `lr_find` (after the job's prefix).
 const LR_FIND_ROW: &str = "kiln fp32 lr = auto vs PyTorch at Lightning's lr_find";
 
-/// The validation figure a job's `lr = auto` rows judge.
+/// The validation figure a job's `lr = auto` rows judge: its key in a run's JSON, its name in
+/// the rows, its unit, and the factor from a run's figure to the report's (100 for a %).
 #[derive(Clone, Copy)]
 struct Metric {
-    /// Its key in a run's JSON.
     key: &'static str,
-    /// As row names say it.
     name: &'static str,
     unit: Unit,
-    /// Report figures are the run's times this (100 for a fraction shown in %).
     scale: f64,
 }
 
 impl Metric {
-    const ACCURACY: Self = Self {
-        key: ACCURACY,
-        name: "val accuracy",
-        unit: PERCENT,
-        scale: 100.0,
-    };
-    const LOSS: Self = Self {
-        key: "final_val_loss",
-        name: "val loss",
-        unit: NATS,
-        scale: 1.0,
-    };
-    const RMSE: Self = Self {
-        key: "final_val_rmse",
-        name: "val RMSE",
-        unit: ("RMSE", Better::Lower),
-        scale: 1.0,
-    };
+    const ACCURACY: Self = Self::new(ACCURACY, "val accuracy", PERCENT, 100.0);
+    const LOSS: Self = Self::new("final_val_loss", "val loss", NATS, 1.0);
+    const RMSE: Self = Self::new("final_val_rmse", "val RMSE", ("RMSE", Better::Lower), 1.0);
+
+    const fn new(key: &'static str, name: &'static str, unit: Unit, scale: f64) -> Self {
+        Self {
+            key,
+            name,
+            unit,
+            scale,
+        }
+    }
 
     /// The worst of `runs`' figures (unscaled), and how the report says the worst of several
     /// seeds.
     fn worst(self, v: &[f64]) -> (f64, &'static str) {
-        let fold = |f: fn(f64, f64) -> f64, start| v.iter().copied().fold(start, f);
+        let v = v.iter().copied();
         match self.unit.1 {
-            Better::Higher => (fold(f64::min, f64::INFINITY), "lowest"),
-            Better::Lower => (fold(f64::max, f64::NEG_INFINITY), "highest"),
+            Better::Higher => (v.fold(f64::INFINITY, f64::min), "lowest"),
+            Better::Lower => (v.fold(f64::NEG_INFINITY, f64::max), "highest"),
         }
     }
 
@@ -642,21 +537,23 @@ impl Metric {
     }
 }
 
-/// `train.lr = auto` on a job (row names begin with `prefix`): its validation `metric` against
-/// the default rate's (1e-3) seed range (goal: its mean at least as good as the default's worst
-/// seed), against PyTorch at Lightning's `lr_find` suggestion, and its range test's share of the
-/// run's time (goal: under 10%: the seconds before training began, less the same seed's fp32
-/// run's at 1e-3).
+/// `train.lr = auto` on a job (rows named after `prefix`): its `metric` against the default
+/// rate's worst seed and against Lightning's `lr_find`, and its range test's share of the run's
+/// time (goal < 10%: the seconds before training began, less the same seed's run at 1e-3).
 fn lr_rows(
     ctx: &Ctx<'_>,
     out: &mut SuiteOutput,
     runs: &Runs,
     (metric, prefix): (Metric, &str),
 ) -> Result<()> {
-    let (auto, default) = (&runs["kiln_lr_auto"], &runs["kiln"]);
+    let (auto, default, lr_find) = (
+        &runs["kiln_lr_auto"],
+        &runs["kiln"],
+        &runs["pytorch_lr_find"],
+    );
     let (aa, da) = (of(auto, metric.key)?, of(default, metric.key)?);
     let start = |runs: &[Value], key| of(runs.iter().map(|r| &r["start"]), key);
-    let found = start(auto, "lr")?;
+    let found = json!(start(auto, "lr")?);
     let (m, x) = (metric.name, metric.scale);
     let name = format!("{prefix}{m}: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed");
     let (worst, word) = metric.worst(&da);
@@ -671,22 +568,19 @@ fn lr_rows(
         (x * mean(&aa), x * worst),
         base,
     );
-    let row = metric.as_good(row);
-    out.push(per_seed(
-        row.detail("lr_found_per_seed", json!(found)),
-        &aa,
-        &da,
-    ));
+    let row = metric
+        .as_good(row)
+        .detail("lr_found_per_seed", found.clone());
+    out.push(per_seed(row, &aa, &da));
     let lr_find_row = format!("{prefix}{m}, means: {LR_FIND_ROW}");
     if let Err(why) = ctx.lightning {
         out.skip(&lr_find_row, why);
     } else {
-        let lf = of(&runs["pytorch_lr_find"], metric.key)?;
-        let suggested = of(&runs["pytorch_lr_find"], "lr")?;
+        let (lf, suggested) = (of(lr_find, metric.key)?, of(lr_find, "lr")?);
         let base = "PyTorch loop, same job, at Tuner.lr_find's suggestion (its defaults)";
         let figures = (x * mean(&aa), x * mean(&lf));
         let row = out.row("learning", lr_find_row, metric.unit, figures, base);
-        let row = row.detail("lr_found_per_seed", json!(found));
+        let row = row.detail("lr_found_per_seed", found);
         let row = row.detail("lightning_suggestion_per_seed", json!(suggested));
         out.push(per_seed(row, &aa, &lf));
     }
@@ -697,12 +591,17 @@ fn lr_rows(
     let seconds = of(auto, "seconds")?;
     let name = format!("{prefix}lr = auto's range test: seconds per run");
     let base = "the whole run's seconds (reading, range test, training, validating)";
-    let figures = (mean(&search), mean(&seconds));
-    let row = out.row("time per run", name, SECONDS, figures, base);
-    let lightning = of(&runs["pytorch_lr_find"], "lr_find_seconds")?;
+    let row = out.row(
+        "time per run",
+        name,
+        SECONDS,
+        (mean(&search), mean(&seconds)),
+        base,
+    );
     let row = row
         .at_most(0.10)
         .detail("search_seconds_per_seed", json!(search));
+    let lightning = of(lr_find, "lr_find_seconds")?;
     out.push(row.detail("lightning_lr_find_seconds_per_seed", json!(lightning)));
     Ok(())
 }
