@@ -1,32 +1,30 @@
-//! The data suite's `data.num_workers = auto` row: `kiln train` over the suite's shards, whole
-//! training steps of a fixed model (the MLP), with each worker count the measurement would try
-//! (0, 1, 2, 4, … up to the profile's count, capped by the cores) fixed, and with `auto`. The
-//! row compares `auto`'s steady state (the median samples/s of the last epochs, after its
-//! measurement on the first steps) with the best fixed count's; the details keep every run's
-//! figures and the counts `auto` kept.
+//! The data suite's `data.num_workers = auto` row: `kiln train` (the MLP on the suite's shards)
+//! with `auto` against each worker count it would try, fixed; steady-state samples/s.
 
 use std::path::Path;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
+use kiln_benches::run_cli::{kiln_train, read_summary, remove_dir, run};
 use kiln_benches::{Msg, Result, alternating, median, median_of};
 use kiln_train::workers;
 use serde_json::{Value, json};
 
-use kiln_benches::run_cli::{kiln_train, read_summary, remove_dir, run};
-
 /// The goal: `auto` keeps at least this share of the best fixed count's samples/s.
 const GOAL: f64 = 0.95;
+/// The batch size of every run.
+const BATCH: usize = 64;
+/// Epochs timed after those the measurement may reach; a run's figure is their median.
+const STEADY_EPOCHS: usize = 3;
+/// What the row's figures are.
+const STEADY: &str = "each run's median samples/s over its last 3 epochs (after auto's \
+    measurement), the median over runs";
 
 /// A run's `data.num_workers`: a fixed count, or `auto` (`None`).
 fn value(workers: Option<usize>) -> String {
     workers.map_or_else(|| "auto".to_owned(), |n| n.to_string())
 }
 
-/// The batch size of every run.
-const BATCH: usize = 64;
-
-/// The settings of every run: the MLP on the shards, `epochs` epochs of batch [`BATCH`], no
-/// validation, no checkpoints.
+/// The settings of every run: the MLP, `epochs` epochs of [`BATCH`], no validation or checkpoints.
 fn sets(threads: usize, epochs: u64, runs: &Path, count: Option<usize>) -> Vec<String> {
     vec![
         "model.name=mlp".to_owned(),
@@ -41,14 +39,7 @@ fn sets(threads: usize, epochs: u64, runs: &Path, count: Option<usize>) -> Vec<S
     ]
 }
 
-/// Epochs timed after those the measurement may reach; a run's figure is their median.
-const STEADY_EPOCHS: usize = 3;
-/// What the row's figures are.
-const STEADY: &str = "each run's median samples/s over its last 3 epochs (after auto's \
-    measurement), the median over runs";
-
-/// One run: the median samples/s of its last [`STEADY_EPOCHS`] epochs and what `auto` kept
-/// (null for a fixed count).
+/// One run: the median samples/s of its last [`STEADY_EPOCHS`] epochs and what `auto` kept.
 fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
     remove_dir(runs)?;
     run(kiln_train("data", data, sets)?)?;
@@ -61,29 +52,25 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
         .filter_map(|r| r["samples_per_s"].as_f64())
         .collect();
     if epochs.len() < STEADY_EPOCHS {
-        return Err(format!(
-            "{}: fewer than {STEADY_EPOCHS} epochs",
-            run_dir.display()
-        ));
+        let dir = run_dir.display();
+        return Err(format!("{dir}: fewer than {STEADY_EPOCHS} epochs"));
     }
-    let steady = epochs[epochs.len() - STEADY_EPOCHS..].to_vec();
+    let steady = &epochs[epochs.len() - STEADY_EPOCHS..];
     Ok(json!({
-        "samples_per_s": median(steady.clone()), "steady_epochs_samples_per_s": steady,
+        "samples_per_s": median(steady.to_vec()), "steady_epochs_samples_per_s": steady,
         "run_samples_per_s": summary["samples_per_s"],
         "num_workers_auto": summary["num_workers_auto"],
     }))
 }
 
-/// Measures every fixed count and `auto` over the `samples` samples in `data`, alternating, and
-/// pushes the row.
+/// Measures every fixed count and `auto` on the shards `data`, alternating; pushes the row.
 pub fn auto_row(
     out: &mut SuiteOutput,
     (data, samples): (&Path, usize),
     work: &Path,
     (repeats, threads): (usize, usize),
 ) -> Result<()> {
-    let ceiling = kiln_benches::resolve(&[])?.plan.data.num_workers;
-    let ceiling = usize::try_from(ceiling).msg()?;
+    let ceiling = usize::try_from(kiln_benches::resolve(&[])?.plan.data.num_workers).msg()?;
     let fixed = workers::candidates(ceiling).into_iter().map(Some);
     let sides: Vec<Option<usize>> = fixed.chain([None]).collect();
     // Enough epochs that the last few come after the measurement's steps.
@@ -93,32 +80,20 @@ pub fn auto_row(
     let runs = alternating(repeats, &sides, |_, w| {
         kiln_run(data, &sets(threads, epochs, &runs_dir, w), &runs_dir).map(Some)
     })?;
-    let steady = |runs: &[Value]| median_of(runs, "samples_per_s");
-    let fixed: Vec<f64> = runs[..runs.len() - 1].iter().map(|r| steady(r)).collect();
-    let (best, best_rate) = fixed
-        .iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, &r)| (sides[i], r))
-        .ok_or("no worker count was measured")?;
-    let per_count: Value = sides
-        .iter()
-        .zip(&runs)
-        .map(|(&w, r)| (value(w), json!(r)))
-        .collect::<serde_json::Map<_, _>>()
-        .into();
-    let name = "training samples/s, data.num_workers = auto vs the best fixed count";
-    let baseline = format!(
-        "kiln, data.num_workers = {} (the best fixed count)",
-        value(best)
-    );
-    let figures = (steady(&runs[runs.len() - 1]), best_rate);
+    let steady: Vec<f64> = runs.iter().map(|r| median_of(r, "samples_per_s")).collect();
+    let (auto, fixed) = steady.split_last().ok_or("no worker count was measured")?;
+    let best = (0..fixed.len()).max_by(|&a, &b| fixed[a].total_cmp(&fixed[b]));
+    let best = best.ok_or("no worker count was measured")?;
     let counts: Vec<String> = sides.iter().map(|&w| value(w)).collect();
-    let row = out.row("auto", name, SAMPLES_S, figures, baseline);
+    let runs_json = runs.iter().map(|r| json!(r));
+    let per_count: serde_json::Map<_, _> = counts.iter().cloned().zip(runs_json).collect();
+    let name = "training samples/s, data.num_workers = auto vs the best fixed count";
+    let best_count = &counts[best];
+    let baseline = format!("kiln, data.num_workers = {best_count} (the best fixed count)");
+    let row = out.row("auto", name, SAMPLES_S, (*auto, fixed[best]), baseline);
     let row = row.at_least(GOAL).detail("counts", json!(counts));
-    let row = row
-        .detail("runs", per_count)
-        .detail("epochs", json!(epochs));
+    let row = row.detail("runs", json!(per_count));
+    let row = row.detail("epochs", json!(epochs));
     out.push(row.detail("steady_state", json!(STEADY)));
     remove_dir(&runs_dir)
 }

@@ -1,10 +1,6 @@
-//! `cargo xtask bench data`: kiln's loader and `torch.utils.data.DataLoader` side by side on the
-//! same safetensors shards, batch size, worker counts (0, 1, 2) and per-sample work (convert to
-//! f32, normalize each feature), reporting throughput, first-batch latency and peak memory of
-//! the whole process tree (PSS and RSS, polled from /proc) as ratios, and writing a JSON report.
-//!
-//! `kiln-bench data probe …` is the kiln side of one run, in its own process so that its memory
-//! is measured the way the Python side's is.
+//! `cargo xtask bench data`: kiln's loader against `torch.utils.data.DataLoader` over the same
+//! shards and per-sample work at 0, 1 and 2 workers: throughput, first batch and the process
+//! tree's peak memory. `kiln-bench data probe …` is kiln's side of one run, in its own process.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -12,19 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
-use kiln_benches::command;
 use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
-use kiln_benches::{
-    Msg, Result, SuiteArgs, alternating, bench_root, datasets, median, num, report_path,
-};
-use kiln_data::{
-    DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset,
-    SyntheticClassification, Transformed,
-};
-use serde_json::{Value, json};
-
 use kiln_benches::run_cli::{Cli, exit_on_error, measured_every};
+use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, command, datasets};
+use kiln_benches::{median, num, report_path};
+use kiln_data::{DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset};
+use kiln_data::{SyntheticClassification, Transformed};
+use serde_json::{Value, json};
 
 const SHAPE: [usize; 2] = [64, 128];
 const CLASSES: usize = 10;
@@ -72,8 +63,7 @@ pub struct LoaderArgs {
     pub threads: usize,
 }
 
-/// Runs the data suite's command line (kiln's loader vs `torch.utils.data.DataLoader`), or its
-/// kiln probe (`args[0]` is its name, as clap takes a program name).
+/// Runs the data suite's command line, or a probe (`args[0]` is its name, as clap takes it).
 pub fn main(args: Vec<std::ffi::OsString>) {
     let about = "`kiln-bench data`: the data suite (kiln's loader vs \
                  `torch.utils.data.DataLoader`), and its kiln probe";
@@ -103,119 +93,89 @@ pub fn loader_config(batch_size: usize, workers: usize, threads: usize) -> Loade
         batch_size,
         num_workers: workers,
         prefetch_factor: PREFETCH,
-        drop_last: false,
         sampler: SamplerConfig {
             shuffle: true,
             seed: SEED,
             ..SamplerConfig::default()
         },
         inline_threads: threads,
-        by_name: false,
+        ..LoaderConfig::default()
     }
 }
 
-/// `--epochs` epochs of kiln's loader over the shards (workers persist across them), each
-/// batch turned into tensors and checksummed like the Python side does; then the per-batch
-/// read timed inline. Prints one JSON line.
+/// `--epochs` epochs of kiln's loader over the shards (persistent workers), each batch made
+/// tensors and checksummed as the Python side does; then the per-batch read timed inline.
 fn probe(a: &ProbeArgs) -> Result<()> {
-    let (l, idle) = (&a.loader, a.idle);
-    let (workers, batch_size, epochs) = (l.workers, l.batch_size, l.epochs.max(1));
+    let (l, epochs) = (&a.loader, a.loader.epochs.max(1));
     let dataset = probe_dataset(&a.dir, &a.norm)?;
     // The same intra-op threads on both sides: without workers, PyTorch's batched fetch runs its
     // gathers and normalization on them, and kiln's loader reads each batch in parts on as many.
     kiln_torch_ext::memory::set_num_threads(l.threads).msg()?;
-    if idle {
+    if a.idle {
         // Report, then hold still until the harness has measured (it closes stdin).
         println!("{}", json!({"impl": "kiln", "idle": true}));
         let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new());
         return Ok(());
     }
     let start = Instant::now();
-    let config = loader_config(batch_size, workers, l.threads);
+    let config = loader_config(l.batch_size, l.workers, l.threads);
     let mut loader = Loader::new(Arc::clone(&dataset), config).msg()?;
-    let mut run = EpochRun::default();
+    let (mut first, mut epoch_seconds, mut wait_seconds) = (None, vec![], vec![]);
+    let (mut samples, mut batches, mut label_sum, mut feature_sum) = (0, 0usize, 0, 0.0);
     for epoch in 0..epochs {
-        run.epoch(&mut loader, epoch, start)?;
+        // The first epoch (and batch) counts from building the loader.
+        let epoch_start = if epoch == 0 { start } else { Instant::now() };
+        let (mut wait, mut iter) = (Duration::ZERO, loader.epoch(epoch as u64));
+        loop {
+            let t0 = Instant::now();
+            let Some(batch) = iter.next() else { break };
+            wait += t0.elapsed();
+            let batch = batch.msg()?;
+            first.get_or_insert_with(|| start.elapsed().as_secs_f64());
+            samples += batch.indices.len();
+            batches += 1;
+            let (labels, features) = checksums(batch)?;
+            label_sum += labels;
+            feature_sum += features;
+        }
+        wait_seconds.push(wait.as_secs_f64());
+        epoch_seconds.push(epoch_start.elapsed().as_secs_f64());
     }
-    let stats = loader.stats();
+    let wait_share = loader.stats().wait_share();
     drop(loader);
-    let read_ms = read_ms_per_batch(dataset, batch_size, l.threads)?;
+    let read_ms = read_ms_per_batch(dataset, l.batch_size, l.threads)?;
     let result = json!({
-        "impl": "kiln", "workers": workers, "epochs": epochs,
-        "samples": run.samples, "samples_per_epoch": run.samples / epochs,
-        "batches": run.batches, "epoch_seconds": run.epoch_seconds,
-        "wait_seconds": run.wait_seconds, "first_batch_seconds": run.first,
-        "label_sum": run.label_sum, "feature_sum": run.feature_sum,
-        "consumer_wait_share": stats.wait_share(),
+        "impl": "kiln", "workers": l.workers, "epochs": epochs,
+        "samples": samples, "samples_per_epoch": samples / epochs,
+        "batches": batches, "epoch_seconds": epoch_seconds,
+        "wait_seconds": wait_seconds, "first_batch_seconds": first,
+        "label_sum": label_sum, "feature_sum": feature_sum,
+        "consumer_wait_share": wait_share,
         "breakdown": {"fetch_ms_per_batch": read_ms, "collate_ms_per_batch": 0.0},
     });
     println!("{result}");
     Ok(())
 }
 
-/// What the probe's epochs saw: timings and checksums.
-#[derive(Debug, Default)]
-struct EpochRun {
-    first: Option<f64>,
-    epoch_seconds: Vec<f64>,
-    wait_seconds: Vec<f64>,
-    samples: usize,
-    batches: usize,
-    label_sum: i64,
-    feature_sum: f64,
+/// A batch made tensors without a copy (as the trainer's CPU feeder does), and its checksums:
+/// the labels' sum and the sum of each sample's first row (both sides saw the same values).
+fn checksums(batch: kiln_data::Batch) -> Result<(i64, f64)> {
+    use kiln_torch_ext::transfer::{tensor_from_vec_f32, tensor_from_vec_i64};
+    let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
+    let kiln_data::Targets::Classes(labels) = batch.targets else {
+        return Err("class labels expected".to_owned());
+    };
+    let x = tensor_from_vec_f32(batch.features.into_vec(), &shape).msg()?;
+    let y = tensor_from_vec_i64(labels, &shape[..1]).msg()?;
+    let label_sum = y.f_sum(tch::Kind::Int64).and_then(|s| s.f_int64_value(&[]));
+    let row_sum = x.f_select(1, 0).and_then(|r| r.f_sum(tch::Kind::Double));
+    let row_sum = row_sum.and_then(|s| s.f_double_value(&[])).msg()?;
+    Ok((label_sum.msg()?, row_sum))
 }
 
-impl EpochRun {
-    /// One epoch; `start` is when the loader was built (for the first batch's latency, and the
-    /// first epoch's time).
-    fn epoch(&mut self, loader: &mut Loader<Data>, epoch: usize, start: Instant) -> Result<()> {
-        let epoch_start = if epoch == 0 { start } else { Instant::now() };
-        let mut wait = Duration::ZERO;
-        let mut batches = loader.epoch(epoch as u64);
-        loop {
-            let t0 = Instant::now();
-            let Some(batch) = batches.next() else { break };
-            wait += t0.elapsed();
-            let batch = batch.msg()?;
-            self.first
-                .get_or_insert_with(|| start.elapsed().as_secs_f64());
-            self.consume(batch)?;
-        }
-        self.wait_seconds.push(wait.as_secs_f64());
-        self.epoch_seconds.push(epoch_start.elapsed().as_secs_f64());
-        Ok(())
-    }
-
-    fn consume(&mut self, batch: kiln_data::Batch) -> Result<()> {
-        let shape: Vec<i64> = batch.shape.iter().map(|&d| d as i64).collect();
-        self.samples += batch.indices.len();
-        self.batches += 1;
-        let kiln_data::Targets::Classes(labels) = batch.targets else {
-            return Err("class labels expected".to_owned());
-        };
-        // The batch's buffers become the tensors, as in the trainer's CPU feeder: no copy.
-        let x = kiln_torch_ext::transfer::tensor_from_vec_f32(batch.features.into_vec(), &shape)
-            .msg()?;
-        let y = kiln_torch_ext::transfer::tensor_from_vec_i64(labels, &shape[..1]).msg()?;
-        self.label_sum += y
-            .f_sum(tch::Kind::Int64)
-            .and_then(|s| s.f_int64_value(&[]))
-            .msg()?;
-        // A cheap check that both sides produced the same values: the first row of each sample.
-        self.feature_sum += x
-            .f_select(1, 0)
-            .and_then(|r| r.f_sum(tch::Kind::Double))
-            .and_then(|s| s.f_double_value(&[]))
-            .msg()?;
-        Ok(())
-    }
-}
-
-/// The loader's per-batch work (read + normalize into one buffer), timed inline (on `threads`
-/// threads) over a few shuffled batches, in ms.
+/// The loader's per-batch work (read + normalize) timed inline on `threads` threads, in ms.
 fn read_ms_per_batch(dataset: Arc<Data>, batch_size: usize, threads: usize) -> Result<f64> {
-    let config = loader_config(batch_size, 0, threads);
-    let mut inline = Loader::new(dataset, config).msg()?;
+    let mut inline = Loader::new(dataset, loader_config(batch_size, 0, threads)).msg()?;
     let start = Instant::now();
     let mut n = 0usize;
     for batch in inline.epoch(1).take(BREAKDOWN_BATCHES) {
@@ -225,8 +185,7 @@ fn read_ms_per_batch(dataset: Arc<Data>, batch_size: usize, threads: usize) -> R
     Ok(start.elapsed().as_secs_f64() * 1e3 / n.max(1) as f64)
 }
 
-/// The benchmark dataset: `samples` synthetic f32 samples of [`SHAPE`] in safetensors shards,
-/// made once and kept under `work`; plus per-feature normalization statistics.
+/// The shards of `samples` synthetic samples of [`SHAPE`] and their normalization, made once.
 fn dataset(work: &Path, samples: usize) -> Result<(PathBuf, PathBuf)> {
     let name = format!("shards-{samples}x{}x{}", SHAPE[0], SHAPE[1]);
     let dir = work.join(&name);
@@ -272,15 +231,22 @@ fn idle_memory(cmd: &mut Command) -> Result<Peak> {
     Ok(peak)
 }
 
-/// One side of the comparison.
+/// One side: kiln, `DataLoader` with per-item `__getitem__`, or with batched `__getitems__`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Side {
     Kiln,
-    /// `DataLoader` with per-item `__getitem__` and the default collate.
     TorchItem,
-    /// `DataLoader` with batched fetch (`__getitems__`).
     TorchBatch,
 }
+
+/// Each side's key, what rows call it (kiln's memory rows: per-item) and their names' suffix.
+const NAMES: [(&str, &str, &str); 3] = [
+    ("kiln", ITEM, ""),
+    ("torch_default", ITEM, ""),
+    ("torch_batched", BATCHED, ", vs batched fetch"),
+];
+const ITEM: &str = "PyTorch default (DataLoader, per-item __getitem__)";
+const BATCHED: &str = "DataLoader with batched fetch (__getitems__)";
 
 /// What steady state and start-up mean on every row.
 const STEADY: &str = "steady state = the second epoch (samples/s from the epoch's start, \
@@ -292,27 +258,7 @@ impl Side {
     const ALL: [Side; 3] = [Side::Kiln, Side::TorchItem, Side::TorchBatch];
 
     fn key(self) -> &'static str {
-        match self {
-            Side::Kiln => "kiln",
-            Side::TorchItem => "torch_default",
-            Side::TorchBatch => "torch_batched",
-        }
-    }
-
-    /// What the rows call this DataLoader (the per-item one for kiln's rows of memory).
-    fn label(self) -> &'static str {
-        match self {
-            Side::TorchBatch => "DataLoader with batched fetch (__getitems__)",
-            _ => "PyTorch default (DataLoader, per-item __getitem__)",
-        }
-    }
-
-    /// What the names of rows against this DataLoader end with.
-    fn suffix(self) -> &'static str {
-        match self {
-            Side::TorchBatch => ", vs batched fetch",
-            _ => "",
-        }
+        NAMES[self as usize].0
     }
 
     /// Exactly what this side runs at `workers` workers with `threads` intra-op threads.
@@ -322,24 +268,22 @@ impl Side {
              converted to f32 and normalized per feature, no pinned memory (CPU), {threads} \
              intra-op threads in the consumer"
         );
-        let torch_workers = if workers == 0 {
-            "0 workers (read in the main process)".to_owned()
-        } else {
-            format!(
+        let torch_workers = match workers {
+            0 => "0 workers (read in the main process)".to_owned(),
+            _ => format!(
                 "{workers} worker processes (persistent_workers=True, prefetch_factor {PREFETCH})"
-            )
+            ),
         };
+        let kiln_read = "each run of consecutive samples of a shard read at once into one buffer \
+                         per batch, handed over as tensors without a copy";
         match self {
             Side::Kiln if workers == 0 => format!(
                 "kiln Loader, 0 workers (each batch read inline, in {threads} parts on as many \
-                 threads while the consumer waits): each run of consecutive samples of a shard \
-                 read at once into one buffer per batch, handed over as tensors without a copy; \
-                 {common}"
+                 threads while the consumer waits): {kiln_read}; {common}"
             ),
             Side::Kiln => format!(
                 "kiln Loader, {workers} worker threads (persistent, prefetch_factor {PREFETCH} \
-                 batches each): each run of consecutive samples of a shard read at once into one \
-                 buffer per batch, handed over as tensors without a copy; {common}"
+                 batches each): {kiln_read}; {common}"
             ),
             Side::TorchItem => format!(
                 "PyTorch default: torch.utils.data.DataLoader, per-item __getitem__ on a \
@@ -356,43 +300,42 @@ impl Side {
     }
 }
 
-fn med(v: &[f64]) -> f64 {
-    median(v.to_vec())
-}
-
-/// One side's runs at one worker count.
-#[derive(Debug, Default, Clone)]
+/// One side's timing runs at one worker count, and its process tree's peak memory.
+#[derive(Debug, Default)]
 struct Measured {
-    /// Second-epoch samples/s, per timing run.
-    steady: Vec<f64>,
-    /// First-epoch samples/s (start-up included), per timing run.
-    first_epoch: Vec<f64>,
-    /// Seconds to the first batch, per timing run.
-    first_batch: Vec<f64>,
+    runs: Vec<Value>,
     peak: Peak,
-    /// The last run's JSON line.
-    last: Value,
 }
 
 impl Measured {
-    fn add_timing(&mut self, value: &Value) {
-        let samples = num(&value["samples_per_epoch"]);
-        self.steady.push(samples / num(&value["epoch_seconds"][1]));
-        self.first_epoch
-            .push(samples / num(&value["epoch_seconds"][0]));
-        self.first_batch.push(num(&value["first_batch_seconds"]));
+    /// The median over the runs of `f(run)`.
+    fn med(&self, f: impl Fn(&Value) -> f64) -> f64 {
+        median(self.runs.iter().map(f).collect())
+    }
+
+    /// Samples/s of epoch `epoch` (0: start-up included; 1: the steady state).
+    fn rate(&self, epoch: usize) -> f64 {
+        self.med(|v| num(&v["samples_per_epoch"]) / num(&v["epoch_seconds"][epoch]))
+    }
+
+    fn first_batch_s(&self) -> f64 {
+        self.med(|v| num(&v["first_batch_seconds"]))
+    }
+
+    fn last(&self) -> &Value {
+        self.runs.last().unwrap_or(&Value::Null)
     }
 
     /// Where the time goes, per batch, from the medians and the last run's inline breakdown.
     fn breakdown(&self, workers: usize) -> Value {
-        let v = &self.last;
+        let v = self.last();
         let batches = num(&v["batches"]) / num(&v["epochs"]);
-        let steady_ms = num(&v["samples_per_epoch"]) / med(&self.steady) / batches * 1e3;
+        let steady_ms = num(&v["samples_per_epoch"]) / self.rate(1) / batches * 1e3;
         let fetch = num(&v["breakdown"]["fetch_ms_per_batch"]);
         let collate = num(&v["breakdown"]["collate_ms_per_batch"]);
         let (wait, epoch) = (num(&v["wait_seconds"][1]), num(&v["epoch_seconds"][1]));
         let work_share = (fetch + collate) / workers.max(1) as f64;
-        let first_batch_ms = med(&self.first_batch) * 1e3;
+        let first_batch_ms = self.first_batch_s() * 1e3;
         json!({
             "steady_ms_per_batch": steady_ms,
             "read_ms_per_batch_inline": fetch,
@@ -404,36 +347,67 @@ impl Measured {
             "consumer_ms_per_batch_epoch2": (epoch - wait) / batches * 1e3,
             "first_batch_ms": first_batch_ms,
             "start_up_ms_beyond_one_batch": first_batch_ms - (fetch + collate),
-            "first_epoch_samples_per_s": med(&self.first_epoch),
+            "first_epoch_samples_per_s": self.rate(0),
         })
     }
 }
+
 /// Errors unless every side saw the same data, and batched fetch read each batch in one call.
 fn check_same_data(workers: usize, m: &[Measured]) -> Result<()> {
-    let kiln = &m[0].last;
+    let kiln = m[0].last();
     let feature_sum = |v: &Value| v["feature_sum"].as_f64().unwrap_or(0.0);
     for (side, other) in Side::ALL.iter().zip(m).skip(1) {
-        let (o, side) = (&other.last, side.key());
+        let (o, side) = (other.last(), side.key());
         if kiln["samples"] != o["samples"] || kiln["label_sum"] != o["label_sum"] {
-            return Err(format!(
-                "kiln and {side} did not see the same data at {workers} workers: {kiln} vs {o}"
-            ));
+            let at = format!("at {workers} workers: {kiln} vs {o}");
+            return Err(format!("kiln and {side} did not see the same data {at}"));
         }
         let (fk, ft) = (feature_sum(kiln), feature_sum(o));
         if (fk - ft).abs() > 1e-3 * ft.abs().max(1.0) {
-            return Err(format!(
-                "feature sums differ at {workers} workers: kiln {fk} vs {side} {ft}"
-            ));
+            let at = format!("at {workers} workers: kiln {fk} vs {side} {ft}");
+            return Err(format!("feature sums differ {at}"));
         }
     }
-    let b = &m[2].last;
-    if b["getitems_calls"] != b["batches"] {
-        return Err(format!(
-            "batched fetch at {workers} workers: {} __getitems__ calls for {} batches",
-            b["getitems_calls"], b["batches"]
-        ));
+    let (calls, batches) = (&m[2].last()["getitems_calls"], &m[2].last()["batches"]);
+    if calls != batches {
+        let at = format!("{calls} __getitems__ calls for {batches} batches");
+        return Err(format!("batched fetch at {workers} workers: {at}"));
     }
     Ok(())
+}
+
+/// Every side at `workers` workers (`cmd(side)` runs one): a memory round (timed too without
+/// timing rounds), then `repeats` unpolled timing rounds, alternating; each run added to `log`.
+fn measure(
+    cmd: impl Fn(Side) -> Command,
+    (workers, repeats): (usize, usize),
+    work: &Path,
+    log: &mut Vec<Value>,
+) -> Result<Vec<Measured>> {
+    let mut peaks = [Peak::default(); 3];
+    let sides: Vec<usize> = (0..Side::ALL.len()).rev().collect();
+    let runs = alternating(repeats + 1, &sides, |round, i| {
+        // The first round polls memory every 10 ms; the timing runs do not poll.
+        let side = Side::ALL[i].key();
+        let out = work.join(format!("{side}-{workers}.log"));
+        let every = (round == 0).then_some(Duration::from_millis(10));
+        let (value, _, peak) = measured_every(cmd(Side::ALL[i]), &out, every)?;
+        if round == 0 {
+            peaks[i] = peak;
+            log.push(json!({"side": side, "memory_run": value,
+                            "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
+        }
+        let timing = round > 0 || repeats == 0;
+        if timing {
+            log.push(json!({"side": side, "timing_run": value}));
+        }
+        Ok(timing.then_some(value))
+    })?;
+    // `alternating` returns the runs in `sides`' order: the last side first.
+    let zipped = runs.into_iter().rev().zip(peaks);
+    let m: Vec<Measured> = zipped.map(|(runs, peak)| Measured { runs, peak }).collect();
+    check_same_data(workers, &m)?;
+    Ok(m)
 }
 
 fn compare(a: &SuiteArgs) -> Result<()> {
@@ -442,19 +416,17 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     // rather than adding unpolled timing rounds; so does `--repeats 0`.
     let repeats = a.repeats_or(if quick { 0 } else { 3 });
     let samples = if quick { 1024 } else { 8192 };
+    let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
     let script = bench_root().join("python/torch_loader.py");
     let script = script.to_str().unwrap_or_default();
-    let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
     let me = std::env::current_exe().msg()?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads_or(cpus);
-
     let at = work.display();
     eprintln!("preparing {samples} samples of {SHAPE:?} f32 under {at}");
     let (dir, norm) = dataset(&work, samples)?;
     // Warm the page cache so neither side pays for the first read from disk.
-    let entries = std::fs::read_dir(&dir).msg()?;
-    for entry in entries.flatten() {
+    for entry in std::fs::read_dir(&dir).msg()?.flatten() {
         let _ = std::fs::read(entry.path());
     }
     // One run of `side` at `workers` workers: two epochs.
@@ -464,22 +436,18 @@ fn compare(a: &SuiteArgs) -> Result<()> {
             Side::TorchItem => command(&a.python, &[script, "--fetch", "item"]),
             Side::TorchBatch => command(&a.python, &[script, "--fetch", "batch"]),
         };
-        cmd.args(["--dir", dir.to_str().unwrap_or_default()])
-            .args(["--norm", norm.to_str().unwrap_or_default()]);
-        let rest =
-            format!("--workers {workers} --batch-size {BATCH} --epochs 2 --threads {threads}");
+        cmd.arg("--dir").arg(&dir).arg("--norm").arg(&norm);
+        let rest = format!("--batch-size {BATCH} --epochs 2 --threads {threads}");
+        cmd.args(["--workers", &workers.to_string()]);
         cmd.args(rest.split_whitespace());
         cmd
     };
-
     // Each side's memory with its libraries loaded and the dataset opened, before any loading:
     // the peaks minus these are what the loaders themselves cost.
     let idle = [
         idle_memory(command(Side::Kiln, 0).arg("--idle"))?,
         idle_memory(command(Side::TorchItem, 0).arg("--idle"))?,
     ];
-    let mut runs = Vec::new();
-    let mut rows = Vec::new();
     let what = format!(
         "kiln's Loader against torch.utils.data.DataLoader (the PyTorch default: per-item \
          __getitem__; and batched fetch: __getitems__) over the same {samples} samples of \
@@ -491,31 +459,10 @@ fn compare(a: &SuiteArgs) -> Result<()> {
          TimeSeriesDataSet and DataLoader"
     );
     let mut suite = SuiteOutput::new("data", &what);
+    let (mut runs, mut rows) = (vec![], vec![]);
     for workers in [0usize, 1, 2] {
-        let mut m = vec![Measured::default(); Side::ALL.len()];
-        // The first round measures memory (and, when quick, times too); the timing rounds
-        // follow, unpolled, the sides alternating (the last side first in the first round) so
-        // drift hits all alike.
-        let sides: Vec<usize> = (0..Side::ALL.len()).rev().collect();
-        alternating(repeats + 1, &sides, |round, i| {
-            // The first round polls memory every 10 ms; the timing runs do not poll.
-            let side = Side::ALL[i].key();
-            let (log, poll) = (work.join(format!("{side}-{workers}.log")), round == 0);
-            let every = poll.then_some(Duration::from_millis(10));
-            let (value, _, peak) = measured_every(command(Side::ALL[i], workers), &log, every)?;
-            if round == 0 {
-                m[i].peak = peak;
-                runs.push(json!({"side": side, "memory_run": value,
-                                 "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
-            }
-            if round > 0 || repeats == 0 {
-                m[i].add_timing(&value);
-                runs.push(json!({"side": side, "timing_run": value}));
-            }
-            m[i].last = value;
-            Ok(None::<()>)
-        })?;
-        check_same_data(workers, &m)?;
+        let cmd = |side| command(side, workers);
+        let m = measure(cmd, (workers, repeats), &work, &mut runs)?;
         rows.push(push_rows(&mut suite, (workers, threads), &m, &idle));
     }
     push_best_rows(&mut suite, &rows);
@@ -540,24 +487,20 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     suite.write(&a.out_or("data"))
 }
 
-/// Each side at its own fastest worker count: kiln against the PyTorch default (goal >= 2x) and
-/// against batched fetch (goal >= 1.5x), from the per-count figures of [`push_rows`].
+/// Each side at its own fastest worker count (from [`push_rows`]' figures), with goals.
 fn push_best_rows(suite: &mut SuiteOutput, rows: &[Value]) {
     let best = |side: Side| {
-        rows.iter()
-            .map(|r| {
-                let rate = r[side.key()]["steady_samples_per_s"].as_f64();
-                (r["workers"].as_u64().unwrap_or(0), rate.unwrap_or(f64::NAN))
-            })
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or((0, f64::NAN))
+        let rate = |r: &Value| num(&r[side.key()]["steady_samples_per_s"]);
+        let best = rows.iter().max_by(|a, b| rate(a).total_cmp(&rate(b)));
+        best.map_or((0, f64::NAN), |r| {
+            (r["workers"].as_u64().unwrap_or(0), rate(r))
+        })
     };
     let kiln = best(Side::Kiln);
     for (side, goal) in [(Side::TorchItem, 2.0), (Side::TorchBatch, 1.5)] {
-        let torch = best(side);
-        let suffix = side.suffix();
+        let (torch, (_, label, suffix)) = (best(side), NAMES[side as usize]);
         let name = format!("loader steady state, each at its best worker count{suffix}");
-        let baseline = format!("{}, at its best: {} workers", side.label(), torch.0);
+        let baseline = format!("{label}, at its best: {} workers", torch.0);
         let row = suite.row("loader", name, SAMPLES_S, (kiln.1, torch.1), baseline);
         let row = row.at_least(goal).detail("kiln_workers", json!(kiln.0));
         let row = row.detail("baseline_workers", json!(torch.0));
@@ -576,27 +519,25 @@ fn push_rows(
     let row = |name: String, unit, figures, side: Side| {
         let setup = json!({"kiln_runs": Side::Kiln.runs(workers, threads),
                            "baseline_runs": side.runs(workers, threads), "steady_state": STEADY});
-        let baseline = format!("{}, {workers} workers", side.label());
-        Comparison::new("data", "loader", name, unit, figures, baseline)
-            .detail("workers", json!(workers))
-            .detail("setup", setup)
+        let baseline = format!("{}, {workers} workers", NAMES[side as usize].1);
+        let row = Comparison::new("data", "loader", name, unit, figures, baseline);
+        row.detail("workers", json!(workers)).detail("setup", setup)
     };
     for side in [Side::TorchItem, Side::TorchBatch] {
-        let (i, suffix) = (side as usize, side.suffix());
+        let (i, suffix) = (side as usize, NAMES[side as usize].2);
         let name = format!("loader steady state (epoch 2), {workers} workers{suffix}");
-        let steady = (med(&m[0].steady), med(&m[i].steady));
         let time = json!({"kiln": breakdown[0], "baseline": breakdown[i]});
-        let steady = row(name, SAMPLES_S, steady, side).detail("where_the_time_goes", time);
+        let steady = row(name, SAMPLES_S, (m[0].rate(1), m[i].rate(1)), side);
+        let steady = steady.detail("where_the_time_goes", time);
         // The goals: >= 2x the PyTorch default at every worker count, >= 1.5x batched fetch
         // without workers and >= 2x at 2 workers (issue 20, item 8).
-        let steady = match (side, workers) {
+        suite.push(match (side, workers) {
             (Side::TorchBatch, 0) => steady.at_least(1.5),
             (Side::TorchBatch, 1) => steady,
             _ => steady.at_least(2.0),
-        };
-        suite.push(steady);
+        });
         let name = format!("loader start-up (first batch), {workers} workers{suffix}");
-        let first = (med(&m[0].first_batch) * 1e3, med(&m[i].first_batch) * 1e3);
+        let first = (m[0].first_batch_s() * 1e3, m[i].first_batch_s() * 1e3);
         suite.push(row(name, MS, first, side));
     }
     let (k, t, b) = (&m[0].peak, &m[1].peak, &m[2].peak);
@@ -606,22 +547,18 @@ fn push_rows(
     let batched = json!({"peak_pss": mib(b.pss), "peak_rss": mib(b.rss),
                          "above_idle_pss": mib(b.pss.saturating_sub(idle[1].pss))});
     let rss = json!({"kiln": mib(k.rss), "baseline": mib(t.rss)});
-    let pss = (mib(k.pss), mib(t.pss));
-    suite.push(
-        row(name, MIB, pss, Side::TorchItem)
-            .detail("above_idle_mib", above_idle)
-            .detail("batched_fetch_mib", batched)
-            .detail("peak_rss_mib", rss),
-    );
-    let mut row = json!({"workers": workers});
+    let row = row(name, MIB, (mib(k.pss), mib(t.pss)), Side::TorchItem);
+    let row = row
+        .detail("above_idle_mib", above_idle)
+        .detail("peak_rss_mib", rss);
+    suite.push(row.detail("batched_fetch_mib", batched));
+    let mut row = json!({"workers": workers, "breakdown": breakdown});
     for (side, s) in Side::ALL.iter().zip(m) {
         row[side.key()] = json!({
-            "steady_samples_per_s": med(&s.steady),
-            "first_epoch_samples_per_s": med(&s.first_epoch),
-            "first_batch_s": med(&s.first_batch),
+            "steady_samples_per_s": s.rate(1), "first_epoch_samples_per_s": s.rate(0),
+            "first_batch_s": s.first_batch_s(),
             "peak_pss_mib": mib(s.peak.pss), "peak_rss_mib": mib(s.peak.rss),
         });
     }
-    row["breakdown"] = json!(breakdown);
     row
 }

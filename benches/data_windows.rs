@@ -1,19 +1,16 @@
-//! The data suite's windows row: kiln's windowed dataset and loader against pytorch-forecasting's
-//! `TimeSeriesDataSet` and its `DataLoader`, over the same long-format CSV and the same windows
-//! (every window trains), batch, shuffle and worker count; each batch consumed as tensors on
-//! both sides. `kiln-bench data windows-probe …` is the kiln side of one run, in its own process.
+//! The data suite's windows row: kiln's windowed loader against pytorch-forecasting's
+//! `TimeSeriesDataSet` on the same CSV and windows; `kiln-bench data windows-probe` is kiln's side.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
-use kiln_benches::{Msg, Result, alternating, median, peers, run_json};
-use kiln_benches::{command, python_script};
+use kiln_benches::{Msg, Result, alternating, command, median, peers, python_script, run_json};
 use kiln_data::{Loader, LoaderConfig, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
 
-/// History and horizon of a window, in steps.
+/// History and horizon of a window, in steps; the batch.
 const ENCODER: usize = 48;
 const HORIZON: usize = 12;
 const BATCH: usize = 64;
@@ -32,8 +29,7 @@ pub struct ProbeArgs {
 }
 
 /// Epochs of kiln's loader over every window of `--dir`, read by name, each batch's arrays
-/// turned into tensors (a copy each, as the trainer's by-name feed does) and touched; prints
-/// one JSON line.
+/// copied into tensors (as the trainer's by-name feed does) and summed; prints one JSON line.
 pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
     kiln_torch_ext::memory::set_num_threads(a.threads).msg()?;
     let windows = Windows::open(dir).msg()?;
@@ -62,27 +58,25 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
 
 /// Every array of `batch` as a tensor, summed; returns the targets' sum.
 fn consume(batch: &kiln_data::Batch) -> Result<f64> {
-    let err = |e: tch::TchError| e.to_string();
     for a in &batch.arrays {
         let kind = match a.dtype {
             kiln_data::DType::I64 => tch::Kind::Int64,
             _ => tch::Kind::Float,
         };
         let shape: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
-        let t = tch::Tensor::f_from_data_size(&a.data, &shape, kind).map_err(err)?;
-        let _sum = t.f_sum(tch::Kind::Double).map_err(err)?;
+        let t = tch::Tensor::f_from_data_size(&a.data, &shape, kind).msg()?;
+        let _sum = t.f_sum(tch::Kind::Double).msg()?;
     }
     let kiln_data::Targets::Values(y) = &batch.targets else {
         return Err("value targets expected".to_owned());
     };
-    let y = tch::Tensor::f_from_slice(y).map_err(err)?;
+    let y = tch::Tensor::f_from_slice(y).msg()?;
     y.f_sum(tch::Kind::Double)
         .and_then(|s| s.f_double_value(&[]))
-        .map_err(err)
+        .msg()
 }
 
-/// The long-format CSV (`series` × `steps` rows) and kiln's windows over it, made once under
-/// `work`.
+/// The long-format CSV (`series` × `steps` rows) and kiln's windows over it, made once.
 fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> {
     let csv = work.join(format!("long-{series}x{steps}.csv"));
     let dir = work.join(format!("windows-{series}x{steps}-e{ENCODER}-h{HORIZON}"));
@@ -102,19 +96,14 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
         }
     }
     std::fs::write(&csv, text).at(&csv)?;
-    let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect();
+    let columns = json!({"time": "t", "group": ["series"], "target": ["y"],
+                         "known": ["price", "holiday"], "unknown": ["temp", "footfall", "y"],
+                         "static_categoricals": ["region"]});
     let source = kiln_data::WindowsSource {
         table: csv.clone(),
         format: kiln_data::TableFormat::Csv,
         delimiter: b',',
-        columns: WindowColumns {
-            time: "t".into(),
-            group: names(&["series"]),
-            target: names(&["y"]),
-            known: names(&["price", "holiday"]),
-            unknown: names(&["temp", "footfall", "y"]),
-            static_categoricals: names(&["region"]),
-        },
+        columns: serde_json::from_value::<WindowColumns>(columns).msg()?,
         encoder_length: ENCODER,
         min_encoder_length: None,
         horizon: HORIZON,
@@ -133,20 +122,15 @@ fn steady(run: &Value) -> f64 {
     run["samples_per_epoch"].as_f64().unwrap_or(f64::NAN) / last.unwrap_or(f64::NAN)
 }
 
-/// Measures both sides, alternating, and pushes the row (a skip where pytorch-forecasting is
-/// not installed).
+/// Measures both sides, alternating, and pushes the row (a skip without pytorch-forecasting).
 pub fn windows_row(
     out: &mut SuiteOutput,
     work: &Path,
     python: &Path,
     (quick, repeats, threads): (bool, usize, usize),
 ) -> Result<()> {
-    let peers = match peers::dir() {
-        Ok(dir) => dir,
-        Err(why) => {
-            out.skip(NAME, &why);
-            return Ok(());
-        }
+    let Ok(peers) = peers::dir().map_err(|why| out.skip(NAME, &why)) else {
+        return Ok(());
     };
     let (series, steps) = if quick { (8, 120) } else { (48, 240) };
     let (csv, dir) = data(work, series, steps)?;
@@ -154,17 +138,15 @@ pub fn windows_row(
     let common = format!("--batch-size {BATCH} --workers 0 --epochs 2 --threads {threads}");
     let runs = alternating(repeats.max(1), &[0usize, 1], |_, side| {
         let mut cmd = if side == 0 {
-            let mut c = command(&me, &["data", "windows-probe", "--dir"]);
-            c.arg(&dir);
-            c
+            command(&me, &["data", "windows-probe", "--dir"])
         } else {
             let mut c = python_script(python, "pf_loader.py");
-            c.arg("--csv").arg(&csv);
-            c.args(["--encoder-length", &ENCODER.to_string()]);
-            c.args(["--horizon", &HORIZON.to_string()]);
+            let window = format!("--encoder-length {ENCODER} --horizon {HORIZON} --csv");
             peers::put_first_on_path(&mut c, &peers);
+            c.args(window.split_whitespace());
             c
         };
+        cmd.arg(if side == 0 { &dir } else { &csv });
         cmd.args(common.split_whitespace());
         run_json(cmd).map(Some)
     })?;
@@ -183,20 +165,16 @@ pub fn windows_row(
     let rate = |runs: &[Value]| median(runs.iter().map(steady).collect());
     let baseline = "pytorch-forecasting TimeSeriesDataSet + its DataLoader (to_dataloader), 0 \
                     workers";
+    let what = "every window trains; target normalised per series (GroupNormalizer) and among \
+                the unknown reals, 2 known and 2 more unknown reals, 1 static categorical; \
+                shuffled; each batch's tensors summed on both sides; the figure is the second \
+                epoch's samples/s, the median over runs";
+    let setup = json!({"series": series, "steps": steps, "encoder_length": ENCODER,
+                       "horizon": HORIZON, "batch_size": BATCH, "threads": threads,
+                       "windows": a["samples_per_epoch"], "what": what});
     let figures = (rate(kiln), rate(theirs));
     let row = out.row("windows", NAME, SAMPLES_S, figures, baseline);
-    let row = row
-        .at_least(GOAL)
-        .detail(
-            "setup",
-            json!({"series": series, "steps": steps, "encoder_length": ENCODER, "horizon": HORIZON,
-               "batch_size": BATCH, "windows": a["samples_per_epoch"], "threads": threads,
-               "what": "every window trains; target normalised per series (GroupNormalizer) \
-                        and among the unknown reals, 2 known and 2 more unknown reals, 1 static \
-                        categorical; shuffled; each batch's tensors summed on both sides; the \
-                        figure is the second epoch's samples/s, the median over runs"}),
-        )
-        .detail("runs", json!({"kiln": kiln, "pytorch_forecasting": theirs}));
-    out.push(row);
+    let row = row.at_least(GOAL).detail("setup", setup);
+    out.push(row.detail("runs", json!({"kiln": kiln, "pytorch_forecasting": theirs})));
     Ok(())
 }

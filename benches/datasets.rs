@@ -1,6 +1,5 @@
-//! Datasets the suites write for both sides: a kiln dataset as `features.npy`/`labels.npy`
-//! (streamed: a gigabyte of features never sits in memory at once), kiln's sharded dataset
-//! prepared from them, and kiln's train/validation split as JSON.
+//! Datasets the suites write for both sides: `features.npy`/`labels.npy` (streamed, never all
+//! in memory), kiln's sharded dataset prepared from them, and kiln's train/validation split.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,26 +10,23 @@ use serde_json::json;
 
 use crate::{Msg, Result};
 
-/// Writes an f32 `.npy` array of `shape` sample by sample: `fill(i, out)` writes sample `i`
-/// and returns its label. Returns the labels.
+/// Writes an f32 `.npy` of `shape`, sample `i` by `fill(i, out)` (its label); returns the labels.
 fn write_f32_npy(
     path: &Path,
     shape: &[usize],
     mut fill: impl FnMut(usize, &mut [f32]) -> Result<i64>,
 ) -> Result<Vec<i64>> {
     let header = kiln_data::npy_header(DType::F32, shape)?;
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path).map_err(err)?);
-    w.write_all(&header).map_err(err)?;
-    let numel: usize = shape[1..].iter().product();
-    let mut sample = vec![0f32; numel];
+    let mut w = std::io::BufWriter::new(std::fs::File::create(path).at(path)?);
+    w.write_all(&header).at(path)?;
+    let mut sample = vec![0f32; shape[1..].iter().product()];
     let mut labels = Vec::with_capacity(shape[0]);
     for i in 0..shape[0] {
         labels.push(fill(i, &mut sample)?);
         let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.write_all(&bytes).map_err(err)?;
+        w.write_all(&bytes).at(path)?;
     }
-    w.flush().map_err(err)?;
+    w.flush().at(path)?;
     Ok(labels)
 }
 
@@ -50,14 +46,11 @@ pub fn write_prepared(
     let labels = write_f32_npy(&fpath, &shape, |i, out| data.read(i, out).msg())?;
     let labels: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
     kiln_data::write_npy(&lpath, DType::I64, &[data.len()], &labels).msg()?;
-    let source = PrepareSource::Npy {
-        features: fpath.clone(),
-        labels: lpath.clone(),
-    };
-    let defaults = PrepareOptions::default();
+    let (features, labels) = (fpath.clone(), lpath.clone());
+    let source = PrepareSource::Npy { features, labels };
     let options = PrepareOptions {
-        shard_samples: shard_samples.unwrap_or(defaults.shard_samples),
-        ..defaults
+        shard_samples: shard_samples.unwrap_or(PrepareOptions::default().shard_samples),
+        ..PrepareOptions::default()
     };
     let out = dir.join(name);
     kiln_data::prepare(&source, &out, &options).msg()?;
@@ -69,9 +62,8 @@ pub fn write_prepared(
     Ok(Arc::new(ShardedDataset::open(&out).msg()?))
 }
 
-/// Writes a regression dataset as `dir/features.npy` (f32, `[samples, features]`) and
-/// `dir/labels.npy` (f32 values, one per sample; kiln's targets), kept for a PyTorch side, prepares kiln's
-/// dataset from them in `dir/name` and returns it opened.
+/// Writes a regression dataset as `dir/features.npy` and `dir/labels.npy` (f32 targets), kept,
+/// and returns kiln's dataset prepared from them in `dir/name`, opened.
 pub fn write_prepared_values(
     dir: &Path,
     name: &str,
@@ -93,9 +85,8 @@ pub fn write_prepared_values(
     Ok(Arc::new(ShardedDataset::open(&out).msg()?))
 }
 
-/// kiln's train/validation split of `prepared` (`val_fraction`, `seed`) as JSON at `path`:
-/// `{"train": [...], "val": [...], "classes": N}` (no classes for values), which the PyTorch
-/// sides read.
+/// kiln's split of `prepared` as JSON at `path` for the PyTorch sides: `{"train", "val",
+/// "classes"}` (no classes for values).
 pub fn write_split(
     path: &Path,
     prepared: &Arc<ShardedDataset>,

@@ -1,37 +1,18 @@
-//! `cargo xtask bench --suite ddp`: data-parallel training on the CPU, Gloo over loopback, in
-//! one run side by side. The real CLI trains kiln's `transformer` reference model (its default
-//! shape, 3.3 M parameters; fp32, dropout 0, one data worker, `--threads` libtorch threads per
-//! rank, default 1) on its synthetic sequences: `kiln train` alone (1 rank) and `kiln train
-//! --nproc-per-node 2` (2 ranks, c10d Reducer), every rank taking the same batch and steps (the
-//! 2-rank run gets twice the samples): ~140 ms of compute per step on one core outweighs the
-//! communication (12.7 MiB of gradients in both sides' default buckets: a first of 1 MiB,
-//! all-reduced while backward goes on, then the rest), as in a real job. PyTorch trains the
-//! same transformer (train_step.py's twin) on the same samples in `python/ddp_step.py`, with
-//! every value kiln resolves (shape, lr, weight decay, schedule, clipping, buckets, seed): in
-//! `DistributedDataParallel` on 2 ranks under `torch.distributed.run`, and alone as a plain
-//! loop (the 1-rank reference). kiln also trains the twin exported by torch.export (the same
-//! initial weights) through its compiled step on 1 and 2 ranks: the step returns the gradients,
-//! all-reduced in one call after it, and its rows show what that lost overlap costs.
-//!
-//! Figures: kiln's samples/s over all ranks and mean step time on 2 ranks against 1 (goals
-//! ≥ 1.8× and ≤ 1.1×: the all-reduce hidden behind backward), kiln's mean step time against
-//! DDP's (goal ≤ 1.0×), and the final train loss of every side (they learn alike); the
-//! description adds kiln's time between steps (the ranks' stop vote). `--quick` (CI) runs
-//! a few steps of each to check the suite's shape.
+//! `cargo xtask bench --suite ddp`: data-parallel training on the CPU, Gloo over loopback:
+//! `kiln train` (its transformer, and the torch.export'ed twin through its compiled step) on 1
+//! and 2 ranks against PyTorch DDP and a plain loop (`python/ddp_step.py`), same plan and data.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::{Better, Comparison, MS_STEP, NATS, SAMPLES_S, SuiteOutput};
-use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, datasets, median_of};
+use kiln_benches::resolve;
+use kiln_benches::run_cli::{Cli, exit_on_error, fresh_work_dir, kiln_exe, plan_args};
+use kiln_benches::run_cli::{read_summary, remove_dir, run};
+use kiln_benches::{MALLOC_AS_KILN, Msg, Result, SuiteArgs, alternating, datasets, median_of};
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
-
-use kiln_benches::run_cli::{
-    Cli, exit_on_error, fresh_work_dir, kiln_exe, plan_args, read_summary,
-};
-use kiln_benches::run_cli::{remove_dir, run};
 
 #[derive(Debug, Subcommand)]
 enum Sub {
@@ -48,8 +29,7 @@ pub fn main(args: Vec<std::ffi::OsString>) {
 /// The model every side trains.
 const MODEL: ModelKind = ModelKind::Transformer;
 
-/// The job; every side and rank count trains the same model on the same steps of the same
-/// per-rank batch, with the same gradient buckets.
+/// The job: every side and rank count trains the same steps of the same per-rank batch.
 #[derive(Debug, Clone, Copy)]
 struct Size {
     batch: usize,
@@ -81,23 +61,12 @@ impl Size {
     }
 }
 
-/// `kiln train`'s settings for a run on `world` ranks (its rank count comes from the launcher);
-/// the plan they resolve to is what the PyTorch side is told.
+/// `kiln train`'s settings on `world` ranks; the plan they resolve to is what PyTorch is told.
 fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<String> {
-    let mut sets: Vec<String> = [
-        "device.request=cpu",
-        "train.amp=fp32",
-        "model.dropout=0",
-        "data.num_workers=1",
-        "data.val_fraction=0",
-        "checkpoint.enabled=false",
-        "train.optimizer=adamw",
-        "train.schedule=cosine",
-        "train.min_lr=0",
-        "run.name=ddp",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let fixed = "device.request=cpu train.amp=fp32 model.dropout=0 data.num_workers=1 \
+                 data.val_fraction=0 checkpoint.enabled=false train.optimizer=adamw \
+                 train.schedule=cosine train.min_lr=0 run.name=ddp";
+    let mut sets: Vec<String> = fixed.split_whitespace().map(str::to_owned).collect();
     sets.extend([
         format!("model.name={MODEL}"),
         format!("train.warmup_steps={}", size.warmup),
@@ -111,33 +80,19 @@ fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<Stri
     sets
 }
 
-/// The model's synthetic samples of a 1- and a 2-rank run, as `kiln train` makes them,
-/// prepared by kiln's data prepare as the datasets `prepared-<ranks>` under `dir` (what the
-/// exported program trains on); the 2-rank ones also as `features.npy` and `labels.npy`, which
-/// the PyTorch side reads (a 1-rank run their first samples).
-fn write_data(dir: &Path, plan: &RunPlan, size: &Size) -> Result<Data> {
+/// The synthetic samples of a 1- and 2-rank run as kiln's `prepared-<ranks>` (the 2-rank ones
+/// also as `.npy` files for PyTorch) under `dir`; returns their shape and classes.
+fn write_data(dir: &Path, plan: &RunPlan, size: &Size) -> Result<(Vec<usize>, usize)> {
     let seed = plan.performance.backend.seed;
-    let mut out = Data::default();
+    let mut shape_classes = (vec![], 0);
     for world in [1, 2] {
         let data = kiln_train::models::synthetic_dataset(MODEL, size.samples(world), seed).msg()?;
-        let classes = data
-            .classes()
-            .ok_or_else(|| format!("the {MODEL}'s synthetic data have no classes"))?;
-        let name = format!("prepared-{world}");
-        datasets::write_prepared(dir, &name, &*data, None, world == 2)?;
-        out = Data {
-            sample_shape: data.sample_shape().to_vec(),
-            classes,
-        };
+        let no_classes = || format!("the {MODEL}'s synthetic data have no classes");
+        let classes = data.classes().ok_or_else(no_classes)?;
+        shape_classes = (data.sample_shape().to_vec(), classes);
+        datasets::write_prepared(dir, &format!("prepared-{world}"), &*data, None, world == 2)?;
     }
-    Ok(out)
-}
-
-/// The samples' shape (`[sequence, features]`) and classes.
-#[derive(Debug, Default)]
-struct Data {
-    sample_shape: Vec<usize>,
-    classes: usize,
+    Ok(shape_classes)
 }
 
 /// What every run of the suite shares.
@@ -148,13 +103,14 @@ struct Bench<'a> {
     size: Size,
     threads: usize,
     plan: &'a RunPlan,
-    data: &'a Data,
+    /// The samples' shape (`[sequence, features]`) and classes.
+    sample_shape: Vec<usize>,
+    classes: usize,
     /// This machine's CPU model and logical cores.
     cpu: (String, usize),
 }
 
-/// The model's PyTorch twin exported by torch.export (`ddp_step.py --export-program`), in the
-/// work directory beside its datasets `prepared-<ranks>`.
+/// The model's PyTorch twin exported by torch.export, in the work directory.
 const PROGRAM: &str = "transformer.pt2";
 
 impl Bench<'_> {
@@ -165,9 +121,7 @@ impl Bench<'_> {
         run(cmd).map(|_| ())
     }
 
-    /// One `kiln train` on `world` ranks, of the built-in model or (`program`) of its PyTorch
-    /// twin exported by torch.export: the figures of rank 0's `summary.json` (its samples and
-    /// samples/s count every rank's).
+    /// One `kiln train` on `world` ranks of the model or (`program`) its twin: rank 0's figures.
     fn kiln_run(&self, world: usize, program: bool) -> Result<Value> {
         let runs = format!("kiln-runs-{world}-{}", u8::from(program));
         let runs = self.work.join(runs);
@@ -194,10 +148,8 @@ impl Bench<'_> {
         let num = |k: &str| kiln_benches::num(&s[k]);
         let all_ranks = (self.size.steps() * self.size.batch * world) as f64;
         if num("samples") != all_ranks {
-            return Err(format!(
-                "kiln's summary counts {} samples, expected {all_ranks} over {world} rank(s)",
-                s["samples"]
-            ));
+            let counts = format!("counts {} samples, expected {all_ranks}", s["samples"]);
+            return Err(format!("kiln's summary {counts} over {world} rank(s)"));
         }
         let steps = num("steps");
         let between = (num("seconds") - steps * num("mean_step_time_s")) / steps;
@@ -234,11 +186,10 @@ impl Bench<'_> {
         Ok(v)
     }
 
-    /// `cmd` (Python, and its launcher's arguments) running `ddp_step.py` on the raw files, with
-    /// the plan's values for `world` ranks.
+    /// `cmd` (Python and a launcher) running `ddp_step.py` with the plan's values for `world`.
     fn ddp_step(&self, mut cmd: Command, world: usize) -> Command {
-        let (d, shape) = (&self.plan.distributed, &self.data.sample_shape);
-        cmd.arg(bench_root().join("python/ddp_step.py"));
+        let (d, shape) = (&self.plan.distributed, &self.sample_shape);
+        cmd.arg(kiln_benches::bench_root().join("python/ddp_step.py"));
         cmd.arg("--features-file")
             .arg(self.work.join("features.npy"));
         cmd.arg("--labels-file").arg(self.work.join("labels.npy"));
@@ -246,7 +197,7 @@ impl Bench<'_> {
             ("--samples", self.size.samples(world).to_string()),
             ("--seq", shape[0].to_string()),
             ("--features", shape[1].to_string()),
-            ("--classes", self.data.classes.to_string()),
+            ("--classes", self.classes.to_string()),
             ("--bucket-cap-mb", d.bucket_cap_mb.to_string()),
             ("--first-bucket-mb", d.first_bucket_mb.to_string()),
         ] {
@@ -257,38 +208,35 @@ impl Bench<'_> {
     }
 }
 
-/// The sides, in the order they run: `pytorch-malloc` is DDP with glibc's malloc thresholds
-/// as kiln sets them for its runs (`performance.malloc_tuning`).
-const SIDES: [(&str, usize); 7] = [
-    ("kiln", 1),
-    ("kiln", 2),
-    ("pytorch", 1),
-    ("pytorch", 2),
-    ("program", 1),
-    ("program", 2),
-    ("pytorch-malloc", 2),
+/// The sides, in the order they run, with their runs' key in the details: `pytorch-malloc` is
+/// DDP with glibc's malloc thresholds as kiln sets them (`performance.malloc_tuning`).
+const SIDES: [(&str, usize, &str); 7] = [
+    ("kiln", 1, "kiln_1_rank"),
+    ("kiln", 2, "kiln_2_ranks"),
+    ("pytorch", 1, "pytorch_1_rank"),
+    ("pytorch", 2, "pytorch_ddp_2_ranks"),
+    ("program", 1, "kiln_program_1_rank"),
+    ("program", 2, "kiln_program_2_ranks"),
+    ("pytorch-malloc", 2, "pytorch_ddp_2_ranks_malloc"),
 ];
 
 /// Every run of each side, in [`SIDES`]' order.
 type Runs = [Vec<Value>; 7];
 
-/// Runs the sides `repeats` times, the order reversed on odd repeats; checks each run took the
-/// steps asked for.
+/// Runs the sides `repeats` times, alternating; checks each took the steps asked for.
 fn measure(bench: &Bench<'_>, repeats: usize) -> Result<Runs> {
     let mut seen: Option<Value> = None;
-    let runs = alternating(repeats, &SIDES, |r, (who, world)| {
+    let runs = alternating(repeats, &SIDES, |r, (who, world, _)| {
         eprintln!("ddp: repeat {r}: {who}, {world} rank(s)");
         let v = match who {
             "kiln" => bench.kiln_run(world, false)?,
             "program" => bench.kiln_run(world, true)?,
             _ => bench.torch_run(world, who == "pytorch-malloc")?,
         };
-        if v["steps"].as_u64() != Some(bench.size.steps() as u64) {
-            return Err(format!(
-                "{who} on {world} rank(s) took {} steps, expected {}",
-                v["steps"],
-                bench.size.steps()
-            ));
+        let steps = bench.size.steps();
+        if v["steps"].as_u64() != Some(steps as u64) {
+            let took = format!("took {} steps, expected {steps}", v["steps"]);
+            return Err(format!("{who} on {world} rank(s) {took}"));
         }
         let first = seen.get_or_insert_with(|| v.clone());
         if first["parameters"] != v["parameters"] {
@@ -309,8 +257,8 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let repeats = a.repeats_or(if a.quick { 1 } else { 3 }).max(1);
     let threads = a.threads_or(1).max(1);
     let work = fresh_work_dir(a, "ddp")?;
-    let plan = kiln_benches::resolve(&kiln_sets(&size, 2, threads, &work))?.plan;
-    let data = write_data(&work, &plan, &size)?;
+    let plan = resolve(&kiln_sets(&size, 2, threads, &work))?.plan;
+    let (sample_shape, classes) = write_data(&work, &plan, &size)?;
     let bench = Bench {
         kiln: kiln_exe("ddp")?,
         python: &a.python,
@@ -318,7 +266,8 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         size,
         threads,
         plan: &plan,
-        data: &data,
+        sample_shape,
+        classes,
         cpu: (
             kiln_device::probe::probe().map_or_else(|_| "unknown CPU".to_owned(), |f| f.cpu.model),
             std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -327,21 +276,19 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     bench.export_program()?;
     let runs = measure(&bench, repeats)?;
     let mut out = report(&bench, a.quick, &runs);
+    let (m, d) = (&plan.model, &plan.distributed);
     out.details = json!({
         "quick": a.quick, "repeats": repeats, "threads_per_rank": threads,
-        "model": plan.model.kind.to_string(), "batch_per_rank": size.batch,
+        "model": m.kind.to_string(), "batch_per_rank": size.batch,
         "steps": size.steps(), "epochs": size.epochs, "warmup": size.warmup,
-        "bucket_cap_mb": plan.distributed.bucket_cap_mb,
-        "first_bucket_mb": plan.distributed.first_bucket_mb,
-        "hidden": plan.model.hidden, "d_model": plan.model.d_model, "layers": plan.model.layers,
-        "heads": plan.model.heads, "ff": plan.model.ff, "sample_shape": data.sample_shape,
-        "classes": data.classes,
+        "bucket_cap_mb": d.bucket_cap_mb, "first_bucket_mb": d.first_bucket_mb,
+        "hidden": m.hidden, "d_model": m.d_model, "layers": m.layers, "heads": m.heads,
+        "ff": m.ff, "sample_shape": bench.sample_shape, "classes": bench.classes,
         "cpu": bench.cpu.0, "logical_cpus": bench.cpu.1,
-        "kiln_1_rank": runs[0], "kiln_2_ranks": runs[1],
-        "pytorch_1_rank": runs[2], "pytorch_ddp_2_ranks": runs[3],
-        "kiln_program_1_rank": runs[4], "kiln_program_2_ranks": runs[5],
-        "pytorch_ddp_2_ranks_malloc": runs[6],
     });
+    for ((.., key), r) in SIDES.iter().zip(&runs) {
+        out.details[*key] = json!(r);
+    }
     out.write(&a.out_or("ddp"))?;
     remove_dir(&work)
 }
@@ -351,15 +298,13 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
     let (m, tp) = (&bench.plan.model, &bench.plan.train);
     let (d_model, layers, heads, ff) = (m.d_model, m.layers, m.heads, m.ff);
     let (lr, decay, warmup, clip) = (tp.lr, tp.weight_decay, tp.warmup_steps, tp.clip_grad_norm);
-    let (shape, classes) = (&bench.data.sample_shape, bench.data.classes);
-    let (seq, features) = (shape[0], shape[1]);
+    let (seq, features, classes) = (bench.sample_shape[0], bench.sample_shape[1], bench.classes);
     let (steps, batch, t) = (bench.size.steps(), bench.size.batch, bench.threads);
     let ((cpu, cpus), repeats) = (&bench.cpu, runs[0].len());
     let params = median_of(&runs[0], "parameters");
     let quick = quick.then_some("QUICK (a few steps, shape check only): ");
     let allreduce = median_of(&runs[3], "gradient_allreduce_ms");
     let comm = communication(bench.plan, params, allreduce);
-    let between = between_steps(runs);
     format!(
         "{}data-parallel training on the CPU ({cpu}, {cpus} logical cores), Gloo over \
          127.0.0.1: kiln's `transformer` (sequence {seq} × {features} features → d_model \
@@ -378,12 +323,12 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
          Step time is each side's own mean over every step (batch to optimizer step); samples/s \
          counts all ranks; median of {repeats} run(s) per side. {comm} {between}",
         quick.unwrap_or_default(),
-        malloc = kiln_benches::MALLOC_AS_KILN
+        between = between_steps(runs),
+        malloc = MALLOC_AS_KILN
     )
 }
 
-/// What a step must communicate: the gradient's size, its buckets (in one, nothing can overlap
-/// backward on either side), and a bare all-reduce's time.
+/// What a step communicates: the gradients' size, their buckets, a bare all-reduce's time.
 fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
     let mib = params * 4.0 / 1048576.0;
     let d = &plan.distributed;
@@ -406,8 +351,7 @@ fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
     )
 }
 
-/// kiln's time between steps, outside the step time (its fit time less its steps' time, per
-/// step): on 2 ranks it holds the one-value all-reduce by which the ranks agree whether to stop.
+/// kiln's time between steps (fit time less step time, per step): on 2 ranks, the stop vote.
 fn between_steps(runs: &Runs) -> String {
     let [one, two] = [&runs[0], &runs[1]].map(|r| median_of(r, "between_steps_ms"));
     format!(
@@ -421,9 +365,7 @@ const KILN_1: &str = "kiln 1 rank × 1 thread, same per-rank batch and steps";
 const DDP_2: &str = "PyTorch DistributedDataParallel, Gloo, 2 ranks × 1 thread";
 const TORCH_1: &str = "PyTorch plain loop, 1 process × 1 thread (no DDP)";
 
-/// The suite's rows: kiln's scaling, kiln against DDP, the 1-rank reference and the exported
-/// program's; those without goals show throughput and scaling against PyTorch's and the final
-/// train losses (that the sides learn alike).
+/// The suite's rows: kiln's scaling, kiln against DDP, the 1-rank reference and the program's.
 fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let mut out = SuiteOutput::new("ddp", &describe(bench, quick, runs));
     let [k1, k2, t1, t2, p1, p2, t2_malloc] = runs;
@@ -452,7 +394,7 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let base = "PyTorch DDP 2 ranks / PyTorch plain loop 1 rank";
     out.push(row(ddp, name, ("×", Better::Higher), scalings, base));
     let name = "2 ranks: mean step time vs DDP with kiln's malloc thresholds";
-    let base = format!("{DDP_2}, {}", kiln_benches::MALLOC_AS_KILN);
+    let base = format!("{DDP_2}, {MALLOC_AS_KILN}");
     out.push(step(ddp, name, k2, t2_malloc, &base));
     let name = "2 ranks: final train loss vs DDP (learn alike)";
     out.push(learn(ddp, name, k2, t2, DDP_2));
@@ -460,9 +402,8 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     out.push(step(one, name, k1, t1, TORCH_1));
     let name = "1 rank: final train loss vs PyTorch (learn alike)";
     out.push(learn(one, name, k1, t1, TORCH_1));
-    // The exported program's compiled step returns the gradients, so no autograd hook can
-    // start their all-reduce while backward runs; what that lost overlap costs is its 2-rank
-    // step time over its 1-rank one, against the built-in model's (the Reducer overlapping).
+    // The program's step returns the gradients (no all-reduce during backward): what that lost
+    // overlap costs is its 2-rank / 1-rank step time against the built-in model's.
     let group = "exported program (all-reduce after the compiled step)";
     let base = "the program on 1 rank × 1 thread, same per-rank batch and steps";
     let name = "program 2 ranks vs 1 rank: mean step time";
@@ -471,11 +412,9 @@ fn report(bench: &Bench<'_>, quick: bool, runs: &Runs) -> SuiteOutput {
     let base = "the built-in transformer's 2-rank / 1-rank step time (c10d Reducer, all-reduce \
                 during backward)";
     let overlap = (ms(p2) / ms(p1), ms(k2) / ms(k1));
-    out.push(
-        row(group, name, ("×", Better::Lower), overlap, base)
-            .detail("program_2_ranks_ms", json!(ms(p2)))
-            .detail("builtin_2_ranks_ms", json!(ms(k2))),
-    );
+    let row = row(group, name, ("×", Better::Lower), overlap, base);
+    let row = row.detail("program_2_ranks_ms", json!(ms(p2)));
+    out.push(row.detail("builtin_2_ranks_ms", json!(ms(k2))));
     out
 }
 
@@ -495,13 +434,11 @@ mod tests {
     #[test]
     fn kilns_settings_are_keys_it_knows() {
         let sets = kiln_sets(&Size::of(true), 2, 1, Path::new("/tmp/runs"));
-        let plan = kiln_benches::resolve(&sets).unwrap().plan;
+        let plan = resolve(&sets).unwrap().plan;
         let size = Size::of(true);
         assert_eq!(plan.model.kind, MODEL);
-        assert_eq!(
-            plan.data.synthetic_samples as usize,
-            2 * size.batch * size.steps_per_epoch
-        );
+        let two_ranks = 2 * size.batch * size.steps_per_epoch;
+        assert_eq!(plan.data.synthetic_samples as usize, two_ranks);
         assert_eq!((plan.data.num_workers, plan.model.dropout), (1, 0.0));
         assert_eq!(plan.performance.backend.intra_op_threads, 1);
         assert_eq!(plan.train.warmup_steps as usize, size.warmup);
@@ -513,12 +450,10 @@ mod tests {
     #[test]
     fn the_communication_note_says_when_nothing_can_overlap() {
         let sets = kiln_sets(&Size::of(true), 1, 1, Path::new("/r"));
-        let plan = kiln_benches::resolve(&sets).unwrap().plan;
+        let plan = resolve(&sets).unwrap().plan;
         let small = communication(&plan, 85_002.0, 1.25);
-        assert!(
-            small.contains("0.32 MiB") && small.contains("nothing overlaps"),
-            "{small}"
-        );
+        assert!(small.contains("0.32 MiB"), "{small}");
+        assert!(small.contains("nothing overlaps"), "{small}");
         assert!(small.contains("1.25 ms"), "{small}");
         let large = communication(&plan, 3_321_956.0, 10.0);
         assert!(!large.contains("nothing overlaps"), "{large}");

@@ -1,6 +1,5 @@
-//! Memory of a process tree on Linux: PSS and RSS summed over a process and all its
-//! descendants, read from `/proc/<pid>/smaps_rollup` (zero where unreadable, e.g. not Linux);
-//! and one process's resident memory, cheaply, from `/proc/<pid>/status`.
+//! Memory of a process tree on Linux: PSS and RSS summed over a process and its descendants
+//! (`/proc/<pid>/smaps_rollup`, zero where unreadable); one process's RSS from its `status`.
 
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
@@ -27,37 +26,31 @@ pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / 1048576.0
 }
 
-/// The resident memory of process `pid` (`VmRSS` in `/proc/<pid>/status`), in bytes; `None`
-/// where unreadable (the process is gone, or not Linux).
+/// The bytes of the field `name` (e.g. `Rss:`, given in kB) of a `/proc` file's `text`.
+fn kib_field(text: &str, name: &str) -> Option<u64> {
+    let value = text.lines().find_map(|l| l.strip_prefix(name))?;
+    Some(value.split_whitespace().next()?.parse::<u64>().ok()? * 1024)
+}
+
+/// Process `pid`'s `VmRSS` in bytes (`/proc/<pid>/status`); `None` where unreadable.
 pub fn vm_rss(pid: u32) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    kib_field(
+        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        "VmRSS:",
+    )
 }
 
 /// PSS and RSS of one process.
 fn rollup(pid: u32) -> Peak {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
+    let field = |name| kib_field(&text, name).unwrap_or(0);
     Peak {
         pss: field("Pss:"),
         rss: field("Rss:"),
     }
 }
 
-/// Current PSS and RSS of process `pid` and all its descendants (through every thread's
-/// `children`), summed.
+/// Current PSS and RSS of process `pid` and all its descendants, summed.
 pub fn tree_memory(pid: u32) -> Peak {
     let mut sum = rollup(pid);
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
@@ -72,8 +65,7 @@ pub fn tree_memory(pid: u32) -> Peak {
     sum
 }
 
-/// Waits for `child` to exit, sampling its tree's memory `every` so long: its exit status and
-/// the tree's peak.
+/// Waits for `child`, sampling its tree's memory every `every`: its exit status and peak.
 pub fn peak_until_exit(child: &mut Child, every: Duration) -> crate::Result<(ExitStatus, Peak)> {
     let mut peak = Peak::default();
     loop {

@@ -12,7 +12,6 @@ const EPS: f64 = 1e-8;
 #[derive(Debug)]
 pub struct UnfusedAdamW {
     lr: f64,
-    /// Per parameter: its weight decay.
     weight_decay: Vec<f64>,
     exp_avg: Vec<Tensor>,
     exp_avg_sq: Vec<Tensor>,
