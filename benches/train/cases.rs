@@ -1,14 +1,12 @@
-//! The train suite's rows: each [`Case`] (a kiln precision against a PyTorch eager or
-//! `torch.compile` baseline), how one runs, and the rows it gives (step time, machine limit,
-//! compile time).
+//! The train suite's cases (a kiln precision against PyTorch eager or `torch.compile`), how one
+//! runs, and its rows (step time, machine limit, compile time).
 
 use kiln_benches::report::{Better, Comparison, MS_STEP, SECONDS, SuiteOutput};
 use kiln_benches::{Msg, compile_env, in_temp_dir, interleaved, median, median_of, num};
 use kiln_benches::{cold_first, not_run, resolve_for};
 use serde_json::{Value, json};
 
-use super::suite::peak_for;
-use super::{Opts, Result, at_most, words};
+use super::{Opts, Result, at_most, peak_for, words};
 
 /// One comparison of the train suite: kiln's precision against PyTorch's, and the goal.
 pub struct Case {
@@ -16,15 +14,13 @@ pub struct Case {
     kiln: &'static str,
     torch: &'static str,
     goal: Option<f64>,
-    /// Extra arguments for both sides, and for the PyTorch side alone (a same-computation
-    /// baseline); each a command line's words.
+    /// Extra words for both sides, and for the PyTorch side alone (a same-computation baseline).
     args: (&'static str, &'static str),
-    /// What the row's name adds (`""`: nothing).
+    /// What the row's name adds.
     label: &'static str,
     /// The PyTorch side is `torch.compile(model)` (default mode) rather than eager.
     pub compile: bool,
-    /// Both sides train on the train batch size of the device's hardware profile (512 on an
-    /// H200) rather than 32.
+    /// Both sides train at the device profile's train batch size (512 on an H200), not 32.
     profile_batch: bool,
 }
 
@@ -68,8 +64,7 @@ impl Case {
     }
 }
 
-/// PyTorch given kiln's attention choice (the explicit matmul–softmax product on the CPU in
-/// bf16, SDPA elsewhere).
+/// PyTorch given kiln's attention choice (explicit matmul–softmax on the CPU in bf16, else SDPA).
 const KILN_ATTENTION: &str = "--attention kiln";
 
 /// kiln's automatic precision (bf16) against PyTorch bf16 as a user writes it: on both devices.
@@ -80,11 +75,8 @@ const CONVNET: Case = Case::new("convnet", "fp32", "fp32", None)
     .args("--channels-last", "")
     .label(" channels-last");
 
-/// The train rows. Baselines are PyTorch as a user writes it (SDPA, `nn.Dropout`) unless the
-/// row says "same computation": then the PyTorch twin makes kiln's per-precision choices too
-/// (the explicit matmul–softmax attention kiln uses on the CPU in bf16), or both sides run
-/// without dropout, so that the difference between two rows is what kiln's choice is worth.
-/// The `torch.compile` rows (left out of `--quick`) compile the same twin, default mode.
+/// The CPU rows: PyTorch as a user writes it (SDPA, `nn.Dropout`), or where a row says "same
+/// computation" or "dropout 0", PyTorch making kiln's choices, to show what each choice is worth.
 pub const CASES: [Case; 11] = [
     Case::new("mlp", "fp32", "fp32", Some(0.7)),
     Case::new("transformer", "fp32", "fp32", Some(1.0)),
@@ -112,17 +104,12 @@ pub const CASES: [Case; 11] = [
         .compiled(),
 ];
 
-/// The large transformer of the GPU rows: d_model 1024, 16 heads, 24 layers, ff 4096 (GPT-2
-/// medium's body, 303 M parameters) over sequences of 512. Its GEMMs (M = 16 384 tokens at
-/// batch 32, K and N 1024 to 4096) are big enough to keep a GPU's tensor cores busy, so its
-/// model FLOP utilization says how close a step comes to the card's limit; the reference
-/// transformer's (3.4 M parameters) mostly says how long kernel launches take.
+/// The GPU rows' large transformer (GPT-2 medium's body, 303 M parameters): GEMMs big enough
+/// for its MFU to say how close a step comes to the card's limit, not how long launches take.
 pub const LARGE: &str = "--seq 512 --d-model 1024 --heads 16 --layers 24 --ff 4096";
 
-/// The train rows on a CUDA GPU, all at bf16 (kiln's choice there) against PyTorch as a user
-/// writes it (SDPA, `nn.Dropout` 0.1): the reference transformer at batch 32 and at the
-/// hardware profile's batch size, and the large transformer; each against eager and
-/// `torch.compile` (default mode). The MLP and the convnet keep their CPU rows' shapes.
+/// The CUDA rows: bf16 transformers (reference, at the profile's batch, large) against PyTorch
+/// as a user writes it, eager and `torch.compile`; the MLP and convnet as on the CPU.
 pub const GPU_CASES: [Case; 8] = [
     Case::new("mlp", "fp32", "fp32", Some(1.0)),
     AUTO_SDPA,
@@ -165,12 +152,8 @@ pub fn planned_name(o: &Opts, case: &Case) -> Result<String> {
 
 /// The row name of `case` (kiln's `auto` resolved to `kiln_precision`) at `batch`.
 fn case_name(case: &Case, kiln_precision: &str, batch: usize) -> String {
-    let who = if case.compile {
-        "torch.compile"
-    } else {
-        "PyTorch"
-    };
     let (model, torch, label) = (case.model, case.torch, case.label);
+    let who = ["PyTorch", "torch.compile"][usize::from(case.compile)];
     let name = match case.kiln {
         "auto" => format!("{model} auto ({kiln_precision}) step vs {who} {torch}{label}"),
         p => format!("{model} {p} step{label}"),
@@ -189,11 +172,8 @@ fn baseline_name(case: &Case, t: &Value) -> String {
     } else {
         ("PyTorch eager", "")
     };
-    let autocast = if case.torch == "fp32" {
-        ""
-    } else {
-        " autocast"
-    };
+    let fp32 = case.torch == "fp32";
+    let autocast = if fp32 { "" } else { " autocast" };
     let attention = t["config"]["attention"].as_str().unwrap_or("-");
     let dropout = &t["config"]["dropout"];
     let torch = case.torch;
@@ -202,9 +182,8 @@ fn baseline_name(case: &Case, t: &Value) -> String {
     )
 }
 
-/// Runs one case, kiln and PyTorch alternating, and adds its rows to `out` (or, where its
-/// PyTorch side could not run here, why); returns its runs. A `torch.compile` case runs in its
-/// own inductor cache, empty at its first run (a cold compile) and reused by the later ones.
+/// Runs one case, the sides alternating (`torch.compile` in its own inductor cache, cold at the
+/// first run), and adds its rows (or why PyTorch could not run) to `out`; returns its runs.
 pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> Result<Value> {
     let batch = case_batch(o, case)?;
     let args = |precision, extra: &str| {
@@ -213,16 +192,15 @@ pub fn run_case(o: &Opts, out: &mut SuiteOutput, (i, case): (usize, &Case)) -> R
     };
     let (kiln_args, torch_args) = (args(case.kiln, ""), args(case.torch, case.args.1));
     let sides = in_temp_dir(&format!("inductor-{i}"), |cache| {
-        let torch_cmd = || {
-            let mut c = o.torch(&torch_args);
-            if case.compile {
-                compile_env(&mut c, cache);
-            }
-            c
-        };
         interleaved(o.repeats, 2, |i| match i {
             0 => o.kiln("probe", &kiln_args),
-            _ => torch_cmd(),
+            _ => {
+                let mut c = o.torch(&torch_args);
+                if case.compile {
+                    compile_env(&mut c, cache);
+                }
+                c
+            }
         })
     })?;
     let (k, t) = (&sides[0], &sides[1]);
@@ -248,9 +226,8 @@ pub(crate) fn breakdowns(k: &[Value], t: &[Value]) -> Value {
            "baseline": t.last().map(|r| r["breakdown"].clone())})
 }
 
-/// Adds the rows of a case that ran to `out`: its step time; for kiln's fp32 transformer
-/// against eager, its step against this machine's GEMM peak; against `torch.compile`, the time
-/// to the first step.
+/// Adds a case's rows: step time; for kiln's fp32 transformer against eager, the GEMM peak;
+/// against `torch.compile`, the time to the first step.
 fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut SuiteOutput) {
     let (ks, ts) = (median_of(k, "step_s_median"), median_of(t, "step_s_median"));
     let kiln_precision = k[0]["precision"].as_str().unwrap_or("?");
@@ -266,37 +243,30 @@ fn case_rows(case: &Case, name: &str, (k, t): (&[Value], &[Value]), out: &mut Su
         "baseline_samples_per_s": batch / ts, "breakdown": breakdowns(k, t),
     });
     if case.compile {
-        let step = step.detail("compile", compile_summary(t));
-        out.push(at_most(step, case.goal));
-        out.push(compile_time_row(case, name, (k, t)));
-        return;
+        step.details["compile"] = compile_summary(t);
     }
     out.push(at_most(step, case.goal));
-    if case.model == "transformer" && case.kiln == "fp32" && case.args.0.is_empty() {
+    if case.compile {
+        out.push(compile_time_row(case, name, (k, t)));
+    } else if case.model == "transformer" && case.kiln == "fp32" && case.args.0.is_empty() {
         // kiln's fp32 transformer step against this machine's GEMM peak.
         let name = format!("{name}: achieved vs {peak_name} peak");
         let (figures, unit) = ((flops / ks / 1e9, peak), ("GFLOP/s", Better::Higher));
         let base = format!("measured {peak_name} peak");
-        let limit = out.row("machine limit", name, unit, figures, base);
-        let limit = limit.at_least(0.7);
+        let limit = out
+            .row("machine limit", name, unit, figures, base)
+            .at_least(0.7);
         let limit = limit.detail("baseline_achieved_gflops", json!(flops / ts / 1e9));
         out.push(limit.detail("breakdown", breakdowns(k, t)));
     }
 }
 
-/// The compile figures of `torch.compile` runs: the cold run's (inductor cache empty) and the
-/// median of the warm ones.
+/// The compile figures of `torch.compile` runs: the cold runs' and the warm ones' medians.
 pub(crate) fn compile_summary(t: &[Value]) -> Value {
     let (cold, warm): (Vec<&Value>, Vec<&Value>) = t
         .iter()
         .partition(|r| r["compile"]["inductor_cache"] == "cold");
-    let pick = |runs: &[&Value], key: &str| {
-        let v: Vec<f64> = runs
-            .iter()
-            .filter_map(|r| r["compile"][key].as_f64())
-            .collect();
-        json!((!v.is_empty()).then(|| median(v)))
-    };
+    let pick = |runs: &[&Value], key: &str| median_or_null(runs.iter().map(|r| &r["compile"][key]));
     json!({
         "mode": "default",
         "what": t[0]["compile"]["what"],
@@ -309,13 +279,18 @@ pub(crate) fn compile_summary(t: &[Value]) -> Value {
     })
 }
 
+/// The median of the numbers among `values`, or null where there are none.
+pub(crate) fn median_or_null<'a>(values: impl Iterator<Item = &'a Value>) -> Value {
+    let v: Vec<f64> = values.filter_map(Value::as_f64).collect();
+    json!((!v.is_empty()).then(|| median(v)))
+}
+
 /// The compile-time row's name, from its step row's.
 fn compile_time_name(step_row: &str) -> String {
     step_row.replacen(" step", " first step (compile time)", 1)
 }
 
-/// Time to the first step: kiln's first step against `torch.compile`'s (which compiles the
-/// forward and backward graphs), from an empty inductor cache where a run had one.
+/// Time to the first step: kiln's against `torch.compile`'s (compiling), its cache cold if any.
 fn compile_time_row(case: &Case, name: &str, (k, t): (&[Value], &[Value])) -> Comparison {
     let (first, caches) = cold_first(t, "first_step_s");
     let figures = (median_of(k, "first_step_s"), first);

@@ -1,41 +1,30 @@
-//! `cargo xtask bench` suites over the train step, each side by side with PyTorch eager Python
-//! (`python/train_step.py`, fused AdamW on) on the same reference model, batch, thread count,
-//! device and fixed random batch:
-//!
-//! - `train` (the default): step-time ratios (kiln / PyTorch; below 1 means kiln is faster),
-//!   each step's model FLOP utilization against this machine's measured GEMM peak, the step
-//!   breakdown (data wait, forward, backward, optimizer) of both sides, and with
-//!   `--batch-sizes 1,2,4…` a sweep of throughput and peak memory over batch sizes. Besides
-//!   PyTorch eager, the transformer rows run against `torch.compile(model)` (default mode; not
-//!   in `--quick`), its compile time (the first step, from an empty inductor cache) a row apart.
-//! - `optimizer`: one AdamW step over the transformer's parameters: kiln's fused kernel against
-//!   the per-tensor update and against `torch.optim.AdamW` fused, foreach and single-tensor.
-//! - `opts`: one optimization toggled at a time on kiln's own step (precision, fused AdamW,
-//!   TF32, cuDNN benchmark, channels-last, loader workers, CUDA graphs), each one's speedup.
-//!
-//! `probe`, `gemm` and `optim-probe` are the kiln side of one measurement, each in its own
-//! process like the Python side, so neither inherits the other's threads, caches or flags.
+//! The train-step suites against PyTorch (`python/train_step.py`, fused AdamW) on the same model,
+//! batch, threads and device: `train` (step-time ratios, MFU, breakdown, batch-size sweep,
+//! torch.compile), `optimizer` (one AdamW step) and `opts` (one optimization at a time). `probe`,
+//! `gemm` and `optim-probe` are kiln's side, each in its own process like the Python side.
+//! This file also holds the `train` suite itself: the GEMM peaks, the cases, the sweep.
 
 mod cases;
 mod optimizer;
 mod opts;
 mod probe;
 mod program;
-mod suite;
 
 use std::ffi::{OsStr, OsString};
 use std::process::Command;
 
 use clap::Subcommand;
-use kiln_benches::python_script;
-use kiln_benches::report::Comparison;
-use kiln_benches::{Msg, Result, SuiteArgs, device_name};
+use kiln_benches::report::{Comparison, SuiteOutput};
+use kiln_benches::{Msg, Result, SuiteArgs, command, device_name, interleaved, num};
+use kiln_benches::{python_script, run_json};
 use kiln_config::{ModelKind, ModelPlan};
 use serde_json::{Value, json};
 use tch::Device;
 
+use cases::{cases_for, planned_name, run_case};
 use kiln_benches::run_cli::{Cli, exit_on_error};
 use probe::ShapeArgs;
+use program::{PROGRAM_ROWS, SCRIPT_ROWS, program_case, script_case};
 
 #[derive(Debug, Subcommand)]
 enum Sub {
@@ -53,14 +42,13 @@ enum Sub {
     OptimProbe(optimizer::OptimProbeArgs),
 }
 
-/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name); without
-/// a subcommand, the `train` suite.
+/// Runs the suite's command line (`args[0]` is its name); without a subcommand, the `train` suite.
 pub fn main(args: Vec<OsString>) {
     let about = "`kiln-bench train`: the train-step suites against PyTorch, and their kiln probes";
     let cli = Cli::<Sub>::parse_with(args, about);
     exit_on_error(match cli.command {
-        None => suite::train_suite(&cli.suite),
-        Some(Sub::Train(a)) => suite::train_suite(&a),
+        None => train_suite(&cli.suite),
+        Some(Sub::Train(a)) => train_suite(&a),
         Some(Sub::Optimizer(a)) => optimizer::optimizer_suite(&a),
         Some(Sub::Opts(a)) => opts::opts_suite(&a),
         Some(Sub::Probe(a)) => probe::probe(&a),
@@ -117,19 +105,19 @@ impl Opts {
 
     /// `kiln-bench train MODE` on the suite's threads and device, then `args`.
     fn kiln<S: AsRef<OsStr>>(&self, mode: &str, args: &[S]) -> Command {
-        let mut c = Command::new(&self.me);
-        c.args(["train", mode, "--threads", &self.threads])
-            .args(["--device", &device_name(self.device)])
-            .args(args);
-        c
+        self.placed(command(&self.me, &["train", mode]), args)
     }
 
     /// `train_step.py` on the suite's threads and device, then `args`.
     fn torch<S: AsRef<OsStr>>(&self, args: &[S]) -> Command {
-        let mut c = python_script(&self.python, "train_step.py");
-        c.args(["--threads", &self.threads])
-            .args(["--device", &device_name(self.device)])
-            .args(args);
+        self.placed(python_script(&self.python, "train_step.py"), args)
+    }
+
+    /// `c` on the suite's threads and device, then `args`.
+    fn placed<S: AsRef<OsStr>>(&self, mut c: Command, args: &[S]) -> Command {
+        let device = device_name(self.device);
+        c.args(["--threads", &self.threads, "--device", &device]);
+        c.args(args);
         c
     }
 
@@ -162,6 +150,84 @@ fn strings(args: &[&str]) -> Vec<String> {
 /// The words of `line`, arguments without spaces in them, as owned strings.
 fn words(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
+}
+
+/// The GEMM peaks the train steps are measured against (TF32 and fp16 only on a GPU).
+fn peaks(o: &Opts) -> Result<Value> {
+    let precisions: &[&str] = if o.device.is_cuda() {
+        &["fp32", "tf32", "bf16", "fp16"]
+    } else {
+        &["fp32", "bf16"]
+    };
+    let mut peaks = serde_json::Map::new();
+    for p in precisions {
+        let v = run_json(o.kiln("gemm", &["--precision", p]))?;
+        let (gflops, on) = (num(&v["gemm_gflops"]), device_name(o.device));
+        eprintln!("{p} GEMM peak through libtorch on {on}: {gflops:.0} GFLOP/s");
+        peaks.insert(format!("{p}_gemm_gflops"), v["gemm_gflops"].clone());
+    }
+    Ok(Value::Object(peaks))
+}
+
+/// The peak a step at `precision` (with fp32 matmuls in TF32 or not) is measured against.
+fn peak_for(peaks: &Value, precision: &str, tf32: bool) -> (f64, String) {
+    let tf32 = precision == "fp32" && tf32;
+    let key = if tf32 { "tf32" } else { precision };
+    let peak = num(&peaks[format!("{key}_gemm_gflops")]);
+    (peak, format!("{key} GEMM"))
+}
+
+pub fn train_suite(a: &SuiteArgs) -> Result<()> {
+    let o = Opts::new(a)?;
+    let what = format!(
+        "train step (forward, cross-entropy, backward, fused AdamW, loss read) on one fixed batch \
+         (32 unless the row says) on {}, {} threads: kiln against PyTorch eager and \
+         torch.compile; MFU against this machine's measured GEMM peak",
+        device_name(o.device),
+        o.threads
+    );
+    let mut out = SuiteOutput::new("train", &what);
+    out.peaks = peaks(&o)?;
+    let mut runs = vec![];
+    for (i, case) in cases_for(o.device).iter().enumerate() {
+        // The row's name (which resolves the configuration) only where a filter reads it.
+        let filtered = a.filter.is_some() && !a.selects(&planned_name(&o, case)?);
+        if (case.compile && o.quick) || filtered {
+            continue;
+        }
+        runs.push(run_case(&o, &mut out, (i, case))?);
+    }
+    if o.quick {
+        let why = "left out of --quick: compiling takes minutes";
+        out.skip("torch.compile rows", why);
+    }
+    if a.selects(SCRIPT_ROWS) {
+        runs.push(script_case(&o, &mut out)?);
+    }
+    if a.selects(PROGRAM_ROWS) {
+        runs.push(program_case(&o, &mut out)?);
+    }
+    for &b in a.batch_sizes() {
+        runs.push(sweep_rows(&o, &mut out, b)?);
+    }
+    let (warmup, steps, breakdown) = o.steps;
+    out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
+                         "breakdown_steps": breakdown, "runs": runs});
+    out.write(&a.out_or("train"))
+}
+
+/// The batch-size sweep's rows at batch `b` (throughput, peak memory); returns their runs.
+fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize) -> Result<Value> {
+    let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
+    let args = o.step_args("transformer", precision, b, 0);
+    let sides = interleaved(o.repeats, 2, |i| match i {
+        0 => o.kiln("probe", &args),
+        _ => o.torch(&args),
+    })?;
+    let (k, t) = (&sides[0], &sides[1]);
+    let base = format!("PyTorch eager {precision}");
+    out.push_sweep(&format!("transformer {precision}"), b, (k, t), &base);
+    Ok(json!({"sweep_batch": b, "kiln": k, "torch": t}))
 }
 
 #[cfg(test)]

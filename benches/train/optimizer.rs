@@ -1,10 +1,10 @@
 //! The optimizer suite: one AdamW step over the reference transformer's parameters, kiln's
-//! fused kernel (`optim-probe`, in its own process) against the per-tensor update and against
-//! `torch.optim.AdamW` fused, foreach and single-tensor.
+//! fused kernel (`optim-probe`) against the per-tensor update and `torch.optim.AdamW`.
 
 use std::collections::BTreeMap;
 
 use clap::Args;
+use kiln_benches::args::Place;
 use kiln_benches::report::{MS_STEP, SuiteOutput};
 use kiln_benches::unfused::UnfusedAdamW;
 use kiln_benches::{Msg, SuiteArgs, device_name, interleaved, median, median_of};
@@ -15,9 +15,8 @@ use kiln_train::source::build;
 use serde_json::json;
 use tch::{Device, Kind, Tensor, nn};
 
-use super::probe::{synthetic_input, time_calls};
-use super::{Opts, Result, at_most, by_name, model_plan, words};
-use kiln_benches::args::Place;
+use super::probe::{fastest, synthetic_input, time_calls};
+use super::{Opts, REFERENCE, Result, at_most, by_name, model_plan, words};
 
 /// `optim-probe`'s options.
 #[derive(Debug, Args)]
@@ -36,8 +35,8 @@ pub struct OptimProbeArgs {
 /// The parameters (shapes) the optimizer benchmarks update: the reference transformer's.
 pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
     let vs = nn::VarStore::new(device);
-    let input = synthetic_input(ModelKind::Transformer, super::REFERENCE.seq)?;
-    let plan = model_plan(ModelKind::Transformer, 0.0, &super::REFERENCE);
+    let input = synthetic_input(ModelKind::Transformer, REFERENCE.seq)?;
+    let plan = model_plan(ModelKind::Transformer, 0.0, &REFERENCE);
     build(&plan, &input, &vs, false, 0).msg()?;
     Ok(vs)
 }
@@ -72,12 +71,11 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
         .unzip();
     // Fixed random gradients, set through autograd (d/dp Σ p·g = g).
     let grads: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
-    let mut total = Tensor::f_zeros([], (Kind::Float, device)).msg()?;
     for (p, g) in params.iter().zip(&grads) {
-        let term = p.f_mul(g).and_then(|t| t.f_sum(Kind::Float)).msg()?;
-        total = total.f_add(&term).msg()?;
+        p.f_mul(g)
+            .and_then(|t| t.f_sum(Kind::Float)?.f_backward())
+            .msg()?;
     }
-    total.f_backward().msg()?;
     let step: Box<dyn FnMut() -> Result<()>> = if fused {
         let config = kiln_torch_ext::optim::AdamWConfig {
             lr: 1e-3,
@@ -91,16 +89,12 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
         Box::new(move || opt.step(&params, &grads).msg())
     };
     let times = time_calls(device, (a.warmup, a.steps.max(1)), step)?;
-    println!(
-        "{}",
-        json!({
-            "framework": "kiln", "impl": if fused { "fused" } else { "unfused" },
-            "device": device_name(device), "threads": threads,
-            "tensors": vs.variables().len(), "params": parameter_count(&vs),
-            "step_s_median": median(times.clone()),
-            "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
-        })
-    );
+    let run = json!({
+        "framework": "kiln", "impl": a.imp, "device": device_name(device), "threads": threads,
+        "tensors": vs.variables().len(), "params": parameter_count(&vs),
+        "step_s_median": median(times.clone()), "step_s_min": fastest(&times),
+    });
+    println!("{run}");
     Ok(())
 }
 
@@ -115,75 +109,59 @@ fn shapes_arg() -> Result<String> {
     Ok(shapes.join(","))
 }
 
-/// The optimizer suite's sides: each one's name in the details, and the implementation it
-/// times (`optim-probe --impl` for kiln's, `train_step.py --optimizer` for PyTorch's).
-const SIDES: [(&str, &str); 5] = [
-    ("kiln_fused", "fused"),
-    ("kiln_unfused", "unfused"),
-    ("torch_fused", "fused"),
-    ("torch_foreach", "foreach"),
-    ("torch_single", "single"),
+/// The suite's sides: each one's name in the details, the implementation it times
+/// (`optim-probe --impl` for kiln's, `train_step.py --optimizer` for PyTorch's) and what it is.
+const SIDES: [(&str, &str, &str); 5] = [
+    ("kiln_fused", "fused", "kiln's fused AdamW"),
+    ("kiln_unfused", "unfused", "kiln AdamW as per-tensor ops"),
+    ("torch_fused", "fused", "torch.optim.AdamW(fused=True)"),
+    (
+        "torch_foreach",
+        "foreach",
+        "torch.optim.AdamW() (foreach, its default)",
+    ),
+    ("torch_single", "single", "torch.optim.AdamW(foreach=False)"),
 ];
 
-/// Each row's name, the side kiln's fused step is set against, what that side is, the goal.
-/// The headline: the same kernel as `AdamW(fused=True)` (kiln must add nothing around it), and
-/// PyTorch's default implementation (foreach). The per-tensor rows are the ablation.
-const ROWS: [(&str, usize, &str, Option<f64>); 4] = [
-    (
-        "AdamW kiln fused vs PyTorch fused (the same kernel)",
-        2,
-        "torch.optim.AdamW(fused=True)",
-        Some(1.05),
-    ),
-    (
-        "AdamW kiln fused vs PyTorch default (foreach)",
-        3,
-        "torch.optim.AdamW() (foreach, its default)",
-        Some(0.6),
-    ),
-    (
-        "ablation: AdamW kiln fused vs kiln unfused",
-        1,
-        "kiln AdamW as per-tensor ops",
-        None,
-    ),
-    (
-        "ablation: AdamW kiln fused vs PyTorch single-tensor",
-        4,
-        "torch.optim.AdamW(foreach=False)",
-        None,
-    ),
+/// Each row: what kiln's fused step is set against, that side, the goal. The headline rows: the
+/// same kernel as `AdamW(fused=True)` and PyTorch's default; the rows without a goal: ablation.
+const ROWS: [(&str, usize, Option<f64>); 4] = [
+    ("PyTorch fused (the same kernel)", 2, Some(1.05)),
+    ("PyTorch default (foreach)", 3, Some(0.6)),
+    ("kiln unfused", 1, None),
+    ("PyTorch single-tensor", 4, None),
 ];
 
 pub fn optimizer_suite(a: &SuiteArgs) -> Result<()> {
     let o = &Opts::new(a)?;
     let shapes = ["--shapes".to_owned(), shapes_arg()?];
     let runs = interleaved(o.repeats, SIDES.len(), |i| match SIDES[i] {
-        (side, imp) if side.starts_with("kiln") => {
+        (side, imp, _) if side.starts_with("kiln") => {
             o.kiln("optim-probe", &optim_args(o, ("--impl", imp)))
         }
-        (_, imp) => o.torch(&[optim_args(o, ("--optimizer", imp)), shapes.to_vec()].concat()),
+        (_, imp, _) => o.torch(&[optim_args(o, ("--optimizer", imp)), shapes.to_vec()].concat()),
     })?;
-    if runs[0][0]["params"] != runs[2][0]["params"] {
+    let (kiln, torch) = (&runs[0][0], &runs[2][0]);
+    if kiln["params"] != torch["params"] {
         return Err(format!(
             "the two sides updated different parameter counts ({} vs {})",
-            runs[0][0]["params"], runs[2][0]["params"]
+            kiln["params"], torch["params"]
         ));
     }
-    let mut out = SuiteOutput::new(
-        "optimizer",
-        &format!(
-            "one AdamW step over the reference transformer's {} parameters in {} tensors on {}: \
-             kiln's fused kernel against the per-tensor update and torch.optim.AdamW",
-            runs[0][0]["params"],
-            runs[0][0]["tensors"],
-            device_name(o.device)
-        ),
+    let what = format!(
+        "one AdamW step over the reference transformer's {} parameters in {} tensors on {}: \
+         kiln's fused kernel against the per-tensor update and torch.optim.AdamW",
+        kiln["params"],
+        kiln["tensors"],
+        device_name(o.device)
     );
+    let mut out = SuiteOutput::new("optimizer", &what);
     let ms = |i: usize| median_of(&runs[i], "step_s_median") * 1e3;
-    for (name, other, baseline, goal) in ROWS {
-        let (kiln, theirs) = (ms(0), ms(other));
-        let c = out.row("optimizer step", name, MS_STEP, (kiln, theirs), baseline);
+    for (vs, other, goal) in ROWS {
+        let ablation = if goal.is_none() { "ablation: " } else { "" };
+        let name = format!("{ablation}AdamW kiln fused vs {vs}");
+        let (kiln, theirs, base) = (ms(0), ms(other), SIDES[other].2);
+        let c = out.row("optimizer step", name, MS_STEP, (kiln, theirs), base);
         out.push(at_most(c.detail("speedup", json!(theirs / kiln)), goal));
     }
     let (warmup, steps) = optim_steps(o);

@@ -6,9 +6,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kiln_benches::command;
 use kiln_benches::report::{Better, Comparison, SAMPLES_S, SuiteOutput, Unit};
-use kiln_benches::{Msg, SuiteArgs, device_name, interleaved, median, median_of};
+use kiln_benches::{Msg, SuiteArgs, command, device_name, interleaved, median, median_of};
 use kiln_data::{Loader, LoaderConfig, SyntheticClassification};
 use serde_json::{Value, json};
 
@@ -17,8 +16,7 @@ use super::{Opts, Result, words};
 
 const NO_GPU: &str = "needs a CUDA GPU; this machine has none";
 
-/// One epoch of kiln's loader over synthetic SignTransformer-shaped samples (generating each
-/// sample is the per-sample work) at `workers` workers; seconds.
+/// Seconds of one epoch of kiln's loader at `workers` over synthetic SignTransformer samples.
 fn loader_epoch_s(workers: usize, samples: usize) -> Result<f64> {
     let dataset =
         Arc::new(SyntheticClassification::new(samples, vec![64, 469], 100, 0, 0.5).msg()?);
@@ -42,42 +40,42 @@ fn loader_epoch_s(workers: usize, samples: usize) -> Result<f64> {
 
 pub fn opts_suite(a: &SuiteArgs) -> Result<()> {
     let o = &Opts::new(a)?;
-    let mut out = SuiteOutput::new(
-        "opts",
-        &format!(
-            "kiln's own train step (and loader, optimizer and inference) on {} with one \
-             optimization on against the same run with it off; the ratio is on / off (below 1: \
-             the optimization pays)",
-            device_name(o.device)
-        ),
+    let what = format!(
+        "kiln's own train step (and loader, optimizer and inference) on {} with one optimization \
+         on against the same run with it off; the ratio is on / off (below 1: the optimization \
+         pays)",
+        device_name(o.device)
     );
+    let mut out = SuiteOutput::new("opts", &what);
     let mut runs = step_toggles(o, &mut out)?;
     // Fused AdamW: the optimizer step alone.
     let optim = ["fused", "unfused"].map(|imp| optim_args(o, ("--impl", imp)));
+    let fused = ("fused AdamW", "fused AdamW (optimizer step)", STEP_MS);
+    let base = "kiln AdamW as per-tensor ops";
     runs.push(toggle(
         (o, &mut out),
-        ("fused AdamW", "fused AdamW (optimizer step)", STEP_MS),
+        fused,
         |i| o.kiln("optim-probe", &optim[i]),
-        "kiln AdamW as per-tensor ops",
+        base,
     )?);
     runs.push(loader_workers(o, &mut out)?);
     if o.device.is_cuda() {
         // CUDA graphs: inference latency at batch 1, from the serve benchmark's binary.
+        let device = device_name(o.device);
         let serve = |i: usize| {
-            let mut c = command(&o.me, &["serve", "infer-probe", "--batch", "1"]);
-            c.args(["--device", &device_name(o.device)]);
-            c.args(["--graphs", ["on", "off"][i]]);
+            let graphs = ["on", "off"][i];
+            let args = ["serve", "infer-probe", "--batch", "1", "--device", &device];
+            let mut c = command(&o.me, &args);
+            c.args(["--graphs", graphs]);
             c
         };
-        let figure = ("p50_ms", 1.0, "ms");
-        let name = "CUDA graphs (inference, batch 1, p50)";
-        let baseline = "kiln inference without graphs";
-        runs.push(toggle(
-            (o, &mut out),
-            ("cuda graphs", name, figure),
-            serve,
-            baseline,
-        )?);
+        let graphs = (
+            "cuda graphs",
+            "CUDA graphs (inference, batch 1, p50)",
+            P50_MS,
+        );
+        let base = "kiln inference without graphs";
+        runs.push(toggle((o, &mut out), graphs, serve, base)?);
     } else {
         out.skip("CUDA graphs", NO_GPU);
     }
@@ -101,9 +99,10 @@ fn row(name: &str, unit: Unit, (on, off): (f64, f64), baseline: &str) -> Compari
 type Figure = (&'static str, f64, &'static str);
 
 const STEP_MS: Figure = ("step_s_median", 1e3, "ms/step");
+const P50_MS: Figure = ("p50_ms", 1.0, "ms");
 
-/// Runs kiln with an optimization and without it (`cmd(0)`, then `cmd(1)`), alternating; adds
-/// the row `name` of the two medians of `figure` and returns their runs, as `toggle`.
+/// Runs `cmd(0)` (on) and `cmd(1)` (off) alternating; adds the row `name` of the medians of
+/// `figure` and returns their runs, as `toggle`.
 fn toggle(
     (o, out): (&Opts, &mut SuiteOutput),
     (toggle, name, (key, scale, unit)): (&str, &str, Figure),
@@ -121,38 +120,31 @@ fn step_toggles(o: &Opts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
     let cuda = o.device.is_cuda();
     let mut runs = vec![];
     // A toggle: its row, model, and each side's (on, then off) precision and further arguments.
-    let mut run = |name: &str, model: &str, sides: [(&str, &str); 2]| {
+    let mut run = |name: &str, model: &str, p: [&str; 2], extra: [&str; 2]| {
         // The U-Net's samples are volumes: a few make a batch.
         let batch = if model == "unet3d" { 2 } else { 32 };
-        let args = sides.map(|(p, extra)| [o.step_args(model, p, batch, 0), words(extra)].concat());
+        let args = |i: usize| [o.step_args(model, p[i], batch, 0), words(extra[i])].concat();
+        let args = [args(0), args(1)];
         let baseline = format!("kiln {model} step without it");
         let probe = |i: usize| o.kiln("probe", &args[i]);
         runs.push(toggle((o, out), (name, name, STEP_MS), probe, &baseline)?);
         Ok::<_, String>(())
     };
-    let (mixed, what) = if cuda {
-        ("bf16", "bf16")
-    } else {
-        ("auto", "automatic")
-    };
+    let mixed = if cuda { "bf16" } else { "auto" };
+    let what = if cuda { "bf16" } else { "automatic" };
     let precision = format!("precision: {what} instead of fp32 (transformer)");
-    run(&precision, "transformer", [(mixed, ""), ("fp32", "")])?;
+    run(&precision, "transformer", [mixed, "fp32"], ["", ""])?;
+    let fp32 = ["fp32"; 2];
     if cuda {
-        let tf32 = [("fp32", "--tf32 on"), ("fp32", "--tf32 off")];
-        run("TF32 matmuls (transformer fp32)", "transformer", tf32)?;
-        let benchmark = [
-            ("fp32", "--cudnn-benchmark on"),
-            ("fp32", "--cudnn-benchmark off"),
-        ];
-        run("cuDNN benchmark (convnet)", "convnet", benchmark)?;
+        let tf32 = ["--tf32 on", "--tf32 off"];
+        run("TF32 matmuls (transformer fp32)", "transformer", fp32, tf32)?;
+        let benchmark = ["--cudnn-benchmark on", "--cudnn-benchmark off"];
+        run("cuDNN benchmark (convnet)", "convnet", fp32, benchmark)?;
     }
-    let channels_last = [("fp32", "--channels-last"), ("fp32", "")];
-    run("channels-last (convnet)", "convnet", channels_last)?;
-    run(
-        "channels-last-3d (unet3d, batch 2)",
-        "unet3d",
-        channels_last,
-    )?;
+    let channels_last = ["--channels-last", ""];
+    run("channels-last (convnet)", "convnet", fp32, channels_last)?;
+    let unet = "channels-last-3d (unet3d, batch 2)";
+    run(unet, "unet3d", fp32, channels_last)?;
     if !cuda {
         out.skip("TF32 matmuls", NO_GPU);
         out.skip("cuDNN benchmark", NO_GPU);

@@ -56,12 +56,10 @@ pub struct ProbeArgs {
     /// The model's TorchScript twin (from `train_step.py --export-script`) instead.
     #[arg(long, value_name = "MODEL.pt")]
     script: Option<String>,
-    /// The model as a torch.export program (from `train_step.py --export-program`), trained
-    /// through kiln's compiled step (compiled here, or found in kiln's cache).
+    /// The model as a torch.export program, trained through kiln's compiled step.
     #[arg(long, value_name = "MODEL.pt2", conflicts_with = "script")]
     program: Option<String>,
-    /// With --program on CUDA: the whole step (compiled step and fused AdamW) replayed as one
-    /// CUDA graph (`train.cuda_graphs = on`).
+    /// With --program on CUDA: the whole step replayed as one CUDA graph.
     #[arg(long, requires = "program")]
     cuda_graphs: bool,
     /// The transformer's size (default: the reference SignTransformer).
@@ -69,8 +67,7 @@ pub struct ProbeArgs {
     shape: ShapeArgs,
 }
 
-/// The transformer's size, as `train_step.py` takes it (`--seq`, `--d-model`, …); the
-/// defaults are the reference SignTransformer's.
+/// The transformer's size, as `train_step.py` takes it; by default the reference's.
 #[derive(Debug, Clone, Args)]
 pub struct ShapeArgs {
     /// Sequence length (the sample is `[seq, 469]`).
@@ -91,22 +88,6 @@ fn dim() -> clap::builder::RangedI64ValueParser<u32> {
     clap::value_parser!(u32).range(1..)
 }
 
-impl ShapeArgs {
-    /// The shape of the transformer these arguments build, `features` inputs and `classes`
-    /// outputs.
-    pub fn transformer(&self, features: usize, classes: usize) -> TransformerShape {
-        TransformerShape {
-            seq_len: i64::from(self.seq),
-            features: features as i64,
-            d_model: i64::from(self.d_model),
-            heads: i64::from(self.heads),
-            layers: i64::from(self.layers),
-            ff: i64::from(self.ff),
-            classes: classes as i64,
-        }
-    }
-}
-
 /// `gemm`'s options.
 #[derive(Debug, Args)]
 pub struct GemmArgs {
@@ -117,8 +98,7 @@ pub struct GemmArgs {
     place: Place,
 }
 
-/// Seconds of each of `n` calls of `f` after `warmup` untimed ones, the device synchronised
-/// before and after each timed call.
+/// Seconds of each of `n` calls of `f` (the device synchronised around each) after `warmup`.
 pub fn time_calls(
     device: Device,
     (warmup, n): (usize, usize),
@@ -137,6 +117,11 @@ pub fn time_calls(
             Ok(start.elapsed().as_secs_f64())
         })
         .collect()
+}
+
+/// The fastest of `times`.
+pub fn fastest(times: &[f64]) -> f64 {
+    times.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 /// The input of `kind`'s synthetic data, the transformer's over sequences of `seq`.
@@ -161,12 +146,21 @@ pub fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
 }
 
 /// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
-fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f64 {
+fn flops_per_step(kind: ModelKind, shape: &ShapeArgs, input: &InputSpec, batch: usize) -> f64 {
+    let transformer = TransformerShape {
+        seq_len: shape.seq.into(),
+        features: *input.sample_shape.last().unwrap_or(&0) as i64,
+        d_model: shape.d_model.into(),
+        heads: shape.heads.into(),
+        layers: shape.layers.into(),
+        ff: shape.ff.into(),
+        classes: input.classes as i64,
+    };
     let forward = match kind {
         ModelKind::Mlp => 2.0 * (64.0 * 256.0 + 256.0 * 256.0 + 256.0 * 10.0),
         // The benchmarked TorchScript module and program are the transformer's twin.
         ModelKind::Transformer | ModelKind::TorchScript | ModelKind::Program => {
-            shape.forward_flops_per_sample() as f64
+            transformer.forward_flops_per_sample() as f64
         }
         ModelKind::ConvNet => 20_646_400.0,
         // Not a case of the train suite.
@@ -175,8 +169,7 @@ fn flops_per_step(kind: ModelKind, shape: &TransformerShape, batch: usize) -> f6
     3.0 * forward * batch as f64
 }
 
-/// Applies kiln's profile backend settings on a GPU (what `kiln train` does there), then the
-/// probe's explicit `--tf32` / `--cudnn-benchmark`; returns whether fp32 matmuls use TF32.
+/// Applies kiln's GPU backend settings, `--tf32`, `--cudnn-benchmark`; returns TF32's state.
 fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
     if let Device::Cuda(i) = device {
         let plan = resolve_for(device)?.plan;
@@ -196,12 +189,11 @@ fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
 pub fn probe(a: &ProbeArgs) -> Result<()> {
     let kind = a.model;
     let device = a.place.device();
-    let precision = if a.precision == "auto" {
-        resolve_for(device)?.plan.train.amp
-    } else {
-        a.precision
+    let precision = match a.precision.as_str() {
+        "auto" => resolve_for(device)?.plan.train.amp,
+        p => p
             .parse::<AmpDtype>()
-            .map_err(|e| format!("--precision: {e}"))?
+            .map_err(|e| format!("--precision: {e}"))?,
     };
     let batch = a.batch.max(1);
     let threads = a.place.set_threads()?;
@@ -210,7 +202,6 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
 
     let input = synthetic_input(kind, a.shape.seq)?;
     let (shape, classes) = (&input.sample_shape, input.classes);
-    let size = a.shape.transformer(*shape.last().unwrap_or(&0), classes);
     if kind == ModelKind::Transformer && !a.shape.d_model.is_multiple_of(a.shape.heads) {
         return Err(format!(
             "--d-model ({}) must be divisible by --heads ({})",
@@ -218,14 +209,11 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         ));
     }
     let vs = nn::VarStore::new(device);
-    // `--script PATH`: the model's TorchScript twin from `train_step.py --export-script`;
-    // `--program PATH`: its exported program, compiled (the load's time is the compile's).
     let plan = model_plan(kind, a.dropout, &a.shape);
     let loading = Instant::now();
     let model: Box<dyn Model> = match (&a.script, &a.program) {
         (Some(path), _) => Box::new(ScriptModel::load(Path::new(path), &vs).msg()?),
         (_, Some(path)) => {
-            // Compiled for this machine, for cross-entropy at `precision`.
             let spec = ProgramSpec {
                 path: Path::new(path),
                 loss: Loss::CrossEntropy,
@@ -255,7 +243,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     let labels = Tensor::randint(classes as i64, label_dims.as_slice(), (Kind::Int64, device));
     let (times, losses, first_step, breakdown) = run_steps(a, &mut stepper, (&features, &labels))?;
     let median = median(times.clone());
-    let flops = flops_per_step(kind, &size, batch);
+    let flops = flops_per_step(kind, &a.shape, &input, batch);
     let (memory, memory_kind) = peak_memory_mib(device);
     println!(
         "{}",
@@ -266,11 +254,11 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
             "load_s": load_s,
             "precision": precision.as_str(), "precision_requested": a.precision, "tf32": tf32,
             "batch": batch, "threads": threads, "params": parameter_count(&vs),
-            "config": {"seq": size.seq_len, "d_model": size.d_model, "heads": size.heads,
-                       "layers": size.layers, "ff": size.ff},
+            "config": {"seq": a.shape.seq, "d_model": a.shape.d_model, "heads": a.shape.heads,
+                       "layers": a.shape.layers, "ff": a.shape.ff},
             "flops_per_step": flops,
             "step_s_median": median,
-            "step_s_min": times.iter().copied().fold(f64::INFINITY, f64::min),
+            "step_s_min": fastest(&times),
             "samples_per_s": batch as f64 / median, "gflops": flops / median / 1e9,
             "first_step_s": first_step, "loss_first": losses.first(), "loss_last": losses.last(),
             "breakdown": breakdown,
@@ -280,17 +268,13 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     Ok(())
 }
 
-/// What the probe's steps gave: the timed steps' seconds, every step's loss, the first step's
-/// seconds and the breakdown steps' phase times.
+/// The timed steps' seconds, every step's loss, the first step's seconds, the phase times.
 type Steps = (Vec<f64>, Vec<f64>, f64, Option<Value>);
 
 /// The warm-up, timed and breakdown steps on one resident batch.
 fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)) -> Result<Steps> {
     let (warmup, steps, breakdown_steps) = (a.warmup, a.steps.max(1), a.breakdown_steps);
-    let mut times = Vec::with_capacity(steps);
-    let mut losses = vec![];
-    let mut data_wait = 0.0;
-    let mut first_step = f64::NAN;
+    let (mut seconds, mut losses, mut data_wait) = (vec![], vec![], 0.0);
     for i in 0..warmup + steps + breakdown_steps {
         if i == warmup + steps {
             stepper.time_phases(true);
@@ -302,14 +286,8 @@ fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)
             data_wait += start.elapsed().as_secs_f64();
         }
         // The loss is read each step, as a training loop that logs does (loss.item()).
-        let loss = stepper.step(&x, &y).msg()?;
-        if (warmup..warmup + steps).contains(&i) {
-            times.push(start.elapsed().as_secs_f64());
-        }
-        if i == 0 {
-            first_step = start.elapsed().as_secs_f64();
-        }
-        losses.push(loss);
+        losses.push(stepper.step(&x, &y).msg()?);
+        seconds.push(start.elapsed().as_secs_f64());
     }
     if losses.iter().any(|l| !l.is_finite()) {
         return Err(format!("non-finite loss during training: {losses:?}"));
@@ -323,11 +301,11 @@ fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)
             "optimizer_ms": per(t.optimizer),
         })
     });
-    Ok((times, losses, first_step, breakdown))
+    let times = seconds[warmup..warmup + steps].to_vec();
+    Ok((times, losses, seconds[0], breakdown))
 }
 
-/// This machine's GEMM peak through libtorch at one precision (best GFLOP/s over large
-/// shapes), the device synchronised around each timed call.
+/// This machine's GEMM peak through libtorch at one precision (best GFLOP/s over large shapes).
 pub fn gemm(a: &GemmArgs) -> Result<()> {
     let device = a.place.device();
     let precision = a.precision.as_str();
@@ -352,14 +330,10 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
     for &(m, k, n) in sizes {
         let a = Tensor::randn([m, k], (kind, device));
         let b = Tensor::randn([k, n], (kind, device));
-        let iters = if device.is_cuda() || m * k * n <= 1 << 32 {
-            10
-        } else {
-            3
-        };
+        let big = !device.is_cuda() && m * k * n > 1 << 32;
+        let iters = if big { 3 } else { 10 };
         let times = time_calls(device, (3, iters), || a.f_matmul(&b).map(drop).msg())?;
-        let fastest = times.into_iter().fold(f64::INFINITY, f64::min);
-        let gflops = 2.0 * (m * k * n) as f64 / fastest / 1e9;
+        let gflops = 2.0 * (m * k * n) as f64 / fastest(&times) / 1e9;
         shapes.push(json!({"shape": [m, k, n], "gflops": gflops}));
         best = best.max(gflops);
     }

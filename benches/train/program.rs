@@ -1,17 +1,16 @@
 //! The train suite's your-own-model rows: the reference transformer's PyTorch twin trained by
-//! kiln as TorchScript and as a `torch.export` program through kiln's compiled step
-//! (AOTInductor), against the same module in PyTorch eager, as TorchScript and under
-//! `torch.compile` (default mode); and kiln's compile time beside `torch.compile`'s first step.
+//! kiln as TorchScript and as an exported program (AOTInductor) against the same module in
+//! PyTorch eager, as TorchScript and under `torch.compile`; and the compile times.
 
 use std::path::Path;
 use std::process::Command;
 
 use kiln_benches::cold_first;
 use kiln_benches::report::{Comparison, MS_STEP, SECONDS, SuiteOutput};
-use kiln_benches::{compile_env, in_temp_dir, interleaved, median, median_of, num, run_json};
+use kiln_benches::{compile_env, in_temp_dir, interleaved, median_of, num, run_json};
 use serde_json::{Value, json};
 
-use super::cases::{breakdowns, compile_summary};
+use super::cases::{breakdowns, compile_summary, median_or_null};
 use super::{Opts, Result, at_most, by_name, strings};
 
 /// What the TorchScript rows' names begin with.
@@ -23,8 +22,8 @@ pub const PROGRAM_ROWS: &str = "your own model (transformer as an exported progr
 /// The runs of each side, by name.
 type Sides = Vec<(&'static str, Vec<Value>)>;
 
-/// `file` in `dir`, the reference transformer's twin (dropout 0, the same seed and so the same
-/// initial weights) written there by `train_step.py FLAG`; and that export's JSON.
+/// `dir/file`, the reference transformer's twin (dropout 0, the same initial weights) written by
+/// `train_step.py FLAG`; and that export's JSON.
 fn export(o: &Opts, dir: &Path, flag: &str, file: &str) -> Result<(String, Value)> {
     let path = dir.join(file).to_string_lossy().into_owned();
     let exported = run_json(o.torch(&["--model", "transformer", "--dropout", "0", flag, &path]))?;
@@ -54,8 +53,7 @@ fn run_sides(
     Ok(named.iter().map(|(name, _)| *name).zip(runs).collect())
 }
 
-/// `{what} vs {baseline}`: kiln's runs `ours` against the `runs` of `baseline`, which trains
-/// the same Python module; batch 32, dropout 0.
+/// `{what} vs {baseline}`: kiln's runs against those of `baseline` training the same module.
 fn module_row(what: &str, ours: &[Value], (baseline, runs): (&str, &[Value])) -> Comparison {
     let ms = |r: &[Value]| median_of(r, "step_s_median") * 1e3;
     let name = format!("{what} vs {baseline}");
@@ -67,11 +65,8 @@ fn module_row(what: &str, ours: &[Value], (baseline, runs): (&str, &[Value])) ->
         .detail("breakdown", breakdowns(ours, runs))
 }
 
-/// The TorchScript rows: kiln training the reference transformer's TorchScript twin (scripted
-/// by `train_step.py --export-script` from the same Python module) against PyTorch eager
-/// training that module, as a user writes it (goal: at most 1.05× its step), and against
-/// PyTorch training the same TorchScript file, as by default and with the graph optimization
-/// off that kiln turns off on the CPU; fp32, batch 32. Returns their runs.
+/// The TorchScript rows (fp32): kiln training the TorchScript twin against PyTorch eager and
+/// PyTorch training the same file (graph optimization on, and off as kiln has it on the CPU).
 pub fn script_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
     let sides = in_temp_dir("script", |dir| {
         let (path, exported) = export(o, dir, "--export-script", "transformer.pt")?;
@@ -100,11 +95,9 @@ pub fn script_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
     Ok(run)
 }
 
-/// The sides of the exported-program rows, by name: kiln's compiled step (`kiln`; its compile
-/// cache empty at the first run: a cold compile, warm after), PyTorch eager (`eager`), kiln's
-/// TorchScript path (`torchscript`), on CUDA the compiled step replayed as one CUDA graph
-/// (`graph`), and (not in `--quick`) `torch.compile` in default mode (`compile`, its inductor
-/// cache empty at its first run) and on CUDA in reduce-overhead mode (`reduce-overhead`).
+/// The exported-program sides: kiln's compiled step (its cache cold at the first run), eager,
+/// kiln's TorchScript path, on CUDA the step as one CUDA graph, and (not in `--quick`)
+/// `torch.compile` (inductor cache cold at the first run), on CUDA also reduce-overhead.
 fn program_sides(o: &Opts, dir: &Path) -> Result<Sides> {
     let (program, _) = export(o, dir, "--export-program", "transformer.pt2")?;
     let (script, exported) = export(o, dir, "--export-script", "transformer.pt")?;
@@ -113,10 +106,8 @@ fn program_sides(o: &Opts, dir: &Path) -> Result<Sides> {
     let compiled = with(&["--program", &program]);
     let graphs = with(&["--program", &program, "--cuda-graphs"]);
     let scripted = with(&["--script", &script]);
-    let (default, overhead) = (
-        with(&["--compile-mode", "default"]),
-        with(&["--compile-mode", "reduce-overhead"]),
-    );
+    let mode = |mode: &str| with(&["--compile-mode", mode]);
+    let (default, overhead) = (mode("default"), mode("reduce-overhead"));
     let kiln = |args: &[String]| {
         let mut c = o.kiln("probe", args);
         c.env("KILN_COMPILE_CACHE", dir.join("kiln-cache"))
@@ -137,13 +128,14 @@ fn program_sides(o: &Opts, dir: &Path) -> Result<Sides> {
         ("compile", slow, &|| compiling(&default)),
         ("reduce-overhead", cuda && slow, &|| compiling(&overhead)),
     ];
-    let named: Vec<_> = all.into_iter().filter(|s| s.1).collect();
-    let named: Vec<_> = named.into_iter().map(|(n, _, c)| (n, c)).collect();
+    let named: Vec<_> = all
+        .into_iter()
+        .filter_map(|(n, on, c)| on.then_some((n, c)))
+        .collect();
     run_sides(o, "exported-program", &exported, &named)
 }
 
-/// The exported-program rows (step time against eager, `torch.compile` and kiln's TorchScript
-/// path; on CUDA the step in one CUDA graph; compile time); returns their runs.
+/// The exported-program rows (step time against each baseline, compile time); returns the runs.
 pub fn program_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
     let sides = match in_temp_dir("program", |dir| program_sides(o, dir)) {
         // kiln's check found its compiled step computing otherwise than eager: no rows.
@@ -195,14 +187,11 @@ pub fn program_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
     Ok(json!({"case": "exported-program transformer", "sides": sides}))
 }
 
-/// Why the two sides are not like for like, where they are not: their first step's losses
-/// (the same weights, the same batch) differ by more than 1 % (at least 0.01 nats). On an H100,
-/// a miscompiled bf16 step started at 4.815 where eager started at 4.641 (dropout 0 on both).
+/// Why the sides are not like for like: their first losses (same weights and batch) differ by
+/// over 1 % (at least 0.01 nats), as a miscompiled bf16 step's did on an H100.
 fn other_first_loss(ours: &[Value], theirs: &[Value]) -> Option<String> {
-    let (a, b) = (
-        median_of(ours, "loss_first"),
-        median_of(theirs, "loss_first"),
-    );
+    let a = median_of(ours, "loss_first");
+    let b = median_of(theirs, "loss_first");
     let off = (a - b).abs() > 0.01 * b.abs().max(1.0) || !(a - b).is_finite();
     off.then(|| {
         format!(
@@ -212,19 +201,15 @@ fn other_first_loss(ours: &[Value], theirs: &[Value]) -> Option<String> {
     })
 }
 
-/// kiln's compile (its cache empty: the first run's load) beside `torch.compile`'s first step
-/// (its inductor cache empty); the warm figures in the details.
+/// kiln's cold compile (the first run's load) beside `torch.compile`'s cold first step.
 fn compile_row(k: &[Value], compiled: &[Value], precision: &str) -> Comparison {
     let cold = num(&k[0]["load_s"]);
-    let warm: Vec<f64> = k[1..].iter().filter_map(|r| r["load_s"].as_f64()).collect();
+    let warm = median_or_null(k[1..].iter().map(|r| &r["load_s"]));
     let (theirs, _) = cold_first(compiled, "first_step_s");
     let name = format!("{PROGRAM_ROWS} {precision} compile vs torch.compile's first step");
     let base = "torch.compile (default mode) first step, inductor's caches empty";
     Comparison::new("train", "compile time", name, SECONDS, (cold, theirs), base)
-        .detail(
-            "kiln_cache_hit_load_s",
-            json!((!warm.is_empty()).then(|| median(warm))),
-        )
+        .detail("kiln_cache_hit_load_s", warm)
         .detail("compile", compile_summary(compiled))
 }
 
