@@ -2,31 +2,29 @@
 //! of one measurement in its own process.
 
 use super::*;
-use kiln_benches::report::{SAMPLES_S, SECONDS};
-use kiln_benches::{cold_first, command, not_run, python_script, resolve_for};
+use kiln_benches::report::{SAMPLES_S, SECONDS, SidesRuns};
+use kiln_benches::{cold_first, not_run, or_skip, python_script, resolve_for};
 
 /// Times kiln's engine over `--batches` batches of random host inputs; prints one JSON line.
 pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     let (device, threads) = (a.place.device(), a.place.set_threads()?);
     let (batch, batches) = (a.batch.max(1), a.batches.max(1));
+    let onnx = a.engine == ProbeEngine::Onnxruntime;
+    if onnx && a.precision != AmpDtype::None {
+        return Err("--engine onnxruntime runs the ONNX file in fp32 only".to_owned());
+    }
     // The engine is ready once it has run its first (warm-up) batch.
     let start = Instant::now();
-    let (mut runner, graphs): (Box<dyn Runner>, String) = match a.engine {
-        ProbeEngine::Libtorch => {
-            let engine = engine(device, a.precision, batch, a.graphs)?;
-            let graphs = format!("{:?}", engine.graph_status());
-            (Box::new(engine), graphs)
-        }
-        ProbeEngine::Onnxruntime if a.precision != AmpDtype::None => {
-            return Err("--engine onnxruntime runs the ONNX file in fp32 only".to_owned());
-        }
-        ProbeEngine::Onnxruntime => {
-            let path = a.onnx.as_deref();
-            let path = path.ok_or("--engine onnxruntime needs --onnx FILE")?;
-            let engine = onnx_engine(path, device, batch, threads)?;
-            let graphs = engine.cuda_graphs();
-            (Box::new(engine), graphs)
-        }
+    let (mut runner, graphs): (Box<dyn Runner>, String) = if onnx {
+        let missing = "--engine onnxruntime needs --onnx FILE";
+        let path = a.onnx.as_deref().ok_or(missing)?;
+        let engine = onnx_engine(path, device, batch, threads)?;
+        let graphs = engine.cuda_graphs();
+        (Box::new(engine), graphs)
+    } else {
+        let engine = engine(device, batch, (a.precision, a.graphs))?;
+        let graphs = format!("{:?}", engine.graph_status());
+        (Box::new(engine), graphs)
     };
     let first_batch = start.elapsed().as_secs_f64();
     let inputs = probe_inputs(batch)?;
@@ -39,9 +37,9 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
             times.push(start.elapsed().as_secs_f64());
         }
         if shape != [10] || outputs.len() != batch * 10 || outputs.iter().any(|v| !v.is_finite()) {
+            let n = outputs.len();
             return Err(format!(
-                "unexpected outputs: {} values of sample shape {shape:?} for {batch} samples",
-                outputs.len()
+                "unexpected outputs: {n} values of sample shape {shape:?} for {batch} samples"
             ));
         }
         last = outputs;
@@ -50,15 +48,12 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     let ms: Vec<f64> = times.iter().map(|t| t * 1e3).collect();
     let tail = kiln_infer::offline::Percentiles::of(&ms);
     let (memory, memory_kind) = peak_memory_mib(device);
-    // ONNX Runtime's outputs against the libtorch engine's on the same batch (after the
-    // timing and the memory figure): both compute the same function.
-    let max_abs = match a.engine {
-        ProbeEngine::Libtorch => Value::Null,
-        ProbeEngine::Onnxruntime => {
-            let mut torch = engine(device, AmpDtype::None, batch, CudaGraphs::Off)?;
-            json!(max_abs_vs(&mut torch, &inputs, batch, &last)?)
-        }
-    };
+    // ONNX Runtime against the libtorch engine on the same batch, after the timing.
+    let mut max_abs = Value::Null;
+    if onnx {
+        let mut torch = engine(device, batch, FP32)?;
+        max_abs = json!(max_abs_vs(&mut torch, &inputs, &last)?);
+    }
     let run = json!({
         "framework": "kiln", "engine": runner.engine(), "max_abs_vs_libtorch": max_abs,
         "device": device_name(device), "precision": a.precision.as_str(),
@@ -88,44 +83,25 @@ pub(super) struct InferOpts {
     onnx: Option<OnnxModel>,
 }
 
-/// One PyTorch configuration of an infer row: precision, grad mode, eager or compiled.
+/// One PyTorch configuration of an infer row: its precision, `no_grad` (else PyTorch's default
+/// `inference_mode`), and `torch.compile` (else eager).
 #[derive(Clone, Copy)]
-struct TorchSide {
-    precision: &'static str,
-    no_grad: bool,
-    compile: bool,
-}
+struct TorchSide(&'static str, bool, bool);
 
 impl TorchSide {
-    /// PyTorch eager at `precision`, under `no_grad` or (PyTorch's default) `inference_mode`.
-    fn eager(precision: &'static str, no_grad: bool) -> Self {
-        Self {
-            precision,
-            no_grad,
-            compile: false,
-        }
-    }
-
     /// What it runs, for the row's baseline name.
     fn describe(self) -> String {
-        let weights = match self.precision {
-            "fp32" => "fp32".to_owned(),
-            p => format!("{p} weights (model.to, no autocast)"),
-        };
-        let how = match self.compile {
-            true => "torch.compile(model), default mode,",
-            false => "PyTorch eager",
-        };
-        let grad = match self.no_grad {
-            true => "no_grad",
-            false => "inference_mode",
-        };
-        format!("{how} {weights}, {grad}")
+        let TorchSide(precision, no_grad, compile) = self;
+        let how = ["PyTorch eager", "torch.compile(model), default mode,"][usize::from(compile)];
+        let grad = ["inference_mode", "no_grad"][usize::from(no_grad)];
+        match precision {
+            "fp32" => format!("{how} fp32, {grad}"),
+            p => format!("{how} {p} weights (model.to, no autocast), {grad}"),
+        }
     }
 }
 
-/// One probe of an infer measurement: kiln's engine (ONNX Runtime over the file where there is
-/// one) or a PyTorch side.
+/// One probe of an infer measurement: kiln's engine (or ONNX Runtime over a file), or PyTorch.
 #[derive(Clone, Copy)]
 enum Probe<'a> {
     Kiln(Option<&'a Path>),
@@ -133,42 +109,36 @@ enum Probe<'a> {
 }
 
 impl InferOpts {
-    /// kiln's probe at `precision`, or with `onnx` the ONNX Runtime probe at fp32.
-    fn kiln(&self, precision: &str, batch: usize, onnx: Option<&Path>) -> Command {
-        let mut c = command(&self.me, &["serve", "infer-probe"]);
-        match onnx {
-            Some(onnx) => c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx),
-            None => c.args(["--graphs", self.graphs]),
+    /// `probe`'s command at `batch` (kiln's at `precision`; inductor's cache under `cache`).
+    fn command(&self, probe: Probe<'_>, precision: &str, batch: usize, cache: &Path) -> Command {
+        let (mut c, precision) = match probe {
+            Probe::Kiln(_) => (command(&self.me, &["serve", "infer-probe"]), precision),
+            Probe::Torch(side) => (python_script(&self.python, "infer_step.py"), side.0),
         };
-        self.settings(&mut c, precision, batch);
-        c
-    }
-
-    fn torch(&self, side: TorchSide, batch: usize, cache: &Path) -> Command {
-        let mut c = python_script(&self.python, "infer_step.py");
-        self.settings(&mut c, side.precision, batch);
-        if side.no_grad {
-            c.args(["--grad-mode", "no_grad"]);
-        }
-        if side.compile {
-            compile_env(&mut c, cache);
-        }
-        c
-    }
-
-    fn settings(&self, c: &mut Command, precision: &str, batch: usize) {
+        match probe {
+            Probe::Kiln(Some(onnx)) => c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx),
+            Probe::Kiln(None) => c.args(["--graphs", self.graphs]),
+            Probe::Torch(_) => &mut c,
+        };
         c.args(["--precision", precision, "--batch", &batch.to_string()])
             .args(["--warmup", self.warmup, "--batches", self.batches])
             .args(["--threads", &self.threads, "--device", &self.dev]);
+        if let Probe::Torch(TorchSide(_, no_grad, compile)) = probe {
+            if no_grad {
+                c.args(["--grad-mode", "no_grad"]);
+            }
+            if compile {
+                compile_env(&mut c, cache);
+            }
+        }
+        c
     }
 
-    /// kiln at `precision`, each PyTorch side at `batch` and, with `onnx`, the ONNX Runtime
-    /// probe, alternating; the runs of each, kiln's first and ONNX Runtime's last. A compiled
-    /// side gets an inductor cache of its own, empty at its first run.
+    /// The runs of kiln, each PyTorch side and (with `onnx`) ONNX Runtime, alternating, in that
+    /// order; a compiled side gets an inductor cache of its own, empty at its first run.
     fn runs(
         &self,
-        precision: &str,
-        batch: usize,
+        (precision, batch): (&str, usize),
         sides: &[TorchSide],
         onnx: Option<&Path>,
     ) -> Result<Vec<Vec<Value>>> {
@@ -177,83 +147,58 @@ impl InferOpts {
         probes.extend(onnx.map(|path| Probe::Kiln(Some(path))));
         in_temp_dir(&format!("inductor-infer-{precision}-{batch}"), |cache| {
             alternating(self.repeats, &probes, |_, probe| {
-                let cmd = match probe {
-                    Probe::Kiln(onnx) => self.kiln(precision, batch, onnx),
-                    Probe::Torch(side) => self.torch(side, batch, cache),
-                };
-                run_json(cmd).map(Some)
+                run_json(self.command(probe, precision, batch, cache)).map(Some)
             })
         })
     }
 }
 
-/// The headline figure at `batch`: latency at batch 1, throughput otherwise.
-fn headline(batch: usize) -> (&'static str, &'static str, Unit) {
-    if batch == 1 {
-        ("p50 latency", "p50_ms", MS)
-    } else {
-        ("throughput", "samples_per_s", SAMPLES_S)
+/// The headline at `batch` (latency at 1, else throughput): metric, key, unit, the other key.
+fn headline(batch: usize) -> (&'static str, &'static str, Unit, &'static str) {
+    match batch {
+        1 => ("p50 latency", "p50_ms", MS, "samples_per_s"),
+        _ => ("throughput", "samples_per_s", SAMPLES_S, "p50_ms"),
     }
 }
 
-/// Both sides' medians at `key`, for details.
-fn both(key: &str, (k, t): (&[Value], &[Value])) -> Value {
-    json!({"kiln": median_of(k, key), "baseline": median_of(t, key)})
-}
-
-/// One infer row: kiln's runs `k` against PyTorch's `t`, each side's settings in details.
+/// One infer row: kiln's runs `k` against PyTorch's `t` (`side`, `what` to kiln's).
 fn infer_row(
     name: String,
     batch: usize,
-    (k, t): (&[Value], &[Value]),
-    (side, what): Side,
+    (k, t): SidesRuns<'_>,
+    (side, what): (TorchSide, &str),
 ) -> Comparison {
-    let (_, key, unit) = headline(batch);
-    let other = match key {
-        "p50_ms" => "samples_per_s",
-        _ => "p50_ms",
-    };
+    let (_, key, unit, other) = headline(batch);
+    let both = |key| json!({"kiln": median_of(k, key), "baseline": median_of(t, key)});
     let path = match k[0]["precision"].as_str() {
         Some("fp32") | None => "fp32 weights and inputs".to_owned(),
         Some(p) => format!("weights converted to {p} once, inputs cast, no autocast"),
     };
     let figures = (median_of(k, key), median_of(t, key));
     let baseline = format!("{} ({what})", side.describe());
+    let kiln = json!({"precision": k[0]["precision"], "path": path, "grad_mode": "no_grad",
+                      "threads": k[0]["threads"], "graphs": k[0]["graphs"]});
+    let torch = json!({"runs": side.describe(), "precision": side.0,
+                       "grad_mode": t[0]["grad_mode"], "threads": t[0]["threads"]});
     Comparison::new("infer", "inference", name, unit, figures, baseline)
         .detail("batch_size", json!(batch))
-        .detail(
-            "kiln",
-            json!({"precision": k[0]["precision"], "path": path, "grad_mode": "no_grad",
-                   "threads": k[0]["threads"], "graphs": k[0]["graphs"]}),
-        )
-        .detail(
-            "baseline",
-            json!({"runs": side.describe(), "precision": side.precision,
-                   "grad_mode": t[0]["grad_mode"], "threads": t[0]["threads"]}),
-        )
-        .detail(other, both(other, (k, t)))
-        .detail("p95_ms", both("p95_ms", (k, t)))
+        .detail("kiln", kiln)
+        .detail("baseline", torch)
+        .detail(other, both(other))
+        .detail("p95_ms", both("p95_ms"))
 }
 
-/// A PyTorch side and what it is to kiln's, for a row's baseline name.
-type Side = (TorchSide, &'static str);
-
-/// The `torch.compile` rows of `label` at `batch`, or why compile could not run here: its
-/// step row, and kiln's first batch (building the engine: model, weights in precision, one
-/// warm-up batch) against `torch.compile`'s (compiling the forward), from an empty inductor
-/// cache.
+/// The `torch.compile` rows of `label` (or why not run): the batch row, and kiln's first batch
+/// against `torch.compile`'s (compiling the forward) from an empty inductor cache.
 fn push_compile_rows(
     out: &mut SuiteOutput,
-    label: &str,
-    batch: usize,
-    (k, t): (&[Value], &[Value]),
+    (label, batch): (&str, usize),
+    (k, t): SidesRuns<'_>,
     side: TorchSide,
 ) {
-    let p = side.precision;
-    let name = format!("{label} vs torch.compile {p}, same computation");
+    let name = format!("{label} vs torch.compile {}, same computation", side.0);
     if let Some(reason) = not_run(t) {
-        out.skip(&name, &format!("not run: {reason}"));
-        return;
+        return out.skip(&name, &format!("not run: {reason}"));
     }
     let what = "kiln's precision and no_grad";
     out.push(infer_row(name.clone(), batch, (k, t), (side, what)));
@@ -267,25 +212,25 @@ fn push_compile_rows(
     let name = name.replacen(headline(batch).0, "first batch (compile time)", 1);
     let figures = (median_of(k, "first_batch_s"), first);
     let base = format!("torch.compile first batch, {caches}");
+    let compile = json!({"mode": "default", "cold_first_batch_s": firsts("cold"),
+                         "warm_first_batch_s": firsts("warm"), "compile_s": compile_s,
+                         "kiln_first_batch": "building the engine (model, weights, a warm-up \
+                                              batch)"});
     let row = out.row("compile time", name, SECONDS, figures, base);
-    out.push(row.detail("batch_size", json!(batch)).detail(
-        "compile",
-        json!({"mode": "default", "cold_first_batch_s": firsts("cold"),
-               "warm_first_batch_s": firsts("warm"), "compile_s": compile_s,
-               "kiln_first_batch": "building the engine (model, weights, a warm-up batch)"}),
-    ));
+    out.push(
+        row.detail("batch_size", json!(batch))
+            .detail("compile", compile),
+    );
 }
 
 pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
-    let (quick, device, out_path) = (a.quick, a.device(), a.out_or("infer"));
-    let threads = a.threads_or(2).max(1);
-    // kiln's inference precision here when the user sets none (`infer.precision` from the
-    // hardware profile: bf16 where the CPU or GPU computes it fast, fp32 elsewhere).
+    let (quick, device) = (a.quick, a.device());
+    // kiln's inference precision here by default: bf16 where the device computes it fast.
     let auto = resolve_for(device)?.plan.infer.precision.as_str();
     let mut o = InferOpts {
         quick,
         repeats: a.repeats_or(if quick { 1 } else { 3 }).max(1),
-        threads: threads.to_string(),
+        threads: a.threads_or(2).max(1).to_string(),
         dev: device_name(device),
         python: a.python.clone(),
         me: std::env::current_exe().msg()?,
@@ -314,29 +259,26 @@ pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
     }
     let work = kiln_benches::run_cli::fresh_work_dir(a, "infer")?;
     if a.selects("sliding window") {
-        runs.extend(super::sliding::sliding_rows(&o, &mut out, &work)?);
+        runs.extend(super::sliding::rows(&o, &mut out, &work)?);
     }
     if a.selects("int8") {
-        runs.extend(super::int8::int8_rows(&o, &mut out, &work)?);
+        runs.extend(super::int8::rows(&o, &mut out, &work)?);
     }
     out.details = json!({"repeats": o.repeats, "warmup_batches": o.warmup,
                          "timed_batches": o.batches, "auto_precision": auto, "runs": runs,
                          "onnx": o.onnx.as_ref().map(|m| &m.details)});
-    out.write(&out_path)
+    out.write(&a.out_or("infer"))
 }
 
-/// The rows of the suite's own model (mlp 784-1024-1024-10): batches 64 and 1, ONNX Runtime
-/// beside them, and the batch-size sweep.
+/// The rows of the suite's own model: batches 64 and 1, ONNX Runtime beside them, the sweep.
 fn mlp_rows(a: &SuiteArgs, o: &mut InferOpts, out: &mut SuiteOutput) -> Result<Vec<Value>> {
     let (device, threads) = (a.device(), a.threads_or(2).max(1));
     // The onnxruntime rows' model: exported once, before the batches.
-    match export_onnx(&a.out_or("infer"), "infer", device, threads, 64) {
-        Ok(m) => {
-            let (path, s) = (m.path.display(), m.export_s);
-            eprintln!("infer: exported {path} in {s:.1} s ({})", m.check);
-            o.onnx = Some(m);
-        }
-        Err(why) => out.skip("onnxruntime rows", &format!("not run: {why}")),
+    let exported = export_onnx(&a.out_or("infer"), "infer", (device, threads), 64);
+    if let Some(m) = or_skip(out, "onnxruntime rows", exported) {
+        let (path, s) = (m.path.display(), m.export_s);
+        eprintln!("infer: exported {path} in {s:.1} s ({})", m.check);
+        o.onnx = Some(m);
     }
     let mut runs = vec![];
     for batch in [64, 1] {
@@ -350,13 +292,17 @@ fn mlp_rows(a: &SuiteArgs, o: &mut InferOpts, out: &mut SuiteOutput) -> Result<V
         let why = "left out of --quick: compiling takes minutes";
         out.skip("torch.compile rows", why);
     }
-    runs.extend(infer_sweep(o, out, a.batch_sizes())?);
+    // `--batch-sizes`: kiln fp32 against PyTorch's default, throughput and peak memory.
+    let side = TorchSide("fp32", false, false);
+    for &b in a.batch_sizes() {
+        let r = o.runs(("fp32", b), &[side], None)?;
+        out.push_sweep("mlp fp32", b, (&r[0], &r[1]), &side.describe());
+        runs.push(json!({"sweep_batch": b, "kiln": r[0], "torch": r[1]}));
+    }
     Ok(runs)
 }
 
-/// The rows at one batch size: kiln fp32 and kiln at its automatic precision `auto`, each
-/// against the same computation in PyTorch, PyTorch's default, and (not `--quick`)
-/// `torch.compile` at kiln's automatic precision.
+/// The rows at `batch`: kiln fp32 and auto against PyTorch's same computation, default, compile.
 fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec<Value>> {
     let auto = o.auto;
     let (metric, ..) = headline(batch);
@@ -365,23 +311,20 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
         _ => "",
     };
     let same = "the same computation as kiln's engine";
-    let default = TorchSide::eager("fp32", false);
-    let compiled = TorchSide {
-        compile: true,
-        ..TorchSide::eager(auto, true)
-    };
+    let default = TorchSide("fp32", false, false);
+    let compiled = TorchSide(auto, true, true);
     let compile = (!o.quick).then_some(compiled);
-    let fp32_same = TorchSide::eager("fp32", true);
+    let fp32_same = TorchSide("fp32", true, false);
     let mut fp32_sides = vec![fp32_same, default];
     fp32_sides.extend(compile.filter(|_| auto == "fp32"));
-    let onnx = o.onnx.as_ref().filter(|_| ONNX_BATCHES.contains(&batch));
-    let mut r = o.runs("fp32", batch, &fp32_sides, onnx.map(|m| m.path.as_path()))?;
+    let onnx = o.onnx.as_ref().filter(|_| [1, 64].contains(&batch));
+    let mut r = o.runs(("fp32", batch), &fp32_sides, onnx.map(|m| m.path.as_path()))?;
     let ort = onnx.and_then(|_| r.pop());
     let fp32 = format!("mlp fp32 b={batch} {metric}{graphs}");
     let name = format!("{fp32}, same computation");
     out.push(infer_row(name, batch, (&r[0], &r[1]), (fp32_same, same)));
     if let (Some(m), Some(ort)) = (onnx, &ort) {
-        out.push(onnx_row(batch, (ort, &r[0], &r[1]), fp32_same, m));
+        out.push(onnx_row(batch, ort, (&r[0], &r[1]), m));
     }
     let name = format!("{fp32} (PyTorch default: inference_mode)");
     let side = (default, "PyTorch default");
@@ -390,13 +333,13 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
                                "torch": &r[1..], "onnxruntime": ort})];
     if auto == "fp32" {
         if let Some(t) = r.get(3) {
-            push_compile_rows(out, &fp32, batch, (&r[0], t), compiled);
+            push_compile_rows(out, (&fp32, batch), (&r[0], t), compiled);
         }
         return Ok(runs);
     }
-    let auto_same = TorchSide::eager(auto, true);
+    let auto_same = TorchSide(auto, true, false);
     let auto_sides: Vec<TorchSide> = std::iter::once(auto_same).chain(compile).collect();
-    let a = o.runs(auto, batch, &auto_sides, None)?;
+    let a = o.runs((auto, batch), &auto_sides, None)?;
     let label = format!("mlp auto ({auto}) b={batch} {metric}{graphs}");
     let name = format!("{label} vs PyTorch {auto}, same computation");
     out.push(infer_row(name, batch, (&a[0], &a[1]), (auto_same, same)));
@@ -404,65 +347,40 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
     let what = "PyTorch default: fp32 unless the user converts the model";
     out.push(infer_row(name, batch, (&a[0], &r[2]), (default, what)));
     if let Some(t) = a.get(2) {
-        push_compile_rows(out, &label, batch, (&a[0], t), compiled);
+        push_compile_rows(out, (&label, batch), (&a[0], t), compiled);
     }
     runs.push(json!({"precision": auto, "batch": batch, "kiln": a[0], "torch": &a[1..]}));
     Ok(runs)
 }
 
-const ONNX_BATCHES: [usize; 2] = [1, 64];
-
-/// The onnxruntime row at `batch`: ONNX Runtime's probe runs `ort` against PyTorch eager's `t`
-/// (the same computation), with the libtorch engine's runs `k` and the two engines' largest
-/// output difference in details.
-fn onnx_row(
-    batch: usize,
-    (ort, k, t): (&[Value], &[Value], &[Value]),
-    side: TorchSide,
-    onnx: &OnnxModel,
-) -> Comparison {
+/// The onnxruntime row: ONNX Runtime's runs `ort` against PyTorch's `t`, libtorch's `k` beside.
+fn onnx_row(batch: usize, ort: &[Value], (k, t): SidesRuns<'_>, m: &OnnxModel) -> Comparison {
     let (metric, key, ..) = headline(batch);
     let (libtorch, ratio) = (median_of(k, key), median_of(ort, key) / median_of(k, key));
     let diffs = ort.iter().map(|r| r["max_abs_vs_libtorch"].as_f64());
     let max_abs = nan_max(diffs.map(|d| d.unwrap_or(f64::NAN)));
     let name = format!("mlp fp32 b={batch} {metric}, onnxruntime");
-    let side = (side, "the same computation as the ONNX model");
-    let row = infer_row(name, batch, (ort, t), side)
-        .detail(
-            "kiln",
-            json!({"engine": ort[0]["engine"], "precision": "fp32",
-                   "path": "kiln's MLP exported to ONNX (opset 17), run by kiln's ONNX engine",
-                   "threads": ort[0]["threads"], "graphs": ort[0]["graphs"]}),
-        )
-        .detail(
-            "libtorch",
-            json!({key: libtorch, "onnxruntime_over_libtorch": ratio,
-                   "runs": "kiln's libtorch engine, fp32, the same batches (its own row above)"}),
-        )
-        .detail(
-            "same_function",
-            json!({"max_abs_diff_vs_libtorch": max_abs, "batch": batch,
-                   "what": "ONNX Runtime's outputs against kiln's libtorch engine on the timed \
-                            batch (the same weights); PyTorch eager runs the same MLP \
-                            architecture in fp32 under no_grad"}),
-        )
-        .detail("onnx", onnx.details.clone());
+    let side = (
+        TorchSide("fp32", true, false),
+        "the same computation as the ONNX model",
+    );
     eprintln!(
         "  onnxruntime b={batch}: libtorch {key} {libtorch:.4}, onnxruntime/libtorch \
          {ratio:.2}×, max |Δ| vs libtorch {max_abs:.2e}"
     );
-    row
-}
-
-/// `--batch-sizes`: kiln fp32 against PyTorch's default (eager fp32, inference_mode):
-/// throughput and peak memory.
-fn infer_sweep(o: &InferOpts, out: &mut SuiteOutput, sizes: &[usize]) -> Result<Vec<Value>> {
-    let side = TorchSide::eager("fp32", false);
-    let mut runs = vec![];
-    for &b in sizes {
-        let r = o.runs("fp32", b, &[side], None)?;
-        out.push_sweep("mlp fp32", b, (&r[0], &r[1]), &side.describe());
-        runs.push(json!({"sweep_batch": b, "kiln": r[0], "torch": r[1]}));
-    }
-    Ok(runs)
+    let kiln = json!({"engine": ort[0]["engine"], "precision": "fp32",
+                      "path": "kiln's MLP exported to ONNX (opset 17), run by kiln's ONNX engine",
+                      "threads": ort[0]["threads"], "graphs": ort[0]["graphs"]});
+    let libtorch = json!({key: libtorch, "onnxruntime_over_libtorch": ratio,
+                          "runs": "kiln's libtorch engine, fp32, the same batches (its own row \
+                                   above)"});
+    let same = json!({"max_abs_diff_vs_libtorch": max_abs, "batch": batch,
+                      "what": "ONNX Runtime's outputs against kiln's libtorch engine on the timed \
+                               batch (the same weights); PyTorch eager runs the same MLP \
+                               architecture in fp32 under no_grad"});
+    infer_row(name, batch, (ort, t), side)
+        .detail("kiln", kiln)
+        .detail("libtorch", libtorch)
+        .detail("same_function", same)
+        .detail("onnx", m.details.clone())
 }

@@ -1,18 +1,6 @@
-//! Two `cargo xtask bench` suites over kiln's inference, on one model: an MLP on 784 features
-//! (1024, 1024 hidden, 10 classes, fp32, random weights). At batch 1 each request reads all 4 MB
-//! of weights for a handful of multiply-adds per weight, which is what batching amortises.
-//!
-//! `infer` ([`infer`]): kiln's engine against PyTorch (`python/infer_step.py`) on the same model,
-//! batch, threads and device, at fp32 and at kiln's automatic precision, against the same
-//! computation and against PyTorch's default; `torch.compile` (not in `--quick`), CUDA graphs,
-//! the `--batch-sizes` sweep, and the model exported to ONNX (once per run, beside the suite's
-//! output) in ONNX Runtime, skipped with the reason where Python's export packages or the
-//! onnxruntime library are missing. `infer-probe` is the kiln side of one measurement, in its
-//! own process. [`sliding`] and [`int8`] add rows on models of their own.
-//!
-//! `serve` (the default, [`dynamic`]): kiln's server with dynamic batching against the same
-//! server one request at a time and with `infer.engine = auto`, under one closed-loop load;
-//! [`peer`] adds LitServe.
+//! The `infer` ([`infer`], [`sliding`], [`int8`]) and `serve` ([`dynamic`], [`peer`]) suites,
+//! on an MLP on 784 features (1024, 1024 hidden, 10 classes, fp32, random weights), and
+//! `infer-probe`, kiln's side of one infer measurement in its own process.
 
 mod dynamic;
 mod infer;
@@ -31,8 +19,8 @@ use kiln_benches::args::Place;
 use kiln_benches::report::{Better, Comparison, MS, SuiteOutput, Unit};
 use kiln_benches::run_cli::{Cli, exit_on_error};
 use kiln_benches::{
-    Msg, Result, SuiteArgs, alternating, bench_root, compile_env, device_name, in_temp_dir, median,
-    median_of, num, peak_memory_mib, run_json,
+    Msg, Result, SuiteArgs, alternating, bench_root, command, compile_env, device_name,
+    in_temp_dir, median, median_of, num, peak_memory_mib, run_json,
 };
 use kiln_config::{CudaGraphs, ModelKind, ModelPlan};
 use kiln_device::settings::AmpDtype;
@@ -91,27 +79,24 @@ enum ProbeEngine {
     Onnxruntime,
 }
 
-/// `kiln infer --format json` at fp32 on the CPU: `model` over `inputs`, with `extra`
-/// arguments and `sets` (`key=value`); its report.
+/// `kiln infer`'s report (fp32, CPU): `model` over `inputs` with `extra`, `sets`, `threads`.
 fn kiln_infer(
     kiln: &Path,
     (model, inputs): (&Path, &Path),
     extra: &[&std::ffi::OsStr],
     sets: &[String],
+    threads: &str,
 ) -> Result<Value> {
-    let mut c = Command::new(kiln);
-    c.args(["infer", "--format", "json", "--device", "cpu"]);
+    let mut c = command(kiln, &["infer", "--format", "json", "--device", "cpu"]);
     c.args(["--precision", "fp32", "--model"]).arg(model);
     c.arg("--inputs").arg(inputs).args(extra);
-    for set in sets {
-        c.args(["--set", set]);
-    }
+    c.args(sets.iter().flat_map(|set| ["--set", set]));
+    c.args(["--set", &format!("performance.intra_op_threads={threads}")]);
     let (output, _) = kiln_benches::run_cli::run(c)?;
     serde_json::from_slice(&output.stdout).map_err(|e| format!("kiln infer printed no report: {e}"))
 }
 
-/// Runs the suite's command line (`args[0]` is its name, as clap takes a program name); without
-/// a subcommand, the `serve` suite.
+/// Runs the group's command line (`args[0]`: its name); without a subcommand, the `serve` suite.
 pub fn main(args: Vec<std::ffi::OsString>) {
     let about = "`kiln-bench serve`: the serve and infer suites, and the engine's probe";
     let cli = Cli::<Sub>::parse_with(args, about);
@@ -125,21 +110,15 @@ pub fn main(args: Vec<std::ffi::OsString>) {
 
 /// A factory for the benchmark's model behind an engine of `max_batch` on the CPU.
 fn factory(max_batch: usize) -> RunnerFactory {
-    Box::new(move || {
-        let engine = engine(Device::Cpu, AmpDtype::None, max_batch, CudaGraphs::Off)?;
-        Ok(Box::new(engine) as Box<dyn BatchRunner>)
-    })
+    Box::new(move || Ok(Box::new(engine(Device::Cpu, max_batch, FP32)?) as Box<dyn BatchRunner>))
 }
 
-/// The benchmark's model, an MLP on [`FEATURES`] features (1024, 1024 hidden, 10 classes), with
-/// random weights from seed 0: the engine serves it, and the serving peer gets its weights.
+/// The benchmark's model (see the module's docs) with random weights from seed 0.
 fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
     tch::manual_seed(0);
     let vs = nn::VarStore::new(device);
-    let plan = ModelPlan {
-        hidden: vec![1024, 1024],
-        ..ModelPlan::builtin(ModelKind::Mlp)
-    };
+    let mut plan = ModelPlan::builtin(ModelKind::Mlp);
+    plan.hidden = vec![1024, 1024];
     let input = InputSpec {
         sample_shape: vec![FEATURES],
         classes: 10,
@@ -151,38 +130,29 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
     Ok((vs, model))
 }
 
+/// fp32 without CUDA graphs: the engine the others are checked against.
+const FP32: (AmpDtype, CudaGraphs) = (AmpDtype::None, CudaGraphs::Off);
+
 /// The benchmark's model (random weights, seed 0) behind an engine, warmed up at full batch.
-fn engine(
-    device: Device,
-    precision: AmpDtype,
-    max_batch: usize,
-    cuda_graphs: CudaGraphs,
-) -> Result<Engine> {
+fn engine(device: Device, batch: usize, (amp, graphs): (AmpDtype, CudaGraphs)) -> Result<Engine> {
     let (vs, model) = mlp(device)?;
-    let model = LoadedModel::from_kiln(vs, model, MODEL, vec![FEATURES], precision);
+    let model = LoadedModel::from_kiln(vs, model, MODEL, vec![FEATURES], amp);
     let options = EngineOptions {
-        max_batch,
-        cuda_graphs,
+        max_batch: batch,
+        cuda_graphs: graphs,
     };
-    let engine = Engine::new(model, vec![FEATURES], options).msg()?;
-    warm_up(engine, max_batch)
+    warm_up(Engine::new(model, vec![FEATURES], options).msg()?, batch)
 }
 
 /// The bench model's ONNX file in ONNX Runtime, warmed up at full batch.
-fn onnx_engine(
-    path: &Path,
-    device: Device,
-    max_batch: usize,
-    threads: usize,
-) -> Result<OnnxEngine> {
+fn onnx_engine(path: &Path, device: Device, batch: usize, threads: usize) -> Result<OnnxEngine> {
     let options = OnnxOptions {
-        max_batch,
+        max_batch: batch,
         threads,
         device,
         input_shape: Some(vec![FEATURES]),
     };
-    let engine = OnnxEngine::open(path, &options).msg()?;
-    warm_up(engine, max_batch)
+    warm_up(OnnxEngine::open(path, &options).msg()?, batch)
 }
 
 /// `runner` after one batch of `batch` zero samples.
@@ -191,30 +161,18 @@ fn warm_up<R: Runner>(mut runner: R, batch: usize) -> Result<R> {
     Ok(runner)
 }
 
-/// The bench model exported to ONNX and checked against the libtorch engine: what the
-/// onnxruntime rows and the `engine = auto` side run.
+/// The bench model exported to ONNX: the file, the export's seconds, its check and details.
 #[derive(Debug, Clone)]
 struct OnnxModel {
     path: PathBuf,
     export_s: f64,
-    /// ONNX Runtime, its provider and the check against the libtorch engine, for the log.
     check: String,
-    /// The export and the checks, for the rows' and the suite's details.
     details: Value,
 }
 
-/// Exports the bench model (fp32, on the CPU, random weights from seed 0) to
-/// `<out's directory>/<suite>-mlp.onnx` (replacing an earlier run's file there), opens it in
-/// ONNX Runtime on `device` with `threads` threads, and compares one batch of `batch` random
-/// samples with the libtorch engine's outputs. Any failure (no Python, no export packages, no
-/// onnxruntime, a device the runtime cannot use) is the onnxruntime rows' reason to skip.
-fn export_onnx(
-    out: &Path,
-    suite: &str,
-    device: Device,
-    threads: usize,
-    batch: usize,
-) -> Result<OnnxModel> {
+/// Exports the bench model beside `out` and checks ONNX Runtime's outputs against libtorch's.
+fn export_onnx(out: &Path, suite: &str, on: (Device, usize), batch: usize) -> Result<OnnxModel> {
+    let (device, threads) = on;
     let dir = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -231,26 +189,21 @@ fn export_onnx(
         .map_err(|e| format!("exporting the bench model to ONNX failed: {e}"))?;
     let export_s = started.elapsed().as_secs_f64();
     let mut onnx = onnx_engine(&path, device, batch, threads)?;
-    let mut torch = engine(device, AmpDtype::None, batch, CudaGraphs::Off)?;
     let inputs = probe_inputs(batch)?;
     let (ours, _) = onnx.run(&inputs, batch).msg()?;
-    let max_abs = max_abs_vs(&mut torch, &inputs, batch, &ours)?;
+    let max_abs = max_abs_vs(&mut engine(device, batch, FP32)?, &inputs, &ours)?;
     // e.g. "onnxruntime 1.31.1 (CPU build), CPU provider, 2 threads"
     let status = onnx.status();
     let check = format!("{status}; max |Δ| vs libtorch at batch {batch}: {max_abs:.2e}");
     let details = json!({
-        "file": path.display().to_string(),
-        "runtime": status,
+        "file": path.display().to_string(), "runtime": status,
         "exported_by": "kiln_infer::export::to_onnx (traced TorchScript, PyTorch's ONNX \
                         exporter, checked in onnxruntime)",
         "export_s": export_s,
-        "same_function": {
-            "max_abs_diff_onnxruntime_vs_libtorch": max_abs,
-            "batch": batch,
-            // The exporter's own check (against kiln's output at two other batch sizes).
-            "export_check_max_abs": exported.max_abs,
-            "tolerance": kiln_infer::export::TOLERANCE,
-        },
+        // The exporter's own check is against kiln's output at two other batch sizes.
+        "same_function": {"max_abs_diff_onnxruntime_vs_libtorch": max_abs, "batch": batch,
+                          "export_check_max_abs": exported.max_abs,
+                          "tolerance": kiln_infer::export::TOLERANCE},
     });
     Ok(OnnxModel {
         path,
@@ -268,26 +221,18 @@ fn probe_inputs(batch: usize) -> Result<Vec<f32>> {
 }
 
 /// The largest |Δ| between `outputs` and what `reference` computes on the same inputs.
-fn max_abs_vs(
-    reference: &mut dyn Runner,
-    inputs: &[f32],
-    batch: usize,
-    outputs: &[f32],
-) -> Result<f64> {
-    let (theirs, _) = reference.run(inputs, batch).msg()?;
-    if theirs.len() != outputs.len() {
-        return Err(format!(
-            "the engines disagree on the output size: {} values against {}",
-            outputs.len(),
-            theirs.len()
-        ));
+fn max_abs_vs(reference: &mut dyn Runner, inputs: &[f32], outputs: &[f32]) -> Result<f64> {
+    let (theirs, _) = reference.run(inputs, inputs.len() / FEATURES).msg()?;
+    let (n, m) = (outputs.len(), theirs.len());
+    if n != m {
+        let why = "the engines disagree on the output size";
+        return Err(format!("{why}: {n} values against {m}"));
     }
     let diffs = outputs.iter().zip(&theirs);
     Ok(nan_max(diffs.map(|(a, b)| f64::from((a - b).abs()))))
 }
 
-/// The largest of `diffs` (0 for none), NaN where one is NaN: |Δ| ≥ 0, and a positive NaN is
-/// above every number in `total_cmp`'s order.
+/// The largest of `diffs` (0 for none), NaN where one is NaN (`total_cmp` puts it above all).
 fn nan_max(diffs: impl Iterator<Item = f64>) -> f64 {
     diffs.fold(0.0, |m, d| std::cmp::max_by(m, d, f64::total_cmp))
 }
@@ -301,36 +246,27 @@ mod tests {
     fn the_command_lines_xtask_and_the_opts_suite_use_parse() {
         Cli::<Sub>::command().debug_assert();
         let parse = |line: &str| Cli::<Sub>::try_parse_from(line.split_whitespace());
+        let probe = |line: &str| match parse(line).unwrap().command {
+            Some(Sub::InferProbe(p)) => p,
+            other => panic!("not the probe: {other:?}"),
+        };
         let cli = parse("kiln-bench-serve infer --quick --device cpu --out F --threads 3").unwrap();
         let Some(Sub::Infer(a)) = cli.command else {
             panic!("not the infer suite: {cli:?}");
         };
         assert_eq!((a.device(), a.threads_or(2)), (Device::Cpu, 3));
-        let cli =
-            parse("kiln-bench-serve infer-probe --graphs on --batch 1 --device cuda").unwrap();
-        let Some(Sub::InferProbe(p)) = cli.command else {
-            panic!("not the probe: {cli:?}");
-        };
-        assert_eq!(
-            (p.graphs, p.batch, p.place.device()),
-            (CudaGraphs::On, 1, Device::Cuda(0))
-        );
+        let p = probe("kiln-bench-serve infer-probe --graphs on --batch 1 --device cuda");
+        let expected = (CudaGraphs::On, 1, Device::Cuda(0));
+        assert_eq!((p.graphs, p.batch, p.place.device()), expected);
         assert_eq!((p.engine, p.onnx), (ProbeEngine::Libtorch, None));
-        let cli = parse("kiln-bench-serve infer-probe --engine onnxruntime --onnx m.onnx").unwrap();
-        let Some(Sub::InferProbe(p)) = cli.command else {
-            panic!("not the probe: {cli:?}");
-        };
+        let p = probe("kiln-bench-serve infer-probe --engine onnxruntime --onnx m.onnx");
         assert_eq!(p.engine, ProbeEngine::Onnxruntime);
         assert_eq!(p.onnx.as_deref(), Some(Path::new("m.onnx")));
         assert!(parse("kiln-bench-serve infer-probe --engine tensorrt").is_err());
         let cli = parse("kiln-bench-serve --clients 8 --max-wait-ms 1.5").unwrap();
-        assert_eq!(
-            (cli.suite.clients, cli.suite.max_wait_ms),
-            (Some(8), Some(1.5))
-        );
-        let err = parse("kiln-bench-serve serve --clint 8")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--clint"), "{err}");
+        let serve = (cli.suite.clients, cli.suite.max_wait_ms);
+        assert_eq!(serve, (Some(8), Some(1.5)));
+        let err = parse("kiln-bench-serve serve --clint 8").unwrap_err();
+        assert!(err.to_string().contains("--clint"), "{err}");
     }
 }

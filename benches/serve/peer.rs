@@ -1,9 +1,5 @@
-//! The serve suite's peer: LitServe (`python/litserve_server.py`, pinned, installed by
-//! `cargo xtask bench`) serving the suite's MLP with the very weights kiln serves (written as
-//! safetensors), the same batching limits, the same closed-loop clients and requests from the
-//! same load generator. LitServe takes JSON, so both servers get the same JSON request body here
-//! (kiln's `{"inputs": [...]}`); kiln's `.npy` rows stay beside these. Rows: throughput (goal
-//! kiln ≥ 1.5× LitServe) and p50/p95/p99 latency (goal p95 ≤ 1.0×).
+//! The serve suite's peer: LitServe (`python/litserve_server.py`, pinned) serving the suite's
+//! MLP with kiln's weights, batching limits and load, both servers on the same JSON requests.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -17,8 +13,7 @@ use kiln_benches::{Msg, free_port, peers};
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
 pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
-    let runs = peers::dir().and_then(|p| in_temp_dir("litserve", |w| measure_both(w, &p, load)));
-    match runs {
+    match peers::dir().and_then(|p| in_temp_dir("litserve", |w| measure_both(w, &p, load))) {
         Ok(runs) => push_rows(out, load, &runs),
         Err(why) => {
             for (_, metric) in FIGURES {
@@ -30,16 +25,11 @@ pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
     Ok(())
 }
 
-/// The suite's model's weights, under the run's work directory.
-const WEIGHTS: &str = "mlp.safetensors";
-
-/// Alternating runs of kiln's server with dynamic batching and LitServe on the same JSON load
-/// (one sample, as the suite's `.npy` one): kiln's, then LitServe's.
+/// kiln's runs and LitServe's, alternating, on the same JSON load (the suite's one sample).
 fn measure_both(work: &Path, peers: &Path, load: &Load) -> Result<Vec<Vec<LoadReport>>> {
     // The suite's model (seed 0, as `engine` builds it: [`mlp`]) as safetensors.
-    let weights = work.join(WEIGHTS);
-    let (vs, _model) = mlp(Device::Cpu)?;
-    vs.save(&weights).at(&weights)?;
+    let weights = work.join("mlp.safetensors");
+    mlp(Device::Cpu)?.0.save(&weights).at(&weights)?;
     let json = json!({ "inputs": sample() }).to_string().into_bytes();
     let body = (json, "application/json");
     alternating(load.repeats, &[true, false], |r, kiln| {
@@ -53,44 +43,39 @@ fn measure_both(work: &Path, peers: &Path, load: &Load) -> Result<Vec<Vec<LoadRe
     })
 }
 
-/// A LitServe server process (its own process group, ended with it).
-struct LitServe {
-    child: Child,
-    log: PathBuf,
-}
+/// A LitServe server process (its own process group, ended with it) and its log.
+struct LitServe(Child, PathBuf);
 
 impl LitServe {
     /// `e` with the last lines of the server's log.
     fn fail(&self, e: impl std::fmt::Display) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = std::fs::read_to_string(&self.1).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        let last = &lines[lines.len().saturating_sub(8)..];
-        let log = self.log.display();
-        format!("{e}; the end of its log {log}: {}", last.join(" | "))
+        let last = lines[lines.len().saturating_sub(8)..].join(" | ");
+        format!("{e}; the end of its log {}: {last}", self.1.display())
     }
 }
 
 impl Drop for LitServe {
     fn drop(&mut self) {
         // The server forks its API and inference workers into our group: end them all.
-        let group = format!("-{}", self.child.id());
-        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let group = format!("-{}", self.0.id());
+        let kill = |signal| command("kill", &[signal, "--", &group]).status();
+        let _ = kill("-TERM");
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(10) {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
-        let _ = self.child.wait();
+        let _ = kill("-KILL");
+        let _ = self.0.wait();
     }
 }
 
-/// One LitServe run: started, `GET /health` awaited (at most two minutes), its outputs checked
-/// against kiln's, then [`drive`]n with `body`.
+/// One LitServe run: started, awaited (two minutes at most), checked, then [`drive`]n.
 fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Result<LoadReport> {
-    let weights = work.join(WEIGHTS);
     let port = free_port()?;
     let log = work.join(format!("litserve-{r}.log"));
     let file = std::fs::File::create(&log).at(&log)?;
@@ -98,7 +83,7 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
     let batch_timeout_ms = load.max_wait.as_secs_f64() * 1e3;
     let mut cmd = python_script(&load.python, "litserve_server.py");
     cmd.arg("--weights")
-        .arg(&weights)
+        .arg(work.join("mlp.safetensors"))
         .args(["--port", &port.to_string()])
         .args(["--max-batch", &load.max_batch.to_string()])
         .args(["--batch-timeout-ms", &batch_timeout_ms.to_string()])
@@ -108,19 +93,14 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
         .stderr(err)
         .process_group(0);
     peers::put_first_on_path(&mut cmd, peers);
-    let child = cmd
-        .spawn()
-        .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
-    let mut server = LitServe { child, log };
+    let spawned = cmd.spawn();
+    let child = spawned.map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
+    let mut server = LitServe(child, log);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let start = Instant::now();
-    loop {
-        if let Ok(Some(status)) = server.child.try_wait() {
+    while !http(addr, "GET /health", &[], (1, 2)).is_ok_and(|a| a.starts_with("HTTP/1.1 200")) {
+        if let Ok(Some(status)) = server.0.try_wait() {
             return Err(server.fail(format!("LitServe exited ({status}) before it was ready")));
-        }
-        let answer = http(addr, "GET /health", &[], (1, 2));
-        if answer.is_ok_and(|a| a.starts_with("HTTP/1.1 200")) {
-            break;
         }
         if start.elapsed() >= Duration::from_secs(120) {
             return Err(server.fail("LitServe was not ready after 120 s"));
@@ -132,15 +112,14 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
     drive(addr, load, body).map_err(|e| server.fail(e))
 }
 
-/// `request` (`METHOD /path`, with a JSON `body`) on a fresh connection to `addr`, connecting
-/// and reading for at most the seconds `wait` gives; the whole answer.
+/// The answer to `request` (`METHOD /path`, JSON `body`), with timeouts in seconds `wait`.
 fn http(addr: SocketAddr, request: &str, body: &[u8], wait: (u64, u64)) -> std::io::Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(wait.0))?;
     s.set_read_timeout(Some(Duration::from_secs(wait.1)))?;
+    let n = body.len();
     let head = format!(
         "{request} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
+         Content-Length: {n}\r\nConnection: close\r\n\r\n"
     );
     s.write_all(&[head.as_bytes(), body].concat())?;
     let mut answer = String::new();
@@ -148,8 +127,7 @@ fn http(addr: SocketAddr, request: &str, body: &[u8], wait: (u64, u64)) -> std::
     Ok(answer)
 }
 
-/// The largest difference between LitServe's outputs for the suite's sample (`body`) and kiln's
-/// engine's (fp32 on both sides: it must be rounding only), from `POST /v1/predict`.
+/// The largest difference between LitServe's and kiln's outputs for `body` (rounding only).
 fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
     let answer =
         http(addr, "POST /v1/predict", body, (5, 30)).map_err(|e| format!("{addr}: {e}"))?;
@@ -158,12 +136,9 @@ fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
         .ok_or_else(|| format!("{addr} answered no HTTP body: {answer}"))?;
     let parsed: Value = serde_json::from_str(json)
         .map_err(|e| format!("{addr} answered no JSON ({e}): {answer}"))?;
-    let theirs: Vec<f64> = parsed["outputs"]
-        .as_array()
-        .map(|v| v.iter().filter_map(Value::as_f64).collect())
-        .unwrap_or_default();
-    let mut engine = engine(Device::Cpu, AmpDtype::None, 1, CudaGraphs::Off)?;
-    let (ours, _) = engine.run(&sample(), 1).msg()?;
+    let outputs = parsed["outputs"].as_array().cloned().unwrap_or_default();
+    let theirs: Vec<f64> = outputs.iter().filter_map(Value::as_f64).collect();
+    let (ours, _) = engine(Device::Cpu, 1, FP32)?.run(&sample(), 1).msg()?;
     if theirs.len() != ours.len() {
         let n = ours.len();
         return Err(format!(
@@ -181,24 +156,21 @@ fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
     Ok(diff)
 }
 
-/// kiln's runs (`runs[0]`) against LitServe's (`runs[1]`).
+/// kiln's runs (`runs[0]`) against LitServe's (`runs[1]`), with the pinned LitServe version.
 fn push_rows(out: &mut SuiteOutput, load: &Load, runs: &[Vec<LoadReport>]) {
-    // The pinned LitServe version, from the pinned list.
-    let pins = std::fs::read_to_string(bench_root().join("python/peers-requirements.txt"))
-        .unwrap_or_default();
+    let pins = bench_root().join("python/peers-requirements.txt");
+    let pins = std::fs::read_to_string(pins).unwrap_or_default();
     let version = pins
         .lines()
         .find_map(|l| l.trim().strip_prefix("litserve=="));
+    let (version, threads, batch) = (version.unwrap_or("?"), load.threads, load.max_batch);
+    let wait = load.max_wait.as_secs_f64() * 1e3;
     let base = format!(
-        "LitServe {} (one inference worker, {} torch thread(s), LitAPI max_batch_size {}, \
-         batch_timeout {} ms), same JSON requests",
-        version.unwrap_or("?"),
-        load.threads,
-        load.max_batch,
-        load.max_wait.as_secs_f64() * 1e3
+        "LitServe {version} (one inference worker, {threads} torch thread(s), LitAPI \
+         max_batch_size {batch}, batch_timeout {wait} ms), same JSON requests"
     );
-    let figures = (&summary(&runs[0]), &summary(&runs[1]));
-    let mut rows = load_rows("serving peer", " vs LitServe (JSON)", &base, figures, 1.5);
+    let names = ("serving peer", " vs LitServe (JSON)", base.as_str());
+    let mut rows = load_rows(names, (&summary(&runs[0]), &summary(&runs[1])), 1.5);
     rows[0].details["runs"] = json!({"kiln_json": runs[0], "litserve": runs[1]});
     for row in rows {
         out.push(row);
