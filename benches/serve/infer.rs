@@ -86,15 +86,34 @@ pub(super) struct InferOpts {
 /// One PyTorch configuration of an infer row: its precision, `no_grad` (else PyTorch's default
 /// `inference_mode`), and `torch.compile` (else eager).
 #[derive(Clone, Copy)]
-struct TorchSide(&'static str, bool, bool);
+struct TorchSide {
+    precision: &'static str,
+    no_grad: bool,
+    compile: bool,
+}
 
 impl TorchSide {
+    /// PyTorch eager at `precision`, under `no_grad` or (PyTorch's default) `inference_mode`.
+    fn eager(precision: &'static str, no_grad: bool) -> Self {
+        Self {
+            precision,
+            no_grad,
+            compile: false,
+        }
+    }
+
     /// What it runs, for the row's baseline name.
     fn describe(self) -> String {
-        let TorchSide(precision, no_grad, compile) = self;
-        let how = ["PyTorch eager", "torch.compile(model), default mode,"][usize::from(compile)];
-        let grad = ["inference_mode", "no_grad"][usize::from(no_grad)];
-        match precision {
+        let how = match self.compile {
+            true => "torch.compile(model), default mode,",
+            false => "PyTorch eager",
+        };
+        let grad = if self.no_grad {
+            "no_grad"
+        } else {
+            "inference_mode"
+        };
+        match self.precision {
             "fp32" => format!("{how} fp32, {grad}"),
             p => format!("{how} {p} weights (model.to, no autocast), {grad}"),
         }
@@ -113,7 +132,7 @@ impl InferOpts {
     fn command(&self, probe: Probe<'_>, precision: &str, batch: usize, cache: &Path) -> Command {
         let (mut c, precision) = match probe {
             Probe::Kiln(_) => (command(&self.me, &["serve", "infer-probe"]), precision),
-            Probe::Torch(side) => (python_script(&self.python, "infer_step.py"), side.0),
+            Probe::Torch(side) => (python_script(&self.python, "infer_step.py"), side.precision),
         };
         match probe {
             Probe::Kiln(Some(onnx)) => c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx),
@@ -123,11 +142,11 @@ impl InferOpts {
         c.args(["--precision", precision, "--batch", &batch.to_string()])
             .args(["--warmup", self.warmup, "--batches", self.batches])
             .args(["--threads", &self.threads, "--device", &self.dev]);
-        if let Probe::Torch(TorchSide(_, no_grad, compile)) = probe {
-            if no_grad {
+        if let Probe::Torch(side) = probe {
+            if side.no_grad {
                 c.args(["--grad-mode", "no_grad"]);
             }
-            if compile {
+            if side.compile {
                 compile_env(&mut c, cache);
             }
         }
@@ -178,7 +197,7 @@ fn infer_row(
     let baseline = format!("{} ({what})", side.describe());
     let kiln = json!({"precision": k[0]["precision"], "path": path, "grad_mode": "no_grad",
                       "threads": k[0]["threads"], "graphs": k[0]["graphs"]});
-    let torch = json!({"runs": side.describe(), "precision": side.0,
+    let torch = json!({"runs": side.describe(), "precision": side.precision,
                        "grad_mode": t[0]["grad_mode"], "threads": t[0]["threads"]});
     Comparison::new("infer", "inference", name, unit, figures, baseline)
         .detail("batch_size", json!(batch))
@@ -196,7 +215,10 @@ fn push_compile_rows(
     (k, t): SidesRuns<'_>,
     side: TorchSide,
 ) {
-    let name = format!("{label} vs torch.compile {}, same computation", side.0);
+    let name = format!(
+        "{label} vs torch.compile {}, same computation",
+        side.precision
+    );
     if let Some(reason) = not_run(t) {
         return out.skip(&name, &format!("not run: {reason}"));
     }
@@ -293,7 +315,7 @@ fn mlp_rows(a: &SuiteArgs, o: &mut InferOpts, out: &mut SuiteOutput) -> Result<V
         out.skip("torch.compile rows", why);
     }
     // `--batch-sizes`: kiln fp32 against PyTorch's default, throughput and peak memory.
-    let side = TorchSide("fp32", false, false);
+    let side = TorchSide::eager("fp32", false);
     for &b in a.batch_sizes() {
         let r = o.runs(("fp32", b), &[side], None)?;
         out.push_sweep("mlp fp32", b, (&r[0], &r[1]), &side.describe());
@@ -311,10 +333,13 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
         _ => "",
     };
     let same = "the same computation as kiln's engine";
-    let default = TorchSide("fp32", false, false);
-    let compiled = TorchSide(auto, true, true);
+    let default = TorchSide::eager("fp32", false);
+    let compiled = TorchSide {
+        compile: true,
+        ..TorchSide::eager(auto, true)
+    };
     let compile = (!o.quick).then_some(compiled);
-    let fp32_same = TorchSide("fp32", true, false);
+    let fp32_same = TorchSide::eager("fp32", true);
     let mut fp32_sides = vec![fp32_same, default];
     fp32_sides.extend(compile.filter(|_| auto == "fp32"));
     let onnx = o.onnx.as_ref().filter(|_| [1, 64].contains(&batch));
@@ -337,7 +362,7 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
         }
         return Ok(runs);
     }
-    let auto_same = TorchSide(auto, true, false);
+    let auto_same = TorchSide::eager(auto, true);
     let auto_sides: Vec<TorchSide> = std::iter::once(auto_same).chain(compile).collect();
     let a = o.runs((auto, batch), &auto_sides, None)?;
     let label = format!("mlp auto ({auto}) b={batch} {metric}{graphs}");
@@ -361,7 +386,7 @@ fn onnx_row(batch: usize, ort: &[Value], (k, t): SidesRuns<'_>, m: &OnnxModel) -
     let max_abs = nan_max(diffs.map(|d| d.unwrap_or(f64::NAN)));
     let name = format!("mlp fp32 b={batch} {metric}, onnxruntime");
     let side = (
-        TorchSide("fp32", true, false),
+        TorchSide::eager("fp32", true),
         "the same computation as the ONNX model",
     );
     eprintln!(
