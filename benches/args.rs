@@ -1,5 +1,4 @@
-//! The bench binaries' command lines (clap): the options `cargo xtask bench` passes to every
-//! suite, and the value parsers the probes share (device, on/off, batch-size lists).
+//! The options `cargo xtask bench` passes to every suite, and the value parsers the probes share.
 
 use std::path::PathBuf;
 
@@ -7,8 +6,7 @@ use clap::Args;
 
 use crate::{Msg, report_path};
 
-/// The options of a suite run. `cargo xtask bench` passes the same options to every suite; a
-/// suite reads those it has a use for and ignores the rest.
+/// The options of a suite run, the same for every suite: each reads those it has a use for.
 #[derive(Debug, Clone, Default, Args)]
 pub struct SuiteArgs {
     /// CI-sized run: checks the report's shape, not speed.
@@ -24,12 +22,8 @@ pub struct SuiteArgs {
     #[arg(long, value_name = "D", value_parser = parse_device)]
     pub device: Option<tch::Device>,
     /// The baseline's Python.
-    #[arg(
-        long,
-        value_name = "PY",
-        env = "KILN_BENCH_PYTHON",
-        default_value = "python3"
-    )]
+    #[arg(long, value_name = "PY", env = "KILN_BENCH_PYTHON")]
+    #[arg(default_value = "python3")]
     pub python: String,
     /// The suite's JSON output (default: <target>/kiln-bench/<suite>.json).
     #[arg(long, value_name = "FILE")]
@@ -79,9 +73,8 @@ impl SuiteArgs {
 
     /// Where the suite writes its output: `--out FILE`, else `<target>/kiln-bench/<suite>.json`.
     pub fn out_or(&self, suite: &str) -> PathBuf {
-        self.out
-            .clone()
-            .unwrap_or_else(|| report_path(&format!("{suite}.json")))
+        let default = || report_path(&format!("{suite}.json"));
+        self.out.clone().unwrap_or_else(default)
     }
 
     /// Whether a case named `name` runs: no `--filter`, or `name` contains it.
@@ -119,8 +112,7 @@ impl Place {
     }
 }
 
-/// A list of positive batch sizes, given as `1,2,4` (xtask turns `--batch-sizes 1 2 4` into
-/// that).
+/// A list of positive batch sizes, given as `1,2,4`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Sizes(pub Vec<usize>);
 
@@ -163,28 +155,22 @@ pub fn parse_on_off(v: &str) -> crate::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Debug, Parser)]
-    struct Cli {
-        #[command(flatten)]
-        suite: SuiteArgs,
-    }
+    use clap::FromArgMatches;
 
     fn parse(line: &str) -> crate::Result<SuiteArgs> {
-        Cli::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
-            .map(|c| c.suite)
-            .msg()
+        let words = std::iter::once("bench").chain(line.split_whitespace());
+        let matches = SuiteArgs::augment_args(clap::Command::new("bench"))
+            .try_get_matches_from(words)
+            .msg()?;
+        SuiteArgs::from_arg_matches(&matches).msg()
     }
 
     #[test]
     fn every_option_xtask_passes_is_accepted() {
-        let a = parse(
-            "--quick --seeds 3 --repeats 5 --threads 4 --device cuda:1 --python py \
-             --work-dir /w --clients 8 --requests 100 --max-batch 16 --max-wait-ms 2.5 \
-             --batch-sizes 1,2,,4 --out /o.json",
-        )
-        .unwrap();
+        let line = "--quick --seeds 3 --repeats 5 --threads 4 --device cuda:1 --python py \
+            --work-dir /w --clients 8 --requests 100 --max-batch 16 --max-wait-ms 2.5 \
+            --batch-sizes 1,2,,4 --out /o.json";
+        let a = parse(line).unwrap();
         assert!(a.quick);
         assert_eq!((a.seeds, a.repeats_or(1), a.threads_or(2)), (Some(3), 5, 4));
         assert_eq!(a.device(), tch::Device::Cuda(1));
@@ -210,10 +196,7 @@ mod tests {
             assert!(err.contains(needle), "{line}: {err}");
         }
         assert_eq!(parse_on_off("on"), Ok(true));
-        assert!(
-            parse_on_off("yes")
-                .unwrap_err()
-                .contains("expected on or off")
-        );
+        let err = parse_on_off("yes").unwrap_err();
+        assert!(err.contains("expected on or off"), "{err}");
     }
 }

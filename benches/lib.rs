@@ -1,7 +1,4 @@
-//! kiln's side-by-side benchmark suites (`cargo xtask bench`): the shared pieces of the
-//! `kiln-bench` binary's groups beside this file, which measure kiln against PyTorch eager,
-//! `torch.compile`, Lightning and LitServe in isolated processes. Criterion benches of single
-//! pieces live in the crates they time (`crates/data/benches`, `crates/train/benches`).
+//! The shared pieces of `kiln-bench`'s suites, which measure kiln against PyTorch and its peers.
 
 pub mod args;
 pub mod datasets;
@@ -14,15 +11,16 @@ pub mod unfused;
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
 
 pub use args::SuiteArgs;
 
-/// What a suite's steps return: on failure, a message naming what failed and why (the suite
-/// prints it and exits non-zero).
+/// What a suite's steps return: on failure, a message naming what failed and why.
 pub type Result<T> = std::result::Result<T, String>;
 
-/// What the suites do with a failed call's error: make it their message ([`Result`]'s error),
-/// with `msg` as it is, with `at` after the path it concerns.
+/// Makes a failed call's error a suite's message: as it is (`msg`), or after a path (`at`).
 pub trait Msg<T> {
     fn msg(self) -> Result<T>;
     fn at(self, path: &Path) -> Result<T>;
@@ -47,7 +45,7 @@ pub fn resolve(sets: &[String]) -> Result<kiln_config::Resolution> {
 }
 
 /// `key`'s value in a run's JSON, which must be a finite number.
-pub fn figure(run: &serde_json::Value, key: &str) -> Result<f64> {
+pub fn figure(run: &Value, key: &str) -> Result<f64> {
     run[key]
         .as_f64()
         .filter(|v| v.is_finite())
@@ -66,7 +64,7 @@ pub fn mean(v: &[f64]) -> f64 {
 }
 
 /// A number of a run's JSON, NaN where there is none.
-pub fn num(v: &serde_json::Value) -> f64 {
+pub fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or(f64::NAN)
 }
 
@@ -78,8 +76,7 @@ pub fn free_port() -> Result<u16> {
         .map_err(|e| format!("cannot find a free port on 127.0.0.1: {e}"))
 }
 
-/// Runs `f` in a fresh directory `kiln-bench-NAME-PID` (holding an empty `tmp`) under the
-/// system's temporary directory, removed afterwards.
+/// Runs `f` in a fresh temporary directory `kiln-bench-NAME-PID` (with an empty `tmp`).
 pub fn in_temp_dir<T>(name: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<T> {
     let dir = std::env::temp_dir().join(format!("kiln-bench-{name}-{}", std::process::id()));
     std::fs::create_dir_all(dir.join("tmp")).at(&dir)?;
@@ -88,9 +85,8 @@ pub fn in_temp_dir<T>(name: &str, f: impl FnOnce(&Path) -> Result<T>) -> Result<
     result
 }
 
-/// `--compile` for a PyTorch script, with inductor's caches under `cache` (which holds an empty
-/// `tmp`): its cache directory, and `TMPDIR` for the C++ headers it precompiles once per machine.
-pub fn compile_env(c: &mut std::process::Command, cache: &Path) {
+/// `--compile` for a PyTorch script, with inductor's cache and `TMPDIR` under `cache`.
+pub fn compile_env(c: &mut Command, cache: &Path) {
     c.arg("--compile")
         .env("TORCHINDUCTOR_CACHE_DIR", cache.join("inductor"))
         .env("TMPDIR", cache.join("tmp"));
@@ -100,17 +96,14 @@ pub fn compile_env(c: &mut std::process::Command, cache: &Path) {
 pub const MALLOC_AS_KILN: &str =
     "glibc's malloc thresholds as kiln sets them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_)";
 
-/// Gives `cmd` (a baseline's process) glibc's malloc thresholds as kiln sets them for its runs
-/// (`performance.malloc_tuning`), through glibc's environment variables: the baseline with
-/// kiln's choice.
-pub fn malloc_like_kiln(cmd: &mut std::process::Command) {
+/// Gives a baseline's `cmd` glibc's malloc thresholds as kiln sets them (`malloc_tuning`).
+pub fn malloc_like_kiln(cmd: &mut Command) {
     use kiln_device::malloc::{MMAP_THRESHOLD, TRIM_THRESHOLD};
     cmd.env("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD.to_string())
         .env("MALLOC_TRIM_THRESHOLD_", TRIM_THRESHOLD.to_string());
 }
 
-/// The directory holding the `python/` scripts: `KILN_BENCH_ROOT` (a gpu-check bundle sets
-/// it), else this crate's directory.
+/// The directory of the `python/` scripts: `KILN_BENCH_ROOT` (gpu-check's), else this crate's.
 pub fn bench_root() -> PathBuf {
     std::env::var_os("KILN_BENCH_ROOT")
         .filter(|v| !v.is_empty())
@@ -119,10 +112,8 @@ pub fn bench_root() -> PathBuf {
 
 /// `<target>/kiln-bench/<name>`: where reports go unless `--out` says otherwise.
 pub fn report_path(name: &str) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let workspace = root
-        .parent()
-        .map_or_else(|| root.clone(), Path::to_path_buf);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = root.parent().unwrap_or(root);
     std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| workspace.join("target"), PathBuf::from)
         .join("kiln-bench")
@@ -137,41 +128,35 @@ pub fn device_name(device: tch::Device) -> String {
     }
 }
 
-/// Peak memory so far in MiB (NaN where unknown) and what it is: the CUDA allocator's peak on a
-/// GPU, else this process's peak RSS (`kiln_infer::profile::peak_memory`).
+/// Peak memory so far in MiB (NaN where unknown) and its source: CUDA's allocator, or peak RSS.
 pub fn peak_memory_mib(device: tch::Device) -> (f64, &'static str) {
     match kiln_infer::profile::peak_memory(device) {
-        Ok((bytes, source)) => (
-            bytes.map_or(f64::NAN, |b| b as f64 / 1048576.0),
-            source.describe(),
-        ),
+        Ok((bytes, source)) => (bytes.map_or(f64::NAN, proc_memory::mib), source.describe()),
         Err(_) => (f64::NAN, "unknown"),
     }
 }
 
 /// Runs `cmd` and parses the last line of its stdout that starts with `{` (the probes print one
-/// JSON object; human text goes to stderr).
-pub fn run_json(mut cmd: std::process::Command) -> Result<serde_json::Value> {
+/// JSON object; human text goes to stderr). A failure's error holds all of its stderr, where
+/// callers look for markers (`train/cases.rs`: the export's `REFUSED`).
+pub fn run_json(mut cmd: Command) -> Result<Value> {
     let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
     if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("{cmd:?} failed ({}): {}", out.status, err.trim()));
     }
     let text = String::from_utf8_lossy(&out.stdout);
     last_json(&text).map_err(|e| format!("{cmd:?} printed no JSON ({e}): {text}"))
 }
 
 /// The last line of `text` that starts with `{`, parsed.
-pub fn last_json(text: &str) -> serde_json::Result<serde_json::Value> {
-    serde_json::from_str(
-        text.lines()
-            .rev()
-            .find(|l| l.starts_with('{'))
-            .unwrap_or(""),
-    )
+pub fn last_json(text: &str) -> serde_json::Result<Value> {
+    serde_json::from_str(json_line(text).unwrap_or(""))
+}
+
+/// The last line of `text` that starts with `{`, if any.
+pub(crate) fn json_line(text: &str) -> Option<&str> {
+    text.lines().rev().find(|l| l.starts_with('{'))
 }
 
 /// Runs each of `sides` `repeats` times, alternating between them (the order reversed on odd
@@ -194,24 +179,19 @@ pub fn alternating<S: Copy, T>(
     Ok(runs)
 }
 
-/// Runs the `n` commands `cmd(i)` `repeats` times, [`alternating`]; returns every run's JSON
-/// per command.
+/// Runs the `n` commands `cmd(i)` `repeats` times, [`alternating`]: every run's JSON per command.
 pub fn interleaved(
     repeats: usize,
     n: usize,
-    cmd: impl Fn(usize) -> std::process::Command,
-) -> Result<Vec<Vec<serde_json::Value>>> {
+    cmd: impl Fn(usize) -> Command,
+) -> Result<Vec<Vec<Value>>> {
     let order: Vec<usize> = (0..n).collect();
     alternating(repeats, &order, |_, i| run_json(cmd(i)).map(Some))
 }
 
 /// The median over runs of the number at `key` (NaN where a run lacks it).
-pub fn median_of(runs: &[serde_json::Value], key: &str) -> f64 {
-    median(
-        runs.iter()
-            .map(|r| r[key].as_f64().unwrap_or(f64::NAN))
-            .collect(),
-    )
+pub fn median_of(runs: &[Value], key: &str) -> f64 {
+    median(runs.iter().map(|r| num(&r[key])).collect())
 }
 
 /// kiln's configuration resolved for `device` (its hardware profile, no user settings).
@@ -227,13 +207,12 @@ pub fn or_skip<T>(out: &mut report::SuiteOutput, name: &str, r: Result<T>) -> Op
 }
 
 /// Why a baseline's runs did not run here, where one says so (`not_run`).
-pub fn not_run(runs: &[serde_json::Value]) -> Option<&str> {
+pub fn not_run(runs: &[Value]) -> Option<&str> {
     runs.iter().find_map(|r| r["not_run"].as_str())
 }
 
-/// `torch.compile`'s first step or batch (`key` in its runs' `compile`): the median of its runs
-/// from an empty inductor cache where there were such, else of all its runs' `key`; and which.
-pub fn cold_first(t: &[serde_json::Value], key: &str) -> (f64, &'static str) {
+/// `torch.compile`'s first step or batch (`key`): its cold-cache runs' median, else all runs'.
+pub fn cold_first(t: &[Value], key: &str) -> (f64, &'static str) {
     let cold: Vec<f64> = t
         .iter()
         .filter(|r| r["compile"]["inductor_cache"] == "cold")
@@ -248,13 +227,13 @@ pub fn cold_first(t: &[serde_json::Value], key: &str) -> (f64, &'static str) {
 }
 
 /// `program` with `args`.
-pub fn command<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> std::process::Command {
-    let mut c = std::process::Command::new(program);
+pub fn command<S: AsRef<OsStr>>(program: impl AsRef<OsStr>, args: &[S]) -> Command {
+    let mut c = Command::new(program);
     c.args(args);
     c
 }
 
 /// `python` running the script `python/NAME` beside the suites.
-pub fn python_script(python: impl AsRef<OsStr>, name: &str) -> std::process::Command {
+pub fn python_script(python: impl AsRef<OsStr>, name: &str) -> Command {
     command(python, &[bench_root().join("python").join(name)])
 }

@@ -1,8 +1,4 @@
-//! `kiln-bench`: every benchmark suite in one binary. `kiln-bench GROUP ARGS…` runs a group's
-//! command line: `data`, `train` (its suites `train`, `optimizer`, `opts`), `serve` (`infer`,
-//! `serve`), `quality`, `learning`, `job`, `ddp`, and `report`, which merges the suites' outputs.
-//! Suites that measure in child processes start this binary again with their group's word.
-//! `cargo xtask bench` builds and runs it; `kiln gpu-check` runs the train and infer suites.
+//! `kiln-bench GROUP ARGS…`: every benchmark suite in one binary (`cargo xtask bench`, gpu-check).
 
 // The groups' subcommands are parsed once per process: the size of a variant does not matter.
 #![allow(clippy::large_enum_variant)]
@@ -31,7 +27,7 @@ use std::ffi::OsString;
 /// A group's entry point: its command line, the group's name first.
 type Entry = fn(Vec<OsString>);
 
-/// The groups, each with its command line's entry point.
+/// The groups, each with its entry point.
 const GROUPS: [(&str, Entry); 8] = [
     ("data", data::main),
     ("train", train::main),
@@ -45,21 +41,15 @@ const GROUPS: [(&str, Entry); 8] = [
 
 fn main() {
     let mut args = std::env::args_os().skip(1);
-    let word = args.next();
-    let group = word
-        .as_ref()
-        .and_then(|w| w.to_str())
-        .and_then(|w| GROUPS.iter().find(|(name, _)| *name == w));
-    let Some((name, run)) = group else {
-        let names: Vec<&str> = GROUPS.iter().map(|(n, _)| *n).collect();
+    let word = args.next().unwrap_or_default();
+    let Some((name, run)) = GROUPS.iter().find(|(n, _)| word == **n) else {
+        let names = GROUPS.map(|(n, _)| n).join(", ");
         eprintln!(
-            "usage: kiln-bench GROUP [ARGS…], GROUP one of: {} (`kiln-bench GROUP --help` says \
-             more); cargo xtask bench runs them",
-            names.join(", ")
+            "usage: kiln-bench GROUP [ARGS…], GROUP one of: {names} (`kiln-bench GROUP --help` \
+             says more); cargo xtask bench runs them"
         );
         std::process::exit(2);
     };
-    let mut line = vec![OsString::from(format!("kiln-bench {name}"))];
-    line.extend(args);
-    run(line);
+    let name = OsString::from(format!("kiln-bench {name}"));
+    run(std::iter::once(name).chain(args).collect());
 }

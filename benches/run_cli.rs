@@ -1,6 +1,4 @@
-//! What the ddp, job and data suites share: a group's command line (its suite, or a subcommand)
-//! and the child processes they run — the release CLI and its runs' summaries, a command's
-//! output, and a process measured with its tree's peak memory.
+//! Child processes for the suites: a group's command line, the release CLI, runs and measured runs.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -25,8 +23,7 @@ pub struct Cli<S: Subcommand> {
 }
 
 impl<S: Subcommand> Cli<S> {
-    /// Parses `args` (`args[0]` is the group's name, as clap takes a program name); `about` is
-    /// the help's first line.
+    /// Parses `args` (`args[0]`: the group's name); `about` is the help's first line.
     pub fn parse_with(args: Vec<OsString>, about: &'static str) -> Self {
         let matches = Self::command().about(about).get_matches_from(args);
         Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
@@ -43,14 +40,13 @@ pub fn exit_on_error(result: Result<()>) {
 
 /// `dir` removed with what it holds, if it exists.
 pub fn remove_dir(dir: &Path) -> Result<()> {
-    if !dir.exists() {
-        return Ok(());
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).at(dir)?;
     }
-    std::fs::remove_dir_all(dir).at(dir)
+    Ok(())
 }
 
-/// The suite's scratch directory, empty: `<--work-dir>/<suite>`, by default a temporary
-/// directory of this process's own (so removing it at the end leaves nothing behind).
+/// The suite's scratch directory, empty: `<--work-dir>/<suite>`, else a temporary one of its own.
 pub fn fresh_work_dir(a: &SuiteArgs, suite: &str) -> Result<PathBuf> {
     let work = a.work_dir.as_ref().map_or_else(
         || std::env::temp_dir().join(format!("kiln-bench-{suite}-{}", std::process::id())),
@@ -78,9 +74,7 @@ pub fn kiln_exe(suite: &str) -> Result<PathBuf> {
 pub fn kiln_train(suite: &str, data: &Path, sets: &[String]) -> Result<Command> {
     let mut cmd = Command::new(kiln_exe(suite)?);
     cmd.arg("train").arg("--data").arg(data);
-    for s in sets {
-        cmd.args(["--set", s]);
-    }
+    cmd.args(sets.iter().flat_map(|s| ["--set", s]));
     Ok(cmd)
 }
 
@@ -94,12 +88,10 @@ pub fn read_summary(runs: &Path) -> Result<(PathBuf, Value)> {
         .ok_or_else(|| format!("kiln train wrote no summary.json under {}", runs.display()))?;
     let path = dir.join("summary.json");
     let text = std::fs::read_to_string(&path).at(&path)?;
-    let summary = serde_json::from_str(&text).at(&path)?;
-    Ok((dir, summary))
+    Ok((dir, serde_json::from_str(&text).at(&path)?))
 }
 
-/// Passes the plan's values that `ddp_step.py` and `lightning_job.py` take alike (the model's
-/// shape, the seed, epochs, batch, optimizer, schedule and clipping) to `cmd`, with `threads`.
+/// Passes the plan's values that `ddp_step.py` and `lightning_job.py` both take, and `threads`.
 pub fn plan_args(cmd: &mut Command, plan: &RunPlan, threads: usize) {
     let (t, m) = (&plan.train, &plan.model);
     for (name, v) in [
@@ -135,12 +127,8 @@ pub fn run(mut cmd: Command) -> Result<(Output, f64)> {
         .map_err(|e| format!("cannot start {cmd:?}: {e}"))?;
     let seconds = started.elapsed().as_secs_f64();
     if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        return Err(format!(
-            "{cmd:?} failed ({}):\n{}",
-            out.status,
-            tail(&err, 20)
-        ));
+        let err = tail(&String::from_utf8_lossy(&out.stderr), 20);
+        return Err(format!("{cmd:?} failed ({}):\n{err}", out.status));
     }
     Ok((out, seconds))
 }
@@ -155,23 +143,18 @@ pub struct Measured {
     pub peak_rss_mib: f64,
 }
 
-/// Runs `cmd` with stdout and stderr in `log`, sampling its tree's memory every 100 ms; its
-/// result is the last line of its stdout that is a JSON object (the `result` of a kiln run is
-/// filled in by the caller from its summary).
+/// Runs `cmd` with stdout and stderr in `log`, sampling its tree's memory every 100 ms.
 pub fn measured(cmd: Command, log: &Path) -> Result<Measured> {
     let (result, seconds, peak) = measured_every(cmd, log, Some(Duration::from_millis(100)))?;
-    let (peak_pss_mib, peak_rss_mib) = (mib(peak.pss), mib(peak.rss));
     Ok(Measured {
         result,
         seconds,
-        peak_pss_mib,
-        peak_rss_mib,
+        peak_pss_mib: mib(peak.pss),
+        peak_rss_mib: mib(peak.rss),
     })
 }
 
-/// Runs `cmd` as [`measured`] does, sampling its tree's memory `every` so long where given
-/// (reading smaps costs the measured process time): its result (null where it printed none),
-/// seconds and peak memory.
+/// [`measured`], sampling memory `every` so long if at all: its JSON (or null), seconds, peak.
 pub fn measured_every(
     mut cmd: Command,
     log: &Path,
@@ -193,17 +176,13 @@ pub fn measured_every(
     let seconds = started.elapsed().as_secs_f64();
     let stdout = std::fs::read_to_string(&out_path).unwrap_or_default();
     if !status.success() {
-        let err = std::fs::read_to_string(log).unwrap_or_default();
+        let err = tail(&std::fs::read_to_string(log).unwrap_or_default(), 15);
+        let log = log.display();
         return Err(format!(
-            "{cmd:?} failed ({status}); the end of its log {}:\n{}",
-            log.display(),
-            tail(&err, 15)
+            "{cmd:?} failed ({status}); the end of its log {log}:\n{err}"
         ));
     }
-    let result = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
+    let result = crate::json_line(&stdout)
         .map_or(Ok(Value::Null), serde_json::from_str)
         .map_err(|e| format!("{cmd:?} printed no JSON result ({e}): {stdout}"))?;
     Ok((result, seconds, peak))
