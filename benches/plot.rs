@@ -1,7 +1,5 @@
-//! Charts of a benchmark report ([`Report`]), each written as PNG and SVG: per suite a bar per
-//! comparison's ratio kiln / baseline (`ratio`), the [`SWEEP_GROUP`] rows as lines against the
-//! batch size (`sweep`), and each row's loss curves if its details hold them (`loss`). Odd
-//! values are left out, never a panic; text uses kiln-train's embedded DejaVu Sans (`canvas`).
+//! Charts of a [`Report`] as PNG and SVG: per suite the ratios as bars (`ratio`), the sweep as
+//! lines (`sweep`), rows' loss curves (`loss`). Odd values are left out, never a panic.
 
 mod canvas;
 mod loss;
@@ -18,7 +16,7 @@ use kiln_train::plot::{register_fonts, usable};
 use crate::report::{Comparison, Report, SWEEP_GROUP};
 use canvas::write_chart;
 use ratio::{Bar, RatioChart};
-use sweep::{SweepChart, sweep_panels};
+use sweep::sweep_chart;
 
 /// The ratio charts' reading guide, before the report's facts in their second line.
 const RATIO_NOTE: &str = "bar = kiln / baseline, 1.0 = parity";
@@ -50,19 +48,16 @@ pub fn write_plots(report: &Report, dir: &Path) -> crate::Result<Vec<PathBuf>> {
             subtitle: joined(&[RATIO_NOTE, subtitle.as_str()]),
             bars: members.iter().map(|r| Bar::of(r)).collect(),
         };
-        write_chart(dir, &unique(slug(suite), &mut stems), &chart, &mut written)?;
+        written.extend(write_chart(dir, &unique(slug(suite), &mut stems), &chart)?);
     }
     for (suite, members) in by_suite(&sweep) {
-        let chart = SweepChart {
-            title: format!("{suite}: batch-size sweep, kiln and baseline against batch size"),
-            subtitle: subtitle.clone(),
-            panels: sweep_panels(&members),
-        };
+        let title = format!("{suite}: batch-size sweep, kiln and baseline against batch size");
+        let chart = sweep_chart(title, subtitle.clone(), &members);
         let stem = unique(format!("{}-{SWEEP_STEM}", slug(suite)), &mut stems);
-        write_chart(dir, &stem, &chart, &mut written)?;
+        written.extend(write_chart(dir, &stem, &chart)?);
     }
-    for (stem, chart) in loss::loss_charts(rows, &subtitle) {
-        write_chart(dir, &unique(stem, &mut stems), &chart, &mut written)?;
+    for (stem, chart) in rows.iter().filter_map(|c| loss::loss_chart(c, &subtitle)) {
+        written.extend(write_chart(dir, &unique(stem, &mut stems), &chart)?);
     }
     Ok(written)
 }
@@ -109,10 +104,12 @@ fn min_max(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
 /// What the report says about where and when it was measured, for the charts' second line.
 fn subtitle(report: &Report) -> String {
     let machine = &report.machine;
-    let device = machine.device.as_ref().map(|d| format!("device {d}"));
-    let cpus = machine.cpus.map(|n| format!("{n} CPUs"));
+    let device = machine
+        .device
+        .as_ref()
+        .map_or(String::new(), |d| format!("device {d}"));
+    let cpus = machine.cpus.map_or(String::new(), |n| format!("{n} CPUs"));
     let quick = if report.quick { "quick run" } else { "" };
-    let (device, cpus) = (device.unwrap_or_default(), cpus.unwrap_or_default());
     joined(&[&report.created, &device, &cpus, quick])
 }
 

@@ -345,15 +345,13 @@ impl Report {
     }
 }
 
-/// The key of a comparison's `details` that says why the row fails its goal whatever its
-/// figures (its `meets_goal` is then false even where the ratio meets the goal).
+/// The `details` key saying why a row fails its goal whatever its figures (`meets_goal` false).
 pub const FAILS_BECAUSE: &str = "fails_because";
 
 /// The suite whose rows say whether kiln and PyTorch learn the same thing.
 pub const LEARNING_SUITE: &str = "learning";
 
-/// A row whose sides diverge fails whatever its speed: marks every `train` row of a model with a
-/// missed `learning` row ([`Comparison::fails_because`]); returns how many were marked.
+/// Marks every `train` row of a model whose `learning` row missed as failing; returns how many.
 pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
     let mut diverged = std::collections::HashMap::new();
     let learning = suites.iter().filter(|s| s.suite == LEARNING_SUITE);
@@ -379,8 +377,7 @@ pub fn apply_learning_check(suites: &mut [SuiteOutput]) -> usize {
     marked
 }
 
-/// The whole report: `meta` (created, quick, machine) and the suites' outputs merged, with all
-/// comparisons in one list and the machine limits in `peaks`.
+/// The whole report: `meta` (created, quick, machine) and the suites' outputs merged.
 pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
     let peaks: Map<String, Value> = suites
         .iter()
@@ -404,8 +401,7 @@ pub fn assemble(meta: Value, suites: &[SuiteOutput]) -> Value {
     report
 }
 
-/// Checks `report.json`'s shape (not its speed): every field a reader relies on, every expected
-/// suite present with comparisons. Lists every problem found.
+/// Checks `report.json`'s shape (never its speed) and the expected suites; lists every problem.
 pub fn validate(report: &Value, expected_suites: &[&str]) -> crate::Result<()> {
     let mut problems = vec![];
     let schema = &report["schema"];
@@ -534,16 +530,14 @@ fn md_row(c: &Value) -> String {
     format!("| {} |\n", cells.join(" | "))
 }
 
-/// The notes under a suite's table, each kind in turn for every row it applies to: MFU, where
-/// the time of a missed goal goes, and why a row fails whatever its figures.
+/// The kinds of note under a suite's table: MFU, where a missed goal's time goes, forced fails.
 const NOTES: [fn(&Value) -> Option<String>; 3] = [
     |c| {
-        let (mfu, peak) = (c["details"]["mfu"].as_f64()?, text(&c["details"]["peak"]));
+        let mfu = 100.0 * c["details"]["mfu"].as_f64()?;
         let name = md_cell(&c["name"]);
-        let mfu = 100.0 * mfu;
-        Some(format!(
-            "{name}: model FLOP utilization {mfu:.1}% of the measured {peak} peak"
-        ))
+        let peak = text(&c["details"]["peak"]);
+        let note = format!("{name}: model FLOP utilization {mfu:.1}% of the measured {peak} peak");
+        Some(note)
     },
     |c| {
         let breakdown = Some(&c["details"]["breakdown"]).filter(|b| b.is_object())?;
@@ -559,8 +553,7 @@ const NOTES: [fn(&Value) -> Option<String>; 3] = [
     },
 ];
 
-/// The report as Markdown: the machine and peaks, then per suite a table (figures, ratio,
-/// goal), its notes ([`NOTES`]) and the rows that could not be measured.
+/// The report as Markdown: machine and peaks, then per suite a table, notes and skipped rows.
 pub fn markdown(report: &Value) -> String {
     let machine = &report["machine"];
     let quick = if report["quick"] == true {
@@ -609,8 +602,7 @@ pub fn markdown(report: &Value) -> String {
 /// A train step's phases, in the order they happen (the keys of a step breakdown).
 const PHASES: [&str; 4] = ["data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms"];
 
-/// "kiln: forward 3.1 ms (40%), …; baseline: …" from a breakdown object
-/// `{"kiln": {"data_wait_ms": …, "forward_ms": …}, "baseline": {…}}`.
+/// `kiln: forward 3.1 ms (40%), …; baseline: …` of `{"kiln": {"forward_ms": …}, …}`.
 fn breakdown_text(b: &Value) -> String {
     let side = |v: &Value| {
         let Some(map) = v.as_object() else {

@@ -1,6 +1,5 @@
-//! `kiln-bench report`: merges the suites' outputs of one `cargo xtask bench` run
-//! (`DIR/suites/<suite>.json`) into `report.json`, `report.md` and plots, and checks the
-//! report's shape (never its speed).
+//! `kiln-bench report`: merges one run's suite outputs (`DIR/suites/<suite>.json`) into
+//! `report.json`, `report.md` and plots, and checks the report's shape (never its speed).
 //!
 //! ```text
 //! kiln-bench report DIR --suites train,serve [--quick] [--created TIME]   assemble
@@ -60,9 +59,7 @@ fn machine() -> Value {
         .flat_map(|f| f.cuda_gpus())
         .map(|(i, g)| json!({"index": i, "name": g.name, "memory_gib": g.memory_gib()}))
         .collect();
-    let cpu_model = facts
-        .as_ref()
-        .map_or_else(String::new, |f| f.cpu.model.clone());
+    let cpu_model = facts.as_ref().map_or("", |f| &f.cpu.model);
     let description = match gpus.first() {
         Some(g) => format!(
             "{} ({} GiB) · CPU {cpu_model}, {cpus} logical cores",
@@ -93,8 +90,7 @@ const PRECISION_FEATURES: [(&str, &str); 5] = [
     ("amx_bf16", "AMX-BF16"),
 ];
 
-/// Which of [`PRECISION_FEATURES`] the first `flags` line of a `/proc/cpuinfo` text lists, by
-/// display name (all `false` where the file is unreadable, e.g. not Linux).
+/// Which [`PRECISION_FEATURES`] the `flags` line of a `/proc/cpuinfo` text lists (none if empty).
 fn cpu_features(cpuinfo: &str) -> Map<String, Value> {
     let flags: Vec<&str> = cpuinfo
         .lines()
@@ -147,11 +143,9 @@ fn build(dir: &Path, cli: &Cli) -> Result<()> {
     std::fs::write(&md_path, &md).at(&md_path)?;
     let written = write_plots(&Report::from_value(&report)?, &plots)?;
     println!("{md}");
-    let (json_path, md_path, n) = (json_path.display(), md_path.display(), written.len());
-    eprintln!(
-        "report: {json_path} and {md_path}, {n} plot file(s) under {}",
-        plots.display()
-    );
+    let (json_path, md_path) = (json_path.display(), md_path.display());
+    let (n, plots) = (written.len(), plots.display());
+    eprintln!("report: {json_path} and {md_path}, {n} plot file(s) under {plots}");
     check(dir, &cli.suites)
 }
 
@@ -159,8 +153,7 @@ fn names(suites: &[String]) -> Vec<&str> {
     suites.iter().map(String::as_str).collect()
 }
 
-/// Checks DIR's report.json (shape, expected suites), report.md (a row per comparison) and the
-/// plots (one PNG and one SVG per suite with comparisons).
+/// Checks DIR's report.json (shape, suites), report.md (a row per comparison) and bar plots.
 fn check(dir: &Path, suites: &[String]) -> Result<()> {
     let json_path = dir.join("report.json");
     let report: Value = read_json(&json_path, "JSON")?;
@@ -197,11 +190,8 @@ fn check(dir: &Path, suites: &[String]) -> Result<()> {
             "the report under {dir} is malformed:\n  {problems}"
         ));
     }
-    let (path, n) = (json_path.display(), comparisons.len());
-    eprintln!(
-        "report check: {path} is well-formed ({n} comparisons over {} suite(s))",
-        suites.len()
-    );
+    let (path, n, s) = (json_path.display(), comparisons.len(), suites.len());
+    eprintln!("report check: {path} is well-formed ({n} comparisons over {s} suite(s))");
     Ok(())
 }
 

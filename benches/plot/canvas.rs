@@ -4,10 +4,8 @@
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use kiln_train::plot::{FONT, clip, encode_png, fits};
-use plotters::chart::{MeshStyle, SeriesAnno};
+use kiln_train::plot::{FONT, clip, encode_png, fits, tick_label};
 use plotters::coord::Shift;
-use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
@@ -52,13 +50,8 @@ pub trait Chart {
     fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()>;
 }
 
-/// Draws `chart` into `<dir>/<stem>.png` and `<dir>/<stem>.svg` and appends both paths.
-pub fn write_chart(
-    dir: &Path,
-    stem: &str,
-    chart: &impl Chart,
-    written: &mut Vec<PathBuf>,
-) -> crate::Result<()> {
+/// Draws `chart` into `<dir>/<stem>.png` and `<dir>/<stem>.svg`; returns both paths.
+pub fn write_chart(dir: &Path, stem: &str, chart: &impl Chart) -> crate::Result<[PathBuf; 2]> {
     let size = (WIDTH, chart.height());
     let path = |ext: &str| dir.join(format!("{stem}.{ext}"));
     let (png_path, svg_path) = (path("png"), path("svg"));
@@ -69,13 +62,10 @@ pub fn write_chart(
     write_file(&png_path, &png)?;
     let mut svg = String::new();
     render(chart, SVGBackend::with_string(&mut svg, size), &svg_path)?;
-    let svg = svg.replace(
-        &format!("font-family=\"{FONT}\""),
-        &format!("font-family=\"{SVG_FONT_FAMILY}\""),
-    );
+    let family = |name: &str| format!("font-family=\"{name}\"");
+    let svg = svg.replace(&family(FONT), &family(SVG_FONT_FAMILY));
     write_file(&svg_path, svg.as_bytes())?;
-    written.extend([png_path, svg_path]);
-    Ok(())
+    Ok([png_path, svg_path])
 }
 
 /// Draws `chart` on `backend` and presents it; errors name `path`, the file it is for.
@@ -103,28 +93,10 @@ pub fn text_style<'a>(
     h: HPos,
     v: VPos,
 ) -> TextStyle<'a> {
-    TextStyle::from(font.into_font())
-        .color(color)
-        .pos(Pos::new(h, v))
+    font.into_font().color(color).pos(Pos::new(h, v))
 }
 
-/// The line charts' series labels: 13 px.
-pub fn label_style() -> TextStyle<'static> {
-    TextStyle::from((FONT, 13).into_font())
-}
-
-/// `text` cut to at most `chars` characters and `pixels` wide as a series label on `area`.
-pub fn fit_label<DB: DrawingBackend>(
-    area: &DrawingArea<DB, Shift>,
-    text: &str,
-    chars: usize,
-    pixels: u32,
-) -> String {
-    clip(text, chars, |t| fits(area, t, &label_style(), pixels))
-}
-
-/// Draws the white background, the title and the subtitle; returns the area below the top
-/// `band` pixels.
+/// Draws the background, title and subtitle; returns the area below the top `band` pixels.
 pub fn header<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
@@ -166,8 +138,7 @@ pub fn legend<DB: DrawingBackend>(
             .map_or(0, |s| s.0 as i32)
     };
     let widths: Vec<i32> = entries.iter().map(|(_, text)| width(text)).collect();
-    let total: i32 = widths.iter().map(|w| glyph_w + 6 + w).sum::<i32>()
-        + gap * (entries.len() as i32 - 1).max(0);
+    let total = widths.iter().map(|w| glyph_w + 6 + w + gap).sum::<i32>() - gap;
     let mut x = (WIDTH as i32 - total).max(0) / 2;
     for ((glyph, text), w) in entries.iter().zip(&widths) {
         let mid = x + glyph_w / 2;
@@ -190,76 +161,166 @@ pub fn legend<DB: DrawingBackend>(
     Ok(())
 }
 
-/// A line chart's panel: x and y over `f64` ranges.
-pub type Panel<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+/// A [`LinePanel`]'s line.
+pub struct Line {
+    pub points: Vec<(f64, f64)>,
+    pub style: ShapeStyle,
+    pub dashed: bool,
+    /// The legend's label; no legend entry where empty.
+    pub label: String,
+}
 
-/// A [`Panel`] on `area`: `caption` above, room for the axes' labels, x over `x`, y over `y`.
-pub fn panel<'a, DB: DrawingBackend>(
-    area: &'a DrawingArea<DB, Shift>,
-    caption: &str,
-    x: Range<f64>,
-    y: Range<f64>,
-) -> crate::Result<Panel<'a, DB>> {
-    ChartBuilder::on(area)
-        .caption(caption, (FONT, 18))
+impl Line {
+    /// A solid line through `points`, labelled `label` in the legend.
+    pub fn solid(points: Vec<(f64, f64)>, style: ShapeStyle, label: &str) -> Self {
+        Self {
+            points,
+            style,
+            dashed: false,
+            label: label.to_owned(),
+        }
+    }
+
+    /// A dashed line through `points`, labelled `label` in the legend.
+    pub fn dashed(points: Vec<(f64, f64)>, style: ShapeStyle, label: &str) -> Self {
+        Self {
+            dashed: true,
+            ..Self::solid(points, style, label)
+        }
+    }
+}
+
+/// A line chart's panel: caption, axes, lines, and their legend.
+pub struct LinePanel {
+    pub caption: String,
+    pub x_desc: &'static str,
+    pub y_desc: String,
+    pub x: Range<f64>,
+    pub y: Range<f64>,
+    pub x_label: fn(f64) -> String,
+    /// `Some(n)`: the finer grid (bold lines, `n` x and 8 y labels, at most 4 light lines
+    /// between), and a dot at each point (filled on solid lines, open on dashed ones).
+    pub grid: Option<usize>,
+    pub lines: Vec<Line>,
+    /// The legend's corner.
+    pub legend: SeriesLabelPosition,
+    /// The legend labels' limits, in characters and in pixels.
+    pub label_chars: usize,
+    pub label_pixels: u32,
+}
+
+/// A chart of [`LinePanel`]s: titles, then rows of `heights` pixels with `cols` panels each.
+pub struct LineChart {
+    pub title: String,
+    pub subtitle: String,
+    pub cols: usize,
+    pub heights: Vec<u32>,
+    pub panels: Vec<LinePanel>,
+}
+
+impl Chart for LineChart {
+    fn height(&self) -> u32 {
+        let panels: u32 = self.heights.iter().sum();
+        SWEEP_HEADER.saturating_add(panels).min(20_000)
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: &DrawingArea<DB, Shift>) -> crate::Result<()> {
+        let mut rest = header(root, &self.title, &self.subtitle, SWEEP_HEADER)?;
+        // Rows shrink in proportion where the chart's height is capped.
+        let total = self.heights.iter().sum::<u32>().max(1);
+        let space = rest.dim_in_pixel().1.min(total);
+        for (row, height) in self.panels.chunks(self.cols).zip(&self.heights) {
+            let height = u64::from(*height) * u64::from(space) / u64::from(total);
+            let (top, below) = rest.split_vertically(height as u32);
+            for (panel, area) in row.iter().zip(top.split_evenly((1, self.cols))) {
+                draw_panel(&area, panel)?;
+            }
+            rest = below;
+        }
+        Ok(())
+    }
+}
+
+/// Draws `p` on `area`: mesh, lines (dotted on the finer grid), legend, or "no data" if no lines.
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &LinePanel,
+) -> crate::Result<()> {
+    let mut chart = ChartBuilder::on(area)
+        .caption(&p.caption, (FONT, 18))
         .margin(14)
         .margin_right(28)
         .x_label_area_size(44)
         .y_label_area_size(72)
-        .build_cartesian_2d(x, y)
-        .map_err(draw_err)
-}
-
-/// A panel's mesh with its axes' descriptions and the look all panels share (the caller adds
-/// the rest and draws it).
-pub fn mesh<'a, 'b, DB: DrawingBackend>(
-    chart: &'b mut Panel<'a, DB>,
-    x_desc: &str,
-    y_desc: &str,
-) -> MeshStyle<'a, 'b, RangedCoordf64, RangedCoordf64, DB> {
+        .build_cartesian_2d(p.x.clone(), p.y.clone())
+        .map_err(draw_err)?;
+    let span = p.y.end - p.y.start;
+    let x_label = |v: &f64| (p.x_label)(*v);
+    let y_label = |v: &f64| tick_label(*v, span);
     let mut mesh = chart.configure_mesh();
-    mesh.x_desc(x_desc)
-        .y_desc(y_desc)
+    mesh.x_desc(p.x_desc)
+        .y_desc(&p.y_desc)
         .label_style((FONT, 13))
         .axis_desc_style((FONT, 15))
-        .light_line_style(LIGHT_LINE);
-    mesh
-}
-
-/// Draws `points` as a line of `style`, dashed (`on`, `off` pixels) if `dash` says so; returns
-/// its series, to label.
-pub fn line<'a, 'c, DB: DrawingBackend + 'a>(
-    chart: &'c mut Panel<'a, DB>,
-    points: &[(f64, f64)],
-    style: ShapeStyle,
-    dash: Option<(u32, u32)>,
-) -> crate::Result<&'c mut SeriesAnno<'a, DB>> {
-    let points = points.iter().copied();
-    match dash {
-        Some((on, off)) => chart.draw_series(DashedLineSeries::new(points, on, off, style)),
-        None => chart.draw_series(LineSeries::new(points, style)),
+        .light_line_style(LIGHT_LINE)
+        .x_label_formatter(&x_label)
+        .y_label_formatter(&y_label);
+    if let Some(n) = p.grid {
+        mesh.bold_line_style(BOLD_LINE)
+            .x_labels(n)
+            .y_labels(8)
+            .max_light_lines(4);
     }
-    .map_err(draw_err)
-}
-
-/// A series legend's glyph: a solid line in `color`, 20 pixels long.
-pub fn solid_glyph(color: RGBColor) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
-    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-}
-
-/// Draws the series' legend box of `chart` at `position`.
-pub fn series_legend<'a, DB: DrawingBackend + 'a>(
-    chart: &mut Panel<'a, DB>,
-    position: SeriesLabelPosition,
-) -> crate::Result<()> {
-    chart
-        .configure_series_labels()
-        .position(position)
-        .label_font(label_style())
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(160, 160, 160))
-        .draw()
-        .map_err(draw_err)
+    mesh.draw().map_err(draw_err)?;
+    let label_style = TextStyle::from((FONT, 13).into_font());
+    for line in &p.lines {
+        let style = line.style;
+        let xy = line.points.iter().copied();
+        let series = if line.dashed {
+            chart.draw_series(DashedLineSeries::new(xy, 7, 5, style))
+        } else {
+            chart.draw_series(LineSeries::new(xy, style))
+        }
+        .map_err(draw_err)?;
+        if !line.label.is_empty() {
+            let fit = |t: &str| fits(area, t, &label_style, p.label_pixels);
+            series.label(clip(&line.label, p.label_chars, fit));
+            let stroke = move |from, to| PathElement::new(vec![from, to], style);
+            if line.dashed {
+                series.legend(move |(x, y)| {
+                    EmptyElement::at((x, y)) + stroke((0, 0), (7, 0)) + stroke((12, 0), (20, 0))
+                });
+            } else {
+                series.legend(move |(x, y)| stroke((x, y), (x + 20, y)));
+            }
+        }
+        if p.grid.is_some() {
+            let dot = if line.dashed {
+                style
+            } else {
+                style.color.filled()
+            };
+            let dots = line.points.iter().map(|&p| Circle::new(p, 4, dot));
+            chart.draw_series(dots).map_err(draw_err)?;
+        }
+    }
+    if p.lines.iter().any(|l| !l.label.is_empty()) {
+        chart
+            .configure_series_labels()
+            .position(p.legend.clone())
+            .label_font(label_style)
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(160, 160, 160))
+            .draw()
+            .map_err(draw_err)
+    } else if p.lines.is_empty() {
+        let (w, h) = area.dim_in_pixel();
+        let style = text_style((FONT, 16), &FAINT, HPos::Center, VPos::Center);
+        area.draw_text("no data", &style, (w as i32 / 2, h as i32 / 2))
+            .map_err(draw_err)
+    } else {
+        Ok(())
+    }
 }
 
 /// A value in about three significant digits.

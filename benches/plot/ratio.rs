@@ -8,13 +8,12 @@ use plotters::style::text_anchor::{HPos, VPos};
 
 use super::canvas::{
     BOLD_LINE, Chart, FAINT, Glyph, HEADER, INK, LIGHT_LINE, MAX_LABEL_SHARE, MET, MISSED, NO_GOAL,
-    ROW_HEIGHT, WIDTH, draw_err, header, legend, line, short, text_style,
+    ROW_HEIGHT, WIDTH, draw_err, header, legend, short, text_style,
 };
-use super::number;
+use super::{min_max, number};
 use crate::report::{Better, Comparison, GoalOp};
 
-/// Each verdict on a goal (`meets_goal`: met, missed, or none: no goal, or no verdict on it)
-/// with its bars' colour and its words in the legend, in the legend's order.
+/// Each verdict (`meets_goal`; none: no goal or verdict) with its bars' colour and legend words.
 const VERDICTS: [(Option<bool>, RGBColor, &str); 3] = [
     (Some(true), MET, "goal met"),
     (Some(false), MISSED, "goal missed"),
@@ -65,11 +64,8 @@ impl Bar {
 
     /// Where the value text starts: after the bar, or after the goal's tick if further right.
     fn end(&self, zero: f64) -> f64 {
-        match (self.ratio, self.goal) {
-            (Some(r), Some((_, g))) => r.max(g).max(zero),
-            (Some(r), None) => r.max(zero),
-            (None, _) => zero,
-        }
+        let goal = self.goal.map_or(zero, |g| g.1);
+        self.ratio.map_or(zero, |r| r.max(goal).max(zero))
     }
 }
 
@@ -112,19 +108,14 @@ impl Chart for RatioChart {
         // The bars' labels, cut to fit and right-aligned left of the y axis.
         let label_style = text_style((FONT, 14), &INK, HPos::Right, VPos::Center);
         let max_label = (f64::from(WIDTH) * MAX_LABEL_SHARE) as u32;
-        let labels: Vec<String> = self
-            .bars
-            .iter()
-            .map(|b| clip(&b.label, 120, |t| fits(root, t, &label_style, max_label)))
-            .collect();
+        let clipped = |b: &Bar| clip(&b.label, 120, |t| fits(root, t, &label_style, max_label));
+        let labels: Vec<String> = self.bars.iter().map(clipped).collect();
         let width = |l: &String| root.estimate_text_size(l, &label_style).map_or(0, |s| s.0);
         let widest = labels.iter().map(width).max().unwrap_or(0);
         let label_width = widest.clamp(40, max_label) + 16;
-        let values = self
-            .bars
-            .iter()
-            .flat_map(|b| [b.ratio, b.goal.map(|g| g.1)]);
-        let (x_lo, x_hi) = ratio_range(values.flatten());
+        let ratios = self.bars.iter().filter_map(|b| b.ratio);
+        let goals = self.bars.iter().filter_map(|b| b.goal.map(|g| g.1));
+        let (x_lo, x_hi) = ratio_range(ratios.chain(goals));
         // Bar `i` is centred at y = rows - i - 0.5, so the report's first comparison is on top.
         let rows = self.bars.len() as f64;
         let centre = |i: usize| rows - i as f64 - 0.5;
@@ -161,8 +152,9 @@ impl Chart for RatioChart {
         });
         chart.draw_series(bars).map_err(draw_err)?;
         if (x_lo..=x_hi).contains(&1.0) {
-            let parity = [(1.0, 0.0), (1.0, rows)];
-            line(&mut chart, &parity, FAINT.stroke_width(2), Some((6, 5)))?;
+            let parity =
+                DashedLineSeries::new([(1.0, 0.0), (1.0, rows)], 6, 5, FAINT.stroke_width(2));
+            chart.draw_series(parity).map_err(draw_err)?;
         }
         let ticks = self.bars.iter().enumerate().filter_map(|(i, b)| {
             let (g, c) = (b.goal?.1, centre(i));
@@ -180,12 +172,10 @@ impl Chart for RatioChart {
     }
 }
 
-/// The x range of a ratio chart: from 0 (or the smallest value) past the largest of the values
-/// and 1.0, with room on the right for the value texts.
+/// A ratio chart's x range: from 0 (or below) past 1.0 and the values, with room for the texts.
 pub fn ratio_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
-    let (lo, hi) = values
-        .filter(|v| usable(*v))
-        .fold((0f64, 1f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let values = values.filter(|v| usable(*v)).chain([0.0, 1.0]);
+    let (lo, hi) = min_max(values).unwrap_or_default();
     let width = hi - lo;
     let lo = if lo < 0.0 { lo - width * 0.05 } else { lo };
     (lo, hi + width * 0.3)

@@ -24,8 +24,7 @@ fn comparison(suite: &str, name: &str, group: &str, unit: &str, kbr: (f64, f64, 
     })
 }
 
-/// A step-time row of `suite` at `ratio`, with the goal `(op, value)` met or missed as the
-/// report module would judge it.
+/// A step-time row of `suite` at `ratio`, its goal `(op, value)` judged as the report would.
 fn row(suite: &str, name: &str, ratio: f64, goal: Option<(&str, f64)>) -> Value {
     let kbr = (ratio * 10.0, 10.0, ratio);
     let mut row = comparison(suite, name, "step time", "ms/step", kbr);
@@ -41,8 +40,7 @@ fn row(suite: &str, name: &str, ratio: f64, goal: Option<(&str, f64)>) -> Value 
 fn report_json(comparisons: Vec<Value>) -> Value {
     json!({
         "schema": "kiln-bench/1", "created": "2026-11-21T10:00:00Z", "quick": false,
-        "machine": {"cpus": 2, "device": "cpu"},
-        "comparisons": comparisons
+        "machine": {"cpus": 2, "device": "cpu"}, "comparisons": comparisons
     })
 }
 
@@ -58,27 +56,19 @@ fn sweep_point(name: &str, unit: &str, batch: u64, kiln: f64, baseline: f64) -> 
     point
 }
 
-/// Asserts that `svg` (the chart `what`) holds each of `texts`.
-fn holds(svg: &str, what: &str, texts: &[&str]) {
-    for text in texts {
-        assert!(svg.contains(text), "{what} lacks {text:?}");
-    }
-}
-
-/// `<stem>.png` and `<stem>.svg` of each of `stems`.
-fn files(stems: &[&str]) -> Vec<String> {
-    stems
-        .iter()
-        .flat_map(|s| [format!("{s}.png"), format!("{s}.svg")])
-        .collect()
-}
-
-/// The charts of `report` written to a fresh directory: their file names, and the SVGs' text
-/// (each checked to be an SVG, every PNG to be a PNG). Also copies the charts to
-/// `$PLOT_SAMPLE_DIR` when that variable is set, for eyeballing.
-fn drawn(report: &Report) -> (Vec<String>, Vec<String>) {
+/// Draws `report` and checks it wrote just `stems` as PNG and SVG, each SVG holding its `texts`;
+/// returns the SVGs. Copies the charts to `$PLOT_SAMPLE_DIR` if set, for eyeballing.
+fn draws(report: &Report, stems: &[&str], texts: &[&[&str]]) -> Vec<String> {
     let dir = tempfile::tempdir().expect("tempdir");
     let paths: Vec<PathBuf> = write_plots(report, dir.path()).expect("plots written");
+    let names: Vec<String> = paths
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let files = stems
+        .iter()
+        .flat_map(|s| [format!("{s}.png"), format!("{s}.svg")]);
+    assert_eq!(names, files.collect::<Vec<_>>());
     let mut svgs = vec![];
     for p in &paths {
         assert!(p.starts_with(dir.path()));
@@ -96,8 +86,12 @@ fn drawn(report: &Report) -> (Vec<String>, Vec<String>) {
             std::fs::copy(p, Path::new(&sample).join(p.file_name().unwrap())).unwrap();
         }
     }
-    let name = |p: &PathBuf| p.file_name().unwrap().to_string_lossy().into_owned();
-    (paths.iter().map(name).collect(), svgs)
+    for ((svg, stem), texts) in svgs.iter().zip(stems).zip(texts) {
+        for text in *texts {
+            assert!(svg.contains(text), "{stem}.svg lacks {text:?}");
+        }
+    }
+    svgs
 }
 
 #[test]
@@ -111,33 +105,29 @@ fn one_chart_per_suite_in_png_and_svg_its_bars_coloured_by_goal() {
         row("data", "loader epoch", 0.5, Some(("<=", 1.0))),
         higher,
     ]);
-    let (names, svgs) = drawn(&report);
-    assert_eq!(names, files(&["train", "data"]));
-    let (train, data) = (&svgs[0], &svgs[1]);
-    let texts = [
+    let train = [
         "transformer fp32 step",
         "mlp bf16 step",
         "resnet step",
         "lower is better",
+        "ratio kiln / baseline",
     ];
-    holds(train, "train.svg", &texts);
-    holds(train, "train.svg", &["ratio kiln / baseline"]);
-    assert!(!train.contains("loader epoch"));
-    for c in [MET, MISSED, NO_GOAL] {
-        let color = format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2);
-        assert!(
-            train.to_uppercase().contains(&color),
-            "no {color} in the SVG"
-        );
-    }
-    let texts = [
+    let data = [
         "loader epoch",
         "loader samples/s",
         "higher is better",
         "goal ≥ 1.00",
     ];
-    holds(data, "data.svg", &texts);
-    assert!(data.contains(SVG_FONT_FAMILY));
+    let svgs = draws(&report, &["train", "data"], &[&train, &data]);
+    assert!(!svgs[0].contains("loader epoch"));
+    for c in [MET, MISSED, NO_GOAL] {
+        let color = format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2);
+        assert!(
+            svgs[0].to_uppercase().contains(&color),
+            "no {color} in the SVG"
+        );
+    }
+    assert!(svgs[1].contains(SVG_FONT_FAMILY));
 }
 
 #[test]
@@ -154,24 +144,22 @@ fn a_sweep_gets_its_own_chart() {
         rows.push(sweep_point(&memory, "MiB", b, 50.0 + f, 60.0 + 1.5 * f));
     }
     rows.push(row("train", "transformer fp32 step", 0.9, None));
-    let (names, svgs) = drawn(&report(rows));
-    assert_eq!(names, files(&["train", "train-batch-sweep"]));
-    assert!(!svgs[0].contains("b=8"), "sweep points are not ratio bars");
-    let texts = [
+    let sweep = [
         "samples/s",
         "MiB",
         "transformer fp32 throughput · kiln",
         "mlp bf16 throughput · PyTorch eager fp32",
         "batch size (log2 scale)",
     ];
-    holds(&svgs[1], "train-batch-sweep.svg", &texts);
+    let stems = ["train", "train-batch-sweep"];
+    let svgs = draws(&report(rows), &stems, &[&[], &sweep]);
+    assert!(!svgs[0].contains("b=8"), "sweep points are not ratio bars");
     // A sweep alone writes only the sweep; with one series, the legend says just kiln and the
     // baseline's name.
     let rows = [8u64, 32].map(|b| sweep_point(&format!("mlp b={b}"), "samples/s", b, 1.0, 2.0));
-    let (names, svgs) = drawn(&report(rows.to_vec()));
-    assert_eq!(names, files(&["train-batch-sweep"]));
-    assert!(svgs[0].contains("kiln") && !svgs[0].contains(" · kiln"));
-    assert!(svgs[0].contains("PyTorch eager fp32"));
+    let texts: &[&str] = &["kiln", "PyTorch eager fp32"];
+    let svgs = draws(&report(rows.to_vec()), &["train-batch-sweep"], &[texts]);
+    assert!(!svgs[0].contains(" · kiln"));
 }
 
 #[test]
@@ -180,17 +168,13 @@ fn rows_with_loss_curves_get_a_loss_chart_each() {
     loss["details"] = json!({"model": "transformer", "precision": "fp32",
         "loss_curves": {"kiln": [4.6, 3.1, 2.2, null], "baseline": [4.6, 3.1, 2.25, 1.9],
                         "baseline_name": "PyTorch twin fp32"}});
-    let (names, svgs) = drawn(&report(vec![loss]));
-    assert_eq!(
-        names,
-        files(&["learning", "learning-loss-transformer-fp32"])
-    );
+    let stems = ["learning", "learning-loss-transformer-fp32"];
     let texts = [
         "transformer fp32: training loss per step",
         "kiln − baseline",
         "PyTorch twin fp32",
     ];
-    holds(&svgs[1], "the loss chart", &texts);
+    draws(&report(vec![loss]), &stems, &[&[], &texts]);
 }
 
 #[test]
@@ -216,13 +200,10 @@ fn nan_and_missing_values_do_not_panic() {
         odd("train", "no batch size", SWEEP_GROUP, (1.0, 2.0, 0.5)),
         no_batch,
     ];
-    let (names, svgs) = drawn(&report(rows));
-    assert_eq!(
-        names,
-        files(&["train", "unnamed-suite", "train-batch-sweep"])
-    );
-    assert!(svgs[0].contains("all nan") && svgs[0].contains("no value"));
-    assert!(svgs[0].contains("1.50"), "the computed ratio 3 / 2 drawn");
+    // "1.50": the computed ratio 3 / 2 drawn.
+    let train: &[&str] = &["all nan", "no value", "1.50"];
+    let stems = ["train", "unnamed-suite", "train-batch-sweep"];
+    draws(&report(rows), &stems, &[train]);
 }
 
 #[test]
@@ -245,15 +226,13 @@ fn a_malformed_report_is_an_error_before_drawing() {
 fn the_fixture_report_is_drawn() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/report/report.json");
     let report = Report::read(&fixture).expect("the fixture reads");
-    let (names, svgs) = drawn(&report);
     let stems = [
         "train",
         "learning",
         "train-batch-sweep",
         "learning-loss-mlp-fp32",
     ];
-    assert_eq!(names, files(&stems));
-    assert!(svgs[0].contains("(goal ≤ 1.00)") && svgs[0].contains("(goal ≥ 0.70)"));
+    draws(&report, &stems, &[&["(goal ≤ 1.00)", "(goal ≥ 0.70)"]]);
 }
 
 #[test]
@@ -290,10 +269,9 @@ fn sweep_names_lose_only_their_batch_token_and_labels_are_tidy() {
     assert_eq!(series_key("b=x mlp"), "b=x mlp");
     assert_eq!(batch_token("transformer b=32 memory"), Some(32.0));
     assert_eq!(batch_token("transformer memory"), None);
-    assert_eq!(power_of_two_label(3.0), "8");
-    assert_eq!(power_of_two_label(0.0), "1");
-    assert_eq!(power_of_two_label(3.5), "");
-    assert_eq!(power_of_two_label(-1.0), "2^-1");
+    for (v, label) in [(3.0, "8"), (0.0, "1"), (3.5, ""), (-1.0, "2^-1")] {
+        assert_eq!(power_of_two_label(v), label);
+    }
     assert_eq!(short(0.912), "0.91");
     assert_eq!(short(12.34), "12.3");
     assert_eq!(short(1234.0), "1234");
