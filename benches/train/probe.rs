@@ -1,19 +1,21 @@
-//! The kiln side of a train-step measurement (`probe`: kiln's trainer on one resident batch)
-//! and of the machine limit (`gemm`: the GEMM peak through libtorch at one precision).
+//! kiln's sides, each a process printing one JSON line: `probe` (kiln's train step on one
+//! resident batch), `gemm` (the GEMM peak at one precision), `optim-probe` (one AdamW step).
 
 use std::path::Path;
 use std::time::Instant;
 
-use clap::Args;
+use clap::{Args, value_parser};
 use kiln_benches::args::{Place, parse_on_off};
-use kiln_benches::resolve_for;
-use kiln_benches::{Msg, device_name, median, peak_memory_mib};
-use kiln_config::ModelKind;
-use kiln_device::settings::AmpDtype;
+use kiln_benches::unfused::UnfusedAdamW;
+use kiln_benches::{Msg, device_name, median, peak_memory_mib, resolve_for};
+use kiln_config::{ModelKind, ModelPlan};
+use kiln_data::TargetSpec;
 use kiln_torch_ext::flags::{self, Flag};
+use kiln_torch_ext::optim::AdamWConfig;
 use kiln_train::loss::Loss;
 use kiln_train::model::{InputSpec, Model, parameter_count};
 use kiln_train::models::{TransformerShape, synthetic_shape};
+use kiln_train::optim::{Optimizer, Rule, param_groups};
 use kiln_train::program::{ProgramModel, ProgramSpec};
 use kiln_train::script::ScriptModel;
 use kiln_train::source::build;
@@ -21,7 +23,7 @@ use kiln_train::stepper::{StepOptions, Stepper};
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor, nn};
 
-use super::{REFERENCE, Result, model_plan};
+use super::Result;
 
 /// `probe`'s options.
 #[derive(Debug, Args)]
@@ -67,39 +69,49 @@ pub struct ProbeArgs {
     shape: ShapeArgs,
 }
 
-/// The transformer's size, as `train_step.py` takes it; by default the reference's.
-#[derive(Debug, Clone, Args)]
-pub struct ShapeArgs {
+/// The transformer's size (each at least 1), as `train_step.py` takes it; by default the
+/// reference SignTransformer's (`[64, 469]` samples, 100 classes), [`ModelPlan::builtin`]'s.
+#[derive(Debug, Args, serde::Serialize)]
+struct ShapeArgs {
     /// Sequence length (the sample is `[seq, 469]`).
-    #[arg(long, default_value_t = REFERENCE.seq, value_parser = dim())]
-    pub seq: u32,
-    #[arg(long, default_value_t = REFERENCE.d_model, value_parser = dim())]
-    pub d_model: u32,
-    #[arg(long, default_value_t = REFERENCE.heads, value_parser = dim())]
-    pub heads: u32,
-    #[arg(long, default_value_t = REFERENCE.layers, value_parser = dim())]
-    pub layers: u32,
-    #[arg(long, default_value_t = REFERENCE.ff, value_parser = dim())]
-    pub ff: u32,
-}
-
-/// A dimension's parser: a positive integer.
-fn dim() -> clap::builder::RangedI64ValueParser<u32> {
-    clap::value_parser!(u32).range(1..)
+    #[arg(long, default_value_t = 64, value_parser = value_parser!(u32).range(1..))]
+    seq: u32,
+    #[arg(long, default_value_t = 256, value_parser = value_parser!(u32).range(1..))]
+    d_model: u32,
+    #[arg(long, default_value_t = 8, value_parser = value_parser!(u32).range(1..))]
+    heads: u32,
+    #[arg(long, default_value_t = 4, value_parser = value_parser!(u32).range(1..))]
+    layers: u32,
+    #[arg(long, default_value_t = 1024, value_parser = value_parser!(u32).range(1..))]
+    ff: u32,
 }
 
 /// `gemm`'s options.
 #[derive(Debug, Args)]
 pub struct GemmArgs {
     /// fp32, tf32, bf16 or fp16.
-    #[arg(long, default_value = "fp32")]
+    #[arg(long, default_value = "fp32", value_parser = ["fp32", "tf32", "bf16", "fp16"])]
     precision: String,
     #[command(flatten)]
     place: Place,
 }
 
+/// `optim-probe`'s options.
+#[derive(Debug, Args)]
+pub struct OptimProbeArgs {
+    /// fused (kiln's optimizer) or unfused (the per-tensor update).
+    #[arg(long = "impl", default_value = "fused", value_parser = ["fused", "unfused"])]
+    imp: String,
+    #[command(flatten)]
+    place: Place,
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+}
+
 /// Seconds of each of `n` calls of `f` (the device synchronised around each) after `warmup`.
-pub fn time_calls(
+fn time_calls(
     device: Device,
     (warmup, n): (usize, usize),
     mut f: impl FnMut() -> Result<()>,
@@ -120,29 +132,24 @@ pub fn time_calls(
 }
 
 /// The fastest of `times`.
-pub fn fastest(times: &[f64]) -> f64 {
+fn fastest(times: &[f64]) -> f64 {
     times.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 /// The input of `kind`'s synthetic data, the transformer's over sequences of `seq`.
-pub fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
+fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
     let (mut sample_shape, classes) =
         synthetic_shape(kind).ok_or("no synthetic data for this model")?;
     if kind == ModelKind::Transformer {
         sample_shape[0] = seq as usize;
     }
-    // The U-Net segments: a class per voxel of the volume's spatial shape.
-    let target = (kind == ModelKind::Unet3d).then(|| kiln_data::TargetSpec::Classes {
-        classes,
-        shape: sample_shape[1..].to_vec(),
-    });
-    Ok(InputSpec {
-        sample_shape,
-        classes,
-        target,
-        integer_features: false,
-        arrays: vec![],
-    })
+    // The U-Net segments (a class per voxel of the volume's spatial shape); the others classify.
+    let shape = sample_shape[1..].to_vec();
+    let mut input = InputSpec::of(&sample_shape, &TargetSpec::Classes { classes, shape });
+    if kind != ModelKind::Unet3d {
+        input.target = None;
+    }
+    Ok(input)
 }
 
 /// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
@@ -189,27 +196,31 @@ fn backend(a: &ProbeArgs, device: Device) -> Result<bool> {
 pub fn probe(a: &ProbeArgs) -> Result<()> {
     let kind = a.model;
     let device = a.place.device();
+    let shape = &a.shape;
     let precision = match a.precision.as_str() {
         "auto" => resolve_for(device)?.plan.train.amp,
-        p => p
-            .parse::<AmpDtype>()
-            .map_err(|e| format!("--precision: {e}"))?,
+        p => p.parse().map_err(|e| format!("--precision: {e}"))?,
     };
     let batch = a.batch.max(1);
     let threads = a.place.set_threads()?;
     let tf32 = backend(a, device)?;
     tch::manual_seed(0);
-
-    let input = synthetic_input(kind, a.shape.seq)?;
-    let (shape, classes) = (&input.sample_shape, input.classes);
-    if kind == ModelKind::Transformer && !a.shape.d_model.is_multiple_of(a.shape.heads) {
+    let input = synthetic_input(kind, shape.seq)?;
+    if kind == ModelKind::Transformer && !shape.d_model.is_multiple_of(shape.heads) {
         return Err(format!(
             "--d-model ({}) must be divisible by --heads ({})",
-            a.shape.d_model, a.shape.heads
+            shape.d_model, shape.heads
         ));
     }
+    let plan = ModelPlan {
+        dropout: a.dropout,
+        d_model: shape.d_model.into(),
+        heads: shape.heads.into(),
+        layers: shape.layers.into(),
+        ff: shape.ff.into(),
+        ..ModelPlan::builtin(kind)
+    };
     let vs = nn::VarStore::new(device);
-    let plan = model_plan(kind, a.dropout, &a.shape);
     let loading = Instant::now();
     let model: Box<dyn Model> = match (&a.script, &a.program) {
         (Some(path), _) => Box::new(ScriptModel::load(Path::new(path), &vs).msg()?),
@@ -233,38 +244,32 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     };
     let mut stepper = Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, device).msg()?;
     let mut dims = vec![batch as i64];
-    dims.extend(shape.iter().map(|&d| d as i64));
+    dims.extend(input.sample_shape.iter().map(|&d| d as i64));
     let features = Tensor::randn(dims.as_slice(), (Kind::Float, device));
     let mut label_dims = vec![batch as i64];
     if let Some(target) = &input.target {
         stepper.set_target(target).msg()?;
         label_dims.extend(dims[2..].iter());
     }
-    let labels = Tensor::randint(classes as i64, label_dims.as_slice(), (Kind::Int64, device));
+    let classes = input.classes as i64;
+    let labels = Tensor::randint(classes, label_dims.as_slice(), (Kind::Int64, device));
     let (times, losses, first_step, breakdown) = run_steps(a, &mut stepper, (&features, &labels))?;
     let median = median(times.clone());
-    let flops = flops_per_step(kind, &a.shape, &input, batch);
+    let flops = flops_per_step(kind, shape, &input, batch);
     let (memory, memory_kind) = peak_memory_mib(device);
-    println!(
-        "{}",
-        json!({
-            "framework": "kiln", "torch_version": kiln_torch_ext::runtime::torch_version(),
-            "device": device_name(device), "model": kind.as_str(),
-            "torchscript": a.script, "program": a.program, "cuda_graphs": a.cuda_graphs,
-            "load_s": load_s,
-            "precision": precision.as_str(), "precision_requested": a.precision, "tf32": tf32,
-            "batch": batch, "threads": threads, "params": parameter_count(&vs),
-            "config": {"seq": a.shape.seq, "d_model": a.shape.d_model, "heads": a.shape.heads,
-                       "layers": a.shape.layers, "ff": a.shape.ff},
-            "flops_per_step": flops,
-            "step_s_median": median,
-            "step_s_min": fastest(&times),
-            "samples_per_s": batch as f64 / median, "gflops": flops / median / 1e9,
-            "first_step_s": first_step, "loss_first": losses.first(), "loss_last": losses.last(),
-            "breakdown": breakdown,
-            "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
-        })
-    );
+    let run = json!({
+        "framework": "kiln", "torch_version": kiln_torch_ext::runtime::torch_version(),
+        "device": device_name(device), "model": kind.as_str(),
+        "torchscript": a.script, "program": a.program, "cuda_graphs": a.cuda_graphs,
+        "load_s": load_s,
+        "precision": precision.as_str(), "precision_requested": a.precision, "tf32": tf32,
+        "batch": batch, "threads": threads, "params": parameter_count(&vs), "config": shape,
+        "flops_per_step": flops, "step_s_median": median, "step_s_min": fastest(&times),
+        "samples_per_s": batch as f64 / median, "gflops": flops / median / 1e9,
+        "first_step_s": first_step, "loss_first": losses.first(), "loss_last": losses.last(),
+        "breakdown": breakdown, "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
+    });
+    println!("{run}");
     Ok(())
 }
 
@@ -294,12 +299,9 @@ fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)
     }
     let breakdown = stepper.phase_times().map(|t| {
         let per = |d: std::time::Duration| d.as_secs_f64() * 1e3 / breakdown_steps as f64;
-        json!({
-            "data_wait_ms": data_wait * 1e3 / breakdown_steps as f64,
-            "forward_ms": per(t.forward),
-            "backward_ms": per(t.backward),
-            "optimizer_ms": per(t.optimizer),
-        })
+        json!({"data_wait_ms": data_wait * 1e3 / breakdown_steps as f64,
+               "forward_ms": per(t.forward), "backward_ms": per(t.backward),
+               "optimizer_ms": per(t.optimizer)})
     });
     let times = seconds[warmup..warmup + steps].to_vec();
     Ok((times, losses, seconds[0], breakdown))
@@ -337,10 +339,62 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
         shapes.push(json!({"shape": [m, k, n], "gflops": gflops}));
         best = best.max(gflops);
     }
-    println!(
-        "{}",
-        json!({"gemm_gflops": best, "precision": precision, "device": device_name(device),
-               "threads": threads, "shapes": shapes})
-    );
+    let run = json!({"gemm_gflops": best, "precision": precision, "device": device_name(device),
+                     "threads": threads, "shapes": shapes});
+    println!("{run}");
+    Ok(())
+}
+
+/// The parameters (shapes) the optimizer benchmarks update: the reference transformer's.
+pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
+    let vs = nn::VarStore::new(device);
+    let input = synthetic_input(ModelKind::Transformer, 64)?;
+    let plan = ModelPlan::builtin(ModelKind::Transformer);
+    build(&plan, &input, &vs, false, 0).msg()?;
+    Ok(vs)
+}
+
+/// Times one AdamW step over the transformer's parameters: kiln's optimizer (the fused kernel,
+/// one call per parameter group) or the per-tensor update.
+pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
+    let device = a.place.device();
+    let threads = a.place.set_threads()?;
+    tch::manual_seed(0);
+    let vs = optimizer_store(device)?;
+    let groups = param_groups(&vs, 0.01);
+    let (params, decays): (Vec<Tensor>, Vec<f64>) = groups
+        .iter()
+        .flat_map(|g| g.params.iter().map(|p| (p.shallow_clone(), g.weight_decay)))
+        .unzip();
+    // Fixed random gradients, set through autograd (d/dp Σ p·g = g).
+    let grads: Vec<Tensor> = params.iter().map(Tensor::randn_like).collect();
+    for (p, g) in params.iter().zip(&grads) {
+        p.f_mul(g)
+            .and_then(|t| t.f_sum(Kind::Float)?.f_backward())
+            .msg()?;
+    }
+    let counts = (a.warmup, a.steps.max(1));
+    let times = match a.imp.as_str() {
+        "fused" => {
+            let config = AdamWConfig {
+                lr: 1e-3,
+                weight_decay: 0.01,
+                ..Default::default()
+            };
+            let mut opt = Optimizer::new(Rule::AdamW(config), groups).msg()?;
+            time_calls(device, counts, || opt.step(None, None).msg())?
+        }
+        "unfused" => {
+            let mut opt = UnfusedAdamW::new(&params, decays, 1e-3).msg()?;
+            time_calls(device, counts, || opt.step(&params, &grads).msg())?
+        }
+        other => return Err(format!("--impl `{other}`: expected fused or unfused")),
+    };
+    let run = json!({
+        "framework": "kiln", "impl": a.imp, "device": device_name(device), "threads": threads,
+        "tensors": vs.variables().len(), "params": parameter_count(&vs),
+        "step_s_median": median(times.clone()), "step_s_min": fastest(&times),
+    });
+    println!("{run}");
     Ok(())
 }
