@@ -29,7 +29,12 @@ pub(super) fn sample() -> Vec<f32> {
 }
 
 /// One measured run: a fresh server from `factory` with `load`'s limits, then [`drive`].
-pub(super) fn measure(factory: RunnerFactory, load: &Load, body: &Body) -> Result<LoadReport> {
+pub(super) fn measure(
+    factory: RunnerFactory,
+    load: &Load,
+    body: &Body,
+    side: &str,
+) -> Result<LoadReport> {
     let config = ServeConfig {
         port: 0,
         max_batch: load.max_batch,
@@ -38,30 +43,27 @@ pub(super) fn measure(factory: RunnerFactory, load: &Load, body: &Body) -> Resul
     };
     let server = Server::start(config, factory).msg()?;
     server.wait_ready().msg()?;
-    let report = drive(server.local_addr(), load, body);
+    let report = drive(server.local_addr(), load, body, side);
     server.shutdown().msg()?;
     report
 }
 
-/// A warm-up, then the measured load, against `addr`.
-pub(super) fn drive(addr: SocketAddr, load: &Load, (body, kind): &Body) -> Result<LoadReport> {
+/// A warm-up, then the measured load, against `addr`; logs the figures under `side`.
+pub(super) fn drive(addr: SocketAddr, load: &Load, body: &Body, side: &str) -> Result<LoadReport> {
+    let (body, kind) = body;
     let run = |n| loadgen::run(addr, body.clone(), kind, load.clients, n);
     run((load.requests / 10).max(load.clients)).msg()?;
-    let report = run(load.requests).msg()?;
-    if report.errors > 0 {
-        let (n, of) = (report.errors, report.requests);
-        let first = report.first_error.unwrap_or_default();
+    let r = run(load.requests).msg()?;
+    if r.errors > 0 {
+        let (n, of) = (r.errors, r.requests);
+        let first = r.first_error.unwrap_or_default();
         return Err(format!("{n} of {of} requests to {addr} failed: {first}"));
     }
-    Ok(report)
-}
-
-/// Logs one run's figures under `side`.
-pub(super) fn print_run(side: &str, r: &LoadReport) {
     eprintln!(
         "  {side:<28} {:>8.0} req/s  p50 {:>7.2} ms  p95 {:>7.2} ms  p99 {:>7.2} ms",
         r.throughput_rps, r.p50_ms, r.p95_ms, r.p99_ms
     );
+    Ok(r)
 }
 
 /// The medians of runs' figures, and the runs.
@@ -71,31 +73,34 @@ pub(super) fn summary(reports: &[LoadReport]) -> Value {
            "p95_ms": pick(|r| r.p95_ms), "p99_ms": pick(|r| r.p99_ms), "runs": reports})
 }
 
-/// The serving rows' figures: the summary's key and the row's metric.
-pub(super) const FIGURES: [(&str, &str); 4] = [
-    ("throughput_rps", "throughput"),
-    ("p50_ms", "p50 latency"),
-    ("p95_ms", "p95 latency"),
-    ("p99_ms", "p99 latency"),
+/// The serving rows' figures: the summary's key, the row's metric and its unit.
+pub(super) const FIGURES: [(&str, &str, Unit); 4] = [
+    ("throughput_rps", "throughput", REQ_S),
+    ("p50_ms", "p50 latency", MS),
+    ("p95_ms", "p95 latency", MS),
+    ("p99_ms", "p99 latency", MS),
 ];
 
-/// Dynamic batching's rows, summary `k` against `b`: throughput (goal `at_least`×), latency.
-pub(super) fn load_rows(
+/// Pushes dynamic batching's rows, `k` against `b`: throughput (goal `at_least`×), latencies;
+/// `details` go to the throughput row.
+pub(super) fn push_load_rows(
+    out: &mut SuiteOutput,
     (group, suffix, baseline): (&str, &str, &str),
     (k, b): (&Value, &Value),
     at_least: f64,
-) -> Vec<Comparison> {
-    let row = |(key, metric): (&str, &str)| {
+    details: Value,
+) {
+    for (key, metric, unit) in FIGURES {
         let name = format!("dynamic batching {metric}{suffix}");
-        let figures = (num(&k[key]), num(&b[key]));
-        let row = |unit| Comparison::new("serve", group, name, unit, figures, baseline);
-        match key {
-            "throughput_rps" => row(REQ_S).at_least(at_least),
-            "p95_ms" => row(MS).at_most(1.0),
-            _ => row(MS),
+        let mut row = out.row(group, name, unit, (num(&k[key]), num(&b[key])), baseline);
+        if key == "throughput_rps" {
+            row = row.at_least(at_least);
+            row.details = details.clone();
+        } else if key == "p95_ms" {
+            row = row.at_most(1.0);
         }
-    };
-    FIGURES.into_iter().map(row).collect()
+        out.push(row);
+    }
 }
 
 /// A server factory with `infer.engine = auto` over libtorch and `onnx`; its note goes to `note`.
@@ -152,18 +157,12 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
     // The `engine = auto` side needs the model's ONNX export; without it that side is skipped.
     let exported = export_onnx(&out_path, "serve", (Device::Cpu, threads), max_batch);
     let onnx = or_skip(&mut out, AUTO_ROW, exported);
-    if let Some(m) = &onnx {
-        let path = m.path.display();
-        eprintln!("  exported {path} for engine = auto ({})", m.check);
-    }
     let auto_note = Arc::new(Mutex::new(None::<String>));
     let npy = kiln_data::npy_f32_bytes(&[FEATURES], &sample())?;
     let body = (npy, "application/x-npy");
-    let single = Load {
-        max_batch: 1,
-        max_wait: Duration::ZERO,
-        ..load.clone()
-    };
+    let mut single = load.clone();
+    single.max_batch = 1;
+    single.max_wait = Duration::ZERO;
     let dynamic = format!("dynamic batching (≤{max_batch}, {max_wait_ms} ms)");
     let mut sides = vec![(dynamic.as_str(), &load, None)];
     sides.push(("batch size 1", &single, None));
@@ -174,15 +173,11 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
             Some(m) => auto_factory(load, m.path.clone(), auto_note.clone()),
             None => factory(load.max_batch),
         };
-        let report = measure(factory, load, &body)?;
-        print_run(name, &report);
-        Ok(Some(report))
+        measure(factory, load, &body, name).map(Some)
     })?;
     let (d, s) = (summary(&runs[0]), summary(&runs[1]));
-    let baseline = "kiln serving at batch size 1";
-    for row in load_rows(("serving", "", baseline), (&d, &s), 2.0) {
-        out.push(row);
-    }
+    let names = ("serving", "", "kiln serving at batch size 1");
+    push_load_rows(&mut out, names, (&d, &s), 2.0, json!({}));
     let auto_note = auto_note.lock().ok().and_then(|n| n.clone());
     if let Some(note) = &auto_note {
         eprintln!("  {note}");
@@ -195,7 +190,7 @@ pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
         x
     });
     // The serving peer: LitServe on the same model, limits and load (JSON requests).
-    super::peer::compare(&mut out, &load)?;
+    super::peer::compare(&mut out, &load);
     out.details = json!({
         "model": format!("{MODEL} fp32, cpu"), "threads": threads, "clients": clients,
         "requests": requests, "max_batch": max_batch, "max_wait_ms": max_wait_ms,
@@ -213,20 +208,17 @@ const AUTO_ROW: &str = "serve engine=auto vs dynamic batching (libtorch)";
 fn push_auto_rows(out: &mut SuiteOutput, (x, d): (&Value, &Value), onnx: &OnnxModel, note: &str) {
     let baseline = "kiln serving with dynamic batching, libtorch engine";
     let both = |key: &str| json!({"auto": num(&x[key]), "libtorch": num(&d[key])});
-    for (metric, key, unit) in [
-        ("", "throughput_rps", REQ_S),
-        (" p95 latency", "p95_ms", MS),
+    let throughput = json!({"engine_auto": note, "p95_ms": both("p95_ms"),
+                            "p50_ms": both("p50_ms"), "onnx": onnx.details});
+    let p95 = json!({"engine_auto": note, "throughput_rps": both("throughput_rps")});
+    for (metric, key, unit, details) in [
+        ("", "throughput_rps", REQ_S, throughput),
+        (" p95 latency", "p95_ms", MS, p95),
     ] {
         let figures = (num(&x[key]), num(&d[key]));
         let name = format!("{AUTO_ROW}{metric}");
-        let row = out.row("serving", name, unit, figures, baseline);
-        let row = row.detail("engine_auto", json!(note));
-        out.push(match key {
-            "throughput_rps" => row
-                .detail("p95_ms", both("p95_ms"))
-                .detail("p50_ms", both("p50_ms"))
-                .detail("onnx", onnx.details.clone()),
-            _ => row.detail("throughput_rps", both("throughput_rps")),
-        });
+        let mut row = out.row("serving", name, unit, figures, baseline);
+        row.details = details;
+        out.push(row);
     }
 }

@@ -38,9 +38,8 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
         }
         if shape != [10] || outputs.len() != batch * 10 || outputs.iter().any(|v| !v.is_finite()) {
             let n = outputs.len();
-            return Err(format!(
-                "unexpected outputs: {n} values of sample shape {shape:?} for {batch} samples"
-            ));
+            let what = format!("{n} values of sample shape {shape:?} for {batch} samples");
+            return Err(format!("unexpected outputs: {what}"));
         }
         last = outputs;
     }
@@ -137,18 +136,14 @@ impl InferOpts {
         match probe {
             Probe::Kiln(Some(onnx)) => c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx),
             Probe::Kiln(None) => c.args(["--graphs", self.graphs]),
+            Probe::Torch(side) if side.no_grad => c.args(["--grad-mode", "no_grad"]),
             Probe::Torch(_) => &mut c,
         };
         c.args(["--precision", precision, "--batch", &batch.to_string()])
             .args(["--warmup", self.warmup, "--batches", self.batches])
             .args(["--threads", &self.threads, "--device", &self.dev]);
-        if let Probe::Torch(side) = probe {
-            if side.no_grad {
-                c.args(["--grad-mode", "no_grad"]);
-            }
-            if side.compile {
-                compile_env(&mut c, cache);
-            }
+        if let Probe::Torch(TorchSide { compile: true, .. }) = probe {
+            compile_env(&mut c, cache);
         }
         c
     }
@@ -215,10 +210,8 @@ fn push_compile_rows(
     (k, t): SidesRuns<'_>,
     side: TorchSide,
 ) {
-    let name = format!(
-        "{label} vs torch.compile {}, same computation",
-        side.precision
-    );
+    let precision = side.precision;
+    let name = format!("{label} vs torch.compile {precision}, same computation");
     if let Some(reason) = not_run(t) {
         return out.skip(&name, &format!("not run: {reason}"));
     }
@@ -239,10 +232,8 @@ fn push_compile_rows(
                          "kiln_first_batch": "building the engine (model, weights, a warm-up \
                                               batch)"});
     let row = out.row("compile time", name, SECONDS, figures, base);
-    out.push(
-        row.detail("batch_size", json!(batch))
-            .detail("compile", compile),
-    );
+    let row = row.detail("batch_size", json!(batch));
+    out.push(row.detail("compile", compile));
 }
 
 pub(super) fn infer_suite(a: &SuiteArgs) -> Result<()> {
@@ -297,11 +288,7 @@ fn mlp_rows(a: &SuiteArgs, o: &mut InferOpts, out: &mut SuiteOutput) -> Result<V
     let (device, threads) = (a.device(), a.threads_or(2).max(1));
     // The onnxruntime rows' model: exported once, before the batches.
     let exported = export_onnx(&a.out_or("infer"), "infer", (device, threads), 64);
-    if let Some(m) = or_skip(out, "onnxruntime rows", exported) {
-        let (path, s) = (m.path.display(), m.export_s);
-        eprintln!("infer: exported {path} in {s:.1} s ({})", m.check);
-        o.onnx = Some(m);
-    }
+    o.onnx = or_skip(out, "onnxruntime rows", exported);
     let mut runs = vec![];
     for batch in [64, 1] {
         runs.extend(infer_batch(o, out, batch)?);
@@ -334,12 +321,12 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
     };
     let same = "the same computation as kiln's engine";
     let default = TorchSide::eager("fp32", false);
+    let fp32_same = TorchSide::eager("fp32", true);
     let compiled = TorchSide {
         compile: true,
         ..TorchSide::eager(auto, true)
     };
     let compile = (!o.quick).then_some(compiled);
-    let fp32_same = TorchSide::eager("fp32", true);
     let mut fp32_sides = vec![fp32_same, default];
     fp32_sides.extend(compile.filter(|_| auto == "fp32"));
     let onnx = o.onnx.as_ref().filter(|_| [1, 64].contains(&batch));
@@ -385,10 +372,7 @@ fn onnx_row(batch: usize, ort: &[Value], (k, t): SidesRuns<'_>, m: &OnnxModel) -
     let diffs = ort.iter().map(|r| r["max_abs_vs_libtorch"].as_f64());
     let max_abs = nan_max(diffs.map(|d| d.unwrap_or(f64::NAN)));
     let name = format!("mlp fp32 b={batch} {metric}, onnxruntime");
-    let side = (
-        TorchSide::eager("fp32", true),
-        "the same computation as the ONNX model",
-    );
+    let what = "the same computation as the ONNX model";
     eprintln!(
         "  onnxruntime b={batch}: libtorch {key} {libtorch:.4}, onnxruntime/libtorch \
          {ratio:.2}×, max |Δ| vs libtorch {max_abs:.2e}"
@@ -403,6 +387,7 @@ fn onnx_row(batch: usize, ort: &[Value], (k, t): SidesRuns<'_>, m: &OnnxModel) -
                       "what": "ONNX Runtime's outputs against kiln's libtorch engine on the timed \
                                batch (the same weights); PyTorch eager runs the same MLP \
                                architecture in fp32 under no_grad"});
+    let side = (TorchSide::eager("fp32", true), what);
     infer_row(name, batch, (ort, t), side)
         .detail("kiln", kiln)
         .detail("libtorch", libtorch)

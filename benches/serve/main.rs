@@ -1,6 +1,5 @@
-//! The `infer` ([`infer`], [`sliding`], [`int8`]) and `serve` ([`dynamic`], [`peer`]) suites,
-//! on an MLP on 784 features (1024, 1024 hidden, 10 classes, fp32, random weights), and
-//! `infer-probe`, kiln's side of one infer measurement in its own process.
+//! The `infer` ([`infer`], [`sliding`], [`int8`]) and `serve` ([`dynamic`], [`peer`]) suites on
+//! an MLP (784-1024-1024-10, fp32, random weights), and `infer-probe`, kiln's side of one probe.
 
 mod dynamic;
 mod infer;
@@ -119,13 +118,7 @@ fn mlp(device: Device) -> Result<(nn::VarStore, Box<dyn Model>)> {
     let vs = nn::VarStore::new(device);
     let mut plan = ModelPlan::builtin(ModelKind::Mlp);
     plan.hidden = vec![1024, 1024];
-    let input = InputSpec {
-        sample_shape: vec![FEATURES],
-        classes: 10,
-        target: None,
-        integer_features: false,
-        arrays: vec![],
-    };
+    let input = InputSpec::of(&[FEATURES], &kiln_data::TargetSpec::label(10));
     let model = build(&plan, &input, &vs, false, 0).msg()?;
     Ok((vs, model))
 }
@@ -161,24 +154,19 @@ fn warm_up<R: Runner>(mut runner: R, batch: usize) -> Result<R> {
     Ok(runner)
 }
 
-/// The bench model exported to ONNX: the file, the export's seconds, its check and details.
+/// The bench model exported to ONNX: the file, and the export's details for the report.
 #[derive(Debug, Clone)]
 struct OnnxModel {
     path: PathBuf,
-    export_s: f64,
-    check: String,
     details: Value,
 }
 
-/// Exports the bench model beside `out` and checks ONNX Runtime's outputs against libtorch's.
+/// Exports the bench model beside `out`, checks ONNX Runtime's outputs against libtorch's, logs.
 fn export_onnx(out: &Path, suite: &str, on: (Device, usize), batch: usize) -> Result<OnnxModel> {
     let (device, threads) = on;
-    let dir = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let path = out.with_file_name(format!("{suite}-mlp.onnx"));
+    let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).at(dir)?;
-    let path = dir.join(format!("{suite}-mlp.onnx"));
     if path.exists() {
         std::fs::remove_file(&path).at(&path)?;
     }
@@ -193,10 +181,14 @@ fn export_onnx(out: &Path, suite: &str, on: (Device, usize), batch: usize) -> Re
     let (ours, _) = onnx.run(&inputs, batch).msg()?;
     let max_abs = max_abs_vs(&mut engine(device, batch, FP32)?, &inputs, &ours)?;
     // e.g. "onnxruntime 1.31.1 (CPU build), CPU provider, 2 threads"
+    let shown = path.display();
     let status = onnx.status();
-    let check = format!("{status}; max |Δ| vs libtorch at batch {batch}: {max_abs:.2e}");
+    eprintln!(
+        "{suite}: exported {shown} in {export_s:.1} s ({status}; max |Δ| vs libtorch at batch \
+         {batch}: {max_abs:.2e})"
+    );
     let details = json!({
-        "file": path.display().to_string(), "runtime": status,
+        "file": shown.to_string(), "runtime": status,
         "exported_by": "kiln_infer::export::to_onnx (traced TorchScript, PyTorch's ONNX \
                         exporter, checked in onnxruntime)",
         "export_s": export_s,
@@ -205,12 +197,7 @@ fn export_onnx(out: &Path, suite: &str, on: (Device, usize), batch: usize) -> Re
                           "export_check_max_abs": exported.max_abs,
                           "tolerance": kiln_infer::export::TOLERANCE},
     });
-    Ok(OnnxModel {
-        path,
-        export_s,
-        check,
-        details,
-    })
+    Ok(OnnxModel { path, details })
 }
 
 /// `batch` samples of N(0, 1) inputs from seed 1, as host values.

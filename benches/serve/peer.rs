@@ -6,23 +6,21 @@ use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Stdio};
 
-use super::dynamic::{Body, FIGURES, Load, drive, load_rows, measure, print_run, sample, summary};
+use super::dynamic::{Body, FIGURES, Load, drive, measure, push_load_rows, sample, summary};
 use super::*;
-use kiln_benches::python_script;
-use kiln_benches::{Msg, free_port, peers};
+use kiln_benches::{free_port, peers, python_script};
 
 /// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
-pub(super) fn compare(out: &mut SuiteOutput, load: &Load) -> Result<()> {
+pub(super) fn compare(out: &mut SuiteOutput, load: &Load) {
     match peers::dir().and_then(|p| in_temp_dir("litserve", |w| measure_both(w, &p, load))) {
         Ok(runs) => push_rows(out, load, &runs),
         Err(why) => {
-            for (_, metric) in FIGURES {
+            for (_, metric, _) in FIGURES {
                 let name = format!("dynamic batching {metric} vs LitServe");
                 out.skip(&name, &format!("not run: {why}"));
             }
         }
     }
-    Ok(())
 }
 
 /// kiln's runs and LitServe's, alternating, on the same JSON load (the suite's one sample).
@@ -33,12 +31,11 @@ fn measure_both(work: &Path, peers: &Path, load: &Load) -> Result<Vec<Vec<LoadRe
     let json = json!({ "inputs": sample() }).to_string().into_bytes();
     let body = (json, "application/json");
     alternating(load.repeats, &[true, false], |r, kiln| {
-        let (side, report) = if kiln {
-            ("kiln, JSON", measure(factory(load.max_batch), load, &body)?)
+        let report = if kiln {
+            measure(factory(load.max_batch), load, &body, "kiln, JSON")?
         } else {
-            ("LitServe, JSON", litserve(work, peers, load, r, &body)?)
+            litserve(work, peers, load, r, &body)?
         };
-        print_run(side, &report);
         Ok(Some(report))
     })
 }
@@ -109,7 +106,7 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
     }
     let diff = same_outputs(addr, &body.0).map_err(|e| server.fail(e))?;
     eprintln!("  LitServe's outputs match kiln's engine (largest difference {diff:.1e})");
-    drive(addr, load, body).map_err(|e| server.fail(e))
+    drive(addr, load, body, "LitServe, JSON").map_err(|e| server.fail(e))
 }
 
 /// The answer to `request` (`METHOD /path`, JSON `body`), with timeouts in seconds `wait`.
@@ -136,22 +133,17 @@ fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
         .ok_or_else(|| format!("{addr} answered no HTTP body: {answer}"))?;
     let parsed: Value = serde_json::from_str(json)
         .map_err(|e| format!("{addr} answered no JSON ({e}): {answer}"))?;
-    let outputs = parsed["outputs"].as_array().cloned().unwrap_or_default();
-    let theirs: Vec<f64> = outputs.iter().filter_map(Value::as_f64).collect();
-    let (ours, _) = engine(Device::Cpu, 1, FP32)?.run(&sample(), 1).msg()?;
-    if theirs.len() != ours.len() {
-        let n = ours.len();
-        return Err(format!(
-            "LitServe answered {parsed}; kiln gives {n} outputs"
-        ));
-    }
-    let pairs = ours.iter().zip(&theirs);
-    let diff = pairs.fold(0.0_f64, |m, (&a, &b)| m.max((f64::from(a) - b).abs()));
-    if diff > 1e-4 {
-        return Err(format!(
-            "LitServe's outputs differ from kiln's by up to {diff:e}: it does not serve the \
-             same model"
-        ));
+    let outputs = parsed["outputs"].as_array().into_iter().flatten();
+    let theirs: Vec<f32> = outputs
+        .filter_map(Value::as_f64)
+        .map(|v| v as f32)
+        .collect();
+    let mut ours = engine(Device::Cpu, 1, FP32)?;
+    let diff = max_abs_vs(&mut ours, &sample(), &theirs)
+        .map_err(|e| format!("LitServe answered {parsed}: {e}"))?;
+    if diff.is_nan() || diff > 1e-4 {
+        let what = "LitServe's outputs differ from kiln's by up to";
+        return Err(format!("{what} {diff:e}: it does not serve the same model"));
     }
     Ok(diff)
 }
@@ -162,17 +154,16 @@ fn push_rows(out: &mut SuiteOutput, load: &Load, runs: &[Vec<LoadReport>]) {
     let pins = std::fs::read_to_string(pins).unwrap_or_default();
     let version = pins
         .lines()
-        .find_map(|l| l.trim().strip_prefix("litserve=="));
-    let (version, threads, batch) = (version.unwrap_or("?"), load.threads, load.max_batch);
+        .find_map(|l| l.trim().strip_prefix("litserve=="))
+        .unwrap_or("?");
+    let (threads, batch) = (load.threads, load.max_batch);
     let wait = load.max_wait.as_secs_f64() * 1e3;
     let base = format!(
         "LitServe {version} (one inference worker, {threads} torch thread(s), LitAPI \
          max_batch_size {batch}, batch_timeout {wait} ms), same JSON requests"
     );
     let names = ("serving peer", " vs LitServe (JSON)", base.as_str());
-    let mut rows = load_rows(names, (&summary(&runs[0]), &summary(&runs[1])), 1.5);
-    rows[0].details["runs"] = json!({"kiln_json": runs[0], "litserve": runs[1]});
-    for row in rows {
-        out.push(row);
-    }
+    let details = json!({"runs": {"kiln_json": runs[0], "litserve": runs[1]}});
+    let (k, b) = (summary(&runs[0]), summary(&runs[1]));
+    push_load_rows(out, names, (&k, &b), 1.5, details);
 }

@@ -1,6 +1,5 @@
 //! The infer suite's sliding-window rows: `kiln infer --sliding-window` against MONAI's
-//! `sliding_window_inference` on the same 3-D segmenter, volume and settings, MONAI as a user
-//! writes it (the goal rows) and with kiln's layout and malloc thresholds (no goal).
+//! `sliding_window_inference` as a user writes it (goal rows) and with kiln's choices (no goal).
 
 use super::infer::InferOpts;
 use super::*;
@@ -75,9 +74,8 @@ pub(super) fn rows(o: &InferOpts, out: &mut SuiteOutput, work: &Path) -> Result<
     })?;
     let max_abs = max_abs_between(&kiln_out, &monai_out)?;
     if max_abs > 1e-4 {
-        return Err(format!(
-            "kiln's and MONAI's sliding-window outputs differ by {max_abs:e}"
-        ));
+        let what = "kiln's and MONAI's sliding-window outputs";
+        return Err(format!("{what} differ by {max_abs:e}"));
     }
     let kiln_figures = figures(&runs[0], "seconds", "forward_seconds")?;
     let monai_figures = figures(&runs[1], "total_s", "forward_s")?;
