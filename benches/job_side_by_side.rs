@@ -1,9 +1,7 @@
-//! `cargo xtask bench --suite job`: the whole default job end to end, `kiln train --data DIR`
-//! (the release CLI) against a PyTorch Lightning `Trainer.fit` script doing the same work
-//! (`python/lightning_job.py`) and the same script as a plain PyTorch loop, every value taken
-//! from the plan kiln resolves (shards, split, model and initial weights, precision, optimizer,
-//! schedule, workers, threads): wall time, samples/s, final validation accuracy and the process
-//! tree's peak memory. Goal: kiln's wall time ≤ 0.7× Lightning's with accuracy within 1 point.
+//! `cargo xtask bench --suite job`: the default job end to end, `kiln train --data DIR` against
+//! Lightning's `Trainer.fit` (`python/lightning_job.py`) and that script as a plain PyTorch loop,
+//! every value from the plan kiln resolves: wall time, samples/s, final validation accuracy and
+//! the process tree's peak memory. Goal: wall time ≤ 0.7× Lightning's, accuracy within 1 point.
 //! Without the pinned peers (`KILN_BENCH_PEERS`) the Lightning rows say "not run" and why.
 
 use std::path::{Path, PathBuf};
@@ -127,23 +125,14 @@ impl Torch<'_> {
     }
 }
 
-/// The runs of one side.
-struct Side(Vec<Measured>);
+/// The median over one side's runs of `f`.
+fn med(runs: &[Measured], f: impl Fn(&Measured) -> f64) -> f64 {
+    median(runs.iter().map(f).collect())
+}
 
-impl Side {
-    fn median(&self, f: impl Fn(&Measured) -> f64) -> f64 {
-        median(self.0.iter().map(f).collect())
-    }
-    /// The median of the number at `key` in the runs' results.
-    fn figure(&self, key: &str) -> f64 {
-        self.median(|m| num(&m.result[key]))
-    }
-    fn seconds(&self) -> f64 {
-        self.median(|m| m.seconds)
-    }
-    fn accuracy(&self) -> f64 {
-        100.0 * self.figure("final_val_accuracy")
-    }
+/// The median of a side's final validation accuracy, in %.
+fn accuracy_of(runs: &[Measured]) -> f64 {
+    100.0 * med(runs, |m| num(&m.result["final_val_accuracy"]))
 }
 
 fn suite(a: &SuiteArgs) -> Result<()> {
@@ -178,7 +167,7 @@ fn suite(a: &SuiteArgs) -> Result<()> {
     let sides: [Vec<Measured>; 4] = sides
         .try_into()
         .map_err(|_| "the job suite has four sides".to_owned())?;
-    let [kiln, light, plain, light_malloc] = sides.map(Side);
+    let [kiln, light, plain, light_malloc] = sides;
     let mut out = report(quick, &torch, &kiln, &plain);
     match &lightning {
         Ok(_) => lightning_rows(&mut out, &kiln, &light, &light_malloc),
@@ -196,15 +185,14 @@ fn suite(a: &SuiteArgs) -> Result<()> {
         "workers": plan.data.num_workers, "workers_auto": plan.data.num_workers_auto,
         "batch": plan.train.batch_size,
         "epochs": plan.train.epochs, "data_shape": data_shape(quick),
-        "kiln": kiln.0, "lightning": light.0, "pytorch_loop": plain.0,
-        "lightning_malloc": light_malloc.0,
+        "kiln": kiln, "lightning": light, "pytorch_loop": plain, "lightning_malloc": light_malloc,
     });
     out.write(&a.out_or("job"))?;
     remove_dir(&work)
 }
 
 /// The suite's description and the rows against the plain PyTorch loop.
-fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOutput {
+fn report(quick: bool, torch: &Torch<'_>, kiln: &[Measured], plain: &[Measured]) -> SuiteOutput {
     let (samples, seq, features, classes) = data_shape(quick);
     let (m, t) = (&torch.plan.model, &torch.plan.train);
     let (d_model, layers, dropout) = (m.d_model, m.layers, m.dropout);
@@ -232,10 +220,10 @@ fn report(quick: bool, torch: &Torch<'_>, kiln: &Side, plain: &Side) -> SuiteOut
     let mut out = SuiteOutput::new("job", &what);
     let base = "plain PyTorch loop, same job (no Lightning)";
     let name = "default job wall time vs a plain PyTorch loop";
-    let seconds = (kiln.seconds(), plain.seconds());
+    let seconds = (med(kiln, |m| m.seconds), med(plain, |m| m.seconds));
     out.push(out.row("end to end", name, SECONDS, seconds, base));
     let name = "final val accuracy vs a plain PyTorch loop";
-    let accuracy = (kiln.accuracy(), plain.accuracy());
+    let accuracy = (accuracy_of(kiln), accuracy_of(plain));
     out.push(out.row("end to end", name, PERCENT, accuracy, base));
     out
 }
@@ -253,16 +241,22 @@ const LIGHTNING_ROWS: [&str; 6] = [
 /// The wall-time row against Lightning with kiln's malloc thresholds (no goal).
 const MALLOC_ROW: &str = "default job wall time vs Lightning with kiln's malloc thresholds";
 
-fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side, light_malloc: &Side) {
-    let version = &light.0[0].result["lightning_version"];
+fn lightning_rows(
+    out: &mut SuiteOutput,
+    kiln: &[Measured],
+    light: &[Measured],
+    light_malloc: &[Measured],
+) {
+    let version = &light[0].result["lightning_version"];
     let version = version.as_str().unwrap_or("?");
     let base = format!("PyTorch Lightning Trainer.fit, same job (lightning {version})");
     let row = |name: &str, unit, figures| out.row("end to end", name, unit, figures, &base);
     let [wall, samples, accuracy, accuracy_goal, pss, rss] = LIGHTNING_ROWS;
-    let fit = json!({"kiln": kiln.figure("fit_seconds"), "lightning": light.figure("fit_seconds")});
-    let both = |f: fn(&Measured) -> f64| (kiln.median(f), light.median(f));
+    let both = |f: fn(&Measured) -> f64| (med(kiln, f), med(light, f));
+    let (kf, lf) = both(|m| num(&m.result["fit_seconds"]));
+    let fit = json!({"kiln": kf, "lightning": lf});
     let rate = |m: &Measured| num(&m.result["samples"]) / m.seconds;
-    let (ka, la) = (kiln.accuracy(), light.accuracy());
+    let (ka, la) = (accuracy_of(kiln), accuracy_of(light));
     let rows = [
         row(wall, SECONDS, both(|m| m.seconds))
             .at_most(0.7)
@@ -275,6 +269,6 @@ fn lightning_rows(out: &mut SuiteOutput, kiln: &Side, light: &Side, light_malloc
     ];
     rows.into_iter().for_each(|r| out.push(r));
     let base = format!("{base}, with {MALLOC_AS_KILN}");
-    let seconds = (kiln.seconds(), light_malloc.seconds());
+    let seconds = (med(kiln, |m| m.seconds), med(light_malloc, |m| m.seconds));
     out.push(out.row("end to end", MALLOC_ROW, SECONDS, seconds, base));
 }

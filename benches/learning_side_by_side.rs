@@ -146,23 +146,21 @@ fn target_of(job: &Job) -> TargetSpec {
 /// `[n, shape…]` and a class tensor `[n, target shape…]`.
 fn tensors(data: std::result::Result<impl Dataset, DataError>) -> Result<(Tensor, Tensor)> {
     let data = data.msg()?;
-    let (numel, target) = (data.sample_numel(), data.target());
-    let mut features = vec![0f32; data.len() * numel];
-    let mut classes = vec![0i64; data.len() * target.numel()];
-    let all: Vec<usize> = (0..data.len()).collect();
-    data.read_batch(&all, &mut features, TargetSlot::Classes(&mut classes))
-        .msg()?;
+    let (n, target) = (data.len(), data.target());
+    let mut features = vec![0f32; n * data.sample_numel()];
+    let mut classes = vec![0i64; n * target.numel()];
+    let all: Vec<usize> = (0..n).collect();
+    let slot = TargetSlot::Classes(&mut classes);
+    data.read_batch(&all, &mut features, slot).msg()?;
     // `t` viewed as `[n, shape…]`.
     let view = |t: Tensor, shape: &[usize]| {
-        let dims = std::iter::once(data.len()).chain(shape.iter().copied());
-        t.f_view(dims.map(|d| d as i64).collect::<Vec<_>>().as_slice())
-            .msg()
+        let mut dims = vec![n as i64];
+        dims.extend(shape.iter().map(|&d| d as i64));
+        t.f_view(dims.as_slice()).msg()
     };
-    let features = view(Tensor::f_from_slice(&features).msg()?, data.sample_shape())?;
-    Ok((
-        features,
-        view(Tensor::f_from_slice(&classes).msg()?, target.shape())?,
-    ))
+    let x = view(Tensor::f_from_slice(&features).msg()?, data.sample_shape())?;
+    let y = view(Tensor::f_from_slice(&classes).msg()?, target.shape())?;
+    Ok((x, y))
 }
 
 /// `dir/<model>-<what>.safetensors`: the initial weights (`init`) or the data (`data`).
@@ -304,8 +302,8 @@ fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
             eprintln!("learning: {kind} {name}, {steps} steps: kiln, then PyTorch");
             let mut k = command(&exe, &["learning", "kiln-run", "--model", kind.as_str()]);
             k.args(["--precision", name, "--dir"]).arg(&work);
-            k.args(["--threads", &threads])
-                .args(a.quick.then_some("--quick"));
+            k.args(["--threads", &threads]);
+            k.args(a.quick.then_some("--quick"));
             let mut t = python_script(&a.python, "same_learning.py");
             t.arg("--job").arg(&job_file);
             t.args(["--precision", name, "--threads", &threads]);
@@ -333,10 +331,8 @@ fn losses(run: &Value) -> Result<Vec<f64>> {
 /// The step with the largest |a − b| and that difference (NaN-free inputs of equal length).
 fn largest_difference(a: &[f64], b: &[f64]) -> (usize, f64) {
     let differences = a.iter().zip(b).map(|(x, y)| (x - y).abs());
-    differences.enumerate().fold(
-        (0, 0.0),
-        |best, (i, d)| if d > best.1 { (i, d) } else { best },
-    )
+    let larger = |best: (usize, f64), (i, d)| if d > best.1 { (i, d) } else { best };
+    differences.enumerate().fold((0, 0.0), larger)
 }
 
 fn tail_mean(v: &[f64], tail: usize) -> f64 {

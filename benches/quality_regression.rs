@@ -2,17 +2,8 @@
 //! (`python/train_quality.py --task regression`) fit a smooth function of noisy features with
 //! mean squared error, long enough for `train.lr = auto`'s range test to run its full 100 steps.
 
-use std::path::Path;
-use std::sync::Arc;
-
-use kiln_benches::{Msg, Result, datasets};
-use kiln_data::ShardedDataset;
-use serde_json::json;
+use super::*;
 use tch::{Kind, Tensor};
-
-use super::{
-    Both, Ctx, DATA_SEED, JobData, Metric, SuiteOutput, lr_rows, torch_args, vs_worst_seed,
-};
 
 /// The job: samples, features, the MLP's hidden widths (as `model.hidden` takes them) and
 /// epochs; batch 32 with 50 warmup steps.
@@ -38,7 +29,7 @@ pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) 
     torch.extend(torch_args(&job_values(&job)));
     let data = JobData {
         dir,
-        prepared: write_data(dir, &job, DATA_SEED)?,
+        prepared: write_data(dir, &job)?,
         kiln: vec!["--regression".to_owned()],
         torch,
     };
@@ -46,9 +37,10 @@ pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) 
     let runs = ctx.train_sides(&data, seeds, &sides, "regression, ")?;
     let rmse = Metric::RMSE;
     let what = ("regression: ", "kiln fp32");
-    let row = vs_worst_seed(out, what, rmse, (&runs["kiln"], &runs["pytorch"]), 0.0)?;
+    let both = (&runs["kiln"][..], &runs["pytorch"][..]);
+    let row = vs_worst_seed(out, what, rmse, both, VS_TORCH, 0.0)?;
     out.push(row.at_most(1.02).detail("runs", json!(runs)));
-    lr_rows(ctx, out, &runs, (rmse, "regression: "))?;
+    ctx.lr_rows(out, &runs, rmse, "regression: ")?;
     Ok(describe(&job))
 }
 
@@ -57,11 +49,10 @@ const TERMS: i64 = 8;
 /// The noise's standard deviation, before the target is standardized.
 const NOISE: f64 = 0.1;
 
-/// Writes the job's features and targets as `.npy` files in `dir` (the PyTorch side reads them)
-/// and kiln's dataset prepared from them in `dir/kiln`; returns it opened.
-pub fn write_data(dir: &Path, job: &Job, seed: u64) -> Result<Arc<ShardedDataset>> {
+/// Writes the job's `.npy` files in `dir` (for the PyTorch side) and kiln's dataset in `dir/kiln`.
+pub fn write_data(dir: &Path, job: &Job) -> Result<Arc<ShardedDataset>> {
     let (n, f, cpu) = (job.0 as i64, job.1 as i64, (Kind::Float, tch::Device::Cpu));
-    tch::manual_seed(seed as i64);
+    tch::manual_seed(DATA_SEED as i64);
     let x = Tensor::randn([n, f], cpu);
     let w = Tensor::randn([f, TERMS], cpu) / (f as f64).sqrt();
     let a = Tensor::randn([TERMS], cpu);

@@ -1,11 +1,9 @@
-//! `cargo xtask bench quality`: does kiln learn as well as PyTorch? The same job at the same
-//! budget, several seeds a side: kiln (fp32, its automatic precision, with EMA weights, with
-//! `train.lr = auto`) against a plain PyTorch loop (`python/train_quality.py`) with the same
-//! data, split, initial weights and settings, the same loop as a user writes it by default, and
-//! at Lightning's `lr_find` suggestion. Goal: kiln's mean accuracy within 1 point of PyTorch's
-//! worst seed or better, its mean loss at most 2% above it; time per run beside them. `lr = auto`
-//! is also judged on an MLP regression ([`regression`]); `--filter reference|regression` runs one
-//! job. `kiln-run` is the kiln side of one run, in its own process like the Python side.
+//! `cargo xtask bench quality`: does kiln learn as well as PyTorch? One job at the same budget,
+//! several seeds a side: kiln (fp32, automatic precision, EMA weights, `train.lr = auto`) against
+//! a PyTorch loop (`python/train_quality.py`) with the same data, split, initial weights and
+//! settings, as a user writes it by default, and at Lightning's `lr_find` suggestion. Goal: mean
+//! accuracy within 1 point of PyTorch's worst seed, mean loss at most 2% above; time per run too.
+//! Also an MLP regression ([`regression`]); `--filter reference|regression` runs one job.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -119,7 +117,7 @@ fn data_only(a: &DataArgs) -> Result<()> {
     }
     std::fs::create_dir_all(dir).at(dir)?;
     let prepared = if a.regression {
-        regression::write_data(dir, &regression::job(a.quick), DATA_SEED)?
+        regression::write_data(dir, &regression::job(a.quick))?
     } else {
         write_data(dir, &job(a.quick))?
     };
@@ -222,10 +220,8 @@ fn reference_values(&Job(_, [d_model, layers, ff], epochs, warmup): &Job) -> Vec
 
 /// The PyTorch script's options for a job's `values`.
 fn torch_args(values: &[Both]) -> Vec<String> {
-    let pairs = values
-        .iter()
-        .map(|(_, option, v)| [option.to_string(), v.clone()]);
-    pairs.flatten().collect()
+    let pair = |(_, option, v): &Both| [option.to_string(), v.clone()];
+    values.iter().flat_map(pair).collect()
 }
 
 /// `key` of each run (e.g. of each of one side's runs).
@@ -247,22 +243,20 @@ const SIDES: [Side; 7] = [
     ("pytorch_lr_find", "PyTorch at Lightning's lr_find"),
 ];
 
+/// The EMA variant's decay (warmed up as timm's is: early steps average less).
+const EMA_DECAY: f64 = 0.999;
+
 /// Every side's runs, one per seed, by the side's key.
 type Runs = BTreeMap<&'static str, Vec<Value>>;
 
 fn suite(a: &SuiteArgs) -> Result<()> {
     let seeds = a.seeds.unwrap_or(2).max(2) as u64;
-    // Two threads a side by default, as in the other suites.
-    let threads = a.threads_or(2);
+    let threads = a.threads_or(THREADS);
     let work = fresh_work_dir(a, "quality")?;
     // Lightning, for its lr_find: from the pinned peers `cargo xtask bench` installs.
     let lightning = peers::dir();
-    let ctx = Ctx {
-        a,
-        exe: std::env::current_exe().msg()?,
-        threads,
-        lightning: &lightning,
-    };
+    let exe = std::env::current_exe().msg()?;
+    let ctx = Ctx { a, exe, lightning };
     let mut out = SuiteOutput::new("quality", "");
     let mut what = vec![];
     if a.selects("reference") {
@@ -283,13 +277,15 @@ struct Ctx<'a> {
     a: &'a SuiteArgs,
     /// This binary, for `quality kiln-run`.
     exe: PathBuf,
-    threads: usize,
     /// Lightning's pinned peers, or why they are not installed.
-    lightning: &'a Result<PathBuf>,
+    lightning: Result<PathBuf>,
 }
 
-/// A job's data, as both sides run on it: the directory holding its `.npy` files and kiln's
-/// dataset prepared from them, and the options naming the job to `kiln-run` and to the script.
+/// Threads a side by default, as in the other suites.
+const THREADS: usize = 2;
+
+/// A job's data (the `.npy` files' directory and kiln's dataset) and the options naming the job
+/// to `kiln-run` and to the script.
 struct JobData<'a> {
     dir: &'a Path,
     prepared: Arc<ShardedDataset>,
@@ -356,17 +352,65 @@ impl Ctx<'_> {
             t.arg("--data").arg(job.dir).arg("--split").arg(split);
             t
         };
-        let (seed, threads) = (seed.to_string(), self.threads.to_string());
+        let (seed, threads) = (seed.to_string(), self.a.threads_or(THREADS).to_string());
         c.args(["--seed", &seed, "--threads", &threads]);
         // Last, so that a variant's options win.
-        c.args(if kiln { &job.kiln } else { &job.torch })
-            .args(variant);
+        c.args(if kiln { &job.kiln } else { &job.torch });
+        c.args(variant);
         c.args((kiln && self.a.quick).then_some("--quick"));
         Some(c)
     }
+
+    /// `train.lr = auto` on a job (rows named after `prefix`): its metric `by` against the
+    /// default rate's worst seed and Lightning's `lr_find`, and its range test's share of the
+    /// run's time (goal < 10%: the seconds before training began, less the same seed's at 1e-3).
+    fn lr_rows(&self, out: &mut SuiteOutput, runs: &Runs, by: Metric, prefix: &str) -> Result<()> {
+        let keys = ["kiln_lr_auto", "kiln", "pytorch_lr_find"];
+        let [auto, default, lr_find] = keys.map(|key| runs[key].as_slice());
+        let (key, unit, m, x) = (by.key, by.unit, by.name, by.scale);
+        let start = |runs: &[Value], key| of(runs.iter().map(|r| &r["start"]), key);
+        let found = json!(start(auto, "lr")?);
+        let what = (prefix, "kiln fp32 lr = auto");
+        let vs = ("kiln lr = 1e-3", "kiln fp32 at the default lr 1e-3");
+        let row = vs_worst_seed(out, what, by, (auto, default), vs, 0.0)?;
+        // Goal: at least as good as the default rate's worst seed.
+        let row = match unit.1 {
+            Better::Higher => row.at_least(1.0),
+            Better::Lower => row.at_most(1.0),
+        };
+        out.push(row.detail("lr_found_per_seed", found.clone()));
+        let lr_find_row =
+            format!("{prefix}{m}, means: kiln fp32 lr = auto vs PyTorch at Lightning's lr_find");
+        if let Err(why) = &self.lightning {
+            out.skip(&lr_find_row, why);
+        } else {
+            let (aa, lf) = (of(auto, key)?, of(lr_find, key)?);
+            let suggested = of(lr_find, "lr")?;
+            let base = "PyTorch loop, same job, at Tuner.lr_find's suggestion (its defaults)";
+            let figures = (x * mean(&aa), x * mean(&lf));
+            let row = out.row("learning", lr_find_row, unit, figures, base);
+            let row = row.detail("lr_found_per_seed", found);
+            let row = row.detail("lightning_suggestion_per_seed", json!(suggested));
+            out.push(per_seed(row, &aa, &lf));
+        }
+        let started = |runs| start(runs, "started_after_s");
+        let search: Vec<f64> = (started(auto)?.iter().zip(started(default)?))
+            .map(|(a, d)| (a - d).max(0.0))
+            .collect();
+        let name = format!("{prefix}lr = auto's range test: seconds per run");
+        let base = "the whole run's seconds (reading, range test, training, validating)";
+        let figures = (mean(&search), mean(&of(auto, "seconds")?));
+        let row = out.row("time per run", name, SECONDS, figures, base);
+        let row = row
+            .at_most(0.10)
+            .detail("search_seconds_per_seed", json!(search));
+        let lightning = of(lr_find, "lr_find_seconds")?;
+        out.push(row.detail("lightning_lr_find_seconds_per_seed", json!(lightning)));
+        Ok(())
+    }
 }
 
-/// The reference job's runs of every side on data it writes in `work`, and its rows.
+/// The reference job: every side's runs on data it writes in `work`, its rows and what it is.
 fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
     let job = job(ctx.a.quick);
     let data = JobData {
@@ -376,43 +420,89 @@ fn reference_job(ctx: &Ctx<'_>, work: &Path, seeds: u64, out: &mut SuiteOutput) 
         torch: torch_args(&reference_values(&job)),
     };
     let runs = ctx.train_sides(&data, seeds, &SIDES.map(|s| s.0), "")?;
-    report(ctx, out, &runs)?;
+    let keys = ["kiln", "kiln_auto", "pytorch", "pytorch_plain"];
+    let [kiln, kiln_auto, torch, plain] = keys.map(|key| runs[key].as_slice());
+    let precision = kiln_auto[0]["precision"].as_str().unwrap_or("?");
+    let auto = format!("kiln automatic precision ({precision})");
+    // Goals: the mean accuracy at least PyTorch's worst seed less 1 point, the mean loss at most
+    // 2% above PyTorch's worst seed.
+    for (what, side) in [("kiln fp32", kiln), (auto.as_str(), kiln_auto)] {
+        let both = (side, torch);
+        let accuracy = vs_worst_seed(out, ("", what), Metric::ACCURACY, both, VS_TORCH, 1.0)?;
+        out.push(accuracy.at_least(1.0));
+        let loss = vs_worst_seed(out, ("", what), Metric::LOSS, both, VS_TORCH, 0.0)?;
+        out.push(loss.at_most(1.02));
+    }
+    let (ka, ta) = (of(kiln, ACCURACY)?, of(torch, ACCURACY)?);
+    let name = "val accuracy, means: kiln fp32 vs PyTorch";
+    let base = format!("{BASELINE} (mean of {} seeds)", ta.len());
+    let row = out.row("learning", name, PERCENT, means(&ka, &ta), base);
+    out.push(row.detail("runs", json!(runs)));
+    let name = "val accuracy, means: kiln fp32 vs PyTorch as written by default";
+    let figures = means(&ka, &of(plain, ACCURACY)?);
+    out.push(out.row("learning", name, PERCENT, figures, PLAIN));
+    ema_row(out, &runs["kiln_ema"])?;
+    ctx.lr_rows(out, &runs, Metric::ACCURACY, "")?;
+    let like_kiln = format!("{BASELINE}, with {MALLOC_AS_KILN}");
+    let vs = " vs PyTorch as written by default";
+    // The time per run of a kiln side against a PyTorch side's, and how that one ran.
+    for (what, side, vs, how, t) in [
+        ("kiln fp32", kiln, "", like_kiln.as_str(), torch),
+        (&auto, kiln_auto, "", &like_kiln, torch),
+        ("kiln fp32", kiln, vs, PLAIN, plain),
+    ] {
+        let (ks, ts) = (of(side, "seconds")?, of(t, "seconds")?);
+        let name = format!("{what}{vs}: reading the data, training, validating");
+        let base = format!(
+            "{how} (mean of {} seeds; in-process on both sides, so Python's start and `import \
+             torch` are not counted)",
+            ts.len()
+        );
+        out.push(out.row("time per run", name, SECONDS, (mean(&ks), mean(&ts)), base));
+    }
     Ok(describe(&job))
 }
 
 const BASELINE: &str = "PyTorch loop, same job";
 /// PyTorch as a user writes it by default.
 const PLAIN: &str = "PyTorch loop with constant lr, no warmup, no clipping (otherwise the same)";
-/// The EMA variant's decay (warmed up as timm's is: early steps average less).
-const EMA_DECAY: f64 = 0.999;
 const ACCURACY: &str = "final_val_accuracy";
+/// The baseline of the rows against PyTorch: its name in the rows and in their baseline names.
+const VS_TORCH: (&str, &str) = ("PyTorch", BASELINE);
 
-/// `c` with both sides' figures per seed and PyTorch's mean.
+/// `c` with both sides' figures per seed and the baseline's mean.
 fn per_seed(c: Comparison, kiln: &[f64], torch: &[f64]) -> Comparison {
     c.detail("kiln_per_seed", json!(kiln))
         .detail("pytorch_per_seed", json!(torch))
         .detail("pytorch_mean", json!(mean(torch)))
 }
 
-/// A row of `side`'s mean `metric` against PyTorch's worst seed, `less` taken off the latter (in
-/// the report's units), with both sides' figures per seed; `what` names the side after `prefix`.
+/// A row of `side`'s mean `metric` against the worst seed of `base` (named by `vs`), `less` taken
+/// off the latter (in the report's units), with both figures per seed; `what` names the side.
 fn vs_worst_seed(
     out: &SuiteOutput,
     (prefix, what): (&str, &str),
     metric: Metric,
-    (side, torch): (&[Value], &[Value]),
+    (side, base): (&[Value], &[Value]),
+    (who, how): (&str, &str),
     less: f64,
 ) -> Result<Comparison> {
-    let (k, t) = (of(side, metric.key)?, of(torch, metric.key)?);
-    let ((worst, word), x, m) = (metric.worst(&t), metric.scale, metric.name);
+    let (key, unit, m, x) = (metric.key, metric.unit, metric.name, metric.scale);
+    let (k, t) = (of(side, key)?, of(base, key)?);
+    // The worst seed's figure (unscaled), and how the report says it.
+    let seeds = t.iter().copied();
+    let (worst, word) = match unit.1 {
+        Better::Higher => (seeds.fold(f64::INFINITY, f64::min), "lowest"),
+        Better::Lower => (seeds.fold(f64::NEG_INFINITY, f64::max), "highest"),
+    };
     let (less_name, less_note) = match less > 0.0 {
         true => (" − 1 point", ", less 1 point"),
         false => ("", ""),
     };
-    let name = format!("{prefix}{m}: {what} mean vs PyTorch worst seed{less_name}");
+    let name = format!("{prefix}{m}: {what} mean vs {who} worst seed{less_name}");
+    let base = format!("{how} ({word} of {} seeds{less_note})", t.len());
     let figures = (x * mean(&k), x * worst - less);
-    let base = format!("{BASELINE} ({word} of {} seeds{less_note})", t.len());
-    let row = out.row("learning", name, metric.unit, figures, base);
+    let row = out.row("learning", name, unit, figures, base);
     Ok(per_seed(row, &k, &t))
 }
 
@@ -427,63 +517,19 @@ fn describe(job: &Job) -> String {
     )
 }
 
-/// The reference job's rows from all sides' runs.
-fn report(ctx: &Ctx<'_>, out: &mut SuiteOutput, runs: &Runs) -> Result<()> {
-    let (kiln, kiln_auto, torch) = (&runs["kiln"], &runs["kiln_auto"], &runs["pytorch"]);
-    let precision = kiln_auto[0]["precision"].as_str().unwrap_or("?");
-    let auto = format!("kiln automatic precision ({precision})");
-    // Goals: the mean accuracy at least PyTorch's worst seed less 1 point, the mean loss at most
-    // 2% above PyTorch's worst seed.
-    for (what, side) in [("kiln fp32", kiln), (auto.as_str(), kiln_auto)] {
-        let accuracy = vs_worst_seed(out, ("", what), Metric::ACCURACY, (side, torch), 1.0)?;
-        out.push(accuracy.at_least(1.0));
-        let loss = vs_worst_seed(out, ("", what), Metric::LOSS, (side, torch), 0.0)?;
-        out.push(loss.at_most(1.02));
-    }
-    let (ka, ta) = (of(kiln, ACCURACY)?, of(torch, ACCURACY)?);
-    let name = "val accuracy, means: kiln fp32 vs PyTorch";
-    let base = format!("{BASELINE} (mean of {} seeds)", ta.len());
-    let figures = (100.0 * mean(&ka), 100.0 * mean(&ta));
-    let row = out.row("learning", name, PERCENT, figures, base);
-    out.push(row.detail("runs", json!(runs)));
-    let plain = of(&runs["pytorch_plain"], ACCURACY)?;
-    let name = "val accuracy, means: kiln fp32 vs PyTorch as written by default";
-    let figures = (100.0 * mean(&ka), 100.0 * mean(&plain));
-    out.push(out.row("learning", name, PERCENT, figures, PLAIN));
-    ema_row(out, &runs["kiln_ema"])?;
-    lr_rows(ctx, out, runs, (Metric::ACCURACY, ""))?;
-    let (like_kiln, vs) = (
-        format!("{BASELINE}, with {MALLOC_AS_KILN}"),
-        " vs PyTorch as written by default",
-    );
-    // The time per run of a kiln side against a PyTorch side's, and how that one ran.
-    for (what, side, vs, how, t) in [
-        ("kiln fp32", kiln, "", like_kiln.as_str(), torch),
-        (&auto, kiln_auto, "", &like_kiln, torch),
-        ("kiln fp32", kiln, vs, PLAIN, &runs["pytorch_plain"]),
-    ] {
-        let (ks, ts) = (of(side, "seconds")?, of(t, "seconds")?);
-        let name = format!("{what}{vs}: reading the data, training, validating");
-        let base = format!(
-            "{how} (mean of {} seeds; in-process on both sides, so Python's start and `import \
-             torch` are not counted)",
-            ts.len()
-        );
-        out.push(out.row("time per run", name, SECONDS, (mean(&ks), mean(&ts)), base));
-    }
-    Ok(())
+/// The means of two sides' accuracies, in %.
+fn means(k: &[f64], t: &[f64]) -> (f64, f64) {
+    (100.0 * mean(k), 100.0 * mean(t))
 }
 
-/// What `train.ema` does to the job: the EMA weights' validation accuracy against the raw
-/// weights' of the same runs (training is the same either way: the average only watches it).
+/// What `train.ema` does: the EMA weights' validation accuracy against the same runs' raw weights'.
 fn ema_row(out: &mut SuiteOutput, runs: &[Value]) -> Result<()> {
     let (ema, raw) = (of(runs, "final_val_ema_accuracy")?, of(runs, ACCURACY)?);
     let (ema_loss, raw_loss) = (of(runs, "final_val_ema_loss")?, of(runs, "final_val_loss")?);
     let name =
         format!("val accuracy, means: kiln fp32 EMA weights (train.ema.decay = {EMA_DECAY})");
     let base = format!("the same runs' raw weights (mean of {} seeds)", raw.len());
-    let figures = (100.0 * mean(&ema), 100.0 * mean(&raw));
-    let row = out.row("learning", name, PERCENT, figures, base);
+    let row = out.row("learning", name, PERCENT, means(&ema, &raw), base);
     let row = row.detail("ema_per_seed", json!(ema));
     let row = row.detail("raw_per_seed", json!(raw));
     let row = row.detail("ema_val_loss_per_seed", json!(ema_loss));
@@ -491,11 +537,8 @@ fn ema_row(out: &mut SuiteOutput, runs: &[Value]) -> Result<()> {
     Ok(())
 }
 
-/// The row of kiln's `train.lr = auto` against Lightning's `lr_find` (after the job's prefix).
-const LR_FIND_ROW: &str = "kiln fp32 lr = auto vs PyTorch at Lightning's lr_find";
-
-/// The validation figure a job's `lr = auto` rows judge: its key in a run's JSON, its name in
-/// the rows, its unit, and the factor from a run's figure to the report's (100 for a %).
+/// A validation figure the rows judge: its key in a run's JSON, its name in the rows, its unit,
+/// and the factor from a run's figure to the report's (100 for a %).
 #[derive(Clone, Copy)]
 struct Metric {
     key: &'static str,
@@ -517,91 +560,4 @@ impl Metric {
             scale,
         }
     }
-
-    /// The worst of `runs`' figures (unscaled), and how the report says the worst of several
-    /// seeds.
-    fn worst(self, v: &[f64]) -> (f64, &'static str) {
-        let v = v.iter().copied();
-        match self.unit.1 {
-            Better::Higher => (v.fold(f64::INFINITY, f64::min), "lowest"),
-            Better::Lower => (v.fold(f64::NEG_INFINITY, f64::max), "highest"),
-        }
-    }
-
-    /// `row` with the goal "at least as good as its baseline".
-    fn as_good(self, row: Comparison) -> Comparison {
-        match self.unit.1 {
-            Better::Higher => row.at_least(1.0),
-            Better::Lower => row.at_most(1.0),
-        }
-    }
-}
-
-/// `train.lr = auto` on a job (rows named after `prefix`): its `metric` against the default
-/// rate's worst seed and against Lightning's `lr_find`, and its range test's share of the run's
-/// time (goal < 10%: the seconds before training began, less the same seed's run at 1e-3).
-fn lr_rows(
-    ctx: &Ctx<'_>,
-    out: &mut SuiteOutput,
-    runs: &Runs,
-    (metric, prefix): (Metric, &str),
-) -> Result<()> {
-    let (auto, default, lr_find) = (
-        &runs["kiln_lr_auto"],
-        &runs["kiln"],
-        &runs["pytorch_lr_find"],
-    );
-    let (aa, da) = (of(auto, metric.key)?, of(default, metric.key)?);
-    let start = |runs: &[Value], key| of(runs.iter().map(|r| &r["start"]), key);
-    let found = json!(start(auto, "lr")?);
-    let (m, x) = (metric.name, metric.scale);
-    let name = format!("{prefix}{m}: kiln fp32 lr = auto mean vs kiln lr = 1e-3 worst seed");
-    let (worst, word) = metric.worst(&da);
-    let base = format!(
-        "kiln fp32 at the default lr 1e-3 ({word} of {} seeds)",
-        da.len()
-    );
-    let row = out.row(
-        "learning",
-        name,
-        metric.unit,
-        (x * mean(&aa), x * worst),
-        base,
-    );
-    let row = metric
-        .as_good(row)
-        .detail("lr_found_per_seed", found.clone());
-    out.push(per_seed(row, &aa, &da));
-    let lr_find_row = format!("{prefix}{m}, means: {LR_FIND_ROW}");
-    if let Err(why) = ctx.lightning {
-        out.skip(&lr_find_row, why);
-    } else {
-        let (lf, suggested) = (of(lr_find, metric.key)?, of(lr_find, "lr")?);
-        let base = "PyTorch loop, same job, at Tuner.lr_find's suggestion (its defaults)";
-        let figures = (x * mean(&aa), x * mean(&lf));
-        let row = out.row("learning", lr_find_row, metric.unit, figures, base);
-        let row = row.detail("lr_found_per_seed", found);
-        let row = row.detail("lightning_suggestion_per_seed", json!(suggested));
-        out.push(per_seed(row, &aa, &lf));
-    }
-    let started = |runs| start(runs, "started_after_s");
-    let search: Vec<f64> = (started(auto)?.iter().zip(started(default)?))
-        .map(|(a, d)| (a - d).max(0.0))
-        .collect();
-    let seconds = of(auto, "seconds")?;
-    let name = format!("{prefix}lr = auto's range test: seconds per run");
-    let base = "the whole run's seconds (reading, range test, training, validating)";
-    let row = out.row(
-        "time per run",
-        name,
-        SECONDS,
-        (mean(&search), mean(&seconds)),
-        base,
-    );
-    let row = row
-        .at_most(0.10)
-        .detail("search_seconds_per_seed", json!(search));
-    let lightning = of(lr_find, "lr_find_seconds")?;
-    out.push(row.detail("lightning_lr_find_seconds_per_seed", json!(lightning)));
-    Ok(())
 }
