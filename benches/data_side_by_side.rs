@@ -11,7 +11,7 @@ use clap::{Args, Subcommand};
 use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
 use kiln_benches::run_cli::{Cli, exit_on_error, measured_every};
-use kiln_benches::{Msg, Result, SuiteArgs, alternating, bench_root, command, datasets};
+use kiln_benches::{Msg, Result, SuiteArgs, bench_root, command, datasets};
 use kiln_benches::{median, num, report_path};
 use kiln_data::{DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset};
 use kiln_data::{SyntheticClassification, Transformed};
@@ -383,29 +383,28 @@ fn measure(
     (workers, repeats): (usize, usize),
     work: &Path,
     log: &mut Vec<Value>,
-) -> Result<Vec<Measured>> {
-    let mut peaks = [Peak::default(); 3];
-    let sides: Vec<usize> = (0..Side::ALL.len()).rev().collect();
-    let runs = alternating(repeats + 1, &sides, |round, i| {
-        // The first round polls memory every 10 ms; the timing runs do not poll.
-        let side = Side::ALL[i].key();
-        let out = work.join(format!("{side}-{workers}.log"));
-        let every = (round == 0).then_some(Duration::from_millis(10));
-        let (value, _, peak) = measured_every(cmd(Side::ALL[i]), &out, every)?;
-        if round == 0 {
-            peaks[i] = peak;
-            log.push(json!({"side": side, "memory_run": value,
-                            "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
+) -> Result<[Measured; 3]> {
+    let mut m: [Measured; 3] = Default::default();
+    for round in 0..=repeats {
+        // The sides in turn, the last first on even rounds, so drift hits all alike.
+        let order = if round % 2 == 0 { [2, 1, 0] } else { [0, 1, 2] };
+        for i in order {
+            // The first round polls memory every 10 ms; the timing runs do not poll.
+            let side = Side::ALL[i].key();
+            let out = work.join(format!("{side}-{workers}.log"));
+            let every = (round == 0).then_some(Duration::from_millis(10));
+            let (value, _, peak) = measured_every(cmd(Side::ALL[i]), &out, every)?;
+            if round == 0 {
+                m[i].peak = peak;
+                log.push(json!({"side": side, "memory_run": value,
+                                "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
+            }
+            if round > 0 || repeats == 0 {
+                log.push(json!({"side": side, "timing_run": value}));
+                m[i].runs.push(value);
+            }
         }
-        let timing = round > 0 || repeats == 0;
-        if timing {
-            log.push(json!({"side": side, "timing_run": value}));
-        }
-        Ok(timing.then_some(value))
-    })?;
-    // `alternating` returns the runs in `sides`' order: the last side first.
-    let zipped = runs.into_iter().rev().zip(peaks);
-    let m: Vec<Measured> = zipped.map(|(runs, peak)| Measured { runs, peak }).collect();
+    }
     check_same_data(workers, &m)?;
     Ok(m)
 }
@@ -548,9 +547,8 @@ fn push_rows(
                          "above_idle_pss": mib(b.pss.saturating_sub(idle[1].pss))});
     let rss = json!({"kiln": mib(k.rss), "baseline": mib(t.rss)});
     let row = row(name, MIB, (mib(k.pss), mib(t.pss)), Side::TorchItem);
-    let row = row
-        .detail("above_idle_mib", above_idle)
-        .detail("peak_rss_mib", rss);
+    let row = row.detail("above_idle_mib", above_idle);
+    let row = row.detail("peak_rss_mib", rss);
     suite.push(row.detail("batched_fetch_mib", batched));
     let mut row = json!({"workers": workers, "breakdown": breakdown});
     for (side, s) in Side::ALL.iter().zip(m) {

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
-use kiln_benches::{Msg, Result, alternating, command, median, peers, python_script, run_json};
-use kiln_data::{Loader, LoaderConfig, TargetNormalizer, WindowColumns, Windows};
+use kiln_benches::{Msg, Result, command, interleaved, median, num, peers, python_script};
+use kiln_data::{Loader, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
 
 /// History and horizon of a window, in steps; the batch.
@@ -34,10 +34,8 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
     kiln_torch_ext::memory::set_num_threads(a.threads).msg()?;
     let windows = Windows::open(dir).msg()?;
     let (train, _) = windows.split(0).msg()?;
-    let config = LoaderConfig {
-        by_name: true,
-        ..crate::data::loader_config(a.batch_size, a.workers, a.threads)
-    };
+    let mut config = crate::data::loader_config(a.batch_size, a.workers, a.threads);
+    config.by_name = true;
     let mut loader = Loader::new(Arc::new(train), config).msg()?;
     let (mut epochs, mut samples, mut target_sum) = (vec![], 0, 0.0);
     for epoch in 0..a.epochs.max(1) {
@@ -115,11 +113,8 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
 
 /// Samples per second of a run's last epoch.
 fn steady(run: &Value) -> f64 {
-    let last = run["epoch_seconds"]
-        .as_array()
-        .and_then(|e| e.last())
-        .and_then(Value::as_f64);
-    run["samples_per_epoch"].as_f64().unwrap_or(f64::NAN) / last.unwrap_or(f64::NAN)
+    let last = run["epoch_seconds"].as_array().and_then(|e| e.last());
+    num(&run["samples_per_epoch"]) / last.map_or(f64::NAN, num)
 }
 
 /// Measures both sides, alternating, and pushes the row (a skip without pytorch-forecasting).
@@ -136,7 +131,7 @@ pub fn windows_row(
     let (csv, dir) = data(work, series, steps)?;
     let me = std::env::current_exe().msg()?;
     let common = format!("--batch-size {BATCH} --workers 0 --epochs 2 --threads {threads}");
-    let runs = alternating(repeats.max(1), &[0usize, 1], |_, side| {
+    let runs = interleaved(repeats.max(1), 2, |side| {
         let mut cmd = if side == 0 {
             command(&me, &["data", "windows-probe", "--dir"])
         } else {
@@ -148,7 +143,7 @@ pub fn windows_row(
         };
         cmd.arg(if side == 0 { &dir } else { &csv });
         cmd.args(common.split_whitespace());
-        run_json(cmd).map(Some)
+        cmd
     })?;
     let (kiln, theirs) = (&runs[0], &runs[1]);
     let (a, b) = (&kiln[0], &theirs[0]);

@@ -10,29 +10,9 @@ use serde_json::json;
 
 use crate::{Msg, Result};
 
-/// Writes an f32 `.npy` of `shape`, sample `i` by `fill(i, out)` (its label); returns the labels.
-fn write_f32_npy(
-    path: &Path,
-    shape: &[usize],
-    mut fill: impl FnMut(usize, &mut [f32]) -> Result<i64>,
-) -> Result<Vec<i64>> {
-    let header = kiln_data::npy_header(DType::F32, shape)?;
-    let mut w = std::io::BufWriter::new(std::fs::File::create(path).at(path)?);
-    w.write_all(&header).at(path)?;
-    let mut sample = vec![0f32; shape[1..].iter().product()];
-    let mut labels = Vec::with_capacity(shape[0]);
-    for i in 0..shape[0] {
-        labels.push(fill(i, &mut sample)?);
-        let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.write_all(&bytes).at(path)?;
-    }
-    w.flush().at(path)?;
-    Ok(labels)
-}
-
-/// Writes `data` as `dir/features.npy` and `dir/labels.npy`, prepares kiln's dataset from them
-/// in `dir/name` (`shard_samples` a shard, else kiln's default), removes the `.npy` files unless
-/// `keep_npy` (a PyTorch side that reads them), and returns the prepared dataset opened.
+/// Writes `data` as `dir/features.npy` (f32, sample by sample) and `dir/labels.npy`, prepares
+/// kiln's dataset from them in `dir/name` (`shard_samples` a shard, else kiln's default),
+/// removes the `.npy` files unless `keep_npy` (for a PyTorch side), returns the dataset opened.
 pub fn write_prepared(
     dir: &Path,
     name: &str,
@@ -43,7 +23,16 @@ pub fn write_prepared(
     let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
     let mut shape = vec![data.len()];
     shape.extend(data.sample_shape());
-    let labels = write_f32_npy(&fpath, &shape, |i, out| data.read(i, out).msg())?;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&fpath).at(&fpath)?);
+    let header = kiln_data::npy_header(DType::F32, &shape)?;
+    w.write_all(&header).at(&fpath)?;
+    let (mut sample, mut labels) = (vec![0f32; shape[1..].iter().product()], vec![]);
+    for i in 0..data.len() {
+        labels.push(data.read(i, &mut sample).msg()?);
+        let bytes: Vec<u8> = sample.iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.write_all(&bytes).at(&fpath)?;
+    }
+    w.flush().at(&fpath)?;
     let labels: Vec<u8> = labels.iter().flat_map(|v| v.to_le_bytes()).collect();
     kiln_data::write_npy(&lpath, DType::I64, &[data.len()], &labels).msg()?;
     let (features, labels) = (fpath.clone(), lpath.clone());

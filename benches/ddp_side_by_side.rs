@@ -7,10 +7,10 @@ use std::process::Command;
 
 use clap::Subcommand;
 use kiln_benches::report::{Better, Comparison, MS_STEP, NATS, SAMPLES_S, SuiteOutput};
-use kiln_benches::resolve;
 use kiln_benches::run_cli::{Cli, exit_on_error, fresh_work_dir, kiln_exe, plan_args};
 use kiln_benches::run_cli::{read_summary, remove_dir, run};
-use kiln_benches::{MALLOC_AS_KILN, Msg, Result, SuiteArgs, alternating, datasets, median_of};
+use kiln_benches::{MALLOC_AS_KILN, Msg, Result, SuiteArgs, alternating, command, datasets};
+use kiln_benches::{median_of, resolve};
 use kiln_config::{ModelKind, RunPlan};
 use serde_json::{Value, json};
 
@@ -114,20 +114,12 @@ struct Bench<'a> {
 const PROGRAM: &str = "transformer.pt2";
 
 impl Bench<'_> {
-    /// Exports the twin (`ddp_step.py --export-program`, the same initial weights).
-    fn export_program(&self) -> Result<()> {
-        let mut cmd = self.ddp_step(Command::new(self.python), 1);
-        cmd.arg("--export-program").arg(self.work.join(PROGRAM));
-        run(cmd).map(|_| ())
-    }
-
     /// One `kiln train` on `world` ranks of the model or (`program`) its twin: rank 0's figures.
     fn kiln_run(&self, world: usize, program: bool) -> Result<Value> {
         let runs = format!("kiln-runs-{world}-{}", u8::from(program));
         let runs = self.work.join(runs);
         remove_dir(&runs)?;
-        let mut cmd = Command::new(&self.kiln);
-        cmd.arg("train");
+        let mut cmd = command(&self.kiln, &["train"]);
         if world > 1 {
             cmd.args(["--nproc-per-node", &world.to_string()]);
         }
@@ -273,7 +265,10 @@ fn suite(a: &SuiteArgs) -> Result<()> {
             std::thread::available_parallelism().map_or(0, |n| n.get()),
         ),
     };
-    bench.export_program()?;
+    // The twin, exported with the same initial weights.
+    let mut export = bench.ddp_step(Command::new(&a.python), 1);
+    export.arg("--export-program").arg(work.join(PROGRAM));
+    run(export)?;
     let runs = measure(&bench, repeats)?;
     let mut out = report(&bench, a.quick, &runs);
     let (m, d) = (&plan.model, &plan.distributed);
@@ -305,6 +300,8 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
     let quick = quick.then_some("QUICK (a few steps, shape check only): ");
     let allreduce = median_of(&runs[3], "gradient_allreduce_ms");
     let comm = communication(bench.plan, params, allreduce);
+    // kiln's time between steps (fit time less step time, per step): on 2 ranks, the stop vote.
+    let [one, two] = [&runs[0], &runs[1]].map(|r| median_of(r, "between_steps_ms"));
     format!(
         "{}data-parallel training on the CPU ({cpu}, {cpus} logical cores), Gloo over \
          127.0.0.1: kiln's `transformer` (sequence {seq} × {features} features → d_model \
@@ -321,9 +318,11 @@ fn describe(bench: &Bench<'_>, quick: bool, runs: &Runs) -> String {
          all-reduced in one coalesced call after the step). A 2-rank run has twice the \
          samples, so every run takes the same steps. \
          Step time is each side's own mean over every step (batch to optimizer step); samples/s \
-         counts all ranks; median of {repeats} run(s) per side. {comm} {between}",
+         counts all ranks; median of {repeats} run(s) per side. {comm} kiln spends {two:.2} ms \
+         per step between steps on 2 ranks ({one:.2} ms on 1: the difference is the ranks' vote \
+         on stopping, a one-value all-reduce counted while the next step runs, and waiting for \
+         the slower rank).",
         quick.unwrap_or_default(),
-        between = between_steps(runs),
         malloc = MALLOC_AS_KILN
     )
 }
@@ -348,16 +347,6 @@ fn communication(plan: &RunPlan, params: f64, allreduce_ms: f64) -> String {
     format!(
         "Each step all-reduces {mib:.2} MiB of gradients{buckets}; a bare Gloo all-reduce of \
          that size takes {allreduce_ms:.2} ms here (timed by the PyTorch ranks)."
-    )
-}
-
-/// kiln's time between steps (fit time less step time, per step): on 2 ranks, the stop vote.
-fn between_steps(runs: &Runs) -> String {
-    let [one, two] = [&runs[0], &runs[1]].map(|r| median_of(r, "between_steps_ms"));
-    format!(
-        "kiln spends {two:.2} ms per step between steps on 2 ranks ({one:.2} ms on 1: the \
-         difference is the ranks' vote on stopping, a one-value all-reduce counted while the \
-         next step runs, and waiting for the slower rank)."
     )
 }
 

@@ -34,10 +34,8 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 
 /// Process `pid`'s `VmRSS` in bytes (`/proc/<pid>/status`); `None` where unreadable.
 pub fn vm_rss(pid: u32) -> Option<u64> {
-    kib_field(
-        &std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
-        "VmRSS:",
-    )
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_field(&status, "VmRSS:")
 }
 
 /// PSS and RSS of one process.

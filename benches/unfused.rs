@@ -21,17 +21,11 @@ pub struct UnfusedAdamW {
 impl UnfusedAdamW {
     /// State for `params` (zeros like each), each with its own weight decay.
     pub fn new(params: &[Tensor], weight_decay: Vec<f64>, lr: f64) -> Result<Self, TchError> {
-        let zeros = || {
-            params
-                .iter()
-                .map(Tensor::f_zeros_like)
-                .collect::<Result<Vec<_>, _>>()
-        };
         Ok(Self {
             lr,
             weight_decay,
-            exp_avg: zeros()?,
-            exp_avg_sq: zeros()?,
+            exp_avg: zeros_like(params)?,
+            exp_avg_sq: zeros_like(params)?,
             step: 0,
         })
     }
@@ -56,6 +50,11 @@ impl UnfusedAdamW {
     }
 }
 
+/// A tensor of zeros like each of `tensors`.
+fn zeros_like(tensors: &[Tensor]) -> Result<Vec<Tensor>, TchError> {
+    tensors.iter().map(Tensor::f_zeros_like).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,8 +73,7 @@ mod tests {
         let grads: Vec<Tensor> = shapes.iter().map(|s| Tensor::randn(*s, opts)).collect();
         let decay = vec![0.01, 0.0, 0.01];
         let mut unfused = UnfusedAdamW::new(&a, decay.clone(), 1e-2).unwrap();
-        let zeros = || b.iter().map(Tensor::zeros_like).collect::<Vec<_>>();
-        let (m, v) = (zeros(), zeros());
+        let (m, v) = (zeros_like(&b).unwrap(), zeros_like(&b).unwrap());
         let steps: Vec<Tensor> = b.iter().map(|_| Tensor::zeros([], opts)).collect();
         for _ in 0..3 {
             unfused.step(&a, &grads).unwrap();
