@@ -1,6 +1,5 @@
-"""What the baselines' scripts share (imported from this directory, on sys.path): readers of kiln's
-.npy and safetensors files without numpy, kiln's AdamW groups, schedule and options, the training
-step, held-out scores, a Lightning module with kiln's clipping, export and torch.compile helpers.
+"""What the baselines' scripts share (imported from this directory, on sys.path): argparse, .npy and
+safetensors readers, kiln's optimizer, schedule and step, scores, Lightning, export, timing.
 """
 
 import argparse
@@ -117,15 +116,32 @@ def at_least(least):
     return parse
 
 
+def add_options(p, **options):
+    """Adds a --NAME option per keyword: a default, a type (required), (type, default) or a list
+    of choices, the first the default."""
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, list):
+            p.add_argument(flag, choices=value, default=value[0])
+        elif isinstance(value, type):
+            p.add_argument(flag, type=value, required=True)
+        else:
+            kind, default = value if isinstance(value, tuple) else (type(value), value)
+            p.add_argument(flag, type=kind, default=default)
+
+
+def parser(doc, **options):
+    """An ArgumentParser described by `doc`'s first paragraph, with `options` (see add_options)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_options(p, **options)
+    return p
+
+
 def add_training_args(p, threads=None, **defaults):
-    """The training options the scripts share; `defaults` replaces some (None: required)."""
-    options = {"d_model": 256, "heads": 8, "layers": 4, "ff": 1024, "seed": 0, "warmup": 50,
-               "lr": 1e-3, "weight_decay": 0.01, "epochs": 2, "batch": 16, "dropout": 0.1,
-               **defaults}
-    for name, default in options.items():
-        kind = int if default is None else type(default)
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
-                       required=default is None)
+    """The training options the scripts share; `defaults` replaces some (see add_options)."""
+    add_options(p, **{"d_model": 256, "heads": 8, "layers": 4, "ff": 1024, "seed": 0, "warmup": 50,
+                      "lr": 1e-3, "weight_decay": 0.01, "epochs": 2, "batch": 16, "dropout": 0.1,
+                      **defaults})
     p.add_argument("--clip", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--threads", type=int, default=threads, help="torch's threads")
 
@@ -225,24 +241,21 @@ def timed(n, step, results):
 
 
 def inductor_cache():
-    """Whether inductor's caches (its directory, its headers) are empty: a "cold" first compile."""
+    """"cold" if inductor's caches (its directory, its headers) are empty, "warm" if not; without
+    TORCHINDUCTOR_CACHE_DIR, "inductor's default directory (may be warm)"."""
     path = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if not path:
-        return {"dir": None, "state": "inductor's default directory (may be warm)"}
+        return "inductor's default directory (may be warm)"
     dirs = [path]
-    try:
+    with contextlib.suppress(ImportError):  # another torch layout: the cache directory alone
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
         dirs.append(os.path.join(default_cache_dir(), "precompiled_headers"))
-    except ImportError:  # another torch layout: judge by the cache directory alone
-        pass
-    cold = all(not os.path.isdir(p) or not os.listdir(p) for p in dirs)
-    return {"dir": path, "state": "cold" if cold else "warm"}
+    return "cold" if all(not os.path.isdir(p) or not os.listdir(p) for p in dirs) else "warm"
 
 
 def not_run(error, **fields):
     """The JSON of a --compile run that could not compile here (`fields` say what it was)."""
-    text = f"{type(error).__name__}: {error}".strip().splitlines()
-    reason = text[0] if text else type(error).__name__
+    reason = f"{type(error).__name__}: {error}".strip().splitlines()[0]
     if len(reason) > 300:
         reason = reason[:297] + "..."
     log(f"torch.compile did not run: {reason}")

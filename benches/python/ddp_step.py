@@ -1,17 +1,15 @@
-"""PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`): kiln's
-transformer twin trained in fp32 on the CPU as a user writes it, under `torch.distributed.run`
-(Gloo, DistributedDataParallel with kiln's bucket sizes) or alone (the 1-rank reference), on kiln's
-samples (.npy, in memory) dealt by a seeded DistributedSampler; each step is timed, and a DDP run
-then times a bare all-reduce of the gradient's size. Rank 0 prints one JSON line on stdout.
+"""PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`): the
+transformer twin trained in fp32 on the CPU under `torch.distributed.run` (Gloo DDP, kiln's bucket
+sizes) or alone, on kiln's samples (.npy, in memory) dealt by a seeded DistributedSampler, each step
+timed, then a bare all-reduce; rank 0 prints one JSON line.
 --export-program saves the model as a torch.export program instead.
 """
 
-import argparse
 import os
 import sys
 import time
 
-from common import (add_training_args, emit, log, optimizer, read_npy, save_program,
+from common import (add_training_args, emit, log, optimizer, parser, read_npy, save_program,
                     train_step)
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -29,8 +27,7 @@ def build(a):
 
 
 def wrap(model, a):
-    """DistributedDataParallel with kiln's buckets: DDP's defaults (25 MiB, a 1 MiB first bucket),
-    or one explicit bucket_cap_mb, which caps the first bucket too."""
+    """DDP with kiln's buckets: DDP's defaults (25 MiB, first 1 MiB) or one size for all."""
     if (a.bucket_cap_mb, a.first_bucket_mb) == (25.0, 1.0):
         return nn.parallel.DistributedDataParallel(model)
     if a.first_bucket_mb != a.bucket_cap_mb:
@@ -45,7 +42,7 @@ def train(a, world, rank, model, features, labels):
                                  shuffle=True, seed=a.seed, drop_last=True)
     per_epoch = len(sampler) // a.batch
     opt, sched = optimizer(model, a, per_epoch * a.epochs)
-    steps, step_seconds, final_loss = 0, 0.0, float("nan")
+    step_seconds, final_loss = 0.0, float("nan")
     model.train()
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
@@ -58,14 +55,13 @@ def train(a, world, rank, model, features, labels):
             loss = train_step(model, opt, x, y, a.clip, sched)
             loss_sum += loss.detach().double() * len(y)
             step_seconds += time.perf_counter() - started
-            steps += 1
         mean = loss_sum / (per_epoch * a.batch)
         if world > 1:
             dist.all_reduce(mean)
             mean /= world
         final_loss = mean.item()
         log(f"rank {rank}: epoch {epoch}: {per_epoch} steps, train loss {final_loss:.4f}")
-    return steps, step_seconds, final_loss
+    return per_epoch * a.epochs, step_seconds, final_loss
 
 
 def export_program(a):
@@ -88,15 +84,11 @@ def allreduce_ms(numel, repeats=50):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # The .npy files (float32 [N, S, F], int64 [N]), the first --samples of them, the sizes.
-    for name, kind in (("--features-file", str), ("--labels-file", str), ("--samples", int),
-                       ("--classes", int), ("--features", int)):
-        p.add_argument(name, type=kind, required=True)
-    for name, default in (("--seq", 64), ("--bucket-cap-mb", 25.0), ("--first-bucket-mb", 1.0)):
-        p.add_argument(name, type=type(default), default=default)
+    p = parser(__doc__, features_file=str, labels_file=str, samples=int, classes=int, features=int,
+               seq=64, bucket_cap_mb=25.0, first_bucket_mb=1.0)
     # --batch per rank; --threads intra- and inter-op, per rank.
-    add_training_args(p, threads=1, epochs=1, batch=None, dropout=0.0)
+    add_training_args(p, threads=1, epochs=1, batch=int, dropout=0.0)
     p.add_argument("--export-program", metavar="PATH", help="save the model there and exit")
     a = p.parse_args()
     if a.export_program:

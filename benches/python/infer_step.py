@@ -1,16 +1,13 @@
-"""PyTorch's side of kiln's offline inference benchmark: what an ML engineer writes in plain PyTorch
-to run kiln's reference MLP (784 -> 1024 -> 1024 -> 10, random weights, converted once to
---precision) over batches: eval mode, --grad-mode, each batch to the device and back as fp32.
---compile runs torch.compile(model), the first (compiling) batch reported apart, or "not_run".
-Prints one JSON line on stdout (throughput, latency percentiles, peak memory).
+"""PyTorch's side of kiln's offline inference benchmark: kiln's reference MLP (784 -> 1024 -> 1024
+-> 10, random weights in --precision) run over batches in plain PyTorch (eval, --grad-mode, eager or
+--compile, each batch to the device and back as fp32); prints one JSON line on stdout.
 """
 
-import argparse
 import statistics
 import time
 
-from common import (at_least, emit, inductor_cache, log, not_run, peak_memory, set_threads,
-                    sync)
+from common import (at_least, emit, inductor_cache, log, not_run, parser, peak_memory,
+                    set_threads, sync)
 import torch  # noqa: E402
 
 from train_step import MLP  # noqa: E402 - kiln's reference MLP, beside this script
@@ -38,15 +35,11 @@ def run(a, forward, device, dtype):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
     # --batches: the timed batches; --warmup: at least 1, as the first batch is reported apart.
-    for name, kind, default in (("--batch", at_least(1), 64), ("--batches", at_least(1), 200),
-                                ("--warmup", at_least(1), 20), ("--threads", int, None),
-                                ("--seed", int, 0)):
-        p.add_argument(name, type=kind, default=default)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--grad-mode", choices=("inference_mode", "no_grad"), default="inference_mode")
+    positive = at_least(1)
+    p = parser(__doc__, batch=(positive, 64), batches=(positive, 200), warmup=(positive, 20),
+               threads=(int, None), seed=0, device="cpu", precision=["fp32", "bf16", "fp16"],
+               grad_mode=["inference_mode", "no_grad"])
     p.add_argument("--compile", action="store_true", help="run torch.compile(model)")
     a = p.parse_args()
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -57,7 +50,7 @@ def main():
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.precision, torch.float32)
     model = MLP(784, [1024, 1024], 10, dropout=0.0).to(device=device, dtype=dtype).eval()
     params = sum(p.numel() for p in model.parameters())
-    cache = inductor_cache()["state"] if a.compile else None
+    cache = inductor_cache() if a.compile else None
     try:
         all_times = run(a, torch.compile(model) if a.compile else model, device, dtype)
     except Exception as e:  # noqa: BLE001 - any compile failure becomes the row's reason

@@ -1,10 +1,9 @@
 """The PyTorch side of kiln's end-to-end job benchmark (`cargo xtask bench --suite job`): the job
-`kiln train --data DIR` runs, with PyTorch Lightning (`--trainer lightning`) or a plain loop
-(`--trainer plain`): kiln's shards through a DataLoader (kiln's split), the transformer twin seeded
-as kiln's, fused AdamW with kiln's schedule and clipping, validation and a checkpoint every epoch.
-Prints one JSON line on stdout (final validation scores, steps, the time inside fit).
+`kiln train --data DIR` runs, with PyTorch Lightning or a plain loop (--trainer), on kiln's shards
+and split, kiln's model, optimizer, schedule and clipping, validating and checkpointing every epoch;
+prints one JSON line on stdout (final validation scores, steps, the time inside fit).
 """
-import argparse
+import functools
 import json
 import os
 import sys
@@ -12,7 +11,7 @@ import time
 
 # The siblings in this directory (first on sys.path): the shared parts, twins and shard reader.
 from common import (add_scores, add_training_args, emit, lightning_module, log, optimizer,
-                    scores, set_threads, train_step)
+                    parser, scores, set_threads, train_step)
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Subset  # noqa: E402
 
@@ -40,11 +39,6 @@ def loaders(a):
                        generator=torch.Generator().manual_seed(a.seed), **common)
     val = DataLoader(Subset(shards, split["val"]), shuffle=False, **common)
     return train, val, int(split["classes"])
-
-
-def autocast(a):
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(a.precision)
-    return torch.autocast(a.device, dtype=dtype, enabled=dtype is not None)
 
 
 def lightning_fit(a, model, train, val):
@@ -87,16 +81,18 @@ def lightning_fit(a, model, train, val):
 def plain_fit(a, model, train, val):
     total = len(train) * a.epochs
     opt, sched = optimizer(model, a, total)
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(a.precision)
+    autocast = functools.partial(torch.autocast, a.device, dtype=dtype, enabled=dtype is not None)
     os.makedirs(os.path.join(a.out, "checkpoints"), exist_ok=True)
     start, step = time.perf_counter(), 0
     model.train()
     for epoch in range(a.epochs):
         for x, y in train:
-            loss = train_step(model, opt, x, y, a.clip, sched, lambda: autocast(a))
+            loss = train_step(model, opt, x, y, a.clip, sched, autocast)
             step += 1
             if step % 50 == 0:
                 log(f"step {step}/{total} loss {loss.item():.4f}")
-        val_loss, val_acc = scores(model, val, lambda: autocast(a))
+        val_loss, val_acc = scores(model, val, autocast)
         log(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "schedule": sched.state_dict(), "epoch": epoch, "step": step},
@@ -106,15 +102,11 @@ def plain_fit(a, model, train, val):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, workers=2, trainer=["lightning", "plain"], attention=["math", "sdpa"],
+               precision=["bf16-mixed", "32-true", "16-mixed"], device=["cpu", "cuda"])
     p.add_argument("--data", required=True, help="kiln's prepared dataset directory")
     p.add_argument("--split", required=True, help="split.json: train and val indices, classes")
     p.add_argument("--out", required=True, help="directory for checkpoints and logs")
-    p.add_argument("--workers", type=int, default=2)
-    for name, choices in (("--trainer", ["lightning", "plain"]), ("--attention", ["math", "sdpa"]),
-                          ("--precision", ["bf16-mixed", "32-true", "16-mixed"]),
-                          ("--device", ["cpu", "cuda"])):
-        p.add_argument(name, choices=choices, default=choices[0])
     add_training_args(p, epochs=3)
     a = p.parse_args()
     set_threads(a.threads)

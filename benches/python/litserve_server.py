@@ -4,9 +4,7 @@ head), one CPU worker with --threads threads, dynamic batching (--max-batch, --b
 at POST /v1/predict, which takes and answers kiln's JSON bodies (`{"inputs": [784 floats]}`,
 `{"outputs": [10 floats], "shape": [10]}`); GET /health says when it is ready.
 """
-import argparse
-
-from common import open_safetensors  # numpy's warning filtered there
+from common import open_safetensors, parser  # numpy's warning filtered there
 import litserve as ls  # noqa: E402
 import torch  # noqa: E402
 
@@ -55,11 +53,8 @@ class MlpAPI(ls.LitAPI):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, port=int, max_batch=64, batch_timeout_ms=2.0, threads=1)
     p.add_argument("--weights", required=True, help="kiln's MLP as safetensors")
-    p.add_argument("--port", type=int, required=True)
-    for name, default in (("--max-batch", 64), ("--batch-timeout-ms", 2.0), ("--threads", 1)):
-        p.add_argument(name, type=type(default), default=default)
     a = p.parse_args()
     api = MlpAPI(a.weights, a.threads, max_batch_size=a.max_batch,
                  batch_timeout=a.batch_timeout_ms / 1000.0, api_path="/v1/predict")

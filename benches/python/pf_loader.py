@@ -1,15 +1,13 @@
 """The data suite's windows row, PyTorch side: pytorch-forecasting's TimeSeriesDataSet and its
-DataLoader (`to_dataloader`) over kiln's long-format CSV (series, t, y, price, holiday, temp,
-footfall, region), set up as kiln's dataset (fixed lengths, `y` normalised per series, every window
-trains), epochs timed with each batch's tensors touched once; one JSON line on stdout.
+DataLoader over kiln's long-format CSV, set up as kiln's dataset (fixed lengths, `y` normalised per
+series, every window trains); epochs timed with each batch's tensors touched once; one JSON line.
 """
-import argparse
-import json
 import time
 import warnings
 
-import pandas as pd
-import torch
+from common import emit, parser
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
 
 
 def dataset(a):
@@ -17,7 +15,6 @@ def dataset(a):
     from pytorch_forecasting.data import GroupNormalizer
 
     df = pd.read_csv(a.csv, dtype={"series": str, "region": str})
-    reals = ["price", "holiday", "temp", "footfall"]
     return TimeSeriesDataSet(
         df, time_idx="t", target="y", group_ids=["series"],
         min_encoder_length=a.encoder_length, max_encoder_length=a.encoder_length,
@@ -26,16 +23,13 @@ def dataset(a):
         time_varying_known_reals=["price", "holiday"],
         time_varying_unknown_reals=["temp", "footfall", "y"],
         target_normalizer=GroupNormalizer(groups=["series"]),
-        scalers={name: None for name in reals},
+        scalers=dict.fromkeys(["price", "holiday", "temp", "footfall"]),
     )
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--csv", required=True)
-    for flag in ("--encoder-length", "--horizon", "--batch-size", "--workers", "--epochs",
-                 "--threads"):
-        p.add_argument(flag, type=int, required=True)
+    p = parser(__doc__, csv=str, encoder_length=int, horizon=int, batch_size=int, workers=int,
+               epochs=int, threads=int)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     warnings.filterwarnings("ignore")
@@ -47,17 +41,15 @@ def main():
     epochs, samples, target_sum = [], 0, 0.0
     for _ in range(a.epochs):
         t0 = time.perf_counter()
-        n = 0
+        samples = 0
         for x, (y, _) in loader:
             for v in x.values():
                 v.sum()
             target_sum += float(y.sum(dtype=torch.float64))
-            n += y.shape[0]
+            samples += y.shape[0]
         epochs.append(time.perf_counter() - t0)
-        samples = n
-    print(json.dumps({"impl": "pytorch-forecasting", "build_seconds": built,
-                      "epoch_seconds": epochs, "samples_per_epoch": samples,
-                      "target_sum": target_sum}))
+    emit({"impl": "pytorch-forecasting", "build_seconds": built, "epoch_seconds": epochs,
+          "samples_per_epoch": samples, "target_sum": target_sum})
 
 
 if __name__ == "__main__":

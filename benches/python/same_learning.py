@@ -1,26 +1,19 @@
-"""PyTorch's side of kiln's same-learning check (`cargo xtask bench learning`): trains the twin of
-one of kiln's reference models (train_step.py's modules, dropout 0) from kiln's initial weights on
-kiln's data as --job JOB.json describes it (model, sizes, the weights' and data's safetensors files,
-steps, batch, AdamW's settings; step i trains on rows [i*batch mod pool, +batch), constant lr, no
-clipping); prints the per-step losses and the held-out loss and accuracy as one JSON line.
---precision bf16 runs under CPU autocast with kiln's attention there (the explicit product).
+"""PyTorch's side of kiln's same-learning check (`cargo xtask bench learning`): trains the twin of a
+kiln reference model from kiln's initial weights on kiln's data as --job JOB.json describes it
+(rows [i*batch mod pool, +batch) at step i, constant lr, no clipping; bf16: CPU autocast, kiln's
+attention) and prints the per-step losses and the held-out loss and accuracy as one JSON line.
 """
-import argparse
 import functools
 import json
 import re
 import sys
 import time
 
-from common import adamw_groups, batches, emit, open_safetensors, scores, set_threads, train_step
+from common import (adamw_groups, batches, emit, open_safetensors, parser, scores, set_threads,
+                    train_step)
 import torch  # noqa: E402
 
 import train_step as twins  # noqa: E402 - the twins of kiln's models, beside this script
-
-
-def read_safetensors(path):
-    """{name: tensor} of a safetensors file, each tensor a copy."""
-    return {name: t.clone() for name, t in open_safetensors(path).items()}
 
 
 # kiln's names of the transformer twin's tensors: (pattern on the twin's name, kiln's name); an
@@ -61,9 +54,8 @@ def kiln_name(kind, model, name):
 
 
 def load_kiln_weights(kind, model, path):
-    """Copies kiln's initial weights into every twin tensor (but num_batches_tracked), each file
-    tensor used exactly once, shapes equal; returns the number of tensors loaded."""
-    weights = read_safetensors(path)
+    """Copies kiln's weights into the twin, each tensor exactly once; returns how many."""
+    weights = open_safetensors(path)
     used = {}
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         if name.endswith("num_batches_tracked"):
@@ -104,10 +96,8 @@ def build(job, math_attention):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, precision=["fp32", "bf16"], threads=(int, None))
     p.add_argument("--job", required=True, help="the job file kiln-bench learning wrote")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    p.add_argument("--threads", type=int)
     a = p.parse_args()
     set_threads(a.threads)
     start = time.perf_counter()
@@ -116,7 +106,7 @@ def main():
     bf16 = a.precision == "bf16"
     model = build(job, math_attention=bf16)
     loaded = load_kiln_weights(job["model"], model, job["init"])
-    data = read_safetensors(job["data"])
+    data = {name: t.clone() for name, t in open_safetensors(job["data"]).items()}
     x, y = data["train_x"], data["train_y"]
     groups = adamw_groups(list(model.parameters()), job["weight_decay"])
     opt = torch.optim.AdamW(groups, lr=job["lr"], betas=tuple(job["betas"]), eps=job["eps"],

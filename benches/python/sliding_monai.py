@@ -6,13 +6,12 @@ DIR/volume.npy ([1, N, N, N] float32, seeded). `run DIR --roi R --overlap O --mo
 sliding_window_inference over the volume once (the forward's time summed apart), writes the output
 to FILE and prints one JSON line: {"total_s", "forward_s", "windows", "monai"}.
 """
-import argparse
-import json
 import time
 
-import numpy as np
-import torch
-from torch import nn
+from common import emit, parser
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 def make(a):
@@ -49,17 +48,15 @@ def run(a):
                                        mode=a.mode)
         total = time.perf_counter() - start
     np.save(a.out, out[0].numpy())
-    print(json.dumps({"total_s": total, "forward_s": inside["s"], "windows": inside["windows"],
-                      "monai": monai.__version__}))
+    emit({"total_s": total, "forward_s": inside["s"], "windows": inside["windows"],
+          "monai": monai.__version__})
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__, size=96, channels=8, roi=64, overlap=0.25, mode="gaussian", batch=4,
+               threads=2)
     p.add_argument("what", choices=("make", "run"))
     p.add_argument("dir")
-    for name, default in (("--size", 96), ("--channels", 8), ("--roi", 64), ("--overlap", 0.25),
-                          ("--mode", "gaussian"), ("--batch", 4), ("--threads", 2)):
-        p.add_argument(name, type=type(default), default=default)
     p.add_argument("--out")
     p.add_argument("--channels-last", action="store_true", help="weights channels-last-3d")
     a = p.parse_args()

@@ -1,11 +1,9 @@
 """PyTorch's side of kiln's data-loader benchmark (`cargo xtask bench data`): kiln's dataset
-directory (safetensors shards, memory-mapped once per worker) read with a DataLoader, normalized as
-kiln's loader does: --fetch item (one sample per __getitem__, default_collate) or --fetch batch
-(__getitems__ reads each shard's rows of a batch in one call). Times the first batch, each epoch
-and the per-batch work inline; prints one JSON line.
+directory (safetensors shards) read and normalized with a DataLoader, --fetch item (__getitem__ and
+default_collate) or batch (__getitems__); times the first batch, each epoch and the per-batch work
+inline; prints one JSON line.
 """
 
-import argparse
 import bisect
 import itertools
 import json
@@ -14,7 +12,7 @@ import os
 import sys
 import time
 
-from common import open_safetensors
+from common import emit, open_safetensors, parser
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 from torch.utils.data._utils.collate import default_collate  # noqa: E402
@@ -63,8 +61,7 @@ class ShardDataset(Dataset):
 
 
 class BatchedShardDataset(ShardDataset):
-    """Batched fetch: (features, labels, this process's __getitems__ calls so far, its pid), the
-    batch's samples grouped by shard (order within a batch does not matter to a mean loss)."""
+    """Batched fetch: (features, labels, __getitems__ calls so far, pid), grouped by shard."""
 
     def __init__(self, root, mean, std):
         super().__init__(root, mean, std)
@@ -117,14 +114,15 @@ def breakdown(ds, batch_size, seed):
     """Per-batch work timed inline in this process over a few shuffled batches, in ms."""
     ds.opened()  # map the shards before timing (with workers, this process has not yet)
     perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed + 1)).tolist()
-    batches = [perm[k * batch_size:(k + 1) * batch_size] for k in range(BREAKDOWN_BATCHES)]
-    batches = [b for b in batches if b]
+    starts = range(0, min(len(perm), BREAKDOWN_BATCHES * batch_size), batch_size)
+    batches = [perm[k:k + batch_size] for k in starts]
+    batched = isinstance(ds, BatchedShardDataset)
     fetch = collate = 0.0
     for b in batches:
         t0 = time.perf_counter()
-        data = ds.__getitems__(b) if isinstance(ds, BatchedShardDataset) else [ds[i] for i in b]
+        data = ds.__getitems__(b) if batched else [ds[i] for i in b]
         t1 = time.perf_counter()
-        if not isinstance(ds, BatchedShardDataset):
+        if not batched:
             default_collate(data)
         t2 = time.perf_counter()
         fetch += t1 - t0
@@ -143,11 +141,8 @@ def run_epochs(loader, epochs, batched):
         epoch_start = time.perf_counter()
         wait = 0.0
         it = iter(loader)
-        while True:
-            t0 = time.perf_counter()
-            item = next(it, None)
-            if item is None:
-                break
+        t0 = time.perf_counter()
+        for item in it:
             wait += time.perf_counter() - t0
             if out["first_batch_seconds"] is None:
                 out["first_batch_seconds"] = time.perf_counter() - start
@@ -158,6 +153,7 @@ def run_epochs(loader, epochs, batched):
             out["batches"] += 1
             out["label_sum"] += int(y.sum())
             out["feature_sum"] += float(x[:, 0].sum(dtype=torch.float64))  # a cheap data check
+            t0 = time.perf_counter()
         out["epoch_seconds"].append(time.perf_counter() - epoch_start)
         out["wait_seconds"].append(wait)
     out["getitems_calls"] = sum(calls.values()) if batched else None
@@ -165,13 +161,8 @@ def run_epochs(loader, epochs, batched):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--dir", required=True)
-    p.add_argument("--norm", required=True)
-    for name, default in (("--workers", 0), ("--batch-size", 64), ("--prefetch-factor", 2),
-                          ("--epochs", 2), ("--seed", 0), ("--threads", 1)):
-        p.add_argument(name, type=int, default=default)
-    p.add_argument("--fetch", choices=["item", "batch"], default="item")
+    p = parser(__doc__, dir=str, norm=str, workers=0, batch_size=64, prefetch_factor=2, epochs=2,
+               seed=0, threads=1, fetch=["item", "batch"])
     p.add_argument("--idle", action="store_true", help="load everything but iterate nothing")
     a = p.parse_args()
     torch.set_num_threads(a.threads)  # this process's ops (kiln's side: the same count)
@@ -180,13 +171,13 @@ def main():
     batched = a.fetch == "batch"
     ds = (BatchedShardDataset if batched else ShardDataset)(a.dir, norm["mean"], norm["std"])
     if a.idle:  # report, then hold still until the harness has measured (stdin closes)
-        print(json.dumps({"impl": "torch", "idle": True}), flush=True)
+        emit({"impl": "torch", "idle": True})
         sys.stdin.read()
         return
-    g = torch.Generator().manual_seed(a.seed)
     kwargs = {"collate_fn": identity} if batched else {}
     if a.workers > 0:
         kwargs.update(persistent_workers=True, prefetch_factor=a.prefetch_factor)
+    g = torch.Generator().manual_seed(a.seed)
     t0 = time.perf_counter()
     loader = DataLoader(ds, batch_size=a.batch_size, shuffle=True, generator=g,
                         num_workers=a.workers, pin_memory=False, **kwargs)
@@ -197,7 +188,7 @@ def main():
                samples_per_epoch=res["samples"] // max(a.epochs, 1),
                breakdown=breakdown(ds, a.batch_size, a.seed),
                torch=torch.__version__, python=sys.version.split()[0])
-    print(json.dumps(res))
+    emit(res)
 
 
 if __name__ == "__main__":

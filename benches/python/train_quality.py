@@ -1,19 +1,16 @@
-"""The PyTorch side of kiln's learning-quality benchmark (`cargo xtask bench quality`): a plain
-loop, as a careful user writes it, for the job kiln runs: the transformer twin seeded as kiln's
-model, on the same samples and split, with kiln's settings (fused AdamW, warmup + cosine, clipping,
-dropout, drop_last, fp32), validated every epoch; prints one JSON line. --lr-find trains at
-Lightning's `Tuner.lr_find` suggestion; --task regression trains the MLP twin with mean squared
-error.
+"""The PyTorch side of kiln's learning-quality benchmark (`cargo xtask bench quality`): the plain
+loop a careful user writes for kiln's job (the transformer twin seeded as kiln's, same split and
+settings), validated every epoch; prints one JSON line. --lr-find trains at Lightning's
+`Tuner.lr_find` suggestion; --task regression trains the MLP twin with mean squared error.
 """
-import argparse
 import json
 import math
 import os
 import sys
 import time
 
-from common import (add_training_args, adamw_groups, batches, emit, lightning_module,
-                    optimizer, read_npy, scores, set_threads, train_step)
+from common import (add_scores, add_training_args, adamw_groups, batches, emit, lightning_module,
+                    optimizer, parser, read_npy, scores, set_threads, train_step)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -21,14 +18,12 @@ import train_step as twins  # noqa: E402 - the twins of kiln's models, beside th
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = parser(__doc__, schedule=["cosine", "constant"], task=["classification", "regression"])
     p.add_argument("--data", required=True, help="directory with features.npy, labels.npy")
     p.add_argument("--split", required=True, help="split.json: train and val indices")
-    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
+    p.add_argument("--hidden", default="256,256", help="the MLP's widths (regression)")
     p.add_argument("--lr-find", action="store_true",
                    help="train at Lightning's lr_find suggestion instead of --lr")
-    p.add_argument("--task", choices=["classification", "regression"], default="classification")
-    p.add_argument("--hidden", default="256,256", help="the MLP's widths (regression)")
     add_training_args(p)
     a = p.parse_args()
     set_threads(a.threads)
@@ -69,13 +64,10 @@ def main():
     for epoch in range(a.epochs):
         for xb, yb in loader:
             train_step(model, opt, xb, yb, a.clip, sched, loss_fn=loss_fn)
-        if regression:
-            val_loss, _ = scores(model, batches(xv, yv, 256), add=add_squared_errors)
-            scored = {"val_loss": val_loss, "val_rmse": math.sqrt(val_loss)}
-        else:
-            val_loss, val_acc = scores(model, batches(xv, yv, 256))
-            scored = {"val_loss": val_loss, "val_accuracy": val_acc}
-        epochs.append({"epoch": epoch, **scored})
+        add = add_squared_errors if regression else add_scores
+        val_loss, val_acc = scores(model, batches(xv, yv, 256), add=add)
+        second = {"val_rmse": math.sqrt(val_loss)} if regression else {"val_accuracy": val_acc}
+        epochs.append({"epoch": epoch, "val_loss": val_loss, **second})
     emit({"framework": "pytorch", "torch_version": torch.__version__, "seed": a.seed,
           "steps": total, "threads": torch.get_num_threads(),
           **{f"final_{k}": v for k, v in epochs[-1].items() if k != "epoch"},
@@ -94,8 +86,7 @@ def add_squared_errors(sums, model, x, y):
 
 
 def lightning_lr_find(a, model, loader, loss_fn):
-    """Lightning's learning-rate suggestion for `model` on `loader`: `Tuner.lr_find` with its
-    defaults, the run's AdamW groups and clipping."""
+    """Lightning's `Tuner.lr_find` suggestion (its defaults, the run's AdamW groups, clipping)."""
     import lightning as L
     from lightning.pytorch.tuner import Tuner
 

@@ -1,25 +1,24 @@
-"""PyTorch's side of kiln's train-step benchmark: the training step an ML engineer writes in plain
-PyTorch (eager, or torch.compile(model) with --compile) for the twins of kiln's reference models
-(mlp, transformer, convnet: same parameter shapes and ops): autocast forward, cross-entropy,
-zero_grad, backward, fused AdamW, loss.item(), on one fixed batch; --warmup untimed steps, then
---steps timed ones and --breakdown-steps phase by phase. --optimizer times AdamW.step() alone.
---compile reports the first (compiling) step apart, or "not_run" where it cannot compile. Prints
-one JSON line on stdout; human text goes to stderr.
+"""PyTorch's side of kiln's train-step benchmark: the step a user writes in plain PyTorch (eager, or
+torch.compile(model) with --compile) for the twins of kiln's reference models (mlp, transformer,
+convnet): autocast forward, cross-entropy, zero_grad, backward, fused AdamW, loss.item(), on one
+fixed batch, timed over --steps after --warmup, phase by phase over --breakdown-steps; --compile
+reports the first (compiling) step apart, or "not_run" where it cannot compile. --optimizer times
+AdamW.step() alone. Prints one JSON line on stdout; human text goes to stderr.
 """
 
 import argparse
+from collections import OrderedDict
 import math
 import statistics
 import sys
 import time
 
-from common import (adamw_groups, at_least, emit, inductor_cache, log, not_run, peak_memory,
-                    save_program, set_threads, sync, timed)
+from common import (adamw_groups, at_least, emit, inductor_cache, log, not_run, parser,
+                    peak_memory, save_program, set_threads, sync, timed)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-MODELS = ("mlp", "transformer", "convnet")
 # Each model's input and output sizes, as kiln's reference models have them.
 SIZES = {"mlp": {"features": 64, "hidden": [256, 256], "classes": 10},
          "transformer": {"features": 469, "classes": 100},
@@ -58,8 +57,7 @@ class SelfAttention(nn.Module):
             a = torch.softmax((q @ k.transpose(-2, -1)) * scale, dim=-1) @ v
         else:
             a = F.scaled_dot_product_attention(q, k, v)  # no mask, no attention dropout
-        a = a.transpose(1, 2).reshape(b, s, d)
-        return self.out_proj(a)
+        return self.out_proj(a.transpose(1, 2).reshape(b, s, d))
 
 
 class EncoderLayer(nn.Module):
@@ -106,54 +104,39 @@ class ConvNet(nn.Module):
     def __init__(self, in_channels, classes):
         super().__init__()
         layers = []
-        c = in_channels
-        for out, stride in zip(CONV_CHANNELS, CONV_STRIDES):
+        for c, out, stride in zip((in_channels, *CONV_CHANNELS), CONV_CHANNELS, CONV_STRIDES):
             layers += [nn.Conv2d(c, out, 3, stride=stride, padding=1, bias=False),
                        nn.BatchNorm2d(out), nn.ReLU()]
-            c = out
         self.features = nn.Sequential(*layers)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.head = nn.Linear(c, classes)
+        self.head = nn.Linear(CONV_CHANNELS[-1], classes)
 
     def forward(self, x):
         return self.head(torch.flatten(self.pool(self.features(x)), 1))
 
 
-class UNet3dBlock(nn.Module):
+def unet3d_block(in_channels, out):
     """Conv3d(3³, padding 1, no bias) -> BatchNorm3d -> ReLU, twice (kiln's names)."""
-
-    def __init__(self, in_channels, out):
-        super().__init__()
-        self.conv0 = nn.Conv3d(in_channels, out, 3, padding=1, bias=False)
-        self.bn0 = nn.BatchNorm3d(out)
-        self.conv1 = nn.Conv3d(out, out, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm3d(out)
-
-    def forward(self, x):
-        x = F.relu(self.bn0(self.conv0(x)))
-        return F.relu(self.bn1(self.conv1(x)))
-
-
-class UNet3dUp(nn.Module):
-    def __init__(self, deeper, width):
-        super().__init__()
-        self.upsample = nn.ConvTranspose3d(deeper, width, 2, stride=2)
-        self.block = UNet3dBlock(2 * width, width)
+    return nn.Sequential(OrderedDict(
+        conv0=nn.Conv3d(in_channels, out, 3, padding=1, bias=False), bn0=nn.BatchNorm3d(out),
+        relu0=nn.ReLU(), conv1=nn.Conv3d(out, out, 3, padding=1, bias=False),
+        bn1=nn.BatchNorm3d(out), relu1=nn.ReLU()))
 
 
 class UNet3d(nn.Module):
-    """kiln's unet3d (max-pooling down, transposed convolutions up after the skip, a 1x1x1 head),
-    built in kiln's order under kiln's tensor names."""
+    """kiln's unet3d (max-pool down, transposed conv up, skips, 1x1x1 head), in kiln's names."""
 
     def __init__(self, in_channels, channels, classes):
         super().__init__()
         c = in_channels
         for i, width in enumerate(channels):
-            setattr(self, f"down{i}", UNet3dBlock(c, width))
+            setattr(self, f"down{i}", unet3d_block(c, width))
             c = width
         self.levels = len(channels)
         for i in reversed(range(self.levels - 1)):
-            setattr(self, f"up{i}", UNet3dUp(channels[i + 1], channels[i]))
+            up = {"upsample": nn.ConvTranspose3d(channels[i + 1], channels[i], 2, stride=2),
+                  "block": unet3d_block(2 * channels[i], channels[i])}
+            setattr(self, f"up{i}", nn.ModuleDict(up))
         self.head = nn.Conv3d(channels[0], classes, 1)
 
     def forward(self, x):
@@ -165,7 +148,7 @@ class UNet3d(nn.Module):
             skips.append(x)
         for i in reversed(range(self.levels - 1)):
             up = getattr(self, f"up{i}")
-            x = up.block(torch.cat([skips[i], up.upsample(x)], 1))
+            x = up["block"](torch.cat([skips[i], up["upsample"](x)], 1))
         return self.head(x)
 
 
@@ -209,8 +192,7 @@ def build(a):
 
 
 def use_math_attention(a):
-    """`--attention math`, or `kiln`: the explicit product where kiln uses it (the CPU in bf16
-    or fp16), SDPA elsewhere. The default, `sdpa`, is what a user writes."""
+    """--attention math, or kiln: the explicit product where kiln uses it (CPU bf16/fp16)."""
     reduced = a.precision in ("bf16", "fp16")
     return a.attention == "math" or (a.attention == "kiln" and a.device == "cpu" and reduced)
 
@@ -266,33 +248,28 @@ def train_bench(a):
         return not_run(e, device=a.device, model=a.model, precision=a.precision,
                        config=model_config(a))
     times = timed(a.steps, step, losses)
-    phases = {"data_wait_ms": 0.0, "forward_ms": 0.0, "backward_ms": 0.0, "optimizer_ms": 0.0}
+    phases = dict.fromkeys(("data_wait_ms", "forward_ms", "backward_ms", "optimizer_ms"), 0.0)
     for _ in range(a.breakdown_steps):
         t0 = time.perf_counter()
         batch = (x, y)  # one resident batch: the data wait is fetching it, as on kiln's side
         phases["data_wait_ms"] += (time.perf_counter() - t0) * 1e3
         del batch
         losses.append(step(phases))
-    breakdown = ({k: v / a.breakdown_steps for k, v in phases.items()}
-                 if a.breakdown_steps else None)
     if not all(math.isfinite(v) for v in losses):
         raise SystemExit(f"error: non-finite loss during training: {losses}")
     median = statistics.median(times)
     memory, memory_kind = peak_memory(device)
     flops_per_step = 3 * fwd_flops * a.batch
-    compiled = None
-    if a.compile:  # the first step compiles: compile_s is it less one steady step
-        breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
-        compiled = {"mode": a.compile_mode,
-                    "what": "torch.compile(model); loss, backward, AdamW eager",
-                    "first_step_s": warmup_times[0],
-                    "compile_s": max(0.0, warmup_times[0] - median),
-                    "inductor_cache": cache["state"], "graph_breaks": breaks}
+    # The first step compiles: compile_s is it less one steady step.
+    compiled = {"mode": a.compile_mode, "what": "torch.compile(model); loss, backward, AdamW eager",
+                "first_step_s": warmup_times[0], "compile_s": max(0.0, warmup_times[0] - median),
+                "inductor_cache": cache,
+                "graph_breaks": sum(torch._dynamo.utils.counters["graph_break"].values()),
+                } if a.compile else None
     result = {
         "framework": "pytorch-compile" if a.compile else "pytorch-eager",
         "torch_version": torch.__version__, "python": sys.version.split()[0],
-        "device": a.device, "model": a.model, "precision": a.precision,
-        "compile": compiled,
+        "device": a.device, "model": a.model, "precision": a.precision, "compile": compiled,
         "batch": a.batch, "threads": torch.get_num_threads(), "config": model_config(a),
         "params": params, "forward_flops_per_sample": fwd_flops, "flops_per_step": flops_per_step,
         "warmup": a.warmup, "steps": a.steps,
@@ -300,7 +277,9 @@ def train_bench(a):
         "step_s_median": median, "step_s_mean": statistics.fmean(times),
         "step_s_min": min(times), "step_s_max": max(times),
         "samples_per_s": a.batch / median, "gflops": flops_per_step / median / 1e9,
-        "loss_first": losses[0], "loss_last": losses[-1], "breakdown": breakdown,
+        "loss_first": losses[0], "loss_last": losses[-1],
+        "breakdown": {k: v / a.breakdown_steps for k, v in phases.items()}
+        if a.breakdown_steps else None,
         "peak_memory_mib": memory, "peak_memory_kind": memory_kind,
     }
     log(f"median {median * 1e3:.2f} ms/step, {result['samples_per_s']:.1f} samples/s, "
@@ -369,23 +348,15 @@ def shape_list(text):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     positive, count = at_least(1), at_least(0)
-    for name, kind, default in (("--batch", positive, 32), ("--warmup", count, 5),
-                                ("--steps", positive, 30), ("--seed", int, 0),
-                                ("--seq", positive, 64), ("--d-model", positive, 256),
-                                ("--heads", positive, 8), ("--layers", positive, 4),
-                                ("--ff", positive, 1024), ("--dropout", float, 0.1),
-                                ("--threads", positive, None), ("--breakdown-steps", count, 0),
-                                ("--device", str, "cpu"), ("--shapes", shape_list, None)):
-        p.add_argument(name, type=kind, default=default)
-    for name, choices, default in (
-            ("--model", MODELS, "transformer"), ("--precision", ("fp32", "bf16", "fp16"), "fp32"),
-            ("--optimizer", ("fused", "foreach", "single"), None),  # AdamW.step() alone
-            ("--attention", ("sdpa", "math", "kiln"), "sdpa"),
-            ("--jit-optimize", ("on", "off"), "on"),
-            ("--compile-mode", ("default", "reduce-overhead"), "default")):
-        p.add_argument(name, choices=choices, default=default)
+    p = parser(__doc__, batch=(positive, 32), warmup=(count, 5), steps=(positive, 30), seed=0,
+               seq=(positive, 64), d_model=(positive, 256), heads=(positive, 8),
+               layers=(positive, 4), ff=(positive, 1024), dropout=0.1, threads=(positive, None),
+               breakdown_steps=(count, 0), device="cpu", shapes=(shape_list, None),
+               model=["transformer", "mlp", "convnet"], precision=["fp32", "bf16", "fp16"],
+               attention=["sdpa", "math", "kiln"], jit_optimize=["on", "off"],
+               compile_mode=["default", "reduce-overhead"])
+    p.add_argument("--optimizer", choices=("fused", "foreach", "single"))  # AdamW.step() alone
     for name in ("--script", "--export-script", "--export-program"):
         p.add_argument(name, metavar="PATH", default=None)
     p.add_argument("--channels-last", action="store_true", help="convnet: channels_last layout")
@@ -399,9 +370,9 @@ def parse_args(argv=None):
         p.error(f"--device {a.device}: this torch sees no CUDA device")
     if a.compile and (a.script or a.warmup < 1):
         p.error("--compile needs --warmup >= 1 (the first step compiles) and no --script")
-    if a.optimizer is not None and not a.shapes:
-        p.error("--optimizer needs --shapes")
     if a.optimizer is not None:
+        if not a.shapes:
+            p.error("--optimizer needs --shapes")
         return a
     if a.model == "transformer" and a.d_model % a.heads != 0:
         p.error(f"--d-model ({a.d_model}) must be divisible by --heads ({a.heads})")
@@ -414,12 +385,8 @@ def parse_args(argv=None):
 def main():
     a = parse_args()
     set_threads(a.threads)
-    if a.export_script or a.export_program:
-        emit(export(a))
-    elif a.optimizer is not None:
-        emit(optimizer_bench(a))
-    else:
-        emit(train_bench(a))
+    bench = optimizer_bench if a.optimizer is not None else train_bench
+    emit(export(a) if a.export_script or a.export_program else bench(a))
 
 
 if __name__ == "__main__":
