@@ -12,7 +12,7 @@ use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
 use kiln_benches::run_cli::{Cli, exit_on_error, measured_every};
 use kiln_benches::{Msg, Result, SuiteArgs, bench_root, command, datasets};
-use kiln_benches::{median, num, report_path};
+use kiln_benches::{alternating, median, num, report_path};
 use kiln_data::{DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset};
 use kiln_data::{SyntheticClassification, Transformed};
 use serde_json::{Value, json};
@@ -384,26 +384,32 @@ fn measure(
     work: &Path,
     log: &mut Vec<Value>,
 ) -> Result<[Measured; 3]> {
-    let mut m: [Measured; 3] = Default::default();
-    for round in 0..=repeats {
-        // The sides in turn, the last first on even rounds, so drift hits all alike.
-        let order = if round % 2 == 0 { [2, 1, 0] } else { [0, 1, 2] };
-        for i in order {
-            // The first round polls memory every 10 ms; the timing runs do not poll.
-            let side = Side::ALL[i].key();
-            let out = work.join(format!("{side}-{workers}.log"));
-            let every = (round == 0).then_some(Duration::from_millis(10));
-            let (value, _, peak) = measured_every(cmd(Side::ALL[i]), &out, every)?;
-            if round == 0 {
-                m[i].peak = peak;
-                log.push(json!({"side": side, "memory_run": value,
-                                "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
-            }
-            if round > 0 || repeats == 0 {
-                log.push(json!({"side": side, "timing_run": value}));
-                m[i].runs.push(value);
-            }
+    let mut peaks = [Peak::default(); 3];
+    // The last side first (then the order reverses each round), so drift hits all alike.
+    let order = [2, 1, 0];
+    let runs = alternating(repeats + 1, &order, |round, i| {
+        // The first round polls memory every 10 ms; the timing runs do not poll.
+        let side = Side::ALL[i].key();
+        let out = work.join(format!("{side}-{workers}.log"));
+        let every = (round == 0).then_some(Duration::from_millis(10));
+        let (value, _, peak) = measured_every(cmd(Side::ALL[i]), &out, every)?;
+        if round == 0 {
+            peaks[i] = peak;
+            log.push(json!({"side": side, "memory_run": value,
+                            "peak_pss_bytes": peak.pss, "peak_rss_bytes": peak.rss}));
         }
+        let timing = round > 0 || repeats == 0;
+        if timing {
+            log.push(json!({"side": side, "timing_run": value}));
+        }
+        Ok(timing.then_some(value))
+    })?;
+    let mut m: [Measured; 3] = Default::default();
+    for (i, runs) in order.into_iter().zip(runs) {
+        m[i] = Measured {
+            runs,
+            peak: peaks[i],
+        };
     }
     check_same_data(workers, &m)?;
     Ok(m)
