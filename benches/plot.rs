@@ -18,9 +18,6 @@ use canvas::write_chart;
 use ratio::{Bar, RatioChart};
 use sweep::sweep_chart;
 
-/// The ratio charts' reading guide, before the report's facts in their second line.
-const RATIO_NOTE: &str = "bar = kiln / baseline, 1.0 = parity";
-
 /// The file stem of the batch-size sweep chart.
 const SWEEP_STEM: &str = "batch-sweep";
 
@@ -45,7 +42,7 @@ pub fn write_plots(report: &Report, dir: &Path) -> crate::Result<Vec<PathBuf>> {
     for (suite, members) in by_suite(&plain) {
         let chart = RatioChart {
             title: format!("{suite}: ratio kiln / baseline"),
-            subtitle: joined(&[RATIO_NOTE, subtitle.as_str()]),
+            subtitle: joined(&["bar = kiln / baseline, 1.0 = parity", &subtitle]),
             bars: members.iter().map(|r| Bar::of(r)).collect(),
         };
         written.extend(write_chart(dir, &unique(slug(suite), &mut stems), &chart)?);

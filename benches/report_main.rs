@@ -92,15 +92,9 @@ const PRECISION_FEATURES: [(&str, &str); 5] = [
 
 /// Which [`PRECISION_FEATURES`] the `flags` line of a `/proc/cpuinfo` text lists (none if empty).
 fn cpu_features(cpuinfo: &str) -> Map<String, Value> {
-    let flags: Vec<&str> = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("flags"))
-        .and_then(|l| l.split_once(':'))
-        .map_or(vec![], |(_, v)| v.split_whitespace().collect());
-    PRECISION_FEATURES
-        .iter()
-        .map(|(flag, name)| ((*name).to_owned(), json!(flags.contains(flag))))
-        .collect()
+    let (.., flags) = kiln_device::probe::parse_cpuinfo(cpuinfo);
+    let has = |(flag, name): &(&str, &str)| ((*name).to_owned(), json!(flags.contains(*flag)));
+    PRECISION_FEATURES.iter().map(has).collect()
 }
 
 /// The features present, e.g. `AVX2, AVX-512, AVX512-BF16 (no AMX)`.

@@ -9,51 +9,41 @@ use super::canvas::{MET, MISSED, NO_GOAL, SVG_FONT_FAMILY, short};
 use super::ratio::ratio_range;
 use super::sweep::{batch_token, power_of_two_label, series_key};
 use super::{SWEEP_STEM, slug, unique, write_plots};
-use crate::report::{Report, SWEEP_GROUP};
+use crate::report::{Better, Comparison, MS_STEP, Report, SWEEP_GROUP, Unit};
 use kiln_train::plot::{FONT, tick_label};
 
 const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
 
-/// A comparison without a goal or details; `unit` says lower is better.
-fn comparison(suite: &str, name: &str, group: &str, unit: &str, kbr: (f64, f64, f64)) -> Value {
-    let (kiln, baseline, ratio) = kbr;
-    json!({
-        "suite": suite, "name": name, "group": group, "kiln": kiln, "baseline": baseline,
-        "baseline_name": "PyTorch eager fp32", "unit": unit, "better": "lower", "ratio": ratio,
-        "goal": null, "meets_goal": null
-    })
+/// A comparison against "PyTorch eager fp32" without a goal; `kbr`: kiln, baseline, ratio.
+fn comparison(suite: &str, name: &str, group: &str, unit: Unit, kbr: [f64; 3]) -> Comparison {
+    let [kiln, baseline, ratio] = kbr;
+    let eager = "PyTorch eager fp32";
+    let c = Comparison::new(suite, group, name, unit, (kiln, baseline), eager);
+    Comparison { ratio, ..c }
 }
 
-/// A step-time row of `suite` at `ratio`, its goal `(op, value)` judged as the report would.
-fn row(suite: &str, name: &str, ratio: f64, goal: Option<(&str, f64)>) -> Value {
-    let kbr = (ratio * 10.0, 10.0, ratio);
-    let mut row = comparison(suite, name, "step time", "ms/step", kbr);
-    let met = |(op, v): (&str, f64)| {
-        ratio.is_finite() && if op == "<=" { ratio <= v } else { ratio >= v }
-    };
-    row["goal"] = json!(goal.map(|(op, value)| json!({"op": op, "value": value})));
-    row["meets_goal"] = json!(goal.map(met));
-    row["details"] = json!({"batch_size": 8});
-    row
+/// A step-time row of `suite` at `ratio` (a goal added by `at_most`/`at_least` is judged on it).
+fn row(suite: &str, name: &str, ratio: f64) -> Comparison {
+    let kbr = [ratio * 10.0, 10.0, ratio];
+    comparison(suite, name, "step time", MS_STEP, kbr).detail("batch_size", json!(8))
 }
 
-fn report_json(comparisons: Vec<Value>) -> Value {
+/// `comparisons` in a report as `report.json` holds it (non-finite numbers as null).
+fn report_json(comparisons: Vec<Comparison>) -> Value {
     json!({
         "schema": "kiln-bench/1", "created": "2026-11-21T10:00:00Z", "quick": false,
         "machine": {"cpus": 2, "device": "cpu"}, "comparisons": comparisons
     })
 }
 
-fn report(comparisons: Vec<Value>) -> Report {
+fn report(comparisons: Vec<Comparison>) -> Report {
     Report::from_value(&report_json(comparisons)).expect("a well-formed report")
 }
 
-fn sweep_point(name: &str, unit: &str, batch: u64, kiln: f64, baseline: f64) -> Value {
-    let kbr = (kiln, baseline, kiln / baseline);
-    let mut point = comparison("train", name, SWEEP_GROUP, unit, kbr);
-    point["better"] = json!("higher");
-    point["details"] = json!({"batch_size": batch});
-    point
+fn sweep_point(name: &str, unit: &'static str, batch: u64, kiln: f64, baseline: f64) -> Comparison {
+    let kbr = [kiln, baseline, kiln / baseline];
+    let point = comparison("train", name, SWEEP_GROUP, (unit, Better::Higher), kbr);
+    point.detail("batch_size", json!(batch))
 }
 
 /// Draws `report` and checks it wrote just `stems` as PNG and SVG, each SVG holding its `texts`;
@@ -96,13 +86,13 @@ fn draws(report: &Report, stems: &[&str], texts: &[&[&str]]) -> Vec<String> {
 
 #[test]
 fn one_chart_per_suite_in_png_and_svg_its_bars_coloured_by_goal() {
-    let mut higher = row("data", "loader samples/s", 1.4, Some((">=", 1.0)));
-    higher["better"] = json!("higher");
+    let mut higher = row("data", "loader samples/s", 1.4).at_least(1.0);
+    higher.better = Better::Higher;
     let report = report(vec![
-        row("train", "transformer fp32 step", 0.91, Some(("<=", 1.0))),
-        row("train", "mlp bf16 step", 1.25, Some(("<=", 1.1))),
-        row("train", "resnet step", 1.02, None),
-        row("data", "loader epoch", 0.5, Some(("<=", 1.0))),
+        row("train", "transformer fp32 step", 0.91).at_most(1.0),
+        row("train", "mlp bf16 step", 1.25).at_most(1.1),
+        row("train", "resnet step", 1.02),
+        row("data", "loader epoch", 0.5).at_most(1.0),
         higher,
     ]);
     let train = [
@@ -143,7 +133,7 @@ fn a_sweep_gets_its_own_chart() {
         let memory = name("transformer fp32 b={b} peak memory");
         rows.push(sweep_point(&memory, "MiB", b, 50.0 + f, 60.0 + 1.5 * f));
     }
-    rows.push(row("train", "transformer fp32 step", 0.9, None));
+    rows.push(row("train", "transformer fp32 step", 0.9));
     let sweep = [
         "samples/s",
         "MiB",
@@ -164,8 +154,8 @@ fn a_sweep_gets_its_own_chart() {
 
 #[test]
 fn rows_with_loss_curves_get_a_loss_chart_each() {
-    let mut loss = row("learning", "transformer fp32: largest |Δloss|", 0.0, None);
-    loss["details"] = json!({"model": "transformer", "precision": "fp32",
+    let mut loss = row("learning", "transformer fp32: largest |Δloss|", 0.0);
+    loss.details = json!({"model": "transformer", "precision": "fp32",
         "loss_curves": {"kiln": [4.6, 3.1, 2.2, null], "baseline": [4.6, 3.1, 2.25, 1.9],
                         "baseline_name": "PyTorch twin fp32"}});
     let stems = ["learning", "learning-loss-transformer-fp32"];
@@ -182,22 +172,22 @@ fn nan_and_missing_values_do_not_panic() {
     let nan = f64::NAN;
     // serde_json writes non-finite floats as null, which reads back as NaN; empty names and
     // absent details stand for the other odd things a report might hold.
-    let odd = |suite: &str, name: &str, group: &str, kbr: (f64, f64, f64)| {
-        let mut odd = comparison(suite, name, group, "", kbr);
-        odd["baseline_name"] = json!("");
-        odd
+    let odd = |suite: &str, name: &str, group: &str, kbr: [f64; 3]| Comparison {
+        baseline_name: String::new(),
+        details: Value::Null,
+        ..comparison(suite, name, group, ("", Better::Lower), kbr)
     };
-    let mut no_batch = odd("train", "mlp b=16 throughput", SWEEP_GROUP, (1.0, nan, nan));
-    no_batch["details"] = json!({"batch_size": -4});
+    let mut no_batch = odd("train", "mlp b=16 throughput", SWEEP_GROUP, [1.0, nan, nan]);
+    no_batch.details = json!({"batch_size": -4});
     let rows = vec![
-        row("train", "all nan", nan, Some(("<=", nan))),
-        odd("", "no suite at all", "g", (1.0, 1.0, 1.0)),
-        odd("train", "huge", "g", (1e300, 1.0, 1e300)),
-        odd("train", "negative", "g", (-2.0, 1.0, -2.0)),
-        odd("train", "computed", "g", (3.0, 2.0, nan)),
-        odd("train", "zero baseline", "g", (3.0, 0.0, nan)),
+        row("train", "all nan", nan).at_most(nan),
+        odd("", "no suite at all", "g", [1.0, 1.0, 1.0]),
+        odd("train", "huge", "g", [1e300, 1.0, 1e300]),
+        odd("train", "negative", "g", [-2.0, 1.0, -2.0]),
+        odd("train", "computed", "g", [3.0, 2.0, nan]),
+        odd("train", "zero baseline", "g", [3.0, 0.0, nan]),
         sweep_point("mlp b=8 throughput", "samples/s", 8, nan, nan),
-        odd("train", "no batch size", SWEEP_GROUP, (1.0, 2.0, 0.5)),
+        odd("train", "no batch size", SWEEP_GROUP, [1.0, 2.0, 0.5]),
         no_batch,
     ];
     // "1.50": the computed ratio 3 / 2 drawn.
@@ -208,7 +198,7 @@ fn nan_and_missing_values_do_not_panic() {
 
 #[test]
 fn a_malformed_report_is_an_error_before_drawing() {
-    let mut bad = report_json(vec![row("t", "x", 1.0, None)]);
+    let mut bad = report_json(vec![row("t", "x", 1.0)]);
     bad["comparisons"][0]["ratio"] = json!("fast");
     let err = Report::from_value(&bad).unwrap_err();
     assert!(err.contains("not a kiln-bench/1 report"), "{err}");
@@ -244,7 +234,7 @@ fn no_comparisons_write_nothing_and_an_unwritable_directory_is_an_error_naming_i
     assert!(!target.exists(), "no directory for no plots");
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();
-    let err = write_plots(&report(vec![row("t", "x", 1.0, None)]), &file).unwrap_err();
+    let err = write_plots(&report(vec![row("t", "x", 1.0)]), &file).unwrap_err();
     assert!(err.contains(&file.display().to_string()), "{err}");
 }
 
