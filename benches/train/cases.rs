@@ -317,14 +317,8 @@ fn own_args(o: &Opts, precision: &str) -> Vec<String> {
 
 /// Runs the `sides` that run here alternating; each must have trained the model of `exported`.
 fn run_sides(o: &Opts, case: &str, exported: &Value, sides: &[Side<'_>]) -> Result<Sides> {
-    let named: Vec<_> = sides
-        .iter()
-        .filter(|(_, runs_here, _)| *runs_here)
-        .collect();
-    let runs = interleaved(o.repeats, named.len(), |i| {
-        let (_, _, command) = named[i];
-        command()
-    })?;
+    let named: Vec<_> = sides.iter().filter(|(_, here, _)| *here).collect();
+    let runs = interleaved(o.repeats, named.len(), |i| (named[i].2)())?;
     if runs.iter().any(|s| s[0]["params"] != exported["params"]) {
         return Err(format!(
             "{case} case: the sides trained different models ({} exported parameters)",
@@ -423,24 +417,16 @@ pub fn program_case(o: &Opts, out: &mut SuiteOutput) -> Result<Value> {
         .and_then(|k| k.first())
         .and_then(|r| r["precision"].as_str())
         .unwrap_or("?");
+    let compiled = "torch.compile (default mode)";
+    let overhead = "torch.compile (reduce-overhead)";
     // kiln's compiled step, and on CUDA its replay as one CUDA graph, against each baseline.
     let pairs = [
         ("kiln", "eager", "PyTorch eager", Some(0.95)),
         ("kiln", "torchscript", "kiln's TorchScript path", None),
-        ("kiln", "compile", "torch.compile (default mode)", Some(1.0)),
+        ("kiln", "compile", compiled, Some(1.0)),
         ("graph", "eager", "PyTorch eager", None),
-        (
-            "graph",
-            "compile",
-            "torch.compile (default mode)",
-            Some(0.8),
-        ),
-        (
-            "graph",
-            "reduce-overhead",
-            "torch.compile (reduce-overhead)",
-            None,
-        ),
+        ("graph", "compile", compiled, Some(0.8)),
+        ("graph", "reduce-overhead", overhead, None),
     ];
     for (ours, theirs, baseline, goal) in pairs {
         let (Some(k), Some(runs)) = (side(ours), side(theirs)) else {

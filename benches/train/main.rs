@@ -201,27 +201,23 @@ fn train_suite(a: &SuiteArgs) -> Result<()> {
     if a.selects(PROGRAM_ROWS) {
         runs.push(program_case(&o, &mut out)?);
     }
+    // The batch-size sweep's rows (throughput, peak memory).
+    let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
     for &b in a.batch_sizes() {
-        runs.push(sweep_rows(&o, &mut out, b)?);
+        let args = o.step_args("transformer", precision, b, 0);
+        let sides = interleaved(o.repeats, 2, |i| match i {
+            0 => o.kiln("probe", &args),
+            _ => o.torch(&args),
+        })?;
+        let (k, t) = (&sides[0], &sides[1]);
+        let base = format!("PyTorch eager {precision}");
+        out.push_sweep(&format!("transformer {precision}"), b, (k, t), &base);
+        runs.push(json!({"sweep_batch": b, "kiln": k, "torch": t}));
     }
     let (warmup, steps, breakdown) = o.steps;
     out.details = json!({"repeats": o.repeats, "warmup_steps": warmup, "timed_steps": steps,
                          "breakdown_steps": breakdown, "runs": runs});
     out.write(&a.out_or("train"))
-}
-
-/// The batch-size sweep's rows at batch `b` (throughput, peak memory); returns their runs.
-fn sweep_rows(o: &Opts, out: &mut SuiteOutput, b: usize) -> Result<Value> {
-    let precision = if o.device.is_cuda() { "bf16" } else { "fp32" };
-    let args = o.step_args("transformer", precision, b, 0);
-    let sides = interleaved(o.repeats, 2, |i| match i {
-        0 => o.kiln("probe", &args),
-        _ => o.torch(&args),
-    })?;
-    let (k, t) = (&sides[0], &sides[1]);
-    let base = format!("PyTorch eager {precision}");
-    out.push_sweep(&format!("transformer {precision}"), b, (k, t), &base);
-    Ok(json!({"sweep_batch": b, "kiln": k, "torch": t}))
 }
 
 /// The optimizer suite's sides: the name in its runs, the `--impl`/`--optimizer` it times, and
