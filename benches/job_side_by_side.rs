@@ -164,10 +164,9 @@ fn suite(a: &SuiteArgs) -> Result<()> {
             (who, Ok(dir)) => measured(torch.command(who, &out, Some(dir)), &log)?,
         }))
     })?;
-    let sides: [Vec<Measured>; 4] = sides
+    let [kiln, light, plain, light_malloc]: [Vec<Measured>; 4] = sides
         .try_into()
         .map_err(|_| "the job suite has four sides".to_owned())?;
-    let [kiln, light, plain, light_malloc] = sides;
     let mut out = report(quick, &torch, &kiln, &plain);
     match &lightning {
         Ok(_) => lightning_rows(&mut out, &kiln, &light, &light_malloc),

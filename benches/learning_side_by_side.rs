@@ -220,13 +220,6 @@ fn prepare(dir: &Path, job: &Job) -> Result<PathBuf> {
     Ok(job_path)
 }
 
-/// Rows `[start, start + len)` of `x` and `y`.
-fn batch(x: &Tensor, y: &Tensor, start: usize, len: usize) -> Result<(Tensor, Tensor)> {
-    let (s, n) = (start as i64, len as i64);
-    let rows = |t: &Tensor| t.f_narrow(0, s, n).msg();
-    Ok((rows(x)?, rows(y)?))
-}
-
 /// One kiln run from what `prepare` wrote into `--dir`, at `--precision`; prints JSON.
 fn kiln_run(a: &KilnRunArgs) -> Result<()> {
     let start = std::time::Instant::now();
@@ -242,37 +235,36 @@ fn kiln_run(a: &KilnRunArgs) -> Result<()> {
         let found = data.iter().find(|(n, _)| n == name).map(|(_, t)| t);
         found.ok_or_else(|| format!("{} has no tensor `{name}`", path.display()))
     };
-    let (x, y) = (named("train_x")?, named("train_y")?);
+    // The rows of the tensors `x` and `y` in batches of `size`, in order.
+    let batches = |(x, y): (&str, &str), size: usize| -> Result<Vec<(Tensor, Tensor)>> {
+        let split = |name| -> Result<Vec<Tensor>> { named(name)?.f_split(size as i64, 0).msg() };
+        Ok(split(x)?.into_iter().zip(split(y)?).collect())
+    };
+    // The pool is whole batches, taken in order, cycling.
+    let train = batches(("train_x", "train_y"), job.batch)?;
     let mut options = StepOptions::new(a.precision);
     (options.lr, options.weight_decay) = (LR, WEIGHT_DECAY);
     let mut stepper =
         Stepper::new(model.as_ref(), kind.as_str(), &vs, &options, Device::Cpu).msg()?;
     stepper.set_target(&target_of(&job)).msg()?;
     let mut losses = Vec::with_capacity(job.steps);
-    for step in 0..job.steps {
-        let (bx, by) = batch(x, y, step * job.batch % job.pool, job.batch)?;
-        let loss = stepper.step(&bx, &by).msg()?;
+    for (step, (bx, by)) in train.iter().cycle().take(job.steps).enumerate() {
+        let loss = stepper.step(bx, by).msg()?;
         if !loss.is_finite() {
             let why = format!("{kind}: non-finite loss at step {step}: {losses:?}");
             return Err(why);
         }
         losses.push(loss);
     }
-    let (hx, hy) = (named("held_x")?, named("held_y")?);
-    let batches = (0..job.held_out)
-        .step_by(EVAL_BATCH)
-        .map(|s| batch(hx, hy, s, EVAL_BATCH.min(job.held_out - s)))
-        .collect::<Result<Vec<_>>>()?;
-    let eval = stepper.evaluate(batches).msg()?;
-    println!(
-        "{}",
-        json!({
-            "framework": "kiln", "model": kind.as_str(), "precision": a.precision.as_str(),
-            "threads": tch::get_num_threads(), "losses": losses,
-            "held_out_loss": eval.loss(), "held_out_accuracy": eval.get("accuracy"),
-            "seconds": start.elapsed().as_secs_f64(),
-        })
-    );
+    let held = batches(("held_x", "held_y"), EVAL_BATCH)?;
+    let eval = stepper.evaluate(held).msg()?;
+    let result = json!({
+        "framework": "kiln", "model": kind.as_str(), "precision": a.precision.as_str(),
+        "threads": tch::get_num_threads(), "losses": losses,
+        "held_out_loss": eval.loss(), "held_out_accuracy": eval.get("accuracy"),
+        "seconds": start.elapsed().as_secs_f64(),
+    });
+    println!("{result}");
     Ok(())
 }
 
@@ -288,7 +280,6 @@ struct Pair {
 fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
     // Two threads a side by default, as in the other suites.
     let threads = a.threads_or(2).max(1).to_string();
-    // The bench's own scratch directory, removed at the end.
     let work = fresh_work_dir(a, "learning")?;
     let exe = std::env::current_exe().msg()?;
     let all = ModelKind::ALL;
@@ -300,19 +291,17 @@ fn suite(a: &SuiteArgs, models: &[ModelKind]) -> Result<()> {
         for precision in PRECISIONS {
             let (name, steps) = (precision.as_str(), job.steps);
             eprintln!("learning: {kind} {name}, {steps} steps: kiln, then PyTorch");
+            let both = ["--precision", name, "--threads", &threads];
             let mut k = command(&exe, &["learning", "kiln-run", "--model", kind.as_str()]);
-            k.args(["--precision", name, "--dir"]).arg(&work);
-            k.args(["--threads", &threads]);
+            k.arg("--dir").arg(&work).args(both);
             k.args(a.quick.then_some("--quick"));
             let mut t = python_script(&a.python, "same_learning.py");
-            t.arg("--job").arg(&job_file);
-            t.args(["--precision", name, "--threads", &threads]);
-            let (kiln, torch) = (run_json(k)?, run_json(t)?);
+            t.arg("--job").arg(&job_file).args(both);
             pairs.push(Pair {
                 precision,
                 job: job.clone(),
-                kiln,
-                torch,
+                kiln: run_json(k)?,
+                torch: run_json(t)?,
             });
         }
     }
