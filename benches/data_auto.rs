@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 
 /// The goal: `auto` keeps at least this share of the best fixed count's samples/s.
 const GOAL: f64 = 0.95;
-/// The batch size of every run.
 const BATCH: usize = 64;
 /// Epochs timed after those the measurement may reach; a run's figure is their median.
 const STEADY_EPOCHS: usize = 3;
@@ -24,25 +23,12 @@ fn value(workers: Option<usize>) -> String {
     workers.map_or_else(|| "auto".to_owned(), |n| n.to_string())
 }
 
-/// The settings of every run: the MLP, `epochs` epochs of [`BATCH`], no validation or checkpoints.
-fn sets(threads: usize, epochs: u64, runs: &Path, count: Option<usize>) -> Vec<String> {
-    vec![
-        "model.name=mlp".to_owned(),
-        format!("train.batch_size={BATCH}"),
-        format!("train.epochs={epochs}"),
-        "data.val_fraction=0".to_owned(),
-        "checkpoint.enabled=false".to_owned(),
-        format!("performance.intra_op_threads={threads}"),
-        format!("run.output_dir={}", runs.display()),
-        "run.name=auto".to_owned(),
-        format!("data.num_workers={}", value(count)),
-    ]
-}
-
-/// One run: the median samples/s of its last [`STEADY_EPOCHS`] epochs and what `auto` kept.
-fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
+/// One run of `sets` with `data.num_workers` = `count`: the median samples/s of its last
+/// [`STEADY_EPOCHS`] epochs and what `auto` kept.
+fn kiln_run(data: &Path, runs: &Path, sets: &[String], count: Option<usize>) -> Result<Value> {
     remove_dir(runs)?;
-    run(kiln_train("data", data, sets)?)?;
+    let workers = format!("data.num_workers={}", value(count));
+    run(kiln_train("data", data, &[sets, &[workers]].concat())?)?;
     let (run_dir, summary) = read_summary(runs)?;
     let metrics = std::fs::read_to_string(run_dir.join("metrics.jsonl")).at(&run_dir)?;
     let epochs: Vec<f64> = metrics
@@ -64,7 +50,7 @@ fn kiln_run(data: &Path, sets: &[String], runs: &Path) -> Result<Value> {
 }
 
 /// Measures every fixed count and `auto` on the shards `data`, alternating; pushes the row.
-pub fn auto_row(
+pub fn push_row(
     out: &mut SuiteOutput,
     (data, samples): (&Path, usize),
     work: &Path,
@@ -77,16 +63,22 @@ pub fn auto_row(
     let measuring = (sides.len() - 1) * (workers::SKIPPED + workers::MAX_MEASURED);
     let epochs = (measuring.div_ceil((samples / BATCH).max(1)) + STEADY_EPOCHS) as u64;
     let runs_dir = work.join("auto-runs");
+    // Every run: the MLP, `epochs` epochs of [`BATCH`], no validation or checkpoints.
+    let sets = format!(
+        "model.name=mlp train.batch_size={BATCH} train.epochs={epochs} data.val_fraction=0 \
+         checkpoint.enabled=false performance.intra_op_threads={threads} run.name=auto"
+    );
+    let mut sets: Vec<String> = sets.split_whitespace().map(str::to_owned).collect();
+    sets.push(format!("run.output_dir={}", runs_dir.display()));
     let runs = alternating(repeats, &sides, |_, w| {
-        kiln_run(data, &sets(threads, epochs, &runs_dir, w), &runs_dir).map(Some)
+        kiln_run(data, &runs_dir, &sets, w).map(Some)
     })?;
     let steady: Vec<f64> = runs.iter().map(|r| median_of(r, "samples_per_s")).collect();
     let (auto, fixed) = steady.split_last().ok_or("no worker count was measured")?;
     let best = (0..fixed.len()).max_by(|&a, &b| fixed[a].total_cmp(&fixed[b]));
     let best = best.ok_or("no worker count was measured")?;
     let counts: Vec<String> = sides.iter().map(|&w| value(w)).collect();
-    let runs_json = runs.iter().map(|r| json!(r));
-    let per_count: serde_json::Map<_, _> = counts.iter().cloned().zip(runs_json).collect();
+    let per_count: std::collections::BTreeMap<_, _> = counts.iter().zip(&runs).collect();
     let name = "training samples/s, data.num_workers = auto vs the best fixed count";
     let best_count = &counts[best];
     let baseline = format!("kiln, data.num_workers = {best_count} (the best fixed count)");

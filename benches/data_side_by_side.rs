@@ -1,6 +1,5 @@
-//! `cargo xtask bench data`: kiln's loader against `torch.utils.data.DataLoader` over the same
-//! shards and per-sample work at 0, 1 and 2 workers: throughput, first batch and the process
-//! tree's peak memory. `kiln-bench data probe …` is kiln's side of one run, in its own process.
+//! `cargo xtask bench data`: kiln's loader against `torch.utils.data.DataLoader` on the same shards
+//! at 0, 1 and 2 workers (throughput, first batch, peak memory); kiln's side runs in `data probe`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -33,7 +32,6 @@ enum Sub {
     WindowsProbe(crate::data_windows::ProbeArgs),
 }
 
-/// `probe`'s options.
 #[derive(Debug, Args)]
 struct ProbeArgs {
     /// The shards.
@@ -49,7 +47,6 @@ struct ProbeArgs {
     idle: bool,
 }
 
-/// A loader probe's batch, workers, epochs and threads.
 #[derive(Debug, Args)]
 pub struct LoaderArgs {
     #[arg(long, default_value_t = BATCH)]
@@ -75,10 +72,8 @@ pub fn main(args: Vec<std::ffi::OsString>) {
     });
 }
 
-type Data = Transformed<ShardedDataset, Normalize>;
-
 /// The shards at `--dir` with the normalization of `--norm`, as the probe reads them.
-fn probe_dataset(dir: &str, norm: &str) -> Result<Arc<Data>> {
+fn probe_dataset(dir: &str, norm: &str) -> Result<Arc<Transformed<ShardedDataset, Normalize>>> {
     let text = std::fs::read_to_string(norm).map_err(|e| format!("{norm}: {e}"))?;
     let stats: Value = serde_json::from_str(&text).map_err(|e| format!("{norm}: {e}"))?;
     let floats = |key: &str| serde_json::from_value(stats[key].clone()).unwrap_or_default();
@@ -143,7 +138,15 @@ fn probe(a: &ProbeArgs) -> Result<()> {
     }
     let wait_share = loader.stats().wait_share();
     drop(loader);
-    let read_ms = read_ms_per_batch(dataset, l.batch_size, l.threads)?;
+    // The loader's per-batch work (read + normalize) timed inline on `threads` threads.
+    let mut inline = Loader::new(dataset, loader_config(l.batch_size, 0, l.threads)).msg()?;
+    let read_start = Instant::now();
+    let mut n = 0usize;
+    for batch in inline.epoch(1).take(BREAKDOWN_BATCHES) {
+        batch.msg()?;
+        n += 1;
+    }
+    let read_ms = read_start.elapsed().as_secs_f64() * 1e3 / n.max(1) as f64;
     let result = json!({
         "impl": "kiln", "workers": l.workers, "epochs": epochs,
         "samples": samples, "samples_per_epoch": samples / epochs,
@@ -171,18 +174,6 @@ fn checksums(batch: kiln_data::Batch) -> Result<(i64, f64)> {
     let row_sum = x.f_select(1, 0).and_then(|r| r.f_sum(tch::Kind::Double));
     let row_sum = row_sum.and_then(|s| s.f_double_value(&[])).msg()?;
     Ok((label_sum.msg()?, row_sum))
-}
-
-/// The loader's per-batch work (read + normalize) timed inline on `threads` threads, in ms.
-fn read_ms_per_batch(dataset: Arc<Data>, batch_size: usize, threads: usize) -> Result<f64> {
-    let mut inline = Loader::new(dataset, loader_config(batch_size, 0, threads)).msg()?;
-    let start = Instant::now();
-    let mut n = 0usize;
-    for batch in inline.epoch(1).take(BREAKDOWN_BATCHES) {
-        batch.msg()?;
-        n += 1;
-    }
-    Ok(start.elapsed().as_secs_f64() * 1e3 / n.max(1) as f64)
 }
 
 /// The shards of `samples` synthetic samples of [`SHAPE`] and their normalization, made once.
@@ -301,7 +292,7 @@ impl Side {
 }
 
 /// One side's timing runs at one worker count, and its process tree's peak memory.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Measured {
     runs: Vec<Value>,
     peak: Peak,
@@ -383,11 +374,10 @@ fn measure(
     (workers, repeats): (usize, usize),
     work: &Path,
     log: &mut Vec<Value>,
-) -> Result<[Measured; 3]> {
+) -> Result<Vec<Measured>> {
     let mut peaks = [Peak::default(); 3];
     // The last side first (then the order reverses each round), so drift hits all alike.
-    let order = [2, 1, 0];
-    let runs = alternating(repeats + 1, &order, |round, i| {
+    let mut runs = alternating(repeats + 1, &[2, 1, 0], |round, i| {
         // The first round polls memory every 10 ms; the timing runs do not poll.
         let side = Side::ALL[i].key();
         let out = work.join(format!("{side}-{workers}.log"));
@@ -404,23 +394,18 @@ fn measure(
         }
         Ok(timing.then_some(value))
     })?;
-    let mut m: [Measured; 3] = Default::default();
-    for (i, runs) in order.into_iter().zip(runs) {
-        m[i] = Measured {
-            runs,
-            peak: peaks[i],
-        };
-    }
+    runs.reverse(); // into `Side::ALL`'s order
+    let sides = runs.into_iter().zip(peaks);
+    let m: Vec<Measured> = sides.map(|(runs, peak)| Measured { runs, peak }).collect();
     check_same_data(workers, &m)?;
     Ok(m)
 }
 
 fn compare(a: &SuiteArgs) -> Result<()> {
-    let quick = a.quick;
     // Quick (CI: the report's shape, not speed) times the memory runs themselves (polled)
     // rather than adding unpolled timing rounds; so does `--repeats 0`.
-    let repeats = a.repeats_or(if quick { 0 } else { 3 });
-    let samples = if quick { 1024 } else { 8192 };
+    let repeats = a.repeats_or(if a.quick { 0 } else { 3 });
+    let samples = if a.quick { 1024 } else { 8192 };
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
     let script = bench_root().join("python/torch_loader.py");
     let script = script.to_str().unwrap_or_default();
@@ -471,13 +456,11 @@ fn compare(a: &SuiteArgs) -> Result<()> {
         rows.push(push_rows(&mut suite, (workers, threads), &m, &idle));
     }
     push_best_rows(&mut suite, &rows);
-    let train_repeats = a.repeats_or(if quick { 1 } else { 3 }).max(1);
     // Whole runs on a shared 2-core machine vary by ±15 % from one to the next; the best of
     // several fixed counts is a maximum over such figures, so auto's row takes more runs.
-    let auto_repeats = a.repeats_or(if quick { 1 } else { 5 }).max(1);
-    crate::data_auto::auto_row(&mut suite, (&dir, samples), &work, (auto_repeats, threads))?;
-    let windows = (quick, train_repeats, threads);
-    crate::data_windows::windows_row(&mut suite, &work, Path::new(&a.python), windows)?;
+    let auto_repeats = a.repeats_or(if a.quick { 1 } else { 5 }).max(1);
+    crate::data_auto::push_row(&mut suite, (&dir, samples), &work, (auto_repeats, threads))?;
+    crate::data_windows::push_row(&mut suite, a, &work, threads)?;
     suite.details = json!({
         "dataset": {"dir": dir, "samples": samples, "sample_shape": SHAPE, "dtype": "f32",
                     "batch_size": BATCH},

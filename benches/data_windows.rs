@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kiln_benches::python_script;
 use kiln_benches::report::{SAMPLES_S, SuiteOutput};
-use kiln_benches::{Msg, Result, command, interleaved, median, num, peers, python_script};
-use kiln_data::{Loader, TargetNormalizer, WindowColumns, Windows};
+use kiln_benches::{Msg, Result, SuiteArgs, command, interleaved, median, num, peers};
+use kiln_data::{DType, Loader, TargetNormalizer, WindowColumns, Windows};
 use serde_json::{Value, json};
+use tch::Kind;
 
 /// History and horizon of a window, in steps; the batch.
 const ENCODER: usize = 48;
@@ -18,7 +20,6 @@ const BATCH: usize = 64;
 const GOAL: f64 = 3.0;
 const NAME: &str = "windowed time series: loader steady state (epoch 2), 0 workers";
 
-/// `windows-probe`'s options.
 #[derive(Debug, clap::Args)]
 pub struct ProbeArgs {
     /// The windowed dataset.
@@ -43,7 +44,20 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
         samples = 0;
         for batch in loader.epoch(epoch as u64) {
             let batch = batch.msg()?;
-            target_sum += consume(&batch)?;
+            for array in &batch.arrays {
+                let kind = match array.dtype {
+                    DType::I64 => Kind::Int64,
+                    _ => Kind::Float,
+                };
+                let shape: Vec<i64> = array.shape.iter().map(|&d| d as i64).collect();
+                let t = tch::Tensor::f_from_data_size(&array.data, &shape, kind).msg()?;
+                let _sum = t.f_sum(Kind::Double).msg()?;
+            }
+            let kiln_data::Targets::Values(y) = &batch.targets else {
+                return Err("value targets expected".to_owned());
+            };
+            let y = tch::Tensor::f_from_slice(y).and_then(|y| y.f_sum(Kind::Double));
+            target_sum += y.and_then(|s| s.f_double_value(&[])).msg()?;
             samples += batch.indices.len();
         }
         epochs.push(started.elapsed().as_secs_f64());
@@ -52,26 +66,6 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
                         "target_sum": target_sum});
     println!("{result}");
     Ok(())
-}
-
-/// Every array of `batch` as a tensor, summed; returns the targets' sum.
-fn consume(batch: &kiln_data::Batch) -> Result<f64> {
-    for a in &batch.arrays {
-        let kind = match a.dtype {
-            kiln_data::DType::I64 => tch::Kind::Int64,
-            _ => tch::Kind::Float,
-        };
-        let shape: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
-        let t = tch::Tensor::f_from_data_size(&a.data, &shape, kind).msg()?;
-        let _sum = t.f_sum(tch::Kind::Double).msg()?;
-    }
-    let kiln_data::Targets::Values(y) = &batch.targets else {
-        return Err("value targets expected".to_owned());
-    };
-    let y = tch::Tensor::f_from_slice(y).msg()?;
-    y.f_sum(tch::Kind::Double)
-        .and_then(|s| s.f_double_value(&[]))
-        .msg()
 }
 
 /// The long-format CSV (`series` × `steps` rows) and kiln's windows over it, made once.
@@ -111,31 +105,21 @@ fn data(work: &Path, series: usize, steps: usize) -> Result<(PathBuf, PathBuf)> 
     Ok((csv, dir))
 }
 
-/// Samples per second of a run's last epoch.
-fn steady(run: &Value) -> f64 {
-    let last = run["epoch_seconds"].as_array().and_then(|e| e.last());
-    num(&run["samples_per_epoch"]) / last.map_or(f64::NAN, num)
-}
-
 /// Measures both sides, alternating, and pushes the row (a skip without pytorch-forecasting).
-pub fn windows_row(
-    out: &mut SuiteOutput,
-    work: &Path,
-    python: &Path,
-    (quick, repeats, threads): (bool, usize, usize),
-) -> Result<()> {
+pub fn push_row(out: &mut SuiteOutput, a: &SuiteArgs, work: &Path, threads: usize) -> Result<()> {
     let Ok(peers) = peers::dir().map_err(|why| out.skip(NAME, &why)) else {
         return Ok(());
     };
-    let (series, steps) = if quick { (8, 120) } else { (48, 240) };
+    let repeats = a.repeats_or(if a.quick { 1 } else { 3 }).max(1);
+    let (series, steps) = if a.quick { (8, 120) } else { (48, 240) };
     let (csv, dir) = data(work, series, steps)?;
     let me = std::env::current_exe().msg()?;
     let common = format!("--batch-size {BATCH} --workers 0 --epochs 2 --threads {threads}");
-    let runs = interleaved(repeats.max(1), 2, |side| {
+    let runs = interleaved(repeats, 2, |side| {
         let mut cmd = if side == 0 {
             command(&me, &["data", "windows-probe", "--dir"])
         } else {
-            let mut c = python_script(python, "pf_loader.py");
+            let mut c = python_script(&a.python, "pf_loader.py");
             let window = format!("--encoder-length {ENCODER} --horizon {HORIZON} --csv");
             peers::put_first_on_path(&mut c, &peers);
             c.args(window.split_whitespace());
@@ -157,6 +141,8 @@ pub fn windows_row(
             a["samples_per_epoch"], b["samples_per_epoch"]
         ));
     }
+    // The second (last) epoch's samples/s, the median over runs.
+    let steady = |r: &Value| num(&r["samples_per_epoch"]) / num(&r["epoch_seconds"][1]);
     let rate = |runs: &[Value]| median(runs.iter().map(steady).collect());
     let baseline = "pytorch-forecasting TimeSeriesDataSet + its DataLoader (to_dataloader), 0 \
                     workers";

@@ -63,20 +63,18 @@ impl Size {
 
 /// `kiln train`'s settings on `world` ranks; the plan they resolve to is what PyTorch is told.
 fn kiln_sets(size: &Size, world: usize, threads: usize, runs: &Path) -> Vec<String> {
-    let fixed = "device.request=cpu train.amp=fp32 model.dropout=0 data.num_workers=1 \
-                 data.val_fraction=0 checkpoint.enabled=false train.optimizer=adamw \
-                 train.schedule=cosine train.min_lr=0 run.name=ddp";
-    let mut sets: Vec<String> = fixed.split_whitespace().map(str::to_owned).collect();
-    sets.extend([
-        format!("model.name={MODEL}"),
-        format!("train.warmup_steps={}", size.warmup),
-        format!("performance.intra_op_threads={threads}"),
-        format!("performance.inter_op_threads={threads}"),
-        format!("train.batch_size={}", size.batch),
-        format!("train.epochs={}", size.epochs),
-        format!("data.synthetic_samples={}", size.samples(world)),
-        format!("run.output_dir={}", runs.display()),
-    ]);
+    let (warmup, batch, epochs, samples) =
+        (size.warmup, size.batch, size.epochs, size.samples(world));
+    let sets = format!(
+        "device.request=cpu train.amp=fp32 model.dropout=0 data.num_workers=1 \
+         data.val_fraction=0 checkpoint.enabled=false train.optimizer=adamw \
+         train.schedule=cosine train.min_lr=0 run.name=ddp model.name={MODEL} \
+         train.warmup_steps={warmup} performance.intra_op_threads={threads} \
+         performance.inter_op_threads={threads} train.batch_size={batch} train.epochs={epochs} \
+         data.synthetic_samples={samples}"
+    );
+    let mut sets: Vec<String> = sets.split_whitespace().map(str::to_owned).collect();
+    sets.push(format!("run.output_dir={}", runs.display()));
     sets
 }
 
@@ -132,9 +130,7 @@ impl Bench<'_> {
             cmd.arg("--data")
                 .arg(self.work.join(format!("prepared-{world}")));
         }
-        for s in &sets {
-            cmd.args(["--set", s]);
-        }
+        cmd.args(sets.iter().flat_map(|s| ["--set", s]));
         let (_, wall) = run(cmd)?;
         let (_, s) = read_summary(&runs)?;
         let num = |k: &str| kiln_benches::num(&s[k]);
