@@ -117,26 +117,23 @@ fn auto_factory(load: &Load, onnx: PathBuf, note: Arc<Mutex<Option<String>>>) ->
     })
 }
 
-/// The suite's load from its arguments.
-fn load(a: &SuiteArgs) -> Load {
+pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
+    let max_batch = a.max_batch.unwrap_or(64).max(1);
+    let max_wait_ms = a.max_wait_ms.unwrap_or(2.0);
     let clients = a.clients.unwrap_or(32).max(1);
     let requests = a.requests.unwrap_or(if a.quick { 2_000 } else { 6_000 });
-    Load {
+    let requests = requests.max(clients);
+    let repeats = a.repeats_or(if a.quick { 1 } else { 3 }).max(1);
+    let threads = a.threads_or(1).max(1);
+    let load = Load {
         python: a.python.clone(),
-        max_batch: a.max_batch.unwrap_or(64).max(1),
-        max_wait: Duration::from_secs_f64(a.max_wait_ms.unwrap_or(2.0) / 1e3),
+        max_batch,
+        max_wait: Duration::from_secs_f64(max_wait_ms / 1e3),
         clients,
-        requests: requests.max(clients),
-        repeats: a.repeats_or(if a.quick { 1 } else { 3 }).max(1),
-        threads: a.threads_or(1).max(1),
-    }
-}
-
-pub(super) fn compare(a: &SuiteArgs) -> Result<()> {
-    let load = load(a);
-    let (max_batch, max_wait_ms) = (load.max_batch, a.max_wait_ms.unwrap_or(2.0));
-    let (clients, requests, repeats, threads) =
-        (load.clients, load.requests, load.repeats, load.threads);
+        requests,
+        repeats,
+        threads,
+    };
     let out_path = a.out_or("serve");
     tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
     eprintln!(

@@ -9,15 +9,12 @@ use kiln_benches::{cold_first, not_run, or_skip, python_script, resolve_for};
 pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     let (device, threads) = (a.place.device(), a.place.set_threads()?);
     let (batch, batches) = (a.batch.max(1), a.batches.max(1));
-    let onnx = a.engine == ProbeEngine::Onnxruntime;
-    if onnx && a.precision != AmpDtype::None {
-        return Err("--engine onnxruntime runs the ONNX file in fp32 only".to_owned());
+    if a.onnx.is_some() && a.precision != AmpDtype::None {
+        return Err("--onnx: ONNX Runtime runs the file in fp32 only".to_owned());
     }
     // The engine is ready once it has run its first (warm-up) batch.
     let start = Instant::now();
-    let (mut runner, graphs): (Box<dyn Runner>, String) = if onnx {
-        let missing = "--engine onnxruntime needs --onnx FILE";
-        let path = a.onnx.as_deref().ok_or(missing)?;
+    let (mut runner, graphs): (Box<dyn Runner>, String) = if let Some(path) = &a.onnx {
         let engine = onnx_engine(path, device, batch, threads)?;
         let graphs = engine.cuda_graphs();
         (Box::new(engine), graphs)
@@ -49,7 +46,7 @@ pub(super) fn infer_probe(a: &InferProbeArgs) -> Result<()> {
     let (memory, memory_kind) = peak_memory_mib(device);
     // ONNX Runtime against the libtorch engine on the same batch, after the timing.
     let mut max_abs = Value::Null;
-    if onnx {
+    if a.onnx.is_some() {
         let mut torch = engine(device, batch, FP32)?;
         max_abs = json!(max_abs_vs(&mut torch, &inputs, &last)?);
     }
@@ -82,36 +79,32 @@ pub(super) struct InferOpts {
     onnx: Option<OnnxModel>,
 }
 
-/// One PyTorch configuration of an infer row: its precision, `no_grad` (else PyTorch's default
-/// `inference_mode`), and `torch.compile` (else eager).
+/// One PyTorch configuration of an infer row: its precision, grad mode (`no_grad` or PyTorch's
+/// default `inference_mode`), and `torch.compile` (else eager).
 #[derive(Clone, Copy)]
 struct TorchSide {
     precision: &'static str,
-    no_grad: bool,
+    grad: &'static str,
     compile: bool,
 }
 
 impl TorchSide {
-    /// PyTorch eager at `precision`, under `no_grad` or (PyTorch's default) `inference_mode`.
-    fn eager(precision: &'static str, no_grad: bool) -> Self {
+    fn eager(precision: &'static str, grad: &'static str) -> Self {
         Self {
             precision,
-            no_grad,
+            grad,
             compile: false,
         }
     }
 
     /// What it runs, for the row's baseline name.
     fn describe(self) -> String {
-        let how = match self.compile {
-            true => "torch.compile(model), default mode,",
-            false => "PyTorch eager",
-        };
-        let grad = if self.no_grad {
-            "no_grad"
+        let how = if self.compile {
+            "torch.compile(model), default mode,"
         } else {
-            "inference_mode"
+            "PyTorch eager"
         };
+        let grad = self.grad;
         match self.precision {
             "fp32" => format!("{how} fp32, {grad}"),
             p => format!("{how} {p} weights (model.to, no autocast), {grad}"),
@@ -134,10 +127,9 @@ impl InferOpts {
             Probe::Torch(side) => (python_script(&self.python, "infer_step.py"), side.precision),
         };
         match probe {
-            Probe::Kiln(Some(onnx)) => c.args(["--engine", "onnxruntime", "--onnx"]).arg(onnx),
+            Probe::Kiln(Some(onnx)) => c.arg("--onnx").arg(onnx),
             Probe::Kiln(None) => c.args(["--graphs", self.graphs]),
-            Probe::Torch(side) if side.no_grad => c.args(["--grad-mode", "no_grad"]),
-            Probe::Torch(_) => &mut c,
+            Probe::Torch(side) => c.args(["--grad-mode", side.grad]),
         };
         c.args(["--precision", precision, "--batch", &batch.to_string()])
             .args(["--warmup", self.warmup, "--batches", self.batches])
@@ -302,7 +294,7 @@ fn mlp_rows(a: &SuiteArgs, o: &mut InferOpts, out: &mut SuiteOutput) -> Result<V
         out.skip("torch.compile rows", why);
     }
     // `--batch-sizes`: kiln fp32 against PyTorch's default, throughput and peak memory.
-    let side = TorchSide::eager("fp32", false);
+    let side = TorchSide::eager("fp32", "inference_mode");
     for &b in a.batch_sizes() {
         let r = o.runs(("fp32", b), &[side], None)?;
         out.push_sweep("mlp fp32", b, (&r[0], &r[1]), &side.describe());
@@ -320,11 +312,11 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
         _ => "",
     };
     let same = "the same computation as kiln's engine";
-    let default = TorchSide::eager("fp32", false);
-    let fp32_same = TorchSide::eager("fp32", true);
+    let default = TorchSide::eager("fp32", "inference_mode");
+    let fp32_same = TorchSide::eager("fp32", "no_grad");
     let compiled = TorchSide {
         compile: true,
-        ..TorchSide::eager(auto, true)
+        ..TorchSide::eager(auto, "no_grad")
     };
     let compile = (!o.quick).then_some(compiled);
     let mut fp32_sides = vec![fp32_same, default];
@@ -349,7 +341,7 @@ fn infer_batch(o: &InferOpts, out: &mut SuiteOutput, batch: usize) -> Result<Vec
         }
         return Ok(runs);
     }
-    let auto_same = TorchSide::eager(auto, true);
+    let auto_same = TorchSide::eager(auto, "no_grad");
     let auto_sides: Vec<TorchSide> = std::iter::once(auto_same).chain(compile).collect();
     let a = o.runs((auto, batch), &auto_sides, None)?;
     let label = format!("mlp auto ({auto}) b={batch} {metric}{graphs}");
@@ -387,7 +379,7 @@ fn onnx_row(batch: usize, ort: &[Value], (k, t): SidesRuns<'_>, m: &OnnxModel) -
                       "what": "ONNX Runtime's outputs against kiln's libtorch engine on the timed \
                                batch (the same weights); PyTorch eager runs the same MLP \
                                architecture in fp32 under no_grad"});
-    let side = (TorchSide::eager("fp32", true), what);
+    let side = (TorchSide::eager("fp32", "no_grad"), what);
     infer_row(name, batch, (ort, t), side)
         .detail("kiln", kiln)
         .detail("libtorch", libtorch)

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use kiln_benches::args::Place;
 use kiln_benches::report::{Better, Comparison, MS, SuiteOutput, Unit};
 use kiln_benches::run_cli::{Cli, exit_on_error};
@@ -64,18 +64,9 @@ struct InferProbeArgs {
     /// CUDA graphs: on, off or auto.
     #[arg(long, default_value = "off")]
     graphs: CudaGraphs,
-    /// The engine timed: kiln's libtorch engine, or ONNX Runtime over `--onnx` (fp32 only).
-    #[arg(long, value_enum, default_value = "libtorch")]
-    engine: ProbeEngine,
-    /// The bench model exported to ONNX (for `--engine onnxruntime`).
+    /// Times ONNX Runtime over the bench model exported to FILE (fp32 only), not libtorch.
     #[arg(long, value_name = "FILE")]
     onnx: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum ProbeEngine {
-    Libtorch,
-    Onnxruntime,
 }
 
 /// `kiln infer`'s report (fp32, CPU): `model` over `inputs` with `extra`, `sets`, `threads`.
@@ -245,11 +236,10 @@ mod tests {
         let p = probe("kiln-bench-serve infer-probe --graphs on --batch 1 --device cuda");
         let expected = (CudaGraphs::On, 1, Device::Cuda(0));
         assert_eq!((p.graphs, p.batch, p.place.device()), expected);
-        assert_eq!((p.engine, p.onnx), (ProbeEngine::Libtorch, None));
-        let p = probe("kiln-bench-serve infer-probe --engine onnxruntime --onnx m.onnx");
-        assert_eq!(p.engine, ProbeEngine::Onnxruntime);
+        assert_eq!(p.onnx, None);
+        let p = probe("kiln-bench-serve infer-probe --onnx m.onnx");
         assert_eq!(p.onnx.as_deref(), Some(Path::new("m.onnx")));
-        assert!(parse("kiln-bench-serve infer-probe --engine tensorrt").is_err());
+        assert!(parse("kiln-bench-serve infer-probe --onnx").is_err());
         let cli = parse("kiln-bench-serve --clients 8 --max-wait-ms 1.5").unwrap();
         let serve = (cli.suite.clients, cli.suite.max_wait_ms);
         assert_eq!(serve, (Some(8), Some(1.5)));

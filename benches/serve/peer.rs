@@ -10,17 +10,37 @@ use super::dynamic::{Body, FIGURES, Load, drive, measure, push_load_rows, sample
 use super::*;
 use kiln_benches::{free_port, peers, python_script};
 
-/// Adds the LitServe rows to `out`, or "not run" rows saying why they could not be measured.
+/// Adds the LitServe rows to `out` (kiln's runs against LitServe's, with the pinned LitServe
+/// version), or "not run" rows saying why they could not be measured.
 pub(super) fn compare(out: &mut SuiteOutput, load: &Load) {
-    match peers::dir().and_then(|p| in_temp_dir("litserve", |w| measure_both(w, &p, load))) {
-        Ok(runs) => push_rows(out, load, &runs),
+    let measured =
+        peers::dir().and_then(|p| in_temp_dir("litserve", |w| measure_both(w, &p, load)));
+    let runs = match measured {
+        Ok(runs) => runs,
         Err(why) => {
             for (_, metric, _) in FIGURES {
                 let name = format!("dynamic batching {metric} vs LitServe");
                 out.skip(&name, &format!("not run: {why}"));
             }
+            return;
         }
-    }
+    };
+    let pins = bench_root().join("python/peers-requirements.txt");
+    let pins = std::fs::read_to_string(pins).unwrap_or_default();
+    let version = pins
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("litserve=="))
+        .unwrap_or("?");
+    let (threads, batch) = (load.threads, load.max_batch);
+    let wait = load.max_wait.as_secs_f64() * 1e3;
+    let base = format!(
+        "LitServe {version} (one inference worker, {threads} torch thread(s), LitAPI \
+         max_batch_size {batch}, batch_timeout {wait} ms), same JSON requests"
+    );
+    let names = ("serving peer", " vs LitServe (JSON)", base.as_str());
+    let details = json!({"runs": {"kiln_json": runs[0], "litserve": runs[1]}});
+    let (k, b) = (summary(&runs[0]), summary(&runs[1]));
+    push_load_rows(out, names, (&k, &b), 1.5, details);
 }
 
 /// kiln's runs and LitServe's, alternating, on the same JSON load (the suite's one sample).
@@ -76,7 +96,6 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
     let port = free_port()?;
     let log = work.join(format!("litserve-{r}.log"));
     let file = std::fs::File::create(&log).at(&log)?;
-    let err = file.try_clone().msg()?;
     let batch_timeout_ms = load.max_wait.as_secs_f64() * 1e3;
     let mut cmd = python_script(&load.python, "litserve_server.py");
     cmd.arg("--weights")
@@ -86,8 +105,8 @@ fn litserve(work: &Path, peers: &Path, load: &Load, r: usize, body: &Body) -> Re
         .args(["--batch-timeout-ms", &batch_timeout_ms.to_string()])
         .args(["--threads", &load.threads.to_string()])
         .stdin(Stdio::null())
-        .stdout(file)
-        .stderr(err)
+        .stdout(file.try_clone().msg()?)
+        .stderr(file)
         .process_group(0);
     peers::put_first_on_path(&mut cmd, peers);
     let spawned = cmd.spawn();
@@ -131,39 +150,15 @@ fn same_outputs(addr: SocketAddr, body: &[u8]) -> Result<f64> {
     let (_, json) = answer
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("{addr} answered no HTTP body: {answer}"))?;
-    let parsed: Value = serde_json::from_str(json)
-        .map_err(|e| format!("{addr} answered no JSON ({e}): {answer}"))?;
-    let outputs = parsed["outputs"].as_array().into_iter().flatten();
-    let theirs: Vec<f32> = outputs
-        .filter_map(Value::as_f64)
-        .map(|v| v as f32)
-        .collect();
+    let theirs: Vec<f32> = serde_json::from_str::<Value>(json)
+        .and_then(|parsed| serde_json::from_value(parsed["outputs"].clone()))
+        .map_err(|e| format!("{addr} answered no JSON outputs ({e}): {answer}"))?;
     let mut ours = engine(Device::Cpu, 1, FP32)?;
     let diff = max_abs_vs(&mut ours, &sample(), &theirs)
-        .map_err(|e| format!("LitServe answered {parsed}: {e}"))?;
+        .map_err(|e| format!("LitServe answered {json}: {e}"))?;
     if diff.is_nan() || diff > 1e-4 {
         let what = "LitServe's outputs differ from kiln's by up to";
         return Err(format!("{what} {diff:e}: it does not serve the same model"));
     }
     Ok(diff)
-}
-
-/// kiln's runs (`runs[0]`) against LitServe's (`runs[1]`), with the pinned LitServe version.
-fn push_rows(out: &mut SuiteOutput, load: &Load, runs: &[Vec<LoadReport>]) {
-    let pins = bench_root().join("python/peers-requirements.txt");
-    let pins = std::fs::read_to_string(pins).unwrap_or_default();
-    let version = pins
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("litserve=="))
-        .unwrap_or("?");
-    let (threads, batch) = (load.threads, load.max_batch);
-    let wait = load.max_wait.as_secs_f64() * 1e3;
-    let base = format!(
-        "LitServe {version} (one inference worker, {threads} torch thread(s), LitAPI \
-         max_batch_size {batch}, batch_timeout {wait} ms), same JSON requests"
-    );
-    let names = ("serving peer", " vs LitServe (JSON)", base.as_str());
-    let details = json!({"runs": {"kiln_json": runs[0], "litserve": runs[1]}});
-    let (k, b) = (summary(&runs[0]), summary(&runs[1]));
-    push_load_rows(out, names, (&k, &b), 1.5, details);
 }

@@ -88,6 +88,10 @@ pub(super) fn rows(o: &InferOpts, out: &mut SuiteOutput, work: &Path) -> Result<
     let monai = runs[1][0]["monai"].as_str().unwrap_or("?");
     let baseline = format!("MONAI {monai} sliding_window_inference");
     let medians = |key, b: &[Value]| (median_of(&kiln_figures, key), median_of(b, key));
+    // Each of kiln's runs' layout, what it measured to choose it and its trial's seconds.
+    let keys = ["layout", "layout_measured", "trial_seconds"];
+    let layout = |r: &Value| keys.iter().map(|&k| (k.to_owned(), r[k].clone())).collect();
+    let layouts = Value::Array(runs[0].iter().map(layout).collect());
     for (key, part, goal) in [
         ("total_s", "whole run", 0.9),
         ("outside_s", "outside the model's forward", 0.5),
@@ -96,7 +100,7 @@ pub(super) fn rows(o: &InferOpts, out: &mut SuiteOutput, work: &Path) -> Result<
         let figures = medians(key, &monai_figures);
         let row = out.row("sliding window", name, SECONDS, figures, &baseline);
         let row = row.at_most(goal).detail("setup", json!(what));
-        let row = row.detail("kiln_layout", layouts(&runs[0]));
+        let row = row.detail("kiln_layout", layouts.clone());
         out.push(row.detail("max_abs_vs_monai", json!(max_abs)));
     }
     let name = "sliding-window inference, whole run, vs MONAI with kiln's layout and malloc";
@@ -109,11 +113,4 @@ pub(super) fn rows(o: &InferOpts, out: &mut SuiteOutput, work: &Path) -> Result<
         "kiln": kiln_figures, "monai": monai_figures, "monai_kiln_choices": monai_chosen,
         "max_abs": max_abs,
     }})])
-}
-
-/// Each of kiln's runs' layout, what it measured to choose it and its trial's seconds.
-fn layouts(runs: &[Value]) -> Value {
-    let keys = ["layout", "layout_measured", "trial_seconds"];
-    let one = |r: &Value| keys.iter().map(|&k| (k.to_owned(), r[k].clone())).collect();
-    Value::Array(runs.iter().map(one).collect())
 }
