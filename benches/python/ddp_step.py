@@ -1,8 +1,7 @@
 """PyTorch's side of kiln's data-parallel benchmark (`cargo xtask bench --suite ddp`): the
 transformer twin trained in fp32 on the CPU under `torch.distributed.run` (Gloo DDP, kiln's bucket
 sizes) or alone, on kiln's samples (.npy, in memory) dealt by a seeded DistributedSampler, each step
-timed, then a bare all-reduce; rank 0 prints one JSON line.
---export-program saves the model as a torch.export program instead.
+timed, then a bare all-reduce; rank 0 prints one JSON line (or --export-program saves the model).
 """
 
 import os

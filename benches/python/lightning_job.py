@@ -30,17 +30,6 @@ class Shards(ShardDataset):
         return x.to(torch.float32), y
 
 
-def loaders(a):
-    shards = Shards(a.data)
-    with open(a.split) as f:
-        split = json.load(f)
-    common = dict(batch_size=a.batch, num_workers=a.workers, persistent_workers=a.workers > 0)
-    train = DataLoader(Subset(shards, split["train"]), shuffle=True, drop_last=True,
-                       generator=torch.Generator().manual_seed(a.seed), **common)
-    val = DataLoader(Subset(shards, split["val"]), shuffle=False, **common)
-    return train, val, int(split["classes"])
-
-
 def lightning_fit(a, model, train, val):
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -112,11 +101,17 @@ def main():
     set_threads(a.threads)
     if a.device == "cuda" and a.trainer == "plain":
         raise SystemExit("error: --trainer plain runs on the CPU only")
-    train, val, classes = loaders(a)
+    shards = Shards(a.data)
+    with open(a.split) as f:
+        split = json.load(f)
+    common = dict(batch_size=a.batch, num_workers=a.workers, persistent_workers=a.workers > 0)
+    train = DataLoader(Subset(shards, split["train"]), shuffle=True, drop_last=True,
+                       generator=torch.Generator().manual_seed(a.seed), **common)
+    val = DataLoader(Subset(shards, split["val"]), shuffle=False, **common)
     x0, _ = train.dataset[0]
     torch.manual_seed(a.seed)  # kiln's initial weights
     model = SignTransformer(x0.shape[-1], x0.shape[0], a.d_model, a.heads, a.layers, a.ff,
-                            classes, a.dropout, a.attention == "math")
+                            int(split["classes"]), a.dropout, a.attention == "math")
     fit = lightning_fit if a.trainer == "lightning" else plain_fit
     result = fit(a, model, train, val)
     emit({"framework": a.trainer, "torch_version": torch.__version__,

@@ -1,12 +1,12 @@
 """PyTorch's side of kiln's train-step benchmark: the step a user writes in plain PyTorch (eager, or
-torch.compile(model) with --compile) for the twins of kiln's reference models (mlp, transformer,
-convnet): autocast forward, cross-entropy, zero_grad, backward, fused AdamW, loss.item(), on one
-fixed batch, timed over --steps after --warmup, phase by phase over --breakdown-steps; --compile
-reports the first (compiling) step apart, or "not_run" where it cannot compile. --optimizer times
-AdamW.step() alone. Prints one JSON line on stdout; human text goes to stderr.
+torch.compile(model) with --compile) for the twins of kiln's reference models: autocast forward,
+cross-entropy, zero_grad, backward, fused AdamW, loss.item(), on one fixed batch, timed over --steps
+after --warmup, phase by phase over --breakdown-steps; --compile reports the first (compiling) step
+apart, or "not_run" where it cannot compile. --optimizer times AdamW.step() alone. One JSON line.
 """
 
 import argparse
+import contextlib
 from collections import OrderedDict
 import math
 import statistics
@@ -187,8 +187,7 @@ def build(a):
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, a.classes, (a.batch,))
-    device = torch.device(a.device)
-    return model.to(device), x.to(device), y.to(device), forward_flops(a)
+    return model.to(a.device), x.to(a.device), y.to(a.device), forward_flops(a)
 
 
 def use_math_attention(a):
@@ -337,14 +336,11 @@ def optimizer_bench(a):
 
 
 def shape_list(text):
-    try:
-        shapes = [tuple(int(v) for v in item.strip().lower().split("x"))
-                  for item in text.split(",")]
-    except ValueError:
-        shapes = []
-    if not shapes or any(v <= 0 for dims in shapes for v in dims):
-        raise argparse.ArgumentTypeError(f"expected shapes like 256x469,256, got {text!r}")
-    return shapes
+    with contextlib.suppress(ValueError):
+        shapes = [tuple(int(v) for v in item.lower().split("x")) for item in text.split(",")]
+        if all(v > 0 for dims in shapes for v in dims):
+            return shapes
+    raise argparse.ArgumentTypeError(f"expected shapes like 256x469,256, got {text!r}")
 
 
 def parse_args(argv=None):
