@@ -408,7 +408,9 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     let samples = if a.quick { 1024 } else { 8192 };
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
     let script = bench_root().join("python/torch_loader.py");
-    let script = script.to_str().unwrap_or_default();
+    let script = script
+        .to_str()
+        .ok_or_else(|| format!("{}: not UTF-8", script.display()))?;
     let me = std::env::current_exe().msg()?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads_or(cpus);
