@@ -1,5 +1,5 @@
 //! Memory of a process tree on Linux: PSS and RSS summed over a process and its descendants
-//! (`/proc/<pid>/smaps_rollup`, zero where unreadable).
+//! (`/proc/<pid>/smaps_rollup`, zero where unreadable); one process's RSS from its `status`.
 
 use std::process::{Child, ExitStatus};
 use std::time::Duration;
@@ -30,6 +30,12 @@ pub fn mib(bytes: u64) -> f64 {
 fn kib_field(text: &str, name: &str) -> Option<u64> {
     let value = text.lines().find_map(|l| l.strip_prefix(name))?;
     Some(value.split_whitespace().next()?.parse::<u64>().ok()? * 1024)
+}
+
+/// Process `pid`'s `VmRSS` in bytes (`/proc/<pid>/status`); `None` where unreadable.
+pub fn vm_rss(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    kib_field(&status, "VmRSS:")
 }
 
 /// PSS and RSS of one process.
@@ -80,5 +86,6 @@ mod tests {
         let all = tree_memory(std::process::id());
         assert!(all.rss >= own.rss / 2, "{all:?} vs {own:?}");
         assert_eq!(own.max(Peak::default()), own);
+        assert!(vm_rss(std::process::id()).is_some_and(|rss| rss > 0));
     }
 }
