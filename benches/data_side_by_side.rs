@@ -10,7 +10,7 @@ use clap::{Args, Subcommand};
 use kiln_benches::proc_memory::{Peak, mib, tree_memory};
 use kiln_benches::report::{Comparison, MIB, MS, SAMPLES_S, SuiteOutput};
 use kiln_benches::run_cli::{Cli, exit_on_error, measured_every};
-use kiln_benches::{Msg, Result, SuiteArgs, bench_root, command, datasets};
+use kiln_benches::{Msg, Result, SuiteArgs, command, datasets, python_script};
 use kiln_benches::{alternating, median, num, report_path};
 use kiln_data::{DataError, Loader, LoaderConfig, Normalize, SamplerConfig, ShardedDataset};
 use kiln_data::{SyntheticClassification, Transformed};
@@ -401,16 +401,19 @@ fn measure(
     Ok(m)
 }
 
+/// `python/torch_loader.py --fetch FETCH` (`item` or `batch`).
+fn torch_loader(python: &str, fetch: &str) -> Command {
+    let mut c = python_script(python, "torch_loader.py");
+    c.args(["--fetch", fetch]);
+    c
+}
+
 fn compare(a: &SuiteArgs) -> Result<()> {
     // Quick (CI: the report's shape, not speed) times the memory runs themselves (polled)
     // rather than adding unpolled timing rounds; so does `--repeats 0`.
     let repeats = a.repeats_or(if a.quick { 0 } else { 3 });
     let samples = if a.quick { 1024 } else { 8192 };
     let work = a.work_dir.clone().unwrap_or_else(|| report_path("data"));
-    let script = bench_root().join("python/torch_loader.py");
-    let script = script
-        .to_str()
-        .ok_or_else(|| format!("{}: not UTF-8", script.display()))?;
     let me = std::env::current_exe().msg()?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = a.threads_or(cpus);
@@ -425,8 +428,8 @@ fn compare(a: &SuiteArgs) -> Result<()> {
     let command = |side: Side, workers: usize| {
         let mut cmd = match side {
             Side::Kiln => command(&me, &["data", "probe"]),
-            Side::TorchItem => command(&a.python, &[script, "--fetch", "item"]),
-            Side::TorchBatch => command(&a.python, &[script, "--fetch", "batch"]),
+            Side::TorchItem => torch_loader(&a.python, "item"),
+            Side::TorchBatch => torch_loader(&a.python, "batch"),
         };
         cmd.arg("--dir").arg(&dir).arg("--norm").arg(&norm);
         let rest = format!("--batch-size {BATCH} --epochs 2 --threads {threads}");

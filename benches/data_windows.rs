@@ -44,20 +44,7 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
         samples = 0;
         for batch in loader.epoch(epoch as u64) {
             let batch = batch.msg()?;
-            for array in &batch.arrays {
-                let kind = match array.dtype {
-                    DType::I64 => Kind::Int64,
-                    _ => Kind::Float,
-                };
-                let shape: Vec<i64> = array.shape.iter().map(|&d| d as i64).collect();
-                let t = tch::Tensor::f_from_data_size(&array.data, &shape, kind).msg()?;
-                let _sum = t.f_sum(Kind::Double).msg()?;
-            }
-            let kiln_data::Targets::Values(y) = &batch.targets else {
-                return Err("value targets expected".to_owned());
-            };
-            let y = tch::Tensor::f_from_slice(y).and_then(|y| y.f_sum(Kind::Double));
-            target_sum += y.and_then(|s| s.f_double_value(&[])).msg()?;
+            target_sum += consume(&batch)?;
             samples += batch.indices.len();
         }
         epochs.push(started.elapsed().as_secs_f64());
@@ -66,6 +53,26 @@ pub fn probe(ProbeArgs { dir, loader: a }: &ProbeArgs) -> Result<()> {
                         "target_sum": target_sum});
     println!("{result}");
     Ok(())
+}
+
+/// Every array of `batch` as a tensor, summed; returns the targets' sum.
+fn consume(batch: &kiln_data::Batch) -> Result<f64> {
+    for a in &batch.arrays {
+        let kind = match a.dtype {
+            DType::I64 => Kind::Int64,
+            _ => Kind::Float,
+        };
+        let shape: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
+        let t = tch::Tensor::f_from_data_size(&a.data, &shape, kind).msg()?;
+        let _sum = t.f_sum(Kind::Double).msg()?;
+    }
+    let kiln_data::Targets::Values(y) = &batch.targets else {
+        return Err("value targets expected".to_owned());
+    };
+    let y = tch::Tensor::f_from_slice(y).msg()?;
+    y.f_sum(Kind::Double)
+        .and_then(|s| s.f_double_value(&[]))
+        .msg()
 }
 
 /// The long-format CSV (`series` × `steps` rows) and kiln's windows over it, made once.
@@ -141,8 +148,11 @@ pub fn push_row(out: &mut SuiteOutput, a: &SuiteArgs, work: &Path, threads: usiz
             a["samples_per_epoch"], b["samples_per_epoch"]
         ));
     }
-    // The second (last) epoch's samples/s, the median over runs.
-    let steady = |r: &Value| num(&r["samples_per_epoch"]) / num(&r["epoch_seconds"][1]);
+    // The last epoch's samples/s, the median over runs.
+    let steady = |r: &Value| {
+        let last = r["epoch_seconds"].as_array().and_then(|e| e.last());
+        num(&r["samples_per_epoch"]) / last.map_or(f64::NAN, num)
+    };
     let rate = |runs: &[Value]| median(runs.iter().map(steady).collect());
     let baseline = "pytorch-forecasting TimeSeriesDataSet + its DataLoader (to_dataloader), 0 \
                     workers";

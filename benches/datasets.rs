@@ -23,8 +23,8 @@ pub fn write_prepared(
     let (fpath, lpath) = (dir.join("features.npy"), dir.join("labels.npy"));
     let mut shape = vec![data.len()];
     shape.extend(data.sample_shape());
-    let mut w = std::io::BufWriter::new(std::fs::File::create(&fpath).at(&fpath)?);
     let header = kiln_data::npy_header(DType::F32, &shape)?;
+    let mut w = std::io::BufWriter::new(std::fs::File::create(&fpath).at(&fpath)?);
     w.write_all(&header).at(&fpath)?;
     let (mut sample, mut labels) = (vec![0f32; shape[1..].iter().product()], vec![]);
     for i in 0..data.len() {

@@ -22,8 +22,8 @@ pub fn job(quick: bool) -> Job {
 
 /// The second job's runs (kiln at 1e-3 and with `lr = auto`, PyTorch at 1e-3 and at
 /// Lightning's suggestion) on data it writes in `dir`, and its rows; returns what it is.
-pub(super) fn run(a: &SuiteArgs, dir: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
-    let job = job(a.quick);
+pub(super) fn run(ctx: &Ctx<'_>, dir: &Path, seeds: u64, out: &mut SuiteOutput) -> Result<String> {
+    let job = job(ctx.a.quick);
     std::fs::create_dir_all(dir).at(dir)?;
     let mut torch = vec!["--task".to_owned(), "regression".to_owned()];
     torch.extend(torch_args(&job_values(&job)));
@@ -34,19 +34,14 @@ pub(super) fn run(a: &SuiteArgs, dir: &Path, seeds: u64, out: &mut SuiteOutput) 
         torch,
     };
     let sides = ["kiln", "kiln_lr_auto", "pytorch", "pytorch_lr_find"];
-    let runs = train_sides(a, &data, seeds, &sides, "regression, ")?;
+    let runs = ctx.train_sides(&data, seeds, &sides, "regression, ")?;
     let rmse = Metric::RMSE;
     let what = ("regression: ", "kiln fp32");
     let both = (&runs["kiln"][..], &runs["pytorch"][..]);
     let row = vs_worst_seed(out, what, rmse, both, VS_TORCH, 0.0)?;
     out.push(row.at_most(1.02).detail("runs", json!(runs)));
-    lr_rows(out, &runs, rmse, "regression: ")?;
-    let Job(samples, features, hidden, epochs) = job;
-    Ok(format!(
-        "regression: MLP ({hidden}) on {samples} synthetic samples of {features} features \
-         (a sum of {TERMS} sines of random projections plus noise, standardized), mean squared \
-         error, {epochs} epochs of batch 32"
-    ))
+    ctx.lr_rows(out, &runs, rmse, "regression: ")?;
+    Ok(describe(&job))
 }
 
 /// Sines of this many random projections make the target.
@@ -82,4 +77,13 @@ pub fn job_values(&Job(_, _, hidden, epochs): &Job) -> Vec<Both> {
         ("train.batch_size", "--batch", "32".to_owned()),
         ("train.warmup_steps", "--warmup", "50".to_owned()),
     ]
+}
+
+/// The job as the report's title says it.
+pub fn describe(&Job(samples, features, hidden, epochs): &Job) -> String {
+    format!(
+        "regression: MLP ({hidden}) on {samples} synthetic samples of {features} features \
+         (a sum of {TERMS} sines of random projections plus noise, standardized), mean squared \
+         error, {epochs} epochs of batch 32"
+    )
 }

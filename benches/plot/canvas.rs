@@ -166,8 +166,8 @@ pub struct Line {
     pub points: Vec<(f64, f64)>,
     pub style: ShapeStyle,
     pub dashed: bool,
-    /// The legend's label; no legend entry where empty.
-    pub label: String,
+    /// The legend's label; no legend entry where none.
+    pub label: Option<String>,
 }
 
 impl Line {
@@ -177,7 +177,15 @@ impl Line {
             points,
             style,
             dashed: false,
-            label: label.to_owned(),
+            label: Some(label.to_owned()),
+        }
+    }
+
+    /// A solid line through `points` without a legend entry.
+    pub fn unlabelled(points: Vec<(f64, f64)>, style: ShapeStyle) -> Self {
+        Self {
+            label: None,
+            ..Self::solid(points, style, "")
         }
     }
 
@@ -282,9 +290,9 @@ fn draw_panel<DB: DrawingBackend>(
             chart.draw_series(LineSeries::new(xy, style))
         }
         .map_err(draw_err)?;
-        if !line.label.is_empty() {
+        if let Some(label) = &line.label {
             let fit = |t: &str| fits(area, t, &label_style, p.label_pixels);
-            series.label(clip(&line.label, p.label_chars, fit));
+            series.label(clip(label, p.label_chars, fit));
             let stroke = move |from, to| PathElement::new(vec![from, to], style);
             if line.dashed {
                 series.legend(move |(x, y)| {
@@ -304,7 +312,7 @@ fn draw_panel<DB: DrawingBackend>(
             chart.draw_series(dots).map_err(draw_err)?;
         }
     }
-    if p.lines.iter().any(|l| !l.label.is_empty()) {
+    if p.lines.iter().any(|l| l.label.is_some()) {
         chart
             .configure_series_labels()
             .position(p.legend.clone())

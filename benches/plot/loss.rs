@@ -63,8 +63,8 @@ fn loss_panels(kiln: Vec<(f64, f64)>, baseline: Vec<(f64, f64)>, base: String) -
         Line::solid(kiln, kc, "kiln"),
         Line::dashed(baseline, bc, &base),
     ];
-    let zero = Line::solid(vec![(0.0, 0.0), (last, 0.0)], FAINT.stroke_width(1), "");
-    let bottom = vec![zero, Line::solid(difference, red, "")];
+    let zero = Line::unlabelled(vec![(0.0, 0.0), (last, 0.0)], FAINT.stroke_width(1));
+    let bottom = vec![zero, Line::unlabelled(difference, red)];
     vec![
         step_panel("loss (nats)", last, losses, "loss", top),
         step_panel(caption, last, differences, "difference", bottom),

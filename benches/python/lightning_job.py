@@ -3,7 +3,6 @@
 and split, kiln's model, optimizer, schedule and clipping, validating and checkpointing every epoch;
 prints one JSON line on stdout (final validation scores, steps, the time inside fit).
 """
-import functools
 import json
 import os
 import sys
@@ -28,6 +27,11 @@ class Shards(ShardDataset):
     def __getitem__(self, i):
         x, y = self.sample(i)
         return x.to(torch.float32), y
+
+
+def autocast(a):
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(a.precision)
+    return torch.autocast(a.device, dtype=dtype, enabled=dtype is not None)
 
 
 def lightning_fit(a, model, train, val):
@@ -70,18 +74,16 @@ def lightning_fit(a, model, train, val):
 def plain_fit(a, model, train, val):
     total = len(train) * a.epochs
     opt, sched = optimizer(model, a, total)
-    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(a.precision)
-    autocast = functools.partial(torch.autocast, a.device, dtype=dtype, enabled=dtype is not None)
     os.makedirs(os.path.join(a.out, "checkpoints"), exist_ok=True)
     start, step = time.perf_counter(), 0
     model.train()
     for epoch in range(a.epochs):
         for x, y in train:
-            loss = train_step(model, opt, x, y, a.clip, sched, autocast)
+            loss = train_step(model, opt, x, y, a.clip, sched, lambda: autocast(a))
             step += 1
             if step % 50 == 0:
                 log(f"step {step}/{total} loss {loss.item():.4f}")
-        val_loss, val_acc = scores(model, val, autocast)
+        val_loss, val_acc = scores(model, val, lambda: autocast(a))
         log(f"epoch {epoch}: val loss {val_loss:.4f} accuracy {val_acc:.4f}")
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                     "schedule": sched.state_dict(), "epoch": epoch, "step": step},

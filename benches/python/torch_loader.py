@@ -114,15 +114,14 @@ def breakdown(ds, batch_size, seed):
     """Per-batch work timed inline in this process over a few shuffled batches, in ms."""
     ds.opened()  # map the shards before timing (with workers, this process has not yet)
     perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed + 1)).tolist()
-    starts = range(0, min(len(perm), BREAKDOWN_BATCHES * batch_size), batch_size)
-    batches = [perm[k:k + batch_size] for k in starts]
-    batched = isinstance(ds, BatchedShardDataset)
+    batches = [perm[k * batch_size:(k + 1) * batch_size] for k in range(BREAKDOWN_BATCHES)]
+    batches = [b for b in batches if b]
     fetch = collate = 0.0
     for b in batches:
         t0 = time.perf_counter()
-        data = ds.__getitems__(b) if batched else [ds[i] for i in b]
+        data = ds.__getitems__(b) if isinstance(ds, BatchedShardDataset) else [ds[i] for i in b]
         t1 = time.perf_counter()
-        if not batched:
+        if not isinstance(ds, BatchedShardDataset):
             default_collate(data)
         t2 = time.perf_counter()
         fetch += t1 - t0
@@ -141,8 +140,11 @@ def run_epochs(loader, epochs, batched):
         epoch_start = time.perf_counter()
         wait = 0.0
         it = iter(loader)
-        t0 = time.perf_counter()
-        for item in it:
+        while True:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            if item is None:
+                break
             wait += time.perf_counter() - t0
             if out["first_batch_seconds"] is None:
                 out["first_batch_seconds"] = time.perf_counter() - start
@@ -153,7 +155,6 @@ def run_epochs(loader, epochs, batched):
             out["batches"] += 1
             out["label_sum"] += int(y.sum())
             out["feature_sum"] += float(x[:, 0].sum(dtype=torch.float64))  # a cheap data check
-            t0 = time.perf_counter()
         out["epoch_seconds"].append(time.perf_counter() - epoch_start)
         out["wait_seconds"].append(wait)
     out["getitems_calls"] = sum(calls.values()) if batched else None

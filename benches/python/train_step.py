@@ -7,7 +7,6 @@ apart, or "not_run" where it cannot compile. --optimizer times AdamW.step() alon
 
 import argparse
 import contextlib
-from collections import OrderedDict
 import math
 import statistics
 import sys
@@ -115,28 +114,41 @@ class ConvNet(nn.Module):
         return self.head(torch.flatten(self.pool(self.features(x)), 1))
 
 
-def unet3d_block(in_channels, out):
+class UNet3dBlock(nn.Module):
     """Conv3d(3³, padding 1, no bias) -> BatchNorm3d -> ReLU, twice (kiln's names)."""
-    return nn.Sequential(OrderedDict(
-        conv0=nn.Conv3d(in_channels, out, 3, padding=1, bias=False), bn0=nn.BatchNorm3d(out),
-        relu0=nn.ReLU(), conv1=nn.Conv3d(out, out, 3, padding=1, bias=False),
-        bn1=nn.BatchNorm3d(out), relu1=nn.ReLU()))
+
+    def __init__(self, in_channels, out):
+        super().__init__()
+        self.conv0 = nn.Conv3d(in_channels, out, 3, padding=1, bias=False)
+        self.bn0 = nn.BatchNorm3d(out)
+        self.conv1 = nn.Conv3d(out, out, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm3d(out)
+
+    def forward(self, x):
+        x = F.relu(self.bn0(self.conv0(x)))
+        return F.relu(self.bn1(self.conv1(x)))
+
+
+class UNet3dUp(nn.Module):
+    def __init__(self, deeper, width):
+        super().__init__()
+        self.upsample = nn.ConvTranspose3d(deeper, width, 2, stride=2)
+        self.block = UNet3dBlock(2 * width, width)
 
 
 class UNet3d(nn.Module):
-    """kiln's unet3d (max-pool down, transposed conv up, skips, 1x1x1 head), in kiln's names."""
+    """kiln's unet3d (max-pooling down, transposed convolutions up after the skip, a 1x1x1 head),
+    built in kiln's order under kiln's tensor names."""
 
     def __init__(self, in_channels, channels, classes):
         super().__init__()
         c = in_channels
         for i, width in enumerate(channels):
-            setattr(self, f"down{i}", unet3d_block(c, width))
+            setattr(self, f"down{i}", UNet3dBlock(c, width))
             c = width
         self.levels = len(channels)
         for i in reversed(range(self.levels - 1)):
-            up = {"upsample": nn.ConvTranspose3d(channels[i + 1], channels[i], 2, stride=2),
-                  "block": unet3d_block(2 * channels[i], channels[i])}
-            setattr(self, f"up{i}", nn.ModuleDict(up))
+            setattr(self, f"up{i}", UNet3dUp(channels[i + 1], channels[i]))
         self.head = nn.Conv3d(channels[0], classes, 1)
 
     def forward(self, x):
@@ -148,7 +160,7 @@ class UNet3d(nn.Module):
             skips.append(x)
         for i in reversed(range(self.levels - 1)):
             up = getattr(self, f"up{i}")
-            x = up["block"](torch.cat([skips[i], up["upsample"](x)], 1))
+            x = up.block(torch.cat([skips[i], up.upsample(x)], 1))
         return self.head(x)
 
 

@@ -69,29 +69,43 @@ pub struct ProbeArgs {
     shape: ShapeArgs,
 }
 
-/// The transformer's size (each at least 1), as `train_step.py` takes it; by default the
-/// reference SignTransformer's (`[64, 469]` samples, 100 classes), [`ModelPlan::builtin`]'s.
+/// The transformer's size (each at least 1), as `train_step.py` takes it; by default
+/// [`REFERENCE`].
 #[derive(Debug, Args, serde::Serialize)]
 struct ShapeArgs {
     /// Sequence length (the sample is `[seq, 469]`).
-    #[arg(long, default_value_t = 64, value_parser = value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.seq, value_parser = dim())]
     seq: u32,
-    #[arg(long, default_value_t = 256, value_parser = value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.d_model, value_parser = dim())]
     d_model: u32,
-    #[arg(long, default_value_t = 8, value_parser = value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.heads, value_parser = dim())]
     heads: u32,
-    #[arg(long, default_value_t = 4, value_parser = value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.layers, value_parser = dim())]
     layers: u32,
-    #[arg(long, default_value_t = 1024, value_parser = value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = REFERENCE.ff, value_parser = dim())]
     ff: u32,
+}
+
+/// The reference SignTransformer's size (over `[64, 469]` samples, 100 classes), as
+/// [`ModelPlan::builtin`] has it.
+const REFERENCE: ShapeArgs = ShapeArgs {
+    seq: 64,
+    d_model: 256,
+    heads: 8,
+    layers: 4,
+    ff: 1024,
+};
+
+/// A dimension's parser: a positive integer.
+fn dim() -> clap::builder::RangedI64ValueParser<u32> {
+    value_parser!(u32).range(1..)
 }
 
 /// `gemm`'s options.
 #[derive(Debug, Args)]
 pub struct GemmArgs {
-    /// fp32, tf32, bf16 or fp16.
-    #[arg(long, default_value = "fp32", value_parser = ["fp32", "tf32", "bf16", "fp16"])]
-    precision: String,
+    #[arg(long, value_enum, default_value = "fp32")]
+    precision: GemmPrecision,
     #[command(flatten)]
     place: Place,
 }
@@ -99,15 +113,33 @@ pub struct GemmArgs {
 /// `optim-probe`'s options.
 #[derive(Debug, Args)]
 pub struct OptimProbeArgs {
-    /// fused (kiln's optimizer) or unfused (the per-tensor update).
-    #[arg(long = "impl", default_value = "fused", value_parser = ["fused", "unfused"])]
-    imp: String,
+    /// kiln's optimizer (the fused kernel) or the per-tensor update.
+    #[arg(long = "impl", value_enum, default_value = "fused")]
+    imp: OptimImpl,
     #[command(flatten)]
     place: Place,
     #[arg(long, default_value_t = 5)]
     warmup: usize,
     #[arg(long, default_value_t = 50)]
     steps: usize,
+}
+
+/// `gemm --precision`: the matmul's dtype (`tf32`: fp32 with TF32 tensor cores on CUDA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmPrecision {
+    Fp32,
+    Tf32,
+    Bf16,
+    Fp16,
+}
+
+/// `optim-probe --impl`: the AdamW update timed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimImpl {
+    Fused,
+    Unfused,
 }
 
 /// Seconds of each of `n` calls of `f` (the device synchronised around each) after `warmup`.
@@ -144,12 +176,15 @@ fn synthetic_input(kind: ModelKind, seq: u32) -> Result<InputSpec> {
         sample_shape[0] = seq as usize;
     }
     // The U-Net segments (a class per voxel of the volume's spatial shape); the others classify.
-    let shape = sample_shape[1..].to_vec();
-    let mut input = InputSpec::of(&sample_shape, &TargetSpec::Classes { classes, shape });
-    if kind != ModelKind::Unet3d {
-        input.target = None;
-    }
-    Ok(input)
+    let segments = (kind == ModelKind::Unet3d).then(|| TargetSpec::Classes {
+        classes,
+        shape: sample_shape[1..].to_vec(),
+    });
+    let input = InputSpec::of(&sample_shape, &TargetSpec::label(classes));
+    Ok(InputSpec {
+        target: segments,
+        ..input
+    })
 }
 
 /// Matrix-multiply FLOPs of one train step (3 × forward), as the Python script counts them.
@@ -310,18 +345,14 @@ fn run_steps(a: &ProbeArgs, stepper: &mut Stepper<'_>, batch: (&Tensor, &Tensor)
 /// This machine's GEMM peak through libtorch at one precision (best GFLOP/s over large shapes).
 pub fn gemm(a: &GemmArgs) -> Result<()> {
     let device = a.place.device();
-    let precision = a.precision.as_str();
-    let kind = match precision {
-        "fp32" | "tf32" => Kind::Float,
-        "bf16" => Kind::BFloat16,
-        "fp16" => Kind::Half,
-        other => Err(format!(
-            "--precision `{other}`: expected fp32, tf32, bf16 or fp16"
-        ))?,
+    let kind = match a.precision {
+        GemmPrecision::Fp32 | GemmPrecision::Tf32 => Kind::Float,
+        GemmPrecision::Bf16 => Kind::BFloat16,
+        GemmPrecision::Fp16 => Kind::Half,
     };
     let threads = a.place.set_threads()?;
     if device.is_cuda() {
-        flags::set_flag(Flag::Tf32CuBlas, precision == "tf32").msg()?;
+        flags::set_flag(Flag::Tf32CuBlas, a.precision == GemmPrecision::Tf32).msg()?;
     }
     let sizes: &[(i64, i64, i64)] = if device.is_cuda() {
         &[(8192, 8192, 8192), (4096, 4096, 4096)]
@@ -339,7 +370,7 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
         shapes.push(json!({"shape": [m, k, n], "gflops": gflops}));
         best = best.max(gflops);
     }
-    let run = json!({"gemm_gflops": best, "precision": precision, "device": device_name(device),
+    let run = json!({"gemm_gflops": best, "precision": a.precision, "device": device_name(device),
                      "threads": threads, "shapes": shapes});
     println!("{run}");
     Ok(())
@@ -348,7 +379,7 @@ pub fn gemm(a: &GemmArgs) -> Result<()> {
 /// The parameters (shapes) the optimizer benchmarks update: the reference transformer's.
 pub fn optimizer_store(device: Device) -> Result<nn::VarStore> {
     let vs = nn::VarStore::new(device);
-    let input = synthetic_input(ModelKind::Transformer, 64)?;
+    let input = synthetic_input(ModelKind::Transformer, REFERENCE.seq)?;
     let plan = ModelPlan::builtin(ModelKind::Transformer);
     build(&plan, &input, &vs, false, 0).msg()?;
     Ok(vs)
@@ -374,8 +405,8 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
             .msg()?;
     }
     let counts = (a.warmup, a.steps.max(1));
-    let times = match a.imp.as_str() {
-        "fused" => {
+    let times = match a.imp {
+        OptimImpl::Fused => {
             let config = AdamWConfig {
                 lr: 1e-3,
                 weight_decay: 0.01,
@@ -384,11 +415,10 @@ pub fn optim_probe(a: &OptimProbeArgs) -> Result<()> {
             let mut opt = Optimizer::new(Rule::AdamW(config), groups).msg()?;
             time_calls(device, counts, || opt.step(None, None).msg())?
         }
-        "unfused" => {
+        OptimImpl::Unfused => {
             let mut opt = UnfusedAdamW::new(&params, decays, 1e-3).msg()?;
             time_calls(device, counts, || opt.step(&params, &grads).msg())?
         }
-        other => return Err(format!("--impl `{other}`: expected fused or unfused")),
     };
     let run = json!({
         "framework": "kiln", "impl": a.imp, "device": device_name(device), "threads": threads,
