@@ -16,8 +16,8 @@ use std::path::PathBuf;
 
 use kiln_core::DeviceRequest;
 use kiln_core::options::{
-    AmpDtype, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision,
-    MetricMode, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
+    AmpDtype, AttentionKernel, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind,
+    MatmulPrecision, MetricMode, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::plan::{DataPlan, ModelPlan, TrainPlan};
@@ -164,6 +164,10 @@ config_keys! {
         channels: Widths = "32,64,128" => p.model.channels;
         /// Recompute each transformer layer's activations in backward instead of keeping them.
         activation_checkpointing: bool = false => p.model.activation_checkpointing;
+        /// The attention kernel: fused (PyTorch's scaled_dot_product_attention), math (the
+        /// explicit product) or auto: for your program on the CPU, whichever kiln measures
+        /// faster at its attention shapes when it compiles the step.
+        attention: AttentionKernel = "auto" => p.model.attention;
     }
 
     /// The training loop.
@@ -400,7 +404,7 @@ mod tests {
         );
         assert_eq!(train::batch_size, "train.batch_size");
         assert_eq!(serve::max_wait_ms, "serve.max_wait_ms");
-        assert_eq!(KEYS.len(), 101);
+        assert_eq!(KEYS.len(), 102);
     }
 
     #[test]

@@ -22,8 +22,8 @@ mod setting;
 pub use error::ConfigError;
 pub use layers::Layer;
 pub use plan::{
-    BlendMode, CheckpointPlan, CudaGraphs, DistributedPlan, EarlyStoppingPlan, EmaPlan,
-    InferEngineKind, InferPlan, KeepBest, LossKind, LossScalePlan, MetricMode, MetricName,
+    AttentionKernel, BlendMode, CheckpointPlan, CudaGraphs, DistributedPlan, EarlyStoppingPlan,
+    EmaPlan, InferEngineKind, InferPlan, KeepBest, LossKind, LossScalePlan, MetricMode, MetricName,
     ModelKind, ModelPlan, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ProfilingPlan,
     Provenance, RunPlan, ScheduleKind, ServePlan, SlidingWindowPlan, TrainPlan,
 };

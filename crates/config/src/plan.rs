@@ -11,8 +11,8 @@ use kiln_core::settings::{AmpDtype, BackendSettings};
 use serde::Serialize;
 
 pub use kiln_core::options::{
-    BlendMode, CudaGraphs, InferEngineKind, LossKind, MetricMode, MetricName, OptimizerKind,
-    OutputDevice, PadMode, ProfileUnit, ScheduleKind,
+    AttentionKernel, BlendMode, CudaGraphs, InferEngineKind, LossKind, MetricMode, MetricName,
+    OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
 };
 
 use crate::ConfigError;
@@ -136,6 +136,8 @@ pub struct ModelPlan {
     pub channels: Vec<u64>,
     /// Recompute transformer layers' activations in backward (less memory, more compute).
     pub activation_checkpointing: bool,
+    /// The attention kernel (`model.attention`).
+    pub attention: AttentionKernel,
 }
 
 impl ModelPlan {
@@ -158,6 +160,7 @@ impl ModelPlan {
             hidden: vec![256, 256],
             channels: vec![32, 64, 128],
             activation_checkpointing: false,
+            attention: AttentionKernel::Auto,
         }
     }
 }
@@ -482,6 +485,7 @@ fn model_plan(v: ModelValues, check: &Checker<'_>) -> Result<ModelPlan, ConfigEr
         hidden: v.hidden.0,
         channels: v.channels.0,
         activation_checkpointing: v.activation_checkpointing,
+        attention: v.attention,
     })
 }
 

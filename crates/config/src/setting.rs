@@ -13,8 +13,9 @@ use std::path::PathBuf;
 use kiln_core::DeviceRequest;
 use kiln_core::OptionError;
 use kiln_core::options::{
-    AmpDtype, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind, MatmulPrecision,
-    MetricMode, MetricName, OptimizerKind, OutputDevice, PadMode, ProfileUnit, ScheduleKind,
+    AmpDtype, AttentionKernel, BlendMode, CudaGraphs, Determinism, InferEngineKind, LossKind,
+    MatmulPrecision, MetricMode, MetricName, OptimizerKind, OutputDevice, PadMode, ProfileUnit,
+    ScheduleKind,
 };
 
 use crate::ConfigError;
@@ -173,6 +174,7 @@ option_settings!(
     Determinism,
     AmpDtype,
     CudaGraphs,
+    AttentionKernel,
     InferEngineKind,
     ProfileUnit,
     OptimizerKind,

@@ -177,6 +177,21 @@ impl MetricName {
 }
 
 option_enum! {
+    /// `model.attention`: the attention kernel of the transformer's layers and of a
+    /// `torch.export` program's compiled step.
+    pub enum AttentionKernel ("an attention kernel") {
+        /// Chosen for the machine: for a program on the CPU, whichever of the two is measured
+        /// faster at its attention shapes; for the built-in transformer, the explicit product
+        /// on the CPU in reduced precision and the fused kernel otherwise.
+        Auto = "auto",
+        /// PyTorch's fused kernel (scaled_dot_product_attention: flash attention).
+        Fused = "fused" | "sdpa" | "flash",
+        /// The explicit product: two batched matrix products and a softmax.
+        Math = "math",
+    }
+}
+
+option_enum! {
     /// `infer.cuda_graphs` and `train.cuda_graphs`: whether inference (a train step) is
     /// captured and replayed as a CUDA graph.
     pub enum CudaGraphs ("a CUDA graphs mode") {
@@ -319,6 +334,7 @@ mod tests {
         round_trips(&Determinism::ALL);
         round_trips(&AmpDtype::ALL);
         round_trips(&CudaGraphs::ALL);
+        round_trips(&AttentionKernel::ALL);
         round_trips(&InferEngineKind::ALL);
         round_trips(&BlendMode::ALL);
         round_trips(&MetricMode::ALL);

@@ -7,7 +7,7 @@
 //! the same seed on the CPU a kiln model starts from its twin's very weights.
 
 use kiln_config::keys;
-use kiln_config::{ModelKind, ModelPlan};
+use kiln_config::{AttentionKernel, ModelKind, ModelPlan};
 use kiln_data::{
     Dataset, SyntheticClassification, SyntheticImages, SyntheticSequences, SyntheticVolumes,
 };
@@ -146,7 +146,8 @@ pub fn build_reference(
                     plan.dropout,
                     seed,
                 )
-                .with_activation_checkpointing(plan.activation_checkpointing),
+                .with_activation_checkpointing(plan.activation_checkpointing)
+                .with_attention(plan.attention),
             )
         }
         ModelKind::Unet3d => {
@@ -294,6 +295,7 @@ struct EncoderLayer {
     ff2: nn::Linear,
     drop2: Arc<Dropout>,
     heads: i64,
+    attention: AttentionKernel,
 }
 
 /// Batch norm (PyTorch's defaults: momentum 0.1, eps 1e-5; batch statistics in training,
@@ -339,6 +341,7 @@ impl EncoderLayer {
             ff2: init::linear(vs / "ff2", ff, d, true),
             drop2: Arc::new(Dropout::new(dropout, seeds[1])),
             heads,
+            attention: AttentionKernel::Auto,
         }
     }
 
@@ -355,6 +358,7 @@ impl EncoderLayer {
             ff2: share_linear(&self.ff2),
             drop2: Arc::clone(&self.drop2),
             heads: self.heads,
+            attention: self.attention,
         }
     }
 
@@ -395,11 +399,16 @@ impl EncoderLayer {
             Ok(t.f_view([-1, s, self.heads, dh])?.f_transpose(1, 2)?)
         };
         let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
-        let attended = if x.device() == tch::Device::Cpu && q.kind() != Kind::Float {
+        let explicit = match self.attention {
+            AttentionKernel::Math => true,
+            AttentionKernel::Fused => false,
             // On the CPU in reduced precision, libtorch's flash-attention backward is slow at
             // these sizes (in bf16 it was half the train step); the explicit product, whose
             // backward is two batched GEMMs and a softmax, is much faster. In fp32 the fused
-            // kernel wins.
+            // kernel won on the CPUs measured when this was chosen.
+            AttentionKernel::Auto => x.device() == tch::Device::Cpu && q.kind() != Kind::Float,
+        };
+        let attended = if explicit {
             let scale = 1.0 / (dh as f64).sqrt();
             q.f_matmul(&k.f_transpose(-2, -1)?)?
                 .f_mul_scalar(scale)?
@@ -472,6 +481,15 @@ impl Transformer {
     /// for about one more forward pass of compute. Gradients are unchanged.
     pub fn with_activation_checkpointing(mut self, on: bool) -> Self {
         self.checkpointing = on;
+        self
+    }
+
+    /// With `kernel`, every layer's attention is PyTorch's fused kernel or the explicit
+    /// product (`model.attention`); `auto` chooses by device and precision.
+    pub fn with_attention(mut self, kernel: AttentionKernel) -> Self {
+        for layer in &mut self.layers {
+            layer.attention = kernel;
+        }
         self
     }
 
