@@ -257,6 +257,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
     };
     let vs = nn::VarStore::new(device);
     let loading = Instant::now();
+    let mut attention = None;
     let model: Box<dyn Model> = match (&a.script, &a.program) {
         (Some(path), _) => Box::new(ScriptModel::load(Path::new(path), &vs).msg()?),
         (_, Some(path)) => {
@@ -266,9 +267,13 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
                 precision,
                 output: None,
                 freeze: None,
+                attention: kiln_config::AttentionKernel::Auto,
                 threads,
             };
-            Box::new(ProgramModel::load(&spec, &input, &vs).msg()?)
+            let program = ProgramModel::load(&spec, &input, &vs).msg()?;
+            let choice = program.compiled().manifest.attention.as_ref();
+            attention = choice.map(|c| c.kernel.clone());
+            Box::new(program)
         }
         _ => build(&plan, &input, &vs, a.channels_last, 0).msg()?,
     };
@@ -296,6 +301,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
         "framework": "kiln", "torch_version": kiln_torch_ext::runtime::torch_version(),
         "device": device_name(device), "model": kind.as_str(),
         "torchscript": a.script, "program": a.program, "cuda_graphs": a.cuda_graphs,
+        "attention": attention,
         "load_s": load_s,
         "precision": precision.as_str(), "precision_requested": a.precision, "tf32": tf32,
         "batch": batch, "threads": threads, "params": parameter_count(&vs), "config": shape,

@@ -15,8 +15,10 @@ use common::own_data::{
     train_args, values_of,
 };
 use common::{only_run, python, stderr, step_losses};
+use kiln_config::AttentionKernel;
 use kiln_train::loss::Loss;
 use kiln_train::model::InputSpec;
+use kiln_train::program::compile::AttentionChoice;
 use kiln_train::program::{ProgramModel, ProgramSpec};
 use serde_json::Value;
 use tch::{Kind, Tensor, nn};
@@ -42,9 +44,15 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
     if norm < 1e-8 { diff } else { diff / norm }
 }
 
-/// One compiled step of `program` on the case's batch; each parameter's gradient and buffer
-/// against PyTorch eager's.
-fn check_gradients(dir: &Path, program: &str, case: &Value) {
+/// One compiled step of `program` on the case's batch, its attention through `attention`; each
+/// parameter's gradient and buffer against PyTorch eager's. Returns the compile's choice of
+/// attention kernel.
+fn check_gradients(
+    dir: &Path,
+    program: &str,
+    case: &Value,
+    attention: AttentionKernel,
+) -> AttentionChoice {
     let x = tensor(&case["x"], Kind::Float);
     let y = tensor(&case["y"], Kind::Int64);
     let sample: Vec<usize> = x.size()[1..].iter().map(|&d| d as usize).collect();
@@ -62,10 +70,12 @@ fn check_gradients(dir: &Path, program: &str, case: &Value) {
         precision: kiln_device::settings::AmpDtype::None,
         output: None,
         freeze: None,
+        attention,
         threads: kiln_torch_ext::memory::num_threads().unwrap().0,
     };
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let model = ProgramModel::load(&spec, &input, &vs).unwrap();
+    let choice = model.compiled().manifest.attention.clone().unwrap();
     let step = kiln_train::model::Model::compiled_step(&model).unwrap();
     let batch = kiln_train::inputs::Inputs::features(x.shallow_clone());
     let (loss, output) = step.step(&batch, &y, 1.0, None).unwrap();
@@ -90,6 +100,7 @@ fn check_gradients(dir: &Path, program: &str, case: &Value) {
         let err = relative(&vars[name], &tensor(want, Kind::Float));
         assert!(err <= 1e-5, "{program}: buffer {name} off by {err:e}");
     }
+    choice
 }
 
 #[test]
@@ -97,9 +108,29 @@ fn check_gradients(dir: &Path, program: &str, case: &Value) {
 fn compiled_steps_give_eager_gradients_and_batch_norm_statistics_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
     let reference = make_programs(tmp.path());
-    check_gradients(tmp.path(), "mlp.pt2", &reference["mlp"]);
-    check_gradients(tmp.path(), "attention.pt2", &reference["attention"]);
-    check_gradients(tmp.path(), "convbn.pt2", &reference["convbn"]);
+    let auto = AttentionKernel::Auto;
+    let mlp = check_gradients(tmp.path(), "mlp.pt2", &reference["mlp"], auto);
+    assert_eq!(
+        (mlp.kernel.as_str(), mlp.chosen_by.as_str()),
+        ("fused", "no fused attention in the program")
+    );
+    // model.attention = auto times both kernels on the program's attention calls; the kernel
+    // it did not choose is checked too, set explicitly.
+    let attention = &reference["attention"];
+    let chosen = check_gradients(tmp.path(), "attention.pt2", attention, auto);
+    assert_eq!(chosen.chosen_by, "measured", "{chosen:?}");
+    assert!(chosen.fused_ms.unwrap() > 0.0 && chosen.math_ms.unwrap() > 0.0);
+    let other = match chosen.kernel.as_str() {
+        "math" => AttentionKernel::Fused,
+        "fused" => AttentionKernel::Math,
+        kernel => panic!("auto chose the attention kernel {kernel:?}"),
+    };
+    let set = check_gradients(tmp.path(), "attention.pt2", attention, other);
+    assert_eq!(
+        (set.kernel.as_str(), set.chosen_by.as_str()),
+        (other.as_str(), "model.attention")
+    );
+    check_gradients(tmp.path(), "convbn.pt2", &reference["convbn"], auto);
 }
 
 /// The model files of a run's newest checkpoint.

@@ -313,6 +313,11 @@ impl LoadedModel {
             precision,
             output,
             freeze: None,
+            // As the run was trained: its packages are the ones in the compile cache.
+            attention: ckpt
+                .and_then(|c| setting_of(c, "model.attention"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(kiln_config::AttentionKernel::Auto),
             threads: kiln_torch_ext::memory::num_threads()?.0,
         };
         let vs = nn::VarStore::new(device);

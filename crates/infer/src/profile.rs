@@ -411,6 +411,7 @@ impl TrainableModel {
             precision,
             output: plan.output.clone(),
             freeze: plan.freeze.clone(),
+            attention: plan.attention,
             threads: kiln_torch_ext::memory::num_threads()?.0,
         };
         let vs = nn::VarStore::new(device);

@@ -82,6 +82,10 @@ def parse_args(argv=None):
     p.add_argument("--freeze", default="", help="parameters kept at their values (names or "
                    "prefixes, comma separated): no gradient, not trained")
     p.add_argument("--what", choices=("train", "eval", "both"), default="both")
+    p.add_argument("--attention", choices=("auto", "fused", "math"), default="auto",
+                   help="the attention kernel the packages use: PyTorch's fused kernel, the "
+                   "explicit product (two batched GEMMs and a softmax), or on the CPU whichever "
+                   "is measured faster at the program's attention shapes (see choose_attention)")
     p.add_argument("--batch-hint", type=int, default=None, help="the batch to trace a dynamic "
                    "program with (default 3): Inductor bounds the packages' batch sizes around "
                    "it where it picks kernels by it")
@@ -618,18 +622,139 @@ def batch_ranges():
         wrapper.generate_input_output_runtime_checks = checks
 
 
-def attention_backends(device):
-    """The attention kernels a trace may pick on `device`. On CUDA, cuDNN attention is left
-    out: on an H100 (torch 2.11.0+cu130) eager PyTorch picks it for bf16, and the joint graph
-    holding it is exact when run eagerly, but its AOTInductor package computed another loss
-    from the first step (1.39996 against eager's 1.42120) and the run did not learn. Flash,
-    memory-efficient and math attention stay, in PyTorch's order of preference."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
+def attention_backends(device, kernel):
+    """The attention kernels a trace may pick on `device`: the explicit product alone where
+    `kernel` is "math". On CUDA otherwise, cuDNN attention is left out: on an H100
+    (torch 2.11.0+cu130) eager PyTorch picks it for bf16, and the joint graph holding it is exact
+    when run eagerly, but its AOTInductor package computed another loss from the first step
+    (1.39996 against eager's 1.42120) and the run did not learn. Flash, memory-efficient and
+    math attention stay, in PyTorch's order of preference."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    if kernel == "math":
+        return sdpa_kernel([SDPBackend.MATH])
+    if device.type != "cuda":
+        return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
                         SDPBackend.MATH])
+
+
+# --- the attention kernel ------------------------------------------------------------------
+
+# The batch the attention kernels are timed at, at least (a dynamic program is traced at 3).
+ATTENTION_BATCH = 32
+# The explicit product keeps each call's attention probabilities for the backward: at most
+# this much in all (at ATTENTION_BATCH), or the fused kernel stays.
+MATH_MEMORY = 256 << 20
+# The explicit product must be this much faster to be chosen (timing noise is a few percent).
+MATH_MARGIN = 0.97
+
+
+def choose_attention(ep, a, device, fixed, target):
+    """Which attention kernel the packages use, and why. On the CPU, PyTorch runs every
+    scaled_dot_product_attention through its fused (flash) kernel, which at short sequences is
+    slower than the explicit product (at 32×8×64×32, fp32, on an AMD EPYC without AVX-512:
+    10.5 ms against 7.2 ms forward and backward). With `--attention auto` kiln times both on
+    the program's own attention calls and takes the explicit product where it is faster,
+    draws no attention dropout and keeps its probabilities small; the gradients are the same
+    to fp32 rounding."""
+    if a.attention != "auto":
+        return {"kernel": a.attention, "chosen_by": "model.attention"}
+    if device.type != "cpu":
+        return {"kernel": "fused", "chosen_by": "PyTorch's choice on this device"}
+    calls = attention_calls(ep, a, device, fixed or max(a.batch_hint or 3, ATTENTION_BATCH),
+                            target)
+    if not calls:
+        return {"kernel": "fused", "chosen_by": "no fused attention in the program"}
+    if any(sig[4] > 0 for sig in calls):
+        return {"kernel": "fused", "chosen_by": "attention dropout (the kernels draw "
+                "differently; PyTorch's is kept)"}
+    memory = sum(n * math.prod(sig[0][:-1]) * sig[1][-2] * 4 for sig, n in calls.items())
+    if memory > MATH_MEMORY:
+        return {"kernel": "fused", "chosen_by": f"the explicit product would keep "
+                f"{memory >> 20} MiB of attention probabilities"}
+    backward = a.what != "eval"
+    fused, explicit = time_attention(calls, device, backward)
+    kernel = "math" if explicit < MATH_MARGIN * fused else "fused"
+    shapes = ", ".join(f"{n}× {'×'.join(map(str, sig[0]))}" for sig, n in calls.items())
+    passes = "forward and backward" if backward else "forward"
+    log(f"attention: {kernel}, measured: the explicit product {explicit * 1e3:.2f} ms, the "
+        f"fused kernel {fused * 1e3:.2f} ms, {passes} ({shapes})")
+    return {"kernel": kernel, "chosen_by": "measured", "fused_ms": fused * 1e3,
+            "math_ms": explicit * 1e3}
+
+
+def attention_calls(ep, a, device, batch, target):
+    """The fused attention calls of one forward at `batch` (in train mode, or in eval mode
+    where only the eval forward is compiled), by signature (query, key and value shapes, dtype,
+    dropout, causal, mask shape and dtype, scale): how many."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    fused = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    calls = {}
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is fused:
+                q, k, v = args[:3]
+                dropout = args[3] if len(args) > 3 else kwargs.get("dropout_p", 0.0)
+                causal = args[4] if len(args) > 4 else kwargs.get("is_causal", False)
+                mask = kwargs.get("attn_mask")
+                sig = (tuple(q.shape), tuple(k.shape), tuple(v.shape), q.dtype, float(dropout),
+                       bool(causal), None if mask is None else (tuple(mask.shape), mask.dtype),
+                       kwargs.get("scale"))
+                calls[sig] = calls.get(sig, 0) + 1
+            return func(*args, **kwargs)
+
+    module = ep.module().to(device)
+    module = to_eval(module) if a.what == "eval" else module
+    step = EvalStep(module, a, device.type, ep.call_spec.in_spec)
+    xs, y = example(a, batch, device)
+    with torch.no_grad(), Record():
+        step.call([*xs, y] if target is not None else xs)
+    return calls
+
+
+def time_attention(calls, device, backward, rounds=7):
+    """Seconds of the forward (and `backward`) of every call in `calls`, fused and explicit:
+    the medians of `rounds` alternating rounds, after one warm-up each."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator().manual_seed(0)
+
+    def tensor(shape, dtype, grad):
+        t = torch.randn(shape, generator=gen).to(device, dtype)
+        return t.requires_grad_(grad)
+
+    cases = []
+    for (qs, ks, vs, dtype, _, causal, mask, scale), n in calls.items():
+        q, k, v = (tensor(s, dtype, backward) for s in (qs, ks, vs))
+        m = None if mask is None else (tensor(mask[0], torch.float32, False) > 0
+                                       if mask[1] == torch.bool else tensor(*mask, False))
+        grad = tensor(qs[:-1] + vs[-1:], dtype, False)
+        cases.append((q, k, v, m, causal, scale, grad, n))
+
+    def run(backend):
+        with sdpa_kernel([backend]):
+            start = time.perf_counter()
+            for q, k, v, m, causal, scale, grad, n in cases:
+                for _ in range(n):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=causal,
+                                                         scale=scale,
+                                                         enable_gqa=q.shape[-3] != k.shape[-3])
+                    if backward:
+                        torch.autograd.grad(out, (q, k, v), grad)
+            return time.perf_counter() - start
+
+    kernels = (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH)
+    times = {b: [] for b in kernels}
+    for i in range(rounds + 1):
+        for b in kernels:
+            t = run(b)
+            if i:
+                times[b].append(t)
+    return tuple(sorted(times[b])[rounds // 2] for b in kernels)
 
 
 def compile_train(ep, a, device, dynamic, fixed, checks):
@@ -772,11 +897,13 @@ def compile_all(a):
     }
     os.makedirs(a.out, exist_ok=True)
     checks = {}
-    with attention_backends(device):
+    manifest["attention"] = choose_attention(ep, a, device, fixed, target)
+    kernel = manifest["attention"]["kernel"]
+    with attention_backends(device, kernel):
         compile_packages(ep, a, device, (dynamic, fixed), manifest, target, checks)
     names = manifest["parameters"] + manifest["buffers"]
     write_safetensors({n: initial[n] for n in names}, os.path.join(a.out, "initial.safetensors"))
-    with attention_backends(device):
+    with attention_backends(device, kernel):
         batch = fixed or within(CHECK_BATCH, manifest["batch_range"].values())
         manifest["check_batch"] = write_check(a, device, batch,
                                               [initial[n].to(device) for n in names], checks)

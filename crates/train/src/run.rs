@@ -447,6 +447,7 @@ fn program_model(
         precision: plan.train.amp,
         output: plan.model.output.clone(),
         freeze: plan.model.freeze.clone(),
+        attention: plan.model.attention,
         threads: kiln_torch_ext::memory::num_threads()?.0,
     };
     Ok(Box::new(crate::program::ProgramModel::load(

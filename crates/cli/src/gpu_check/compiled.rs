@@ -312,6 +312,7 @@ fn spec(program: &Path, precision: AmpDtype) -> anyhow::Result<ProgramSpec<'_>> 
         precision,
         output: None,
         freeze: None,
+        attention: kiln_config::AttentionKernel::Auto,
         threads: kiln_torch_ext::memory::num_threads()?.0,
     })
 }

@@ -68,6 +68,8 @@ pub struct CompileKey {
     pub output: Option<String>,
     /// The parameters kept at their values (`model.freeze`), for the train step.
     pub freeze: Option<String>,
+    /// `model.attention`: auto, fused or math.
+    pub attention: String,
     pub sample_shape: Vec<usize>,
     /// float32 or int64 (token ids).
     pub feature_dtype: String,
@@ -155,6 +157,31 @@ pub struct Manifest {
     /// are right for. Absent from manifests of older compilers.
     #[serde(default)]
     pub batch_range: BatchRanges,
+    /// The attention kernel the packages use and why. Absent from manifests of older compilers.
+    #[serde(default)]
+    pub attention: Option<AttentionChoice>,
+}
+
+/// The attention kernel a compile chose (`model.attention`), and on what grounds.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct AttentionChoice {
+    /// `fused` or `math`.
+    pub kernel: String,
+    /// `model.attention`, `measured`, or why nothing was measured.
+    pub chosen_by: String,
+    /// Where measured: the program's attention calls' forward and backward, each kernel.
+    pub fused_ms: Option<f64>,
+    pub math_ms: Option<f64>,
+}
+
+impl std::fmt::Display for AttentionChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "attention {} ({}", self.kernel, self.chosen_by)?;
+        if let (Some(fused), Some(math)) = (self.fused_ms, self.math_ms) {
+            write!(f, ": fused {fused:.2} ms, math {math:.2} ms a step")?;
+        }
+        write!(f, ")")
+    }
 }
 
 /// The batch sizes the train and eval packages are valid for.
@@ -255,8 +282,13 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
     if !verdict.passed {
         return Err(refused(program, key.packages, &manifest, &dir, &verdict));
     }
+    let attention = manifest
+        .attention
+        .as_ref()
+        .map(|a| format!("; {a}"))
+        .unwrap_or_default();
     tracing::info!(
-        "compiled program: cached at {} (compiled in {:.1} s; checked {})",
+        "compiled program: cached at {} (compiled in {:.1} s{attention}; checked {})",
         dir.display(),
         manifest.compile_s,
         verdict.summary
@@ -418,6 +450,7 @@ fn run_compiler(
         flag("--inputs", inputs.clone());
     }
     flag("--what", key.packages.flag().to_owned());
+    flag("--attention", key.attention.clone());
     if key.packages == Packages::TrainAndEval {
         flag("--loss", key.loss.clone());
         flag("--target-dtype", key.target_dtype.clone());
@@ -565,6 +598,7 @@ mod tests {
             precision: "fp32".into(),
             output: None,
             freeze: None,
+            attention: "auto".into(),
             sample_shape: vec![16],
             feature_dtype: "float32".into(),
             inputs: None,
@@ -591,6 +625,7 @@ mod tests {
             |k| k.loss = "mse".into(),
             |k| k.precision = "bf16".into(),
             |k| k.output = Some("logits".into()),
+            |k| k.attention = "math".into(),
             |k| k.sample_shape = vec![17],
             |k| k.device = "cuda sm_90".into(),
             |k| k.cpu = "Intel AMX".into(),

@@ -17,7 +17,7 @@ pub mod zipfile;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use kiln_config::keys;
+use kiln_config::{AttentionKernel, keys};
 use kiln_device::settings::AmpDtype;
 use kiln_torch_ext::aoti::{Package, accumulate_grads};
 use tch::{Device, Kind, Tensor, nn};
@@ -40,6 +40,8 @@ pub struct ProgramSpec<'a> {
     pub output: Option<String>,
     /// Parameters kept at their values (`model.freeze`: names or prefixes, comma separated).
     pub freeze: Option<String>,
+    /// The attention kernel the packages use (`model.attention`; `auto`: measured on the CPU).
+    pub attention: AttentionKernel,
     pub threads: usize,
 }
 
@@ -111,6 +113,7 @@ fn key_of(
         precision: spec.precision.as_str().to_owned(),
         output: spec.output.clone(),
         freeze: if eval { None } else { spec.freeze.clone() },
+        attention: spec.attention.as_str().to_owned(),
         sample_shape: input.sample_shape.clone(),
         feature_dtype: program.dtype.clone(),
         inputs: by_name.map(|names| inputs_json(names, &input.arrays)),
@@ -836,6 +839,7 @@ mod tests {
             precision: AmpDtype::None,
             output: None,
             freeze: None,
+            attention: AttentionKernel::Auto,
             threads: 1,
         }
     }
