@@ -662,8 +662,14 @@ def choose_attention(ep, a, device, fixed, target):
         return {"kernel": a.attention, "chosen_by": "model.attention"}
     if device.type != "cpu":
         return {"kernel": "fused", "chosen_by": "PyTorch's choice on this device"}
-    calls = attention_calls(ep, a, device, fixed or max(a.batch_hint or 3, ATTENTION_BATCH),
-                            target)
+    batch = fixed or max(a.batch_hint or 3, ATTENTION_BATCH)
+    try:
+        calls = attention_calls(ep, a, device, batch, target)
+    except Exception as e:  # the measurement only chooses: the compile reports real faults
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        log(f"attention: fused; the measuring forward at batch {batch} failed: {first}")
+        return {"kernel": "fused", "chosen_by": f"not measured: the forward at batch {batch} "
+                f"failed ({type(e).__name__}: {first})"}
     if not calls:
         return {"kernel": "fused", "chosen_by": "no fused attention in the program"}
     if any(sig[4] > 0 for sig in calls):
@@ -707,12 +713,16 @@ def attention_calls(ep, a, device, batch, target):
                 calls[sig] = calls.get(sig, 0) + 1
             return func(*args, **kwargs)
 
-    module = ep.module().to(device)
-    module = to_eval(module) if a.what == "eval" else module
-    step = EvalStep(module, a, device.type, ep.call_spec.in_spec)
+    module, in_spec = ep.module().to(device), ep.call_spec.in_spec
     xs, y = example(a, batch, device)
+    if a.what == "eval":
+        step, extra = eval_step(to_eval(module), a, device.type, in_spec, target, y)
+        forward, args = step, (*xs, *extra)
+    else:
+        step = EvalStep(module, a, device.type, in_spec)
+        forward, args = step.call, ([*xs, y] if target is not None else xs,)
     with torch.no_grad(), Record():
-        step.call([*xs, y] if target is not None else xs)
+        forward(*args)
     return calls
 
 
@@ -788,19 +798,26 @@ def compile_train(ep, a, device, dynamic, fixed, checks):
     }
 
 
+def eval_step(gm, a, device_type, in_spec, target, y):
+    """The eval forward's module and what it takes after the features: the prediction; for an
+    own-loss program in training, its (loss, prediction) given `y`; for one in inference, its
+    prediction alone (fed a target of zeros shaped as `target`)."""
+    if target is None:
+        return EvalStep(gm, a, device_type, in_spec), ()
+    if a.loss == "module":
+        return OwnLossEval(gm, a, device_type, in_spec), (y,)
+    return Predict(gm, a, device_type, in_spec, target), ()
+
+
 def compile_eval(ep, a, device, dynamic, fixed, manifest, target, checks):
     """The eval forward: features to the prediction; for an own-loss program in training,
     features and targets to (loss, prediction); for one in inference, its prediction alone."""
     gm = to_eval(ep.module().to(device))
     xs, y = example(a, fixed or a.batch_hint or 3, device)
-    in_spec = ep.call_spec.in_spec
-    if target is None:
-        step, extra = EvalStep(gm, a, device.type, in_spec), ()
-    elif a.loss == "module":
-        step, extra = OwnLossEval(gm, a, device.type, in_spec), (y,)
+    step, extra = eval_step(gm, a, device.type, ep.call_spec.in_spec, target, y)
+    if extra:
         manifest["eval_takes_target"] = True
-    else:
-        step, extra = Predict(gm, a, device.type, in_spec, target), ()
+    if isinstance(step, Predict):
         check_predict(step, xs)
     names = ["model." + n for n in manifest["parameters"] + manifest["buffers"]]
     state = state_of(step)
