@@ -315,7 +315,7 @@ impl LoadedModel {
             freeze: None,
             // As the run was trained: its packages are the ones in the compile cache.
             attention: ckpt
-                .and_then(|c| setting_of(c, "model.attention"))
+                .and_then(|c| setting_of(c, kiln_config::keys::model::attention))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(kiln_config::AttentionKernel::Auto),
             threads: kiln_torch_ext::memory::num_threads()?.0,

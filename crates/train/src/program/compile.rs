@@ -178,7 +178,7 @@ impl std::fmt::Display for AttentionChoice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "attention {} ({}", self.kernel, self.chosen_by)?;
         if let (Some(fused), Some(math)) = (self.fused_ms, self.math_ms) {
-            write!(f, ": fused {fused:.2} ms, math {math:.2} ms a step")?;
+            write!(f, ": fused {fused:.2} ms, math {math:.2} ms")?;
         }
         write!(f, ")")
     }
