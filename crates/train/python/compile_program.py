@@ -855,6 +855,81 @@ def check_compiler():
                         "--install) or point CXX at one") from None
 
 
+def remember_vec_isa_checks():
+    """Inductor picks the CPU's vector instructions by compiling a probe for each candidate
+    (AVX2, AVX-512, its VNNI and BF16 extensions, AMX) and loading it in a fresh Python that
+    imports torch: 1.5-2.5 s a probe, three to six probes in every compile process, a third of
+    a small program's compile. A probe that passed once passes again for the same CPU, compiler
+    and torch, so its answer is kept beside Inductor's own cache, keyed by all three (a cache
+    shared by other machines is keyed apart). Only passes are kept: a probe that failed is
+    probed again, so a passing compiler installed later is found. The generated code is what
+    Inductor would have generated: the answers are the same."""
+    from torch._inductor import cpp_builder, cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    probe = getattr(cpu_vec_isa.VecISA, "check_build", None)
+    if probe is None:
+        return
+    path = os.path.join(cache_dir(), "kiln-vec-isa.json")
+    machine = "\0".join([torch.__version__, cpu_flags(), compiler_identity(cpp_builder)])
+
+    def remembered(isa, code):
+        key = hashlib.sha256("\0".join([machine, isa._arch_flags, code]).encode()).hexdigest()
+        if key in read_json(path):
+            return True
+        passed = probe(isa, code)
+        if passed:
+            write_json_atomically(path, read_json(path) | {key: True})
+        return passed
+
+    cpu_vec_isa.VecISA.check_build = remembered
+
+
+def cpu_flags():
+    """The CPU's feature flags as Linux reports them ('' elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def compiler_identity(cpp_builder):
+    """Inductor's C++ compiler and what it says of its version."""
+    import subprocess
+
+    cxx = cpp_builder.get_cpp_compiler()
+    try:
+        version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        version = ""
+    return f"{cxx}\0{version}"
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json_atomically(path, value):
+    """Writes `value` to `path` through a temporary file, so that a reader never sees half;
+    a failure to write only loses the memo."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(value, f)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+
+
 def compile_packages(ep, a, device, batch, manifest, target, checks):
     """The train step and the eval forward, as `a.what` asks; the manifest gains their names,
     `checks` their eager twins (for `write_check`)."""
@@ -887,6 +962,7 @@ def compile_all(a):
     # train-mode forward would move batch-norm statistics in them.
     initial = {n: t.detach().clone() for n, t in state_of(ep.module()).items()}
     check_compiler()
+    remember_vec_isa_checks()
     inputs, target = split_inputs(ep, a)
     a.input_names = [n for n, _ in inputs]
     val = inputs[0][1]
