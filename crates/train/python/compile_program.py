@@ -34,6 +34,7 @@ import json
 import math
 import os
 import struct
+import subprocess
 import sys
 import time
 import traceback
@@ -896,8 +897,6 @@ def cpu_flags():
 
 def compiler_identity(cpp_builder):
     """Inductor's C++ compiler and what it says of its version."""
-    import subprocess
-
     cxx = cpp_builder.get_cpp_compiler()
     try:
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True,

@@ -10,7 +10,7 @@ use std::process::Command;
 /// What Inductor finds in one fresh Python: the valid vector ISAs with their compiler flags.
 /// `memo` installs the script's memo first; `broken_probe` makes every probe that still runs fail.
 const PROBE: &str = r#"
-import importlib.util, json, os, sys
+import importlib.util, json, sys
 script, memo, broken_probe = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 spec = importlib.util.spec_from_file_location("compile_program", script)
 compile_program = importlib.util.module_from_spec(spec)
