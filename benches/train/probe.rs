@@ -269,6 +269,7 @@ pub fn probe(a: &ProbeArgs) -> Result<()> {
                 freeze: None,
                 attention: kiln_config::AttentionKernel::Auto,
                 threads,
+                batch: Some(batch as u64),
             };
             let program = ProgramModel::load(&spec, &input, &vs).msg()?;
             let choice = program.compiled().manifest.attention.as_ref();

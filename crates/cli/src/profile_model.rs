@@ -323,6 +323,7 @@ impl Run<'_> {
                 self.plan.train.loss,
                 self.precision,
                 kiln_train::feed::tch_device(self.device),
+                self.batch,
             )?,
             Target::Source(ModelSource::Program(path), None) => anyhow::bail!(
                 "--mode train: give a run or checkpoint of {} (it knows the data's targets and \

@@ -8,11 +8,19 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use common::own_data::{assert_same_losses, make_reference, shape_of, train, values_of};
+use common::own_data::{assert_same_losses, made_once, shape_of, train, values_of};
 use common::{kiln, only_run, stderr, step_losses};
 use kiln_data::{DType, write_npy};
 use serde_json::Value;
+
+/// The directory of the modules and programs `named_inputs.py` saves, made once for every test
+/// here, and PyTorch's reference values.
+fn made_models() -> (PathBuf, Value) {
+    static MADE: OnceLock<(PathBuf, Value)> = OnceLock::new();
+    MADE.get_or_init(|| made_once("named_inputs.py")).clone()
+}
 
 /// Writes the reference's arrays as .npy (x f32, cat i64, mask bool, y i64) and prepares them
 /// as a dataset of named arrays in `dir/data`.
@@ -54,7 +62,7 @@ fn prepare_named(dir: &Path, data: &Value) -> PathBuf {
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
 fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_reference("named_inputs.py", tmp.path());
+    let (made, reference) = made_models();
     let data = prepare_named(tmp.path(), &reference["data"]);
     let cases: [(&str, &str, &[&str]); 4] = [
         ("dict", "dict", &[]),
@@ -67,13 +75,7 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
         let runs = tmp.path().join(format!("runs-{k}"));
         let mut args = vec!["--epochs", "20"];
         args.extend(extra);
-        let o = train(
-            &tmp.path().join(format!("{model}.pt")),
-            &data,
-            &runs,
-            64,
-            &args,
-        );
+        let o = train(&made.join(format!("{model}.pt")), &data, &runs, 64, &args);
         assert!(o.status.success(), "{model} {extra:?}: {}", stderr(&o));
         if model == "dict" {
             let err = stderr(&o);
@@ -94,7 +96,7 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
     // compiled step; an argument named after no array is named before anything compiles.
     let runs = tmp.path().join("runs-program");
     let o = train(
-        &tmp.path().join("args.pt2"),
+        &made.join("args.pt2"),
         &data,
         &runs,
         64,
@@ -104,7 +106,7 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
     assert_same_losses(&step_losses(&only_run(&runs)), &reference["args"], 1e-4);
     let runs = tmp.path().join("runs-renamed");
     let o = train(
-        &tmp.path().join("renamed.pt2"),
+        &made.join("renamed.pt2"),
         &data,
         &runs,
         64,
@@ -120,7 +122,7 @@ fn modules_taking_named_inputs_learn_as_pytorch_eager_with_python_torch() {
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON); `cargo xtask test` runs it"]
 fn what_a_module_takes_and_the_arrays_differ_named_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_reference("named_inputs.py", tmp.path());
+    let (made, reference) = made_models();
     let data = prepare_named(tmp.path(), &reference["data"]);
     let runs = tmp.path().join("runs");
     let cases: [(&str, &[&str], &[&str]); 4] = [
@@ -146,7 +148,7 @@ fn what_a_module_takes_and_the_arrays_differ_named_with_python_torch() {
         ("one", &[], &["no dataset array is named features"]),
     ];
     for (model, extra, wants) in cases {
-        let path = tmp.path().join(format!("{model}.pt"));
+        let path = made.join(format!("{model}.pt"));
         let mut args = vec!["--epochs", "1"];
         args.extend(extra);
         let o = train(&path, &data, &runs, 64, &args);

@@ -9,9 +9,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use common::own_data::{
-    assert_same_losses, checkpoint, floats, make_reference, max_abs_diff, prepare, shape_of, train,
+    assert_same_losses, checkpoint, floats, made_once, max_abs_diff, prepare, shape_of, train,
     train_args, values_of,
 };
 use common::{only_run, python, stderr, step_losses};
@@ -23,9 +24,11 @@ use kiln_train::program::{ProgramModel, ProgramSpec};
 use serde_json::Value;
 use tch::{Kind, Tensor, nn};
 
-/// The models `programs.py` writes into `dir`, and PyTorch's reference values.
-fn make_programs(dir: &Path) -> Value {
-    make_reference("programs.py", dir)
+/// The directory of the models `programs.py` saves, made once for every test here, and
+/// PyTorch's reference values.
+fn made_programs() -> (PathBuf, Value) {
+    static MADE: OnceLock<(PathBuf, Value)> = OnceLock::new();
+    MADE.get_or_init(|| made_once("programs.py")).clone()
 }
 
 fn tensor(t: &Value, kind: Kind) -> Tensor {
@@ -72,6 +75,7 @@ fn check_gradients(
         freeze: None,
         attention,
         threads: kiln_torch_ext::memory::num_threads().unwrap().0,
+        batch: Some(x.size()[0] as u64),
     };
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let model = ProgramModel::load(&spec, &input, &vs).unwrap();
@@ -106,10 +110,9 @@ fn check_gradients(
 #[test]
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn compiled_steps_give_eager_gradients_and_batch_norm_statistics_with_python_torch() {
-    let tmp = tempfile::tempdir().unwrap();
-    let reference = make_programs(tmp.path());
+    let (programs, reference) = made_programs();
     let auto = AttentionKernel::Auto;
-    let mlp = check_gradients(tmp.path(), "mlp.pt2", &reference["mlp"], auto);
+    let mlp = check_gradients(&programs, "mlp.pt2", &reference["mlp"], auto);
     assert_eq!(
         (mlp.kernel.as_str(), mlp.chosen_by.as_str()),
         ("fused", "no fused attention in the program")
@@ -117,7 +120,7 @@ fn compiled_steps_give_eager_gradients_and_batch_norm_statistics_with_python_tor
     // model.attention = auto times both kernels on the program's attention calls; the kernel
     // it did not choose is checked too, set explicitly.
     let attention = &reference["attention"];
-    let chosen = check_gradients(tmp.path(), "attention.pt2", attention, auto);
+    let chosen = check_gradients(&programs, "attention.pt2", attention, auto);
     assert_eq!(chosen.chosen_by, "measured", "{chosen:?}");
     assert!(chosen.fused_ms.unwrap() > 0.0 && chosen.math_ms.unwrap() > 0.0);
     let other = match chosen.kernel.as_str() {
@@ -125,12 +128,12 @@ fn compiled_steps_give_eager_gradients_and_batch_norm_statistics_with_python_tor
         "fused" => AttentionKernel::Math,
         kernel => panic!("auto chose the attention kernel {kernel:?}"),
     };
-    let set = check_gradients(tmp.path(), "attention.pt2", attention, other);
+    let set = check_gradients(&programs, "attention.pt2", attention, other);
     assert_eq!(
         (set.kernel.as_str(), set.chosen_by.as_str()),
         (other.as_str(), "model.attention")
     );
-    check_gradients(tmp.path(), "convbn.pt2", &reference["convbn"], auto);
+    check_gradients(&programs, "convbn.pt2", &reference["convbn"], auto);
 }
 
 /// The model files of a run's newest checkpoint.
@@ -148,14 +151,14 @@ fn files(ckpt: &Path) -> Vec<String> {
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_programs(tmp.path());
+    let (programs, reference) = made_programs();
     let case = &reference["mlp"];
     let data = prepare(tmp.path(), "classify", &case["x"], &case["y"], true);
 
     // 20 full-batch steps from the program's own weights: PyTorch eager's losses.
     let runs = tmp.path().join("runs");
     let o = train(
-        &tmp.path().join("mlp.pt2"),
+        &programs.join("mlp.pt2"),
         &data,
         &runs,
         64,
@@ -170,7 +173,7 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
     // averaged after the step, and the run learns as one rank of 64 did.
     let ranks = tmp.path().join("ranks");
     let two = ["--epochs", "20", "--nproc-per-node", "2"];
-    let o = train(&tmp.path().join("mlp.pt2"), &data, &ranks, 32, &two);
+    let o = train(&programs.join("mlp.pt2"), &data, &ranks, 32, &two);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("data-parallel: 2 ranks"),
@@ -200,7 +203,12 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
         .names()
         .len();
     assert_eq!(names, case["gradients"].as_object().unwrap().len());
-    infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
+    // Predicting compiles nothing: the eval forward compiled beside the step is found.
+    let said = infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
+    assert!(
+        said.contains("with the train step") && !said.contains("compiling"),
+        "{said}"
+    );
     exports_the_trained_program(tmp.path(), &ckpt);
     // The checkpoint's compiled step, timed as profile-model times a train step.
     let o = common::kiln(&[
@@ -229,7 +237,7 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
 
     // With dropout on: resumed from step 10, the same step-20 weights and losses, bit for bit.
     let runs = tmp.path().join("dropout-runs");
-    let model = tmp.path().join("dropout.pt2");
+    let model = programs.join("dropout.pt2");
     let o = train(&model, &data, &runs, 32, &["--epochs", "10"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let run = only_run(&runs);
@@ -251,10 +259,10 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
     exports_in_eval_mode(tmp.path(), &checkpoint(&run, 20), &case["x"]);
 }
 
-/// `kiln infer` on the program checkpoint `ckpt` (its eval forward compiled here, fp32) gives
-/// what PyTorch computes with the program and the checkpoint's weights.
-fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) {
-    let out = kiln_infer(dir, ckpt, x);
+/// `kiln infer` on the program checkpoint `ckpt` (its eval forward, fp32) gives what PyTorch
+/// computes with the program and the checkpoint's weights; what kiln said.
+fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) -> String {
+    let (out, said) = kiln_infer(dir, ckpt, x);
     let weights = ckpt.join("model.safetensors");
     let theirs = pytorch_output(dir, &ckpt.join("model.pt2"), weights.to_str().unwrap());
     let diff = max_abs_diff(&out, &theirs);
@@ -262,11 +270,12 @@ fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) {
         diff < 1e-5,
         "kiln infer vs PyTorch on the trained program: max |Δ| {diff}"
     );
+    said
 }
 
 /// `kiln infer` (fp32, CPU) of `model` on the inputs `x`, which it writes to `dir/x.npy` and
-/// `dir/x.json` (for [`pytorch_output`]); the path of its outputs.
-fn kiln_infer(dir: &Path, model: &Path, x: &Value) -> PathBuf {
+/// `dir/x.json` (for [`pytorch_output`]); the path of its outputs, and what it said.
+fn kiln_infer(dir: &Path, model: &Path, x: &Value) -> (PathBuf, String) {
     let (inputs, x_json, out) = (dir.join("x.npy"), dir.join("x.json"), dir.join("out.npy"));
     let xs: Vec<f32> = values_of(x).iter().map(|&v| v as f32).collect();
     let bytes = kiln_data::npy_f32_bytes(&shape_of(x), &xs).unwrap();
@@ -274,7 +283,7 @@ fn kiln_infer(dir: &Path, model: &Path, x: &Value) -> PathBuf {
     std::fs::write(&x_json, x.to_string()).unwrap();
     let o = infer_fp32(model, &inputs, &out, &[]);
     assert!(o.status.success(), "{}", stderr(&o));
-    out
+    (out, stderr(&o))
 }
 
 /// `kiln infer` of `model` on the CPU in fp32 over `inputs` into `out` (removed first), with
@@ -384,7 +393,7 @@ fn engines_of_a_program(dir: &Path, ckpt: &Path, onnx: &Path) {
 
 /// A program with dropout exported in eval mode: PyTorch's output is kiln's eval forward's.
 fn exports_in_eval_mode(dir: &Path, ckpt: &Path, x: &Value) {
-    let ours = kiln_infer(dir, ckpt, x);
+    let (ours, _) = kiln_infer(dir, ckpt, x);
     let out = dir.join("dropout-eval.pt2");
     let o = export(ckpt, &["--out", out.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
@@ -399,12 +408,12 @@ fn exports_in_eval_mode(dir: &Path, ckpt: &Path, x: &Value) {
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn a_bf16_compiled_step_learns_as_eager_bf16_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_programs(tmp.path());
+    let (programs, reference) = made_programs();
     let case = &reference["bf16"];
     let data = prepare(tmp.path(), "bf16", &case["x"], &case["y"], true);
     let runs = tmp.path().join("runs");
     let args = ["--epochs", "40", "--set", "train.amp=bf16"];
-    let o = train(&tmp.path().join("mlp_bf16.pt2"), &data, &runs, 256, &args);
+    let o = train(&programs.join("mlp_bf16.pt2"), &data, &runs, 256, &args);
     assert!(o.status.success(), "{}", stderr(&o));
     let run = only_run(&runs);
     let ours = step_losses(&run);
@@ -439,24 +448,47 @@ fn only_entry(cache: &Path) -> PathBuf {
     entries[0].clone()
 }
 
+/// The cache entry a run's log says its packages came from.
+fn cached_at(log: &str) -> PathBuf {
+    let (_, rest) = log
+        .split_once("compiled program: cached at ")
+        .unwrap_or_else(|| panic!("no cache entry named in: {log}"));
+    PathBuf::from(rest.split(" (").next().unwrap())
+}
+
+/// Copies the directory `from` (files and folders) to `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn packages_that_compute_otherwise_than_pytorch_are_refused_with_python_torch() {
     use kiln_train::program::check;
     use kiln_train::program::compile::{Manifest, Packages};
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_programs(tmp.path());
+    let (programs, reference) = made_programs();
     let case = &reference["mlp"];
     let data = prepare(tmp.path(), "classify", &case["x"], &case["y"], true);
-    let (program, runs) = (tmp.path().join("mlp.pt2"), tmp.path().join("runs"));
-    let cache = tmp.path().join("cache");
-    let env = [("KILN_COMPILE_CACHE", cache.to_str().unwrap())];
-    let run = |runs: &Path| {
-        let args = train_args(&program, &data, runs, &["--set", "train.batch_size=16"]);
-        common::kiln_with_env(&args, &env)
-    };
-    let o = run(&runs);
+    let (program, runs) = (programs.join("mlp.pt2"), tmp.path().join("runs"));
+    let args = |runs: &Path| train_args(&program, &data, runs, &["--set", "train.batch_size=16"]);
+    let o = common::kiln_with_env(&args(&runs), &[]);
     assert!(o.status.success(), "{}", stderr(&o));
+    // The step as compiled (or found) in the shared cache, copied into a cache of this test's
+    // own, where what is changed below is seen by no other test.
+    let cache = tmp.path().join("cache");
+    let shared = cached_at(&stderr(&o));
+    copy_dir(&shared, &cache.join(shared.file_name().unwrap()));
+    let env = [("KILN_COMPILE_CACHE", cache.to_str().unwrap())];
+    let run = |runs: &Path| common::kiln_with_env(&args(runs), &env);
     // The compile was checked against eager PyTorch, and passed with its figures.
     let entry = only_entry(&cache);
     let kept = check::kept(&entry).expect("a verdict beside the packages");
@@ -511,7 +543,7 @@ fn packages_that_compute_otherwise_than_pytorch_are_refused_with_python_torch() 
 
 /// The share of `held_out` samples whose class `kiln infer` on `ckpt` (fp32) gets right.
 fn held_out_accuracy(dir: &Path, ckpt: &Path, held_out: &Value) -> f64 {
-    let out = kiln_infer(dir, ckpt, &held_out["x"]);
+    let (out, _) = kiln_infer(dir, ckpt, &held_out["x"]);
     let bytes = std::fs::read(&out).unwrap();
     let logits = kiln_data::NpyArray::parse(&bytes).unwrap();
     let classes = logits.shape[1];
@@ -562,10 +594,10 @@ fn a_package() -> PathBuf {
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_programs(tmp.path());
+    let (programs, reference) = made_programs();
     let case = &reference["mlp"];
     let data = prepare(tmp.path(), "classify", &case["x"], &case["y"], true);
-    let path = |name: &str| tmp.path().join(name);
+    let path = |name: &str| programs.join(name);
     let runs = tmp.path().join("runs");
 
     // Keyword arguments and a dict of mixed outputs: TorchScript refuses it, kiln trains it
@@ -662,7 +694,7 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
     assert_eq!(weights(1, "aux.weight"), weights(4, "aux.weight"));
     assert_eq!(weights(1, "aux.bias"), weights(4, "aux.bias"));
     assert_ne!(weights(1, "fc.weight"), weights(4, "fc.weight"));
-    let text = path("notes.pt2");
+    let text = tmp.path().join("notes.pt2");
     std::fs::write(&text, "not a model").unwrap();
     refused(
         &text,
@@ -682,10 +714,10 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn a_program_with_its_own_loss_trains_validates_and_predicts_with_python_torch() {
     let tmp = tempfile::tempdir().unwrap();
-    let reference = make_programs(tmp.path());
+    let (programs, reference) = made_programs();
     let case = &reference["quantiles"];
     let data = prepare(tmp.path(), "values", &case["x"], &case["y"], false);
-    let model = tmp.path().join("quantiles.pt2");
+    let model = programs.join("quantiles.pt2");
     let own = [
         "--set",
         "train.loss=module",
@@ -735,7 +767,7 @@ fn a_program_with_its_own_loss_trains_validates_and_predicts_with_python_torch()
         true,
     );
     refused(
-        &tmp.path().join("mlp.pt2"),
+        &programs.join("mlp.pt2"),
         &mlp,
         &none,
         &["--set", "train.loss=module"],

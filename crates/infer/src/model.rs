@@ -319,6 +319,7 @@ impl LoadedModel {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(kiln_config::AttentionKernel::Auto),
             threads: kiln_torch_ext::memory::num_threads()?.0,
+            batch: None,
         };
         let vs = nn::VarStore::new(device);
         let model = kiln_train::program::ProgramModel::load_eval(&spec, &input, &vs)?;

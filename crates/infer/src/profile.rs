@@ -383,15 +383,16 @@ impl TrainableModel {
         ))
     }
 
-    /// An exported program's checkpoint with its train step compiled for `precision` and the
-    /// loss `loss` names on `device` (or found in kiln's cache: the run's own when they are the
-    /// run's), and the checkpoint's weights.
+    /// An exported program's checkpoint with its train step compiled for `precision`, the
+    /// loss `loss` names and steps of `batch` samples on `device` (or found in kiln's cache: the
+    /// run's own when they are the run's), and the checkpoint's weights.
     pub fn program(
         ckpt: &Checkpoint,
         plan: &ModelPlan,
         loss: kiln_config::LossKind,
         precision: AmpDtype,
         device: Device,
+        batch: usize,
     ) -> Result<Self, InferError> {
         let input = ckpt.meta.input.clone().ok_or_else(|| InferError::Model {
             model: ckpt.dir.display().to_string(),
@@ -413,6 +414,7 @@ impl TrainableModel {
             freeze: plan.freeze.clone(),
             attention: plan.attention,
             threads: kiln_torch_ext::memory::num_threads()?.0,
+            batch: Some(batch as u64),
         };
         let vs = nn::VarStore::new(device);
         let model = kiln_train::program::ProgramModel::load(&spec, &input, &vs)?;

@@ -449,6 +449,7 @@ fn program_model(
         freeze: plan.model.freeze.clone(),
         attention: plan.model.attention,
         threads: kiln_torch_ext::memory::num_threads()?.0,
+        batch: (!plan.train.batch_size_auto).then_some(plan.train.batch_size),
     };
     Ok(Box::new(crate::program::ProgramModel::load(
         &spec, input, vs,

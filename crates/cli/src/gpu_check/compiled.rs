@@ -55,12 +55,15 @@ struct Compiles {
 }
 
 fn compile_checked(ctx: &Ctx, program: &Path, reference: &Value) -> anyhow::Result<Compiles> {
+    // Each at the batch it runs: the gradient check's, and the learning runs' full batch.
+    let grad_batch = reference["grad_batch"].as_u64().context("grad_batch")?;
+    let samples = reference["x"]["shape"][0].as_u64().context("x shape")?;
     let mut jobs = vec![
-        (program.to_owned(), AmpDtype::None),
-        (program.to_owned(), AmpDtype::Bf16),
+        (program.to_owned(), AmpDtype::None, grad_batch),
+        (program.to_owned(), AmpDtype::Bf16, samples),
     ];
     if ctx.cuda() {
-        jobs.push((ctx.dir.join("model_fixed.pt2"), AmpDtype::Bf16));
+        jobs.push((ctx.dir.join("model_fixed.pt2"), AmpDtype::Bf16, samples));
     }
     let mut compiled = compile_all(&jobs, &input(reference)?, ctx.device).into_iter();
     let fp32 = compiled.next().context("the fp32 compile")??;
@@ -229,17 +232,17 @@ struct Loaded {
 /// (75 s and 65 s one after the other on an H100's 16-core host). Returns them in that order;
 /// a compile kiln refused (its check against eager PyTorch failed) is an error.
 fn compile_all(
-    jobs: &[(PathBuf, AmpDtype)],
+    jobs: &[(PathBuf, AmpDtype, u64)],
     input: &InputSpec,
     device: tch::Device,
 ) -> Vec<anyhow::Result<Loaded>> {
     std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|(program, precision)| {
+            .map(|(program, precision, batch)| {
                 s.spawn(move || -> anyhow::Result<Loaded> {
                     let started = Instant::now();
-                    let spec = spec(program, *precision)?;
+                    let spec = spec(program, *precision, *batch)?;
                     let model = ProgramModel::load(&spec, input, &nn::VarStore::new(device))?;
                     let compiled = model.compiled();
                     let verdict = kiln_train::program::check::kept(&compiled.dir)
@@ -296,16 +299,16 @@ fn refused_bf16(error: &anyhow::Error, gradients: &Gradients, fixed: Option<Stri
 /// time (a cache hit) and the model.
 fn load(
     program: &Path,
-    precision: AmpDtype,
+    (precision, batch): (AmpDtype, u64),
     input: &InputSpec,
     vs: &nn::VarStore,
 ) -> anyhow::Result<(f64, ProgramModel)> {
     let started = Instant::now();
-    let model = ProgramModel::load(&spec(program, precision)?, input, vs)?;
+    let model = ProgramModel::load(&spec(program, precision, batch)?, input, vs)?;
     Ok((started.elapsed().as_secs_f64(), model))
 }
 
-fn spec(program: &Path, precision: AmpDtype) -> anyhow::Result<ProgramSpec<'_>> {
+fn spec(program: &Path, precision: AmpDtype, batch: u64) -> anyhow::Result<ProgramSpec<'_>> {
     Ok(ProgramSpec {
         path: program,
         loss: Loss::CrossEntropy,
@@ -314,6 +317,7 @@ fn spec(program: &Path, precision: AmpDtype) -> anyhow::Result<ProgramSpec<'_>> 
         freeze: None,
         attention: kiln_config::AttentionKernel::Auto,
         threads: kiln_torch_ext::memory::num_threads()?.0,
+        batch: Some(batch),
     })
 }
 
@@ -325,8 +329,8 @@ fn check_gradients(
     reference: &Value,
 ) -> anyhow::Result<(f64, String, f64)> {
     let vs = nn::VarStore::new(ctx.device);
-    let (hit_s, model) = load(program, AmpDtype::None, &input(reference)?, &vs)?;
     let n = reference["grad_batch"].as_i64().context("grad_batch")?;
+    let (hit_s, model) = load(program, (AmpDtype::None, n as u64), &input(reference)?, &vs)?;
     let x = tensor(&reference["x"], Kind::Float, ctx.device)?.narrow(0, 0, n);
     let y = tensor(&reference["y"], Kind::Int64, ctx.device)?.narrow(0, 0, n);
     let step = kiln_train::model::Model::compiled_step(&model).context("no compiled step")?;

@@ -141,6 +141,33 @@ pub fn assert_same_losses(ours: &[f64], theirs: &Value, rel: f64) {
     }
 }
 
+/// What `tests/python/<script> make` writes (the user's models, saved as a user saves them,
+/// and PyTorch's reference values), made once for every test that reads them: in the test
+/// target's scratch directory, named by the script's text and the Python that runs it, and
+/// published whole by a rename (a test process that made it first wins). The directory and
+/// its `reference.json`; tests write nothing beside the files.
+pub fn made_once(script: &str) -> (PathBuf, Value) {
+    use std::hash::{Hash, Hasher};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(&path).unwrap().hash(&mut hasher);
+    super::python().hash(&mut hasher);
+    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = scratch.join(format!("{script}-{:016x}", hasher.finish()));
+    if !dir.join("reference.json").is_file() {
+        std::fs::create_dir_all(scratch).unwrap();
+        let partial = tempfile::tempdir_in(scratch).unwrap();
+        make_reference(script, partial.path());
+        if std::fs::rename(partial.path(), &dir).is_ok() {
+            let _ = partial.keep();
+        }
+    }
+    let reference = std::fs::read(dir.join("reference.json")).unwrap();
+    (dir, serde_json::from_slice(&reference).unwrap())
+}
+
 /// Runs `tests/python/<script> make DIR` (the user's models and PyTorch's reference values) and
 /// returns the `reference.json` it writes.
 pub fn make_reference(script: &str, dir: &Path) -> Value {

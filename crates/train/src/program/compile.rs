@@ -19,7 +19,7 @@ use crate::TrainError;
 const SCRIPT: &str = include_str!("../../python/compile_program.py");
 
 /// Which packages a compile makes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Packages {
     /// The train step and the eval forward (training).
@@ -56,8 +56,9 @@ impl Packages {
     }
 }
 
-/// What a compile is for; two runs that agree on all of it share the packages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// What a compile is for; two runs that agree on all of it share the packages. Each cache
+/// entry keeps its own as `key.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CompileKey {
     pub packages: Packages,
     pub program_sha256: String,
@@ -109,6 +110,30 @@ impl CompileKey {
     pub fn digest(&self) -> String {
         let json = serde_json::to_vec(self).unwrap_or_default();
         hex(&Sha256::digest(json))[..24].to_owned()
+    }
+
+    /// The key with the batch it was traced at left out: what two entries that serve the same
+    /// runs (at the batches their packages take) agree on.
+    pub fn any_batch(&self) -> CompileKey {
+        CompileKey {
+            batch_hint: None,
+            ..self.clone()
+        }
+    }
+
+    /// The key of the eval forward alone that a train compile's eval package also is: the
+    /// same program, precision, output, inputs, device and compiler, without the loss, the
+    /// target and the frozen parameters (which only the train step sees).
+    pub fn eval_twin(&self) -> CompileKey {
+        CompileKey {
+            packages: Packages::Eval,
+            loss: "-".to_owned(),
+            freeze: None,
+            target_shape: vec![],
+            target_dtype: "-".to_owned(),
+            classes: None,
+            ..self.clone()
+        }
     }
 }
 
@@ -218,6 +243,14 @@ impl Manifest {
         3 + self.mutated_buffers.len() + self.parameters.len()
     }
 
+    /// Whether every package of `packages` takes batches of `n` (any, where the compiler did
+    /// not say), as those compiled at `n` do.
+    pub fn takes(&self, packages: Packages, n: u64) -> bool {
+        let takes = |r: Option<BatchRange>| r.is_none_or(|r| r.contains(n));
+        takes(self.batch_range.eval)
+            && (packages == Packages::Eval || takes(self.batch_range.train))
+    }
+
     /// The eval package's outputs: (loss, prediction) where it takes the target, else the
     /// prediction.
     pub fn eval_outputs(&self) -> usize {
@@ -254,26 +287,33 @@ impl Compiled {
 
 /// The packages for `program` and `key`: from the cache, or compiled now into it (with a line
 /// before and the time after), checked against eager PyTorch ([`check`]) before they are used.
-/// Only packages under kiln's own cache are ever loaded; packages that failed their check are
-/// refused.
+/// With `key.batch_hint` set (the batch the caller runs first), an entry compiled for another
+/// batch whose packages take that one serves too. Only packages under kiln's own cache are
+/// ever loaded; packages that failed their check are refused.
 pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Compiled, TrainError> {
     let root = cache_root()?;
-    let dir = root.join(key.digest());
-    let files = key.packages.files();
-    let cached = read_manifest(&dir, files);
-    if cached.is_none() {
-        compile_into(program, key, device, &root, &dir)?;
-    }
-    // The entry as published (another process may have published it first: its packages and
-    // its verdict are the ones used).
-    let manifest = cached
-        .or_else(|| read_manifest(&dir, files))
-        .ok_or_else(|| {
-            file_message(
-                &dir.join("manifest.json"),
-                "the compiled entry has no readable manifest",
-            )
-        })?;
+    let (dir, manifest, shared) = match cached_entry(&root, key) {
+        Some(found) => found,
+        None => {
+            // One process compiles a key at a time: data-parallel ranks on one machine (or
+            // two runs) compile it once, and the others find it published.
+            let _lock = compile_lock(&root, &key.digest())?;
+            match cached_entry(&root, key) {
+                Some(found) => found,
+                None => {
+                    let dir = root.join(key.digest());
+                    compile_into(program, key, device, &root, &dir)?;
+                    let manifest = read_manifest(&dir, key.packages.files()).ok_or_else(|| {
+                        file_message(
+                            &dir.join("manifest.json"),
+                            "the compiled entry has no readable manifest",
+                        )
+                    })?;
+                    (dir, manifest, false)
+                }
+            }
+        }
+    };
     let verdict = match check::kept(&dir) {
         Some(v) if v.version == check::VERSION => v,
         // No verdict yet, or one by another check: check the packages (again).
@@ -287,8 +327,9 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
         .as_ref()
         .map(|a| format!("; {a}"))
         .unwrap_or_default();
+    let with_step = if shared { ", with the train step" } else { "" };
     tracing::info!(
-        "compiled program: cached at {} (compiled in {:.1} s{attention}; checked {})",
+        "compiled program: cached at {} (compiled in {:.1} s{with_step}{attention}; checked {})",
         dir.display(),
         manifest.compile_s,
         verdict.summary
@@ -298,6 +339,81 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
         manifest,
         packages: key.packages,
     })
+}
+
+/// The complete cache entry for `key`: its own first; else, where the key names the batch it
+/// runs first (`batch_hint`), one compiled for another batch whose package takes that batch;
+/// for the eval forward alone also the eval package a train compile made beside its step (the
+/// same forward: `kiln infer` of a run compiles nothing its training compiled). Of several,
+/// the oldest, so that a resumed run finds the packages its first run used. The flag says
+/// whether the entry is a train compile's.
+fn cached_entry(root: &Path, key: &CompileKey) -> Option<(PathBuf, Manifest, bool)> {
+    let takes = |m: &Manifest| key.batch_hint.is_none_or(|n| m.takes(key.packages, n));
+    let dir = root.join(key.digest());
+    if let Some(m) = read_manifest(&dir, key.packages.files()).filter(takes) {
+        return Some((dir, m, false));
+    }
+    let eval = key.packages == Packages::Eval;
+    if key.batch_hint.is_none() && !eval {
+        return None;
+    }
+    let any_batch = key.any_batch();
+    let mut found: Vec<_> = std::fs::read_dir(root)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let dir = e.path();
+            let text = std::fs::read_to_string(dir.join(KEY_FILE)).ok()?;
+            let theirs: CompileKey = serde_json::from_str(&text).ok()?;
+            let shared = eval && theirs.packages == Packages::TrainAndEval;
+            let serves = if shared {
+                theirs.eval_twin()
+            } else {
+                theirs.clone()
+            };
+            let m = read_manifest(&dir, theirs.packages.files())
+                .filter(|m| serves.any_batch() == any_batch && takes(m))
+                .filter(|m| !(shared && m.eval_takes_target))?;
+            let made = std::fs::metadata(dir.join("manifest.json")).and_then(|f| f.modified());
+            Some((made.ok()?, dir, m, shared))
+        })
+        .collect();
+    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    found.into_iter().next().map(|(_, d, m, s)| (d, m, s))
+}
+
+/// The key a cache entry was compiled for, in the entry.
+pub const KEY_FILE: &str = "key.json";
+
+/// An exclusive lock on `<root>/locks/<digest>.lock`, held while this process compiles that entry
+/// (released when dropped, or when the process ends however it ends). Where the file system
+/// takes no locks, compiles go on unlocked: two may then compile the same entry, and the first
+/// to publish wins.
+fn compile_lock(root: &Path, digest: &str) -> Result<Option<std::fs::File>, TrainError> {
+    let locks = root.join("locks");
+    std::fs::create_dir_all(&locks).map_err(|e| file_error(&locks, &e))?;
+    let path = locks.join(format!("{digest}.lock"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| file_error(&path, &e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            tracing::info!(
+                "another kiln process is compiling this program for the same run settings; \
+                 waiting for it ({})",
+                path.display()
+            );
+            Ok(file.lock().is_ok().then_some(file))
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            tracing::debug!("no lock on {} ({e}); compiling unlocked", path.display());
+            Ok(None)
+        }
+    }
 }
 
 /// Tells a fresh partial directory's name apart from other compiles in this process.
@@ -330,6 +446,9 @@ fn compile_into(
         root.display()
     );
     let checked = run_compiler(program, key, &device_arg, &partial).and_then(|()| {
+        let key_file = partial.join(KEY_FILE);
+        let text = serde_json::to_vec_pretty(key).unwrap_or_default();
+        std::fs::write(&key_file, text).map_err(|e| file_error(&key_file, &e))?;
         let path = partial.join("manifest.json");
         let manifest = read_manifest(&partial, &["manifest.json"])
             .ok_or_else(|| file_message(&path, "the compiler left no readable manifest"))?;
@@ -685,6 +804,127 @@ mod tests {
         let m = read_manifest(dir, train).unwrap();
         assert_eq!(m.parameters, ["w"]);
         assert_eq!(m.batch, "dynamic");
+    }
+
+    /// A complete entry for `key` under `root` whose packages take batches `lo..=hi`, its
+    /// eval package taking the target or not.
+    fn entry(root: &Path, key: &CompileKey, (lo, hi): (u64, u64), takes_target: bool) -> PathBuf {
+        let dir = root.join(key.digest());
+        std::fs::create_dir_all(&dir).unwrap();
+        let manifest = serde_json::json!({"parameters": ["w"], "buffers": [], "batch": "dynamic",
+            "compile_s": lo as f64, "eval_takes_target": takes_target,
+            "batch_range": {"train": [lo, hi], "eval": [lo, hi]}});
+        std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+        for f in key.packages.files() {
+            std::fs::write(dir.join(f), "x").unwrap();
+        }
+        std::fs::write(dir.join(KEY_FILE), serde_json::to_vec(key).unwrap()).unwrap();
+        dir
+    }
+
+    fn hinted(key: &CompileKey, n: u64) -> CompileKey {
+        CompileKey {
+            batch_hint: Some(n),
+            ..key.clone()
+        }
+    }
+
+    #[test]
+    fn inference_finds_the_eval_forward_a_train_compile_made() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let eval = key().eval_twin();
+        assert!(cached_entry(root, &eval).is_none(), "an empty cache");
+        let frozen = CompileKey {
+            freeze: Some("aux".into()),
+            ..key()
+        };
+        let dir = entry(root, &frozen, (1, 4096), false);
+        let (found, m, shared) = cached_entry(root, &eval).expect("the train entry's eval");
+        assert_eq!((found, m.compile_s, shared), (dir.clone(), 1.0, true));
+        // The train step itself is found only under its own key.
+        assert_eq!(cached_entry(root, &frozen).map(|e| e.2), Some(false));
+        assert!(
+            cached_entry(root, &key()).is_none(),
+            "another loss's train step"
+        );
+        // Another precision, thread count or output is another forward.
+        let others: Vec<fn(&mut CompileKey)> =
+            vec![|k| k.precision = "bf16".into(), |k| k.threads = 1, |k| {
+                k.output = Some("logits".into())
+            }];
+        for change in others {
+            let mut k = eval.clone();
+            change(&mut k);
+            assert!(cached_entry(root, &k).is_none(), "{k:?}");
+        }
+        // An own-loss program's eval package takes the target: not a prediction alone.
+        std::fs::remove_dir_all(&dir).unwrap();
+        entry(root, &key(), (1, 4096), true);
+        assert!(cached_entry(root, &eval).is_none());
+        // An entry of its own comes first.
+        let own = entry(root, &eval, (1, 4096), false);
+        assert_eq!(
+            cached_entry(root, &eval).map(|e| (e.0, e.2)),
+            Some((own, false))
+        );
+    }
+
+    #[test]
+    fn an_entry_compiled_at_another_batch_serves_the_batches_it_takes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let found = |k: &CompileKey| cached_entry(root, k).map(|e| e.0);
+        // Traced at 3 (no hint), its packages take 1 to 15; a run at 24 needs another compile.
+        let small = entry(root, &key(), (1, 15), false);
+        assert_eq!(found(&hinted(&key(), 8)), Some(small.clone()));
+        assert_eq!(found(&hinted(&key(), 24)), None);
+        let large = entry(root, &hinted(&key(), 24), (16, 4096), false);
+        assert_eq!(found(&hinted(&key(), 20)), Some(large.clone()));
+        assert_eq!(found(&hinted(&key(), 24)), Some(large.clone()));
+        assert_eq!(
+            found(&key()),
+            Some(small.clone()),
+            "no batch named: its own key only"
+        );
+        std::fs::remove_dir_all(&small).unwrap();
+        assert_eq!(found(&key()), None);
+        // Of two that take a batch, the older: a resumed run finds what its first run used.
+        let older = entry(root, &hinted(&key(), 64), (16, 4096), false);
+        let past = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1 << 30);
+        std::fs::File::options()
+            .write(true)
+            .open(older.join("manifest.json"))
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
+        assert_eq!(found(&hinted(&key(), 20)), Some(older));
+        // Any other part of the key differs: not served.
+        let other = CompileKey {
+            precision: "bf16".into(),
+            ..hinted(&key(), 20)
+        };
+        assert_eq!(found(&other), None);
+    }
+
+    #[test]
+    fn one_process_at_a_time_holds_an_entrys_compile_lock() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("cache");
+        let held = compile_lock(&root, "abc")
+            .unwrap()
+            .expect("a lock on a local disk");
+        let other = std::fs::File::open(root.join("locks/abc.lock")).unwrap();
+        assert!(matches!(
+            other.try_lock(),
+            Err(std::fs::TryLockError::WouldBlock)
+        ));
+        assert!(
+            compile_lock(&root, "def").unwrap().is_some(),
+            "another entry's lock is free"
+        );
+        drop(held);
+        other.try_lock().expect("free once the compile is done");
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub struct ProgramSpec<'a> {
     /// The attention kernel the packages use (`model.attention`; `auto`: measured on the CPU).
     pub attention: AttentionKernel,
     pub threads: usize,
+    /// The batch size of the first steps, where known (`train.batch_size`): a program with a
+    /// dynamic batch is traced at it (Inductor chooses some kernels by the traced batch and
+    /// bounds the sizes a package takes to those they are right for), and a cached entry
+    /// compiled at another batch whose packages take this one is used as it is.
+    pub batch: Option<u64>,
 }
 
 /// The file name of a checkpoint's copy of the program.
@@ -138,7 +143,9 @@ fn key_of(
         torch: kiln_torch_ext::runtime::torch_version().to_owned(),
         kiln: env!("CARGO_PKG_VERSION").to_owned(),
         compiler: compile::compiler_digest(),
-        batch_hint: None,
+        batch_hint: spec
+            .batch
+            .filter(|&n| n >= 2 && program.fixed_batch.is_none()),
     })
 }
 
@@ -841,6 +848,7 @@ mod tests {
             freeze: None,
             attention: AttentionKernel::Auto,
             threads: 1,
+            batch: None,
         }
     }
 
@@ -895,5 +903,33 @@ mod tests {
             e.to_string().contains("no input of the program is named"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_train_compiles_eval_forward_is_the_one_inference_asks_for() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m.pt2");
+        std::fs::write(&path, "program bytes").unwrap();
+        let features = program(vec![leaf("x", &[8, 3], "float32")]);
+        let key = |packages, loss, freeze: Option<&str>, input: &InputSpec| {
+            let spec = ProgramSpec {
+                path: &path,
+                freeze: freeze.map(str::to_owned),
+                ..spec(loss)
+            };
+            key_of(packages, &spec, input, &features, None, Device::Cpu).unwrap()
+        };
+        let labels = InputSpec::of(&[8, 3], &TargetSpec::label(5));
+        let values = InputSpec::of(&[8, 3], &TargetSpec::Values { shape: vec![3] });
+        let eval = key(Packages::Eval, Loss::CrossEntropy, None, &labels);
+        for (loss, freeze, input) in [
+            (Loss::CrossEntropy, None, &labels),
+            (Loss::CrossEntropy, Some("head"), &labels),
+            (Loss::Mse, None, &values),
+        ] {
+            let train = key(Packages::TrainAndEval, loss, freeze, input);
+            assert_ne!(train.digest(), eval.digest());
+            assert_eq!(train.eval_twin(), eval, "{loss:?} {freeze:?}");
+        }
     }
 }
