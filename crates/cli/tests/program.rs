@@ -732,8 +732,10 @@ fn a_program_with_its_own_loss_trains_validates_and_predicts_with_python_torch()
     assert!(o.status.success(), "{}", stderr(&o));
     let run = only_run(&runs);
     assert_same_losses(&step_losses(&run), &case["losses"], 1e-4);
-    // Predicting needs no target: kiln infer gives what PyTorch's program does.
-    infers_as_pytorch(tmp.path(), &checkpoint(&run, 20), &case["x"]);
+    // Predicting needs no target: kiln infer gives what PyTorch's program does, through the
+    // eval forward compiled beside the step (fed zeros for the target it does not read).
+    let said = infers_as_pytorch(tmp.path(), &checkpoint(&run, 20), &case["x"]);
+    assert!(said.contains("with the train step"), "{said}");
 
     // Validation runs the program's own loss in eval mode.
     let val = tmp.path().join("val");

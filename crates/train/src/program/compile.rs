@@ -269,6 +269,10 @@ pub struct Compiled {
     pub manifest: Manifest,
     /// Which packages there are.
     pub packages: Packages,
+    /// For inference through the eval package of an own-loss program's train compile (which
+    /// takes the target): the target's per-sample shape and dtype, fed as zeros, as the eval
+    /// forward compiled alone is (the prediction does not read it).
+    pub zero_target: Option<(Vec<usize>, String)>,
 }
 
 impl Compiled {
@@ -309,7 +313,7 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
                             "the compiled entry has no readable manifest",
                         )
                     })?;
-                    (dir, manifest, false)
+                    (dir, manifest, None)
                 }
             }
         }
@@ -327,17 +331,25 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
         .as_ref()
         .map(|a| format!("; {a}"))
         .unwrap_or_default();
-    let with_step = if shared { ", with the train step" } else { "" };
+    let with_step = if shared.is_some() {
+        ", with the train step"
+    } else {
+        ""
+    };
     tracing::info!(
         "compiled program: cached at {} (compiled in {:.1} s{with_step}{attention}; checked {})",
         dir.display(),
         manifest.compile_s,
         verdict.summary
     );
+    let zero_target = shared
+        .filter(|_| manifest.eval_takes_target)
+        .map(|k| (k.target_shape, k.target_dtype));
     Ok(Compiled {
         dir,
         manifest,
         packages: key.packages,
+        zero_target,
     })
 }
 
@@ -345,13 +357,13 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
 /// runs first (`batch_hint`), one compiled for another batch whose package takes that batch;
 /// for the eval forward alone also the eval package a train compile made beside its step (the
 /// same forward: `kiln infer` of a run compiles nothing its training compiled). Of several,
-/// the oldest, so that a resumed run finds the packages its first run used. The flag says
-/// whether the entry is a train compile's.
-fn cached_entry(root: &Path, key: &CompileKey) -> Option<(PathBuf, Manifest, bool)> {
+/// the oldest, so that a resumed run finds the packages its first run used. With the train
+/// compile's key where the entry is one serving the eval forward alone.
+fn cached_entry(root: &Path, key: &CompileKey) -> Option<(PathBuf, Manifest, Option<CompileKey>)> {
     let takes = |m: &Manifest| key.batch_hint.is_none_or(|n| m.takes(key.packages, n));
     let dir = root.join(key.digest());
     if let Some(m) = read_manifest(&dir, key.packages.files()).filter(takes) {
-        return Some((dir, m, false));
+        return Some((dir, m, None));
     }
     let eval = key.packages == Packages::Eval;
     if key.batch_hint.is_none() && !eval {
@@ -371,11 +383,16 @@ fn cached_entry(root: &Path, key: &CompileKey) -> Option<(PathBuf, Manifest, boo
             } else {
                 theirs.clone()
             };
+            // An own-loss program's eval package takes the target: it serves where the program
+            // names its prediction and the package takes every batch (packages compiled for
+            // other batches would not take the target).
+            let every_batch =
+                |m: &Manifest| m.batch_range.eval.is_none_or(|r| r.0 == 1 && r.1.is_none());
             let m = read_manifest(&dir, theirs.packages.files())
                 .filter(|m| serves.any_batch() == any_batch && takes(m))
-                .filter(|m| !(shared && m.eval_takes_target))?;
+                .filter(|m| !(shared && m.eval_takes_target && !(m.predicts && every_batch(m))))?;
             let made = std::fs::metadata(dir.join("manifest.json")).and_then(|f| f.modified());
-            Some((made.ok()?, dir, m, shared))
+            Some((made.ok()?, dir, m, shared.then_some(theirs)))
         })
         .collect();
     found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
@@ -807,12 +824,21 @@ mod tests {
     }
 
     /// A complete entry for `key` under `root` whose packages take batches `lo..=hi`, its
-    /// eval package taking the target or not.
+    /// eval package taking the target (and then giving a prediction or not) or not.
     fn entry(root: &Path, key: &CompileKey, (lo, hi): (u64, u64), takes_target: bool) -> PathBuf {
+        own_loss_entry(root, key, (lo, hi), (takes_target, true))
+    }
+
+    fn own_loss_entry(
+        root: &Path,
+        key: &CompileKey,
+        (lo, hi): (u64, u64),
+        (takes_target, predicts): (bool, bool),
+    ) -> PathBuf {
         let dir = root.join(key.digest());
         std::fs::create_dir_all(&dir).unwrap();
         let manifest = serde_json::json!({"parameters": ["w"], "buffers": [], "batch": "dynamic",
-            "compile_s": lo as f64, "eval_takes_target": takes_target,
+            "compile_s": lo as f64, "eval_takes_target": takes_target, "predicts": predicts,
             "batch_range": {"train": [lo, hi], "eval": [lo, hi]}});
         std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
         for f in key.packages.files() {
@@ -841,9 +867,12 @@ mod tests {
         };
         let dir = entry(root, &frozen, (1, 4096), false);
         let (found, m, shared) = cached_entry(root, &eval).expect("the train entry's eval");
-        assert_eq!((found, m.compile_s, shared), (dir.clone(), 1.0, true));
+        assert_eq!(
+            (found, m.compile_s, shared),
+            (dir.clone(), 1.0, Some(frozen.clone()))
+        );
         // The train step itself is found only under its own key.
-        assert_eq!(cached_entry(root, &frozen).map(|e| e.2), Some(false));
+        assert_eq!(cached_entry(root, &frozen).map(|e| e.2), Some(None));
         assert!(
             cached_entry(root, &key()).is_none(),
             "another loss's train step"
@@ -858,15 +887,38 @@ mod tests {
             change(&mut k);
             assert!(cached_entry(root, &k).is_none(), "{k:?}");
         }
-        // An own-loss program's eval package takes the target: not a prediction alone.
+        // An own-loss program's eval package takes the target: it serves where it predicts
+        // (fed zeros for the target, which the compiled forward is told).
         std::fs::remove_dir_all(&dir).unwrap();
-        entry(root, &key(), (1, 4096), true);
-        assert!(cached_entry(root, &eval).is_none());
+        let targets = CompileKey {
+            loss: "module".into(),
+            target_shape: vec![3],
+            target_dtype: "float32".into(),
+            classes: None,
+            ..key()
+        };
+        let dir = own_loss_entry(root, &targets, (1, 4096), (true, false));
+        assert!(
+            cached_entry(root, &eval).is_none(),
+            "it names no prediction"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let dir = own_loss_entry(root, &targets, (1, 4096), (true, true));
+        assert!(
+            cached_entry(root, &eval).is_none(),
+            "its eval takes 1 to 4096 only"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        let dir = own_loss_entry(root, &targets, (1, 4096), (true, true));
+        let m = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&m).unwrap();
+        std::fs::write(&m, text.replace(r#""eval":[1,4096]"#, r#""eval":[1,null]"#)).unwrap();
+        assert_eq!(cached_entry(root, &eval).map(|e| e.0), Some(dir));
         // An entry of its own comes first.
         let own = entry(root, &eval, (1, 4096), false);
         assert_eq!(
             cached_entry(root, &eval).map(|e| (e.0, e.2)),
-            Some((own, false))
+            Some((own, None))
         );
     }
 

@@ -590,6 +590,9 @@ fn register(
 
 impl Model for ProgramModel {
     fn forward(&self, features: &Tensor, train: bool) -> Result<Tensor, TrainError> {
+        if !train && self.compiled.zero_target.is_some() {
+            return self.forward_inputs(&Inputs::features(features.shallow_clone()), false);
+        }
         let refused = if train {
             Some("a compiled program trains through its compiled step, not forward")
         } else if self.compiled.manifest.eval_takes_target {
@@ -605,6 +608,9 @@ impl Model for ProgramModel {
     }
 
     fn forward_inputs(&self, inputs: &Inputs, train: bool) -> Result<Tensor, TrainError> {
+        if let (Some(target), false) = (&self.compiled.zero_target, train) {
+            return self.predict_without_target(inputs, target);
+        }
         if self.input_names.is_none() || train || self.compiled.manifest.eval_takes_target {
             return self.forward(inputs.single()?, train);
         }
@@ -738,6 +744,40 @@ impl PackageSet {
 
 fn lock<T>(p: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     p.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl ProgramModel {
+    /// The prediction of an eval package that takes the target too (an own-loss program's,
+    /// compiled beside its train step), fed a target of zeros of the `(shape, dtype)` given, as
+    /// the eval forward compiled alone for inference is.
+    fn predict_without_target(
+        &self,
+        inputs: &Inputs,
+        (shape, dtype): &(Vec<usize>, String),
+    ) -> Result<Tensor, TrainError> {
+        let mut all = self.with_batch(inputs)?;
+        let batch = all
+            .get(self.params.len() + self.buffers.len())
+            .map_or(0, |t| t.size().first().copied().unwrap_or(0));
+        let kind = if dtype == "int64" {
+            Kind::Int64
+        } else {
+            Kind::Float
+        };
+        let dims: Vec<i64> = std::iter::once(batch)
+            .chain(shape.iter().map(|&d| d as i64))
+            .collect();
+        let device = self.unit_scale.device();
+        all.push(Tensor::f_zeros(dims.as_slice(), (kind, device))?);
+        let outputs = self.run(Which::Eval, &all)?;
+        match outputs.as_slice() {
+            [_loss, prediction] => Ok(prediction.shallow_clone()),
+            _ => Err(self.error(format!(
+                "its eval forward returned {} outputs, expected the loss and the prediction",
+                outputs.len()
+            ))),
+        }
+    }
 }
 
 impl CompiledStep for ProgramModel {
