@@ -47,6 +47,55 @@ fn relative(a: &Tensor, b: &Tensor) -> f64 {
     if norm < 1e-8 { diff } else { diff / norm }
 }
 
+/// Samples shaped as `x`'s, labelled with 3 classes.
+fn input_of(x: &Tensor) -> InputSpec {
+    InputSpec {
+        sample_shape: x.size()[1..].iter().map(|&d| d as usize).collect(),
+        classes: 3,
+        target: Some(kiln_data::TargetSpec::label(3)),
+        integer_features: false,
+        arrays: vec![],
+    }
+}
+
+/// The program at `path` for cross-entropy in fp32 on the CPU, its attention through
+/// `attention`.
+fn spec(path: &Path, attention: AttentionKernel) -> ProgramSpec<'_> {
+    ProgramSpec {
+        path,
+        loss: Loss::CrossEntropy,
+        precision: kiln_device::settings::AmpDtype::None,
+        output: None,
+        freeze: None,
+        attention,
+        threads: kiln_torch_ext::memory::num_threads().unwrap().0,
+        batch: None,
+    }
+}
+
+/// Inference of `program` (fp32, CPU) through the eval forward its train compile at the case's
+/// batch made, and at a batch of 8 outside that forward's range (`low` its lowest size) through
+/// one compiled for it: the two agree on the samples they share.
+fn infers_outside_the_eval_range(dir: &Path, program: &str, case: &Value, low: u64) {
+    let x = tensor(&case["x"], Kind::Float);
+    let path = dir.join(program);
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let spec = spec(&path, AttentionKernel::Auto);
+    let model = ProgramModel::load_eval(&spec, &input_of(&x), &vs).unwrap();
+    let m = &model.compiled().manifest;
+    assert!(!m.gradients.is_empty(), "found beside the train step");
+    assert_eq!(m.batch_range.eval.map(|r| r.0), Some(low), "{m:?}");
+    use kiln_train::model::Model;
+    let all = model.forward(&x, false).unwrap();
+    let few = model.forward(&x.narrow(0, 0, 8), false).unwrap();
+    let diff = (all.narrow(0, 0, 8) - few).abs().max().double_value(&[]);
+    assert!(
+        diff < 1e-5,
+        "{program}: batches of 8 and {} differ by {diff}",
+        x.size()[0]
+    );
+}
+
 /// One compiled step of `program` on the case's batch, its attention through `attention`; each
 /// parameter's gradient and buffer against PyTorch eager's. Returns the compile's choice of
 /// attention kernel.
@@ -58,27 +107,13 @@ fn check_gradients(
 ) -> AttentionChoice {
     let x = tensor(&case["x"], Kind::Float);
     let y = tensor(&case["y"], Kind::Int64);
-    let sample: Vec<usize> = x.size()[1..].iter().map(|&d| d as usize).collect();
-    let input = InputSpec {
-        sample_shape: sample,
-        classes: 3,
-        target: Some(kiln_data::TargetSpec::label(3)),
-        integer_features: false,
-        arrays: vec![],
-    };
     let path = dir.join(program);
     let spec = ProgramSpec {
-        path: &path,
-        loss: Loss::CrossEntropy,
-        precision: kiln_device::settings::AmpDtype::None,
-        output: None,
-        freeze: None,
-        attention,
-        threads: kiln_torch_ext::memory::num_threads().unwrap().0,
         batch: Some(x.size()[0] as u64),
+        ..spec(&path, attention)
     };
     let vs = nn::VarStore::new(tch::Device::Cpu);
-    let model = ProgramModel::load(&spec, &input, &vs).unwrap();
+    let model = ProgramModel::load(&spec, &input_of(&x), &vs).unwrap();
     let choice = model.compiled().manifest.attention.clone().unwrap();
     let step = kiln_train::model::Model::compiled_step(&model).unwrap();
     let batch = kiln_train::inputs::Inputs::features(x.shallow_clone());
@@ -134,6 +169,8 @@ fn compiled_steps_give_eager_gradients_and_batch_norm_statistics_with_python_tor
         (other.as_str(), "model.attention")
     );
     check_gradients(&programs, "convbn.pt2", &reference["convbn"], auto);
+    // Traced at its 24 samples, the conv net's packages take 16 or more.
+    infers_outside_the_eval_range(&programs, "convbn.pt2", &reference["convbn"], 16);
 }
 
 /// The model files of a run's newest checkpoint.

@@ -27,7 +27,7 @@ use crate::inputs::Inputs;
 use crate::loss::Loss;
 use crate::model::InputSpec;
 use crate::model::{CompiledStep, Model};
-use compile::{BatchRange, CompileKey, Compiled, Packages};
+use compile::{BatchRange, CompileKey, Compiled, Manifest, Packages};
 pub use file::{FileKind, ProgramInput, detect, inspect};
 
 /// What a program is compiled for: the run's loss, precision and output, on a device.
@@ -510,19 +510,18 @@ impl ProgramModel {
         };
         let compiled = compile::compiled(&self.path, &key, self.unit_scale.device())?;
         let (a, b) = (&compiled.manifest, &self.compiled.manifest);
-        let same = (
-            &a.parameters,
-            &a.buffers,
-            &a.mutated_buffers,
-            &a.gradients,
-            &a.inputs,
-        ) == (
-            &b.parameters,
-            &b.buffers,
-            &b.mutated_buffers,
-            &b.gradients,
-            &b.inputs,
-        );
+        type Names<'a> = &'a [String];
+        fn inputs(m: &Manifest) -> (Names<'_>, Names<'_>, Names<'_>, bool) {
+            (&m.parameters, &m.buffers, &m.inputs, m.eval_takes_target)
+        }
+        fn outputs(m: &Manifest) -> (Names<'_>, Names<'_>) {
+            (&m.mutated_buffers, &m.gradients)
+        }
+        // For inference only the eval forward matters: a set found beside a train step (whose
+        // manifest names gradients too) and one compiled alone serve alike.
+        let same = inputs(a) == inputs(b)
+            && compiled.zero_target == self.compiled.zero_target
+            && (self.compiled.packages == Packages::Eval || outputs(a) == outputs(b));
         if !same {
             return Err(self.error(format!(
                 "compiled for batches of {n}, its packages take other inputs or give other \
