@@ -493,19 +493,6 @@ fn cached_at(log: &str) -> PathBuf {
     PathBuf::from(rest.split(" (").next().unwrap())
 }
 
-/// Copies the directory `from` (files and folders) to `to`.
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &target);
-        } else {
-            std::fs::copy(e.path(), target).unwrap();
-        }
-    }
-}
-
 #[test]
 #[ignore = "needs Python with torch 2.11 (KILN_PYTHON) and a C++ compiler; `cargo xtask test` runs it"]
 fn packages_that_compute_otherwise_than_pytorch_are_refused_with_python_torch() {
@@ -523,7 +510,7 @@ fn packages_that_compute_otherwise_than_pytorch_are_refused_with_python_torch() 
     // own, where what is changed below is seen by no other test.
     let cache = tmp.path().join("cache");
     let shared = cached_at(&stderr(&o));
-    copy_dir(&shared, &cache.join(shared.file_name().unwrap()));
+    common::copy_tree(&shared, &cache.join(shared.file_name().unwrap()));
     let env = [("KILN_COMPILE_CACHE", cache.to_str().unwrap())];
     let run = |runs: &Path| common::kiln_with_env(&args(runs), &env);
     // The compile was checked against eager PyTorch, and passed with its figures.

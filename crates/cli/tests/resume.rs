@@ -206,19 +206,6 @@ fn resume_with_every_checkpoint_damaged_names_them_and_moves_nothing() {
     assert_eq!(after, names, "nothing was moved, removed or added");
 }
 
-/// Copies the directory tree `from` to `to`.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// A checkpoint of format version 1 (running sums as fixed fields, before metrics were named)
 /// resumes. `tests/fixtures/v1-run` is a run the kiln of that format wrote (an fp32 MLP on
 /// the CPU, checkpointing every 5 steps); it is resumed from step 10, in the middle of its
@@ -230,7 +217,7 @@ fn a_version_1_checkpoint_resumes_and_logs_what_its_own_run_logged() {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v1-run");
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("v1-20261126-145741");
-    copy_tree(&fixture, &run);
+    common::copy_tree(&fixture, &run);
     let ckpt = run.join("checkpoints/step-000000010");
     let out = kiln(&[
         "train",
