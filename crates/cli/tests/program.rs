@@ -18,7 +18,7 @@ use common::own_data::{
 use common::{only_run, python, stderr, step_losses};
 use kiln_config::AttentionKernel;
 use kiln_train::loss::Loss;
-use kiln_train::model::InputSpec;
+use kiln_train::model::{InputSpec, Model};
 use kiln_train::program::compile::AttentionChoice;
 use kiln_train::program::{ProgramModel, ProgramSpec};
 use serde_json::Value;
@@ -85,7 +85,6 @@ fn infers_outside_the_eval_range(dir: &Path, program: &str, case: &Value, low: u
     let m = &model.compiled().manifest;
     assert!(!m.gradients.is_empty(), "found beside the train step");
     assert_eq!(m.batch_range.eval.map(|r| r.0), Some(low), "{m:?}");
-    use kiln_train::model::Model;
     let all = model.forward(&x, false).unwrap();
     let few = model.forward(&x.narrow(0, 0, 8), false).unwrap();
     let diff = (all.narrow(0, 0, 8) - few).abs().max().double_value(&[]);
@@ -115,7 +114,7 @@ fn check_gradients(
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let model = ProgramModel::load(&spec, &input_of(&x), &vs).unwrap();
     let choice = model.compiled().manifest.attention.clone().unwrap();
-    let step = kiln_train::model::Model::compiled_step(&model).unwrap();
+    let step = Model::compiled_step(&model).unwrap();
     let batch = kiln_train::inputs::Inputs::features(x.shallow_clone());
     let (loss, output) = step.step(&batch, &y, 1.0, None).unwrap();
     assert_eq!(loss.size(), Vec::<i64>::new());

@@ -298,25 +298,7 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
     let root = cache_root()?;
     let (dir, manifest, shared) = match cached_entry(&root, key) {
         Some(found) => found,
-        None => {
-            // One process compiles a key at a time: data-parallel ranks on one machine (or
-            // two runs) compile it once, and the others find it published.
-            let _lock = compile_lock(&root, &key.digest())?;
-            match cached_entry(&root, key) {
-                Some(found) => found,
-                None => {
-                    let dir = root.join(key.digest());
-                    compile_into(program, key, device, &root, &dir)?;
-                    let manifest = read_manifest(&dir, key.packages.files()).ok_or_else(|| {
-                        file_message(
-                            &dir.join("manifest.json"),
-                            "the compiled entry has no readable manifest",
-                        )
-                    })?;
-                    (dir, manifest, None)
-                }
-            }
-        }
+        None => compile_locked(program, key, device, &root)?,
     };
     let verdict = match check::kept(&dir) {
         Some(v) if v.version == check::VERSION => v,
@@ -353,6 +335,29 @@ pub fn compiled(program: &Path, key: &CompileKey, device: Device) -> Result<Comp
     })
 }
 
+/// Compiles `key` into `root`, one process at a time: data-parallel ranks on one machine (or
+/// two runs) compile it once, and those that waited find it published.
+fn compile_locked(
+    program: &Path,
+    key: &CompileKey,
+    device: Device,
+    root: &Path,
+) -> Result<(PathBuf, Manifest, Option<CompileKey>), TrainError> {
+    let _lock = compile_lock(root, &key.digest())?;
+    if let Some(found) = cached_entry(root, key) {
+        return Ok(found);
+    }
+    let dir = root.join(key.digest());
+    compile_into(program, key, device, root, &dir)?;
+    let manifest = read_manifest(&dir, key.packages.files()).ok_or_else(|| {
+        file_message(
+            &dir.join("manifest.json"),
+            "the compiled entry has no readable manifest",
+        )
+    })?;
+    Ok((dir, manifest, None))
+}
+
 /// The complete cache entry for `key`: its own first; else, where the key names the batch it
 /// runs first (`batch_hint`), one compiled for another batch whose package takes that batch;
 /// for the eval forward alone also the eval package a train compile made beside its step (the
@@ -370,7 +375,11 @@ fn cached_entry(root: &Path, key: &CompileKey) -> Option<(PathBuf, Manifest, Opt
         return None;
     }
     let any_batch = key.any_batch();
-    let mut found: Vec<_> = std::fs::read_dir(root)
+    // An own-loss program's eval package takes the target: it serves where the program names
+    // its prediction and the package takes every batch (packages compiled for other batches
+    // would not take the target).
+    let every_batch = |m: &Manifest| m.batch_range.eval.is_none_or(|r| r.0 == 1 && r.1.is_none());
+    std::fs::read_dir(root)
         .ok()?
         .flatten()
         .filter_map(|e| {
@@ -383,20 +392,17 @@ fn cached_entry(root: &Path, key: &CompileKey) -> Option<(PathBuf, Manifest, Opt
             } else {
                 theirs.clone()
             };
-            // An own-loss program's eval package takes the target: it serves where the program
-            // names its prediction and the package takes every batch (packages compiled for
-            // other batches would not take the target).
-            let every_batch =
-                |m: &Manifest| m.batch_range.eval.is_none_or(|r| r.0 == 1 && r.1.is_none());
+            if serves.any_batch() != any_batch {
+                return None;
+            }
             let m = read_manifest(&dir, theirs.packages.files())
-                .filter(|m| serves.any_batch() == any_batch && takes(m))
+                .filter(takes)
                 .filter(|m| !(shared && m.eval_takes_target && !(m.predicts && every_batch(m))))?;
             let made = std::fs::metadata(dir.join("manifest.json")).and_then(|f| f.modified());
             Some((made.ok()?, dir, m, shared.then_some(theirs)))
         })
-        .collect();
-    found.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-    found.into_iter().next().map(|(_, d, m, s)| (d, m, s))
+        .min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)))
+        .map(|(_, dir, m, shared)| (dir, m, shared))
 }
 
 /// The key a cache entry was compiled for, in the entry.

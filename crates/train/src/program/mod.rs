@@ -754,27 +754,18 @@ impl ProgramModel {
         inputs: &Inputs,
         (shape, dtype): &(Vec<usize>, String),
     ) -> Result<Tensor, TrainError> {
-        let mut all = self.with_batch(inputs)?;
-        let batch = all
-            .get(self.params.len() + self.buffers.len())
-            .map_or(0, |t| t.size().first().copied().unwrap_or(0));
         let kind = if dtype == "int64" {
             Kind::Int64
         } else {
             Kind::Float
         };
-        let dims: Vec<i64> = std::iter::once(batch)
+        let dims: Vec<i64> = std::iter::once(inputs.rows())
             .chain(shape.iter().map(|&d| d as i64))
             .collect();
-        let device = self.unit_scale.device();
-        all.push(Tensor::f_zeros(dims.as_slice(), (kind, device))?);
-        let outputs = self.run(Which::Eval, &all)?;
-        match outputs.as_slice() {
-            [_loss, prediction] => Ok(prediction.shallow_clone()),
-            _ => Err(self.error(format!(
-                "its eval forward returned {} outputs, expected the loss and the prediction",
-                outputs.len()
-            ))),
+        let zeros = Tensor::f_zeros(dims.as_slice(), (kind, self.unit_scale.device()))?;
+        match CompiledStep::evaluate(self, inputs, &zeros)? {
+            Some((_loss, prediction)) => Ok(prediction),
+            None => Err(self.error("its eval forward takes no target".to_owned())),
         }
     }
 }
