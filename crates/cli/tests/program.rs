@@ -240,12 +240,12 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
         .len();
     assert_eq!(names, case["gradients"].as_object().unwrap().len());
     // Predicting compiles nothing: the eval forward compiled beside the step is found.
-    let said = infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
+    let (said, trained) = infers_as_pytorch(tmp.path(), &ckpt, &case["x"]);
     assert!(
         said.contains("with the train step") && !said.contains("compiling"),
         "{said}"
     );
-    exports_the_trained_program(tmp.path(), &ckpt);
+    exports_the_trained_program(tmp.path(), &ckpt, &trained);
     // The checkpoint's compiled step, timed as profile-model times a train step.
     let o = common::kiln(&[
         "profile-model",
@@ -296,8 +296,8 @@ fn a_program_trains_as_pytorch_eager_and_resumes_exactly_with_python_torch() {
 }
 
 /// `kiln infer` on the program checkpoint `ckpt` (its eval forward, fp32) gives what PyTorch
-/// computes with the program and the checkpoint's weights; what kiln said.
-fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) -> String {
+/// computes with the program and the checkpoint's weights; what kiln said, and PyTorch's output.
+fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) -> (String, Value) {
     let (out, said) = kiln_infer(dir, ckpt, x);
     let weights = ckpt.join("model.safetensors");
     let theirs = pytorch_output(dir, &ckpt.join("model.pt2"), weights.to_str().unwrap());
@@ -306,7 +306,7 @@ fn infers_as_pytorch(dir: &Path, ckpt: &Path, x: &Value) -> String {
         diff < 1e-5,
         "kiln infer vs PyTorch on the trained program: max |Δ| {diff}"
     );
-    said
+    (said, theirs)
 }
 
 /// `kiln infer` (fp32, CPU) of `model` on the inputs `x`, which it writes to `dir/x.npy` and
@@ -343,22 +343,28 @@ fn infer_fp32(model: &Path, inputs: &Path, out: &Path, extra: &[&str]) -> std::p
     common::kiln(&args)
 }
 
-/// `programs.py run` on `program` with `weights` (a safetensors file, or "-" for the
-/// program's own) and the inputs `dir/x.json`: PyTorch's output (the program as exported).
-fn pytorch_output(dir: &Path, program: &Path, weights: &str) -> Value {
+/// `programs.py run` on each (program, weights) of `pairs` (weights a safetensors file, or "-"
+/// for the program's own) and the inputs `dir/x.json`, in one Python: PyTorch's outputs (each
+/// program as exported).
+fn pytorch_outputs(dir: &Path, pairs: &[(&Path, &str)]) -> Vec<Value> {
     let out = dir.join("pytorch-output.json");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/programs.py");
-    let p = Command::new(python())
-        .arg(&script)
+    let mut cmd = Command::new(python());
+    cmd.arg(&script)
         .arg("run")
-        .arg(program)
-        .arg(weights)
         .arg(dir.join("x.json"))
-        .arg(&out)
-        .output()
-        .unwrap();
+        .arg(&out);
+    for (program, weights) in pairs {
+        cmd.arg(program).arg(weights);
+    }
+    let p = cmd.output().unwrap();
     assert!(p.status.success(), "{}", stderr(&p));
     serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
+}
+
+/// What `program` computes with `weights` on `dir/x.json` in PyTorch (see [`pytorch_outputs`]).
+fn pytorch_output(dir: &Path, program: &Path, weights: &str) -> Value {
+    pytorch_outputs(dir, &[(program, weights)]).remove(0)
 }
 
 /// `kiln export` of the program checkpoint `ckpt` with `extra` arguments.
@@ -369,20 +375,26 @@ fn export(ckpt: &Path, extra: &[&str]) -> std::process::Output {
 
 /// `kiln export` of the program checkpoint `ckpt` (a program without dropout or batch norm,
 /// whose modes agree): a `.pt2` in eval and in train mode that PyTorch loads and that computes
-/// what the program with the checkpoint's weights computes, and ONNX that ONNX Runtime runs as
-/// kiln does; never over an existing file, and never as TorchScript.
-fn exports_the_trained_program(dir: &Path, ckpt: &Path) {
-    let weights = ckpt.join("model.safetensors");
-    let trained = pytorch_output(dir, &ckpt.join("model.pt2"), weights.to_str().unwrap());
-    let untrained = pytorch_output(dir, &ckpt.join("model.pt2"), "-");
-    assert_ne!(untrained, trained, "training changed the weights");
-    for (name, mode) in [("trained.pt2", "eval"), ("trained-train.pt2", "train")] {
-        let out = dir.join(name);
+/// `trained` (what the program with the checkpoint's weights computes on `dir/x.json`), and
+/// ONNX that ONNX Runtime runs as kiln does; never over an existing file, and never as
+/// TorchScript.
+fn exports_the_trained_program(dir: &Path, ckpt: &Path, trained: &Value) {
+    let exported = [dir.join("trained.pt2"), dir.join("trained-train.pt2")];
+    for (out, mode) in exported.iter().zip(["eval", "train"]) {
         let o = export(ckpt, &["--out", out.to_str().unwrap(), "--mode", mode]);
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(stderr(&o).contains("equal bit for bit"), "{}", stderr(&o));
-        assert_eq!(pytorch_output(dir, &out, "-"), trained, "{name}");
     }
+    let program = ckpt.join("model.pt2");
+    let [untrained, eval, train]: [Value; 3] = pytorch_outputs(
+        dir,
+        &[(&program, "-"), (&exported[0], "-"), (&exported[1], "-")],
+    )
+    .try_into()
+    .unwrap();
+    assert_ne!(&untrained, trained, "training changed the weights");
+    assert_eq!(&eval, trained, "the eval-mode export");
+    assert_eq!(&train, trained, "the train-mode export");
 
     let onnx = dir.join("trained.onnx");
     let o = export(ckpt, &["--out", onnx.to_str().unwrap()]);
@@ -462,7 +474,7 @@ fn a_bf16_compiled_step_learns_as_eager_bf16_with_python_torch() {
         "final loss: kiln {a} vs PyTorch eager bf16 {b}"
     );
     assert!(a < 0.6 * ours[0], "it learned: {ours:?}");
-    // And on held-out data (predicted in fp32 by both): accuracy within 2 points.
+    // And on held-out data, both sides' weights predicting in fp32: accuracy within 2 points.
     let held_out = &case["held_out"];
     let ours = held_out_accuracy(tmp.path(), &checkpoint(&run, 40), held_out);
     let theirs = held_out["accuracy"].as_f64().unwrap();
@@ -564,15 +576,15 @@ fn packages_that_compute_otherwise_than_pytorch_are_refused_with_python_torch() 
     assert!(!left, "a refused run left a run directory");
 }
 
-/// The share of `held_out` samples whose class `kiln infer` on `ckpt` (fp32) gets right.
+/// The share of `held_out` samples whose class PyTorch gets right in fp32 with the program and
+/// the weights of `ckpt` (as eager's accuracy was measured with eager's weights).
 fn held_out_accuracy(dir: &Path, ckpt: &Path, held_out: &Value) -> f64 {
-    let (out, _) = kiln_infer(dir, ckpt, &held_out["x"]);
-    let bytes = std::fs::read(&out).unwrap();
-    let logits = kiln_data::NpyArray::parse(&bytes).unwrap();
-    let classes = logits.shape[1];
+    std::fs::write(dir.join("x.json"), held_out["x"].to_string()).unwrap();
+    let weights = ckpt.join("model.safetensors");
+    let logits = pytorch_output(dir, &ckpt.join("model.pt2"), weights.to_str().unwrap());
+    let classes = shape_of(&logits)[1];
     let labels = values_of(&held_out["y"]);
-    let right = logits
-        .to_f32()
+    let right = values_of(&logits)
         .chunks(classes)
         .zip(&labels)
         .filter(|(row, y)| {
@@ -624,36 +636,56 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
     let runs = tmp.path().join("runs");
 
     // Keyword arguments and a dict of mixed outputs: TorchScript refuses it, kiln trains it
-    // once told which output the loss uses.
+    // once told which output the loss uses and to freeze the head the loss never reaches.
     assert_eq!(reference["dict_scripts"], false);
+    let dict = path("dict.pt2");
+    let none = tmp.path().join("no-runs");
     refused(
-        &path("dict.pt2"),
+        &dict,
         &data,
-        &runs,
+        &none,
         &[],
         &["dict.pt2", "logits, features, aux", "model.output"],
     );
-    let ok = runs.join("ok");
-    let o = train(
-        &path("dict.pt2"),
+    let logits = ["--set", "model.output=logits"];
+    refused(
+        &dict,
         &data,
-        &ok,
-        16,
-        &["--epochs", "2", "--set", "model.output=logits"],
+        &none,
+        &logits,
+        &["aux.weight", "aux.bias", "no gradient", "model.freeze"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(step_losses(&only_run(&ok)).len(), 8);
-
-    // A program exported in eval mode and with a fixed batch: both said, trained at 16.
-    let fixed = runs.join("fixed");
-    let o = train(&path("fixed16.pt2"), &data, &fixed, 32, &["--epochs", "1"]);
+    refused(
+        &dict,
+        &data,
+        &none,
+        &[&logits[..], &["--set", "model.freeze=auxiliary"]].concat(),
+        &[
+            "model.freeze = 'auxiliary'",
+            "fc1.weight, fc1.bias, fc2.weight, fc2.bias, aux.weight, aux.bias",
+        ],
+    );
+    // Exported in eval mode and with a fixed batch: both said, trained at 16 (not the 32
+    // asked); frozen, the unused head keeps its exported values while the rest trains.
+    let ok = runs.join("ok");
+    let args = [&logits[..], &["--epochs", "1", "--set", "model.freeze=aux"]].concat();
+    let o = train(&dict, &data, &ok, 32, &args);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
     assert!(
         err.contains("exported in eval mode") && err.contains("fixed batch of 16"),
         "{err}"
     );
-    assert_eq!(step_losses(&only_run(&fixed)).len(), 4);
+    let run = only_run(&ok);
+    assert_eq!(step_losses(&run).len(), 4);
+    let weights = |step: u64, name: &str| {
+        let bytes = std::fs::read(checkpoint(&run, step).join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        st.tensor(name).unwrap().data().to_vec()
+    };
+    assert_eq!(weights(1, "aux.weight"), weights(4, "aux.weight"));
+    assert_eq!(weights(1, "aux.bias"), weights(4, "aux.bias"));
+    assert_ne!(weights(1, "fc2.weight"), weights(4, "fc2.weight"));
 
     // Told apart by content: a TorchScript file named .pt2 trains as TorchScript.
     let scripted = runs.join("scripted");
@@ -671,7 +703,6 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
         stderr(&o)
     );
 
-    let none = tmp.path().join("no-runs");
     refused(
         &a_package(),
         &data,
@@ -686,37 +717,6 @@ fn what_torchscript_rejects_trains_and_what_kiln_cannot_train_is_named_with_pyth
         &[],
         &["eleven.pt2", "[11]", "[10]"],
     );
-    refused(
-        &path("unused.pt2"),
-        &data,
-        &none,
-        &[],
-        &["aux.weight", "aux.bias", "no gradient", "model.freeze"],
-    );
-    refused(
-        &path("unused.pt2"),
-        &data,
-        &none,
-        &["--set", "model.freeze=auxiliary"],
-        &[
-            "model.freeze = 'auxiliary'",
-            "fc.weight, fc.bias, aux.weight, aux.bias",
-        ],
-    );
-    // Frozen, the unused head keeps its exported values while the rest trains.
-    let frozen = runs.join("frozen");
-    let args = ["--epochs", "1", "--set", "model.freeze=aux"];
-    let o = train(&path("unused.pt2"), &data, &frozen, 16, &args);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let run = only_run(&frozen);
-    let weights = |step: u64, name: &str| {
-        let bytes = std::fs::read(checkpoint(&run, step).join("model.safetensors")).unwrap();
-        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-        st.tensor(name).unwrap().data().to_vec()
-    };
-    assert_eq!(weights(1, "aux.weight"), weights(4, "aux.weight"));
-    assert_eq!(weights(1, "aux.bias"), weights(4, "aux.bias"));
-    assert_ne!(weights(1, "fc.weight"), weights(4, "fc.weight"));
     let text = tmp.path().join("notes.pt2");
     std::fs::write(&text, "not a model").unwrap();
     refused(
@@ -757,7 +757,7 @@ fn a_program_with_its_own_loss_trains_validates_and_predicts_with_python_torch()
     assert_same_losses(&step_losses(&run), &case["losses"], 1e-4);
     // Predicting needs no target: kiln infer gives what PyTorch's program does, through the
     // eval forward compiled beside the step (fed zeros for the target it does not read).
-    let said = infers_as_pytorch(tmp.path(), &checkpoint(&run, 20), &case["x"]);
+    let (said, _) = infers_as_pytorch(tmp.path(), &checkpoint(&run, 20), &case["x"]);
     assert!(said.contains("with the train step"), "{said}");
 
     // Validation runs the program's own loss in eval mode.

@@ -2,11 +2,11 @@
 (crates/cli/tests/program.rs), their data, and PyTorch eager's reference values.
 
     programs.py make OUT     .pt2 programs, data (JSON) and reference.json in OUT
-    programs.py run PROGRAM WEIGHTS X.json OUT.json
-                             the program's outputs on inputs, with the weights of a kiln
-                             checkpoint (model.safetensors) put in by name, or its own for
-                             WEIGHTS "-" (for a program
-                             that takes the target, its "prediction" with a target of zeros)
+    programs.py run X.json OUT.json PROGRAM WEIGHTS [PROGRAM WEIGHTS ...]
+                             each program's outputs on the inputs, as a JSON list: with the
+                             weights of a kiln checkpoint (model.safetensors) put in by name,
+                             or its own for WEIGHTS "-" (for a program that takes the target,
+                             its "prediction" with a target of zeros)
 
 JSON, not .npy: the provisioned venv has no numpy. Python floats print float32 values exactly.
 """
@@ -71,28 +71,21 @@ class ConvBn(nn.Module):
 
 
 class DictNet(nn.Module):
-    """What torch.jit.script rejects: keyword arguments, and a dict of mixed outputs."""
+    """Everything kiln must say something about, in one program (one compile): what
+    torch.jit.script rejects (keyword arguments, a dict of mixed outputs), a deep-supervision
+    head the loss never reaches (`aux`, which must be frozen), and a dropout; saved in eval
+    mode with a fixed batch of 16."""
 
     def __init__(self):
         super().__init__()
         self.fc1 = nn.Linear(10, 16)
+        self.drop = nn.Dropout(0.0)
         self.fc2 = nn.Linear(16, 3)
-
-    def forward(self, x, **options):
-        h = torch.tanh(self.fc1(x))
-        return {"logits": self.fc2(h), "features": h, "aux": (h, h.mean())}
-
-
-class Unused(nn.Module):
-    """A head the loss never reaches (deep supervision left unused)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(10, 3)
         self.aux = nn.Linear(10, 3)
 
-    def forward(self, x):
-        return self.fc(x)
+    def forward(self, x, **options):
+        h = self.drop(torch.tanh(self.fc1(x)))
+        return {"logits": self.fc2(h), "features": h, "aux": (self.aux(x), h.mean())}
 
 
 class Quantiles(nn.Module):
@@ -215,14 +208,12 @@ def make(out):
                         "losses": eager_losses(quantiles, xq, yq, 20, loss_of=own_loss)}
 
     export(Mlp(p=0.2), x, f"{out}/dropout.pt2")
-    export(DictNet(), x, f"{out}/dict.pt2")
+    export(DictNet(), x[:16], f"{out}/dict.pt2", dynamic=False, train=False)
     try:
         torch.jit.script(DictNet())
         ref["dict_scripts"] = True
     except Exception:  # noqa: BLE001 - TorchScript rejects it, which is the point
         ref["dict_scripts"] = False
-    export(Mlp(), x[:16], f"{out}/fixed16.pt2", dynamic=False, train=False)
-    export(Unused(), x, f"{out}/unused.pt2")
     export(nn.Linear(11, 3), torch.randn(4, 11), f"{out}/eleven.pt2")
     torch.jit.script(Mlp().train()).save(f"{out}/scripted.pt2")
 
@@ -250,24 +241,35 @@ def read_safetensors(path):
     return out
 
 
-def run(program, weights, inputs, out):
-    module = torch.export.load(program).module()
+def output(program, weights, x):
+    """What `program` (its own weights, or those of the safetensors file `weights` when it is
+    not "-") computes on `x` in its exported mode; an own-loss program's prediction."""
+    ep = torch.export.load(program)
+    module = ep.module()
     state = read_safetensors(weights) if weights != "-" else None
     with torch.no_grad():
         for name, t in list(module.named_parameters()) + list(module.named_buffers()):
             if state is not None:
                 t.copy_(state[name])
-        with open(inputs) as f:
-            x = json.load(f)
-        x = torch.tensor(x["values"], dtype=torch.float32).reshape(x["shape"])
-        takes_target = len(torch.export.load(program).graph_signature.user_inputs) == 2
+        takes_target = len(ep.graph_signature.user_inputs) == 2
         y = module(x, torch.zeros(x.shape[0]))["prediction"] if takes_target else module(x)
+    return flat(y)
+
+
+def run(inputs, out, pairs):
+    """The outputs of each (program, weights) of `pairs` on the inputs in the JSON file
+    `inputs`, as a JSON list in `out` (one Python for them all)."""
+    with open(inputs) as f:
+        x = json.load(f)
+    x = torch.tensor(x["values"], dtype=torch.float32).reshape(x["shape"])
+    outputs = [output(program, weights, x) for program, weights in pairs]
     with open(out, "w") as f:
-        json.dump(flat(y), f)
+        json.dump(outputs, f)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     else:
-        run(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
+        rest = sys.argv[4:]
+        run(sys.argv[2], sys.argv[3], list(zip(rest[::2], rest[1::2])))
